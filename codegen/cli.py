@@ -1,0 +1,69 @@
+"""The ``parc`` command line.
+
+Takes: argv. Gives: an exit status — 0 clean, 1 the input has errors (or a build is
+stale), 2 a usage error (bad flags, missing file). Each subcommand lives in its own
+module exposing ``register(subparsers)``, which adds its parser and sets
+``func(args) -> int``; this file only lists them and guards against tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from parc import __version__
+
+# Module that owns each subcommand, in the order ``parc --help`` lists them.
+COMMANDS = (
+    "parc.dsl.commands",  # check, fmt, schema
+    "parc.codegen.build_cmd",  # build
+    "parc.codegen.data_cmd",  # data prepare
+)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="parc",
+        description="parc compiles a .par spec into a sharded PyTorch training program.",
+    )
+    parser.add_argument("--version", action="version", version=f"parc {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the one place a traceback is turned into a bug report
+        import traceback
+
+        stage = getattr(args, "command", "?")
+        print(
+            f"parc: internal error in parc ({stage}): {type(exc).__name__}: {exc}\n"
+            "This is a bug in parc, not in your spec; please report it with the trace below.",
+            file=sys.stderr,
+        )
+        traceback.print_exc(file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

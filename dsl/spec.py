@@ -1,0 +1,210 @@
+"""The checked, normalized spec: what every stage after the front end reads.
+
+Takes: nothing (built by ``dsl/validate.py`` from the AST or from JSON). Gives:
+``Spec`` and its four parts. Units are resolved to SI numbers (bytes, bytes/s,
+FLOP/s, seconds). Degrees the user left ``auto`` are ``None`` (the planner fills them;
+``parc build`` refuses a spec that still has any). Every key's source position is kept
+in ``Spec.spans`` so generated code and later diagnostics can cite the spec line.
+
+Before: ``dsl/validate.py``. After: ``codegen/`` (lowering to the Plan).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .diagnostics import Span
+
+
+class Arch(enum.Enum):
+    GPT = "gpt"
+    LLAMA = "llama"
+
+
+class PipelineSchedule(enum.Enum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+class Recompute(enum.Enum):
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class Precision(enum.Enum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+class DataKind(enum.Enum):
+    SYNTHETIC = "synthetic"
+    TOKENS = "tokens"
+
+
+class LrScheduleKind(enum.Enum):
+    CONSTANT = "constant"
+    COSINE = "cosine"
+    LINEAR = "linear"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    name: str
+    """The model block's name (``model gpt_tiny { ... }``); a Python identifier."""
+    arch: Arch
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    """Key/value heads (grouped-query attention); equals ``heads`` unless given."""
+    ffn: int
+    """Hidden size of the MLP (for llama: of each SwiGLU branch)."""
+    vocab: int
+    seq_len: int
+    pad_vocab_to: int = 128
+    """The embedding table has ``padded_vocab`` rows: ``vocab`` rounded up to this."""
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True
+    """Head shares the embedding's weight (default true for gpt, false for llama)."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def padded_vocab(self) -> int:
+        multiple = self.pad_vocab_to
+        return -(-self.vocab // multiple) * multiple
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeshSpec:
+    nodes: int
+    devices_per_node: int
+    device: str
+    """Preset name: a100-40gb, a100-80gb, h100-80gb, h200, rtx3090, cpu."""
+    device_memory: float | None
+    """Bytes per device (from the preset unless given); None for cpu without a value."""
+    device_flops: float | None
+    """Dense peak FLOP/s per device (from the preset unless given); None for cpu."""
+    intra_node: float
+    """Bandwidth between devices in a node, bytes/s, per direction."""
+    inter_node: float
+    """Bandwidth between nodes, bytes/s, per device, per direction."""
+    intra_node_latency: float = 5e-6
+    """Seconds."""
+    inter_node_latency: float = 10e-6
+    """Seconds."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelSpec:
+    """The layout. ``None`` means ``auto`` (left to the planner)."""
+
+    dp: int | None
+    tp: int | None
+    pp: int | None
+    sp: bool | None = False
+    zero: int | None = 0
+    schedule: PipelineSchedule | None = PipelineSchedule.ONE_F_ONE_B
+    chunks: int = 1
+    """Virtual stages per rank (``interleaved(chunks = v)``); 1 otherwise."""
+    recompute: Recompute | None = Recompute.NONE
+    overlap_sub_batches: int | None = 1
+    """``overlap = sub_batch(k)`` gives k; ``overlap = none`` gives 1."""
+    stage_layers: tuple[int, ...] | None = None
+    """Explicit layers per pipeline stage, or None for an even split."""
+
+    @property
+    def is_complete(self) -> bool:
+        """True when no value is left to the planner."""
+        return None not in (
+            self.dp,
+            self.tp,
+            self.pp,
+            self.sp,
+            self.zero,
+            self.schedule,
+            self.recompute,
+            self.overlap_sub_batches,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptimizerSpec:
+    name: str = "adamw"
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    eps: float = 1e-8
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LrScheduleSpec:
+    kind: LrScheduleKind = LrScheduleKind.COSINE
+    warmup: int = 0
+    """Steps of linear warmup from 0."""
+    min_lr_ratio: float = 0.1
+    """Final LR as a fraction of the peak (cosine, linear)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataSpec:
+    kind: DataKind = DataKind.SYNTHETIC
+    path: str | None = None
+    """For ``tokens("path.bin")``: the path exactly as written in the spec."""
+    dtype: str = "uint16"
+    """Element type of a token file: uint16 or uint32."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainSpec:
+    global_batch: int
+    """Sequences per optimizer step, over all data-parallel ranks."""
+    micro_batch: int
+    """Sequences per forward/backward on one rank."""
+    steps: int
+    optimizer: OptimizerSpec = OptimizerSpec()
+    lr_schedule: LrScheduleSpec = LrScheduleSpec()
+    grad_clip: float = 1.0
+    """Max global gradient norm; 0 disables clipping."""
+    precision: Precision = Precision.FP32
+    seed: int = 1234
+    data: DataSpec = DataSpec()
+    log_every: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Spec:
+    model: ModelSpec
+    mesh: MeshSpec
+    parallel: ParallelSpec
+    train: TrainSpec
+    source: str
+    """The spec file as the user named it (relative path or name, never made absolute)."""
+    spans: tuple[tuple[str, Span], ...] = field(default=(), compare=False)
+    """(dotted key, span of its value) for every key written in the file or by --set,
+    sorted by key. Keys use the language's names: ``parallel.tp``, ``train.steps``."""
+
+    def span(self, key: str) -> Span | None:
+        """Where ``key`` (e.g. ``"parallel.tp"``) was written, or None if defaulted."""
+        for name, span in self.spans:
+            if name == key:
+                return span
+        return None
+
+    def grad_accum(self) -> int | None:
+        """Micro-batches per step on one rank, or None while dp is auto."""
+        if self.parallel.dp is None:
+            return None
+        return self.train.global_batch // (self.train.micro_batch * self.parallel.dp)

@@ -1,0 +1,1 @@
+"""Jinja templates of generated files (found through importlib.resources)."""
