@@ -51,8 +51,14 @@ class ParcError:
 class Diagnostics(Exception):
     """Raised by a stage that found problems in user input; carries all of them."""
 
-    def __init__(self, errors: list[ParcError] | tuple[ParcError, ...]):
+    def __init__(
+        self,
+        errors: list[ParcError] | tuple[ParcError, ...],
+        sources: "SourceMap | None" = None,
+    ):
         self.errors: tuple[ParcError, ...] = tuple(sorted(errors, key=ParcError.sort_key))
+        self.sources: SourceMap = sources if sources is not None else SourceMap()
+        """The texts the errors point into, so ``render`` can quote them."""
         super().__init__("\n".join(f"{e.span}: {e.message}" for e in self.errors))
 
 
