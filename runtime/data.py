@@ -1,0 +1,85 @@
+"""Training samples by global index, the same whatever the layout.
+
+Takes: a vocabulary size, sequence length and seed (and a token file). Gives:
+``.batch(indices) -> (inputs, targets)`` int64 (N, T), targets shifted by one, and
+``sample_indices``, which says which global indices a rank reads. Because a sample
+depends only on (seed, index), every layout sees the same data in each step.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def _generator(seed: int, index: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 6_364_136_223_846_793_005 + index * 1_442_695_040_888_963_407) % (2**63))
+
+
+def sample_indices(step, micro, *, micro_batch, grad_accum, dp_rank, dp_size):
+    """Global sample indices of micro-batch ``micro`` of ``step`` (1-based) on one dp rank.
+
+    A step reads ``range((step-1)·G, step·G)``, G = micro_batch·grad_accum·dp_size:
+    micro-batch m of dp rank r takes the m·dp_size + r-th block of micro_batch samples.
+    """
+    per_step = micro_batch * grad_accum * dp_size
+    first = (step - 1) * per_step + (micro * dp_size + dp_rank) * micro_batch
+    return list(range(first, first + micro_batch))
+
+
+class SyntheticTokens:
+    """Sequences from a fixed sparse Markov chain, so the loss visibly falls.
+
+    The chain (from ``seed``) sends each token to one of 4 likely successors
+    (weights 8:4:2:1) and, with probability 1/8, anywhere; sample i starts at a
+    token drawn from (seed, i) and is sampled from a generator seeded by (seed, i).
+    """
+
+    def __init__(self, vocab: int, seq_len: int, seed: int):
+        self.vocab, self.seq_len, self.seed = vocab, seq_len, seed
+        chain = torch.Generator().manual_seed(seed)
+        self.successors = torch.randint(0, vocab, (vocab, 4), generator=chain)
+        self.weights = torch.tensor([8.0, 4.0, 2.0, 1.0])
+
+    def sample(self, index: int) -> torch.Tensor:
+        gen = _generator(self.seed, index)
+        tokens = torch.empty(self.seq_len + 1, dtype=torch.int64)
+        tokens[0] = torch.randint(0, self.vocab, (1,), generator=gen)
+        choice = torch.multinomial(self.weights, self.seq_len, replacement=True, generator=gen)
+        jump = torch.rand(self.seq_len, generator=gen) < 0.125
+        anywhere = torch.randint(0, self.vocab, (self.seq_len,), generator=gen)
+        for t in range(self.seq_len):
+            nxt = anywhere[t] if jump[t] else self.successors[tokens[t], choice[t]]
+            tokens[t + 1] = nxt
+        return tokens
+
+    def batch(self, indices):
+        rows = torch.stack([self.sample(i) for i in indices])  # (N, T + 1)
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+class TokenFile:
+    """A flat file of uint16/uint32 token ids (nanoGPT style); sample i is a window.
+
+    The window of sample i starts at an offset drawn from a generator seeded by
+    (seed, i), so it depends on nothing but the file, the seed and i.
+    """
+
+    def __init__(self, path: str, seq_len: int, dtype: str = "uint16", seed: int = 0):
+        torch_dtype = {"uint16": torch.uint16, "uint32": torch.uint32}[dtype]
+        itemsize = 2 if dtype == "uint16" else 4
+        count = os.path.getsize(path) // itemsize
+        if count < seq_len + 2:
+            raise ValueError(f"{path}: {count} tokens, fewer than seq_len + 2 = {seq_len + 2}")
+        self.tokens = torch.from_file(path, shared=False, size=count, dtype=torch_dtype)
+        self.seq_len, self.seed, self.count = seq_len, seed, count
+
+    def batch(self, indices):
+        rows = []
+        for i in indices:
+            gen = _generator(self.seed, i)
+            start = int(torch.randint(0, self.count - self.seq_len - 1, (1,), generator=gen))
+            rows.append(self.tokens[start : start + self.seq_len + 1].to(torch.int64))
+        rows = torch.stack(rows)
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()

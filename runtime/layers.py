@@ -1,0 +1,193 @@
+"""Tensor-parallel layers: column/row-parallel linear, vocab-parallel embedding and loss.
+
+Takes: a tp group (None for one rank) and whether activations are sequence-sharded.
+Gives: modules holding this rank's shard of each weight, and ``load_full_`` to copy
+that shard out of the full tensor (so a sharded model equals the unsharded one; see
+``model.py``). Shapes: B batch, T sequence, C features; ``/tp`` marks a shard.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .comm import (
+    all_gather_from_group,
+    copy_to_group,
+    group_rank,
+    group_size,
+    reduce_from_group,
+    reduce_scatter_to_group,
+    _all_reduce,
+)
+
+
+def _shard(full: torch.Tensor, group, dim: int) -> torch.Tensor:
+    size = group_size(group)
+    if full.shape[dim] % size:
+        raise ValueError(f"cannot shard size {full.shape[dim]} over {size} ranks")
+    return full.chunk(size, dim=dim)[group_rank(group)]
+
+
+def _mark_sharded(*params, group) -> None:
+    """Tag parameters whose ranks hold different shards (gradient norms sum them over tp)."""
+    for param in params:
+        if param is not None and group_size(group) > 1:
+            param.tensor_parallel = True
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x Wᵀ + b with W split by rows (output features): (B, T, in) → (B, T, out/tp).
+
+    With sequence parallelism the input arrives as (B, T/tp, in) and is all-gathered
+    along T (backward: reduce-scatter); otherwise it is replicated and its gradient
+    is all-reduced in backward.
+    """
+
+    def __init__(self, in_features, out_features, *, bias, tp_group, sequence_parallel=False):
+        super().__init__()
+        self.tp_group, self.sequence_parallel = tp_group, sequence_parallel
+        self.full_shape = (out_features, in_features)
+        local = out_features // group_size(tp_group)
+        if local * group_size(tp_group) != out_features:
+            raise ValueError(f"out_features {out_features} not divisible by tp {group_size(tp_group)}")
+        self.weight = nn.Parameter(torch.empty(local, in_features))
+        self.bias = nn.Parameter(torch.empty(local)) if bias else None
+        _mark_sharded(self.weight, self.bias, group=tp_group)
+
+    def forward(self, x):
+        if self.sequence_parallel:
+            x = all_gather_from_group(x, self.tp_group, dim=1)  # (B, T, in)
+        else:
+            x = copy_to_group(x, self.tp_group)
+        return F.linear(x, self.weight, self.bias)  # (B, T, out/tp)
+
+    @torch.no_grad()
+    def load_full_(self, weight, bias=None):
+        self.weight.copy_(_shard(weight, self.tp_group, 0))
+        if self.bias is not None:
+            self.bias.copy_(_shard(bias, self.tp_group, 0))
+
+
+class RowParallelLinear(nn.Module):
+    """y = x Wᵀ + b with W split by columns (input features): (B, T, in/tp) → (B, T, out).
+
+    The partial products are all-reduced (with sequence parallelism: reduce-scattered
+    along T to (B, T/tp, out)); the bias is added once, after the reduction.
+    """
+
+    def __init__(self, in_features, out_features, *, bias, tp_group, sequence_parallel=False):
+        super().__init__()
+        self.tp_group, self.sequence_parallel = tp_group, sequence_parallel
+        self.full_shape = (out_features, in_features)
+        local = in_features // group_size(tp_group)
+        if local * group_size(tp_group) != in_features:
+            raise ValueError(f"in_features {in_features} not divisible by tp {group_size(tp_group)}")
+        self.weight = nn.Parameter(torch.empty(out_features, local))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        _mark_sharded(self.weight, group=tp_group)
+        if self.bias is not None and sequence_parallel:
+            self.bias.sequence_parallel = True  # added on a sequence shard: partial grads
+
+    def forward(self, x):
+        y = F.linear(x, self.weight)
+        if self.sequence_parallel:
+            y = reduce_scatter_to_group(y, self.tp_group, dim=1)  # (B, T/tp, out)
+        else:
+            y = reduce_from_group(y, self.tp_group)  # (B, T, out)
+        return y if self.bias is None else y + self.bias
+
+    @torch.no_grad()
+    def load_full_(self, weight, bias=None):
+        self.weight.copy_(_shard(weight, self.tp_group, 1))
+        if self.bias is not None:
+            self.bias.copy_(bias)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token ids (B, T) → (B, T, C), rows of the table split over tp.
+
+    Each rank looks up the ids in its row range (zeros elsewhere); the partial rows
+    are all-reduced, or reduce-scattered along T to (B, T/tp, C) with sequence
+    parallelism.
+    """
+
+    def __init__(self, num_embeddings, dim, *, tp_group, sequence_parallel=False):
+        super().__init__()
+        self.tp_group, self.sequence_parallel = tp_group, sequence_parallel
+        self.full_shape = (num_embeddings, dim)
+        size = group_size(tp_group)
+        if num_embeddings % size:
+            raise ValueError(f"vocab {num_embeddings} not divisible by tp {size}")
+        self.rows = num_embeddings // size
+        self.start = group_rank(tp_group) * self.rows
+        self.weight = nn.Parameter(torch.empty(self.rows, dim))
+        _mark_sharded(self.weight, group=tp_group)
+
+    def forward(self, tokens):
+        if group_size(self.tp_group) == 1:
+            out = F.embedding(tokens, self.weight)
+        else:
+            local = tokens - self.start
+            outside = (local < 0) | (local >= self.rows)
+            out = F.embedding(local.masked_fill(outside, 0), self.weight)
+            out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        if self.sequence_parallel:
+            return reduce_scatter_to_group(out, self.tp_group, dim=1)
+        return reduce_from_group(out, self.tp_group)
+
+    @torch.no_grad()
+    def load_full_(self, weight, bias=None):
+        self.weight.copy_(_shard(weight, self.tp_group, 0))
+
+
+def _all_reduce_max(x, group):
+    if group_size(group) == 1:
+        return x
+    import torch.distributed as dist
+
+    x = x.contiguous().clone()
+    dist.all_reduce(x, op=dist.ReduceOp.MAX, group=group)
+    return x
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, targets, group, vocab_size):
+        rows = logits.shape[-1]
+        start = group_rank(group) * rows
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()  # softmax statistics in fp32
+        columns = torch.arange(start, start + rows, device=logits.device)
+        if start + rows > vocab_size:  # padding columns never win the softmax
+            logits = logits.masked_fill(columns >= vocab_size, float("-inf"))
+        peak = _all_reduce_max(logits.max(dim=-1).values, group)
+        shifted = logits - peak.unsqueeze(-1)
+        exp = shifted.exp()
+        total = _all_reduce(exp.sum(dim=-1), group)  # (B, T)
+        local = targets - start
+        inside = (local >= 0) & (local < rows)
+        local = local.masked_fill(~inside, 0)
+        picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(~inside, 0.0)
+        picked = _all_reduce(picked, group)
+        softmax = exp.div_(total.unsqueeze(-1))
+        ctx.save_for_backward(softmax, local, inside)
+        return total.log() - picked  # (B, T)
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, local, inside = ctx.saved_tensors
+        grad_logits = softmax.clone()
+        onehot = torch.zeros_like(grad_logits).scatter_(-1, local.unsqueeze(-1), 1.0)
+        grad_logits -= onehot * inside.unsqueeze(-1)
+        return grad_logits * grad.unsqueeze(-1), None, None, None
+
+
+def vocab_parallel_cross_entropy(logits, targets, *, tp_group, vocab_size):
+    """Per-token loss (B, T) from logits sharded over the vocab (B, T, V/tp).
+
+    The same on every tp rank; columns at or past ``vocab_size`` are padding and
+    take no part in the softmax. Backward gives each rank its shard of dlogits.
+    """
+    return _VocabParallelCrossEntropy.apply(logits, targets, tp_group, vocab_size)

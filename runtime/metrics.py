@@ -1,0 +1,57 @@
+"""What each training step logs: loss, grad norm, lr, tokens/s, MFU, memory, time.
+
+Takes: the model config and per-step figures. Gives: ``flops_per_token``,
+``peak_mem_bytes`` and ``MetricsLogger`` (one line per step on rank 0, and one JSON
+object per step in ``--metrics-jsonl``).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+
+import torch
+
+
+def flops_per_token(config) -> float:
+    """Model FLOPs per token, training: 6·N + 12·L·H·Q·T (N non-embedding params)."""
+    C, D, L = config.hidden, config.hidden // config.heads, config.layers
+    attn = C * config.heads * D * 2 + C * config.kv_heads * D * 2
+    mlp = (3 if config.arch == "llama" else 2) * C * config.ffn
+    non_embedding = L * (attn + mlp)
+    return 6.0 * non_embedding + 12.0 * L * config.heads * D * config.seq_len
+
+
+def peak_mem_bytes(device) -> int:
+    """CUDA: peak allocated bytes. CPU: the process's peak resident set."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+class MetricsLogger:
+    def __init__(self, path, *, enabled: bool):
+        self.enabled = enabled
+        self.file = open(path, "a", encoding="utf-8") if (enabled and path) else None
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        mfu = record.get("mfu")
+        print(
+            f"step {record['step']:>5} | loss {record['loss']:.4f} | grad_norm {record['grad_norm']:.3f}"
+            f" | lr {record['lr']:.2e} | {record['tokens_per_s']:,.0f} tok/s"
+            f" | mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}"
+            f" | mem {record['peak_mem_bytes'] / 2**20:,.0f} MiB | {record['step_time_s']:.3f} s",
+            flush=True,
+        )
+        if self.file:
+            self.file.write(json.dumps(record, sort_keys=True) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+            self.file = None

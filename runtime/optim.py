@@ -1,0 +1,73 @@
+"""AdamW, the learning-rate schedule and global gradient-norm clipping.
+
+Takes: the (possibly sharded) model. Gives: the optimizer, ``lr_at`` and
+``clip_grad_norm_``. AdamW is elementwise, so running it on shards is exactly
+running it on the full tensors; only the gradient norm needs communication.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from .comm import group_size
+
+
+def build_optimizer(model, *, lr, betas, weight_decay, eps):
+    """AdamW with weight decay on matrices only (not on norms and biases)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, foreach=False)
+
+
+def lr_at(step, *, kind, peak_lr, warmup, total_steps, min_lr_ratio):
+    """The learning rate of 1-based ``step``: linear warmup, then constant/cosine/linear."""
+    if warmup > 0 and step <= warmup:
+        return peak_lr * step / warmup
+    if kind == "constant":
+        return peak_lr
+    span = max(1, total_steps - warmup)
+    progress = min(1.0, max(0.0, (step - warmup) / span))
+    floor = peak_lr * min_lr_ratio
+    if kind == "cosine":
+        return floor + (peak_lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if kind == "linear":
+        return peak_lr - (peak_lr - floor) * progress
+    raise ValueError(f"unknown lr schedule {kind!r}")
+
+
+def set_lr(optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def clip_grad_norm_(model, max_norm, *, tp_group) -> float:
+    """Scale gradients so their global norm is at most ``max_norm``; return the norm.
+
+    Tensor-parallel shards (``param.tensor_parallel``) contribute their squares summed
+    over the tp group; replicated parameters, identical on every tp rank, count once.
+    ``max_norm == 0`` only measures.
+    """
+    sharded, replicated = [], []
+    for p in model.parameters():
+        if p.grad is not None:
+            (sharded if getattr(p, "tensor_parallel", False) else replicated).append(p.grad)
+    device = next(model.parameters()).device
+    zero = torch.zeros((), dtype=torch.float32, device=device)
+    sharded_sq = sum((g.float().pow(2).sum() for g in sharded), zero)
+    if group_size(tp_group) > 1:
+        dist.all_reduce(sharded_sq, group=tp_group)
+    total_sq = sharded_sq + sum((g.float().pow(2).sum() for g in replicated), zero)
+    norm = float(total_sq.sqrt())
+    if max_norm > 0 and math.isfinite(norm):
+        scale = max_norm / (norm + 1e-6)
+        if scale < 1.0:
+            for g in sharded + replicated:
+                g.mul_(scale)
+    return norm
