@@ -1,0 +1,61 @@
+"""Lowering: a checked ``Spec`` → the ``Plan``, one named pass at a time.
+
+Takes: a ``Spec`` from ``parc.dsl``. Gives: a frozen ``Plan`` or ``Diagnostics``
+(each pass reports all of its problems before the next runs). The whole pipeline
+is the list below; each pass is ``run(spec, draft) -> draft`` in its own module.
+Before: ``parc.dsl.load``. After: ``codegen/render.py``.
+"""
+
+from __future__ import annotations
+
+from parc import __version__
+from parc.dsl.spec import Spec
+
+from .errors import InternalError
+from .passes import (
+    assign_ranks,
+    check_buildable,
+    check_values,
+    partition_layers,
+    place_sequence_parallel,
+    plan_batches,
+    resolve_mesh,
+    settle_training,
+)
+from .passes.draft import Draft
+from .plan import Plan
+
+PASSES = (
+    check_values,
+    check_buildable,
+    resolve_mesh,
+    assign_ranks,
+    partition_layers,
+    place_sequence_parallel,
+    plan_batches,
+    settle_training,
+)
+
+
+def source_name(spec: Spec) -> str:
+    """The spec's base name: generated files cite it, never a path."""
+    return spec.source.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def lower(spec: Spec) -> Plan:
+    draft = Draft()
+    for stage in PASSES:
+        draft = stage.run(spec, draft)
+    missing = [name for name in Draft.__slots__ if getattr(draft, name) is None]
+    if missing:
+        raise InternalError("lower", f"no pass filled {', '.join(missing)}")
+    return Plan(
+        source=source_name(spec),
+        parc_version=__version__,
+        mesh=draft.mesh,
+        tensor_parallel=draft.tensor_parallel,
+        sequence_parallel=draft.sequence_parallel,
+        batch=draft.batch,
+        model=draft.model,
+        train=draft.train,
+    )

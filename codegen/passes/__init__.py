@@ -1,0 +1,1 @@
+"""The lowering passes, one module each; ``codegen/lower.py`` lists them in order."""

@@ -1,0 +1,118 @@
+"""Pass 2: the spec asks only for what ``parc build`` can generate today.
+
+Takes: a ``Spec`` whose values passed ``check_values``. Gives: the draft unchanged,
+or ``Diagnostics`` naming every value still ``auto`` and every feature not supported
+yet, each at its spec line with a hint. Each unsupported feature is one entry of
+``UNSUPPORTED``: the issue that implements it deletes its entry (and adds its pass),
+nothing else here changes.
+
+Before: ``check_values``. After: ``resolve_mesh``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from parc.dsl.spec import Precision, Recompute, Spec
+
+from ..errors import AUTO, UNSUPPORTED, check, error
+from .draft import Draft
+
+# (key, the spec's value, example of a value to give it)
+AUTO_KEYS: tuple[tuple[str, Callable[[Spec], object], str], ...] = (
+    ("parallel.dp", lambda s: s.parallel.dp, "1"),
+    ("parallel.tp", lambda s: s.parallel.tp, "2"),
+    ("parallel.pp", lambda s: s.parallel.pp, "1"),
+    ("parallel.sp", lambda s: s.parallel.sp, "false"),
+    ("parallel.zero", lambda s: s.parallel.zero, "0"),
+    ("parallel.schedule", lambda s: s.parallel.schedule, "1f1b"),
+    ("parallel.recompute", lambda s: s.parallel.recompute, "none"),
+    ("parallel.overlap", lambda s: s.parallel.overlap_sub_batches, "none"),
+)
+
+# (key, is the feature asked for?, what it is, what to write instead)
+UNSUPPORTED_FEATURES: tuple[tuple[str, Callable[[Spec], bool], str, str], ...] = (
+    (
+        "parallel.pp",
+        lambda s: s.parallel.pp is not None and s.parallel.pp > 1,
+        "pipeline parallelism (pp > 1)",
+        "use pp = 1 and spread the devices over dp and tp",
+    ),
+    (
+        "parallel.zero",
+        lambda s: s.parallel.zero is not None and s.parallel.zero > 0,
+        "ZeRO optimizer sharding (zero > 0)",
+        "use zero = 0",
+    ),
+    (
+        "parallel.recompute",
+        lambda s: s.parallel.recompute not in (None, Recompute.NONE),
+        "activation recomputation",
+        "use recompute = none",
+    ),
+    (
+        "parallel.overlap",
+        lambda s: s.parallel.overlap_sub_batches is not None and s.parallel.overlap_sub_batches > 1,
+        "communication overlap (overlap = sub_batch(k))",
+        "use overlap = none",
+    ),
+    (
+        "train.precision",
+        lambda s: s.train.precision is not Precision.FP32,
+        "mixed precision (bf16, fp16)",
+        "use precision = fp32",
+    ),
+)
+
+
+def run(spec: Spec, draft: Draft) -> Draft:
+    problems = []
+    auto = [key for key, value, _ in AUTO_KEYS if value(spec) is None]
+    all_auto = len(auto) == len(AUTO_KEYS)
+    if all_auto:
+        problems.append(
+            error(
+                spec,
+                "parallel",
+                AUTO,
+                "parallel = auto leaves the whole layout to the planner, which parc build does not run yet",
+                "write the layout out, e.g. parallel { dp = 1  tp = 2  pp = 1 }, "
+                "or give it with --set parallel.dp=1 --set parallel.tp=2 --set parallel.pp=1",
+            )
+        )
+    else:
+        for key, _, example in AUTO_KEYS:
+            if key in auto:
+                problems.append(
+                    error(
+                        spec,
+                        key,
+                        AUTO,
+                        f"{key} = auto: parc build needs every degree set (the planner that fills "
+                        "auto values is not available yet)",
+                        f"give it a value in the spec or on the command line: --set {key}={example}",
+                    )
+                )
+    for key, asked, feature, instead in UNSUPPORTED_FEATURES:
+        if asked(spec):
+            problems.append(
+                error(
+                    spec,
+                    key,
+                    UNSUPPORTED,
+                    f"{feature} is not supported yet by parc build",
+                    f"{instead}; a later version of parc generates it",
+                )
+            )
+    if spec.train.optimizer.name != "adamw":
+        problems.append(
+            error(
+                spec,
+                "train.optimizer",
+                UNSUPPORTED,
+                f"optimizer {spec.train.optimizer.name!r} is not supported yet by parc build",
+                "use optimizer = adamw(...)",
+            )
+        )
+    check(problems)
+    return draft

@@ -1,0 +1,147 @@
+"""Pass 1: every value the generated program will contain is of a safe, expected kind.
+
+Takes: a ``Spec`` (validated by the front end, or built by hand). Gives: the draft
+unchanged, or ``Diagnostics`` listing every problem. This is the code generator's own
+guard against injection (DESIGN §8): names must be plain ASCII identifiers, numbers
+exact ``int``/``float`` values that are finite and in range, strings exact ``str``
+without control characters, closed vocabularies enum members. Later passes and the
+renderer may then emit any value with ``repr`` and trust the result to be a literal.
+
+Before: nothing. After: ``check_buildable``.
+"""
+
+from __future__ import annotations
+
+import enum
+import keyword
+import math
+import re
+
+from parc.dsl.spec import Arch, DataKind, LrScheduleKind, Precision, Spec
+
+from ..errors import BAD_NAME, BAD_VALUE, check, error
+from .draft import Draft
+
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+DEVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+MAX_SIZE = 2**31 - 1
+"""Largest size, degree or count a build accepts (a bigger one is a typo, not a model)."""
+MAX_SEED = 2**63 - 1
+TOKEN_DTYPES = ("uint16", "uint32")
+
+
+def run(spec: Spec, draft: Draft) -> Draft:
+    problems: list = []
+
+    def bad(key: str, message: str, hint: str | None = None, code: str = BAD_VALUE) -> None:
+        problems.append(error(spec, key, code, message, hint))
+
+    def count(key: str, value, *, low: int = 1, high: int = MAX_SIZE, auto: bool = False) -> None:
+        if value is None and auto:
+            return
+        if type(value) is not int:
+            bad(key, f"{key} must be a whole number, not {_show(value)}")
+        elif not low <= value <= high:
+            bad(key, f"{key} = {value} is out of range", f"{key} must be between {low} and {high}")
+
+    def real(key: str, value, *, optional: bool = False) -> None:
+        if value is None and optional:
+            return
+        if type(value) not in (int, float):
+            bad(key, f"{key} must be a number, not {_show(value)}")
+        elif not math.isfinite(value):
+            bad(key, f"{key} = {value!r} is not a finite number")
+
+    def member(key: str, value, kind: type[enum.Enum], *, auto: bool = False) -> None:
+        if value is None and auto:
+            return
+        if not isinstance(value, kind):
+            choices = ", ".join(m.value for m in kind)
+            bad(key, f"{key} = {_show(value)} is not one of {choices}")
+
+    model = spec.model
+    name = model.name
+    if type(name) is not str or not IDENTIFIER.fullmatch(name):
+        bad(
+            "model",
+            f"model name {_show(name)} is not a plain identifier",
+            "use ASCII letters, digits and underscores, not starting with a digit",
+            BAD_NAME,
+        )
+    elif keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        bad("model", f"model name {name!r} is a Python keyword", "pick another name", BAD_NAME)
+    member("model.arch", model.arch, Arch)
+    for key in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "pad_vocab_to"):
+        count(f"model.{key}", getattr(model, key))
+    for key in ("dropout", "norm_eps", "rope_theta"):
+        real(f"model.{key}", getattr(model, key))
+    if type(model.tie_embeddings) is not bool:
+        bad("model.tie_embeddings", "model.tie_embeddings must be true or false")
+
+    mesh = spec.mesh
+    count("mesh.nodes", mesh.nodes)
+    count("mesh.devices_per_node", mesh.devices_per_node)
+    if type(mesh.device) is not str or not DEVICE_NAME.fullmatch(mesh.device):
+        bad("mesh.device", f"mesh.device {_show(mesh.device)} is not a device name", code=BAD_NAME)
+    for key in ("device_memory", "device_flops"):
+        real(f"mesh.{key}", getattr(mesh, key), optional=True)
+    for key in ("intra_node", "inter_node", "intra_node_latency", "inter_node_latency"):
+        real(f"mesh.{key}", getattr(mesh, key))
+
+    parallel = spec.parallel
+    for key in ("dp", "tp", "pp", "overlap_sub_batches"):
+        count(f"parallel.{key}", getattr(parallel, key), auto=True)
+    count("parallel.zero", parallel.zero, low=0, high=3, auto=True)
+    count("parallel.chunks", parallel.chunks)
+    if parallel.sp is not None and type(parallel.sp) is not bool:
+        bad("parallel.sp", "parallel.sp must be true, false or auto")
+    if parallel.stage_layers is not None:
+        if type(parallel.stage_layers) is not tuple:
+            bad("parallel.stage_layers", "parallel.stage_layers must be a list of whole numbers")
+        else:
+            for layers in parallel.stage_layers:
+                count("parallel.stage_layers", layers)
+
+    train = spec.train
+    for key in ("global_batch", "micro_batch", "steps", "log_every"):
+        count(f"train.{key}", getattr(train, key))
+    count("train.seed", train.seed, low=0, high=MAX_SEED)
+    real("train.grad_clip", train.grad_clip)
+    member("train.precision", train.precision, Precision)
+    optimizer = train.optimizer
+    for key in ("lr", "weight_decay", "eps"):
+        real(f"train.optimizer.{key}", getattr(optimizer, key))
+    if type(optimizer.betas) is not tuple or len(optimizer.betas) != 2:
+        bad("train.optimizer.betas", "train.optimizer betas must be a pair of numbers")
+    else:
+        for beta in optimizer.betas:
+            real("train.optimizer.betas", beta)
+    schedule = train.lr_schedule
+    member("train.schedule", schedule.kind, LrScheduleKind)
+    count("train.schedule.warmup", schedule.warmup, low=0)
+    real("train.schedule.min_lr_ratio", schedule.min_lr_ratio)
+    data = train.data
+    member("train.data", data.kind, DataKind)
+    if data.dtype not in TOKEN_DTYPES:
+        bad("train.data", f"token dtype {_show(data.dtype)} is not one of {', '.join(TOKEN_DTYPES)}")
+    if data.kind is DataKind.TOKENS or data.path is not None:
+        if type(data.path) is not str or not data.path:
+            bad("train.data", "tokens(...) needs a file path")
+        elif CONTROL.search(data.path):
+            bad(
+                "train.data",
+                f"token file path {data.path!r} contains a control character",
+                "rename the file",
+            )
+    check(problems)
+    return draft
+
+
+def _show(value) -> str:
+    """A value for a message: ``repr`` of plain literals, the type name otherwise."""
+    if type(value) in (str, int, float, bool) or value is None:
+        text = repr(value)
+        return text if len(text) <= 40 else text[:37] + "..."
+    return f"a {type(value).__name__}"

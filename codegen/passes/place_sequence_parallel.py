@@ -1,0 +1,68 @@
+"""Pass 6: where activations are split along the sequence (sequence parallelism).
+
+Takes: a buildable ``Spec``, ``draft.tensor_parallel``. Gives:
+``draft.sequence_parallel``. With ``sp = true`` (and tp > 1) the replicated work
+between tensor-parallel blocks — norms, residual adds, dropout — runs on T/tp of the
+sequence: the all-reduce after each row-parallel layer (and the embedding) becomes a
+reduce-scatter along T, and the next column-parallel layer all-gathers T first
+(Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models").
+seq_len must then divide by tp.
+
+Before: ``partition_layers``. After: ``plan_batches``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from parc.dsl.spec import Arch, Spec
+
+from ..errors import NOT_DIVISIBLE, check, error
+from ..plan import SequenceParallelPlan, SequenceRegion
+from .draft import Draft
+
+
+def regions(spec: Spec) -> tuple[SequenceRegion, ...]:
+    last = spec.model.layers - 1
+    qkv = ("layers.*.attn.q_proj", "layers.*.attn.k_proj", "layers.*.attn.v_proj")
+    mlp_in = ("layers.*.mlp.gate_proj",) if spec.model.arch is Arch.LLAMA else ()
+    mlp_in += ("layers.*.mlp.up_proj",)
+    return (
+        SequenceRegion(scattered_by="embed", modules=("layers.0.attn_norm",), gathered_by=qkv),
+        SequenceRegion(scattered_by="layers.*.attn.o_proj", modules=("layers.*.mlp_norm",), gathered_by=mlp_in),
+        SequenceRegion(
+            scattered_by="layers.*.mlp.down_proj", modules=("layers.*+1.attn_norm",), gathered_by=qkv
+        ),
+        SequenceRegion(
+            scattered_by=f"layers.{last}.mlp.down_proj", modules=("final_norm",), gathered_by=("head",)
+        ),
+    )
+
+
+def run(spec: Spec, draft: Draft) -> Draft:
+    tp = draft.tensor_parallel.size
+    enabled = bool(spec.parallel.sp) and tp > 1
+    span = spec.span("parallel.sp")
+    if not enabled:
+        plan = SequenceParallelPlan(enabled=False, regions=(), local_shape=(), span=span)
+        return replace(draft, sequence_parallel=plan)
+    seq_len = spec.model.seq_len
+    if seq_len % tp:
+        check(
+            [
+                error(
+                    spec,
+                    "parallel.sp",
+                    NOT_DIVISIBLE,
+                    f"sequence parallelism splits seq_len = {seq_len} over tp = {tp}, which does not divide it",
+                    "make seq_len a multiple of tp, or set sp = false",
+                )
+            ]
+        )
+    plan = SequenceParallelPlan(
+        enabled=True,
+        regions=regions(spec),
+        local_shape=(spec.train.micro_batch, seq_len // tp, spec.model.hidden),
+        span=span,
+    )
+    return replace(draft, sequence_parallel=plan)

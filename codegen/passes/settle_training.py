@@ -1,0 +1,87 @@
+"""Pass 8: the model's configuration and the training settings, as cited constants.
+
+Takes: a buildable ``Spec``. Gives: ``draft.model`` (the runtime ``ModelConfig``
+fields, each a ``Setting`` carrying the span of the spec text behind it, and the
+parameter count) and ``draft.train`` (steps, seed, optimizer, LR schedule, data).
+
+Before: ``plan_batches``. After: ``codegen/lower.py`` assembles the ``Plan``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from parc.dsl.spec import Arch, Spec
+
+from ..plan import DataPlan, ModelPlan, Setting, TrainPlan
+from .draft import Draft
+
+
+def setting(spec: Spec, name: str, key: str, value, note: str = "") -> Setting:
+    return Setting(name=name, value=value, span=spec.span(key), note=note)
+
+
+def parameter_count(spec: Spec) -> int:
+    m = spec.model
+    d = m.head_dim
+    attn = m.hidden * d * (2 * m.heads + 2 * m.kv_heads)
+    mlp = (3 if m.arch is Arch.LLAMA else 2) * m.hidden * m.ffn
+    norms = (2 if m.arch is Arch.LLAMA else 4) * m.hidden
+    layer = attn + mlp + norms
+    if m.arch is Arch.GPT:
+        layer += m.heads * d * 3 + m.hidden + m.ffn + m.hidden  # q/k/v, o, up, down biases
+    total = m.layers * layer + m.padded_vocab * m.hidden
+    total += m.hidden * (2 if m.arch is Arch.GPT else 1)  # final norm
+    if m.arch is Arch.GPT:
+        total += m.seq_len * m.hidden
+    if not m.tie_embeddings:
+        total += m.padded_vocab * m.hidden
+    return total
+
+
+def run(spec: Spec, draft: Draft) -> Draft:
+    m, t = spec.model, spec.train
+    model = ModelPlan(
+        name=m.name,
+        arch=m.arch.value,
+        settings=(
+            setting(spec, "ARCH", "model.arch", m.arch.value),
+            setting(spec, "LAYERS", "model.layers", m.layers),
+            setting(spec, "HIDDEN", "model.hidden", m.hidden),
+            setting(spec, "HEADS", "model.heads", m.heads),
+            setting(spec, "KV_HEADS", "model.kv_heads", m.kv_heads, "defaults to heads"),
+            setting(spec, "FFN", "model.ffn", m.ffn),
+            setting(spec, "VOCAB", "model.vocab", m.vocab),
+            setting(
+                spec, "PADDED_VOCAB", "model.pad_vocab_to", m.padded_vocab,
+                f"vocab rounded up to a multiple of {m.pad_vocab_to}",
+            ),
+            setting(spec, "SEQ_LEN", "model.seq_len", m.seq_len),
+            setting(spec, "DROPOUT", "model.dropout", m.dropout),
+            setting(spec, "NORM_EPS", "model.norm_eps", m.norm_eps),
+            setting(spec, "ROPE_THETA", "model.rope_theta", m.rope_theta),
+            setting(spec, "TIE_EMBEDDINGS", "model.tie_embeddings", m.tie_embeddings),
+        ),
+        parameters=parameter_count(spec),
+    )
+    o, s = t.optimizer, t.lr_schedule
+    train = TrainPlan(
+        steps=setting(spec, "STEPS", "train.steps", t.steps),
+        seed=setting(spec, "SEED", "train.seed", t.seed),
+        precision=setting(spec, "PRECISION", "train.precision", t.precision.value),
+        grad_clip=setting(spec, "GRAD_CLIP", "train.grad_clip", t.grad_clip),
+        log_every=setting(spec, "LOG_EVERY", "train.log_every", t.log_every),
+        optimizer=(
+            setting(spec, "LR", "train.optimizer", o.lr),
+            setting(spec, "BETAS", "train.optimizer", tuple(o.betas)),
+            setting(spec, "WEIGHT_DECAY", "train.optimizer", o.weight_decay),
+            setting(spec, "EPS", "train.optimizer", o.eps),
+        ),
+        lr_schedule=(
+            setting(spec, "LR_SCHEDULE", "train.schedule", s.kind.value),
+            setting(spec, "WARMUP", "train.schedule", s.warmup),
+            setting(spec, "MIN_LR_RATIO", "train.schedule", s.min_lr_ratio),
+        ),
+        data=DataPlan(kind=t.data.kind.value, path=t.data.path, dtype=t.data.dtype, span=spec.span("train.data")),
+    )
+    return replace(draft, model=model, train=train)

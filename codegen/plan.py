@@ -1,0 +1,276 @@
+"""The Plan IR: the single description of what every rank of a build does.
+
+Takes: nothing (built by the lowering passes of ``codegen/lower.py`` from a checked
+``Spec``). Gives: ``Plan`` and its parts — the mesh (axes, ranks, process groups),
+the tensor-parallel table, the sequence-parallel regions, the batch plan and the
+model/optimizer/data/training settings the trainer needs. Every decision keeps the
+``Span`` of the spec text behind it (``None`` when the value is parc's default), so
+generated code can cite its origin.
+
+``str(plan)`` is a stable text form (tests, ``parc build --emit plan``) and
+``plan.to_json()`` is the content of the build's ``plan.json``; both live in
+``codegen/plan_text.py``. Before: ``codegen/passes/*``. After: ``codegen/render.py``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from parc.dsl.diagnostics import Span
+
+
+class Axis(enum.Enum):
+    """A mesh axis. The order here is the mesh order, outermost first."""
+
+    PP = "pp"
+    DP = "dp"
+    TP = "tp"
+
+
+class ShardStyle(enum.Enum):
+    """How one module's weight is split over the tp axis (runtime-api.md, layers)."""
+
+    COLWISE = "colwise"
+    """Output features split: weight (out/tp, in)."""
+    ROWWISE = "rowwise"
+    """Input features split: weight (out, in/tp); output all-reduced."""
+    VOCAB = "vocab"
+    """Embedding rows split: table (padded_vocab/tp, hidden)."""
+    VOCAB_HEAD = "vocab_head"
+    """Output projection with vocab-parallel logits: weight (padded_vocab/tp, hidden)."""
+    REPLICATE = "replicate"
+    """Every tp rank holds the whole weight."""
+
+
+# ---------------------------------------------------------------------------
+# Mesh: axes, ranks, groups
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeshAxis:
+    axis: Axis
+    size: int
+    """Ranks along this axis (1 when the layout does not use it)."""
+    span: Span | None
+    """The spec text that set the degree; None when defaulted."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankPlacement:
+    rank: int
+    """Global rank (torchrun's RANK)."""
+    node: int
+    """Which node the rank runs on: ``rank // devices_per_node``."""
+    local_rank: int
+    """Device index on its node (torchrun's LOCAL_RANK)."""
+    coords: tuple[tuple[Axis, int], ...]
+    """Index along each mesh axis, in mesh order (mixed-radix digits of the rank)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessGroup:
+    axis: Axis
+    ranks: tuple[int, ...]
+    """Global ranks of the group, ascending; they differ only in their ``axis`` index."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeshPlan:
+    axes: tuple[MeshAxis, ...]
+    """Every axis in mesh order (pp, dp, tp), size-1 axes included."""
+    nodes: int
+    devices_per_node: int
+    device: str
+    """Device preset name (``cpu``, ``h100-80gb``, ...)."""
+    device_flops: float | None
+    """Dense peak FLOP/s of one device, for MFU; None when unknown (cpu)."""
+    ranks: tuple[RankPlacement, ...]
+    """One entry per global rank, ascending."""
+    groups: tuple[ProcessGroup, ...]
+    """For each axis in mesh order, the groups partitioning the ranks, by first rank."""
+    nodes_span: Span | None
+    devices_span: Span | None
+    device_span: Span | None
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def size(self, axis: Axis) -> int:
+        for mesh_axis in self.axes:
+            if mesh_axis.axis is axis:
+                return mesh_axis.size
+        raise KeyError(axis)
+
+    def axis(self, axis: Axis) -> MeshAxis:
+        for mesh_axis in self.axes:
+            if mesh_axis.axis is axis:
+                return mesh_axis
+        raise KeyError(axis)
+
+    def groups_of(self, axis: Axis) -> tuple[ProcessGroup, ...]:
+        return tuple(group for group in self.groups if group.axis is axis)
+
+
+# ---------------------------------------------------------------------------
+# Tensor and sequence parallelism
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardRule:
+    """One row of the tensor-parallel table: module-name pattern → style."""
+
+    pattern: str
+    """Module name as the runtime names it, ``*`` standing for the layer index."""
+    style: ShardStyle
+    dim: int | None
+    """The weight dim split over tp (0 = output rows, 1 = input columns); None when replicated."""
+    full_shape: tuple[int, ...]
+    """The whole weight's shape (elements per dim)."""
+    local_shape: tuple[int, ...]
+    """The shard one tp rank holds."""
+    tied_to: str | None = None
+    """The module whose weight this one shares (tied embeddings), or None."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TensorParallelPlan:
+    size: int
+    """tp degree; 1 means the model is not split and ``rules`` is empty."""
+    rules: tuple[ShardRule, ...]
+    """Every module of the model, in model order (replicated ones included)."""
+    span: Span | None
+
+    @property
+    def sharded(self) -> tuple[ShardRule, ...]:
+        return tuple(rule for rule in self.rules if rule.style is not ShardStyle.REPLICATE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SequenceRegion:
+    """A stretch of the forward pass whose activations are split along T over tp.
+
+    It is entered by a reduce-scatter along T (the output of ``scattered_by``) and
+    left by an all-gather along T (the input of ``gathered_by``); the replicated
+    modules in ``modules`` run on ``(B, T/tp, C)`` in between.
+    """
+
+    scattered_by: str
+    modules: tuple[str, ...]
+    gathered_by: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SequenceParallelPlan:
+    enabled: bool
+    regions: tuple[SequenceRegion, ...]
+    """Empty when disabled."""
+    local_shape: tuple[int, ...]
+    """Activation shape inside a region, (micro_batch, seq_len/tp, hidden); () when disabled."""
+    span: Span | None
+
+
+# ---------------------------------------------------------------------------
+# Batches and training settings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchPlan:
+    micro_batch: int
+    """Sequences per forward/backward on one rank."""
+    grad_accum: int
+    """Micro-batches per optimizer step on one rank."""
+    dp: int
+    """Data-parallel ranks sharing a step."""
+    global_batch: int
+    """Sequences per optimizer step: micro_batch · grad_accum · dp."""
+    seq_len: int
+    """Tokens per sequence."""
+    micro_batch_span: Span | None
+    global_batch_span: Span | None
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens per optimizer step, over all ranks."""
+        return self.global_batch * self.seq_len
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        """Tokens one rank feeds through one forward/backward."""
+        return self.micro_batch * self.seq_len
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Setting:
+    """A named value the trainer uses as written (a config constant)."""
+
+    name: str
+    """The constant's name in ``train.py`` (upper case)."""
+    value: bool | int | float | str | tuple | None
+    """A plain Python literal; emitted with ``repr``."""
+    span: Span | None
+    """Where the spec wrote it; None when parc's default."""
+    note: str = ""
+    """Why, when the value is derived or defaulted (shown in the citation comment)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelPlan:
+    name: str
+    """The model block's name; validated as a Python identifier."""
+    arch: str
+    """``gpt`` or ``llama``."""
+    settings: tuple[Setting, ...]
+    """The runtime ``ModelConfig`` fields, in its order."""
+    parameters: int
+    """Parameters of the whole (unsharded) model."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataPlan:
+    kind: str
+    """``synthetic`` or ``tokens``."""
+    path: str | None
+    """Token file as written in the spec; resolved at run time from the cwd."""
+    dtype: str
+    """Element type of the token file (``uint16`` | ``uint32``)."""
+    span: Span | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainPlan:
+    steps: Setting
+    seed: Setting
+    precision: Setting
+    grad_clip: Setting
+    log_every: Setting
+    optimizer: tuple[Setting, ...]
+    """AdamW: LR, BETAS, WEIGHT_DECAY, EPS."""
+    lr_schedule: tuple[Setting, ...]
+    """LR_SCHEDULE, WARMUP, MIN_LR_RATIO."""
+    data: DataPlan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    source: str
+    """Base name of the spec file (never a path: builds must not depend on the cwd)."""
+    parc_version: str
+    mesh: MeshPlan
+    tensor_parallel: TensorParallelPlan
+    sequence_parallel: SequenceParallelPlan
+    batch: BatchPlan
+    model: ModelPlan
+    train: TrainPlan
+
+    def __str__(self) -> str:
+        from .plan_text import plan_to_text
+
+        return plan_to_text(self)
+
+    def to_json(self) -> str:
+        """plan.json's content: every field, sorted keys, spans as ``file:line:col``."""
+        from .plan_text import plan_to_json
+
+        return plan_to_json(self)

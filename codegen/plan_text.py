@@ -1,0 +1,94 @@
+"""The Plan's two printed forms: ``str(plan)`` (readable, stable) and plan.json.
+
+Takes: a ``Plan``. Gives: text for tests and ``parc build --emit plan``, and the
+JSON written into each build. Both are deterministic: fields in declaration order,
+spans as ``file:line``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+
+from parc.dsl.diagnostics import Span
+
+
+def cite(span: Span | None) -> str:
+    """``tiny.par:12`` for a span in the spec, ``--set 1`` for a command-line override,
+    ``default`` when parc chose the value."""
+    if span is None:
+        return "default"
+    if span.file.startswith("--set"):
+        return span.file
+    return f"{span.file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{span.line}"
+
+
+def _plain(value):
+    if isinstance(value, Span):
+        return cite(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def plan_to_json(plan) -> str:
+    return json.dumps(_plain(plan), indent=2, sort_keys=True) + "\n"
+
+
+def _shape(shape) -> str:
+    return "(" + ", ".join(str(n) for n in shape) + ")"
+
+
+def plan_to_text(plan) -> str:
+    mesh, tp, sp, batch = plan.mesh, plan.tensor_parallel, plan.sequence_parallel, plan.batch
+    lines = [f"plan {plan.model.name} from {plan.source} (parc {plan.parc_version})"]
+    axes = " × ".join(f"{a.axis.value} {a.size}" for a in mesh.axes)
+    lines.append(
+        f"mesh: {mesh.nodes} node(s) × {mesh.devices_per_node} {mesh.device} = "
+        f"{mesh.world_size} rank(s); axes {axes} (outermost first)"
+    )
+    for r in mesh.ranks:
+        coords = " ".join(f"{a.value}={i}" for a, i in r.coords)
+        lines.append(f"  rank {r.rank}: node {r.node} local {r.local_rank}  {coords}")
+    for axis in mesh.axes:
+        groups = [g for g in mesh.groups if g.axis is axis.axis]
+        if groups and axis.size > 1:
+            shown = " ".join("[" + ",".join(str(x) for x in g.ranks) + "]" for g in groups)
+            lines.append(f"  {axis.axis.value} groups: {shown}")
+    lines.append(f"tensor parallel: tp {tp.size}")
+    for rule in tp.rules:
+        tied = f" tied to {rule.tied_to}" if rule.tied_to else ""
+        dim = "" if rule.dim is None else f" dim {rule.dim}"
+        lines.append(
+            f"  {rule.pattern:<24} {rule.style.value:<10}{dim:<6} "
+            f"{_shape(rule.full_shape)} -> {_shape(rule.local_shape)}{tied}"
+        )
+    if sp.enabled:
+        lines.append(f"sequence parallel: activations {_shape(sp.local_shape)} inside regions")
+        for region in sp.regions:
+            lines.append(
+                f"  {region.scattered_by} reduce-scatter -> {', '.join(region.modules)} "
+                f"-> all-gather {', '.join(region.gathered_by)}"
+            )
+    else:
+        lines.append("sequence parallel: off")
+    lines.append(
+        f"batch: global {batch.global_batch} = micro {batch.micro_batch} × accum "
+        f"{batch.grad_accum} × dp {batch.dp}; {batch.tokens_per_step} tokens/step"
+    )
+    lines.append(f"model: {plan.model.arch}, {plan.model.parameters:,} parameters")
+    for s in plan.model.settings:
+        lines.append(f"  {s.name} = {s.value!r}  [{cite(s.span)}]")
+    t = plan.train
+    lines.append("train:")
+    for s in (t.steps, t.seed, t.precision, t.grad_clip, t.log_every, *t.optimizer, *t.lr_schedule):
+        lines.append(f"  {s.name} = {s.value!r}  [{cite(s.span)}]")
+    data = t.data
+    where = f" {data.path!r} ({data.dtype})" if data.path else ""
+    lines.append(f"  data = {data.kind}{where}  [{cite(data.span)}]")
+    return "\n".join(lines) + "\n"
