@@ -50,7 +50,9 @@ def runtime_files() -> dict[str, bytes]:
 def spec_hash(spec) -> str:
     from parc.dsl import spec_to_dict
 
-    return sha256(json.dumps(spec_to_dict(spec), sort_keys=True).encode())
+    # The values only: where the file lies (``source``) must not change the build.
+    values = {k: v for k, v in spec_to_dict(spec).items() if k != "source"}
+    return sha256(json.dumps(values, sort_keys=True).encode())
 
 
 def generate(spec) -> dict[str, bytes]:

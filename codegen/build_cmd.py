@@ -33,9 +33,9 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run_build)
 
 
-def _say(lines, stream=sys.stderr):
+def _say(lines):
     for line in lines:
-        print(line, file=stream)
+        print(line, file=sys.stderr)
 
 
 def run_build(args: argparse.Namespace) -> int:

@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except SystemExit as exc:  # a usage error deep in a command (e.g. an unreadable file)
+        return exc.code if isinstance(exc.code, int) else 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -115,6 +115,17 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         extra_flag_docs.append(f"--data PATH            token file (default {data.path!r})")
     else:
         dataset_line = "dataset = data.SyntheticTokens(VOCAB, SEQ_LEN, seed=args.seed)"
+    forward = "loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM"
+    std_imports = ["import argparse", "import time"]
+    if plan.train.precision.value == "bf16":
+        std_imports += ["", "import torch"]
+        forward_lines = [
+            f"# {cite(plan.train.precision.span)}: bf16 autocast; weights, grads and Adam stay fp32",
+            "with torch.autocast(device_type=dist.device.type, dtype=torch.bfloat16):",
+            "    " + forward,
+        ]
+    else:
+        forward_lines = [forward]
     imports = ["data", "mesh", "metrics", "model", "optim"] + (["dp"] if dp_size > 1 else [])
     model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
     layout = layout_words(plan)
@@ -130,6 +141,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         seed=plan.train.seed.value,
         extra_flag_docs=extra_flag_docs,
         header=header(plan),
+        std_imports=std_imports,
+        forward_lines=forward_lines,
         runtime_imports=", ".join(sorted(imports)),
         config_lines=config_lines(plan),
         tp_plan_lines=tp_plan_lines(plan),

@@ -58,9 +58,9 @@ UNSUPPORTED_FEATURES: tuple[tuple[str, Callable[[Spec], bool], str, str], ...] =
     ),
     (
         "train.precision",
-        lambda s: s.train.precision is not Precision.FP32,
-        "mixed precision (bf16, fp16)",
-        "use precision = fp32",
+        lambda s: s.train.precision is Precision.FP16,
+        "fp16 training (it needs loss scaling)",
+        "use precision = bf16 or fp32",
     ),
 )
 
