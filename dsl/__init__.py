@@ -1,0 +1,97 @@
+"""parc's language front end: ``.par`` (or JSON) text → a checked ``Spec``.
+
+The pipeline, one module a step::
+
+    text ─ parse.py (grammar.lark) ─▶ ast.Document ─ normalize.py ─▶ normalized JSON
+         (jsonspec.py for .json)        (fmt.py prints it back)       │ overrides.py (--set)
+                                                                     ▼
+    Spec ◀─ build_spec.py ◀─ checks.py (semantics) ◀─ validate.py (JSON Schema, schema.py)
+
+Every problem is a ``ParcError`` (``diagnostics.py``); all of them are collected and
+raised together as ``Diagnostics``. ``commands.py`` holds ``parc check``, ``parc fmt``
+and ``parc schema``. The language is documented in docs/language.md.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .ast import Document, strip_spans
+from .build_spec import spec_to_dict
+from .diagnostics import Diagnostics, ParcError, SourceMap, Span
+from .fmt import dump, format_document
+from .jsonspec import normalize_json
+from .normalize import normalize_document
+from .overrides import apply_overrides
+from .parse import parse
+from .schema import schema
+from .spec import Spec
+from .validate import validate
+
+__all__ = [
+    "Diagnostics",
+    "Document",
+    "ParcError",
+    "Spec",
+    "decode",
+    "dump",
+    "format_document",
+    "load",
+    "load_text",
+    "parse",
+    "read_text",
+    "schema",
+    "spec_to_dict",
+    "strip_spans",
+]
+
+
+def read_text(path: str) -> str:
+    """The text of the file at ``path``. Raises ``OSError`` (``FileNotFoundError``, ...)
+    if it cannot be read, and ``Diagnostics`` (PAR0001) if it is not UTF-8."""
+    with open(path, "rb") as handle:
+        return decode(handle.read(), path)
+
+
+def decode(data: bytes, file: str) -> str:
+    """``data`` as UTF-8 text; ``Diagnostics`` (PAR0001) at the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = data[: exc.start].decode("utf-8", errors="replace")
+        line = before.count("\n") + 1
+        column = len(before) - (before.rfind("\n") + 1) + 1
+        sources = SourceMap()
+        sources.add(file, data.decode("utf-8", errors="replace"))
+        span = Span(file=file, line=line, column=column, end_line=line, end_column=column + 1)
+        error = ParcError(
+            span=span,
+            code="PAR0001",
+            message=f"the file is not UTF-8 text (byte 0x{data[exc.start]:02x})",
+            hint="save the spec as UTF-8",
+        )
+        raise Diagnostics([error], sources) from None
+
+
+def load(path: str, overrides: Sequence[str] = ()) -> Spec:
+    """The checked Spec of the file at ``path`` (``.par``, or ``.json`` for the
+    normalized document), with ``--set`` ``overrides`` applied in order.
+
+    Raises ``Diagnostics`` (with ``.sources``) for any problem in the text or the
+    overrides, and ``OSError`` when the file cannot be read.
+    """
+    return load_text(read_text(path), path, overrides)
+
+
+def load_text(text: str, file: str, overrides: Sequence[str] = ()) -> Spec:
+    """Like ``load``, for ``text`` already in hand; ``file`` names it in messages
+    (and, ending in ``.json``, says it is JSON)."""
+    if file.endswith(".json"):
+        norm = normalize_json(text, file)
+    else:
+        norm = normalize_document(parse(text, file))
+    sources = SourceMap()
+    sources.add(file, text)
+    for name, override in apply_overrides(norm, overrides).items():
+        sources.add(name, override)
+    return validate(norm, sources, file)

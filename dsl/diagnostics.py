@@ -75,9 +75,13 @@ class SourceMap:
         text = self.texts.get(file)
         if text is None:
             return None
-        lines = text.splitlines()
+        # Lines end at "\n" only, as the parser counts them (``splitlines`` would also
+        # split at form feeds and other separators, and quote the wrong line).
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
         if 1 <= line <= len(lines):
-            return lines[line - 1]
+            return lines[line - 1].rstrip("\r")
         return "" if line == len(lines) + 1 else None
 
 
@@ -101,7 +105,11 @@ def render(error: ParcError, sources: SourceMap, *, color: bool = False) -> str:
     out = [header]
     source_line = sources.line(span.file, span.line)
     if source_line is not None:
-        source_line = source_line.expandtabs(1)
+        # Tabs count as one column, as the parser counts them; control characters
+        # are shown as "?" so a quoted line cannot drive the terminal.
+        source_line = "".join(
+            " " if c == "\t" else c if c.isprintable() else "?" for c in source_line
+        )
         gutter = str(span.line)
         pad = " " * len(gutter)
         start = max(span.column, 1)

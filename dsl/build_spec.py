@@ -1,0 +1,176 @@
+"""A checked normalized document → ``Spec``; and ``spec_to_dict``, the way back.
+
+Takes: a ``Normalized`` document that passed every check (``dsl/validate.py``).
+Gives: the ``Spec`` of ``dsl/spec.py`` with defaults filled in (``dsl/presets.py``
+for the mesh), ``auto`` as None, and ``Spec.spans`` listing every key that was
+written (in the file or by ``--set``). ``spec_to_dict`` gives a JSON-able view of a
+Spec (enums as their values), used by ``parc build --emit spec`` and for hashing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from .normalize import Normalized, dotted
+from .presets import PRESETS
+from .spec import (
+    Arch,
+    DataKind,
+    DataSpec,
+    LrScheduleKind,
+    LrScheduleSpec,
+    MeshSpec,
+    ModelSpec,
+    OptimizerSpec,
+    ParallelSpec,
+    PipelineSchedule,
+    Precision,
+    Recompute,
+    Spec,
+    TrainSpec,
+)
+
+
+def _auto(value):
+    return None if value == "auto" else value
+
+
+def _float(value) -> float | None:
+    return None if value is None else float(value)
+
+
+def build_spec(norm: Normalized, source: str) -> Spec:
+    doc = norm.doc
+    model, mesh, train = doc["model"], doc["mesh"], doc["train"]
+    parallel = doc["parallel"]
+    if parallel == "auto":
+        parallel = {}
+        auto_all = True
+    else:
+        auto_all = False
+    arch = Arch(model["arch"])
+    model_spec = ModelSpec(
+        name=model["name"],
+        arch=arch,
+        layers=model["layers"],
+        hidden=model["hidden"],
+        heads=model["heads"],
+        kv_heads=model.get("kv_heads", model["heads"]),
+        ffn=model["ffn"],
+        vocab=model["vocab"],
+        seq_len=model["seq_len"],
+        pad_vocab_to=model.get("pad_vocab_to", 128),
+        dropout=float(model.get("dropout", 0.0)),
+        norm_eps=float(model.get("norm_eps", 1e-5)),
+        rope_theta=float(model.get("rope_theta", 10000.0)),
+        tie_embeddings=model.get("tie_embeddings", arch is Arch.GPT),
+    )
+    preset = PRESETS[mesh["device"]]
+    mesh_spec = MeshSpec(
+        nodes=mesh["nodes"],
+        devices_per_node=mesh["devices_per_node"],
+        device=mesh["device"],
+        device_memory=_float(mesh.get("device_memory", preset.memory)),
+        device_flops=_float(mesh.get("device_flops", preset.flops)),
+        intra_node=float(mesh.get("intra_node", preset.intra_node)),
+        inter_node=float(mesh.get("inter_node", preset.inter_node)),
+        intra_node_latency=float(mesh.get("intra_node_latency", 5e-6)),
+        inter_node_latency=float(mesh.get("inter_node_latency", 10e-6)),
+    )
+
+    def degree(key: str, default):
+        return None if auto_all else _auto(parallel.get(key, default))
+
+    schedule = degree("schedule", {"kind": "1f1b"})
+    overlap = degree("overlap", {"kind": "none"})
+    stage_layers = degree("stage_layers", None)
+    parallel_spec = ParallelSpec(
+        dp=degree("dp", None),
+        tp=degree("tp", None),
+        pp=degree("pp", None),
+        sp=degree("sp", False),
+        zero=degree("zero", 0),
+        schedule=None if schedule is None else PipelineSchedule(schedule["kind"]),
+        chunks=1 if schedule is None else schedule.get("chunks", 1),
+        recompute=(
+            None if degree("recompute", "none") is None else Recompute(degree("recompute", "none"))
+        ),
+        overlap_sub_batches=None if overlap is None else overlap.get("sub_batches", 1),
+        stage_layers=None if stage_layers is None else tuple(stage_layers),
+    )
+    optimizer = train.get("optimizer", {"kind": "adamw"})
+    lr_schedule = train.get("schedule", {"kind": "cosine"})
+    data = train.get("data", {"kind": "synthetic"})
+    defaults = OptimizerSpec()
+    train_spec = TrainSpec(
+        global_batch=train["global_batch"],
+        micro_batch=train["micro_batch"],
+        steps=train["steps"],
+        optimizer=OptimizerSpec(
+            name=optimizer["kind"],
+            lr=float(optimizer.get("lr", defaults.lr)),
+            betas=tuple(float(b) for b in optimizer.get("betas", defaults.betas)),
+            weight_decay=float(optimizer.get("weight_decay", defaults.weight_decay)),
+            eps=float(optimizer.get("eps", defaults.eps)),
+        ),
+        lr_schedule=LrScheduleSpec(
+            kind=LrScheduleKind(lr_schedule["kind"]),
+            warmup=lr_schedule.get("warmup", 0),
+            min_lr_ratio=float(lr_schedule.get("min_lr_ratio", LrScheduleSpec().min_lr_ratio)),
+        ),
+        grad_clip=float(train.get("grad_clip", 1.0)),
+        precision=Precision(train.get("precision", "fp32")),
+        seed=train.get("seed", 1234),
+        data=DataSpec(
+            kind=DataKind(data["kind"]), path=data.get("path"), dtype=data.get("dtype", "uint16")
+        ),
+        log_every=train.get("log_every", 1),
+    )
+    return Spec(
+        model=model_spec,
+        mesh=mesh_spec,
+        parallel=parallel_spec,
+        train=train_spec,
+        source=source,
+        spans=_written(norm),
+    )
+
+
+def _written(norm: Normalized):
+    """(dotted key, span) of every key and call argument written, sorted by key."""
+    out = {}
+    for path, origin in norm.origins.items():
+        if len(path) < 2 or not all(isinstance(p, str) and not p.startswith("#") for p in path):
+            continue
+        if path[-1] == "kind" or not _present(norm.doc, path):
+            continue
+        out[dotted(path)] = origin.span
+    return tuple(sorted(out.items()))
+
+
+def _present(doc, path: tuple) -> bool:
+    for part in path:
+        if not isinstance(doc, dict) or part not in doc:
+            return False
+        doc = doc[part]
+    return True
+
+
+def spec_to_dict(spec: Spec) -> dict:
+    """A JSON-able view of ``spec``: enums as their values, tuples as lists, no spans."""
+
+    def convert(value):
+        if isinstance(value, enum.Enum):
+            return value.value
+        if dataclasses.is_dataclass(value):
+            return {
+                f.name: convert(getattr(value, f.name))
+                for f in dataclasses.fields(value)
+                if f.name != "spans"
+            }
+        if isinstance(value, (tuple, list)):
+            return [convert(item) for item in value]
+        return value
+
+    return convert(spec)

@@ -1,0 +1,414 @@
+"""Every block, key and call of the language, as one table.
+
+Takes: nothing (leaf module). Gives: ``BLOCKS`` (block name → ``BlockDef``), each
+key's ``Param`` (type, range, default, whether it may be ``auto``, its calls) and
+``expected_words`` for messages. ``dsl/schema.py`` generates the JSON Schema from
+this table, ``dsl/normalize.py`` uses it to resolve units and calls, and
+docs/language.md describes the same keys (a test keeps them in step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import units
+
+INT_MAX = 2**31 - 1
+"""Largest integer any key accepts (keeps later stages' arithmetic sane)."""
+
+UNIT_TYPES = (units.SIZE, units.BANDWIDTH, units.FLOPS, units.TIME)
+DEVICES = ("a100-40gb", "a100-80gb", "h100-80gb", "h200", "rtx3090", "cpu")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Param:
+    """A key of a block or an argument of a call."""
+
+    name: str
+    type: str
+    """int | number | bool | string | enum | int_list | pair | call, or a unit kind
+    (size | bandwidth | flops | time: written with a unit, stored in SI units)."""
+    doc: str
+    default: str | None = None
+    """The default as docs show it; None when required or derived."""
+    required: bool = False
+    minimum: float | None = None
+    exclusive_minimum: float | None = None
+    maximum: float | None = None
+    exclusive_maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    auto: bool = False
+    """``auto`` is allowed (left to the planner)."""
+    calls: tuple["CallDef", ...] = ()
+
+    def call(self, name: str) -> "CallDef | None":
+        for call in self.calls:
+            if call.name == name:
+                return call
+        return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallDef:
+    """One function a call-valued key accepts: ``interleaved(chunks = 2)``."""
+
+    name: str
+    params: tuple[Param, ...] = ()
+    doc: str = ""
+
+    def param(self, name: str) -> Param | None:
+        for param in self.params:
+            if param.name == name:
+                return param
+        return None
+
+    def signature(self) -> str:
+        if not self.params:
+            return self.name
+        inner = ", ".join(p.name if p.required else f"{p.name} = {p.default}" for p in self.params)
+        return f"{self.name}({inner})"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockDef:
+    name: str
+    doc: str
+    keys: tuple[Param, ...]
+    named: bool = False
+    """``model NAME { ... }`` takes a name; the other blocks do not."""
+    may_be_auto: bool = False
+    """``parallel = auto``."""
+
+    def key(self, name: str) -> Param | None:
+        for key in self.keys:
+            if key.name == name:
+                return key
+        return None
+
+
+def _int(name, doc, *, minimum=1, **kw) -> Param:
+    return Param(
+        name=name, type="int", doc=doc, minimum=minimum, maximum=kw.pop("maximum", INT_MAX), **kw
+    )
+
+
+_WARMUP = _int("warmup", "steps of linear warmup from 0", minimum=0, default="0")
+_MIN_LR = Param(
+    name="min_lr_ratio",
+    type="number",
+    doc="final LR as a fraction of the peak",
+    default="0.1",
+    minimum=0,
+    maximum=1,
+)
+
+MODEL = BlockDef(
+    name="model",
+    named=True,
+    doc="the transformer to train",
+    keys=(
+        Param(
+            name="arch",
+            type="enum",
+            choices=("gpt", "llama"),
+            required=True,
+            doc="gpt: LayerNorm, GELU MLP, learned positions; llama: RMSNorm, SwiGLU, rotary",
+        ),
+        _int("layers", "transformer blocks", required=True),
+        _int("hidden", "model width", required=True),
+        _int("heads", "attention heads", required=True),
+        _int("kv_heads", "key/value heads (grouped-query attention)", default="heads"),
+        _int("ffn", "hidden size of the MLP (llama: of each SwiGLU branch)", required=True),
+        _int("vocab", "vocabulary size", required=True),
+        _int("seq_len", "tokens per sequence", required=True),
+        _int(
+            "pad_vocab_to",
+            "the embedding has vocab rounded up to a multiple of this",
+            default="128",
+        ),
+        Param(
+            name="dropout",
+            type="number",
+            doc="dropout probability",
+            default="0.0",
+            minimum=0,
+            exclusive_maximum=1,
+        ),
+        Param(
+            name="norm_eps",
+            type="number",
+            doc="epsilon of the norms",
+            default="1e-5",
+            exclusive_minimum=0,
+        ),
+        Param(
+            name="rope_theta",
+            type="number",
+            doc="rotary base (llama)",
+            default="10000.0",
+            exclusive_minimum=0,
+        ),
+        Param(
+            name="tie_embeddings",
+            type="bool",
+            doc="the head shares the embedding's weight",
+            default="true for gpt, false for llama",
+        ),
+    ),
+)
+
+MESH = BlockDef(
+    name="mesh",
+    doc="the hardware",
+    keys=(
+        _int("nodes", "machines", required=True),
+        _int("devices_per_node", "accelerators (or CPU ranks) per machine", required=True),
+        Param(name="device", type="enum", choices=DEVICES, required=True, doc="device preset"),
+        Param(
+            name="device_memory",
+            type=units.SIZE,
+            doc="memory per device",
+            default="preset",
+            exclusive_minimum=0,
+        ),
+        Param(
+            name="device_flops",
+            type=units.FLOPS,
+            doc="dense peak per device",
+            default="preset",
+            exclusive_minimum=0,
+        ),
+        Param(
+            name="intra_node",
+            type=units.BANDWIDTH,
+            default="preset",
+            doc="bandwidth between devices of a node, per direction",
+            exclusive_minimum=0,
+        ),
+        Param(
+            name="inter_node",
+            type=units.BANDWIDTH,
+            default="preset",
+            doc="bandwidth between nodes, per device, per direction",
+            exclusive_minimum=0,
+        ),
+        Param(
+            name="intra_node_latency",
+            type=units.TIME,
+            default="5 us",
+            doc="latency of a message within a node",
+            minimum=0,
+        ),
+        Param(
+            name="inter_node_latency",
+            type=units.TIME,
+            default="10 us",
+            doc="latency of a message between nodes",
+            minimum=0,
+        ),
+    ),
+)
+
+PARALLEL = BlockDef(
+    name="parallel",
+    may_be_auto=True,
+    doc="the layout; any key may be auto, and `parallel = auto` leaves all to the planner",
+    keys=(
+        _int("dp", "data-parallel degree", required=True, auto=True),
+        _int("tp", "tensor-parallel degree", required=True, auto=True),
+        _int("pp", "pipeline-parallel degree (stages)", required=True, auto=True),
+        Param(
+            name="sp",
+            type="bool",
+            auto=True,
+            default="false",
+            doc="sequence parallelism (shards norms and dropout along tp)",
+        ),
+        _int(
+            "zero",
+            "ZeRO stage: 0 off, 1 optimizer state, 2 + gradients, 3 + parameters",
+            minimum=0,
+            maximum=3,
+            default="0",
+            auto=True,
+        ),
+        Param(
+            name="schedule",
+            type="call",
+            auto=True,
+            default="1f1b",
+            doc="pipeline schedule",
+            calls=(
+                CallDef(name="gpipe", doc="all forwards, then all backwards"),
+                CallDef(name="1f1b", doc="one forward, one backward"),
+                CallDef(
+                    name="interleaved",
+                    doc="1f1b over `chunks` virtual stages per rank",
+                    params=(_int("chunks", "virtual stages per rank", minimum=2, required=True),),
+                ),
+            ),
+        ),
+        Param(
+            name="recompute",
+            type="enum",
+            choices=("none", "selective", "full"),
+            auto=True,
+            default="none",
+            doc="activation recomputation",
+        ),
+        Param(
+            name="overlap",
+            type="call",
+            auto=True,
+            default="none",
+            doc="overlap tensor-parallel communication with compute",
+            calls=(
+                CallDef(name="none", doc="no overlap"),
+                CallDef(
+                    name="sub_batch",
+                    doc="split each micro-batch in `sub_batches` parts",
+                    params=(
+                        _int("sub_batches", "parts per micro-batch", minimum=2, required=True),
+                    ),
+                ),
+            ),
+        ),
+        Param(
+            name="stage_layers",
+            type="int_list",
+            auto=True,
+            default="an even split",
+            doc="layers of each pipeline stage, e.g. [5, 7]",
+        ),
+    ),
+)
+
+TRAIN = BlockDef(
+    name="train",
+    doc="the training run",
+    keys=(
+        _int(
+            "global_batch",
+            "sequences per optimizer step, over all data-parallel ranks",
+            required=True,
+        ),
+        _int("micro_batch", "sequences per forward/backward on one rank", required=True),
+        _int("steps", "optimizer steps", required=True),
+        Param(
+            name="optimizer",
+            type="call",
+            default="adamw",
+            doc="optimizer",
+            calls=(
+                CallDef(
+                    name="adamw",
+                    doc="AdamW",
+                    params=(
+                        Param(
+                            name="lr",
+                            type="number",
+                            doc="peak learning rate",
+                            default="3e-4",
+                            exclusive_minimum=0,
+                        ),
+                        Param(name="betas", type="pair", doc="Adam betas", default="(0.9, 0.95)"),
+                        Param(
+                            name="weight_decay",
+                            type="number",
+                            doc="decoupled weight decay",
+                            default="0.1",
+                            minimum=0,
+                        ),
+                        Param(
+                            name="eps",
+                            type="number",
+                            doc="Adam epsilon",
+                            default="1e-8",
+                            exclusive_minimum=0,
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        Param(
+            name="schedule",
+            type="call",
+            default="cosine",
+            doc="learning-rate schedule",
+            calls=(
+                CallDef(name="constant", doc="warmup, then the peak LR", params=(_WARMUP,)),
+                CallDef(name="cosine", doc="warmup, then cosine decay", params=(_WARMUP, _MIN_LR)),
+                CallDef(name="linear", doc="warmup, then linear decay", params=(_WARMUP, _MIN_LR)),
+            ),
+        ),
+        Param(
+            name="grad_clip",
+            type="number",
+            doc="max global gradient norm; 0 disables",
+            default="1.0",
+            minimum=0,
+        ),
+        Param(
+            name="precision",
+            type="enum",
+            choices=("fp32", "bf16", "fp16"),
+            default="fp32",
+            doc="compute precision",
+        ),
+        _int("seed", "random seed", minimum=0, maximum=2**32 - 1, default="1234"),
+        Param(
+            name="data",
+            type="call",
+            default="synthetic",
+            doc="training data",
+            calls=(
+                CallDef(name="synthetic", doc="random tokens from the seed"),
+                CallDef(
+                    name="tokens",
+                    doc="a flat token file (parc data prepare)",
+                    params=(
+                        Param(
+                            name="path", type="string", required=True, doc="the file, as written"
+                        ),
+                        Param(
+                            name="dtype",
+                            type="enum",
+                            choices=("uint16", "uint32"),
+                            default="uint16",
+                            doc="element type",
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        _int("log_every", "steps between log lines", default="1"),
+    ),
+)
+
+BLOCKS: dict[str, BlockDef] = {b.name: b for b in (MODEL, MESH, PARALLEL, TRAIN)}
+
+ELEMENT = {
+    "int_list": _int("stage_layers", "layers of a stage"),
+    "pair": Param(name="beta", type="number", doc="an Adam beta", minimum=0, exclusive_maximum=1),
+}
+"""The element of a list-valued type."""
+
+
+def expected_words(param: Param) -> str:
+    """What ``param`` takes, for messages: "an integer or auto"."""
+    if param.type in UNIT_TYPES:
+        words = f"{units.KIND_WORDS[param.type]} such as {units.KIND_EXAMPLES[param.type]}"
+    elif param.type == "enum":
+        words = "one of " + ", ".join(param.choices)
+    elif param.type == "call":
+        words = "one of " + ", ".join(call.signature() for call in param.calls)
+    else:
+        words = {
+            "int": "an integer",
+            "number": "a number",
+            "bool": "true, false" if param.auto else "true or false",
+            "string": "a string",
+            "int_list": "a list of integers such as [4, 4]",
+            "pair": "a pair of numbers such as (0.9, 0.95)",
+        }[param.type]
+    return words + " or auto" if param.auto else words

@@ -1,0 +1,231 @@
+"""The normalized document → a checked ``Spec``, or every error in it.
+
+Takes: a ``Normalized`` document (``dsl/normalize.py``, ``dsl/jsonspec.py``, with
+``dsl/overrides.py`` applied) and the SourceMap of its texts. Gives: ``Spec``
+(``dsl/spec.py``), or raises ``Diagnostics`` holding all errors sorted by position:
+those of normalization, then JSON Schema errors (``dsl/schema.py``) mapped back to
+the span of the offending text, then the semantic checks of ``dsl/checks.py`` (run
+on what the schema accepted). After: ``dsl/build_spec.py`` assembles the Spec.
+"""
+
+from __future__ import annotations
+
+import json
+
+from . import checks
+from .build_spec import build_spec
+from .diagnostics import Diagnostics, ParcError, SourceMap, Span, did_you_mean
+from .keys import BLOCKS, ELEMENT, Param, expected_words
+from .normalize import Normalized, Origin, dotted
+from .schema import validator
+from .spec import Spec
+
+
+def validate(norm: Normalized, sources: SourceMap, source: str) -> Spec:
+    """Check ``norm``; ``source`` is the file as the user named it (``Spec.source``)."""
+    found = list(norm.errors)
+    found += schema_errors(norm)
+    bad = norm.bad | {path for path, _ in found}
+    found += checks.run(norm, bad)
+    if found:
+        raise Diagnostics(_unique(error for _, error in found), sources)
+    return build_spec(norm, source)
+
+
+def _unique(errors) -> list[ParcError]:
+    seen, out = set(), []
+    for error in errors:
+        key = (error.span, error.code, error.message)
+        if key not in seen:
+            seen.add(key)
+            out.append(error)
+    return out
+
+
+def _under(path: tuple, prefixes) -> bool:
+    return any(path[: len(p)] == p for p in prefixes)
+
+
+def schema_errors(norm: Normalized) -> list[tuple[tuple, ParcError]]:
+    out: list[tuple[tuple, ParcError]] = []
+    for error in validator().iter_errors(norm.doc):
+        out.extend(_map(error, norm))
+    return out
+
+
+def param_at(path: tuple, doc: dict) -> Param | None:
+    """The key table's entry for the value at ``path``, if it has one."""
+    if len(path) < 2 or path[0] not in BLOCKS:
+        return None
+    param = BLOCKS[path[0]].key(path[1])
+    rest = path[2:]
+    while param is not None and rest:
+        part, rest = rest[0], rest[1:]
+        if isinstance(part, int):
+            param = ELEMENT.get(param.type)
+        elif param.type == "call":
+            value = (
+                doc.get(path[0], {}).get(path[1]) if isinstance(doc.get(path[0]), dict) else None
+            )
+            call = param.call(value.get("kind")) if isinstance(value, dict) else None
+            param = call.param(part) if call is not None else None
+        else:
+            return None
+    return param
+
+
+def _origin(norm: Normalized, path: tuple) -> Origin:
+    for end in range(len(path), 0, -1):
+        origin = norm.origins.get(path[:end])
+        if origin is not None:
+            return origin
+    return Origin(span=norm.start, text="")
+
+
+def _number(value) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value)
+
+
+_RANGE_WORDS = {
+    "minimum": "at least",
+    "exclusiveMinimum": "greater than",
+    "maximum": "at most",
+    "exclusiveMaximum": "less than",
+}
+
+
+def _map(error, norm: Normalized) -> list[tuple[tuple, ParcError]]:
+    path = tuple(error.absolute_path)
+    if _under(path, norm.bad):
+        return []
+    kind = error.validator
+    if kind in ("anyOf", "oneOf"):
+        # The first branch of an auto-able value is {"const": "auto"}: its failure says
+        # nothing useful, the other branch's errors do.
+        inner = [e for e in error.context if e.relative_schema_path[0] != 0]
+        return [pair for e in inner for pair in _map(e, norm)]
+    origin = _origin(norm, path)
+    shown = origin.text if path in norm.origins and origin.text else json.dumps(error.instance)
+    name = dotted(path)
+
+    def report(code: str, message: str, hint: str | None = None, span: Span | None = None):
+        return [(path, ParcError(span=span or origin.span, code=code, message=message, hint=hint))]
+
+    if kind == "required":
+        return _required(error, norm, path, origin)
+    if kind == "additionalProperties":
+        return _unknown_keys(error, norm, path)
+    if len(path) == 0:
+        return report("PAR0107", "a spec must be a JSON object of blocks", "see `parc schema`")
+    if len(path) == 1:
+        block = BLOCKS[path[0]]
+        words = ' or "auto"' if block.may_be_auto else ""
+        return report("PAR0107", f"the {block.name} block must be an object{words}, got {shown}")
+    if path == ("model", "name"):
+        return report(
+            "PAR0114",
+            f"the model name {shown} is not an identifier",
+            "a name is letters, digits and `_`, not starting with a digit",
+        )
+    param = param_at(path, norm.doc)
+    if path[-1] == "kind" and len(path) == 3:
+        call_param = param_at(path[:2], norm.doc)
+        choices = [c.name for c in call_param.calls] if call_param else []
+        near = did_you_mean(str(error.instance), choices)
+        return report(
+            "PAR0108",
+            f"unknown `{dotted(path[:2])}` kind {shown}",
+            f'did you mean "{near}"?' if near else "expected one of " + ", ".join(choices),
+        )
+    if param is None:  # pragma: no cover - every schema path has a table entry
+        return report("PAR0107", f"`{name}` is not valid here ({shown})")
+    if kind in _RANGE_WORDS:
+        bound = _number(error.validator_value)
+        return report(
+            "PAR0109",
+            f"`{name}` = {shown} is out of range: it must be {_RANGE_WORDS[kind]} {bound}",
+        )
+    if kind in ("minItems", "maxItems"):
+        count = len(error.instance)
+        need = "exactly 2 numbers" if param.type == "pair" else "at least one stage"
+        return report(
+            "PAR0116", f"`{name}` needs {need}, got {count}", f"e.g. {expected_words(param)}"
+        )
+    if kind == "enum" and param.type == "enum":
+        near = did_you_mean(str(error.instance), param.choices)
+        hint = f"did you mean `{near}`? " if near else ""
+        return report(
+            "PAR0108",
+            f"unknown {param.name} `{shown}` for `{name}`",
+            hint + "expected one of " + ", ".join(param.choices),
+        )
+    hint = None
+    if param.type == "int" and isinstance(error.instance, float) and error.instance.is_integer():
+        hint = f"write it as an integer: {_number(error.instance)}"
+    return report("PAR0107", f"`{name}` expects {expected_words(param)}, got {shown}", hint)
+
+
+def _required(error, norm: Normalized, path: tuple, origin: Origin):
+    out = []
+    for key in error.validator_value:
+        if key in error.instance or _under(path + (key,), norm.bad):
+            continue
+        if len(path) == 0:
+            block = BLOCKS[key]
+            label = " NAME" if block.named else ""
+            message, hint = f"missing `{key}` block", f"add `{key}{label} {{ ... }}`: {block.doc}"
+            span = norm.start
+        elif len(path) == 1:
+            block = BLOCKS[path[0]]
+            if key == "name":
+                message, hint = (
+                    f"the {block.name} block needs a name",
+                    f"write `{block.name} NAME {{`",
+                )
+            else:
+                param = block.key(key)
+                message = f"the {block.name} block is missing `{key}`"
+                hint = f"add `{key} = ...`: {param.doc}; {expected_words(param)}"
+            span = origin.span
+        else:
+            param = param_at(path, norm.doc)
+            call = param.call(error.instance.get("kind")) if param is not None else None
+            if key == "kind" or call is None:
+                message, hint = f'`{dotted(path)}` needs "kind"', 'e.g. {"kind": "cosine"}'
+            else:
+                message, hint = f"`{call.name}` needs `{key}`", f"`{call.signature()}`"
+            span = origin.span
+        out.append(
+            (
+                path + (key,),
+                ParcError(
+                    span=span,
+                    code="PAR0103" if len(path) == 0 else "PAR0106",
+                    message=message,
+                    hint=hint,
+                ),
+            )
+        )
+    return out
+
+
+def _unknown_keys(error, norm: Normalized, path: tuple):
+    out = []
+    known = list(error.schema.get("properties", {}))
+    for key in error.instance:
+        if key in known:
+            continue
+        origin = _origin(norm, path + (key,))
+        span = origin.key_span or origin.span
+        near = did_you_mean(str(key), known)
+        hint = f"did you mean `{near}`?" if near else "expected one of " + ", ".join(known)
+        if len(path) == 0:
+            code, message = "PAR0101", f"unknown block `{key}`"
+        elif len(path) == 1:
+            code, message = "PAR0104", f"unknown key `{key}` in the {path[0]} block"
+        else:
+            code, message = "PAR0113", f"`{error.instance.get('kind')}` has no argument `{key}`"
+        out.append((path + (key,), ParcError(span=span, code=code, message=message, hint=hint)))
+    return out
