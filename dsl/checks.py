@@ -11,6 +11,7 @@ Before: the schema (``dsl/validate.py``). After: ``dsl/build_spec.py``.
 
 from __future__ import annotations
 
+import keyword
 import math
 
 from .diagnostics import ParcError, Span
@@ -90,7 +91,9 @@ def _world(v: _Values, error) -> None:
     overridden = [
         p for p in keys if p in v.norm.origins and v.norm.origins[p].span.file.startswith("--set")
     ]
-    blame = sorted(overridden, key=lambda p: v.norm.origins[p].span.file)[-1:] or keys
+    blame = (
+        sorted(overridden, key=lambda p: int(v.norm.origins[p].span.file.split()[-1]))[-1:] or keys
+    )
     if world % (tp * pp) == 0:
         hint = f"dp = {world // (tp * pp)} fits this mesh with tp = {tp} and pp = {pp}"
     else:
@@ -323,6 +326,18 @@ def _overlap(v: _Values, error) -> None:
     )
 
 
+def _model_name(v: _Values, error) -> None:
+    name = v.get("model", "name")
+    if isinstance(name, str) and keyword.iskeyword(name):
+        error(
+            ("model", "name"),
+            v.span(("model", "name")),
+            "PAR0114",
+            f"`{name}` is a Python keyword and cannot name the model",
+            f"try `{name}_model`",
+        )
+
+
 def _train(v: _Values, error) -> None:
     schedule, steps = v.get("train", "schedule"), v.get("train", "steps")
     if isinstance(schedule, dict) and steps is not None and schedule.get("warmup", 0) > steps:
@@ -347,4 +362,14 @@ def _train(v: _Values, error) -> None:
             )
 
 
-CHECKS = (_world, _heads, _tensor_parallel, _pipeline, _batch, _sequence_parallel, _overlap, _train)
+CHECKS = (
+    _model_name,
+    _world,
+    _heads,
+    _tensor_parallel,
+    _pipeline,
+    _batch,
+    _sequence_parallel,
+    _overlap,
+    _train,
+)

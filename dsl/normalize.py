@@ -12,7 +12,6 @@ unknown arguments. Types, ranges and required keys are left to the schema
 
 from __future__ import annotations
 
-import keyword
 from dataclasses import dataclass, field
 
 from . import ast, units
@@ -161,15 +160,6 @@ def _block(out: Normalized, block: BlockDef, item: ast.Block) -> None:
         )
         out.bad.add(path + ("name",))
     elif block.named:
-        if keyword.iskeyword(item.name):
-            out.error(
-                path + ("name",),
-                item.name_span,
-                "PAR0114",
-                f"`{item.name}` is a Python keyword and cannot name the {block.name}",
-                f"try `{item.name}_model`",
-            )
-            out.bad.add(path + ("name",))
         values["name"] = item.name
         out.origins[path + ("name",)] = Origin(
             span=item.name_span, key_span=item.name_span, text=item.name

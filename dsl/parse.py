@@ -25,7 +25,6 @@ from lark.exceptions import LarkError, LexError, UnexpectedInput
 from lark.lark import PostLex
 
 from . import ast
-from .ast import span_between
 from .diagnostics import Diagnostics, ParcError, SourceMap
 
 MAX_NESTING = 32
@@ -110,7 +109,7 @@ def _comments_in(token: Token) -> list[Token]:
 def parser() -> tuple[Lark, _PostLexer]:
     """The LALR parser (built once). Built in strict mode when lark can check regex
     collisions (that needs the optional ``interegular``); shift/reduce conflicts are
-    checked by ``tests/dsl/test_grammar.py`` either way."""
+    checked by ``tests/dsl/test_parse.py`` either way."""
     grammar = resources.files(__package__).joinpath("grammar.lark").read_text(encoding="utf-8")
     postlex = _PostLexer()
     options = dict(
@@ -155,7 +154,7 @@ def _run(text: str, file: str, start: str):
     try:
         tree = lark.parse(clean, start=start)
     except (UnexpectedInput, TooDeep) as exc:
-        raise Diagnostics([translate(exc, clean, file, start)], sources) from None
+        raise Diagnostics([translate(exc, clean, file)], sources) from None
     except (LarkError, RecursionError) as exc:  # pragma: no cover - a bug, said as one
         raise RuntimeError(f"internal error in parc (parse): {exc!r}") from exc
     builder = TreeToAst(file, clean, postlex.comments)

@@ -136,7 +136,7 @@ _HINT_FOR_CHAR = {
 }
 
 
-def translate(exc: Exception, text: str, file: str, start: str) -> ParcError:
+def translate(exc: Exception, text: str, file: str) -> ParcError:
     """The diagnostic for ``exc``, raised by lark (or the post-lexer) on ``text``."""
     from .parse import TooDeep, parser
 
@@ -151,7 +151,8 @@ def translate(exc: Exception, text: str, file: str, start: str) -> ParcError:
         )
     if isinstance(exc, UnexpectedCharacters):
         return _unexpected_character(exc, text, file)
-    assert isinstance(exc, UnexpectedInput)
+    if not isinstance(exc, UnexpectedInput):  # pragma: no cover - parse.py passes only these
+        raise TypeError(f"internal error in parc (syntax errors): {exc!r}")
     token = getattr(exc, "token", None)
     if token is None:  # pragma: no cover - LALR reports the end as a $END token
         token = Token("$END", "", line=text.count("\n") + 1, column=1)
@@ -221,12 +222,15 @@ def translate(exc: Exception, text: str, file: str, start: str) -> ParcError:
 
 
 def _expected_terminals(exc: UnexpectedInput) -> set[str]:
-    """What the parser state accepts. An error raised by the contextual lexer lists
-    what the lexer allowed, which is more; its ParserState knows the exact set."""
-    state = getattr(exc, "state", None)
-    table = getattr(getattr(state, "parse_conf", None), "states", None)
-    if table is not None:
-        return set(table[state.position])
+    """The tokens that could have come next. An error raised by the contextual lexer
+    lists what the lexer allowed, and an LALR state lists every lookahead it reduces
+    on; lark's interactive parser tries each token and keeps those that advance."""
+    interactive = getattr(exc, "interactive_parser", None)
+    if interactive is not None:
+        try:
+            return set(interactive.accepts())
+        except Exception:  # noqa: BLE001 - only a better message is lost
+            pass
     return set(getattr(exc, "expected", None) or ())
 
 

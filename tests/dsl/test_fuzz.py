@@ -52,6 +52,8 @@ POOL = sorted({t for text in EXAMPLES.values() for t in TOKEN.findall(text)}) + 
     "__",
 ]
 
+COMMENTS = ["  # c", "\n", "\n\n", "\n# x", "\n  # y", "# in\n   ", "\n\n  # z\n"]
+
 FUZZ = settings(
     derandomize=True,
     database=None,
@@ -110,7 +112,9 @@ def mutate(text: str, data) -> str:
     tokens = TOKEN.findall(text)
     for _ in range(data.draw(st.integers(1, 4), label="edits")):
         i = data.draw(st.integers(0, len(tokens) - 1), label="at")
-        op = data.draw(st.sampled_from(["delete", "duplicate", "swap", "insert"]), label="op")
+        op = data.draw(
+            st.sampled_from(["delete", "duplicate", "swap", "insert", "comment"]), label="op"
+        )
         if op == "delete":
             del tokens[i]
         elif op == "duplicate":
@@ -118,8 +122,15 @@ def mutate(text: str, data) -> str:
         elif op == "swap":
             j = data.draw(st.integers(0, len(tokens) - 1), label="with")
             tokens[i], tokens[j] = tokens[j], tokens[i]
-        else:
+        elif op == "insert":
             tokens.insert(i, data.draw(st.sampled_from(POOL), label="token"))
+        else:  # a comment or line break where one may go: end of line, inside brackets
+            spots = [
+                k for k, t in enumerate(tokens) if t.startswith("\n") or tokens[k - 1] in "(,["
+            ]
+            if spots:
+                at = data.draw(st.sampled_from(spots), label="spot")
+                tokens.insert(at, data.draw(st.sampled_from(COMMENTS), label="comment"))
         if not tokens:
             break
     return "".join(tokens)
