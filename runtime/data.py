@@ -69,6 +69,8 @@ class TokenFile:
     def __init__(self, path: str, seq_len: int, dtype: str = "uint16", seed: int = 0):
         torch_dtype = {"uint16": torch.uint16, "uint32": torch.uint32}[dtype]
         itemsize = 2 if dtype == "uint16" else 4
+        if not os.path.isfile(path):
+            raise SystemExit(f"token file {path!r} not found (pass --data PATH)")
         count = os.path.getsize(path) // itemsize
         if count < seq_len + 2:
             raise ValueError(f"{path}: {count} tokens, fewer than seq_len + 2 = {seq_len + 2}")
