@@ -186,10 +186,29 @@ def summary(plan: Plan) -> str:
 
 
 def command(plan: Plan) -> str:
-    world = plan.mesh.world_size
-    if world == 1:
+    mesh = plan.mesh
+    if mesh.world_size == 1:
         return "python train.py"
-    return f"torchrun --standalone --nproc-per-node {world} train.py"
+    if mesh.nodes == 1:
+        return f"torchrun --standalone --nproc-per-node {mesh.devices_per_node} train.py"
+    return (
+        f"torchrun --nnodes {mesh.nodes} --nproc-per-node {mesh.devices_per_node} "
+        "--rdzv-backend c10d --rdzv-endpoint HEAD_NODE:29500 train.py  # on every node"
+    )
+
+
+def launch_lines(plan: Plan) -> list[str]:
+    mesh = plan.mesh
+    if mesh.nodes == 1:
+        return [f'exec torchrun --standalone --nproc-per-node {mesh.devices_per_node} train.py "$@"']
+    return [
+        "# Run on each node; every node must reach HEAD_NODE (the first node's address).",
+        ': "${HEAD_NODE:?set HEAD_NODE to the hostname or address of the first node}"',
+        "exec torchrun \\",
+        f"  --nnodes {mesh.nodes} --nproc-per-node {mesh.devices_per_node} \\",
+        '  --rdzv-backend c10d --rdzv-endpoint "$HEAD_NODE:${HEAD_PORT:-29500}" \\',
+        '  train.py "$@"',
+    ]
 
 
 def render(plan: Plan) -> dict[str, str]:
@@ -210,7 +229,15 @@ def render(plan: Plan) -> dict[str, str]:
     common = dict(header=header(plan), world=world, world_plural="" if world == 1 else "es")
     files = {
         "train.py": render_train(plan, env),
-        "launch.sh": env.get_template("launch.sh.j2").render(layout=layout_words(plan), **common),
+        "launch.sh": env.get_template("launch.sh.j2").render(
+            layout=layout_words(plan),
+            where=(
+                "" if plan.mesh.nodes == 1
+                else f", {plan.mesh.devices_per_node} on each of {plan.mesh.nodes} nodes"
+            ),
+            lines=launch_lines(plan),
+            **common,
+        ),
         "README.md": env.get_template("README.md.j2").render(
             name=plan.model.name,
             summary=summary(plan),

@@ -199,3 +199,13 @@ def test_wrong_world_size_is_a_clear_error(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "needs 4 processes, but WORLD_SIZE is 1" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("example", BUILDABLE)
+def test_generated_scripts_are_valid(example):
+    import ast
+
+    files = generated(example)
+    ast.parse(files["train.py"].decode())
+    done = subprocess.run(["bash", "-n"], input=files["launch.sh"].decode(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
