@@ -24,6 +24,7 @@ from .passes import (
 )
 from .passes.draft import Draft
 from .plan import Plan
+from .plan_text import safe_file_name
 
 PASSES = (
     check_values,
@@ -39,7 +40,7 @@ PASSES = (
 
 def source_name(spec: Spec) -> str:
     """The spec's base name: generated files cite it, never a path."""
-    return spec.source.replace("\\", "/").rsplit("/", 1)[-1]
+    return safe_file_name(spec.source)
 
 
 def lower(spec: Spec) -> Plan:

@@ -14,6 +14,19 @@ import json
 from parc.dsl.diagnostics import Span
 
 
+def safe_file_name(path: str) -> str:
+    """The base name of ``path``, fit for a comment of a Python or shell file.
+
+    Characters that could end a line there (controls, Unicode line breaks), quotes,
+    backslashes, backticks and ``$`` become ``?`` (the name also lands in docstrings).
+    """
+    name = path.replace("\\", "/").rsplit("/", 1)[-1]
+    return "".join(
+        "?" if (ord(c) < 32 or ord(c) == 127 or c in "\u0085\u2028\u2029\"'\\`$") else c
+        for c in name
+    )
+
+
 def cite(span: Span | None) -> str:
     """``tiny.par:12`` for a span in the spec, ``--set 1`` for a command-line override,
     ``default`` when parc chose the value."""
@@ -21,7 +34,7 @@ def cite(span: Span | None) -> str:
         return "default"
     if span.file.startswith("--set"):
         return span.file
-    return f"{span.file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{span.line}"
+    return f"{safe_file_name(span.file)}:{span.line}"
 
 
 def _plain(value):
