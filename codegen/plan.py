@@ -250,6 +250,8 @@ class TrainPlan:
     lr_schedule: tuple[Setting, ...]
     """LR_SCHEDULE, WARMUP, MIN_LR_RATIO."""
     data: DataPlan
+    recompute: Setting
+    """Activation recompute: "none", "selective" (attention core) or "full" (each block)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -101,6 +101,8 @@ def plan_to_text(plan) -> str:
     lines.append("train:")
     for s in (t.steps, t.seed, t.precision, t.grad_clip, t.log_every, *t.optimizer, *t.lr_schedule):
         lines.append(f"  {s.name} = {s.value!r}  [{cite(s.span)}]")
+    if t.recompute.value != "none":
+        lines.append(f"  {t.recompute.name} = {t.recompute.value!r}  [{cite(t.recompute.span)}]")
     data = t.data
     where = f" {data.path!r} ({data.dtype})" if data.path else ""
     lines.append(f"  data = {data.kind}{where}  [{cite(data.span)}]")

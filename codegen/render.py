@@ -53,6 +53,10 @@ def config_lines(plan: Plan) -> list[str]:
     lines.append(constant("TP", tp.size, cite(tp.span) + ": tensor-parallel ranks"))
     if sp.enabled:
         lines.append(constant("SEQUENCE_PARALLEL", True, cite(sp.span) + ": norms run on T/tp"))
+    recompute = plan.train.recompute
+    if recompute.value != "none":
+        what = {"selective": "attention core redone in backward", "full": "each block redone from its input"}
+        lines.append(constant("RECOMPUTE", recompute.value, f"{cite(recompute.span)}: {what[recompute.value]}"))
     lines.append(
         "MESH_AXES = ((\"dp\", DP), (\"tp\", TP))  # outermost first: tp ranks are neighbours"
     )
@@ -163,6 +167,9 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         model_config_args=model_args,
         tp_group_arg="tp_group" if tp_size > 1 else "None",
         sequence_parallel_arg="SEQUENCE_PARALLEL" if sp.enabled else "False",
+        model_extra_args=(
+            ["recompute=RECOMPUTE,"] if plan.train.recompute.value != "none" else []
+        ),
         dataset_line=dataset_line,
         optimizer_extra_lines=optimizer_extra,
         dp_rank_arg='grid.index("dp")' if dp_size > 1 else "0",

@@ -23,6 +23,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from torch.utils.checkpoint import checkpoint
+
 from .comm import all_gather_from_group, copy_to_group, gather_from_group, group_size
 from .layers import (
     ColumnParallelLinear,
@@ -32,6 +34,7 @@ from .layers import (
 )
 
 STYLES = ("colwise", "rowwise", "vocab", "vocab_head")
+RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,18 +126,26 @@ class Attention(nn.Module):
         self.v_proj = build.linear(f"{prefix}.v_proj", C, config.kv_heads * D, bias)
         self.o_proj = build.linear(f"{prefix}.o_proj", config.heads * D, C, bias)
         self.dropout = config.dropout
+        self.selective = False  # set by Transformer for recompute = "selective"
+
+    def core(self, q, k, v):
+        """softmax(q kᵀ / √D) v: the part selective recompute drops and redoes."""
+        if self.llama:
+            q, k = rotary(q, self.theta), rotary(k, self.theta)
+        return F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1],
+            dropout_p=self.dropout if self.training else 0.0,
+        )
 
     def forward(self, x):
         q = self.q_proj(x)  # (B, T, heads/tp · D)
         k, v = self.k_proj(x), self.v_proj(x)  # (B, T, kv_heads/tp · D)
         B, T = q.shape[:2]
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        if self.llama:
-            q, k = rotary(q, self.theta), rotary(k, self.theta)
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1],
-            dropout_p=self.dropout if self.training else 0.0,
-        )
+        if self.selective and torch.is_grad_enabled():
+            y = checkpoint(self.core, q, k, v, use_reentrant=False)
+        else:
+            y = self.core(q, k, v)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -170,9 +181,12 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, config, *, tp_group, sequence_parallel, tp_plan):
+    def __init__(self, config, *, tp_group, sequence_parallel, tp_plan, recompute="none"):
         super().__init__()
+        if recompute not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {RECOMPUTE}, not {recompute!r}")
         self.config, self.tp_group, self.sp = config, tp_group, bool(sequence_parallel)
+        self.recompute = recompute
         build = _Builder(tp_plan, tp_group, self.sp)
         V, C = config.padded_vocab, config.hidden
         embed_style, head_style = build.style("embed"), build.style("head")
@@ -199,6 +213,8 @@ class Transformer(nn.Module):
             if self.vocab_parallel and group_size(tp_group) > 1:
                 self.head.weight.tensor_parallel = True
         build.check_all_used()
+        for layer in self.layers:
+            layer.attn.selective = recompute == "selective"
 
     def head_weight(self):
         return self.embed.weight if self.config.tie_embeddings else self.head.weight
@@ -213,7 +229,11 @@ class Transformer(nn.Module):
             x = x + self.pos_embed.weight[offset : offset + T]
         x = F.dropout(x, self.config.dropout, self.training)
         for layer in self.layers:
-            x = layer(x)
+            if self.recompute == "full" and torch.is_grad_enabled():
+                # Keep only the block's input; rerun the block (its collectives too) in backward.
+                x = checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
         x = self.final_norm(x)
         if self.vocab_parallel:
             x = all_gather_from_group(x, self.tp_group, 1) if self.sp else copy_to_group(x, self.tp_group)
@@ -266,9 +286,16 @@ def initialize(model: Transformer, seed: int) -> None:
                 module.bias.copy_(bias)
 
 
-def build_model(config, *, tp_group, sequence_parallel, tp_plan, seed, device):
-    """The model for this rank: built from the plan, initialized per Note [init happens before sharding]."""
-    model = Transformer(config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan)
+def build_model(config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none"):
+    """The model for this rank: built from the plan, initialized per Note [init happens before sharding].
+
+    ``recompute``: "none"; "selective" (attention core recomputed in backward);
+    "full" (each block recomputed from its input).
+    """
+    model = Transformer(
+        config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
+        recompute=recompute,
+    )
     initialize(model, seed)
     return model.to(device)
 

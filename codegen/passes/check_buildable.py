@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from parc.dsl.spec import Precision, Recompute, Spec
+from parc.dsl.spec import Precision, Spec
 
 from ..errors import AUTO, UNSUPPORTED, check, error
 from .draft import Draft
@@ -43,12 +43,6 @@ UNSUPPORTED_FEATURES: tuple[tuple[str, Callable[[Spec], bool], str, str], ...] =
         lambda s: s.parallel.zero is not None and s.parallel.zero > 0,
         "ZeRO optimizer sharding (zero > 0)",
         "use zero = 0",
-    ),
-    (
-        "parallel.recompute",
-        lambda s: s.parallel.recompute not in (None, Recompute.NONE),
-        "activation recomputation",
-        "use recompute = none",
     ),
     (
         "parallel.overlap",

@@ -124,7 +124,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
     real("train.schedule.min_lr_ratio", schedule.min_lr_ratio)
     data = train.data
     member("train.data", data.kind, DataKind)
-    if data.dtype not in TOKEN_DTYPES:
+    if type(data.dtype) is not str or data.dtype not in TOKEN_DTYPES:
         bad("train.data", f"token dtype {_show(data.dtype)} is not one of {', '.join(TOKEN_DTYPES)}")
     if data.kind is DataKind.TOKENS or data.path is not None:
         if type(data.path) is not str or not data.path:

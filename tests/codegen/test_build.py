@@ -157,7 +157,7 @@ def test_emit_spec_and_ast(capsys):
     [
         (["parallel.pp=2", "mesh.devices_per_node=8"], "PAR0802", "pipeline parallelism"),
         (["parallel.zero=1"], "PAR0802", "ZeRO"),
-        (["parallel.recompute=full"], "PAR0802", "recomput"),
+        (["parallel.zero=3"], "PAR0802", "ZeRO"),
         (["train.precision=fp16"], "PAR0802", "fp16"),
         (["parallel.tp=auto"], "PAR0801", "auto"),
     ],

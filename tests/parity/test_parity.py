@@ -23,6 +23,8 @@ LAYOUTS = {
     "dp2-tp2": dict(dp=2, tp=2),
     "tp4": dict(tp=4),
     "dp4": dict(dp=4),
+    "tp2-recompute-selective": dict(tp=2, parallel__recompute="selective"),
+    "tp2-sp-recompute-full": dict(tp=2, sp=True, parallel__recompute="full"),
 }
 ARCHS = ("gpt", "llama")
 
@@ -49,7 +51,7 @@ def assert_close(actual: float, expected: float, what: str) -> None:
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layout_matches_single_rank(arch, layout, reference, tmp_path):
     degrees = LAYOUTS[layout]
-    nproc = degrees.get("dp", 1) * degrees.get("tp", 1)
+    nproc = degrees.get("dp", 1) * degrees.get("tp", 1) * degrees.get("pp", 1)
     runs = build_and_run(f"{arch}.par", tmp_path, nproc=nproc, overrides=layout_overrides(**degrees))
     expected = reference[arch]
     assert [r["step"] for r in runs] == [r["step"] for r in expected] == list(range(1, STEPS + 1))

@@ -47,27 +47,28 @@ TIE_EMBEDDINGS = False  # default
 DP = 2  # llama-7b.par:24: data-parallel ranks
 TP = 8  # llama-7b.par:25: tensor-parallel ranks
 SEQUENCE_PARALLEL = True  # llama-7b.par:27: norms run on T/tp
+RECOMPUTE = "selective"  # llama-7b.par:28: attention core redone in backward
 MESH_AXES = (("dp", DP), ("tp", TP))  # outermost first: tp ranks are neighbours
 
 # batch
-MICRO_BATCH = 1  # llama-7b.par:32
+MICRO_BATCH = 1  # llama-7b.par:33
 GRAD_ACCUM = 128  # global_batch 256 / (micro_batch 1 · dp 2)
-TOKENS_PER_STEP = 1048576  # llama-7b.par:31: global_batch 256 · seq_len 4096
+TOKENS_PER_STEP = 1048576  # llama-7b.par:32: global_batch 256 · seq_len 4096
 
 # training
-STEPS = 10000  # llama-7b.par:33
-SEED = 1234  # llama-7b.par:38
-LR = 0.0003  # llama-7b.par:34
-BETAS = (0.9, 0.95)  # llama-7b.par:34
-WEIGHT_DECAY = 0.1  # llama-7b.par:34
-EPS = 1e-08  # llama-7b.par:34
-LR_SCHEDULE = "cosine"  # llama-7b.par:35
-WARMUP = 200  # llama-7b.par:35
-MIN_LR_RATIO = 0.1  # llama-7b.par:35
-GRAD_CLIP = 1.0  # llama-7b.par:36
-LOG_EVERY = 10  # llama-7b.par:40
-DATA_PATH = "data/llama/train.bin"  # llama-7b.par:39: relative to the cwd
-DATA_DTYPE = "uint16"  # llama-7b.par:39
+STEPS = 10000  # llama-7b.par:34
+SEED = 1234  # llama-7b.par:39
+LR = 0.0003  # llama-7b.par:35
+BETAS = (0.9, 0.95)  # llama-7b.par:35
+WEIGHT_DECAY = 0.1  # llama-7b.par:35
+EPS = 1e-08  # llama-7b.par:35
+LR_SCHEDULE = "cosine"  # llama-7b.par:36
+WARMUP = 200  # llama-7b.par:36
+MIN_LR_RATIO = 0.1  # llama-7b.par:36
+GRAD_CLIP = 1.0  # llama-7b.par:37
+LOG_EVERY = 10  # llama-7b.par:41
+DATA_PATH = "data/llama/train.bin"  # llama-7b.par:40: relative to the cwd
+DATA_DTYPE = "uint16"  # llama-7b.par:40
 DEVICE_FLOPS = (
     989000000000000.0  # llama-7b.par:19: dense peak FLOP/s of one device, for MFU
 )
@@ -134,6 +135,7 @@ def main() -> None:
         tp_plan=TP_PLAN,
         seed=args.seed,
         device=dist.device,
+        recompute=RECOMPUTE,
     )
 
     # ---- data -----------------------------------------------------------------
@@ -170,7 +172,7 @@ def main() -> None:
                 dp_size=DP,
             )
             inputs, targets = dataset.batch(indices)  # (B, T) token ids each
-            # llama-7b.par:37: bf16 autocast; weights, grads and Adam stay fp32
+            # llama-7b.par:38: bf16 autocast; weights, grads and Adam stay fp32
             with torch.autocast(device_type=dist.device.type, dtype=torch.bfloat16):
                 loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM
             loss.backward()

@@ -1,0 +1,162 @@
+"""ZeRO stages 1 and 2: AdamW with its state (and, at stage 2, the gradients) sharded over dp.
+
+Takes: the model, the dp and tp groups, the stage and the AdamW hyper-parameters.
+Gives: ``ShardedAdamW``, used in place of ``optim.build_optimizer`` + ``dp.GradientBuckets``
++ ``optim.clip_grad_norm_``: after the last micro-batch's backward call
+``reduce_gradients_and_clip(max_norm)`` (returns the global gradient norm), then
+``step()`` and ``zero_grad()``. ``optim.set_lr`` works on it (``param_groups``).
+
+Note [one flat buffer]: every parameter of this rank becomes a view into one flat fp32
+buffer, padded to a multiple of the dp size; dp rank r owns the r-th contiguous slice.
+The Adam moments exist only for that slice. A step updates the slice in place, then an
+all-gather over dp writes every rank's slice back into every rank's buffer, hence into
+the parameters. All ranks of a dp group have the same tp index, so the same layout.
+
+Stage 1 all-reduces the flat gradient (mean over dp) and keeps its slice; stage 2
+reduce-scatters it (on gloo, which has none: all-reduce and keep our slice, the same
+numbers), so each rank holds only its gradient slice. In both, the parameters' own
+``.grad`` are freed once copied into the flat gradient. The AdamW arithmetic is
+``torch.optim.AdamW``'s (foreach=False), weight decay on matrices only, as in
+``optim.build_optimizer``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from .comm import group_rank, group_size
+
+
+class ShardedAdamW:
+    def __init__(self, model, *, dp_group, tp_group, stage, lr, betas, weight_decay, eps):
+        if stage not in (1, 2):
+            raise ValueError(f"ZeRO stage must be 1 or 2, not {stage!r}")
+        self.stage, self.dp_group, self.tp_group = stage, dp_group, tp_group
+        self.beta1, self.beta2 = (float(b) for b in betas)
+        self.eps, self.weight_decay = float(eps), float(weight_decay)
+        self.param_groups = [{"lr": float(lr)}]
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        dp_size, dp_rank = group_size(dp_group), group_rank(dp_group)
+        total = sum(p.numel() for p in self.params)
+        self.shard = -(-total // dp_size)  # elements per dp rank (the last one padded)
+        self.numel = total
+        device = self.params[0].device
+        flat = torch.zeros(self.shard * dp_size, dtype=torch.float32, device=device)
+        decay = torch.zeros(flat.numel(), dtype=torch.bool, device=device)
+        tp_mask = torch.zeros(flat.numel(), dtype=torch.bool, device=device)
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                if p.dtype != torch.float32:
+                    raise ValueError("ZeRO keeps fp32 parameters; got " + str(p.dtype))
+                n = p.numel()
+                flat[offset : offset + n].copy_(p.reshape(-1))
+                p.data = flat[offset : offset + n].view_as(p)  # Note [one flat buffer]
+                decay[offset : offset + n] = p.dim() >= 2
+                tp_mask[offset : offset + n] = bool(getattr(p, "tensor_parallel", False))
+                offset += n
+        self.flat = flat
+        self.lo, self.hi = dp_rank * self.shard, (dp_rank + 1) * self.shard
+        self.decay = decay[self.lo : self.hi].clone()
+        self.tp_mask = tp_mask[self.lo : self.hi].clone()
+        # The optimizer state: this rank's slice only.
+        self.state = {
+            "step": 0,
+            "exp_avg": torch.zeros(self.shard, dtype=torch.float32, device=device),
+            "exp_avg_sq": torch.zeros(self.shard, dtype=torch.float32, device=device),
+        }
+        self.grad = None  # this rank's gradient slice, set by reduce_gradients_and_clip
+
+    @property
+    def param_slice(self) -> torch.Tensor:
+        """This rank's slice of the flat parameter buffer (a view)."""
+        return self.flat[self.lo : self.hi]
+
+    @torch.no_grad()
+    def _flat_grad(self) -> torch.Tensor:
+        flat = torch.zeros_like(self.flat)
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            if p.grad is not None:
+                flat[offset : offset + n].copy_(p.grad.reshape(-1))
+            p.grad = None  # the flat copy replaces it
+            offset += n
+        return flat
+
+    @torch.no_grad()
+    def reduce_gradients_and_clip(self, max_norm: float) -> float:
+        """Mean gradient over dp into this rank's slice, clipped to ``max_norm``; the norm.
+
+        The norm is global: squares of tp shards summed over tp, replicated
+        parameters counted once, then the dp slices summed. ``max_norm == 0`` only measures.
+        """
+        flat, size = self._flat_grad(), group_size(self.dp_group)
+        if size > 1:
+            if self.stage == 2 and dist.get_backend(self.dp_group) == "nccl":
+                grad = torch.empty(self.shard, dtype=flat.dtype, device=flat.device)
+                dist.reduce_scatter_tensor(grad, flat, group=self.dp_group)
+            else:  # stage 1 (all-reduce), or stage 2 on gloo (no reduce-scatter)
+                dist.all_reduce(flat, group=self.dp_group)
+                grad = flat[self.lo : self.hi].clone()
+            grad.div_(size)
+        else:
+            grad = flat[self.lo : self.hi].clone()
+        del flat  # each rank keeps only its slice
+        squares = grad.pow(2)
+        sharded_sq = squares[self.tp_mask].sum()
+        if group_size(self.tp_group) > 1:
+            dist.all_reduce(sharded_sq, group=self.tp_group)
+        total_sq = sharded_sq + squares[~self.tp_mask].sum()
+        if size > 1:
+            dist.all_reduce(total_sq, group=self.dp_group)
+        norm = float(total_sq.sqrt())
+        if max_norm > 0 and math.isfinite(norm):
+            scale = max_norm / (norm + 1e-6)
+            if scale < 1.0:
+                grad.mul_(scale)
+        self.grad = grad
+        return norm
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """AdamW on this rank's slice, then all-gather the parameters over dp."""
+        if self.grad is None:
+            raise RuntimeError("call reduce_gradients_and_clip() before step()")
+        lr, beta1, beta2 = self.param_groups[0]["lr"], self.beta1, self.beta2
+        state, param, grad = self.state, self.param_slice, self.grad
+        state["step"] += 1
+        step = state["step"]
+        if self.weight_decay != 0:  # torch: param.mul_(1 - lr * weight_decay), decay group only
+            factor = torch.tensor(1 - lr * self.weight_decay, dtype=param.dtype, device=param.device)
+            param.mul_(torch.where(self.decay, factor, torch.ones_like(factor)))
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        bias_correction1 = 1 - beta1**step
+        bias_correction2_sqrt = (1 - beta2**step) ** 0.5
+        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
+        param.addcdiv_(exp_avg, denom, value=-(lr / bias_correction1))
+        self._all_gather()
+
+    def _all_gather(self) -> None:
+        size = group_size(self.dp_group)
+        if size == 1:
+            return
+        mine = self.param_slice.clone()
+        if dist.get_backend(self.dp_group) == "nccl":
+            dist.all_gather_into_tensor(self.flat, mine, group=self.dp_group)
+        else:
+            dist.all_gather(list(self.flat.chunk(size)), mine, group=self.dp_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.grad = None
+        for p in self.params:
+            p.grad = None
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state (moments) this rank holds."""
+        return sum(t.numel() * t.element_size() for t in self.state.values() if torch.is_tensor(t))
