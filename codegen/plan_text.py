@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 
 from parc.dsl.diagnostics import Span
 
@@ -32,9 +33,10 @@ def cite(span: Span | None) -> str:
     ``default`` when parc chose the value."""
     if span is None:
         return "default"
-    if span.file.startswith("--set"):
+    line = span.line if type(span.line) is int else "?"
+    if type(span.file) is str and re.fullmatch(r"--set [0-9]+", span.file, re.ASCII):
         return span.file
-    return f"{safe_file_name(span.file)}:{span.line}"
+    return f"{safe_file_name(str(span.file))}:{line}"
 
 
 def _plain(value):
