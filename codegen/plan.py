@@ -252,6 +252,8 @@ class TrainPlan:
     data: DataPlan
     recompute: Setting
     """Activation recompute: "none", "selective" (attention core) or "full" (each block)."""
+    zero: Setting
+    """ZeRO stage: 0 (none), 1 (AdamW state sharded over dp) or 2 (state and gradients)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,6 +18,10 @@ from .plan import Axis, Plan, Setting, ShardStyle
 from .plan_text import cite
 
 DEVICE_FLOPS_NOTE = "dense peak FLOP/s of one device, for MFU"
+ZERO_WORDS = {
+    1: "AdamW state sharded over dp",
+    2: "AdamW state and gradients sharded over dp",
+}
 
 
 def docstring_text(text: str) -> str:
@@ -57,6 +61,9 @@ def config_lines(plan: Plan) -> list[str]:
     if recompute.value != "none":
         what = {"selective": "attention core redone in backward", "full": "each block redone from its input"}
         lines.append(constant("RECOMPUTE", recompute.value, f"{cite(recompute.span)}: {what[recompute.value]}"))
+    zero = plan.train.zero
+    if zero.value:
+        lines.append(constant("ZERO", zero.value, f"{cite(zero.span)}: {ZERO_WORDS[zero.value]}"))
     lines.append(
         "MESH_AXES = ((\"dp\", DP), (\"tp\", TP))  # outermost first: tp ranks are neighbours"
     )
@@ -109,15 +116,41 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         group_lines.append('tp_group = grid.group("tp")  # ranks that share one copy of the model')
     if dp_size > 1:
         group_lines.append('dp_group = grid.group("dp")  # ranks that split the batch')
+    zero_stage = plan.train.zero.value
+    tp_arg = "tp_group" if tp_size > 1 else "None"
     after_backward, optimizer_extra, loss_lines = [], [], []
     if sp.enabled:
         after_backward.append(
             "# norms saw only their sequence shard: sum their grads over tp\n"
             "model.allreduce_sequence_parallel_grads(net, tp_group)"
         )
-    if dp_size > 1:
+    hyper = "lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, eps=EPS"
+    if zero_stage:
+        dp_arg = "dp_group" if dp_size > 1 else "None"
+        optimizer_lines = [
+            f"# {cite(plan.train.zero.span)}: ZeRO-{zero_stage}, {ZERO_WORDS[zero_stage]}: each dp rank",
+            "# owns one slice of a flat fp32 parameter buffer and its Adam moments",
+            f"optimizer = zero.ShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
+            f"stage=ZERO, {hyper})",
+        ]
+        reduce_words = "all-reduce, keep our slice" if zero_stage == 1 else "reduce-scatter"
+        step_lines = [
+            f"# mean gradient over dp ({reduce_words}); the norm is global",
+            "grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP)",
+            "optimizer.step()  # AdamW on our slice, then all-gather the parameters over dp",
+            "optimizer.zero_grad()",
+        ]
+    else:
+        optimizer_lines = [f"optimizer = optim.build_optimizer(net, {hyper})"]
+        step_lines = [
+            f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg})",
+            "optimizer.step()",
+            "optimizer.zero_grad(set_to_none=True)",
+        ]
+    if dp_size > 1 and not zero_stage:
         optimizer_extra.append("grad_sync = dp.GradientBuckets(net, dp_group)  # bucketed all-reduce")
         after_backward.append("grad_sync.all_reduce()  # mean gradient over the dp ranks")
+    if dp_size > 1:
         loss_lines.append("step_loss = dp.all_reduce_mean(loss_sum, dp_group)  # global mean loss")
     else:
         loss_lines.append("step_loss = loss_sum")
@@ -142,6 +175,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     else:
         forward_lines = [forward]
     imports = ["data", "mesh", "metrics", "model", "optim"] + (["dp"] if dp_size > 1 else [])
+    imports += ["zero"] if zero_stage else []
     model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
     layout = layout_words(plan)
     context = dict(
@@ -165,13 +199,15 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         extra_args=extra_args,
         group_lines=group_lines,
         model_config_args=model_args,
-        tp_group_arg="tp_group" if tp_size > 1 else "None",
+        tp_group_arg=tp_arg,
         sequence_parallel_arg="SEQUENCE_PARALLEL" if sp.enabled else "False",
         model_extra_args=(
             ["recompute=RECOMPUTE,"] if plan.train.recompute.value != "none" else []
         ),
         dataset_line=dataset_line,
+        optimizer_lines=optimizer_lines,
         optimizer_extra_lines=optimizer_extra,
+        step_lines=step_lines,
         dp_rank_arg='grid.index("dp")' if dp_size > 1 else "0",
         after_backward_lines=[l for block in after_backward for l in block.split("\n")],
         loss_lines=loss_lines,
@@ -190,6 +226,8 @@ def layout_words(plan: Plan) -> str:
     words = " × ".join(parts) if parts else "one rank"
     if plan.sequence_parallel.enabled:
         words += " + sequence parallel"
+    if plan.train.zero.value:
+        words += f" + ZeRO-{plan.train.zero.value}"
     return words
 
 

@@ -23,11 +23,12 @@ def group_rank(group) -> int:
 # ---- primitives -------------------------------------------------------------------
 
 
-def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
+def _all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """A reduced copy of ``x`` (never in place: ``x`` may be saved for backward)."""
     if group_size(group) == 1:
         return x
     x = x.contiguous().clone()
-    dist.all_reduce(x, group=group)
+    dist.all_reduce(x, op=op, group=group)
     return x
 
 
@@ -54,12 +55,19 @@ def _reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     size = group_size(group)
     if size == 1:
         return x
-    if dist.get_backend(group) == "nccl":
-        parts = [p.contiguous() for p in x.chunk(size, dim=dim)]
-        out = torch.empty_like(parts[0])
+    if x.shape[dim] % size:
+        raise ValueError(f"dim {dim} of size {x.shape[dim]} does not split over {size} ranks")
+    parts = [p.contiguous() for p in x.chunk(size, dim=dim)]
+    out = torch.empty_like(parts[0])
+    try:
         dist.reduce_scatter(out, parts, group=group)
         return out
-    # gloo has no reduce-scatter: all-reduce and keep our chunk (the same numbers).
+    except RuntimeError:
+        if dist.get_backend(group) != "gloo":
+            raise
+    # Note [reduce-scatter on gloo]: older torch's gloo has no reduce-scatter (every
+    # rank raises before sending anything); all-reduce and keep our chunk instead:
+    # the same sums, the same numbers.
     return _split(_all_reduce(x, group), group, dim)
 
 

@@ -18,7 +18,7 @@ def _generator(seed: int, index: int) -> torch.Generator:
 
 
 def sample_indices(step, micro, *, micro_batch, grad_accum, dp_rank, dp_size):
-    """Global sample indices of micro-batch ``micro`` of ``step`` (1-based) on one dp rank.
+    """Global sample indices of micro-batch ``micro`` (0-based) of ``step`` (1-based) on one dp rank.
 
     A step reads ``range((step-1)·G, step·G)``, G = micro_batch·grad_accum·dp_size:
     micro-batch m of dp rank r takes the m·dp_size + r-th block of micro_batch samples.
@@ -31,33 +31,38 @@ def sample_indices(step, micro, *, micro_batch, grad_accum, dp_rank, dp_size):
 class SyntheticTokens:
     """Sequences from a fixed sparse Markov chain, so the loss visibly falls.
 
-    The chain (from ``seed``) sends each token to one of 4 likely successors
-    (weights 8:4:2:1) and, with probability 1/8, anywhere; sample i starts at a
-    token drawn from (seed, i) and is sampled from a generator seeded by (seed, i).
+    The chain (from ``seed``) gives each token 4 likely successors (weights 8:4:2:1),
+    drawn from a Zipf(1.5) law over a shuffled vocabulary, and with probability 1/8 a
+    step goes anywhere. So a few tokens are common (learned within a few steps) and
+    each token's successors are its own (learned later), down to about 2 nats per
+    token from ln(vocab). Sample i starts at a token drawn from (seed, i) and is
+    walked with a generator seeded by (seed, i) alone.
     """
 
     def __init__(self, vocab: int, seq_len: int, seed: int):
         self.vocab, self.seq_len, self.seed = vocab, seq_len, seed
         chain = torch.Generator().manual_seed(seed)
-        self.successors = torch.randint(0, vocab, (vocab, 4), generator=chain)
+        zipf = torch.arange(1, vocab + 1, dtype=torch.float64).pow(-1.5)
+        common = torch.randperm(vocab, generator=chain)  # which ids are the common ones
+        picks = torch.multinomial(zipf, vocab * 4, replacement=True, generator=chain)
+        self.successors = common[picks].view(vocab, 4).tolist()
         self.weights = torch.tensor([8.0, 4.0, 2.0, 1.0])
 
     def sample(self, index: int) -> torch.Tensor:
+        """Token ids (seq_len + 1,) of sample ``index``: inputs and, shifted, targets."""
         gen = _generator(self.seed, index)
-        tokens = torch.empty(self.seq_len + 1, dtype=torch.int64)
-        tokens[0] = torch.randint(0, self.vocab, (1,), generator=gen)
-        choice = torch.multinomial(self.weights, self.seq_len, replacement=True, generator=gen)
-        jump = torch.rand(self.seq_len, generator=gen) < 0.125
-        anywhere = torch.randint(0, self.vocab, (self.seq_len,), generator=gen)
+        first = int(torch.randint(0, self.vocab, (1,), generator=gen))
+        choice = torch.multinomial(self.weights, self.seq_len, replacement=True, generator=gen).tolist()
+        jump = (torch.rand(self.seq_len, generator=gen) < 0.125).tolist()
+        anywhere = torch.randint(0, self.vocab, (self.seq_len,), generator=gen).tolist()
+        tokens = [first]
         for t in range(self.seq_len):
-            nxt = anywhere[t] if jump[t] else self.successors[tokens[t], choice[t]]
-            tokens[t + 1] = nxt
-        return tokens
+            tokens.append(anywhere[t] if jump[t] else self.successors[tokens[-1]][choice[t]])
+        return torch.tensor(tokens, dtype=torch.int64)
 
     def batch(self, indices):
         rows = torch.stack([self.sample(i) for i in indices])  # (N, T + 1)
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
-
 
 class TokenFile:
     """A flat file of uint16/uint32 token ids (nanoGPT style); sample i is a window.
@@ -81,7 +86,8 @@ class TokenFile:
         rows = []
         for i in indices:
             gen = _generator(self.seed, i)
-            start = int(torch.randint(0, self.count - self.seq_len - 1, (1,), generator=gen))
+            # any window of seq_len + 1 tokens that fits: start in [0, count - seq_len - 1]
+            start = int(torch.randint(0, self.count - self.seq_len, (1,), generator=gen))
             rows.append(self.tokens[start : start + self.seq_len + 1].to(torch.int64))
         rows = torch.stack(rows)
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()

@@ -9,6 +9,7 @@ that shard out of the full tensor (so a sharded model equals the unsharded one; 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -19,11 +20,14 @@ from .comm import (
     group_size,
     reduce_from_group,
     reduce_scatter_to_group,
-    _all_reduce,
+    _all_reduce,  # the loss's statistics need no autograd pair: its backward is local
 )
 
 
-def _shard(full: torch.Tensor, group, dim: int) -> torch.Tensor:
+def _shard(full: torch.Tensor, group, dim: int, full_shape) -> torch.Tensor:
+    """This rank's chunk of ``full`` along ``dim`` (``full`` must have ``full_shape``)."""
+    if tuple(full.shape) != tuple(full_shape):
+        raise ValueError(f"load_full_: expected the full shape {tuple(full_shape)}, got {tuple(full.shape)}")
     size = group_size(group)
     if full.shape[dim] % size:
         raise ValueError(f"cannot shard size {full.shape[dim]} over {size} ranks")
@@ -65,9 +69,9 @@ class ColumnParallelLinear(nn.Module):
 
     @torch.no_grad()
     def load_full_(self, weight, bias=None):
-        self.weight.copy_(_shard(weight, self.tp_group, 0))
+        self.weight.copy_(_shard(weight, self.tp_group, 0, self.full_shape))
         if self.bias is not None:
-            self.bias.copy_(_shard(bias, self.tp_group, 0))
+            self.bias.copy_(_shard(bias, self.tp_group, 0, self.full_shape[:1]))
 
 
 class RowParallelLinear(nn.Module):
@@ -100,9 +104,9 @@ class RowParallelLinear(nn.Module):
 
     @torch.no_grad()
     def load_full_(self, weight, bias=None):
-        self.weight.copy_(_shard(weight, self.tp_group, 1))
+        self.weight.copy_(_shard(weight, self.tp_group, 1, self.full_shape))
         if self.bias is not None:
-            self.bias.copy_(bias)
+            self.bias.copy_(_shard(bias, None, 0, self.full_shape[:1]))  # replicated
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -139,38 +143,37 @@ class VocabParallelEmbedding(nn.Module):
 
     @torch.no_grad()
     def load_full_(self, weight, bias=None):
-        self.weight.copy_(_shard(weight, self.tp_group, 0))
-
-
-def _all_reduce_max(x, group):
-    if group_size(group) == 1:
-        return x
-    import torch.distributed as dist
-
-    x = x.contiguous().clone()
-    dist.all_reduce(x, op=dist.ReduceOp.MAX, group=group)
-    return x
+        self.weight.copy_(_shard(weight, self.tp_group, 0, self.full_shape))
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Softmax cross-entropy over vocab shards, from three all-reduces of (B, T) stats.
+
+    Forward: the row max (MAX), the sum of exp(logit - max) (SUM) and the target's
+    shifted logit (SUM, only its owner contributes); loss = log(sum) - target.
+    Backward: dlogits = softmax - onehot(target) on this rank's columns, no
+    communication.
+    """
+
     @staticmethod
     def forward(ctx, logits, targets, group, vocab_size):
-        rows = logits.shape[-1]
-        start = group_rank(group) * rows
+        ctx.input_dtype = logits.dtype
+        columns = logits.shape[-1]  # this rank's slice of the (padded) vocab
+        start = group_rank(group) * columns
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()  # softmax statistics in fp32
-        columns = torch.arange(start, start + rows, device=logits.device)
-        if start + rows > vocab_size:  # padding columns never win the softmax
-            logits = logits.masked_fill(columns >= vocab_size, float("-inf"))
-        peak = _all_reduce_max(logits.max(dim=-1).values, group)
+        if start + columns > vocab_size:  # padding columns never win the softmax
+            index = torch.arange(start, start + columns, device=logits.device)
+            logits = logits.masked_fill(index >= vocab_size, float("-inf"))
+        peak = _all_reduce(logits.max(dim=-1).values, group, op=dist.ReduceOp.MAX)  # (B, T)
         shifted = logits - peak.unsqueeze(-1)
         exp = shifted.exp()
         total = _all_reduce(exp.sum(dim=-1), group)  # (B, T)
         local = targets - start
-        inside = (local >= 0) & (local < rows)
+        inside = (local >= 0) & (local < columns)
         local = local.masked_fill(~inside, 0)
         picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(~inside, 0.0)
-        picked = _all_reduce(picked, group)
+        picked = _all_reduce(picked, group)  # (B, T): the target's shifted logit
         softmax = exp.div_(total.unsqueeze(-1))
         ctx.save_for_backward(softmax, local, inside)
         return total.log() - picked  # (B, T)
@@ -179,15 +182,17 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad):
         softmax, local, inside = ctx.saved_tensors
         grad_logits = softmax.clone()
-        onehot = torch.zeros_like(grad_logits).scatter_(-1, local.unsqueeze(-1), 1.0)
-        grad_logits -= onehot * inside.unsqueeze(-1)
-        return grad_logits * grad.unsqueeze(-1), None, None, None
+        grad_logits.scatter_add_(-1, local.unsqueeze(-1), -inside.unsqueeze(-1).to(grad_logits.dtype))
+        grad_logits.mul_(grad.unsqueeze(-1))
+        return grad_logits.to(ctx.input_dtype), None, None, None
 
 
 def vocab_parallel_cross_entropy(logits, targets, *, tp_group, vocab_size):
     """Per-token loss (B, T) from logits sharded over the vocab (B, T, V/tp).
 
-    The same on every tp rank; columns at or past ``vocab_size`` are padding and
-    take no part in the softmax. Backward gives each rank its shard of dlogits.
+    Forward: three all-reduces over ``tp_group`` of (B, T) statistics; the loss is
+    the same on every tp rank, and columns at or past ``vocab_size`` are padding that
+    takes no part in the softmax. Backward: each rank gets its shard of dlogits, with
+    no communication. With ``tp_group=None``, plain (padding-masked) cross-entropy.
     """
     return _VocabParallelCrossEntropy.apply(logits, targets, tp_group, vocab_size)

@@ -74,6 +74,9 @@ class Mesh:
 
     def __init__(self, axes, dist_info: Dist):
         self.axes = tuple((str(name), int(size)) for name, size in axes)
+        names = [name for name, _ in self.axes]
+        if len(set(names)) != len(names) or any(size < 1 for _, size in self.axes):
+            raise ValueError(f"mesh axes must have distinct names and sizes >= 1: {self.axes}")
         world = 1
         for _, size in self.axes:
             world *= size

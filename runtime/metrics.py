@@ -15,12 +15,17 @@ import torch
 
 
 def flops_per_token(config) -> float:
-    """Model FLOPs per token, training: 6·N + 12·L·H·Q·T (N non-embedding params)."""
+    """Model FLOPs per token of training (PaLM's): 6·N + 12·L·H·Q·T.
+
+    N counts the weights that take part in a matmul: the blocks' projections and the
+    output head (vocab·hidden, tied or not, as nanoGPT counts it), not the embedding
+    lookups, norms or biases. L layers, H heads, Q head dim, T sequence length.
+    """
     C, D, L = config.hidden, config.hidden // config.heads, config.layers
     attn = C * config.heads * D * 2 + C * config.kv_heads * D * 2
     mlp = (3 if config.arch == "llama" else 2) * C * config.ffn
-    non_embedding = L * (attn + mlp)
-    return 6.0 * non_embedding + 12.0 * L * config.heads * D * config.seq_len
+    matmul_params = L * (attn + mlp) + config.vocab * C
+    return 6.0 * matmul_params + 12.0 * L * config.heads * D * config.seq_len
 
 
 def peak_mem_bytes(device) -> int:

@@ -5,17 +5,25 @@ plan table of train.py (module-name pattern → style). Gives: the model; callin
 with tokens and targets (B, T) returns the mean loss. Module and parameter names are
 the same in every layout (``layers.0.attn.q_proj.weight`` …).
 
-Note [init happens before sharding]: every parameter is drawn as the full tensor
-from a generator seeded by (seed, parameter name), then this rank keeps its shard.
-So every layout starts from the same numbers as one rank, which is what lets the
-parity suite compare layouts number for number.
+Parameters are initialized per Note [init happens before sharding] (param_init.py):
+drawn whole from (seed, name), then sharded, so every layout equals one rank.
+
+Choices: GPT is GPT-2 (LayerNorm with bias, GeLU with the tanh approximation as in
+GPT-2, biases everywhere, learned positions); Llama has RMSNorm, SwiGLU and rotary
+positions with no biases. Attention is ``scaled_dot_product_attention(is_causal=True)``
+over separate q/k/v projections, so column sharding splits whole heads.
+
+Note [sequence-parallel gradients]: under sequence parallelism each rank runs the
+norms, the row-parallel bias adds and (gpt) its rows of ``pos_embed`` on its own
+sequence shard only, so those replicated parameters get partial gradients; they are
+tagged ``sequence_parallel`` and ``allreduce_sequence_parallel_grads`` sums them.
+Every other gradient is whole: column-parallel layers and the head all-gather their
+input over T (backward: reduce-scatter), and a replicated embedding's output is
+split over T (backward: all-gather).
 """
 
 from __future__ import annotations
 
-import fnmatch
-import math
-import zlib
 from dataclasses import dataclass
 
 import torch
@@ -25,15 +33,23 @@ import torch.nn.functional as F
 
 from torch.utils.checkpoint import checkpoint
 
-from .comm import all_gather_from_group, copy_to_group, gather_from_group, group_size
+from .comm import (
+    all_gather_from_group,
+    copy_to_group,
+    gather_from_group,
+    group_rank,
+    group_size,
+    scatter_to_group,
+)
 from .layers import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
     vocab_parallel_cross_entropy,
 )
+from .param_init import initialize
+from .tp_plan import TensorParallelPlan
 
-STYLES = ("colwise", "rowwise", "vocab", "vocab_head")
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -53,39 +69,34 @@ class ModelConfig:
     rope_theta: float = 10000.0
     tie_embeddings: bool = True
 
+    def __post_init__(self):
+        if self.arch not in ("gpt", "llama"):
+            raise ValueError(f"ModelConfig: arch must be 'gpt' or 'llama', not {self.arch!r}")
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise ValueError(
+                f"ModelConfig: heads = {self.heads} must divide hidden = {self.hidden} "
+                f"and kv_heads = {self.kv_heads} must divide heads"
+            )
+        if self.padded_vocab < self.vocab:
+            raise ValueError(f"ModelConfig: padded_vocab = {self.padded_vocab} < vocab = {self.vocab}")
+
 
 class _Builder:
-    """Hands out layers for module names according to the plan, and records use."""
+    """Hands out the layer for each module name, as the checked plan says."""
 
-    def __init__(self, tp_plan, tp_group, sequence_parallel):
-        self.plan = dict(tp_plan) if group_size(tp_group) > 1 else {}
-        for pattern, style in self.plan.items():
-            if style not in STYLES:
-                raise ValueError(f"tp plan: {pattern!r} has unknown style {style!r}; styles: {STYLES}")
-        self.used = set()
-        self.group, self.sp = tp_group, sequence_parallel
+    def __init__(self, plan: TensorParallelPlan, tp_group, sequence_parallel):
+        self.plan, self.group, self.sp = plan, tp_group, sequence_parallel
 
     def style(self, name):
-        for pattern, style in self.plan.items():
-            if fnmatch.fnmatchcase(name, pattern.replace("*", "[0-9]*")):
-                self.used.add(pattern)
-                return style
-        return None
+        return self.plan.style(name)
 
     def linear(self, name, in_features, out_features, bias):
-        style = self.style(name)
+        style = self.plan.style(name)
         if style == "colwise":
             return ColumnParallelLinear(in_features, out_features, bias=bias, tp_group=self.group, sequence_parallel=self.sp)
         if style == "rowwise":
             return RowParallelLinear(in_features, out_features, bias=bias, tp_group=self.group, sequence_parallel=self.sp)
-        if style is None:
-            return nn.Linear(in_features, out_features, bias=bias)
-        raise ValueError(f"tp plan: {name} cannot be {style!r}")
-
-    def check_all_used(self):
-        unused = sorted(set(self.plan) - self.used)
-        if unused:
-            raise ValueError(f"tp plan: patterns matched no module: {unused}")
+        return nn.Linear(in_features, out_features, bias=bias)
 
 
 class Norm(nn.Module):
@@ -187,32 +198,26 @@ class Transformer(nn.Module):
             raise ValueError(f"recompute must be one of {RECOMPUTE}, not {recompute!r}")
         self.config, self.tp_group, self.sp = config, tp_group, bool(sequence_parallel)
         self.recompute = recompute
-        build = _Builder(tp_plan, tp_group, self.sp)
+        plan = TensorParallelPlan(tp_plan, config, tp_group=tp_group, sequence_parallel=self.sp)
+        build = _Builder(plan, tp_group, self.sp)
         V, C = config.padded_vocab, config.hidden
-        embed_style, head_style = build.style("embed"), build.style("head")
-        if embed_style == "vocab":
+        self.vocab_parallel_embed = build.style("embed") == "vocab"
+        if self.vocab_parallel_embed:
             self.embed = VocabParallelEmbedding(V, C, tp_group=tp_group, sequence_parallel=self.sp)
-        elif embed_style is None:
-            self.embed = nn.Embedding(V, C)
         else:
-            raise ValueError(f"tp plan: embed cannot be {embed_style!r}")
+            self.embed = nn.Embedding(V, C)
         if config.arch == "gpt":
             self.pos_embed = nn.Embedding(config.seq_len, C)
             self.pos_embed.weight.sequence_parallel = self.sp
         self.layers = nn.ModuleList(Block(config, i, build, self.sp) for i in range(config.layers))
         self.final_norm = Norm(C, rms=config.arch == "llama", eps=config.norm_eps, sequence_parallel=self.sp)
-        self.vocab_parallel = head_style == "vocab_head"
-        if head_style not in (None, "vocab_head"):
-            raise ValueError(f"tp plan: head cannot be {head_style!r}")
-        if (embed_style == "vocab") != self.vocab_parallel and config.tie_embeddings:
-            raise ValueError("tp plan: a tied head and embedding must both be vocab-parallel or neither")
+        self.vocab_parallel = build.style("head") == "vocab_head"
         if not config.tie_embeddings:
             rows = V // group_size(tp_group) if self.vocab_parallel else V
             self.head = nn.Linear(C, rows, bias=False)
             self.head.full_shape = (V, C)
             if self.vocab_parallel and group_size(tp_group) > 1:
                 self.head.weight.tensor_parallel = True
-        build.check_all_used()
         for layer in self.layers:
             layer.attn.selective = recompute == "selective"
 
@@ -220,12 +225,14 @@ class Transformer(nn.Module):
         return self.embed.weight if self.config.tie_embeddings else self.head.weight
 
     def forward(self, tokens, targets):
+        if tokens.shape[1] > self.config.seq_len:
+            raise ValueError(f"sequence of {tokens.shape[1]} tokens is longer than seq_len = {self.config.seq_len}")
         x = self.embed(tokens)  # (B, T, C), or (B, T/tp, C) under SP
+        if self.sp and not self.vocab_parallel_embed:
+            x = scatter_to_group(x, self.tp_group, 1)  # replicated table: keep our shard of T
         if self.config.arch == "gpt":
             T = x.shape[1]
-            offset = 0
-            if self.sp:
-                offset = dist.get_rank(self.tp_group) * T if group_size(self.tp_group) > 1 else 0
+            offset = group_rank(self.tp_group) * T if self.sp else 0  # this shard's positions
             x = x + self.pos_embed.weight[offset : offset + T]
         x = F.dropout(x, self.config.dropout, self.training)
         for layer in self.layers:
@@ -245,45 +252,6 @@ class Transformer(nn.Module):
             logits = F.linear(x, self.head_weight())  # (B, T, V)
             loss = vocab_parallel_cross_entropy(logits, targets, tp_group=None, vocab_size=self.config.vocab)
         return loss.mean()
-
-
-def _generator(seed: int, name: str) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
-
-
-def full_init(name: str, shape, *, config: ModelConfig, seed: int) -> torch.Tensor:
-    """The full (unsharded) initial value of parameter ``name``; layout-independent."""
-    if name.endswith(".bias"):
-        return torch.zeros(shape)
-    if name.endswith("norm.weight"):
-        return torch.ones(shape)
-    std = 0.02
-    if name.endswith(("o_proj.weight", "down_proj.weight")):
-        std = 0.02 / math.sqrt(2 * config.layers)  # GPT-2's scaled residual projections
-    return torch.empty(shape).normal_(0.0, std, generator=_generator(seed, name))
-
-
-@torch.no_grad()
-def initialize(model: Transformer, seed: int) -> None:
-    for name, module in model.named_modules():
-        if isinstance(module, Norm):
-            continue
-        if isinstance(module, (nn.Linear, nn.Embedding)) and not hasattr(module, "full_shape"):
-            module.full_shape = tuple(module.weight.shape)
-        if not hasattr(module, "full_shape"):
-            continue
-        weight = full_init(f"{name}.weight", module.full_shape, config=model.config, seed=seed)
-        bias = None
-        if getattr(module, "bias", None) is not None:
-            bias = full_init(f"{name}.bias", (module.full_shape[0],), config=model.config, seed=seed)
-        if hasattr(module, "load_full_"):
-            module.load_full_(weight, bias)
-        else:  # replicated, or the untied vocab-parallel head (rows sharded like the embedding)
-            if module.weight.shape != weight.shape:
-                weight = weight.chunk(group_size(model.tp_group))[dist.get_rank(model.tp_group)]
-            module.weight.copy_(weight)
-            if bias is not None:
-                module.bias.copy_(bias)
 
 
 def build_model(config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none"):

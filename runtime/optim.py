@@ -27,7 +27,13 @@ def build_optimizer(model, *, lr, betas, weight_decay, eps):
 
 
 def lr_at(step, *, kind, peak_lr, warmup, total_steps, min_lr_ratio):
-    """The learning rate of 1-based ``step``: linear warmup, then constant/cosine/linear."""
+    """The learning rate of 1-based ``step``: linear warmup, then constant/cosine/linear.
+
+    Step s <= warmup gets peak_lr·s/warmup; then the decay runs from peak_lr after the
+    warmup to min_lr_ratio·peak_lr at ``total_steps`` (and stays there).
+    """
+    if kind not in ("constant", "cosine", "linear"):
+        raise ValueError(f"unknown lr schedule {kind!r}: constant, cosine or linear")
     if warmup > 0 and step <= warmup:
         return peak_lr * step / warmup
     if kind == "constant":
@@ -37,9 +43,7 @@ def lr_at(step, *, kind, peak_lr, warmup, total_steps, min_lr_ratio):
     floor = peak_lr * min_lr_ratio
     if kind == "cosine":
         return floor + (peak_lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    if kind == "linear":
-        return peak_lr - (peak_lr - floor) * progress
-    raise ValueError(f"unknown lr schedule {kind!r}")
+    return peak_lr - (peak_lr - floor) * progress  # linear
 
 
 def set_lr(optimizer, lr: float) -> None:

@@ -40,9 +40,9 @@ UNSUPPORTED_FEATURES: tuple[tuple[str, Callable[[Spec], bool], str, str], ...] =
     ),
     (
         "parallel.zero",
-        lambda s: s.parallel.zero is not None and s.parallel.zero > 0,
-        "ZeRO optimizer sharding (zero > 0)",
-        "use zero = 0",
+        lambda s: s.parallel.zero is not None and s.parallel.zero > 2,
+        "ZeRO stage 3 (parameters sharded over dp, zero = 3)",
+        "use zero = 2 (optimizer state and gradients sharded) or zero = 1 (optimizer state only)",
     ),
     (
         "parallel.overlap",

@@ -83,6 +83,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
             setting(spec, "MIN_LR_RATIO", "train.schedule", s.min_lr_ratio),
         ),
         recompute=setting(spec, "RECOMPUTE", "parallel.recompute", spec.parallel.recompute.value),
+        zero=setting(spec, "ZERO", "parallel.zero", spec.parallel.zero),
         data=DataPlan(kind=t.data.kind.value, path=t.data.path, dtype=t.data.dtype, span=spec.span("train.data")),
     )
     return replace(draft, model=model, train=train)

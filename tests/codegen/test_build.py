@@ -156,8 +156,7 @@ def test_emit_spec_and_ast(capsys):
     "sets,code,words",
     [
         (["parallel.pp=2", "mesh.devices_per_node=8"], "PAR0802", "pipeline parallelism"),
-        (["parallel.zero=1"], "PAR0802", "ZeRO"),
-        (["parallel.zero=3"], "PAR0802", "ZeRO"),
+        (["parallel.zero=3"], "PAR0802", "ZeRO stage 3"),
         (["train.precision=fp16"], "PAR0802", "fp16"),
         (["parallel.tp=auto"], "PAR0801", "auto"),
     ],

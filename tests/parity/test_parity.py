@@ -25,6 +25,9 @@ LAYOUTS = {
     "dp4": dict(dp=4),
     "tp2-recompute-selective": dict(tp=2, parallel__recompute="selective"),
     "tp2-sp-recompute-full": dict(tp=2, sp=True, parallel__recompute="full"),
+    "dp2-zero1": dict(dp=2, parallel__zero=1),
+    "dp4-zero2": dict(dp=4, parallel__zero=2),
+    "dp2-tp2-zero1": dict(dp=2, tp=2, parallel__zero=1),
 }
 ARCHS = ("gpt", "llama")
 

@@ -1,0 +1,123 @@
+"""The tensor-parallel plan of train.py: which module is split how over tp, checked.
+
+Takes: the literal ``TP_PLAN`` table (module-name pattern → style, ``*`` standing
+for the layer index), the model config, the tp group and whether sequence
+parallelism is on. Gives: ``TensorParallelPlan.style(name)``, the style of each
+module (None: replicated), for ``model.py`` to build its layers from. Every problem
+with a table is a ValueError naming the pattern or module, raised before any layer
+is built: an unknown style, a pattern that matches no module, a style a module
+cannot take, an attention or MLP half-sharded, sizes tp does not divide.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .comm import group_size
+
+STYLES = ("colwise", "rowwise", "vocab", "vocab_head")
+
+# The style each shardable module takes (the Megatron pairing); others are replicated.
+SHARDABLE = {
+    "embed": "vocab",
+    "attn.q_proj": "colwise",
+    "attn.k_proj": "colwise",
+    "attn.v_proj": "colwise",
+    "attn.o_proj": "rowwise",
+    "mlp.gate_proj": "colwise",
+    "mlp.up_proj": "colwise",
+    "mlp.down_proj": "rowwise",
+    "head": "vocab_head",
+}
+
+
+def module_names(config) -> list[str]:
+    """Every module a plan may name, in model order (runtime-api.md, model.py)."""
+    names = ["embed"] + (["pos_embed"] if config.arch == "gpt" else [])
+    mlp = ("gate_proj", "up_proj", "down_proj") if config.arch == "llama" else ("up_proj", "down_proj")
+    for i in range(config.layers):
+        names += [f"layers.{i}.attn_norm"]
+        names += [f"layers.{i}.attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        names += [f"layers.{i}.mlp_norm"] + [f"layers.{i}.mlp.{p}" for p in mlp]
+    return names + ["final_norm", "head"]
+
+
+def _kind(name: str) -> str:
+    """``layers.3.attn.q_proj`` → ``attn.q_proj``; other names are their own kind."""
+    return re.sub(r"^layers\.[0-9]+\.", "", name)
+
+
+def _compile(pattern: str) -> re.Pattern:
+    return re.compile("[0-9]+".join(re.escape(part) for part in pattern.split("*")))
+
+
+class TensorParallelPlan:
+    def __init__(self, table, config, *, tp_group, sequence_parallel):
+        self.tp = group_size(tp_group)
+        table = dict(table or {})
+        for pattern, style in table.items():
+            if style not in STYLES:
+                raise ValueError(
+                    f"tp plan: {pattern!r} has unknown style {style!r}; styles are {', '.join(STYLES)}"
+                )
+        compiled = {pattern: _compile(pattern) for pattern in table}
+        self.styles, used = {}, set()
+        for name in module_names(config):
+            matches = [p for p, regex in compiled.items() if regex.fullmatch(name)]
+            used.update(matches)
+            styles = sorted({table[p] for p in matches})
+            if len(styles) > 1:
+                raise ValueError(f"tp plan: {name} is matched by {matches} with different styles {styles}")
+            if styles:
+                self.styles[name] = styles[0]
+        unused = [p for p in table if p not in used]
+        if unused:
+            raise ValueError(f"tp plan: pattern(s) {unused} match no module of this {config.arch} model")
+        for name, style in self.styles.items():
+            wanted = SHARDABLE.get(_kind(name))
+            if wanted is None:
+                raise ValueError(f"tp plan: {name} is replicated; it cannot be {style!r}")
+            if style != wanted:
+                raise ValueError(f"tp plan: {name} can only be {wanted!r}, not {style!r}")
+        self._check_pairs(config, sequence_parallel)
+        self._check_sizes(config)
+        if self.tp == 1:
+            self.styles = {}  # one rank: plain layers (the table was still checked)
+
+    def style(self, name: str) -> str | None:
+        """How module ``name`` is split over tp; None when it is replicated."""
+        return self.styles.get(name)
+
+    def _check_pairs(self, config, sequence_parallel) -> None:
+        for i in range(config.layers):
+            for part, projections in (
+                ("attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
+                ("mlp", ("gate_proj", "up_proj", "down_proj") if config.arch == "llama" else ("up_proj", "down_proj")),
+            ):
+                names = [f"layers.{i}.{part}.{p}" for p in projections]
+                sharded = [n for n in names if n in self.styles]
+                if sharded and len(sharded) != len(names):
+                    raise ValueError(
+                        f"tp plan: layers.{i}.{part} is half sharded ({', '.join(sharded)}); "
+                        f"shard all of {', '.join(projections)} or none"
+                    )
+                if sequence_parallel and self.tp > 1 and not sharded:
+                    raise ValueError(
+                        f"tp plan: with sequence parallelism layers.{i}.{part} must be sharded "
+                        "(its input is a sequence shard)"
+                    )
+        if config.tie_embeddings and ("embed" in self.styles) != ("head" in self.styles):
+            raise ValueError("tp plan: a tied head and embedding must both be vocab-parallel or neither")
+
+    def _check_sizes(self, config) -> None:
+        sizes = {
+            "attn.q_proj": ("heads", config.heads),
+            "attn.k_proj": ("kv_heads", config.kv_heads),
+            "mlp.up_proj": ("ffn", config.ffn),
+            "embed": ("padded_vocab", config.padded_vocab),
+            "head": ("padded_vocab", config.padded_vocab),
+        }
+        for name in self.styles:
+            what, value = sizes.get(_kind(name), (None, 0))
+            if what and value % self.tp:
+                raise ValueError(f"tp plan: tp = {self.tp} does not divide {what} = {value} ({name})")
