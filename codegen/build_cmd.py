@@ -44,6 +44,7 @@ def run_build(args: argparse.Namespace) -> int:
 
     from .build import compare, generate, recorded_files, write
     from .lower import lower
+    from .render import command
 
     if args.emit == "ast":
         try:
@@ -95,13 +96,8 @@ def run_build(args: argparse.Namespace) -> int:
     write(out_dir, files, previous=recorded_files(out_dir))
     changed = len(state.stale) + len(state.missing) + len(state.edited)
     print(f"wrote {out_dir}/ ({len(files)} files, {changed} changed): "
-          f"run `cd {out_dir} && {_command(files)}`")
+          f"run `cd {out_dir} && {command(lower(spec))}`")
     return 0
-
-
-def _command(files) -> str:
-    first = files["README.md"].decode().split("```sh\n", 1)[1].split("\n", 1)[0]
-    return first
 
 
 def _sources(path, overrides):
