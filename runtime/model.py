@@ -221,6 +221,16 @@ class Transformer(nn.Module):
         for layer in self.layers:
             layer.attn.selective = recompute == "selective"
 
+    def run_blocks(self, x):
+        """The transformer blocks of this model (or pipeline stage), in order."""
+        for layer in self.layers:
+            if self.recompute == "full" and torch.is_grad_enabled():
+                # Keep only the block's input; rerun the block (its collectives too) in backward.
+                x = checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
+        return x
+
     def head_weight(self):
         return self.embed.weight if self.config.tie_embeddings else self.head.weight
 
@@ -235,12 +245,7 @@ class Transformer(nn.Module):
             offset = group_rank(self.tp_group) * T if self.sp else 0  # this shard's positions
             x = x + self.pos_embed.weight[offset : offset + T]
         x = F.dropout(x, self.config.dropout, self.training)
-        for layer in self.layers:
-            if self.recompute == "full" and torch.is_grad_enabled():
-                # Keep only the block's input; rerun the block (its collectives too) in backward.
-                x = checkpoint(layer, x, use_reentrant=False)
-            else:
-                x = layer(x)
+        x = self.run_blocks(x)
         x = self.final_norm(x)
         if self.vocab_parallel:
             x = all_gather_from_group(x, self.tp_group, 1) if self.sp else copy_to_group(x, self.tp_group)
