@@ -1,0 +1,219 @@
+"""Pipeline schedules as data: for every pipeline rank, its ordered list of actions.
+
+Takes: a schedule kind (``"gpipe"``, ``"1f1b"``, ``"interleaved"``), the number of
+pipeline stages (ranks of the pp group), micro-batches per step and model chunks per
+rank. Gives: ``build_schedule`` (one tuple of ``Action`` per rank), ``virtual_stage``,
+``in_flight_bound`` (the memory model's number), ``message_key`` (how a send finds its
+receive) and ``describe`` (compact text of an action). Pure Python, no torch: the
+executor (before: nothing; after: it runs the lists), ``schedule_sim`` (timeline,
+bubble, checks), the planner and ``parc explain`` all read the same lists.
+
+Note [the execution model]: each rank runs its list in order. Sends are non-blocking
+(``isend``; they never wait), receives block until the matching send has been
+executed. A message is matched by (kind, micro, consumer virtual stage), not by order.
+Every receive sits right before the compute that needs it and every send right after
+the compute that produced it, so a rank waits only for data it really needs: the
+lists are deadlock-free iff the compute order of every rank is consistent with the
+data flow, which ``schedule_sim.check_schedule`` verifies by running them.
+
+Note [virtual stages]: chunk c of pipeline rank r is virtual stage c·stages + r
+(Megatron's numbering). Virtual stages 0 .. stages·chunks-1 are the model in order:
+stage 0 (rank 0, chunk 0) embeds, the last (rank stages-1, chunk chunks-1) computes
+the loss. Activations flow v → v+1 and gradients v+1 → v, so rank stages-1 chunk c
+sends to rank 0 chunk c+1.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+KINDS = ("gpipe", "1f1b", "interleaved")
+
+
+class Op(enum.Enum):
+    FORWARD = "F"
+    BACKWARD = "B"
+    SEND_ACT = "send_act"  # send this chunk's forward output to the next virtual stage
+    RECV_ACT = "recv_act"  # receive the forward input of this chunk from the previous virtual stage
+    SEND_GRAD = "send_grad"  # send the gradient of this chunk's input to the previous virtual stage
+    RECV_GRAD = "recv_grad"  # receive the gradient of this chunk's output from the next virtual stage
+
+
+COMPUTE = (Op.FORWARD, Op.BACKWARD)
+SENDS = (Op.SEND_ACT, Op.SEND_GRAD)
+RECVS = (Op.RECV_ACT, Op.RECV_GRAD)
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    op: Op
+    micro: int  # micro-batch, 0 .. micro_batches-1
+    chunk: int  # model chunk on THIS rank, 0 .. chunks-1 (always 0 unless interleaved)
+    peer: int | None = None  # pipeline rank sent to / received from; None for F and B
+
+
+def virtual_stage(rank: int, chunk: int, stages: int) -> int:
+    """Megatron numbering: chunk c of pipeline rank r is virtual stage c*stages + r."""
+    return chunk * stages + rank
+
+
+def message_key(action: Action, rank: int, stages: int) -> tuple[str, int, int]:
+    """(kind, micro, consumer virtual stage) of a send or receive on ``rank``: a send
+    and the receive it feeds have the same key."""
+    here = virtual_stage(rank, action.chunk, stages)
+    if action.op is Op.SEND_ACT:
+        return ("act", action.micro, here + 1)
+    if action.op is Op.RECV_ACT:
+        return ("act", action.micro, here)
+    if action.op is Op.SEND_GRAD:
+        return ("grad", action.micro, here - 1)
+    if action.op is Op.RECV_GRAD:
+        return ("grad", action.micro, here)
+    raise ValueError(f"{action.op.name} is not a send or a receive")
+
+
+def _validate(kind: str, stages: int, micro_batches: int, chunks: int) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown pipeline schedule {kind!r}; expected one of {', '.join(KINDS)}")
+    if stages < 1:
+        raise ValueError(f"a pipeline needs stages >= 1, got stages = {stages}")
+    if micro_batches < 1:
+        raise ValueError(f"a pipeline needs micro_batches >= 1, got micro_batches = {micro_batches}")
+    if kind != "interleaved":
+        if chunks != 1:
+            raise ValueError(f"{kind} runs one model chunk per rank, got chunks = {chunks}; "
+                             "use interleaved for virtual stages")
+        return
+    if chunks < 2:
+        raise ValueError(f"interleaved needs chunks >= 2 model chunks per rank, got chunks = {chunks}; "
+                         "use 1f1b for one chunk")
+    if stages < 2:
+        raise ValueError(f"interleaved needs stages >= 2, got stages = {stages}")
+    if micro_batches % stages:
+        raise ValueError(f"interleaved needs micro_batches divisible by stages (Megatron runs "
+                         f"micro-batches in groups of stages): {micro_batches} % {stages} = "
+                         f"{micro_batches % stages}")
+
+
+def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 1) -> tuple[tuple[Action, ...], ...]:
+    """For every pipeline rank 0..stages-1, its ordered actions. kind: "gpipe" | "1f1b" | "interleaved".
+
+    gpipe: all forwards in micro order, then all backwards in micro order 0..M-1 (as
+    torch.distributed.pipelining's ScheduleGPipe; the order of backwards does not change
+    the bubble, and micro order keeps gradient accumulation in the order of 1f1b).
+    1f1b: Megatron's PipeDream-flush. interleaved: Megatron's interleaved 1F1B.
+    Raises ValueError on sizes the kind cannot run (see ``_validate``).
+    """
+    _validate(kind, stages, micro_batches, chunks)
+    order = {"gpipe": _gpipe_order, "1f1b": _one_f_one_b_order, "interleaved": _interleaved_order}[kind]
+    return tuple(
+        tuple(_with_communication(order(rank, stages, micro_batches, chunks), rank, stages, chunks))
+        for rank in range(stages)
+    )
+
+
+def in_flight_bound(kind: str, *, stages: int, rank: int, micro_batches: int, chunks: int = 1) -> int:
+    """The most micro-batch-chunks whose forward ran but whose backward has not, on ``rank``
+    (the activations it holds at once). gpipe: M·v. 1f1b: min(stages - rank, M).
+    interleaved: Megatron's warm-up plus the first steady forward,
+    min(2·(stages - rank - 1) + (v - 1)·stages + 1, M·v), and M·v when M = stages
+    (Megatron then runs every forward first). The bound is reached by every schedule."""
+    _validate(kind, stages, micro_batches, chunks)
+    if not 0 <= rank < stages:
+        raise ValueError(f"rank {rank} is not in 0..{stages - 1}")
+    total = micro_batches * chunks
+    if kind == "gpipe":
+        return total
+    if kind == "1f1b":
+        return min(stages - rank, micro_batches)
+    return min(_interleaved_warmup(rank, stages, micro_batches, chunks) + 1, total)
+
+
+# ---- compute order of one rank: (op, micro, chunk) of every F and B ------------------
+
+
+def _gpipe_order(rank, stages, micro_batches, chunks):
+    return [(Op.FORWARD, m, 0) for m in range(micro_batches)] + [
+        (Op.BACKWARD, m, 0) for m in range(micro_batches)
+    ]
+
+
+def _one_f_one_b_order(rank, stages, micro_batches, chunks):
+    # Warm-up: the forwards that fill the pipeline below this rank; steady: one
+    # forward, one backward; cool-down: the backwards left.
+    warmup = min(stages - rank - 1, micro_batches)
+    order = [(Op.FORWARD, m, 0) for m in range(warmup)]
+    for m in range(micro_batches - warmup):
+        order += [(Op.FORWARD, warmup + m, 0), (Op.BACKWARD, m, 0)]
+    order += [(Op.BACKWARD, m, 0) for m in range(micro_batches - warmup, micro_batches)]
+    return order
+
+
+def _interleaved_warmup(rank, stages, micro_batches, chunks):
+    # Note [interleaved warm-up] (Megatron's forward_backward_pipelining_with_interleaving):
+    # before its first backward, rank r runs (v-1)·p forwards so that every chunk has
+    # work in flight, plus 2·(p-r-1) to cover the round trip to the last rank and back.
+    # With M = p, everything is warm-up (all forwards, then all backwards).
+    total = micro_batches * chunks
+    if micro_batches == stages:
+        return total
+    return min(2 * (stages - rank - 1) + (chunks - 1) * stages, total)
+
+
+def _interleaved_order(rank, stages, micro_batches, chunks):
+    # Virtual micro-batch k (0 .. M·v-1) walks micro-batches in groups of p per chunk:
+    # k = 0..p-1 are micro 0..p-1 of chunk 0, the next p the same micros of chunk 1, ...;
+    # after v·p the next group of p micro-batches starts. Backwards use the chunks in
+    # reverse order (the last chunk holds the loss).
+    group = stages * chunks
+
+    def forward(k):
+        return (Op.FORWARD, (k // group) * stages + k % stages, (k % group) // stages)
+
+    def backward(k):
+        return (Op.BACKWARD, (k // group) * stages + k % stages, chunks - 1 - (k % group) // stages)
+
+    total = micro_batches * chunks
+    warmup = _interleaved_warmup(rank, stages, micro_batches, chunks)
+    order = [forward(k) for k in range(warmup)]
+    for k in range(total - warmup):
+        order += [forward(warmup + k), backward(k)]
+    order += [backward(k) for k in range(total - warmup, total)]
+    return order
+
+
+def _with_communication(order, rank, stages, chunks):
+    """Each compute with its receive right before and its send right after."""
+    last = stages * chunks - 1
+    for op, micro, chunk in order:
+        here = virtual_stage(rank, chunk, stages)
+        before, after = (here - 1) % stages, (here + 1) % stages  # the neighbours' ranks
+        if op is Op.FORWARD:
+            if here > 0:
+                yield Action(Op.RECV_ACT, micro, chunk, before)
+            yield Action(op, micro, chunk)
+            if here < last:
+                yield Action(Op.SEND_ACT, micro, chunk, after)
+        else:
+            if here < last:
+                yield Action(Op.RECV_GRAD, micro, chunk, after)
+            yield Action(op, micro, chunk)
+            if here > 0:
+                yield Action(Op.SEND_GRAD, micro, chunk, before)
+
+
+# ---- text -------------------------------------------------------------------------
+
+_SHORT = {Op.SEND_ACT: "sa", Op.RECV_ACT: "ra", Op.SEND_GRAD: "sg", Op.RECV_GRAD: "rg"}
+
+
+def describe(action: Action, chunks: int = 1) -> str:
+    """Compact text: ``F3``, ``B3``; ``ra3<0`` (receive activation of micro 3 from rank
+    0), ``sa3>2``, ``rg3<2``, ``sg3>0``. With chunks > 1 the chunk follows the micro:
+    ``F3.1``, ``sa3.1>0``."""
+    name = f"{action.micro}.{action.chunk}" if chunks > 1 else f"{action.micro}"
+    if action.op in COMPUTE:
+        return f"{action.op.value}{name}"
+    arrow = ">" if action.op in SENDS else "<"
+    return f"{_SHORT[action.op]}{name}{arrow}{action.peer}"

@@ -1,0 +1,175 @@
+"""Run schedules on paper: the timeline, the bubble, and the checks of a schedule.
+
+Takes: a schedule as ``schedule.build_schedule`` gives it (one tuple of ``Action`` per
+pipeline rank). Gives: ``simulate`` (when each forward and backward starts and ends,
+under Note [the execution model] of ``schedule``), ``bubble_fraction``,
+``max_in_flight`` and ``check_schedule`` (every problem of a schedule, as text).
+Pure Python. Before: ``schedule``. After: the executor's tests, the planner's bubble
+model and ``parc explain``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from .schedule import COMPUTE, RECVS, SENDS, Op, describe, message_key, virtual_stage
+
+
+class Deadlock(RuntimeError):
+    """The lists cannot finish: every unfinished rank waits on a receive whose send never runs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    op: Op  # FORWARD or BACKWARD
+    micro: int
+    chunk: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    ranks: tuple[tuple[Event, ...], ...]  # per pipeline rank, its F/B events in order
+    makespan: float
+
+
+def simulate(schedule, *, forward_time: float = 1.0, backward_time: float = 2.0,
+             comm_time: float = 0.0) -> Timeline:
+    """Run every rank's list in order: F and B take ``forward_time``/``backward_time`` per
+    chunk, a send takes no time on its rank and never waits, a receive completes at
+    max(its rank's clock, the matching send's time + ``comm_time``). Raises ``Deadlock``
+    when the ranks cannot all finish (naming where each one waits)."""
+    stages = len(schedule)
+    sent: dict[tuple, float] = {}
+    clock = [0.0] * stages
+    position = [0] * stages
+    events: list[list[Event]] = [[] for _ in range(stages)]
+    duration = {Op.FORWARD: forward_time, Op.BACKWARD: backward_time}
+    progress = True
+    while progress:
+        progress = False
+        for rank, actions in enumerate(schedule):
+            while position[rank] < len(actions):
+                action = actions[position[rank]]
+                if action.op in RECVS:
+                    key = message_key(action, rank, stages)
+                    if key not in sent:
+                        break  # blocked until the sender gets there
+                    clock[rank] = max(clock[rank], sent.pop(key) + comm_time)
+                elif action.op in SENDS:
+                    key = message_key(action, rank, stages)
+                    if key in sent:
+                        raise ValueError(f"rank {rank} sends {key} twice")
+                    sent[key] = clock[rank]
+                else:
+                    start = clock[rank]
+                    clock[rank] += duration[action.op]
+                    events[rank].append(Event(action.op, action.micro, action.chunk, start, clock[rank]))
+                position[rank] += 1
+                progress = True
+    stuck = [(rank, schedule[rank][position[rank]]) for rank in range(stages)
+             if position[rank] < len(schedule[rank])]
+    if stuck:
+        waits = "; ".join(f"rank {rank} at {action}" for rank, action in stuck)
+        raise Deadlock(f"schedule deadlocks: {waits}")
+    return Timeline(tuple(tuple(e) for e in events), max(clock, default=0.0))
+
+
+def bubble_fraction(timeline: Timeline) -> float:
+    """Idle compute time / (ranks × makespan)."""
+    if not timeline.ranks or timeline.makespan == 0:
+        return 0.0
+    busy = sum(e.end - e.start for events in timeline.ranks for e in events)
+    return 1.0 - busy / (len(timeline.ranks) * timeline.makespan)
+
+
+def max_in_flight(actions) -> int:
+    """The most micro-batch-chunks of one rank's list whose forward ran and backward has not."""
+    live = peak = 0
+    for action in actions:
+        if action.op is Op.FORWARD:
+            live += 1
+            peak = max(peak, live)
+        elif action.op is Op.BACKWARD:
+            live -= 1
+    return peak
+
+
+def check_schedule(schedule, *, micro_batches: int, chunks: int = 1) -> list[str]:
+    """Every problem of ``schedule`` as one line of text (an empty list: it is valid).
+
+    Checks: each (micro, chunk) of each rank has exactly one F and one B, F first; each
+    compute has its receive before it and its send after it (none on the first/last
+    virtual stage), with the right peer; every send has exactly one matching receive on
+    its peer and the reverse; and the lists run to the end without deadlock."""
+    stages = len(schedule)
+    last = stages * chunks - 1
+    problems: list[str] = []
+    sends: Counter = Counter()
+    recvs: Counter = Counter()
+    for rank, actions in enumerate(schedule):
+        done: dict[tuple[Op, int, int], int] = {}  # (op, micro, chunk) -> position in the list
+        for index, action in enumerate(actions):
+            where = f"rank {rank} #{index} {action}"
+            if not (0 <= action.micro < micro_batches and 0 <= action.chunk < chunks):
+                problems.append(f"{where}: micro or chunk out of range")
+                continue
+            here = virtual_stage(rank, action.chunk, stages)
+            if action.op in COMPUTE:
+                if action.peer is not None:
+                    problems.append(f"{where}: a compute action has a peer")
+                if (action.op, action.micro, action.chunk) in done:
+                    problems.append(f"{where}: runs twice")
+                done[(action.op, action.micro, action.chunk)] = index
+                if action.op is Op.BACKWARD and (Op.FORWARD, action.micro, action.chunk) not in done:
+                    problems.append(f"{where}: backward before its forward")
+                continue
+            key = message_key(action, rank, stages)
+            if not 0 <= key[2] <= last:
+                problems.append(f"{where}: no virtual stage {key[2]} to talk to")
+                continue
+            if action.peer != key[2] % stages and action.op in SENDS:
+                problems.append(f"{where}: peer should be rank {key[2] % stages}")
+            neighbour = here - 1 if action.op is Op.RECV_ACT else here + 1
+            if action.op in RECVS and action.peer != neighbour % stages:
+                problems.append(f"{where}: peer should be rank {neighbour % stages}")
+            (sends if action.op in SENDS else recvs)[(action.peer if action.op in SENDS else rank, key)] += 1
+            # A receive feeds the compute that follows it; a send carries the compute before it.
+            needs = Op.FORWARD if action.op in (Op.RECV_ACT, Op.SEND_ACT) else Op.BACKWARD
+            ran = (needs, action.micro, action.chunk) in done
+            if action.op in RECVS and ran:
+                problems.append(f"{where}: receive after the compute that needs it")
+            if action.op in SENDS and not ran:
+                problems.append(f"{where}: send before the compute that produces it")
+        for micro in range(micro_batches):
+            for chunk in range(chunks):
+                here = virtual_stage(rank, chunk, stages)
+                for op in COMPUTE:
+                    if (op, micro, chunk) not in done:
+                        problems.append(f"rank {rank}: {op.name} of micro {micro} chunk {chunk} missing")
+                expect = [(Op.RECV_ACT, here > 0), (Op.SEND_ACT, here < last),
+                          (Op.RECV_GRAD, here < last), (Op.SEND_GRAD, here > 0)]
+                for op, wanted in expect:
+                    count = sum(1 for a in actions if (a.op, a.micro, a.chunk) == (op, micro, chunk))
+                    if count != int(wanted):
+                        problems.append(f"rank {rank}: {count} {op.name} of micro {micro} chunk {chunk}, "
+                                        f"expected {int(wanted)}")
+    for message in sorted(set(sends) | set(recvs)):
+        if sends[message] != 1 or recvs[message] != 1:
+            rank, key = message
+            problems.append(f"message {key} to rank {rank}: {sends[message]} send(s), "
+                            f"{recvs[message]} receive(s)")
+    if not problems:
+        try:
+            simulate(schedule)
+        except Deadlock as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def describe_rank(actions, chunks: int = 1) -> str:
+    """A rank's list as compact text (``schedule.describe`` of each action)."""
+    return " ".join(describe(action, chunks) for action in actions)
+
