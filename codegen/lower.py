@@ -20,6 +20,7 @@ from .passes import (
     place_sequence_parallel,
     plan_batches,
     resolve_mesh,
+    split_pipeline,
     settle_training,
 )
 from .passes.draft import Draft
@@ -34,6 +35,7 @@ PASSES = (
     partition_layers,
     place_sequence_parallel,
     plan_batches,
+    split_pipeline,
     settle_training,
 )
 
@@ -56,6 +58,7 @@ def lower(spec: Spec) -> Plan:
         mesh=draft.mesh,
         tensor_parallel=draft.tensor_parallel,
         sequence_parallel=draft.sequence_parallel,
+        pipeline=draft.pipeline,
         batch=draft.batch,
         model=draft.model,
         train=draft.train,

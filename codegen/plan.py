@@ -172,6 +172,32 @@ class SequenceParallelPlan:
 
 
 # ---------------------------------------------------------------------------
+# Pipeline parallelism
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelinePlan:
+    """How the layers are split into pipeline stages and in what order they run."""
+
+    size: int
+    """pp degree; 1 means no pipeline (one stage holding every layer)."""
+    schedule: str
+    """``gpipe``, ``1f1b`` or ``interleaved`` (runtime/schedule.py)."""
+    chunks: int
+    """Model chunks (virtual stages) per pipeline rank; > 1 only when interleaved."""
+    micro_batches: int
+    """Micro-batches per optimizer step on each pipeline (= grad_accum)."""
+    stage_layers: tuple[tuple[int, int], ...]
+    """Layers ``(start, stop)`` of each virtual stage, in model order; chunk c of
+    pipeline rank r is virtual stage c·size + r."""
+    bubble_fraction: float
+    """Idle share of the step, from the schedule's own timeline (forward 1, backward 2)."""
+    span: Span | None
+    schedule_span: Span | None
+    stage_layers_span: Span | None
+
+
+# ---------------------------------------------------------------------------
 # Batches and training settings
 
 
@@ -264,6 +290,7 @@ class Plan:
     mesh: MeshPlan
     tensor_parallel: TensorParallelPlan
     sequence_parallel: SequenceParallelPlan
+    pipeline: PipelinePlan
     batch: BatchPlan
     model: ModelPlan
     train: TrainPlan

@@ -15,6 +15,7 @@ import black
 import jinja2
 
 from .plan import Axis, Plan, Setting, ShardStyle
+from . import render_step
 from .plan_text import cite
 
 DEVICE_FLOPS_NOTE = "dense peak FLOP/s of one device, for MFU"
@@ -64,9 +65,9 @@ def config_lines(plan: Plan) -> list[str]:
     zero = plan.train.zero
     if zero.value:
         lines.append(constant("ZERO", zero.value, f"{cite(zero.span)}: {ZERO_WORDS[zero.value]}"))
-    lines.append(
-        "MESH_AXES = ((\"dp\", DP), (\"tp\", TP))  # outermost first: tp ranks are neighbours"
-    )
+    lines += render_step.config_lines(plan)
+    axes = '("pp", PP), ("dp", DP), ("tp", TP)' if render_step.has_pipeline(plan) else '("dp", DP), ("tp", TP)'
+    lines.append(f"MESH_AXES = ({axes})  # outermost first: tp ranks are neighbours")
     lines += ["", "# batch"]
     lines.append(constant("MICRO_BATCH", batch.micro_batch, cite(batch.micro_batch_span)))
     lines.append(
@@ -116,9 +117,13 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         group_lines.append('tp_group = grid.group("tp")  # ranks that share one copy of the model')
     if dp_size > 1:
         group_lines.append('dp_group = grid.group("dp")  # ranks that split the batch')
+    group_lines += render_step.group_lines(plan)
+    pipelined = render_step.has_pipeline(plan)
+    pp_arg = ", pp_group=pp_group" if pipelined else ""
     zero_stage = plan.train.zero.value
     tp_arg = "tp_group" if tp_size > 1 else "None"
-    after_backward, optimizer_extra, loss_lines = [], [], []
+    after_backward, optimizer_extra = render_step.after_backward_lines(plan), []
+    loss_lines = render_step.loss_lines(plan)
     if sp.enabled:
         after_backward.append(
             "# norms saw only their sequence shard: sum their grads over tp\n"
@@ -131,7 +136,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             f"# {cite(plan.train.zero.span)}: ZeRO-{zero_stage}, {ZERO_WORDS[zero_stage]}: each dp rank",
             "# owns one slice of a flat fp32 parameter buffer and its Adam moments",
             f"optimizer = zero.ShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
-            f"stage=ZERO, {hyper})",
+            f"stage=ZERO, {hyper}{pp_arg})",
         ]
         reduce_words = "all-reduce, keep our slice" if zero_stage == 1 else "reduce-scatter"
         step_lines = [
@@ -143,7 +148,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     else:
         optimizer_lines = [f"optimizer = optim.build_optimizer(net, {hyper})"]
         step_lines = [
-            f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg})",
+            f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg}{pp_arg})",
             "optimizer.step()",
             "optimizer.zero_grad(set_to_none=True)",
         ]
@@ -175,6 +180,10 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     else:
         forward_lines = [forward]
     imports = ["data", "mesh", "metrics", "model", "optim"] + (["dp"] if dp_size > 1 else [])
+    imports += ["pipeline", "schedule"] if pipelined else []
+    if pipelined and plan.train.precision.value == "bf16":
+        forward_lines = []  # the executor runs each stage's forward under autocast
+    build_function, model_comment_lines, pipeline_args = render_step.model_lines(plan)
     imports += ["zero"] if zero_stage else []
     model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
     layout = layout_words(plan)
@@ -191,7 +200,6 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         extra_flag_docs=extra_flag_docs,
         header=header(plan),
         std_imports=std_imports,
-        forward_lines=forward_lines,
         runtime_imports=", ".join(sorted(imports)),
         config_lines=config_lines(plan),
         tp_plan_lines=tp_plan_lines(plan),
@@ -201,14 +209,20 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         model_config_args=model_args,
         tp_group_arg=tp_arg,
         sequence_parallel_arg="SEQUENCE_PARALLEL" if sp.enabled else "False",
-        model_extra_args=(
+        build_function=build_function,
+        model_comment_lines=model_comment_lines,
+        model_extra_args=pipeline_args + (
             ["recompute=RECOMPUTE,"] if plan.train.recompute.value != "none" else []
         ),
+        pipeline_lines=render_step.executor_lines(plan),
+        step_body_lines=render_step.step_body_lines(
+            plan, forward_lines, 'grid.index("dp")' if dp_size > 1 else "0"
+        ),
+        record_lines=[],
         dataset_line=dataset_line,
         optimizer_lines=optimizer_lines,
         optimizer_extra_lines=optimizer_extra,
         step_lines=step_lines,
-        dp_rank_arg='grid.index("dp")' if dp_size > 1 else "0",
         after_backward_lines=[l for block in after_backward for l in block.split("\n")],
         loss_lines=loss_lines,
         mfu_expr=(

@@ -192,38 +192,64 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, config, *, tp_group, sequence_parallel, tp_plan, recompute="none"):
+    """The model, or one pipeline stage of it: blocks ``layers = (start, stop)``.
+
+    The first stage (``first``) embeds tokens; the last (``last``) applies the final
+    norm and the head and returns the mean loss; a stage in between maps hidden
+    states to hidden states. Names stay global (``layers.5.attn.q_proj.weight``) in
+    every stage, so initialization and checkpoints see one model.
+
+    Note [tied embeddings across stages]: when the embedding is tied to the head and
+    they sit on different stages, the last stage holds a copy of the embedding table
+    as its head, initialized from ``embed.weight``; its parameter is tagged
+    ``pipeline_duplicate`` (counted once in the gradient norm) and the two copies'
+    gradients are summed over the embedding group after backward
+    (``pipeline.allreduce_tied_grads``), so they stay equal, as Megatron does.
+    """
+
+    def __init__(
+        self, config, *, tp_group, sequence_parallel, tp_plan, recompute="none",
+        layers=None, first=True, last=True,
+    ):
         super().__init__()
         if recompute not in RECOMPUTE:
             raise ValueError(f"recompute must be one of {RECOMPUTE}, not {recompute!r}")
+        start, stop = (0, config.layers) if layers is None else layers
+        if not 0 <= start <= stop <= config.layers:
+            raise ValueError(f"stage layers [{start}, {stop}) are outside 0..{config.layers}")
         self.config, self.tp_group, self.sp = config, tp_group, bool(sequence_parallel)
-        self.recompute = recompute
+        self.recompute, self.first, self.last = recompute, bool(first), bool(last)
         plan = TensorParallelPlan(tp_plan, config, tp_group=tp_group, sequence_parallel=self.sp)
         build = _Builder(plan, tp_group, self.sp)
         V, C = config.padded_vocab, config.hidden
         self.vocab_parallel_embed = build.style("embed") == "vocab"
-        if self.vocab_parallel_embed:
-            self.embed = VocabParallelEmbedding(V, C, tp_group=tp_group, sequence_parallel=self.sp)
-        else:
-            self.embed = nn.Embedding(V, C)
-        if config.arch == "gpt":
-            self.pos_embed = nn.Embedding(config.seq_len, C)
-            self.pos_embed.weight.sequence_parallel = self.sp
-        self.layers = nn.ModuleList(Block(config, i, build, self.sp) for i in range(config.layers))
-        self.final_norm = Norm(C, rms=config.arch == "llama", eps=config.norm_eps, sequence_parallel=self.sp)
         self.vocab_parallel = build.style("head") == "vocab_head"
-        if not config.tie_embeddings:
-            rows = V // group_size(tp_group) if self.vocab_parallel else V
-            self.head = nn.Linear(C, rows, bias=False)
-            self.head.full_shape = (V, C)
-            if self.vocab_parallel and group_size(tp_group) > 1:
-                self.head.weight.tensor_parallel = True
-        for layer in self.layers:
+        if self.first:
+            if self.vocab_parallel_embed:
+                self.embed = VocabParallelEmbedding(V, C, tp_group=tp_group, sequence_parallel=self.sp)
+            else:
+                self.embed = nn.Embedding(V, C)
+            if config.arch == "gpt":
+                self.pos_embed = nn.Embedding(config.seq_len, C)
+                self.pos_embed.weight.sequence_parallel = self.sp
+        self.layers = nn.ModuleDict({str(i): Block(config, i, build, self.sp) for i in range(start, stop)})
+        if self.last:
+            self.final_norm = Norm(C, rms=config.arch == "llama", eps=config.norm_eps, sequence_parallel=self.sp)
+            if not config.tie_embeddings or not self.first:
+                rows = V // group_size(tp_group) if self.vocab_parallel else V
+                self.head = nn.Linear(C, rows, bias=False)
+                self.head.full_shape = (V, C)
+                if config.tie_embeddings:  # Note [tied embeddings across stages]
+                    self.head.init_name = "embed"
+                    self.head.weight.pipeline_duplicate = True
+                if self.vocab_parallel and group_size(tp_group) > 1:
+                    self.head.weight.tensor_parallel = True
+        for layer in self.layers.values():
             layer.attn.selective = recompute == "selective"
 
     def run_blocks(self, x):
         """The transformer blocks of this model (or pipeline stage), in order."""
-        for layer in self.layers:
+        for layer in self.layers.values():
             if self.recompute == "full" and torch.is_grad_enabled():
                 # Keep only the block's input; rerun the block (its collectives too) in backward.
                 x = checkpoint(layer, x, use_reentrant=False)
@@ -232,9 +258,15 @@ class Transformer(nn.Module):
         return x
 
     def head_weight(self):
-        return self.embed.weight if self.config.tie_embeddings else self.head.weight
+        return self.embed.weight if self.config.tie_embeddings and self.first else self.head.weight
 
-    def forward(self, tokens, targets):
+    def tied_weight(self):
+        """This stage's copy of the tied embedding table, or None (Note [tied embeddings across stages])."""
+        if not self.config.tie_embeddings or self.first == self.last:
+            return None
+        return self.embed.weight if self.first else self.head.weight
+
+    def embed_tokens(self, tokens):
         if tokens.shape[1] > self.config.seq_len:
             raise ValueError(f"sequence of {tokens.shape[1]} tokens is longer than seq_len = {self.config.seq_len}")
         x = self.embed(tokens)  # (B, T, C), or (B, T/tp, C) under SP
@@ -244,8 +276,9 @@ class Transformer(nn.Module):
             T = x.shape[1]
             offset = group_rank(self.tp_group) * T if self.sp else 0  # this shard's positions
             x = x + self.pos_embed.weight[offset : offset + T]
-        x = F.dropout(x, self.config.dropout, self.training)
-        x = self.run_blocks(x)
+        return F.dropout(x, self.config.dropout, self.training)
+
+    def loss(self, x, targets):
         x = self.final_norm(x)
         if self.vocab_parallel:
             x = all_gather_from_group(x, self.tp_group, 1) if self.sp else copy_to_group(x, self.tp_group)
@@ -258,6 +291,13 @@ class Transformer(nn.Module):
             loss = vocab_parallel_cross_entropy(logits, targets, tp_group=None, vocab_size=self.config.vocab)
         return loss.mean()
 
+    def forward(self, x, targets=None):
+        """Tokens (first stage) or hidden states → hidden states, or the mean loss (last stage)."""
+        if self.first:
+            x = self.embed_tokens(x)
+        x = self.run_blocks(x)
+        return self.loss(x, targets) if self.last else x
+
 
 def build_model(config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none"):
     """The model for this rank: built from the plan, initialized per Note [init happens before sharding].
@@ -268,6 +308,40 @@ def build_model(config, *, tp_group, sequence_parallel, tp_plan, seed, device, r
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
         recompute=recompute,
+    )
+    initialize(model, seed)
+    return model.to(device)
+
+
+def build_stages(
+    config, *, stages, pp_rank, pp_size, tp_group, sequence_parallel, tp_plan, seed, device,
+    recompute="none",
+):
+    """This pipeline rank's model chunks, one ``Transformer`` stage per chunk.
+
+    ``stages`` is the literal ``PIPELINE_STAGES`` table of train.py: the layers
+    ``(start, stop)`` of every virtual stage, in model order. With p pipeline ranks,
+    chunk c of rank r is virtual stage c·p + r (Megatron's interleaving; one chunk per
+    rank unless the schedule is interleaved). Returns an ``nn.ModuleList`` of chunks.
+    """
+    stages = tuple(tuple(s) for s in stages)
+    if not stages or stages[0][0] != 0 or stages[-1][1] != config.layers or any(
+        a[1] != b[0] for a, b in zip(stages, stages[1:])
+    ):
+        raise ValueError(f"pipeline stages {stages} must cover layers 0..{config.layers} in order")
+    if len(stages) % pp_size or not 0 <= pp_rank < pp_size:
+        raise ValueError(f"{len(stages)} pipeline stages do not split over {pp_size} pipeline ranks")
+    return nn.ModuleList(
+        build_stage(config, stages=stages, index=v, tp_group=tp_group, sequence_parallel=sequence_parallel,
+                    tp_plan=tp_plan, seed=seed, device=device, recompute=recompute)
+        for v in range(pp_rank, len(stages), pp_size)  # chunk c: virtual stage c·pp_size + pp_rank
+    )
+
+
+def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute):
+    model = Transformer(
+        config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
+        recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,
     )
     initialize(model, seed)
     return model.to(device)

@@ -51,16 +51,22 @@ def set_lr(optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def clip_grad_norm_(model, max_norm, *, tp_group) -> float:
+def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None) -> float:
     """Scale gradients so their global norm is at most ``max_norm``; return the norm.
 
     Tensor-parallel shards (``param.tensor_parallel``) contribute their squares summed
-    over the tp group; replicated parameters, identical on every tp rank, count once.
+    over the tp group; replicated parameters, identical on every tp rank, count once;
+    pipeline stages' squares are summed over ``pp_group``, and a stage's copy of a
+    tied embedding (``param.pipeline_duplicate``) is not counted again.
     ``max_norm == 0`` only measures.
     """
-    sharded, replicated = [], []
+    sharded, replicated, duplicates = [], [], []
     for p in model.parameters():
-        if p.grad is not None:
+        if p.grad is None:
+            continue
+        if getattr(p, "pipeline_duplicate", False):
+            duplicates.append(p.grad)  # clipped, but counted on the first stage
+        else:
             (sharded if getattr(p, "tensor_parallel", False) else replicated).append(p.grad)
     device = next(model.parameters()).device
     zero = torch.zeros((), dtype=torch.float32, device=device)
@@ -68,10 +74,12 @@ def clip_grad_norm_(model, max_norm, *, tp_group) -> float:
     if group_size(tp_group) > 1:
         dist.all_reduce(sharded_sq, group=tp_group)
     total_sq = sharded_sq + sum((g.float().pow(2).sum() for g in replicated), zero)
+    if group_size(pp_group) > 1:
+        dist.all_reduce(total_sq, group=pp_group)
     norm = float(total_sq.sqrt())
     if max_norm > 0 and math.isfinite(norm):
         scale = max_norm / (norm + 1e-6)
         if scale < 1.0:
-            for g in sharded + replicated:
+            for g in sharded + replicated + duplicates:
                 g.mul_(scale)
     return norm

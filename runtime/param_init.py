@@ -49,6 +49,9 @@ def initialize(model: nn.Module, seed: int) -> None:
             module.full_shape = tuple(module.weight.shape)  # a replicated layer
         if not hasattr(module, "full_shape"):
             continue  # norms are built at 1 (weight) and 0 (bias)
+        # A stage's copy of a tied table is drawn as the table it copies (model.py,
+        # Note [tied embeddings across stages]).
+        name = getattr(module, "init_name", name)
         prefix = f"{name}." if name else ""
         weight = full_init(prefix + "weight", module.full_shape, layers=layers, seed=seed)
         bias = None

@@ -31,10 +31,10 @@ from .comm import group_rank, group_size
 
 
 class ShardedAdamW:
-    def __init__(self, model, *, dp_group, tp_group, stage, lr, betas, weight_decay, eps):
+    def __init__(self, model, *, dp_group, tp_group, stage, lr, betas, weight_decay, eps, pp_group=None):
         if stage not in (1, 2):
             raise ValueError(f"ZeRO stage must be 1 or 2, not {stage!r}")
-        self.stage, self.dp_group, self.tp_group = stage, dp_group, tp_group
+        self.stage, self.dp_group, self.tp_group, self.pp_group = stage, dp_group, tp_group, pp_group
         self.beta1, self.beta2 = (float(b) for b in betas)
         self.eps, self.weight_decay = float(eps), float(weight_decay)
         self.param_groups = [{"lr": float(lr)}]
@@ -47,6 +47,7 @@ class ShardedAdamW:
         flat = torch.zeros(self.shard * dp_size, dtype=torch.float32, device=device)
         decay = torch.zeros(flat.numel(), dtype=torch.bool, device=device)
         tp_mask = torch.zeros(flat.numel(), dtype=torch.bool, device=device)
+        counted = torch.zeros(flat.numel(), dtype=torch.bool, device=device)  # in the norm
         offset = 0
         with torch.no_grad():
             for p in self.params:
@@ -57,11 +58,13 @@ class ShardedAdamW:
                 p.data = flat[offset : offset + n].view_as(p)  # Note [one flat buffer]
                 decay[offset : offset + n] = p.dim() >= 2
                 tp_mask[offset : offset + n] = bool(getattr(p, "tensor_parallel", False))
+                counted[offset : offset + n] = not getattr(p, "pipeline_duplicate", False)
                 offset += n
         self.flat = flat
         self.lo, self.hi = dp_rank * self.shard, (dp_rank + 1) * self.shard
         self.decay = decay[self.lo : self.hi].clone()
         self.tp_mask = tp_mask[self.lo : self.hi].clone()
+        self.counted = counted[self.lo : self.hi].clone()
         # The optimizer state: this rank's slice only.
         self.state = {
             "step": 0,
@@ -106,13 +109,15 @@ class ShardedAdamW:
         else:
             grad = flat[self.lo : self.hi].clone()
         del flat  # each rank keeps only its slice
-        squares = grad.pow(2)
+        squares = grad.pow(2).masked_fill(~self.counted, 0.0)  # a tied copy counts once
         sharded_sq = squares[self.tp_mask].sum()
         if group_size(self.tp_group) > 1:
             dist.all_reduce(sharded_sq, group=self.tp_group)
         total_sq = sharded_sq + squares[~self.tp_mask].sum()
         if size > 1:
             dist.all_reduce(total_sq, group=self.dp_group)
+        if group_size(self.pp_group) > 1:
+            dist.all_reduce(total_sq, group=self.pp_group)  # every stage's squares
         norm = float(total_sq.sqrt())
         if max_norm > 0 and math.isfinite(norm):
             scale = max_norm / (norm + 1e-6)

@@ -33,12 +33,6 @@ AUTO_KEYS: tuple[tuple[str, Callable[[Spec], object], str], ...] = (
 # (key, is the feature asked for?, what it is, what to write instead)
 UNSUPPORTED_FEATURES: tuple[tuple[str, Callable[[Spec], bool], str, str], ...] = (
     (
-        "parallel.pp",
-        lambda s: s.parallel.pp is not None and s.parallel.pp > 1,
-        "pipeline parallelism (pp > 1)",
-        "use pp = 1 and spread the devices over dp and tp",
-    ),
-    (
         "parallel.zero",
         lambda s: s.parallel.zero is not None and s.parallel.zero > 2,
         "ZeRO stage 3 (parameters sharded over dp, zero = 3)",

@@ -13,6 +13,7 @@ from ..plan import (
     BatchPlan,
     MeshPlan,
     ModelPlan,
+    PipelinePlan,
     SequenceParallelPlan,
     TensorParallelPlan,
     TrainPlan,
@@ -25,5 +26,6 @@ class Draft:
     tensor_parallel: TensorParallelPlan | None = None
     sequence_parallel: SequenceParallelPlan | None = None
     batch: BatchPlan | None = None
+    pipeline: PipelinePlan | None = None
     model: ModelPlan | None = None
     train: TrainPlan | None = None

@@ -1,0 +1,142 @@
+"""Rendering of the training step: the micro-batch loop, or the pipeline executor.
+
+Takes: a ``Plan`` and the forward lines ``render.py`` prepared (with autocast when
+bf16). Gives: the lines of ``train.py`` that differ when the layout has a pipeline:
+config constants (``PP``, ``SCHEDULE``, ``CHUNKS``, the literal ``PIPELINE_STAGES``
+table), the pipeline's groups and executor, and the body of one optimizer step up to
+the end of backward. Without a pipeline the step is the plain loop over
+micro-batches; with one it hands every micro-batch to ``pipeline.PipelineExecutor``,
+which runs this rank's actions of the schedule.
+Before: ``codegen/render.py`` calls these. After: the template places the lines.
+"""
+
+from __future__ import annotations
+
+from .plan import Plan
+from .plan_text import cite
+
+SCHEDULE_WORDS = {
+    "gpipe": "all forwards, then all backwards",
+    "1f1b": "one forward, one backward after a warmup (PipeDream-flush)",
+    "interleaved": "1F1B over several model chunks per rank (Megatron interleaved)",
+}
+
+
+def has_pipeline(plan: Plan) -> bool:
+    return plan.pipeline.size > 1
+
+
+def tied_embeddings(plan: Plan) -> bool:
+    return any(s.name == "TIE_EMBEDDINGS" and s.value for s in plan.model.settings)
+
+
+def config_lines(plan: Plan) -> list[str]:
+    """``PP``, ``SCHEDULE``, ``CHUNKS`` and ``PIPELINE_STAGES``; empty without a pipeline."""
+    pipe = plan.pipeline
+    if not has_pipeline(plan):
+        return []
+    lines = [
+        f"PP = {pipe.size!r}  # {cite(pipe.span)}: pipeline stages",
+        f"SCHEDULE = {pipe.schedule!r}  # {cite(pipe.schedule_span)}: {SCHEDULE_WORDS[pipe.schedule]}",
+        f"CHUNKS = {pipe.chunks!r}  # model chunks (virtual stages) per pipeline rank",
+        f"# layers [start, stop) of each virtual stage; chunk c of pipeline rank r is stage c·PP + r"
+        f" ({cite(pipe.stage_layers_span) if pipe.stage_layers_span else 'an even split'});"
+        f" bubble {100 * pipe.bubble_fraction:.1f}% of the step (parc explain draws it)",
+        f"PIPELINE_STAGES = {pipe.stage_layers!r}",
+    ]
+    return lines
+
+
+def group_lines(plan: Plan) -> list[str]:
+    if not has_pipeline(plan):
+        return []
+    lines = ['pp_group = grid.group("pp")  # ranks that hold consecutive stages']
+    if tied_embeddings(plan):
+        lines.append(
+            "tied_group = pipeline.tied_embedding_group(grid)  # first and last stage: the tied table"
+        )
+    return lines
+
+
+def model_lines(plan: Plan) -> tuple[str, list[str], list[str]]:
+    """The build function, a comment before the call, and its extra arguments."""
+    if not has_pipeline(plan):
+        return "build_model", [], []
+    return (
+        "build_stages",
+        ["# this pipeline rank's chunks (one per virtual stage it holds), as nn.ModuleList"],
+        ["stages=PIPELINE_STAGES,", 'pp_rank=grid.index("pp"),', "pp_size=PP,"],
+    )
+
+
+def executor_lines(plan: Plan) -> list[str]:
+    if not has_pipeline(plan):
+        return []
+    tokens = "SEQ_LEN // TP" if plan.sequence_parallel.enabled else "SEQ_LEN"
+    autocast = "torch.bfloat16" if plan.train.precision.value == "bf16" else "None"
+    return [
+        "",
+        "# ---- pipeline -----------------------------------------------------------",
+        "# This rank's ordered actions (forward/backward of micro-batch m, chunk c; send/recv).",
+        "actions = schedule.build_schedule(",
+        "    SCHEDULE, stages=PP, micro_batches=GRAD_ACCUM, chunks=CHUNKS",
+        ')[grid.index("pp")]',
+        "runner = pipeline.PipelineExecutor(",
+        "    net,",
+        "    actions=actions,",
+        "    pp_group=pp_group,",
+        '    pp_ranks=grid.ranks("pp"),',
+        '    pp_rank=grid.index("pp"),',
+        "    micro_batches=GRAD_ACCUM,",
+        f"    activation_shape=(MICRO_BATCH, {tokens}, HIDDEN),  # what travels between stages",
+        "    device=dist.device,",
+        f"    autocast_dtype={autocast},",
+        ")",
+    ]
+
+
+def _sample_lines(dp_rank_arg: str) -> list[str]:
+    return [
+        "indices = data.sample_indices(",
+        "    step,",
+        "    micro,",
+        "    micro_batch=MICRO_BATCH,",
+        "    grad_accum=GRAD_ACCUM,",
+        f"    dp_rank={dp_rank_arg},",
+        "    dp_size=DP,",
+        ")",
+    ]
+
+
+def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> list[str]:
+    """One step's forward and backward, leaving ``loss_sum`` (the step's mean loss here)."""
+    if not has_pipeline(plan):
+        lines = ["loss_sum = 0.0", "for micro in range(GRAD_ACCUM):"]
+        body = _sample_lines(dp_rank_arg)
+        body.append("inputs, targets = dataset.batch(indices)  # (B, T) token ids each")
+        body += forward_lines
+        body += ["loss.backward()", "loss_sum += loss.item()"]
+        return lines + ["    " + line for line in body]
+    lines = ["batches = []  # every micro-batch of this step; the first stage reads the"]
+    lines.append("# inputs, the last the targets")
+    lines.append("for micro in range(GRAD_ACCUM):")
+    lines += ["    " + line for line in _sample_lines(dp_rank_arg)]
+    lines.append("    batches.append(dataset.batch(indices))  # (B, T) token ids each")
+    lines.append("# forward and backward of every micro-batch, in the schedule's order")
+    lines.append("loss_sum = runner.step(batches)  # the last stage's mean loss, 0 elsewhere")
+    return lines
+
+
+def after_backward_lines(plan: Plan) -> list[str]:
+    if not has_pipeline(plan) or not tied_embeddings(plan):
+        return []
+    return [
+        "# the embedding's two copies (first and last stage) get the sum of their grads",
+        "pipeline.allreduce_tied_grads(net, tied_group)",
+    ]
+
+
+def loss_lines(plan: Plan) -> list[str]:
+    if not has_pipeline(plan):
+        return []
+    return ["loss_sum = pipeline.loss_over_pipeline(loss_sum, pp_group)  # from the last stage"]

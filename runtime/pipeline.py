@@ -1,0 +1,167 @@
+"""Pipeline parallelism: run this rank's schedule over its model chunks.
+
+Takes: the rank's chunks (``model.build_stages``), its list of actions from
+``schedule.build_schedule`` and the pipeline group. Gives: ``PipelineExecutor.step``,
+which runs every micro-batch's forward and backward of one optimizer step in the
+schedule's order, exchanging activations and gradients with point-to-point messages;
+``tied_embedding_group`` and ``allreduce_tied_grads`` for an embedding tied across the
+first and last stage; ``loss_over_pipeline`` to bring the last stage's loss to all.
+
+Note [point-to-point on gloo]: sends are ``isend`` (they never block; the tensor is
+kept alive until the step ends), receives are ``irecv`` + ``wait`` right before the
+compute that needs them. Messages carry a tag naming (kind, micro-batch, the virtual
+stage that consumes it), so a receive matches its send whatever the order in which
+they are posted; the schedules are deadlock-free under exactly this model
+(``schedule.py``, checked by tests/runtime/test_schedules.py).
+
+Activations travel in fp32 with the shape ``(micro_batch, T or T/tp under SP,
+hidden)``, known in advance, so no shapes are exchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from .schedule import Op, virtual_stage
+
+_ACT, _GRAD = 0, 1
+
+
+class PipelineExecutor:
+    def __init__(
+        self, chunks, *, actions, pp_group, pp_ranks, pp_rank, micro_batches,
+        activation_shape, device, autocast_dtype=None,
+    ):
+        """``pp_ranks``: the global ranks of this rank's pipeline group, by pipeline index."""
+        self.chunks, self.actions = list(chunks), tuple(actions)
+        self.group, self.pp_ranks, self.pp_rank = pp_group, tuple(pp_ranks), pp_rank
+        self.stages = len(self.pp_ranks)
+        self.virtual_stages = self.stages * len(self.chunks)
+        self.micro_batches = micro_batches
+        self.shape, self.device, self.autocast_dtype = tuple(activation_shape), device, autocast_dtype
+
+    def _vstage(self, chunk: int) -> int:
+        return virtual_stage(self.pp_rank, chunk, self.stages)
+
+    def _tag(self, kind: int, micro: int, consumer: int) -> int:
+        return (kind * self.micro_batches + micro) * self.virtual_stages + consumer
+
+    def _forward_context(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def step(self, batches) -> float:
+        """Forward and backward of every micro-batch; ``batches[m] = (inputs, targets)``.
+
+        Each micro-batch's loss is divided by the number of micro-batches (the mean
+        over the step, as without a pipeline). Returns the sum of those scaled losses
+        on the rank holding the last virtual stage, 0.0 elsewhere.
+        """
+        last_vstage = self.virtual_stages - 1
+        inputs, outputs = {}, {}  # (micro, chunk) -> stage input / output (or loss)
+        received, input_grads = {}, {}  # (micro, chunk) -> received tensor / grad to send
+        pending_sends = []
+        loss_sum = 0.0
+        for action in self.actions:
+            m, c, op = action.micro, action.chunk, action.op
+            v = self._vstage(c)
+            if op is Op.RECV_ACT or op is Op.RECV_GRAD:
+                buffer = torch.empty(self.shape, dtype=torch.float32, device=self.device)
+                kind = _ACT if op is Op.RECV_ACT else _GRAD
+                work = dist.irecv(buffer, src=self.pp_ranks[action.peer], group=self.group, tag=self._tag(kind, m, v))
+                work.wait()
+                received[(kind, m, c)] = buffer
+            elif op is Op.FORWARD:
+                tokens, targets = batches[m]
+                if v == 0:
+                    x = tokens.to(self.device)
+                else:
+                    x = received.pop((_ACT, m, c)).requires_grad_(True)
+                with self._forward_context():
+                    y = self.chunks[c](x, targets.to(self.device) if v == last_vstage else None)
+                if v == last_vstage:
+                    y = y / self.micro_batches
+                    loss_sum += float(y.detach())
+                inputs[(m, c)], outputs[(m, c)] = x, y
+            elif op is Op.SEND_ACT:
+                y = outputs[(m, c)].detach().to(torch.float32).contiguous()
+                tag = self._tag(_ACT, m, v + 1)
+                pending_sends.append((dist.isend(y, dst=self.pp_ranks[action.peer], group=self.group, tag=tag), y))
+            elif op is Op.BACKWARD:
+                x, y = inputs.pop((m, c)), outputs.pop((m, c))
+                if v == last_vstage:
+                    torch.autograd.backward(y)
+                else:
+                    grad = received.pop((_GRAD, m, c)).to(y.dtype)
+                    torch.autograd.backward(y, grad_tensors=grad)
+                if v > 0:
+                    input_grads[(m, c)] = x.grad
+            elif op is Op.SEND_GRAD:
+                grad = input_grads.pop((m, c)).to(torch.float32).contiguous()
+                tag = self._tag(_GRAD, m, v - 1)
+                pending_sends.append((dist.isend(grad, dst=self.pp_ranks[action.peer], group=self.group, tag=tag), grad))
+            else:
+                raise ValueError(f"unknown pipeline action {action!r}")
+        for work, _ in pending_sends:
+            work.wait()
+        if inputs or outputs or received or input_grads:
+            raise RuntimeError(
+                "internal error in the pipeline executor: the schedule left work undone "
+                f"({sorted(inputs)} {sorted(received)} {sorted(input_grads)})"
+            )
+        return loss_sum
+
+
+def tied_embedding_group(grid):
+    """The group of this rank's first and last pipeline stage (same dp and tp index).
+
+    Every rank creates every such group in the same order (``new_group`` is
+    collective); returns None when there is no pipeline.
+    """
+    from .mesh import axis_ranks, coordinates
+
+    if grid.size("pp") == 1:
+        return None
+    mine = None
+    world = 1
+    for _, size in grid.axes:
+        world *= size
+    for rank in range(world):
+        if coordinates(rank, grid.axes)["pp"] != 0:
+            continue
+        line = axis_ranks(rank, grid.axes, "pp")
+        group = dist.new_group([line[0], line[-1]])
+        if grid.rank in (line[0], line[-1]):
+            mine = group
+    return mine
+
+
+@torch.no_grad()
+def allreduce_tied_grads(chunks, group) -> None:
+    """Sum the gradients of the embedding table's two copies (first and last stage).
+
+    See model.py, Note [tied embeddings across stages]. Ranks on middle stages hold
+    no copy and do nothing.
+    """
+    if group is None:
+        return
+    for chunk in chunks:
+        weight = chunk.tied_weight()
+        if weight is None:
+            continue
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        dist.all_reduce(weight.grad, group=group)
+
+
+def loss_over_pipeline(loss_sum: float, pp_group) -> float:
+    """The last stage's loss on every pipeline rank (the others contribute 0)."""
+    if pp_group is None:
+        return float(loss_sum)
+    t = torch.tensor([float(loss_sum)], dtype=torch.float64)
+    dist.all_reduce(t, group=pp_group)
+    return float(t.item())
