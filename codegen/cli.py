@@ -19,6 +19,7 @@ COMMANDS = (
     "parc.dsl.commands",  # check, fmt, schema
     "parc.codegen.build_cmd",  # build
     "parc.codegen.data_cmd",  # data prepare
+    "parc.codegen.explain",  # explain
 )
 
 

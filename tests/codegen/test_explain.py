@@ -1,0 +1,171 @@
+"""`parc explain`: the printed schedule, schedule.svg, determinism and diagnostics."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from parc.codegen.cli import main
+from parc.dsl import load
+from parc.codegen.explain import explain
+from parc.runtime.schedule import build_schedule
+
+ROOT = Path(__file__).resolve().parents[2]
+SVG = "{http://www.w3.org/2000/svg}"
+PP2 = ["--set", "parallel.dp=1", "--set", "parallel.pp=2"]
+INTERLEAVED = [*PP2, "--set", "parallel.schedule=interleaved(chunks = 2)"]
+
+
+@pytest.fixture(autouse=True)
+def at_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+def run(capsys, *argv):
+    status = main(["explain", *argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def events(svg_path: Path) -> list[ET.Element]:
+    root = ET.parse(svg_path).getroot()
+    assert root.tag == f"{SVG}svg"
+    return [r for r in root.iter(f"{SVG}rect") if r.get("class", "").startswith("event ")]
+
+
+def texts(svg_path: Path) -> list[str]:
+    return [t.text for t in ET.parse(svg_path).getroot().iter(f"{SVG}text")]
+
+
+def test_tiny_one_stage(capsys, tmp_path):
+    status, out, err = run(capsys, "examples/tiny.par", "-o", str(tmp_path))
+    assert (status, err) == (0, "")
+    assert "layout         dp 2 × tp 2 × pp 1 (4 ranks)" in out
+    assert "micro-batches  4 per step = global_batch 16 / (micro_batch 2 · dp 2)" in out
+    assert "bubble         0.0%" in out
+    assert "rank 0 | F0 B0--- F1 B1--- F2 B2--- F3 B3---" in out
+    assert f"wrote {tmp_path / 'schedule.svg'}" in out
+    assert [p.name for p in tmp_path.iterdir()] == ["schedule.svg"]
+    boxes = events(tmp_path / "schedule.svg")
+    assert [b.get("class") for b in boxes] == ["event forward", "event backward"] * 4
+    assert {"F0", "B3", "forward", "backward", "rank 0"} <= set(texts(tmp_path / "schedule.svg"))
+
+
+def test_tiny_two_stages_1f1b(capsys, tmp_path):
+    status, out, err = run(capsys, "examples/tiny.par", *PP2, "-o", str(tmp_path))
+    assert (status, err) == (0, "")
+    # (p-1)/(m+p-1) = 1/9 with p = 2 stages and m = 8 micro-batches
+    assert "bubble         11.1%: 6 of 2 × 27 time units idle" in out
+    assert "in flight      at most rank 0: 2, rank 1: 1 micro-batches" in out
+    lines = out.splitlines()
+    timeline = lines[lines.index(next(l for l in lines if l.startswith("timeline"))) + 1:][:3]
+    assert timeline == [
+        "         0              5              10             15             20             25",
+        "rank 0 | F0 F1 .  .  B0--- F2 B1--- F3 B2--- F4 B3--- F5 B4--- F6 B5--- F7 B6--- .  B7---",
+        "rank 1 | .  F0 B0--- F1 B1--- F2 B2--- F3 B3--- F4 B4--- F5 B5--- F6 B6--- F7 B7--- .  .",
+    ]
+    assert "rank 1 | ra0<0 F0 B0 sg0>0 ra1<0 F1 B1 sg1>0" in out
+    boxes = events(tmp_path / "schedule.svg")
+    assert len(boxes) == 2 * 2 * 8  # one box per forward and backward on each rank
+    title = texts(tmp_path / "schedule.svg")[0]
+    assert title == "examples/tiny.par: 1f1b, 8 micro-batches, bubble 11.1%"
+
+
+def test_interleaved(capsys, tmp_path):
+    status, out, err = run(capsys, "examples/tiny.par", *INTERLEAVED, "-o", str(tmp_path))
+    assert (status, err) == (0, "")
+    assert "schedule       interleaved(chunks = 2) over 2 pipeline stages (4 virtual stages)" in out
+    assert "bubble         5.9%" in out  # (p-1)/(v·m+p-1) = 1/17
+    assert "rank 0: 5, rank 1: 3 micro-batch-chunks" in out
+    assert "rank 0 | F0.0 F1.0 F0.1 F1.1 F2.0 .    B0.1-----" in out
+    boxes = events(tmp_path / "schedule.svg")
+    assert len(boxes) == 2 * 2 * 8 * 2
+    fills = {(b.get("class"), b.get("fill")) for b in boxes}
+    assert len(fills) == 4  # forward/backward × two chunk shades
+    assert {"F7.1", "B0.0", "forward chunk 1", "box: micro-batch.chunk"} <= set(texts(tmp_path / "schedule.svg"))
+
+
+def test_gpipe_boxes_match_the_schedule(capsys, tmp_path):
+    status, out, _ = run(capsys, "examples/tiny.par", *PP2, "--set", "parallel.schedule=gpipe",
+                         "-o", str(tmp_path))
+    assert status == 0
+    assert "rank 0: 8, rank 1: 8 micro-batches" in out
+    boxes = events(tmp_path / "schedule.svg")
+    schedule = build_schedule("gpipe", stages=2, micro_batches=8)
+    assert len(boxes) == sum(1 for actions in schedule for a in actions if a.op.value in "FB")
+    widths = sorted({float(b.get("width")) for b in boxes})
+    assert len(widths) == 2 and widths[1] == pytest.approx(2 * widths[0])  # backward = 2 forwards
+
+
+def test_svg_bytes_are_deterministic(capsys, tmp_path):
+    for folder in ("a", "b"):
+        assert run(capsys, "examples/tiny.par", *INTERLEAVED, "-o", str(tmp_path / folder))[0] == 0
+    first = (tmp_path / "a" / "schedule.svg").read_bytes()
+    assert first == (tmp_path / "b" / "schedule.svg").read_bytes()
+    assert str(tmp_path).encode() not in first  # no absolute paths
+
+
+def test_default_folder_is_the_current_one_and_overwrites_only_schedule_svg(capsys, tmp_path, monkeypatch):
+    spec = tmp_path / "tiny.par"
+    spec.write_bytes((ROOT / "examples" / "tiny.par").read_bytes())
+    (tmp_path / "schedule.svg").write_text("old")
+    (tmp_path / "notes.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path)
+    status, out, _ = run(capsys, "tiny.par")
+    assert status == 0 and out.endswith("\nwrote schedule.svg\n")
+    assert (tmp_path / "schedule.svg").read_text().startswith("<?xml")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "schedule.svg", "tiny.par"]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_hostile_file_name_is_escaped_in_the_svg(capsys, tmp_path):
+    spec = tmp_path / "<b>&x.par"
+    spec.write_bytes((ROOT / "examples" / "tiny.par").read_bytes())
+    assert run(capsys, str(spec), "-o", str(tmp_path))[0] == 0
+    title = texts(tmp_path / "schedule.svg")[0]
+    assert title.startswith(f"{spec}: 1f1b")
+
+
+def test_bad_spec_gives_diagnostics_and_exit_1(capsys, tmp_path):
+    status, out, err = run(capsys, "examples/tiny.par", "--set", "parallel.pp=2", "-o", str(tmp_path))
+    assert status == 1 and out == ""
+    assert "error[PAR0201]" in err and "hint:" in err
+    assert not (tmp_path / "schedule.svg").exists()
+
+
+def test_auto_layout_is_refused_with_a_hint(capsys, tmp_path):
+    status, out, err = run(capsys, "examples/tiny.par", "--set", "parallel.pp=auto", "-o", str(tmp_path))
+    assert status == 1 and out == ""
+    assert err.startswith("--set 1:1:")
+    assert "error[PAR0801]: parc explain needs the layout given, but parallel.pp is auto" in err
+    assert "hint: set it on the command line, e.g. --set parallel.pp=2 " in err
+    status, _, err = run(capsys, "examples/gpt3-175b.par", "-o", str(tmp_path))
+    assert status == 1
+    assert "parallel.dp, parallel.pp and parallel.schedule are auto" in err
+    assert not (tmp_path / "schedule.svg").exists()
+
+
+def test_missing_file_is_a_usage_error(capsys, tmp_path):
+    status, out, err = run(capsys, str(tmp_path / "nope.par"))
+    assert status == 2 and err.startswith("parc: error: cannot read")
+
+
+def test_explain_api_matches_the_simulation():
+    ex = explain(load("examples/tiny.par", ["parallel.dp=1", "parallel.pp=2"]))
+    assert (ex.kind, ex.stages, ex.micro_batches, ex.chunks) == ("1f1b", 2, 8, 1)
+    assert ex.bubble == pytest.approx(1 / 9)
+    assert ex.in_flight == (2, 1)
+
+
+def test_no_traceback_from_the_command_line(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "parc.codegen.cli", "explain", "examples/tiny.par", "--set", "parallel.tp=3",
+         "-o", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr and "error[PAR0" in done.stderr
