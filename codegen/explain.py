@@ -112,7 +112,7 @@ def text(ex: Explanation) -> str:
         f"  micro-batches  {ex.micro_batches} per step = global_batch {train.global_batch} / "
         f"(micro_batch {train.micro_batch} · dp {par.dp})",
         f"  chunks         {ex.chunks} per rank",
-        f"  bubble         {ex.bubble:.1%}: {gantt._num(idle)} of {ex.stages} × {gantt._num(ex.timeline.makespan)} "
+        f"  bubble         {ex.bubble:.1%}: {gantt.number(idle)} of {ex.stages} × {gantt.number(ex.timeline.makespan)} "
         f"time units idle (forward = 1, backward = 2 per chunk, communication free)",
         f"  in flight      at most " + ", ".join(f"rank {r}: {n}" for r, n in enumerate(ex.in_flight))
         + f" {unit} (forward done, backward not yet)",

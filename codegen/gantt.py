@@ -40,7 +40,7 @@ def label(op: Op, micro: int, chunk: int, chunks: int) -> str:
     return f"{op.value}{micro}.{chunk}" if chunks > 1 else f"{op.value}{micro}"
 
 
-def _num(x: float) -> str:
+def number(x: float) -> str:
     text = f"{x:.2f}".rstrip("0").rstrip(".")
     return "0" if text == "-0" else text
 
@@ -68,9 +68,9 @@ def svg(timeline, *, chunks: int, title: str, subtitle: str, time_label: str) ->
     height = legend_y + 30
     out = [
         '<?xml version="1.0" encoding="UTF-8"?>',
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_num(width)}" height="{_num(height)}" '
-        f'viewBox="0 0 {_num(width)} {_num(height)}" font-family="{FONT}" font-size="11">',
-        f'<rect x="0" y="0" width="{_num(width)}" height="{_num(height)}" fill="#ffffff"/>',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{number(width)}" height="{number(height)}" '
+        f'viewBox="0 0 {number(width)} {number(height)}" font-family="{FONT}" font-size="11">',
+        f'<rect x="0" y="0" width="{number(width)}" height="{number(height)}" fill="#ffffff"/>',
         f'<text x="{LEFT}" y="22" font-size="15" font-weight="bold">{escape(title)}</text>',
         f'<text x="{LEFT}" y="42" font-size="12" fill="#333333">{escape(subtitle)}</text>',
     ]
@@ -79,43 +79,43 @@ def svg(timeline, *, chunks: int, title: str, subtitle: str, time_label: str) ->
     for rank, events in enumerate(timeline.ranks):
         y = TOP + rank * ROW
         box_y = y + (ROW - BOX) / 2
-        out.append(f'<rect x="{LEFT}" y="{_num(box_y)}" width="{_num(plot_w)}" height="{BOX}" fill="{IDLE}"/>')
-        out.append(f'<text x="{LEFT - 8}" y="{_num(y + ROW / 2 + 4)}" text-anchor="end">rank {rank}</text>')
+        out.append(f'<rect x="{LEFT}" y="{number(box_y)}" width="{number(plot_w)}" height="{BOX}" fill="{IDLE}"/>')
+        out.append(f'<text x="{LEFT - 8}" y="{number(y + ROW / 2 + 4)}" text-anchor="end">rank {rank}</text>')
         for event in events:
             x = LEFT + event.start * unit
             w = (event.end - event.start) * unit
             name = label(event.op, event.micro, event.chunk, chunks)
             kind = "forward" if event.op is Op.FORWARD else "backward"
             out.append(
-                f'<rect class="event {kind}" x="{_num(x)}" y="{_num(box_y)}" width="{_num(w)}" height="{BOX}" '
+                f'<rect class="event {kind}" x="{number(x)}" y="{number(box_y)}" width="{number(w)}" height="{BOX}" '
                 f'fill="{colour(event.op, event.chunk, chunks)}"{stroke}>'
                 f"<title>rank {rank} {kind} micro-batch {event.micro}"
-                f"{f' chunk {event.chunk}' if chunks > 1 else ''}: {_num(event.start)} to {_num(event.end)}</title></rect>"
+                f"{f' chunk {event.chunk}' if chunks > 1 else ''}: {number(event.start)} to {number(event.end)}</title></rect>"
             )
             if len(name) * CHAR + 4 <= w:
-                out.append(f'<text x="{_num(x + w / 2)}" y="{_num(box_y + BOX / 2 + 4)}" '
+                out.append(f'<text x="{number(x + w / 2)}" y="{number(box_y + BOX / 2 + 4)}" '
                            f'text-anchor="middle">{name}</text>')
     # ---- time axis
     axis_y = TOP + plot_h + 4
-    out.append(f'<line x1="{LEFT}" y1="{axis_y}" x2="{_num(LEFT + plot_w)}" y2="{axis_y}" stroke="{AXIS}"/>')
+    out.append(f'<line x1="{LEFT}" y1="{axis_y}" x2="{number(LEFT + plot_w)}" y2="{axis_y}" stroke="{AXIS}"/>')
     step = _tick_step(unit)
     for t in range(0, int(makespan) + 1, step):
         x = LEFT + t * unit
-        out.append(f'<line x1="{_num(x)}" y1="{axis_y}" x2="{_num(x)}" y2="{axis_y + 5}" stroke="{AXIS}"/>')
-        out.append(f'<text x="{_num(x)}" y="{axis_y + 17}" text-anchor="middle" fill="{AXIS}">{t}</text>')
+        out.append(f'<line x1="{number(x)}" y1="{axis_y}" x2="{number(x)}" y2="{axis_y + 5}" stroke="{AXIS}"/>')
+        out.append(f'<text x="{number(x)}" y="{axis_y + 17}" text-anchor="middle" fill="{AXIS}">{t}</text>')
     label_x = max(LEFT + plot_w / 2, LEFT + len(time_label) * CHAR / 2)
-    out.append(f'<text x="{_num(label_x)}" y="{axis_y + 34}" text-anchor="middle" '
+    out.append(f'<text x="{number(label_x)}" y="{axis_y + 34}" text-anchor="middle" '
                f'fill="#333333">{escape(time_label)}</text>')
     out.append(f'<text x="{LEFT - 8}" y="{TOP - 6}" text-anchor="end" fill="#333333">pp rank</text>')
     # ---- legend
     x = float(LEFT)
     for fill, text in _legend(chunks):
         if fill is None:
-            out.append(f'<text x="{_num(x)}" y="{legend_y}" fill="#333333">{text}</text>')
+            out.append(f'<text x="{number(x)}" y="{legend_y}" fill="#333333">{text}</text>')
             continue
-        out.append(f'<rect x="{_num(x)}" y="{legend_y - 11}" width="14" height="14" fill="{fill}" '
+        out.append(f'<rect x="{number(x)}" y="{legend_y - 11}" width="14" height="14" fill="{fill}" '
                    'stroke="#999999" stroke-width="0.5"/>')
-        out.append(f'<text x="{_num(x + 19)}" y="{legend_y}">{text}</text>')
+        out.append(f'<text x="{number(x + 19)}" y="{legend_y}">{text}</text>')
         x += 19 + len(text) * CHAR + 18
     out.append("</svg>")
     return "\n".join(out) + "\n"
