@@ -1,1 +1,44 @@
-"""Compiled kernels for the runtime (fused ops with autograd). Filled in by a later issue."""
+"""Compiled kernels: fused ops with autograd, C++ on CPU and Triton on CUDA.
+
+``select(mode, device)`` is how a model picks per build: ``"eager"`` gives None
+(the model keeps its plain PyTorch code); ``"compiled"`` gives the ``ops`` module
+below, or None after one notice on stderr when the kernels for that device cannot be
+had (no compiler, a build error, no triton). The ops themselves (``ops.py``):
+
+    layer_norm(x, weight, bias, eps)          rms_norm(x, weight, eps)
+    bias_gelu(x, bias=None)                   swiglu(gate, up)
+    rotary(q, k, theta) -> (q, k)             cross_entropy(logits, targets, *, vocab_size, tp_group=None)
+
+``reference`` holds the eager references the tests and the bench compare against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+from .build import load_cpu, notice
+
+MODES = ("compiled", "eager")
+
+
+def select(mode: str, device):
+    """The fused ops for ``device`` if ``mode`` is "compiled" and they can be had, else None."""
+    if mode not in MODES:
+        raise ValueError(f"kernels must be one of {MODES}, not {mode!r}")
+    if mode == "eager":
+        return None
+    if torch.device(device).type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError as error:
+            notice(f"triton is not importable: {error}")
+            return None
+    elif load_cpu() is None:
+        return None
+    from . import ops
+
+    return ops
+
+
+__all__ = ["MODES", "reference", "select"]

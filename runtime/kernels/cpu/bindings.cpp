@@ -1,0 +1,34 @@
+// The Python module of parc's CPU kernels (loaded by ../build.py, called by ../ops.py).
+#include <torch/extension.h>
+
+namespace parc {
+std::vector<at::Tensor> layer_norm_fwd(const at::Tensor&, const at::Tensor&, const at::Tensor&, double);
+std::vector<at::Tensor> layer_norm_bwd(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                       const at::Tensor&, const at::Tensor&);
+std::vector<at::Tensor> rms_norm_fwd(const at::Tensor&, const at::Tensor&, double);
+std::vector<at::Tensor> rms_norm_bwd(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                     const at::Tensor&);
+at::Tensor bias_gelu_fwd(const at::Tensor&, const at::Tensor&);
+std::vector<at::Tensor> bias_gelu_bwd(const at::Tensor&, const at::Tensor&, const at::Tensor&);
+at::Tensor swiglu_fwd(const at::Tensor&, const at::Tensor&);
+std::vector<at::Tensor> swiglu_bwd(const at::Tensor&, const at::Tensor&, const at::Tensor&);
+void rotary_apply(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, double);
+std::vector<at::Tensor> cross_entropy_stats(const at::Tensor&, const at::Tensor&, int64_t, int64_t);
+at::Tensor cross_entropy_grad(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                              const at::Tensor&, int64_t, int64_t);
+}  // namespace parc
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "parc's fused CPU kernels";
+  m.def("layer_norm_fwd", &parc::layer_norm_fwd);
+  m.def("layer_norm_bwd", &parc::layer_norm_bwd);
+  m.def("rms_norm_fwd", &parc::rms_norm_fwd);
+  m.def("rms_norm_bwd", &parc::rms_norm_bwd);
+  m.def("bias_gelu_fwd", &parc::bias_gelu_fwd);
+  m.def("bias_gelu_bwd", &parc::bias_gelu_bwd);
+  m.def("swiglu_fwd", &parc::swiglu_fwd);
+  m.def("swiglu_bwd", &parc::swiglu_bwd);
+  m.def("rotary_apply", &parc::rotary_apply);
+  m.def("cross_entropy_stats", &parc::cross_entropy_stats);
+  m.def("cross_entropy_grad", &parc::cross_entropy_grad);
+}

@@ -1,0 +1,83 @@
+// Shared helpers of parc's CPU kernels (see ../build.py for how they are compiled).
+//
+// Every kernel views its input as rows × cols with the last dimension contiguous,
+// computes in fp32 (fp64 for double, so gradcheck sees exact arithmetic) and
+// parallelizes over rows with at::parallel_for. Inner loops are plain loops over
+// contiguous memory written so that gcc -O3 vectorizes them; reductions keep kLanes
+// independent partial sums so no reassociation flag (-ffast-math) is needed.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+namespace parc {
+
+template <typename T> struct AccType { using type = float; };
+template <> struct AccType<double> { using type = double; };
+template <typename T> using acc_t = typename AccType<T>::type;
+
+constexpr int64_t kLanes = 16;
+
+// Rows per parallel task: about 64 KiB of input per task.
+inline int64_t row_grain(int64_t cols) {
+  return std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(cols, 1));
+}
+
+// Rows per block when per-column sums (a weight's gradient) are reduced over rows.
+// It depends on the row count only, never on the thread count, so the sums come out
+// bit-identical however many threads run.
+constexpr int64_t kReduceBlocks = 64;
+inline int64_t rows_per_block(int64_t rows) {
+  return std::max<int64_t>(1, (rows + kReduceBlocks - 1) / kReduceBlocks);
+}
+
+// Sum of f(j) for j in [0, n), with kLanes independent accumulators.
+template <typename A, typename F>
+inline A lane_sum(int64_t n, const F& f) {
+  A lanes[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+#pragma GCC unroll 16
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += f(j + l);
+  }
+  A tail = 0;
+  for (; j < n; ++j) tail += f(j);
+  A total = 0;
+  for (int64_t l = 0; l < kLanes; ++l) total += lanes[l];
+  return total + tail;
+}
+
+// Max of f(j) for j in [0, n); -inf when n == 0.
+template <typename A, typename F>
+inline A lane_max(int64_t n, const F& f) {
+  const A lowest = -std::numeric_limits<A>::infinity();
+  A lanes[kLanes];
+  for (int64_t l = 0; l < kLanes; ++l) lanes[l] = lowest;
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+#pragma GCC unroll 16
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] = std::max(lanes[l], f(j + l));
+  }
+  A best = lowest;
+  for (; j < n; ++j) best = std::max(best, f(j));
+  for (int64_t l = 0; l < kLanes; ++l) best = std::max(best, lanes[l]);
+  return best;
+}
+
+// The tensor as (rows, cols), last dimension contiguous.
+inline at::Tensor rows_view(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() >= 1, "parc kernels: expected at least one dimension");
+  auto c = x.contiguous();
+  return c.view({-1, c.size(-1)});
+}
+
+}  // namespace parc
+
+// fp32, fp64, bf16 and fp16 (the last two computed in fp32).
+#define PARC_DISPATCH(TYPE, NAME, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, TYPE, NAME, __VA_ARGS__)

@@ -1,0 +1,70 @@
+"""Eager PyTorch references of the fused ops (autograd through plain torch ops).
+
+Takes and gives the same tensors as the public functions of ``ops.py``; the tests
+compare the compiled kernels against these, and the bench times them (eager and
+under ``torch.compile``). Low-precision inputs are computed in fp32 and rounded
+once, as the kernels do. ``rotary`` is ``model.py``'s ``rotary()`` (a test keeps
+the two equal); ``rotary_tables`` is shared with the kernels so both rotate by the
+very same fp32 cos/sin values.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def _up(t):
+    return None if t is None else (t.float() if t.dtype in _LOW else t)
+
+
+def layer_norm(x, weight, bias, eps):
+    y = F.layer_norm(_up(x), (x.shape[-1],), _up(weight), _up(bias), eps)
+    return y.to(x.dtype)
+
+
+def rms_norm(x, weight, eps):
+    return F.rms_norm(_up(x), (x.shape[-1],), _up(weight), eps).to(x.dtype)
+
+
+def bias_gelu(x, bias=None):
+    """GeLU (tanh approximation, GPT-2) of ``x + bias``."""
+    v = _up(x) if bias is None else _up(x) + _up(bias)
+    return F.gelu(v, approximate="tanh").to(x.dtype)
+
+
+def swiglu(gate, up):
+    """silu(gate) · up."""
+    return (F.silu(_up(gate)) * _up(up)).to(gate.dtype)
+
+
+def rotary_tables(T, D, theta, device):
+    """cos and sin of position · frequency, (T, D/2) fp32, as model.py's rotary() builds them."""
+    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
+    angles = torch.outer(torch.arange(T, dtype=torch.float32, device=device), inv)
+    return angles.cos(), angles.sin()
+
+
+def rotary_one(x, theta):
+    """Rotate (B, heads, T, D) by position (pairs of halves, Llama style)."""
+    cos, sin = rotary_tables(x.shape[-2], x.shape[-1], theta, x.device)
+    cos, sin = cos.repeat(1, 2), sin.repeat(1, 2)  # (T, D)
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+def rotary(q, k, theta):
+    return rotary_one(q, theta), rotary_one(k, theta)
+
+
+def cross_entropy(logits, targets, vocab_size):
+    """Per-token loss (fp32) over unsharded logits (..., V); columns ≥ vocab_size are padding."""
+    logits = _up(logits)
+    V = logits.shape[-1]
+    if V > vocab_size:
+        pad = torch.arange(V, device=logits.device) >= vocab_size
+        logits = logits.masked_fill(pad, float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)
+    return lse - logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
