@@ -92,6 +92,16 @@ def plan_to_text(plan) -> str:
             )
     else:
         lines.append("sequence parallel: off")
+    pipe = plan.pipeline
+    if pipe.size > 1:
+        stages = " ".join(f"[{a},{b})" for a, b in pipe.stage_layers)
+        lines.append(
+            f"pipeline: pp {pipe.size}, schedule {pipe.schedule}, chunks {pipe.chunks}, "
+            f"{pipe.micro_batches} micro-batches, bubble {100 * pipe.bubble_fraction:.1f}%"
+        )
+        lines.append(f"  layers of each virtual stage: {stages}")
+    else:
+        lines.append("pipeline: off")
     lines.append(
         f"batch: global {batch.global_batch} = micro {batch.micro_batch} × accum "
         f"{batch.grad_accum} × dp {batch.dp}; {batch.tokens_per_step} tokens/step"

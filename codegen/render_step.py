@@ -39,9 +39,9 @@ def config_lines(plan: Plan) -> list[str]:
         f"PP = {pipe.size!r}  # {cite(pipe.span)}: pipeline stages",
         f"SCHEDULE = {pipe.schedule!r}  # {cite(pipe.schedule_span)}: {SCHEDULE_WORDS[pipe.schedule]}",
         f"CHUNKS = {pipe.chunks!r}  # model chunks (virtual stages) per pipeline rank",
-        f"# layers [start, stop) of each virtual stage; chunk c of pipeline rank r is stage c·PP + r"
-        f" ({cite(pipe.stage_layers_span) if pipe.stage_layers_span else 'an even split'});"
-        f" bubble {100 * pipe.bubble_fraction:.1f}% of the step (parc explain draws it)",
+        "# layers [start, stop) of each virtual stage, in model order; chunk c of pipeline",
+        f"# rank r is stage c·PP + r ({cite(pipe.stage_layers_span) + ': stage_layers' if pipe.stage_layers_span else 'an even split'}). The schedule idles",
+        f"# {100 * pipe.bubble_fraction:.1f}% of the step (forward 1, backward 2); `parc explain` draws it.",
         f"PIPELINE_STAGES = {pipe.stage_layers!r}",
     ]
     return lines
@@ -52,9 +52,8 @@ def group_lines(plan: Plan) -> list[str]:
         return []
     lines = ['pp_group = grid.group("pp")  # ranks that hold consecutive stages']
     if tied_embeddings(plan):
-        lines.append(
-            "tied_group = pipeline.tied_embedding_group(grid)  # first and last stage: the tied table"
-        )
+        lines.append("# first and last stage, which both hold the tied embedding table")
+        lines.append("tied_group = pipeline.tied_embedding_group(grid)")
     return lines
 
 
@@ -139,4 +138,7 @@ def after_backward_lines(plan: Plan) -> list[str]:
 def loss_lines(plan: Plan) -> list[str]:
     if not has_pipeline(plan):
         return []
-    return ["loss_sum = pipeline.loss_over_pipeline(loss_sum, pp_group)  # from the last stage"]
+    return [
+        "# the loss lives on the last stage; bring it to every pipeline rank",
+        "loss_sum = pipeline.loss_over_pipeline(loss_sum, pp_group)",
+    ]

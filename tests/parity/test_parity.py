@@ -28,18 +28,41 @@ LAYOUTS = {
     "dp2-zero1": dict(dp=2, parallel__zero=1),
     "dp4-zero2": dict(dp=4, parallel__zero=2),
     "dp2-tp2-zero1": dict(dp=2, tp=2, parallel__zero=1),
+    # pipelines (DESIGN §7): every schedule, with tp, dp, sp, recompute and ZeRO
+    "pp2-gpipe": dict(pp=2, parallel__schedule="gpipe"),
+    "pp2-1f1b": dict(pp=2),
+    "pp2-interleaved2": dict(pp=2, parallel__schedule="interleaved(chunks = 2)", model__layers=4),
+    "pp4-1f1b": dict(pp=4, model__layers=4),
+    "pp2-tp2": dict(pp=2, tp=2),
+    "pp2-tp2-sp": dict(pp=2, tp=2, sp=True),
+    "pp2-dp2": dict(pp=2, dp=2),
+    "pp2-recompute-selective": dict(pp=2, parallel__recompute="selective"),
+    "pp2-recompute-full": dict(pp=2, parallel__recompute="full"),
+    "pp2-dp2-zero2": dict(pp=2, dp=2, parallel__zero=2),
+    "pp2-tp2-zero1": dict(pp=2, tp=2, parallel__zero=1),
 }
 ARCHS = ("gpt", "llama")
 
 
+def model_overrides(degrees: dict) -> dict:
+    """The ``model__*`` entries of a layout: the single-rank reference must share them."""
+    return {key: value for key, value in degrees.items() if key.startswith("model__")}
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The single-rank run of each arch, computed once."""
+    """The single-rank run of each arch (and model variant), computed once on first use."""
     runs = {}
-    for arch in ARCHS:
-        out = tmp_path_factory.mktemp(f"{arch}-single")
-        runs[arch] = build_and_run(f"{arch}.par", out, nproc=1, overrides=layout_overrides())
-    return runs
+
+    def run(arch: str, model: dict | None = None) -> list[dict]:
+        model = model or {}
+        key = (arch, tuple(sorted(model.items())))
+        if key not in runs:
+            out = tmp_path_factory.mktemp(f"{arch}-single")
+            runs[key] = build_and_run(f"{arch}.par", out, nproc=1, overrides=layout_overrides(**model))
+        return runs[key]
+
+    return run
 
 
 def assert_close(actual: float, expected: float, what: str) -> None:
@@ -56,7 +79,7 @@ def test_layout_matches_single_rank(arch, layout, reference, tmp_path):
     degrees = LAYOUTS[layout]
     nproc = degrees.get("dp", 1) * degrees.get("tp", 1) * degrees.get("pp", 1)
     runs = build_and_run(f"{arch}.par", tmp_path, nproc=nproc, overrides=layout_overrides(**degrees))
-    expected = reference[arch]
+    expected = reference(arch, model_overrides(degrees))
     assert [r["step"] for r in runs] == [r["step"] for r in expected] == list(range(1, STEPS + 1))
     for got, want in zip(runs, expected):
         assert_close(got["loss"], want["loss"], f"{arch} {layout} step {got['step']} loss")
@@ -64,5 +87,6 @@ def test_layout_matches_single_rank(arch, layout, reference, tmp_path):
 
 
 def test_single_rank_loss_falls(reference):
-    for arch, runs in reference.items():
+    for arch in ARCHS:
+        runs = reference(arch)
         assert runs[-1]["loss"] < runs[0]["loss"], f"{arch}: loss did not fall: {[r['loss'] for r in runs]}"
