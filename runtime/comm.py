@@ -4,12 +4,62 @@ Three layers: private primitives that do nothing for a group of one; autograd
 Functions pairing a forward collective with its backward; public wrappers whose
 docstrings name both directions. Every call takes an explicit ``group``; ``None``
 means a group of one. Used by ``layers.py`` and ``model.py``.
+
+Also here: ``exposed_clock`` / ``exposed()``, the time this process spends blocked
+on communication (every blocking collective counts whole, an asynchronous one only
+its ``wait``), and the asynchronous launches (``launch_*`` → ``Pending``) that
+``overlap.py`` interleaves with compute.
 """
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
+
+
+class ExposedClock:
+    """Seconds spent blocked in communication since ``reset()``, and collectives issued.
+
+    Note [exposed communication]: the step's ``exposed_comm_s`` is the time the
+    trainer could not compute because it waited for a collective: a blocking
+    collective counts whole; an asynchronous one counts only its ``wait()``, so the
+    part that finished behind compute is free. Nested measurements count once.
+    """
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self._seconds, self._depth, self.collectives = 0.0, 0, 0
+
+    def seconds(self) -> float:
+        return self._seconds
+
+    @contextmanager
+    def measure(self):
+        self._depth += 1
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self._seconds += time.perf_counter() - start
+
+
+exposed_clock = ExposedClock()
+
+
+def exposed():
+    """``with comm.exposed(): ...``: count the block as time blocked on communication."""
+    return exposed_clock.measure()
+
+
+def _issued() -> None:
+    exposed_clock.collectives += 1
 
 
 def group_size(group) -> int:
@@ -28,7 +78,9 @@ def _all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
     if group_size(group) == 1:
         return x
     x = x.contiguous().clone()
-    dist.all_reduce(x, op=op, group=group)
+    _issued()
+    with exposed():
+        dist.all_reduce(x, op=op, group=group)
     return x
 
 
@@ -47,7 +99,9 @@ def _all_gather(x: torch.Tensor, group, dim: int) -> torch.Tensor:
         return x
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(size)]
-    dist.all_gather(parts, x, group=group)
+    _issued()
+    with exposed():
+        dist.all_gather(parts, x, group=group)
     return torch.cat(parts, dim=dim)
 
 
@@ -60,7 +114,9 @@ def _reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     parts = [p.contiguous() for p in x.chunk(size, dim=dim)]
     out = torch.empty_like(parts[0])
     try:
-        dist.reduce_scatter(out, parts, group=group)
+        with exposed():
+            dist.reduce_scatter(out, parts, group=group)
+        _issued()
         return out
     except RuntimeError:
         if dist.get_backend(group) != "gloo":
@@ -170,3 +226,72 @@ def reduce_scatter_to_group(x, group, dim):
 def all_gather_from_group(x, group, dim):
     """Forward: all-gather along ``dim``. Backward: reduce-scatter along ``dim``."""
     return x if group_size(group) == 1 else _AllGatherFromGroup.apply(x, group, dim)
+
+
+# ---- asynchronous launches (for overlap.py) ---------------------------------------
+# Each returns a ``Pending`` at once; the collective runs in the background while
+# this process computes, and ``Pending.wait()`` blocks (counted as exposed time)
+# and gives the result. No autograd here: overlap.py pairs them with backward.
+
+
+class Pending:
+    """A collective in flight; ``wait()`` returns its result (a tensor).
+
+    ``buffer`` is the tensor the collective writes: the result itself, or, for a
+    collective along ``dim`` > 0, the result with ``dim`` moved to the front
+    (``wait()`` moves it back, as a view).
+    """
+
+    __slots__ = ("_work", "buffer", "_dim", "_source")
+
+    def __init__(self, work, buffer: torch.Tensor, dim: int = 0, source: torch.Tensor | None = None):
+        self._work, self.buffer, self._dim = work, buffer, dim
+        self._source = source  # the input, alive until the collective is done
+
+    def wait(self) -> torch.Tensor:
+        if self._work is not None:
+            # no_grad: a backend may copy the result into ``buffer`` here, and the buffer
+            # may already be an autograd output (overlap.py), whose graph must not change
+            with exposed(), torch.no_grad():
+                self._work.wait()
+            self._work = self._source = None
+        return self.buffer.movedim(0, self._dim) if self._dim else self.buffer
+
+
+def launch_all_reduce(x: torch.Tensor, group) -> Pending:
+    """Start summing a copy of ``x`` over ``group``."""
+    if group_size(group) == 1:
+        return Pending(None, x)
+    x = x.contiguous().clone()
+    _issued()
+    return Pending(dist.all_reduce(x, group=group, async_op=True), x)
+
+
+def launch_reduce_scatter(x: torch.Tensor, group, dim: int) -> Pending:
+    """Start summing ``x`` over ``group``, keeping this rank's chunk of ``dim``."""
+    size = group_size(group)
+    if size == 1:
+        return Pending(None, x)
+    if x.shape[dim] % size:
+        raise ValueError(f"dim {dim} of size {x.shape[dim]} does not split over {size} ranks")
+    front = x.movedim(dim, 0).contiguous()  # chunk r of dim 0 goes to rank r
+    out = front.new_empty((front.shape[0] // size, *front.shape[1:]))
+    try:
+        work = dist.reduce_scatter_tensor(out, front, group=group, async_op=True)
+    except RuntimeError:  # Note [reduce-scatter on gloo]: blocking fallback
+        if dist.get_backend(group) != "gloo":
+            raise
+        return Pending(None, _reduce_scatter(x, group, dim))
+    _issued()
+    return Pending(work, out, dim, front)
+
+
+def launch_all_gather(x: torch.Tensor, group, dim: int) -> Pending:
+    """Start concatenating every rank's ``x`` along ``dim``, in rank order."""
+    size = group_size(group)
+    if size == 1:
+        return Pending(None, x)
+    front = x.movedim(dim, 0).contiguous()
+    out = front.new_empty((front.shape[0] * size, *front.shape[1:]))
+    _issued()
+    return Pending(dist.all_gather_into_tensor(out, front, group=group, async_op=True), out, dim, front)

@@ -1,9 +1,20 @@
-"""Data parallelism: average gradients over the dp group, in buckets.
+"""Data parallelism: average gradients over the dp group, in buckets, overlapping backward.
 
-Takes: the model and the dp group. Gives: ``GradientBuckets.all_reduce()`` (call
-after the last micro-batch's backward, before clipping) and ``all_reduce_mean`` for
-logged scalars. Buckets are filled in a fixed parameter order so every rank sends
-the same tensors; overlap with backward is a later step.
+Takes: the model and the dp group. Gives: ``GradientBuckets`` (``finish()`` after the
+last micro-batch's backward, before clipping) and ``all_reduce_mean`` for logged
+scalars. Buckets are filled in a fixed parameter order (last layers first, the order
+backward produces them) so every rank sends the same tensors in the same order.
+
+Note [gradient overlap]: with ``overlap=True`` every parameter gets a
+post-accumulate-grad hook counting its accumulations in this step. A parameter is
+*ready* once it has had ``accumulations`` of them (the last micro-batch; with
+pipelining each micro-batch's backward accumulates once, so the same count holds),
+and a bucket whose parameters are all ready is copied into one flat buffer and
+all-reduced asynchronously at once, while backward goes on with earlier layers.
+``finish()`` launches any bucket still waiting (parameters that got no gradient),
+waits them all in bucket order (only the wait is exposed communication), divides
+by the dp size and writes the means back into ``.grad``. Every rank's backward is
+the same graph, so buckets become ready, and are launched, in the same order.
 """
 
 from __future__ import annotations
@@ -11,12 +22,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .comm import group_size
+from .comm import Pending, _issued, exposed, group_size
 
 
 class GradientBuckets:
-    def __init__(self, model, dp_group, *, bucket_bytes=25 * 2**20):
+    def __init__(self, model, dp_group, *, bucket_bytes=25 * 2**20, overlap=False, accumulations=1):
+        if accumulations < 1:
+            raise ValueError(f"accumulations must be at least 1, not {accumulations!r}")
         self.group, self.size = dp_group, group_size(dp_group)
+        self.overlap, self.accumulations = bool(overlap) and self.size > 1, int(accumulations)
         params = [p for p in model.parameters() if p.requires_grad]
         self.buckets, current, used = [], [], 0
         for p in reversed(params):  # backward produces the last layers' grads first
@@ -27,25 +41,71 @@ class GradientBuckets:
                 current, used = [], 0
         if current:
             self.buckets.append(current)
+        self._inflight = {}  # bucket index → (flat grads, Pending)
+        if self.overlap:  # Note [gradient overlap]
+            self._bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+            self._reset_counts()
+            for p in params:
+                p.register_post_accumulate_grad_hook(self._accumulated)
+
+    def _reset_counts(self) -> None:
+        self._accumulated_count = {id(p): 0 for bucket in self.buckets for p in bucket}
+        self._unready = [len(bucket) for bucket in self.buckets]
+
+    def _accumulated(self, param) -> None:
+        key = id(param)
+        self._accumulated_count[key] += 1
+        if self._accumulated_count[key] != self.accumulations:
+            return
+        index = self._bucket_of[key]
+        self._unready[index] -= 1
+        if self._unready[index] == 0:
+            self._launch(index)  # runs while backward computes the earlier layers' grads
+
+    @torch.no_grad()
+    def _launch(self, index: int) -> None:
+        bucket = self.buckets[index]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
+        _issued()
+        self._inflight[index] = (flat, Pending(dist.all_reduce(flat, group=self.group, async_op=True), flat))
+
+    @torch.no_grad()
+    def finish(self) -> None:
+        """Replace every gradient by its mean over the dp group (waits the overlapped buckets)."""
+        if self.size == 1:
+            return
+        if not self.overlap:
+            return self.all_reduce()
+        for index in range(len(self.buckets)):
+            if index not in self._inflight:
+                self._launch(index)  # some parameter got no gradient this step
+        for index, bucket in enumerate(self.buckets):
+            flat, pending = self._inflight.pop(index)
+            self._write_back(bucket, pending.wait())
+        self._reset_counts()
 
     @torch.no_grad()
     def all_reduce(self) -> None:
-        """Replace every gradient by its mean over the dp group."""
+        """Replace every gradient by its mean over the dp group, bucket by bucket (blocking)."""
         if self.size == 1:
             return
         for bucket in self.buckets:
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=self.group)
-            flat.div_(self.size)
-            offset = 0
-            for p, g in zip(bucket, grads):
-                view = flat[offset : offset + g.numel()].view_as(g)
-                if p.grad is None:
-                    p.grad = view.clone()
-                else:
-                    p.grad.copy_(view)
-                offset += g.numel()
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
+            _issued()
+            with exposed():
+                dist.all_reduce(flat, group=self.group)
+            self._write_back(bucket, flat)
+
+    def _write_back(self, bucket, flat) -> None:
+        flat.div_(self.size)
+        offset = 0
+        for p in bucket:
+            view = flat[offset : offset + p.numel()].view_as(p)
+            if p.grad is None:
+                p.grad = view.clone()
+            else:
+                p.grad.copy_(view)
+            offset += p.numel()
 
 
 def all_reduce_mean(value: float, group) -> float:
@@ -53,5 +113,7 @@ def all_reduce_mean(value: float, group) -> float:
     if group_size(group) == 1:
         return float(value)
     t = torch.tensor([float(value)], dtype=torch.float64)
-    dist.all_reduce(t, group=group)
+    _issued()
+    with exposed():
+        dist.all_reduce(t, group=group)
     return float(t.item()) / group_size(group)

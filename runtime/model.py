@@ -35,6 +35,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .comm import (
     all_gather_from_group,
+    exposed,
     copy_to_group,
     gather_from_group,
     group_rank,
@@ -47,6 +48,7 @@ from .layers import (
     VocabParallelEmbedding,
     vocab_parallel_cross_entropy,
 )
+from . import overlap
 from .param_init import initialize
 from .tp_plan import TensorParallelPlan
 
@@ -209,11 +211,14 @@ class Transformer(nn.Module):
 
     def __init__(
         self, config, *, tp_group, sequence_parallel, tp_plan, recompute="none",
-        layers=None, first=True, last=True,
+        layers=None, first=True, last=True, sub_batches=1,
     ):
         super().__init__()
         if recompute not in RECOMPUTE:
             raise ValueError(f"recompute must be one of {RECOMPUTE}, not {recompute!r}")
+        if sub_batches < 1:
+            raise ValueError(f"sub_batches must be at least 1, not {sub_batches!r}")
+        self.sub_batches = int(sub_batches)  # > 1: overlap.run_blocks (Oases sub-batches)
         start, stop = (0, config.layers) if layers is None else layers
         if not 0 <= start <= stop <= config.layers:
             raise ValueError(f"stage layers [{start}, {stop}) are outside 0..{config.layers}")
@@ -249,6 +254,8 @@ class Transformer(nn.Module):
 
     def run_blocks(self, x):
         """The transformer blocks of this model (or pipeline stage), in order."""
+        if self.sub_batches > 1:  # Note [the sub-batch schedule] in overlap.py
+            return overlap.run_blocks(self, x, self.sub_batches)
         for layer in self.layers.values():
             if self.recompute == "full" and torch.is_grad_enabled():
                 # Keep only the block's input; rerun the block (its collectives too) in backward.
@@ -299,15 +306,17 @@ class Transformer(nn.Module):
         return self.loss(x, targets) if self.last else x
 
 
-def build_model(config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none"):
+def build_model(config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none", sub_batches=1):
     """The model for this rank: built from the plan, initialized per Note [init happens before sharding].
 
     ``recompute``: "none"; "selective" (attention core recomputed in backward);
-    "full" (each block recomputed from its input).
+    "full" (each block recomputed from its input). ``sub_batches`` > 1: each
+    micro-batch's blocks run as that many sub-batches whose tensor-parallel
+    collectives overlap compute (``overlap.py``).
     """
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
-        recompute=recompute,
+        recompute=recompute, sub_batches=sub_batches,
     )
     initialize(model, seed)
     return model.to(device)
@@ -315,7 +324,7 @@ def build_model(config, *, tp_group, sequence_parallel, tp_plan, seed, device, r
 
 def build_stages(
     config, *, stages, pp_rank, pp_size, tp_group, sequence_parallel, tp_plan, seed, device,
-    recompute="none",
+    recompute="none", sub_batches=1,
 ):
     """This pipeline rank's model chunks, one ``Transformer`` stage per chunk.
 
@@ -333,15 +342,17 @@ def build_stages(
         raise ValueError(f"{len(stages)} pipeline stages do not split over {pp_size} pipeline ranks")
     return nn.ModuleList(
         build_stage(config, stages=stages, index=v, tp_group=tp_group, sequence_parallel=sequence_parallel,
-                    tp_plan=tp_plan, seed=seed, device=device, recompute=recompute)
+                    tp_plan=tp_plan, seed=seed, device=device, recompute=recompute, sub_batches=sub_batches)
         for v in range(pp_rank, len(stages), pp_size)  # chunk c: virtual stage c·pp_size + pp_rank
     )
 
 
-def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute):
+def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute,
+                sub_batches=1):
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
         recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,
+        sub_batches=sub_batches,
     )
     initialize(model, seed)
     return model.to(device)
@@ -355,7 +366,8 @@ def allreduce_sequence_parallel_grads(model: nn.Module, tp_group) -> None:
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=tp_group)
+    with exposed():
+        dist.all_reduce(flat, group=tp_group)
     offset = 0
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))

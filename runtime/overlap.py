@@ -1,0 +1,279 @@
+"""Sub-batch overlap of tensor-parallel communication with compute (Oases).
+
+Takes: a ``Transformer`` (or pipeline stage) whose blocks use column-/row-parallel
+linears, a micro-batch's hidden states (B, T, C) (or (B, T/tp, C) under sequence
+parallelism) and ``sub_batches`` k dividing B. Gives: ``run_blocks(model, x, k)``,
+the same numbers as ``Transformer.run_blocks`` but with every tensor-parallel
+collective of the blocks issued asynchronously and waited only when its result is
+needed. Called by ``Transformer.run_blocks`` when ``sub_batches > 1``; uses the
+asynchronous launches of ``comm.py``.
+
+Note [the sub-batch schedule]: the micro-batch is split along B into k sub-batches.
+Each block is two *regions* (attention, MLP); a region computes up to its
+row-parallel matmul, whose partial sums are all-reduced (under SP: reduce-scattered
+along T, and the region starts with an all-gather along T). The regions of all
+blocks form one chain of stages separated by collectives, and the stages run as a
+wavefront: stage s of sub-batch 0, stage s of sub-batch 1, ..., then stage s+1 of
+sub-batch 0. So sub-batch i's collective of stage s runs while sub-batch i+1
+computes stage s, and the last sub-batch's runs while sub-batch 0 computes stage
+s+1 (Li et al., Oases, §3). Tokens of different sequences never meet in a block, so
+the numbers equal the unsplit run's (up to the order of float sums).
+
+Note [overlap in backward]: torch's autograd engine runs the backward nodes of one
+device in reverse creation order, so it replays the wavefront backwards: stage s of
+sub-batch k-1, of k-2, ..., then stage s-1. The row-parallel all-reduce needs no
+communication in backward (its gradient is the identity; under SP an all-gather,
+which the next matmul needs at once, so it blocks). The column-parallel linears use
+Megatron's trick (``_ColumnLinears``): the all-reduce (SP: reduce-scatter) of the
+input gradient is launched as soon as that gradient exists, the weight gradients are
+computed while it runs, and it is waited last. What does *not* overlap in backward:
+a gradient collective of sub-batch i with the backward of sub-batch i-1, because the
+engine hands the gradient to the norm below at once (its node was created right
+before); doing that needs a scheduler that owns the backward order (Oases has one),
+which this engine does not give us. The q/k/v (and gate/up) projections share one
+gradient collective instead of one each.
+
+Note [fine-grained recompute]: with ``recompute = full`` each stage's compute (the
+part between two collectives) runs under ``torch.utils.checkpoint``, whose inputs —
+the previous collective's output and the residual — are what it keeps. The
+recompute in backward therefore reruns matmuls, norms and attention but no
+collective: a step issues as many collectives as without recompute (tested). It
+keeps two activations per block (one per region) where the unsplit ``full`` keeps
+one: Oases' trade of memory for communication.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from .comm import (
+    _all_gather,
+    launch_all_gather,
+    launch_all_reduce,
+    launch_reduce_scatter,
+)
+from .layers import ColumnParallelLinear, RowParallelLinear
+
+
+class _ColumnLinears(torch.autograd.Function):
+    """Column-parallel linears sharing one input; Megatron's overlap in backward.
+
+    Forward: ``F.linear(full, w_j, b_j)`` for each j, where ``full`` is ``x`` itself
+    (replicated input) or its all-gather along T (sequence parallel, gathered by
+    the caller). Backward: the input gradient Σ_j g_j W_j is all-reduced over tp
+    (SP: reduce-scattered along T) *asynchronously*; the weight and bias gradients
+    are computed meanwhile; then it is waited.
+    """
+
+    @staticmethod
+    def forward(ctx, x, full, group, sequence_parallel, count, *params):
+        weights, biases = params[:count], params[count:]
+        source = x if full is None else full
+        ctx.save_for_backward(source, *weights)
+        ctx.group, ctx.sp, ctx.count = group, sequence_parallel, count
+        ctx.has_bias = tuple(b is not None for b in biases)
+        return tuple(F.linear(source, w, b) for w, b in zip(weights, biases))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        source, *weights = ctx.saved_tensors
+        grad_source = None
+        for g, w in zip(grads, weights):
+            part = g.matmul(w)
+            grad_source = part if grad_source is None else grad_source + part
+        # the input gradient's collective runs while the weight gradients compute
+        if ctx.sp:
+            pending = launch_reduce_scatter(grad_source, ctx.group, dim=1)  # (b, T/tp, in)
+        else:
+            pending = launch_all_reduce(grad_source, ctx.group)  # (b, T, in)
+        flat_source = source.reshape(-1, source.shape[-1])
+        grad_weights, grad_biases = [], []
+        for g, has_bias in zip(grads, ctx.has_bias):
+            flat = g.reshape(-1, g.shape[-1])
+            grad_weights.append(flat.t().matmul(flat_source))
+            grad_biases.append(flat.sum(0) if has_bias else None)
+        grad_x = pending.wait()
+        return (grad_x, None, None, None, None, *grad_weights, *grad_biases)
+
+
+class _LaunchReduce(torch.autograd.Function):
+    """Forward: launch the all-reduce (SP: reduce-scatter along T) of a row-parallel
+    matmul's partial sums, returning the result's buffer at once (read it only after
+    the ``Pending`` put in ``box`` is waited; under SP the buffer is (T/tp, b, C),
+    T in front). Backward: identity (SP: all-gather along T, back to (b, T, C))."""
+
+    @staticmethod
+    def forward(ctx, partial, group, sequence_parallel, box):
+        ctx.group, ctx.sp = group, sequence_parallel
+        if sequence_parallel:
+            pending = launch_reduce_scatter(partial, group, dim=1)
+        else:
+            pending = launch_all_reduce(partial, group)
+        box.append(pending)
+        return pending.buffer
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.sp:
+            return _all_gather(grad, ctx.group, 0).movedim(0, 1), None, None, None
+        return grad, None, None, None
+
+
+class _Inflight:
+    """A region's collective in flight and the row-parallel bias to add after it."""
+
+    def __init__(self, result, pending, bias, sequence_parallel):
+        self.result, self.pending, self.bias, self.sp = result, pending, bias, sequence_parallel
+
+    def wait(self):
+        self.pending.wait()
+        return self.result.movedim(0, 1) if self.sp else self.result  # (b, T[/tp], C)
+
+
+def _launch_reduce(partial, group, sequence_parallel):
+    box = []
+    result = _LaunchReduce.apply(partial, group, sequence_parallel, box)
+    return result, box[0]
+
+
+def overlappable(block) -> bool:
+    """Whether a block's projections are all column-/row-parallel (else it runs unsplit)."""
+    mlp, attn = block.mlp, block.attn
+    columns = [attn.q_proj, attn.k_proj, attn.v_proj, mlp.up_proj] + ([mlp.gate_proj] if mlp.llama else [])
+    rows = [attn.o_proj, mlp.down_proj]
+    return all(type(m) is ColumnParallelLinear for m in columns) and all(type(m) is RowParallelLinear for m in rows)
+
+
+# ---- the compute of one region, between its collectives ---------------------------
+
+
+def _enter(x, reduced, bias, dropout, training, norm):
+    """Close the previous region (residual add of its reduced output), open this one."""
+    if reduced is not None:
+        if bias is not None:
+            reduced = reduced + bias
+        x = x + F.dropout(reduced, dropout, training)
+    return x, norm(x)
+
+
+def _columns(h, full, linears):
+    group, sp = linears[0].tp_group, linears[0].sequence_parallel
+    weights = [m.weight for m in linears]
+    biases = [m.bias for m in linears]
+    return _ColumnLinears.apply(h, full, group, sp, len(linears), *weights, *biases)
+
+
+def _attention(attn, h, full):
+    """Attention up to the o_proj partial sums: (b, T, heads/tp · D) → (b, T, C) partial."""
+    q, k, v = _columns(h, full, [attn.q_proj, attn.k_proj, attn.v_proj])
+    b, T = q.shape[:2]
+    q, k, v = (t.view(b, T, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v))
+    if attn.selective and torch.is_grad_enabled():
+        y = checkpoint(attn.core, q, k, v, use_reentrant=False)
+    else:
+        y = attn.core(q, k, v)
+    return F.linear(y.transpose(1, 2).reshape(b, T, -1), attn.o_proj.weight)
+
+
+def _mlp(mlp, h, full):
+    """The MLP up to the down_proj partial sums (same math as ``model.MLP``)."""
+    if mlp.llama:
+        gate, up = _columns(h, full, [mlp.gate_proj, mlp.up_proj])
+        hidden = F.silu(gate) * up  # SwiGLU
+    else:
+        (up,) = _columns(h, full, [mlp.up_proj])
+        hidden = F.gelu(up, approximate="tanh")
+    return F.linear(hidden, mlp.down_proj.weight)
+
+
+def _region_body(body, module):
+    def run(h, full):
+        return body(module, h, full)
+
+    return run
+
+
+# ---- the wavefront ----------------------------------------------------------------
+
+
+def run_blocks(model, x, sub_batches: int):
+    """``model``'s blocks on ``x`` with k = ``sub_batches``; Note [the sub-batch schedule]."""
+    if x.shape[0] % sub_batches:
+        raise ValueError(f"sub_batch({sub_batches}) does not divide the micro-batch of {x.shape[0]}")
+    group, sp, training = model.tp_group, model.sp, model.training
+    dropout = model.config.dropout
+    recompute = model.recompute == "full" and torch.is_grad_enabled()
+
+    def compute(fn, *args):  # Note [fine-grained recompute]: no collective inside
+        return checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args)
+
+    xs = list(x.chunk(sub_batches, dim=0))  # the residual stream of each sub-batch
+    inflight = [None] * sub_batches  # each sub-batch's last collective, not yet waited
+    for block in model.layers.values():
+        if not overlappable(block):
+            for i in range(sub_batches):  # a replicated projection: run the block unsplit
+                xs[i] = _close(xs[i], inflight[i], dropout, training)
+                inflight[i] = None
+                xs[i] = checkpoint(block, xs[i], use_reentrant=False) if recompute else block(xs[i])
+            continue
+        for norm, body, module in (
+            (block.attn_norm, _attention, block.attn),
+            (block.mlp_norm, _mlp, block.mlp),
+        ):
+            row = module.o_proj if body is _attention else module.down_proj
+            enter = _enter_fn(norm, dropout, training)
+            if not sp:
+                for i in range(sub_batches):
+                    # Sub-batch i's previous all-reduce ran behind sub-batch i-1's work
+                    # (or, for i = 0, behind the last sub-batch's previous region): wait it,
+                    # then compute this region up to the row-parallel partial sums.
+                    reduced, bias = _waited(inflight[i])
+                    xs[i], h = compute(enter, xs[i], reduced, bias)
+                    partial = compute(_region_body(body, module), h, None)
+                    # Launch sub-batch i's all-reduce; it runs while sub-batch i+1 computes.
+                    result, pending = _launch_reduce(partial, group, False)
+                    inflight[i] = _Inflight(result, pending, row.bias, False)
+            else:
+                shards, gathers = [None] * sub_batches, [None] * sub_batches
+                for i in range(sub_batches):
+                    # Residual add and norm on sub-batch i's sequence shard (b, T/tp, C),
+                    # then launch its all-gather along T; it runs while sub-batch i+1's
+                    # norm and sub-batch 0's matmuls compute.
+                    reduced, bias = _waited(inflight[i])
+                    xs[i], shards[i] = compute(enter, xs[i], reduced, bias)
+                    gathers[i] = launch_all_gather(shards[i].detach(), group, dim=1)
+                for i in range(sub_batches):
+                    # Sub-batch i computes on the whole sequence (its gather is waited
+                    # here); its reduce-scatter runs while sub-batch i+1 computes.
+                    full = gathers[i].wait()  # (b, T, C), kept: recompute reuses it
+                    partial = compute(_region_body(body, module), shards[i], full)
+                    result, pending = _launch_reduce(partial, group, True)
+                    inflight[i] = _Inflight(result, pending, row.bias, True)
+    for i in range(sub_batches):
+        xs[i] = _close(xs[i], inflight[i], dropout, training)
+    return torch.cat(xs, dim=0)
+
+
+def _enter_fn(norm, dropout, training):
+    def enter(x, reduced, bias):
+        return _enter(x, reduced, bias, dropout, training, norm)
+
+    return enter
+
+
+def _waited(inflight):
+    if inflight is None:
+        return None, None
+    return inflight.wait(), inflight.bias
+
+
+def _close(x, inflight, dropout, training):
+    """The residual add of a sub-batch's last region (its collective waited first)."""
+    reduced, bias = _waited(inflight)
+    if reduced is None:
+        return x
+    if bias is not None:
+        reduced = reduced + bias
+    return x + F.dropout(reduced, dropout, training)
