@@ -65,6 +65,7 @@ def config_lines(plan: Plan) -> list[str]:
     zero = plan.train.zero
     if zero.value:
         lines.append(constant("ZERO", zero.value, f"{cite(zero.span)}: {ZERO_WORDS[zero.value]}"))
+    lines += overlap_lines(plan)
     lines += render_step.config_lines(plan)
     axes = '("pp", PP), ("dp", DP), ("tp", TP)' if render_step.has_pipeline(plan) else '("dp", DP), ("tp", TP)'
     lines.append(f"MESH_AXES = ({axes})  # outermost first: tp ranks are neighbours")
@@ -93,6 +94,22 @@ def config_lines(plan: Plan) -> list[str]:
     flops_note = DEVICE_FLOPS_NOTE if mesh.device_flops else "unknown for this device: no MFU"
     lines.append(constant("DEVICE_FLOPS", mesh.device_flops, f"{cite(mesh.device_span)}: {flops_note}"))
     return lines
+
+
+def overlap_lines(plan: Plan) -> list[str]:
+    """``OVERLAP_SUB_BATCHES`` when ``overlap = sub_batch(k)``, naming what overlaps what."""
+    overlap = plan.train.overlap
+    if overlap.value <= 1:
+        return []
+    if plan.sequence_parallel.enabled:
+        what = "reduce-scatter and all-gather along T"
+    else:
+        what = "all-reduce"
+    return [
+        f"# {cite(overlap.span)}: each micro-batch runs as {overlap.value} sub-batches (Oases): sub-batch i's",
+        f"# tensor-parallel {what} runs while sub-batch i+1 computes (runtime/overlap.py)",
+        f"OVERLAP_SUB_BATCHES = {overlap.value!r}",
+    ]
 
 
 def tp_plan_lines(plan: Plan) -> list[str]:
@@ -153,8 +170,14 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             "optimizer.zero_grad(set_to_none=True)",
         ]
     if dp_size > 1 and not zero_stage:
-        optimizer_extra.append("grad_sync = dp.GradientBuckets(net, dp_group)  # bucketed all-reduce")
-        after_backward.append("grad_sync.all_reduce()  # mean gradient over the dp ranks")
+        # Note [gradient overlap] (runtime/dp.py): always on with dp > 1
+        optimizer_extra += [
+            "# each bucket of gradients is all-reduced over dp as soon as backward has",
+            "# produced it (on the last micro-batch), while backward goes on",
+            "grad_sync = dp.GradientBuckets(net, dp_group, overlap=True, accumulations=GRAD_ACCUM)",
+        ]
+        # first: the lines below change grads, and finish() writes the dp means back
+        after_backward.insert(0, "grad_sync.finish()  # wait the buckets: mean gradient over the dp ranks")
     if dp_size > 1:
         loss_lines.append("step_loss = dp.all_reduce_mean(loss_sum, dp_group)  # global mean loss")
     else:
@@ -179,7 +202,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ]
     else:
         forward_lines = [forward]
-    imports = ["data", "mesh", "metrics", "model", "optim"] + (["dp"] if dp_size > 1 else [])
+    imports = ["comm", "data", "memory", "mesh", "metrics", "model", "optim"] + (["dp"] if dp_size > 1 else [])
     imports += ["pipeline", "schedule"] if pipelined else []
     if pipelined and plan.train.precision.value == "bf16":
         forward_lines = []  # the executor runs each stage's forward under autocast
@@ -213,17 +236,26 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         model_comment_lines=model_comment_lines,
         model_extra_args=pipeline_args + (
             ["recompute=RECOMPUTE,"] if plan.train.recompute.value != "none" else []
-        ),
+        ) + (["sub_batches=OVERLAP_SUB_BATCHES,"] if plan.train.overlap.value > 1 else []),
         pipeline_lines=render_step.executor_lines(plan),
-        step_body_lines=render_step.step_body_lines(
+        step_body_lines=[
+            "comm.exposed_clock.reset()  # time blocked on collectives, this step",
+        ] + render_step.step_body_lines(
             plan, forward_lines, 'grid.index("dp")' if dp_size > 1 else "0"
         ),
-        record_lines=[],
+        record_lines=[
+            '"exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute',
+            "# bytes this rank holds (and every rank's, in memory_per_rank): collective",
+            "**memory.report(net, optimizer, activations, held_grads),",
+        ],
         dataset_line=dataset_line,
         optimizer_lines=optimizer_lines,
-        optimizer_extra_lines=optimizer_extra,
+        optimizer_extra_lines=optimizer_extra + [
+            "activations = memory.SavedActivations(net)  # peak bytes saved for backward",
+        ],
         step_lines=step_lines,
-        after_backward_lines=[l for block in after_backward for l in block.split("\n")],
+        after_backward_lines=["held_grads = memory.grad_bytes(net, optimizer)  # when backward ends"]
+        + [l for block in after_backward for l in block.split("\n")],
         loss_lines=loss_lines,
         mfu_expr=(
             f"tokens_per_s * flops_per_token / (DEVICE_FLOPS * {world})"

@@ -115,15 +115,19 @@ def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> l
         body.append("inputs, targets = dataset.batch(indices)  # (B, T) token ids each")
         body += forward_lines
         body += ["loss.backward()", "loss_sum += loss.item()"]
-        return lines + ["    " + line for line in body]
-    lines = ["batches = []  # every micro-batch of this step; the first stage reads the"]
-    lines.append("# inputs, the last the targets")
-    lines.append("for micro in range(GRAD_ACCUM):")
-    lines += ["    " + line for line in _sample_lines(dp_rank_arg)]
-    lines.append("    batches.append(dataset.batch(indices))  # (B, T) token ids each")
-    lines.append("# forward and backward of every micro-batch, in the schedule's order")
-    lines.append("loss_sum = runner.step(batches)  # the last stage's mean loss, 0 elsewhere")
-    return lines
+        lines += ["    " + line for line in body]
+    else:
+        lines = ["batches = []  # every micro-batch of this step: the first stage reads the"]
+        lines.append("# inputs, the last the targets")
+        lines.append("for micro in range(GRAD_ACCUM):")
+        lines += ["    " + line for line in _sample_lines(dp_rank_arg)]
+        lines.append("    batches.append(dataset.batch(indices))  # (B, T) token ids each")
+        lines.append("# forward and backward of every micro-batch, in the schedule's order")
+        lines.append("loss_sum = runner.step(batches)  # the last stage's mean loss, 0 elsewhere")
+    # Note [counting saved activations] (memory.py): the hooks see what autograd keeps
+    return ["with activations:  # measures the tensors saved for backward"] + [
+        "    " + line for line in lines
+    ]
 
 
 def after_backward_lines(plan: Plan) -> list[str]:

@@ -25,6 +25,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+from .comm import exposed
 from .schedule import Op, virtual_stage
 
 _ACT, _GRAD = 0, 1
@@ -73,7 +74,8 @@ class PipelineExecutor:
                 buffer = torch.empty(self.shape, dtype=torch.float32, device=self.device)
                 kind = _ACT if op is Op.RECV_ACT else _GRAD
                 work = dist.irecv(buffer, src=self.pp_ranks[action.peer], group=self.group, tag=self._tag(kind, m, v))
-                work.wait()
+                with exposed():  # waiting on the previous/next stage: not hidden by compute
+                    work.wait()
                 received[(kind, m, c)] = buffer
             elif op is Op.FORWARD:
                 tokens, targets = batches[m]
@@ -106,8 +108,9 @@ class PipelineExecutor:
                 pending_sends.append((dist.isend(grad, dst=self.pp_ranks[action.peer], group=self.group, tag=tag), grad))
             else:
                 raise ValueError(f"unknown pipeline action {action!r}")
-        for work, _ in pending_sends:
-            work.wait()
+        with exposed():
+            for work, _ in pending_sends:
+                work.wait()
         if inputs or outputs or received or input_grads:
             raise RuntimeError(
                 "internal error in the pipeline executor: the schedule left work undone "

@@ -162,6 +162,10 @@ class ShardedAdamW:
         for p in self.params:
             p.grad = None
 
+    def held_grad_bytes(self) -> int:
+        """Bytes of the gradient slice this optimizer keeps (``param.grad`` not included)."""
+        return 0 if self.grad is None else self.grad.numel() * self.grad.element_size()
+
     def state_bytes(self) -> int:
         """Bytes of optimizer state (moments) this rank holds."""
         return sum(t.numel() * t.element_size() for t in self.state.values() if torch.is_tensor(t))
