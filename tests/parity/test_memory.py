@@ -1,0 +1,73 @@
+"""The trainer's measured memory equals the formulas for its layout (issue 4, DESIGN §8).
+
+Every rank reports ``param_bytes``, ``grad_bytes``, ``optim_bytes`` and
+``activation_peak_bytes`` (runtime/memory.py). Here the parity GPT is run in layouts
+whose bytes are known in closed form: parameters counted from the model's shapes by
+hand (not from the runtime), AdamW's two fp32 moments per element (plus torch's
+4-byte ``step`` tensor per parameter tensor), and ZeRO's sharding of the state (stage
+1) and of the gradients too (stage 2) over dp, padded to a multiple of dp. Saved
+activations must fall as recompute goes none → selective → full.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from .harness import build_and_run, layout_overrides
+
+# tests/parity/specs/gpt.par: vocab 256 (already a multiple of 128), hidden 64,
+# seq_len 32, ffn 128, 2 layers, tied embeddings, biases everywhere (GPT-2).
+V, C, T, F, L = 256, 64, 32, 128, 2
+EMBED = V * C  # 16384
+POS = T * C  # 2048
+LAYER = 4 * (C * C + C) + 4 * C + (F * C + F) + (C * F + C)  # q,k,v,o; 2 LayerNorms; MLP
+FINAL_NORM = 2 * C
+TENSORS_PER_LAYER = 8 + 4 + 4  # q,k,v,o weight+bias; two norms' weight+bias; up/down weight+bias
+FP32 = 4
+
+
+def whole_model() -> tuple[int, int]:
+    """(parameters, parameter tensors) of the unsharded model."""
+    return EMBED + POS + L * LAYER + FINAL_NORM, 2 + L * TENSORS_PER_LAYER + 2
+
+
+def run(tmp_path, nproc, **degrees):
+    records = build_and_run(
+        "gpt.par", tmp_path, nproc=nproc, overrides=layout_overrides(**degrees), steps=2
+    )
+    return records[-1]["memory_per_rank"]
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_dp2_bytes_equal_the_zero_formulas(zero, tmp_path):
+    psi, tensors = whole_model()
+    ranks = run(tmp_path, 2, dp=2, parallel__zero=zero)
+    shard = math.ceil(psi / 2)  # each dp rank's slice of the flat buffer
+    expected_grads = {0: psi, 1: psi, 2: shard}[zero] * FP32
+    expected_optim = 2 * psi * FP32 + tensors * FP32 if zero == 0 else 2 * shard * FP32
+    for rank, row in enumerate(ranks):
+        assert row["param_bytes"] == psi * FP32, f"rank {rank}: {row}"
+        assert row["grad_bytes"] == expected_grads, f"rank {rank} zero {zero}: {row}"
+        assert row["optim_bytes"] == expected_optim, f"rank {rank} zero {zero}: {row}"
+
+
+def test_pp2_stages_hold_their_layers(tmp_path):
+    """Stage 0: embedding, positions, layer 0; stage 1: layer 1, final norm, the tied head copy."""
+    ranks = run(tmp_path, 2, pp=2)
+    first = EMBED + POS + LAYER
+    last = LAYER + FINAL_NORM + EMBED
+    first_tensors, last_tensors = 2 + TENSORS_PER_LAYER, TENSORS_PER_LAYER + 2 + 1
+    for row, psi, tensors in ((ranks[0], first, first_tensors), (ranks[1], last, last_tensors)):
+        assert row["param_bytes"] == psi * FP32, row
+        assert row["grad_bytes"] == psi * FP32, row
+        assert row["optim_bytes"] == 2 * psi * FP32 + tensors * FP32, row
+
+
+def test_saved_activations_fall_with_recompute(tmp_path):
+    peaks = {}
+    for recompute in ("none", "selective", "full"):
+        ranks = run(tmp_path / recompute, 1, parallel__recompute=recompute)
+        peaks[recompute] = ranks[0]["activation_peak_bytes"]
+    assert peaks["none"] > peaks["selective"] > peaks["full"] > 0, peaks
