@@ -280,6 +280,8 @@ class TrainPlan:
     """Activation recompute: "none", "selective" (attention core) or "full" (each block)."""
     zero: Setting
     """ZeRO stage: 0 (none), 1 (AdamW state sharded over dp) or 2 (state and gradients)."""
+    overlap: Setting
+    """OVERLAP_SUB_BATCHES: 1 for ``overlap = none``, k for ``sub_batch(k)`` (Oases sub-batches)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

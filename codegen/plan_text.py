@@ -117,6 +117,8 @@ def plan_to_text(plan) -> str:
         lines.append(f"  {t.recompute.name} = {t.recompute.value!r}  [{cite(t.recompute.span)}]")
     if t.zero.value:
         lines.append(f"  {t.zero.name} = {t.zero.value!r}  [{cite(t.zero.span)}]")
+    if t.overlap.value > 1:
+        lines.append(f"  {t.overlap.name} = {t.overlap.value!r}  [{cite(t.overlap.span)}]")
     data = t.data
     where = f" {data.path!r} ({data.dtype})" if data.path else ""
     lines.append(f"  data = {data.kind}{where}  [{cite(data.span)}]")

@@ -39,12 +39,6 @@ UNSUPPORTED_FEATURES: tuple[tuple[str, Callable[[Spec], bool], str, str], ...] =
         "use zero = 2 (optimizer state and gradients sharded) or zero = 1 (optimizer state only)",
     ),
     (
-        "parallel.overlap",
-        lambda s: s.parallel.overlap_sub_batches is not None and s.parallel.overlap_sub_batches > 1,
-        "communication overlap (overlap = sub_batch(k))",
-        "use overlap = none",
-    ),
-    (
         "train.precision",
         lambda s: s.train.precision is Precision.FP16,
         "fp16 training (it needs loss scaling)",

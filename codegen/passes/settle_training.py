@@ -84,6 +84,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
         ),
         recompute=setting(spec, "RECOMPUTE", "parallel.recompute", spec.parallel.recompute.value),
         zero=setting(spec, "ZERO", "parallel.zero", spec.parallel.zero),
+        overlap=setting(spec, "OVERLAP_SUB_BATCHES", "parallel.overlap", spec.parallel.overlap_sub_batches),
         data=DataPlan(kind=t.data.kind.value, path=t.data.path, dtype=t.data.dtype, span=spec.span("train.data")),
     )
     return replace(draft, model=model, train=train)

@@ -40,6 +40,13 @@ LAYOUTS = {
     "pp2-recompute-full": dict(pp=2, parallel__recompute="full"),
     "pp2-dp2-zero2": dict(pp=2, dp=2, parallel__zero=2),
     "pp2-tp2-zero1": dict(pp=2, tp=2, parallel__zero=1),
+    # Oases sub-batch overlap (runtime/overlap.py); dp > 1 layouts overlap gradients always
+    "tp2-overlap2": dict(tp=2, parallel__overlap="sub_batch(2)"),
+    "tp2-sp-overlap2": dict(tp=2, sp=True, parallel__overlap="sub_batch(2)"),
+    "tp4-overlap2": dict(tp=4, parallel__overlap="sub_batch(2)"),
+    "dp2-tp2-overlap2": dict(dp=2, tp=2, parallel__overlap="sub_batch(2)"),
+    "tp2-sp-overlap2-recompute-full": dict(tp=2, sp=True, parallel__overlap="sub_batch(2)", parallel__recompute="full"),
+    "pp2-tp2-overlap2": dict(pp=2, tp=2, parallel__overlap="sub_batch(2)"),
 }
 ARCHS = ("gpt", "llama")
 
