@@ -1,6 +1,7 @@
 """What each training step logs: loss, grad norm, lr, tokens/s, MFU, memory, time.
 
-Takes: the model config and per-step figures. Gives: ``flops_per_token``,
+Takes: the model config and per-step figures (``exposed_comm_s``: seconds blocked on
+communication, from ``comm.exposed_clock``, Note [exposed communication]). Gives: ``flops_per_token``,
 ``peak_mem_bytes`` and ``MetricsLogger`` (one line per step on rank 0, and one JSON
 object per step in ``--metrics-jsonl``).
 """
@@ -44,12 +45,13 @@ class MetricsLogger:
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
-        mfu = record.get("mfu")
+        mfu, exposed = record.get("mfu"), record.get("exposed_comm_s")
         print(
             f"step {record['step']:>5} | loss {record['loss']:.4f} | grad_norm {record['grad_norm']:.3f}"
             f" | lr {record['lr']:.2e} | {record['tokens_per_s']:,.0f} tok/s"
             f" | mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}"
-            f" | mem {record['peak_mem_bytes'] / 2**20:,.0f} MiB | {record['step_time_s']:.3f} s",
+            f" | mem {record['peak_mem_bytes'] / 2**20:,.0f} MiB | {record['step_time_s']:.3f} s"
+            + ("" if exposed is None else f" (comm exposed {exposed:.3f} s)"),
             flush=True,
         )
         if self.file:
