@@ -48,7 +48,12 @@ def rotary_tables(T, D, theta, device):
 
 
 def rotary_one(x, theta):
-    """Rotate (B, heads, T, D) by position (pairs of halves, Llama style)."""
+    """Rotate (B, heads, T, D) by position (pairs of halves, Llama style).
+
+    A bf16 x gives fp32, as x · (fp32 cos) does in model.py; its gradient is formed
+    in fp32 and rounded once (model.py's rounds each of the two terms).
+    """
+    x = _up(x)
     cos, sin = rotary_tables(x.shape[-2], x.shape[-1], theta, x.device)
     cos, sin = cos.repeat(1, 2), sin.repeat(1, 2)  # (T, D)
     first, second = x.chunk(2, dim=-1)
