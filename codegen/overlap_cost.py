@@ -1,0 +1,177 @@
+"""The exposed tensor-parallel communication of ``overlap = none`` and ``sub_batch(k)``.
+
+Takes: the stages of a micro-batch's blocks (compute time, the collective after it,
+the gradient collectives of its backward) and an α–β link. Gives: ``exposed_comm``
+(forward and backward seconds per micro-batch that no compute hides) for any number
+of sub-batches, ``block_stages`` (the stages of a GPT/Llama block from its sizes and
+a FLOP rate) and ``exposed_tp`` (one block, from its totals: the planner's seam in
+``codegen/cost/time.py``). Before: nothing. After: the planner's time model.
+
+Note [the overlap model]: it replays the schedule of ``runtime/overlap.py`` on two
+resources, the compute stream and one communication link (collectives run one at a
+time, in launch order).
+- Forward (Note [the sub-batch schedule]): stage s of sub-batch i waits its own
+  previous collective, computes compute_s / k, and launches its collective of
+  bytes / k; so sub-batch i's collective hides behind sub-batch i+1's compute, and
+  the last sub-batch's behind stage s+1 of sub-batch 0. After the last stage every
+  collective is waited. With k = 1 every collective is waited right after its
+  launch: all of it is exposed.
+- Backward (Note [overlap in backward]): the engine walks the stages backwards,
+  sub-batch k−1 first. A stage's backward is 2 × its forward compute: first the
+  input gradient (half), then the weight gradients (half). Its gradient
+  collective (the column-parallel input's all-reduce, or reduce-scatter under SP)
+  is launched after the input gradient and waited after the weight gradients when
+  k > 1 (Megatron's overlap); with k = 1 (the plain layers) it blocks before them.
+  A ``blocking`` gradient collective (SP: the all-gather of the row-parallel output's
+  gradient) is waited at once in both modes.
+- Collective times (ring, n ranks, B bytes): all-reduce 2(n−1)·α + 2(n−1)/n·B/β;
+  all-gather and reduce-scatter (n−1)·α + (n−1)/n·B/β. A sub-batch's collective
+  moves B/k bytes but pays the whole latency: sub-batching does not pay off on a
+  latency-bound link.
+exposed = the stream's finishing time − its compute time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+RING_STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    latency_s: float
+    """α: seconds per ring step."""
+    bandwidth: float
+    """β: bytes per second one rank sends."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Collective:
+    kind: str
+    """``all_reduce``, ``all_gather`` or ``reduce_scatter``."""
+    nbytes: float
+    """The buffer of the whole micro-batch (for ``all_gather``: the gathered result)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stage:
+    """Compute between two collectives of one micro-batch, and what follows it."""
+
+    compute_s: float
+    """Forward seconds for the whole micro-batch."""
+    forward: Collective | None = None
+    """Launched after the stage; the next stage waits it."""
+    backward: Collective | None = None
+    """Gradient collective overlapping the weight gradients (Megatron) when k > 1."""
+    blocking: Collective | None = None
+    """Gradient collective the backward waits at once (SP's all-gather)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Exposure:
+    forward_s: float
+    backward_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+
+def collective_time(collective: Collective | None, *, ranks: int, link: Link, parts: int = 1) -> float:
+    """Seconds for one sub-batch's share (``nbytes / parts``) of ``collective`` on a ring."""
+    if collective is None or ranks <= 1 or collective.nbytes <= 0:
+        return 0.0
+    steps = RING_STEPS[collective.kind]
+    volume = steps * (ranks - 1) / ranks * collective.nbytes / parts
+    return steps * (ranks - 1) * link.latency_s + volume / link.bandwidth
+
+
+def exposed_comm(stages: Sequence[Stage], *, sub_batches: int, ranks: int, link: Link) -> Exposure:
+    """Exposed communication of one micro-batch through ``stages``; Note [the overlap model]."""
+    if sub_batches < 1:
+        raise ValueError(f"sub_batches must be at least 1, not {sub_batches}")
+    k = sub_batches
+
+    def time(collective):
+        return collective_time(collective, ranks=ranks, link=link, parts=k)
+
+    # forward: the wavefront
+    clock, link_free, compute = 0.0, 0.0, 0.0
+    done = [0.0] * k  # when each sub-batch's last collective finishes
+    for stage in stages:
+        for i in range(k):
+            clock = max(clock, done[i])  # wait sub-batch i's previous collective
+            clock += stage.compute_s / k
+            compute += stage.compute_s / k
+            if stage.forward is not None:
+                start = max(clock, link_free)
+                link_free = done[i] = start + time(stage.forward)
+    clock = max([clock, *done])
+    forward = clock - compute
+
+    # backward: stages in reverse, sub-batch k−1 first
+    clock, link_free, compute = 0.0, 0.0, 0.0
+    for stage in reversed(stages):
+        for _ in range(k):
+            if stage.blocking is not None:
+                start = max(clock, link_free)
+                clock = link_free = start + time(stage.blocking)
+            clock += stage.compute_s / k  # the input gradient
+            start = max(clock, link_free)
+            end = link_free = start + time(stage.backward)
+            if k == 1:
+                clock = max(clock, end)  # the plain layers block here
+            clock += stage.compute_s / k  # the weight gradients
+            clock = max(clock, end)
+            compute += 2 * stage.compute_s / k
+    return Exposure(forward_s=forward, backward_s=clock - compute)
+
+
+def block_stages(
+    *, micro_batch: int, seq_len: int, hidden: int, ffn: int, heads: int, kv_heads: int, arch: str,
+    tp: int, sequence_parallel: bool, flops_per_s: float, bytes_per_element: int = 4,
+) -> tuple[Stage, ...]:
+    """The stages of one GPT/Llama block on one tp rank, as ``runtime/overlap.py`` runs them.
+
+    Compute is the block's matmul FLOPs (and the attention products) at ``flops_per_s``;
+    every collective carries the (micro_batch, seq_len, hidden) activations.
+    """
+    tokens, head_dim = micro_batch * seq_len, hidden // heads
+    attention = 2 * tokens * hidden * (heads + 2 * kv_heads) * head_dim  # q, k, v
+    attention += 4 * micro_batch * seq_len * seq_len * heads * head_dim  # q·kᵀ, ·v
+    attention += 2 * tokens * heads * head_dim * hidden  # o
+    mlp = (3 if arch == "llama" else 2) * 2 * tokens * hidden * ffn
+    activations = Collective(kind="all_reduce", nbytes=tokens * hidden * bytes_per_element)
+    stages = []
+    for flops in (attention, mlp):
+        compute = flops / tp / flops_per_s
+        if not sequence_parallel:
+            stages.append(Stage(compute_s=compute, forward=activations, backward=activations))
+            continue
+        gather = Collective(kind="all_gather", nbytes=activations.nbytes)
+        scatter = Collective(kind="reduce_scatter", nbytes=activations.nbytes)
+        stages.append(Stage(compute_s=0.0, forward=gather))  # the norm: negligible compute
+        stages.append(Stage(compute_s=compute, forward=scatter, backward=scatter, blocking=gather))
+    return tuple(stages)
+
+
+def exposed_tp(comm_s: float, compute_s: float, sub_batches: int, *, latency_s: float = 0.0, blocks: int = 1) -> float:
+    """Exposed tp seconds per block, forward or backward alike, from a block's totals.
+
+    ``comm_s``: the block's two all-reduces of the whole micro-batch, each paying
+    ``latency_s`` that does not shrink with sub-batches; ``compute_s``: the block's
+    compute in the same direction. Each block is two equal regions, a stage followed
+    by one all-reduce (the forward of Note [the overlap model]); ``blocks`` of them in
+    a row, so the last block's collectives can hide behind the next block's start.
+    """
+    if comm_s <= 0:
+        return 0.0
+    latency = min(latency_s, comm_s / 2)
+    # one all-reduce on 2 ranks takes 2·α + bytes/β: with β = 1, α = latency / 2 and
+    # bytes = comm_s / 2 − latency, it takes comm_s / 2
+    link = Link(latency_s=latency / 2, bandwidth=1.0)
+    region = Stage(compute_s=compute_s / 2, forward=Collective(kind="all_reduce", nbytes=comm_s / 2 - latency))
+    stages = (region, region) * blocks
+    return exposed_comm(stages, sub_batches=sub_batches, ranks=2, link=link).forward_s / blocks
