@@ -20,6 +20,8 @@ COMMANDS = (
     "parc.codegen.build_cmd",  # build
     "parc.codegen.data_cmd",  # data prepare
     "parc.codegen.explain",  # explain
+    "parc.codegen.plan_cmd",  # plan
+    "parc.codegen.profile_cmd",  # profile
 )
 
 

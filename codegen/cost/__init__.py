@@ -1,0 +1,13 @@
+"""The planner's analytical cost model: memory and time of a layout on a machine.
+
+``estimate(spec, layout, hardware, accounting)`` → ``Estimate``; the parts live in
+``layout`` (what a rank holds), ``memory``, ``time`` (with ``comm`` and ``bubble``)
+and ``hardware`` (presets, calibration, ``parc profile`` files). docs/planner.md
+describes the model; ``codegen/search.py`` ranks layouts with it.
+"""
+
+from .estimate import Estimate, estimate
+from .hardware import Hardware, hardware_for
+from .layout import Accounting, Layout
+
+__all__ = ["Accounting", "Estimate", "Hardware", "Layout", "estimate", "hardware_for"]

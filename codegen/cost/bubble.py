@@ -1,0 +1,63 @@
+"""The pipeline's makespan, from the runtime's own schedule and timeline simulator.
+
+Takes: the schedule (kind, stages, micro-batches, chunks) and the time of one
+forward and one backward of a chunk and of one stage-to-stage message. Gives:
+``makespan(..., exact=)``. Before: ``cost/time.py``. After: nothing.
+
+Note [fast and exact bubbles]: the exact makespan runs ``runtime/schedule.py``'s
+``build_schedule`` through ``runtime/schedule_sim.py``'s ``simulate`` — the very
+action lists the trainer executes — memoized by (kind, stages, micro-batches, chunks,
+B/F, comm/F), since the timeline scales with F. That costs milliseconds, too slow for
+the thousands of layouts the search scores, so the search scores with the closed
+form the schedule tests prove for zero communication, (v·M + p − 1)·(F + B), plus
+2·comm per micro-batch-chunk crossing (the steady state waits for each message once
+each way), and then re-scores its best candidates exactly before ranking them
+(``codegen/search.py``). ``parc plan`` always shows exact figures.
+
+Note [steady state]: after warm-up, every schedule here repeats a period of p
+micro-batches, so the makespan is affine in M; a long schedule (M > 4p) is simulated
+at 2p, 3p and 4p micro-batches and, when those three points lie on one line, extended
+along it (tests/planner compares that with the full simulation); otherwise the full
+schedule is simulated.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from parc.runtime.schedule import build_schedule
+from parc.runtime.schedule_sim import simulate
+
+
+def makespan(
+    kind: str, *, stages: int, micro_batches: int, chunks: int,
+    forward: float, backward: float, comm: float, exact: bool,
+) -> float:
+    """Seconds from the first forward to the last backward of a step on the pipeline."""
+    units = micro_batches * chunks
+    if stages == 1:
+        return micro_batches * (forward + backward)
+    if not exact or forward <= 0:
+        closed = (units + stages - 1) * (forward + backward)
+        return closed + 2.0 * comm * (units + stages - 1) / chunks
+    ratio_b = round(backward / forward, 3)
+    ratio_c = round(comm / forward, 4)
+    return forward * _unit_makespan(kind, stages, micro_batches, chunks, ratio_b, ratio_c)
+
+
+@functools.lru_cache(maxsize=512)
+def _unit_makespan(kind: str, stages: int, micro_batches: int, chunks: int, backward: float, comm: float) -> float:
+    """Note [steady state]: long schedules are simulated at 2p, 3p and 4p micro-batches and
+    extended along the line, when the three points are on one line; else in full."""
+    p = stages
+    if micro_batches > 4 * p:
+        a, b, c = (_simulate(kind, p, n * p, chunks, backward, comm) for n in (2, 3, 4))
+        if abs((c - b) - (b - a)) <= 1e-9 * c:
+            return a + (micro_batches - 2 * p) * (b - a) / p
+    return _simulate(kind, p, micro_batches, chunks, backward, comm)
+
+
+@functools.lru_cache(maxsize=512)
+def _simulate(kind: str, stages: int, micro_batches: int, chunks: int, backward: float, comm: float) -> float:
+    schedule = build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks)
+    return simulate(schedule, forward_time=1.0, backward_time=backward, comm_time=comm).makespan

@@ -1,0 +1,63 @@
+"""One layout, evaluated: memory and time together, and the figures a user compares.
+
+Takes: a ``Spec``, a ``Layout``, ``Hardware`` and an ``Accounting``. Gives:
+``Estimate`` (tokens/s, TFLOP/s per device, MFU, peak memory, whether it fits, the
+two breakdowns, whether ``parc build`` can generate it) and ``estimate(...)``.
+Before: ``cost/memory.py``, ``cost/time.py``. After: ``codegen/search.py``,
+``codegen/plan_cmd.py``, ``codegen/passes/choose_layout.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parc.dsl.spec import Spec
+
+from .hardware import Hardware
+from .layout import Accounting, Layout
+from .memory import MemoryBreakdown, memory
+from .time import TimeBreakdown, step_time
+
+USABLE_MEMORY = 0.95
+"""Fraction of a device's memory a layout may plan to use (allocator slack, workspaces)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate:
+    layout: Layout
+    time: TimeBreakdown
+    memory: MemoryBreakdown
+    """The peak pipeline rank's."""
+    peak_rank: int
+    tokens_per_s: float
+    tflops_per_device: float
+    """Model FLOP/s (no recompute) per device, in TFLOP/s."""
+    mfu: float
+    fits: bool
+    buildable: bool
+    """``parc build`` can generate it (zero 3 is predicted, not built yet)."""
+
+    @property
+    def peak_mem_bytes(self) -> float:
+        return self.memory.total
+
+
+def estimate(
+    spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC, *, exact: bool = True
+) -> Estimate:
+    time = step_time(spec, layout, hw, accounting, exact=exact)
+    mem = memory(spec, layout, accounting)
+    world = layout.dp * layout.tp * layout.pp
+    achieved = time.model_flops / time.step / world
+    limit = None if hw.memory is None else hw.memory * USABLE_MEMORY
+    return Estimate(
+        layout=layout,
+        time=time,
+        memory=mem.peak,
+        peak_rank=mem.peak_rank,
+        tokens_per_s=spec.train.global_batch * spec.model.seq_len / time.step,
+        tflops_per_device=achieved / 1e12,
+        mfu=achieved / hw.peak_flops,
+        fits=limit is None or mem.peak.total <= limit,
+        buildable=layout.zero <= 2,
+    )

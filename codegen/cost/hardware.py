@@ -1,0 +1,170 @@
+"""The machine as the cost model sees it: peaks, efficiencies, links, overheads.
+
+Takes: a ``MeshSpec`` (the preset's figures, or the spec's explicit numbers) and,
+when the mesh names one, a profile written by ``parc profile``. Gives:
+``Hardware`` and ``hardware_for(spec)``. Used by ``cost/time.py`` and
+``cost/memory.py``; before them: ``parc.dsl``.
+
+Note [size-dependent efficiency]: a GEMM reaches a fraction of the device peak that
+grows with its smallest dimension n: ``eff(n) = eff_max · n / (n + n_half)`` on a
+GPU (the roofline's ramp: small matrices starve the tensor cores). ``eff_max`` and
+``n_half`` of the A100 presets are fitted on Megatron-LM's SC21 rows
+(``bench/planner_calibration.py`` prints the fit); the other GPU presets reuse them
+(an assumption: same software stack, same shape of ramp). A profiled machine uses
+its measured table instead: matmul FLOP/s by size, interpolated in log size.
+Elementwise work is memory-bound (bytes moved / memory bandwidth) and every op
+dispatched costs ``op_overhead`` seconds (launch or Python dispatch; it dominates
+tiny models on a CPU).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+from dataclasses import dataclass
+
+from parc.dsl.spec import MeshSpec, Spec
+
+# Note [size-dependent efficiency]: the fit of bench/planner_calibration.py on the
+# three SC21 rows (DGX A100, Megatron-LM 2021: fused kernels, no flash attention).
+GPU_EFFICIENCY = {"eff_max": 0.70, "n_half": 10.0}
+GPU_OP_OVERHEAD = 4e-6
+"""Seconds per kernel launch (CUDA launch latency, a few µs)."""
+HBM_BANDWIDTH = {
+    "a100-40gb": 1.555e12,
+    "a100-80gb": 2.039e12,
+    "h100-80gb": 3.35e12,
+    "h200": 4.8e12,
+    "rtx3090": 0.936e12,
+}
+"""Bytes/s, from ../shared/reference/README.md."""
+MEMORY_BANDWIDTH_EFFICIENCY = 0.8
+"""Fraction of the HBM peak an elementwise kernel streams at."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    bandwidth: float
+    """Bytes/s per device, per direction."""
+    latency: float
+    """Seconds per message hop (the α of the α–β model)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Collective:
+    """A measured collective: time(bytes) = latency + bytes / bandwidth, for ``ranks``."""
+
+    ranks: int
+    latency: float
+    bandwidth: float
+    """Bytes of the buffer per second (algorithm bandwidth, not bus bandwidth)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hardware:
+    name: str
+    peak_flops: float
+    """Dense FLOP/s of one device at the training precision."""
+    memory: float | None
+    """Bytes per device; None when unknown (everything fits)."""
+    memory_bandwidth: float
+    """Bytes/s an elementwise kernel streams at."""
+    devices_per_node: int
+    intra: Link
+    inter: Link
+    op_overhead: float
+    """Seconds per op dispatched (forward or backward), beyond its arithmetic."""
+    eff_max: float = GPU_EFFICIENCY["eff_max"]
+    n_half: float = GPU_EFFICIENCY["n_half"]
+    matmul_table: tuple[tuple[float, float], ...] = ()
+    """Measured (n, FLOP/s) of n×n×n matmuls, ascending n; empty: use eff_max, n_half."""
+    collectives: tuple[tuple[str, Collective], ...] = ()
+    """Measured collectives by name (all_reduce, all_gather, reduce_scatter, send_recv)."""
+    profile: str | None = None
+    """The profile file the figures came from, as the spec named it."""
+
+    def matmul_flops(self, n: float) -> float:
+        """FLOP/s of a GEMM whose smallest dimension is n (Note [size-dependent efficiency])."""
+        table = self.matmul_table
+        if not table:
+            return self.peak_flops * self.eff_max * n / (n + self.n_half)
+        sizes = [size for size, _ in table]
+        if n <= sizes[0]:
+            return table[0][1] * n / sizes[0]  # below the table: the ramp goes on linearly
+        if n >= sizes[-1]:
+            return table[-1][1]
+        i = bisect.bisect_right(sizes, n)
+        (n0, f0), (n1, f1) = table[i - 1], table[i]
+        w = (math.log(n) - math.log(n0)) / (math.log(n1) - math.log(n0))
+        return f0 + w * (f1 - f0)
+
+    def collective(self, name: str) -> Collective | None:
+        for key, value in self.collectives:
+            if key == name:
+                return value
+        return None
+
+
+def hardware_for(spec: Spec, *, base_dir: str | None = None) -> Hardware:
+    """The hardware of ``spec.mesh``; a named profile (relative to the spec) overrides the preset."""
+    mesh = spec.mesh
+    profile = getattr(mesh, "profile", None)
+    if profile:
+        folder = base_dir if base_dir is not None else os.path.dirname(spec.source)
+        return from_profile(mesh, os.path.join(folder, profile), named=profile)
+    return from_mesh(mesh)
+
+
+def from_mesh(mesh: MeshSpec) -> Hardware:
+    peak = mesh.device_flops
+    if peak is None:  # cpu without a profile: a modest guess, flagged in the plan's title
+        peak = 50e9
+    return Hardware(
+        name=mesh.device,
+        peak_flops=float(peak),
+        memory=mesh.device_memory,
+        memory_bandwidth=HBM_BANDWIDTH.get(mesh.device, 20e9) * MEMORY_BANDWIDTH_EFFICIENCY,
+        devices_per_node=mesh.devices_per_node,
+        intra=Link(bandwidth=mesh.intra_node, latency=mesh.intra_node_latency),
+        inter=Link(bandwidth=mesh.inter_node, latency=mesh.inter_node_latency),
+        op_overhead=GPU_OP_OVERHEAD if mesh.device != "cpu" else 10e-6,
+    )
+
+
+def from_profile(mesh: MeshSpec, path: str, *, named: str) -> Hardware:
+    """Hardware from a ``parc profile`` JSON file (docs/planner.md, "The profile")."""
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    table = tuple(sorted((float(row["n"]), float(row["flops"])) for row in data["matmul"]))
+    collectives = tuple(
+        sorted(
+            (
+                name,
+                Collective(
+                    ranks=int(row["ranks"]),
+                    latency=float(row["latency_s"]),
+                    bandwidth=float(row["bandwidth"]),
+                ),
+            )
+            for name, row in data.get("collectives", {}).items()
+        )
+    )
+    peak = max(flops for _, flops in table)
+    memory = mesh.device_memory
+    if memory is None and data.get("memory_bytes"):
+        memory = float(data["memory_bytes"]) / mesh.devices_per_node
+    return Hardware(
+        name=mesh.device,
+        peak_flops=float(mesh.device_flops or peak),
+        memory=memory,
+        memory_bandwidth=float(data["memory_bandwidth"]),
+        devices_per_node=mesh.devices_per_node,
+        intra=Link(bandwidth=mesh.intra_node, latency=mesh.intra_node_latency),
+        inter=Link(bandwidth=mesh.inter_node, latency=mesh.inter_node_latency),
+        op_overhead=float(data["op_overhead_s"]),
+        matmul_table=table,
+        collectives=collectives,
+        profile=named,
+    )

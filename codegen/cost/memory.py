@@ -1,0 +1,210 @@
+"""Memory per rank: parameters, gradients, optimizer state, activations, buffers.
+
+Takes: a ``Spec``, a ``Layout`` and an ``Accounting``. Gives: ``memory(...)``, a
+``MemoryEstimate`` with one ``MemoryBreakdown`` per pipeline rank and the peak one;
+and the formulas on their own (``model_state_bytes``, ``korthikanti_layer_bytes``,
+``parc_layer_elements``) for the tests. Before: ``cost/layout.py``. After:
+``cost/estimate.py``.
+
+Note [what parc's trainer saves]: the PARC accounting predicts exactly what the
+trainer logs (``runtime/memory.py``): ``param_bytes`` = 4 bytes × this rank's
+elements; ``grad_bytes`` = the same for zero 0/1, 4·ceil(Ψ/dp) for zero 2;
+``optim_bytes`` = two fp32 moments per element plus torch's 4-byte ``step`` per
+tensor (zero 0), or the moments of the rank's slice, 8·ceil(Ψ/dp) (zero 1/2). Its
+activations are the tensors autograd saves in ``runtime/model.py``, counted per
+token, in elements (h hidden, F ffn, a heads, k = kv_heads·head_dim, t = tp):
+
+  gpt block:   4h (residual x twice, each norm's output as the next linear's input)
+               + q h + k + v k + attention output h + up F + gelu F, all /t
+               + norm statistics 4 and log-sum-exp a/t (flash attention: no s² term)
+  llama block: 6h (RMSNorm saves x, x·rstd and its output) + rotated q h, k, v k,
+               output h, gate F, up F, silu F, product F (/t), rstd 2, lse a/t,
+               and cos/sin tables 4·T·D per micro-batch
+  sp:          the norms' tensors are /t, but each column linear saves its
+               all-gathered input whole: 2h stay.
+  selective:   the attention core's lse and tables go; full: the block input only
+               (h, or h/t under sp).
+
+Those were read off ``saved_tensors_hooks`` on CPU and are checked against the
+trainer's measurement in tests/planner. The working set of a recomputed layer and the
+gradient flat buffers are real memory but not saved activations: they are ``buffers``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from parc.dsl.spec import Arch, ModelSpec, Precision, Spec
+from parc.runtime.schedule import in_flight_bound
+
+from .layout import Accounting, Layout, rank_params, stage_contents
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryBreakdown:
+    """Bytes one rank holds at its peak."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float
+    """Transient: gradient flat buffers, a recomputed layer's working set."""
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryEstimate:
+    per_rank: tuple[MemoryBreakdown, ...]
+    """One entry per pipeline rank (every tp and dp rank of it holds the same)."""
+    peak_rank: int
+    """The pipeline rank holding the most."""
+
+    @property
+    def peak(self) -> MemoryBreakdown:
+        return self.per_rank[self.peak_rank]
+
+
+def model_state_bytes(
+    params: int, tensors: int, *, dp: int, zero: int, accounting: Accounting
+) -> tuple[float, float, float]:
+    """(parameter, gradient, optimizer) bytes of a rank holding ``params`` elements.
+
+    MEGATRON: the ZeRO paper's 2 + 2 + 12 bytes per parameter, with stage 1 sharding
+    the 12, stage 2 also the gradients' 2, stage 3 everything. PARC: Note [what parc's
+    trainer saves] (stage 3 shards the fp32 parameters too).
+    """
+    shard = math.ceil(params / dp)
+    if accounting is Accounting.MEGATRON:
+        return (
+            2.0 * (params / dp if zero >= 3 else params),
+            2.0 * (params / dp if zero >= 2 else params),
+            12.0 * (params / dp if zero >= 1 else params),
+        )
+    param_bytes = 4.0 * (shard if zero >= 3 else params)
+    grad_bytes = 4.0 * (shard if zero >= 2 else params)
+    optim_bytes = 8.0 * shard if zero >= 1 else 8.0 * params + 4.0 * tensors
+    return param_bytes, grad_bytes, optim_bytes
+
+
+def korthikanti_layer_bytes(
+    *, seq: int, micro_batch: int, hidden: int, heads: int, tp: int, sp: bool, recompute: str
+) -> float:
+    """Activation bytes of one transformer layer, fp16 (Korthikanti et al. 2022, Table 2)."""
+    s, b, h, a, t = seq, micro_batch, hidden, heads, tp
+    if recompute == "full":
+        return 2.0 * s * b * h / (t if sp else 1)
+    if recompute == "selective":
+        return s * b * h / t * 34 if sp else s * b * h * (10 + 24 / t)
+    if sp:
+        return s * b * h / t * (34 + 5 * a * s / h)
+    if t > 1:
+        return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    return s * b * h * (34 + 5 * a * s / h)
+
+
+def parc_layer_elements(model: ModelSpec, *, tp: int, sp: bool, recompute: str, micro_batch: int) -> float:
+    """Elements saved per token by one block of parc's trainer (Note [what parc's trainer saves])."""
+    h, F, a, t = model.hidden, model.ffn, model.heads, tp
+    k = model.kv_heads * model.head_dim
+    if recompute == "full":
+        return h / t if sp else h
+    core_extra = a / t  # log-sum-exp of the flash attention
+    if model.arch is Arch.GPT:
+        whole, stats = 4 * h, 4.0
+        sharded = 2 * h + 2 * k + 2 * F
+    else:
+        whole, stats = 6 * h, 2.0
+        sharded = 2 * h + 2 * k + 4 * F
+        core_extra += 4 * model.head_dim / micro_batch  # cos and sin, (T, D) each, for q and k
+    if recompute == "selective":
+        core_extra = 0.0
+    if sp:
+        gathered = 2 * h  # each column linear keeps its all-gathered input
+        return gathered + (whole - gathered + stats) / t + sharded / t + core_extra
+    return whole + stats + sharded / t + core_extra
+
+
+def parc_head_elements(model: ModelSpec, *, tp: int, sp: bool) -> float:
+    """Elements saved per token by the final norm, the head and the loss (last stage)."""
+    h, t = model.hidden, tp
+    norm = 2 * h + 2 if model.arch is Arch.GPT else 3 * h + 1  # x, (normalized), output
+    if sp:
+        norm = h + (norm - h) / t  # the norm runs on a shard; the head keeps the gathered input
+    return norm + model.padded_vocab / t + 3  # logits, int64 targets, loss statistics
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_flight(kind: str, stages: int, rank: int, micro_batches: int, chunks: int) -> int:
+    if stages == 1:
+        return 1
+    return in_flight_bound(kind, stages=stages, rank=rank, micro_batches=micro_batches, chunks=chunks)
+
+
+def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounting, stage_layers=None) -> float:
+    """Peak bytes of activations saved on pipeline rank ``rank``."""
+    model = spec.model
+    contents = stage_contents(model, layout, rank, stage_layers)
+    micro_batches = layout.grad_accum(spec.train.global_batch)
+    in_flight = _in_flight(layout.schedule, layout.pp, rank, micro_batches, layout.chunks)
+    per_chunk_layers = contents.layers / layout.chunks
+    tokens = layout.micro_batch * model.seq_len
+    if accounting is Accounting.MEGATRON:
+        layer = korthikanti_layer_bytes(
+            seq=model.seq_len, micro_batch=layout.micro_batch, hidden=model.hidden,
+            heads=model.heads, tp=layout.tp, sp=layout.sp, recompute=layout.recompute,
+        )
+        return in_flight * per_chunk_layers * layer
+    element = 4.0 if spec.train.precision is Precision.FP32 else 2.0
+    layer = parc_layer_elements(
+        model, tp=layout.tp, sp=layout.sp, recompute=layout.recompute, micro_batch=layout.micro_batch
+    )
+    total = in_flight * per_chunk_layers * layer * tokens * element
+    if contents.embed:
+        total += min(in_flight, micro_batches) * tokens * 8.0  # the int64 token ids
+    if contents.head:
+        head_in_flight = micro_batches if layout.schedule == "gpipe" and layout.pp > 1 else 1
+        total += head_in_flight * parc_head_elements(model, tp=layout.tp, sp=layout.sp) * tokens * 4.0
+    return total
+
+
+def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC) -> MemoryEstimate:
+    """Peak bytes per pipeline rank, with the breakdown (ranks 0 and pp−1 bound the others
+    under an even split, so only they are evaluated then; explicit stage_layers: all)."""
+    model = spec.model
+    stage_layers = list(spec.parallel.stage_layers) if spec.parallel.stage_layers else None
+    ranks = range(layout.pp) if stage_layers else sorted({0, layout.pp - 1})
+    rows = {}
+    for rank in ranks:
+        params, tensors = rank_params(model, layout, rank, stage_layers)
+        param_b, grad_b, optim_b = model_state_bytes(
+            params, tensors, dp=layout.dp, zero=layout.zero, accounting=accounting
+        )
+        acts = activation_bytes(spec, layout, rank, accounting, stage_layers)
+        rows[rank] = MemoryBreakdown(
+            params=param_b,
+            grads=grad_b,
+            optimizer=optim_b,
+            activations=acts,
+            buffers=_buffers(spec, layout, params, accounting),
+        )
+    per_rank = tuple(rows.get(rank, rows[0]) for rank in range(layout.pp))
+    peak_rank = max(range(layout.pp), key=lambda r: (per_rank[r].total, -r))
+    return MemoryEstimate(per_rank=per_rank, peak_rank=peak_rank)
+
+
+def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting) -> float:
+    model, tokens = spec.model, layout.micro_batch * spec.model.seq_len
+    total = 0.0
+    if accounting is Accounting.PARC and layout.dp > 1:
+        total += 4.0 * params  # dp buckets / ZeRO's flat gradient: one fp32 copy in flight
+    if layout.recompute == "full":  # one block's tensors rebuilt during its backward
+        element = 2.0 if accounting is Accounting.MEGATRON else 4.0
+        working = parc_layer_elements(model, tp=layout.tp, sp=layout.sp, recompute="none", micro_batch=layout.micro_batch)
+        total += working * tokens * element
+    return total

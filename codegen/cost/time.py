@@ -1,0 +1,211 @@
+"""Time per step: compute, exposed communication, the pipeline bubble.
+
+Takes: a ``Spec``, a ``Layout``, ``Hardware`` and an ``Accounting``. Gives:
+``step_time(...)`` → ``TimeBreakdown``. Before: ``cost/hardware.py``, ``cost/comm.py``.
+After: ``cost/estimate.py``.
+
+Note [the time model]: per micro-batch and transformer block on one rank,
+- compute: each GEMM (q, k, v, o, the MLP's, the attention core's two batched
+  products) takes 2·m·n·k / FLOP/s(smallest dim) (Note [size-dependent efficiency]);
+  backward twice the forward; recompute adds the forward again (full) or the
+  attention core (selective); elementwise work moves bytes at the memory bandwidth;
+  every op costs the dispatch overhead. The head's GEMM runs on the last stage.
+- tensor/sequence parallel: two all-reduces (or all-gather + reduce-scatter pairs
+  under sp: the same ring volume) of the block's (b, s, h) activations forward, two
+  backward, two more under full recompute.
+- overlap = sub_batch(k) (Oases): each micro-batch runs as k sub-batches; a sub-batch's
+  collectives hide behind the next one's compute, so the exposed tp time is one
+  sub-batch's share plus what the compute cannot cover: c/k + max(0, c·(k−1)/k −
+  compute·(k−1)/k) — paid for with k× the op dispatches and smaller GEMMs.
+  ``codegen/overlap_cost.py`` (another engineer's) was not there to call: this is
+  the seam (``exposed_tp``) where it plugs in.
+- data parallel: one all-reduce of the gradients per step (zero 0, overlapped with
+  the last micro-batch's backward through the runtime's buckets: exposed
+  max(0, dp − backward); Megatron-LM of 2021 reduces after the pipeline flush, not
+  overlapped); zero 1 and 2 reduce (all-reduce, reduce-scatter) then
+  all-gather the updated slice after backward, not overlapped; zero 3 also gathers
+  the parameters for every micro-batch's forward and backward.
+- pipeline: a (b, s, h) message per chunk boundary; the makespan of the runtime's
+  schedule (``cost/bubble.py``); bubble = makespan − the busy time.
+- the optimizer streams its elements (AdamW) and the gradient-norm pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from parc.dsl.spec import Arch, Precision, Spec
+from parc.runtime.metrics import flops_per_token
+
+from .bubble import makespan
+from .comm import collective_time
+from .hardware import Hardware
+from .layout import Accounting, Layout, rank_params
+
+OPS_PER_LAYER = {
+    (Accounting.PARC, Arch.GPT): 24,
+    (Accounting.PARC, Arch.LLAMA): 46,
+    (Accounting.MEGATRON, Arch.GPT): 14,
+    (Accounting.MEGATRON, Arch.LLAMA): 16,
+}
+"""Ops dispatched by one block's forward (backward: twice as many)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimeBreakdown:
+    step: float
+    """Seconds per optimizer step."""
+    compute: float
+    """Busy time of the busiest rank: forward, backward, recompute, optimizer."""
+    exposed_comm: float
+    """Communication nothing hides: tp/sp, data-parallel, pipeline messages."""
+    bubble: float
+    """Pipeline idle time: makespan − busy time (0 without a pipeline)."""
+    tp_comm: float
+    dp_comm: float
+    pp_comm: float
+    """Each collective kind's total per step, hidden or not."""
+    model_flops: float
+    """Model FLOPs of one step over all ranks (6N + 12·L·H·Q·T per token, no recompute)."""
+
+
+def model_flops_per_token(spec: Spec) -> float:
+    m = spec.model
+    return flops_per_token(
+        SimpleNamespace(
+            hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads, layers=m.layers, ffn=m.ffn,
+            vocab=m.vocab, seq_len=m.seq_len, arch=m.arch.value,
+        )
+    )
+
+
+def _gemm(hw: Hardware, m: float, n: float, k: float) -> float:
+    return 2.0 * m * n * k / hw.matmul_flops(min(m, n, k))
+
+
+def _block_forward(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, tokens: float):
+    """(all of one block's forward, its attention core) in seconds, on ``tokens`` tokens."""
+    m, t = spec.model, layout.tp
+    C, D = m.hidden, m.head_dim
+    q, kv, F = m.heads * D / t, m.kv_heads * D / t, m.ffn / t
+    gemms = _gemm(hw, tokens, C, q) + 2 * _gemm(hw, tokens, C, kv) + _gemm(hw, tokens, q, C)
+    gemms += (3 if m.arch is Arch.LLAMA else 2) * _gemm(hw, tokens, C, F)
+    sequences, s = tokens / m.seq_len, m.seq_len
+    batched = sequences * m.heads / t  # attention core: (s × D)·(D × s), then (s × s)·(s × D)
+    causal = 0.5 if accounting is Accounting.PARC else 1.0  # flash skips the masked blocks
+    core = causal * 2 * batched * _gemm(hw, s, D, s)
+    if accounting is Accounting.MEGATRON:
+        whole, sharded = 14 * C, 2 * F + 4 * C / t
+        elements, size = (whole / t if layout.sp else whole) + sharded, 2.0
+        core += tokens * 5 * m.heads / t * s * size / hw.memory_bandwidth  # softmax, dropout on scores
+    else:
+        llama = m.arch is Arch.LLAMA
+        whole, sharded = (30 * C, 12 * C / t + 5 * F + 4 * C / t) if llama else (14 * C, 2 * F + 4 * C / t)
+        elements, size = (whole / t if layout.sp else whole) + sharded, 4.0
+    elementwise = tokens * elements * size / hw.memory_bandwidth
+    ops = OPS_PER_LAYER[(accounting, m.arch)] * hw.op_overhead
+    return gemms + core + elementwise + ops, core
+
+
+def _activation_size(spec: Spec, accounting: Accounting) -> float:
+    if accounting is Accounting.MEGATRON or spec.train.precision is not Precision.FP32:
+        return 2.0
+    return 4.0
+
+
+def step_time(
+    spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC, *, exact: bool = True
+) -> TimeBreakdown:
+    """Note [the time model]. ``exact``: the bubble from the simulated schedule (else closed form)."""
+    m = spec.model
+    t, d, p, v, k = layout.tp, layout.dp, layout.pp, layout.chunks, layout.sub_batches
+    micro_batches = layout.grad_accum(spec.train.global_batch)
+    tokens = layout.micro_batch * m.seq_len
+    layers_per_chunk = m.layers / (p * v)
+    size = _activation_size(spec, accounting)
+
+    # ---- one block, one micro-batch -------------------------------------------
+    sub_forward, sub_core = _block_forward(spec, layout, hw, accounting, tokens / k)
+    forward, core = k * sub_forward, k * sub_core
+    backward = 2.0 * forward
+    if layout.recompute == "full":
+        backward += forward
+    elif layout.recompute == "selective":
+        backward += core
+    per_collective = collective_time(hw, "all_reduce", tokens * m.hidden * size, size=t, stride=1)
+    tp_forward = 2 * per_collective
+    tp_backward = 2 * per_collective * (2 if layout.recompute == "full" else 1)
+    exposed_forward = exposed_tp(tp_forward, forward, k)
+    exposed_backward = exposed_tp(tp_backward, backward, k)
+
+    # ---- the head, the embedding: last and first stage -------------------------
+    head_forward = _gemm(hw, tokens, m.hidden, m.padded_vocab / t) + 6 * hw.op_overhead
+    head_forward += tokens * m.padded_vocab / t * 3 * 4.0 / hw.memory_bandwidth  # softmax, loss
+    head_comm = 2 * per_collective  # vocab-parallel embedding forward, head input backward
+    head = 3.0 * head_forward + head_comm
+
+    # ---- the pipeline -------------------------------------------------------------
+    chunk_forward = layers_per_chunk * (forward + exposed_forward)
+    chunk_backward = layers_per_chunk * (backward + exposed_backward)
+    message = tokens * m.hidden * size / (t if layout.sp else 1)
+    p2p = collective_time(hw, "send_recv", message, size=2, stride=t * d) if p > 1 else 0.0
+    span = makespan(
+        layout.schedule, stages=p, micro_batches=micro_batches, chunks=v,
+        forward=chunk_forward, backward=chunk_backward, comm=p2p, exact=exact,
+    )
+    busy_layers = micro_batches * v * (chunk_forward + chunk_backward)
+    pipeline = span + micro_batches * head
+
+    # ---- data parallel and the optimizer ----------------------------------------
+    params, tensors = rank_params(m, layout, 0)
+    grad_size = 2.0 if accounting is Accounting.MEGATRON else 4.0
+    grads = params * grad_size
+    dp_comm = 0.0
+    if d > 1:
+        reduce = "all_reduce" if layout.zero <= 1 else "reduce_scatter"
+        dp_comm = collective_time(hw, reduce, grads, size=d, stride=t)
+        if layout.zero >= 1:
+            dp_comm += collective_time(hw, "all_gather", params * 4.0, size=d, stride=t)
+        if layout.zero >= 3:
+            dp_comm += 2 * micro_batches * collective_time(hw, "all_gather", params * 2.0, size=d, stride=t)
+    last_backward = layers_per_chunk * p * v * backward / p
+    overlapped = layout.zero == 0 and accounting is Accounting.PARC  # Megatron 2021: after the flush
+    dp_exposed = max(0.0, dp_comm - last_backward) if overlapped else dp_comm
+    optimizer = _optimizer_time(hw, accounting, params, tensors, layout)
+
+    step = pipeline + dp_exposed + optimizer
+    compute = micro_batches * (v * layers_per_chunk * (forward + backward) + 3.0 * head_forward) + optimizer
+    tp_total = micro_batches * (v * layers_per_chunk * (tp_forward + tp_backward) + head_comm)
+    exposed = (
+        micro_batches * (v * layers_per_chunk * (exposed_forward + exposed_backward) + head_comm)
+        + dp_exposed
+    )
+    bubble = max(0.0, span - busy_layers)
+    return TimeBreakdown(
+        step=step,
+        compute=compute,
+        exposed_comm=exposed,
+        bubble=bubble,
+        tp_comm=tp_total,
+        dp_comm=dp_comm,
+        pp_comm=2 * micro_batches * v * p2p if p > 1 else 0.0,
+        model_flops=model_flops_per_token(spec) * spec.train.global_batch * m.seq_len,
+    )
+
+
+def exposed_tp(comm: float, compute: float, sub_batches: int) -> float:
+    """Exposed tensor-parallel time of one block (the overlap seam of Note [the time model])."""
+    if sub_batches <= 1 or comm <= 0:
+        return comm
+    k = sub_batches
+    return comm / k + max(0.0, (comm - compute) * (k - 1) / k)
+
+
+def _optimizer_time(hw: Hardware, accounting: Accounting, params: int, tensors: int, layout: Layout) -> float:
+    elements = math.ceil(params / layout.dp) if layout.zero >= 1 else params
+    if accounting is Accounting.MEGATRON:
+        return elements * 28.0 / hw.memory_bandwidth + 4 * hw.op_overhead
+    ops = 14 * tensors if layout.zero == 0 else 30
+    return elements * 64.0 / hw.memory_bandwidth + (ops + 3 * tensors) * hw.op_overhead

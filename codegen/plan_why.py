@@ -1,0 +1,140 @@
+"""Why the planner's winner wins: the lines under ``parc plan``'s table.
+
+Takes: a ``Spec``, a ``SearchResult`` and the ``Hardware``. Gives: ``why(...)``, a few
+lines of text: what the winner and the runner-up differ in, which part of the step
+time (compute, exposed communication, bubble) makes the difference and why, the
+memory each needs, the fastest layout that does not fit, and which layout ``parc
+build`` would use when the best one cannot be built yet (zero 3).
+Before: ``codegen/search.py``. After: ``codegen/plan_cmd.py`` (text and JSON).
+"""
+
+from __future__ import annotations
+
+from .cost import Estimate, Hardware
+from .search import SearchResult
+
+KEYS = (
+    ("dp", "dp"), ("tp", "tp"), ("pp", "pp"), ("sp", "sp"), ("zero", "zero"),
+    ("schedule", "schedule"), ("chunks", "chunks"), ("recompute", "recompute"),
+    ("sub_batches", "overlap sub-batches"),
+)
+
+REASONS = {
+    "compute": {
+        "recompute": "less recompute: fewer forward passes re-run in backward",
+        "tp": "larger matrices per rank run closer to peak, or fewer of them",
+        "sub_batches": "fewer, larger sub-batches: bigger GEMMs and fewer op dispatches",
+        "pp": "the layers are split over a different number of stages",
+        "zero": "the optimizer step touches a different share of the state",
+    },
+    "exposed_comm": {
+        "tp": "smaller tensor-parallel groups move fewer activations per layer",
+        "dp": "the gradient reduction is over a different number of ranks",
+        "zero": "ZeRO's reduce + gather after backward is not hidden, zero 0's bucketed all-reduce is",
+        "sub_batches": "sub-batches hide tensor-parallel collectives behind compute",
+        "recompute": "full recompute repeats the forward's collectives",
+        "sp": "sequence parallelism moves the same volume as reduce-scatter + all-gather",
+    },
+    "bubble": {
+        "pp": "fewer pipeline stages leave less idle time at the ends of the step",
+        "chunks": "interleaving shrinks the bubble by the number of chunks",
+        "schedule": "the schedule's order changes the idle time",
+        "dp": "more micro-batches per pipeline dilute the bubble",
+    },
+}
+TERMS = (("compute", "compute"), ("exposed_comm", "exposed communication"), ("bubble", "bubble"))
+
+
+def _gib(value: float) -> str:
+    return f"{value / 2**30:.1f} GiB" if value >= 2**30 else f"{value / 2**20:.1f} MiB"
+
+
+def _seconds(value: float) -> str:
+    magnitude = abs(value)
+    if magnitude >= 1:
+        return f"{value:+.2f} s"
+    if magnitude >= 1e-3:
+        return f"{value * 1e3:+.1f} ms"
+    return f"{value * 1e6:+.0f} µs"
+
+
+def _describe(item: Estimate) -> str:
+    lay = item.layout
+    text = f"dp {lay.dp} · tp {lay.tp} · pp {lay.pp}"
+    extras = []
+    if lay.pp > 1:
+        extras.append(f"interleaved({lay.chunks})" if lay.schedule == "interleaved" else lay.schedule)
+    extras += ["sp"] if lay.sp else []
+    extras += [f"zero {lay.zero}"] if lay.zero else []
+    extras += [f"recompute {lay.recompute}"] if lay.recompute != "none" else []
+    extras += [f"sub_batch({lay.sub_batches})"] if lay.sub_batches > 1 else []
+    return text + (", " + ", ".join(extras) if extras else "")
+
+
+def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
+    items = result.estimates
+    if not items:
+        return []
+    best = items[0]
+    lines = []
+    if len(items) == 1 and result.considered == 1:
+        lines.append(f"the spec gives its layout: {_describe(best)}.")
+    fitting = [item for item in items if item.fits]
+    if not fitting:
+        smallest = min(items, key=lambda item: item.memory.total)
+        limit = "?" if hw.memory is None else f"{hw.memory / 1e9:g} GB"
+        lines.append(
+            f"no layout fits: the smallest needs {_gib(smallest.memory.total)} per rank "
+            f"({_describe(smallest)}) of {limit}; raise the mesh, lower micro_batch, or allow recompute."
+        )
+        return lines
+    best = fitting[0]
+    index = items.index(best) + 1
+    runner = fitting[1] if len(fitting) > 1 else None
+    if runner is not None:
+        lines.append(_compare(best, index, runner, items.index(runner) + 1))
+    elif result.considered > 1:
+        lines.append(f"#{index} is the only layout that fits.")
+    too_big = [item for item in items if not item.fits and item.time.step < best.time.step]
+    if too_big:
+        fast = too_big[0]
+        limit = "" if hw.memory is None else f" > {hw.memory / 1e9:g} GB"
+        lines.append(
+            f"faster but out of memory: {_describe(fast)} would save "
+            f"{_seconds(best.time.step - fast.time.step)[1:]} per step but needs "
+            f"{_gib(fast.memory.total)} per rank{limit}."
+        )
+    winner = result.winner
+    if winner is not None and winner is not best:
+        lines.append(
+            f"#{index} uses zero 3, which parc build cannot generate yet: parc build takes "
+            f"#{items.index(winner) + 1} ({_describe(winner)})."
+        )
+    return lines
+
+
+def _compare(best: Estimate, i: int, runner: Estimate, j: int) -> str:
+    differs = [
+        (key, getattr(best.layout, key), getattr(runner.layout, key))
+        for key, _ in KEYS
+        if getattr(best.layout, key) != getattr(runner.layout, key)
+    ]
+    names = dict(KEYS)
+    changed = ", ".join(f"{names[k]} {a} vs {b}" for k, a, b in differs) or "nothing"
+    gap = runner.time.step - best.time.step
+    share = gap / runner.time.step if runner.time.step else 0.0
+    deltas = [(name, label, getattr(best.time, name) - getattr(runner.time, name)) for name, label in TERMS]
+    parts = ", ".join(f"{label} {_seconds(delta)}" for _, label, delta in deltas)
+    name, label, delta = min(deltas, key=lambda d: d[2])
+    reason = next((REASONS[name][k] for k, _, _ in differs if k in REASONS[name]), None)
+    text = (
+        f"why #{i}: it differs from #{j} in {changed}; a step is {_seconds(-gap)[1:]} ({share:.1%}) shorter"
+        f" ({parts})"
+    )
+    if delta < 0 and reason:
+        text += f": mostly {label} — {reason}"
+    memory = best.memory.total - runner.memory.total
+    text += f". Memory per rank: {_gib(best.memory.total)} vs {_gib(runner.memory.total)}"
+    if gap <= 0:
+        text += " (a tie on time, broken by the rule of docs/planner.md)"
+    return text + ("." if memory else ", the same.")

@@ -1,0 +1,189 @@
+"""The layout search: every valid layout of a spec's ``auto`` keys, ranked by the cost model.
+
+Takes: a ``Spec`` (its ``None`` parallel values are ``auto``; the rest are fixed),
+``Hardware`` and an ``Accounting``. Gives: ``search(...)`` → ``SearchResult``, the
+estimates best first, with how many layouts were considered and how many did not
+fit. ``candidates(spec)`` enumerates the layouts alone. Before: ``codegen/cost``.
+After: ``codegen/plan_cmd.py``, ``codegen/passes/choose_layout.py``.
+
+Note [the search space]: every combination the validator accepts (``dsl/checks.py``,
+``codegen/passes/resolve_mesh.py``; tests/planner checks the two agree): dp·tp·pp =
+world; tp divides heads, kv_heads, ffn and the padded vocab, and devices_per_node when
+there is more than one node; pp·chunks divides the layers; micro_batch·dp divides
+global_batch with at least pp micro-batches, a multiple of pp when interleaved; sp
+only with tp ≥ 2 dividing seq_len; sub_batch(k) with k dividing micro_batch. Two
+pruned families give the same program as a listed one and are left out: ZeRO stages
+above 0 with dp = 1 (nothing to shard over), and overlap or sp-free duplicates with
+tp = 1 (no tensor-parallel collective to overlap).
+
+Note [ranking and ties]: layouts that fit come first, by predicted step time (the
+global batch is fixed, so that is throughput); the best ``EXACT_TOP`` by the fast
+estimate are re-scored with the simulated schedule (Note [fast and exact bubbles])
+and then ranked. Equal times (to 1e-9 relative) are broken by, in order: lower peak
+memory, fewer pipeline stages, lower tp, lower ZeRO stage, less recompute (none,
+selective, full), sp off before on, fewer sub-batches, schedule 1f1b, interleaved,
+gpipe, fewer chunks — the simpler program wins a tie.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from parc.dsl.spec import PipelineSchedule, Recompute, Spec
+
+from .cost import Accounting, Estimate, Hardware, Layout, estimate
+
+EXACT_TOP = 3
+RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
+SCHEDULE_ORDER = {"1f1b": 0, "interleaved": 1, "gpipe": 2}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchResult:
+    estimates: tuple[Estimate, ...]
+    """Every layout considered, best first (Note [ranking and ties])."""
+    considered: int
+    fitting: int
+
+    @property
+    def winner(self) -> Estimate | None:
+        """The best layout ``parc build`` can generate and that fits, or None."""
+        for item in self.estimates:
+            if item.fits and item.buildable:
+                return item
+        return None
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(spec: Spec) -> list[Layout]:
+    """Every valid layout agreeing with the spec's fixed keys (Note [the search space])."""
+    model, mesh, par, train = spec.model, spec.mesh, spec.parallel, spec.train
+    world = mesh.nodes * mesh.devices_per_node
+
+    def allowed(fixed, options):
+        return [fixed] if fixed is not None else options
+
+    tp_options = [
+        t
+        for t in divisors(world)
+        if all(n % t == 0 for n in (model.heads, model.kv_heads, model.ffn, model.padded_vocab))
+        and (mesh.nodes == 1 or mesh.devices_per_node % t == 0)
+    ]
+    given_schedule = None
+    if par.schedule is not None:
+        given_schedule = (par.schedule.value, par.chunks if par.schedule is PipelineSchedule.INTERLEAVED else 1)
+    out: list[Layout] = []
+    for tp in allowed(par.tp, tp_options):
+        for pp in allowed(par.pp, divisors(world // tp) if world % tp == 0 else []):
+            if world % (tp * pp):
+                continue
+            dp = world // (tp * pp)
+            if par.dp is not None and par.dp != dp:
+                continue
+            if par.stage_layers is None and model.layers % pp:
+                continue
+            micro_batch = train.micro_batch
+            if train.global_batch % (micro_batch * dp):
+                continue
+            micro_batches = train.global_batch // (micro_batch * dp)
+            if pp > 1 and micro_batches < pp:
+                continue
+            for schedule, chunks in _schedules(spec, pp, micro_batches, given_schedule):
+                for zero in allowed(par.zero, [0, 1, 2, 3] if dp > 1 else [0]):
+                    for recompute in allowed(par.recompute and par.recompute.value, list(RECOMPUTE_ORDER)):
+                        sp_options = [False, True] if tp > 1 and model.seq_len % tp == 0 else [False]
+                        for sp in allowed(par.sp, sp_options):
+                            subs = [1] + ([k for k in divisors(micro_batch) if k > 1] if tp > 1 else [])
+                            for sub_batches in allowed(par.overlap_sub_batches, subs):
+                                out.append(
+                                    Layout(
+                                        dp=dp, tp=tp, pp=pp, sp=sp, zero=zero, schedule=schedule,
+                                        chunks=chunks, recompute=recompute,
+                                        sub_batches=sub_batches, micro_batch=micro_batch,
+                                    )
+                                )
+    return out
+
+
+def _schedules(spec: Spec, pp: int, micro_batches: int, given):
+    if given is not None:
+        kind, chunks = given
+        if chunks > 1 and (pp < 2 or micro_batches % pp or spec.model.layers % (pp * chunks)):
+            return []
+        if chunks > 1 and spec.parallel.stage_layers is not None:
+            return []
+        return [(kind if pp > 1 else kind, chunks)]
+    if pp == 1:
+        return [("1f1b", 1)]
+    options = [("1f1b", 1), ("gpipe", 1)]
+    if micro_batches % pp == 0 and spec.parallel.stage_layers is None:
+        per_rank = spec.model.layers // pp
+        options += [("interleaved", v) for v in divisors(per_rank) if v > 1]
+    return options
+
+
+def _key(item: Estimate, exact_step: float | None = None):
+    layout, step = item.layout, item.time.step if exact_step is None else exact_step
+    return (
+        not item.fits,
+        float(f"{step:.9e}"),
+        item.memory.total,
+        layout.pp,
+        layout.tp,
+        layout.zero,
+        RECOMPUTE_ORDER[layout.recompute],
+        layout.sp,
+        layout.sub_batches,
+        SCHEDULE_ORDER[layout.schedule],
+        layout.chunks,
+    )
+
+
+def search(spec: Spec, hw: Hardware, accounting: Accounting = Accounting.PARC) -> SearchResult:
+    """Note [ranking and ties]."""
+    layouts = candidates(spec)
+    fast = sorted((estimate(spec, layout, hw, accounting, exact=False) for layout in layouts), key=_key)
+    head = [estimate(spec, item.layout, hw, accounting, exact=True) for item in fast[:EXACT_TOP]]
+    # The build winner must be exact too, even when zero-3 layouts crowd the top.
+    tail = fast[EXACT_TOP:]
+    if not any(item.fits and item.buildable for item in head):
+        for index, item in enumerate(tail):
+            if item.fits and item.buildable:
+                head.append(estimate(spec, item.layout, hw, accounting, exact=True))
+                tail = tail[:index] + tail[index + 1 :]
+                break
+    ranked = tuple(sorted(head, key=_key)) + tuple(tail)
+    return SearchResult(
+        estimates=ranked, considered=len(layouts), fitting=sum(1 for item in ranked if item.fits)
+    )
+
+
+def fixed_layout(spec: Spec) -> Layout | None:
+    """The spec's own layout when it leaves nothing to the planner, else None."""
+    par = spec.parallel
+    if not par.is_complete:
+        return None
+    interleaved = par.schedule is PipelineSchedule.INTERLEAVED
+    return Layout(
+        dp=par.dp, tp=par.tp, pp=par.pp, sp=bool(par.sp), zero=par.zero,
+        schedule=par.schedule.value if par.pp > 1 else "1f1b",
+        chunks=par.chunks if interleaved else 1,
+        recompute=(par.recompute or Recompute.NONE).value,
+        sub_batches=par.overlap_sub_batches, micro_batch=spec.train.micro_batch,
+    )
+
+
+def with_layout(spec: Spec, layout: Layout) -> Spec:
+    """``spec`` with ``layout`` written into its parallel block (for the build)."""
+    return replace(
+        spec,
+        parallel=replace(
+            spec.parallel,
+            dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp, zero=layout.zero,
+            schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks,
+            recompute=Recompute(layout.recompute), overlap_sub_batches=layout.sub_batches,
+        ),
+    )
