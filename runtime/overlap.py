@@ -72,16 +72,18 @@ class _ColumnLinears(torch.autograd.Function):
         weights, biases = params[:count], params[count:]
         source = x if full is None else full
         ctx.save_for_backward(source, *weights)
-        ctx.group, ctx.sp, ctx.count = group, sequence_parallel, count
-        ctx.has_bias = tuple(b is not None for b in biases)
-        return tuple(F.linear(source, w, b) for w, b in zip(weights, biases))
+        ctx.group, ctx.sp, ctx.count, ctx.input_dtype = group, sequence_parallel, count, x.dtype
+        ctx.bias_dtypes = tuple(None if b is None else b.dtype for b in biases)
+        return tuple(F.linear(source, w, b) for w, b in zip(weights, biases))  # autocast applies
 
     @staticmethod
     def backward(ctx, *grads):
+        # Backward runs outside autocast: compute in the gradients' dtype (bf16 under
+        # autocast, as autocast's own linear would) and return each input's dtype.
         source, *weights = ctx.saved_tensors
         grad_source = None
         for g, w in zip(grads, weights):
-            part = g.matmul(w)
+            part = g.matmul(w.to(g.dtype))
             grad_source = part if grad_source is None else grad_source + part
         # the input gradient's collective runs while the weight gradients compute
         if ctx.sp:
@@ -90,11 +92,11 @@ class _ColumnLinears(torch.autograd.Function):
             pending = launch_all_reduce(grad_source, ctx.group)  # (b, T, in)
         flat_source = source.reshape(-1, source.shape[-1])
         grad_weights, grad_biases = [], []
-        for g, has_bias in zip(grads, ctx.has_bias):
+        for g, w, bias_dtype in zip(grads, weights, ctx.bias_dtypes):
             flat = g.reshape(-1, g.shape[-1])
-            grad_weights.append(flat.t().matmul(flat_source))
-            grad_biases.append(flat.sum(0) if has_bias else None)
-        grad_x = pending.wait()
+            grad_weights.append(flat.t().matmul(flat_source.to(flat.dtype)).to(w.dtype))
+            grad_biases.append(None if bias_dtype is None else flat.sum(0).to(bias_dtype))
+        grad_x = pending.wait().to(ctx.input_dtype)
         return (grad_x, None, None, None, None, *grad_weights, *grad_biases)
 
 
