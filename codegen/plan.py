@@ -282,6 +282,12 @@ class TrainPlan:
     """ZeRO stage: 0 (none), 1 (AdamW state sharded over dp) or 2 (state and gradients)."""
     overlap: Setting
     """OVERLAP_SUB_BATCHES: 1 for ``overlap = none``, k for ``sub_batch(k)`` (Oases sub-batches)."""
+    checkpoint_every: Setting
+    """CHECKPOINT_EVERY: steps between checkpoints, 0 for ``checkpoint = none``."""
+    checkpoint_dir: Setting
+    """CHECKPOINT_DIR: the folder of ``every(N, dir)`` as written, None for ``none``."""
+    on_nonfinite: Setting
+    """ON_NONFINITE: ``skip`` or ``stop`` on a non-finite loss or gradient norm."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,7 +15,7 @@ import black
 import jinja2
 
 from .plan import Axis, Plan, Setting, ShardStyle
-from . import render_step
+from . import render_checkpoint, render_step
 from .plan_text import cite
 
 DEVICE_FLOPS_NOTE = "dense peak FLOP/s of one device, for MFU"
@@ -88,6 +88,7 @@ def config_lines(plan: Plan) -> list[str]:
     lines += ["", "# training"]
     for s in (train.steps, train.seed, *train.optimizer, *train.lr_schedule, train.grad_clip, train.log_every):
         lines.append(constant(s.name, s.value, _comment(s)))
+    lines += render_checkpoint.config_lines(plan)
     if train.data.kind == "tokens":
         lines.append(constant("DATA_PATH", train.data.path, cite(train.data.span) + ": relative to the cwd"))
         lines.append(constant("DATA_DTYPE", train.data.dtype, cite(train.data.span)))
@@ -182,7 +183,9 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         loss_lines.append("step_loss = dp.all_reduce_mean(loss_sum, dp_group)  # global mean loss")
     else:
         loss_lines.append("step_loss = loss_sum")
-    extra_args, extra_flag_docs = [], []
+    step_lines = render_checkpoint.guarded_step_lines(step_lines)
+    extra_args = render_checkpoint.flag_lines()
+    extra_flag_docs = [docstring_text(line) for line in render_checkpoint.flag_docs(plan)]
     if data.kind == "tokens":
         dataset_line = "dataset = data.TokenFile(args.data, SEQ_LEN, DATA_DTYPE, seed=args.seed)"
         extra_args.append('parser.add_argument("--data", default=DATA_PATH, metavar="PATH")')
@@ -202,7 +205,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ]
     else:
         forward_lines = [forward]
-    imports = ["comm", "data", "memory", "mesh", "metrics", "model", "optim"] + (["dp"] if dp_size > 1 else [])
+    imports = ["checkpoint", "comm", "data", "faults", "memory", "mesh", "metrics", "model", "optim"]
+    imports += ["dp"] if dp_size > 1 else []
     imports += ["pipeline", "schedule"] if pipelined else []
     if pipelined and plan.train.precision.value == "bf16":
         forward_lines = []  # the executor runs each stage's forward under autocast
@@ -238,7 +242,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             ["recompute=RECOMPUTE,"] if plan.train.recompute.value != "none" else []
         ) + (["sub_batches=OVERLAP_SUB_BATCHES,"] if plan.train.overlap.value > 1 else []),
         pipeline_lines=render_step.executor_lines(plan),
-        step_body_lines=[
+        step_body_lines=render_checkpoint.step_start_lines() + [
             "comm.exposed_clock.reset()  # time blocked on collectives, this step",
         ] + render_step.step_body_lines(
             plan, forward_lines, 'grid.index("dp")' if dp_size > 1 else "0"
@@ -257,6 +261,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         after_backward_lines=["held_grads = memory.grad_bytes(net, optimizer)  # when backward ends"]
         + [l for block in after_backward for l in block.split("\n")],
         loss_lines=loss_lines,
+        checkpoint_lines=render_checkpoint.setup_lines(plan, layout),
+        end_of_step_lines=render_checkpoint.end_of_step_lines(),
         mfu_expr=(
             f"tokens_per_s * flops_per_token / (DEVICE_FLOPS * {world})"
             if mesh.device_flops

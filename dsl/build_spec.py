@@ -18,6 +18,7 @@ from .spec import (
     Arch,
     DataKind,
     DataSpec,
+    Kernels,
     LrScheduleKind,
     LrScheduleSpec,
     MeshSpec,
@@ -102,6 +103,8 @@ def build_spec(norm: Normalized, source: str) -> Spec:
     optimizer = train.get("optimizer", {"kind": "adamw"})
     lr_schedule = train.get("schedule", {"kind": "cosine"})
     data = train.get("data", {"kind": "synthetic"})
+    checkpoint = train.get("checkpoint", {"kind": "none"})
+    every = checkpoint["kind"] == "every"
     defaults = OptimizerSpec()
     train_spec = TrainSpec(
         global_batch=train["global_batch"],
@@ -126,6 +129,10 @@ def build_spec(norm: Normalized, source: str) -> Spec:
             kind=DataKind(data["kind"]), path=data.get("path"), dtype=data.get("dtype", "uint16")
         ),
         log_every=train.get("log_every", 1),
+        checkpoint_every=checkpoint["steps"] if every else 0,
+        checkpoint_dir=checkpoint.get("dir", "checkpoints") if every else None,
+        on_nonfinite=train.get("on_nonfinite", "stop"),
+        kernels=Kernels(train.get("kernels", "compiled")),
     )
     return Spec(
         model=model_spec,

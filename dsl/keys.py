@@ -382,6 +382,42 @@ TRAIN = BlockDef(
             ),
         ),
         _int("log_every", "steps between log lines", default="1"),
+        Param(
+            name="checkpoint",
+            type="call",
+            default="none",
+            doc="sharded checkpoints (the trainer's --checkpoint-dir/--checkpoint-every override it)",
+            calls=(
+                CallDef(name="none", doc="no checkpoints unless --checkpoint-dir is given"),
+                CallDef(
+                    name="every",
+                    doc="save every `steps` steps, and after the last, into `dir`",
+                    params=(
+                        _int("steps", "steps between checkpoints", required=True),
+                        Param(
+                            name="dir",
+                            type="string",
+                            default='"checkpoints"',
+                            doc="folder of the checkpoints, relative to the cwd",
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        Param(
+            name="on_nonfinite",
+            type="enum",
+            choices=("skip", "stop"),
+            default="stop",
+            doc="a non-finite loss or gradient norm: skip the optimizer step, or stop the run",
+        ),
+        Param(
+            name="kernels",
+            type="enum",
+            choices=("compiled", "eager"),
+            default="compiled",
+            doc="fused ops: compiled kernels (C++ on CPU, Triton on CUDA) or eager PyTorch",
+        ),
     ),
 )
 

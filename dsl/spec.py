@@ -40,6 +40,11 @@ class Precision(enum.Enum):
     FP16 = "fp16"
 
 
+class Kernels(enum.Enum):
+    COMPILED = "compiled"
+    EAGER = "eager"
+
+
 class DataKind(enum.Enum):
     SYNTHETIC = "synthetic"
     TOKENS = "tokens"
@@ -182,6 +187,14 @@ class TrainSpec:
     seed: int = 1234
     data: DataSpec = DataSpec()
     log_every: int = 1
+    checkpoint_every: int = 0
+    """``checkpoint = every(N, dir)`` gives N; ``none`` gives 0 (no checkpoints)."""
+    checkpoint_dir: str | None = None
+    """The folder of ``every(N, dir)``, exactly as written; None for ``none``."""
+    on_nonfinite: str = "stop"
+    """``skip`` the optimizer step or ``stop`` the run on a non-finite loss or grad norm."""
+    kernels: Kernels = Kernels.COMPILED
+    """The fused ops: compiled kernels (falling back to eager when they cannot be built) or eager."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

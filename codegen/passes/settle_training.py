@@ -86,5 +86,8 @@ def run(spec: Spec, draft: Draft) -> Draft:
         zero=setting(spec, "ZERO", "parallel.zero", spec.parallel.zero),
         overlap=setting(spec, "OVERLAP_SUB_BATCHES", "parallel.overlap", spec.parallel.overlap_sub_batches),
         data=DataPlan(kind=t.data.kind.value, path=t.data.path, dtype=t.data.dtype, span=spec.span("train.data")),
+        checkpoint_every=setting(spec, "CHECKPOINT_EVERY", "train.checkpoint", t.checkpoint_every),
+        checkpoint_dir=setting(spec, "CHECKPOINT_DIR", "train.checkpoint", t.checkpoint_dir),
+        on_nonfinite=setting(spec, "ON_NONFINITE", "train.on_nonfinite", t.on_nonfinite),
     )
     return replace(draft, model=model, train=train)

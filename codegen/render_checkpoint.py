@@ -1,0 +1,108 @@
+"""Rendering of checkpoints, resume, SIGTERM, bad numbers and injected faults in train.py.
+
+Takes: a ``Plan`` (``train.checkpoint_every``, ``checkpoint_dir``, ``on_nonfinite`` and
+the layout). Gives: the lines ``render.py`` places in train.py — the cited constants,
+the ``--checkpoint-dir`` / ``--checkpoint-every`` / ``--resume`` flags and their
+docstring lines, the set-up of ``faults.StepGuard`` and ``checkpoint.Checkpoints``
+with the resume (``done``: the last step already trained), the step's first line
+(a test-only injected fault), the optimizer step guarded against non-finite numbers,
+and the end of a step (save when due or on SIGTERM). The runtime side is
+``runtime/checkpoint.py`` and ``runtime/faults.py``.
+Before: ``codegen/render.py`` builds the other lines. After: the template places these.
+"""
+
+from __future__ import annotations
+
+from .plan import Axis, Plan
+from .plan_text import cite
+
+RANK_ARGS = "rank=dist.rank, world_size=dist.world_size"
+
+
+def config_lines(plan: Plan) -> list[str]:
+    t = plan.train
+    every, directory, policy = t.checkpoint_every, t.checkpoint_dir, t.on_nonfinite
+    where = cite(every.span)
+    return [
+        f"CHECKPOINT_EVERY = {every.value!r}  # {where}: steps between checkpoints (0: after the last step only)",
+        f"CHECKPOINT_DIR = {directory.value!r}  # {where}: None: no checkpoints without --checkpoint-dir",
+        f"ON_NONFINITE = {policy.value!r}  # {cite(policy.span)}: a NaN/inf loss or grad norm skips the step or stops",
+    ]
+
+
+def flag_lines() -> list[str]:
+    return [
+        'parser.add_argument("--checkpoint-dir", default=CHECKPOINT_DIR, metavar="DIR")',
+        'parser.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY, metavar="N")',
+        'parser.add_argument("--resume", default=None, metavar="DIR")',
+    ]
+
+
+def flag_docs(plan: Plan) -> list[str]:
+    t = plan.train
+    directory = "none" if t.checkpoint_dir.value is None else repr(t.checkpoint_dir.value)
+    return [
+        f"--checkpoint-dir DIR   save sharded checkpoints into DIR (default {directory})",
+        f"--checkpoint-every N   steps between checkpoints, 0: after the last only (default {t.checkpoint_every.value})",
+        "--resume DIR           continue from a checkpoint, or a folder's latest one",
+        "SIGTERM finishes the step, saves a checkpoint and exits 0; under torchrun's",
+        "--max-restarts a restarted trainer resumes from the latest checkpoint itself.",
+    ]
+
+
+def setup_lines(plan: Plan, layout: str) -> list[str]:
+    dp, tp = plan.mesh.size(Axis.DP), plan.mesh.size(Axis.TP)
+    policy = plan.train.on_nonfinite
+    where = f" at {cite(policy.span)}" if policy.span else ""
+    return [
+        "",
+        "# ---- checkpoints, SIGTERM and bad numbers ------------------------------------",
+        "# Checkpoints hold every tensor under its logical name and full shape (DCP), so",
+        "# any layout of this model resumes from them (runtime/checkpoint.py).",
+        f"guard = faults.StepGuard(ON_NONFINITE, {RANK_ARGS}, device=dist.device, where={where!r})",
+        "checkpoints = checkpoint.Checkpoints(",
+        "    args.checkpoint_dir,",
+        "    every=args.checkpoint_every,",
+        "    model=net,",
+        "    optimizer=optimizer,",
+        f"    tp_group={'tp_group' if tp > 1 else 'None'},",
+        "    config=config,",
+        f"    layout={layout!r},",
+        f"    samples_per_step=MICRO_BATCH * GRAD_ACCUM * {'DP' if dp > 1 else '1'},",
+        f"    {RANK_ARGS},",
+        "    device=dist.device,",
+        ")",
+        "# the last step already trained: 0, or the checkpoint's (after a restart by",
+        "# torchrun, the latest one in --checkpoint-dir)",
+        "done = checkpoints.restore(args.resume, restarted=faults.restart_count() > 0)",
+    ]
+
+
+def step_start_lines() -> list[str]:
+    return [
+        "# PARC_FAULT_AT_STEP=k (tests only): the last rank dies here, on the first attempt",
+        f"faults.die_if_injected(step, {RANK_ARGS})",
+    ]
+
+
+def guarded_step_lines(step_lines: list[str]) -> list[str]:
+    """``step_lines`` with the optimizer step taken only when every rank's numbers are finite."""
+    at = next((i for i, line in enumerate(step_lines) if line.startswith("optimizer.step()")), None)
+    if at is None:
+        raise RuntimeError("internal error in parc (render_checkpoint): no optimizer.step() line")
+    return step_lines[:at] + [
+        "# PARC_NAN_AT_STEP=k (tests only): the last rank's loss of step k is NaN",
+        f"loss_sum = faults.inject_nan(step, loss_sum, {RANK_ARGS})",
+        "# any rank's non-finite loss or grad norm: every rank skips the step (or stops)",
+        "if guard.check(step, loss_sum, grad_norm):",
+        "    " + step_lines[at],
+    ] + step_lines[at + 1 :]
+
+
+def end_of_step_lines() -> list[str]:
+    return [
+        "if checkpoints.due(step, last=step == args.steps or guard.stopping):",
+        "    checkpoints.save(step)",
+        "if guard.stopping:  # SIGTERM: every rank finished this step (and saved it)",
+        "    break",
+    ]

@@ -1,0 +1,277 @@
+"""Sharded, layout-free checkpoints with torch.distributed.checkpoint (DCP).
+
+Takes: this rank's model and optimizer, the tp group, the model config and the
+layout. Gives: ``Checkpoints`` — ``restore(resume)`` (the last step a checkpoint
+completed, 0 for a fresh start), ``due(step, last)`` and ``save(step)`` — and
+``latest(folder)``. What a checkpoint holds, per Note [logical checkpoint tensors]
+(checkpoint_shards.py): every parameter and both AdamW moments under logical names
+and full shapes, so any layout of the same model loads it; AdamW's step count; the
+RNG state of every rank (restored only when the world size is unchanged); and
+``parc.json`` (step, samples consumed, the model config, the layout). The learning
+rate and the data are pure functions of the step (``optim.lr_at``,
+``data.sample_indices``), so the step is their whole state.
+
+Note [atomic checkpoints]: every rank writes into ``DIR/step_000040.tmp/``; DCP's
+coordinator writes ``.metadata`` once all ranks' data is written, rank 0 adds
+``parc.json``, then renames the folder to ``DIR/step_000040/``. Only names without
+``.tmp`` that hold both files count as checkpoints, so a crash at any moment of a
+save leaves the previous checkpoint the latest complete one.
+Tensors are read back only through DCP (no pickled objects are stored).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shutil
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import (
+    DefaultLoadPlanner,
+    DefaultSavePlanner,
+    create_default_local_load_plan,
+)
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner_helpers import _create_write_items, create_read_items_for_chunk_list
+
+from . import checkpoint_shards as shards
+
+FORMAT = 1
+STEP_DIR = re.compile(r"^step_([0-9]{6,})$")
+INFO_FILE = "parc.json"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def is_complete(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, ".metadata")) and os.path.isfile(os.path.join(path, INFO_FILE))
+
+
+def latest(folder: str) -> str | None:
+    """The complete checkpoint of ``folder`` with the highest step, or None."""
+    if not os.path.isdir(folder):
+        return None
+    found = []
+    for name in os.listdir(folder):
+        match = STEP_DIR.match(name)
+        if match and is_complete(os.path.join(folder, name)):
+            found.append((int(match.group(1)), name))
+    return os.path.join(folder, max(found)[1]) if found else None
+
+
+def resolve(path: str) -> str:
+    """A checkpoint folder, or a folder of checkpoints meaning its latest complete one."""
+    if is_complete(path):
+        return path
+    found = latest(path)
+    if found is None:
+        raise SystemExit(f"train.py: --resume {path}: no complete checkpoint there (step_NNNNNN/ with .metadata)")
+    return found
+
+
+def read_info(path: str) -> dict:
+    with open(os.path.join(path, INFO_FILE), encoding="utf-8") as file:
+        info = json.load(file)
+    if info.get("format") != FORMAT:
+        raise SystemExit(f"train.py: {path}: checkpoint format {info.get('format')!r}, expected {FORMAT}")
+    return info
+
+
+class _SavePlanner(DefaultSavePlanner):
+    """DCP's planner, plus boxes of logical tensors (``Piece``) as shard write items."""
+
+    def __init__(self, pieces):
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.pieces = {(p.name, p.offsets): p for p in pieces}
+
+    def create_local_plan(self) -> SavePlan:
+        items = [item for fqn, obj in self.state_dict.items() for item in _create_write_items(fqn, obj)]
+        for piece in self.pieces.values():
+            tensor = piece.tensor
+            items.append(
+                WriteItem(
+                    index=MetadataIndex(piece.name, torch.Size(piece.offsets)),
+                    type=WriteItemType.SHARD,
+                    tensor_data=TensorWriteData(
+                        chunk=ChunkStorageMetadata(offsets=torch.Size(piece.offsets), sizes=tensor.size()),
+                        properties=TensorProperties.create_from_tensor(tensor),
+                        size=torch.Size(piece.full_shape),
+                    ),
+                )
+            )
+        self.plan = SavePlan(items)
+        return self.plan
+
+    def lookup_object(self, index: MetadataIndex):
+        piece = self.pieces.get((index.fqn, tuple(index.offset or ())))
+        return piece.tensor if piece is not None else super().lookup_object(index)
+
+
+class _LoadPlanner(DefaultLoadPlanner):
+    """Reads, for each local box, the overlapping parts of whatever boxes were saved."""
+
+    def __init__(self, pieces):
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.pieces = {(p.name, p.offsets): p for p in pieces}
+
+    def create_local_plan(self) -> LoadPlan:
+        requests = list(create_default_local_load_plan(self.state_dict, self.metadata, True).items)
+        by_name: dict[str, list] = {}
+        for piece in self.pieces.values():
+            by_name.setdefault(piece.name, []).append(piece)
+        for name, pieces in sorted(by_name.items()):
+            chunks = [ChunkStorageMetadata(offsets=torch.Size(p.offsets), sizes=p.tensor.size()) for p in pieces]
+            requests += create_read_items_for_chunk_list(name, self.metadata.state_dict_metadata[name], chunks)
+        return LoadPlan(requests)
+
+    def lookup_tensor(self, index: MetadataIndex):
+        piece = self.pieces.get((index.fqn, tuple(index.offset or ())))
+        return piece.tensor if piece is not None else super().lookup_tensor(index)
+
+
+@contextlib.contextmanager
+def _one_process_quiet():
+    """DCP warns that it runs in one process: that is what ``python train.py`` means."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _rng_state(rank: int, device) -> dict:
+    state = {f"rng.cpu.rank{rank}": torch.get_rng_state()}
+    if device.type == "cuda":
+        state[f"rng.cuda.rank{rank}"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+class Checkpoints:
+    """Save every ``every`` steps into ``directory``; resume from a checkpoint."""
+
+    def __init__(
+        self, directory, *, every, model, optimizer, tp_group, config, layout, samples_per_step, rank,
+        world_size, device,
+    ):
+        self.directory, self.every = directory, int(every or 0)
+        self.model, self.optimizer, self.tp_group = model, optimizer, tp_group
+        self.config, self.layout, self.samples_per_step = config, layout, samples_per_step
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.params = shards.local_parameters(model, tp_group)
+
+    def _barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def due(self, step: int, last: bool) -> bool:
+        """A save after ``step``: every ``every`` steps, and after the last step."""
+        if not self.directory:
+            return False
+        return last or (self.every > 0 and step % self.every == 0)
+
+    def save(self, step: int) -> str:
+        """Write the checkpoint of (the end of) ``step`` per Note [atomic checkpoints]."""
+        if not self.directory:
+            raise SystemExit("train.py: no --checkpoint-dir to save into")
+        final = os.path.join(self.directory, step_dir_name(step))
+        temporary = final + ".tmp"
+        if self.rank == 0:
+            shutil.rmtree(temporary, ignore_errors=True)  # a crashed save's leftovers
+            os.makedirs(temporary)
+        self._barrier()
+        os.makedirs(temporary, exist_ok=True)  # a node that does not share rank 0's disk
+        optimizer_step = shards.optimizer_step(self.optimizer)
+        pieces = shards.model_pieces(self.params, saving=True)
+        pieces += shards.optimizer_pieces(self.params, self.optimizer, saving=True)
+        state = _rng_state(self.rank, self.device)
+        state["optim.step"] = torch.tensor(optimizer_step, dtype=torch.int64)
+        with _one_process_quiet():
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(temporary), planner=_SavePlanner(pieces))
+        if self.rank == 0:  # dcp.save returns once .metadata is written: every rank's data is in
+            info = {
+                "format": FORMAT,
+                "step": step,
+                "optimizer_step": optimizer_step,
+                "samples_seen": step * self.samples_per_step,
+                "world_size": self.world_size,
+                "layout": self.layout,
+                "model": dataclasses.asdict(self.config),
+            }
+            with open(os.path.join(temporary, INFO_FILE), "w", encoding="utf-8") as file:
+                json.dump(info, file, indent=1, sort_keys=True)
+                file.flush()
+                os.fsync(file.fileno())
+            if os.path.exists(final):  # the same step saved again (after a restart)
+                shutil.rmtree(final)
+            os.rename(temporary, final)
+        self._barrier()
+        return final
+
+    def restore(self, resume: str | None, *, restarted: bool = False) -> int:
+        """Load ``resume`` (or, after an elastic restart, the directory's latest); the step it ends."""
+        path = None
+        if restarted and self.directory:
+            path = latest(self.directory)  # the newest complete one, maybe newer than --resume
+        if path is None and resume:
+            path = resolve(resume)
+        if path is None:
+            return 0
+        info = read_info(path)
+        self._check_shapes(path)
+        optimizer_step = int(info["optimizer_step"])
+        pieces = shards.model_pieces(self.params, saving=False)
+        if optimizer_step > 0:
+            shards.prepare_state(self.optimizer, optimizer_step)
+            pieces += shards.optimizer_pieces(self.params, self.optimizer, saving=False)
+        same_world = info["world_size"] == self.world_size
+        state = {k: torch.empty_like(v) for k, v in _rng_state(self.rank, self.device).items()} if same_world else {}
+        with _one_process_quiet():
+            dcp.load(state, storage_reader=dcp.FileSystemReader(path), planner=_LoadPlanner(pieces))
+        for key, value in state.items():
+            if key.startswith("rng.cpu."):
+                torch.set_rng_state(value)
+            else:
+                torch.cuda.set_rng_state(value, self.device)
+        step = int(info["step"])
+        if self.rank == 0:
+            note = "" if same_world else f"; saved by {info['world_size']} ranks ({info['layout']}): RNG not restored"
+            if info.get("samples_seen") != step * self.samples_per_step:
+                note += f"; the batch size changed: step {step + 1} reads new samples"
+            print(f"resumed from {path} at step {step} (layout {info['layout']}{note})", flush=True)
+        return step
+
+    def _check_shapes(self, path: str) -> None:
+        saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        for piece in shards.model_pieces(self.params, saving=False):
+            if piece.name not in saved:
+                raise SystemExit(
+                    f"train.py: checkpoint {path} has no tensor {piece.name[len('model.'):]}: "
+                    "it was saved from a different model"
+                )
+            shape = tuple(saved[piece.name].size)
+            if shape != piece.full_shape:
+                raise SystemExit(
+                    f"train.py: checkpoint {path}: {piece.name[len('model.'):]} has shape {shape} there "
+                    f"but {piece.full_shape} in this model: it was saved from a different model"
+                )
+
+
+def read_full(path: str, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor of checkpoint ``path`` whose name starts with ``prefix``, whole (one process)."""
+    path = resolve(path)
+    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    state = {
+        name: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+        for name, md in sorted(saved.items())
+        if name.startswith(prefix) and hasattr(md, "size")
+    }
+    with _one_process_quiet():
+        dcp.load(state, storage_reader=dcp.FileSystemReader(path), planner=DefaultLoadPlanner(flatten_state_dict=False))
+    return state

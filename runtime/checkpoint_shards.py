@@ -1,0 +1,191 @@
+"""Where this rank's tensors sit in the logical (unsharded) model, for checkpoints.
+
+Takes: the model of this rank (one ``Transformer`` or the pipeline's ``nn.ModuleList``
+of stage chunks), its optimizer (``torch.optim.AdamW`` or ``zero.ShardedAdamW``) and
+the tp group. Gives: ``Piece`` lists — each a view of local memory holding one box
+``[offsets, offsets + shape)`` of a logical tensor of ``full_shape`` — for the model
+(``model.<name>``) and the AdamW moments (``optim.<name>.exp_avg`` /
+``.exp_avg_sq``). ``checkpoint.py`` hands them to torch.distributed.checkpoint, which
+stores boxes and, on load, reads whatever boxes another layout asks for.
+
+Note [logical checkpoint tensors]: a checkpoint holds each parameter once, under its
+global name (``layers.3.attn.q_proj.weight``, the same in every layout) and its full
+shape. The embedding and an untied head are stored with their *padded* vocab rows
+(``PADDED_VOCAB``, as the model holds them; the padding rows stay at their initial
+values and never reach the loss), so any tp degree dividing the padded vocab reads
+them; ``parc export`` drops the padding. A tensor-parallel shard is the box at
+``tp_rank · local`` along its split dim. A pipeline stage's copy of a tied embedding
+(``pipeline_duplicate``, Note [tied embeddings across stages] in model.py) is not
+saved: it loads from ``embed.weight``, moments included (its gradient always equals
+the table's). Under ZeRO each dp rank owns a slice of one flat buffer that crosses
+parameter boundaries (Note [one flat buffer] in zero.py); the part of the slice inside
+one parameter is a contiguous run of its row-major elements, stored as up to three
+boxes (a partial row, whole rows, a partial row), so the moments are per parameter
+and a layout without ZeRO (or with another dp) reads them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from .comm import group_rank, group_size
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    name: str
+    """The logical tensor: ``model.embed.weight``, ``optim.layers.0.mlp.up_proj.weight.exp_avg``."""
+    full_shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+    tensor: torch.Tensor
+    """A view of this rank's memory: reading a checkpoint writes into it."""
+
+
+@dataclass(frozen=True, slots=True)
+class LocalParameter:
+    name: str
+    """Logical name; a tied copy carries the name of the table it copies."""
+    param: nn.Parameter
+    full_shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+    """Where this rank's shard starts in the full tensor."""
+    duplicate: bool
+    """A pipeline stage's copy of the tied embedding: loaded, never saved."""
+
+
+def _chunks(model) -> list[nn.Module]:
+    return list(model) if isinstance(model, nn.ModuleList) else [model]
+
+
+def _shard_offsets(name, local, full, tp_group) -> tuple[int, ...]:
+    split = [d for d in range(len(full)) if local[d] != full[d]]
+    if not split:
+        return (0,) * len(full)
+    tp = group_size(tp_group)
+    dim = split[0]
+    if len(split) > 1 or len(local) != len(full) or local[dim] * tp != full[dim]:
+        raise RuntimeError(f"internal error in parc (checkpoint): {name} has shard {local} of {full} over tp {tp}")
+    offsets = [0] * len(full)
+    offsets[dim] = group_rank(tp_group) * local[dim]
+    return tuple(offsets)
+
+
+def local_parameters(model, tp_group) -> list[LocalParameter]:
+    """Every parameter of this rank with its logical name, full shape and shard offsets."""
+    out, seen = [], set()
+    for chunk in _chunks(model):
+        for module_name, module in chunk.named_modules():
+            for attr, param in module.named_parameters(recurse=False):
+                if id(param) in seen:
+                    continue
+                seen.add(id(param))
+                base = getattr(module, "init_name", module_name)
+                name = f"{base}.{attr}" if base else attr
+                full = getattr(module, "full_shape", None)
+                if full is None:
+                    full = tuple(param.shape)
+                elif attr == "bias":
+                    full = (full[0],)
+                full = tuple(int(s) for s in full)
+                out.append(
+                    LocalParameter(
+                        name=name, param=param, full_shape=full,
+                        offsets=_shard_offsets(name, tuple(param.shape), full, tp_group),
+                        duplicate=bool(getattr(param, "pipeline_duplicate", False)),
+                    )
+                )
+    return out
+
+
+def model_pieces(params: list[LocalParameter], *, saving: bool) -> list[Piece]:
+    return [
+        Piece(f"model.{p.name}", p.full_shape, p.offsets, p.param.detach())
+        for p in params
+        if not (saving and p.duplicate)
+    ]
+
+
+def _boxes(shape: tuple[int, ...], start: int, stop: int):
+    """Boxes (offsets, sizes, first flat element) covering elements [start, stop) of ``shape``."""
+    if start >= stop:
+        return []
+    if len(shape) == 1:
+        return [((start,), (stop - start,), start)]
+    if len(shape) != 2:
+        raise RuntimeError(f"internal error in parc (checkpoint): ZeRO slices of {len(shape)}-d tensors")
+    columns = shape[1]
+    (r0, c0), (r1, c1) = divmod(start, columns), divmod(stop, columns)
+    if r0 == r1:
+        return [((r0, c0), (1, c1 - c0), start)]
+    boxes = []
+    if c0:
+        boxes.append(((r0, c0), (1, columns - c0), start))
+        r0 += 1
+    if r1 > r0:
+        boxes.append(((r0, 0), (r1 - r0, columns), r0 * columns))
+    if c1:
+        boxes.append(((r1, 0), (1, c1), r1 * columns))
+    return boxes
+
+
+def is_zero(optimizer) -> bool:
+    return hasattr(optimizer, "flat") and hasattr(optimizer, "lo")
+
+
+def optimizer_pieces(params: list[LocalParameter], optimizer, *, saving: bool) -> list[Piece]:
+    """The AdamW moments of this rank as logical boxes (``prepare_state`` first when loading)."""
+    pieces = []
+    if is_zero(optimizer):
+        by_id = {id(p.param): p for p in params}
+        offset = 0
+        for param in optimizer.params:
+            info, n = by_id[id(param)], param.numel()
+            start, stop = max(offset, optimizer.lo), min(offset + n, optimizer.hi)
+            if not (saving and info.duplicate):
+                for local, sizes, first in _boxes(tuple(param.shape), start - offset, stop - offset):
+                    at = offset + first - optimizer.lo
+                    full_offsets = tuple(a + b for a, b in zip(info.offsets, local))
+                    for moment in MOMENTS:
+                        view = optimizer.state[moment][at : at + math.prod(sizes)].view(sizes)
+                        pieces.append(Piece(f"optim.{info.name}.{moment}", info.full_shape, full_offsets, view))
+            offset += n
+        return pieces
+    for info in params:
+        if saving and info.duplicate:
+            continue
+        state = optimizer.state.get(info.param)
+        if not state:
+            continue  # never stepped (no gradient yet)
+        for moment in MOMENTS:
+            pieces.append(Piece(f"optim.{info.name}.{moment}", info.full_shape, info.offsets, state[moment]))
+    return pieces
+
+
+def optimizer_step(optimizer) -> int:
+    """AdamW's step count (the bias correction's t), which skipped steps do not advance."""
+    if is_zero(optimizer):
+        return int(optimizer.state["step"])
+    for state in optimizer.state.values():
+        return int(state["step"])
+    return 0
+
+
+@torch.no_grad()
+def prepare_state(optimizer, step: int) -> None:
+    """Give a fresh optimizer the state a checkpoint's moments are read into."""
+    if is_zero(optimizer):
+        optimizer.state["step"] = int(step)
+        return
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            optimizer.state[param] = {
+                "step": torch.tensor(float(step), dtype=torch.float32),
+                "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
+            }

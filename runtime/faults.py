@@ -1,0 +1,92 @@
+"""What a long run meets: SIGTERM, non-finite numbers, and (in tests) injected faults.
+
+Takes: the spec's ``on_nonfinite`` policy and this process's rank and world size.
+Gives: ``StepGuard`` — installed before the loop, it catches SIGTERM (the step in
+flight finishes, the trainer saves and exits 0) and, once per step, decides with
+every rank whether the optimizer step is taken (``check``); ``die_if_injected`` and
+``inject_nan``, driven by test-only environment variables.
+
+Note [every rank agrees]: SIGTERM reaches ranks at different moments, and a NaN may
+show on one rank only (a pipeline stage's loss, one dp rank's batch). ``check``
+all-reduces (MAX over the world) two flags — "a number is not finite here" and
+"SIGTERM arrived here" — so every rank skips, stops or saves at the same step.
+The gradient norm is already global; the loss is this rank's part of it.
+
+Test-only variables: ``PARC_FAULT_AT_STEP=k`` — the last rank dies (``os._exit(1)``)
+at the start of step k, on the first attempt only (``TORCHELASTIC_RESTART_COUNT``
+unset or 0), so torchrun's restart path runs; ``PARC_NAN_AT_STEP=k`` — the last
+rank's loss of step k is NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+
+import torch
+import torch.distributed as dist
+
+POLICIES = ("skip", "stop")
+
+
+def restart_count() -> int:
+    """How many times torchrun has restarted this job (0 on the first attempt)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def _env_step(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
+
+
+def die_if_injected(step: int, *, rank: int, world_size: int) -> None:
+    """``PARC_FAULT_AT_STEP=k``: the last rank dies at step k on the first attempt."""
+    if _env_step("PARC_FAULT_AT_STEP") == step and restart_count() == 0 and rank == world_size - 1:
+        print(f"rank {rank}: injected fault at step {step} (PARC_FAULT_AT_STEP)", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+def inject_nan(step: int, loss: float, *, rank: int, world_size: int) -> float:
+    """``PARC_NAN_AT_STEP=k``: the last rank's loss of step k becomes NaN."""
+    if _env_step("PARC_NAN_AT_STEP") == step and rank == world_size - 1:
+        return float("nan")
+    return loss
+
+
+class StepGuard:
+    def __init__(self, policy: str, *, rank: int, world_size: int, device, where: str = ""):
+        if policy not in POLICIES:
+            raise ValueError(f"on_nonfinite must be one of {POLICIES}, not {policy!r}")
+        self.policy, self.rank, self.world_size, self.device = policy, rank, world_size, device
+        self.where = where  # the spec line of on_nonfinite, for messages
+        self.signalled = False
+        self.stopping = False
+        """Every rank saw the SIGTERM flag: save after this step and exit 0."""
+        self.skipped = 0
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.signalled = True
+
+    def check(self, step: int, loss: float, grad_norm: float) -> bool:
+        """Whether the optimizer takes this step; ``stop`` exits here (Note [every rank agrees])."""
+        bad = not (math.isfinite(loss) and math.isfinite(grad_norm))
+        flags = torch.tensor([float(bad), float(self.signalled)], device=self.device)
+        if self.world_size > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        bad, self.stopping = bool(flags[0] > 0), bool(flags[1] > 0)
+        if not bad:
+            return True
+        what = f"step {step}: non-finite loss or gradient norm (grad_norm {grad_norm} on rank {self.rank})"
+        if self.policy == "stop":
+            raise SystemExit(
+                f"train.py: {what}; stopping (on_nonfinite = stop{self.where}). "
+                "The last checkpoint is untouched; resume from it with a lower learning rate, "
+                "or set on_nonfinite = skip"
+            )
+        self.skipped += 1
+        if self.rank == 0:
+            print(f"{what}: optimizer step skipped (on_nonfinite = skip{self.where})", flush=True)
+        return False
