@@ -12,7 +12,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from .comm import group_size
+from .comm import exposed, group_size
 
 
 def build_optimizer(model, *, lr, betas, weight_decay, eps):
@@ -72,10 +72,12 @@ def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None) -> float:
     zero = torch.zeros((), dtype=torch.float32, device=device)
     sharded_sq = sum((g.float().pow(2).sum() for g in sharded), zero)
     if group_size(tp_group) > 1:
-        dist.all_reduce(sharded_sq, group=tp_group)
+        with exposed():
+            dist.all_reduce(sharded_sq, group=tp_group)
     total_sq = sharded_sq + sum((g.float().pow(2).sum() for g in replicated), zero)
     if group_size(pp_group) > 1:
-        dist.all_reduce(total_sq, group=pp_group)
+        with exposed():
+            dist.all_reduce(total_sq, group=pp_group)
     norm = float(total_sq.sqrt())
     if max_norm > 0 and math.isfinite(norm):
         scale = max_norm / (norm + 1e-6)
