@@ -6,7 +6,7 @@ with the span of that key (or of the nearest enclosing key the spec wrote), and
 
 =========  =====================================================================
 PAR0801    a value is still ``auto`` (the planner fills it; build needs it set)
-PAR0802    a feature parc cannot build yet (pp > 1, zero = 3, overlap, fp16, ...)
+PAR0802    a feature parc cannot build yet (zero = 3, fp16, ...)
 PAR0803    a name that is not a plain identifier (it would be emitted as code)
 PAR0804    a value of the wrong type, not finite, or out of range
 PAR0805    the layout does not fill the mesh (dp · tp · pp ≠ nodes · devices)
