@@ -49,6 +49,7 @@ from .layers import (
     vocab_parallel_cross_entropy,
 )
 from . import overlap
+from .kernels import select as select_kernels
 from .param_init import initialize
 from .tp_plan import TensorParallelPlan
 
@@ -104,6 +105,8 @@ class _Builder:
 class Norm(nn.Module):
     """LayerNorm (gpt, with bias) or RMSNorm (llama); replicated over tp."""
 
+    fused = None  # the compiled ops (kernels.select), set by use_kernels; None: plain PyTorch
+
     def __init__(self, hidden, *, rms, eps, sequence_parallel):
         super().__init__()
         self.rms, self.eps = rms, eps
@@ -113,6 +116,10 @@ class Norm(nn.Module):
             p.sequence_parallel = sequence_parallel  # sees only a sequence shard under SP
 
     def forward(self, x):
+        if self.fused is not None:
+            if self.rms:
+                return self.fused.rms_norm(x, self.weight, self.eps)
+            return self.fused.layer_norm(x, self.weight, self.bias, self.eps)
         if self.rms:
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
@@ -129,6 +136,8 @@ def rotary(x, theta):
 
 
 class Attention(nn.Module):
+    fused = None  # see Norm
+
     def __init__(self, config, prefix, build):
         super().__init__()
         bias = config.arch == "gpt"
@@ -143,7 +152,9 @@ class Attention(nn.Module):
 
     def core(self, q, k, v):
         """softmax(q kᵀ / √D) v: the part selective recompute drops and redoes."""
-        if self.llama:
+        if self.llama and self.fused is not None:
+            q, k = self.fused.rotary(q, k, self.theta)
+        elif self.llama:
             q, k = rotary(q, self.theta), rotary(k, self.theta)
         return F.scaled_dot_product_attention(
             q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1],
@@ -163,6 +174,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    fused = None  # see Norm
+
     def __init__(self, config, prefix, build):
         super().__init__()
         self.llama = config.arch == "llama"
@@ -172,10 +185,19 @@ class MLP(nn.Module):
         self.up_proj = build.linear(f"{prefix}.up_proj", config.hidden, config.ffn, bias)
         self.down_proj = build.linear(f"{prefix}.down_proj", config.ffn, config.hidden, bias)
 
+    def activation(self, up, gate=None):
+        """SwiGLU silu(gate) · up (llama) or GeLU(up) (gpt, tanh approximation; up_proj added the bias)."""
+        if self.fused is not None:
+            return self.fused.swiglu(gate, up) if self.llama else self.fused.bias_gelu(up)
+        if self.llama:
+            return F.silu(gate) * up
+        return F.gelu(up, approximate="tanh")
+
     def forward(self, x):
         if self.llama:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
-        return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+            gate = self.gate_proj(x)
+            return self.down_proj(self.activation(self.up_proj(x), gate))
+        return self.down_proj(self.activation(self.up_proj(x)))
 
 
 class Block(nn.Module):
@@ -206,8 +228,12 @@ class Transformer(nn.Module):
     as its head, initialized from ``embed.weight``; its parameter is tagged
     ``pipeline_duplicate`` (counted once in the gradient norm) and the two copies'
     gradients are summed over the embedding group after backward
-    (``pipeline.allreduce_tied_grads``), so they stay equal, as Megatron does.
+    (``pipeline.allreduce_tied_grads``), so they stay equal, as Megatron does. Both
+    copies are tagged ``tied_across_stages``: whoever reduces gradients during
+    backward (ZeRO-2) must leave them until that sum is done.
     """
+
+    fused = None  # see Norm: the loss's cross-entropy kernels
 
     def __init__(
         self, config, *, tp_group, sequence_parallel, tp_plan, recompute="none",
@@ -247,8 +273,11 @@ class Transformer(nn.Module):
                 if config.tie_embeddings:  # Note [tied embeddings across stages]
                     self.head.init_name = "embed"
                     self.head.weight.pipeline_duplicate = True
+                    self.head.weight.tied_across_stages = True
                 if self.vocab_parallel and group_size(tp_group) > 1:
                     self.head.weight.tensor_parallel = True
+        if self.first and not self.last and config.tie_embeddings:
+            self.embed.weight.tied_across_stages = True  # its grad is summed with the head copy's
         for layer in self.layers.values():
             layer.attn.selective = recompute == "selective"
 
@@ -290,12 +319,16 @@ class Transformer(nn.Module):
         if self.vocab_parallel:
             x = all_gather_from_group(x, self.tp_group, 1) if self.sp else copy_to_group(x, self.tp_group)
             logits = F.linear(x, self.head_weight())  # (B, T, V/tp)
-            loss = vocab_parallel_cross_entropy(logits, targets, tp_group=self.tp_group, vocab_size=self.config.vocab)
+            loss = vocab_parallel_cross_entropy(
+                logits, targets, tp_group=self.tp_group, vocab_size=self.config.vocab, kernels=self.fused
+            )
         else:
             if self.sp:
                 x = gather_from_group(x, self.tp_group, 1)
             logits = F.linear(x, self.head_weight())  # (B, T, V)
-            loss = vocab_parallel_cross_entropy(logits, targets, tp_group=None, vocab_size=self.config.vocab)
+            loss = vocab_parallel_cross_entropy(
+                logits, targets, tp_group=None, vocab_size=self.config.vocab, kernels=self.fused
+            )
         return loss.mean()
 
     def forward(self, x, targets=None):
@@ -306,25 +339,42 @@ class Transformer(nn.Module):
         return self.loss(x, targets) if self.last else x
 
 
-def build_model(config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none", sub_batches=1):
+def use_kernels(model: nn.Module, kernels: str, device) -> nn.Module:
+    """Route the norms, MLP activations, rotary and loss to ``kernels``: "compiled" or "eager".
+
+    "compiled" uses runtime/kernels' fused ops for ``device`` (C++ on CPU, Triton on
+    CUDA) unless they cannot be had, in which case one line on stderr says so and the
+    model stays eager. "eager" keeps plain PyTorch.
+    """
+    fused = select_kernels(kernels, device)
+    for module in model.modules():
+        if isinstance(module, (Norm, Attention, MLP, Transformer)):
+            module.fused = fused
+    return model
+
+
+def build_model(
+    config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none", sub_batches=1,
+    kernels="compiled",
+):
     """The model for this rank: built from the plan, initialized per Note [init happens before sharding].
 
     ``recompute``: "none"; "selective" (attention core recomputed in backward);
     "full" (each block recomputed from its input). ``sub_batches`` > 1: each
     micro-batch's blocks run as that many sub-batches whose tensor-parallel
-    collectives overlap compute (``overlap.py``).
+    collectives overlap compute (``overlap.py``). ``kernels``: see ``use_kernels``.
     """
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
         recompute=recompute, sub_batches=sub_batches,
     )
     initialize(model, seed)
-    return model.to(device)
+    return use_kernels(model.to(device), kernels, device)
 
 
 def build_stages(
     config, *, stages, pp_rank, pp_size, tp_group, sequence_parallel, tp_plan, seed, device,
-    recompute="none", sub_batches=1,
+    recompute="none", sub_batches=1, kernels="compiled",
 ):
     """This pipeline rank's model chunks, one ``Transformer`` stage per chunk.
 
@@ -342,20 +392,21 @@ def build_stages(
         raise ValueError(f"{len(stages)} pipeline stages do not split over {pp_size} pipeline ranks")
     return nn.ModuleList(
         build_stage(config, stages=stages, index=v, tp_group=tp_group, sequence_parallel=sequence_parallel,
-                    tp_plan=tp_plan, seed=seed, device=device, recompute=recompute, sub_batches=sub_batches)
+                    tp_plan=tp_plan, seed=seed, device=device, recompute=recompute, sub_batches=sub_batches,
+                    kernels=kernels)
         for v in range(pp_rank, len(stages), pp_size)  # chunk c: virtual stage c·pp_size + pp_rank
     )
 
 
 def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute,
-                sub_batches=1):
+                sub_batches=1, kernels="compiled"):
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
         recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,
         sub_batches=sub_batches,
     )
     initialize(model, seed)
-    return model.to(device)
+    return use_kernels(model.to(device), kernels, device)
 
 
 def allreduce_sequence_parallel_grads(model: nn.Module, tp_group) -> None:

@@ -12,10 +12,25 @@ The Adam moments exist only for that slice. A step updates the slice in place, t
 all-gather over dp writes every rank's slice back into every rank's buffer, hence into
 the parameters. All ranks of a dp group have the same tp index, so the same layout.
 
-Stage 1 all-reduces the flat gradient (mean over dp) and keeps its slice; stage 2
-reduce-scatters it (on gloo, which has none: all-reduce and keep our slice, the same
-numbers), so each rank holds only its gradient slice. In both, the parameters' own
-``.grad`` are freed once copied into the flat gradient. The AdamW arithmetic is
+Stage 1 all-reduces the flat gradient (mean over dp) after backward and keeps its
+slice; the parameters' own ``.grad`` are freed once copied into the flat gradient.
+
+Note [ZeRO-2 during backward]: stage 2 never holds the whole gradient after
+backward. Every parameter gets a post-accumulate-grad hook counting its
+accumulations this step (``accumulations`` = micro-batches per step, as in dp.py's
+Note [gradient overlap]); on its last one the parameter is ready. The flat buffer
+is cut into buckets of consecutive parameters, last layers first; once a bucket's
+parameters are all ready their grads are packed, ``.grad`` is freed, and the
+bucket is all-reduced asynchronously while backward goes on. Before the next
+bucket is launched the previous one is waited, divided by the dp size, and the
+part that falls in this rank's slice is added into the rank's gradient slice, so at
+most two buckets are alive besides the slice. (All-reduce + our part rather than a
+reduce-scatter: a bucket's range does not line up with the ranks' slices; on gloo it
+costs the same.) ``reduce_gradients_and_clip`` launches what is left and waits.
+A bucket holding a pipeline stage's copy of a tied embedding
+(``param.tied_across_stages``) is left for then too: its gradient must first be
+summed with the other stage's copy (``pipeline.allreduce_tied_grads``), after
+backward. The AdamW arithmetic is
 ``torch.optim.AdamW``'s (foreach=False), weight decay on matrices only, as in
 ``optim.build_optimizer``.
 """
@@ -27,11 +42,14 @@ import math
 import torch
 import torch.distributed as dist
 
-from .comm import group_rank, group_size
+from .comm import exposed, group_rank, group_size
 
 
 class ShardedAdamW:
-    def __init__(self, model, *, dp_group, tp_group, stage, lr, betas, weight_decay, eps, pp_group=None):
+    def __init__(
+        self, model, *, dp_group, tp_group, stage, lr, betas, weight_decay, eps, pp_group=None,
+        accumulations=1, bucket_bytes=25 * 2**20,
+    ):
         if stage not in (1, 2):
             raise ValueError(f"ZeRO stage must be 1 or 2, not {stage!r}")
         self.stage, self.dp_group, self.tp_group, self.pp_group = stage, dp_group, tp_group, pp_group
@@ -72,6 +90,93 @@ class ShardedAdamW:
             "exp_avg_sq": torch.zeros(self.shard, dtype=torch.float32, device=device),
         }
         self.grad = None  # this rank's gradient slice, set by reduce_gradients_and_clip
+        if stage == 2:  # Note [ZeRO-2 during backward]
+            self._prepare_buckets(int(accumulations), int(bucket_bytes))
+
+    # ---- stage 2: gradients reduced bucket by bucket during backward -------------
+
+    def _prepare_buckets(self, accumulations: int, bucket_bytes: int) -> None:
+        if accumulations < 1:
+            raise ValueError(f"accumulations must be at least 1, not {accumulations!r}")
+        self.accumulations = accumulations
+        offsets, offset = [], 0
+        for p in self.params:
+            offsets.append(offset)
+            offset += p.numel()
+        self.buckets, current, used = [], [], 0  # (flat start, flat stop, [(param, offset)])
+        for p, start in reversed(list(zip(self.params, offsets))):  # backward's order
+            current.append((p, start))
+            used += p.numel() * 4
+            if used >= bucket_bytes:
+                self.buckets.append(current)
+                current, used = [], 0
+        if current:
+            self.buckets.append(current)
+        self._bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p, _ in bucket}
+        self._late = {  # reduced after backward: Note [ZeRO-2 during backward]
+            i for i, bucket in enumerate(self.buckets)
+            if any(getattr(p, "tied_across_stages", False) for p, _ in bucket)
+        }
+        self._new_step()
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._accumulated)
+
+    def _new_step(self) -> None:
+        self._count = dict.fromkeys(self._bucket_of, 0)
+        self._unready = [len(bucket) for bucket in self.buckets]
+        self._launched, self._inflight = set(), None
+
+    def _accumulated(self, param) -> None:
+        key = id(param)
+        self._count[key] += 1
+        if self._count[key] == self.accumulations:
+            index = self._bucket_of[key]
+            self._unready[index] -= 1
+            if self._unready[index] == 0 and index not in self._late:
+                self._launch(index)
+
+    @torch.no_grad()
+    def _launch(self, index: int) -> None:
+        self._drain()  # the previous bucket first: at most two alive
+        if self.grad is None:  # this step's gradient slice: all the gradient a rank keeps
+            self.grad = torch.zeros(self.shard, dtype=torch.float32, device=self.flat.device)
+        bucket = self.buckets[index]
+        start = min(offset for _, offset in bucket)
+        stop = max(offset + p.numel() for p, offset in bucket)
+        packed = torch.zeros(stop - start, dtype=torch.float32, device=self.flat.device)
+        for p, offset in bucket:
+            if p.grad is not None:
+                packed[offset - start : offset - start + p.numel()].copy_(p.grad.reshape(-1))
+            p.grad = None  # the packed copy replaces it
+        work = None
+        if group_size(self.dp_group) > 1:
+            work = dist.all_reduce(packed, group=self.dp_group, async_op=True)
+        self._launched.add(index)
+        self._inflight = (start, stop, packed, work)
+
+    @torch.no_grad()
+    def _drain(self) -> None:
+        if self._inflight is None:
+            return
+        start, stop, packed, work = self._inflight
+        self._inflight = None
+        if work is not None:
+            with exposed():
+                work.wait()
+            packed.div_(group_size(self.dp_group))
+        lo, hi = max(start, self.lo), min(stop, self.hi)
+        if lo < hi:  # the part of the bucket in this rank's slice
+            self.grad[lo - self.lo : hi - self.lo].add_(packed[lo - start : hi - start])
+
+    @torch.no_grad()
+    def _reduced_slice(self) -> torch.Tensor:
+        for index in range(len(self.buckets)):
+            if index not in self._launched:
+                self._launch(index)  # parameters that got no gradient this step
+        self._drain()
+        grad = self.grad if self.grad is not None else torch.zeros(self.shard, device=self.flat.device)
+        self._new_step()
+        return grad
 
     @property
     def param_slice(self) -> torch.Tensor:
@@ -97,18 +202,17 @@ class ShardedAdamW:
         The norm is global: squares of tp shards summed over tp, replicated
         parameters counted once, then the dp slices summed. ``max_norm == 0`` only measures.
         """
-        flat, size = self._flat_grad(), group_size(self.dp_group)
-        if size > 1:
-            if self.stage == 2 and dist.get_backend(self.dp_group) == "nccl":
-                grad = torch.empty(self.shard, dtype=flat.dtype, device=flat.device)
-                dist.reduce_scatter_tensor(grad, flat, group=self.dp_group)
-            else:  # stage 1 (all-reduce), or stage 2 on gloo (no reduce-scatter)
-                dist.all_reduce(flat, group=self.dp_group)
-                grad = flat[self.lo : self.hi].clone()
-            grad.div_(size)
+        size = group_size(self.dp_group)
+        if self.stage == 2:
+            grad = self._reduced_slice()  # Note [ZeRO-2 during backward]
         else:
+            flat = self._flat_grad()
+            if size > 1:
+                with exposed():
+                    dist.all_reduce(flat, group=self.dp_group)
+                flat.div_(size)
             grad = flat[self.lo : self.hi].clone()
-        del flat  # each rank keeps only its slice
+            del flat  # each rank keeps only its slice
         squares = grad.pow(2).masked_fill(~self.counted, 0.0)  # a tied copy counts once
         sharded_sq = squares[self.tp_mask].sum()
         if group_size(self.tp_group) > 1:
@@ -163,7 +267,8 @@ class ShardedAdamW:
             p.grad = None
 
     def held_grad_bytes(self) -> int:
-        """Bytes of the gradient slice this optimizer keeps (``param.grad`` not included)."""
+        """Bytes of the gradient slice this optimizer keeps (``param.grad`` not included;
+        nor a stage-2 bucket still in flight: a communication buffer)."""
         return 0 if self.grad is None else self.grad.numel() * self.grad.element_size()
 
     def state_bytes(self) -> int:
