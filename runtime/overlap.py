@@ -180,13 +180,13 @@ def _attention(attn, h, full):
 
 
 def _mlp(mlp, h, full):
-    """The MLP up to the down_proj partial sums (same math as ``model.MLP``)."""
+    """The MLP up to the down_proj partial sums (``model.MLP``'s activation, kernels included)."""
     if mlp.llama:
         gate, up = _columns(h, full, [mlp.gate_proj, mlp.up_proj])
-        hidden = F.silu(gate) * up  # SwiGLU
+        hidden = mlp.activation(up, gate)  # SwiGLU
     else:
         (up,) = _columns(h, full, [mlp.up_proj])
-        hidden = F.gelu(up, approximate="tanh")
+        hidden = mlp.activation(up)  # GeLU
     return F.linear(hidden, mlp.down_proj.weight)
 
 
