@@ -66,6 +66,13 @@ def group_size(group) -> int:
     return 1 if group is None else dist.get_world_size(group)
 
 
+def scalar_device(group) -> torch.device:
+    """Where a small tensor for ``group``'s collectives must live: nccl needs CUDA."""
+    if group is not None and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def group_rank(group) -> int:
     return 0 if group is None else dist.get_rank(group)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .comm import Pending, _issued, exposed, group_size
+from .comm import Pending, _issued, exposed, group_size, scalar_device
 
 
 class GradientBuckets:
@@ -112,7 +112,7 @@ def all_reduce_mean(value: float, group) -> float:
     """The mean of a Python float over ``group``."""
     if group_size(group) == 1:
         return float(value)
-    t = torch.tensor([float(value)], dtype=torch.float64)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=scalar_device(group))
     _issued()
     with exposed():
         dist.all_reduce(t, group=group)

@@ -25,7 +25,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from .comm import exposed
+from .comm import exposed, scalar_device
 from .schedule import Op, virtual_stage
 
 _ACT, _GRAD = 0, 1
@@ -165,6 +165,7 @@ def loss_over_pipeline(loss_sum: float, pp_group) -> float:
     """The last stage's loss on every pipeline rank (the others contribute 0)."""
     if pp_group is None:
         return float(loss_sum)
-    t = torch.tensor([float(loss_sum)], dtype=torch.float64)
-    dist.all_reduce(t, group=pp_group)
+    t = torch.tensor([float(loss_sum)], dtype=torch.float64, device=scalar_device(pp_group))
+    with exposed():
+        dist.all_reduce(t, group=pp_group)
     return float(t.item())
