@@ -283,7 +283,7 @@ class Transformer(nn.Module):
 
     def run_blocks(self, x):
         """The transformer blocks of this model (or pipeline stage), in order."""
-        if self.sub_batches > 1:  # Note [the sub-batch schedule] in overlap.py
+        if self.sub_batches > 1 and group_size(self.tp_group) > 1:  # Note [the sub-batch schedule] in overlap.py
             return overlap.run_blocks(self, x, self.sub_batches)
         for layer in self.layers.values():
             if self.recompute == "full" and torch.is_grad_enabled():
