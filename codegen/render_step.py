@@ -35,13 +35,14 @@ def config_lines(plan: Plan) -> list[str]:
     pipe = plan.pipeline
     if not has_pipeline(plan):
         return []
+    split = f"{cite(pipe.stage_layers_span)}: stage_layers" if pipe.stage_layers_span else "an even split"
     lines = [
         f"PP = {pipe.size!r}  # {cite(pipe.span)}: pipeline stages",
         f"SCHEDULE = {pipe.schedule!r}  # {cite(pipe.schedule_span)}: {SCHEDULE_WORDS[pipe.schedule]}",
         f"CHUNKS = {pipe.chunks!r}  # model chunks (virtual stages) per pipeline rank",
-        "# layers [start, stop) of each virtual stage, in model order; chunk c of pipeline",
-        f"# rank r is stage c·PP + r ({cite(pipe.stage_layers_span) + ': stage_layers' if pipe.stage_layers_span else 'an even split'}). The schedule idles",
-        f"# {100 * pipe.bubble_fraction:.1f}% of the step (forward 1, backward 2); `parc explain` draws it.",
+        f"# layers [start, stop) of each virtual stage ({split}); chunk c of pipeline",
+        f"# rank r is stage c·PP + r. Under this schedule a rank idles {100 * pipe.bubble_fraction:.1f}% of the step",
+        "# (forward 1, backward 2 time units); `parc explain` draws the timeline.",
         f"PIPELINE_STAGES = {pipe.stage_layers!r}",
     ]
     return lines
@@ -87,7 +88,8 @@ def executor_lines(plan: Plan) -> list[str]:
         '    pp_ranks=grid.ranks("pp"),',
         '    pp_rank=grid.index("pp"),',
         "    micro_batches=GRAD_ACCUM,",
-        f"    activation_shape=(MICRO_BATCH, {tokens}, HIDDEN),  # what travels between stages",
+        "    # what travels between stages: (micro-batch, tokens, hidden), fp32",
+        f"    activation_shape=(MICRO_BATCH, {tokens}, HIDDEN),",
         "    device=dist.device,",
         f"    autocast_dtype={autocast},",
         ")",
