@@ -23,7 +23,7 @@ from .lower import lower
 from .render import render
 
 MANIFEST = ".parc/manifest.json"
-EXECUTABLE = {"launch.sh"}
+EXECUTABLE = {"launch.sh", "slurm.sbatch"}
 
 
 def sha256(data: bytes) -> str:

@@ -20,6 +20,7 @@ COMMANDS = (
     "parc.codegen.build_cmd",  # build
     "parc.codegen.data_cmd",  # data prepare
     "parc.codegen.explain",  # explain
+    "parc.codegen.export_cmd",  # export
     "parc.codegen.plan_cmd",  # plan
     "parc.codegen.profile_cmd",  # profile
 )

@@ -15,7 +15,7 @@ import black
 import jinja2
 
 from .plan import Axis, Plan, Setting, ShardStyle
-from . import render_checkpoint, render_step
+from . import render_checkpoint, render_launch, render_step
 from .plan_text import cite
 
 DEVICE_FLOPS_NOTE = "dense peak FLOP/s of one device, for MFU"
@@ -305,20 +305,6 @@ def command(plan: Plan) -> str:
     )
 
 
-def launch_lines(plan: Plan) -> list[str]:
-    mesh = plan.mesh
-    if mesh.nodes == 1:
-        return [f'exec torchrun --standalone --nproc-per-node {mesh.devices_per_node} train.py "$@"']
-    return [
-        "# Run on each node; every node must reach HEAD_NODE (the first node's address).",
-        ': "${HEAD_NODE:?set HEAD_NODE to the hostname or address of the first node}"',
-        "exec torchrun \\",
-        f"  --nnodes {mesh.nodes} --nproc-per-node {mesh.devices_per_node} \\",
-        '  --rdzv-backend c10d --rdzv-endpoint "$HEAD_NODE:${HEAD_PORT:-29500}" \\',
-        '  train.py "$@"',
-    ]
-
-
 def render(plan: Plan) -> dict[str, str]:
     """The build's generated files (not the runtime copy), path → text."""
     env = jinja2.Environment(
@@ -338,13 +324,10 @@ def render(plan: Plan) -> dict[str, str]:
     files = {
         "train.py": render_train(plan, env),
         "launch.sh": env.get_template("launch.sh.j2").render(
-            layout=layout_words(plan),
-            where=(
-                "" if plan.mesh.nodes == 1
-                else f", {plan.mesh.devices_per_node} on each of {plan.mesh.nodes} nodes"
-            ),
-            lines=launch_lines(plan),
-            **common,
+            layout=layout_words(plan), **render_launch.launch_context(plan), **common
+        ),
+        "slurm.sbatch": env.get_template("slurm.sbatch.j2").render(
+            layout=layout_words(plan), **render_launch.slurm_context(plan), **common
         ),
         "README.md": env.get_template("README.md.j2").render(
             name=plan.model.name,

@@ -1,0 +1,169 @@
+"""``parc export CKPT --to safetensors OUT``: a checkpoint's full weights under Hugging Face names.
+
+Takes: a checkpoint folder written by a generated trainer (or a folder of them: its
+latest complete one), read through torch.distributed.checkpoint in one process, and
+its ``parc.json`` (the model config). Gives: ``OUT`` — a ``.safetensors`` file, or a
+folder holding ``model.safetensors`` and a Hugging Face ``config.json`` — with the
+vocab padding rows dropped and the names and layouts of ``transformers``' GPT2LMHeadModel
+(gpt) or LlamaForCausalLM (llama); ``hf_state_dict`` is the conversion itself.
+
+Note [Hugging Face layouts]: GPT-2's checkpoints use Conv1D, whose weight is the
+transpose of nn.Linear's, (in, out); and one fused ``c_attn`` of (C, 3C) holding q, k, v
+side by side, so parc's q_proj/k_proj/v_proj weights are concatenated along the output
+dim and transposed (biases concatenated). GPT-2 has no grouped-query attention: a gpt
+model with kv_heads < heads cannot be exported as gpt2. Llama keeps nn.Linear
+layouts and separate projections. parc's rotary (model.py ``rotary``) rotates pairs of
+*halves* of each head, which is Hugging Face's ``rotate_half``, so q_proj and k_proj
+are copied as they are (Meta's original checkpoints interleave pairs instead, and HF's
+conversion script permutes them; a parc checkpoint never needs that). A tied head is
+not written (both libraries tie ``lm_head`` to the embedding from the config).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+from parc.runtime import checkpoint
+
+GPT2_BLOCK = {  # parc name -> (HF name, transposed: Conv1D)
+    "attn_norm.weight": ("ln_1.weight", False),
+    "attn_norm.bias": ("ln_1.bias", False),
+    "attn.o_proj.weight": ("attn.c_proj.weight", True),
+    "attn.o_proj.bias": ("attn.c_proj.bias", False),
+    "mlp_norm.weight": ("ln_2.weight", False),
+    "mlp_norm.bias": ("ln_2.bias", False),
+    "mlp.up_proj.weight": ("mlp.c_fc.weight", True),
+    "mlp.up_proj.bias": ("mlp.c_fc.bias", False),
+    "mlp.down_proj.weight": ("mlp.c_proj.weight", True),
+    "mlp.down_proj.bias": ("mlp.c_proj.bias", False),
+}
+LLAMA_BLOCK = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn.q_proj.weight": "self_attn.q_proj.weight",
+    "attn.k_proj.weight": "self_attn.k_proj.weight",
+    "attn.v_proj.weight": "self_attn.v_proj.weight",
+    "attn.o_proj.weight": "self_attn.o_proj.weight",
+    "mlp_norm.weight": "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight": "mlp.gate_proj.weight",
+    "mlp.up_proj.weight": "mlp.up_proj.weight",
+    "mlp.down_proj.weight": "mlp.down_proj.weight",
+}
+
+
+class ExportError(Exception):
+    pass
+
+
+def hf_state_dict(weights: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
+    """parc's full weights (logical names, padded vocab) → Hugging Face's, per Note [Hugging Face layouts]."""
+    vocab, layers = config["vocab"], config["layers"]
+    out = {}
+    if config["arch"] == "gpt":
+        if config["kv_heads"] != config["heads"]:
+            raise ExportError(f"gpt2 has no grouped-query attention: kv_heads = {config['kv_heads']} < heads")
+        out["transformer.wte.weight"] = weights["embed.weight"][:vocab]
+        out["transformer.wpe.weight"] = weights["pos_embed.weight"]
+        for i in range(layers):
+            src, dst = f"layers.{i}.", f"transformer.h.{i}."
+            qkv = [weights[f"{src}attn.{p}_proj.weight"] for p in "qkv"]
+            out[dst + "attn.c_attn.weight"] = torch.cat(qkv, dim=0).t()  # (C, 3C)
+            out[dst + "attn.c_attn.bias"] = torch.cat([weights[f"{src}attn.{p}_proj.bias"] for p in "qkv"])
+            for name, (hf_name, transposed) in GPT2_BLOCK.items():
+                tensor = weights[src + name]
+                out[dst + hf_name] = tensor.t() if transposed else tensor
+        out["transformer.ln_f.weight"] = weights["final_norm.weight"]
+        out["transformer.ln_f.bias"] = weights["final_norm.bias"]
+    elif config["arch"] == "llama":
+        out["model.embed_tokens.weight"] = weights["embed.weight"][:vocab]
+        for i in range(layers):
+            for name, hf_name in LLAMA_BLOCK.items():
+                out[f"model.layers.{i}.{hf_name}"] = weights[f"layers.{i}.{name}"]
+        out["model.norm.weight"] = weights["final_norm.weight"]
+    else:
+        raise ExportError(f"no Hugging Face names for arch {config['arch']!r}")
+    if not config["tie_embeddings"]:
+        out["lm_head.weight"] = weights["head.weight"][:vocab]
+    return {name: tensor.contiguous().clone() for name, tensor in out.items()}
+
+
+def hf_config(config: dict) -> dict:
+    """A ``config.json`` for transformers with the same model."""
+    if config["arch"] == "gpt":
+        return {
+            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+            "vocab_size": config["vocab"], "n_positions": config["seq_len"], "n_embd": config["hidden"],
+            "n_layer": config["layers"], "n_head": config["heads"], "n_inner": config["ffn"],
+            "activation_function": "gelu_new", "layer_norm_epsilon": config["norm_eps"],
+            "resid_pdrop": config["dropout"], "embd_pdrop": config["dropout"], "attn_pdrop": config["dropout"],
+            "tie_word_embeddings": config["tie_embeddings"],
+        }
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": config["vocab"], "max_position_embeddings": config["seq_len"],
+        "hidden_size": config["hidden"], "intermediate_size": config["ffn"],
+        "num_hidden_layers": config["layers"], "num_attention_heads": config["heads"],
+        "num_key_value_heads": config["kv_heads"], "hidden_act": "silu", "rms_norm_eps": config["norm_eps"],
+        "rope_theta": config["rope_theta"], "attention_bias": False, "mlp_bias": False,
+        "tie_word_embeddings": config["tie_embeddings"], "torch_dtype": "float32",
+    }
+
+
+def export(ckpt: str, out: str) -> str:
+    """Write the export of checkpoint ``ckpt`` to ``out``; the safetensors file written."""
+    from safetensors.torch import save_file
+
+    path = checkpoint.resolve(ckpt)
+    info = checkpoint.read_info(path)
+    weights = {name[len("model."):]: t for name, t in checkpoint.read_full(path, "model.").items()}
+    tensors = hf_state_dict(weights, info["model"])
+    metadata = {"format": "pt", "parc_step": str(info["step"]), "parc_layout": info["layout"]}
+    if out.endswith(".safetensors"):
+        target = out
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    else:
+        os.makedirs(out, exist_ok=True)
+        target = os.path.join(out, "model.safetensors")
+        with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as file:
+            json.dump(hf_config(info["model"]), file, indent=2, sort_keys=True)
+            file.write("\n")
+    save_file(tensors, target, metadata=metadata)
+    return target
+
+
+def run(args) -> int:
+    if args.to != "safetensors":
+        print(f"parc export: unknown format {args.to!r}: safetensors", file=sys.stderr)
+        return 2
+    if not os.path.isdir(args.checkpoint):
+        print(f"parc export: {args.checkpoint}: no such checkpoint folder", file=sys.stderr)
+        return 2
+    try:
+        target = export(args.checkpoint, args.out)
+    except ExportError as exc:
+        print(f"parc export: {args.checkpoint}: {exc}", file=sys.stderr)
+        return 1
+    except SystemExit as exc:  # checkpoint.resolve / read_info: no checkpoint there
+        print(str(exc.code).replace("train.py: --resume ", "parc export: "), file=sys.stderr)
+        return 2
+    print(f"wrote {target}")
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "export",
+        help="write a checkpoint's weights as safetensors with Hugging Face names",
+        description=(
+            "Gather the full weights of a checkpoint (any layout) into a safetensors file with "
+            "Hugging Face's names for gpt2 or llama, vocab padding dropped. OUT ending in "
+            ".safetensors is that file; otherwise a folder with model.safetensors and config.json."
+        ),
+    )
+    parser.add_argument("checkpoint", metavar="CKPT", help="a checkpoint folder, or a folder of them (its latest)")
+    parser.add_argument("--to", required=True, choices=["safetensors"], help="output format")
+    parser.add_argument("out", metavar="OUT")
+    parser.set_defaults(func=run)

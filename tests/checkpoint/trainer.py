@@ -1,0 +1,85 @@
+"""Build the parity GPT in a layout and run its generated trainer, for the checkpoint tests.
+
+Everything goes through what a user has: ``build_to`` (``parc build``), ``torchrun``
+(or ``python train.py`` for one rank), the trainer's flags and ``--metrics-jsonl``.
+The model has vocab 250, padded to 256, so the padding rows are in every checkpoint.
+``reshard_worker.py`` wraps a trainer to save right after it resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from parc.codegen.build import build_to
+
+ROOT = Path(__file__).resolve().parents[2]
+SPECS = ROOT / "tests" / "parity" / "specs"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+RESHARD_WORKER = Path(__file__).with_name("reshard_worker.py")
+STEPS = 8
+
+LAYOUTS = {  # name -> (--set overrides, ranks)
+    "one": ([], 1),
+    "dp2": (["parallel.dp=2"], 2),
+    "tp2": (["parallel.tp=2"], 2),
+    "pp2": (["parallel.pp=2"], 2),
+    "zero1_dp2": (["parallel.dp=2", "parallel.zero=1"], 2),
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def env(**extra) -> dict:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PARC_", "TORCHELASTIC_"))}
+    return dict(clean, OMP_NUM_THREADS="1", PYTHONHASHSEED="0", CUDA_VISIBLE_DEVICES="", **extra)
+
+
+def build(layout: str, out: Path, *, spec: str = "gpt.par", extra: tuple[str, ...] = ()) -> Path:
+    sets, ranks = LAYOUTS[layout]
+    overrides = [*sets, f"mesh.devices_per_node={ranks}", f"train.steps={STEPS}", "model.vocab=250", *extra]
+    return Path(build_to(SPECS / spec, out, overrides))
+
+
+def command(build_dir: Path, ranks: int, args: list[str], *, script: Path | None = None,
+            max_restarts: int = 0) -> list[str]:
+    script = script or build_dir / "train.py"
+    if ranks == 1 and script.name == "train.py":
+        return [sys.executable, str(script), *args]
+    return [
+        str(TORCHRUN), f"--nproc-per-node={ranks}", "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--max-restarts={max_restarts}",
+        str(script), *args,
+    ]
+
+
+def run(build_dir: Path, ranks: int, args: list[str], *, expect: int | None = 0, extra_env=None,
+        script: Path | None = None, max_restarts: int = 0, timeout: float = 300):
+    """Run the trainer; the CompletedProcess (its exit status checked against ``expect``)."""
+    done = subprocess.run(
+        command(build_dir, ranks, args, script=script, max_restarts=max_restarts),
+        env=env(**(extra_env or {})), capture_output=True, text=True, timeout=timeout, cwd=build_dir,
+    )
+    if expect is not None and done.returncode != expect:
+        raise AssertionError(
+            f"trainer exit {done.returncode}, expected {expect} ({build_dir}):\n"
+            f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-6000:]}"
+        )
+    return done
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def losses(rows: list[dict]) -> dict[int, float]:
+    """step -> loss (a step logged twice, after a restart: the last one)."""
+    return {row["step"]: row["loss"] for row in rows}
