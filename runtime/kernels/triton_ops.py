@@ -1,0 +1,360 @@
+"""The fused ops' CUDA kernels in Triton (same functions and results as the C++ module).
+
+Takes: CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``, which is how the
+tests run these here). Gives: the functions ``ops.py`` dispatches to, with the
+signatures of ``cpu/bindings.cpp``. Each program owns one row and walks it in
+column blocks of at most ``MAX_BLOCK``, so any width works; fp32/bf16/fp16 compute
+in fp32, fp64 in fp64. Per-column sums (dweight, dbias) go through a (programs, C)
+buffer of partial sums, each program adding into its own row, summed by torch
+afterwards: deterministic for a given shape.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_BLOCK = 4096
+ROW_GROUPS = 64  # programs of a backward that sums over rows (Note in the module header)
+
+
+def _block(n: int) -> int:
+    return max(16, min(MAX_BLOCK, triton.next_power_of_2(max(n, 1))))
+
+
+def _acc(x: torch.Tensor):
+    return tl.float64 if x.dtype == torch.float64 else tl.float32
+
+
+def _stats_dtype(x):
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous().view(-1, x.shape[-1])
+
+
+# ---- norms ------------------------------------------------------------------------
+
+
+@triton.jit
+def _norm_fwd(X, W, B, Y, MEAN, RSTD, C, eps, RMS: tl.constexpr, HAS_BIAS: tl.constexpr,
+              ACC: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    X += row * C
+    Y += row * C
+    cols = tl.arange(0, BLOCK)
+    mean = 0.0
+    if not RMS:
+        total = tl.zeros([BLOCK], dtype=ACC)
+        for start in range(0, C, BLOCK):
+            x = tl.load(X + start + cols, mask=start + cols < C, other=0.0).to(ACC)
+            total += x
+        mean = tl.sum(total, axis=0) / C
+    squares = tl.zeros([BLOCK], dtype=ACC)
+    for start in range(0, C, BLOCK):
+        mask = start + cols < C
+        x = tl.load(X + start + cols, mask=mask, other=0.0).to(ACC)
+        d = tl.where(mask, x - mean, 0.0)
+        squares += d * d
+    rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / C + eps)
+    for start in range(0, C, BLOCK):
+        mask = start + cols < C
+        x = tl.load(X + start + cols, mask=mask, other=0.0).to(ACC)
+        w = tl.load(W + start + cols, mask=mask, other=0.0).to(ACC)
+        y = (x - mean) * rstd * w
+        if HAS_BIAS:
+            y += tl.load(B + start + cols, mask=mask, other=0.0).to(ACC)
+        tl.store(Y + start + cols, y.to(Y.dtype.element_ty), mask=mask)
+    if not RMS:
+        tl.store(MEAN + row, mean)
+    tl.store(RSTD + row, rstd)
+
+
+@triton.jit
+def _norm_bwd(DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, N, C, ROWS_PER_PROGRAM,
+              RMS: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    program = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    DW_PART += program * C
+    DB_PART += program * C
+    first = program * ROWS_PER_PROGRAM
+    for row in range(first, tl.minimum(first + ROWS_PER_PROGRAM, N)):
+        mean = 0.0
+        if not RMS:
+            mean = tl.load(MEAN + row)
+        rstd = tl.load(RSTD + row)
+        sg = tl.zeros([BLOCK], dtype=ACC)
+        sgx = tl.zeros([BLOCK], dtype=ACC)
+        for start in range(0, C, BLOCK):
+            mask = start + cols < C
+            x = tl.load(X + row * C + start + cols, mask=mask, other=0.0).to(ACC)
+            dy = tl.load(DY + row * C + start + cols, mask=mask, other=0.0).to(ACC)
+            w = tl.load(W + start + cols, mask=mask, other=0.0).to(ACC)
+            g = dy * w
+            sg += g
+            sgx += g * tl.where(mask, (x - mean) * rstd, 0.0)
+        mg = tl.sum(sg, axis=0) / C
+        mgx = tl.sum(sgx, axis=0) / C
+        for start in range(0, C, BLOCK):
+            mask = start + cols < C
+            x = tl.load(X + row * C + start + cols, mask=mask, other=0.0).to(ACC)
+            dy = tl.load(DY + row * C + start + cols, mask=mask, other=0.0).to(ACC)
+            w = tl.load(W + start + cols, mask=mask, other=0.0).to(ACC)
+            xhat = (x - mean) * rstd
+            if RMS:
+                dx = rstd * (dy * w - xhat * mgx)
+            else:
+                dx = rstd * (dy * w - mg - xhat * mgx)
+            tl.store(DX + row * C + start + cols, dx.to(DX.dtype.element_ty), mask=mask)
+            dw = tl.load(DW_PART + start + cols, mask=mask, other=0.0)
+            tl.store(DW_PART + start + cols, dw + dy * xhat, mask=mask)
+            if not RMS:
+                db = tl.load(DB_PART + start + cols, mask=mask, other=0.0)
+                tl.store(DB_PART + start + cols, db + dy, mask=mask)
+
+
+def _norm_forward(x, weight, bias, eps, rms):
+    rows = _rows(x)
+    N, C = rows.shape
+    y = torch.empty_like(rows)
+    mean = torch.empty(x.shape[:-1], dtype=_stats_dtype(x), device=x.device)
+    rstd = torch.empty_like(mean)
+    w = weight.to(x.dtype).contiguous()
+    b = w if bias is None else bias.to(x.dtype).contiguous()
+    _norm_fwd[(N,)](rows, w, b, y, mean, rstd, C, eps, RMS=rms, HAS_BIAS=bias is not None,
+                    ACC=_acc(x), BLOCK=_block(C))
+    return y.view(x.shape), mean, rstd
+
+
+def _norm_backward(grad, x, weight, mean, rstd, rms):
+    rows, dy = _rows(x), _rows(grad.to(x.dtype))
+    N, C = rows.shape
+    programs = max(1, min(ROW_GROUPS, N))
+    per = triton.cdiv(N, programs)
+    parts = torch.zeros(2, programs, C, dtype=_stats_dtype(x), device=x.device)
+    dx = torch.empty_like(rows)
+    _norm_bwd[(programs,)](dy, rows, weight.to(x.dtype).contiguous(), mean.contiguous(), rstd.contiguous(),
+                           dx, parts[0], parts[1], N, C, per, RMS=rms, ACC=_acc(x), BLOCK=_block(C))
+    return dx.view(x.shape), parts[0].sum(0).to(x.dtype), parts[1].sum(0).to(x.dtype)
+
+
+def layer_norm_fwd(x, weight, bias, eps):
+    return _norm_forward(x, weight, bias, eps, rms=False)
+
+
+def layer_norm_bwd(grad, x, weight, mean, rstd):
+    return _norm_backward(grad, x, weight, mean, rstd, rms=False)
+
+
+def rms_norm_fwd(x, weight, eps):
+    y, _, rstd = _norm_forward(x, weight, None, eps, rms=True)
+    return y, rstd
+
+
+def rms_norm_bwd(grad, x, weight, rstd):
+    dx, dw, _ = _norm_backward(grad, x, weight, rstd, rstd, rms=True)
+    return dx, dw
+
+
+# ---- bias + GeLU, SwiGLU ----------------------------------------------------------
+
+_BETA = 0.7978845608028654  # sqrt(2/pi)
+_KAPPA = 0.044715
+
+
+@triton.jit
+def _gelu_fwd(X, B, Y, C, HAS_BIAS: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < C
+    v = tl.load(X + row * C + cols, mask=mask, other=0.0).to(ACC)
+    if HAS_BIAS:
+        v += tl.load(B + cols, mask=mask, other=0.0).to(ACC)
+    u2 = 2 * 0.7978845608028654 * (v + 0.044715 * v * v * v)
+    tl.store(Y + row * C + cols, (v / (1.0 + tl.exp(-u2))).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gelu_bwd(DY, X, B, DX, DB_PART, N, C, ROWS_PER_PROGRAM, HAS_BIAS: tl.constexpr,
+              ACC: tl.constexpr, BLOCK: tl.constexpr):
+    program = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < C
+    bias = 0.0
+    if HAS_BIAS:
+        bias = tl.load(B + cols, mask=mask, other=0.0).to(ACC)
+    db = tl.zeros([BLOCK], dtype=ACC)
+    first = program * ROWS_PER_PROGRAM
+    for row in range(first, tl.minimum(first + ROWS_PER_PROGRAM, N)):
+        v = tl.load(X + row * C + cols, mask=mask, other=0.0).to(ACC) + bias
+        v2 = v * v
+        s = 1.0 / (1.0 + tl.exp(-2 * 0.7978845608028654 * (v + 0.044715 * v2 * v)))
+        d = s + 2 * 0.7978845608028654 * v * s * (1.0 - s) * (1.0 + 3 * 0.044715 * v2)
+        g = tl.load(DY + row * C + cols, mask=mask, other=0.0).to(ACC) * d
+        tl.store(DX + row * C + cols, g.to(DX.dtype.element_ty), mask=mask)
+        db += g
+    if HAS_BIAS:
+        tl.store(DB_PART + program * C + cols, db, mask=mask)
+
+
+def bias_gelu_fwd(x, bias):
+    rows = _rows(x)
+    N, C = rows.shape
+    has_bias = bias is not None and bias.numel() > 0
+    b = bias.to(x.dtype).contiguous() if has_bias else rows
+    y = torch.empty_like(rows)
+    block = _block(C)
+    _gelu_fwd[(N, triton.cdiv(C, block))](rows, b, y, C, HAS_BIAS=has_bias, ACC=_acc(x), BLOCK=block)
+    return y.view(x.shape)
+
+
+def bias_gelu_bwd(grad, x, bias):
+    rows, dy = _rows(x), _rows(grad.to(x.dtype))
+    N, C = rows.shape
+    has_bias = bias is not None and bias.numel() > 0
+    b = bias.to(x.dtype).contiguous() if has_bias else rows
+    programs = max(1, min(ROW_GROUPS, N)) if has_bias else N
+    per = triton.cdiv(N, programs)
+    parts = torch.zeros(programs if has_bias else 1, C, dtype=_stats_dtype(x), device=x.device)
+    dx = torch.empty_like(rows)
+    block = _block(C)
+    _gelu_bwd[(programs, triton.cdiv(C, block))](dy, rows, b, dx, parts, N, C, per, HAS_BIAS=has_bias,
+                                                 ACC=_acc(x), BLOCK=block)
+    if not has_bias:
+        return [dx.view(x.shape)]
+    return [dx.view(x.shape), parts.sum(0).to(x.dtype)]
+
+
+@triton.jit
+def _swiglu_fwd(G, U, Y, total, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    g = tl.load(G + offs, mask=mask, other=0.0).to(ACC)
+    u = tl.load(U + offs, mask=mask, other=0.0).to(ACC)
+    tl.store(Y + offs, (g / (1.0 + tl.exp(-g)) * u).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_bwd(DY, G, U, DG, DU, total, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    g = tl.load(G + offs, mask=mask, other=0.0).to(ACC)
+    u = tl.load(U + offs, mask=mask, other=0.0).to(ACC)
+    dy = tl.load(DY + offs, mask=mask, other=0.0).to(ACC)
+    s = 1.0 / (1.0 + tl.exp(-g))
+    tl.store(DG + offs, (dy * u * s * (1.0 + g * (1.0 - s))).to(DG.dtype.element_ty), mask=mask)
+    tl.store(DU + offs, (dy * g * s).to(DU.dtype.element_ty), mask=mask)
+
+
+def swiglu_fwd(gate, up):
+    g, u = gate.contiguous(), up.to(gate.dtype).contiguous()
+    y = torch.empty_like(g)
+    block = _block(g.numel())
+    _swiglu_fwd[(triton.cdiv(g.numel(), block),)](g, u, y, g.numel(), ACC=_acc(gate), BLOCK=block)
+    return y
+
+
+def swiglu_bwd(grad, gate, up):
+    g, u, dy = gate.contiguous(), up.to(gate.dtype).contiguous(), grad.to(gate.dtype).contiguous()
+    dg, du = torch.empty_like(g), torch.empty_like(g)
+    block = _block(g.numel())
+    _swiglu_bwd[(triton.cdiv(g.numel(), block),)](dy, g, u, dg, du, g.numel(), ACC=_acc(gate), BLOCK=block)
+    return dg, du
+
+
+# ---- rotary -----------------------------------------------------------------------
+
+
+@triton.jit
+def _rotary(X, COS, SIN, OUT, H, T, HALF, xs0, xs1, xs2, os0, os1, os2, sign,
+            ACC: tl.constexpr, BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    t = r % T
+    h = (r // T) % H
+    b = r // (T * H)
+    X += b * xs0 + h * xs1 + t * xs2
+    OUT += b * os0 + h * os1 + t * os2
+    j = tl.arange(0, BLOCK)
+    mask = j < HALF
+    x1 = tl.load(X + j, mask=mask, other=0.0).to(ACC)
+    x2 = tl.load(X + HALF + j, mask=mask, other=0.0).to(ACC)
+    c = tl.load(COS + t * HALF + j, mask=mask, other=0.0).to(ACC)
+    s = sign * tl.load(SIN + t * HALF + j, mask=mask, other=0.0).to(ACC)
+    tl.store(OUT + j, (x1 * c + (-x2) * s).to(OUT.dtype.element_ty), mask=mask)
+    tl.store(OUT + HALF + j, (x2 * c + x1 * s).to(OUT.dtype.element_ty), mask=mask)
+
+
+def rotary_apply(x, cos, sin, out, sign):
+    if x.stride(3) != 1:
+        x = x.contiguous()
+    B, H, T, D = x.shape
+    acc = tl.float64 if torch.float64 in (x.dtype, out.dtype) else tl.float32
+    _rotary[(B * H * T,)](x, cos, sin, out, H, T, D // 2, *x.stride()[:3], *out.stride()[:3], float(sign),
+                          ACC=acc, BLOCK=_block(D // 2))
+
+
+# ---- cross-entropy ----------------------------------------------------------------
+
+
+@triton.jit
+def _ce_stats(L, TG, MAX, SUM, PICKED, V, start, limit, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    L += row * V
+    cols = tl.arange(0, BLOCK)
+    # One read of the row: per lane a running max and a sum rescaled when it grows.
+    lane_max = tl.full([BLOCK], float("-inf"), ACC)
+    lane_sum = tl.zeros([BLOCK], dtype=ACC)
+    for first in range(0, limit, BLOCK):
+        x = tl.load(L + first + cols, mask=first + cols < limit, other=float("-inf")).to(ACC)
+        grown = tl.maximum(lane_max, x)
+        safe = tl.where(grown == float("-inf"), 0.0, grown)
+        lane_sum = lane_sum * tl.exp(lane_max - safe) + tl.exp(x - safe)
+        lane_max = grown
+    peak = tl.max(lane_max, axis=0)
+    safe_peak = tl.where(peak == float("-inf"), 0.0, peak)
+    total = tl.sum(lane_sum * tl.exp(lane_max - safe_peak), axis=0)
+    local = tl.load(TG + row) - start
+    inside = (local >= 0) & (local < limit)
+    picked = tl.load(L + tl.where(inside, local, 0), mask=inside, other=0.0).to(ACC)
+    tl.store(MAX + row, peak)
+    tl.store(SUM + row, total)
+    tl.store(PICKED + row, tl.where(inside, picked, 0.0))
+
+
+@triton.jit
+def _ce_grad(L, TG, LSE, GRAD, OUT, V, start, limit, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(L + row * V + cols, mask=cols < limit, other=float("-inf")).to(ACC)
+    lse = tl.load(LSE + row).to(ACC)
+    g = tl.load(GRAD + row).to(ACC)
+    local = tl.load(TG + row) - start
+    onehot = tl.where(cols == local, 1.0, 0.0)
+    tl.store(OUT + row * V + cols, ((tl.exp(x - lse) - onehot) * g).to(OUT.dtype.element_ty), mask=cols < V)
+
+
+def cross_entropy_stats(logits, targets, start, vocab_size):
+    rows = _rows(logits)
+    N, V = rows.shape
+    limit = min(V, max(0, vocab_size - start))
+    shape = logits.shape[:-1]
+    stats = [torch.empty(shape, dtype=_stats_dtype(logits), device=logits.device) for _ in range(3)]
+    _ce_stats[(N,)](rows, targets.contiguous().view(-1).long(), *stats, V, start, limit,
+                    ACC=_acc(logits), BLOCK=_block(V))
+    return stats
+
+
+def cross_entropy_grad(logits, targets, lse, grad, start, vocab_size):
+    rows = _rows(logits)
+    N, V = rows.shape
+    limit = min(V, max(0, vocab_size - start))
+    out = torch.empty_like(rows)
+    dtype = _stats_dtype(logits)
+    block = _block(V)
+    _ce_grad[(N, triton.cdiv(V, block))](
+        rows, targets.contiguous().view(-1).long(), lse.contiguous().view(-1).to(dtype),
+        grad.contiguous().view(-1).to(dtype), out, V, start, limit, ACC=_acc(logits), BLOCK=block,
+    )
+    return out.view(logits.shape)

@@ -1,0 +1,97 @@
+"""The Triton kernels against the eager references, run on CPU by Triton's interpreter.
+
+``TRITON_INTERPRET=1`` must be set before triton_ops is imported (it decides what
+``@triton.jit`` makes), so this module sets it at import; ``PARC_TRITON_ON_CPU=1``
+(set per test) sends CPU tensors through the custom ops to Triton, so the autograd
+registration is exercised too. Shapes are small: the interpreter is slow. The same
+checks run on a GPU with bench/gpu_kernels.sh.
+"""
+
+from __future__ import annotations
+
+import os
+
+ON_GPU = os.environ.get("PARC_TRITON_TESTS_ON_GPU") == "1"  # bench/gpu_kernels.sh sets it
+if not ON_GPU:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from test_ops import compare, leaves, qk, randn  # noqa: E402
+
+triton = pytest.importorskip("triton", reason="triton is not installed: pip install -e '.[dev]'")
+# The interpreter evaluates exp(-u) for very negative u as numpy does (inf, then 1/inf = 0).
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+
+from parc.runtime.kernels import ops, reference  # noqa: E402
+
+DEVICE = "cuda" if ON_GPU else "cpu"
+SHAPES = [(1, 7), (3, 37), (2, 4096 + 7)]  # the last: two column blocks and a tail
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(autouse=True)
+def triton_path(monkeypatch):
+    if not ON_GPU:
+        monkeypatch.setenv("PARC_TRITON_ON_CPU", "1")
+
+
+def on(*tensors):
+    return tuple(None if t is None else t.to(DEVICE) for t in tensors)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_norms(shape, dtype):
+    C = shape[-1]
+    x, w, b = on(randn(*shape, dtype=dtype, scale=3.0) + 1.5, randn(C, dtype=dtype, seed=1), randn(C, dtype=dtype, seed=2))
+    compare(lambda x, w, b: ops.layer_norm(x, w, b, 1e-5), lambda x, w, b: reference.layer_norm(x, w, b, 1e-5), (x, w, b))
+    compare(lambda x, w: ops.rms_norm(x, w, 1e-6), lambda x, w: reference.rms_norm(x, w, 1e-6), (x, w))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_activations(shape, dtype):
+    x, b, up = on(randn(*shape, dtype=dtype, scale=4.0), randn(shape[-1], dtype=dtype, seed=1), randn(*shape, dtype=dtype, seed=2))
+    compare(ops.bias_gelu, reference.bias_gelu, (x, b))
+    compare(ops.bias_gelu, reference.bias_gelu, (x, None))
+    compare(ops.swiglu, reference.swiglu, (x, up))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary(dtype):
+    q, k = on(*qk(2, 5, 4, 2, 6, dtype))
+    compare(lambda q, k: ops.rotary(q, k, 10000.0), lambda q, k: reference.rotary(q, k, 10000.0), (q, k))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,padded,vocab", [(1, 7, 7), (6, 40, 37), (2, 4096 + 40, 4096 + 3)])
+def test_cross_entropy(rows, padded, vocab, dtype):
+    (logits,) = on(randn(rows, padded, dtype=dtype, scale=3.0))
+    targets = torch.randint(0, vocab, (rows,), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    compare(lambda l: ops.cross_entropy(l, targets, vocab_size=vocab), lambda l: reference.cross_entropy(l, targets, vocab), (logits,))
+
+
+def test_cross_entropy_shard_of_padding_only():
+    """A vocab shard holding only padding columns: max −inf, sum 0, no target."""
+    (logits,) = on(randn(3, 8))
+    targets = torch.tensor([0, 1, 2], device=DEVICE)
+    row_max, sum_exp, picked = ops.cross_entropy_stats(logits, targets, 16, 10)
+    assert torch.all(row_max == float("-inf")) and torch.all(sum_exp == 0) and torch.all(picked == 0)
+
+
+def test_gradcheck():
+    """float64 (the kernels then compute in fp64); fast mode: the interpreter is slow."""
+    d = dict(dtype=torch.float64)
+    x, w, b = on(randn(2, 7, **d), randn(7, **d, seed=1), randn(7, **d, seed=2))
+    targets = torch.tensor([0, 6], device=DEVICE)
+    for fn, inputs in [
+        (lambda x, w, b: ops.layer_norm(x, w, b, 1e-5), (x, w, b)),
+        (lambda x, w: ops.rms_norm(x, w, 1e-5), (x, w)),
+        (ops.bias_gelu, (x * 2, b)),
+        (ops.swiglu, (x * 2, x.flip(0))),
+        (lambda q, k: ops.rotary(q, k, 10000.0), on(*qk(1, 3, 2, 1, 6, torch.float64))),
+        (lambda l: ops.cross_entropy(l, targets, vocab_size=7), (x,)),
+    ]:
+        assert torch.autograd.gradcheck(fn, leaves(*inputs), fast_mode=True)
