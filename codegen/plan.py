@@ -288,6 +288,8 @@ class TrainPlan:
     """CHECKPOINT_DIR: the folder of ``every(N, dir)`` as written, None for ``none``."""
     on_nonfinite: Setting
     """ON_NONFINITE: ``skip`` or ``stop`` on a non-finite loss or gradient norm."""
+    kernels: Setting
+    """KERNELS: the fused ops, "compiled" (runtime/kernels) or "eager"."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

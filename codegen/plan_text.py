@@ -119,6 +119,7 @@ def plan_to_text(plan) -> str:
         lines.append(f"  {t.zero.name} = {t.zero.value!r}  [{cite(t.zero.span)}]")
     if t.overlap.value > 1:
         lines.append(f"  {t.overlap.name} = {t.overlap.value!r}  [{cite(t.overlap.span)}]")
+    lines.append(f"  {t.kernels.name} = {t.kernels.value!r}  [{cite(t.kernels.span)}]")
     data = t.data
     where = f" {data.path!r} ({data.dtype})" if data.path else ""
     lines.append(f"  data = {data.kind}{where}  [{cite(data.span)}]")

@@ -187,12 +187,16 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return grad_logits.to(ctx.input_dtype), None, None, None
 
 
-def vocab_parallel_cross_entropy(logits, targets, *, tp_group, vocab_size):
+def vocab_parallel_cross_entropy(logits, targets, *, tp_group, vocab_size, kernels=None):
     """Per-token loss (B, T) from logits sharded over the vocab (B, T, V/tp).
 
     Forward: three all-reduces over ``tp_group`` of (B, T) statistics; the loss is
     the same on every tp rank, and columns at or past ``vocab_size`` are padding that
     takes no part in the softmax. Backward: each rank gets its shard of dlogits, with
     no communication. With ``tp_group=None``, plain (padding-masked) cross-entropy.
+    ``kernels``: the compiled ops (``kernels.select``), which do the same between two
+    fused kernels (Note [vocab-sharded cross-entropy] in kernels/ops.py); None: eager.
     """
+    if kernels is not None:
+        return kernels.cross_entropy(logits, targets, vocab_size=vocab_size, tp_group=tp_group)
     return _VocabParallelCrossEntropy.apply(logits, targets, tp_group, vocab_size)

@@ -89,5 +89,6 @@ def run(spec: Spec, draft: Draft) -> Draft:
         checkpoint_every=setting(spec, "CHECKPOINT_EVERY", "train.checkpoint", t.checkpoint_every),
         checkpoint_dir=setting(spec, "CHECKPOINT_DIR", "train.checkpoint", t.checkpoint_dir),
         on_nonfinite=setting(spec, "ON_NONFINITE", "train.on_nonfinite", t.on_nonfinite),
+        kernels=setting(spec, "KERNELS", "train.kernels", t.kernels.value),
     )
     return replace(draft, model=model, train=train)
