@@ -23,6 +23,10 @@ ZERO_WORDS = {
     1: "AdamW state sharded over dp",
     2: "AdamW state and gradients sharded over dp",
 }
+KERNELS_WORDS = {
+    "compiled": "fused ops from parc_runtime/kernels (eager if they cannot be built)",
+    "eager": "fused ops in plain PyTorch",
+}
 
 
 def docstring_text(text: str) -> str:
@@ -66,6 +70,8 @@ def config_lines(plan: Plan) -> list[str]:
     if zero.value:
         lines.append(constant("ZERO", zero.value, f"{cite(zero.span)}: {ZERO_WORDS[zero.value]}"))
     lines += overlap_lines(plan)
+    kernels = plan.train.kernels
+    lines.append(constant("KERNELS", kernels.value, f"{cite(kernels.span)}: {KERNELS_WORDS[kernels.value]}"))
     lines += render_step.config_lines(plan)
     axes = '("pp", PP), ("dp", DP), ("tp", TP)' if render_step.has_pipeline(plan) else '("dp", DP), ("tp", TP)'
     lines.append(f"MESH_AXES = ({axes})  # outermost first: tp ranks are neighbours")
@@ -240,7 +246,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         model_comment_lines=model_comment_lines,
         model_extra_args=pipeline_args + (
             ["recompute=RECOMPUTE,"] if plan.train.recompute.value != "none" else []
-        ) + (["sub_batches=OVERLAP_SUB_BATCHES,"] if plan.train.overlap.value > 1 else []),
+        ) + (["sub_batches=OVERLAP_SUB_BATCHES,"] if plan.train.overlap.value > 1 else [])
+        + ["kernels=KERNELS,"],
         pipeline_lines=render_step.executor_lines(plan),
         step_body_lines=render_checkpoint.step_start_lines() + [
             "comm.exposed_clock.reset()  # time blocked on collectives, this step",
