@@ -16,6 +16,7 @@ from .passes import (
     assign_ranks,
     check_buildable,
     check_values,
+    choose_layout,
     partition_layers,
     place_sequence_parallel,
     plan_batches,
@@ -23,12 +24,13 @@ from .passes import (
     split_pipeline,
     settle_training,
 )
-from .passes.draft import Draft
+from .passes.draft import OPTIONAL, Draft
 from .plan import Plan
 from .plan_text import safe_file_name
 
 PASSES = (
     check_values,
+    choose_layout,
     check_buildable,
     resolve_mesh,
     assign_ranks,
@@ -49,7 +51,8 @@ def lower(spec: Spec) -> Plan:
     draft = Draft()
     for stage in PASSES:
         draft = stage.run(spec, draft)
-    missing = [name for name in Draft.__slots__ if getattr(draft, name) is None]
+        spec = draft.spec or spec  # choose_layout's: the planner's layout in place of auto
+    missing = [name for name in Draft.__slots__ if getattr(draft, name) is None and name not in OPTIONAL]
     if missing:
         raise InternalError("lower", f"no pass filled {', '.join(missing)}")
     return Plan(
@@ -62,4 +65,5 @@ def lower(spec: Spec) -> Plan:
         batch=draft.batch,
         model=draft.model,
         train=draft.train,
+        predicted=draft.predicted,
     )

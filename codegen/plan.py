@@ -293,6 +293,29 @@ class TrainPlan:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PredictionPlan:
+    """What the planner predicted for the layout it chose (``choose_layout``; docs/planner.md)."""
+
+    layouts_considered: int
+    accounting: str
+    """``parc`` (parc's trainer) or ``megatron`` (mixed precision), codegen/cost/layout.py."""
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_device: float
+    mfu: float
+    compute_s: float
+    exposed_comm_s: float
+    bubble_s: float
+    peak_mem_bytes: float
+    """Peak bytes of the fullest pipeline rank: the five parts below."""
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    buffers_bytes: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     source: str
     """Base name of the spec file (never a path: builds must not depend on the cwd)."""
@@ -304,6 +327,8 @@ class Plan:
     batch: BatchPlan
     model: ModelPlan
     train: TrainPlan
+    predicted: PredictionPlan | None = None
+    """The planner's prediction when it chose the layout (the spec had ``auto``); else None."""
 
     def __str__(self) -> str:
         from .plan_text import plan_to_text

@@ -52,7 +52,10 @@ def _plain(value):
 
 
 def plan_to_json(plan) -> str:
-    return json.dumps(_plain(plan), indent=2, sort_keys=True) + "\n"
+    data = _plain(plan)
+    if data.get("predicted", 0) is None:
+        del data["predicted"]  # only a planner-chosen layout carries a prediction
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
 def _shape(shape) -> str:
@@ -123,4 +126,12 @@ def plan_to_text(plan) -> str:
     data = t.data
     where = f" {data.path!r} ({data.dtype})" if data.path else ""
     lines.append(f"  data = {data.kind}{where}  [{cite(data.span)}]")
+    if plan.predicted is not None:
+        p = plan.predicted
+        lines.append(
+            f"predicted (planner, {p.layouts_considered} layouts, {p.accounting} accounting): "
+            f"step {p.step_time_s:.4g} s = compute {p.compute_s:.4g} + exposed comm "
+            f"{p.exposed_comm_s:.4g} + bubble {p.bubble_s:.4g}; {p.tokens_per_s:,.0f} tokens/s, "
+            f"MFU {100 * p.mfu:.1f}%; peak {p.peak_mem_bytes / 2**20:,.1f} MiB per rank"
+        )
     return "\n".join(lines) + "\n"

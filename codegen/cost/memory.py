@@ -17,11 +17,14 @@ token, in elements (h hidden, F ffn, a heads, k = kv_heads·head_dim, t = tp):
   gpt block:   4h (residual x twice, each norm's output as the next linear's input)
                + q h + k + v k + attention output h + up F + gelu F, all /t
                + norm statistics 4 and log-sum-exp a/t (flash attention: no s² term)
-  llama block: 6h (RMSNorm saves x, x·rstd and its output) + rotated q h, k, v k,
-               output h, gate F, up F, silu F, product F (/t), rstd 2, lse a/t,
-               and cos/sin tables 4·T·D per micro-batch
-  sp:          the norms' tensors are /t, but each column linear saves its
-               all-gathered input whole: 2h stay.
+  llama block: eager ops: 6h (RMSNorm saves x, x·rstd and its output) + rotated q h,
+               k, v k, output h, gate F, up F, silu F, product F (/t), rstd 2,
+               lse a/t, cos/sin tables 4·T·D per micro-batch; compiled kernels
+               (``train.kernels``, runtime/kernels): 4h (the fused norm saves x
+               and rstd) and SwiGLU saves gate and up but not silu (3F), tables T·D
+  sp:          the norms' tensors are /t, but each column linear (q, k, v, up, and
+               gate) all-gathers its input itself and saves it whole: 4h (gpt) or
+               5h (llama) stay.
   selective:   the attention core's lse and tables go; full: the block input only
                (h, or h/t under sp).
 
@@ -108,7 +111,9 @@ def korthikanti_layer_bytes(
     return s * b * h * (34 + 5 * a * s / h)
 
 
-def parc_layer_elements(model: ModelSpec, *, tp: int, sp: bool, recompute: str, micro_batch: int) -> float:
+def parc_layer_elements(
+    model: ModelSpec, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True
+) -> float:
     """Elements saved per token by one block of parc's trainer (Note [what parc's trainer saves])."""
     h, F, a, t = model.hidden, model.ffn, model.heads, tp
     k = model.kv_heads * model.head_dim
@@ -118,6 +123,10 @@ def parc_layer_elements(model: ModelSpec, *, tp: int, sp: bool, recompute: str, 
     if model.arch is Arch.GPT:
         whole, stats = 4 * h, 4.0
         sharded = 2 * h + 2 * k + 2 * F
+    elif compiled:  # fused RMSNorm (saves x, rstd), rotary, SwiGLU (saves gate, up)
+        whole, stats = 4 * h, 2.0
+        sharded = 2 * h + 2 * k + 3 * F
+        core_extra += model.head_dim / micro_batch  # the cos and sin tables, (T, D/2) each
     else:
         whole, stats = 6 * h, 2.0
         sharded = 2 * h + 2 * k + 4 * F
@@ -125,18 +134,25 @@ def parc_layer_elements(model: ModelSpec, *, tp: int, sp: bool, recompute: str, 
     if recompute == "selective":
         core_extra = 0.0
     if sp:
-        gathered = 2 * h  # each column linear keeps its all-gathered input
-        return gathered + (whole - gathered + stats) / t + sharded / t + core_extra
+        # Each column linear all-gathers its own input and keeps it whole: q, k, v and
+        # the MLP's up (and gate) gather separately; the norms' tensors stay sharded.
+        column_linears = 4 if model.arch is Arch.GPT else 5
+        norm_outputs = 2 * h
+        return column_linears * h + (whole - norm_outputs + stats) / t + sharded / t + core_extra
     return whole + stats + sharded / t + core_extra
 
 
-def parc_head_elements(model: ModelSpec, *, tp: int, sp: bool) -> float:
+def parc_head_elements(model: ModelSpec, *, tp: int, sp: bool, compiled: bool = True) -> float:
     """Elements saved per token by the final norm, the head and the loss (last stage)."""
     h, t = model.hidden, tp
-    norm = 2 * h + 2 if model.arch is Arch.GPT else 3 * h + 1  # x, (normalized), output
+    if model.arch is Arch.GPT:
+        norm = 2 * h + 2  # x and the output; mean and rstd
+    else:
+        norm = (2 * h if compiled else 3 * h) + 1  # x, (x·rstd), the output; rstd
     if sp:
         norm = h + (norm - h) / t  # the norm runs on a shard; the head keeps the gathered input
-    return norm + model.padded_vocab / t + 3  # logits, int64 targets, loss statistics
+    loss = 1.0 if compiled else 2.25  # int64 targets and the loss's statistics
+    return norm + model.padded_vocab / t + loss
 
 
 @functools.lru_cache(maxsize=4096)
@@ -144,6 +160,12 @@ def _in_flight(kind: str, stages: int, rank: int, micro_batches: int, chunks: in
     if stages == 1:
         return 1
     return in_flight_bound(kind, stages=stages, rank=rank, micro_batches=micro_batches, chunks=chunks)
+
+
+def compiled_kernels(spec: Spec) -> bool:
+    """The trainer runs runtime/kernels' fused ops (``train.kernels = compiled``, the default)."""
+    kernels = getattr(spec.train, "kernels", None)
+    return kernels is None or getattr(kernels, "value", kernels) == "compiled"
 
 
 def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounting, stage_layers=None) -> float:
@@ -161,15 +183,18 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
         )
         return in_flight * per_chunk_layers * layer
     element = 4.0 if spec.train.precision is Precision.FP32 else 2.0
+    compiled = compiled_kernels(spec)
     layer = parc_layer_elements(
-        model, tp=layout.tp, sp=layout.sp, recompute=layout.recompute, micro_batch=layout.micro_batch
+        model, tp=layout.tp, sp=layout.sp, recompute=layout.recompute,
+        micro_batch=layout.micro_batch, compiled=compiled,
     )
     total = in_flight * per_chunk_layers * layer * tokens * element
     if contents.embed:
         total += min(in_flight, micro_batches) * tokens * 8.0  # the int64 token ids
     if contents.head:
         head_in_flight = micro_batches if layout.schedule == "gpipe" and layout.pp > 1 else 1
-        total += head_in_flight * parc_head_elements(model, tp=layout.tp, sp=layout.sp) * tokens * 4.0
+        head = parc_head_elements(model, tp=layout.tp, sp=layout.sp, compiled=compiled)
+        total += head_in_flight * head * tokens * 4.0
     return total
 
 

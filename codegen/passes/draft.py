@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parc.dsl.spec import Spec
+
 from ..plan import (
     BatchPlan,
     MeshPlan,
     ModelPlan,
     PipelinePlan,
     SequenceParallelPlan,
+    PredictionPlan,
     TensorParallelPlan,
     TrainPlan,
 )
@@ -29,3 +32,11 @@ class Draft:
     pipeline: PipelinePlan | None = None
     model: ModelPlan | None = None
     train: TrainPlan | None = None
+    spec: Spec | None = None
+    """The spec with the planner's layout in place of ``auto`` (``choose_layout``); the
+    passes after it read this one. None: the spec as given."""
+    predicted: PredictionPlan | None = None
+    """The planner's prediction for that layout; None when the spec gave the layout."""
+
+OPTIONAL = ("spec", "predicted")
+"""Sections a finished draft may leave None."""

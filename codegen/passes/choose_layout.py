@@ -1,0 +1,66 @@
+"""Pass 1b: the planner fills the layout values the spec left ``auto``.
+
+Takes: a ``Spec`` whose values passed ``check_values``. Gives: the draft unchanged when
+the spec gives its whole layout; else ``draft.spec``, the spec with the winner of the
+search (``codegen/search.py``: fits in memory, buildable, best predicted throughput)
+in place of every ``auto``, and ``draft.predicted``, what the cost model predicts for
+it (it lands in plan.json). Keys the spec fixed (or ``--set``) stay as given.
+Diagnostics: no valid layout, or none that fits and ``parc build`` can generate.
+
+Before: ``check_values``. After: ``check_buildable`` (and every later pass reads ``draft.spec``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from parc.dsl.spec import Spec
+
+from ..cost import Accounting, hardware_for
+from ..errors import AUTO, check, error
+from ..plan import PredictionPlan
+from ..search import search, with_layout
+from .draft import Draft
+
+
+def _round(value: float) -> float:
+    """Six significant digits: plan.json stays readable and stable."""
+    return float(f"{value:.6g}")
+
+
+def run(spec: Spec, draft: Draft) -> Draft:
+    if spec.parallel.is_complete:
+        return draft
+    result = search(spec, hardware_for(spec), Accounting.PARC)
+    winner = result.winner
+    if winner is None:
+        if not result.estimates:
+            message = "the planner found no valid layout for this mesh and batch"
+            hint = "global_batch must split as micro_batch · grad_accum · dp for some dp dividing the mesh"
+        else:
+            smallest = min(result.estimates, key=lambda item: item.memory.total)
+            message = (
+                f"no layout that parc build can generate fits in memory: the smallest of "
+                f"{result.considered} needs {smallest.memory.total / 2**30:.1f} GiB per rank"
+            )
+            hint = "run parc plan to see the candidates; lower micro_batch or use more devices"
+        check([error(spec, "parallel", AUTO, message, hint)])
+    time, mem = winner.time, winner.memory
+    predicted = PredictionPlan(
+        layouts_considered=result.considered,
+        accounting=Accounting.PARC.value,
+        step_time_s=_round(time.step),
+        tokens_per_s=_round(winner.tokens_per_s),
+        tflops_per_device=_round(winner.tflops_per_device),
+        mfu=_round(winner.mfu),
+        compute_s=_round(time.compute),
+        exposed_comm_s=_round(time.exposed_comm),
+        bubble_s=_round(time.bubble),
+        peak_mem_bytes=_round(mem.total),
+        params_bytes=_round(mem.params),
+        grads_bytes=_round(mem.grads),
+        optimizer_bytes=_round(mem.optimizer),
+        activations_bytes=_round(mem.activations),
+        buffers_bytes=_round(mem.buffers),
+    )
+    return replace(draft, spec=with_layout(spec, winner.layout), predicted=predicted)
