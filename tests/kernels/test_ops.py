@@ -28,7 +28,7 @@ def compare(compiled, ref, inputs, seed=0):
     out = out if isinstance(out, tuple) else (out,)
     expected = expected if isinstance(expected, tuple) else (expected,)
     gen = torch.Generator().manual_seed(seed)
-    grads = [torch.randn(e.shape, generator=gen).to(e.dtype) for e in expected]
+    grads = [torch.randn(e.shape, generator=gen).to(device=e.device, dtype=e.dtype) for e in expected]
     for o, e in zip(out, expected):
         assert o.dtype == e.dtype and o.shape == e.shape
         assert_close(o, e)
