@@ -76,7 +76,10 @@ class StepGuard:
         flags = torch.tensor([float(bad), float(self.signalled)], device=self.device)
         if self.world_size > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        bad, self.stopping = bool(flags[0] > 0), bool(flags[1] > 0)
+        bad, stopping = bool(flags[0] > 0), bool(flags[1] > 0)
+        if stopping and not self.stopping and self.rank == 0:
+            print(f"SIGTERM: step {step} finishes, then a checkpoint is saved and the run exits", flush=True)
+        self.stopping = stopping
         if not bad:
             return True
         what = f"step {step}: non-finite loss or gradient norm (grad_norm {grad_norm} on rank {self.rank})"

@@ -1,0 +1,139 @@
+"""``parc export CKPT --to safetensors OUT``: full weights under Hugging Face's names.
+
+The export is read back with safetensors and checked two ways: tensor by tensor
+against the checkpoint's gathered parameters (padding rows dropped, GPT-2's Conv1D
+transposes and fused c_attn), and by running Hugging Face's forward pass — written
+here from transformers' definitions (Conv1D ``x @ W + b``, ``gelu_new``,
+``rotate_half`` rotary, ``repeat_kv``) — on the exported tensors, which must give
+the loss parc's model gives with the checkpoint's weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from parc.codegen import export_cmd
+from parc.runtime import checkpoint, data, model
+
+from .trainer import build, run
+
+VOCAB = 250
+
+
+def parc(argv: list[str]) -> int:
+    """``parc export ...`` through its own subcommand parser (as codegen/cli.py registers it)."""
+    parser = argparse.ArgumentParser(prog="parc")
+    export_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def parc_loss(ckpt, tokens, targets) -> float:
+    info = checkpoint.read_info(checkpoint.resolve(str(ckpt)))
+    net = model.build_model(model.ModelConfig(**info["model"]), tp_group=None, sequence_parallel=False,
+                            tp_plan={}, seed=0, device=torch.device("cpu"))
+    full = checkpoint.read_full(str(ckpt), "model.")
+    net.load_state_dict({name[len("model."):]: t for name, t in full.items()}, strict=False)
+    with torch.no_grad():
+        return float(net(tokens, targets))
+
+
+def gpt2_loss(w, config, tokens, targets) -> float:
+    """transformers' GPT2LMHeadModel forward, from its checkpoint layout."""
+    C, H = config["n_embd"], config["n_head"]
+    T = tokens.shape[1]
+    x = w["transformer.wte.weight"][tokens] + w["transformer.wpe.weight"][:T]
+    for i in range(config["n_layer"]):
+        p = f"transformer.h.{i}."
+        h = F.layer_norm(x, (C,), w[p + "ln_1.weight"], w[p + "ln_1.bias"], config["layer_norm_epsilon"])
+        q, k, v = (h @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"]).split(C, dim=2)
+        q, k, v = (t.view(*t.shape[:2], H, C // H).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(x.shape)
+        x = x + y @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
+        h = F.layer_norm(x, (C,), w[p + "ln_2.weight"], w[p + "ln_2.bias"], config["layer_norm_epsilon"])
+        h = F.gelu(h @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"], approximate="tanh")
+        x = x + h @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
+    x = F.layer_norm(x, (C,), w["transformer.ln_f.weight"], w["transformer.ln_f.bias"], config["layer_norm_epsilon"])
+    logits = x @ w["transformer.wte.weight"].t()  # tie_word_embeddings
+    return float(F.cross_entropy(logits.flatten(0, 1), targets.flatten()))
+
+
+def llama_loss(w, config, tokens, targets) -> float:
+    """transformers' LlamaForCausalLM forward, from its checkpoint layout."""
+    C, H, KV = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    D, T, eps = C // H, tokens.shape[1], config["rms_norm_eps"]
+    inv_freq = 1.0 / (config["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    freqs = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+
+    def rotate_half(t):
+        return torch.cat((-t[..., D // 2:], t[..., : D // 2]), dim=-1)
+
+    def rms(t, weight):
+        return weight * (t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps))
+
+    x = w["model.embed_tokens.weight"][tokens]
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        h = rms(x, w[p + "input_layernorm.weight"])
+        q, k, v = (h @ w[p + f"self_attn.{n}_proj.weight"].t() for n in "qkv")
+        q, k, v = (t.view(*t.shape[:2], -1, D).transpose(1, 2) for t in (q, k, v))
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = (t.repeat_interleave(H // KV, dim=1) for t in (k, v))  # repeat_kv
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(x.shape)
+        x = x + y @ w[p + "self_attn.o_proj.weight"].t()
+        h = rms(x, w[p + "post_attention_layernorm.weight"])
+        gate, up = h @ w[p + "mlp.gate_proj.weight"].t(), h @ w[p + "mlp.up_proj.weight"].t()
+        x = x + (F.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].t()
+    logits = rms(x, w["model.norm.weight"]) @ w["lm_head.weight"].t()
+    return float(F.cross_entropy(logits.flatten(0, 1), targets.flatten()))
+
+
+def batch(seq_len):
+    return data.SyntheticTokens(VOCAB, seq_len, seed=3).batch(range(4))
+
+
+def test_export_gpt2_from_a_tensor_parallel_checkpoint(straight, tmp_path, capsys):
+    ckpt = straight("tp2").checkpoints  # its latest: step 8, vocab rows split over tp
+    out = tmp_path / "gpt2"
+    assert parc(["export", str(ckpt), "--to", "safetensors", str(out)]) == 0
+    weights, config = load_file(out / "model.safetensors"), json.loads((out / "config.json").read_text())
+    full = checkpoint.read_full(str(ckpt), "model.")
+    assert config["model_type"] == "gpt2" and config["vocab_size"] == VOCAB
+    assert len(weights) == 2 + 12 * config["n_layer"] + 2  # wte, wpe, 12 per block, ln_f; lm_head tied
+    assert torch.equal(weights["transformer.wte.weight"], full["model.embed.weight"][:VOCAB])
+    qkv = torch.cat([full[f"model.layers.1.attn.{p}_proj.weight"] for p in "qkv"]).t()
+    assert torch.equal(weights["transformer.h.1.attn.c_attn.weight"], qkv)
+    assert torch.equal(weights["transformer.h.0.mlp.c_fc.weight"], full["model.layers.0.mlp.up_proj.weight"].t())
+    tokens, targets = batch(config["n_positions"])
+    expected = parc_loss(ckpt, tokens, targets)
+    assert abs(gpt2_loss(weights, config, tokens, targets) - expected) <= 1e-5 * expected
+
+
+def test_export_llama_untied_head_to_a_file(tmp_path):
+    build_dir = build("tp2", tmp_path / "build", spec="llama.par")
+    ck = tmp_path / "ck"
+    run(build_dir, 2, ["--steps", "2", "--checkpoint-dir", str(ck)])
+    target = tmp_path / "out" / "llama.safetensors"
+    assert parc(["export", str(ck), "--to", "safetensors", str(target)]) == 0
+    weights = load_file(target)
+    full = checkpoint.read_full(str(ck), "model.")
+    info = checkpoint.read_info(checkpoint.resolve(str(ck)))["model"]
+    assert info["kv_heads"] < info["heads"] and not info["tie_embeddings"]
+    assert torch.equal(weights["lm_head.weight"], full["model.head.weight"][:VOCAB])
+    assert torch.equal(weights["model.layers.0.self_attn.k_proj.weight"], full["model.layers.0.attn.k_proj.weight"])
+    config = export_cmd.hf_config(info)
+    tokens, targets = batch(config["max_position_embeddings"])
+    expected = parc_loss(ck, tokens, targets)
+    assert abs(llama_loss(weights, config, tokens, targets) - expected) <= 1e-5 * expected
+
+
+def test_export_of_a_folder_without_checkpoints_is_a_usage_error(tmp_path, capsys):
+    assert parc(["export", str(tmp_path), "--to", "safetensors", str(tmp_path / "x")]) == 2
+    assert "no complete checkpoint there" in capsys.readouterr().err

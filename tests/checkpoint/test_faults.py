@@ -1,0 +1,126 @@
+"""A long run's accidents: a rank dying, SIGTERM, non-finite numbers, a wrong checkpoint.
+
+- Fault: torchrun ``--max-restarts=1`` with the last rank killed at step 6 (checkpoint
+  every 4) restarts, resumes from step 4 by itself, repeats only step 5, and ends
+  with the clean run's losses.
+- SIGTERM to the whole job: the step in flight finishes, a complete checkpoint of it
+  is written, and the next launch with ``--resume`` starts at the next step.
+- ``on_nonfinite = skip``: a NaN loss on one rank makes every rank skip that step's
+  update (parameters and AdamW's step count unchanged), and training goes on;
+  ``stop`` (the default) exits 1 naming the step and leaves the last checkpoint.
+- A checkpoint of another model shape is refused with the tensor and both shapes.
+- Only renamed folders with both files are checkpoints (Note [atomic checkpoints]).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from parc.runtime import checkpoint
+
+from .trainer import LAYOUTS, build, command, env, losses, records, run
+
+
+def test_fault_restart_resumes_from_latest_checkpoint(straight, tmp_path):
+    clean = straight("dp2")
+    metrics = tmp_path / "metrics.jsonl"
+    done = run(clean.build, 2, [
+        "--steps", "8", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "4",
+        "--metrics-jsonl", str(metrics),
+    ], extra_env={"PARC_FAULT_AT_STEP": "6"}, max_restarts=1)
+    assert "injected fault at step 6" in done.stderr
+    assert "step_000004 at step 4" in done.stdout  # the restart found the latest checkpoint itself
+    steps = [r["step"] for r in records(metrics)]
+    assert sorted(set(steps)) == list(range(1, 9))
+    repeated = [s for s in set(steps) if steps.count(s) > 1]
+    assert set(repeated) <= {5}, steps  # only the steps after the last checkpoint
+    assert steps[-4:] == [5, 6, 7, 8]
+    assert losses(records(metrics)) == losses(clean.rows)  # bit for bit, the final loss included
+
+
+def test_sigterm_saves_and_the_next_launch_resumes(straight, tmp_path):
+    build_dir = straight("dp2").build
+    metrics, ck = tmp_path / "metrics.jsonl", tmp_path / "ck"
+    args = ["--steps", "100000", "--checkpoint-dir", str(ck), "--checkpoint-every", "0",
+            "--metrics-jsonl", str(metrics)]
+    job = subprocess.Popen(command(build_dir, 2, args), env=env(), cwd=build_dir, start_new_session=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (metrics.exists() and len(records(metrics)) >= 3):
+            assert job.poll() is None and time.monotonic() < deadline, "the trainer did not start"
+            time.sleep(0.2)
+        os.killpg(job.pid, signal.SIGTERM)  # as Slurm does: every process of the job
+        output, _ = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    last = records(metrics)[-1]["step"]
+    assert "SIGTERM: step" in output
+    saved = checkpoint.latest(str(ck))
+    assert saved is not None and saved.endswith(f"step_{last:06d}"), (saved, last, output[-2000:])
+    assert sorted(os.listdir(ck)) == [f"step_{last:06d}"]  # no .tmp left
+    metrics.unlink()
+    run(build_dir, 2, ["--steps", str(last + 1), "--resume", str(ck), "--metrics-jsonl", str(metrics)])
+    assert [r["step"] for r in records(metrics)] == [last + 1]
+
+
+def test_nonfinite_skip_keeps_every_rank_in_step(tmp_path):
+    build_dir = build("dp2", tmp_path / "build", extra=("train.on_nonfinite=skip",))
+    metrics, ck = tmp_path / "metrics.jsonl", tmp_path / "ck"
+    done = run(build_dir, 2, ["--steps", "4", "--checkpoint-dir", str(ck), "--checkpoint-every", "1",
+                              "--metrics-jsonl", str(metrics)], extra_env={"PARC_NAN_AT_STEP": "3"})
+    assert "step 3: non-finite loss or gradient norm" in done.stdout and "optimizer step skipped" in done.stdout
+    loss = losses(records(metrics))
+    assert math.isnan(loss[3]) and all(math.isfinite(loss[s]) for s in (1, 2, 4))
+    two, three, four = (checkpoint.read_full(str(ck / f"step_00000{s}")) for s in (2, 3, 4))
+    model = [k for k in two if k.startswith(("model.", "optim."))]
+    assert all(torch.equal(two[k], three[k]) for k in model)  # no rank updated anything
+    assert not torch.equal(three["model.embed.weight"], four["model.embed.weight"])
+    assert int(three["optim.step"]) == 2 and int(four["optim.step"]) == 3
+
+
+def test_nonfinite_stop_names_the_step_and_keeps_the_checkpoint(tmp_path):
+    build_dir = build("one", tmp_path / "build")  # on_nonfinite = stop by default; plain `python train.py`
+    ck = tmp_path / "ck"
+    done = run(build_dir, 1, ["--steps", "4", "--checkpoint-dir", str(ck), "--checkpoint-every", "2"],
+               expect=1, extra_env={"PARC_NAN_AT_STEP": "3"})
+    assert "train.py: step 3: non-finite loss or gradient norm" in done.stderr
+    assert "on_nonfinite = stop" in done.stderr
+    assert sorted(os.listdir(ck)) == ["step_000002"]
+
+
+def test_shape_mismatch_is_a_clear_error(straight, tmp_path):
+    build_dir = build("one", tmp_path / "build", extra=("model.hidden=128",))
+    resume = straight("dp2").checkpoints / "step_000004"
+    done = run(build_dir, 1, ["--steps", "5", "--resume", str(resume)], expect=1)
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"train.py: checkpoint {resume}: embed.weight has shape (256, 64) there but (256, 128) "
+        "in this model: it was saved from a different model"
+    )
+
+
+def test_only_complete_renamed_folders_are_checkpoints(tmp_path):
+    def make(name, *files):
+        (tmp_path / name).mkdir()
+        for file in files:
+            (tmp_path / name / file).write_text("{}")
+
+    make("step_000002", ".metadata", "parc.json")
+    make("step_000004.tmp", ".metadata", "parc.json")  # a save that did not finish renaming
+    make("step_000006", ".metadata")  # no parc.json
+    make("step_000008")
+    assert checkpoint.latest(str(tmp_path)) == str(tmp_path / "step_000002")
+    assert checkpoint.resolve(str(tmp_path)) == str(tmp_path / "step_000002")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SystemExit, match="no complete checkpoint there"):
+        checkpoint.resolve(str(empty))
