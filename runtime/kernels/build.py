@@ -36,7 +36,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 SOURCES = ("cpu/norms.cpp", "cpu/pointwise.cpp", "cpu/cross_entropy.cpp", "cpu/bindings.cpp")
 HEADERS = ("cpu/common.h", "cpu/math.h")
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno")
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math")
 LDFLAGS = ("-fopenmp",)  # torch's own libgomp.so.1 is already loaded and is reused
 
 _lock = threading.Lock()
