@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 from parc.dsl.spec import Spec
 
 from .cost import Accounting, Estimate, hardware_for
+from .cost.hardware import ProfileError
 from .cost.layout import total_params
 from .plan_why import why
 from .search import SearchResult, fixed_layout, search
@@ -103,7 +103,7 @@ def settings(layout) -> str:
     return " ".join(parts) or "-"
 
 
-def table(spec: Spec, result: SearchResult, rows: tuple[Estimate, ...], elapsed: float, accounting) -> str:
+def table(spec: Spec, result: SearchResult, rows: tuple[Estimate, ...], accounting) -> str:
     hw = hardware_for(spec)
     mesh = spec.mesh
     world = mesh.nodes * mesh.devices_per_node
@@ -113,7 +113,7 @@ def table(spec: Spec, result: SearchResult, rows: tuple[Estimate, ...], elapsed:
         f"parc plan {spec.source}: {spec.model.name} ({_count(total_params(spec.model))} parameters) on "
         f"{mesh.nodes} × {mesh.devices_per_node} {mesh.device} ({world} devices, {memory}{source})",
         f"{result.considered} layout{'s' if result.considered != 1 else ''} considered, {result.fitting} fit"
-        f" in memory; {len(rows)} shown, best first ({elapsed:.2f} s; {accounting.value} accounting; "
+        f" in memory; {len(rows)} shown, best first ({accounting.value} accounting; "
         f"global batch {spec.train.global_batch} × {spec.model.seq_len} tokens)",
         "",
     ]
@@ -224,13 +224,11 @@ def run_plan(args: argparse.Namespace) -> int:
     if spec is None:
         return 1
     accounting = Accounting(args.accounting)
-    start = time.perf_counter()
     try:
         result = plan(spec, accounting)
-    except FileNotFoundError as exc:
-        print(f"parc: error: cannot read the profile {exc.filename}: {exc.strerror}", file=sys.stderr)
+    except ProfileError as exc:
+        print(f"parc: error: {exc} (mesh.profile)", file=sys.stderr)
         return 1
-    elapsed = time.perf_counter() - start
     if not result.estimates:
         print(f"parc plan {spec.source}: no valid layout for this mesh and batch "
               "(check that global_batch and the mesh leave a dp·tp·pp split)", file=sys.stderr)
@@ -240,5 +238,5 @@ def run_plan(args: argparse.Namespace) -> int:
         json.dump(to_json(spec, result, rows, accounting), sys.stdout, indent=1, sort_keys=True)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(table(spec, result, rows, elapsed, accounting))
+        sys.stdout.write(table(spec, result, rows, accounting))
     return 0

@@ -78,6 +78,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         inter_node=float(mesh.get("inter_node", preset.inter_node)),
         intra_node_latency=float(mesh.get("intra_node_latency", 5e-6)),
         inter_node_latency=float(mesh.get("inter_node_latency", 10e-6)),
+        profile=mesh.get("profile"),
     )
 
     def degree(key: str, default):

@@ -206,6 +206,11 @@ MESH = BlockDef(
             doc="latency of a message between nodes",
             minimum=0,
         ),
+        Param(
+            name="profile",
+            type="string",
+            doc="a `parc profile` file (relative to the spec) whose measurements the planner uses",
+        ),
     ),
 )
 

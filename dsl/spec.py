@@ -106,6 +106,8 @@ class MeshSpec:
     """Seconds."""
     inter_node_latency: float = 10e-6
     """Seconds."""
+    profile: str | None = None
+    """A ``parc profile`` JSON file as written in the spec (relative to the spec file), or None."""
 
     @property
     def world_size(self) -> int:

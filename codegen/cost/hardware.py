@@ -84,6 +84,20 @@ class Hardware:
     """Measured collectives by name (all_reduce, all_gather, reduce_scatter, send_recv)."""
     profile: str | None = None
     """The profile file the figures came from, as the spec named it."""
+    cores: int | None = None
+    """CPU cores the ranks of a node share (a profiled CPU); None: a device per rank."""
+    profiled_ranks: int = 1
+    """Ranks that ran at once while the profile measured (its figures are per rank then)."""
+
+    @property
+    def contention(self) -> float:
+        """Slow-down of a rank when the mesh puts more ranks on a CPU node's cores than ran
+        while profiling (figures measured with N ranks at once already include N)."""
+        if not self.cores:
+            return 1.0
+        now = max(1.0, self.devices_per_node / self.cores)
+        then = max(1.0, self.profiled_ranks / self.cores)
+        return now / then
 
     def matmul_flops(self, n: float) -> float:
         """FLOP/s of a GEMM whose smallest dimension is n (Note [size-dependent efficiency])."""
@@ -133,11 +147,23 @@ def from_mesh(mesh: MeshSpec) -> Hardware:
     )
 
 
+class ProfileError(Exception):
+    """The profile a spec names cannot be read (the message says why)."""
+
+
 def from_profile(mesh: MeshSpec, path: str, *, named: str) -> Hardware:
     """Hardware from a ``parc profile`` JSON file (docs/planner.md, "The profile")."""
-    with open(path, encoding="utf-8") as handle:
-        data = json.load(handle)
-    table = tuple(sorted((float(row["n"]), float(row["flops"])) for row in data["matmul"]))
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+        table = tuple(sorted((float(row["n"]), float(row["flops"])) for row in data["matmul"]))
+        float(data["memory_bandwidth"]), float(data["op_overhead_s"])
+    except OSError as exc:
+        raise ProfileError(f"cannot read the profile {path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProfileError(f"{path} is not a parc profile ({type(exc).__name__}: {exc})") from None
+    if not table:
+        raise ProfileError(f"{path} is not a parc profile (no matmul figures)")
     collectives = tuple(
         sorted(
             (
@@ -167,4 +193,6 @@ def from_profile(mesh: MeshSpec, path: str, *, named: str) -> Hardware:
         matmul_table=table,
         collectives=collectives,
         profile=named,
+        cores=data.get("cores"),
+        profiled_ranks=int(data.get("ranks", 1)),
     )

@@ -128,7 +128,8 @@ def step_time(
 
     # ---- one block, one micro-batch -------------------------------------------
     sub_forward, sub_core = _block_forward(spec, layout, hw, accounting, tokens / k)
-    forward, core = k * sub_forward, k * sub_core
+    slow = hw.contention  # ranks sharing a CPU core
+    forward, core = k * sub_forward * slow, k * sub_core * slow
     backward = 2.0 * forward
     if layout.recompute == "full":
         backward += forward
@@ -143,6 +144,7 @@ def step_time(
     # ---- the head, the embedding: last and first stage -------------------------
     head_forward = _gemm(hw, tokens, m.hidden, m.padded_vocab / t) + 6 * hw.op_overhead
     head_forward += tokens * m.padded_vocab / t * 3 * 4.0 / hw.memory_bandwidth  # softmax, loss
+    head_forward *= slow
     head_comm = 2 * per_collective  # vocab-parallel embedding forward, head input backward
     head = 3.0 * head_forward + head_comm
 
@@ -173,7 +175,7 @@ def step_time(
     last_backward = layers_per_chunk * p * v * backward / p
     overlapped = layout.zero == 0 and accounting is Accounting.PARC  # Megatron 2021: after the flush
     dp_exposed = max(0.0, dp_comm - last_backward) if overlapped else dp_comm
-    optimizer = _optimizer_time(hw, accounting, params, tensors, layout)
+    optimizer = _optimizer_time(hw, accounting, params, tensors, layout) * slow
 
     step = pipeline + dp_exposed + optimizer
     compute = micro_batches * (v * layers_per_chunk * (forward + backward) + 3.0 * head_forward) + optimizer

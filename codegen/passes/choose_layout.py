@@ -17,7 +17,8 @@ from dataclasses import replace
 from parc.dsl.spec import Spec
 
 from ..cost import Accounting, hardware_for
-from ..errors import AUTO, check, error
+from ..cost.hardware import ProfileError
+from ..errors import AUTO, BAD_VALUE, check, error
 from ..plan import PredictionPlan
 from ..search import search, with_layout
 from .draft import Draft
@@ -31,7 +32,11 @@ def _round(value: float) -> float:
 def run(spec: Spec, draft: Draft) -> Draft:
     if spec.parallel.is_complete:
         return draft
-    result = search(spec, hardware_for(spec), Accounting.PARC)
+    try:
+        hardware = hardware_for(spec)
+    except ProfileError as exc:
+        check([error(spec, "mesh.profile", BAD_VALUE, str(exc), "run parc profile -o FILE and name FILE")])
+    result = search(spec, hardware, Accounting.PARC)
     winner = result.winner
     if winner is None:
         if not result.estimates:

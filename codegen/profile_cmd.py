@@ -1,0 +1,205 @@
+"""``parc profile``: measure this machine for the planner and write a profile file.
+
+Takes: argv (--ranks N, -o FILE, --quick). Gives: FILE, JSON (docs/planner.md, "The
+profile"): fp32 matmul FLOP/s over sizes on one thread (what each torchrun rank gets:
+torchrun runs one thread per rank), memory bandwidth (a large copy), the cost of one
+autograd op (dispatch, no arithmetic), the cores and memory of the machine, and for N
+ranks on the real backend (gloo, processes spawned here) the latency and bandwidth of
+all-reduce, all-gather, reduce-scatter (through ``runtime/comm.py``'s primitives, the
+ones the trainer calls) and send/recv, fitted as time = latency + bytes / bandwidth. Note [profiling under load] in ``profile``.
+A spec's ``mesh { profile = "FILE" }`` points the planner at it (``cost/hardware.py``).
+Exit status: 0 written, 2 usage error. Before: nothing. After: ``parc plan``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+
+MATMUL_SIZES = (32, 64, 128, 192, 256, 384, 512, 768, 1024)
+COLLECTIVE_BYTES = tuple(4**k * 1024 for k in range(0, 7))  # 1 KiB .. 4 MiB
+VERSION = 1
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "profile",
+        help="measure this machine (matmul, memory, collectives) for the planner",
+        description="Measure matmul FLOP/s by size, memory bandwidth, op overhead and, over N "
+        "ranks of the real backend, collective latency and bandwidth; write a profile JSON "
+        "that a spec names with mesh { profile = \"FILE\" }.",
+    )
+    parser.add_argument("--ranks", type=int, default=2, metavar="N", help="ranks for the collectives (default 2)")
+    parser.add_argument("-o", "--output", metavar="FILE", required=True, help="the profile to write")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (a rougher profile, for tests)")
+    parser.set_defaults(func=run_profile)
+
+
+def _timed(fn, *, budget: float) -> float:
+    """Mean seconds per call of ``fn`` over ``budget`` seconds (after one warm-up call): the
+    sustained rate, not the best burst, so a shared machine's share shows."""
+    fn()
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= budget or calls >= 100_000:
+            return elapsed / calls
+
+
+def measure_local(budget: float) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    matmul = []
+    for n in MATMUL_SIZES:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        seconds = _timed(lambda: torch.mm(a, b), budget=budget)
+        matmul.append({"n": n, "flops": 2.0 * n**3 / seconds})
+    source, target = torch.empty(16 * 2**20 // 4), torch.empty(16 * 2**20 // 4)
+    copy = _timed(lambda: target.copy_(source), budget=budget)
+    bandwidth = 2 * source.numel() * 4 / copy  # read and write
+    leaf = torch.ones(1, requires_grad=True)
+
+    def chain():
+        x = leaf
+        for _ in range(50):
+            x = x * 1.0001
+        x.backward()
+
+    op_overhead = _timed(chain, budget=budget) / 100  # 50 forward ops and 50 backward ones
+    pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "matmul": matmul,
+        "memory_bandwidth": bandwidth,
+        "op_overhead_s": op_overhead,
+        "cores": cores,
+        "memory_bytes": pages * page or None,
+        "threads_per_rank": 1,
+        "torch": torch.__version__,
+    }
+
+
+def _fit(points) -> tuple[float, float]:
+    """(latency, bandwidth) of seconds = latency + bytes / bandwidth: the bandwidth from the
+    two largest sizes (the slope), the latency what remains at the smallest."""
+    points = sorted(points)
+    (b0, t0), (b1, t1), (b2, t2) = points[0], points[-2], points[-1]
+    bandwidth = (b2 - b1) / max(t2 - t1, 1e-12)
+    if t2 - t1 <= 0:  # noise: fall back to the average rate of the largest message
+        bandwidth = b2 / t2
+    return max(0.0, t0 - b0 / bandwidth), bandwidth
+
+
+def _rank_main(rank: int, world: int, port: int, budget: float, out_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from parc.runtime.comm import _all_gather, _all_reduce, _reduce_scatter
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    group = dist.group.WORLD
+    dist.barrier()
+    local = measure_local(budget)  # every rank at once: the share of the machine a rank gets
+    results = {"local": local}
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "send_recv"):
+        points = []
+        for nbytes in COLLECTIVE_BYTES:
+            elements = max(world, nbytes // 4 // world * world)
+            full = torch.ones(elements)
+            shard = torch.ones(elements // world)
+            if name == "all_reduce":
+                call = lambda: _all_reduce(full, group)  # noqa: E731
+            elif name == "all_gather":
+                call = lambda: _all_gather(shard, group, 0)  # noqa: E731
+            elif name == "reduce_scatter":
+                call = lambda: _reduce_scatter(full, group, 0)  # noqa: E731
+            else:
+                def call():  # ping-pong between ranks 0 and 1: two one-way messages
+                    if rank == 0:
+                        dist.send(full, 1)
+                        dist.recv(full, 1)
+                    elif rank == 1:
+                        dist.recv(full, 0)
+                        dist.send(full, 0)
+            repeats = 3 if budget < 0.05 else 10
+            dist.barrier()
+            call()
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                call()
+            seconds = (time.perf_counter() - start) / repeats
+            if name == "send_recv":
+                seconds /= 2
+            points.append((elements * 4, seconds))
+        latency, bandwidth = _fit(points)
+        results.setdefault("collectives", {})[name] = {
+            "ranks": world, "latency_s": latency, "bandwidth": bandwidth, "points": [[b, s] for b, s in points]
+        }
+    if rank == 0:
+        with open(out_path, "w", encoding="utf-8") as handle:
+            json.dump(results, handle)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure_collectives(ranks: int, budget: float) -> dict:
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as folder:
+        out_path = os.path.join(folder, "collectives.json")
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        mp.spawn(_rank_main, args=(ranks, port, budget, out_path), nprocs=ranks, join=True)
+        with open(out_path, encoding="utf-8") as handle:
+            return json.load(handle)
+
+
+def profile(ranks: int, *, quick: bool = False) -> dict:
+    """Note [profiling under load]: the matmul, bandwidth and op figures are measured by all
+    N ranks at once, each on one thread, as torchrun's ranks run: what one rank of an
+    N-rank job gets from this machine (cores shared, and whatever else runs on it)."""
+    budget = 0.02 if quick else 0.2
+    data = {"version": VERSION, "device": "cpu", "ranks": ranks}
+    if ranks >= 2:
+        measured = measure_collectives(ranks, budget)
+        data.update(measured["local"])
+        data["collectives"] = measured["collectives"]
+    else:
+        data.update(measure_local(budget))
+        data["collectives"] = {}
+    return data
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    if args.ranks < 1:
+        print("parc: error: --ranks must be at least 1", file=sys.stderr)
+        return 2
+    data = profile(args.ranks, quick=args.quick)
+    try:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+    except OSError as exc:
+        print(f"parc: error: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    best = max(row["flops"] for row in data["matmul"])
+    print(f"wrote {args.output}: matmul up to {best / 1e9:.1f} GFLOP/s per rank, memory "
+          f"{data['memory_bandwidth'] / 1e9:.1f} GB/s, {data['op_overhead_s'] * 1e6:.1f} µs per op, "
+          f"{data['cores']} cores")
+    for name, row in sorted(data["collectives"].items()):
+        print(f"  {name:<15} {row['ranks']} ranks: latency {row['latency_s'] * 1e6:8.1f} µs, "
+              f"bandwidth {row['bandwidth'] / 1e9:6.2f} GB/s")
+    return 0

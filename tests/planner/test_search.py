@@ -1,0 +1,153 @@
+"""The search: the validator's layouts exactly, deterministic, --set fixes a key, the
+bubble from the runtime's schedules, the calibration rows, the build's winner."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from parc.codegen.cost import Accounting, Layout, estimate, hardware_for
+from parc.codegen.cost.bubble import _simulate, makespan
+from parc.codegen.cost.calibration import predicted_tflops
+from parc.codegen.lower import lower
+from parc.codegen.search import candidates, search
+from parc.dsl import load
+from parc.dsl.diagnostics import Diagnostics
+from parc.runtime.schedule import build_schedule
+from parc.runtime.schedule_sim import simulate
+
+CALIBRATION = "../shared/reference/megatron_sc21_calibration.json"
+
+
+def _key(layout: Layout):
+    return (layout.dp, layout.tp, layout.pp, layout.sp, layout.zero, layout.schedule, layout.chunks,
+            layout.recompute, layout.sub_batches)
+
+
+def _accepted_by_validator(path: str, base: list[str]) -> set:
+    """Every layout of the grid that ``parc.dsl`` and the build's mesh rule accept."""
+    accepted = set()
+    grid = itertools.product(
+        (1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8), (False, True), (0, 1),
+        (("1f1b", 1), ("gpipe", 1), ("interleaved", 2), ("interleaved", 4)), (1, 2),
+    )
+    for dp, tp, pp, sp, zero, (kind, chunks), subs in grid:
+        if dp * tp * pp != 8:
+            continue  # the world: PAR0201 (the candidates fill the mesh by construction)
+        schedule = f"interleaved(chunks = {chunks})" if kind == "interleaved" else kind
+        sets = base + [
+            f"parallel.dp={dp}", f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.sp={str(sp).lower()}",
+            f"parallel.zero={zero}", f"parallel.schedule={schedule}", "parallel.recompute=none",
+            f"parallel.overlap={'none' if subs == 1 else f'sub_batch({subs})'}",
+        ]
+        try:
+            spec = load(path, sets)
+        except Diagnostics:
+            continue
+        mesh = spec.mesh
+        if mesh.nodes > 1 and mesh.devices_per_node % tp:
+            continue  # resolve_mesh: a tp group stays on one node
+        # Same program as a listed layout (Note [the search space]): not enumerated.
+        if (zero and dp == 1) or (subs > 1 and tp == 1) or (kind != "1f1b" and pp == 1):
+            continue
+        accepted.add((dp, tp, pp, sp, zero, kind, chunks, "none", subs))
+    return accepted
+
+
+def test_candidates_are_the_validators_layouts():
+    base = ["parallel=auto", "parallel.recompute=none", "mesh.devices_per_node=8", "train.global_batch=32",
+            "train.micro_batch=2"]
+    spec = load("examples/tiny.par", base)
+    found = {_key(layout) for layout in candidates(spec) if layout.zero <= 1}
+    assert found == _accepted_by_validator("examples/tiny.par", base)
+    assert len(found) > 50
+
+
+def test_search_is_deterministic_and_ranked():
+    spec = load("examples/gpt2-small.par", ["parallel=auto"])
+    hw = hardware_for(spec)
+    first, second = search(spec, hw), search(spec, hw)
+    assert [_key(e.layout) for e in first.estimates] == [_key(e.layout) for e in second.estimates]
+    fitting = [e.time.step for e in first.estimates[:3] if e.fits]
+    assert fitting == sorted(fitting)
+    assert first.considered == len(candidates(spec)) > 100
+
+
+@pytest.mark.parametrize("key,value,attribute,expected", [
+    ("parallel.tp", "4", "tp", 4),
+    ("parallel.zero", "1", "zero", 1),
+    ("parallel.recompute", "full", "recompute", "full"),
+    ("parallel.schedule", "gpipe", "schedule", "gpipe"),
+])
+def test_set_fixes_one_key_of_an_auto_block(key, value, attribute, expected):
+    spec = load("examples/gpt3-175b.par", [f"{key}={value}"])
+    layouts = candidates(spec)
+    assert layouts and all(getattr(layout, attribute) == expected for layout in layouts)
+    free = {layout.dp for layout in layouts}
+    assert len(free) > 1  # the other keys are still searched
+
+
+def test_build_winner_is_buildable_and_recorded():
+    spec = load("examples/tiny.par", ["parallel=auto"])
+    result = search(spec, hardware_for(spec))
+    plan = lower(spec)
+    winner = result.winner.layout
+    assert winner.zero <= 2
+    assert plan.mesh.size(plan.mesh.axes[1].axis) == winner.dp  # axes: pp, dp, tp
+    assert plan.predicted is not None and plan.predicted.layouts_considered == result.considered
+    assert json.loads(plan.to_json())["predicted"]["step_time_s"] == pytest.approx(result.winner.time.step, rel=1e-5)
+    fixed = lower(load("examples/tiny.par"))
+    assert fixed.predicted is None and "predicted" not in json.loads(fixed.to_json())
+
+
+@pytest.mark.parametrize("kind,stages,micro_batches,chunks", [
+    ("1f1b", 4, 8, 1), ("gpipe", 4, 6, 1), ("interleaved", 4, 8, 2), ("1f1b", 2, 2, 1),
+])
+def test_closed_form_is_the_simulated_schedule_without_comm(kind, stages, micro_batches, chunks):
+    timeline = simulate(build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks),
+                        forward_time=1.0, backward_time=2.5)
+    fast = makespan(kind, stages=stages, micro_batches=micro_batches, chunks=chunks,
+                    forward=1.0, backward=2.5, comm=0.0, exact=False)
+    assert fast == pytest.approx(timeline.makespan, rel=1e-12)
+
+
+@pytest.mark.parametrize("kind,stages,micro_batches,chunks,comm", [
+    ("1f1b", 4, 40, 1, 0.1), ("interleaved", 4, 40, 2, 0.3), ("gpipe", 3, 20, 1, 0.2), ("1f1b", 8, 48, 1, 0.05),
+])
+def test_steady_state_extension_is_the_full_simulation(kind, stages, micro_batches, chunks, comm):
+    exact = makespan(kind, stages=stages, micro_batches=micro_batches, chunks=chunks,
+                     forward=2.0, backward=4.4, comm=2.0 * comm, exact=True)
+    full = 2.0 * _simulate(kind, stages, micro_batches, chunks, 2.2, comm)
+    assert exact == pytest.approx(full, rel=1e-9)
+
+
+def test_megatron_rows_within_ten_percent():
+    """SC21 Table 1 rows, a100-80gb with the fitted efficiency (bench/planner_calibration.py)."""
+    with open(CALIBRATION, encoding="utf-8") as handle:
+        rows = json.load(handle)["rows"]
+    for row in rows:
+        predicted = predicted_tflops(row)
+        assert predicted == pytest.approx(row["tflops_per_gpu"], rel=0.10), (row["model_label"], predicted)
+
+
+def test_zero3_is_predicted_but_never_the_winner():
+    spec = load("examples/gpt3-175b.par", ["parallel.zero=3"])
+    result = search(spec, hardware_for(spec))
+    assert result.estimates and all(e.layout.zero == 3 for e in result.estimates)
+    assert result.winner is None
+    with pytest.raises(Diagnostics) as info:
+        lower(spec)
+    assert "PAR0801" in str(info.value.errors[0].code)
+
+
+def test_memory_prunes_and_accounting_differs():
+    spec = load("examples/gpt3-175b.par", ["parallel.tp=8", "parallel.pp=1", "parallel.zero=0"])
+    hw = hardware_for(spec)
+    only = candidates(spec)
+    assert only and not any(estimate(spec, layout, hw).fits for layout in only)  # 175B over tp 8 alone
+    layout = only[0]
+    parc = estimate(spec, layout, hw, Accounting.PARC).memory
+    megatron = estimate(spec, layout, hw, Accounting.MEGATRON).memory
+    assert parc.params == 2 * megatron.params  # fp32 vs fp16 weights
