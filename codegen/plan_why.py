@@ -24,7 +24,7 @@ REASONS = {
         "recompute": "less recompute: fewer forward passes re-run in backward",
         "tp": "larger matrices per rank run closer to peak, or fewer of them",
         "sub_batches": "fewer, larger sub-batches: bigger GEMMs and fewer op dispatches",
-        "pp": "the layers are split over a different number of stages",
+        "pp": "the last pipeline stage runs the head on every micro-batch of its pipeline, so fewer, larger pipelines do less of it per rank",
         "zero": "the optimizer step touches a different share of the state",
     },
     "exposed_comm": {
@@ -93,6 +93,10 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
     runner = fitting[1] if len(fitting) > 1 else None
     if runner is not None:
         lines.append(_compare(best, index, runner, items.index(runner) + 1))
+        degrees = (best.layout.dp, best.layout.tp, best.layout.pp)
+        other = next((item for item in fitting if (item.layout.dp, item.layout.tp, item.layout.pp) != degrees), None)
+        if other is not None and other is not runner:
+            lines.append(_compare(best, index, other, items.index(other) + 1, title="against other degrees"))
     elif result.considered > 1:
         lines.append(f"#{index} is the only layout that fits.")
     too_big = [item for item in items if not item.fits and item.time.step < best.time.step]
@@ -113,7 +117,7 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
     return lines
 
 
-def _compare(best: Estimate, i: int, runner: Estimate, j: int) -> str:
+def _compare(best: Estimate, i: int, runner: Estimate, j: int, title: str = "") -> str:
     differs = [
         (key, getattr(best.layout, key), getattr(runner.layout, key))
         for key, _ in KEYS
@@ -127,9 +131,10 @@ def _compare(best: Estimate, i: int, runner: Estimate, j: int) -> str:
     parts = ", ".join(f"{label} {_seconds(delta)}" for _, label, delta in deltas)
     name, label, delta = min(deltas, key=lambda d: d[2])
     reason = next((REASONS[name][k] for k, _, _ in differs if k in REASONS[name]), None)
+    head = f"{title}, #{i}" if title else f"why #{i}"
     text = (
-        f"why #{i}: it differs from #{j} in {changed}; a step is {_seconds(-gap)[1:]} ({share:.1%}) shorter"
-        f" ({parts})"
+        f"{head}: it differs from #{j} ({_describe(runner)}) in {changed}; a step is "
+        f"{_seconds(-gap)[1:]} ({share:.1%}) shorter ({parts})"
     )
     if delta < 0 and reason:
         text += f": mostly {label} — {reason}"

@@ -45,6 +45,10 @@ from parc.runtime.schedule import in_flight_bound
 from .layout import Accounting, Layout, rank_params, stage_contents
 
 
+BUCKET_BYTES = 25 * 2**20
+"""The runtime's gradient bucket (runtime/dp.py, runtime/zero.py)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryBreakdown:
     """Bytes one rank holds at its peak."""
@@ -227,7 +231,10 @@ def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting) ->
     model, tokens = spec.model, layout.micro_batch * spec.model.seq_len
     total = 0.0
     if accounting is Accounting.PARC and layout.dp > 1:
-        total += 4.0 * params  # dp buckets / ZeRO's flat gradient: one fp32 copy in flight
+        if layout.zero == 2:  # Note [ZeRO-2 during backward]: two buckets alive at most
+            total += 2 * min(BUCKET_BYTES, 4.0 * params)
+        else:  # zero 0's packed buckets, zero 1's flat gradient: one fp32 copy in flight
+            total += 4.0 * params
     if layout.recompute == "full":  # one block's tensors rebuilt during its backward
         element = 2.0 if accounting is Accounting.MEGATRON else 4.0
         working = parc_layer_elements(model, tp=layout.tp, sp=layout.sp, recompute="none", micro_batch=layout.micro_batch)

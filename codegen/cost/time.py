@@ -19,12 +19,13 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   compute·(k−1)/k) — paid for with k× the op dispatches and smaller GEMMs.
   ``codegen/overlap_cost.py`` (another engineer's) was not there to call: this is
   the seam (``exposed_tp``) where it plugs in.
-- data parallel: one all-reduce of the gradients per step (zero 0, overlapped with
-  the last micro-batch's backward through the runtime's buckets: exposed
-  max(0, dp − backward); Megatron-LM of 2021 reduces after the pipeline flush, not
-  overlapped); zero 1 and 2 reduce (all-reduce, reduce-scatter) then
-  all-gather the updated slice after backward, not overlapped; zero 3 also gathers
-  the parameters for every micro-batch's forward and backward.
+- data parallel: the gradients are reduced once a step. parc's zero 0 and zero 2
+  all-reduce buckets as backward frees them, hidden behind the last micro-batch's
+  backward (exposed max(0, reduce − backward)); zero 1 all-reduces the flat gradient
+  after backward; zero 1 and 2 then all-gather the updated slice (exposed). Megatron-LM
+  of 2021 reduces after the pipeline flush (nothing hidden), zero 2 as a
+  reduce-scatter; zero 3 also gathers the parameters for every micro-batch's forward
+  and backward.
 - pipeline: a (b, s, h) message per chunk boundary; the makespan of the runtime's
   schedule (``cost/bubble.py``); bubble = makespan − the busy time.
 - the optimizer streams its elements (AdamW) and the gradient-norm pass.
@@ -164,17 +165,20 @@ def step_time(
     params, tensors = rank_params(m, layout, 0)
     grad_size = 2.0 if accounting is Accounting.MEGATRON else 4.0
     grads = params * grad_size
-    dp_comm = 0.0
+    reduce = gather = 0.0
     if d > 1:
-        reduce = "all_reduce" if layout.zero <= 1 else "reduce_scatter"
-        dp_comm = collective_time(hw, reduce, grads, size=d, stride=t)
+        # parc: zero 0 and 2 all-reduce gradient buckets during backward; zero 1 all-reduces
+        # the flat gradient after it. Megatron (and zero 3) reduce-scatter.
+        scatter = layout.zero >= 3 or (layout.zero == 2 and accounting is Accounting.MEGATRON)
+        reduce = collective_time(hw, "reduce_scatter" if scatter else "all_reduce", grads, size=d, stride=t)
         if layout.zero >= 1:
-            dp_comm += collective_time(hw, "all_gather", params * 4.0, size=d, stride=t)
+            gather = collective_time(hw, "all_gather", params * 4.0, size=d, stride=t)
         if layout.zero >= 3:
-            dp_comm += 2 * micro_batches * collective_time(hw, "all_gather", params * 2.0, size=d, stride=t)
-    last_backward = layers_per_chunk * p * v * backward / p
-    overlapped = layout.zero == 0 and accounting is Accounting.PARC  # Megatron 2021: after the flush
-    dp_exposed = max(0.0, dp_comm - last_backward) if overlapped else dp_comm
+            gather += 2 * micro_batches * collective_time(hw, "all_gather", params * 2.0, size=d, stride=t)
+    dp_comm = reduce + gather
+    last_backward = layers_per_chunk * v * backward
+    overlapped = accounting is Accounting.PARC and layout.zero in (0, 2)  # Megatron 2021: after the flush
+    dp_exposed = (max(0.0, reduce - last_backward) if overlapped else reduce) + gather
     optimizer = _optimizer_time(hw, accounting, params, tensors, layout) * slow
 
     step = pipeline + dp_exposed + optimizer

@@ -1,0 +1,52 @@
+"""``parc plan``: the table as a user sees it (exact text), --json's keys, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from parc.codegen.cli import main
+
+HERE = Path(__file__).parent
+SMALL = str(HERE / "specs" / "plan_small.par")
+
+
+def test_table_exact_text(capsys, monkeypatch):
+    monkeypatch.chdir(HERE.parent.parent)
+    assert main(["plan", "tests/planner/specs/plan_small.par", "--top", "3"]) == 0
+    assert capsys.readouterr().out == (HERE / "plan_small.txt").read_text(encoding="utf-8")
+
+
+def test_json_keys(capsys):
+    assert main(["plan", SMALL, "--top", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == {"accounting", "considered", "fitting", "layouts", "mesh", "model", "parameters",
+                         "spec", "why", "winner"}
+    assert data["winner"] == 0 and len(data["layouts"]) == 2 and data["considered"] > 100
+    layout = data["layouts"][0]
+    for key in ("dp", "tp", "pp", "sp", "zero", "schedule", "chunks", "recompute", "overlap_sub_batches",
+                "micro_batch", "grad_accum", "step_time_s", "tokens_per_s", "tflops_per_device", "mfu",
+                "peak_mem_bytes", "fits", "buildable", "time", "memory"):
+        assert key in layout
+    time, memory = layout["time"], layout["memory"]
+    assert abs(time["compute_s"] + time["exposed_comm_s"] + time["bubble_s"] - layout["step_time_s"]) < 1e-9
+    assert abs(sum(memory.values()) - layout["peak_mem_bytes"]) < 1.0
+    assert data["layouts"][0]["step_time_s"] <= data["layouts"][1]["step_time_s"]
+
+
+def test_fixed_layout_is_evaluated_alone(capsys):
+    assert main(["plan", "examples/tiny.par"]) == 0
+    out = capsys.readouterr().out
+    assert "1 layout considered" in out and "the spec gives its layout: dp 2 · tp 2 · pp 1." in out
+
+
+def test_set_fixes_a_key_in_the_table(capsys):
+    assert main(["plan", SMALL, "--set", "parallel.tp=2", "--json", "--top", "0"]) == 0
+    layouts = json.loads(capsys.readouterr().out)["layouts"]
+    assert layouts and {row["tp"] for row in layouts} == {2}
+
+
+def test_missing_profile_is_an_error_not_a_trace(capsys, tmp_path):
+    assert main(["plan", "examples/tiny.par", "--set", 'mesh.profile="nope.json"', "--set", "parallel=auto"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot read the profile" in err and "Traceback" not in err
