@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="mesh.device preset; not cpu: nccl, GPU shapes, bf16")
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in args.ranks:
@@ -95,9 +96,11 @@ def main() -> None:
                 row["comm_share"] = row["none_exposed_s"] / row["none_step_s"]
                 row["speedup"] = row["none_step_s"] / row["sub2_step_s"]
                 rows.append(row)
+    load = f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} cores"
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(dict(rows=rows, load=load), indent=2))
         return
+    print(load)
     print(f"{'model':<14} {'ranks':>5} {'none step':>10} {'none comm':>10} {'comm share':>10} "
           f"{'sub2 step':>10} {'sub2 comm':>10} {'none/sub2':>10}")
     for r in rows:
