@@ -33,13 +33,15 @@ before); doing that needs a scheduler that owns the backward order (Oases has on
 which this engine does not give us. The q/k/v (and gate/up) projections share one
 gradient collective instead of one each.
 
-Note [fine-grained recompute]: with ``recompute = full`` each stage's compute (the
-part between two collectives) runs under ``torch.utils.checkpoint``, whose inputs —
-the previous collective's output and the residual — are what it keeps. The
-recompute in backward therefore reruns matmuls, norms and attention but no
-collective: a step issues as many collectives as without recompute (tested). It
-keeps two activations per block (one per region) where the unsplit ``full`` keeps
-one: Oases' trade of memory for communication.
+Note [fine-grained recompute]: with ``recompute = full`` each region's compute
+(the part between two collectives) runs under ``torch.utils.checkpoint``. The
+residual add that consumes the previous collective's result runs outside it, so a
+region keeps only its input — the residual stream with that result already in it —
+and, under SP, the all-gathered (b, T, C) input of its matmuls (the collective's
+output itself). The recompute in backward therefore reruns norms, matmuls and
+attention but no collective: a step issues as many collectives as without
+recompute (tested). It keeps two (b, T, C) activations per block where the unsplit
+``full`` keeps one (more under SP): Oases' trade of memory for communication.
 """
 
 from __future__ import annotations
@@ -151,13 +153,18 @@ def overlappable(block) -> bool:
 # ---- the compute of one region, between its collectives ---------------------------
 
 
-def _enter(x, reduced, bias, dropout, training, norm):
-    """Close the previous region (residual add of its reduced output), open this one."""
-    if reduced is not None:
-        if bias is not None:
-            reduced = reduced + bias
-        x = x + F.dropout(reduced, dropout, training)
-    return x, norm(x)
+def _residual(x, inflight, dropout, training):
+    """Close a sub-batch's previous region: wait its collective, add it to the residual.
+
+    Outside any checkpoint: an add keeps nothing for backward, and its output is the
+    next region's input, the one tensor a recomputed region keeps.
+    """
+    if inflight is None:
+        return x
+    reduced = inflight.wait()
+    if inflight.bias is not None:
+        reduced = reduced + inflight.bias
+    return x + F.dropout(reduced, dropout, training)
 
 
 def _columns(h, full, linears):
@@ -190,7 +197,14 @@ def _mlp(mlp, h, full):
     return F.linear(hidden, mlp.down_proj.weight)
 
 
-def _region_body(body, module):
+def _norm_and_body(norm, body, module):
+    def run(x):  # without SP nothing separates the norm from the matmuls
+        return body(module, norm(x), None)
+
+    return run
+
+
+def _body(body, module):
     def run(h, full):
         return body(module, h, full)
 
@@ -216,24 +230,20 @@ def run_blocks(model, x, sub_batches: int):
     for block in model.layers.values():
         if not overlappable(block):
             for i in range(sub_batches):  # a replicated projection: run the block unsplit
-                xs[i] = _close(xs[i], inflight[i], dropout, training)
-                inflight[i] = None
+                xs[i], inflight[i] = _residual(xs[i], inflight[i], dropout, training), None
                 xs[i] = checkpoint(block, xs[i], use_reentrant=False) if recompute else block(xs[i])
             continue
-        for norm, body, module in (
-            (block.attn_norm, _attention, block.attn),
-            (block.mlp_norm, _mlp, block.mlp),
+        for norm, body, module, row in (
+            (block.attn_norm, _attention, block.attn, block.attn.o_proj),
+            (block.mlp_norm, _mlp, block.mlp, block.mlp.down_proj),
         ):
-            row = module.o_proj if body is _attention else module.down_proj
-            enter = _enter_fn(norm, dropout, training)
             if not sp:
                 for i in range(sub_batches):
-                    # Sub-batch i's previous all-reduce ran behind sub-batch i-1's work
-                    # (or, for i = 0, behind the last sub-batch's previous region): wait it,
-                    # then compute this region up to the row-parallel partial sums.
-                    reduced, bias = _waited(inflight[i])
-                    xs[i], h = compute(enter, xs[i], reduced, bias)
-                    partial = compute(_region_body(body, module), h, None)
+                    # Sub-batch i's previous all-reduce ran behind sub-batch i+1's work
+                    # (the last sub-batch's behind sub-batch 0's next region): wait it,
+                    # add it, then compute this region up to the row-parallel partial sums.
+                    xs[i] = _residual(xs[i], inflight[i], dropout, training)  # (b, T, C)
+                    partial = compute(_norm_and_body(norm, body, module), xs[i])
                     # Launch sub-batch i's all-reduce; it runs while sub-batch i+1 computes.
                     result, pending = _launch_reduce(partial, group, False)
                     inflight[i] = _Inflight(result, pending, row.bias, False)
@@ -243,39 +253,16 @@ def run_blocks(model, x, sub_batches: int):
                     # Residual add and norm on sub-batch i's sequence shard (b, T/tp, C),
                     # then launch its all-gather along T; it runs while sub-batch i+1's
                     # norm and sub-batch 0's matmuls compute.
-                    reduced, bias = _waited(inflight[i])
-                    xs[i], shards[i] = compute(enter, xs[i], reduced, bias)
+                    xs[i] = _residual(xs[i], inflight[i], dropout, training)
+                    shards[i] = norm(xs[i])
                     gathers[i] = launch_all_gather(shards[i].detach(), group, dim=1)
                 for i in range(sub_batches):
                     # Sub-batch i computes on the whole sequence (its gather is waited
                     # here); its reduce-scatter runs while sub-batch i+1 computes.
                     full = gathers[i].wait()  # (b, T, C), kept: recompute reuses it
-                    partial = compute(_region_body(body, module), shards[i], full)
+                    partial = compute(_body(body, module), shards[i], full)
                     result, pending = _launch_reduce(partial, group, True)
                     inflight[i] = _Inflight(result, pending, row.bias, True)
     for i in range(sub_batches):
-        xs[i] = _close(xs[i], inflight[i], dropout, training)
+        xs[i] = _residual(xs[i], inflight[i], dropout, training)
     return torch.cat(xs, dim=0)
-
-
-def _enter_fn(norm, dropout, training):
-    def enter(x, reduced, bias):
-        return _enter(x, reduced, bias, dropout, training, norm)
-
-    return enter
-
-
-def _waited(inflight):
-    if inflight is None:
-        return None, None
-    return inflight.wait(), inflight.bias
-
-
-def _close(x, inflight, dropout, training):
-    """The residual add of a sub-batch's last region (its collective waited first)."""
-    reduced, bias = _waited(inflight)
-    if reduced is None:
-        return x
-    if bias is not None:
-        reduced = reduced + bias
-    return x + F.dropout(reduced, dropout, training)
