@@ -102,9 +102,11 @@ at::Tensor swiglu_fwd(const at::Tensor& gate_in, const at::Tensor& up_in) {
     scalar_t* Y = y.data_ptr<scalar_t>();
     const int64_t total = N * C;
     at::parallel_for(0, total, 1 << 14, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) {
-        const A g = A(G[k]);
-        Y[k] = scalar_t(g / (A(1) + exp_acc(-g)) * A(U[k]));
+      const scalar_t *g = G + begin, *u = U + begin;
+      scalar_t* y = Y + begin;
+      for (int64_t k = 0; k < end - begin; ++k) {
+        const A v = A(g[k]);
+        y[k] = scalar_t(v / (A(1) + exp_acc(-v)) * A(u[k]));
       }
     });
   });
@@ -123,11 +125,13 @@ std::vector<at::Tensor> swiglu_bwd(const at::Tensor& grad, const at::Tensor& gat
     const scalar_t* DY = dy.data_ptr<scalar_t>();
     scalar_t *DG = dgate.data_ptr<scalar_t>(), *DU = dup.data_ptr<scalar_t>();
     at::parallel_for(0, gate.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) {
-        const A g = A(G[k]), d = A(DY[k]);
+      const scalar_t *gp = G + begin, *up = U + begin, *dyp = DY + begin;
+      scalar_t *dg = DG + begin, *du = DU + begin;
+      for (int64_t k = 0; k < end - begin; ++k) {
+        const A g = A(gp[k]), d = A(dyp[k]);
         const A s = A(1) / (A(1) + exp_acc(-g));
-        DG[k] = scalar_t(d * A(U[k]) * s * (A(1) + g * (A(1) - s)));
-        DU[k] = scalar_t(d * g * s);
+        dg[k] = scalar_t(d * A(up[k]) * s * (A(1) + g * (A(1) - s)));
+        du[k] = scalar_t(d * g * s);
       }
     });
   });
