@@ -72,6 +72,53 @@ def check_recompute_collectives(group, arch, sp):
     assert unsplit_recomputed > unsplit, (unsplit_recomputed, unsplit)
 
 
+def check_schedule(group, arch, sp):
+    """Note [the sub-batch schedule]: every forward collective but the last is waited only
+    after a later collective was launched (some compute ran while it was in flight)."""
+    config = CONFIGS[arch]
+    net = model.build_model(config, tp_group=group, sequence_parallel=sp, tp_plan=tp_plan(arch), seed=11,
+                            device=torch.device("cpu"), sub_batches=2)
+    events, launches, kept = [], {}, []
+    originals = {name: getattr(comm, name) for name in ("launch_all_reduce", "launch_reduce_scatter",
+                                                          "launch_all_gather")}
+    original_wait = comm.Pending.wait
+
+    def recording(name):
+        def launch(*args, **kwargs):
+            pending = originals[name](*args, **kwargs)
+            kept.append(pending)  # alive, so no two share an id()
+            launches[id(pending)] = len(launches)
+            events.append(("launch", launches[id(pending)]))
+            return pending
+        return launch
+
+    def wait(pending):
+        if id(pending) in launches:
+            events.append(("wait", launches[id(pending)]))
+        return original_wait(pending)
+
+    from parc.runtime import overlap
+    try:
+        for name in originals:
+            setattr(overlap, name, recording(name))
+        comm.Pending.wait = wait
+        with torch.no_grad():
+            net(*batch(config, 0))
+    finally:
+        for name, fn in originals.items():
+            setattr(overlap, name, fn)
+        comm.Pending.wait = original_wait
+    per_block = 4 * (2 if sp else 1)  # 2 regions × 2 sub-batches × (reduce [+ gather])
+    assert len(launches) == per_block * config.layers, (len(launches), events)
+    position = {event: index for index, event in enumerate(events)}
+    last = len(launches) - 1
+    for n in range(len(launches)):
+        assert ("wait", n) in position, f"collective {n} never waited: {events}"
+        between = events[position[("launch", n)] + 1 : position[("wait", n)]]
+        if n != last:
+            assert any(kind == "launch" for kind, _ in between), f"collective {n} waited at once: {events}"
+
+
 def check_gradient_overlap(group, arch, accumulations):
     config = CONFIGS[arch]
     results = []
@@ -114,6 +161,7 @@ def main(out_dir: Path) -> None:
                 attempt(f"sub_batches {arch} sp={sp} recompute={recompute}", check_sub_batches, group, arch, sp,
                         recompute)
             attempt(f"recompute collectives {arch} sp={sp}", check_recompute_collectives, group, arch, sp)
+            attempt(f"schedule {arch} sp={sp}", check_schedule, group, arch, sp)
         for accumulations in (1, 2):
             attempt(f"gradient overlap {arch} accumulations={accumulations}", check_gradient_overlap, group,
                     arch, accumulations)

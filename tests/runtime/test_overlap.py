@@ -2,7 +2,8 @@
 
 Sub-batched blocks (``sub_batches = 2``) give the unsplit run's loss and gradients
 (float64, to 1e-10) for GPT and Llama, with and without sequence parallelism, with
-each recompute; recompute = full under sub-batches issues no extra collective;
+each recompute; recompute = full under sub-batches issues no extra collective; each
+forward collective but the last is waited only after a later one was launched;
 overlapped gradient buckets give the blocking ones' means.
 """
 
@@ -29,6 +30,8 @@ CHECKS = [
     f"sub_batches {arch} sp={sp} recompute={recompute}"
     for arch in ("gpt", "llama") for sp in (False, True) for recompute in ("none", "selective", "full")
 ] + [f"recompute collectives {arch} sp={sp}" for arch in ("gpt", "llama") for sp in (False, True)] + [
+    f"schedule {arch} sp={sp}" for arch in ("gpt", "llama") for sp in (False, True)
+] + [
     f"gradient overlap {arch} accumulations={n}" for arch in ("gpt", "llama") for n in (1, 2)
 ]
 
