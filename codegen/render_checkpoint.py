@@ -34,6 +34,7 @@ def flag_lines() -> list[str]:
     return [
         'parser.add_argument("--checkpoint-dir", default=CHECKPOINT_DIR, metavar="DIR")',
         'parser.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY, metavar="N")',
+        'parser.add_argument("--checkpoint-keep", type=int, default=0, metavar="K")',
         'parser.add_argument("--resume", default=None, metavar="DIR")',
     ]
 
@@ -44,6 +45,7 @@ def flag_docs(plan: Plan) -> list[str]:
     return [
         f"--checkpoint-dir DIR   save sharded checkpoints into DIR (default {directory})",
         f"--checkpoint-every N   steps between checkpoints, 0: after the last only (default {t.checkpoint_every.value})",
+        "--checkpoint-keep K    keep the newest K checkpoints, 0: all (default 0)",
         "--resume DIR           continue from a checkpoint, or a folder's latest one",
         "SIGTERM finishes the step, saves a checkpoint and exits 0; under torchrun's",
         "--max-restarts a restarted trainer resumes from the latest checkpoint itself.",
@@ -63,6 +65,7 @@ def setup_lines(plan: Plan, layout: str) -> list[str]:
         "checkpoints = checkpoint.Checkpoints(",
         "    args.checkpoint_dir,",
         "    every=args.checkpoint_every,",
+        "    keep=args.checkpoint_keep,",
         "    model=net,",
         "    optimizer=optimizer,",
         f"    tp_group={'tp_group' if tp > 1 else 'None'},",

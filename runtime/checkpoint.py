@@ -86,12 +86,19 @@ def read_info(path: str) -> dict:
     return info
 
 
+def _by_box(pieces) -> dict:
+    boxes = {(p.name, p.offsets): p for p in pieces}
+    if len(boxes) != len(pieces):
+        raise RuntimeError("internal error in parc (checkpoint): two local boxes of one tensor start together")
+    return boxes
+
+
 class _SavePlanner(DefaultSavePlanner):
     """DCP's planner, plus boxes of logical tensors (``Piece``) as shard write items."""
 
     def __init__(self, pieces):
         super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-        self.pieces = {(p.name, p.offsets): p for p in pieces}
+        self.pieces = _by_box(pieces)
 
     def create_local_plan(self) -> SavePlan:
         items = [item for fqn, obj in self.state_dict.items() for item in _create_write_items(fqn, obj)]
@@ -121,7 +128,7 @@ class _LoadPlanner(DefaultLoadPlanner):
 
     def __init__(self, pieces):
         super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-        self.pieces = {(p.name, p.offsets): p for p in pieces}
+        self.pieces = _by_box(pieces)
 
     def create_local_plan(self) -> LoadPlan:
         requests = list(create_default_local_load_plan(self.state_dict, self.metadata, True).items)
@@ -158,9 +165,9 @@ class Checkpoints:
 
     def __init__(
         self, directory, *, every, model, optimizer, tp_group, config, layout, samples_per_step, rank,
-        world_size, device,
+        world_size, device, keep=0,
     ):
-        self.directory, self.every = directory, int(every or 0)
+        self.directory, self.every, self.keep = directory, int(every or 0), int(keep or 0)
         self.model, self.optimizer, self.tp_group = model, optimizer, tp_group
         self.config, self.layout, self.samples_per_step = config, layout, samples_per_step
         self.rank, self.world_size, self.device = rank, world_size, device
@@ -211,8 +218,21 @@ class Checkpoints:
             if os.path.exists(final):  # the same step saved again (after a restart)
                 shutil.rmtree(final)
             os.rename(temporary, final)
+            self._prune()
         self._barrier()
         return final
+
+    def _prune(self) -> None:
+        """Keep the newest ``keep`` complete checkpoints (0: all); drop crashed saves' leftovers."""
+        names = os.listdir(self.directory)
+        for name in names:
+            if name.endswith(".tmp") and STEP_DIR.match(name[: -len(".tmp")]):
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+        if self.keep <= 0:
+            return
+        complete = sorted(n for n in names if STEP_DIR.match(n) and is_complete(os.path.join(self.directory, n)))
+        for name in complete[: -self.keep]:
+            shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
     def restore(self, resume: str | None, *, restarted: bool = False) -> int:
         """Load ``resume`` (or, after an elastic restart, the directory's latest); the step it ends."""
@@ -224,12 +244,12 @@ class Checkpoints:
         if path is None:
             return 0
         info = read_info(path)
-        self._check_shapes(path)
         optimizer_step = int(info["optimizer_step"])
         pieces = shards.model_pieces(self.params, saving=False)
         if optimizer_step > 0:
             shards.prepare_state(self.optimizer, optimizer_step)
             pieces += shards.optimizer_pieces(self.params, self.optimizer, saving=False)
+        self._check_shapes(path, pieces)
         same_world = info["world_size"] == self.world_size
         state = {k: torch.empty_like(v) for k, v in _rng_state(self.rank, self.device).items()} if same_world else {}
         with _one_process_quiet():
@@ -247,18 +267,19 @@ class Checkpoints:
             print(f"resumed from {path} at step {step} (layout {info['layout']}{note})", flush=True)
         return step
 
-    def _check_shapes(self, path: str) -> None:
+    def _check_shapes(self, path: str, pieces) -> None:
+        """Every tensor this rank reads exists with its full shape, or SystemExit naming it."""
         saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-        for piece in shards.model_pieces(self.params, saving=False):
+        for piece in pieces:
+            name = piece.name.removeprefix("model.")
             if piece.name not in saved:
                 raise SystemExit(
-                    f"train.py: checkpoint {path} has no tensor {piece.name[len('model.'):]}: "
-                    "it was saved from a different model"
+                    f"train.py: checkpoint {path} has no tensor {name}: it was saved from a different model"
                 )
             shape = tuple(saved[piece.name].size)
             if shape != piece.full_shape:
                 raise SystemExit(
-                    f"train.py: checkpoint {path}: {piece.name[len('model.'):]} has shape {shape} there "
+                    f"train.py: checkpoint {path}: {name} has shape {shape} there "
                     f"but {piece.full_shape} in this model: it was saved from a different model"
                 )
 

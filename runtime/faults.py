@@ -78,7 +78,7 @@ class StepGuard:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         bad, stopping = bool(flags[0] > 0), bool(flags[1] > 0)
         if stopping and not self.stopping and self.rank == 0:
-            print(f"SIGTERM: step {step} finishes, then a checkpoint is saved and the run exits", flush=True)
+            print(f"SIGTERM: step {step} finishes, then the run saves (with --checkpoint-dir) and exits", flush=True)
         self.stopping = stopping
         if not bad:
             return True

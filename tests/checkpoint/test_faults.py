@@ -2,7 +2,7 @@
 
 - Fault: torchrun ``--max-restarts=1`` with the last rank killed at step 6 (checkpoint
   every 4) restarts, resumes from step 4 by itself, repeats only step 5, and ends
-  with the clean run's losses.
+  with the clean run's losses; ``--checkpoint-keep 1`` leaves only the last checkpoint.
 - SIGTERM to the whole job: the step in flight finishes, a complete checkpoint of it
   is written, and the next launch with ``--resume`` starts at the next step.
 - ``on_nonfinite = skip``: a NaN loss on one rank makes every rank skip that step's
@@ -33,7 +33,7 @@ def test_fault_restart_resumes_from_latest_checkpoint(straight, tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     done = run(clean.build, 2, [
         "--steps", "8", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "4",
-        "--metrics-jsonl", str(metrics),
+        "--checkpoint-keep", "1", "--metrics-jsonl", str(metrics),
     ], extra_env={"PARC_FAULT_AT_STEP": "6"}, max_restarts=1)
     assert "injected fault at step 6" in done.stderr
     assert "step_000004 at step 4" in done.stdout  # the restart found the latest checkpoint itself
@@ -43,6 +43,7 @@ def test_fault_restart_resumes_from_latest_checkpoint(straight, tmp_path):
     assert set(repeated) <= {5}, steps  # only the steps after the last checkpoint
     assert steps[-4:] == [5, 6, 7, 8]
     assert losses(records(metrics)) == losses(clean.rows)  # bit for bit, the final loss included
+    assert os.listdir(tmp_path / "ck") == ["step_000008"]  # --checkpoint-keep 1
 
 
 def test_sigterm_saves_and_the_next_launch_resumes(straight, tmp_path):
