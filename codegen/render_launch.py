@@ -14,13 +14,15 @@ Before: ``codegen/render.py`` calls these. After: the templates place the values
 from __future__ import annotations
 
 import re
+import shlex
 
 from .plan import Plan
 
 MAX_RESTARTS = 3
 """torchrun restarts all ranks this many times after a failure (each resumes)."""
 SIGTERM_LEAD_S = 180
-"""Slurm sends SIGTERM this long before the time limit: the step in flight and a save fit."""
+"""Slurm sends SIGTERM this long before the time limit: the step in flight and a save fit
+(torchrun itself gives its workers 30 s after it forwards SIGTERM, then kills them)."""
 
 
 def launch_context(plan: Plan) -> dict:
@@ -44,4 +46,6 @@ def slurm_context(plan: Plan) -> dict:
         gpu_lines=[f"#SBATCH --gpus-per-node={mesh.devices_per_node}"] if gpus else [],
         max_restarts=MAX_RESTARTS,
         sigterm_lead_s=SIGTERM_LEAD_S,
+        # the spec's folder (shell-quoted: it is user text), or "checkpoints"
+        checkpoint_dir=shlex.quote(plan.train.checkpoint_dir.value or "checkpoints"),
     )

@@ -3,11 +3,13 @@
 Both run ``./launch.sh --nnodes 2 --node-rank I --head-node 127.0.0.1:PORT`` (node 1
 through the environment instead of flags), meet at the c10d rendezvous on loopback,
 and train dp2 × tp2; the losses match the dp2 run of the same model within 1e-5.
-Also: slurm.sbatch is valid bash that takes the head node from the allocation.
+Also: slurm.sbatch is valid bash that takes the head node from the allocation, and a
+checkpoint folder written in the spec reaches train.py and slurm.sbatch as plain text.
 """
 
 from __future__ import annotations
 
+import ast
 import subprocess
 
 from .trainer import TORCHRUN, build, env, free_port, losses, records
@@ -49,3 +51,18 @@ def test_slurm_script_is_bash_with_the_allocation_head_node(tmp_path):
     assert "#SBATCH --nodes=2" in script and "--nproc-per-node 1" in script
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1' in script
     assert '--rdzv-endpoint "$HEAD_NODE:$HEAD_PORT"' in script and "srun" in script
+
+
+def test_a_hostile_checkpoint_dir_stays_text(tmp_path):
+    hostile = "ck $(touch pwned); `id` 'q' \\\"d\\\""  # the spec's string, escapes included
+    build_dir = build("one", tmp_path / "build", extra=(f'train.checkpoint=every(2, dir = "{hostile}")',))
+    text = hostile.replace('\\"', '"')
+    source = (build_dir / "train.py").read_text()
+    line = next(l for l in source.splitlines() if l.startswith("CHECKPOINT_DIR = "))
+    assert ast.literal_eval(line.removeprefix("CHECKPOINT_DIR = ").split("  #")[0]) == text
+    ast.parse(source)
+    assign = next(l for l in (build_dir / "slurm.sbatch").read_text().splitlines()
+                  if l.startswith("SPEC_CHECKPOINT_DIR="))
+    echoed = subprocess.run(["bash", "-c", assign + '\nprintf %s "$SPEC_CHECKPOINT_DIR"'], cwd=tmp_path,
+                            capture_output=True, text=True, check=True).stdout
+    assert echoed == text and not (tmp_path / "pwned").exists()
