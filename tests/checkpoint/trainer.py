@@ -28,6 +28,7 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     "dp2": (["parallel.dp=2"], 2),
     "tp2": (["parallel.tp=2"], 2),
     "pp2": (["parallel.pp=2"], 2),
+    "pp2_dropout": (["parallel.pp=2", "model.dropout=0.1"], 2),  # the RNG states matter
     "zero1_dp2": (["parallel.dp=2", "parallel.zero=1"], 2),
 }
 
