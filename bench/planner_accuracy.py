@@ -1,7 +1,8 @@
 """Predicted vs measured step time: the planner's cost model against real trainers.
 
-Profiles this machine first (``parc profile --ranks N`` for N = 1, 2 and 4: its
-figures are per rank with N ranks at once), then for the tiny example
+Profiles this machine right before each case (``parc profile --ranks N``,
+N the case's ranks: its figures are per rank with N ranks at once, under the load
+of the moment — on a shared machine the load moves, so each case gets its own), then for the tiny example
 and bench/specs/small.par in several layouts builds the trainer (``parc build --set
 ...`` with ``mesh.profile`` naming the fresh profile), runs it with torchrun on CPU
 gloo, takes the median ``step_time_s`` of the metrics JSONL after warm-up, and prints
@@ -9,7 +10,7 @@ it beside the planner's prediction for the same layout (and the predicted vs mea
 per-rank bytes). Goal: within ±25%. A benchmark, not a test: the figures only mean
 something side by side, from one run on one machine.
 
-    python bench/planner_accuracy.py [--steps 8] [--json] [--profile FILE]
+    python bench/planner_accuracy.py [--steps 8] [--json]
 """
 
 from __future__ import annotations
@@ -81,20 +82,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--profile-dir", default=None, help="use profile-N.json from here instead of measuring")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="parc-planner-accuracy-"))
-    folder = Path(args.profile_dir).resolve() if args.profile_dir else work
+    folder = work
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
-    if not args.profile_dir:
-        for ranks in (1, 2, 4):
-            subprocess.run([sys.executable, "-m", "parc.codegen.cli", "profile", "--ranks", str(ranks),
-                            "-o", str(folder / f"profile-{ranks}.json")],
-                           check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     rows = []
     for index, (spec_path, label, degrees) in enumerate(CASES):
         world = degrees.get("dp", 1) * degrees.get("tp", 1) * degrees.get("pp", 1)
-        profile = folder / f"profile-{world}.json"
+        profile = folder / f"profile-{index}.json"
+        subprocess.run([sys.executable, "-m", "parc.codegen.cli", "profile", "--ranks", str(world),
+                        "-o", str(profile)], check=True, capture_output=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
         sets = overrides(degrees, str(profile))
         spec = load(str(ROOT / spec_path), sets)
         predicted = estimate(spec, fixed_layout(spec), hardware_for(spec))
@@ -104,12 +102,13 @@ def main() -> int:
         rows.append({
             "model": spec.model.name, "layout": label, "ranks": world,
             "predicted_s": predicted.time.step, "measured_s": measured["step_time_s"],
-            "error": ratio - 1,
+            "error": ratio - 1, "load_average": os.getloadavg()[0],
             "predicted_compute_s": predicted.time.compute,
             "predicted_comm_s": predicted.time.exposed_comm, "predicted_bubble_s": predicted.time.bubble,
         })
         print(f"{spec.model.name:<16} {label:<13} predicted {1e3 * predicted.time.step:8.1f} ms  "
-              f"measured {1e3 * measured['step_time_s']:8.1f} ms  {100 * (ratio - 1):+6.1f}%", flush=True)
+              f"measured {1e3 * measured['step_time_s']:8.1f} ms  {100 * (ratio - 1):+6.1f}%  "
+              f"(load {os.getloadavg()[0]:.1f})", flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -121,6 +120,13 @@ def main() -> int:
               f"  {1e3 * row['measured_s']:>7.1f} ms  {100 * row['error']:>+6.1f}%"
               f"  {1e3 * row['predicted_compute_s']:>5.1f} ms  {1e3 * row['predicted_comm_s']:>5.1f} ms"
               f"  {1e3 * row['predicted_bubble_s']:>5.1f} ms")
+    for model in sorted({row["model"] for row in rows}):
+        mine = [row for row in rows if row["model"] == model]
+        by_prediction = [row["layout"] for row in sorted(mine, key=lambda r: r["predicted_s"])]
+        by_measure = [row["layout"] for row in sorted(mine, key=lambda r: r["measured_s"])]
+        agree = sum(1 for a, b in zip(by_prediction, by_measure) if a == b)
+        print(f"{model}: fastest first, predicted {by_prediction}; measured {by_measure} "
+              f"({agree} of {len(mine)} places agree)")
     within = sum(1 for row in rows if abs(row["error"]) <= 0.25)
     print(f"\n{within} of {len(rows)} layouts within ±25% (profiles: {folder}); "
           f"load average after: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")

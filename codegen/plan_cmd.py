@@ -18,11 +18,11 @@ import sys
 from parc.dsl.spec import Spec
 
 from .cost import Accounting, Estimate, hardware_for
+from .cost import estimate as estimate_layout
 from .cost.hardware import ProfileError
 from .cost.layout import total_params
 from .plan_why import why
 from .search import SearchResult, fixed_layout, search
-from .cost import estimate as estimate_layout
 
 
 def register(subparsers) -> None:
@@ -115,8 +115,11 @@ def table(spec: Spec, result: SearchResult, rows: tuple[Estimate, ...], accounti
         f"{result.considered} layout{'s' if result.considered != 1 else ''} considered, {result.fitting} fit"
         f" in memory; {len(rows)} shown, best first ({accounting.value} accounting; "
         f"global batch {spec.train.global_batch} × {spec.model.seq_len} tokens)",
-        "",
     ]
+    if mesh.device == "cpu" and hw.profile is None:
+        lines.append("cpu without a profile: times are placeholders (50 GFLOP/s per rank); "
+                     "run `parc profile -o FILE` and set mesh { profile = \"FILE\" }")
+    lines.append("")
     t_unit, t_scale = _time_unit([r.time.step for r in rows])
     m_unit, m_scale = _mem_unit([r.memory.total for r in rows])
     header = [

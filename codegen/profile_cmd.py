@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -41,16 +42,21 @@ def register(subparsers) -> None:
 
 
 def _timed(fn, *, budget: float) -> float:
-    """Mean seconds per call of ``fn`` over ``budget`` seconds (after one warm-up call): the
-    sustained rate, not the best burst, so a shared machine's share shows."""
+    """Seconds per call of ``fn``: the median of five batches lasting ``budget`` in all, each
+    batch's mean (after a warm-up call) — a sustained rate, robust to a passing burst of
+    load on a shared machine."""
     fn()
-    calls, start = 0, time.perf_counter()
-    while True:
-        fn()
-        calls += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= budget or calls >= 100_000:
-            return elapsed / calls
+    means = []
+    for _ in range(5):
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= budget / 5 or calls >= 20_000:
+                break
+        means.append(elapsed / calls)
+    return statistics.median(means)
 
 
 def measure_local(budget: float) -> dict:
@@ -89,13 +95,11 @@ def measure_local(budget: float) -> dict:
 
 
 def _fit(points) -> tuple[float, float]:
-    """(latency, bandwidth) of seconds = latency + bytes / bandwidth: the bandwidth from the
-    two largest sizes (the slope), the latency what remains at the smallest."""
+    """(latency, bandwidth) of seconds = latency + bytes / bandwidth through the smallest and
+    the largest message (4096× apart: the widest baseline, the least swayed by noise)."""
     points = sorted(points)
-    (b0, t0), (b1, t1), (b2, t2) = points[0], points[-2], points[-1]
-    bandwidth = (b2 - b1) / max(t2 - t1, 1e-12)
-    if t2 - t1 <= 0:  # noise: fall back to the average rate of the largest message
-        bandwidth = b2 / t2
+    (b0, t0), (b1, t1) = points[0], points[-1]
+    bandwidth = (b1 - b0) / (t1 - t0) if t1 > t0 else b1 / t1
     return max(0.0, t0 - b0 / bandwidth), bandwidth
 
 
@@ -172,18 +176,19 @@ def _sync_latency(call, dist, *, repeats: int) -> float:
         for _ in range(8):
             torch.mm(a, a)
 
+    alone, both = [], []
     dist.barrier()
-    start = time.perf_counter()
     for _ in range(repeats):
+        start = time.perf_counter()
         work()
-    alone = time.perf_counter() - start
+        alone.append(time.perf_counter() - start)
     dist.barrier()
-    start = time.perf_counter()
     for _ in range(repeats):
+        start = time.perf_counter()
         work()
         call()
-    both = time.perf_counter() - start
-    return max(0.0, (both - alone) / repeats)
+        both.append(time.perf_counter() - start)
+    return max(0.0, statistics.median(both) - statistics.median(alone))
 
 
 def measure_collectives(ranks: int, budget: float) -> dict:

@@ -115,7 +115,7 @@ def _schedules(spec: Spec, pp: int, micro_batches: int, given):
             return []
         if chunks > 1 and spec.parallel.stage_layers is not None:
             return []
-        return [(kind if pp > 1 else kind, chunks)]
+        return [(kind, chunks)]
     if pp == 1:
         return [("1f1b", 1)]
     options = [("1f1b", 1), ("gpipe", 1)]

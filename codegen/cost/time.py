@@ -35,10 +35,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 from parc.dsl.spec import Arch, Precision, Spec
-from parc.runtime.metrics import flops_per_token
 
 from .bubble import makespan
 from .comm import collective_time
@@ -73,13 +71,14 @@ class TimeBreakdown:
 
 
 def model_flops_per_token(spec: Spec) -> float:
+    """PaLM's 6·N + 12·L·H·Q·T, N the matmul weights, exactly as the trainer's MFU counts
+    it (``runtime/metrics.py``'s ``flops_per_token``; tests/planner checks they agree).
+    Written out here so the planner does not import torch."""
     m = spec.model
-    return flops_per_token(
-        SimpleNamespace(
-            hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads, layers=m.layers, ffn=m.ffn,
-            vocab=m.vocab, seq_len=m.seq_len, arch=m.arch.value,
-        )
-    )
+    C, D, L = m.hidden, m.head_dim, m.layers
+    attn = C * m.heads * D * 2 + C * m.kv_heads * D * 2
+    mlp = (3 if m.arch is Arch.LLAMA else 2) * C * m.ffn
+    return 6.0 * (L * (attn + mlp) + m.vocab * C) + 12.0 * L * m.heads * D * m.seq_len
 
 
 def _gemm(hw: Hardware, m: float, n: float, k: float) -> float:

@@ -132,3 +132,17 @@ def test_parameter_count_is_the_runtime_model(arch):
     assert elements * 4 == param_bytes(model)
     assert tensors == len(list(model.parameters()))
     assert total_params(spec.model) == elements
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_model_flops_are_the_trainers(arch):
+    from types import SimpleNamespace
+
+    from parc.codegen.cost.time import model_flops_per_token
+    from parc.runtime.metrics import flops_per_token
+
+    spec, _, _, _ = _one_rank(arch, "none", "eager", layers=2)
+    m = spec.model
+    config = SimpleNamespace(hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads, layers=m.layers,
+                             ffn=m.ffn, vocab=m.vocab, seq_len=m.seq_len, arch=arch)
+    assert model_flops_per_token(spec) == flops_per_token(config)

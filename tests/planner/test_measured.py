@@ -2,8 +2,9 @@
 metrics JSONL's ``memory_per_rank`` (runtime/memory.py's definitions).
 
 Parameters, gradients and optimizer state must be equal to the byte; the peak of saved
-activations within 10%. Three runs cover dp 2 with zero 0, 1 and 2, tp 2 with sp,
-pp 2, gpt and llama, and recompute.
+activations within 10%, on every rank. Three 4-rank runs (one step each) cover dp 2
+with zero 0, 1 and 2, tp 2 with sp, pp 2 (both stages: embedding, head, tied copy),
+gpt and llama, and selective recompute.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 CASES = {
     "gpt dp2·tp2 sp zero2": ("gpt.par", dict(dp=2, tp=2, sp="true", zero=2)),
     "llama dp2·pp2 zero1": ("llama.par", dict(dp=2, pp=2, zero=1)),
-    "gpt dp2 zero0 selective": ("gpt.par", dict(dp=2, zero=0, recompute="selective")),
+    "llama dp2·pp2 zero0 selective": ("llama.par", dict(dp=2, pp=2, zero=0, recompute="selective")),
 }
 
 
