@@ -3,7 +3,8 @@
 For each op and shape it times the eager reference (runtime/kernels/reference.py),
 the same reference under ``torch.compile`` (compile time excluded: warmed up first)
 and parc's compiled op (C++ on CPU), forward alone and forward + backward, and
-prints the median of ``--repeats`` runs in ms, parc's speed-up over both, and parc's
+prints the best of ``--repeats`` runs in ms (the best, not the median: on a shared
+machine the other processes only ever add time), parc's speed-up over both, and parc's
 achieved bandwidth next to the machine's, measured here as a large ``copy_``.
 
 parc GB/s = the bytes the op must move at least (each input read once, each output
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -80,7 +80,7 @@ def _ce(m, logits, targets, vocab):
 
 
 def timed(fn, inputs, backward, repeats):
-    """Median ms of fn(*inputs) (and its backward with a fixed upstream gradient)."""
+    """Best ms of fn(*inputs) (and its backward with a fixed upstream gradient)."""
     out = fn(*inputs)
     outs = out if isinstance(out, tuple) else (out,)
     grads = [torch.randn_like(o) for o in outs]
@@ -100,7 +100,7 @@ def timed(fn, inputs, backward, repeats):
         once()
         sync()
         samples.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(samples)
+    return 1e3 * min(samples)
 
 
 def sync():
@@ -148,6 +148,7 @@ def main(argv=None):
         for shape in shapes:
             rows, cols = parse_shape(shape)
             fn, inputs = make_case(op, rows, cols, dtype, args.device)
+            torch._dynamo.reset()  # a fresh compile per case (they share one lambda's code object)
             compiled_ref = None if args.no_compile else torch.compile(lambda *xs: fn(reference, *xs), dynamic=False)
             element = inputs[0].element_size()
             for backward, direction in ((False, "forward"), (True, "forward+backward")):

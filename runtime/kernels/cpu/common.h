@@ -52,6 +52,37 @@ inline A lane_sum(int64_t n, const F& f) {
   return total + tail;
 }
 
+// Both sums of f(j) -> (a, b) for j in [0, n) in one sweep: f(j, a, b) sets a and b.
+template <typename A, typename F>
+inline void lane_sum2(int64_t n, const F& f, A& total_a, A& total_b) {
+  A lanes_a[kLanes] = {}, lanes_b[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+#pragma GCC unroll 16
+    for (int64_t l = 0; l < kLanes; ++l) {
+      A a, b;
+      f(j + l, a, b);
+      lanes_a[l] += a;
+      lanes_b[l] += b;
+    }
+  }
+  A tail_a = 0, tail_b = 0;
+  for (; j < n; ++j) {
+    A a, b;
+    f(j, a, b);
+    tail_a += a;
+    tail_b += b;
+  }
+  total_a = 0;
+  total_b = 0;
+  for (int64_t l = 0; l < kLanes; ++l) {
+    total_a += lanes_a[l];
+    total_b += lanes_b[l];
+  }
+  total_a += tail_a;
+  total_b += tail_b;
+}
+
 // Max of f(j) for j in [0, n); -inf when n == 0.
 template <typename A, typename F>
 inline A lane_max(int64_t n, const F& f) {

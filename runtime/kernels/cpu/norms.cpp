@@ -87,10 +87,11 @@ std::vector<at::Tensor> layer_norm_bwd(const at::Tensor& grad, const at::Tensor&
           const scalar_t *xr = X + i * C, *dyr = DY + i * C;
           scalar_t* dxr = DX + i * C;
           const A m = M[i], rs = R[i];
-          const A sg = lane_sum<A>(C, [&](int64_t j) { return A(dyr[j]) * A(W[j]); });
-          const A sgx = lane_sum<A>(C, [&](int64_t j) {
-            return A(dyr[j]) * A(W[j]) * ((A(xr[j]) - m) * rs);
-          });
+          A sg, sgx;
+          lane_sum2<A>(C, [&](int64_t j, A& g, A& gx) {
+            g = A(dyr[j]) * A(W[j]);
+            gx = g * ((A(xr[j]) - m) * rs);
+          }, sg, sgx);
           const A mg = sg / A(C), mgx = sgx / A(C);
           for (int64_t j = 0; j < C; ++j) {
             const A xhat = (A(xr[j]) - m) * rs, g = A(dyr[j]);
