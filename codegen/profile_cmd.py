@@ -80,6 +80,7 @@ def measure_local(budget: float) -> dict:
         x.backward()
 
     op_overhead = _timed(chain, budget=budget) / 100  # 50 forward ops and 50 backward ones
+    elementwise = measure_elementwise(budget)
     pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
     page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -87,11 +88,51 @@ def measure_local(budget: float) -> dict:
         "matmul": matmul,
         "memory_bandwidth": bandwidth,
         "op_overhead_s": op_overhead,
+        "elementwise": elementwise,
         "cores": cores,
         "memory_bytes": pages * page or None,
         "threads_per_rank": 1,
         "torch": torch.__version__,
     }
+
+
+def measure_elementwise(budget: float) -> dict:
+    """Seconds per element of a norm and of an MLP activation, forward and backward, as the
+    trainer runs them: eager PyTorch, and parc's compiled kernels (runtime/kernels) when
+    they build here. Note [elementwise is not a copy]: on a CPU, GeLU's tanh and a norm's
+    reductions cost far more per element than moving its bytes."""
+    import torch
+    import torch.nn.functional as F
+
+    from parc.runtime.kernels import select
+
+    rows, width = 256, 1024
+    x = torch.randn(rows, width, requires_grad=True)
+    gate = torch.randn(rows, width, requires_grad=True)
+    weight = torch.ones(width, requires_grad=True)
+    bias = torch.zeros(width, requires_grad=True)
+    modes = {"eager": None}
+    compiled = select("compiled", torch.device("cpu"))
+    if compiled is not None:
+        modes["compiled"] = compiled
+    out = {}
+    for mode, kernels in modes.items():
+        if kernels is None:
+            ops = {
+                "layer_norm": lambda: F.layer_norm(x, (width,), weight, bias).sum().backward(),
+                "rms_norm": lambda: F.rms_norm(x, (width,), weight).sum().backward(),
+                "gelu": lambda: F.gelu(x + bias, approximate="tanh").sum().backward(),
+                "swiglu": lambda: (F.silu(gate) * x).sum().backward(),
+            }
+        else:
+            ops = {
+                "layer_norm": lambda: kernels.layer_norm(x, weight, bias, 1e-5).sum().backward(),
+                "rms_norm": lambda: kernels.rms_norm(x, weight, 1e-5).sum().backward(),
+                "gelu": lambda: kernels.bias_gelu(x, bias).sum().backward(),
+                "swiglu": lambda: kernels.swiglu(gate, x).sum().backward(),
+            }
+        out[mode] = {name: _timed(fn, budget=budget / 2) / x.numel() for name, fn in ops.items()}
+    return out
 
 
 def _fit(points) -> tuple[float, float]:

@@ -88,6 +88,15 @@ class Hardware:
     """CPU cores the ranks of a node share (a profiled CPU); None: a device per rank."""
     profiled_ranks: int = 1
     """Ranks that ran at once while the profile measured (its figures are per rank then)."""
+    elementwise: tuple[tuple[str, float], ...] = ()
+    """Measured seconds per element, forward and backward, keyed ``mode.op`` (``eager.gelu``,
+    ``compiled.layer_norm``, ...); empty: elementwise work streams at the memory bandwidth."""
+
+    def elementwise_cost(self, mode: str, op: str) -> float | None:
+        for key, value in self.elementwise:
+            if key == f"{mode}.{op}":
+                return value
+        return None
 
     @property
     def contention(self) -> float:
@@ -195,4 +204,11 @@ def from_profile(mesh: MeshSpec, path: str, *, named: str) -> Hardware:
         profile=named,
         cores=data.get("cores"),
         profiled_ranks=int(data.get("ranks", 1)),
+        elementwise=tuple(
+            sorted(
+                (f"{mode}.{op}", float(seconds))
+                for mode, ops in data.get("elementwise", {}).items()
+                for op, seconds in ops.items()
+            )
+        ),
     )

@@ -104,9 +104,29 @@ def _block_forward(spec: Spec, layout: Layout, hw: Hardware, accounting: Account
         llama = m.arch is Arch.LLAMA
         whole, sharded = (30 * C, 12 * C / t + 5 * F + 4 * C / t) if llama else (14 * C, 2 * F + 4 * C / t)
         elements, size = (whole / t if layout.sp else whole) + sharded, 4.0
+        measured = _measured_elementwise(spec, layout, hw, tokens)
+        if measured is not None:  # Note [elementwise is not a copy] (profile_cmd.py)
+            copies = (10 * C / t if layout.sp else 10 * C) + 4 * C / t  # residuals, views made whole
+            elementwise = sum(measured) + tokens * copies * size / hw.memory_bandwidth
+            ops = OPS_PER_LAYER[(accounting, m.arch)] * hw.op_overhead
+            return gemms + core + elementwise + ops, core
     elementwise = tokens * elements * size / hw.memory_bandwidth
     ops = OPS_PER_LAYER[(accounting, m.arch)] * hw.op_overhead
     return gemms + core + elementwise + ops, core
+
+
+def _measured_elementwise(spec: Spec, layout: Layout, hw: Hardware, tokens: float):
+    """(norms, MLP activation) forward seconds of one block from a profile's per-element
+    costs (measured forward + backward: a third is the forward), or None without them."""
+    m = spec.model
+    mode = "compiled" if getattr(getattr(spec.train, "kernels", None), "value", "compiled") == "compiled" else "eager"
+    llama = m.arch is Arch.LLAMA
+    norm = hw.elementwise_cost(mode, "rms_norm" if llama else "layer_norm")
+    activation = hw.elementwise_cost(mode, "swiglu" if llama else "gelu")
+    if norm is None or activation is None:
+        return None
+    norm_elements = 2 * m.hidden / (layout.tp if layout.sp else 1)
+    return tokens * norm_elements * norm / 3, tokens * m.ffn / layout.tp * activation / 3
 
 
 def _activation_size(spec: Spec, accounting: Accounting) -> float:

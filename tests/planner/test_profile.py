@@ -1,0 +1,47 @@
+"""``parc profile`` writes a profile the planner reads through ``mesh { profile = ... }``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from parc.codegen.cli import main
+from parc.codegen.cost import hardware_for
+from parc.codegen.cost.comm import collective_time
+from parc.codegen.profile_cmd import _fit
+from parc.dsl import load
+
+
+def test_profile_one_rank_is_read_by_the_planner(tmp_path, capsys):
+    out = tmp_path / "machine.json"
+    assert main(["profile", "--ranks", "1", "--quick", "-o", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["version"] == 1 and data["ranks"] == 1 and data["cores"] >= 1
+    assert [row["n"] for row in data["matmul"]] == sorted(row["n"] for row in data["matmul"])
+    assert all(row["flops"] > 0 for row in data["matmul"])
+    assert data["memory_bandwidth"] > 0 and data["op_overhead_s"] > 0
+    assert set(data["elementwise"]["eager"]) == {"layer_norm", "rms_norm", "gelu", "swiglu"}
+    spec_file = tmp_path / "tiny.par"
+    spec_file.write_text(open("examples/tiny.par", encoding="utf-8").read())
+    spec = load(str(spec_file), ['mesh.profile="machine.json"'])  # relative to the spec
+    hw = hardware_for(spec)
+    assert hw.profile == "machine.json" and hw.matmul_table and hw.elementwise_cost("eager", "gelu") > 0
+    assert hw.peak_flops == max(flops for _, flops in hw.matmul_table)
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_fit_and_measured_collectives():
+    latency, bandwidth = _fit([(1024, 1e-3 + 1024 / 1e9), (4 * 2**20, 1e-3 + 4 * 2**20 / 1e9)])
+    assert latency == pytest.approx(1e-3) and bandwidth == pytest.approx(1e9)
+
+
+def test_alpha_beta_levels():
+    spec = load("examples/gpt3-175b.par")
+    hw = hardware_for(spec)
+    inside = collective_time(hw, "all_reduce", 1e9, size=8, stride=1)
+    across = collective_time(hw, "all_reduce", 1e9, size=8, stride=8)  # one member per node
+    assert inside == pytest.approx(2 * 7 * 5e-6 + 2 * 7 / 8 * 1e9 / 300e9)
+    assert across == pytest.approx(2 * 7 * 10e-6 + 2 * 7 / 8 * 1e9 / 25e9)
+    rails = collective_time(hw, "all_reduce", 1e9, size=16, stride=1)  # 8 per node: 8 ports
+    assert rails == pytest.approx(2 * 15 * 10e-6 + 2 * 15 / 16 * 1e9 / 200e9)
