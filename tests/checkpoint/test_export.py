@@ -38,7 +38,8 @@ def parc_loss(ckpt, tokens, targets) -> float:
     net = model.build_model(model.ModelConfig(**info["model"]), tp_group=None, sequence_parallel=False,
                             tp_plan={}, seed=0, device=torch.device("cpu"))
     full = checkpoint.read_full(str(ckpt), "model.")
-    net.load_state_dict({name[len("model."):]: t for name, t in full.items()}, strict=False)
+    net.load_state_dict({name[len("model."):]: t for name, t in full.items()})  # strict: every name
+    net.eval()
     with torch.no_grad():
         return float(net(tokens, targets))
 

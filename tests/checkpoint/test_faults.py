@@ -1,6 +1,6 @@
 """A long run's accidents: a rank dying, SIGTERM, non-finite numbers, a wrong checkpoint.
 
-- Fault: torchrun ``--max-restarts=1`` with the last rank killed at step 6 (checkpoint
+- Fault: launch.sh (torchrun ``--max-restarts 1``) with the last rank killed at step 6 (checkpoint
   every 4) restarts, resumes from step 4 by itself, repeats only step 5, and ends
   with the clean run's losses; ``--checkpoint-keep 1`` leaves only the last checkpoint.
 - SIGTERM to the whole job: the step in flight finishes, a complete checkpoint of it
@@ -25,16 +25,19 @@ import torch
 
 from parc.runtime import checkpoint
 
-from .trainer import LAYOUTS, build, command, env, losses, records, run
+from .trainer import TORCHRUN, build, command, env, losses, records, run
 
 
 def test_fault_restart_resumes_from_latest_checkpoint(straight, tmp_path):
     clean = straight("dp2")
     metrics = tmp_path / "metrics.jsonl"
-    done = run(clean.build, 2, [
-        "--steps", "8", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "4",
-        "--checkpoint-keep", "1", "--metrics-jsonl", str(metrics),
-    ], extra_env={"PARC_FAULT_AT_STEP": "6"}, max_restarts=1)
+    done = subprocess.run(  # the generated launch.sh: torchrun --standalone --max-restarts 1
+        ["./launch.sh", "--max-restarts", "1", "--steps", "8", "--checkpoint-dir", str(tmp_path / "ck"),
+         "--checkpoint-every", "4", "--checkpoint-keep", "1", "--metrics-jsonl", str(metrics)],
+        cwd=clean.build, env=env(TORCHRUN=str(TORCHRUN), PARC_FAULT_AT_STEP="6"),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert "injected fault at step 6" in done.stderr
     assert "step_000004 at step 4" in done.stdout  # the restart found the latest checkpoint itself
     steps = [r["step"] for r in records(metrics)]
