@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWrite
 from torch.distributed.checkpoint.planner_helpers import _create_write_items, create_read_items_for_chunk_list
 
 from . import checkpoint_shards as shards
+from . import faults
 
 FORMAT = 1
 STEP_DIR = re.compile(r"^step_([0-9]{6,})$")
@@ -193,7 +194,6 @@ class Checkpoints:
             shutil.rmtree(temporary, ignore_errors=True)  # a crashed save's leftovers
             os.makedirs(temporary)
         self._barrier()
-        os.makedirs(temporary, exist_ok=True)  # a node that does not share rank 0's disk
         optimizer_step = shards.optimizer_step(self.optimizer)
         pieces = shards.model_pieces(self.params, saving=True)
         pieces += shards.optimizer_pieces(self.params, self.optimizer, saving=True)
@@ -202,19 +202,16 @@ class Checkpoints:
         with _one_process_quiet():
             dcp.save(state, storage_writer=dcp.FileSystemWriter(temporary), planner=_SavePlanner(pieces))
         if self.rank == 0:  # dcp.save returns once .metadata is written: every rank's data is in
-            info = {
-                "format": FORMAT,
-                "step": step,
-                "optimizer_step": optimizer_step,
-                "samples_seen": step * self.samples_per_step,
-                "world_size": self.world_size,
-                "layout": self.layout,
-                "model": dataclasses.asdict(self.config),
-            }
+            info = dict(
+                format=FORMAT, step=step, optimizer_step=optimizer_step, world_size=self.world_size,
+                samples_seen=step * self.samples_per_step, layout=self.layout,
+                model=dataclasses.asdict(self.config),
+            )
             with open(os.path.join(temporary, INFO_FILE), "w", encoding="utf-8") as file:
                 json.dump(info, file, indent=1, sort_keys=True)
                 file.flush()
                 os.fsync(file.fileno())
+            faults.die_in_save_if_injected(step)  # PARC_FAULT_IN_SAVE (tests only): before the rename
             if os.path.exists(final):  # the same step saved again (after a restart)
                 shutil.rmtree(final)
             os.rename(temporary, final)

@@ -15,7 +15,8 @@ The gradient norm is already global; the loss is this rank's part of it.
 Test-only variables: ``PARC_FAULT_AT_STEP=k`` — the last rank dies (``os._exit(1)``)
 at the start of step k, on the first attempt only (``TORCHELASTIC_RESTART_COUNT``
 unset or 0), so torchrun's restart path runs; ``PARC_NAN_AT_STEP=k`` — the last
-rank's loss of step k is NaN.
+rank's loss of step k is NaN; ``PARC_FAULT_IN_SAVE=k`` — rank 0 dies saving step k,
+after every file is written and before the rename that completes it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ def die_if_injected(step: int, *, rank: int, world_size: int) -> None:
     """``PARC_FAULT_AT_STEP=k``: the last rank dies at step k on the first attempt."""
     if _env_step("PARC_FAULT_AT_STEP") == step and restart_count() == 0 and rank == world_size - 1:
         print(f"rank {rank}: injected fault at step {step} (PARC_FAULT_AT_STEP)", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+def die_in_save_if_injected(step: int) -> None:
+    """``PARC_FAULT_IN_SAVE=k``: rank 0 dies saving step k, every file written, before the rename."""
+    if _env_step("PARC_FAULT_IN_SAVE") == step and restart_count() == 0:
+        print(f"rank 0: injected fault while saving step {step} (PARC_FAULT_IN_SAVE)", file=sys.stderr, flush=True)
         os._exit(1)
 
 

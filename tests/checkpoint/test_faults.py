@@ -9,7 +9,9 @@
   update (parameters and AdamW's step count unchanged), and training goes on;
   ``stop`` (the default) exits 1 naming the step and leaves the last checkpoint.
 - A checkpoint of another model shape is refused with the tensor and both shapes.
-- Only renamed folders with both files are checkpoints (Note [atomic checkpoints]).
+- Only renamed folders with both files are checkpoints (Note [atomic checkpoints]):
+  rank 0 killed while saving, every file written but not renamed, leaves the
+  previous checkpoint the latest, and the next save removes the leftover.
 """
 
 from __future__ import annotations
@@ -110,6 +112,19 @@ def test_shape_mismatch_is_a_clear_error(straight, tmp_path):
         f"train.py: checkpoint {resume}: embed.weight has shape (256, 64) there but (256, 128) "
         "in this model: it was saved from a different model"
     )
+
+
+def test_a_crash_while_saving_leaves_the_previous_checkpoint_the_latest(tmp_path):
+    build_dir = build("one", tmp_path / "build")
+    ck = tmp_path / "ck"
+    args = ["--steps", "4", "--checkpoint-dir", str(ck), "--checkpoint-every", "2"]
+    done = run(build_dir, 1, args, expect=1, extra_env={"PARC_FAULT_IN_SAVE": "4"})
+    assert "injected fault while saving step 4" in done.stderr
+    assert sorted(os.listdir(ck / "step_000004.tmp")) == [".metadata", "__0_0.distcp", "parc.json"]
+    assert checkpoint.latest(str(ck)) == str(ck / "step_000002")
+    done = run(build_dir, 1, [*args, "--resume", str(ck)])
+    assert "at step 2" in done.stdout
+    assert sorted(os.listdir(ck)) == ["step_000002", "step_000004"]  # the leftover removed
 
 
 def test_only_complete_renamed_folders_are_checkpoints(tmp_path):
