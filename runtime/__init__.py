@@ -1,10 +1,11 @@
 """parc's runtime: what generated trainers import (as ``parc_runtime``).
 
-Modules: ``mesh`` (processes, groups), ``comm`` (communication mappings), ``layers``
-(tensor-parallel layers), ``model`` (GPT and Llama; it uses ``tp_plan``, the checked
+Modules: ``mesh`` (processes, groups), ``comm`` (communication mappings, the exposed
+communication clock, asynchronous launches), ``layers`` (tensor-parallel layers),
+``overlap`` (Oases sub-batches), ``model`` (GPT and Llama; it uses ``tp_plan``, the checked
 plan table, and ``param_init``, init before sharding), ``data`` (samples by global
 index), ``optim`` (AdamW, LR schedule, clipping), ``dp`` (data-parallel gradient
-buckets), ``zero`` (ZeRO-1/2), ``metrics`` (what each step logs). Relative imports
+buckets, overlapping backward), ``zero`` (ZeRO-1/2), ``metrics`` (what each step logs). Relative imports
 and torch only, so the same files work as ``parc.runtime`` and as a build's vendored
 ``parc_runtime``.
 The API is listed in parc's docs/runtime-api.md.
