@@ -158,7 +158,8 @@ def allreduce_tied_grads(chunks, group) -> None:
             continue
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
-        dist.all_reduce(weight.grad, group=group)
+        with exposed():
+            dist.all_reduce(weight.grad, group=group)
 
 
 def loss_over_pipeline(loss_sum: float, pp_group) -> float:

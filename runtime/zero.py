@@ -215,13 +215,14 @@ class ShardedAdamW:
             del flat  # each rank keeps only its slice
         squares = grad.pow(2).masked_fill(~self.counted, 0.0)  # a tied copy counts once
         sharded_sq = squares[self.tp_mask].sum()
-        if group_size(self.tp_group) > 1:
-            dist.all_reduce(sharded_sq, group=self.tp_group)
-        total_sq = sharded_sq + squares[~self.tp_mask].sum()
-        if size > 1:
-            dist.all_reduce(total_sq, group=self.dp_group)
-        if group_size(self.pp_group) > 1:
-            dist.all_reduce(total_sq, group=self.pp_group)  # every stage's squares
+        with exposed():  # small blocking collectives: nothing to hide them behind
+            if group_size(self.tp_group) > 1:
+                dist.all_reduce(sharded_sq, group=self.tp_group)
+            total_sq = sharded_sq + squares[~self.tp_mask].sum()
+            if size > 1:
+                dist.all_reduce(total_sq, group=self.dp_group)
+            if group_size(self.pp_group) > 1:
+                dist.all_reduce(total_sq, group=self.pp_group)  # every stage's squares
         norm = float(total_sq.sqrt())
         if max_norm > 0 and math.isfinite(norm):
             scale = max_norm / (norm + 1e-6)
@@ -256,10 +257,11 @@ class ShardedAdamW:
         if size == 1:
             return
         mine = self.param_slice.clone()
-        if dist.get_backend(self.dp_group) == "nccl":
-            dist.all_gather_into_tensor(self.flat, mine, group=self.dp_group)
-        else:
-            dist.all_gather(list(self.flat.chunk(size)), mine, group=self.dp_group)
+        with exposed():
+            if dist.get_backend(self.dp_group) == "nccl":
+                dist.all_gather_into_tensor(self.flat, mine, group=self.dp_group)
+            else:
+                dist.all_gather(list(self.flat.chunk(size)), mine, group=self.dp_group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.grad = None
