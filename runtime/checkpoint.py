@@ -186,8 +186,6 @@ class Checkpoints:
 
     def save(self, step: int) -> str:
         """Write the checkpoint of (the end of) ``step`` per Note [atomic checkpoints]."""
-        if not self.directory:
-            raise SystemExit("train.py: no --checkpoint-dir to save into")
         final = os.path.join(self.directory, step_dir_name(step))
         temporary = final + ".tmp"
         if self.rank == 0:
@@ -239,6 +237,12 @@ class Checkpoints:
         if path is None and resume:
             path = resolve(resume)
         if path is None:
+            existing = latest(self.directory) if self.directory else None
+            if existing:  # a fresh start would mix its checkpoints with another run's
+                raise SystemExit(
+                    f"train.py: --checkpoint-dir {self.directory} already holds {existing}: pass "
+                    f"--resume {self.directory} to continue from it, or use an empty folder"
+                )
             return 0
         info = read_info(path)
         optimizer_step = int(info["optimizer_step"])

@@ -7,7 +7,8 @@
   is written, and the next launch with ``--resume`` starts at the next step.
 - ``on_nonfinite = skip``: a NaN loss on one rank makes every rank skip that step's
   update (parameters and AdamW's step count unchanged), and training goes on;
-  ``stop`` (the default) exits 1 naming the step and leaves the last checkpoint.
+  ``stop`` (the default) exits 1 naming the step and leaves the last checkpoint; a
+  fresh start into a folder that holds checkpoints is refused (``--resume`` it).
 - A checkpoint of another model shape is refused with the tensor and both shapes.
 - Only renamed folders with both files are checkpoints (Note [atomic checkpoints]):
   rank 0 killed while saving, every file written but not renamed, leaves the
@@ -102,6 +103,12 @@ def test_nonfinite_stop_names_the_step_and_keeps_the_checkpoint(tmp_path):
     assert "train.py: step 3: non-finite loss or gradient norm" in done.stderr
     assert "on_nonfinite = stop" in done.stderr
     assert sorted(os.listdir(ck)) == ["step_000002"]
+    # a fresh start into that folder would later resume another run's checkpoints: refused
+    again = run(build_dir, 1, ["--steps", "4", "--checkpoint-dir", str(ck)], expect=1)
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"train.py: --checkpoint-dir {ck} already holds {ck / 'step_000002'}: "
+        f"pass --resume {ck} to continue from it, or use an empty folder"
+    )
 
 
 def test_shape_mismatch_is_a_clear_error(straight, tmp_path):
