@@ -1,8 +1,9 @@
 """Predicted vs measured step time: the planner's cost model against real trainers.
 
-Profiles this machine right before each case (``parc profile --ranks N``,
-N the case's ranks: its figures are per rank with N ranks at once, under the load
-of the moment — on a shared machine the load moves, so each case gets its own), then for the tiny example
+Profiles this machine right before and right after each case (``parc profile --ranks
+N``, N the case's ranks: its figures are per rank with N ranks at once, under the load
+of the moment — on a shared machine the load moves, so each case gets its own pair,
+and the prediction is the geometric mean of the two, printed with both), then for the tiny example
 and bench/specs/small.par in several layouts builds the trainer (``parc build --set
 ...`` with ``mesh.profile`` naming the fresh profile), runs it with torchrun on CPU
 gloo, takes the median ``step_time_s`` of the metrics JSONL after warm-up, and prints
@@ -89,26 +90,32 @@ def main() -> int:
     rows = []
     for index, (spec_path, label, degrees) in enumerate(CASES):
         world = degrees.get("dp", 1) * degrees.get("tp", 1) * degrees.get("pp", 1)
-        profile = folder / f"profile-{index}.json"
-        subprocess.run([sys.executable, "-m", "parc.codegen.cli", "profile", "--ranks", str(world),
-                        "-o", str(profile)], check=True, capture_output=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
-        sets = overrides(degrees, str(profile))
-        spec = load(str(ROOT / spec_path), sets)
-        predicted = estimate(spec, fixed_layout(spec), hardware_for(spec))
-        build_dir = Path(build_to(ROOT / spec_path, work / f"build{index}", sets))
-        measured = measure(build_dir, world, args.steps)
-        ratio = predicted.time.step / measured["step_time_s"]
+        predictions = []
+        for when in ("before", "after"):
+            if when == "after":
+                build_dir = Path(build_to(ROOT / spec_path, work / f"build{index}", sets))
+                measured = measure(build_dir, world, args.steps)
+            profile = folder / f"profile-{index}-{when}.json"
+            subprocess.run([sys.executable, "-m", "parc.codegen.cli", "profile", "--ranks", str(world),
+                            "-o", str(profile)], check=True, capture_output=True,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+            sets = overrides(degrees, str(profile))
+            spec = load(str(ROOT / spec_path), sets)
+            predictions.append(estimate(spec, fixed_layout(spec), hardware_for(spec)))
+        low, high = sorted(p.time.step for p in predictions)
+        step = (low * high) ** 0.5  # the two profiles' geometric mean
+        predicted = min(predictions, key=lambda p: abs(p.time.step - step))
+        ratio = step / measured["step_time_s"]
         rows.append({
             "model": spec.model.name, "layout": label, "ranks": world,
-            "predicted_s": predicted.time.step, "measured_s": measured["step_time_s"],
+            "predicted_s": step, "band_s": [low, high], "measured_s": measured["step_time_s"],
             "error": ratio - 1, "load_average": os.getloadavg()[0],
             "predicted_compute_s": predicted.time.compute,
             "predicted_comm_s": predicted.time.exposed_comm, "predicted_bubble_s": predicted.time.bubble,
         })
-        print(f"{spec.model.name:<16} {label:<13} predicted {1e3 * predicted.time.step:8.1f} ms  "
-              f"measured {1e3 * measured['step_time_s']:8.1f} ms  {100 * (ratio - 1):+6.1f}%  "
-              f"(load {os.getloadavg()[0]:.1f})", flush=True)
+        print(f"{spec.model.name:<16} {label:<13} predicted {1e3 * step:8.1f} ms "
+              f"[{1e3 * low:.0f}–{1e3 * high:.0f}]  measured {1e3 * measured['step_time_s']:8.1f} ms  "
+              f"{100 * (ratio - 1):+6.1f}%  (load {os.getloadavg()[0]:.1f})", flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
