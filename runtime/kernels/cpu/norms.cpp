@@ -81,11 +81,11 @@ std::vector<at::Tensor> layer_norm_bwd(const at::Tensor& grad, const at::Tensor&
     scalar_t* DX = dx.data_ptr<scalar_t>();
     at::parallel_for(0, blocks, 1, [&](int64_t bbegin, int64_t bend) {
       for (int64_t blk = bbegin; blk < bend; ++blk) {
-        A* dwp = DWP + blk * C;
-        A* dbp = DBP + blk * C;
+        A* __restrict dwp = DWP + blk * C;  // restrict: else gcc gives up on the alias checks
+        A* __restrict dbp = DBP + blk * C;
         for (int64_t i = blk * rpb; i < std::min(N, (blk + 1) * rpb); ++i) {
           const scalar_t *xr = X + i * C, *dyr = DY + i * C;
-          scalar_t* dxr = DX + i * C;
+          scalar_t* __restrict dxr = DX + i * C;
           const A m = M[i], rs = R[i];
           A sg, sgx;
           lane_sum2<A>(C, [&](int64_t j, A& g, A& gx) {
@@ -153,10 +153,10 @@ std::vector<at::Tensor> rms_norm_bwd(const at::Tensor& grad, const at::Tensor& i
     scalar_t* DX = dx.data_ptr<scalar_t>();
     at::parallel_for(0, blocks, 1, [&](int64_t bbegin, int64_t bend) {
       for (int64_t blk = bbegin; blk < bend; ++blk) {
-        A* dwp = DWP + blk * C;
+        A* __restrict dwp = DWP + blk * C;  // restrict: else gcc gives up on the alias checks
         for (int64_t i = blk * rpb; i < std::min(N, (blk + 1) * rpb); ++i) {
           const scalar_t *xr = X + i * C, *dyr = DY + i * C;
-          scalar_t* dxr = DX + i * C;
+          scalar_t* __restrict dxr = DX + i * C;
           const A rs = R[i];
           const A sgx = lane_sum<A>(C, [&](int64_t j) {
             return A(dyr[j]) * A(W[j]) * (A(xr[j]) * rs);

@@ -58,9 +58,9 @@ std::vector<at::Tensor> bias_gelu_bwd(const at::Tensor& grad, const at::Tensor& 
     const scalar_t *X = x.data_ptr<scalar_t>(), *DY = dy.data_ptr<scalar_t>(), *B = b.data_ptr<scalar_t>();
     scalar_t* DX = dx.data_ptr<scalar_t>();
     // Always sums dbias (discarded without a bias): no branch in the inner loop.
-    auto row = [&](int64_t i, A* dbp) {
+    auto row = [&](int64_t i, A* __restrict dbp) {
       const scalar_t *xr = X + i * C, *dyr = DY + i * C;
-      scalar_t* dxr = DX + i * C;
+      scalar_t* __restrict dxr = DX + i * C;
       for (int64_t j = 0; j < C; ++j) {
         const A v = A(xr[j]) + A(B[j]);
         const A v2 = v * v;
