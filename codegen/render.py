@@ -74,7 +74,8 @@ def config_lines(plan: Plan) -> list[str]:
     lines.append(constant("KERNELS", kernels.value, f"{cite(kernels.span)}: {KERNELS_WORDS[kernels.value]}"))
     lines += render_step.config_lines(plan)
     axes = '("pp", PP), ("dp", DP), ("tp", TP)' if render_step.has_pipeline(plan) else '("dp", DP), ("tp", TP)'
-    lines.append(f"MESH_AXES = ({axes})  # outermost first: tp ranks are neighbours")
+    lines.append("# mesh axes, outermost first: tp ranks are neighbours (one node)")
+    lines.append(f"MESH_AXES = ({axes})")
     lines += ["", "# batch"]
     lines.append(constant("MICRO_BATCH", batch.micro_batch, cite(batch.micro_batch_span)))
     lines.append(
@@ -160,9 +161,14 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             f"# {cite(plan.train.zero.span)}: ZeRO-{zero_stage}, {ZERO_WORDS[zero_stage]}: each dp rank",
             "# owns one slice of a flat fp32 parameter buffer and its Adam moments",
             f"optimizer = zero.ShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
-            f"stage=ZERO, {hyper}{pp_arg})",
+            f"stage=ZERO, {hyper}{pp_arg}"
+            + ", accumulations=GRAD_ACCUM)",
         ]
-        reduce_words = "all-reduce, keep our slice" if zero_stage == 1 else "reduce-scatter"
+        reduce_words = (
+            "buckets all-reduced while backward runs; keep our slice"
+            if zero_stage == 1
+            else "each bucket reduced as backward produced it, into our slice"
+        )
         step_lines = [
             f"# mean gradient over dp ({reduce_words}); the norm is global",
             "grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP)",

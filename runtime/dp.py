@@ -44,6 +44,13 @@ class GradientBuckets:
         self._inflight = {}  # bucket index → (flat grads, Pending)
         if self.overlap:  # Note [gradient overlap]
             self._bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+            # a stage's copy of a tied embedding waits for finish(): ZeRO-1 sums the two
+            # copies (pipeline.allreduce_tied_grads) before it (model.py, Note [tied
+            # embeddings across stages])
+            self._late = {
+                i for i, bucket in enumerate(self.buckets)
+                if any(getattr(p, "tied_across_stages", False) for p in bucket)
+            }
             self._reset_counts()
             for p in params:
                 p.register_post_accumulate_grad_hook(self._accumulated)
@@ -59,7 +66,7 @@ class GradientBuckets:
             return
         index = self._bucket_of[key]
         self._unready[index] -= 1
-        if self._unready[index] == 0:
+        if self._unready[index] == 0 and index not in self._late:
             self._launch(index)  # runs while backward computes the earlier layers' grads
 
     @torch.no_grad()

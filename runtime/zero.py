@@ -12,8 +12,10 @@ The Adam moments exist only for that slice. A step updates the slice in place, t
 all-gather over dp writes every rank's slice back into every rank's buffer, hence into
 the parameters. All ranks of a dp group have the same tp index, so the same layout.
 
-Stage 1 all-reduces the flat gradient (mean over dp) after backward and keeps its
-slice; the parameters' own ``.grad`` are freed once copied into the flat gradient.
+Stage 1 keeps whole gradients (ZeRO-1 shards only the optimizer state): dp.py's
+``GradientBuckets`` all-reduces them bucket by bucket while backward goes on (Note
+[gradient overlap]) and writes the means back; after backward the rank copies its
+slice out of them and frees the parameters' ``.grad``.
 
 Note [ZeRO-2 during backward]: stage 2 never holds the whole gradient after
 backward. Every parameter gets a post-accumulate-grad hook counting its
@@ -43,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import exposed, group_rank, group_size
+from .dp import GradientBuckets
 
 
 class ShardedAdamW:
@@ -92,6 +95,10 @@ class ShardedAdamW:
         self.grad = None  # this rank's gradient slice, set by reduce_gradients_and_clip
         if stage == 2:  # Note [ZeRO-2 during backward]
             self._prepare_buckets(int(accumulations), int(bucket_bytes))
+        else:  # stage 1: whole gradients, all-reduced during backward
+            self._grad_sync = GradientBuckets(
+                model, dp_group, bucket_bytes=bucket_bytes, overlap=True, accumulations=accumulations
+            )
 
     # ---- stage 2: gradients reduced bucket by bucket during backward -------------
 
@@ -206,11 +213,8 @@ class ShardedAdamW:
         if self.stage == 2:
             grad = self._reduced_slice()  # Note [ZeRO-2 during backward]
         else:
+            self._grad_sync.finish()  # the dp means, in place of each param.grad
             flat = self._flat_grad()
-            if size > 1:
-                with exposed():
-                    dist.all_reduce(flat, group=self.dp_group)
-                flat.div_(size)
             grad = flat[self.lo : self.hi].clone()
             del flat  # each rank keeps only its slice
         squares = grad.pow(2).masked_fill(~self.counted, 0.0)  # a tied copy counts once
