@@ -25,6 +25,41 @@ import torch.distributed as dist
 from .comm import Pending, _issued, exposed, group_size, scalar_device
 
 
+def finished_after_backward(param) -> bool:
+    """Is this gradient still partial when backward ends (Note [late gradients])?"""
+    return bool(getattr(param, "sequence_parallel", False) or getattr(param, "tied_across_stages", False))
+
+
+def gradient_buckets(params, bucket_bytes: int) -> tuple[list[list], int]:
+    """Buckets of ``params`` in the order backward produces them, and how many come first.
+
+    Note [late gradients]: two kinds of gradient are not final when backward ends:
+    a replicated parameter that saw only a sequence shard (summed over tp by
+    ``model.allreduce_sequence_parallel_grads``) and a pipeline stage's copy of a tied
+    embedding (summed over the two stages by ``pipeline.allreduce_tied_grads``).
+    Whoever reduces gradients over dp *during* backward and keeps the result apart
+    from ``param.grad`` (ZeRO) must leave them for after those sums, so they go into
+    buckets of their own, at the end, launched only by the final wait. Returns
+    (buckets, number of early buckets).
+    """
+    early = [p for p in reversed(params) if not finished_after_backward(p)]  # last layers first
+    late = [p for p in reversed(params) if finished_after_backward(p)]
+    buckets = []
+    for group in (early, late):
+        current, used = [], 0
+        for p in group:
+            current.append(p)
+            used += p.numel() * p.element_size()
+            if used >= bucket_bytes:
+                buckets.append(current)
+                current, used = [], 0
+        if current:
+            buckets.append(current)
+        if group is early:
+            count = len(buckets)
+    return buckets, count
+
+
 class GradientBuckets:
     def __init__(self, model, dp_group, *, bucket_bytes=25 * 2**20, overlap=False, accumulations=1):
         if accumulations < 1:
@@ -32,25 +67,11 @@ class GradientBuckets:
         self.group, self.size = dp_group, group_size(dp_group)
         self.overlap, self.accumulations = bool(overlap) and self.size > 1, int(accumulations)
         params = [p for p in model.parameters() if p.requires_grad]
-        self.buckets, current, used = [], [], 0
-        for p in reversed(params):  # backward produces the last layers' grads first
-            current.append(p)
-            used += p.numel() * p.element_size()
-            if used >= bucket_bytes:
-                self.buckets.append(current)
-                current, used = [], 0
-        if current:
-            self.buckets.append(current)
+        self.buckets, early = gradient_buckets(params, bucket_bytes)
         self._inflight = {}  # bucket index → (flat grads, Pending)
         if self.overlap:  # Note [gradient overlap]
             self._bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
-            # a stage's copy of a tied embedding waits for finish(): ZeRO-1 sums the two
-            # copies (pipeline.allreduce_tied_grads) before it (model.py, Note [tied
-            # embeddings across stages])
-            self._late = {
-                i for i, bucket in enumerate(self.buckets)
-                if any(getattr(p, "tied_across_stages", False) for p in bucket)
-            }
+            self._late = set(range(early, len(self.buckets)))  # Note [late gradients]
             self._reset_counts()
             for p in params:
                 p.register_post_accumulate_grad_hook(self._accumulated)

@@ -29,10 +29,9 @@ part that falls in this rank's slice is added into the rank's gradient slice, so
 most two buckets are alive besides the slice. (All-reduce + our part rather than a
 reduce-scatter: a bucket's range does not line up with the ranks' slices; on gloo it
 costs the same.) ``reduce_gradients_and_clip`` launches what is left and waits.
-A bucket holding a pipeline stage's copy of a tied embedding
-(``param.tied_across_stages``) is left for then too: its gradient must first be
-summed with the other stage's copy (``pipeline.allreduce_tied_grads``), after
-backward. The AdamW arithmetic is
+Gradients that are still partial when backward ends (sequence-parallel replicated
+parameters, a stage's copy of a tied embedding: dp.py, Note [late gradients]) sit
+in buckets of their own, reduced then, after their sums over tp or stages. The AdamW arithmetic is
 ``torch.optim.AdamW``'s (foreach=False), weight decay on matrices only, as in
 ``optim.build_optimizer``.
 """
@@ -45,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import exposed, group_rank, group_size
-from .dp import GradientBuckets
+from .dp import GradientBuckets, gradient_buckets
 
 
 class ShardedAdamW:
@@ -106,24 +105,14 @@ class ShardedAdamW:
         if accumulations < 1:
             raise ValueError(f"accumulations must be at least 1, not {accumulations!r}")
         self.accumulations = accumulations
-        offsets, offset = [], 0
+        offset_of, offset = {}, 0
         for p in self.params:
-            offsets.append(offset)
+            offset_of[id(p)] = offset
             offset += p.numel()
-        self.buckets, current, used = [], [], 0  # (flat start, flat stop, [(param, offset)])
-        for p, start in reversed(list(zip(self.params, offsets))):  # backward's order
-            current.append((p, start))
-            used += p.numel() * 4
-            if used >= bucket_bytes:
-                self.buckets.append(current)
-                current, used = [], 0
-        if current:
-            self.buckets.append(current)
+        buckets, early = gradient_buckets(self.params, bucket_bytes)  # dp.py, Note [late gradients]
+        self.buckets = [[(p, offset_of[id(p)]) for p in bucket] for bucket in buckets]
+        self._late = set(range(early, len(buckets)))  # reduced only after backward
         self._bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p, _ in bucket}
-        self._late = {  # reduced after backward: Note [ZeRO-2 during backward]
-            i for i, bucket in enumerate(self.buckets)
-            if any(getattr(p, "tied_across_stages", False) for p, _ in bucket)
-        }
         self._new_step()
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._accumulated)
@@ -148,32 +137,33 @@ class ShardedAdamW:
         if self.grad is None:  # this step's gradient slice: all the gradient a rank keeps
             self.grad = torch.zeros(self.shard, dtype=torch.float32, device=self.flat.device)
         bucket = self.buckets[index]
-        start = min(offset for _, offset in bucket)
-        stop = max(offset + p.numel() for p, offset in bucket)
-        packed = torch.zeros(stop - start, dtype=torch.float32, device=self.flat.device)
-        for p, offset in bucket:
-            if p.grad is not None:
-                packed[offset - start : offset - start + p.numel()].copy_(p.grad.reshape(-1))
+        packed = torch.cat([
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p, _ in bucket
+        ])
+        for p, _ in bucket:
             p.grad = None  # the packed copy replaces it
         work = None
         if group_size(self.dp_group) > 1:
             work = dist.all_reduce(packed, group=self.dp_group, async_op=True)
         self._launched.add(index)
-        self._inflight = (start, stop, packed, work)
+        self._inflight = (bucket, packed, work)
 
     @torch.no_grad()
     def _drain(self) -> None:
         if self._inflight is None:
             return
-        start, stop, packed, work = self._inflight
+        bucket, packed, work = self._inflight
         self._inflight = None
         if work is not None:
             with exposed():
                 work.wait()
             packed.div_(group_size(self.dp_group))
-        lo, hi = max(start, self.lo), min(stop, self.hi)
-        if lo < hi:  # the part of the bucket in this rank's slice
-            self.grad[lo - self.lo : hi - self.lo].add_(packed[lo - start : hi - start])
+        at = 0  # where each parameter sits in ``packed``
+        for p, offset in bucket:
+            lo, hi = max(offset, self.lo), min(offset + p.numel(), self.hi)
+            if lo < hi:  # the part of this parameter in this rank's slice
+                self.grad[lo - self.lo : hi - self.lo].copy_(packed[at + lo - offset : at + hi - offset])
+            at += p.numel()
 
     @torch.no_grad()
     def _reduced_slice(self) -> torch.Tensor:

@@ -28,6 +28,9 @@ LAYOUTS = {
     "dp2-zero1": dict(dp=2, parallel__zero=1),
     "dp4-zero2": dict(dp=4, parallel__zero=2),
     "dp2-tp2-zero1": dict(dp=2, tp=2, parallel__zero=1),
+    # sequence-parallel norms' grads are partial until summed over tp: ZeRO must wait
+    "dp2-tp2-sp-zero1": dict(dp=2, tp=2, sp=True, parallel__zero=1),
+    "dp2-tp2-sp-zero2": dict(dp=2, tp=2, sp=True, parallel__zero=2),
     # pipelines (DESIGN §7): every schedule, with tp, dp, sp, recompute and ZeRO
     "pp2-gpipe": dict(pp=2, parallel__schedule="gpipe"),
     "pp2-1f1b": dict(pp=2),
