@@ -61,7 +61,8 @@ def setup_lines(plan: Plan, layout: str) -> list[str]:
         "# ---- checkpoints, SIGTERM and bad numbers ------------------------------------",
         "# Checkpoints hold every tensor under its logical name and full shape (DCP), so",
         "# any layout of this model resumes from them (runtime/checkpoint.py).",
-        f"guard = faults.StepGuard(ON_NONFINITE, {RANK_ARGS}, device=dist.device, where={where!r})",
+        f"guard = faults.StepGuard(ON_NONFINITE, {RANK_ARGS}, device=dist.device"
+        + (f", where={where!r})" if where else ")"),
         "checkpoints = checkpoint.Checkpoints(",
         "    args.checkpoint_dir,",
         "    every=args.checkpoint_every,",

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 GOLDEN = ROOT / "tests" / "golden"
 BUILDABLE = ("tiny", "gpt2-small", "llama-7b")
-GOLDEN_FILES = ("train.py", "launch.sh", "README.md", "plan.json", "plan.txt")
+GOLDEN_FILES = ("train.py", "launch.sh", "slurm.sbatch", "README.md", "plan.json", "plan.txt")
 UPDATE = os.environ.get("PARC_UPDATE_GOLDEN") == "1"
 
 
@@ -53,7 +53,11 @@ def test_runtime_copy_is_byte_identical():
     files = generated("tiny")
     runtime = ROOT / "runtime"
     copied = {p[len("parc_runtime/"):] for p in files if p.startswith("parc_runtime/")}
-    on_disk = {str(p.relative_to(runtime)) for p in runtime.rglob("*.py") if "__pycache__" not in p.parts}
+    on_disk = {  # the Python modules and the kernels' C++ sources
+        str(p.relative_to(runtime))
+        for p in runtime.rglob("*")
+        if p.suffix in (".py", ".cpp", ".h") and "__pycache__" not in p.parts
+    }
     assert copied == on_disk
     for rel in copied:
         assert files[f"parc_runtime/{rel}"] == (runtime / rel).read_bytes()
