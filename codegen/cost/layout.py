@@ -118,6 +118,23 @@ def rank_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) 
     return elements, tensors
 
 
+def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> int:
+    """Elements of pipeline rank ``rank`` whose gradients are partial under sp (each tp
+    rank saw a sequence shard): the norms, the row-parallel biases, gpt's positions
+    (runtime/model.py, Note [sequence-parallel gradients]); 0 without sp."""
+    if not layout.sp or layout.tp < 2:
+        return 0
+    contents = stage_contents(model, layout, rank, stage_layers)
+    C, gpt = model.hidden, model.arch is Arch.GPT
+    per_layer = (4 * C + 2 * C) if gpt else 2 * C  # two norms (weight, bias); o and down biases
+    elements = contents.layers * per_layer
+    if contents.embed and gpt:
+        elements += model.seq_len * C
+    if contents.head:
+        elements += 2 * C if gpt else C
+    return elements
+
+
 def total_params(model: ModelSpec) -> int:
     """Parameters of the whole model (one copy of a tied embedding)."""
     one = Layout(

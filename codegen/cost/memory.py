@@ -10,7 +10,9 @@ Note [what parc's trainer saves]: the PARC accounting predicts exactly what the
 trainer logs (``runtime/memory.py``): ``param_bytes`` = 4 bytes × this rank's
 elements; ``grad_bytes`` = the same for zero 0/1, 4·ceil(Ψ/dp) for zero 2;
 ``optim_bytes`` = two fp32 moments per element plus torch's 4-byte ``step`` per
-tensor (zero 0), or the moments of the rank's slice, 8·ceil(Ψ/dp) (zero 1/2). Its
+tensor (zero 0), or the moments of the rank's slice, 8·ceil(Ψ/dp) (zero 1/2); under
+sp, zero 2 also holds the partial sequence-parallel gradients (norms, row biases,
+positions) whole when backward ends, until their sum over tp. Its
 activations are the tensors autograd saves in ``runtime/model.py``, counted per
 token, in elements (h hidden, F ffn, a heads, k = kv_heads·head_dim, t = tp):
 
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 from parc.dsl.spec import Arch, ModelSpec, Precision, Spec
 from parc.runtime.schedule import in_flight_bound
 
-from .layout import Accounting, Layout, rank_params, stage_contents
+from .layout import Accounting, Layout, rank_params, sequence_parallel_params, stage_contents
 
 
 BUCKET_BYTES = 25 * 2**20
@@ -214,6 +216,9 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
         param_b, grad_b, optim_b = model_state_bytes(
             params, tensors, dp=layout.dp, zero=layout.zero, accounting=accounting
         )
+        if accounting is Accounting.PARC and layout.zero == 2 and layout.dp > 1:
+            # Partial sp gradients wait, whole, for their sum over tp when backward ends.
+            grad_b += 4.0 * sequence_parallel_params(model, layout, rank, stage_layers)
         acts = activation_bytes(spec, layout, rank, accounting, stage_layers)
         rows[rank] = MemoryBreakdown(
             params=param_b,

@@ -19,10 +19,10 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   compute·(k−1)/k) — paid for with k× the op dispatches and smaller GEMMs.
   ``codegen/overlap_cost.py`` (another engineer's) was not there to call: this is
   the seam (``exposed_tp``) where it plugs in.
-- data parallel: the gradients are reduced once a step. parc's zero 0 and zero 2
+- data parallel: the gradients are reduced once a step. parc's zero 0, 1 and 2
   all-reduce buckets as backward frees them, hidden behind the last micro-batch's
-  backward (exposed max(0, reduce − backward)); zero 1 all-reduces the flat gradient
-  after backward; zero 1 and 2 then all-gather the updated slice (exposed). Megatron-LM
+  backward (exposed max(0, reduce − backward)); zero 1 and 2 then all-gather the
+  updated slice (exposed). Megatron-LM
   of 2021 reduces after the pipeline flush (nothing hidden), zero 2 as a
   reduce-scatter; zero 3 also gathers the parameters for every micro-batch's forward
   and backward.
@@ -186,8 +186,8 @@ def step_time(
     grads = params * grad_size
     reduce = gather = 0.0
     if d > 1:
-        # parc: zero 0 and 2 all-reduce gradient buckets during backward; zero 1 all-reduces
-        # the flat gradient after it. Megatron (and zero 3) reduce-scatter.
+        # parc: zero 0, 1 and 2 all-reduce gradient buckets during backward. Megatron's
+        # zero 2 (and zero 3) reduce-scatter.
         scatter = layout.zero >= 3 or (layout.zero == 2 and accounting is Accounting.MEGATRON)
         reduce = collective_time(hw, "reduce_scatter" if scatter else "all_reduce", grads, size=d, stride=t)
         if layout.zero >= 1:
@@ -196,7 +196,7 @@ def step_time(
             gather += 2 * micro_batches * collective_time(hw, "all_gather", params * 2.0, size=d, stride=t)
     dp_comm = reduce + gather
     last_backward = layers_per_chunk * v * backward
-    overlapped = accounting is Accounting.PARC and layout.zero in (0, 2)  # Megatron 2021: after the flush
+    overlapped = accounting is Accounting.PARC and layout.zero <= 2  # Megatron 2021: after the flush
     dp_exposed = (max(0.0, reduce - last_backward) if overlapped else reduce) + gather
     optimizer = _optimizer_time(hw, accounting, params, tensors, layout) * slow
 
