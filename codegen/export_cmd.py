@@ -25,9 +25,7 @@ import json
 import os
 import sys
 
-import torch
 
-from parc.runtime import checkpoint
 
 GPT2_BLOCK = {  # parc name -> (HF name, transposed: Conv1D)
     "attn_norm.weight": ("ln_1.weight", False),
@@ -60,6 +58,8 @@ class ExportError(Exception):
 
 def hf_state_dict(weights: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
     """parc's full weights (logical names, padded vocab) → Hugging Face's, per Note [Hugging Face layouts]."""
+    import torch  # here, not at import: every parc command loads this module
+
     vocab, layers = config["vocab"], config["layers"]
     out = {}
     if config["arch"] == "gpt":
@@ -114,6 +114,8 @@ def hf_config(config: dict) -> dict:
 
 def export(ckpt: str, out: str) -> str:
     """Write the export of checkpoint ``ckpt`` to ``out``; the safetensors file written."""
+    from parc.runtime import checkpoint  # torch, only when exporting
+
     from safetensors.torch import save_file
 
     path = checkpoint.resolve(ckpt)

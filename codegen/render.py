@@ -58,6 +58,14 @@ def config_lines(plan: Plan) -> list[str]:
     lines = ["# model"]
     lines += [constant(s.name, s.value, _comment(s)) for s in plan.model.settings]
     lines += ["", "# layout"]
+    if plan.predicted is not None:
+        p = plan.predicted
+        lines += [
+            f"# chosen by the planner from {p.layouts_considered:,} layouts (`parc plan {plan.source}`);",
+            "# values it filled in for `auto` are cited as default. It predicts, per step:",
+            constant("PREDICTED_STEP_TIME_S", round(p.step_time_s, 6), "plan.json: predicted.step_time_s"),
+            constant("PREDICTED_TOKENS_PER_S", round(p.tokens_per_s, 1), "plan.json: predicted.tokens_per_s"),
+        ]
     lines.append(constant("DP", dp.size, cite(dp.span) + ": data-parallel ranks"))
     lines.append(constant("TP", tp.size, cite(tp.span) + ": tensor-parallel ranks"))
     if sp.enabled:
@@ -264,7 +272,9 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             '"exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute',
             "# bytes this rank holds (and every rank's, in memory_per_rank): collective",
             "**memory.report(net, optimizer, activations, held_grads),",
-        ],
+        ] + ([
+            '"predicted_step_time_s": PREDICTED_STEP_TIME_S,  # the planner\'s, beside the measured',
+        ] if plan.predicted is not None else []),
         dataset_line=dataset_line,
         optimizer_lines=optimizer_lines,
         optimizer_extra_lines=optimizer_extra + [
