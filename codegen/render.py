@@ -169,8 +169,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             f"# {cite(plan.train.zero.span)}: ZeRO-{zero_stage}, {ZERO_WORDS[zero_stage]}: each dp rank",
             "# owns one slice of a flat fp32 parameter buffer and its Adam moments",
             f"optimizer = zero.ShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
-            f"stage=ZERO, {hyper}{pp_arg}"
-            + ", accumulations=GRAD_ACCUM)",
+            f"stage=ZERO, {hyper}{pp_arg}, accumulations=GRAD_ACCUM)",
         ]
         reduce_words = (
             "buckets all-reduced while backward runs; keep our slice"
