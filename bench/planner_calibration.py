@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from parc.codegen.cost.calibration import fit, predicted_tflops, row_spec  # noqa: E402
 from parc.codegen.cost.hardware import GPU_EFFICIENCY, from_mesh  # noqa: E402
 
-ROWS = ROOT.parent / "shared" / "reference" / "megatron_sc21_calibration.json"
+ROWS = ROOT / "tests" / "planner" / "data" / "megatron_sc21_calibration.json"  # from shared/reference
 
 
 def main() -> int:
