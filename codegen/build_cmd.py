@@ -70,10 +70,7 @@ def run_build(args: argparse.Namespace) -> int:
             return 0
         files = generate(spec)
     except Diagnostics as exc:
-        if not exc.sources.texts:
-            exc.sources = _sources(args.spec, args.overrides)
-        report(exc, sys.stderr)
-        return 1
+        return report_stage_errors(exc, args.spec, args.overrides)
     out_dir = Path(args.output) if args.output else Path("build") / Path(args.spec).stem
     state = compare(out_dir, files)
     if args.check:
@@ -98,6 +95,16 @@ def run_build(args: argparse.Namespace) -> int:
     print(f"wrote {out_dir}/ ({len(files)} files, {changed} changed): "
           f"run `cd {out_dir} && {command(lower(spec))}`")
     return 0
+
+
+def report_stage_errors(exc, path, overrides) -> int:
+    """Print diagnostics a stage after the front end raised (quoting the spec); exit 1."""
+    from parc.dsl.commands import report
+
+    if not exc.sources.texts:
+        exc.sources = _sources(path, overrides)
+    report(exc, sys.stderr)
+    return 1
 
 
 def _sources(path, overrides):

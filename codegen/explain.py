@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from parc.dsl.diagnostics import Diagnostics
-from parc.dsl.spec import PipelineSchedule, Spec
+from parc.dsl.spec import Spec
 from parc.runtime.schedule import Action, build_schedule, in_flight_bound
 from parc.runtime.schedule_sim import Timeline, bubble_fraction, describe_rank, simulate
 
@@ -114,7 +114,7 @@ def text(ex: Explanation) -> str:
         f"  chunks         {ex.chunks} per rank",
         f"  bubble         {ex.bubble:.1%}: {gantt.number(idle)} of {ex.stages} × {gantt.number(ex.timeline.makespan)} "
         f"time units idle (forward = 1, backward = 2 per chunk, communication free)",
-        f"  in flight      at most " + ", ".join(f"rank {r}: {n}" for r, n in enumerate(ex.in_flight))
+        "  in flight      at most " + ", ".join(f"rank {r}: {n}" for r, n in enumerate(ex.in_flight))
         + f" {unit} (forward done, backward not yet)",
         "",
         "timeline (one column per forward time unit; F forward, B backward, . idle"
@@ -158,9 +158,9 @@ def chart(ex: Explanation) -> str:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    from parc.dsl.commands import load_or_report, report
+    from parc.dsl.commands import load_or_report
 
-    from .build_cmd import _sources
+    from .build_cmd import report_stage_errors
 
     spec = load_or_report(args.spec, args.overrides)
     if spec is None:
@@ -168,10 +168,7 @@ def run_explain(args: argparse.Namespace) -> int:
     try:
         ex = explain(spec)
     except Diagnostics as exc:
-        if not exc.sources.texts:
-            exc.sources = _sources(args.spec, args.overrides)
-        report(exc, sys.stderr)
-        return 1
+        return report_stage_errors(exc, args.spec, args.overrides)
     out_dir = Path(args.output) if args.output else Path(".")
     target = out_dir / SVG_NAME
     try:

@@ -24,8 +24,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
-
+if TYPE_CHECKING:  # annotations only: torch loads when exporting
+    import torch
 
 GPT2_BLOCK = {  # parc name -> (HF name, transposed: Conv1D)
     "attn_norm.weight": ("ln_1.weight", False),

@@ -14,7 +14,7 @@ from importlib import resources
 import black
 import jinja2
 
-from .plan import Axis, Plan, Setting, ShardStyle
+from .plan import Axis, Plan, Setting
 from . import render_checkpoint, render_launch, render_step
 from .plan_text import cite
 
@@ -141,7 +141,7 @@ def tp_plan_lines(plan: Plan) -> list[str]:
 
 
 def render_train(plan: Plan, env: jinja2.Environment) -> str:
-    mesh, tp, sp = plan.mesh, plan.tensor_parallel, plan.sequence_parallel
+    mesh, sp = plan.mesh, plan.sequence_parallel
     dp_size, tp_size = mesh.size(Axis.DP), mesh.size(Axis.TP)
     world = mesh.world_size
     data = plan.train.data

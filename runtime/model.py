@@ -161,16 +161,24 @@ class Attention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
         )
 
-    def forward(self, x):
-        q = self.q_proj(x)  # (B, T, heads/tp · D)
-        k, v = self.k_proj(x), self.v_proj(x)  # (B, T, kv_heads/tp · D)
+    def mix(self, q, k, v):
+        """Projections (B, T, heads/tp · D) → attention output (B, T, heads/tp · D), before o_proj.
+
+        Splits the heads, runs the core (checkpointed under selective recompute) and
+        joins them again; overlap.py calls it for each sub-batch too.
+        """
         B, T = q.shape[:2]
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         if self.selective and torch.is_grad_enabled():
             y = checkpoint(self.core, q, k, v, use_reentrant=False)
         else:
             y = self.core(q, k, v)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+        return y.transpose(1, 2).reshape(B, T, -1)
+
+    def forward(self, x):
+        q = self.q_proj(x)  # (B, T, heads/tp · D)
+        k, v = self.k_proj(x), self.v_proj(x)  # (B, T, kv_heads/tp · D)
+        return self.o_proj(self.mix(q, k, v))
 
 
 class MLP(nn.Module):

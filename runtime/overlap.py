@@ -177,13 +177,7 @@ def _columns(h, full, linears):
 def _attention(attn, h, full):
     """Attention up to the o_proj partial sums: (b, T, heads/tp · D) → (b, T, C) partial."""
     q, k, v = _columns(h, full, [attn.q_proj, attn.k_proj, attn.v_proj])
-    b, T = q.shape[:2]
-    q, k, v = (t.view(b, T, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v))
-    if attn.selective and torch.is_grad_enabled():
-        y = checkpoint(attn.core, q, k, v, use_reentrant=False)
-    else:
-        y = attn.core(q, k, v)
-    return F.linear(y.transpose(1, 2).reshape(b, T, -1), attn.o_proj.weight)
+    return F.linear(attn.mix(q, k, v), attn.o_proj.weight)
 
 
 def _mlp(mlp, h, full):

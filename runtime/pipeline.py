@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import exposed, scalar_device
+from .mesh import axis_ranks, coordinates
 from .schedule import Op, virtual_stage
 
 _ACT, _GRAD = 0, 1
@@ -125,8 +126,6 @@ def tied_embedding_group(grid):
     Every rank creates every such group in the same order (``new_group`` is
     collective); returns None when there is no pipeline.
     """
-    from .mesh import axis_ranks, coordinates
-
     if grid.size("pp") == 1:
         return None
     mine = None
