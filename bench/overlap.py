@@ -7,7 +7,7 @@ runs on 2 and 4 ranks (tp = ranks, dp = 1), with ``none`` and ``sub_batch(2)``, 
 repetitions alternating the two, and the table shows the median step time, the median
 exposed communication (``exposed_comm_s``: time blocked in collectives), the
 communication share of the ``none`` step, and the ratio none / sub_batch(2) (> 1: the
-overlap is faster). Beside them, ``codegen/overlap_cost.py``'s prediction for the
+overlap is faster). Beside them, ``codegen/cost/overlap.py``'s prediction for the
 blocks on an idle machine, from an all-reduce latency, bandwidth and GEMM rate
 measured here first (``--calibrate`` runs on 2 ranks): the exposed share and ratio
 the schedule would give if each rank had its core to itself. A benchmark, not a test: only figures from one run on one machine
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from parc.codegen.build import build_to  # noqa: E402
-from parc.codegen.overlap_cost import Link, block_stages, exposed_comm  # noqa: E402
+from parc.codegen.cost.overlap import Link, block_stages, exposed_comm  # noqa: E402
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 SPEC = ROOT / "bench" / "specs" / "small.par"
@@ -107,7 +107,7 @@ def predict(model: str, ranks: int, machine: dict) -> tuple[float, float]:
     stages = block_stages(micro_batch=shape["micro_batch"], seq_len=shape["seq_len"], hidden=shape["hidden"],
                           ffn=shape["ffn"], heads=shape["heads"], kv_heads=shape["heads"], arch="gpt", tp=ranks,
                           sequence_parallel=False, flops_per_s=machine["flops_per_s"]) * shape["layers"]
-    link = Link(latency_s=machine["latency_s"], bandwidth=machine["bandwidth"])
+    link = Link(latency=machine["latency_s"], bandwidth=machine["bandwidth"])
     compute = 3 * sum(stage.compute_s for stage in stages)  # forward + backward (2×)
     none, sub2 = (compute + exposed_comm(stages, sub_batches=k, ranks=ranks, link=link).total_s for k in (1, 2))
     return (none - compute) / none, none / sub2

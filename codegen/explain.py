@@ -76,14 +76,18 @@ def explain(spec: Spec) -> Explanation:
     """The schedule of ``spec`` and its simulation; ``Diagnostics`` if the layout is not given."""
     par, train = spec.parallel, spec.train
     missing = [key for key, value in (("parallel.dp", par.dp), ("parallel.pp", par.pp),
-                                      ("parallel.schedule", par.schedule)) if value is None]
+                                      ("parallel.schedule", par.schedule),
+                                      ("train.micro_batch", train.micro_batch)) if value is None]
     if missing:
         world = spec.mesh.nodes * spec.mesh.devices_per_node
         names = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
+        if missing == ["train.micro_batch"]:
+            example = f"--set train.micro_batch=1 (micro_batch·dp must divide global_batch = {train.global_batch})"
+        else:
+            example = f"--set parallel.pp=2 (dp·tp·pp must equal nodes·devices_per_node = {world})"
         fail([error(spec, missing[0], AUTO,
                     f"parc explain needs the layout given, but {names} {'is' if len(missing) == 1 else 'are'} auto",
-                    f"set {'it' if len(missing) == 1 else 'them'} on the command line, e.g. --set parallel.pp=2 "
-                    f"(dp·tp·pp must equal nodes·devices_per_node = {world})")])
+                    f"set {'it' if len(missing) == 1 else 'them'} on the command line, e.g. {example}")])
     stages, chunks = par.pp, par.chunks
     micro_batches = train.global_batch // (train.micro_batch * par.dp)
     kind = par.schedule.value

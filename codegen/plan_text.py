@@ -30,13 +30,16 @@ def safe_file_name(path: str) -> str:
 
 def cite(span: Span | None) -> str:
     """``tiny.par:12`` for a span in the spec, ``--set 1`` for a command-line override,
-    ``default`` when parc chose the value."""
+    ``default`` when parc chose the value, ``tiny.par:12 (planner)`` for a value the
+    planner chose for the ``auto`` written there."""
     if span is None:
         return "default"
     line = span.line if type(span.line) is int else "?"
     if type(span.file) is str and re.fullmatch(r"--set [0-9]+", span.file, re.ASCII):
-        return span.file
-    return f"{safe_file_name(str(span.file))}:{line}"
+        where = span.file
+    else:
+        where = f"{safe_file_name(str(span.file))}:{line}"
+    return f"{where} (planner)" if getattr(span, "planned", False) is True else where
 
 
 def _plain(value):

@@ -16,7 +16,7 @@ from .search import SearchResult
 KEYS = (
     ("dp", "dp"), ("tp", "tp"), ("pp", "pp"), ("sp", "sp"), ("zero", "zero"),
     ("schedule", "schedule"), ("chunks", "chunks"), ("recompute", "recompute"),
-    ("sub_batches", "overlap sub-batches"),
+    ("sub_batches", "overlap sub-batches"), ("micro_batch", "micro_batch"),
 )
 
 REASONS = {
@@ -26,6 +26,7 @@ REASONS = {
         "sub_batches": "fewer, larger sub-batches: bigger GEMMs and fewer op dispatches",
         "pp": "the last pipeline stage runs the head on every micro-batch of its pipeline, so fewer, larger pipelines do less of it per rank",
         "zero": "the optimizer step touches a different share of the state",
+        "micro_batch": "larger micro-batches run larger GEMMs with fewer op dispatches per sequence",
     },
     "exposed_comm": {
         "tp": "smaller tensor-parallel groups move fewer activations per layer",
@@ -40,6 +41,7 @@ REASONS = {
         "chunks": "interleaving shrinks the bubble by the number of chunks",
         "schedule": "the schedule's order changes the idle time",
         "dp": "more micro-batches per pipeline dilute the bubble",
+        "micro_batch": "smaller micro-batches mean more of them per pipeline, diluting the bubble",
     },
 }
 TERMS = (("compute", "compute"), ("exposed_comm", "exposed communication"), ("bubble", "bubble"))

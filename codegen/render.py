@@ -62,7 +62,7 @@ def config_lines(plan: Plan) -> list[str]:
         p = plan.predicted
         lines += [
             f"# chosen by the planner from {p.layouts_considered:,} layouts (`parc plan {plan.source}`);",
-            "# values it filled in for `auto` are cited as default. It predicts, per step:",
+            "# the values it filled in for `auto` are cited `(planner)`. It predicts, per step:",
             constant("PREDICTED_STEP_TIME_S", round(p.step_time_s, 6), "plan.json: predicted.step_time_s"),
             constant("PREDICTED_TOKENS_PER_S", round(p.tokens_per_s, 1), "plan.json: predicted.tokens_per_s"),
         ]

@@ -11,7 +11,8 @@ Note [the search space]: every combination the validator accepts (``dsl/checks.p
 world; tp divides heads, kv_heads, ffn and the padded vocab, and devices_per_node when
 there is more than one node; pp·chunks divides the layers; micro_batch·dp divides
 global_batch with at least pp micro-batches, a multiple of pp when interleaved; sp
-only with tp ≥ 2 dividing seq_len; sub_batch(k) with k dividing micro_batch. Two
+only with tp ≥ 2 dividing seq_len; sub_batch(k) with k dividing micro_batch; ``micro_batch = auto``: every divisor of
+global_batch / dp. Two
 pruned families give the same program as a listed one and are left out: ZeRO stages
 above 0 with dp = 1 (nothing to shard over), and overlap or sp-free duplicates with
 tp = 1 (no tensor-parallel collective to overlap).
@@ -22,7 +23,7 @@ estimate are re-scored with the simulated schedule (Note [fast and exact bubbles
 and then ranked. Equal times (to 1e-9 relative) are broken by, in order: lower peak
 memory, fewer pipeline stages, lower tp, lower ZeRO stage, less recompute (none,
 selective, full), sp off before on, fewer sub-batches, schedule 1f1b, interleaved,
-gpipe, fewer chunks — the simpler program wins a tie.
+gpipe, fewer chunks, larger micro_batch — the simpler program wins a tie.
 """
 
 from __future__ import annotations
@@ -58,14 +59,15 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def allowed(fixed, options: list) -> list:
+    """``[fixed]`` for a value the spec gives, else every option."""
+    return [fixed] if fixed is not None else options
+
+
 def candidates(spec: Spec) -> list[Layout]:
     """Every valid layout agreeing with the spec's fixed keys (Note [the search space])."""
     model, mesh, par, train = spec.model, spec.mesh, spec.parallel, spec.train
     world = mesh.nodes * mesh.devices_per_node
-
-    def allowed(fixed, options):
-        return [fixed] if fixed is not None else options
-
     tp_options = [
         t
         for t in divisors(world)
@@ -85,26 +87,35 @@ def candidates(spec: Spec) -> list[Layout]:
                 continue
             if par.stage_layers is None and model.layers % pp:
                 continue
-            micro_batch = train.micro_batch
-            if train.global_batch % (micro_batch * dp):
-                continue
-            micro_batches = train.global_batch // (micro_batch * dp)
-            if pp > 1 and micro_batches < pp:
-                continue
-            for schedule, chunks in _schedules(spec, pp, micro_batches, given_schedule):
-                for zero in allowed(par.zero, [0, 1, 2, 3] if dp > 1 else [0]):
-                    for recompute in allowed(par.recompute and par.recompute.value, list(RECOMPUTE_ORDER)):
-                        sp_options = [False, True] if tp > 1 and model.seq_len % tp == 0 else [False]
-                        for sp in allowed(par.sp, sp_options):
-                            subs = [1] + ([k for k in divisors(micro_batch) if k > 1] if tp > 1 else [])
-                            for sub_batches in allowed(par.overlap_sub_batches, subs):
-                                out.append(
-                                    Layout(
-                                        dp=dp, tp=tp, pp=pp, sp=sp, zero=zero, schedule=schedule,
-                                        chunks=chunks, recompute=recompute,
-                                        sub_batches=sub_batches, micro_batch=micro_batch,
-                                    )
-                                )
+            per_rank = train.global_batch // dp if train.global_batch % dp == 0 else 0
+            for micro_batch in allowed(train.micro_batch, divisors(per_rank) if per_rank else []):
+                if train.global_batch % (micro_batch * dp):
+                    continue
+                micro_batches = train.global_batch // (micro_batch * dp)
+                if pp > 1 and micro_batches < pp:
+                    continue
+                for schedule, chunks in _schedules(spec, pp, micro_batches, given_schedule):
+                    out += _settings(spec, dp, tp, pp, micro_batch, schedule, chunks)
+    return out
+
+
+def _settings(spec: Spec, dp: int, tp: int, pp: int, micro_batch: int, schedule: str, chunks: int):
+    """The layouts of one (degrees, micro_batch, schedule): ZeRO, recompute, sp, overlap."""
+    par, model = spec.parallel, spec.model
+    out = []
+    for zero in allowed(par.zero, [0, 1, 2, 3] if dp > 1 else [0]):
+        for recompute in allowed(par.recompute and par.recompute.value, list(RECOMPUTE_ORDER)):
+            sp_options = [False, True] if tp > 1 and model.seq_len % tp == 0 else [False]
+            for sp in allowed(par.sp, sp_options):
+                subs = [1] + ([k for k in divisors(micro_batch) if k > 1] if tp > 1 else [])
+                for sub_batches in allowed(par.overlap_sub_batches, subs):
+                    out.append(
+                        Layout(
+                            dp=dp, tp=tp, pp=pp, sp=sp, zero=zero, schedule=schedule,
+                            chunks=chunks, recompute=recompute,
+                            sub_batches=sub_batches, micro_batch=micro_batch,
+                        )
+                    )
     return out
 
 
@@ -139,6 +150,7 @@ def _key(item: Estimate, exact_step: float | None = None):
         layout.sub_batches,
         SCHEDULE_ORDER[layout.schedule],
         layout.chunks,
+        -layout.micro_batch,
     )
 
 
@@ -164,7 +176,7 @@ def search(spec: Spec, hw: Hardware, accounting: Accounting = Accounting.PARC) -
 def fixed_layout(spec: Spec) -> Layout | None:
     """The spec's own layout when it leaves nothing to the planner, else None."""
     par = spec.parallel
-    if not par.is_complete:
+    if not spec.layout_complete:
         return None
     interleaved = par.schedule is PipelineSchedule.INTERLEAVED
     return Layout(
@@ -177,9 +189,10 @@ def fixed_layout(spec: Spec) -> Layout | None:
 
 
 def with_layout(spec: Spec, layout: Layout) -> Spec:
-    """``spec`` with ``layout`` written into its parallel block (for the build)."""
+    """``spec`` with ``layout`` written into its parallel block and micro_batch (for the build)."""
     return replace(
         spec,
+        train=replace(spec.train, micro_batch=layout.micro_batch),
         parallel=replace(
             spec.parallel,
             dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp, zero=layout.zero,

@@ -3,7 +3,7 @@
 Takes: a ``Normalized`` document that passed every check (``dsl/validate.py``).
 Gives: the ``Spec`` of ``dsl/spec.py`` with defaults filled in (``dsl/presets.py``
 for the mesh), ``auto`` as None, and ``Spec.spans`` listing every key that was
-written (in the file or by ``--set``). ``spec_to_dict`` gives a JSON-able view of a
+written (in the file or by ``--set``), and ``parallel`` itself when it is ``auto``. ``spec_to_dict`` gives a JSON-able view of a
 Spec (enums as their values), used by ``parc build --emit spec`` and for hashing.
 """
 
@@ -109,7 +109,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
     defaults = OptimizerSpec()
     train_spec = TrainSpec(
         global_batch=train["global_batch"],
-        micro_batch=train["micro_batch"],
+        micro_batch=_auto(train["micro_batch"]),
         steps=train["steps"],
         optimizer=OptimizerSpec(
             name=optimizer["kind"],
@@ -154,6 +154,9 @@ def _written(norm: Normalized):
         if path[-1] == "kind" or not _present(norm.doc, path):
             continue
         out[dotted(path)] = origin.span
+    whole = norm.origins.get(("parallel",))
+    if norm.doc.get("parallel") == "auto" and whole is not None:
+        out["parallel"] = whole.span  # parallel = auto: its keys cite this
     return tuple(sorted(out.items()))
 
 

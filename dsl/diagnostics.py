@@ -29,6 +29,9 @@ class Span:
     column: int
     end_line: int
     end_column: int
+    planned: bool = False
+    """The value here was ``auto`` and the planner chose it (``codegen/passes/choose_layout.py``
+    gives the chosen values the span of their ``auto``; generated code cites them so)."""
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.column}"

@@ -297,7 +297,12 @@ TRAIN = BlockDef(
             "sequences per optimizer step, over all data-parallel ranks",
             required=True,
         ),
-        _int("micro_batch", "sequences per forward/backward on one rank", required=True),
+        _int(
+            "micro_batch",
+            "sequences per forward/backward on one rank (auto: the planner picks)",
+            required=True,
+            auto=True,
+        ),
         _int("steps", "optimizer steps", required=True),
         Param(
             name="optimizer",

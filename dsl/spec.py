@@ -178,8 +178,8 @@ class DataSpec:
 class TrainSpec:
     global_batch: int
     """Sequences per optimizer step, over all data-parallel ranks."""
-    micro_batch: int
-    """Sequences per forward/backward on one rank."""
+    micro_batch: int | None
+    """Sequences per forward/backward on one rank; None for ``auto`` (the planner picks)."""
     steps: int
     optimizer: OptimizerSpec = OptimizerSpec()
     lr_schedule: LrScheduleSpec = LrScheduleSpec()
@@ -218,8 +218,13 @@ class Spec:
                 return span
         return None
 
+    @property
+    def layout_complete(self) -> bool:
+        """True when no layout value (parallel keys, ``train.micro_batch``) is left to the planner."""
+        return self.parallel.is_complete and self.train.micro_batch is not None
+
     def grad_accum(self) -> int | None:
-        """Micro-batches per step on one rank, or None while dp is auto."""
-        if self.parallel.dp is None:
+        """Micro-batches per step on one rank, or None while dp or micro_batch is auto."""
+        if self.parallel.dp is None or self.train.micro_batch is None:
             return None
         return self.train.global_batch // (self.train.micro_batch * self.parallel.dp)

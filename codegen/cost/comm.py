@@ -2,7 +2,9 @@
 
 Takes: ``Hardware`` and a group (its size and stride in the rank numbering). Gives:
 ``link_for`` (which link a group's ring crosses) and ``collective_time`` for
-all-reduce, all-gather, reduce-scatter and send/recv. Before: ``cost/hardware.py``.
+all-reduce, all-gather, reduce-scatter and send/recv (``collective_latency``: the
+part that does not shrink with the buffer; ``ring_time``: the α–β ring alone, which
+``cost/overlap.py`` uses too). Before: ``cost/hardware.py``.
 After: ``cost/time.py``.
 
 Note [link levels]: ranks are numbered as ``codegen/passes/assign_ranks.py`` does,
@@ -33,20 +35,48 @@ def link_for(hw: Hardware, *, size: int, stride: int) -> Link:
     return Link(bandwidth=bandwidth, latency=hw.inter.latency)
 
 
+def ring_time(kind: str, nbytes: float, *, ranks: int, link: Link) -> float:
+    """Seconds for one ``kind`` collective of a ``nbytes`` buffer on a ring of ``ranks``
+    over ``link`` (Note [link levels]'s costs); 0 for one rank or nothing to move."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    steps = STEPS[kind]
+    if steps is None:
+        return link.latency + nbytes / link.bandwidth
+    return steps * (ranks - 1) * link.latency + steps * (ranks - 1) / ranks * nbytes / link.bandwidth
+
+
 def collective_time(hw: Hardware, kind: str, nbytes: float, *, size: int, stride: int) -> float:
     """Seconds for one ``kind`` collective of a ``nbytes`` buffer over ``size`` ranks."""
     if size <= 1 or nbytes <= 0:
+        return 0.0
+    return collective_latency(hw, kind, size=size, stride=stride) + _volume_time(
+        hw, kind, nbytes, size=size, stride=stride
+    )
+
+
+def collective_latency(hw: Hardware, kind: str, *, size: int, stride: int) -> float:
+    """The part of a ``kind`` collective's time that does not shrink with its buffer:
+    splitting it in k pieces (overlap's sub-batches) pays it k times."""
+    if size <= 1:
         return 0.0
     steps = STEPS[kind]
     measured = hw.collective(kind)
     if measured is not None and size * stride <= hw.devices_per_node:
         if steps is None:
-            return measured.latency + nbytes / measured.bandwidth
+            return measured.latency
+        return measured.latency * (size - 1) / (max(measured.ranks, 2) - 1)
+    latency = link_for(hw, size=size, stride=stride).latency
+    return latency if steps is None else steps * (size - 1) * latency
+
+
+def _volume_time(hw: Hardware, kind: str, nbytes: float, *, size: int, stride: int) -> float:
+    steps = STEPS[kind]
+    measured = hw.collective(kind)
+    if measured is not None and size * stride <= hw.devices_per_node:
+        if steps is None:
+            return nbytes / measured.bandwidth
         n0 = max(measured.ranks, 2)
-        latency = measured.latency * (size - 1) / (n0 - 1)
-        volume = nbytes * ((size - 1) / size) / ((n0 - 1) / n0)
-        return latency + volume / measured.bandwidth
+        return nbytes * ((size - 1) / size) / ((n0 - 1) / n0) / measured.bandwidth
     link = link_for(hw, size=size, stride=stride)
-    if steps is None:
-        return link.latency + nbytes / link.bandwidth
-    return steps * (size - 1) * link.latency + steps * (size - 1) / size * nbytes / link.bandwidth
+    return ring_time(kind, nbytes, ranks=size, link=Link(bandwidth=link.bandwidth, latency=0.0))

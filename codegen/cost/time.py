@@ -13,12 +13,13 @@ Note [the time model]: per micro-batch and transformer block on one rank,
 - tensor/sequence parallel: two all-reduces (or all-gather + reduce-scatter pairs
   under sp: the same ring volume) of the block's (b, s, h) activations forward, two
   backward, two more under full recompute.
-- overlap = sub_batch(k) (Oases): each micro-batch runs as k sub-batches; a sub-batch's
-  collectives hide behind the next one's compute, so the exposed tp time is one
-  sub-batch's share plus what the compute cannot cover: c/k + max(0, c·(k−1)/k −
-  compute·(k−1)/k) — paid for with k× the op dispatches and smaller GEMMs.
-  ``codegen/overlap_cost.py`` (another engineer's) was not there to call: this is
-  the seam (``exposed_tp``) where it plugs in.
+- overlap = sub_batch(k) (Oases): each micro-batch runs as k sub-batches; the exposed
+  tp time is ``cost/overlap.py``'s replay of the runtime's sub-batch schedule
+  (forward wavefront; backward, each gradient all-reduce behind the weight
+  gradients) on the block's compute and its all-reduces, each sub-batch's collective
+  paying the whole latency — paid for with k× the op dispatches and smaller GEMMs.
+  Without overlap every tp collective is exposed. Full recompute repeats the
+  forward's exposure in backward.
 - data parallel: the gradients are reduced once a step. parc's zero 0, 1 and 2
   all-reduce buckets as backward frees them, hidden behind the last micro-batch's
   backward (exposed max(0, reduce − backward)); zero 1 and 2 then all-gather the
@@ -39,9 +40,13 @@ from dataclasses import dataclass
 from parc.dsl.spec import Arch, Precision, Spec
 
 from .bubble import makespan
-from .comm import collective_time
+from .comm import collective_latency, collective_time
 from .hardware import Hardware
 from .layout import Accounting, Layout, rank_params
+from .overlap import exposed_tp
+
+OVERLAP_BLOCKS = 4
+"""Blocks in a row the overlap replay runs (the per-block exposure is settled by then)."""
 
 OPS_PER_LAYER = {
     (Accounting.PARC, Arch.GPT): 24,
@@ -158,8 +163,12 @@ def step_time(
     per_collective = collective_time(hw, "all_reduce", tokens * m.hidden * size, size=t, stride=1)
     tp_forward = 2 * per_collective
     tp_backward = 2 * per_collective * (2 if layout.recompute == "full" else 1)
-    exposed_forward = exposed_tp(tp_forward, forward, k)
-    exposed_backward = exposed_tp(tp_backward, backward, k)
+    latency = collective_latency(hw, "all_reduce", size=t, stride=1)
+    block = exposed_tp(
+        tp_forward, forward, k, latency_s=latency, blocks=min(OVERLAP_BLOCKS, max(1, round(layers_per_chunk)))
+    )
+    exposed_forward = block.forward_s
+    exposed_backward = block.backward_s + (block.forward_s if layout.recompute == "full" else 0.0)
 
     # ---- the head, the embedding: last and first stage -------------------------
     head_forward = _gemm(hw, tokens, m.hidden, m.padded_vocab / t) + 6 * hw.op_overhead
@@ -218,14 +227,6 @@ def step_time(
         pp_comm=2 * micro_batches * v * p2p if p > 1 else 0.0,
         model_flops=model_flops_per_token(spec) * spec.train.global_batch * m.seq_len,
     )
-
-
-def exposed_tp(comm: float, compute: float, sub_batches: int) -> float:
-    """Exposed tensor-parallel time of one block (the overlap seam of Note [the time model])."""
-    if sub_batches <= 1 or comm <= 0:
-        return comm
-    k = sub_batches
-    return comm / k + max(0.0, (comm - compute) * (k - 1) / k)
 
 
 def _optimizer_time(hw: Hardware, accounting: Accounting, params: int, tensors: int, layout: Layout) -> float:

@@ -105,8 +105,9 @@ def run(spec: Spec, draft: Draft) -> Draft:
                 count("parallel.stage_layers", layers)
 
     train = spec.train
-    for key in ("global_batch", "micro_batch", "steps", "log_every"):
+    for key in ("global_batch", "steps", "log_every"):
         count(f"train.{key}", getattr(train, key))
+    count("train.micro_batch", train.micro_batch, auto=True)
     count("train.seed", train.seed, low=0, high=MAX_SEED)
     real("train.grad_clip", train.grad_clip)
     member("train.precision", train.precision, Precision)

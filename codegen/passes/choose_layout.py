@@ -3,7 +3,8 @@
 Takes: a ``Spec`` whose values passed ``check_values``. Gives: the draft unchanged when
 the spec gives its whole layout; else ``draft.spec``, the spec with the winner of the
 search (``codegen/search.py``: fits in memory, buildable, best predicted throughput)
-in place of every ``auto``, and ``draft.predicted``, what the cost model predicts for
+in place of every ``auto`` (their spans: the ``auto`` they replace, marked
+``planned``), and ``draft.predicted``, what the cost model predicts for
 it (it lands in plan.json). Keys the spec fixed (or ``--set``) stay as given.
 Diagnostics: no valid layout, or none that fits and ``parc build`` can generate.
 
@@ -30,7 +31,7 @@ def _round(value: float) -> float:
 
 
 def run(spec: Spec, draft: Draft) -> Draft:
-    if spec.parallel.is_complete:
+    if spec.layout_complete:
         return draft
     try:
         hardware = hardware_for(spec)
@@ -68,4 +69,32 @@ def run(spec: Spec, draft: Draft) -> Draft:
         activations_bytes=_round(mem.activations),
         buffers_bytes=_round(mem.buffers),
     )
-    return replace(draft, spec=with_layout(spec, winner.layout), predicted=predicted)
+    chosen = with_layout(spec, winner.layout)
+    return replace(draft, spec=replace(chosen, spans=_planned_spans(spec)), predicted=predicted)
+
+
+PLANNED_KEYS = {
+    "parallel.dp": lambda spec: spec.parallel.dp,
+    "parallel.tp": lambda spec: spec.parallel.tp,
+    "parallel.pp": lambda spec: spec.parallel.pp,
+    "parallel.sp": lambda spec: spec.parallel.sp,
+    "parallel.zero": lambda spec: spec.parallel.zero,
+    "parallel.schedule": lambda spec: spec.parallel.schedule,
+    "parallel.recompute": lambda spec: spec.parallel.recompute,
+    "parallel.overlap": lambda spec: spec.parallel.overlap_sub_batches,
+    "train.micro_batch": lambda spec: spec.train.micro_batch,
+}
+"""The keys the planner may fill, and how to read whether ``spec`` left each ``auto``."""
+
+
+def _planned_spans(spec: Spec) -> tuple:
+    """``spec.spans`` with every key the planner filled pointing at its ``auto`` (the
+    key's own, else ``parallel = auto``), marked ``planned`` so the trainer cites it."""
+    spans = dict(spec.spans)
+    for key, value in PLANNED_KEYS.items():
+        if value(spec) is not None:
+            continue
+        where = spans.get(key) or spans.get(key.split(".")[0])
+        if where is not None:
+            spans[key] = replace(where, planned=True)
+    return tuple(sorted(spans.items()))

@@ -146,6 +146,10 @@ def test_auto_layout_is_refused_with_a_hint(capsys, tmp_path):
     status, _, err = run(capsys, "examples/gpt3-175b.par", "-o", str(tmp_path))
     assert status == 1
     assert "parallel.dp, parallel.pp and parallel.schedule are auto" in err
+    status, _, err = run(capsys, "examples/tiny.par", "--set", "train.micro_batch=auto", "-o", str(tmp_path))
+    assert status == 1
+    assert "but train.micro_batch is auto" in err
+    assert "hint: set it on the command line, e.g. --set train.micro_batch=1 " in err
     assert not (tmp_path / "schedule.svg").exists()
 
 

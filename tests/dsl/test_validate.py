@@ -106,6 +106,13 @@ def test_parallel_auto() -> None:
     assert spec.grad_accum() is None
 
 
+def test_micro_batch_auto() -> None:
+    spec = load_text(tiny(("micro_batch = 2", "micro_batch = auto")), "t.par")
+    assert spec.train.micro_batch is None and spec.grad_accum() is None
+    assert spec.parallel.is_complete and not spec.layout_complete
+    assert spec.span("train.micro_batch") is not None
+
+
 def test_some_degrees_auto_skip_their_checks() -> None:
     spec = load_text(
         tiny(("tp = 2", "tp = auto")), "t.par", ["parallel.dp=3", "train.global_batch=12"]

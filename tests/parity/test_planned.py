@@ -12,7 +12,8 @@ from .harness import build_and_run
 
 
 def test_auto_layout_logs_predicted_beside_measured(tmp_path):
-    overrides = ["parallel.dp=auto", "parallel.tp=auto", "parallel.pp=auto", "mesh.devices_per_node=2"]
+    overrides = ["parallel.dp=auto", "parallel.tp=auto", "parallel.pp=auto", "train.micro_batch=auto",
+                 "mesh.devices_per_node=2"]
     records = build_and_run("gpt.par", tmp_path, nproc=2, overrides=overrides, steps=2)
     plan = json.loads((tmp_path / "plan.json").read_text())
     predicted = plan["predicted"]["step_time_s"]
@@ -22,3 +23,5 @@ def test_auto_layout_logs_predicted_beside_measured(tmp_path):
         assert record["step_time_s"] > 0
     degrees = {axis["axis"]: axis["size"] for axis in plan["mesh"]["axes"]}
     assert degrees["dp"] * degrees["tp"] * degrees["pp"] == 2
+    batch = plan["batch"]
+    assert batch["micro_batch"] * batch["grad_accum"] * degrees["dp"] == batch["global_batch"]

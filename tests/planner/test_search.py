@@ -12,6 +12,7 @@ import pytest
 from parc.codegen.cost import Accounting, Layout, estimate, hardware_for
 from parc.codegen.cost.bubble import _simulate, makespan
 from parc.codegen.cost.calibration import predicted_tflops
+from parc.codegen.build import build_to
 from parc.codegen.lower import lower
 from parc.codegen.search import candidates, search
 from parc.dsl import load
@@ -66,6 +67,51 @@ def test_candidates_are_the_validators_layouts():
     found = {_key(layout) for layout in candidates(spec) if layout.zero <= 1}
     assert found == _accepted_by_validator("examples/tiny.par", base)
     assert len(found) > 50
+
+
+def test_micro_batch_auto_searches_every_divisor_the_validator_accepts():
+    base = ["parallel=auto", "parallel.recompute=none", "parallel.zero=0", "train.micro_batch=auto",
+            "mesh.devices_per_node=4", "train.global_batch=16"]
+    spec = load("examples/tiny.par", base)
+    layouts = candidates(spec)
+    found = {(lay.dp, lay.pp, lay.micro_batch) for lay in layouts if lay.tp == 1}
+    # dp·pp = 4; micro_batch divides 16 / dp with at least pp micro-batches
+    assert found == {(4, 1, 1), (4, 1, 2), (4, 1, 4), (2, 2, 1), (2, 2, 2), (2, 2, 4),
+                     (1, 4, 1), (1, 4, 2), (1, 4, 4)}
+    for lay in layouts:  # each one is a spec the language accepts
+        load("examples/tiny.par", [
+            f"parallel.dp={lay.dp}", f"parallel.tp={lay.tp}", f"parallel.pp={lay.pp}",
+            f"parallel.sp={str(lay.sp).lower()}", "parallel.recompute=none", "parallel.zero=0",
+            f"parallel.overlap={'none' if lay.sub_batches == 1 else f'sub_batch({lay.sub_batches})'}",
+            f"parallel.schedule={'interleaved(chunks = %d)' % lay.chunks if lay.chunks > 1 else lay.schedule}",
+            f"train.micro_batch={lay.micro_batch}", "mesh.devices_per_node=4", "train.global_batch=16",
+        ])
+    winner = search(spec, hardware_for(spec)).winner.layout
+    built = lower(spec)
+    assert built.batch.micro_batch == winner.micro_batch
+    assert built.batch.micro_batch * built.batch.grad_accum * winner.dp == 16
+
+
+def test_planned_values_cite_the_auto_they_replace(tmp_path):
+    spec_path = tmp_path / "auto.par"
+    text = Path("examples/tiny.par").read_text()
+    text = text.replace("micro_batch = 2", "micro_batch = auto")
+    text = text[: text.index("parallel {")] + "parallel = auto\n" + text[text.index("train {"):]
+    spec_path.write_text(text)
+    line_of = {word: 1 + text[: text.index(word)].count("\n") for word in ("parallel = auto", "micro_batch")}
+    out = build_to(spec_path, tmp_path / "build")
+    train_py = (out / "train.py").read_text()
+    assert "DP = " in train_py
+    for name in ("DP", "TP"):
+        line = next(row for row in train_py.splitlines() if row.startswith(f"{name} = "))
+        assert f"# auto.par:{line_of['parallel = auto']} (planner):" in line, line
+    line = next(row for row in train_py.splitlines() if row.startswith("MICRO_BATCH = "))
+    assert f"# auto.par:{line_of['micro_batch']} (planner)" in line, line
+    assert "cited `(planner)`" in train_py
+    # a key fixed by --set stays the user's
+    out = build_to(spec_path, tmp_path / "fixed", ["parallel.tp=2"])
+    line = next(row for row in (out / "train.py").read_text().splitlines() if row.startswith("TP = "))
+    assert "--set 1:" in line and "(planner)" not in line, line
 
 
 def test_search_is_deterministic_and_ranked():

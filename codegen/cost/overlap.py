@@ -4,8 +4,9 @@ Takes: the stages of a micro-batch's blocks (compute time, the collective after 
 the gradient collectives of its backward) and an α–β link. Gives: ``exposed_comm``
 (forward and backward seconds per micro-batch that no compute hides) for any number
 of sub-batches, ``block_stages`` (the stages of a GPT/Llama block from its sizes and
-a FLOP rate) and ``exposed_tp`` (one block, from its totals: the planner's seam in
-``codegen/cost/time.py``). Before: nothing. After: the planner's time model.
+a FLOP rate) and ``exposed_tp`` (one block, from its totals: what the planner's
+``codegen/cost/time.py`` calls). Before: ``cost/comm.py`` (the ring), ``cost/hardware.py``
+(``Link``). After: the planner's time model, ``bench/overlap.py``.
 
 Note [the overlap model]: it replays the schedule of ``runtime/overlap.py`` on two
 resources, the compute stream and one communication link (collectives run one at a
@@ -36,16 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-RING_STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Link:
-    latency_s: float
-    """α: seconds per ring step."""
-    bandwidth: float
-    """β: bytes per second one rank sends."""
-
+from .comm import ring_time
+from .hardware import Link
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Collective:
@@ -81,11 +74,9 @@ class Exposure:
 
 def collective_time(collective: Collective | None, *, ranks: int, link: Link, parts: int = 1) -> float:
     """Seconds for one sub-batch's share (``nbytes / parts``) of ``collective`` on a ring."""
-    if collective is None or ranks <= 1 or collective.nbytes <= 0:
+    if collective is None:
         return 0.0
-    steps = RING_STEPS[collective.kind]
-    volume = steps * (ranks - 1) / ranks * collective.nbytes / parts
-    return steps * (ranks - 1) * link.latency_s + volume / link.bandwidth
+    return ring_time(collective.kind, collective.nbytes / parts, ranks=ranks, link=link)
 
 
 def exposed_comm(stages: Sequence[Stage], *, sub_batches: int, ranks: int, link: Link) -> Exposure:
@@ -157,21 +148,23 @@ def block_stages(
     return tuple(stages)
 
 
-def exposed_tp(comm_s: float, compute_s: float, sub_batches: int, *, latency_s: float = 0.0, blocks: int = 1) -> float:
-    """Exposed tp seconds per block, forward or backward alike, from a block's totals.
+def exposed_tp(comm_s: float, compute_s: float, sub_batches: int, *, latency_s: float = 0.0, blocks: int = 1) -> Exposure:
+    """Exposed tp seconds per block, forward and backward, from one block's totals.
 
-    ``comm_s``: the block's two all-reduces of the whole micro-batch, each paying
-    ``latency_s`` that does not shrink with sub-batches; ``compute_s``: the block's
-    compute in the same direction. Each block is two equal regions, a stage followed
-    by one all-reduce (the forward of Note [the overlap model]); ``blocks`` of them in
+    ``comm_s``: the block's two all-reduces of the whole micro-batch (one direction),
+    each paying ``latency_s`` that does not shrink with sub-batches; ``compute_s``:
+    the block's forward compute (backward: twice it, Note [the overlap model]). Each
+    block is two equal stages, each followed by one all-reduce; ``blocks`` of them in
     a row, so the last block's collectives can hide behind the next block's start.
+    This is the planner's seam (``codegen/cost/time.py``).
     """
     if comm_s <= 0:
-        return 0.0
+        return Exposure(forward_s=0.0, backward_s=0.0)
     latency = min(latency_s, comm_s / 2)
     # one all-reduce on 2 ranks takes 2·α + bytes/β: with β = 1, α = latency / 2 and
     # bytes = comm_s / 2 − latency, it takes comm_s / 2
-    link = Link(latency_s=latency / 2, bandwidth=1.0)
-    region = Stage(compute_s=compute_s / 2, forward=Collective(kind="all_reduce", nbytes=comm_s / 2 - latency))
-    stages = (region, region) * blocks
-    return exposed_comm(stages, sub_batches=sub_batches, ranks=2, link=link).forward_s / blocks
+    link = Link(latency=latency / 2, bandwidth=1.0)
+    share = Collective(kind="all_reduce", nbytes=comm_s / 2 - latency)
+    region = Stage(compute_s=compute_s / 2, forward=share, backward=share)
+    whole = exposed_comm((region, region) * blocks, sub_batches=sub_batches, ranks=2, link=link)
+    return Exposure(forward_s=whole.forward_s / blocks, backward_s=whole.backward_s / blocks)
