@@ -90,18 +90,20 @@ def main() -> int:
     rows = []
     for index, (spec_path, label, degrees) in enumerate(CASES):
         world = degrees.get("dp", 1) * degrees.get("tp", 1) * degrees.get("pp", 1)
-        predictions = []
-        for when in ("before", "after"):
-            if when == "after":
-                build_dir = Path(build_to(ROOT / spec_path, work / f"build{index}", sets))
-                measured = measure(build_dir, world, args.steps)
+        def predict(when: str):
             profile = folder / f"profile-{index}-{when}.json"
             subprocess.run([sys.executable, "-m", "parc.codegen.cli", "profile", "--ranks", str(world),
                             "-o", str(profile)], check=True, capture_output=True,
                            env=dict(os.environ, OMP_NUM_THREADS="1"))
             sets = overrides(degrees, str(profile))
             spec = load(str(ROOT / spec_path), sets)
-            predictions.append(estimate(spec, fixed_layout(spec), hardware_for(spec)))
+            return spec, sets, estimate(spec, fixed_layout(spec), hardware_for(spec))
+
+        spec, sets, before = predict("before")
+        build_dir = Path(build_to(ROOT / spec_path, work / f"build{index}", sets))
+        measured = measure(build_dir, world, args.steps)
+        spec, sets, after = predict("after")
+        predictions = [before, after]
         low, high = sorted(p.time.step for p in predictions)
         step = (low * high) ** 0.5  # the two profiles' geometric mean
         predicted = min(predictions, key=lambda p: abs(p.time.step - step))

@@ -3,7 +3,8 @@
 Takes: argv (--ranks N, -o FILE, --quick). Gives: FILE, JSON (docs/planner.md, "The
 profile"): fp32 matmul FLOP/s over sizes on one thread (what each torchrun rank gets:
 torchrun runs one thread per rank), memory bandwidth (a large copy), the cost of one
-autograd op (dispatch, no arithmetic), the cores and memory of the machine, and for N
+autograd op (dispatch, no arithmetic), the step time of a few small reference models
+(Note [reference steps]), the cores and memory of the machine, and for N
 ranks on the real backend (gloo, processes spawned here) the latency and bandwidth of
 all-reduce, all-gather, reduce-scatter (through ``runtime/comm.py``'s primitives, the
 ones the trainer calls) and send/recv, fitted as time = latency + bytes / bandwidth. Note [profiling under load] in ``profile``.
@@ -81,6 +82,7 @@ def measure_local(budget: float) -> dict:
 
     op_overhead = _timed(chain, budget=budget) / 100  # 50 forward ops and 50 backward ones
     elementwise = measure_elementwise(budget)
+    reference = measure_reference_steps(budget)
     pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
     page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -89,11 +91,69 @@ def measure_local(budget: float) -> dict:
         "memory_bandwidth": bandwidth,
         "op_overhead_s": op_overhead,
         "elementwise": elementwise,
+        "reference_steps": reference,
         "cores": cores,
         "memory_bytes": pages * page or None,
         "threads_per_rank": 1,
         "torch": torch.__version__,
     }
+
+
+REFERENCE_MODELS = (
+    {"arch": "gpt", "layers": 2, "hidden": 64, "heads": 2, "kv_heads": 2, "ffn": 256, "vocab": 256,
+     "seq_len": 64, "micro_batch": 2, "micro_batches": 2},
+    {"arch": "llama", "layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn": 384, "vocab": 512,
+     "seq_len": 64, "micro_batch": 2, "micro_batches": 2},
+    {"arch": "gpt", "layers": 2, "hidden": 256, "heads": 4, "kv_heads": 4, "ffn": 1024, "vocab": 1024,
+     "seq_len": 128, "micro_batch": 2, "micro_batches": 2},
+)
+"""Note [reference steps]: three small models, one dominated by op dispatch, one by GEMMs."""
+
+
+def measure_reference_steps(budget: float) -> list[dict]:
+    """Note [reference steps]: seconds per training step of a few small models, run by
+    parc's own runtime on one rank exactly as a one-rank trainer runs a step (forward and
+    backward of each micro-batch under the saved-activation meter, ``loss.item()``,
+    gradient clipping, AdamW, zero_grad).
+    The planner fits its GEMM efficiency and its per-op cost to them
+    (``codegen/cost/fit.py``): square matmuls and a chain of scalar ops miss what a
+    step pays for rectangular and transposed GEMMs and for ops on real tensors."""
+    import torch
+
+    from parc.runtime import memory, optim
+    from parc.runtime import model as runtime_model
+    from parc.runtime.kernels import select
+
+    cpu = torch.device("cpu")
+    kernels = "compiled" if select("compiled", cpu) is not None else "eager"
+    rows = []
+    for ref in REFERENCE_MODELS:
+        config = runtime_model.ModelConfig(
+            arch=ref["arch"], layers=ref["layers"], hidden=ref["hidden"], heads=ref["heads"],
+            kv_heads=ref["kv_heads"], ffn=ref["ffn"], vocab=ref["vocab"], padded_vocab=ref["vocab"],
+            seq_len=ref["seq_len"], tie_embeddings=ref["arch"] == "gpt",
+        )
+        net = runtime_model.build_model(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=1,
+                                        device=cpu, kernels=kernels)
+        optimizer = optim.build_optimizer(net, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
+        tokens = torch.randint(0, ref["vocab"], (ref["micro_batch"], ref["seq_len"] + 1),
+                               generator=torch.Generator().manual_seed(0))
+        inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+        activations = memory.SavedActivations(net)  # the trainer measures them every step
+
+        def step():
+            with activations:
+                for _ in range(ref["micro_batches"]):
+                    loss = net(inputs, targets) / ref["micro_batches"]
+                    loss.backward()
+                    loss.item()
+            optim.clip_grad_norm_(net, 1.0, tp_group=None)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        rows.append({**ref, "kernels": kernels, "step_s": _timed(step, budget=budget)})
+    return rows
 
 
 def measure_elementwise(budget: float) -> dict:
@@ -190,7 +250,7 @@ def _rank_main(rank: int, world: int, port: int, budget: float, out_path: str) -
         burst, bandwidth = _fit(points)
         small = torch.ones(world)
         shard, full = small[:1].clone(), small
-        latency = _sync_latency(call, dist, repeats=10 if budget < 0.05 else 30)
+        latency = _sync_latency(call, dist, repeats=10 if budget < 0.05 else 100)
         if name == "send_recv":
             latency /= 2
         results.setdefault("collectives", {})[name] = {
@@ -208,7 +268,8 @@ def _sync_latency(call, dist, *, repeats: int) -> float:
     """Note [latency between compute]: a trainer's collective follows compute, and its
     ranks reach it at different moments (on a busy machine, a scheduler slice apart);
     the cost is measured that way: ~1 ms of matmuls then the collective, minus the
-    matmuls alone. Back-to-back calls after a barrier (``burst``) hide that wait."""
+    matmuls alone, as means over many calls (a trainer pays the slow calls too, so no
+    median drops them). Back-to-back calls after a barrier (``burst``) hide that wait."""
     import torch
 
     a = torch.randn(128, 128)
@@ -217,19 +278,18 @@ def _sync_latency(call, dist, *, repeats: int) -> float:
         for _ in range(8):
             torch.mm(a, a)
 
-    alone, both = [], []
     dist.barrier()
+    start = time.perf_counter()
     for _ in range(repeats):
-        start = time.perf_counter()
         work()
-        alone.append(time.perf_counter() - start)
+    alone = (time.perf_counter() - start) / repeats
     dist.barrier()
+    start = time.perf_counter()
     for _ in range(repeats):
-        start = time.perf_counter()
         work()
         call()
-        both.append(time.perf_counter() - start)
-    return max(0.0, statistics.median(both) - statistics.median(alone))
+    both = (time.perf_counter() - start) / repeats
+    return max(0.0, both - alone)
 
 
 def measure_collectives(ranks: int, budget: float) -> dict:

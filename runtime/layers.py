@@ -60,18 +60,42 @@ class ColumnParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(local)) if bias else None
         _mark_sharded(self.weight, self.bias, group=tp_group)
 
-    def forward(self, x):
+    def enter(self, x):
+        """The input as the matmul takes it: under SP all-gathered along T (backward:
+        reduce-scatter), else as is (backward: all-reduce of its gradient). Column
+        linears that read one input enter it once (``project``)."""
         if self.sequence_parallel:
-            x = all_gather_from_group(x, self.tp_group, dim=1)  # (B, T, in)
-        else:
-            x = copy_to_group(x, self.tp_group)
+            return all_gather_from_group(x, self.tp_group, dim=1)  # (B, T, in)
+        return copy_to_group(x, self.tp_group)
+
+    def local(self, x):
+        """The matmul on an input that already entered (``enter``)."""
         return F.linear(x, self.weight, self.bias)  # (B, T, out/tp)
+
+    def forward(self, x):
+        return self.local(self.enter(x))
 
     @torch.no_grad()
     def load_full_(self, weight, bias=None):
         self.weight.copy_(_shard(weight, self.tp_group, 0, self.full_shape))
         if self.bias is not None:
             self.bias.copy_(_shard(bias, self.tp_group, 0, self.full_shape[:1]))
+
+
+def project(x, linears):
+    """Each of ``linears`` applied to ``x``. Column-parallel ones sharing a group enter
+    it once, as Megatron's fused QKV does: one all-gather under SP instead of one per
+    linear, and one all-reduce of the summed input gradient in backward."""
+    first = linears[0]
+    if len(linears) > 1 and all(
+        type(m) is ColumnParallelLinear
+        and m.tp_group is first.tp_group
+        and m.sequence_parallel == first.sequence_parallel
+        for m in linears
+    ):
+        x = first.enter(x)
+        return [m.local(x) for m in linears]
+    return [m(x) for m in linears]
 
 
 class RowParallelLinear(nn.Module):

@@ -46,6 +46,7 @@ from .layers import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
+    project,
     vocab_parallel_cross_entropy,
 )
 from . import overlap
@@ -176,8 +177,8 @@ class Attention(nn.Module):
         return y.transpose(1, 2).reshape(B, T, -1)
 
     def forward(self, x):
-        q = self.q_proj(x)  # (B, T, heads/tp · D)
-        k, v = self.k_proj(x), self.v_proj(x)  # (B, T, kv_heads/tp · D)
+        # q: (B, T, heads/tp · D); k, v: (B, T, kv_heads/tp · D); x enters the tp region once
+        q, k, v = project(x, [self.q_proj, self.k_proj, self.v_proj])
         return self.o_proj(self.mix(q, k, v))
 
 
@@ -203,8 +204,8 @@ class MLP(nn.Module):
 
     def forward(self, x):
         if self.llama:
-            gate = self.gate_proj(x)
-            return self.down_proj(self.activation(self.up_proj(x), gate))
+            gate, up = project(x, [self.gate_proj, self.up_proj])
+            return self.down_proj(self.activation(up, gate))
         return self.down_proj(self.activation(self.up_proj(x)))
 
 

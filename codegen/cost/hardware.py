@@ -88,6 +88,11 @@ class Hardware:
     """CPU cores the ranks of a node share (a profiled CPU); None: a device per rank."""
     profiled_ranks: int = 1
     """Ranks that ran at once while the profile measured (its figures are per rank then)."""
+    gemm_scale: float = 1.0
+    """A training GEMM's time over the matmul table's square product of the same smallest
+    dimension (fitted to a profile's reference steps: ``cost/fit.py``; 1 for presets)."""
+    reference_steps: tuple[dict, ...] = ()
+    """A profile's measured reference training steps (``profile_cmd.py``, Note [reference steps])."""
     elementwise: tuple[tuple[str, float], ...] = ()
     """Measured seconds per element, forward and backward, keyed ``mode.op`` (``eager.gelu``,
     ``compiled.layer_norm``, ...); empty: elementwise work streams at the memory bandwidth."""
@@ -97,6 +102,12 @@ class Hardware:
             if key == f"{mode}.{op}":
                 return value
         return None
+
+    @property
+    def comm_on_cores(self) -> bool:
+        """A profiled CPU: collectives (gloo) run on the cores the ranks compute on, so
+        compute cannot hide them (``cost/time.py``)."""
+        return self.cores is not None
 
     @property
     def contention(self) -> float:
@@ -135,8 +146,10 @@ def hardware_for(spec: Spec, *, base_dir: str | None = None) -> Hardware:
     mesh = spec.mesh
     profile = getattr(mesh, "profile", None)
     if profile:
+        from .fit import fitted  # the fit runs the time model, which imports this module
+
         folder = base_dir if base_dir is not None else os.path.dirname(spec.source)
-        return from_profile(mesh, os.path.join(folder, profile), named=profile)
+        return fitted(from_profile(mesh, os.path.join(folder, profile), named=profile))
     return from_mesh(mesh)
 
 
@@ -204,6 +217,7 @@ def from_profile(mesh: MeshSpec, path: str, *, named: str) -> Hardware:
         profile=named,
         cores=data.get("cores"),
         profiled_ranks=int(data.get("ranks", 1)),
+        reference_steps=tuple(dict(row) for row in data.get("reference_steps", [])),
         elementwise=tuple(
             sorted(
                 (f"{mode}.{op}", float(seconds))

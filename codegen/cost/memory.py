@@ -24,9 +24,9 @@ token, in elements (h hidden, F ffn, a heads, k = kv_heads·head_dim, t = tp):
                lse a/t, cos/sin tables 4·T·D per micro-batch; compiled kernels
                (``train.kernels``, runtime/kernels): 4h (the fused norm saves x
                and rstd) and SwiGLU saves gate and up but not silu (3F), tables T·D
-  sp:          the norms' tensors are /t, but each column linear (q, k, v, up, and
-               gate) all-gathers its input itself and saves it whole: 4h (gpt) or
-               5h (llama) stay.
+  sp:          the norms' tensors are /t, but the column linears keep their
+               all-gathered input whole: one for q, k, v and one for the MLP's up (and
+               gate), which enter the tp region together (``layers.project``): 2h.
   selective:   the attention core's lse and tables go; full: the block input only
                (h, or h/t under sp).
 
@@ -140,11 +140,10 @@ def parc_layer_elements(
     if recompute == "selective":
         core_extra = 0.0
     if sp:
-        # Each column linear all-gathers its own input and keeps it whole: q, k, v and
-        # the MLP's up (and gate) gather separately; the norms' tensors stay sharded.
-        column_linears = 4 if model.arch is Arch.GPT else 5
+        # The attention's and the MLP's column linears each share one all-gathered input,
+        # kept whole; the norms' tensors stay sharded.
         norm_outputs = 2 * h
-        return column_linears * h + (whole - norm_outputs + stats) / t + sharded / t + core_extra
+        return 2 * h + (whole - norm_outputs + stats) / t + sharded / t + core_extra
     return whole + stats + sharded / t + core_extra
 
 

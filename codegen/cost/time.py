@@ -20,6 +20,11 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   paying the whole latency — paid for with k× the op dispatches and smaller GEMMs.
   Without overlap every tp collective is exposed. Full recompute repeats the
   forward's exposure in backward.
+- on a profiled CPU (``Hardware.comm_on_cores``) gloo runs each collective on the
+  cores the ranks compute on, so nothing hides it: tp collectives and the data-parallel
+  reduction are exposed whole, and sub-batches only add their latencies.
+- every parc step ends with two scalar all-reduces (the loss over dp, the finite check
+  over all ranks): their latency.
 - data parallel: the gradients are reduced once a step. parc's zero 0, 1 and 2
   all-reduce buckets as backward frees them, hidden behind the last micro-batch's
   backward (exposed max(0, reduce − backward)); zero 1 and 2 then all-gather the
@@ -87,7 +92,7 @@ def model_flops_per_token(spec: Spec) -> float:
 
 
 def _gemm(hw: Hardware, m: float, n: float, k: float) -> float:
-    return 2.0 * m * n * k / hw.matmul_flops(min(m, n, k))
+    return 2.0 * m * n * k / hw.matmul_flops(min(m, n, k)) * hw.gemm_scale
 
 
 def _block_forward(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, tokens: float):
@@ -164,8 +169,9 @@ def step_time(
     tp_forward = 2 * per_collective
     tp_backward = 2 * per_collective * (2 if layout.recompute == "full" else 1)
     latency = collective_latency(hw, "all_reduce", size=t, stride=1)
+    hiding = 0.0 if hw.comm_on_cores else forward  # Note [the time model]: gloo on CPU cores
     block = exposed_tp(
-        tp_forward, forward, k, latency_s=latency, blocks=min(OVERLAP_BLOCKS, max(1, round(layers_per_chunk)))
+        tp_forward, hiding, k, latency_s=latency, blocks=min(OVERLAP_BLOCKS, max(1, round(layers_per_chunk)))
     )
     exposed_forward = block.forward_s
     exposed_backward = block.backward_s + (block.forward_s if layout.recompute == "full" else 0.0)
@@ -175,6 +181,8 @@ def step_time(
     head_forward += tokens * m.padded_vocab / t * 3 * 4.0 / hw.memory_bandwidth  # softmax, loss
     head_forward *= slow
     head_comm = 2 * per_collective  # vocab-parallel embedding forward, head input backward
+    if accounting is Accounting.PARC:  # the vocab-sharded loss: max, sum and target logit per row
+        head_comm += 3 * collective_time(hw, "all_reduce", tokens * 4.0, size=t, stride=1)
     head = 3.0 * head_forward + head_comm
 
     # ---- the pipeline -------------------------------------------------------------
@@ -205,9 +213,14 @@ def step_time(
             gather += 2 * micro_batches * collective_time(hw, "all_gather", params * 2.0, size=d, stride=t)
     dp_comm = reduce + gather
     last_backward = layers_per_chunk * v * backward
-    overlapped = accounting is Accounting.PARC and layout.zero <= 2  # Megatron 2021: after the flush
+    # Megatron 2021 reduces after the flush; gloo on CPU cores takes the cores backward runs on
+    overlapped = accounting is Accounting.PARC and layout.zero <= 2 and not hw.comm_on_cores
     dp_exposed = (max(0.0, reduce - last_backward) if overlapped else reduce) + gather
     optimizer = _optimizer_time(hw, accounting, params, tensors, layout) * slow
+    world = d * t * p
+    # the step's two scalar all-reduces: the loss over dp, the finite check over every rank
+    scalars = 2 * collective_latency(hw, "all_reduce", size=min(world, hw.devices_per_node), stride=1)
+    dp_exposed += scalars if accounting is Accounting.PARC else 0.0
 
     step = pipeline + dp_exposed + optimizer
     compute = micro_batches * (v * layers_per_chunk * (forward + backward) + 3.0 * head_forward) + optimizer

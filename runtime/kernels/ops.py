@@ -35,15 +35,22 @@ from .reference import rotary_tables
 import torch.distributed as dist
 
 
+_cpu_module = None
+"""The compiled CPU module once loaded: every kernel call asks for it, and ``load_cpu``
+resolves the cache folder (environment, home, paths) under a lock each time it runs."""
+
+
 def _backend(t: Tensor):
+    global _cpu_module
     if t.device.type == "cuda" or os.environ.get("PARC_TRITON_ON_CPU") == "1":
         from . import triton_ops
 
         return triton_ops
-    module = load_cpu()
-    if module is None:
-        raise RuntimeError("internal error in parc: compiled CPU kernels used while unavailable")
-    return module
+    if _cpu_module is None:
+        _cpu_module = load_cpu()
+        if _cpu_module is None:
+            raise RuntimeError("internal error in parc: compiled CPU kernels used while unavailable")
+    return _cpu_module
 
 
 def _stats_dtype(t: Tensor):

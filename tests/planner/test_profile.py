@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from parc.codegen.cli import main
 from parc.codegen.cost import hardware_for
 from parc.codegen.cost.comm import collective_time
-from parc.codegen.profile_cmd import _fit
+from parc.codegen.cost.fit import fitted, reference_spec
+from parc.codegen.cost.hardware import from_mesh
+from parc.codegen.cost.time import step_time
+from parc.codegen.profile_cmd import REFERENCE_MODELS, _fit
 from parc.dsl import load
 
 
@@ -28,7 +32,29 @@ def test_profile_one_rank_is_read_by_the_planner(tmp_path, capsys):
     hw = hardware_for(spec)
     assert hw.profile == "machine.json" and hw.matmul_table and hw.elementwise_cost("eager", "gelu") > 0
     assert hw.peak_flops == max(flops for _, flops in hw.matmul_table)
+    assert [ref["hidden"] for ref in data["reference_steps"]] == [ref["hidden"] for ref in REFERENCE_MODELS]
+    assert all(ref["step_s"] > 0 for ref in data["reference_steps"])
+    assert hw.reference_steps and hw.gemm_scale > 0 and hw.op_overhead > 0  # fitted to them
     assert "wrote" in capsys.readouterr().out
+
+
+def test_fit_recovers_the_figures_the_reference_steps_were_made_with(tmp_path):
+    """Note [fitting the reference steps]: steps timed on a machine whose GEMMs run at
+    0.6× the square-matmul table and whose ops cost 40 µs are fitted back to exactly that."""
+    spec = load("examples/tiny.par")
+    table = tuple((float(n), 50e9 * n / (n + 64)) for n in (32, 64, 128, 256, 512, 1024))
+    base = from_mesh(spec.mesh)
+    truth = replace(base, matmul_table=table, op_overhead=40e-6, gemm_scale=1 / 0.6, cores=2, profiled_ranks=1)
+    steps = []
+    for ref in REFERENCE_MODELS:
+        ref_spec, layout = reference_spec(ref)
+        steps.append({**ref, "kernels": "compiled",
+                      "step_s": step_time(ref_spec, layout, replace(truth, devices_per_node=1)).step})
+    measured = replace(truth, gemm_scale=1.0, op_overhead=3e-6, reference_steps=tuple(steps))
+    result = fitted(measured)
+    assert result.gemm_scale == pytest.approx(1 / 0.6, rel=1e-6)
+    assert result.op_overhead == pytest.approx(40e-6, rel=1e-6)
+    assert fitted(base) is base  # no reference steps: nothing to fit
 
 
 def test_fit_and_measured_collectives():
