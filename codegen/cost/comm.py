@@ -50,33 +50,31 @@ def collective_time(hw: Hardware, kind: str, nbytes: float, *, size: int, stride
     """Seconds for one ``kind`` collective of a ``nbytes`` buffer over ``size`` ranks."""
     if size <= 1 or nbytes <= 0:
         return 0.0
-    return collective_latency(hw, kind, size=size, stride=stride) + _volume_time(
-        hw, kind, nbytes, size=size, stride=stride
-    )
+    measured = _measured(hw, kind, size=size, stride=stride)
+    if measured is None:
+        return ring_time(kind, nbytes, ranks=size, link=link_for(hw, size=size, stride=stride))
+    if STEPS[kind] is None:
+        return measured.latency + nbytes / measured.bandwidth
+    n0 = max(measured.ranks, 2)
+    volume = nbytes * ((size - 1) / size) / ((n0 - 1) / n0)
+    return measured.latency * (size - 1) / (n0 - 1) + volume / measured.bandwidth
 
 
 def collective_latency(hw: Hardware, kind: str, *, size: int, stride: int) -> float:
-    """The part of a ``kind`` collective's time that does not shrink with its buffer:
-    splitting it in k pieces (overlap's sub-batches) pays it k times."""
+    """The part of ``collective_time`` that does not shrink with the buffer: splitting a
+    collective in k pieces (overlap's sub-batches) pays it k times."""
     if size <= 1:
         return 0.0
-    steps = STEPS[kind]
-    measured = hw.collective(kind)
-    if measured is not None and size * stride <= hw.devices_per_node:
-        if steps is None:
-            return measured.latency
-        return measured.latency * (size - 1) / (max(measured.ranks, 2) - 1)
-    latency = link_for(hw, size=size, stride=stride).latency
-    return latency if steps is None else steps * (size - 1) * latency
+    measured = _measured(hw, kind, size=size, stride=stride)
+    if measured is None:
+        latency = link_for(hw, size=size, stride=stride).latency
+        return latency if STEPS[kind] is None else STEPS[kind] * (size - 1) * latency
+    if STEPS[kind] is None:
+        return measured.latency
+    return measured.latency * (size - 1) / (max(measured.ranks, 2) - 1)
 
 
-def _volume_time(hw: Hardware, kind: str, nbytes: float, *, size: int, stride: int) -> float:
-    steps = STEPS[kind]
+def _measured(hw: Hardware, kind: str, *, size: int, stride: int):
+    """A profile's measurement of ``kind``, when it applies: a group within one node."""
     measured = hw.collective(kind)
-    if measured is not None and size * stride <= hw.devices_per_node:
-        if steps is None:
-            return nbytes / measured.bandwidth
-        n0 = max(measured.ranks, 2)
-        return nbytes * ((size - 1) / size) / ((n0 - 1) / n0) / measured.bandwidth
-    link = link_for(hw, size=size, stride=stride)
-    return ring_time(kind, nbytes, ranks=size, link=Link(bandwidth=link.bandwidth, latency=0.0))
+    return measured if measured is not None and size * stride <= hw.devices_per_node else None

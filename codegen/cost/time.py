@@ -11,8 +11,8 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   attention core (selective); elementwise work moves bytes at the memory bandwidth;
   every op costs the dispatch overhead. The head's GEMM runs on the last stage.
 - tensor/sequence parallel: two all-reduces (or all-gather + reduce-scatter pairs
-  under sp: the same ring volume) of the block's (b, s, h) activations forward, two
-  backward, two more under full recompute.
+  under sp: the same ring volume, but a profile's measured figures for each) of the
+  block's (b, s, h) activations forward, two backward, two more under full recompute.
 - overlap = sub_batch(k) (Oases): each micro-batch runs as k sub-batches; the exposed
   tp time is ``cost/overlap.py``'s replay of the runtime's sub-batch schedule
   (forward wavefront; backward, each gradient all-reduce behind the weight
@@ -165,10 +165,14 @@ def step_time(
         backward += forward
     elif layout.recompute == "selective":
         backward += core
-    per_collective = collective_time(hw, "all_reduce", tokens * m.hidden * size, size=t, stride=1)
+    # one region's collective: an all-reduce, or under sp an all-gather + reduce-scatter
+    # pair (on a ring the same; gloo's measured ones differ)
+    kinds = ("all_gather", "reduce_scatter") if layout.sp else ("all_reduce",)
+    activations = tokens * m.hidden * size
+    per_collective = sum(collective_time(hw, kind, activations, size=t, stride=1) for kind in kinds)
     tp_forward = 2 * per_collective
     tp_backward = 2 * per_collective * (2 if layout.recompute == "full" else 1)
-    latency = collective_latency(hw, "all_reduce", size=t, stride=1)
+    latency = sum(collective_latency(hw, kind, size=t, stride=1) for kind in kinds)
     hiding = 0.0 if hw.comm_on_cores else forward  # Note [the time model]: gloo on CPU cores
     block = exposed_tp(
         tp_forward, hiding, k, latency_s=latency, blocks=min(OVERLAP_BLOCKS, max(1, round(layers_per_chunk)))
