@@ -40,6 +40,7 @@ from typing import Sequence
 from .comm import ring_time
 from .hardware import Link
 
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Collective:
     kind: str
