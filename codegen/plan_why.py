@@ -11,7 +11,7 @@ Before: ``codegen/search.py``. After: ``codegen/plan_cmd.py`` (text and JSON).
 from __future__ import annotations
 
 from .cost import Estimate, Hardware
-from .search import SearchResult
+from .search import TIE_TOLERANCE, SearchResult, memory_unit, tie_rule
 
 KEYS = (
     ("dp", "dp"), ("tp", "tp"), ("pp", "pp"), ("sp", "sp"), ("zero", "zero"),
@@ -94,11 +94,12 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
     index = items.index(best) + 1
     runner = fitting[1] if len(fitting) > 1 else None
     if runner is not None:
-        lines.append(_compare(best, index, runner, items.index(runner) + 1))
+        unit = memory_unit(hw)
+        lines.append(_compare(best, index, runner, items.index(runner) + 1, unit))
         degrees = (best.layout.dp, best.layout.tp, best.layout.pp)
         other = next((item for item in fitting if (item.layout.dp, item.layout.tp, item.layout.pp) != degrees), None)
         if other is not None and other is not runner:
-            lines.append(_compare(best, index, other, items.index(other) + 1, title="against other degrees"))
+            lines.append(_compare(best, index, other, items.index(other) + 1, unit, title="against other degrees"))
     elif result.considered > 1:
         lines.append(f"#{index} is the only layout that fits.")
     too_big = [item for item in items if not item.fits and item.time.step < best.time.step]
@@ -119,7 +120,7 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
     return lines
 
 
-def _compare(best: Estimate, i: int, runner: Estimate, j: int, title: str = "") -> str:
+def _compare(best: Estimate, i: int, runner: Estimate, j: int, unit: float | None, title: str = "") -> str:
     differs = [
         (key, getattr(best.layout, key), getattr(runner.layout, key))
         for key, _ in KEYS
@@ -134,14 +135,30 @@ def _compare(best: Estimate, i: int, runner: Estimate, j: int, title: str = "") 
     name, label, delta = min(deltas, key=lambda d: d[2])
     reason = next((REASONS[name][k] for k, _, _ in differs if k in REASONS[name]), None)
     head = f"{title}, #{i}" if title else f"why #{i}"
+    memory = f"Memory per rank: {_gib(best.memory.total)} vs {_gib(runner.memory.total)}"
+    if best.memory.total == runner.memory.total:
+        memory += ", the same"
+    slower = max(best.time.step, runner.time.step)
+    if abs(gap) <= TIE_TOLERANCE * best.time.step and slower > 0:
+        rule = tie_rule(best, runner, unit)
+        faster = "#%d" % (i if gap >= 0 else j)
+        margin = abs(gap) / slower
+        margin_text = f"{margin:.2%}" if margin >= 1e-4 else "less than 0.01%"
+        if margin > 1e-9:
+            close = (
+                f"their step times are within {TIE_TOLERANCE:.1%} ({faster} is {margin_text} faster), "
+                "which the planner counts as a tie"
+            )
+        else:
+            close = "their predicted step times are equal, a tie"
+        return (
+            f"{head}: it differs from #{j} ({_describe(runner)}) in {changed}; {close}, broken by "
+            f"{rule or 'the faster'} (docs/planner.md). {memory}."
+        )
     text = (
         f"{head}: it differs from #{j} ({_describe(runner)}) in {changed}; a step is "
         f"{_seconds(-gap)[1:]} ({share:.1%}) shorter ({parts})"
     )
     if delta < 0 and reason:
         text += f": mostly {label} — {reason}"
-    memory = best.memory.total - runner.memory.total
-    text += f". Memory per rank: {_gib(best.memory.total)} vs {_gib(runner.memory.total)}"
-    if gap <= 0:
-        text += " (a tie on time, broken by the rule of docs/planner.md)"
-    return text + ("." if memory else ", the same.")
+    return text + f". {memory}."

@@ -20,14 +20,22 @@ tp = 1 (no tensor-parallel collective to overlap).
 Note [ranking and ties]: layouts that fit come first, by predicted step time (the
 global batch is fixed, so that is throughput); the best ``EXACT_TOP`` by the fast
 estimate are re-scored with the simulated schedule (Note [fast and exact bubbles])
-and then ranked. Equal times (to 1e-9 relative) are broken by, in order: lower peak
-memory, fewer pipeline stages, lower tp, lower ZeRO stage, less recompute (none,
-selective, full), sp off before on, fewer sub-batches, schedule 1f1b, interleaved,
-gpipe, fewer chunks, larger micro_batch — the simpler program wins a tie.
+and then ranked. Step times within ``TIE_TOLERANCE`` (0.5%) of the fastest layout not
+yet ranked count as a tie — the model cannot tell such layouts apart, and a user
+would rather have the memory headroom or the simpler program — and among those the
+next place goes to, in order: lower peak memory (counted in steps of
+``MEMORY_STEP``, 1% of the device's memory, so a few megabytes never decide), fewer
+pipeline stages, lower tp,
+lower ZeRO stage, less recompute (none, selective, full), sp off before on, fewer
+sub-batches, schedule 1f1b, interleaved, gpipe, fewer chunks, larger micro_batch,
+lower exact peak memory; then the faster. So a layout is never ranked above one more than 0.5% faster than it
+(the window is anchored at the fastest remaining layout, not at bucket edges).
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from dataclasses import dataclass, replace
 
 from parc.dsl.spec import PipelineSchedule, Recompute, Spec
@@ -136,12 +144,27 @@ def _schedules(spec: Spec, pp: int, micro_batches: int, given):
     return options
 
 
-def _key(item: Estimate, exact_step: float | None = None):
-    layout, step = item.layout, item.time.step if exact_step is None else exact_step
+TIE_TOLERANCE = 0.005
+"""Step times within this fraction of the fastest remaining layout are a tie."""
+
+MEMORY_STEP = 0.01
+"""Peak memory breaks a tie in steps of this fraction of the device's memory."""
+
+TIE_RULES = (
+    "lower peak memory", "fewer pipeline stages", "lower tp", "lower ZeRO stage", "less recompute",
+    "sp off", "fewer sub-batches", "the simpler schedule", "fewer chunks", "a larger micro_batch",
+    "lower peak memory",
+)
+"""What each place of ``tie_key`` prefers, for the "why" lines."""
+
+
+def tie_key(item: Estimate, memory_step: float | None) -> tuple:
+    """Note [ranking and ties]: what decides between layouts whose step times tie;
+    ``memory_step``: bytes per step of peak memory (None: compare bytes)."""
+    layout = item.layout
+    peak = item.memory.total
     return (
-        not item.fits,
-        float(f"{step:.9e}"),
-        item.memory.total,
+        peak if not memory_step else math.floor(peak / memory_step),
         layout.pp,
         layout.tp,
         layout.zero,
@@ -151,13 +174,54 @@ def _key(item: Estimate, exact_step: float | None = None):
         SCHEDULE_ORDER[layout.schedule],
         layout.chunks,
         -layout.micro_batch,
+        peak,
     )
+
+
+def tie_rule(first: Estimate, second: Estimate, memory_step: float | None) -> str | None:
+    """The rule of ``TIE_RULES`` that puts ``first`` before ``second`` on a tie, or None."""
+    for rule, a, b in zip(TIE_RULES, tie_key(first, memory_step), tie_key(second, memory_step)):
+        if a != b:
+            return rule if a < b else None
+    return None
+
+
+def memory_unit(hw: Hardware) -> float | None:
+    return None if hw.memory is None else hw.memory * MEMORY_STEP
+
+
+def rank(items, memory_step: float | None) -> list[Estimate]:
+    """Note [ranking and ties]: fitting layouts first, then by time with ties broken."""
+    items, ranked = list(items), []
+    for fits in (True, False):
+        group = sorted((item for item in items if item.fits == fits), key=lambda item: item.time.step)
+        ranked += _break_ties(group, memory_step)
+    return ranked
+
+
+def _break_ties(group: list[Estimate], memory_step: float | None) -> list[Estimate]:
+    """``group`` sorted by step time; each place goes to the least ``tie_key`` among the
+    layouts within ``TIE_TOLERANCE`` of the fastest one not yet placed."""
+    placed, window, out = [False] * len(group), [], []
+    fastest = admitted = 0
+    while len(out) < len(group):
+        while placed[fastest]:
+            fastest += 1
+        limit = group[fastest].time.step * (1.0 + TIE_TOLERANCE)
+        while admitted < len(group) and group[admitted].time.step <= limit:
+            heapq.heappush(window, (tie_key(group[admitted], memory_step), admitted))
+            admitted += 1
+        _, index = heapq.heappop(window)
+        placed[index] = True
+        out.append(group[index])
+    return out
 
 
 def search(spec: Spec, hw: Hardware, accounting: Accounting = Accounting.PARC) -> SearchResult:
     """Note [ranking and ties]."""
     layouts = candidates(spec)
-    fast = sorted((estimate(spec, layout, hw, accounting, exact=False) for layout in layouts), key=_key)
+    step = memory_unit(hw)
+    fast = rank((estimate(spec, layout, hw, accounting, exact=False) for layout in layouts), step)
     head = [estimate(spec, item.layout, hw, accounting, exact=True) for item in fast[:EXACT_TOP]]
     # The build winner must be exact too, even when zero-3 layouts crowd the top.
     tail = fast[EXACT_TOP:]
@@ -167,7 +231,7 @@ def search(spec: Spec, hw: Hardware, accounting: Accounting = Accounting.PARC) -
                 head.append(estimate(spec, item.layout, hw, accounting, exact=True))
                 tail = tail[:index] + tail[index + 1 :]
                 break
-    ranked = tuple(sorted(head, key=_key)) + tuple(tail)
+    ranked = tuple(rank(head, step)) + tuple(tail)
     return SearchResult(
         estimates=ranked, considered=len(layouts), fitting=sum(1 for item in ranked if item.fits)
     )
