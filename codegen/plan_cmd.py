@@ -229,9 +229,13 @@ def run_plan(args: argparse.Namespace) -> int:
     accounting = Accounting(args.accounting)
     try:
         result = plan(spec, accounting)
-    except ProfileError as exc:
-        print(f"parc: error: {exc} (mesh.profile)", file=sys.stderr)
-        return 1
+    except ProfileError as exc:  # quoted at the spec's mesh.profile, as parc build does
+        from .build_cmd import report_stage_errors
+        from .errors import BAD_VALUE, error
+        from parc.dsl.diagnostics import Diagnostics
+
+        problem = error(spec, "mesh.profile", BAD_VALUE, str(exc), "run parc profile -o FILE and name FILE")
+        return report_stage_errors(Diagnostics([problem]), args.spec, args.overrides)
     if not result.estimates:
         print(f"parc plan {spec.source}: no valid layout for this mesh and batch "
               "(check that global_batch and the mesh leave a dp·tp·pp split)", file=sys.stderr)

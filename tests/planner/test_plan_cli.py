@@ -50,3 +50,14 @@ def test_missing_profile_is_an_error_not_a_trace(capsys, tmp_path):
     assert main(["plan", "examples/tiny.par", "--set", 'mesh.profile="nope.json"', "--set", "parallel=auto"]) == 1
     err = capsys.readouterr().err
     assert "cannot read the profile" in err and "Traceback" not in err
+    assert err.startswith("--set 1:1:14: error[PAR0804]") and "hint: run parc profile" in err
+
+
+def test_a_file_that_is_not_a_profile_is_quoted_at_its_spec_line(capsys, tmp_path):
+    spec = tmp_path / "p.par"
+    spec.write_text(Path("examples/tiny.par").read_text().replace("  device = cpu\n", '  device = cpu\n  profile = "bad.json"\n'))
+    (tmp_path / "bad.json").write_text('{"bad": 1}')
+    assert main(["plan", str(spec)]) == 1
+    err = capsys.readouterr().err
+    line = next(i for i, text in enumerate(spec.read_text().splitlines(), 1) if "profile" in text)
+    assert err.startswith(f"{spec}:{line}:13: error[PAR0804]") and "is not a parc profile" in err
