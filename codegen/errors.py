@@ -52,6 +52,11 @@ def error(spec: Spec, key: str, code: str, message: str, hint: str | None = None
     return ParcError(span=span_of(spec, key), code=code, message=message, hint=hint)
 
 
+def profile_error(spec: Spec, exc: Exception) -> ParcError:
+    """The mesh's profile cannot be read (``cost.hardware.ProfileError``): quoted at ``mesh.profile``."""
+    return error(spec, "mesh.profile", BAD_VALUE, str(exc), "run parc profile -o FILE and name FILE")
+
+
 def fail(errors: Iterable[ParcError]) -> NoReturn:
     raise Diagnostics(list(errors))
 

@@ -15,12 +15,15 @@ import argparse
 import json
 import sys
 
+from parc.dsl.diagnostics import Diagnostics
 from parc.dsl.spec import Spec
 
+from .build_cmd import report_stage_errors
 from .cost import Accounting, Estimate, hardware_for
 from .cost import estimate as estimate_layout
 from .cost.hardware import ProfileError
 from .cost.layout import total_params
+from .errors import profile_error
 from .plan_why import why
 from .search import SearchResult, fixed_layout, search
 
@@ -230,12 +233,7 @@ def run_plan(args: argparse.Namespace) -> int:
     try:
         result = plan(spec, accounting)
     except ProfileError as exc:  # quoted at the spec's mesh.profile, as parc build does
-        from .build_cmd import report_stage_errors
-        from .errors import BAD_VALUE, error
-        from parc.dsl.diagnostics import Diagnostics
-
-        problem = error(spec, "mesh.profile", BAD_VALUE, str(exc), "run parc profile -o FILE and name FILE")
-        return report_stage_errors(Diagnostics([problem]), args.spec, args.overrides)
+        return report_stage_errors(Diagnostics([profile_error(spec, exc)]), args.spec, args.overrides)
     if not result.estimates:
         print(f"parc plan {spec.source}: no valid layout for this mesh and batch "
               "(check that global_batch and the mesh leave a dp·tp·pp split)", file=sys.stderr)

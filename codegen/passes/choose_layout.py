@@ -19,7 +19,7 @@ from parc.dsl.spec import Spec
 
 from ..cost import Accounting, hardware_for
 from ..cost.hardware import ProfileError
-from ..errors import AUTO, BAD_VALUE, check, error
+from ..errors import AUTO, check, error, profile_error
 from ..plan import PredictionPlan
 from ..search import search, with_layout
 from .draft import Draft
@@ -36,7 +36,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
     try:
         hardware = hardware_for(spec)
     except ProfileError as exc:
-        check([error(spec, "mesh.profile", BAD_VALUE, str(exc), "run parc profile -o FILE and name FILE")])
+        check([profile_error(spec, exc)])
     result = search(spec, hardware, Accounting.PARC)
     winner = result.winner
     if winner is None:
