@@ -61,3 +61,7 @@ def test_a_file_that_is_not_a_profile_is_quoted_at_its_spec_line(capsys, tmp_pat
     err = capsys.readouterr().err
     line = next(i for i, text in enumerate(spec.read_text().splitlines(), 1) if "profile" in text)
     assert err.startswith(f"{spec}:{line}:13: error[PAR0804]") and "is not a parc profile" in err
+    # parc build of an auto spec says the same, and writes nothing
+    assert main(["build", str(spec), "-o", str(tmp_path / "out"), "--set", "parallel=auto"]) == 1
+    assert capsys.readouterr().err.startswith(f"{spec}:{line}:13: error[PAR0804]")
+    assert not (tmp_path / "out").exists()
