@@ -19,17 +19,17 @@ tp = 1 (no tensor-parallel collective to overlap).
 
 Note [ranking and ties]: layouts that fit come first, by predicted step time (the
 global batch is fixed, so that is throughput); the best ``EXACT_TOP`` by the fast
-estimate are re-scored with the simulated schedule (Note [fast and exact bubbles])
-and then ranked. Step times within ``TIE_TOLERANCE`` (0.5%) of the fastest layout not
-yet ranked count as a tie — the model cannot tell such layouts apart, and a user
-would rather have the memory headroom or the simpler program — and among those the
-next place goes to, in order: lower peak memory (counted in steps of
-``MEMORY_STEP``, 1% of the device's memory, so a few megabytes never decide), fewer
-pipeline stages, lower tp,
-lower ZeRO stage, less recompute (none, selective, full), sp off before on, fewer
-sub-batches, schedule 1f1b, interleaved, gpipe, fewer chunks, larger micro_batch,
-lower exact peak memory; then the faster. So a layout is never ranked above one more than 0.5% faster than it
-(the window is anchored at the fastest remaining layout, not at bucket edges).
+estimate are re-scored with the simulated schedule (Note [fast and exact bubbles]) and
+then ranked. Step times within ``TIE_TOLERANCE`` (0.5%) of the fastest layout not yet
+ranked count as a tie — the model cannot tell such layouts apart, and a user would
+rather have the memory headroom or the simpler program — and among those the next
+place goes to, in order: lower peak memory (counted in steps of ``MEMORY_STEP``, 1% of
+the device's memory, so a few megabytes never decide; in bytes when the device's
+memory is unknown), fewer pipeline stages, lower tp, lower ZeRO stage, less recompute
+(none, selective, full), sp off before on, fewer sub-batches, schedule 1f1b,
+interleaved, gpipe, fewer chunks, larger micro_batch, lower exact peak memory; then
+the faster. So a layout is never ranked above one more than 0.5% faster than it (the
+window is anchored at the fastest remaining layout, not at bucket edges).
 """
 
 from __future__ import annotations
