@@ -11,7 +11,7 @@ Before: ``codegen/search.py``. After: ``codegen/plan_cmd.py`` (text and JSON).
 from __future__ import annotations
 
 from .cost import Estimate, Hardware
-from .search import TIE_TOLERANCE, SearchResult, memory_unit, tie_rule
+from .search import TIE_TOLERANCE, SearchResult, tie_memory_unit, tie_rule
 
 KEYS = (
     ("dp", "dp"), ("tp", "tp"), ("pp", "pp"), ("sp", "sp"), ("zero", "zero"),
@@ -94,7 +94,7 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
     index = items.index(best) + 1
     runner = fitting[1] if len(fitting) > 1 else None
     if runner is not None:
-        unit = memory_unit(hw)
+        unit = tie_memory_unit(hw)
         lines.append(_compare(best, index, runner, items.index(runner) + 1, unit))
         degrees = (best.layout.dp, best.layout.tp, best.layout.pp)
         other = next((item for item in fitting if (item.layout.dp, item.layout.tp, item.layout.pp) != degrees), None)

@@ -150,56 +150,53 @@ TIE_TOLERANCE = 0.005
 MEMORY_STEP = 0.01
 """Peak memory breaks a tie in steps of this fraction of the device's memory."""
 
-TIE_RULES = (
-    "lower peak memory", "fewer pipeline stages", "lower tp", "lower ZeRO stage", "less recompute",
-    "sp off", "fewer sub-batches", "the simpler schedule", "fewer chunks", "a larger micro_batch",
-    "lower peak memory",
+TIE_BREAKS = (
+    ("fewer pipeline stages", lambda layout: layout.pp),
+    ("lower tp", lambda layout: layout.tp),
+    ("lower ZeRO stage", lambda layout: layout.zero),
+    ("less recompute", lambda layout: RECOMPUTE_ORDER[layout.recompute]),
+    ("sp off", lambda layout: layout.sp),
+    ("fewer sub-batches", lambda layout: layout.sub_batches),
+    ("the simpler schedule", lambda layout: SCHEDULE_ORDER[layout.schedule]),
+    ("fewer chunks", lambda layout: layout.chunks),
+    ("a larger micro_batch", lambda layout: -layout.micro_batch),
 )
-"""What each place of ``tie_key`` prefers, for the "why" lines."""
+"""Between the coarse and the exact peak memory of ``tie_key``: what each rule prefers."""
+TIE_RULES = ("lower peak memory", *(rule for rule, _ in TIE_BREAKS), "lower peak memory")
+"""The name of each place of ``tie_key``, for the "why" lines."""
 
 
-def tie_key(item: Estimate, memory_step: float | None) -> tuple:
+def tie_key(item: Estimate, memory_unit: float | None) -> tuple:
     """Note [ranking and ties]: what decides between layouts whose step times tie;
-    ``memory_step``: bytes per step of peak memory (None: compare bytes)."""
-    layout = item.layout
+    ``memory_unit``: bytes per step of peak memory (None: compare bytes)."""
     peak = item.memory.total
-    return (
-        peak if not memory_step else math.floor(peak / memory_step),
-        layout.pp,
-        layout.tp,
-        layout.zero,
-        RECOMPUTE_ORDER[layout.recompute],
-        layout.sp,
-        layout.sub_batches,
-        SCHEDULE_ORDER[layout.schedule],
-        layout.chunks,
-        -layout.micro_batch,
-        peak,
-    )
+    coarse = peak if not memory_unit else math.floor(peak / memory_unit)
+    return (coarse, *(key(item.layout) for _, key in TIE_BREAKS), peak)
 
 
-def tie_rule(first: Estimate, second: Estimate, memory_step: float | None) -> str | None:
+def tie_rule(first: Estimate, second: Estimate, memory_unit: float | None) -> str | None:
     """The rule of ``TIE_RULES`` that puts ``first`` before ``second`` on a tie, or None."""
-    for rule, a, b in zip(TIE_RULES, tie_key(first, memory_step), tie_key(second, memory_step)):
+    for rule, a, b in zip(TIE_RULES, tie_key(first, memory_unit), tie_key(second, memory_unit)):
         if a != b:
             return rule if a < b else None
     return None
 
 
-def memory_unit(hw: Hardware) -> float | None:
+def tie_memory_unit(hw: Hardware) -> float | None:
+    """Bytes per step of peak memory in ``tie_key``: ``MEMORY_STEP`` of the device's memory."""
     return None if hw.memory is None else hw.memory * MEMORY_STEP
 
 
-def rank(items, memory_step: float | None) -> list[Estimate]:
+def rank(items, memory_unit: float | None) -> list[Estimate]:
     """Note [ranking and ties]: fitting layouts first, then by time with ties broken."""
     items, ranked = list(items), []
     for fits in (True, False):
         group = sorted((item for item in items if item.fits == fits), key=lambda item: item.time.step)
-        ranked += _break_ties(group, memory_step)
+        ranked += _break_ties(group, memory_unit)
     return ranked
 
 
-def _break_ties(group: list[Estimate], memory_step: float | None) -> list[Estimate]:
+def _break_ties(group: list[Estimate], memory_unit: float | None) -> list[Estimate]:
     """``group`` sorted by step time; each place goes to the least ``tie_key`` among the
     layouts within ``TIE_TOLERANCE`` of the fastest one not yet placed."""
     placed, window, out = [False] * len(group), [], []
@@ -209,7 +206,7 @@ def _break_ties(group: list[Estimate], memory_step: float | None) -> list[Estima
             fastest += 1
         limit = group[fastest].time.step * (1.0 + TIE_TOLERANCE)
         while admitted < len(group) and group[admitted].time.step <= limit:
-            heapq.heappush(window, (tie_key(group[admitted], memory_step), admitted))
+            heapq.heappush(window, (tie_key(group[admitted], memory_unit), admitted))
             admitted += 1
         _, index = heapq.heappop(window)
         placed[index] = True
@@ -220,8 +217,8 @@ def _break_ties(group: list[Estimate], memory_step: float | None) -> list[Estima
 def search(spec: Spec, hw: Hardware, accounting: Accounting = Accounting.PARC) -> SearchResult:
     """Note [ranking and ties]."""
     layouts = candidates(spec)
-    step = memory_unit(hw)
-    fast = rank((estimate(spec, layout, hw, accounting, exact=False) for layout in layouts), step)
+    unit = tie_memory_unit(hw)
+    fast = rank((estimate(spec, layout, hw, accounting, exact=False) for layout in layouts), unit)
     head = [estimate(spec, item.layout, hw, accounting, exact=True) for item in fast[:EXACT_TOP]]
     # The build winner must be exact too, even when zero-3 layouts crowd the top.
     tail = fast[EXACT_TOP:]
@@ -231,7 +228,7 @@ def search(spec: Spec, hw: Hardware, accounting: Accounting = Accounting.PARC) -
                 head.append(estimate(spec, item.layout, hw, accounting, exact=True))
                 tail = tail[:index] + tail[index + 1 :]
                 break
-    ranked = tuple(rank(head, step)) + tuple(tail)
+    ranked = tuple(rank(head, unit)) + tuple(tail)
     return SearchResult(
         estimates=ranked, considered=len(layouts), fitting=sum(1 for item in ranked if item.fits)
     )

@@ -15,7 +15,7 @@ from parc.codegen.cost.bubble import _simulate, makespan
 from parc.codegen.cost.calibration import predicted_tflops
 from parc.codegen.build import build_to
 from parc.codegen.lower import lower
-from parc.codegen.search import EXACT_TOP, TIE_TOLERANCE, candidates, memory_unit, rank, search, tie_rule
+from parc.codegen.search import EXACT_TOP, TIE_TOLERANCE, candidates, rank, search, tie_memory_unit, tie_rule
 from parc.dsl import load
 from parc.dsl.diagnostics import Diagnostics
 from parc.runtime.schedule import build_schedule
@@ -141,12 +141,12 @@ def test_near_ties_go_to_memory_then_the_simpler_program_never_past_a_faster_lay
     tied_small = _with(by_layout[(4, 2, 1, 0)], 1.004, small)  # within 0.5% of the fastest: wins on memory
     tied_simple = _with(by_layout[(8, 1, 1, 1)], 1.0045, big)  # same memory step as fast_big, zero 1
     slow_small = _with(by_layout[(2, 4, 1, 0)], 1.006, small)  # 0.6% slower than fast_big: never above it
-    ranked = rank([slow_small, tied_simple, fast_big, tied_small], memory_unit(hw))
+    ranked = rank([slow_small, tied_simple, fast_big, tied_small], tie_memory_unit(hw))
     # the window is anchored at the fastest layout not yet placed: with fast_big placed,
     # slow_small is within 0.5% of tied_simple and beats it on memory
     assert [e.layout for e in ranked] == [e.layout for e in (tied_small, fast_big, slow_small, tied_simple)]
-    assert tie_rule(tied_small, fast_big, memory_unit(hw)) == "lower peak memory"
-    assert tie_rule(fast_big, tied_simple, memory_unit(hw)) == "lower ZeRO stage"
+    assert tie_rule(tied_small, fast_big, tie_memory_unit(hw)) == "lower peak memory"
+    assert tie_rule(fast_big, tied_simple, tie_memory_unit(hw)) == "lower ZeRO stage"
     for i, a in enumerate(ranked):
         assert all(a.time.step <= b.time.step * (1 + TIE_TOLERANCE) for b in ranked[i + 1:])
 
