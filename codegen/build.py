@@ -6,6 +6,12 @@ the byte-identical ``parc_runtime/`` copy of ``runtime/`` and ``.parc/manifest.j
 disk with what would be generated: stale (would change), missing, hand-edited
 (differs from what the manifest recorded), so ``--check`` and overwrite protection
 read the same facts. Before: ``codegen/render.py``. After: the user's ``torchrun``.
+
+Note [a build folder is untrusted input]: a cloned repository can carry a build
+folder, manifest included. The manifest is checked against ``MANIFEST_SCHEMA`` and
+every path in it (and every path the build writes) must stay inside the folder once
+symlinks are followed (``runtime/paths.py``); otherwise ``FolderError`` is raised
+before anything is read, written or removed — ``--force`` does not lift it.
 """
 
 from __future__ import annotations
@@ -17,13 +23,38 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+import jsonschema
+
 from parc import __version__
+from parc.runtime.paths import UnsafePath, inside
 
 from .lower import lower
 from .render import render
 
 MANIFEST = ".parc/manifest.json"
 EXECUTABLE = {"launch.sh", "slurm.sbatch"}
+MANIFEST_SCHEMA = {
+    "type": "object",
+    "required": ["files"],
+    "properties": {
+        "parc_version": {"type": "string"},
+        "spec": {"type": "string"},
+        "spec_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "files": {
+            "type": "object",
+            "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        },
+    },
+}
+"""What ``.parc/manifest.json`` must look like before parc believes a word of it."""
+
+
+class FolderError(Exception):
+    """A build folder parc must not touch: a bad manifest, a path leading out, not a folder."""
+
+    def __init__(self, message: str, hint: str):
+        super().__init__(message)
+        self.hint = hint
 
 
 def sha256(data: bytes) -> str:
@@ -87,17 +118,88 @@ class FolderState:
         return not (self.stale or self.missing or self.edited or self.unmanaged)
 
 
-def compare(out_dir: Path, files: dict[str, bytes]) -> FolderState:
+def check_folder(out_dir: Path) -> None:
+    """Refuse an output path that is not (and cannot become) a folder parc may write."""
+    hint = "name a folder with -o DIR"
+    if out_dir.is_symlink() and not out_dir.exists():
+        raise FolderError(f"{out_dir} is a symlink to nothing ({os.readlink(out_dir)})", hint)
+    if out_dir.exists():
+        if not out_dir.is_dir():
+            raise FolderError(f"{out_dir} exists and is not a folder", hint)
+        if not os.access(out_dir, os.W_OK | os.X_OK):
+            raise FolderError(f"{out_dir} is not writable", "check its permissions, or name another folder")
+        return
+    parent = out_dir.parent
+    while not parent.exists() and parent != parent.parent:
+        if parent.is_symlink():
+            raise FolderError(f"{parent} is a symlink to nothing", hint)
+        parent = parent.parent
+    if not parent.is_dir():
+        raise FolderError(f"cannot make {out_dir}: {parent} is not a folder", hint)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise FolderError(f"cannot make {out_dir}: {parent} is not writable", "check its permissions, or name another folder")
+
+
+def read_manifest(out_dir: Path) -> dict[str, str] | None:
+    """The files the folder's manifest records (path → sha256); None when it has none.
+
+    Raises ``FolderError`` for a manifest that is unreadable, of the wrong shape, or
+    names a path outside the folder (Note [a build folder is untrusted input]).
+    """
     manifest_path = out_dir / MANIFEST
-    recorded: dict[str, str] = {}
-    unmanaged = False
-    if manifest_path.is_file():
+    hint = f"if you trust this folder, delete {manifest_path} and build again; else build into a new folder"
+    try:
+        inside(out_dir, MANIFEST)
+    except UnsafePath as exc:
+        raise FolderError(f"{manifest_path}: {exc}", hint) from None
+    if not manifest_path.exists() and not manifest_path.is_symlink():
+        return None
+    try:
+        document = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise FolderError(f"{manifest_path} is not a parc manifest: {_reason(exc)}", hint) from None
+    try:
+        jsonschema.validate(document, MANIFEST_SCHEMA)
+    except jsonschema.ValidationError as exc:
+        where = "".join(f"[{part!r}]" for part in exc.absolute_path) or "the document"
+        raise FolderError(f"{manifest_path} is not a parc manifest: {where}: {exc.message}", hint) from None
+    for name in document["files"]:
         try:
-            recorded = json.loads(manifest_path.read_text()).get("files", {})
-        except (ValueError, OSError):
-            unmanaged = True
-    elif out_dir.is_dir() and any(out_dir.iterdir()):
-        unmanaged = True
+            inside(out_dir, name)
+        except UnsafePath as exc:
+            raise FolderError(f"{manifest_path} lists a file outside the build folder: {exc}", hint) from None
+    return document["files"]
+
+
+def _check_writable(out_dir: Path, path: str) -> None:
+    """``path`` can be written: inside the folder, under folders, not onto a folder."""
+    try:
+        target = inside(out_dir, path)  # a symlinked subfolder must not carry a write outside
+    except UnsafePath as exc:
+        raise FolderError(f"{out_dir}: cannot write {path}: {exc}", "remove the symlink, or build into a new folder") from None
+    parts = Path(path).parts
+    for depth in range(1, len(parts)):
+        folder = out_dir.joinpath(*parts[:depth])
+        if folder.exists() and not folder.is_dir():
+            raise FolderError(f"{out_dir}: cannot write {path}: {folder} is a file, not a folder", "move it aside, or build into a new folder")
+    if target.is_dir():
+        raise FolderError(f"{out_dir}: cannot write {path}: a folder is in its place", "move it aside, or build into a new folder")
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return str(exc).splitlines()[0][:200]
+
+
+def compare(out_dir: Path, files: dict[str, bytes]) -> FolderState:
+    """How ``out_dir`` differs from ``files``; ``FolderError`` when parc must not touch it."""
+    check_folder(out_dir)
+    manifest = read_manifest(out_dir)
+    recorded: dict[str, str] = manifest or {}
+    unmanaged = manifest is None and out_dir.is_dir() and any(out_dir.iterdir())
+    for path in files:
+        _check_writable(out_dir, path)
     stale, missing, edited = [], [], []
     for path, data in files.items():
         target = out_dir / path
@@ -120,9 +222,16 @@ def compare(out_dir: Path, files: dict[str, bytes]) -> FolderState:
 
 
 def write(out_dir: Path, files: dict[str, bytes], *, previous: dict[str, str] | None = None) -> None:
-    """Write ``files`` atomically (temp file + rename); drop files parc no longer makes."""
+    """Write ``files`` atomically (temp file + rename); drop files parc no longer makes.
+
+    ``previous`` comes from ``read_manifest`` and every path is checked again here,
+    so no caller can make this touch a file outside ``out_dir``.
+    """
+    for path in [*files, *(previous or {})]:
+        inside(out_dir, path)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for path, data in files.items():
+    # The manifest goes last: a write that fails half-way leaves the old record.
+    for path, data in sorted(files.items(), key=lambda item: item[0] == MANIFEST):
         target = out_dir / path
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_file() and target.read_bytes() == data:
@@ -132,14 +241,14 @@ def write(out_dir: Path, files: dict[str, bytes], *, previous: dict[str, str] | 
         os.chmod(tmp, 0o755 if path in EXECUTABLE else 0o644)
         os.replace(tmp, target)
     for path in sorted(set(previous or {}) - set(files)):
-        (out_dir / path).unlink(missing_ok=True)
+        target = inside(out_dir, path)
+        if target.is_file() or target.is_symlink():
+            target.unlink()  # a symlink (resolving inside) goes itself, never what it points at
 
 
 def recorded_files(out_dir: Path) -> dict[str, str]:
-    try:
-        return json.loads((out_dir / MANIFEST).read_text()).get("files", {})
-    except (OSError, ValueError):
-        return {}
+    """The manifest's files (``read_manifest``), {} when there is none."""
+    return read_manifest(out_dir) or {}
 
 
 def build_to(spec_path, out_dir, overrides=(), *, force: bool = True) -> Path:

@@ -42,7 +42,7 @@ def run_build(args: argparse.Namespace) -> int:
     from parc import dsl
     from parc.dsl.commands import load_or_report, report
 
-    from .build import compare, generate, recorded_files, write
+    from .build import FolderError, compare, generate, recorded_files, write
     from .lower import lower
     from .render import command
 
@@ -72,7 +72,12 @@ def run_build(args: argparse.Namespace) -> int:
     except Diagnostics as exc:
         return report_stage_errors(exc, args.spec, args.overrides)
     out_dir = Path(args.output) if args.output else Path("build") / Path(args.spec).stem
-    state = compare(out_dir, files)
+    try:
+        state = compare(out_dir, files)
+        previous = recorded_files(out_dir)
+    except FolderError as exc:
+        _say([f"parc build: error: {exc}", f"hint: {exc.hint}"])
+        return 1
     if args.check:
         if state.fresh:
             print(f"{out_dir}: up to date")
@@ -90,7 +95,11 @@ def run_build(args: argparse.Namespace) -> int:
             _say([f"parc build: {out_dir / path} was edited by hand; refusing to overwrite it"])
         _say(["hint: move your changes aside, or pass --force to overwrite"])
         return 1
-    write(out_dir, files, previous=recorded_files(out_dir))
+    try:
+        write(out_dir, files, previous=previous)
+    except OSError as exc:
+        _say([f"parc build: error: cannot write {exc.filename or out_dir}: {exc.strerror or exc}"])
+        return 1
     changed = len(state.stale) + len(state.missing) + len(state.edited)
     print(f"wrote {out_dir}/ ({len(files)} files, {changed} changed): "
           f"run `cd {out_dir} && {command(lower(spec))}`")
