@@ -17,6 +17,7 @@ from .passes import (
     check_buildable,
     check_values,
     choose_layout,
+    lay_out_layers,
     partition_layers,
     place_sequence_parallel,
     plan_batches,
@@ -38,6 +39,7 @@ PASSES = (
     place_sequence_parallel,
     plan_batches,
     split_pipeline,
+    lay_out_layers,
     settle_training,
 )
 
@@ -65,5 +67,6 @@ def lower(spec: Spec) -> Plan:
         batch=draft.batch,
         model=draft.model,
         train=draft.train,
+        layers=draft.layers,
         predicted=draft.predicted,
     )

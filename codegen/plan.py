@@ -20,14 +20,6 @@ from dataclasses import dataclass
 from parc.dsl.diagnostics import Span
 
 
-class Axis(enum.Enum):
-    """A mesh axis. The order here is the mesh order, outermost first."""
-
-    PP = "pp"
-    DP = "dp"
-    TP = "tp"
-
-
 class ShardStyle(enum.Enum):
     """How one module's weight is split over the tp axis (runtime-api.md, layers)."""
 
@@ -49,7 +41,8 @@ class ShardStyle(enum.Enum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MeshAxis:
-    axis: Axis
+    axis: str
+    """Its name in the axis registry (``runtime/axes.py``: pp, dp, tp)."""
     size: int
     """Ranks along this axis (1 when the layout does not use it)."""
     span: Span | None
@@ -64,13 +57,13 @@ class RankPlacement:
     """Which node the rank runs on: ``rank // devices_per_node``."""
     local_rank: int
     """Device index on its node (torchrun's LOCAL_RANK)."""
-    coords: tuple[tuple[Axis, int], ...]
+    coords: tuple[tuple[str, int], ...]
     """Index along each mesh axis, in mesh order (mixed-radix digits of the rank)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProcessGroup:
-    axis: Axis
+    axis: str
     ranks: tuple[int, ...]
     """Global ranks of the group, ascending; they differ only in their ``axis`` index."""
 
@@ -78,7 +71,7 @@ class ProcessGroup:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MeshPlan:
     axes: tuple[MeshAxis, ...]
-    """Every axis in mesh order (pp, dp, tp), size-1 axes included."""
+    """Every axis of the registry (``runtime/axes.py``) in mesh order, size-1 axes included."""
     nodes: int
     devices_per_node: int
     device: str
@@ -97,20 +90,17 @@ class MeshPlan:
     def world_size(self) -> int:
         return self.nodes * self.devices_per_node
 
-    def size(self, axis: Axis) -> int:
+    def size(self, axis: str) -> int:
         for mesh_axis in self.axes:
-            if mesh_axis.axis is axis:
+            if mesh_axis.axis == axis:
                 return mesh_axis.size
         raise KeyError(axis)
 
-    def axis(self, axis: Axis) -> MeshAxis:
+    def axis(self, axis: str) -> MeshAxis:
         for mesh_axis in self.axes:
-            if mesh_axis.axis is axis:
+            if mesh_axis.axis == axis:
                 return mesh_axis
         raise KeyError(axis)
-
-    def groups_of(self, axis: Axis) -> tuple[ProcessGroup, ...]:
-        return tuple(group for group in self.groups if group.axis is axis)
 
 
 # ---------------------------------------------------------------------------
@@ -198,6 +188,50 @@ class PipelinePlan:
 
 
 # ---------------------------------------------------------------------------
+# Per-layer layout
+
+
+class LayerKind(enum.Enum):
+    EMBED = "embed"
+    """Token (and, gpt, position) embedding: the first layer."""
+    BLOCK = "block"
+    """One transformer block, ``layers.{i}``."""
+    HEAD = "head"
+    """Final norm, output projection and loss: the last layer."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerLayout:
+    """How one layer of the model is laid out over the ranks of its pipeline stage.
+
+    Note [per-layer layout]: ``Plan.layers`` holds the embedding, every block and the
+    head, in model order. A uniform layout is the case where every block's entry is
+    equal, and renders the scalar constants of before (``RECOMPUTE = "full"``); a
+    setting that differs between blocks renders one value per block. The embedding
+    and head follow their neighbouring block's degrees and have no recompute or
+    overlap of their own.
+    """
+
+    name: str
+    """``embed``, ``layers.{i}`` or ``head`` (the runtime's module prefix)."""
+    kind: LayerKind
+    stage: int
+    """The virtual pipeline stage holding it (``PipelinePlan.stage_layers``)."""
+    tp: int
+    """Tensor-parallel degree of this layer."""
+    dp: int
+    """Data-parallel degree of this layer (dp · tp is the stage's rank count)."""
+    sp: bool
+    """Sequence parallelism: the layer's norms run on T/tp."""
+    recompute: str
+    """``none``, ``selective`` (attention core) or ``full`` (the block from its input)."""
+    sub_batches: int
+    """Oases sub-batches of the block's tensor-parallel collectives; 1: no overlap."""
+    recompute_span: Span | None
+    overlap_span: Span | None
+
+
+# ---------------------------------------------------------------------------
 # Batches and training settings
 
 
@@ -276,12 +310,8 @@ class TrainPlan:
     lr_schedule: tuple[Setting, ...]
     """LR_SCHEDULE, WARMUP, MIN_LR_RATIO."""
     data: DataPlan
-    recompute: Setting
-    """Activation recompute: "none", "selective" (attention core) or "full" (each block)."""
     zero: Setting
     """ZeRO stage: 0 (none), 1 (AdamW state sharded over dp) or 2 (state and gradients)."""
-    overlap: Setting
-    """OVERLAP_SUB_BATCHES: 1 for ``overlap = none``, k for ``sub_batch(k)`` (Oases sub-batches)."""
     checkpoint_every: Setting
     """CHECKPOINT_EVERY: steps between checkpoints, 0 for ``checkpoint = none``."""
     checkpoint_dir: Setting
@@ -327,8 +357,24 @@ class Plan:
     batch: BatchPlan
     model: ModelPlan
     train: TrainPlan
+    layers: tuple[LayerLayout, ...]
+    """Embedding, each block, head, in model order (Note [per-layer layout])."""
     predicted: PredictionPlan | None = None
     """The planner's prediction when it chose the layout (the spec had ``auto``); else None."""
+
+    @property
+    def blocks(self) -> tuple[LayerLayout, ...]:
+        """The transformer blocks' layouts, ``layers.0`` first."""
+        return tuple(layer for layer in self.layers if layer.kind is LayerKind.BLOCK)
+
+    def per_block(self, field: str) -> tuple:
+        """``field`` of every block, in order."""
+        return tuple(getattr(layer, field) for layer in self.blocks)
+
+    def uniform(self, field: str):
+        """``field`` when every block has the same value, else None."""
+        values = set(self.per_block(field))
+        return values.pop() if len(values) == 1 else None
 
     def __str__(self) -> str:
         from .plan_text import plan_to_text

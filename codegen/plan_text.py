@@ -65,22 +65,47 @@ def _shape(shape) -> str:
     return "(" + ", ".join(str(n) for n in shape) + ")"
 
 
+def fold_runs(values) -> list[tuple[object, int]]:
+    """``values`` as runs of equal neighbours: ``[a, a, b]`` → ``[(a, 2), (b, 1)]``."""
+    runs: list[tuple[object, int]] = []
+    for value in values:
+        if runs and runs[-1][0] == value:
+            runs[-1] = (value, runs[-1][1] + 1)
+        else:
+            runs.append((value, 1))
+    return runs
+
+
+def layer_value(plan, field: str) -> str:
+    """A per-block setting as train.py writes it (Note [per-layer layout]): the value
+    when every block has it, else a tuple with one per block, runs folded as
+    ``("full",) * 2 + ("none",) * 2`` when any run is longer than one."""
+    values = plan.per_block(field)
+    uniform = plan.uniform(field)
+    if uniform is not None:
+        return repr(uniform)
+    runs = fold_runs(values)
+    if all(count == 1 for _, count in runs):
+        return repr(tuple(values))
+    return " + ".join(f"({value!r},)" + (f" * {count}" if count > 1 else "") for value, count in runs)
+
+
 def plan_to_text(plan) -> str:
     mesh, tp, sp, batch = plan.mesh, plan.tensor_parallel, plan.sequence_parallel, plan.batch
     lines = [f"plan {plan.model.name} from {plan.source} (parc {plan.parc_version})"]
-    axes = " × ".join(f"{a.axis.value} {a.size}" for a in mesh.axes)
+    axes = " × ".join(f"{a.axis} {a.size}" for a in mesh.axes)
     lines.append(
         f"mesh: {mesh.nodes} node(s) × {mesh.devices_per_node} {mesh.device} = "
         f"{mesh.world_size} rank(s); axes {axes} (outermost first)"
     )
     for r in mesh.ranks:
-        coords = " ".join(f"{a.value}={i}" for a, i in r.coords)
+        coords = " ".join(f"{a}={i}" for a, i in r.coords)
         lines.append(f"  rank {r.rank}: node {r.node} local {r.local_rank}  {coords}")
     for axis in mesh.axes:
-        groups = [g for g in mesh.groups if g.axis is axis.axis]
+        groups = [g for g in mesh.groups if g.axis == axis.axis]
         if groups and axis.size > 1:
             shown = " ".join("[" + ",".join(str(x) for x in g.ranks) + "]" for g in groups)
-            lines.append(f"  {axis.axis.value} groups: {shown}")
+            lines.append(f"  {axis.axis} groups: {shown}")
     lines.append(f"tensor parallel: tp {tp.size}")
     for rule in tp.rules:
         tied = f" tied to {rule.tied_to}" if rule.tied_to else ""
@@ -119,12 +144,15 @@ def plan_to_text(plan) -> str:
     lines.append("train:")
     for s in (t.steps, t.seed, t.precision, t.grad_clip, t.log_every, *t.optimizer, *t.lr_schedule):
         lines.append(f"  {s.name} = {s.value!r}  [{cite(s.span)}]")
-    if t.recompute.value != "none":
-        lines.append(f"  {t.recompute.name} = {t.recompute.value!r}  [{cite(t.recompute.span)}]")
+    blocks = plan.blocks
+    if plan.per_block("recompute") != ("none",) * len(blocks):
+        lines.append(f"  RECOMPUTE = {layer_value(plan, 'recompute')}  [{cite(blocks[0].recompute_span)}]")
     if t.zero.value:
         lines.append(f"  {t.zero.name} = {t.zero.value!r}  [{cite(t.zero.span)}]")
-    if t.overlap.value > 1:
-        lines.append(f"  {t.overlap.name} = {t.overlap.value!r}  [{cite(t.overlap.span)}]")
+    if max(plan.per_block("sub_batches")) > 1:
+        lines.append(
+            f"  OVERLAP_SUB_BATCHES = {layer_value(plan, 'sub_batches')}  [{cite(blocks[0].overlap_span)}]"
+        )
     lines.append(f"  {t.kernels.name} = {t.kernels.value!r}  [{cite(t.kernels.span)}]")
     data = t.data
     where = f" {data.path!r} ({data.dtype})" if data.path else ""

@@ -14,9 +14,11 @@ from importlib import resources
 import black
 import jinja2
 
-from .plan import Axis, Plan, Setting
+from parc.runtime import axes
+
+from .plan import Plan, Setting
 from . import render_checkpoint, render_launch, render_step
-from .plan_text import cite
+from .plan_text import cite, layer_value
 
 DEVICE_FLOPS_NOTE = "dense peak FLOP/s of one device, for MFU"
 ZERO_WORDS = {
@@ -53,7 +55,6 @@ def constant(name: str, value, comment: str) -> str:
 
 def config_lines(plan: Plan) -> list[str]:
     mesh, batch, train = plan.mesh, plan.batch, plan.train
-    dp, tp = mesh.axis(Axis.DP), mesh.axis(Axis.TP)
     sp = plan.sequence_parallel
     lines = ["# model"]
     lines += [constant(s.name, s.value, _comment(s)) for s in plan.model.settings]
@@ -66,14 +67,12 @@ def config_lines(plan: Plan) -> list[str]:
             constant("PREDICTED_STEP_TIME_S", round(p.step_time_s, 6), "plan.json: predicted.step_time_s"),
             constant("PREDICTED_TOKENS_PER_S", round(p.tokens_per_s, 1), "plan.json: predicted.tokens_per_s"),
         ]
-    lines.append(constant("DP", dp.size, cite(dp.span) + ": data-parallel ranks"))
-    lines.append(constant("TP", tp.size, cite(tp.span) + ": tensor-parallel ranks"))
+    for axis in mesh.axes:
+        if axes.axis(axis.axis).always:
+            lines.append(constant(axis.axis.upper(), axis.size, f"{cite(axis.span)}: {axes.axis(axis.axis).ranks}"))
     if sp.enabled:
         lines.append(constant("SEQUENCE_PARALLEL", True, cite(sp.span) + ": norms run on T/tp"))
-    recompute = plan.train.recompute
-    if recompute.value != "none":
-        what = {"selective": "attention core redone in backward", "full": "each block redone from its input"}
-        lines.append(constant("RECOMPUTE", recompute.value, f"{cite(recompute.span)}: {what[recompute.value]}"))
+    lines += recompute_lines(plan)
     zero = plan.train.zero
     if zero.value:
         lines.append(constant("ZERO", zero.value, f"{cite(zero.span)}: {ZERO_WORDS[zero.value]}"))
@@ -81,9 +80,8 @@ def config_lines(plan: Plan) -> list[str]:
     kernels = plan.train.kernels
     lines.append(constant("KERNELS", kernels.value, f"{cite(kernels.span)}: {KERNELS_WORDS[kernels.value]}"))
     lines += render_step.config_lines(plan)
-    axes = '("pp", PP), ("dp", DP), ("tp", TP)' if render_step.has_pipeline(plan) else '("dp", DP), ("tp", TP)'
     lines.append("# mesh axes, outermost first: tp ranks are neighbours (one node)")
-    lines.append(f"MESH_AXES = ({axes})")
+    lines.append(f"MESH_AXES = ({mesh_axes_text(plan)})")
     lines += ["", "# batch"]
     lines.append(constant("MICRO_BATCH", batch.micro_batch, cite(batch.micro_batch_span)))
     lines.append(
@@ -112,19 +110,61 @@ def config_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def overlap_lines(plan: Plan) -> list[str]:
-    """``OVERLAP_SUB_BATCHES`` when ``overlap = sub_batch(k)``, naming what overlaps what."""
-    overlap = plan.train.overlap
-    if overlap.value <= 1:
+def mesh_axes_text(plan: Plan) -> str:
+    """``MESH_AXES``' entries: the registry's axes in mesh order (``runtime/axes.py``), each
+    named by its constant; an axis that is not ``always`` shown appears only when used."""
+    shown = [a.axis for a in plan.mesh.axes if axes.axis(a.axis).always or a.size > 1]
+    return ", ".join(f'("{name}", {name.upper()})' for name in shown)
+
+
+RECOMPUTE_WORDS = {
+    "selective": "attention core redone in backward",
+    "full": "each block redone from its input",
+    "none": "nothing redone",
+}
+
+
+def uses_recompute(plan: Plan) -> bool:
+    return any(mode != "none" for mode in plan.per_block("recompute"))
+
+
+def uses_overlap(plan: Plan) -> bool:
+    return max(plan.per_block("sub_batches")) > 1
+
+
+def recompute_lines(plan: Plan) -> list[str]:
+    """``RECOMPUTE``: one mode, or one per block (Note [per-layer layout])."""
+    if not uses_recompute(plan):
         return []
+    where = cite(plan.blocks[0].recompute_span)
+    mode = plan.uniform("recompute")
+    if mode is not None:
+        return [constant("RECOMPUTE", mode, f"{where}: {RECOMPUTE_WORDS[mode]}")]
+    modes = " / ".join(f"{m}: {RECOMPUTE_WORDS[m]}" for m in dict.fromkeys(plan.per_block("recompute")))
+    return [
+        f"# {where}: each block's recompute, layers.0 first ({modes})",
+        f"RECOMPUTE = {layer_value(plan, 'recompute')}",
+    ]
+
+
+def overlap_lines(plan: Plan) -> list[str]:
+    """``OVERLAP_SUB_BATCHES`` when blocks use ``overlap = sub_batch(k)``, naming what overlaps what."""
+    if not uses_overlap(plan):
+        return []
+    where = cite(plan.blocks[0].overlap_span)
     if plan.sequence_parallel.enabled:
         what = "reduce-scatter and all-gather along T"
     else:
         what = "all-reduce"
+    parts = plan.uniform("sub_batches")
+    if parts is not None:
+        runs = f"each micro-batch runs as {parts} sub-batches (Oases)"
+    else:
+        runs = "each block's sub-batches, layers.0 first (1: not split; Oases)"
     return [
-        f"# {cite(overlap.span)}: each micro-batch runs as {overlap.value} sub-batches (Oases): sub-batch i's",
+        f"# {where}: {runs}: sub-batch i's",
         f"# tensor-parallel {what} runs while sub-batch i+1 computes (runtime/overlap.py)",
-        f"OVERLAP_SUB_BATCHES = {overlap.value!r}",
+        f"OVERLAP_SUB_BATCHES = {layer_value(plan, 'sub_batches')}",
     ]
 
 
@@ -142,7 +182,7 @@ def tp_plan_lines(plan: Plan) -> list[str]:
 
 def render_train(plan: Plan, env: jinja2.Environment) -> str:
     mesh, sp = plan.mesh, plan.sequence_parallel
-    dp_size, tp_size = mesh.size(Axis.DP), mesh.size(Axis.TP)
+    dp_size, tp_size = mesh.size("dp"), mesh.size("tp")
     world = mesh.world_size
     data = plan.train.data
     group_lines = []
@@ -258,8 +298,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         build_function=build_function,
         model_comment_lines=model_comment_lines,
         model_extra_args=pipeline_args + (
-            ["recompute=RECOMPUTE,"] if plan.train.recompute.value != "none" else []
-        ) + (["sub_batches=OVERLAP_SUB_BATCHES,"] if plan.train.overlap.value > 1 else [])
+            ["recompute=RECOMPUTE,"] if uses_recompute(plan) else []
+        ) + (["sub_batches=OVERLAP_SUB_BATCHES,"] if uses_overlap(plan) else [])
         + ["kernels=KERNELS,"],
         pipeline_lines=render_step.executor_lines(plan),
         step_body_lines=render_checkpoint.step_start_lines() + [
@@ -296,7 +336,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
 
 
 def layout_words(plan: Plan) -> str:
-    parts = [f"{a.axis.value} {a.size}" for a in plan.mesh.axes if a.size > 1]
+    parts = [f"{a.axis} {a.size}" for a in plan.mesh.axes if a.size > 1]
     words = " × ".join(parts) if parts else "one rank"
     if plan.sequence_parallel.enabled:
         words += " + sequence parallel"
@@ -339,7 +379,7 @@ def render(plan: Plan) -> dict[str, str]:
     )
     world = plan.mesh.world_size
     axis_rows = [
-        f"{a.axis.value} | {a.size} | {AXIS_WORDS[a.axis]}" for a in plan.mesh.axes
+        f"{a.axis} | {a.size} | {axes.axis(a.axis).splits}" for a in plan.mesh.axes
     ]
     b = plan.batch
     common = dict(header=header(plan), world=world, world_plural="" if world == 1 else "es")
@@ -369,13 +409,6 @@ def render(plan: Plan) -> dict[str, str]:
         "plan.json": plan.to_json(),
     }
     return files
-
-
-AXIS_WORDS = {
-    Axis.PP: "layers into pipeline stages (1: not used)",
-    Axis.DP: "the batch; gradients are averaged",
-    Axis.TP: "each layer's weights (tensor parallel)",
-}
 
 
 def _load_template(name: str) -> str:

@@ -13,7 +13,7 @@ Before: ``codegen/render.py`` builds the other lines. After: the template places
 
 from __future__ import annotations
 
-from .plan import Axis, Plan
+from .plan import Plan
 from .plan_text import cite
 
 RANK_ARGS = "rank=dist.rank, world_size=dist.world_size"
@@ -53,7 +53,7 @@ def flag_docs(plan: Plan) -> list[str]:
 
 
 def setup_lines(plan: Plan, layout: str) -> list[str]:
-    dp, tp = plan.mesh.size(Axis.DP), plan.mesh.size(Axis.TP)
+    dp, tp = plan.mesh.size("dp"), plan.mesh.size("tp")
     policy = plan.train.on_nonfinite
     where = f" at {cite(policy.span)}" if policy.span else ""
     return [

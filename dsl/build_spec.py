@@ -37,6 +37,16 @@ def _auto(value):
     return None if value == "auto" else value
 
 
+def _per_layer(value, read):
+    """A key that may hold one value per layer (Note [per-layer values]): None (auto),
+    ``read(value)``, or a tuple of ``read(item)``."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return tuple(read(item) for item in value)
+    return read(value)
+
+
 def _float(value) -> float | None:
     return None if value is None else float(value)
 
@@ -95,10 +105,8 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         zero=degree("zero", 0),
         schedule=None if schedule is None else PipelineSchedule(schedule["kind"]),
         chunks=1 if schedule is None else schedule.get("chunks", 1),
-        recompute=(
-            None if degree("recompute", "none") is None else Recompute(degree("recompute", "none"))
-        ),
-        overlap_sub_batches=None if overlap is None else overlap.get("sub_batches", 1),
+        recompute=_per_layer(degree("recompute", "none"), Recompute),
+        overlap_sub_batches=_per_layer(overlap, lambda call: call.get("sub_batches", 1)),
         stage_layers=None if stage_layers is None else tuple(stage_layers),
     )
     optimizer = train.get("optimizer", {"kind": "adamw"})

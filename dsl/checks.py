@@ -302,9 +302,33 @@ def _sequence_parallel(v: _Values, error) -> None:
         )
 
 
+def _per_layer(v: _Values, error) -> None:
+    """A per-layer list has one entry per block (Note [per-layer values])."""
+    layers = v.get("model", "layers")
+    for key in ("recompute", "overlap"):
+        value = v.get("parallel", key)
+        if not isinstance(value, list) or layers is None or len(value) == layers:
+            continue
+        error(
+            ("parallel", key),
+            v.span(("parallel", key)),
+            "PAR0212",
+            f"`parallel.{key}` lists {len(value)} value{'s' if len(value) != 1 else ''} "
+            f"but the model has layers = {layers}",
+            f"give one value per layer ({layers}), or a single value for all of them",
+        )
+
+
 def _overlap(v: _Values, error) -> None:
     overlap, micro_batch = v.get("parallel", "overlap"), v.get("train", "micro_batch")
-    if not isinstance(overlap, dict) or overlap.get("kind") != "sub_batch" or micro_batch is None:
+    if micro_batch is None:
+        return
+    for index, one in enumerate(overlap if isinstance(overlap, list) else [overlap]):
+        _overlap_one(v, error, one, micro_batch, () if not isinstance(overlap, list) else (index,))
+
+
+def _overlap_one(v: _Values, error, overlap, micro_batch: int, at: tuple) -> None:
+    if not isinstance(overlap, dict) or overlap.get("kind") != "sub_batch":
         return
     parts = overlap.get("sub_batches")
     if parts is None or micro_batch % parts == 0:
@@ -317,9 +341,10 @@ def _overlap(v: _Values, error) -> None:
             f"micro_batch = {micro_batch} cannot be split; use overlap = none or a larger micro_batch"
         )
     )
+    path = ("parallel", "overlap", *at)
     error(
         ("parallel", "overlap"),
-        v.span(("parallel", "overlap", "sub_batches"), ("parallel", "overlap")),
+        v.span(path + ("sub_batches",), path),
         "PAR0211",
         f"sub_batch({parts}) does not divide micro_batch = {micro_batch}",
         hint,
@@ -370,6 +395,7 @@ CHECKS = (
     _pipeline,
     _batch,
     _sequence_parallel,
+    _per_layer,
     _overlap,
     _train,
 )

@@ -40,6 +40,8 @@ class Param:
     auto: bool = False
     """``auto`` is allowed (left to the planner)."""
     calls: tuple["CallDef", ...] = ()
+    per_layer: bool = False
+    """Also takes a list with one value per transformer block (``[full, none, ...]``)."""
 
     def call(self, name: str) -> "CallDef | None":
         for call in self.calls:
@@ -259,14 +261,16 @@ PARALLEL = BlockDef(
             choices=("none", "selective", "full"),
             auto=True,
             default="none",
-            doc="activation recomputation",
+            per_layer=True,
+            doc="activation recomputation; one value, or a list of one per layer",
         ),
         Param(
             name="overlap",
             type="call",
             auto=True,
             default="none",
-            doc="overlap tensor-parallel communication with compute",
+            per_layer=True,
+            doc="overlap tensor-parallel communication with compute; one value, or a list of one per layer",
             calls=(
                 CallDef(name="none", doc="no overlap"),
                 CallDef(
@@ -457,4 +461,6 @@ def expected_words(param: Param) -> str:
             "int_list": "a list of integers such as [4, 4]",
             "pair": "a pair of numbers such as (0.9, 0.95)",
         }[param.type]
+    if param.per_layer:
+        words += ", or a list of those with one per layer"
     return words + " or auto" if param.auto else words

@@ -8,11 +8,16 @@ unknown arguments. Types, ranges and required keys are left to the schema
 (``dsl/validate.py``), so each mistake is reported once.
 
 ``normalize_value`` is also how ``--set`` values are read (``dsl/overrides.py``).
+
+Note [per-layer values]: a key marked ``per_layer`` in ``dsl/keys.py`` takes one
+value or a list with one value per transformer block (``recompute = [full, none]``);
+each item is normalized as the single value would be, at path ``(block, key, i)``,
+and ``dsl/checks.py`` checks that the list has ``model.layers`` items.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import ast, units
 from .diagnostics import ParcError, Span, did_you_mean
@@ -280,6 +285,10 @@ def normalize_value(
         return _call(out, path, param, value)
     if isinstance(value, ast.Name):
         return value.name
+    if isinstance(value, ast.ListValue) and param is not None and param.per_layer:
+        one = replace(param, per_layer=False)  # Note [per-layer values]: [v0, v1, ...]
+        items = [normalize_value(out, path + (i,), one, item, None) for i, item in enumerate(value.items)]
+        return _BAD if any(item is _BAD for item in items) else items
     if isinstance(value, (ast.ListValue, ast.TupleValue)):
         element = ELEMENT.get(param.type) if param is not None else None
         items = [

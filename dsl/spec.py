@@ -114,6 +114,11 @@ class MeshSpec:
         return self.nodes * self.devices_per_node
 
 
+def per_layer(value, layers: int) -> tuple:
+    """``value`` for each of ``layers`` blocks: a tuple as it is, a scalar repeated."""
+    return tuple(value) if isinstance(value, tuple) else (value,) * layers
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelSpec:
     """The layout. ``None`` means ``auto`` (left to the planner)."""
@@ -126,11 +131,20 @@ class ParallelSpec:
     schedule: PipelineSchedule | None = PipelineSchedule.ONE_F_ONE_B
     chunks: int = 1
     """Virtual stages per rank (``interleaved(chunks = v)``); 1 otherwise."""
-    recompute: Recompute | None = Recompute.NONE
-    overlap_sub_batches: int | None = 1
-    """``overlap = sub_batch(k)`` gives k; ``overlap = none`` gives 1."""
+    recompute: Recompute | tuple[Recompute, ...] | None = Recompute.NONE
+    """One mode for every block, or a tuple with one per block (Note [per-layer values])."""
+    overlap_sub_batches: int | tuple[int, ...] | None = 1
+    """``overlap = sub_batch(k)`` gives k; ``overlap = none`` gives 1; a list, one per block."""
     stage_layers: tuple[int, ...] | None = None
     """Explicit layers per pipeline stage, or None for an even split."""
+
+    def layer_recompute(self, layers: int) -> tuple[Recompute, ...]:
+        """Each block's recompute mode (a scalar applies to every block)."""
+        return per_layer(self.recompute, layers)
+
+    def layer_sub_batches(self, layers: int) -> tuple[int, ...]:
+        """Each block's overlap sub-batches (1: no overlap)."""
+        return per_layer(self.overlap_sub_batches, layers)
 
     @property
     def is_complete(self) -> bool:

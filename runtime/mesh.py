@@ -1,9 +1,10 @@
 """Processes and process groups.
 
-Takes: torchrun's RANK / WORLD_SIZE / LOCAL_RANK and the mesh axes of the plan.
-Gives: ``Dist`` (this process) and ``Mesh`` (coordinates and one group per axis).
-Rank r's coordinates are the mixed-radix digits of r, last axis fastest, so the
-innermost axis (tp) keeps its ranks on one node.
+Takes: torchrun's RANK / WORLD_SIZE / LOCAL_RANK and the mesh axes of the plan
+(``MESH_AXES``, from the registry in ``axes.py``). Gives: ``Dist`` (this process) and
+``Mesh`` (coordinates, and the process group over one axis or several). Rank r's
+coordinates are the mixed-radix digits of r, last axis fastest (``axes.coordinates``),
+so the innermost axis (tp) keeps its ranks on one node.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from .axes import coordinates, group_ranks, partition
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,24 +52,9 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def coordinates(rank: int, axes: tuple[tuple[str, int], ...]) -> dict[str, int]:
-    """Mixed-radix digits of ``rank`` over ``axes`` (outermost first, last fastest)."""
-    coords = {}
-    for name, size in reversed(axes):
-        coords[name] = rank % size
-        rank //= size
-    return {name: coords[name] for name, _ in axes}
-
-
-def axis_ranks(rank: int, axes: tuple[tuple[str, int], ...], axis: str) -> tuple[int, ...]:
-    """Global ranks that share every coordinate of ``rank`` except ``axis``."""
-    strides, stride = {}, 1
-    for name, size in reversed(axes):
-        strides[name] = stride
-        stride *= size
-    sizes = dict(axes)
-    base = rank - coordinates(rank, axes)[axis] * strides[axis]
-    return tuple(base + i * strides[axis] for i in range(sizes[axis]))
+def axis_ranks(rank: int, axes: tuple[tuple[str, int], ...], *names: str) -> tuple[int, ...]:
+    """Global ranks that share every coordinate of ``rank`` except those along ``names``."""
+    return group_ranks(rank, axes, names)
 
 
 class Mesh:
@@ -91,17 +79,21 @@ class Mesh:
         self.coords = coordinates(self.rank, self.axes)
         self._groups = {}
         # Every rank must create every group, in the same order (new_group is collective).
-        for name, size in self.axes:
-            if size == 1:
-                self._groups[name] = None
-                continue
-            for first in range(world):
-                ranks = axis_ranks(first, self.axes, name)
-                if ranks[0] != first:
-                    continue
+        for name, _ in self.axes:
+            self._make((name,))
+
+    def _make(self, names: tuple[str, ...]):
+        size = 1
+        for name in names:
+            size *= self.size(name)
+        mine = None
+        if size > 1:
+            for ranks in partition(self.axes, names):
                 group = dist.new_group(list(ranks))
                 if self.rank in ranks:
-                    self._groups[name] = group
+                    mine = group
+        self._groups[names] = mine
+        return mine
 
     def size(self, axis: str) -> int:
         return dict(self.axes)[axis]
@@ -109,9 +101,21 @@ class Mesh:
     def index(self, axis: str) -> int:
         return self.coords[axis]
 
-    def ranks(self, axis: str) -> tuple[int, ...]:
-        return axis_ranks(self.rank, self.axes, axis)
+    def ranks(self, *axes: str) -> tuple[int, ...]:
+        """The global ranks of this rank's group along ``axes``, ascending."""
+        return axis_ranks(self.rank, self.axes, *axes)
 
-    def group(self, axis: str):
-        """The process group along ``axis`` (None when the axis has size 1)."""
-        return self._groups[axis]
+    def group(self, *axes: str):
+        """The process group along one axis or several (None when it has one rank).
+
+        ``group("tp")``; ``group("dp", "cp")`` spans both axes. The groups of single
+        axes exist from the start; a group over several axes is made the first time it
+        is asked for, so every rank must ask for it, in the same order.
+        """
+        names = tuple(name for name, _ in self.axes if name in axes)
+        if len(names) != len(set(axes)):
+            unknown = sorted(set(axes) - set(names))
+            raise KeyError(f"no mesh axis {unknown[0]!r}; the axes are {[n for n, _ in self.axes]}")
+        if names not in self._groups:
+            return self._make(names)
+        return self._groups[names]

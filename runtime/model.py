@@ -176,10 +176,18 @@ class Attention(nn.Module):
             y = self.core(q, k, v)
         return y.transpose(1, 2).reshape(B, T, -1)
 
+    @property
+    def columns(self):
+        """The projections that open the region, in the order ``inner`` takes their outputs."""
+        return (self.q_proj, self.k_proj, self.v_proj)
+
+    def inner(self, q, k, v):
+        """Between the column projections and o_proj: the attention itself."""
+        return self.mix(q, k, v)
+
     def forward(self, x):
         # q: (B, T, heads/tp · D); k, v: (B, T, kv_heads/tp · D); x enters the tp region once
-        q, k, v = project(x, [self.q_proj, self.k_proj, self.v_proj])
-        return self.o_proj(self.mix(q, k, v))
+        return self.o_proj(self.inner(*project(x, self.columns)))
 
 
 class MLP(nn.Module):
@@ -202,15 +210,47 @@ class MLP(nn.Module):
             return F.silu(gate) * up
         return F.gelu(up, approximate="tanh")
 
-    def forward(self, x):
+    @property
+    def columns(self):
+        """The projections that open the region, in the order ``inner`` takes their outputs."""
+        return (self.gate_proj, self.up_proj) if self.llama else (self.up_proj,)
+
+    def inner(self, *projected):
+        """Between the column projections and down_proj: SwiGLU(gate, up) or GeLU(up)."""
         if self.llama:
-            gate, up = project(x, [self.gate_proj, self.up_proj])
-            return self.down_proj(self.activation(up, gate))
-        return self.down_proj(self.activation(self.up_proj(x)))
+            gate, up = projected
+            return self.activation(up, gate)
+        return self.activation(*projected)
+
+    def forward(self, x):
+        return self.down_proj(self.inner(*project(x, self.columns)))
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """The compute between two tensor-parallel collectives, and the residual add after.
+
+    Note [blocks as regions]: a block is a list of regions. Each is ``x + dropout(row(
+    body.inner(*columns(norm(x)))))``: a norm, the column-parallel projections that
+    enter the tp region together, the body between them (attention, an activation),
+    and the row-parallel projection whose reduction ends it. ``Block.forward`` walks
+    the regions plainly; ``overlap.run_blocks`` walks the same regions of many blocks
+    as a wavefront of sub-batches. A new kind of block (MoE: dispatch, experts,
+    combine) adds regions, not another copy of the walk.
+    """
+
+    norm: nn.Module
+    body: nn.Module
+    """``Attention`` or ``MLP``: its ``columns`` open the region, ``inner`` is the middle."""
+    row: nn.Module
+    """The projection that closes the region (o_proj, down_proj)."""
+
+    def forward(self, x, dropout: float, training: bool):
+        return x + F.dropout(self.body(self.norm(x)), dropout, training)
 
 
 class Block(nn.Module):
-    def __init__(self, config, index, build, sp):
+    def __init__(self, config, index, build, sp, recompute="none", sub_batches=1):
         super().__init__()
         prefix, rms = f"layers.{index}", config.arch == "llama"
         self.attn_norm = Norm(config.hidden, rms=rms, eps=config.norm_eps, sequence_parallel=sp)
@@ -218,10 +258,27 @@ class Block(nn.Module):
         self.mlp_norm = Norm(config.hidden, rms=rms, eps=config.norm_eps, sequence_parallel=sp)
         self.mlp = MLP(config, f"{prefix}.mlp", build)
         self.dropout = config.dropout
+        self.recompute, self.sub_batches = recompute, sub_batches  # this block's own layout
+        self.attn.selective = recompute == "selective"
+
+    @property
+    def regions(self) -> tuple[Region, ...]:
+        """Note [blocks as regions]: attention, then the MLP."""
+        return (Region(self.attn_norm, self.attn, self.attn.o_proj), Region(self.mlp_norm, self.mlp, self.mlp.down_proj))
 
     def forward(self, x):  # (B, T, C), or (B, T/tp, C) under sequence parallelism
-        x = x + F.dropout(self.attn(self.attn_norm(x)), self.dropout, self.training)
-        return x + F.dropout(self.mlp(self.mlp_norm(x)), self.dropout, self.training)
+        for region in self.regions:
+            x = region.forward(x, self.dropout, self.training)
+        return x
+
+
+def per_layer(value, layers: int, what: str) -> tuple:
+    """``value`` for each of ``layers`` blocks: a sequence of that length, or one value for all."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != layers:
+            raise ValueError(f"{what} lists {len(value)} values for {layers} layers")
+        return tuple(value)
+    return (value,) * layers
 
 
 class Transformer(nn.Module):
@@ -249,16 +306,17 @@ class Transformer(nn.Module):
         layers=None, first=True, last=True, sub_batches=1,
     ):
         super().__init__()
-        if recompute not in RECOMPUTE:
-            raise ValueError(f"recompute must be one of {RECOMPUTE}, not {recompute!r}")
-        if sub_batches < 1:
+        recompute = per_layer(recompute, config.layers, "recompute")
+        sub_batches = per_layer(sub_batches, config.layers, "sub_batches")
+        if any(mode not in RECOMPUTE for mode in recompute):
+            raise ValueError(f"recompute must be one of {RECOMPUTE} (or one per layer), not {recompute!r}")
+        if any(int(k) < 1 for k in sub_batches):
             raise ValueError(f"sub_batches must be at least 1, not {sub_batches!r}")
-        self.sub_batches = int(sub_batches)  # > 1: overlap.run_blocks (Oases sub-batches)
         start, stop = (0, config.layers) if layers is None else layers
         if not 0 <= start <= stop <= config.layers:
             raise ValueError(f"stage layers [{start}, {stop}) are outside 0..{config.layers}")
         self.config, self.tp_group, self.sp = config, tp_group, bool(sequence_parallel)
-        self.recompute, self.first, self.last = recompute, bool(first), bool(last)
+        self.first, self.last = bool(first), bool(last)
         plan = TensorParallelPlan(tp_plan, config, tp_group=tp_group, sequence_parallel=self.sp)
         build = _Builder(plan, tp_group, self.sp)
         V, C = config.padded_vocab, config.hidden
@@ -272,7 +330,9 @@ class Transformer(nn.Module):
             if config.arch == "gpt":
                 self.pos_embed = nn.Embedding(config.seq_len, C)
                 self.pos_embed.weight.sequence_parallel = self.sp
-        self.layers = nn.ModuleDict({str(i): Block(config, i, build, self.sp) for i in range(start, stop)})
+        self.layers = nn.ModuleDict({
+            str(i): Block(config, i, build, self.sp, recompute[i], int(sub_batches[i])) for i in range(start, stop)
+        })
         if self.last:
             self.final_norm = Norm(C, rms=config.arch == "llama", eps=config.norm_eps, sequence_parallel=self.sp)
             if not config.tie_embeddings or not self.first:
@@ -287,19 +347,29 @@ class Transformer(nn.Module):
                     self.head.weight.tensor_parallel = True
         if self.first and not self.last and config.tie_embeddings:
             self.embed.weight.tied_across_stages = True  # its grad is summed with the head copy's
-        for layer in self.layers.values():
-            layer.attn.selective = recompute == "selective"
 
     def run_blocks(self, x):
-        """The transformer blocks of this model (or pipeline stage), in order."""
-        if self.sub_batches > 1 and group_size(self.tp_group) > 1:  # Note [the sub-batch schedule] in overlap.py
-            return overlap.run_blocks(self, x, self.sub_batches)
-        for layer in self.layers.values():
-            if self.recompute == "full" and torch.is_grad_enabled():
-                # Keep only the block's input; rerun the block (its collectives too) in backward.
-                x = checkpoint(layer, x, use_reentrant=False)
+        """The transformer blocks of this model (or pipeline stage), in order, each with its
+        own layout: runs of neighbouring blocks with the same sub-batches k > 1 go through
+        ``overlap.run_blocks`` together (Note [the sub-batch schedule]); the others one by one."""
+        blocks = list(self.layers.values())
+        split = group_size(self.tp_group) > 1
+        start = 0
+        while start < len(blocks):
+            k = blocks[start].sub_batches if split else 1
+            stop = start + 1
+            while stop < len(blocks) and (blocks[stop].sub_batches if split else 1) == k:
+                stop += 1
+            if k > 1:
+                x = overlap.run_blocks(self, x, k, blocks[start:stop])
             else:
-                x = layer(x)
+                for layer in blocks[start:stop]:
+                    if layer.recompute == "full" and torch.is_grad_enabled():
+                        # Keep only the block's input; rerun the block (its collectives too) in backward.
+                        x = checkpoint(layer, x, use_reentrant=False)
+                    else:
+                        x = layer(x)
+            start = stop
         return x
 
     def head_weight(self):
@@ -369,9 +439,10 @@ def build_model(
     """The model for this rank: built from the plan, initialized per Note [init happens before sharding].
 
     ``recompute``: "none"; "selective" (attention core recomputed in backward);
-    "full" (each block recomputed from its input). ``sub_batches`` > 1: each
-    micro-batch's blocks run as that many sub-batches whose tensor-parallel
-    collectives overlap compute (``overlap.py``). ``kernels``: see ``use_kernels``.
+    "full" (each block recomputed from its input) — one mode, or a sequence with one
+    per layer. ``sub_batches`` > 1: each micro-batch's blocks run as that many
+    sub-batches whose tensor-parallel collectives overlap compute (``overlap.py``);
+    one number, or one per layer. ``kernels``: see ``use_kernels``.
     """
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,

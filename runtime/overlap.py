@@ -143,11 +143,12 @@ def _launch_reduce(partial, group, sequence_parallel):
 
 
 def overlappable(block) -> bool:
-    """Whether a block's projections are all column-/row-parallel (else it runs unsplit)."""
-    mlp, attn = block.mlp, block.attn
-    columns = [attn.q_proj, attn.k_proj, attn.v_proj, mlp.up_proj] + ([mlp.gate_proj] if mlp.llama else [])
-    rows = [attn.o_proj, mlp.down_proj]
-    return all(type(m) is ColumnParallelLinear for m in columns) and all(type(m) is RowParallelLinear for m in rows)
+    """Whether a block's regions open with column- and close with row-parallel linears
+    (else it runs unsplit); Note [blocks as regions] in model.py."""
+    return all(
+        all(type(m) is ColumnParallelLinear for m in region.body.columns) and type(region.row) is RowParallelLinear
+        for region in block.regions
+    )
 
 
 # ---- the compute of one region, between its collectives ---------------------------
@@ -167,40 +168,28 @@ def _residual(x, inflight, dropout, training):
     return x + F.dropout(reduced, dropout, training)
 
 
-def _columns(h, full, linears):
+def _partial(region, h, full):
+    """The region from its norm's output to the row-parallel partial sums (b, T, C): the
+    column projections (entered once, Megatron-style backward), the body, the row
+    matmul without its reduction (``model.Region``; attention or MLP, kernels included)."""
+    linears = region.body.columns
     group, sp = linears[0].tp_group, linears[0].sequence_parallel
     weights = [m.weight for m in linears]
     biases = [m.bias for m in linears]
-    return _ColumnLinears.apply(h, full, group, sp, len(linears), *weights, *biases)
+    projected = _ColumnLinears.apply(h, full, group, sp, len(linears), *weights, *biases)
+    return F.linear(region.body.inner(*projected), region.row.weight)
 
 
-def _attention(attn, h, full):
-    """Attention up to the o_proj partial sums: (b, T, heads/tp · D) → (b, T, C) partial."""
-    q, k, v = _columns(h, full, [attn.q_proj, attn.k_proj, attn.v_proj])
-    return F.linear(attn.mix(q, k, v), attn.o_proj.weight)
-
-
-def _mlp(mlp, h, full):
-    """The MLP up to the down_proj partial sums (``model.MLP``'s activation, kernels included)."""
-    if mlp.llama:
-        gate, up = _columns(h, full, [mlp.gate_proj, mlp.up_proj])
-        hidden = mlp.activation(up, gate)  # SwiGLU
-    else:
-        (up,) = _columns(h, full, [mlp.up_proj])
-        hidden = mlp.activation(up)  # GeLU
-    return F.linear(hidden, mlp.down_proj.weight)
-
-
-def _norm_and_body(norm, body, module):
+def _norm_and_body(region):
     def run(x):  # without SP nothing separates the norm from the matmuls
-        return body(module, norm(x), None)
+        return _partial(region, region.norm(x), None)
 
     return run
 
 
-def _body(body, module):
+def _body(region):
     def run(h, full):
-        return body(module, h, full)
+        return _partial(region, h, full)
 
     return run
 
@@ -208,39 +197,38 @@ def _body(body, module):
 # ---- the wavefront ----------------------------------------------------------------
 
 
-def run_blocks(model, x, sub_batches: int):
-    """``model``'s blocks on ``x`` with k = ``sub_batches``; Note [the sub-batch schedule]."""
+def run_blocks(model, x, sub_batches: int, blocks=None):
+    """``blocks`` (default: all of ``model``'s) on ``x`` with k = ``sub_batches``; Note [the
+    sub-batch schedule]. Each block's own ``recompute`` applies to its regions."""
     if x.shape[0] % sub_batches:
         raise ValueError(f"sub_batch({sub_batches}) does not divide the micro-batch of {x.shape[0]}")
     group, sp, training = model.tp_group, model.sp, model.training
     dropout = model.config.dropout
-    recompute = model.recompute == "full" and torch.is_grad_enabled()
+    blocks = list(model.layers.values()) if blocks is None else list(blocks)
 
-    def compute(fn, *args):  # Note [fine-grained recompute]: no collective inside
+    def compute(recompute, fn, *args):  # Note [fine-grained recompute]: no collective inside
         return checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args)
 
     xs = list(x.chunk(sub_batches, dim=0))  # the residual stream of each sub-batch
     inflight = [None] * sub_batches  # each sub-batch's last collective, not yet waited
-    for block in model.layers.values():
+    for block in blocks:
+        recompute = block.recompute == "full" and torch.is_grad_enabled()
         if not overlappable(block):
             for i in range(sub_batches):  # a replicated projection: run the block unsplit
                 xs[i], inflight[i] = _residual(xs[i], inflight[i], dropout, training), None
                 xs[i] = checkpoint(block, xs[i], use_reentrant=False) if recompute else block(xs[i])
             continue
-        for norm, body, module, row in (
-            (block.attn_norm, _attention, block.attn, block.attn.o_proj),
-            (block.mlp_norm, _mlp, block.mlp, block.mlp.down_proj),
-        ):
+        for region in block.regions:
             if not sp:
                 for i in range(sub_batches):
                     # Sub-batch i's previous all-reduce ran behind sub-batch i+1's work
                     # (the last sub-batch's behind sub-batch 0's next region): wait it,
                     # add it, then compute this region up to the row-parallel partial sums.
                     xs[i] = _residual(xs[i], inflight[i], dropout, training)  # (b, T, C)
-                    partial = compute(_norm_and_body(norm, body, module), xs[i])
+                    partial = compute(recompute, _norm_and_body(region), xs[i])
                     # Launch sub-batch i's all-reduce; it runs while sub-batch i+1 computes.
                     result, pending = _launch_reduce(partial, group, False)
-                    inflight[i] = _Inflight(result, pending, row.bias, False)
+                    inflight[i] = _Inflight(result, pending, region.row.bias, False)
             else:
                 shards, gathers = [None] * sub_batches, [None] * sub_batches
                 for i in range(sub_batches):
@@ -248,15 +236,15 @@ def run_blocks(model, x, sub_batches: int):
                     # then launch its all-gather along T; it runs while sub-batch i+1's
                     # norm and sub-batch 0's matmuls compute.
                     xs[i] = _residual(xs[i], inflight[i], dropout, training)
-                    shards[i] = norm(xs[i])
+                    shards[i] = region.norm(xs[i])
                     gathers[i] = launch_all_gather(shards[i].detach(), group, dim=1)
                 for i in range(sub_batches):
                     # Sub-batch i computes on the whole sequence (its gather is waited
                     # here); its reduce-scatter runs while sub-batch i+1 computes.
                     full = gathers[i].wait()  # (b, T, C), kept: recompute reuses it
-                    partial = compute(_body(body, module), shards[i], full)
+                    partial = compute(recompute, _body(region), shards[i], full)
                     result, pending = _launch_reduce(partial, group, True)
-                    inflight[i] = _Inflight(result, pending, row.bias, True)
+                    inflight[i] = _Inflight(result, pending, region.row.bias, True)
     for i in range(sub_batches):
         xs[i] = _residual(xs[i], inflight[i], dropout, training)
     return torch.cat(xs, dim=0)

@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from .comm import exposed, scalar_device
-from .mesh import axis_ranks, coordinates
+from .axes import coordinates
+from .mesh import axis_ranks
 from .schedule import Op, virtual_stage
 
 _ACT, _GRAD = 0, 1

@@ -17,7 +17,7 @@ import keyword
 import math
 import re
 
-from parc.dsl.spec import Arch, DataKind, LrScheduleKind, Precision, Spec
+from parc.dsl.spec import Arch, DataKind, LrScheduleKind, Precision, Recompute, Spec
 
 from ..errors import BAD_NAME, BAD_VALUE, check, error
 from .draft import Draft
@@ -91,8 +91,19 @@ def run(spec: Spec, draft: Draft) -> Draft:
         real(f"mesh.{key}", getattr(mesh, key))
 
     parallel = spec.parallel
-    for key in ("dp", "tp", "pp", "overlap_sub_batches"):
+    for key in ("dp", "tp", "pp"):
         count(f"parallel.{key}", getattr(parallel, key), auto=True)
+    for key, values, one in (
+        ("parallel.overlap", parallel.overlap_sub_batches, lambda v: count("parallel.overlap", v, auto=True)),
+        ("parallel.recompute", parallel.recompute, lambda v: member("parallel.recompute", v, Recompute, auto=True)),
+    ):
+        if type(values) is tuple:  # Note [per-layer values]: one per block
+            if len(values) != model.layers:
+                bad(key, f"{key} has {len(values)} values for {model.layers} layers")
+            for value in values:
+                one(value)
+        else:
+            one(values)
     count("parallel.zero", parallel.zero, low=0, high=3, auto=True)
     count("parallel.chunks", parallel.chunks)
     if parallel.sp is not None and type(parallel.sp) is not bool:

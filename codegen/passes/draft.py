@@ -13,6 +13,7 @@ from parc.dsl.spec import Spec
 
 from ..plan import (
     BatchPlan,
+    LayerLayout,
     MeshPlan,
     ModelPlan,
     PipelinePlan,
@@ -32,6 +33,7 @@ class Draft:
     pipeline: PipelinePlan | None = None
     model: ModelPlan | None = None
     train: TrainPlan | None = None
+    layers: tuple[LayerLayout, ...] | None = None
     spec: Spec | None = None
     """The spec with the planner's layout in place of ``auto`` (``choose_layout``); the
     passes after it read this one. None: the spec as given."""

@@ -20,7 +20,7 @@ from dataclasses import replace
 from parc.dsl.spec import Arch, Spec
 
 from ..errors import NOT_DIVISIBLE, check, error
-from ..plan import Axis, ShardRule, ShardStyle, TensorParallelPlan
+from ..plan import ShardRule, ShardStyle, TensorParallelPlan
 from .draft import Draft
 
 COLWISE, ROWWISE = ShardStyle.COLWISE, ShardStyle.ROWWISE
@@ -102,7 +102,7 @@ def divisors(n: int) -> list[int]:
 
 
 def run(spec: Spec, draft: Draft) -> Draft:
-    tp = draft.mesh.size(Axis.TP)
+    tp = draft.mesh.size("tp")
     check(divisibility_errors(spec, tp))
     rules = []
     for pattern, style, shape in model_modules(spec):
@@ -116,5 +116,5 @@ def run(spec: Spec, draft: Draft) -> Draft:
                 pattern=pattern, style=style, dim=dim, full_shape=shape, local_shape=local, tied_to=tied
             )
         )
-    plan = TensorParallelPlan(size=tp, rules=tuple(rules), span=draft.mesh.axis(Axis.TP).span)
+    plan = TensorParallelPlan(size=tp, rules=tuple(rules), span=draft.mesh.axis("tp").span)
     return replace(draft, tensor_parallel=plan)

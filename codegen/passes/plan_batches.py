@@ -14,12 +14,12 @@ from dataclasses import replace
 from parc.dsl.spec import Spec
 
 from ..errors import BATCH_MISMATCH, check, error
-from ..plan import Axis, BatchPlan
+from ..plan import BatchPlan
 from .draft import Draft
 
 
 def run(spec: Spec, draft: Draft) -> Draft:
-    dp = draft.mesh.size(Axis.DP)
+    dp = draft.mesh.size("dp")
     global_batch, micro_batch = spec.train.global_batch, spec.train.micro_batch
     if global_batch % (micro_batch * dp):
         per_step = micro_batch * dp

@@ -16,21 +16,18 @@ from dataclasses import replace
 from parc.dsl.spec import Spec
 
 from ..errors import MESH_MISMATCH, NOT_DIVISIBLE, check, error
-from ..plan import Axis, MeshAxis, MeshPlan
-from .draft import Draft
+from parc.runtime.axes import NAMES
 
-MESH_ORDER = (Axis.PP, Axis.DP, Axis.TP)
+from ..plan import MeshAxis, MeshPlan
+from .draft import Draft
 
 
 def run(spec: Spec, draft: Draft) -> Draft:
-    degrees = {Axis.PP: spec.parallel.pp, Axis.DP: spec.parallel.dp, Axis.TP: spec.parallel.tp}
-    axes = tuple(
-        MeshAxis(axis=axis, size=degrees[axis], span=spec.span(f"parallel.{axis.value}"))
-        for axis in MESH_ORDER
-    )
+    degrees = {name: getattr(spec.parallel, name) for name in NAMES}  # Note [adding an axis]
+    axes = tuple(MeshAxis(axis=name, size=degrees[name], span=spec.span(f"parallel.{name}")) for name in NAMES)
     mesh = spec.mesh
     world = mesh.nodes * mesh.devices_per_node
-    layout = degrees[Axis.DP] * degrees[Axis.TP] * degrees[Axis.PP]
+    layout = degrees["dp"] * degrees["tp"] * degrees["pp"]
     problems = []
     if layout != world:
         problems.append(
@@ -38,21 +35,21 @@ def run(spec: Spec, draft: Draft) -> Draft:
                 spec,
                 "parallel",
                 MESH_MISMATCH,
-                f"the layout needs dp · tp · pp = {degrees[Axis.DP]} · {degrees[Axis.TP]} · "
-                f"{degrees[Axis.PP]} = {layout} ranks but the mesh has nodes · devices_per_node "
+                f"the layout needs dp · tp · pp = {degrees['dp']} · {degrees['tp']} · "
+                f"{degrees['pp']} = {layout} ranks but the mesh has nodes · devices_per_node "
                 f"= {mesh.nodes} · {mesh.devices_per_node} = {world}",
                 f"change the degrees, or the mesh: --set mesh.devices_per_node={layout // mesh.nodes}"
                 if layout % mesh.nodes == 0
                 else "change the degrees or the mesh so that both products agree",
             )
         )
-    elif mesh.nodes > 1 and mesh.devices_per_node % degrees[Axis.TP] != 0:
+    elif mesh.nodes > 1 and mesh.devices_per_node % degrees["tp"] != 0:
         problems.append(
             error(
                 spec,
                 "parallel.tp",
                 NOT_DIVISIBLE,
-                f"tp = {degrees[Axis.TP]} does not divide devices_per_node = {mesh.devices_per_node}, "
+                f"tp = {degrees['tp']} does not divide devices_per_node = {mesh.devices_per_node}, "
                 "so a tp group would span nodes",
                 "keep each tp group on one node: tp must divide devices_per_node",
             )

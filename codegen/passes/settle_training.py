@@ -1,10 +1,10 @@
-"""Pass 8: the model's configuration and the training settings, as cited constants.
+"""Pass 10: the model's configuration and the training settings, as cited constants.
 
 Takes: a buildable ``Spec``. Gives: ``draft.model`` (the runtime ``ModelConfig``
 fields, each a ``Setting`` carrying the span of the spec text behind it, and the
 parameter count) and ``draft.train`` (steps, seed, optimizer, LR schedule, data).
 
-Before: ``plan_batches``. After: ``codegen/lower.py`` assembles the ``Plan``.
+Before: ``lay_out_layers``. After: ``codegen/lower.py`` assembles the ``Plan``.
 """
 
 from __future__ import annotations
@@ -82,9 +82,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
             setting(spec, "WARMUP", "train.schedule", s.warmup),
             setting(spec, "MIN_LR_RATIO", "train.schedule", s.min_lr_ratio),
         ),
-        recompute=setting(spec, "RECOMPUTE", "parallel.recompute", spec.parallel.recompute.value),
         zero=setting(spec, "ZERO", "parallel.zero", spec.parallel.zero),
-        overlap=setting(spec, "OVERLAP_SUB_BATCHES", "parallel.overlap", spec.parallel.overlap_sub_batches),
         data=DataPlan(kind=t.data.kind.value, path=t.data.path, dtype=t.data.dtype, span=spec.span("train.data")),
         checkpoint_every=setting(spec, "CHECKPOINT_EVERY", "train.checkpoint", t.checkpoint_every),
         checkpoint_dir=setting(spec, "CHECKPOINT_DIR", "train.checkpoint", t.checkpoint_dir),

@@ -8,7 +8,7 @@ timeline (``runtime/schedule_sim.py``, forward 1 and backward 2 time units). The
 embedding sits on the first stage and the final norm and head on the last, so the
 runtime builds stage v from ``stage_layers[v]`` alone.
 
-Before: ``plan_batches``. After: ``settle_training``.
+Before: ``plan_batches``. After: ``lay_out_layers``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from parc.runtime.schedule import build_schedule
 from parc.runtime.schedule_sim import bubble_fraction, simulate
 
 from ..errors import BATCH_MISMATCH, NOT_DIVISIBLE, check, error
-from ..plan import Axis, PipelinePlan
+from ..plan import PipelinePlan
 from .draft import Draft
 
 
@@ -56,7 +56,7 @@ def layer_counts(spec: Spec, pp: int, chunks: int) -> tuple[list[int], list]:
 
 
 def run(spec: Spec, draft: Draft) -> Draft:
-    pp = draft.mesh.size(Axis.PP)
+    pp = draft.mesh.size("pp")
     schedule = spec.parallel.schedule or PipelineSchedule.ONE_F_ONE_B
     chunks = spec.parallel.chunks if schedule is PipelineSchedule.INTERLEAVED else 1
     micro_batches = draft.batch.grad_accum
@@ -97,7 +97,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
         micro_batches=micro_batches,
         stage_layers=tuple(bounds),
         bubble_fraction=round(bubble_fraction(timeline), 6),
-        span=draft.mesh.axis(Axis.PP).span,
+        span=draft.mesh.axis("pp").span,
         schedule_span=spec.span("parallel.schedule"),
         stage_layers_span=spec.span("parallel.stage_layers"),
     )

@@ -51,6 +51,13 @@ LAYOUTS = {
     "dp2-tp2-overlap2": dict(dp=2, tp=2, parallel__overlap="sub_batch(2)"),
     "tp2-sp-overlap2-recompute-full": dict(tp=2, sp=True, parallel__overlap="sub_batch(2)", parallel__recompute="full"),
     "pp2-tp2-overlap2": dict(pp=2, tp=2, parallel__overlap="sub_batch(2)"),
+    # per-layer layouts (Note [per-layer layout]): each block its own recompute / overlap
+    "tp2-recompute-per-layer": dict(tp=2, model__layers=4, parallel__recompute="[full, none, selective, none]"),
+    "tp2-sp-overlap-per-layer": dict(
+        tp=2, sp=True, model__layers=4, parallel__overlap="[sub_batch(2), none, sub_batch(2), none]",
+        parallel__recompute="[none, full, full, none]",
+    ),
+    "pp2-recompute-per-layer": dict(pp=2, model__layers=4, parallel__recompute="[full, selective, none, full]"),
 }
 ARCHS = ("gpt", "llama")
 

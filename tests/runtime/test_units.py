@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from parc.runtime import axes as mesh_axes
 from parc.runtime import data, dp, mesh, metrics, model, optim, tp_plan
 from parc.runtime.layers import vocab_parallel_cross_entropy
 from parc.runtime.param_init import full_init
@@ -27,14 +28,25 @@ def build(config, seed=1, plan=None):
 
 def test_mesh_coordinates_last_axis_fastest():
     axes = (("dp", 2), ("tp", 2))
-    assert [mesh.coordinates(r, axes) for r in range(4)] == [
+    assert [mesh_axes.coordinates(r, axes) for r in range(4)] == [
         {"dp": 0, "tp": 0}, {"dp": 0, "tp": 1}, {"dp": 1, "tp": 0}, {"dp": 1, "tp": 1}]
     assert mesh.axis_ranks(3, axes, "tp") == (2, 3)
     assert mesh.axis_ranks(3, axes, "dp") == (1, 3)
     axes = (("pp", 2), ("dp", 3), ("tp", 2))
-    assert mesh.coordinates(11, axes) == {"pp": 1, "dp": 2, "tp": 1}
+    assert mesh_axes.coordinates(11, axes) == {"pp": 1, "dp": 2, "tp": 1}
     assert mesh.axis_ranks(7, axes, "dp") == (7, 9, 11)
     assert mesh.axis_ranks(7, axes, "pp") == (1, 7)
+    # a group over several axes: every rank that differs only along them
+    assert mesh.axis_ranks(7, axes, "dp", "tp") == (6, 7, 8, 9, 10, 11)
+    assert mesh.axis_ranks(7, axes, "pp", "tp") == (0, 1, 6, 7)
+    assert mesh_axes.partition(axes, ("pp", "tp")) == ((0, 1, 6, 7), (2, 3, 8, 9), (4, 5, 10, 11))
+
+
+def test_axes_registry_orders_the_mesh():
+    assert mesh_axes.NAMES == ("pp", "dp", "tp")
+    assert mesh_axes.mesh_axes({"tp": 2, "dp": 4}) == (("pp", 1), ("dp", 4), ("tp", 2))
+    with pytest.raises(KeyError, match="no mesh axis 'xp'"):
+        mesh_axes.axis("xp")
 
 
 def test_mesh_of_one_rank_and_bad_meshes():

@@ -1,0 +1,94 @@
+"""The mesh axes, as data: their names, what each splits, and their order.
+
+Takes: nothing (a leaf module, plain Python, no torch). Gives: ``AXES``, the registry
+of axes in mesh order (outermost first), and the mixed-radix arithmetic every part of
+parc uses to place ranks on them: ``mesh_axes`` (a layout's degrees in mesh order),
+``coordinates`` (a rank's index along each axis) and ``group_ranks`` (the ranks that
+differ from a rank only along some axes). The code generator (``parc.runtime.axes``:
+``resolve_mesh``, ``assign_ranks``, the renderer) and the generated trainer
+(``parc_runtime.mesh``) read the same table, so the plan says exactly which ranks
+the program groups together.
+
+Note [adding an axis]: a new parallel dimension (context parallel ``cp``, say) is one
+``Axis`` entry here, at its place in the order, with the spec key that sets its
+degree (``parallel.cp``). The mesh, the ranks and groups of the plan, ``MESH_AXES``
+in ``train.py`` and ``plan.json`` follow from the table; what the axis *does* to the
+model is the business of the layers that use its group (``grid.group("cp")``, or a
+group over several axes, ``grid.group("dp", "cp")``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Axis:
+    name: str
+    """Short name: the spec key under ``parallel``, the constant in train.py upper-cased."""
+    splits: str
+    """What its ranks divide between them, for generated comments and READMEs."""
+    ranks: str
+    """What its ranks are called, for the constant's comment (``data-parallel ranks``)."""
+    always: bool = False
+    """train.py names it (its constant, ``MESH_AXES``) even at size 1; other axes appear
+    only when used, their constant set by the feature that uses them (``PP``)."""
+
+
+AXES: tuple[Axis, ...] = (
+    Axis("pp", "layers into pipeline stages (1: not used)", "pipeline stages"),
+    Axis("dp", "the batch; gradients are averaged", "data-parallel ranks", always=True),
+    Axis("tp", "each layer's weights (tensor parallel)", "tensor-parallel ranks", always=True),
+)
+"""Mesh order, outermost first: tp innermost, so a tp group is consecutive ranks on one
+node (it talks on every layer); pp outermost, so stages are whole nodes when they can be."""
+
+NAMES: tuple[str, ...] = tuple(axis.name for axis in AXES)
+
+
+def axis(name: str) -> Axis:
+    for entry in AXES:
+        if entry.name == name:
+            return entry
+    raise KeyError(f"no mesh axis {name!r}; the axes are {', '.join(NAMES)}")
+
+
+def mesh_axes(degrees) -> tuple[tuple[str, int], ...]:
+    """``(name, size)`` of every axis in mesh order; ``degrees`` maps names to sizes (missing: 1)."""
+    return tuple((name, int(degrees.get(name, 1))) for name in NAMES)
+
+
+def coordinates(rank: int, axes: tuple[tuple[str, int], ...]) -> dict[str, int]:
+    """Mixed-radix digits of ``rank`` over ``axes`` (outermost first, last fastest)."""
+    coords = {}
+    for name, size in reversed(axes):
+        coords[name] = rank % size
+        rank //= size
+    return {name: coords[name] for name, _ in axes}
+
+
+def group_ranks(rank: int, axes: tuple[tuple[str, int], ...], names) -> tuple[int, ...]:
+    """Global ranks that share every coordinate of ``rank`` except those along ``names``, ascending."""
+    names = (names,) if isinstance(names, str) else tuple(names)
+    unknown = [n for n in names if n not in dict(axes)]
+    if unknown:
+        raise KeyError(f"no mesh axis {unknown[0]!r} in {axes}")
+    strides, stride = {}, 1
+    for name, size in reversed(axes):
+        strides[name] = stride
+        stride *= size
+    coords = coordinates(rank, axes)
+    base = rank - sum(coords[n] * strides[n] for n in names)
+    members = [base]
+    for name in names:
+        members = [m + i * strides[name] for m in members for i in range(dict(axes)[name])]
+    return tuple(sorted(members))
+
+
+def partition(axes: tuple[tuple[str, int], ...], names) -> tuple[tuple[int, ...], ...]:
+    """Every group along ``names``, by first rank: the groups partition the world."""
+    world = 1
+    for _, size in axes:
+        world *= size
+    groups = {group_ranks(rank, axes, names) for rank in range(world)}
+    return tuple(sorted(groups))
