@@ -99,10 +99,10 @@ def settings(layout) -> str:
         parts.append("sp")
     if layout.zero:
         parts.append(f"zero{layout.zero}")
-    if layout.recompute != "none":
-        parts.append(f"rc:{layout.recompute}")
-    if layout.sub_batches > 1:
-        parts.append(f"sub_batch({layout.sub_batches})")
+    if layout.recompute_words():
+        parts.append(f"rc:{layout.recompute_words()}")
+    if layout.overlap_words():
+        parts.append(layout.overlap_words())
     return " ".join(parts) or "-"
 
 
@@ -202,8 +202,8 @@ def layout_json(spec: Spec, item: Estimate) -> dict:
     lay, tm, mem = item.layout, item.time, item.memory
     return {
         "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "sp": lay.sp, "zero": lay.zero,
-        "schedule": lay.schedule, "chunks": lay.chunks, "recompute": lay.recompute,
-        "overlap_sub_batches": lay.sub_batches, "micro_batch": lay.micro_batch,
+        "schedule": lay.schedule, "chunks": lay.chunks, "recompute": list(lay.recompute) if isinstance(lay.recompute, tuple) else lay.recompute,
+        "overlap_sub_batches": list(lay.sub_batches) if isinstance(lay.sub_batches, tuple) else lay.sub_batches, "micro_batch": lay.micro_batch,
         "grad_accum": lay.grad_accum(spec.train.global_batch),
         "step_time_s": tm.step, "tokens_per_s": item.tokens_per_s,
         "tflops_per_device": item.tflops_per_device, "mfu": item.mfu,

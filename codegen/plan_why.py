@@ -68,8 +68,8 @@ def _describe(item: Estimate) -> str:
         extras.append(f"interleaved({lay.chunks})" if lay.schedule == "interleaved" else lay.schedule)
     extras += ["sp"] if lay.sp else []
     extras += [f"zero {lay.zero}"] if lay.zero else []
-    extras += [f"recompute {lay.recompute}"] if lay.recompute != "none" else []
-    extras += [f"sub_batch({lay.sub_batches})"] if lay.sub_batches > 1 else []
+    extras += [f"recompute {lay.recompute_words()}"] if lay.recompute_words() else []
+    extras += [lay.overlap_words()] if lay.overlap_words() else []
     return text + (", " + ", ".join(extras) if extras else "")
 
 

@@ -112,7 +112,7 @@ def _settings(spec: Spec, dp: int, tp: int, pp: int, micro_batch: int, schedule:
     par, model = spec.parallel, spec.model
     out = []
     for zero in allowed(par.zero, [0, 1, 2, 3] if dp > 1 else [0]):
-        for recompute in allowed(par.recompute and par.recompute.value, list(RECOMPUTE_ORDER)):
+        for recompute in allowed(_modes(par.recompute), list(RECOMPUTE_ORDER)):
             sp_options = [False, True] if tp > 1 and model.seq_len % tp == 0 else [False]
             for sp in allowed(par.sp, sp_options):
                 subs = [1] + ([k for k in divisors(micro_batch) if k > 1] if tp > 1 else [])
@@ -125,6 +125,19 @@ def _settings(spec: Spec, dp: int, tp: int, pp: int, micro_batch: int, schedule:
                         )
                     )
     return out
+
+
+def _recompute_rank(layout: Layout) -> float:
+    """How much a layout recomputes, for ties: the mean of its blocks' ``RECOMPUTE_ORDER``."""
+    modes = layout.recompute if isinstance(layout.recompute, tuple) else (layout.recompute,)
+    return sum(RECOMPUTE_ORDER[mode] for mode in modes) / len(modes)
+
+
+def _modes(recompute):
+    """The spec's recompute as the cost model takes it: a mode, one per block, or None (auto)."""
+    if isinstance(recompute, tuple):
+        return tuple(mode.value for mode in recompute)
+    return recompute and recompute.value
 
 
 def _schedules(spec: Spec, pp: int, micro_batches: int, given):
@@ -154,9 +167,9 @@ TIE_BREAKS = (
     ("fewer pipeline stages", lambda layout: layout.pp),
     ("lower tp", lambda layout: layout.tp),
     ("lower ZeRO stage", lambda layout: layout.zero),
-    ("less recompute", lambda layout: RECOMPUTE_ORDER[layout.recompute]),
+    ("less recompute", lambda layout: _recompute_rank(layout)),
     ("sp off", lambda layout: layout.sp),
-    ("fewer sub-batches", lambda layout: layout.sub_batches),
+    ("fewer sub-batches", lambda layout: layout.max_sub_batches),
     ("the simpler schedule", lambda layout: SCHEDULE_ORDER[layout.schedule]),
     ("fewer chunks", lambda layout: layout.chunks),
     ("a larger micro_batch", lambda layout: -layout.micro_batch),
@@ -244,7 +257,7 @@ def fixed_layout(spec: Spec) -> Layout | None:
         dp=par.dp, tp=par.tp, pp=par.pp, sp=bool(par.sp), zero=par.zero,
         schedule=par.schedule.value if par.pp > 1 else "1f1b",
         chunks=par.chunks if interleaved else 1,
-        recompute=(par.recompute or Recompute.NONE).value,
+        recompute=_modes(par.recompute or Recompute.NONE),
         sub_batches=par.overlap_sub_batches, micro_batch=spec.train.micro_batch,
     )
 
@@ -258,6 +271,10 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
             spec.parallel,
             dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp, zero=layout.zero,
             schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks,
-            recompute=Recompute(layout.recompute), overlap_sub_batches=layout.sub_batches,
+            recompute=(
+                tuple(Recompute(mode) for mode in layout.recompute)
+                if isinstance(layout.recompute, tuple) else Recompute(layout.recompute)
+            ),
+            overlap_sub_batches=layout.sub_batches,
         ),
     )

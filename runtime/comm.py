@@ -2,7 +2,8 @@
 
 Three layers: private primitives that do nothing for a group of one; autograd
 Functions pairing a forward collective with its backward; public wrappers whose
-docstrings name both directions. Every call takes an explicit ``group``; ``None``
+docstrings name both directions (all-to-all included, for context and expert
+parallelism). Every call takes an explicit ``group``; ``None``
 means a group of one. Used by ``layers.py`` and ``model.py``.
 
 Also here: ``exposed_clock`` / ``exposed()``, the time this process spends blocked
@@ -112,6 +113,26 @@ def _all_gather(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
+def _all_to_all(x: torch.Tensor, group, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+    """Chunk r of ``scatter_dim`` goes to rank r; what rank i sent us is chunk i of ``gather_dim``.
+
+    Ulysses' exchange: with ``scatter_dim`` the heads and ``gather_dim`` the sequence,
+    sequence-sharded activations become head-sharded ones (and back, swapping the dims).
+    """
+    size = group_size(group)
+    if size == 1:
+        return x
+    if x.shape[scatter_dim] % size:
+        raise ValueError(f"dim {scatter_dim} of size {x.shape[scatter_dim]} does not split over {size} ranks")
+    front = x.movedim(scatter_dim, 0).contiguous()  # chunk r of dim 0 goes to rank r
+    out = torch.empty_like(front)
+    _issued()
+    with exposed():
+        dist.all_to_all_single(out, front, group=group)
+    received = out.movedim(0, scatter_dim).chunk(size, dim=scatter_dim)  # piece i: from rank i
+    return torch.cat(received, dim=gather_dim).contiguous()
+
+
 def _reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     size = group_size(group)
     if size == 1:
@@ -202,6 +223,18 @@ class _AllGatherFromGroup(torch.autograd.Function):
         return _reduce_scatter(grad, ctx.group, ctx.dim), None, None
 
 
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, scatter_dim, gather_dim):
+        ctx.group, ctx.dims = group, (scatter_dim, gather_dim)
+        return _all_to_all(x, group, scatter_dim, gather_dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        scatter_dim, gather_dim = ctx.dims
+        return _all_to_all(grad, ctx.group, gather_dim, scatter_dim), None, None, None
+
+
 # ---- public wrappers --------------------------------------------------------------
 
 
@@ -233,6 +266,12 @@ def reduce_scatter_to_group(x, group, dim):
 def all_gather_from_group(x, group, dim):
     """Forward: all-gather along ``dim``. Backward: reduce-scatter along ``dim``."""
     return x if group_size(group) == 1 else _AllGatherFromGroup.apply(x, group, dim)
+
+
+def all_to_all(x, group, scatter_dim, gather_dim):
+    """Forward: all-to-all, ``scatter_dim`` split over the ranks, what they send gathered
+    along ``gather_dim``. Backward: the inverse all-to-all (the two dims swapped)."""
+    return x if group_size(group) == 1 else _AllToAll.apply(x, group, scatter_dim, gather_dim)
 
 
 # ---- asynchronous launches (for overlap.py) ---------------------------------------

@@ -6,6 +6,12 @@ rank, its layers and whether it holds the embedding, the head (or a tied copy) â
 ``rank_params`` (elements and tensors of one rank's parameters, exactly as the
 runtime's model builds them: ``runtime/model.py``, ``codegen/passes/partition_layers.py``).
 
+Note [per-layer costs]: a layout may give each block its own recompute and overlap
+(``recompute = [full, none, ...]``). Memory sums each pipeline rank's own blocks; time
+costs each distinct block setting once and weighs it by how many blocks have it, so a
+uniform layout costs exactly what it did. The pipeline's makespan takes the mean
+block (its chunks are costed as equal).
+
 Before: ``codegen/search.py`` or ``choose_layout``. After: ``cost/memory.py``, ``cost/time.py``.
 """
 
@@ -39,11 +45,41 @@ class Layout:
     """``gpipe``, ``1f1b`` or ``interleaved``."""
     chunks: int
     """Model chunks per pipeline rank (> 1 only when interleaved)."""
-    recompute: str
-    """``none``, ``selective`` or ``full``."""
-    sub_batches: int
-    """``overlap = sub_batch(k)``: k; ``overlap = none``: 1."""
+    recompute: str | tuple[str, ...]
+    """``none``, ``selective`` or ``full``; or one per block (Note [per-layer costs])."""
+    sub_batches: int | tuple[int, ...]
+    """``overlap = sub_batch(k)``: k; ``overlap = none``: 1; or one per block."""
     micro_batch: int
+
+    def block_settings(self, layers: int) -> tuple[tuple[str, int], ...]:
+        """(recompute, sub_batches) of each of the model's ``layers`` blocks."""
+        recompute = self.recompute if isinstance(self.recompute, tuple) else (self.recompute,) * layers
+        sub_batches = self.sub_batches if isinstance(self.sub_batches, tuple) else (self.sub_batches,) * layers
+        return tuple(zip(recompute, sub_batches))
+
+    @property
+    def per_layer(self) -> bool:
+        return isinstance(self.recompute, tuple) or isinstance(self.sub_batches, tuple)
+
+    @property
+    def max_sub_batches(self) -> int:
+        return max(self.sub_batches) if isinstance(self.sub_batches, tuple) else self.sub_batches
+
+    def recompute_words(self) -> str | None:
+        """``full``, or ``[full, none, ...]`` per layer; None when nothing is recomputed."""
+        modes = self.recompute if isinstance(self.recompute, tuple) else (self.recompute,)
+        if all(mode == "none" for mode in modes):
+            return None
+        return f"[{', '.join(modes)}]" if isinstance(self.recompute, tuple) else self.recompute
+
+    def overlap_words(self) -> str | None:
+        """``sub_batch(k)``, or ``overlap [sub_batch(2), none, ...]`` per layer; None without overlap."""
+        if self.max_sub_batches <= 1:
+            return None
+        one = lambda k: f"sub_batch({k})" if k > 1 else "none"  # noqa: E731
+        if isinstance(self.sub_batches, tuple):
+            return f"overlap [{', '.join(one(k) for k in self.sub_batches)}]"
+        return one(self.sub_batches)
 
     def grad_accum(self, global_batch: int) -> int:
         return global_batch // (self.micro_batch * self.dp)
@@ -69,6 +105,14 @@ class StageContents:
     """Holds the final norm and loss (the last virtual stage)."""
     head_weight: bool
     """Holds a head matrix of its own (untied, or the tied copy on a later stage)."""
+
+
+def rank_blocks(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> list[int]:
+    """The block indices pipeline rank ``rank`` holds (all of its chunks)."""
+    stages = layout.pp * layout.chunks
+    counts = stage_layers or [model.layers // stages] * stages
+    starts = [sum(counts[:v]) for v in range(stages)]
+    return [i for v in range(stages) if v % layout.pp == rank for i in range(starts[v], starts[v] + counts[v])]
 
 
 def stage_contents(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> StageContents:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from parc.dsl.spec import Arch, ModelSpec, Precision, Spec
 from parc.runtime.schedule import in_flight_bound
 
-from .layout import Accounting, Layout, rank_params, sequence_parallel_params, stage_contents
+from .layout import Accounting, Layout, rank_blocks, rank_params, sequence_parallel_params, stage_contents
 
 
 BUCKET_BYTES = 25 * 2**20
@@ -179,21 +179,26 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
     contents = stage_contents(model, layout, rank, stage_layers)
     micro_batches = layout.grad_accum(spec.train.global_batch)
     in_flight = _in_flight(layout.schedule, layout.pp, rank, micro_batches, layout.chunks)
-    per_chunk_layers = contents.layers / layout.chunks
     tokens = layout.micro_batch * model.seq_len
+    modes = _rank_recompute(model, layout, rank, stage_layers)  # Note [per-layer costs]
     if accounting is Accounting.MEGATRON:
-        layer = korthikanti_layer_bytes(
-            seq=model.seq_len, micro_batch=layout.micro_batch, hidden=model.hidden,
-            heads=model.heads, tp=layout.tp, sp=layout.sp, recompute=layout.recompute,
+        layers = sum(
+            count * korthikanti_layer_bytes(
+                seq=model.seq_len, micro_batch=layout.micro_batch, hidden=model.hidden,
+                heads=model.heads, tp=layout.tp, sp=layout.sp, recompute=mode,
+            )
+            for mode, count in modes.items()
         )
-        return in_flight * per_chunk_layers * layer
+        return in_flight * layers / layout.chunks
     element = 4.0 if spec.train.precision is Precision.FP32 else 2.0
     compiled = compiled_kernels(spec)
-    layer = parc_layer_elements(
-        model, tp=layout.tp, sp=layout.sp, recompute=layout.recompute,
-        micro_batch=layout.micro_batch, compiled=compiled,
+    layers = sum(
+        count * parc_layer_elements(
+            model, tp=layout.tp, sp=layout.sp, recompute=mode, micro_batch=layout.micro_batch, compiled=compiled,
+        )
+        for mode, count in modes.items()
     )
-    total = in_flight * per_chunk_layers * layer * tokens * element
+    total = in_flight * layers / layout.chunks * tokens * element
     if contents.embed:
         total += min(in_flight, micro_batches) * tokens * 8.0  # the int64 token ids
     if contents.head:
@@ -201,6 +206,17 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
         head = parc_head_elements(model, tp=layout.tp, sp=layout.sp, compiled=compiled)
         total += head_in_flight * head * tokens * 4.0
     return total
+
+
+def _rank_recompute(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> dict[str, int]:
+    """How many of pipeline rank ``rank``'s blocks use each recompute mode."""
+    if not layout.per_layer:
+        return {layout.recompute: stage_contents(model, layout, rank, stage_layers).layers}
+    settings = layout.block_settings(model.layers)
+    counts: dict[str, int] = {}
+    for i in rank_blocks(model, layout, rank, stage_layers):
+        counts[settings[i][0]] = counts.get(settings[i][0], 0) + 1
+    return counts
 
 
 def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC) -> MemoryEstimate:
@@ -224,14 +240,14 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
             grads=grad_b,
             optimizer=optim_b,
             activations=acts,
-            buffers=_buffers(spec, layout, params, accounting),
+            buffers=_buffers(spec, layout, params, accounting, "full" in _rank_recompute(model, layout, rank, stage_layers)),
         )
     per_rank = tuple(rows.get(rank, rows[0]) for rank in range(layout.pp))
     peak_rank = max(range(layout.pp), key=lambda r: (per_rank[r].total, -r))
     return MemoryEstimate(per_rank=per_rank, peak_rank=peak_rank)
 
 
-def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting) -> float:
+def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting, full_recompute: bool) -> float:
     model, tokens = spec.model, layout.micro_batch * spec.model.seq_len
     total = 0.0
     if accounting is Accounting.PARC and layout.dp > 1:
@@ -239,7 +255,7 @@ def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting) ->
             total += 2 * min(BUCKET_BYTES, 4.0 * params)
         else:  # zero 0's packed buckets, zero 1's flat gradient: one fp32 copy in flight
             total += 4.0 * params
-    if layout.recompute == "full":  # one block's tensors rebuilt during its backward
+    if full_recompute:  # one block's tensors rebuilt during its backward
         element = 2.0 if accounting is Accounting.MEGATRON else 4.0
         working = parc_layer_elements(model, tp=layout.tp, sp=layout.sp, recompute="none", micro_batch=layout.micro_batch)
         total += working * tokens * element

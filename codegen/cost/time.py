@@ -150,35 +150,44 @@ def step_time(
 ) -> TimeBreakdown:
     """Note [the time model]. ``exact``: the bubble from the simulated schedule (else closed form)."""
     m = spec.model
-    t, d, p, v, k = layout.tp, layout.dp, layout.pp, layout.chunks, layout.sub_batches
+    t, d, p, v = layout.tp, layout.dp, layout.pp, layout.chunks
     micro_batches = layout.grad_accum(spec.train.global_batch)
     tokens = layout.micro_batch * m.seq_len
     layers_per_chunk = m.layers / (p * v)
     size = _activation_size(spec, accounting)
 
-    # ---- one block, one micro-batch -------------------------------------------
-    sub_forward, sub_core = _block_forward(spec, layout, hw, accounting, tokens / k)
+    # ---- one block, one micro-batch (each distinct block setting once: Note [per-layer costs])
     slow = hw.contention  # ranks sharing a CPU core
-    forward, core = k * sub_forward * slow, k * sub_core * slow
-    backward = 2.0 * forward
-    if layout.recompute == "full":
-        backward += forward
-    elif layout.recompute == "selective":
-        backward += core
     # one region's collective: an all-reduce, or under sp an all-gather + reduce-scatter
     # pair (on a ring the same; gloo's measured ones differ)
     kinds = ("all_gather", "reduce_scatter") if layout.sp else ("all_reduce",)
     activations = tokens * m.hidden * size
     per_collective = sum(collective_time(hw, kind, activations, size=t, stride=1) for kind in kinds)
-    tp_forward = 2 * per_collective
-    tp_backward = 2 * per_collective * (2 if layout.recompute == "full" else 1)
     latency = sum(collective_latency(hw, kind, size=t, stride=1) for kind in kinds)
-    hiding = 0.0 if hw.comm_on_cores else forward  # Note [the time model]: gloo on CPU cores
-    block = exposed_tp(
-        tp_forward, hiding, k, latency_s=latency, blocks=min(OVERLAP_BLOCKS, max(1, round(layers_per_chunk)))
-    )
-    exposed_forward = block.forward_s
-    exposed_backward = block.backward_s + (block.forward_s if layout.recompute == "full" else 0.0)
+    settings = layout.block_settings(m.layers)
+    costs = {}
+    for recompute, k in sorted(set(settings)):
+        sub_forward, sub_core = _block_forward(spec, layout, hw, accounting, tokens / k)
+        forward, core = k * sub_forward * slow, k * sub_core * slow
+        backward = 2.0 * forward
+        if recompute == "full":
+            backward += forward
+        elif recompute == "selective":
+            backward += core
+        tp_forward = 2 * per_collective
+        tp_backward = 2 * per_collective * (2 if recompute == "full" else 1)
+        hiding = 0.0 if hw.comm_on_cores else forward  # Note [the time model]: gloo on CPU cores
+        block = exposed_tp(
+            tp_forward, hiding, k, latency_s=latency, blocks=min(OVERLAP_BLOCKS, max(1, round(layers_per_chunk)))
+        )
+        exposed_backward = block.backward_s + (block.forward_s if recompute == "full" else 0.0)
+        costs[recompute, k] = (forward, backward, tp_forward, tp_backward, block.forward_s, exposed_backward)
+    if len(costs) == 1:
+        forward, backward, tp_forward, tp_backward, exposed_forward, exposed_backward = costs.popitem()[1]
+    else:  # the mean block, weighed by how many blocks have each setting
+        forward, backward, tp_forward, tp_backward, exposed_forward, exposed_backward = (
+            sum(costs[setting][i] for setting in settings) / len(settings) for i in range(6)
+        )
 
     # ---- the head, the embedding: last and first stage -------------------------
     head_forward = _gemm(hw, tokens, m.hidden, m.padded_vocab / t) + 6 * hw.op_overhead

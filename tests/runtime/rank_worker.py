@@ -71,6 +71,11 @@ def check_comm(group):
         ("all_gather_from_group", lambda x, g: comm.all_gather_from_group(x, g, 1), chunk(mine), grads[r],
          diagonal(per_rank), chunk(sum(grads))),
     ]
+    # all-to-all, Ulysses' exchange: dim 2 split over the ranks, the pieces gathered along T
+    outs = [full(B, n * T, IN // n, seed=30 + i) for i in range(n)]  # rank i's upstream grad
+    cases.append(("all_to_all", lambda x, g: comm.all_to_all(x, g, 2, 1), mine, outs[r],
+                  torch.cat([t.chunk(n, dim=2)[r] for t in per_rank], dim=1),
+                  torch.cat([t.chunk(n, dim=1)[r] for t in outs], dim=2)))
     out = []
     for name, fn, x, grad, want_y, want_grad in cases:
         x = x.clone().requires_grad_()
