@@ -29,7 +29,7 @@ from parc import __version__
 from parc.runtime.paths import UnsafePath, inside
 
 from .lower import lower
-from .render import render
+from .render import render, runtime_modules
 
 MANIFEST = ".parc/manifest.json"
 EXECUTABLE = {"launch.sh", "slurm.sbatch"}
@@ -61,21 +61,54 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def runtime_files() -> dict[str, bytes]:
-    """Every source file of parc's runtime, as ``parc_runtime/...`` → bytes."""
+def runtime_files(modules: set[str] | None = None) -> dict[str, bytes]:
+    """The source files of parc's runtime a build needs, as ``parc_runtime/...`` → bytes.
+
+    ``modules``: the top-level runtime modules the program uses (``render.runtime_modules``);
+    the modules they import at module level follow, and a package (``kernels``) travels
+    whole with its C++ sources. None: every file (the whole runtime).
+    """
     root = resources.files("parc.runtime")
     out: dict[str, bytes] = {}
+    wanted = None if modules is None else _closure(root, set(modules))
 
-    def walk(node, prefix):
+    def walk(node, prefix, top):
         for child in sorted(node.iterdir(), key=lambda c: c.name):
             if child.is_dir():
-                if child.name != "__pycache__":
-                    walk(child, f"{prefix}{child.name}/")
+                if child.name != "__pycache__" and (top is not None or wanted is None or child.name in wanted):
+                    walk(child, f"{prefix}{child.name}/", child.name)
             elif child.name.endswith((".py", ".cpp", ".h", ".cu")):
-                out[f"{prefix}{child.name}"] = child.read_bytes()
+                name = child.name[: -len(".py")]
+                if top is not None or wanted is None or name == "__init__" or name in wanted:
+                    out[f"{prefix}{child.name}"] = child.read_bytes()
 
-    walk(root, "parc_runtime/")
+    walk(root, "parc_runtime/", None)
     return out
+
+
+def _closure(root, modules: set[str]) -> set[str]:
+    """``modules`` and every runtime module they import at module level (``from .x``)."""
+    import ast
+
+    seen: set[str] = set()
+    todo = list(modules)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = root.joinpath(name)
+        sources = [c for c in node.iterdir() if c.name.endswith(".py")] if node.is_dir() else [root.joinpath(f"{name}.py")]
+        for source in sources:
+            for statement in ast.parse(source.read_text(encoding="utf-8")).body:
+                if not isinstance(statement, ast.ImportFrom) or statement.level == 0:
+                    continue
+                if statement.level == (2 if node.is_dir() else 1):  # the runtime's own top level
+                    if statement.module:
+                        todo.append(statement.module.split(".")[0])
+                    else:
+                        todo.extend(alias.name for alias in statement.names)
+    return seen
 
 
 def spec_hash(spec) -> str:
@@ -86,11 +119,13 @@ def spec_hash(spec) -> str:
     return sha256(json.dumps(values, sort_keys=True).encode())
 
 
-def generate(spec) -> dict[str, bytes]:
-    """Everything a build folder holds, path → bytes (the manifest included)."""
-    plan = lower(spec)
+def generate(spec, plan=None) -> dict[str, bytes]:
+    """Everything a build folder holds, path → bytes (the manifest included).
+
+    ``plan``: the spec's lowered ``Plan`` when the caller has it already (lowered once)."""
+    plan = lower(spec) if plan is None else plan
     files = {path: text.encode() for path, text in render(plan).items()}
-    files.update(runtime_files())
+    files.update(runtime_files(runtime_modules(plan)))
     manifest = {
         "parc_version": __version__,
         "spec": plan.source,

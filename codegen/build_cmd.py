@@ -65,10 +65,11 @@ def run_build(args: argparse.Namespace) -> int:
         print(json.dumps(dsl.spec_to_dict(spec), indent=2, sort_keys=True))
         return 0
     try:
+        plan = lower(spec)  # once: the files and the command below come from it
         if args.emit == "plan":
-            print(lower(spec), end="")
+            print(plan, end="")
             return 0
-        files = generate(spec)
+        files = generate(spec, plan)
     except Diagnostics as exc:
         return report_stage_errors(exc, args.spec, args.overrides)
     out_dir = Path(args.output) if args.output else Path("build") / Path(args.spec).stem
@@ -102,7 +103,7 @@ def run_build(args: argparse.Namespace) -> int:
         return 1
     changed = len(state.stale) + len(state.missing) + len(state.edited)
     print(f"wrote {out_dir}/ ({len(files)} files, {changed} changed): "
-          f"run `cd {out_dir} && {command(lower(spec))}`")
+          f"run `cd {out_dir} && {command(plan)}`")
     return 0
 
 

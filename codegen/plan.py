@@ -2,7 +2,7 @@
 
 Takes: nothing (built by the lowering passes of ``codegen/lower.py`` from a checked
 ``Spec``). Gives: ``Plan`` and its parts — the mesh (axes, ranks, process groups),
-the tensor-parallel table, the sequence-parallel regions, the batch plan and the
+the tensor-parallel table, sequence parallelism, the per-layer layout, the batch plan and the
 model/optimizer/data/training settings the trainer needs. Every decision keeps the
 ``Span`` of the spec text behind it (``None`` when the value is parc's default), so
 generated code can cite its origin.
@@ -138,24 +138,10 @@ class TensorParallelPlan:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SequenceRegion:
-    """A stretch of the forward pass whose activations are split along T over tp.
-
-    It is entered by a reduce-scatter along T (the output of ``scattered_by``) and
-    left by an all-gather along T (the input of ``gathered_by``); the replicated
-    modules in ``modules`` run on ``(B, T/tp, C)`` in between.
-    """
-
-    scattered_by: str
-    modules: tuple[str, ...]
-    gathered_by: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class SequenceParallelPlan:
     enabled: bool
-    regions: tuple[SequenceRegion, ...]
-    """Empty when disabled."""
+    """Norms, residual adds and dropout run on T/tp between the blocks' tp regions
+    (Note [blocks as regions] in runtime/model.py; Korthikanti et al.)."""
     local_shape: tuple[int, ...]
     """Activation shape inside a region, (micro_batch, seq_len/tp, hidden); () when disabled."""
     span: Span | None
@@ -254,11 +240,6 @@ class BatchPlan:
     def tokens_per_step(self) -> int:
         """Tokens per optimizer step, over all ranks."""
         return self.global_batch * self.seq_len
-
-    @property
-    def tokens_per_micro_batch(self) -> int:
-        """Tokens one rank feeds through one forward/backward."""
-        return self.micro_batch * self.seq_len
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

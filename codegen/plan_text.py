@@ -115,12 +115,9 @@ def plan_to_text(plan) -> str:
             f"{_shape(rule.full_shape)} -> {_shape(rule.local_shape)}{tied}"
         )
     if sp.enabled:
-        lines.append(f"sequence parallel: activations {_shape(sp.local_shape)} inside regions")
-        for region in sp.regions:
-            lines.append(
-                f"  {region.scattered_by} reduce-scatter -> {', '.join(region.modules)} "
-                f"-> all-gather {', '.join(region.gathered_by)}"
-            )
+        lines.append(
+            f"sequence parallel: activations {_shape(sp.local_shape)} between the blocks' tensor-parallel regions"
+        )
     else:
         lines.append("sequence parallel: off")
     pipe = plan.pipeline

@@ -264,13 +264,10 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ]
     else:
         forward_lines = [forward]
-    imports = ["checkpoint", "comm", "data", "faults", "memory", "mesh", "metrics", "model", "optim"]
-    imports += ["dp"] if dp_size > 1 else []
-    imports += ["pipeline", "schedule"] if pipelined else []
+    imports = train_imports(plan)
     if pipelined and plan.train.precision.value == "bf16":
         forward_lines = []  # the executor runs each stage's forward under autocast
     build_function, model_comment_lines, pipeline_args = render_step.model_lines(plan)
-    imports += ["zero"] if zero_stage else []
     model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
     layout = layout_words(plan)
     context = dict(
@@ -333,6 +330,22 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     )
     text = env.get_template("train.py.j2").render(**context)
     return black.format_str(text, mode=black.Mode())
+
+
+def train_imports(plan: Plan) -> list[str]:
+    """The runtime modules ``train.py`` imports (``from parc_runtime import ...``)."""
+    imports = ["checkpoint", "comm", "data", "faults", "memory", "mesh", "metrics", "model", "optim"]
+    imports += ["dp"] if plan.mesh.size("dp") > 1 else []
+    imports += ["pipeline", "schedule"] if render_step.has_pipeline(plan) else []
+    imports += ["zero"] if plan.train.zero.value else []
+    return imports
+
+
+def runtime_modules(plan: Plan) -> set[str]:
+    """The runtime modules the build's program needs before their own imports are
+    followed (``build.runtime_files``): train.py's, and those the runtime imports only
+    when a feature is on (``model`` imports ``overlap`` for sub-batches)."""
+    return set(train_imports(plan)) | ({"overlap"} if uses_overlap(plan) else set())
 
 
 def layout_words(plan: Plan) -> str:

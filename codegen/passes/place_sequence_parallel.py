@@ -18,25 +18,8 @@ from dataclasses import replace
 from parc.dsl.spec import Arch, Spec
 
 from ..errors import NOT_DIVISIBLE, check, error
-from ..plan import SequenceParallelPlan, SequenceRegion
+from ..plan import SequenceParallelPlan
 from .draft import Draft
-
-
-def regions(spec: Spec) -> tuple[SequenceRegion, ...]:
-    last = spec.model.layers - 1
-    qkv = ("layers.*.attn.q_proj", "layers.*.attn.k_proj", "layers.*.attn.v_proj")
-    mlp_in = ("layers.*.mlp.gate_proj",) if spec.model.arch is Arch.LLAMA else ()
-    mlp_in += ("layers.*.mlp.up_proj",)
-    return (
-        SequenceRegion(scattered_by="embed", modules=("layers.0.attn_norm",), gathered_by=qkv),
-        SequenceRegion(scattered_by="layers.*.attn.o_proj", modules=("layers.*.mlp_norm",), gathered_by=mlp_in),
-        SequenceRegion(
-            scattered_by="layers.*.mlp.down_proj", modules=("layers.*+1.attn_norm",), gathered_by=qkv
-        ),
-        SequenceRegion(
-            scattered_by=f"layers.{last}.mlp.down_proj", modules=("final_norm",), gathered_by=("head",)
-        ),
-    )
 
 
 def run(spec: Spec, draft: Draft) -> Draft:
@@ -44,7 +27,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
     enabled = bool(spec.parallel.sp) and tp > 1
     span = spec.span("parallel.sp")
     if not enabled:
-        plan = SequenceParallelPlan(enabled=False, regions=(), local_shape=(), span=span)
+        plan = SequenceParallelPlan(enabled=False, local_shape=(), span=span)
         return replace(draft, sequence_parallel=plan)
     seq_len = spec.model.seq_len
     if seq_len % tp:
@@ -61,7 +44,6 @@ def run(spec: Spec, draft: Draft) -> Draft:
         )
     plan = SequenceParallelPlan(
         enabled=True,
-        regions=regions(spec),
         local_shape=(spec.train.micro_batch, seq_len // tp, spec.model.hidden),
         span=span,
     )
