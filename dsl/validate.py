@@ -215,7 +215,7 @@ def _unknown_keys(error, norm: Normalized, path: tuple):
     out = []
     known = list(error.schema.get("properties", {}))
     for key in error.instance:
-        if key in known:
+        if key in known or _under(path + (key,), norm.bad):
             continue
         origin = _origin(norm, path + (key,))
         span = origin.key_span or origin.span
