@@ -152,7 +152,7 @@ def _quote(source_line: str, start: int, width: int) -> tuple[str, int, int]:
     """The part of ``source_line`` to show, and the caret's column and width in it."""
     end = start + width  # exclusive, 1-based
     first = max(1, start - QUOTE_MARGIN)
-    last = min(len(source_line), end + QUOTE_MARGIN)  # inclusive
+    last = min(len(source_line), end - 1 + QUOTE_MARGIN, start + 2 * QUOTE_MARGIN)  # inclusive
     if first == 1 and last == len(source_line):
         return source_line, start, width
     shown = source_line[first - 1 : last]

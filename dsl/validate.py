@@ -15,7 +15,8 @@ import json
 from . import checks
 from .build_spec import build_spec
 from .diagnostics import Diagnostics, ParcError, SourceMap, Span, did_you_mean
-from .keys import BLOCKS, ELEMENT, Param, expected_words
+from . import units
+from .keys import BLOCKS, ELEMENT, UNIT_TYPES, Param, expected_words
 from .normalize import Normalized, Origin, dotted
 from .schema import validator
 from .spec import Spec
@@ -143,6 +144,8 @@ def _map(error, norm: Normalized) -> list[tuple[tuple, ParcError]]:
         return report("PAR0107", f"`{name}` is not valid here ({shown})")
     if kind in _RANGE_WORDS:
         bound = _number(error.validator_value)
+        if param.type in UNIT_TYPES and error.validator_value:
+            bound = units.describe(param.type, error.validator_value)
         return report(
             "PAR0109",
             f"`{name}` = {shown} is out of range: it must be {_RANGE_WORDS[kind]} {bound}",
