@@ -35,7 +35,7 @@ class _Values:
     def get(self, block: str, key: str):
         """The value, its default, or None (auto, missing, or invalid)."""
         path = (block, key)
-        if path in self.bad_prefixes or (block,) in self.bad:
+        if path in self.bad_prefixes or (block,) in self.bad or () in self.bad:
             return None
         values = self.norm.doc.get(block)
         if not isinstance(values, dict):

@@ -168,3 +168,8 @@ def test_a_json_bom_is_a_blank() -> None:
     with_bom, without = rendered("\ufeff" + text, "b.json"), rendered(" " + text, "b.json")
     assert with_bom.splitlines()[0] == without.splitlines()[0]
     assert with_bom.count("error[") == without.count("error[") > 0
+
+
+def test_a_set_argument_with_a_cr_is_not_block_key_value() -> None:
+    out = rendered(TINY, "tiny.par", ["train.steps=2\r0"])
+    assert "--set 1:1:1: error[PAR0017]" in out and "\r" not in out
