@@ -145,6 +145,8 @@ def clip(text: str, limit: int = 40) -> str:
 def _printable(text: str) -> str:
     """Tabs as one blank (the parser counts them as one column), other characters
     that could drive the terminal as ``?``."""
+    if text.isprintable():
+        return text
     return "".join(" " if c == "\t" else c if c.isprintable() else "?" for c in text)
 
 
