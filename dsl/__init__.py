@@ -24,6 +24,7 @@ from .jsonspec import normalize_json
 from .normalize import normalize_document
 from .overrides import apply_overrides
 from .parse import parse
+from .reading import decode, read_text
 from .schema import schema
 from .spec import Spec
 from .validate import validate
@@ -46,33 +47,6 @@ __all__ = [
 ]
 
 
-def read_text(path: str) -> str:
-    """The text of the file at ``path``. Raises ``OSError`` (``FileNotFoundError``, ...)
-    if it cannot be read, and ``Diagnostics`` (PAR0001) if it is not UTF-8."""
-    with open(path, "rb") as handle:
-        return decode(handle.read(), path)
-
-
-def decode(data: bytes, file: str) -> str:
-    """``data`` as UTF-8 text; ``Diagnostics`` (PAR0001) at the first bad byte."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        before = data[: exc.start].decode("utf-8", errors="replace")
-        line = before.count("\n") + 1
-        column = len(before) - (before.rfind("\n") + 1) + 1
-        sources = SourceMap()
-        sources.add(file, data.decode("utf-8", errors="replace"))
-        span = Span(file=file, line=line, column=column, end_line=line, end_column=column + 1)
-        error = ParcError(
-            span=span,
-            code="PAR0001",
-            message=f"the file is not UTF-8 text (byte 0x{data[exc.start]:02x})",
-            hint="save the spec as UTF-8",
-        )
-        raise Diagnostics([error], sources) from None
-
-
 def load(path: str, overrides: Sequence[str] = ()) -> Spec:
     """The checked Spec of the file at ``path`` (``.par``, or ``.json`` for the
     normalized document), with ``--set`` ``overrides`` applied in order.
@@ -89,7 +63,7 @@ def load_text(text: str, file: str, overrides: Sequence[str] = ()) -> Spec:
     if file.endswith(".json"):
         norm = normalize_json(text, file)
     else:
-        norm = normalize_document(parse(text, file))
+        norm = normalize_document(parse(text, file, comments=False))
     sources = SourceMap()
     sources.add(file, text)
     for name, override in apply_overrides(norm, overrides).items():

@@ -161,6 +161,24 @@ class Comment:
     text: str
 
 
+def comments_at(file: str, found) -> tuple[Comment, ...]:
+    """``Comment``s of ``(line, column, text)`` triples in ``file``, made quickly: a
+    file may hold a million (Note [fast spans] in ``dsl/diagnostics.py``)."""
+    new, set_span, set_text, on_line = (
+        object.__new__,
+        Comment.span.__set__,
+        Comment.text.__set__,
+        Span.on_line,
+    )
+    out = []
+    for line, column, text in found:
+        comment = new(Comment)
+        set_span(comment, on_line(file, line, column, column + len(text)))
+        set_text(comment, text)
+        out.append(comment)
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Document:
     span: Span

@@ -28,11 +28,14 @@ _DEFAULTS = {
 class _Values:
     def __init__(self, norm: Normalized, bad: set):
         self.norm, self.bad = norm, bad
+        self.bad_prefixes = {p[:end] for p in bad for end in range(1, min(len(p), 2) + 1)}
+        """Every (block,) and (block, key) at or above a bad path: one set lookup
+        per question, however many errors there are."""
 
     def get(self, block: str, key: str):
         """The value, its default, or None (auto, missing, or invalid)."""
         path = (block, key)
-        if any(path[: len(p)] == p or p[: len(path)] == path for p in self.bad):
+        if path in self.bad_prefixes or (block,) in self.bad or () in self.bad:
             return None
         values = self.norm.doc.get(block)
         if not isinstance(values, dict):
@@ -321,14 +324,28 @@ def _per_layer(v: _Values, error) -> None:
 
 def _overlap(v: _Values, error) -> None:
     overlap, micro_batch = v.get("parallel", "overlap"), v.get("train", "micro_batch")
-    if micro_batch is None:
+    if micro_batch is None and v.get("parallel", "tp") != 1:
         return
     for index, one in enumerate(overlap if isinstance(overlap, list) else [overlap]):
         _overlap_one(v, error, one, micro_batch, () if not isinstance(overlap, list) else (index,))
 
 
-def _overlap_one(v: _Values, error, overlap, micro_batch: int, at: tuple) -> None:
+def _overlap_one(v: _Values, error, overlap, micro_batch, at: tuple) -> None:
     if not isinstance(overlap, dict) or overlap.get("kind") != "sub_batch":
+        return
+    path = ("parallel", "overlap", *at)
+    if v.get("parallel", "tp") == 1:  # tp = auto may still choose tp ≥ 2
+        parts = overlap.get("sub_batches")
+        error(
+            ("parallel", "overlap"),
+            v.span(path),
+            "PAR0215",
+            f"overlap = sub_batch({parts}) has nothing to overlap: tp = 1",
+            "overlap splits tensor-parallel communication; with tp = 1 there is none "
+            "— remove it or raise tp",
+        )
+        return
+    if micro_batch is None:
         return
     parts = overlap.get("sub_batches")
     if parts is None or micro_batch % parts == 0:

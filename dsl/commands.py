@@ -143,12 +143,12 @@ def run_fmt(args: argparse.Namespace) -> int:
             status = max(status, ERRORS)
             continue
         formatted = format_document(doc)
+        if formatted == text:
+            continue  # already canonical: nothing to check or write
         if strip_spans(parse(formatted, path)) != strip_spans(doc):  # pragma: no cover - a bug
             raise RuntimeError(
                 f"internal error in parc (fmt): formatting {path} changed its meaning"
             )
-        if formatted == text:
-            continue
         if args.diff:
             sys.stdout.writelines(
                 difflib.unified_diff(

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .source import LineIndex
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Span:
@@ -35,6 +37,32 @@ class Span:
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.column}"
+
+    @classmethod
+    def on_line(cls, file: str, line: int, column: int, end_column: int) -> "Span":
+        """``Span(file=file, line=line, column=column, end_line=line, end_column=...)``,
+        made quickly (Note [fast spans])."""
+        span = _new(cls)
+        _set_file(span, file)
+        _set_line(span, line)
+        _set_column(span, column)
+        _set_end_line(span, line)
+        _set_end_column(span, end_column)
+        _set_planned(span, False)
+        return span
+
+
+# Note [fast spans]: a frozen dataclass's __init__ sets each field through
+# object.__setattr__, about 2.7 us for a Span; a file of a million comments makes a
+# million spans. ``Span.on_line`` fills the slots directly (0.6 us) and gives an
+# equal, equally frozen Span (tests/dsl/test_hardening.py checks that it does).
+_new = object.__new__
+_set_file = Span.file.__set__
+_set_line = Span.line.__set__
+_set_column = Span.column.__set__
+_set_end_line = Span.end_line.__set__
+_set_end_column = Span.end_column.__set__
+_set_planned = Span.planned.__set__
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,28 +98,70 @@ class SourceMap:
     """The text of every source a run has read, so diagnostics can quote it."""
 
     texts: dict[str, str] = field(default_factory=dict)
+    _indexes: dict[str, LineIndex] = field(default_factory=dict)
 
-    def add(self, file: str, text: str) -> None:
+    def add(self, file: str, text: str, index: LineIndex | None = None) -> None:
+        """Record ``text``; its line index is built when a line is first quoted
+        (or is ``index``, when the caller has built it already)."""
         self.texts[file] = text
+        self._indexes.pop(file, None)
+        if index is not None:
+            self._indexes[file] = index
+
+    def index(self, file: str) -> LineIndex | None:
+        """The line index of ``file`` (Note [newlines] in ``dsl/source.py``)."""
+        if file not in self._indexes:
+            text = self.texts.get(file)
+            if text is None:
+                return None
+            self._indexes[file] = LineIndex(text)
+        return self._indexes[file]
 
     def line(self, file: str, line: int) -> str | None:
-        text = self.texts.get(file)
-        if text is None:
-            return None
-        # Lines end at "\n" only, as the parser counts them (``splitlines`` would also
-        # split at form feeds and other separators, and quote the wrong line).
-        lines = text.split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()
-        if 1 <= line <= len(lines):
-            return lines[line - 1].rstrip("\r")
-        return "" if line == len(lines) + 1 else None
+        # Lines end at LF, CRLF or CR only, as the parser counts them (``splitlines``
+        # would also split at form feeds and other separators, and quote the wrong line).
+        index = self.index(file)
+        return None if index is None else index.line(line)
 
 
 _RED = "\x1b[1;31m"
 _BOLD = "\x1b[1m"
 _CYAN = "\x1b[1;36m"
 _RESET = "\x1b[0m"
+
+
+QUOTE_MARGIN = 80
+"""A quoted line longer than the caret ± this many columns is clipped around the
+caret, with ``…`` where text was cut, so a 1 MB line prints a screenful."""
+MESSAGE_LIMIT = 400
+"""A message or hint longer than this (it echoes a huge word) is cut, with ``…``."""
+
+
+def clip(text: str, limit: int = 40) -> str:
+    """``text`` cut to ``limit`` characters with ``…``: user words in messages."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _printable(text: str) -> str:
+    """Tabs as one blank (the parser counts them as one column), other characters
+    that could drive the terminal as ``?``."""
+    if text.isprintable():
+        return text
+    return "".join(" " if c == "\t" else c if c.isprintable() else "?" for c in text)
+
+
+def _quote(source_line: str, start: int, width: int) -> tuple[str, int, int]:
+    """The part of ``source_line`` to show, and the caret's column and width in it."""
+    end = start + width  # exclusive, 1-based
+    first = max(1, start - QUOTE_MARGIN)
+    last = min(len(source_line), end - 1 + QUOTE_MARGIN, start + 2 * QUOTE_MARGIN)  # inclusive
+    if first == 1 and last == len(source_line):
+        return source_line, start, width
+    shown = source_line[first - 1 : last]
+    end = min(end, last + 1)
+    prefix = "…" if first > 1 else ""
+    suffix = "…" if last < len(source_line) else ""
+    return prefix + shown + suffix, start - first + 1 + len(prefix), max(1, end - start)
 
 
 def render(error: ParcError, sources: SourceMap, *, color: bool = False) -> str:
@@ -101,18 +171,14 @@ def render(error: ParcError, sources: SourceMap, *, color: bool = False) -> str:
         return f"{code}{text}{_RESET}" if color else text
 
     span = error.span
+    message = _printable(clip(error.message, MESSAGE_LIMIT))
     header = (
         f"{paint(str(span) + ':', _BOLD)} "
-        f"{paint(f'{error.severity}[{error.code}]:', _RED)} {error.message}"
+        f"{paint(f'{error.severity}[{error.code}]:', _RED)} {message}"
     )
     out = [header]
     source_line = sources.line(span.file, span.line)
     if source_line is not None:
-        # Tabs count as one column, as the parser counts them; control characters
-        # are shown as "?" so a quoted line cannot drive the terminal.
-        source_line = "".join(
-            " " if c == "\t" else c if c.isprintable() else "?" for c in source_line
-        )
         gutter = str(span.line)
         pad = " " * len(gutter)
         start = max(span.column, 1)
@@ -121,11 +187,12 @@ def render(error: ParcError, sources: SourceMap, *, color: bool = False) -> str:
         else:
             width = max(len(source_line) - start + 1, 1)
         width = max(1, min(width, max(len(source_line) - start + 1, 1)))
+        shown, start, width = _quote(source_line, start, width)
         caret = " " * (start - 1) + ("^" if width == 1 else "^" * width)
-        out.append(f"  {gutter} | {source_line}".rstrip())
+        out.append(f"  {gutter} | {_printable(shown)}".rstrip())
         out.append(f"  {pad} | {paint(caret, _RED)}")
     if error.hint:
-        out.append(f"  {paint('hint:', _CYAN)} {error.hint}")
+        out.append(f"  {paint('hint:', _CYAN)} {_printable(clip(error.hint, MESSAGE_LIMIT))}")
     return "\n".join(out)
 
 

@@ -72,24 +72,39 @@ def quote(text: str) -> str:
 
 
 class _Comments:
-    """The document's comments, handed out by line as the printer walks the tree."""
+    """The document's comments, handed out in order as the printer walks the tree.
+
+    The printer asks for lines in increasing order, so the comments not yet printed
+    are always those from ``next`` on: each question looks at the front only, and
+    formatting takes time linear in the number of comments.
+    """
 
     def __init__(self, comments: tuple[ast.Comment, ...]):
-        self.pending = sorted(comments, key=lambda c: (c.span.line, c.span.column))
+        self.sorted = sorted(comments, key=lambda c: (c.span.line, c.span.column))
+        self.next = 0
+
+    def _take_while(self, keep) -> list[ast.Comment]:
+        start = self.next
+        while self.next < len(self.sorted) and keep(self.sorted[self.next]):
+            self.next += 1
+        return self.sorted[start : self.next]
 
     def before(self, line: int) -> list[ast.Comment]:
         """Comments on lines before ``line`` not yet printed."""
-        taken = [c for c in self.pending if c.span.line < line]
-        self.pending = [c for c in self.pending if c.span.line >= line]
-        return taken
+        return self._take_while(lambda c: c.span.line < line)
+
+    def inside(self, first: int, end: int) -> list[ast.Comment]:
+        """Comments on lines ``first`` ≤ line < ``end`` not yet printed."""
+        return self._take_while(lambda c: first <= c.span.line < end)
 
     def on(self, line: int) -> ast.Comment | None:
         """A comment on ``line`` (there is at most one: it runs to the end of the line)."""
-        for comment in self.pending:
-            if comment.span.line == line:
-                self.pending.remove(comment)
-                return comment
-        return None
+        taken = self._take_while(lambda c: c.span.line == line)
+        return taken[0] if taken else None
+
+    def rest(self) -> list[ast.Comment]:
+        """Every comment not yet printed."""
+        return self._take_while(lambda c: True)
 
 
 class _Printer:
@@ -173,9 +188,8 @@ class _Printer:
     ) -> bool:
         """Comments on the inner lines of a value that spans lines go above the entry;
         True if there were any."""
-        inside = [c for c in self.comments.pending if span.line <= c.span.line < span.end_line]
+        inside = self.comments.inside(span.line, span.end_line)
         for i, comment in enumerate(inside):
-            self.comments.pending.remove(comment)
             self.emit(
                 indent + comment.text, span.line, blank_before=blank_before if i == 0 else False
             )
@@ -186,9 +200,7 @@ class _Printer:
         for item in self.doc.items:
             self.item(item, after_block)
             after_block = True
-        rest = self.comments.pending
-        self.comments.pending = []
-        for i, comment in enumerate(rest):
+        for i, comment in enumerate(self.comments.rest()):
             self.emit(
                 comment.text,
                 comment.span.line,

@@ -15,6 +15,10 @@ from . import units
 
 INT_MAX = 2**31 - 1
 """Largest integer any key accepts (keeps later stages' arithmetic sane)."""
+NUMBER_MAX = 1e12
+"""Largest plain number a key accepts where it names no tighter bound (``lr``,
+``rope_theta``, ``grad_clip``, ...): every number is finite and of a sane size
+before it leaves the front end. Unit kinds have theirs in ``units.LARGEST``."""
 
 UNIT_TYPES = (units.SIZE, units.BANDWIDTH, units.FLOPS, units.TIME)
 DEVICES = ("a100-40gb", "a100-80gb", "h100-80gb", "h200", "rtx3090", "cpu")
@@ -42,6 +46,12 @@ class Param:
     calls: tuple["CallDef", ...] = ()
     per_layer: bool = False
     """Also takes a list with one value per transformer block (``[full, none, ...]``)."""
+
+    def __post_init__(self) -> None:
+        # Every number has an upper bound (NUMBER_MAX, units.LARGEST) unless given one.
+        if self.maximum is None and self.exclusive_maximum is None:
+            largest = units.LARGEST.get(self.type, NUMBER_MAX if self.type == "number" else None)
+            object.__setattr__(self, "maximum", largest)
 
     def call(self, name: str) -> "CallDef | None":
         for call in self.calls:

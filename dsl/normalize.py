@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from . import ast, units
-from .diagnostics import ParcError, Span, did_you_mean
+from .diagnostics import ParcError, Span, clip, did_you_mean
 from .fmt import format_value
 from .keys import BLOCKS, ELEMENT, UNIT_TYPES, BlockDef, Param, expected_words
 
@@ -87,7 +87,7 @@ def normalize_document(doc: ast.Document) -> Normalized:
                 (item.kind,),
                 item.kind_span,
                 "PAR0101",
-                f"unknown block `{item.kind}`",
+                f"unknown block `{clip(item.kind)}`",
                 f"did you mean `{near}`?" if near else "blocks are " + ", ".join(BLOCKS),
             )
             if near:
@@ -195,7 +195,7 @@ def _block(out: Normalized, block: BlockDef, item: ast.Block) -> None:
                 path + (entry.key,),
                 entry.key_span,
                 "PAR0104",
-                f"unknown key `{entry.key}` in the {block.name} block",
+                f"unknown key `{clip(entry.key)}` in the {block.name} block",
                 hint,
             )
             continue
@@ -322,7 +322,7 @@ def _call(out: Normalized, path: Path, param: Param, value: ast.Name | ast.Call)
             path,
             span,
             "PAR0108",
-            f"unknown {param.name} `{function}` for `{name}`",
+            f"unknown {param.name} `{clip(function)}` for `{name}`",
             f"did you mean `{near}`? {choices}" if near else choices,
         )
         return _BAD
@@ -352,7 +352,7 @@ def _call(out: Normalized, path: Path, param: Param, value: ast.Name | ast.Call)
                     path + (argument.name,),
                     argument.name_span,
                     "PAR0113",
-                    f"`{function}` has no argument `{argument.name}`",
+                    f"`{function}` has no argument `{clip(argument.name)}`",
                     f"did you mean `{near}`?" if near else f"`{call.signature()}`",
                 )
                 ok = False

@@ -18,10 +18,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from . import ast
-from .diagnostics import Diagnostics, ParcError, Span, did_you_mean
+from .diagnostics import Diagnostics, ParcError, Span, clip, did_you_mean
+from .grammar import KEY_RE
 from .keys import BLOCKS, PARALLEL
 from .normalize import Normalized, Origin, set_value
-from .parse import KEY_RE, parse_override
+from .parse import parse_override
+from .reading import too_long
+from .source import MAX_SOURCE_BYTES
 
 
 def override_file(index: int) -> str:
@@ -45,12 +48,16 @@ def _span(token, file: str) -> Span:
 
 def _apply_one(out: Normalized, text: str, file: str) -> None:
     whole = Span(file=file, line=1, column=1, end_line=1, end_column=max(len(text), 1) + 1)
-    if "=" not in text or "\n" in text:
+    if len(text) > MAX_SOURCE_BYTES // 4:  # a character is at most 4 bytes of UTF-8
+        if len(text.encode("utf-8", errors="surrogatepass")) > MAX_SOURCE_BYTES:
+            out.errors.append(((file,), too_long(file, "the argument")))
+            return
+    if "=" not in text or "\n" in text or "\r" in text:
         out.error(
             (file,),
             whole,
             "PAR0017",
-            f"`--set {text}` is not `block.key=value`",
+            f"`--set {clip(text)}` is not `block.key=value`",
             "e.g. --set parallel.tp=2",
         )
         return
@@ -67,7 +74,7 @@ def _apply_one(out: Normalized, text: str, file: str) -> None:
             (file,),
             key_span,
             "PAR0017",
-            f"`{key_token}` is not a key",
+            f"`{clip(str(key_token))}` is not a key",
             "a key is `block.key`, e.g. parallel.tp or train.steps",
         )
         return
@@ -78,7 +85,7 @@ def _apply_one(out: Normalized, text: str, file: str) -> None:
             (file,),
             key_span,
             "PAR0115",
-            f"unknown block `{parts[0]}` in `--set {key_token}`",
+            f"unknown block `{clip(parts[0])}` in `--set {clip(str(key_token))}`",
             f"did you mean `{near}`?" if near else "blocks are " + ", ".join(BLOCKS),
         )
         return
@@ -107,7 +114,7 @@ def _apply_one(out: Normalized, text: str, file: str) -> None:
             (file,),
             key_span,
             "PAR0115",
-            f"unknown key `{key_name}` in `--set {key_token}`",
+            f"unknown key `{clip(key_name)}` in `--set {clip(str(key_token))}`",
             (
                 f"did you mean `{block.name}.{near}`?"
                 if near

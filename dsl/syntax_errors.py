@@ -13,12 +13,15 @@ bracket was left open. Before: ``dsl/parse.py`` (which calls ``translate``).
 from __future__ import annotations
 
 import functools
+import unicodedata
 
 from lark import Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from .ast import span_between
-from .diagnostics import ParcError, Span
+from .diagnostics import ParcError, Span, clip
+from .grammar import TooDeep, parser
+from .source import MAX_NESTING, LineIndex
 
 # label → broken inputs that show it. Checked in order; see test_syntax_errors.py.
 EXAMPLES: dict[str, list[str]] = {
@@ -136,10 +139,9 @@ _HINT_FOR_CHAR = {
 }
 
 
-def translate(exc: Exception, text: str, file: str) -> ParcError:
-    """The diagnostic for ``exc``, raised by lark (or the post-lexer) on ``text``."""
-    from .parse import TooDeep, parser
-
+def translate(exc: Exception, lines: LineIndex, file: str) -> ParcError:
+    """The diagnostic for ``exc``, raised by lark (or the post-lexer) on the text
+    whose ``lines`` are given."""
     lark, postlex = parser()
     braces, brackets = list(postlex.braces), list(postlex.brackets)
     if isinstance(exc, TooDeep):
@@ -147,17 +149,17 @@ def translate(exc: Exception, text: str, file: str) -> ParcError:
             span=span_between(file, exc.token),
             code="PAR0010",
             message="brackets nested too deeply",
-            hint="values nest at most 32 levels",
+            hint=f"values nest at most {MAX_NESTING} levels",
         )
     if isinstance(exc, UnexpectedCharacters):
-        return _unexpected_character(exc, text, file)
+        return _unexpected_character(exc, lines, file)
     if not isinstance(exc, UnexpectedInput):  # pragma: no cover - parse.py passes only these
         raise TypeError(f"internal error in parc (syntax errors): {exc!r}")
     token = getattr(exc, "token", None)
     if token is None:  # pragma: no cover - LALR reports the end as a $END token
-        token = Token("$END", "", line=text.count("\n") + 1, column=1)
+        token = Token("$END", "", line=len(lines.lines), column=1)
     label = match_example(exc)
-    span = _token_span(token, text, file)
+    span = _token_span(token, lines, file)
     where = _describe(token)
     expected_terminals = _expected_terminals(exc)
     label = label or _fallback_label(token, expected_terminals, brackets, braces)
@@ -182,13 +184,13 @@ def translate(exc: Exception, text: str, file: str) -> ParcError:
     code, message, hint = MESSAGES[label]
     if label == "missing-close-brace" and braces:
         opener = braces[-1]
-        kind = _first_word(text, opener.line)
+        kind = _first_word(lines, opener.line)
         message = f"missing `}}`: the {kind}block opened on line {opener.line} is not closed"
         hint = "add `}` after the block's last entry"
         if token.type != "$END":
             start_token = _line_start_token(exc, token)
             message += f" before {_describe(start_token)}"
-            span = _token_span(start_token, text, file)
+            span = _token_span(start_token, lines, file)
         return ParcError(span=span, code=code, message=message, hint=hint)
     if label == "unclosed-bracket" and brackets:
         opener = brackets[-1]
@@ -257,8 +259,6 @@ def _state_of(exc: UnexpectedInput):
 @functools.lru_cache(maxsize=1)
 def _example_table() -> tuple[tuple[str, object, str, str], ...]:
     """(label, parser state, token type, token text) of each example's error."""
-    from .parse import parser
-
     lark, _ = parser()
     rows = []
     for label, examples in EXAMPLES.items():
@@ -296,10 +296,10 @@ def match_example(exc: UnexpectedInput) -> str | None:
     return best[1] if best else None
 
 
-def _unexpected_character(exc: UnexpectedCharacters, text: str, file: str) -> ParcError:
+def _unexpected_character(exc: UnexpectedCharacters, lines: LineIndex, file: str) -> ParcError:
     line, column = exc.line, exc.column
-    char = text[exc.pos_in_stream] if 0 <= exc.pos_in_stream < len(text) else ""
-    rest = text[exc.pos_in_stream :].split("\n", 1)[0]
+    rest = (lines.line(line) or "")[column - 1 :]
+    char = rest[:1]
     if char == '"':
         span = Span(
             file=file, line=line, column=column, end_line=line, end_column=column + len(rest)
@@ -316,22 +316,17 @@ def _unexpected_character(exc: UnexpectedCharacters, text: str, file: str) -> Pa
         else f"U+{ord(char):04X}" if char else "input"
     )
     span = Span(file=file, line=line, column=column, end_line=line, end_column=column + 1)
-    return ParcError(
-        span=span,
-        code="PAR0002",
-        message=f"unexpected character {shown}",
-        hint=_HINT_FOR_CHAR.get(char),
-    )
+    hint = _HINT_FOR_CHAR.get(char)
+    if char and unicodedata.digit(char, None) is not None:
+        hint = f"digits are ASCII 0-9: `{char}` is {unicodedata.name(char, 'a digit').lower()}"
+    return ParcError(span=span, code="PAR0002", message=f"unexpected character {shown}", hint=hint)
 
 
-def _token_span(token: Token, text: str, file: str) -> Span:
+def _token_span(token: Token, lines: LineIndex, file: str) -> Span:
     if token.type == "$END" or token.line is None:
-        lines = text.split("\n")
         # The end of the last line that has text: where the missing thing belongs.
-        line = len(lines)
-        while line > 1 and not lines[line - 1].strip():
-            line -= 1
-        column = len(lines[line - 1]) + 1
+        line = lines.last_line()
+        column = len(lines.line(line)) + 1
         return Span(file=file, line=line, column=column, end_line=line, end_column=column + 1)
     if token.type == "_NL":
         # Point just past the end of the line, where the missing thing belongs.
@@ -352,10 +347,7 @@ def _describe(token: Token) -> str:
         return "the end of the line" if not str(token).lstrip().startswith("#") else "a comment"
     if token.type == "STRING":
         return f"the string {token}"
-    value = str(token)
-    if len(value) > 30:
-        value = value[:27] + "..."
-    return f"`{value}`"
+    return f"`{clip(str(token), 30)}`"
 
 
 def _bare(where: str) -> str:
@@ -398,12 +390,11 @@ def _previous(exc: UnexpectedInput) -> Token | None:
     return None
 
 
-def _first_word(text: str, line: int) -> str:
+def _first_word(lines: LineIndex, line: int) -> str:
     """``"model "`` for the line ``model gpt {``: names a block in messages."""
-    lines = text.split("\n")
-    words = lines[line - 1].split() if 0 < line <= len(lines) else []
+    words = (lines.line(line) or "").split(maxsplit=1)
     word = words[0] if words else ""
-    return f"`{word}` " if word.isidentifier() and len(word) <= 30 else ""
+    return f"`{word}` " if word.isidentifier() and word.isascii() and len(word) <= 30 else ""
 
 
 def _line_start_token(exc: UnexpectedInput, token: Token) -> Token:

@@ -16,11 +16,12 @@ from lark import Token, Transformer, v_args
 
 from . import ast
 from .ast import span_between
-from .diagnostics import ParcError
-from .parse import KEY_RE
+from .diagnostics import ParcError, clip
+from .grammar import KEY_RE
+from .numbers import NUMBER_RE, NumberError, read_number
+from .source import LineIndex
 from .units import UNITS, suggest_unit
 
-NUMBER_RE = re.compile(r"[+-]?(\d[\d_]*(\.[\d_]*)?|\.\d[\d_]*)([eE][+-]?\d+)?")
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n", "t": "\t", "r": "\r"}
 
@@ -29,10 +30,10 @@ _ESCAPES = {"\\": "\\", '"': '"', "n": "\n", "t": "\t", "r": "\r"}
 class TreeToAst(Transformer):
     """Lark tree → ast nodes; collects errors in ``self.errors`` instead of raising."""
 
-    def __init__(self, file: str, text: str, comments: list[Token]):
+    def __init__(self, file: str, lines: LineIndex, comments: list[tuple[int, int, str]]):
         super().__init__(visit_tokens=False)
         self.file = file
-        self.text = text
+        self.lines = lines
         self.comments = comments
         self.errors: list[ParcError] = []
 
@@ -47,7 +48,7 @@ class TreeToAst(Transformer):
             self._error(
                 self._span(token),
                 "PAR0015",
-                f"`{token}` is not a valid {what}",
+                f"`{clip(str(token))}` is not a valid {what}",
                 f"a {what} is letters, digits and `_`, not starting with a digit",
             )
         return str(token)
@@ -55,13 +56,11 @@ class TreeToAst(Transformer):
     # --- top level -------------------------------------------------------------
     def start(self, meta, children):
         items = tuple(child for child in children if child is not None)
-        lines = self.text.split("\n")
+        lines = self.lines.lines
         span = ast.Span(
             file=self.file, line=1, column=1, end_line=len(lines), end_column=len(lines[-1]) + 1
         )
-        comments = tuple(
-            ast.Comment(span=self._span(token), text=str(token)) for token in self.comments
-        )
+        comments = ast.comments_at(self.file, self.comments)
         return ast.Document(span=span, items=items, comments=comments)
 
     def block(self, meta, children):
@@ -115,33 +114,23 @@ class TreeToAst(Transformer):
             self._error(
                 span,
                 "PAR0011",
-                f"malformed number `{text}`",
+                f"malformed number `{clip(text)}`",
                 "numbers look like 4, 1_000, 0.9 or 3e-4",
             )
         else:
             self._error(
                 span,
                 "PAR0011",
-                f"`{text}` is not a valid name",
+                f"`{clip(text)}` is not a valid name",
                 'names are letters, digits, `_` and `-`; write a path as a string: "data/x.bin"',
             )
         return ast.Name(span=span, name=text)
 
     def _number(self, text: str, span: ast.Span) -> ast.Number:
         try:
-            if any(c in text for c in ".eE"):
-                value: int | float = float(text)
-                if value in (float("inf"), float("-inf")):
-                    raise OverflowError
-            else:
-                value = int(text, 10)
-        except ValueError:
-            self._error(
-                span, "PAR0011", f"malformed number `{text}`", "`_` goes between digits: 1_000"
-            )
-            value = 0
-        except OverflowError:
-            self._error(span, "PAR0011", f"number `{text}` is too large")
+            value = read_number(text, f"`{clip(text)}`")
+        except NumberError as exc:
+            self._error(span, "PAR0011", exc.message, exc.hint)
             value = 0
         return ast.Number(span=span, value=value, text=text)
 
@@ -166,7 +155,7 @@ class TreeToAst(Transformer):
             end_column=unit_column + len(unit),
         )
         if unit not in UNITS:
-            self._error(unit_span, "PAR0012", f"unknown unit `{unit}`", suggest_unit(unit))
+            self._error(unit_span, "PAR0012", f"unknown unit `{clip(unit)}`", suggest_unit(unit))
         return ast.Quantity(
             span=self._span(token),
             number=self._number(number_text, number_span),

@@ -35,6 +35,31 @@ KIND_EXAMPLES = {
     TIME: "5 us",
 }
 
+LARGEST = {
+    SIZE: 1e18,
+    BANDWIDTH: 1e15,
+    FLOPS: 1e21,
+    TIME: 3600.0,
+}
+"""The largest value of each kind a spec may give, in SI units: an exabyte of memory,
+1000 TB/s, 1e21 FLOP/s (a thousand times today's largest chips' figures, or more)
+and an hour of latency. A value past them is a typo (``1e300 TB/s``), and it must
+not reach the planner's arithmetic, where it would become infinity."""
+
+
+def describe(kind: str, value: float) -> str:
+    """``value`` (SI) in the largest decimal unit of ``kind`` it is at least 1 of:
+    ``describe(BANDWIDTH, 1e15) == "1000 TB/s"``, for messages."""
+    best = min((factor, unit) for unit, (k, factor) in UNITS.items() if k == kind)
+    for unit, (k, factor) in UNITS.items():
+        if k == kind and "i" not in unit and "b/" not in unit and "FLOP/" not in unit:
+            if best[0] <= factor <= abs(value):
+                best = (factor, unit)
+    scaled = value / best[0]
+    shown = str(int(scaled)) if scaled.is_integer() and abs(scaled) < 1e15 else f"{scaled:g}"
+    return f"{shown} {best[1]}"
+
+
 _DECIMAL = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 _BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
 

@@ -14,8 +14,9 @@ import json
 
 from . import checks
 from .build_spec import build_spec
-from .diagnostics import Diagnostics, ParcError, SourceMap, Span, did_you_mean
-from .keys import BLOCKS, ELEMENT, Param, expected_words
+from .diagnostics import Diagnostics, ParcError, SourceMap, Span, clip, did_you_mean
+from . import units
+from .keys import BLOCKS, ELEMENT, UNIT_TYPES, Param, expected_words
 from .normalize import Normalized, Origin, dotted
 from .schema import validator
 from .spec import Spec
@@ -108,6 +109,7 @@ def _map(error, norm: Normalized) -> list[tuple[tuple, ParcError]]:
         return [pair for e in inner for pair in _map(e, norm)]
     origin = _origin(norm, path)
     shown = origin.text if path in norm.origins and origin.text else json.dumps(error.instance)
+    shown = clip(shown, 80)
     name = dotted(path)
 
     def report(code: str, message: str, hint: str | None = None, span: Span | None = None):
@@ -143,6 +145,8 @@ def _map(error, norm: Normalized) -> list[tuple[tuple, ParcError]]:
         return report("PAR0107", f"`{name}` is not valid here ({shown})")
     if kind in _RANGE_WORDS:
         bound = _number(error.validator_value)
+        if param.type in UNIT_TYPES and error.validator_value:
+            bound = units.describe(param.type, error.validator_value)
         return report(
             "PAR0109",
             f"`{name}` = {shown} is out of range: it must be {_RANGE_WORDS[kind]} {bound}",
@@ -215,17 +219,18 @@ def _unknown_keys(error, norm: Normalized, path: tuple):
     out = []
     known = list(error.schema.get("properties", {}))
     for key in error.instance:
-        if key in known:
+        if key in known or _under(path + (key,), norm.bad):
             continue
         origin = _origin(norm, path + (key,))
         span = origin.key_span or origin.span
         near = did_you_mean(str(key), known)
         hint = f"did you mean `{near}`?" if near else "expected one of " + ", ".join(known)
         if len(path) == 0:
-            code, message = "PAR0101", f"unknown block `{key}`"
+            code, message = "PAR0101", f"unknown block `{clip(str(key))}`"
         elif len(path) == 1:
-            code, message = "PAR0104", f"unknown key `{key}` in the {path[0]} block"
+            code, message = "PAR0104", f"unknown key `{clip(str(key))}` in the {path[0]} block"
         else:
-            code, message = "PAR0113", f"`{error.instance.get('kind')}` has no argument `{key}`"
+            kind = clip(str(error.instance.get("kind")))
+            code, message = "PAR0113", f"`{kind}` has no argument `{clip(str(key))}`"
         out.append((path + (key,), ParcError(span=span, code=code, message=message, hint=hint)))
     return out

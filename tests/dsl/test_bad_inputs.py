@@ -57,6 +57,7 @@ def test_every_error_code_has_a_case() -> None:
     documented = set(re.findall(r"^\| (PAR\d{4}) \|", docs, flags=re.M))
     assert documented, "docs/language.md has no error table"
     seen = set(re.findall(r"error\[(PAR\d{4})\]", outputs))
-    untested = documented - seen - {"PAR0001"}  # not-UTF-8 needs bytes: test_parse.py
+    # not-UTF-8 needs bytes (test_parse.py), too-large a 16 MiB file (test_hardening.py)
+    untested = documented - seen - {"PAR0001", "PAR0018"}
     assert not untested, f"codes without a case in tests/dsl/bad: {sorted(untested)}"
     assert seen <= documented, f"codes missing from docs/language.md: {sorted(seen - documented)}"

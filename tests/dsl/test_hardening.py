@@ -1,0 +1,175 @@
+"""Hostile inputs that need bytes or sizes tests/dsl/bad/ cannot hold: a file over
+the size limit, /dev/zero, megabyte lines, a million comments, CR line endings;
+and that the front end's work grows linearly (counted, not timed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from parc.dsl import Diagnostics, load, load_text, parse, read_text
+from parc.dsl.ast import strip_spans
+from parc.dsl.diagnostics import Span, render_all
+from parc.dsl.fmt import format_document
+from parc.dsl.source import MAX_SOURCE_BYTES, LineIndex
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = (ROOT / "examples" / "tiny.par").read_text(encoding="utf-8")
+
+
+def rendered(text: str, file: str = "t.par", overrides=()) -> str:
+    with pytest.raises(Diagnostics) as caught:
+        load_text(text, file, list(overrides))
+    return render_all(caught.value.errors, caught.value.sources)
+
+
+def test_a_file_over_the_limit_is_refused_after_reading_the_limit(tmp_path) -> None:
+    path = tmp_path / "big.par"
+    path.write_bytes(TINY.encode() + b"#" * (MAX_SOURCE_BYTES - len(TINY) + 1))
+    with pytest.raises(Diagnostics) as caught:
+        load(str(path))
+    text = render_all(caught.value.errors, caught.value.sources)
+    assert text == (
+        f"{path}:1:1: error[PAR0018]: the file is larger than 16 MiB; parc reads specs up "
+        "to that size\n  hint: is this the spec? a spec is a few hundred lines of text\n\n1 error\n"
+    )
+
+
+def test_a_file_at_the_limit_is_read(tmp_path) -> None:
+    path = tmp_path / "full.par"
+    filler = MAX_SOURCE_BYTES - len(TINY.encode())
+    path.write_bytes(TINY.encode() + b"#" * (filler - 1) + b"\n")
+    assert len(read_text(str(path)).encode()) == MAX_SOURCE_BYTES
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_endless_devices_stop_at_the_limit(device: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "parc.codegen.cli", "check", device],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "error[PAR0018]" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr) < 1000
+
+
+def test_a_huge_set_argument_is_refused() -> None:
+    text = rendered(TINY, "tiny.par", ["model.name=" + "x" * (MAX_SOURCE_BYTES + 1)])
+    assert "--set 1:1:1: error[PAR0018]: the argument is larger than 16 MiB" in text
+    assert len(text) < 1000
+
+
+def test_a_long_set_value_is_quoted_clipped() -> None:
+    text = rendered(TINY, "tiny.par", ["model.layers=" + "9" * 1_000_000])
+    assert "error[PAR0011]: number `" in text and "is too long" in text
+    assert len(text) < 1000
+
+
+def test_a_megabyte_line_is_quoted_around_the_caret() -> None:
+    line = "  layers = " + "1" * 10 + " " + "x" * 1_000_000
+    text = rendered(TINY.replace("  layers = 4", line))
+    assert len(text) < 1000
+    assert "…" in text
+
+
+def test_a_caret_deep_in_a_long_line_stays_under_its_text() -> None:
+    text = rendered(TINY.replace("  layers = 4", "  layers = 4" + " " * 500 + "; "))
+    quoted, caret = [l for l in text.splitlines() if " | " in l][:2]
+    assert quoted.index(";") == caret.index("^")
+    assert quoted.split(" | ", 1)[1].startswith("…")
+
+
+def test_many_errors_share_one_line_index() -> None:
+    before = LineIndex.built
+    text = TINY.replace("  steps = 20\n", "  steps = 20\n" + "  steps = 20\n" * 2000)
+    assert rendered(text).count("error[PAR0105]") == 2000
+    assert LineIndex.built - before <= 3  # parse, the SourceMap of load: not one per error
+
+
+def test_a_million_comments_parse_and_format_back() -> None:
+    text = TINY + "\n" + "".join(f"# {i}\n" for i in range(200_000))
+    before = LineIndex.built
+    doc = parse(text, "c.par")
+    assert len(doc.comments) == 200_000 + 3
+    assert doc.comments[-1].span == Span(
+        file="c.par", line=text.count("\n"), column=1, end_line=text.count("\n"), end_column=9
+    )
+    assert format_document(doc) == text
+    assert LineIndex.built - before == 1
+
+
+def test_fast_spans_equal_the_plain_constructor() -> None:
+    fast = Span.on_line("f", 3, 4, 9)
+    assert fast == Span(file="f", line=3, column=4, end_line=3, end_column=9)
+    assert hash(fast) == hash(Span(file="f", line=3, column=4, end_line=3, end_column=9))
+    with pytest.raises(AttributeError):
+        fast.line = 1  # frozen still
+
+
+@pytest.mark.parametrize("newline", ["\r", "\r\n", "\n"])
+def test_every_newline_convention_reads_the_same(newline: str) -> None:
+    text = TINY.replace("\n", newline)
+    assert load_text(text, "t.par") == load_text(TINY, "t.par")
+    assert strip_spans(parse(text, "t.par")) == strip_spans(parse(TINY, "t.par"))
+    assert format_document(parse(text, "t.par")) == TINY
+
+
+def test_a_cr_file_error_quotes_its_own_line() -> None:
+    text = TINY.replace("  tp = 2", "  tp = 3").replace("\n", "\r")
+    out = rendered(text)
+    assert "t.par:22:8: error[PAR0203]" in out and "  22 |   tp = 3\n" in out
+
+
+def test_mixed_newlines_count_lines_alike() -> None:
+    text = TINY.replace("\n", "\r", 5).replace("\n", "\r\n", 5).replace("  tp = 2", "  tp = 3")
+    assert "t.par:22:8: error[PAR0203]" in rendered(text)
+
+
+def test_not_utf8_after_cr_lines_points_at_the_byte(tmp_path) -> None:
+    path = tmp_path / "b.par"
+    path.write_bytes(b"# a\r# b\r\n  x = \xff\n")
+    with pytest.raises(Diagnostics) as caught:
+        load(str(path))
+    assert str(caught.value.errors[0].span) == f"{path}:3:7"
+
+
+@pytest.mark.parametrize("byte", [b"\x00", b"\x01", b"\x1b", b"\x7f"])
+def test_control_bytes_are_refused_anywhere(byte: bytes) -> None:
+    for where in ("# comment X\n", '  data = tokens("aXb")\n'):
+        text = TINY.replace("  steps = 20\n", "  steps = 20\n" + where.replace("X", byte.decode()))
+        out = rendered(text)
+        assert "error[PAR0002]: unexpected control character" in out
+        assert byte.decode() not in out
+
+
+def test_json_and_par_refuse_the_same_numbers() -> None:
+    doc = json.loads(json.dumps({}))
+    for bad in ("1e400", "1" * 200, "NaN", "-Infinity"):
+        text = (ROOT / "tests/dsl/bad/json-semantic.json").read_text().replace('"tp": 3', f'"tp": {bad}')
+        out = rendered(text, "s.json")
+        assert "Traceback" not in out and ("PAR0011" in out or "PAR0016" in out), out
+    assert doc == {}
+
+
+def test_deep_json_is_refused_at_its_bracket() -> None:
+    text = '{"model": ' + "[" * 10_000 + "]" * 10_000 + "}"
+    out = rendered(text, "d.json")
+    assert "d.json:1:" in out and "error[PAR0010]: brackets nested too deeply" in out
+
+
+def test_a_json_bom_is_a_blank() -> None:
+    text = json.dumps({"model": {"name": "m"}})
+    with_bom, without = rendered("\ufeff" + text, "b.json"), rendered(" " + text, "b.json")
+    assert with_bom.splitlines()[0] == without.splitlines()[0]
+    assert with_bom.count("error[") == without.count("error[") > 0
+
+
+def test_a_set_argument_with_a_cr_is_not_block_key_value() -> None:
+    out = rendered(TINY, "tiny.par", ["train.steps=2\r0"])
+    assert "--set 1:1:1: error[PAR0017]" in out and "\r" not in out
