@@ -315,7 +315,7 @@ def _per_layer(v: _Values, error) -> None:
         error(
             ("parallel", key),
             v.span(("parallel", key)),
-            "PAR0212",
+            "PAR0216",
             f"`parallel.{key}` lists {len(value)} value{'s' if len(value) != 1 else ''} "
             f"but the model has layers = {layers}",
             f"give one value per layer ({layers}), or a single value for all of them",
