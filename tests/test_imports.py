@@ -103,18 +103,7 @@ def _package_imports_itself(graph: dict[str, set[str]], package: str) -> dict[st
     }
 
 
-@pytest.mark.parametrize(
-    "package",
-    [
-        "dsl",
-        pytest.param(
-            "codegen",
-            marks=pytest.mark.xfail(
-                strict=False, reason="codegen cycles fixed by the layout refactor"
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("package", ["dsl", "codegen"])
 def test_no_import_cycles(package: str) -> None:
     graph = _package_imports_itself(_graph(package), package)
     cycle = find_cycle(graph)

@@ -7,7 +7,8 @@ describes the model; ``codegen/search.py`` ranks layouts with it.
 """
 
 from .estimate import Estimate, estimate
-from .hardware import Hardware, hardware_for
+from .fit import hardware_for
+from .hardware import Hardware
 from .layout import Accounting, Layout
 
 __all__ = ["Accounting", "Estimate", "Hardware", "Layout", "estimate", "hardware_for"]

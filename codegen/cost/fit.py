@@ -24,12 +24,15 @@ op counts, not the rates.
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import replace
 
 from parc.dsl.spec import Arch, Kernels, MeshSpec, ModelSpec, ParallelSpec, Spec, TrainSpec
 
-from .hardware import Hardware
+from .hardware import Hardware, from_mesh, from_profile
 from .layout import Layout
+from .time import step_time
 
 GEMM_SCALE_RANGE = (0.5, 4.0)
 """Bounds on the fitted ``gemm_scale``: outside them the references measured something
@@ -40,8 +43,6 @@ def fitted(hw: Hardware) -> Hardware:
     """Note [fitting the reference steps]."""
     if not hw.reference_steps:
         return hw
-    from .time import step_time  # time imports hardware; the fit needs both
-
     same_load = replace(hw, devices_per_node=max(1, hw.profiled_ranks))  # as the profile ran
     rows = []
     for ref in hw.reference_steps:
@@ -92,3 +93,16 @@ def reference_spec(ref: dict) -> tuple[Spec, Layout]:
     layout = Layout(dp=1, tp=1, pp=1, sp=False, zero=0, schedule="1f1b", chunks=1, recompute="none",
                     sub_batches=1, micro_batch=micro_batch)
     return Spec(model=model, mesh=mesh, parallel=parallel, train=train, source="reference"), layout
+
+
+def hardware_for(spec: Spec, *, base_dir: str | None = None) -> Hardware:
+    """The hardware of ``spec.mesh``; a named profile (relative to the spec) overrides the
+    preset, with the GEMM and per-op figures fitted to its reference steps (``fitted``).
+
+    Here, not in ``hardware.py``: the fit runs the time model, which reads hardware."""
+    mesh = spec.mesh
+    profile = getattr(mesh, "profile", None)
+    if profile:
+        folder = base_dir if base_dir is not None else os.path.dirname(spec.source)
+        return fitted(from_profile(mesh, os.path.join(folder, profile), named=profile))
+    return from_mesh(mesh)

@@ -141,18 +141,6 @@ class Hardware:
         return None
 
 
-def hardware_for(spec: Spec, *, base_dir: str | None = None) -> Hardware:
-    """The hardware of ``spec.mesh``; a named profile (relative to the spec) overrides the preset."""
-    mesh = spec.mesh
-    profile = getattr(mesh, "profile", None)
-    if profile:
-        from .fit import fitted  # the fit runs the time model, which imports this module
-
-        folder = base_dir if base_dir is not None else os.path.dirname(spec.source)
-        return fitted(from_profile(mesh, os.path.join(folder, profile), named=profile))
-    return from_mesh(mesh)
-
-
 def from_mesh(mesh: MeshSpec) -> Hardware:
     peak = mesh.device_flops
     if peak is None:  # cpu without a profile: a modest guess, flagged in the plan's title
