@@ -6,7 +6,8 @@ Gives: ``inside`` — the path inside the folder, or ``UnsafePath`` saying why i
 refused (absolute, empty, ``.``/``..`` parts, backslashes or NUL bytes, or — symlinks
 followed — landing outside the folder); ``read_limited`` and ``read_json`` — a regular
 file's bytes (at most ``MAX_BYTES``) or its JSON document, or ``UnreadableFile``
-with one line naming the file and what is wrong (``MissingFile`` when there is none).
+with one line naming the file and what is wrong (``MissingFile`` when there is none);
+``check_target`` — a path a file or folder can be written to, else ``UnwritablePath``.
 Plain Python, no torch: the code generator (``parc build``, ``parc plan``, ``parc
 export``) and the generated trainer (checkpoints, token files) call the same rules.
 """
@@ -122,3 +123,39 @@ def read_json(path: str | os.PathLike, *, limit: int = MAX_BYTES):
 def json_path(parts) -> str:
     """A place in a JSON document as ``["matmul"][2]["flops"]`` (the whole document: ``the document``)."""
     return "".join(f"[{json.dumps(part)}]" for part in parts) or "the document"
+
+
+class UnwritablePath(ValueError):
+    """A path a file or folder cannot be written to; the message names it and says why."""
+
+
+def check_target(path: str | os.PathLike, *, folder: bool) -> None:
+    """``path`` can be written: as a folder (one, or one that can be made) or a regular file.
+
+    Refused: a symlink to nothing, a file where a folder belongs (or the reverse), a
+    device or pipe (``/dev/null``), a path under a file, a folder without write access.
+    A file is written next to itself and renamed, so its folder must be writable.
+    """
+    name = os.fspath(path)
+    if os.path.islink(name) and not os.path.exists(name):
+        raise UnwritablePath(f"{name} is a symlink to nothing ({os.readlink(name)})")
+    if os.path.exists(name):
+        if folder and not os.path.isdir(name):
+            raise UnwritablePath(f"{name} exists and is not a folder")
+        if not folder and os.path.isdir(name):
+            raise UnwritablePath(f"{name} is a folder, not a file")
+        if not folder and not os.path.isfile(name):
+            raise UnwritablePath(f"{name} is not a regular file (a device, pipe or socket)")
+        where = name if folder else os.path.dirname(os.path.abspath(name))
+        if not os.access(where, os.W_OK | os.X_OK):
+            raise UnwritablePath(f"{name} is not writable ({where} is read-only)" if where != name else f"{name} is not writable")
+        return
+    parent = os.path.dirname(os.path.abspath(name))
+    while not os.path.exists(parent) and parent != os.path.dirname(parent):
+        if os.path.islink(parent):
+            raise UnwritablePath(f"cannot make {name}: {parent} is a symlink to nothing")
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UnwritablePath(f"cannot make {name}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UnwritablePath(f"cannot make {name}: {parent} is not writable")

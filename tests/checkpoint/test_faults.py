@@ -148,5 +148,5 @@ def test_only_complete_renamed_folders_are_checkpoints(tmp_path):
     assert checkpoint.resolve(str(tmp_path)) == str(tmp_path / "step_000002")
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(SystemExit, match="no complete checkpoint there"):
+    with pytest.raises(checkpoint.CheckpointError, match="no complete checkpoint there"):
         checkpoint.resolve(str(empty))
