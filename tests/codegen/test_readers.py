@@ -121,3 +121,199 @@ def test_build_quotes_a_bad_profile_and_writes_nothing(tmp_path, capsys):
 def _sparse(path: Path, size: int) -> None:
     with open(path, "wb") as handle:
         handle.truncate(size)
+
+
+# ---- parc export: the checkpoint -------------------------------------------------
+
+MODEL = {"arch": "gpt", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 4, "ffn": 256, "vocab": 250,
+         "padded_vocab": 256, "seq_len": 32, "dropout": 0.0, "norm_eps": 1e-5, "rope_theta": 10000.0,
+         "tie_embeddings": True}
+INFO = {"format": 1, "step": 1, "optimizer_step": 1, "world_size": 1, "samples_seen": 4, "layout": "one rank",
+        "model": MODEL}
+
+
+def fake_checkpoint(folder: Path, info=INFO, index: bytes = b"not a pickle") -> Path:
+    step = folder / "step_000001"
+    step.mkdir(parents=True)
+    (step / ".metadata").write_bytes(index)
+    (step / "parc.json").write_text(info if isinstance(info, str) else json.dumps(info))
+    return step
+
+
+def export(capsys, ckpt, out, *extra) -> tuple[int, str]:
+    status = main(["export", str(ckpt), "--to", "safetensors", str(out), *extra])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "internal error" not in err, err
+    return status, err.strip()
+
+
+def with_model(**changes) -> dict:
+    return dict(INFO, model=dict(MODEL, **changes))
+
+
+@pytest.mark.parametrize("info, problem", [
+    ("[1, 2]", "parc.json: must be an object, not list"),
+    ("{oops", "parc.json is not JSON: line 1 column 2"),
+    (dict(INFO, step="1"), "parc.json: [\"step\"]: must be a whole number, not '1'"),
+    (dict(INFO, world_size=0), "parc.json: [\"world_size\"]: must be >= 1, not 0"),
+    (dict(INFO, format=2), "checkpoint format 2, expected 1"),
+    ({k: v for k, v in INFO.items() if k != "layout"}, "parc.json: [\"layout\"] is missing"),
+    (with_model(heads="4"), "parc.json: [\"model\"][\"heads\"]: must be a whole number, not '4'"),
+    (with_model(tie_embeddings=1), "parc.json: [\"model\"][\"tie_embeddings\"]: must be true or false, not 1"),
+    (with_model(heads=0), "parc.json: [\"model\"][\"heads\"]: must be >= 1, not 0"),
+    (with_model(heads=3), "parc.json: [\"model\"]: ModelConfig: heads = 3 must divide hidden = 64"),
+    (with_model(arch="bert"), "parc.json: [\"model\"]: ModelConfig: arch must be 'gpt' or 'llama'"),
+])
+def test_export_of_a_bad_parc_json(tmp_path, capsys, info, problem):
+    step = fake_checkpoint(tmp_path / "ck", info)
+    status, err = export(capsys, tmp_path / "ck", tmp_path / "out")
+    assert status == 1 and err.startswith("parc export: ") and problem in err, err
+    assert str(step) in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_of_a_damaged_index(tmp_path, capsys):
+    step = fake_checkpoint(tmp_path / "ck")
+    status, err = export(capsys, tmp_path / "ck", tmp_path / "out")
+    assert status == 1 and err == f"parc export: {step}/.metadata is not a DCP index: UnpicklingError: " + (
+        "invalid load key, 'n'.")
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_checkpoint_paths_that_are_not_checkpoints(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    (tmp_path / "empty").mkdir()
+    fake_checkpoint(tmp_path / "elsewhere")
+    (tmp_path / "leading_out").mkdir()
+    (tmp_path / "leading_out" / "step_000009").symlink_to(tmp_path / "elsewhere" / "step_000001")
+    cases = {
+        "file": (1, f"parc export: {tmp_path / 'file'} is a file, not a checkpoint folder"),
+        "dangling": (1, f"parc export: {tmp_path / 'dangling'} is a symlink to nothing ({tmp_path / 'gone'})"),
+        "empty": (2, f"parc export: {tmp_path / 'empty'}: no complete checkpoint there"),
+        "missing": (2, f"parc export: {tmp_path / 'missing'}: no such checkpoint folder"),
+        "leading_out": (1, f"parc export: {tmp_path / 'leading_out'}: 'step_000009' leads outside the folder"),
+    }
+    for name, (code, words) in cases.items():
+        status, err = export(capsys, tmp_path / name, tmp_path / "out")
+        assert status == code and err.startswith(words), (name, err)
+    assert not (tmp_path / "out").exists()
+
+
+# ---- parc export: OUT ------------------------------------------------------------
+
+
+def test_export_never_overwrites_or_writes_through_a_bad_out(tmp_path, capsys):
+    ckpt = tmp_path / "ck"
+    fake_checkpoint(ckpt)
+    (tmp_path / "mine.safetensors").write_bytes(b"precious")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "config.json").write_text("precious")
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dangling.safetensors").symlink_to(tmp_path / "gone")
+    cases = {
+        tmp_path / "mine.safetensors": f"{tmp_path / 'mine.safetensors'} exists: remove it, or pass --force",
+        tmp_path / "folder": f"{tmp_path / 'folder' / 'config.json'} exists: remove it, or pass --force",
+        tmp_path / "file" / "out.safetensors": f"cannot make {tmp_path / 'file' / 'out.safetensors'}: "
+                                               f"{tmp_path / 'file'} is a file, not a folder",
+        tmp_path / "dangling.safetensors": "dangling.safetensors is a symlink to nothing",
+        Path("/dev/null"): "/dev/null exists and is not a folder",
+        tmp_path / "file": f"{tmp_path / 'file'} exists and is not a folder",
+    }
+    for out, words in cases.items():
+        for extra in ((), ("--force",)) if "exists:" not in words else ((),):
+            status, err = export(capsys, ckpt, out, *extra)
+            assert status == 1 and words in err, (out, err)
+    assert (tmp_path / "mine.safetensors").read_bytes() == b"precious"
+    assert (tmp_path / "folder" / "config.json").read_text() == "precious"
+    assert sorted(p.name for p in (tmp_path / "folder").iterdir()) == ["config.json"]
+    # --force lifts only "exists": the checkpoint is then read (and here found damaged)
+    status, err = export(capsys, ckpt, tmp_path / "mine.safetensors", "--force")
+    assert status == 1 and "is not a DCP index" in err
+    assert (tmp_path / "mine.safetensors").read_bytes() == b"precious"
+
+
+# ---- parc data prepare -------------------------------------------------------------
+
+
+def prepare(capsys, *args) -> tuple[int, str]:
+    status = main(["data", "prepare", *map(str, args)])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return status, err.strip()
+
+
+def test_prepare_inputs_that_are_not_readable_files(tmp_path, capsys):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "dangling.txt").symlink_to(tmp_path / "gone.txt")
+    out = tmp_path / "t.bin"
+    cases = {
+        tmp_path / "folder": (1, f"parc data prepare: {tmp_path / 'folder'} is a folder, not a file"),
+        tmp_path / "dangling.txt": (1, f"parc data prepare: {tmp_path / 'dangling.txt'} is a symlink to nothing"),
+        Path("/dev/zero"): (1, "parc data prepare: /dev/zero is not a regular file (a device, pipe or socket)"),
+        tmp_path / "nope.txt": (2, f"parc data prepare: cannot read {tmp_path / 'nope.txt'}: no such file"),
+    }
+    for text, (code, words) in cases.items():
+        status, err = prepare(capsys, text, "-o", out)
+        assert status == code and err.startswith(words), (text, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.txt", "folder"]
+
+
+def test_prepare_outputs_that_cannot_be_written(tmp_path, capsys):
+    text = tmp_path / "a.txt"
+    text.write_text("hello")
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "folder.bin").mkdir()
+    (tmp_path / "dangling.bin").symlink_to(tmp_path / "gone.bin")
+    (tmp_path / "t.json").write_text("precious")
+    cases = {
+        tmp_path / "file" / "t.bin": f"cannot make {tmp_path / 'file' / 't.bin'}: {tmp_path / 'file'} is a file",
+        tmp_path / "folder.bin": f"{tmp_path / 'folder.bin'} is a folder, not a file",
+        tmp_path / "dangling.bin": f"{tmp_path / 'dangling.bin'} is a symlink to nothing",
+        Path("/dev/null"): "/dev/null is not a regular file",
+        tmp_path / "t.bin": f"{tmp_path / 't.json'} exists; pass --force to overwrite it",  # the .json beside it
+        tmp_path / "x.json": "name the token file OUT.bin",
+    }
+    for out, words in cases.items():
+        status, err = prepare(capsys, text, "-o", out)
+        assert status == 1 and words in err, (out, err)
+    assert (tmp_path / "t.json").read_text() == "precious" and not (tmp_path / "t.bin").exists()
+    assert not list(tmp_path.glob(".*parc-tmp")) and not (tmp_path / "gone.bin").exists()
+    status, _ = prepare(capsys, text, "-o", tmp_path / "t.bin", "--force")
+    assert status == 0 and json.loads((tmp_path / "t.json").read_text())["tokens"] == 6
+
+
+# ---- parc profile -o, parc explain -o ------------------------------------------------
+
+
+def test_profile_output_is_checked_before_measuring(tmp_path, capsys):
+    (tmp_path / "notes.json").write_text("my notes")
+    (tmp_path / "folder").mkdir()
+    cases = {
+        tmp_path / "notes.json": f"{tmp_path / 'notes.json'} exists and is not a parc profile: remove it",
+        tmp_path / "folder": f"{tmp_path / 'folder'} is a folder, not a file",
+        tmp_path / "notes.json" / "p.json": f"{tmp_path / 'notes.json'} is a file, not a folder",
+        Path("/dev/null"): "/dev/null is not a regular file",
+    }
+    for out, words in cases.items():
+        assert main(["profile", "--ranks", "1", "-o", str(out)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("parc profile: ") and words in err and "Traceback" not in err, err
+    assert (tmp_path / "notes.json").read_text() == "my notes"
+
+
+def test_explain_output_folder_is_checked(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "svg" / "schedule.svg").mkdir(parents=True)
+    spec = str(ROOT / "examples" / "tiny.par")
+    cases = {
+        tmp_path / "file": f"{tmp_path / 'file'} exists and is not a folder",
+        tmp_path / "file" / "sub": f"{tmp_path / 'file'} is a file, not a folder",
+        Path("/dev/null"): "/dev/null exists and is not a folder",
+        tmp_path / "svg": f"{tmp_path / 'svg' / 'schedule.svg'} is a folder, not a file",
+    }
+    for out, words in cases.items():
+        assert main(["explain", spec, "--set", "parallel.dp=1", "--set", "parallel.pp=2", "-o", str(out)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("parc explain: ") and words in err and "Traceback" not in err, err
+    assert (tmp_path / "file").read_text() == "x"
