@@ -7,7 +7,10 @@ separator id 256 unless ``--no-separator``, so a model over these needs
 ``vocab >= 257`` (``vocab = 257`` or, to keep shapes round, 512).
 
 A BPE tokenizer is not offered: tiktoken downloads its vocabularies and these
-machines have no network. Before: nothing. After: the trainer's ``TokenFile``.
+machines have no network. A text that is not a readable file, or an output that
+exists (without ``--force``) or cannot be written, is one line, exit 1 (2 for a missing
+text), with nothing written; both files are written beside themselves and renamed.
+Before: nothing. After: the trainer's ``TokenFile``.
 """
 
 from __future__ import annotations
@@ -58,25 +61,38 @@ def encode_bytes(documents: list[bytes], *, separator: bool, dtype: str) -> arra
 
 
 def run_prepare(args: argparse.Namespace) -> int:
+    from parc.runtime.paths import MissingFile, UnreadableFile, UnwritablePath, check_regular, check_target
+
     documents = []
     for name in args.inputs:
         try:
+            check_regular(name)  # not a folder, a symlink to nothing, /dev/zero
             documents.append(Path(name).read_bytes())
+        except MissingFile as exc:
+            print(f"parc data prepare: cannot read {exc}", file=sys.stderr)
+            return 2
+        except UnreadableFile as exc:
+            print(f"parc data prepare: {exc}", file=sys.stderr)
+            return 1
         except OSError as exc:
             print(f"parc data prepare: cannot read {name}: {exc.strerror or exc}", file=sys.stderr)
-            return 2
+            return 1
     out = Path(args.output)
-    if out.exists() and not args.force:
-        print(
-            f"parc data prepare: {out} exists; pass --force to overwrite it", file=sys.stderr
-        )
+    sidecar = out.with_suffix(".json")
+    if sidecar == out:
+        print(f"parc data prepare: {out}: name the token file OUT.bin (its .json is written beside it)",
+              file=sys.stderr)
         return 1
+    for target in (out, sidecar):
+        try:
+            check_target(target, folder=False)
+        except UnwritablePath as exc:
+            print(f"parc data prepare: {exc}", file=sys.stderr)
+            return 1
+        if target.exists() and not args.force:
+            print(f"parc data prepare: {target} exists; pass --force to overwrite it", file=sys.stderr)
+            return 1
     ids = encode_bytes(documents, separator=not args.no_separator, dtype=args.dtype)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        ids.tofile(handle)
-    os.replace(tmp, out)
     info = {
         "tokenizer": "bytes",
         "dtype": args.dtype,
@@ -85,6 +101,23 @@ def run_prepare(args: argparse.Namespace) -> int:
         "min_vocab": 256 if args.no_separator else SEPARATOR + 1,
         "sources": [Path(name).name for name in args.inputs],
     }
-    out.with_suffix(".json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomically(out, ids.tobytes())
+        _write_atomically(sidecar, (json.dumps(info, indent=2, sort_keys=True) + "\n").encode())
+    except OSError as exc:  # the disk filled: nothing half-written is left behind
+        print(f"parc data prepare: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     print(f"wrote {out}: {len(ids)} tokens ({args.dtype}), vocab >= {info['min_vocab']}")
     return 0
+
+
+def _write_atomically(target: Path, data: bytes) -> None:
+    """``data`` into ``target`` through a temporary file beside it, renamed into place."""
+    tmp = target.with_name(f".{target.name}.parc-tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()

@@ -12,12 +12,14 @@ the very ones the pipeline executor runs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from parc.dsl.diagnostics import Diagnostics
 from parc.dsl.spec import Spec
+from parc.runtime.paths import UnwritablePath, check_target
 from parc.runtime.schedule import Action, build_schedule, in_flight_bound
 from parc.runtime.schedule_sim import Timeline, bubble_fraction, describe_rank, simulate
 
@@ -176,13 +178,19 @@ def run_explain(args: argparse.Namespace) -> int:
     out_dir = Path(args.output) if args.output else Path(".")
     target = out_dir / SVG_NAME
     try:
+        check_target(out_dir, folder=True)  # a file, /dev/null, a symlink to nothing, read-only
+        check_target(target, folder=False)
+    except UnwritablePath as exc:
+        print(f"parc explain: {exc}", file=sys.stderr)
+        return 1
+    try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        if target.is_dir():
-            raise IsADirectoryError(21, "is a folder")
-        target.write_bytes(chart(ex).encode("utf-8"))
+        tmp = out_dir / f".{SVG_NAME}.parc-tmp"
+        tmp.write_bytes(chart(ex).encode("utf-8"))
+        os.replace(tmp, target)
     except OSError as exc:
-        print(f"parc: error: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        print(f"parc explain: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     sys.stdout.write(text(ex))
     print(f"\nwrote {target}")
     return 0

@@ -5,7 +5,9 @@ latest complete one), read through torch.distributed.checkpoint in one process, 
 its ``parc.json`` (the model config). Gives: ``OUT`` — a ``.safetensors`` file, or a
 folder holding ``model.safetensors`` and a Hugging Face ``config.json`` — with the
 vocab padding rows dropped and the names and layouts of ``transformers``' GPT2LMHeadModel
-(gpt) or LlamaForCausalLM (llama); ``hf_state_dict`` is the conversion itself.
+(gpt) or LlamaForCausalLM (llama); ``hf_state_dict`` is the conversion itself. A bad
+checkpoint (``runtime/checkpoint_files.py``) or an OUT that cannot be written is one
+line, exit 1, with nothing written; an existing export is replaced only with ``--force``.
 
 Note [Hugging Face layouts]: GPT-2's checkpoints use Conv1D, whose weight is the
 transpose of nn.Linear's, (in, out); and one fused ``c_attn`` of (C, 3C) holding q, k, v
@@ -114,45 +116,86 @@ def hf_config(config: dict) -> dict:
     }
 
 
-def export(ckpt: str, out: str) -> str:
-    """Write the export of checkpoint ``ckpt`` to ``out``; the safetensors file written."""
+def check_out(out: str, *, force: bool) -> None:
+    """``OUT`` can be written; an export already there is overwritten only with ``--force``.
+
+    ``ExportError`` otherwise: never a user's file silently replaced, never a write through a
+    symlink to nothing, into a device (``/dev/null``), under a file or into a read-only folder.
+    """
+    from parc.runtime.paths import UnwritablePath, check_target
+
+    folder = not out.endswith(".safetensors")
+    try:
+        check_target(out, folder=folder)
+    except UnwritablePath as exc:
+        raise ExportError(str(exc)) from None
+    existing = [os.path.join(out, name) for name in FOLDER_FILES] if folder else [out]
+    for path in existing:
+        try:
+            check_target(path, folder=False)  # a folder named model.safetensors, a symlink to nothing
+        except UnwritablePath as exc:
+            raise ExportError(str(exc)) from None
+        if os.path.exists(path) and not force:
+            raise ExportError(f"{path} exists: remove it, or pass --force to overwrite it")
+
+
+FOLDER_FILES = ("model.safetensors", "config.json")
+"""What an export into a folder writes (other files there are left alone)."""
+
+
+def export(ckpt: str, out: str, *, force: bool = False) -> str:
+    """Write the export of checkpoint ``ckpt`` to ``out``; the safetensors file written.
+
+    Nothing is written until the checkpoint has been read; each file is written beside
+    its place and renamed into it.
+    """
     from parc.runtime import checkpoint  # torch, only when exporting
 
     from safetensors.torch import save_file
 
+    check_out(out, force=force)
     path = checkpoint.resolve(ckpt)
     info = checkpoint.read_info(path)
     weights = {name[len("model."):]: t for name, t in checkpoint.read_full(path, "model.").items()}
-    tensors = hf_state_dict(weights, info["model"])
+    try:
+        tensors = hf_state_dict(weights, info["model"])
+    except KeyError as exc:
+        raise ExportError(f"{path} has no tensor {exc.args[0]}, which its parc.json's model needs") from None
+    except ExportError as exc:
+        raise ExportError(f"{path}: {exc}") from None
     metadata = {"format": "pt", "parc_step": str(info["step"]), "parc_layout": info["layout"]}
-    if out.endswith(".safetensors"):
-        target = out
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    else:
-        os.makedirs(out, exist_ok=True)
-        target = os.path.join(out, "model.safetensors")
-        with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as file:
+    folder = not out.endswith(".safetensors")
+    target = os.path.join(out, "model.safetensors") if folder else out
+    os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+    temporary = os.path.join(os.path.dirname(os.path.abspath(target)), f".{os.path.basename(target)}.parc-tmp")
+    save_file(tensors, temporary, metadata=metadata)
+    os.replace(temporary, target)
+    if folder:
+        config = os.path.join(out, "config.json")
+        with open(config + ".parc-tmp", "w", encoding="utf-8") as file:
             json.dump(hf_config(info["model"]), file, indent=2, sort_keys=True)
             file.write("\n")
-    save_file(tensors, target, metadata=metadata)
+        os.replace(config + ".parc-tmp", config)
     return target
 
 
 def run(args) -> int:
+    from parc.runtime.checkpoint_files import CheckpointError, NoCheckpoint
+
     if args.to != "safetensors":
         print(f"parc export: unknown format {args.to!r}: safetensors", file=sys.stderr)
         return 2
-    if not os.path.isdir(args.checkpoint):
+    if not os.path.exists(args.checkpoint) and not os.path.islink(args.checkpoint):
         print(f"parc export: {args.checkpoint}: no such checkpoint folder", file=sys.stderr)
         return 2
     try:
-        target = export(args.checkpoint, args.out)
-    except ExportError as exc:
-        print(f"parc export: {args.checkpoint}: {exc}", file=sys.stderr)
+        target = export(args.checkpoint, args.out, force=args.force)
+    except (ExportError, CheckpointError) as exc:
+        print(f"parc export: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, NoCheckpoint) else 1
+    except OSError as exc:  # the disk filled, the folder vanished while writing
+        print(f"parc export: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    except SystemExit as exc:  # checkpoint.resolve / read_info: no checkpoint there
-        print(str(exc.code).replace("train.py: --resume ", "parc export: "), file=sys.stderr)
-        return 2
     print(f"wrote {target}")
     return 0
 
@@ -170,4 +213,5 @@ def register(subparsers) -> None:
     parser.add_argument("checkpoint", metavar="CKPT", help="a checkpoint folder, or a folder of them (its latest)")
     parser.add_argument("--to", required=True, choices=["safetensors"], help="output format")
     parser.add_argument("out", metavar="OUT")
+    parser.add_argument("--force", action="store_true", help="overwrite an export already at OUT")
     parser.set_defaults(func=run)

@@ -9,7 +9,9 @@ ranks on the real backend (gloo, processes spawned here) the latency and bandwid
 all-reduce, all-gather, reduce-scatter (through ``runtime/comm.py``'s primitives, the
 ones the trainer calls) and send/recv, fitted as time = latency + bytes / bandwidth. Note [profiling under load] in ``profile``.
 A spec's ``mesh { profile = "FILE" }`` points the planner at it (``cost/hardware.py``).
-Exit status: 0 written, 2 usage error. Before: nothing. After: ``parc plan``.
+Exit status: 0 written, 1 FILE cannot be written (checked before measuring; an existing
+file is replaced only when it is a parc profile; written beside itself and renamed), 2
+usage error. Before: nothing. After: ``parc plan``.
 """
 
 from __future__ import annotations
@@ -322,18 +324,47 @@ def profile(ranks: int, *, quick: bool = False) -> dict:
     return data
 
 
+def unwritable(path: str) -> str | None:
+    """Why ``-o FILE`` cannot take a profile, or None. A file already there is replaced only
+    when it is a parc profile (re-profiling a machine), never any other file."""
+    from parc.runtime.paths import UnwritablePath, check_target
+
+    from .cost.hardware import ProfileError, read_profile
+
+    try:
+        check_target(path, folder=False)
+    except UnwritablePath as exc:
+        return str(exc)
+    if os.path.exists(path):
+        try:
+            read_profile(path)
+        except ProfileError:
+            return f"{path} exists and is not a parc profile: remove it, or name another file"
+    return None
+
+
 def run_profile(args: argparse.Namespace) -> int:
     if args.ranks < 1:
         print("parc: error: --ranks must be at least 1", file=sys.stderr)
         return 2
+    problem = unwritable(args.output)
+    if problem:  # before minutes of measuring
+        print(f"parc profile: {problem}", file=sys.stderr)
+        return 1
     data = profile(args.ranks, quick=args.quick)
+    tmp = os.path.join(os.path.dirname(os.path.abspath(args.output)), f".{os.path.basename(args.output)}.parc-tmp")
     try:
-        with open(args.output, "w", encoding="utf-8") as handle:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=1, sort_keys=True)
             handle.write("\n")
+        os.replace(tmp, args.output)
     except OSError as exc:
-        print(f"parc: error: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        print(f"parc profile: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     best = max(row["flops"] for row in data["matmul"])
     print(f"wrote {args.output}: matmul up to {best / 1e9:.1f} GFLOP/s per rank, memory "
           f"{data['memory_bandwidth'] / 1e9:.1f} GB/s, {data['op_overhead_s'] * 1e6:.1f} µs per op, "

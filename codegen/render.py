@@ -246,7 +246,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     extra_args = render_checkpoint.flag_lines()
     extra_flag_docs = [docstring_text(line) for line in render_checkpoint.flag_docs(plan)]
     if data.kind == "tokens":
-        dataset_line = "dataset = data.TokenFile(args.data, SEQ_LEN, DATA_DTYPE, seed=args.seed)"
+        dataset_line = "dataset = data.TokenFile(args.data, SEQ_LEN, DATA_DTYPE, seed=args.seed, vocab=VOCAB)"
         extra_args.append('parser.add_argument("--data", default=DATA_PATH, metavar="PATH")')
         extra_flag_docs.append(
             docstring_text(f"--data PATH            token file (default {data.path!r})")

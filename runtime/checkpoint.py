@@ -16,7 +16,10 @@ coordinator writes ``.metadata`` once all ranks' data is written, rank 0 adds
 ``parc.json``, then renames the folder to ``DIR/step_000040/``. Only names without
 ``.tmp`` that hold both files count as checkpoints, so a crash at any moment of a
 save leaves the previous checkpoint the latest complete one.
-Tensors are read back only through DCP (no pickled objects are stored).
+Tensors are read back only through DCP (no pickled objects are stored), and a
+checkpoint on disk is untrusted input (Note [a checkpoint is untrusted input] in
+checkpoint_files.py): every problem with one ends the trainer with one line that rank
+0 prints (the folder is shared by all ranks, so every rank finds the same).
 """
 
 from __future__ import annotations
@@ -25,66 +28,47 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 import shutil
 import warnings
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import (
     DefaultLoadPlanner,
     DefaultSavePlanner,
     create_default_local_load_plan,
 )
-from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.planner_helpers import _create_write_items, create_read_items_for_chunk_list
 
 from . import checkpoint_shards as shards
 from . import faults
+from .checkpoint_files import (  # noqa: F401 - latest, resolve and read_info are this module's API too
+    FORMAT,
+    INFO_FILE,
+    STEP_DIR,
+    CheckedReader,
+    CheckpointError,
+    check_folder,
+    is_complete,
+    latest,
+    model_config,
+    read_info,
+    resolve,
+)
 
-FORMAT = 1
-STEP_DIR = re.compile(r"^step_([0-9]{6,})$")
-INFO_FILE = "parc.json"
 
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:06d}"
-
-
-def is_complete(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, ".metadata")) and os.path.isfile(os.path.join(path, INFO_FILE))
-
-
-def latest(folder: str) -> str | None:
-    """The complete checkpoint of ``folder`` with the highest step, or None."""
-    if not os.path.isdir(folder):
-        return None
-    found = []
-    for name in os.listdir(folder):
-        match = STEP_DIR.match(name)
-        if match and is_complete(os.path.join(folder, name)):
-            found.append((int(match.group(1)), name))
-    return os.path.join(folder, max(found)[1]) if found else None
-
-
-def resolve(path: str) -> str:
-    """A checkpoint folder, or a folder of checkpoints meaning its latest complete one."""
-    if is_complete(path):
-        return path
-    found = latest(path)
-    if found is None:
-        raise SystemExit(f"train.py: --resume {path}: no complete checkpoint there (step_NNNNNN/ with .metadata)")
-    return found
-
-
-def read_info(path: str) -> dict:
-    with open(os.path.join(path, INFO_FILE), encoding="utf-8") as file:
-        info = json.load(file)
-    if info.get("format") != FORMAT:
-        raise SystemExit(f"train.py: {path}: checkpoint format {info.get('format')!r}, expected {FORMAT}")
-    return info
 
 
 def _by_box(pieces) -> dict:
@@ -229,71 +213,118 @@ class Checkpoints:
         for name in complete[: -self.keep]:
             shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
+    def _refuse(self, message: str):
+        """End the run: rank 0 says why in one line, the other ranks exit 1 quietly."""
+        return SystemExit(f"train.py: {message}" if self.rank == 0 else 1)
+
     def restore(self, resume: str | None, *, restarted: bool = False) -> int:
         """Load ``resume`` (or, after an elastic restart, the directory's latest); the step it ends."""
+        try:
+            return self._restore(resume, restarted=restarted)
+        except CheckpointError as exc:
+            raise self._refuse(str(exc)) from None
+
+    def _restore(self, resume: str | None, *, restarted: bool) -> int:
+        if self.directory:
+            _flagged("--checkpoint-dir", check_folder, self.directory)
         path = None
         if restarted and self.directory:
-            path = latest(self.directory)  # the newest complete one, maybe newer than --resume
+            path = _flagged("--checkpoint-dir", latest, self.directory)  # maybe newer than --resume
         if path is None and resume:
-            path = resolve(resume)
+            path = _flagged("--resume", resolve, resume)
         if path is None:
-            existing = latest(self.directory) if self.directory else None
+            existing = _flagged("--checkpoint-dir", latest, self.directory) if self.directory else None
             if existing:  # a fresh start would mix its checkpoints with another run's
-                raise SystemExit(
-                    f"train.py: --checkpoint-dir {self.directory} already holds {existing}: pass "
+                raise self._refuse(
+                    f"--checkpoint-dir {self.directory} already holds {existing}: pass "
                     f"--resume {self.directory} to continue from it, or use an empty folder"
                 )
             return 0
         info = read_info(path)
-        optimizer_step = int(info["optimizer_step"])
+        optimizer_step = info["optimizer_step"]
         pieces = shards.model_pieces(self.params, saving=False)
         if optimizer_step > 0:
             shards.prepare_state(self.optimizer, optimizer_step)
             pieces += shards.optimizer_pieces(self.params, self.optimizer, saving=False)
-        self._check_shapes(path, pieces)
+        self._check_shapes(path, pieces, info)
         same_world = info["world_size"] == self.world_size
         state = {k: torch.empty_like(v) for k, v in _rng_state(self.rank, self.device).items()} if same_world else {}
-        with _one_process_quiet():
-            dcp.load(state, storage_reader=dcp.FileSystemReader(path), planner=_LoadPlanner(pieces))
+        _load(path, state, _LoadPlanner(pieces))
         for key, value in state.items():
             if key.startswith("rng.cpu."):
                 torch.set_rng_state(value)
             else:
                 torch.cuda.set_rng_state(value, self.device)
-        step = int(info["step"])
+        step = info["step"]
         if self.rank == 0:
             note = "" if same_world else f"; saved by {info['world_size']} ranks ({info['layout']}): RNG not restored"
-            if info.get("samples_seen") != step * self.samples_per_step:
+            if info["samples_seen"] != step * self.samples_per_step:
                 note += f"; the batch size changed: step {step + 1} reads new samples"
             print(f"resumed from {path} at step {step} (layout {info['layout']}{note})", flush=True)
         return step
 
-    def _check_shapes(self, path: str, pieces) -> None:
-        """Every tensor this rank reads exists with its full shape, or SystemExit naming it."""
-        saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    def _check_shapes(self, path: str, pieces, info: dict) -> None:
+        """Every tensor this rank reads exists with its full shape, or the run ends naming it."""
+        saved = CheckedReader(path).read_metadata().state_dict_metadata
+        differ = _config_difference(model_config(info, path), self.config)
         for piece in pieces:
             name = piece.name.removeprefix("model.")
-            if piece.name not in saved:
-                raise SystemExit(
-                    f"train.py: checkpoint {path} has no tensor {name}: it was saved from a different model"
-                )
+            if not isinstance(saved.get(piece.name), TensorStorageMetadata):
+                raise self._refuse(f"checkpoint {path} has no tensor {name}: it was saved from a different model{differ}")
             shape = tuple(saved[piece.name].size)
             if shape != piece.full_shape:
-                raise SystemExit(
-                    f"train.py: checkpoint {path}: {name} has shape {shape} there "
-                    f"but {piece.full_shape} in this model: it was saved from a different model"
+                raise self._refuse(
+                    f"checkpoint {path}: {name} has shape {shape} there "
+                    f"but {piece.full_shape} in this model: it was saved from a different model{differ}"
                 )
 
 
 def read_full(path: str, prefix: str = "") -> dict[str, torch.Tensor]:
-    """Every tensor of checkpoint ``path`` whose name starts with ``prefix``, whole (one process)."""
+    """Every tensor of checkpoint ``path`` whose name starts with ``prefix``, whole (one process).
+
+    Raises ``CheckpointError`` for a folder that is not a readable checkpoint.
+    """
     path = resolve(path)
-    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    saved = CheckedReader(path).read_metadata().state_dict_metadata
     state = {
         name: torch.empty(tuple(md.size), dtype=md.properties.dtype)
         for name, md in sorted(saved.items())
-        if name.startswith(prefix) and hasattr(md, "size")
+        if name.startswith(prefix) and isinstance(md, TensorStorageMetadata)
     }
-    with _one_process_quiet():
-        dcp.load(state, storage_reader=dcp.FileSystemReader(path), planner=DefaultLoadPlanner(flatten_state_dict=False))
+    _load(path, state, DefaultLoadPlanner(flatten_state_dict=False))
     return state
+
+
+def _load(path: str, state: dict, planner) -> None:
+    """``dcp.load`` through ``CheckedReader``; a damaged checkpoint is a ``CheckpointError``."""
+    try:
+        with _one_process_quiet():
+            dcp.load(state, storage_reader=CheckedReader(path), planner=planner)
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - CheckpointException is a BaseException
+        cause = exc
+        if isinstance(exc, CheckpointException) and exc.failures:  # rank -> (exception, traceback)
+            cause = next(iter(exc.failures.values()))
+            cause = cause[0] if isinstance(cause, tuple) else cause
+        if isinstance(cause, CheckpointError):
+            raise cause from None
+        raise CheckpointError(f"{path}: cannot read its tensors, the data files are damaged ({_first_line(cause)})") from None
+
+
+def _flagged(flag: str, call, path: str):
+    """``call(path)``, its ``CheckpointError`` naming the flag the path came from."""
+    try:
+        return call(path)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{flag} {exc}") from None
+
+
+def _first_line(exc: Exception) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1][:300] if lines else ''}"
+
+
+def _config_difference(saved, ours) -> str:
+    """``" (hidden 64 there, 128 here)"``: the model settings in which two configs differ."""
+    pairs = [(k, getattr(saved, k), getattr(ours, k)) for k in type(ours).__dataclass_fields__]
+    differ = [f"{key} {there!r} there, {here!r} here" for key, there, here in pairs if there != here]
+    return f" ({'; '.join(differ)})" if differ else ""

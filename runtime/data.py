@@ -1,6 +1,7 @@
 """Training samples by global index, the same whatever the layout.
 
-Takes: a vocabulary size, sequence length and seed (and a token file). Gives:
+Takes: a vocabulary size, sequence length and seed (and a token file, a user's input:
+``runtime/paths.py`` checks it is a regular file). Gives:
 ``.batch(indices) -> (inputs, targets)`` int64 (N, T), targets shifted by one, and
 ``sample_indices``, which says which global indices a rank reads. Because a sample
 depends only on (seed, index), every layout sees the same data in each step.
@@ -8,9 +9,9 @@ depends only on (seed, index), every layout sees the same data in each step.
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from .paths import UnreadableFile, check_regular
 
 
 def _generator(seed: int, index: int) -> torch.Generator:
@@ -68,18 +69,30 @@ class TokenFile:
     """A flat file of uint16/uint32 token ids (nanoGPT style); sample i is a window.
 
     The window of sample i starts at an offset drawn from a generator seeded by
-    (seed, i), so it depends on nothing but the file, the seed and i.
+    (seed, i), so it depends on nothing but the file, the seed and i. The file is
+    checked whole before training starts (``check_tokens``): a bad one ends the run in
+    one line naming it.
     """
 
-    def __init__(self, path: str, seq_len: int, dtype: str = "uint16", seed: int = 0):
+    def __init__(self, path: str, seq_len: int, dtype: str = "uint16", seed: int = 0, vocab: int | None = None):
         torch_dtype = {"uint16": torch.uint16, "uint32": torch.uint32}[dtype]
         itemsize = 2 if dtype == "uint16" else 4
-        if not os.path.isfile(path):
-            raise SystemExit(f"token file {path!r} not found (pass --data PATH)")
-        count = os.path.getsize(path) // itemsize
+        try:
+            size = check_regular(path).st_size
+        except UnreadableFile as exc:
+            raise SystemExit(f"train.py: --data {exc}") from None
+        count = size // itemsize
+        if size % itemsize:
+            raise SystemExit(f"train.py: --data {path}: {size} bytes is not a whole number of {dtype} tokens "
+                             f"({itemsize} bytes each): not a {dtype} token file")
         if count < seq_len + 2:
-            raise ValueError(f"{path}: {count} tokens, fewer than seq_len + 2 = {seq_len + 2}")
-        self.tokens = torch.from_file(path, shared=False, size=count, dtype=torch_dtype)
+            raise SystemExit(f"train.py: --data {path}: {count} tokens, fewer than seq_len + 2 = {seq_len + 2}")
+        try:
+            self.tokens = torch.from_file(path, shared=False, size=count, dtype=torch_dtype)
+        except RuntimeError as exc:  # unreadable, or the file shrank since stat
+            raise SystemExit(f"train.py: --data {path}: cannot read it ({str(exc).splitlines()[0]})") from None
+        if vocab is not None:
+            check_tokens(self.tokens, vocab, path)
         self.seq_len, self.seed, self.count = seq_len, seed, count
 
     def batch(self, indices):
@@ -91,3 +104,11 @@ class TokenFile:
             rows.append(self.tokens[start : start + self.seq_len + 1].to(torch.int64))
         rows = torch.stack(rows)
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+def check_tokens(tokens: torch.Tensor, vocab: int, path: str) -> None:
+    """Every id is below ``vocab`` (the embedding would fail mid-run), else the run ends naming it."""
+    largest = max(int(part.to(torch.int64).max()) for part in tokens.split(1 << 24))  # no max() on uint16
+    if largest >= vocab:
+        raise SystemExit(f"train.py: --data {path}: holds token id {largest}, but the model's vocab is {vocab} "
+                         f"(ids 0..{vocab - 1}): made for another vocabulary?")

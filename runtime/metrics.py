@@ -9,10 +9,13 @@ object per step in ``--metrics-jsonl``).
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 
 import torch
+
+from .paths import UnwritablePath, check_target
 
 
 def flops_per_token(config) -> float:
@@ -29,6 +32,19 @@ def flops_per_token(config) -> float:
     return 6.0 * matmul_params + 12.0 * L * config.heads * D * config.seq_len
 
 
+def _open_log(path: str):
+    """``--metrics-jsonl PATH`` opened to append (before training), or the run ends in one line."""
+    if os.path.isdir(path) or not os.path.exists(path):
+        try:
+            check_target(path, folder=False)  # a folder, a symlink to nothing, a path under a file
+        except UnwritablePath as exc:
+            raise SystemExit(f"train.py: --metrics-jsonl {exc}") from None
+    try:
+        return open(path, "a", encoding="utf-8")  # appending to /dev/null or a pipe is fine
+    except OSError as exc:
+        raise SystemExit(f"train.py: --metrics-jsonl {path}: {exc.strerror or exc}") from None
+
+
 def peak_mem_bytes(device) -> int:
     """CUDA: peak allocated bytes. CPU: the process's peak resident set."""
     if device.type == "cuda":
@@ -40,7 +56,7 @@ def peak_mem_bytes(device) -> int:
 class MetricsLogger:
     def __init__(self, path, *, enabled: bool):
         self.enabled = enabled
-        self.file = open(path, "a", encoding="utf-8") if (enabled and path) else None
+        self.file = _open_log(path) if (enabled and path) else None
 
     def log(self, record: dict) -> None:
         if not self.enabled:

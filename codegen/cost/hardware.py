@@ -20,12 +20,13 @@ tiny models on a CPU).
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import os
 from dataclasses import dataclass
 
 from parc.dsl.spec import MeshSpec, Spec
+
+from ..json_input import InputError, load_checked
 
 # Note [size-dependent efficiency]: the fit of bench/planner_calibration.py on the
 # three SC21 rows (DGX A100, Megatron-LM 2021: fused kernels, no flash attention).
@@ -161,19 +162,75 @@ class ProfileError(Exception):
     """The profile a spec names cannot be read (the message says why)."""
 
 
+_POSITIVE = {"type": "number", "exclusiveMinimum": 0}
+_COUNT = {"type": "integer", "minimum": 1}
+PROFILE_SCHEMA = {
+    "type": "object",
+    "required": ["matmul", "memory_bandwidth", "op_overhead_s"],
+    "properties": {
+        "version": {"type": "integer", "minimum": 1},
+        "matmul": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "object", "required": ["n", "flops"], "properties": {"n": _POSITIVE, "flops": _POSITIVE}},
+        },
+        "memory_bandwidth": _POSITIVE,
+        "op_overhead_s": _POSITIVE,
+        "memory_bytes": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "cores": {"type": ["integer", "null"], "minimum": 1},
+        "ranks": _COUNT,
+        "collectives": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "required": ["ranks", "latency_s", "bandwidth"],
+                "properties": {"ranks": _COUNT, "latency_s": {"type": "number", "minimum": 0}, "bandwidth": _POSITIVE},
+            },
+        },
+        "elementwise": {
+            "type": "object",
+            "additionalProperties": {"type": "object", "additionalProperties": _POSITIVE},
+        },
+        "reference_steps": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["arch", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len",
+                             "micro_batch", "micro_batches", "step_s"],
+                "properties": {
+                    "arch": {"enum": ["gpt", "llama"]},
+                    **{key: _COUNT for key in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len",
+                                               "micro_batch", "micro_batches")},
+                    "kernels": {"enum": ["compiled", "eager"]},
+                    "step_s": _POSITIVE,
+                },
+            },
+        },
+    },
+}
+"""What a ``parc profile`` file must hold before the planner divides by any of it (docs/planner.md)."""
+
+
+def read_profile(path: str) -> dict:
+    """The checked document of a profile file; ``ProfileError`` naming the file and the problem."""
+    try:
+        data = load_checked(path, PROFILE_SCHEMA)
+    except InputError as exc:
+        raise ProfileError(f"{path} is not a parc profile: {exc.shape}" if exc.shape else f"cannot read the profile: {exc}") from None
+    sizes = [row["n"] for row in data["matmul"]]
+    if len(set(sizes)) != len(sizes):  # the log-size interpolation divides by their differences
+        raise ProfileError(f"{path} is not a parc profile: [\"matmul\"]: two rows have the same n")
+    for i, ref in enumerate(data.get("reference_steps", [])):
+        if ref["hidden"] % ref["heads"] or ref["heads"] % ref["kv_heads"]:
+            raise ProfileError(f"{path} is not a parc profile: [\"reference_steps\"][{i}]: heads must divide "
+                               "hidden and kv_heads must divide heads")
+    return data
+
+
 def from_profile(mesh: MeshSpec, path: str, *, named: str) -> Hardware:
     """Hardware from a ``parc profile`` JSON file (docs/planner.md, "The profile")."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-        table = tuple(sorted((float(row["n"]), float(row["flops"])) for row in data["matmul"]))
-        float(data["memory_bandwidth"]), float(data["op_overhead_s"])
-    except OSError as exc:
-        raise ProfileError(f"cannot read the profile {path}: {exc.strerror or exc}") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ProfileError(f"{path} is not a parc profile ({type(exc).__name__}: {exc})") from None
-    if not table:
-        raise ProfileError(f"{path} is not a parc profile (no matmul figures)")
+    data = read_profile(path)
+    table = tuple(sorted((float(row["n"]), float(row["flops"])) for row in data["matmul"]))
     collectives = tuple(
         sorted(
             (

@@ -117,7 +117,7 @@ def test_shape_mismatch_is_a_clear_error(straight, tmp_path):
     done = run(build_dir, 1, ["--steps", "5", "--resume", str(resume)], expect=1)
     assert done.stderr.strip().splitlines()[-1] == (
         f"train.py: checkpoint {resume}: embed.weight has shape (256, 64) there but (256, 128) "
-        "in this model: it was saved from a different model"
+        "in this model: it was saved from a different model (hidden 64 there, 128 here)"
     )
 
 
@@ -148,5 +148,5 @@ def test_only_complete_renamed_folders_are_checkpoints(tmp_path):
     assert checkpoint.resolve(str(tmp_path)) == str(tmp_path / "step_000002")
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(SystemExit, match="no complete checkpoint there"):
+    with pytest.raises(checkpoint.CheckpointError, match="no complete checkpoint there"):
         checkpoint.resolve(str(empty))

@@ -167,7 +167,9 @@ def main() -> None:
     )
 
     # ---- data -----------------------------------------------------------------
-    dataset = data.TokenFile(args.data, SEQ_LEN, DATA_DTYPE, seed=args.seed)
+    dataset = data.TokenFile(
+        args.data, SEQ_LEN, DATA_DTYPE, seed=args.seed, vocab=VOCAB
+    )
 
     # ---- optimizer ------------------------------------------------------------
     # gpt2-small.par:26: ZeRO-1, AdamW state sharded over dp: each dp rank
