@@ -26,13 +26,15 @@ from pathlib import Path
 import jsonschema
 
 from parc import __version__
-from parc.runtime.paths import UnsafePath, inside
+from parc.runtime.paths import UnreadableFile, UnsafePath, inside, read_json
 
 from .lower import lower
 from .render import render, runtime_modules
 
 MANIFEST = ".parc/manifest.json"
 EXECUTABLE = {"launch.sh", "slurm.sbatch"}
+MANIFEST_LIMIT = 16 * 2**20
+"""Bytes of ``.parc/manifest.json`` parc reads at most (a real one is a few kB)."""
 MANIFEST_SCHEMA = {
     "type": "object",
     "required": ["files"],
@@ -189,9 +191,11 @@ def read_manifest(out_dir: Path) -> dict[str, str] | None:
         raise FolderError(f"{manifest_path}: {exc}", hint) from None
     if not manifest_path.exists() and not manifest_path.is_symlink():
         return None
-    try:
-        document = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    try:  # a regular file, bounded, UTF-8, finite numbers (a FIFO or /dev/zero cannot hang it)
+        document = read_json(manifest_path, limit=MANIFEST_LIMIT)
+    except UnreadableFile as exc:  # it names the file and what is wrong
+        raise FolderError(f"{exc}: not a parc manifest", hint) from None
+    except OSError as exc:
         raise FolderError(f"{manifest_path} is not a parc manifest: {_reason(exc)}", hint) from None
     try:
         jsonschema.validate(document, MANIFEST_SCHEMA)

@@ -131,7 +131,8 @@ def test_a_dot_parc_symlink_is_refused(built, capsys, tmp_path):
         ('{"files": {"train.py": 3}}', "['files']['train.py']: 3 is not of type 'string'"),
         ('{"files": {"train.py": "abc"}}', "does not match"),
         ("{}", "'files' is a required property"),
-        ("not json", "is not a parc manifest: Expecting value"),
+        ("not json", "is not JSON: line 1 column 1: Expecting value: not a parc manifest"),
+        ('{"files": {}, "spec_sha256": NaN}', "not JSON parc accepts"),
         ('{"files": {"": "' + "0" * 64 + '"}}', "is not a file name"),
         ('{"files": {"a\\\\b": "' + "0" * 64 + '"}}', "backslash"),
     ],
@@ -148,7 +149,16 @@ def test_binary_manifest(built, capsys):
     out, victim = built
     (out / ".parc" / "manifest.json").write_bytes(b"\xff\xfe\x00garbage")
     err = refused(out, victim, capsys)
-    assert "is not a parc manifest" in err
+    assert "is not UTF-8 text" in err and "not a parc manifest" in err
+
+
+def test_a_fifo_manifest_does_not_hang_the_build(built, capsys):
+    out, victim = built
+    manifest = out / ".parc" / "manifest.json"
+    manifest.unlink()
+    os.mkfifo(manifest)
+    err = refused(out, victim, capsys)
+    assert "not a parc manifest" in err and "regular file" in err
 
 
 def test_output_is_a_file(tmp_path, capsys):
