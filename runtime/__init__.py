@@ -2,8 +2,10 @@
 
 Modules: ``mesh`` (processes, groups), ``comm`` (communication mappings, the exposed
 communication clock, asynchronous launches), ``layers`` (tensor-parallel layers),
-``overlap`` (Oases sub-batches), ``model`` (GPT and Llama; it uses ``tp_plan``, the checked
-plan table, and ``param_init``, init before sharding), ``data`` (samples by global
+``overlap`` (Oases sub-batches), ``model_desc`` (the model described without torch:
+modules, shapes, parameter counts, FLOPs, saved activations; ``saved_elements``),
+``model`` (GPT and Llama; it uses ``tp_plan``, the checked plan table, and
+``param_init``, init before sharding), ``data`` (samples by global
 index), ``optim`` (AdamW, LR schedule, clipping), ``dp`` (data-parallel gradient
 buckets, overlapping backward), ``zero`` (ZeRO-1/2), ``metrics`` (what each step logs). Relative imports
 and torch only, so the same files work as ``parc.runtime`` and as a build's vendored

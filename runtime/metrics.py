@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from .model_desc import describe
 from .paths import UnwritablePath, check_target
 
 
@@ -24,12 +25,9 @@ def flops_per_token(config) -> float:
     N counts the weights that take part in a matmul: the blocks' projections and the
     output head (vocab·hidden, tied or not, as nanoGPT counts it), not the embedding
     lookups, norms or biases. L layers, H heads, Q head dim, T sequence length.
+    ``model_desc.ModelDesc.flops_per_token`` counts it; the planner asks the same.
     """
-    C, D, L = config.hidden, config.hidden // config.heads, config.layers
-    attn = C * config.heads * D * 2 + C * config.kv_heads * D * 2
-    mlp = (3 if config.arch == "llama" else 2) * C * config.ffn
-    matmul_params = L * (attn + mlp) + config.vocab * C
-    return 6.0 * matmul_params + 12.0 * L * config.heads * D * config.seq_len
+    return describe(config).flops_per_token()
 
 
 def _open_log(path: str):

@@ -50,38 +50,11 @@ from .layers import (
     vocab_parallel_cross_entropy,
 )
 from .kernels import select as select_kernels
+from .model_desc import ModelConfig, describe  # noqa: F401  (ModelConfig: re-exported for train.py)
 from .param_init import initialize
 from .tp_plan import TensorParallelPlan
 
 RECOMPUTE = ("none", "selective", "full")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ModelConfig:
-    arch: str
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    ffn: int
-    vocab: int
-    padded_vocab: int
-    seq_len: int
-    dropout: float = 0.0
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    tie_embeddings: bool = True
-
-    def __post_init__(self):
-        if self.arch not in ("gpt", "llama"):
-            raise ValueError(f"ModelConfig: arch must be 'gpt' or 'llama', not {self.arch!r}")
-        if self.hidden % self.heads or self.heads % self.kv_heads:
-            raise ValueError(
-                f"ModelConfig: heads = {self.heads} must divide hidden = {self.hidden} "
-                f"and kv_heads = {self.kv_heads} must divide heads"
-            )
-        if self.padded_vocab < self.vocab:
-            raise ValueError(f"ModelConfig: padded_vocab = {self.padded_vocab} < vocab = {self.vocab}")
 
 
 class _Builder:
@@ -346,6 +319,7 @@ class Transformer(nn.Module):
                     self.head.weight.tensor_parallel = True
         if self.first and not self.last and config.tie_embeddings:
             self.embed.weight.tied_across_stages = True  # its grad is summed with the head copy's
+        check_parameter_count(self, sharded=plan.styles, layers=(start, stop))
 
     def run_blocks(self, x):
         """The transformer blocks of this model (or pipeline stage), in order, each with its
@@ -417,6 +391,24 @@ class Transformer(nn.Module):
             x = self.embed_tokens(x)
         x = self.run_blocks(x)
         return self.loss(x, targets) if self.last else x
+
+
+def check_parameter_count(model: "Transformer", *, sharded, layers) -> None:
+    """Raise unless this stage holds exactly the parameters model_desc.py describes for it
+    (``sharded``: the modules split over tp), so the model and its description cannot drift."""
+    tp = group_size(model.tp_group)
+    expected = describe(model.config).stage_params(
+        tp, layers=layers, first=model.first, last=model.last, sharded=sharded
+    )
+    params = list(model.parameters())
+    built = sum(p.numel() for p in params)
+    if (built, len(params)) != (expected.elements, expected.tensors):
+        raise RuntimeError(
+            f"internal error in parc (runtime model): this rank built {built:,} parameters in "
+            f"{len(params)} tensors, but model_desc.py describes {expected.elements:,} in "
+            f"{expected.tensors} for layers {layers[0]}..{layers[1]} (first={model.first}, "
+            f"last={model.last}, tp={tp}): runtime/model.py and runtime/model_desc.py disagree"
+        )
 
 
 def use_kernels(model: nn.Module, kernels: str, device) -> nn.Module:

@@ -14,32 +14,14 @@ from __future__ import annotations
 import re
 
 from .comm import group_size
+from .model_desc import describe
 
 STYLES = ("colwise", "rowwise", "vocab", "vocab_head")
 
-# The style each shardable module takes (the Megatron pairing); others are replicated.
-SHARDABLE = {
-    "embed": "vocab",
-    "attn.q_proj": "colwise",
-    "attn.k_proj": "colwise",
-    "attn.v_proj": "colwise",
-    "attn.o_proj": "rowwise",
-    "mlp.gate_proj": "colwise",
-    "mlp.up_proj": "colwise",
-    "mlp.down_proj": "rowwise",
-    "head": "vocab_head",
-}
-
 
 def module_names(config) -> list[str]:
-    """Every module a plan may name, in model order (runtime-api.md, model.py)."""
-    names = ["embed"] + (["pos_embed"] if config.arch == "gpt" else [])
-    mlp = ("gate_proj", "up_proj", "down_proj") if config.arch == "llama" else ("up_proj", "down_proj")
-    for i in range(config.layers):
-        names += [f"layers.{i}.attn_norm"]
-        names += [f"layers.{i}.attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
-        names += [f"layers.{i}.mlp_norm"] + [f"layers.{i}.mlp.{p}" for p in mlp]
-    return names + ["final_norm", "head"]
+    """Every module a plan may name, in model order (model_desc.py, as model.py builds them)."""
+    return [m.name for m in describe(config).modules]
 
 
 def _kind(name: str) -> str:
@@ -73,8 +55,9 @@ class TensorParallelPlan:
         unused = [p for p in table if p not in used]
         if unused:
             raise ValueError(f"tp plan: pattern(s) {unused} match no module of this {config.arch} model")
+        desc = describe(config)
         for name, style in self.styles.items():
-            wanted = SHARDABLE.get(_kind(name))
+            wanted = desc.module(name).style  # the Megatron pairing (model_desc.py)
             if wanted is None:
                 raise ValueError(f"tp plan: {name} is replicated; it cannot be {style!r}")
             if style != wanted:
@@ -89,12 +72,12 @@ class TensorParallelPlan:
         return self.styles.get(name)
 
     def _check_pairs(self, config, sequence_parallel) -> None:
-        for i in range(config.layers):
-            for part, projections in (
-                ("attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
-                ("mlp", ("gate_proj", "up_proj", "down_proj") if config.arch == "llama" else ("up_proj", "down_proj")),
-            ):
-                names = [f"layers.{i}.{part}.{p}" for p in projections]
+        for block in describe(config).blocks:
+            i = block.index
+            for part in ("attn", "mlp"):  # each a column-parallel → row-parallel pair (model_desc.py)
+                linears = [m for m in block.modules if m.style and m.kind.startswith(part + ".")]
+                names = [m.name for m in linears]
+                projections = [m.kind.split(".", 1)[1] for m in linears]
                 sharded = [n for n in names if n in self.styles]
                 if sharded and len(sharded) != len(names):
                     raise ValueError(

@@ -4,7 +4,8 @@ Takes: a ``Spec`` (model shape, batch) and a ``Layout`` (every degree and settin
 filled in). Gives: ``Layout``, ``Accounting`` and ``stage_contents`` — per pipeline
 rank, its layers and whether it holds the embedding, the head (or a tied copy) — and
 ``rank_params`` (elements and tensors of one rank's parameters, exactly as the
-runtime's model builds them: ``runtime/model.py``, ``codegen/passes/partition_layers.py``).
+runtime's model builds them): counted by the model description
+(``runtime/model_desc.py``), memoized per (model, tp, pp, chunks, rank).
 
 Note [per-layer costs]: a layout may give each block its own recompute and overlap
 (``recompute = [full, none, ...]``). Memory sums each pipeline rank's own blocks; time
@@ -18,9 +19,13 @@ Before: ``codegen/search.py`` or ``choose_layout``. After: ``cost/memory.py``, `
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
-from parc.dsl.spec import Arch, ModelSpec
+from parc.dsl.spec import ModelSpec
+from parc.runtime.model_desc import NONE, ParamCount
+
+from ..model_config import model_desc
 
 
 class Accounting(enum.Enum):
@@ -116,50 +121,26 @@ def rank_blocks(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) 
 
 
 def stage_contents(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> StageContents:
-    stages = layout.pp * layout.chunks
-    counts = stage_layers or [model.layers // stages] * stages
-    mine = [v for v in range(stages) if v % layout.pp == rank]
-    embed, head = 0 in mine, stages - 1 in mine
-    head_weight = head and (not model.tie_embeddings or stages > 1)
+    return _stage_contents(model, layout.pp, layout.chunks, rank, _stages(stage_layers))
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_contents(model: ModelSpec, pp: int, chunks: int, rank: int, stage_layers) -> StageContents:
+    mine = _chunks(model.layers, pp, chunks, rank, stage_layers)
+    desc = model_desc(model)
     return StageContents(
-        layers=sum(counts[v] for v in mine), embed=embed, head=head, head_weight=head_weight
+        layers=sum(stop - start for (start, stop), _, _ in mine),
+        embed=any(first for _, first, _ in mine),
+        head=any(last for _, _, last in mine),
+        head_weight=any(last and desc.has_head_weight(first=first) for _, first, last in mine),
     )
 
 
-def layer_params(model: ModelSpec, tp: int) -> tuple[int, int]:
-    """(elements, tensors) of one transformer block on one tp rank."""
-    C, D = model.hidden, model.head_dim
-    q, kv, F = model.heads * D // tp, model.kv_heads * D // tp, model.ffn // tp
-    if model.arch is Arch.GPT:
-        norms = 4 * C  # two LayerNorms, weight and bias
-        attn = C * (q + 2 * kv) + (q + 2 * kv) + q * C + C  # column biases split, row bias whole
-        mlp = C * F + F + F * C + C
-        return norms + attn + mlp, 4 + 8 + 4
-    attn = C * (q + 2 * kv) + q * C
-    mlp = 3 * C * F
-    return 2 * C + attn + mlp, 2 + 4 + 3
-
-
 def rank_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> tuple[int, int]:
-    """(elements, tensors) of pipeline rank ``rank``'s parameters on one tp rank."""
-    contents = stage_contents(model, layout, rank, stage_layers)
-    per_layer, tensors_per_layer = layer_params(model, layout.tp)
-    elements, tensors = contents.layers * per_layer, contents.layers * tensors_per_layer
-    gpt = model.arch is Arch.GPT
-    vocab_rows = model.padded_vocab // layout.tp if layout.tp > 1 else model.padded_vocab
-    if contents.embed:
-        elements += vocab_rows * model.hidden
-        tensors += 1
-        if gpt:
-            elements += model.seq_len * model.hidden
-            tensors += 1
-    if contents.head:
-        elements += (2 if gpt else 1) * model.hidden
-        tensors += 2 if gpt else 1
-        if contents.head_weight:
-            elements += vocab_rows * model.hidden
-            tensors += 1
-    return elements, tensors
+    """(elements, tensors) of pipeline rank ``rank``'s parameters on one tp rank: the sum
+    of its chunks' ``ModelDesc.stage_params`` (runtime/model_desc.py)."""
+    count = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers))
+    return count.elements, count.tensors
 
 
 def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> int:
@@ -168,21 +149,39 @@ def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_
     (runtime/model.py, Note [sequence-parallel gradients]); 0 without sp."""
     if not layout.sp or layout.tp < 2:
         return 0
-    contents = stage_contents(model, layout, rank, stage_layers)
-    C, gpt = model.hidden, model.arch is Arch.GPT
-    per_layer = (4 * C + 2 * C) if gpt else 2 * C  # two norms (weight, bias); o and down biases
-    elements = contents.layers * per_layer
-    if contents.embed and gpt:
-        elements += model.seq_len * C
-    if contents.head:
-        elements += 2 * C if gpt else C
-    return elements
+    desc = model_desc(model)
+    return sum(
+        desc.sequence_parallel_params(layers=layers, first=first, last=last)
+        for layers, first, last in _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers))
+    )
 
 
 def total_params(model: ModelSpec) -> int:
     """Parameters of the whole model (one copy of a tied embedding)."""
-    one = Layout(
-        dp=1, tp=1, pp=1, sp=False, zero=0, schedule="1f1b", chunks=1, recompute="none",
-        sub_batches=1, micro_batch=1,
+    return model_desc(model).parameters
+
+
+def _stages(stage_layers) -> tuple[int, ...] | None:
+    return tuple(stage_layers) if stage_layers else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _chunks(layers: int, pp: int, chunks: int, rank: int, stage_layers) -> tuple:
+    """((start, stop), first, last) of each virtual stage pipeline rank ``rank`` runs."""
+    stages = pp * chunks
+    counts = stage_layers or (layers // stages,) * stages
+    bounds = [0]
+    for n in counts:
+        bounds.append(bounds[-1] + n)
+    return tuple(
+        ((bounds[v], bounds[v + 1]), v == 0, v == stages - 1) for v in range(stages) if v % pp == rank
     )
-    return rank_params(model, one, 0)[0]
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank_params(model: ModelSpec, tp: int, pp: int, chunks: int, rank: int, stage_layers) -> ParamCount:
+    desc = model_desc(model)
+    total = NONE
+    for layers, first, last in _chunks(model.layers, pp, chunks, rank, stage_layers):
+        total += desc.stage_params(tp, layers=layers, first=first, last=last)
+    return total

@@ -6,33 +6,18 @@ and the formulas on their own (``model_state_bytes``, ``korthikanti_layer_bytes`
 ``parc_layer_elements``) for the tests. Before: ``cost/layout.py``. After:
 ``cost/estimate.py``.
 
-Note [what parc's trainer saves]: the PARC accounting predicts exactly what the
+Note [what parc's trainer holds]: the PARC accounting predicts exactly what the
 trainer logs (``runtime/memory.py``): ``param_bytes`` = 4 bytes × this rank's
-elements; ``grad_bytes`` = the same for zero 0/1, 4·ceil(Ψ/dp) for zero 2;
-``optim_bytes`` = two fp32 moments per element plus torch's 4-byte ``step`` per
-tensor (zero 0), or the moments of the rank's slice, 8·ceil(Ψ/dp) (zero 1/2); under
-sp, zero 2 also holds the partial sequence-parallel gradients (norms, row biases,
-positions) whole when backward ends, until their sum over tp. Its
-activations are the tensors autograd saves in ``runtime/model.py``, counted per
-token, in elements (h hidden, F ffn, a heads, k = kv_heads·head_dim, t = tp):
-
-  gpt block:   4h (residual x twice, each norm's output as the next linear's input)
-               + q h + k + v k + attention output h + up F + gelu F, all /t
-               + norm statistics 4 and log-sum-exp a/t (flash attention: no s² term)
-  llama block: eager ops: 6h (RMSNorm saves x, x·rstd and its output) + rotated q h,
-               k, v k, output h, gate F, up F, silu F, product F (/t), rstd 2,
-               lse a/t, cos/sin tables 4·T·D per micro-batch; compiled kernels
-               (``train.kernels``, runtime/kernels): 4h (the fused norm saves x
-               and rstd) and SwiGLU saves gate and up but not silu (3F), tables T·D
-  sp:          the norms' tensors are /t, but the column linears keep their
-               all-gathered input whole: one for q, k, v and one for the MLP's up (and
-               gate), which enter the tp region together (``layers.project``): 2h.
-  selective:   the attention core's lse and tables go; full: the block input only
-               (h, or h/t under sp).
-
-Those were read off ``saved_tensors_hooks`` on CPU and are checked against the
-trainer's measurement in tests/planner. The working set of a recomputed layer and the
-gradient flat buffers are real memory but not saved activations: they are ``buffers``.
+elements (``rank_params``: the model description's count); ``grad_bytes`` = the same
+for zero 0/1, 4·ceil(Ψ/dp) for zero 2; ``optim_bytes`` = two fp32 moments per element
+plus torch's 4-byte ``step`` per tensor (zero 0), or the moments of the rank's slice,
+8·ceil(Ψ/dp) (zero 1/2); under sp, zero 2 also holds the partial sequence-parallel
+gradients (norms, row biases, positions) whole when backward ends, until their sum
+over tp. Its activations are the tensors autograd saves in ``runtime/model.py``,
+counted per token from the model's shapes in ``runtime/saved_elements.py`` (Note
+[what parc's trainer saves]; checked against the trainer's measurement in
+tests/planner). The working set of a recomputed layer and the gradient flat buffers
+are real memory but not saved activations: they are ``buffers``.
 """
 
 from __future__ import annotations
@@ -41,9 +26,10 @@ import functools
 import math
 from dataclasses import dataclass
 
-from parc.dsl.spec import Arch, ModelSpec, Precision, Spec
+from parc.dsl.spec import ModelSpec, Precision, Spec
 from parc.runtime.schedule import in_flight_bound
 
+from ..model_config import model_desc
 from .layout import Accounting, Layout, rank_blocks, rank_params, sequence_parallel_params, stage_contents
 
 
@@ -86,7 +72,7 @@ def model_state_bytes(
 
     MEGATRON: the ZeRO paper's 2 + 2 + 12 bytes per parameter, with stage 1 sharding
     the 12, stage 2 also the gradients' 2, stage 3 everything. PARC: Note [what parc's
-    trainer saves] (stage 3 shards the fp32 parameters too).
+    trainer holds] (stage 3 shards the fp32 parameters too).
     """
     shard = math.ceil(params / dp)
     if accounting is Accounting.MEGATRON:
@@ -120,44 +106,16 @@ def korthikanti_layer_bytes(
 def parc_layer_elements(
     model: ModelSpec, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True
 ) -> float:
-    """Elements saved per token by one block of parc's trainer (Note [what parc's trainer saves])."""
-    h, F, a, t = model.hidden, model.ffn, model.heads, tp
-    k = model.kv_heads * model.head_dim
-    if recompute == "full":
-        return h / t if sp else h
-    core_extra = a / t  # log-sum-exp of the flash attention
-    if model.arch is Arch.GPT:
-        whole, stats = 4 * h, 4.0
-        sharded = 2 * h + 2 * k + 2 * F
-    elif compiled:  # fused RMSNorm (saves x, rstd), rotary, SwiGLU (saves gate, up)
-        whole, stats = 4 * h, 2.0
-        sharded = 2 * h + 2 * k + 3 * F
-        core_extra += model.head_dim / micro_batch  # the cos and sin tables, (T, D/2) each
-    else:
-        whole, stats = 6 * h, 2.0
-        sharded = 2 * h + 2 * k + 4 * F
-        core_extra += 4 * model.head_dim / micro_batch  # cos and sin, (T, D) each, for q and k
-    if recompute == "selective":
-        core_extra = 0.0
-    if sp:
-        # The attention's and the MLP's column linears each share one all-gathered input,
-        # kept whole; the norms' tensors stay sharded.
-        norm_outputs = 2 * h
-        return 2 * h + (whole - norm_outputs + stats) / t + sharded / t + core_extra
-    return whole + stats + sharded / t + core_extra
+    """Elements saved per token by one block of parc's trainer: the model description's
+    (runtime/saved_elements.py, Note [what parc's trainer saves])."""
+    return model_desc(model).block_saved_elements(
+        0, tp=tp, sp=sp, recompute=recompute, micro_batch=micro_batch, compiled=compiled
+    )
 
 
 def parc_head_elements(model: ModelSpec, *, tp: int, sp: bool, compiled: bool = True) -> float:
     """Elements saved per token by the final norm, the head and the loss (last stage)."""
-    h, t = model.hidden, tp
-    if model.arch is Arch.GPT:
-        norm = 2 * h + 2  # x and the output; mean and rstd
-    else:
-        norm = (2 * h if compiled else 3 * h) + 1  # x, (x·rstd), the output; rstd
-    if sp:
-        norm = h + (norm - h) / t  # the norm runs on a shard; the head keeps the gathered input
-    loss = 1.0 if compiled else 2.25  # int64 targets and the loss's statistics
-    return norm + model.padded_vocab / t + loss
+    return model_desc(model).head_saved_elements(tp=tp, sp=sp, compiled=compiled)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -39,10 +39,14 @@ Note [the time model]: per micro-batch and transformer block on one rank,
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
-from parc.dsl.spec import Arch, Precision, Spec
+from parc.dsl.spec import Arch, ModelSpec, Precision, Spec
+from parc.runtime.model_desc import LINEAR
+
+from ..model_config import model_desc
 
 from .bubble import makespan
 from .comm import collective_latency, collective_time
@@ -81,14 +85,17 @@ class TimeBreakdown:
 
 
 def model_flops_per_token(spec: Spec) -> float:
-    """PaLM's 6·N + 12·L·H·Q·T, N the matmul weights, exactly as the trainer's MFU counts
-    it (``runtime/metrics.py``'s ``flops_per_token``; tests/planner checks they agree).
-    Written out here so the planner does not import torch."""
-    m = spec.model
-    C, D, L = m.hidden, m.head_dim, m.layers
-    attn = C * m.heads * D * 2 + C * m.kv_heads * D * 2
-    mlp = (3 if m.arch is Arch.LLAMA else 2) * C * m.ffn
-    return 6.0 * (L * (attn + mlp) + m.vocab * C) + 12.0 * L * m.heads * D * m.seq_len
+    """PaLM's 6·N + 12·L·H·Q·T, N the matmul weights: the model description's count
+    (``runtime/model_desc.py``), which the trainer's MFU uses too (``runtime/metrics.py``)."""
+    return model_desc(spec.model).flops_per_token()
+
+
+@functools.lru_cache(maxsize=1024)
+def _block_gemms(model: ModelSpec, tp: int) -> tuple[tuple[int, int], ...]:
+    """(out, in) of each linear weight of a block on one tp rank (model_desc.py): q, k, v,
+    o, then the MLP's."""
+    block = model_desc(model).blocks[0]
+    return tuple(m.weight.local_shape(tp) for m in block.modules if m.layer == LINEAR)
 
 
 def _gemm(hw: Hardware, m: float, n: float, k: float) -> float:
@@ -98,10 +105,8 @@ def _gemm(hw: Hardware, m: float, n: float, k: float) -> float:
 def _block_forward(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, tokens: float):
     """(all of one block's forward, its attention core) in seconds, on ``tokens`` tokens."""
     m, t = spec.model, layout.tp
-    C, D = m.hidden, m.head_dim
-    q, kv, F = m.heads * D / t, m.kv_heads * D / t, m.ffn / t
-    gemms = _gemm(hw, tokens, C, q) + 2 * _gemm(hw, tokens, C, kv) + _gemm(hw, tokens, q, C)
-    gemms += (3 if m.arch is Arch.LLAMA else 2) * _gemm(hw, tokens, C, F)
+    C, D, F = m.hidden, m.head_dim, m.ffn / t
+    gemms = sum(_gemm(hw, tokens, rows, columns) for rows, columns in _block_gemms(m, t))
     sequences, s = tokens / m.seq_len, m.seq_len
     batched = sequences * m.heads / t  # attention core: (s × D)·(D × s), then (s × s)·(s × D)
     causal = 0.5 if accounting is Accounting.PARC else 1.0  # flash skips the masked blocks

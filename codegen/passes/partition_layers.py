@@ -8,7 +8,8 @@ block needs one all-reduce in forward; the embedding is split by vocab rows and 
 head produces vocab-parallel logits for the vocab-parallel cross-entropy. Norms and
 the position embedding are replicated. With tp = 1 every module is replicated.
 
-Module names are the runtime's (runtime-api.md, model.py), ``*`` the layer index.
+Module names, shapes and split dims are the model description's
+(``runtime/model_desc.py``, which ``model.py`` is checked against), ``*`` the layer index.
 
 Before: ``assign_ranks``. After: ``place_sequence_parallel``.
 """
@@ -17,44 +18,29 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from parc.dsl.spec import Arch, Spec
+from parc.dsl.spec import Spec
+from parc.runtime.model_desc import ModuleDesc
 
-from ..errors import NOT_DIVISIBLE, check, error
+from ..errors import NOT_DIVISIBLE, InternalError, check, error
+from ..model_config import model_desc
 from ..plan import ShardRule, ShardStyle, TensorParallelPlan
 from .draft import Draft
 
-COLWISE, ROWWISE = ShardStyle.COLWISE, ShardStyle.ROWWISE
-VOCAB, VOCAB_HEAD, REPLICATE = ShardStyle.VOCAB, ShardStyle.VOCAB_HEAD, ShardStyle.REPLICATE
+REPLICATE = ShardStyle.REPLICATE
 
 
-def model_modules(spec: Spec) -> tuple[tuple[str, ShardStyle, tuple[int, ...]], ...]:
-    """(name pattern, style when tp > 1, full weight shape) for every module, in order."""
-    m = spec.model
-    q_out = m.heads * m.head_dim
-    kv_out = m.kv_heads * m.head_dim
-    rows = [("embed", VOCAB, (m.padded_vocab, m.hidden))]
-    if m.arch is Arch.GPT:
-        rows.append(("pos_embed", REPLICATE, (m.seq_len, m.hidden)))
-    rows += [
-        ("layers.*.attn_norm", REPLICATE, (m.hidden,)),
-        ("layers.*.attn.q_proj", COLWISE, (q_out, m.hidden)),
-        ("layers.*.attn.k_proj", COLWISE, (kv_out, m.hidden)),
-        ("layers.*.attn.v_proj", COLWISE, (kv_out, m.hidden)),
-        ("layers.*.attn.o_proj", ROWWISE, (m.hidden, q_out)),
-        ("layers.*.mlp_norm", REPLICATE, (m.hidden,)),
-    ]
-    if m.arch is Arch.LLAMA:
-        rows.append(("layers.*.mlp.gate_proj", COLWISE, (m.ffn, m.hidden)))
-    rows += [
-        ("layers.*.mlp.up_proj", COLWISE, (m.ffn, m.hidden)),
-        ("layers.*.mlp.down_proj", ROWWISE, (m.hidden, m.ffn)),
-        ("final_norm", REPLICATE, (m.hidden,)),
-        ("head", VOCAB_HEAD, (m.padded_vocab, m.hidden)),
-    ]
-    return tuple(rows)
-
-
-SPLIT_DIM = {COLWISE: 0, ROWWISE: 1, VOCAB: 0, VOCAB_HEAD: 0}
+def model_modules(spec: Spec) -> tuple[ModuleDesc, ...]:
+    """One module per name pattern (``layers.*.attn.q_proj``), in model order, from the
+    model description (runtime/model_desc.py); every block must agree on the shapes."""
+    rows: dict[str, ModuleDesc] = {}
+    for module in model_desc(spec.model).modules:
+        first = rows.setdefault(module.pattern, module)
+        if first.weight.shape != module.weight.shape:  # per-layer shapes need per-layer rules
+            raise InternalError(
+                "partition_layers", f"{module.name} has shape {module.weight.shape}, {first.name} "
+                f"{first.weight.shape}: one TP_PLAN row cannot describe both"
+            )
+    return tuple(rows.values())
 
 
 def divisibility_errors(spec: Spec, tp: int) -> list:
@@ -105,15 +91,15 @@ def run(spec: Spec, draft: Draft) -> Draft:
     tp = draft.mesh.size("tp")
     check(divisibility_errors(spec, tp))
     rules = []
-    for pattern, style, shape in model_modules(spec):
-        if tp == 1:
-            style = REPLICATE
-        dim = SPLIT_DIM.get(style)
-        local = shape if dim is None else tuple(n // tp if d == dim else n for d, n in enumerate(shape))
-        tied = "embed" if pattern == "head" and spec.model.tie_embeddings else None
+    for module in model_modules(spec):
+        weight = module.weight
+        style = REPLICATE if tp == 1 or module.style is None else ShardStyle(module.style)
+        dim = None if style is REPLICATE else weight.split_dim
+        local = weight.shape if dim is None else weight.local_shape(tp)
         rules.append(
             ShardRule(
-                pattern=pattern, style=style, dim=dim, full_shape=shape, local_shape=local, tied_to=tied
+                pattern=module.pattern, style=style, dim=dim, full_shape=weight.shape, local_shape=local,
+                tied_to=module.tied_to,
             )
         )
     plan = TensorParallelPlan(size=tp, rules=tuple(rules), span=draft.mesh.axis("tp").span)

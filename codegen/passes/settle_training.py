@@ -2,7 +2,8 @@
 
 Takes: a buildable ``Spec``. Gives: ``draft.model`` (the runtime ``ModelConfig``
 fields, each a ``Setting`` carrying the span of the spec text behind it, and the
-parameter count) and ``draft.train`` (steps, seed, optimizer, LR schedule, data).
+parameter count, both from ``codegen/model_config.py``) and ``draft.train`` (steps,
+seed, optimizer, LR schedule, data).
 
 Before: ``lay_out_layers``. After: ``codegen/lower.py`` assembles the ``Plan``.
 """
@@ -11,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from parc.dsl.spec import Arch, Spec
+from parc.dsl.spec import Spec
 
+from ..model_config import model_config, model_desc
 from ..plan import DataPlan, ModelPlan, Setting, TrainPlan
 from .draft import Draft
 
@@ -21,48 +23,31 @@ def setting(spec: Spec, name: str, key: str, value, note: str = "") -> Setting:
     return Setting(name=name, value=value, span=spec.span(key), note=note)
 
 
-def parameter_count(spec: Spec) -> int:
-    m = spec.model
-    d = m.head_dim
-    attn = m.hidden * d * (2 * m.heads + 2 * m.kv_heads)
-    mlp = (3 if m.arch is Arch.LLAMA else 2) * m.hidden * m.ffn
-    norms = (2 if m.arch is Arch.LLAMA else 4) * m.hidden
-    layer = attn + mlp + norms
-    if m.arch is Arch.GPT:
-        layer += m.heads * d * 3 + m.hidden + m.ffn + m.hidden  # q/k/v, o, up, down biases
-    total = m.layers * layer + m.padded_vocab * m.hidden
-    total += m.hidden * (2 if m.arch is Arch.GPT else 1)  # final norm
-    if m.arch is Arch.GPT:
-        total += m.seq_len * m.hidden
-    if not m.tie_embeddings:
-        total += m.padded_vocab * m.hidden
-    return total
-
-
 def run(spec: Spec, draft: Draft) -> Draft:
     m, t = spec.model, spec.train
+    c = model_config(m)  # the runtime's ModelConfig: its fields, in its order
     model = ModelPlan(
         name=m.name,
         arch=m.arch.value,
         settings=(
-            setting(spec, "ARCH", "model.arch", m.arch.value),
-            setting(spec, "LAYERS", "model.layers", m.layers),
-            setting(spec, "HIDDEN", "model.hidden", m.hidden),
-            setting(spec, "HEADS", "model.heads", m.heads),
-            setting(spec, "KV_HEADS", "model.kv_heads", m.kv_heads, "defaults to heads"),
-            setting(spec, "FFN", "model.ffn", m.ffn),
-            setting(spec, "VOCAB", "model.vocab", m.vocab),
+            setting(spec, "ARCH", "model.arch", c.arch),
+            setting(spec, "LAYERS", "model.layers", c.layers),
+            setting(spec, "HIDDEN", "model.hidden", c.hidden),
+            setting(spec, "HEADS", "model.heads", c.heads),
+            setting(spec, "KV_HEADS", "model.kv_heads", c.kv_heads, "defaults to heads"),
+            setting(spec, "FFN", "model.ffn", c.ffn),
+            setting(spec, "VOCAB", "model.vocab", c.vocab),
             setting(
-                spec, "PADDED_VOCAB", "model.pad_vocab_to", m.padded_vocab,
+                spec, "PADDED_VOCAB", "model.pad_vocab_to", c.padded_vocab,
                 f"vocab rounded up to a multiple of {m.pad_vocab_to}",
             ),
-            setting(spec, "SEQ_LEN", "model.seq_len", m.seq_len),
-            setting(spec, "DROPOUT", "model.dropout", m.dropout),
-            setting(spec, "NORM_EPS", "model.norm_eps", m.norm_eps),
-            setting(spec, "ROPE_THETA", "model.rope_theta", m.rope_theta),
-            setting(spec, "TIE_EMBEDDINGS", "model.tie_embeddings", m.tie_embeddings),
+            setting(spec, "SEQ_LEN", "model.seq_len", c.seq_len),
+            setting(spec, "DROPOUT", "model.dropout", c.dropout),
+            setting(spec, "NORM_EPS", "model.norm_eps", c.norm_eps),
+            setting(spec, "ROPE_THETA", "model.rope_theta", c.rope_theta),
+            setting(spec, "TIE_EMBEDDINGS", "model.tie_embeddings", c.tie_embeddings),
         ),
-        parameters=parameter_count(spec),
+        parameters=model_desc(m).parameters,  # runtime/model_desc.py
     )
     o, s = t.optimizer, t.lr_schedule
     train = TrainPlan(

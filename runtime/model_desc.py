@@ -1,0 +1,363 @@
+"""One description of the model: its modules, shapes, parameter counts, FLOPs, saved activations.
+
+Takes: a ``ModelConfig``. Gives: ``describe(config)`` → ``ModelDesc``: every module in
+model order as ``model.py`` names it (``layers.3.attn.q_proj``), with its parameters'
+full shapes and the dim tp splits; the parameters of the model, of a block, of a
+pipeline stage on one tp rank, and those whose gradients are partial under sequence
+parallelism; model FLOPs per token; the elements a block saves for backward.
+
+Pure Python, no torch: the code generator reads it as ``parc.runtime.model_desc``
+(settle_training's count in train.py's docstring, partition_layers' TP table, the
+cost model) and the trainer as ``parc_runtime.model_desc`` (``model.py`` checks the
+model it built against it, ``metrics.py`` counts FLOPs with it). ``runtime/model.py``
+re-exports ``ModelConfig``.
+
+Each block has a ``BlockDesc`` of its own (``ModelDesc.blocks``), so blocks may
+differ: a mixture-of-experts block would list its experts' modules (and carry its
+expert count) there, and every count here follows. Build descriptions with
+``describe``: the counts are memoized per (config, tp), the planner asks thousands
+of times.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from .saved_elements import block_saved_elements, head_saved_elements
+
+ARCHS = ("gpt", "llama")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    arch: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    padded_vocab: int
+    seq_len: int
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True
+
+    def __post_init__(self):
+        if self.arch not in ARCHS:
+            raise ValueError(f"ModelConfig: arch must be 'gpt' or 'llama', not {self.arch!r}")
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise ValueError(
+                f"ModelConfig: heads = {self.heads} must divide hidden = {self.hidden} "
+                f"and kv_heads = {self.kv_heads} must divide heads"
+            )
+        if self.padded_vocab < self.vocab:
+            raise ValueError(f"ModelConfig: padded_vocab = {self.padded_vocab} < vocab = {self.vocab}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+# ---- the description ---------------------------------------------------------------
+
+LINEAR, EMBEDDING, NORM = "linear", "embedding", "norm"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamDesc:
+    name: str
+    """``weight`` or ``bias``."""
+    shape: tuple[int, ...]
+    """The whole tensor's shape."""
+    split_dim: int | None = None
+    """The dim tp splits when the module is sharded; None: whole on every tp rank."""
+    sequence_parallel: bool = False
+    """Replicated, but sees only a sequence shard under sp: its gradient is partial
+    (runtime/model.py, Note [sequence-parallel gradients])."""
+
+    def local_shape(self, tp: int = 1) -> tuple[int, ...]:
+        """The shard one rank holds when the module is split over ``tp`` ranks."""
+        return tuple(n // tp if d == self.split_dim else n for d, n in enumerate(self.shape))
+
+    def numel(self, tp: int = 1) -> int:
+        return math.prod(self.local_shape(tp))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModuleDesc:
+    name: str
+    """As the runtime names it: ``embed``, ``layers.3.attn.q_proj``, ``head``."""
+    kind: str
+    """The name without its layer prefix (``attn.q_proj``); the TP table's word for it."""
+    layer: str
+    """``linear``, ``embedding`` or ``norm``."""
+    style: str | None
+    """How tp splits it when it is sharded (``colwise``, ``rowwise``, ``vocab``,
+    ``vocab_head``: runtime/tp_plan.py); None: always replicated."""
+    params: tuple[ParamDesc, ...]
+    tied_to: str | None = None
+    """The module whose weight this one is (the tied head: ``embed``), or None."""
+
+    @property
+    def pattern(self) -> str:
+        """The name with ``*`` for the layer index, as train.py's ``TP_PLAN`` writes it."""
+        return "layers.*." + self.kind if self.name.startswith("layers.") else self.name
+
+    @property
+    def weight(self) -> ParamDesc:
+        return self.params[0]
+
+    def numel(self, tp: int = 1) -> int:
+        """Elements on one rank when the module is split over ``tp`` ranks (1: whole)."""
+        return sum(p.numel(tp) for p in self.params)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockDesc:
+    """One transformer block (``layers.{index}``): attention, then the MLP."""
+
+    index: int
+    modules: tuple[ModuleDesc, ...]
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+
+    def matmul_weights(self) -> int:
+        """Elements of the weights a token meets in a matmul (no biases, no norms)."""
+        return sum(m.weight.numel() for m in self.modules if m.layer == LINEAR)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """PaLM's training FLOPs: 6 per matmul weight, 12·H·Q·T for attention's two products."""
+        return 6.0 * self.matmul_weights() + 12.0 * self.heads * self.head_dim * seq_len
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamCount:
+    elements: int
+    tensors: int
+
+    def __add__(self, other: ParamCount) -> ParamCount:
+        return ParamCount(elements=self.elements + other.elements, tensors=self.tensors + other.tensors)
+
+    def __sub__(self, other: ParamCount) -> ParamCount:
+        return ParamCount(elements=self.elements - other.elements, tensors=self.tensors - other.tensors)
+
+
+NONE = ParamCount(elements=0, tensors=0)
+
+
+def _count(modules, tp: int, sharded=None) -> ParamCount:
+    """Parameters of ``modules`` on one rank; ``sharded``: the names tp splits (None: every
+    module with a style, as parc's TP table does when tp > 1)."""
+    elements = tensors = 0
+    for module in modules:
+        split = module.style is not None if sharded is None else module.name in sharded
+        elements += module.numel(tp if split else 1)
+        tensors += len(module.params)
+    return ParamCount(elements=elements, tensors=tensors)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelDesc:
+    """The model in model order: ``embed`` (first stage), ``blocks``, ``head`` (last stage)."""
+
+    config: ModelConfig
+    embed: tuple[ModuleDesc, ...]
+    """``embed`` and, for gpt, ``pos_embed``."""
+    blocks: tuple[BlockDesc, ...]
+    head: tuple[ModuleDesc, ...]
+    """``final_norm`` and ``head`` (whose weight is ``embed``'s when tied, on one stage)."""
+
+    @property
+    def modules(self) -> tuple[ModuleDesc, ...]:
+        return self.embed + tuple(m for b in self.blocks for m in b.modules) + self.head
+
+    def module(self, name: str) -> ModuleDesc:
+        """The module called ``name``; KeyError for a name the model does not have."""
+        return _by_name(self.config)[name]
+
+    @property
+    def parameters(self) -> int:
+        """Parameters of the whole model, a tied embedding counted once."""
+        return self.params().elements
+
+    def params(self, tp: int = 1) -> ParamCount:
+        """The whole model on one tp rank of one pipeline stage (a tied head counted once)."""
+        return self.stage_params(tp)
+
+    def block_params(self, index: int, tp: int = 1) -> ParamCount:
+        return _counts(self.config, tp).blocks[index]
+
+    def embed_params(self, tp: int = 1) -> ParamCount:
+        return _counts(self.config, tp).embed
+
+    def head_params(self, tp: int = 1, *, weight: bool = True) -> ParamCount:
+        """The final norm and, with ``weight``, a head matrix of its own (untied, or the
+        tied copy a later pipeline stage holds)."""
+        counts = _counts(self.config, tp)
+        return counts.norm + counts.head_weight if weight else counts.norm
+
+    def has_head_weight(self, *, first: bool) -> bool:
+        """Whether a last stage holds a head matrix: untied, or not also the first stage
+        (runtime/model.py, Note [tied embeddings across stages])."""
+        return not self.config.tie_embeddings or not first
+
+    def stage_params(
+        self, tp: int = 1, *, layers: tuple[int, int] | None = None, first: bool = True, last: bool = True,
+        sharded=None,
+    ) -> ParamCount:
+        """Parameters of one tp rank of a pipeline stage holding blocks ``layers = (start,
+        stop)`` (all by default), the embedding when ``first``, the final norm and head
+        when ``last``. ``sharded``: the module names tp splits, when not parc's table."""
+        start, stop = (0, len(self.blocks)) if layers is None else layers
+        if sharded is not None:
+            modules = (self.embed if first else ()) + tuple(
+                m for b in self.blocks[start:stop] for m in b.modules
+            )
+            if last:
+                modules += self.head if self.has_head_weight(first=first) else self.head[:-1]
+            return _count(modules, tp, frozenset(sharded))
+        counts = _counts(self.config, tp)
+        total = counts.prefix[stop] - counts.prefix[start]
+        if first:
+            total += counts.embed
+        if last:
+            total += self.head_params(tp, weight=self.has_head_weight(first=first))
+        return total
+
+    def sequence_parallel_params(
+        self, *, layers: tuple[int, int] | None = None, first: bool = True, last: bool = True
+    ) -> int:
+        """Elements of a stage whose gradients are partial under sp (norms, row-parallel
+        biases, gpt's positions); the caller decides whether sp is on."""
+        start, stop = (0, len(self.blocks)) if layers is None else layers
+        counts = _counts(self.config, 1)
+        total = counts.sp_prefix[stop] - counts.sp_prefix[start]
+        return total + (counts.sp_embed if first else 0) + (counts.sp_head if last else 0)
+
+    def flops_per_token(self) -> float:
+        """Model FLOPs per token of training (PaLM's 6·N + 12·L·H·Q·T): N the matmul weights
+        of the blocks and the head (vocab·hidden, tied or not, unpadded, as nanoGPT counts
+        it), not the embedding lookups, norms or biases."""
+        return _flops_per_token(self.config)
+
+    def block_saved_elements(
+        self, index: int, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True
+    ) -> float:
+        """Elements saved per token by block ``index`` (saved_elements.py, Note [what parc's
+        trainer saves])."""
+        return block_saved_elements(self.config, self.blocks[index], tp=tp, sp=sp, recompute=recompute,
+                                    micro_batch=micro_batch, compiled=compiled)
+
+    def head_saved_elements(self, *, tp: int, sp: bool, compiled: bool = True) -> float:
+        """Elements saved per token by the final norm, the head and the loss (last stage)."""
+        return head_saved_elements(self.config, tp=tp, sp=sp, compiled=compiled)
+
+
+# ---- building it -------------------------------------------------------------------
+
+
+def _linear(name, kind, style, out_features, in_features, bias, *, sp_bias=False):
+    split = {"colwise": 0, "rowwise": 1}[style]
+    params = [ParamDesc(name="weight", shape=(out_features, in_features), split_dim=split)]
+    if bias:  # a column-parallel bias is split with its rows; a row-parallel one is whole
+        params.append(ParamDesc(name="bias", shape=(out_features,), split_dim=0 if split == 0 else None,
+                                sequence_parallel=sp_bias))
+    return ModuleDesc(name=name, kind=kind, layer=LINEAR, style=style, params=tuple(params))
+
+
+def _norm(name, kind, config):
+    names = ("weight",) if config.arch == "llama" else ("weight", "bias")  # RMSNorm, LayerNorm
+    params = tuple(ParamDesc(name=n, shape=(config.hidden,), sequence_parallel=True) for n in names)
+    return ModuleDesc(name=name, kind=kind, layer=NORM, style=None, params=params)
+
+
+def _block(config: ModelConfig, index: int) -> BlockDesc:
+    C, D, F, bias = config.hidden, config.head_dim, config.ffn, config.arch == "gpt"
+    q, kv = config.heads * D, config.kv_heads * D
+    prefix = f"layers.{index}."
+
+    def linear(kind, style, out_features, in_features):
+        return _linear(prefix + kind, kind, style, out_features, in_features, bias, sp_bias=style == "rowwise")
+
+    modules = [
+        _norm(prefix + "attn_norm", "attn_norm", config),
+        linear("attn.q_proj", "colwise", q, C),
+        linear("attn.k_proj", "colwise", kv, C),
+        linear("attn.v_proj", "colwise", kv, C),
+        linear("attn.o_proj", "rowwise", C, q),
+        _norm(prefix + "mlp_norm", "mlp_norm", config),
+    ]
+    if config.arch == "llama":  # SwiGLU: silu(gate) · up
+        modules.append(linear("mlp.gate_proj", "colwise", F, C))
+    modules += [linear("mlp.up_proj", "colwise", F, C), linear("mlp.down_proj", "rowwise", C, F)]
+    return BlockDesc(index=index, modules=tuple(modules), heads=config.heads, kv_heads=config.kv_heads,
+                     head_dim=D, ffn=F)
+
+
+@functools.lru_cache(maxsize=256)
+def describe(config: ModelConfig) -> ModelDesc:
+    """The description of ``config``'s model (runtime/model.py builds exactly this)."""
+    V, C = config.padded_vocab, config.hidden
+    embed = [ModuleDesc(name="embed", kind="embed", layer=EMBEDDING, style="vocab",
+                        params=(ParamDesc(name="weight", shape=(V, C), split_dim=0),))]
+    if config.arch == "gpt":  # learned positions, replicated
+        embed.append(ModuleDesc(name="pos_embed", kind="pos_embed", layer=EMBEDDING, style=None,
+                                params=(ParamDesc(name="weight", shape=(config.seq_len, C),
+                                                  sequence_parallel=True),)))
+    head = (
+        _norm("final_norm", "final_norm", config),
+        ModuleDesc(name="head", kind="head", layer=LINEAR, style="vocab_head",
+                   params=(ParamDesc(name="weight", shape=(V, C), split_dim=0),),
+                   tied_to="embed" if config.tie_embeddings else None),
+    )
+    blocks = tuple(_block(config, i) for i in range(config.layers))
+    return ModelDesc(config=config, embed=tuple(embed), blocks=blocks, head=head)
+
+
+@functools.lru_cache(maxsize=256)
+def _by_name(config: ModelConfig) -> dict[str, ModuleDesc]:
+    return {m.name: m for m in describe(config).modules}
+
+
+@functools.lru_cache(maxsize=256)
+def _flops_per_token(config: ModelConfig) -> float:
+    head = 6.0 * config.vocab * config.hidden
+    return sum(b.flops_per_token(config.seq_len) for b in describe(config).blocks) + head
+
+
+@dataclass(frozen=True, slots=True)
+class _Counts:
+    prefix: tuple[ParamCount, ...]
+    """prefix[i]: blocks 0 .. i−1 together."""
+    blocks: tuple[ParamCount, ...]
+    embed: ParamCount
+    norm: ParamCount
+    head_weight: ParamCount
+    sp_prefix: tuple[int, ...]
+    sp_embed: int
+    sp_head: int
+
+
+def _sp_elements(modules) -> int:
+    return sum(p.numel() for m in modules for p in m.params if p.sequence_parallel)
+
+
+@functools.lru_cache(maxsize=1024)
+def _counts(config: ModelConfig, tp: int) -> _Counts:
+    desc = describe(config)
+    blocks = tuple(_count(b.modules, tp) for b in desc.blocks)
+    prefix, sp_prefix = [NONE], [0]
+    for block, count in zip(desc.blocks, blocks):
+        prefix.append(prefix[-1] + count)
+        sp_prefix.append(sp_prefix[-1] + _sp_elements(block.modules))
+    return _Counts(
+        prefix=tuple(prefix), blocks=blocks, embed=_count(desc.embed, tp), norm=_count(desc.head[:-1], tp),
+        head_weight=_count(desc.head[-1:], tp), sp_prefix=tuple(sp_prefix), sp_embed=_sp_elements(desc.embed),
+        sp_head=_sp_elements(desc.head),
+    )

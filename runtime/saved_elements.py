@@ -1,0 +1,76 @@
+"""The tensors parc's trainer saves for backward, in elements per token, from the shapes.
+
+Takes: a ``ModelConfig`` and a block's description (``model_desc.BlockDesc``: heads,
+kv heads, head dim, ffn) and the layout's tp, sp, recompute, micro-batch and kernels.
+Gives: ``block_saved_elements`` and ``head_saved_elements``, which ``model_desc``
+hands out (``ModelDesc.block_saved_elements``) and the planner's memory model
+(``codegen/cost/memory.py``) multiplies by tokens and bytes. Pure Python, no torch.
+
+Note [what parc's trainer saves]: the activations are the tensors autograd saves in
+``runtime/model.py``, counted per token, in elements (h hidden, F ffn, a heads,
+k = kv_heads·head_dim, t = tp):
+
+  gpt block:   4h (residual x twice, each norm's output as the next linear's input)
+               + q h + k + v k + attention output h + up F + gelu F, all /t
+               + norm statistics 4 and log-sum-exp a/t (flash attention: no s² term)
+  llama block: eager ops: 6h (RMSNorm saves x, x·rstd and its output) + rotated q h,
+               k, v k, output h, gate F, up F, silu F, product F (/t), rstd 2,
+               lse a/t, cos/sin tables 4·T·D per micro-batch; compiled kernels
+               (``train.kernels``, runtime/kernels): 4h (the fused norm saves x
+               and rstd) and SwiGLU saves gate and up but not silu (3F), tables T·D
+  sp:          the norms' tensors are /t, but the column linears keep their
+               all-gathered input whole: one for q, k, v and one for the MLP's up (and
+               gate), which enter the tp region together (``layers.project``): 2h.
+  selective:   the attention core's lse and tables go; full: the block input only
+               (h, or h/t under sp).
+
+Those were read off ``saved_tensors_hooks`` on CPU and are checked against the
+trainer's measurement in tests/planner. The working set of a recomputed layer and the
+gradient flat buffers are real memory but not saved activations (cost/memory.py's
+``buffers``); the model state is in cost/memory.py's Note [what parc's trainer holds].
+"""
+
+from __future__ import annotations
+
+
+def block_saved_elements(
+    config, block, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True
+) -> float:
+    """Elements saved per token by one block (Note [what parc's trainer saves])."""
+    h, F, a, t = config.hidden, block.ffn, block.heads, tp
+    k = block.kv_heads * block.head_dim
+    if recompute == "full":
+        return h / t if sp else h
+    core_extra = a / t  # log-sum-exp of the flash attention
+    if config.arch == "gpt":
+        whole, stats = 4 * h, 4.0
+        sharded = 2 * h + 2 * k + 2 * F
+    elif compiled:  # fused RMSNorm (saves x, rstd), rotary, SwiGLU (saves gate, up)
+        whole, stats = 4 * h, 2.0
+        sharded = 2 * h + 2 * k + 3 * F
+        core_extra += block.head_dim / micro_batch  # the cos and sin tables, (T, D/2) each
+    else:
+        whole, stats = 6 * h, 2.0
+        sharded = 2 * h + 2 * k + 4 * F
+        core_extra += 4 * block.head_dim / micro_batch  # cos and sin, (T, D) each, for q and k
+    if recompute == "selective":
+        core_extra = 0.0
+    if sp:
+        # The attention's and the MLP's column linears each share one all-gathered input,
+        # kept whole; the norms' tensors stay sharded.
+        norm_outputs = 2 * h
+        return 2 * h + (whole - norm_outputs + stats) / t + sharded / t + core_extra
+    return whole + stats + sharded / t + core_extra
+
+
+def head_saved_elements(config, *, tp: int, sp: bool, compiled: bool = True) -> float:
+    """Elements saved per token by the final norm, the head and the loss (last stage)."""
+    h, t = config.hidden, tp
+    if config.arch == "gpt":
+        norm = 2 * h + 2  # x and the output; mean and rstd
+    else:
+        norm = (2 * h if compiled else 3 * h) + 1  # x, (x·rstd), the output; rstd
+    if sp:
+        norm = h + (norm - h) / t  # the norm runs on a shard; the head keeps the gathered input
+    loss = 1.0 if compiled else 2.25  # int64 targets and the loss's statistics
+    return norm + config.padded_vocab / t + loss
