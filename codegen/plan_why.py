@@ -10,6 +10,7 @@ Before: ``codegen/search.py``. After: ``codegen/plan_cmd.py`` (text and JSON).
 
 from __future__ import annotations
 
+from .cost.layout import fold_words
 from .cost import Estimate, Hardware
 from .search import TIE_TOLERANCE, SearchResult, tie_memory_unit, tie_rule
 
@@ -45,6 +46,11 @@ REASONS = {
     },
 }
 TERMS = (("compute", "compute"), ("exposed_comm", "exposed communication"), ("bubble", "bubble"))
+
+
+def _value(value) -> str:
+    """A layout field for people; a per-layer tuple with its runs folded."""
+    return fold_words(value) if isinstance(value, tuple) else str(value)
 
 
 def _gib(value: float) -> str:
@@ -127,7 +133,7 @@ def _compare(best: Estimate, i: int, runner: Estimate, j: int, unit: float | Non
         if getattr(best.layout, key) != getattr(runner.layout, key)
     ]
     names = dict(KEYS)
-    changed = ", ".join(f"{names[k]} {a} vs {b}" for k, a, b in differs) or "nothing"
+    changed = ", ".join(f"{names[k]} {_value(a)} vs {_value(b)}" for k, a, b in differs) or "nothing"
     gap = runner.time.step - best.time.step
     share = gap / runner.time.step if runner.time.step else 0.0
     deltas = [(name, label, getattr(best.time, name) - getattr(runner.time, name)) for name, label in TERMS]

@@ -17,6 +17,11 @@ pruned families give the same program as a listed one and are left out: ZeRO sta
 above 0 with dp = 1 (nothing to shard over), and overlap or sp-free duplicates with
 tp = 1 (no tensor-parallel collective to overlap).
 
+Note [per-layer recompute]: with ``recompute = auto`` the candidates are the uniform
+modes and, where ``full`` fits but a lighter mode does not, the mix with the fewest
+full blocks that fits (``mixed_recompute``): it recomputes less than ``full`` and so
+is faster, which the ranking then sees.
+
 Note [ranking and ties]: layouts that fit come first, by predicted step time (the
 global batch is fixed, so that is throughput); the best ``EXACT_TOP`` by the fast
 estimate are re-scored with the simulated schedule (Note [fast and exact bubbles]) and
@@ -41,6 +46,8 @@ from dataclasses import dataclass, replace
 from parc.dsl.spec import PipelineSchedule, Recompute, Spec
 
 from .cost import Accounting, Estimate, Hardware, Layout, estimate
+from .cost.estimate import USABLE_MEMORY
+from .cost.memory import memory
 
 EXACT_TOP = 3
 RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
@@ -228,10 +235,14 @@ def _break_ties(group: list[Estimate], memory_unit: float | None) -> list[Estima
 
 
 def search(spec: Spec, hw: Hardware, accounting: Accounting = Accounting.PARC) -> SearchResult:
-    """Note [ranking and ties]."""
+    """Note [ranking and ties]; Note [per-layer recompute]."""
     layouts = candidates(spec)
     unit = tie_memory_unit(hw)
-    fast = rank((estimate(spec, layout, hw, accounting, exact=False) for layout in layouts), unit)
+    scored = [estimate(spec, layout, hw, accounting, exact=False) for layout in layouts]
+    if spec.parallel.recompute is None:
+        scored += mixed_recompute(spec, scored, hw, accounting)
+    layouts += [item.layout for item in scored[len(layouts):]]
+    fast = rank(scored, unit)
     head = [estimate(spec, item.layout, hw, accounting, exact=True) for item in fast[:EXACT_TOP]]
     # The build winner must be exact too, even when zero-3 layouts crowd the top.
     tail = fast[EXACT_TOP:]
@@ -278,3 +289,40 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
             overlap_sub_batches=layout.sub_batches,
         ),
     )
+
+
+def mixed_recompute(spec: Spec, scored: list[Estimate], hw: Hardware, accounting: Accounting) -> list[Estimate]:
+    """Note [per-layer recompute]: Korthikanti's trade, layer by layer. Where a layout
+    fits with ``recompute = full`` but not with a lighter mode, the fewest full blocks
+    (the first ones: under 1F1B the first stage holds the most micro-batches in
+    flight) with the lighter mode on the rest that fit — found by bisection, memory
+    growing as blocks go lighter. Each such mix is one more candidate."""
+    layers = spec.model.layers
+    if hw.memory is None:
+        return []  # the memory is unknown: every layout fits, nothing to trade
+    limit = hw.memory * USABLE_MEMORY
+    by_layout = {item.layout: item for item in scored}
+    best = min((item.time.step for item in scored if item.fits), default=math.inf)
+    out = []
+    for item in scored:
+        layout = item.layout
+        if layout.recompute != "full" or not item.fits or layers < 2:
+            continue
+        for lighter in ("none", "selective"):
+            sibling = by_layout.get(replace(layout, recompute=lighter))
+            if sibling is None or sibling.fits:
+                continue  # the lighter mode fits (or is not a candidate): nothing to trade
+            if sibling.time.step > best * (1 + TIE_TOLERANCE):
+                continue  # a mix is slower than the lighter mode, which cannot win either
+            low, high = 1, layers  # j = high full blocks fit; find the least
+            while low < high:
+                mid = (low + high) // 2
+                trial = replace(layout, recompute=("full",) * mid + (lighter,) * (layers - mid))
+                if memory(spec, trial, accounting).peak.total <= limit:
+                    high = mid
+                else:
+                    low = mid + 1
+            if high < layers:
+                mix = replace(layout, recompute=("full",) * high + (lighter,) * (layers - high))
+                out.append(estimate(spec, mix, hw, accounting, exact=False))
+    return out

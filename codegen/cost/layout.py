@@ -71,11 +71,11 @@ class Layout:
         return max(self.sub_batches) if isinstance(self.sub_batches, tuple) else self.sub_batches
 
     def recompute_words(self) -> str | None:
-        """``full``, or ``[full, none, ...]`` per layer; None when nothing is recomputed."""
+        """``full``, or ``[full ×3, none ×93]`` per layer; None when nothing is recomputed."""
         modes = self.recompute if isinstance(self.recompute, tuple) else (self.recompute,)
         if all(mode == "none" for mode in modes):
             return None
-        return f"[{', '.join(modes)}]" if isinstance(self.recompute, tuple) else self.recompute
+        return fold_words(modes) if isinstance(self.recompute, tuple) else self.recompute
 
     def overlap_words(self) -> str | None:
         """``sub_batch(k)``, or ``overlap [sub_batch(2), none, ...]`` per layer; None without overlap."""
@@ -83,7 +83,7 @@ class Layout:
             return None
         one = lambda k: f"sub_batch({k})" if k > 1 else "none"  # noqa: E731
         if isinstance(self.sub_batches, tuple):
-            return f"overlap [{', '.join(one(k) for k in self.sub_batches)}]"
+            return f"overlap {fold_words([one(k) for k in self.sub_batches])}"
         return one(self.sub_batches)
 
     def grad_accum(self, global_batch: int) -> int:
@@ -97,6 +97,17 @@ class Layout:
                 f"interleaved({self.chunks})" if self.schedule == "interleaved" else self.schedule
             )
         return " ".join(parts)
+
+
+def fold_words(values) -> str:
+    """Per-layer values for people: ``[full, none]``, runs folded as ``[full ×3, none ×93]``."""
+    runs: list[list] = []
+    for value in values:
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    return "[" + ", ".join(f"{v} ×{n}" if n > 1 else str(v) for v, n in runs) + "]"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
