@@ -13,7 +13,6 @@ from parc.dsl.spec import Spec
 
 from .errors import InternalError
 from .passes import (
-    assign_ranks,
     check_buildable,
     check_values,
     choose_layout,
@@ -34,7 +33,6 @@ PASSES = (
     choose_layout,
     check_buildable,
     resolve_mesh,
-    assign_ranks,
     partition_layers,
     place_sequence_parallel,
     plan_batches,

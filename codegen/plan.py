@@ -18,6 +18,7 @@ import enum
 from dataclasses import dataclass
 
 from parc.dsl.diagnostics import Span
+from parc.runtime.axes import coordinates, partition
 
 
 class ShardStyle(enum.Enum):
@@ -78,10 +79,6 @@ class MeshPlan:
     """Device preset name (``cpu``, ``h100-80gb``, ...)."""
     device_flops: float | None
     """Dense peak FLOP/s of one device, for MFU; None when unknown (cpu)."""
-    ranks: tuple[RankPlacement, ...]
-    """One entry per global rank, ascending."""
-    groups: tuple[ProcessGroup, ...]
-    """For each axis in mesh order, the groups partitioning the ranks, by first rank."""
     nodes_span: Span | None
     devices_span: Span | None
     device_span: Span | None
@@ -89,6 +86,25 @@ class MeshPlan:
     @property
     def world_size(self) -> int:
         return self.nodes * self.devices_per_node
+
+    @property
+    def ranks(self) -> tuple[RankPlacement, ...]:
+        """One entry per global rank, ascending: derived from the axes, never stored (a
+        mesh of 100,000 ranks stays a few lines of plan.json; ``runtime/axes.py``)."""
+        shape = tuple((axis.axis, axis.size) for axis in self.axes)
+        return tuple(
+            RankPlacement(
+                rank=rank, node=rank // self.devices_per_node, local_rank=rank % self.devices_per_node,
+                coords=tuple(coordinates(rank, shape).items()),
+            )
+            for rank in range(self.world_size)
+        )
+
+    @property
+    def groups(self) -> tuple[ProcessGroup, ...]:
+        """For each axis in mesh order, the groups partitioning the ranks, by first rank."""
+        shape = tuple((axis.axis, axis.size) for axis in self.axes)
+        return tuple(ProcessGroup(axis=name, ranks=ranks) for name, _ in shape for ranks in partition(shape, (name,)))
 
     def size(self, axis: str) -> int:
         for mesh_axis in self.axes:

@@ -90,6 +90,10 @@ def layer_value(plan, field: str) -> str:
     return " + ".join(f"({value!r},)" + (f" * {count}" if count > 1 else "") for value, count in runs)
 
 
+LISTED_RANKS = 64
+"""``str(plan)`` lists each rank and group up to this many ranks, and the rule beyond."""
+
+
 def plan_to_text(plan) -> str:
     mesh, tp, sp, batch = plan.mesh, plan.tensor_parallel, plan.sequence_parallel, plan.batch
     lines = [f"plan {plan.model.name} from {plan.source} (parc {plan.parc_version})"]
@@ -98,14 +102,20 @@ def plan_to_text(plan) -> str:
         f"mesh: {mesh.nodes} node(s) × {mesh.devices_per_node} {mesh.device} = "
         f"{mesh.world_size} rank(s); axes {axes} (outermost first)"
     )
-    for r in mesh.ranks:
-        coords = " ".join(f"{a}={i}" for a, i in r.coords)
-        lines.append(f"  rank {r.rank}: node {r.node} local {r.local_rank}  {coords}")
-    for axis in mesh.axes:
-        groups = [g for g in mesh.groups if g.axis == axis.axis]
-        if groups and axis.size > 1:
-            shown = " ".join("[" + ",".join(str(x) for x in g.ranks) + "]" for g in groups)
-            lines.append(f"  {axis.axis} groups: {shown}")
+    if mesh.world_size > LISTED_RANKS:
+        lines.append(
+            f"  ranks 0..{mesh.world_size - 1}: coordinates are the mixed-radix digits of the rank "
+            "over the axes, the last fastest; a group shares every other coordinate"
+        )
+    else:
+        for r in mesh.ranks:
+            coords = " ".join(f"{a}={i}" for a, i in r.coords)
+            lines.append(f"  rank {r.rank}: node {r.node} local {r.local_rank}  {coords}")
+        for axis in mesh.axes:
+            groups = [g for g in mesh.groups if g.axis == axis.axis]
+            if groups and axis.size > 1:
+                shown = " ".join("[" + ",".join(str(x) for x in g.ranks) + "]" for g in groups)
+                lines.append(f"  {axis.axis} groups: {shown}")
     lines.append(f"tensor parallel: tp {tp.size}")
     for rule in tp.rules:
         tied = f" tied to {rule.tied_to}" if rule.tied_to else ""

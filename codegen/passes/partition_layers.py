@@ -11,7 +11,7 @@ the position embedding are replicated. With tp = 1 every module is replicated.
 Module names, shapes and split dims are the model description's
 (``runtime/model_desc.py``, which ``model.py`` is checked against), ``*`` the layer index.
 
-Before: ``assign_ranks``. After: ``place_sequence_parallel``.
+Before: ``resolve_mesh``. After: ``place_sequence_parallel``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ group are consecutive and share a node (tp talks on every layer; dp once a step)
 Axes of size 1 stay in the mesh, so later axes slot in without renumbering ranks.
 The layout must fill the mesh exactly: dp · tp · pp = nodes · devices_per_node.
 
-Before: ``check_buildable``. After: ``assign_ranks`` (fills ranks and groups).
+Before: ``check_buildable``. After: ``partition_layers``. The ranks and groups follow
+from the axes (``MeshPlan.ranks``, ``runtime/axes.py``).
 """
 
 from __future__ import annotations
@@ -61,8 +62,6 @@ def run(spec: Spec, draft: Draft) -> Draft:
         devices_per_node=mesh.devices_per_node,
         device=mesh.device,
         device_flops=float(mesh.device_flops) if mesh.device_flops is not None else None,
-        ranks=(),
-        groups=(),
         nodes_span=spec.span("mesh.nodes"),
         devices_span=spec.span("mesh.devices_per_node"),
         device_span=spec.span("mesh.device"),

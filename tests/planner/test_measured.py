@@ -68,7 +68,7 @@ def test_predicted_bytes_equal_measured(case, tmp_path):
     ranks = records[-1]["memory_per_rank"]
     assert len(ranks) == layout.dp * layout.tp * layout.pp
     for rank, row in enumerate(ranks):
-        pipeline_rank = rank // (layout.dp * layout.tp)  # mesh order pp, dp, tp (assign_ranks)
+        pipeline_rank = rank // (layout.dp * layout.tp)  # mesh order pp, dp, tp (runtime/axes.py)
         want = predicted[pipeline_rank]
         got = (row["param_bytes"], row["grad_bytes"], row["optim_bytes"])
         assert got == (want.params, want.grads, want.optimizer), f"{case}, rank {rank}"
