@@ -209,7 +209,10 @@ def test_megatron_rows_within_ten_percent():
 
 
 def test_zero3_is_predicted_but_never_the_winner():
-    spec = load("examples/gpt3-175b.par", ["parallel.zero=3"])
+    with pytest.raises(Diagnostics) as info:  # parc check refuses it as parc build does
+        load("examples/gpt3-175b.par", ["parallel.zero=3"])
+    assert [e.code for e in info.value.errors] == ["PAR0802"]
+    spec = load("examples/gpt3-175b.par", ["parallel.zero=3"], buildable=False)  # as parc plan reads it
     result = search(spec, hardware_for(spec))
     assert result.estimates and all(e.layout.zero == 3 for e in result.estimates)
     assert result.winner is None
