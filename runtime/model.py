@@ -49,7 +49,7 @@ from .layers import (
     project,
     vocab_parallel_cross_entropy,
 )
-from . import overlap
+from . import constraints, overlap
 from .kernels import select as select_kernels
 from .param_init import initialize
 from .tp_plan import TensorParallelPlan
@@ -76,11 +76,9 @@ class ModelConfig:
     def __post_init__(self):
         if self.arch not in ("gpt", "llama"):
             raise ValueError(f"ModelConfig: arch must be 'gpt' or 'llama', not {self.arch!r}")
-        if self.hidden % self.heads or self.heads % self.kv_heads:
-            raise ValueError(
-                f"ModelConfig: heads = {self.heads} must divide hidden = {self.hidden} "
-                f"and kv_heads = {self.kv_heads} must divide heads"
-            )
+        shape = {"hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads}
+        for violation in constraints.violations(shape):  # the rules parc check applies
+            raise ValueError(f"ModelConfig: {violation.message}")
         if self.padded_vocab < self.vocab:
             raise ValueError(f"ModelConfig: padded_vocab = {self.padded_vocab} < vocab = {self.vocab}")
 

@@ -6,9 +6,9 @@ guard against injection (DESIGN §8): names must be plain ASCII identifiers, num
 exact ``int``/``float`` values that are finite and in range, strings exact ``str``
 without control characters, closed vocabularies enum members. Later passes and the
 renderer may then emit any value with ``repr`` and trust the result to be a literal.
-Values that pass are then held to the layout rules of ``runtime/constraints.py``
-(those ``parc check`` applies; ``auto`` values are unknown to them), so the planner
-never searches around a spec the front end would refuse.
+Values that pass are then held to the rules of ``runtime/constraints.py`` (those
+``parc check`` applies, buildability included; ``auto`` values are unknown to them), so
+the planner never searches around a spec the front end would refuse.
 
 Before: nothing. After: ``choose_layout``.
 """
@@ -20,8 +20,6 @@ import math
 import re
 
 from parc.dsl.spec import Arch, DataKind, LrScheduleKind, Precision, Spec
-
-from parc.runtime import constraints
 
 from ..errors import BAD_NAME, BAD_VALUE, check, error
 from ..spec_values import rule_errors
@@ -140,7 +138,9 @@ def run(spec: Spec, draft: Draft) -> Draft:
                 "rename the file",
             )
     check(problems)
-    check(rule_errors(spec, (constraints.LAYOUT,)))  # a Python keyword as the name: constraints.model_name
+    # The rules parc check applies, on the written values (auto ones are unknown to them):
+    # a written zero = 3 is PAR0802 here, before the planner could call it "no layout fits".
+    check(rule_errors(spec))
     return draft
 
 
