@@ -9,13 +9,14 @@ PAR0801    a value is still ``auto`` (the planner fills it; build needs it set)
 PAR0802    a feature parc cannot build yet (zero = 3, fp16, ...)
 PAR0803    a name that is not a plain identifier (it would be emitted as code)
 PAR0804    a value of the wrong type, not finite, or out of range
-PAR0805    the layout does not fill the mesh (dp · tp · pp ≠ nodes · devices)
-PAR0806    a degree does not divide what it splits (heads, ffn, vocab, seq_len)
-PAR0807    the batch does not divide (global_batch ≠ micro_batch · grad_accum · dp)
 =========  =====================================================================
 
-The front end (``parc.dsl``) already rejects most of these; the build repeats the
-checks because the code generator must be safe for any ``Spec``, validated or not.
+The layout rules (world size, divisibility, batch, schedule) and the buildability
+rules live in ``runtime/constraints.py``; the build re-checks them (``check_values``,
+``check_buildable``) with the codes and messages ``parc check`` gives (PAR02xx, and
+PAR0802, which ``parc check`` reports too), because the code generator must be safe for
+any ``Spec``, validated or not. PAR0805–PAR0807 (the build's own mesh, divisibility and
+batch codes) are retired: one rule, one code.
 """
 
 from __future__ import annotations
@@ -29,9 +30,6 @@ AUTO = "PAR0801"
 UNSUPPORTED = "PAR0802"
 BAD_NAME = "PAR0803"
 BAD_VALUE = "PAR0804"
-MESH_MISMATCH = "PAR0805"
-NOT_DIVISIBLE = "PAR0806"
-BATCH_MISMATCH = "PAR0807"
 
 
 def span_of(spec: Spec, key: str) -> Span:

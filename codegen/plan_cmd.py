@@ -226,7 +226,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.top < 0:
         print("parc: error: --top must be 0 (all) or more", file=sys.stderr)
         return 2
-    spec = load_or_report(args.spec, args.overrides)
+    spec = load_or_report(args.spec, args.overrides, buildable=False)  # plan predicts zero 3, fp16
     if spec is None:
         return 1
     accounting = Accounting(args.accounting)

@@ -6,16 +6,19 @@ estimates best first, with how many layouts were considered and how many did not
 fit. ``candidates(spec)`` enumerates the layouts alone. Before: ``codegen/cost``.
 After: ``codegen/plan_cmd.py``, ``codegen/passes/choose_layout.py``.
 
-Note [the search space]: every combination the validator accepts (``dsl/checks.py``,
-``codegen/passes/resolve_mesh.py``; tests/planner checks the two agree): dp·tp·pp =
-world; tp divides heads, kv_heads, ffn and the padded vocab, and devices_per_node when
-there is more than one node; pp·chunks divides the layers; micro_batch·dp divides
-global_batch with at least pp micro-batches, a multiple of pp when interleaved; sp
-only with tp ≥ 2 dividing seq_len; sub_batch(k) with k dividing micro_batch; ``micro_batch = auto``: every divisor of
-global_batch / dp. Two
-pruned families give the same program as a listed one and are left out: ZeRO stages
-above 0 with dp = 1 (nothing to shard over), and overlap or sp-free duplicates with
-tp = 1 (no tensor-parallel collective to overlap).
+Note [the search space]: every combination the validator accepts. The loops propose
+values (tp and pp among the divisors of the world, micro_batch among those of
+global_batch, the schedules, every ZeRO stage, recompute, sp and sub-batch count) and
+the layout rules of ``runtime/constraints.py`` — the ones ``parc check`` and ``parc
+build`` apply — decide, level by level: a rule runs as soon as the values it needs are
+bound, so a bad tp is dropped before its pipelines are tried (tests/planner checks the
+set against the validator). The proposals are a superset of what the rules allow
+(a degree divides the world, micro_batch·dp divides global_batch, sub_batch(k)
+divides micro_batch). The ``BUILD`` rules do not filter: zero 3 is predicted and
+marked not buildable (``Estimate.buildable``). Three pruned families give the same
+program as a listed one and are left out: ZeRO stages above 0 with dp = 1 (nothing to
+shard over), overlap with tp = 1 (no tensor-parallel collective to overlap), and
+gpipe with one stage.
 
 Note [per-layer recompute]: with ``recompute = auto`` the candidates are the uniform
 modes and, where ``full`` fits but a lighter mode does not, the mix with the fewest
@@ -44,10 +47,12 @@ import math
 from dataclasses import dataclass, replace
 
 from parc.dsl.spec import PipelineSchedule, Recompute, Spec
+from parc.runtime.constraints import divisors, legal
 
 from .cost import Accounting, Estimate, Hardware, Layout, estimate
 from .cost.estimate import USABLE_MEMORY
 from .cost.memory import memory
+from .spec_values import spec_values
 
 EXACT_TOP = 3
 RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
@@ -70,10 +75,6 @@ class SearchResult:
         return None
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def allowed(fixed, options: list) -> list:
     """``[fixed]`` for a value the spec gives, else every option."""
     return [fixed] if fixed is not None else options
@@ -83,55 +84,59 @@ def candidates(spec: Spec) -> list[Layout]:
     """Every valid layout agreeing with the spec's fixed keys (Note [the search space])."""
     model, mesh, par, train = spec.model, spec.mesh, spec.parallel, spec.train
     world = mesh.nodes * mesh.devices_per_node
-    tp_options = [
-        t
-        for t in divisors(world)
-        if all(n % t == 0 for n in (model.heads, model.kv_heads, model.ffn, model.padded_vocab))
-        and (mesh.nodes == 1 or mesh.devices_per_node % t == 0)
-    ]
-    given_schedule = None
+    values = spec_values(spec)
+    fixed_schedule = None
     if par.schedule is not None:
-        given_schedule = (par.schedule.value, par.chunks if par.schedule is PipelineSchedule.INTERLEAVED else 1)
+        fixed_schedule = [(par.schedule.value, values["chunks"])]
     out: list[Layout] = []
-    for tp in allowed(par.tp, tp_options):
+    for tp in allowed(par.tp, divisors(world)):
+        with_tp = {**values, "tp": tp}
+        if not legal(with_tp, touching=("tp",)):
+            continue
         for pp in allowed(par.pp, divisors(world // tp) if world % tp == 0 else []):
-            if world % (tp * pp):
+            dp = world // (tp * pp) if world % (tp * pp) == 0 else 0
+            degrees = {**with_tp, "pp": pp, "dp": par.dp if par.dp is not None else dp}
+            if not dp or not legal(degrees, touching=("pp", "dp")):
                 continue
-            dp = world // (tp * pp)
-            if par.dp is not None and par.dp != dp:
-                continue
-            if par.stage_layers is None and model.layers % pp:
-                continue
-            per_rank = train.global_batch // dp if train.global_batch % dp == 0 else 0
-            for micro_batch in allowed(train.micro_batch, divisors(per_rank) if per_rank else []):
-                if train.global_batch % (micro_batch * dp):
+            for micro_batch in allowed(train.micro_batch, divisors(train.global_batch)):
+                batch = {**degrees, "micro_batch": micro_batch}
+                if not legal(batch, touching=("micro_batch",)):
                     continue
-                micro_batches = train.global_batch // (micro_batch * dp)
-                if pp > 1 and micro_batches < pp:
-                    continue
-                for schedule, chunks in _schedules(spec, pp, micro_batches, given_schedule):
-                    out += _settings(spec, dp, tp, pp, micro_batch, schedule, chunks)
+                for schedule, chunks in fixed_schedule or _schedules(model.layers, pp):
+                    timed = {**batch, "schedule": schedule, "chunks": chunks}
+                    if legal(timed, touching=("schedule", "chunks")):
+                        out += _settings(spec, timed, dp, tp, pp, micro_batch, schedule, chunks)
     return out
 
 
-def _settings(spec: Spec, dp: int, tp: int, pp: int, micro_batch: int, schedule: str, chunks: int):
-    """The layouts of one (degrees, micro_batch, schedule): ZeRO, recompute, sp, overlap."""
-    par, model = spec.parallel, spec.model
-    out = []
-    for zero in allowed(par.zero, [0, 1, 2, 3] if dp > 1 else [0]):
-        for recompute in allowed(_modes(par.recompute), list(RECOMPUTE_ORDER)):
-            sp_options = [False, True] if tp > 1 and model.seq_len % tp == 0 else [False]
-            for sp in allowed(par.sp, sp_options):
-                subs = [1] + ([k for k in divisors(micro_batch) if k > 1] if tp > 1 else [])
-                for sub_batches in allowed(par.overlap_sub_batches, subs):
-                    out.append(
-                        Layout(
-                            dp=dp, tp=tp, pp=pp, sp=sp, zero=zero, schedule=schedule,
-                            chunks=chunks, recompute=recompute,
-                            sub_batches=sub_batches, micro_batch=micro_batch,
-                        )
-                    )
-    return out
+def _settings(spec: Spec, values: dict, dp: int, tp: int, pp: int, micro_batch: int, schedule: str, chunks: int):
+    """The layouts of one (degrees, micro_batch, schedule): ZeRO, recompute, sp, overlap.
+    No layout rule reads two of ``LEAF_NAMES`` (tests/planner), so each one's options are
+    held to the rules alone and every combination of the survivors is legal."""
+    par = spec.parallel
+    subs = [1] + ([k for k in divisors(micro_batch) if k > 1] if tp > 1 else [])
+    zeros, recomputes, sps, sub_counts = (
+        [option for option in options if legal({**values, name: option}, touching=(name,))]
+        for name, options in (
+            ("zero", allowed(par.zero, [0, 1, 2, 3] if dp > 1 else [0])),
+            ("recompute", allowed(_modes(par.recompute), list(RECOMPUTE_ORDER))),
+            ("sp", allowed(par.sp, [False, True])),
+            ("sub_batches", allowed(par.overlap_sub_batches, subs)),
+        )
+    )
+    return [
+        Layout(
+            dp=dp, tp=tp, pp=pp, sp=sp, zero=zero, schedule=schedule, chunks=chunks,
+            recompute=recompute, sub_batches=sub_batches, micro_batch=micro_batch,
+        )
+        for zero in zeros
+        for recompute in recomputes
+        for sp in sps
+        for sub_batches in sub_counts
+    ]
+
+
+LEAF_NAMES = ("zero", "recompute", "sp", "sub_batches")
 
 
 def _recompute_rank(layout: Layout) -> float:
@@ -147,21 +152,11 @@ def _modes(recompute):
     return recompute and recompute.value
 
 
-def _schedules(spec: Spec, pp: int, micro_batches: int, given):
-    if given is not None:
-        kind, chunks = given
-        if chunks > 1 and (pp < 2 or micro_batches % pp or spec.model.layers % (pp * chunks)):
-            return []
-        if chunks > 1 and spec.parallel.stage_layers is not None:
-            return []
-        return [(kind, chunks)]
+def _schedules(layers: int, pp: int) -> list[tuple[str, int]]:
+    """The pipeline schedules to try, before the rules (``gpipe`` with one stage is ``1f1b``)."""
     if pp == 1:
         return [("1f1b", 1)]
-    options = [("1f1b", 1), ("gpipe", 1)]
-    if micro_batches % pp == 0 and spec.parallel.stage_layers is None:
-        per_rank = spec.model.layers // pp
-        options += [("interleaved", v) for v in divisors(per_rank) if v > 1]
-    return options
+    return [("1f1b", 1), ("gpipe", 1)] + [("interleaved", v) for v in divisors(layers) if v > 1]
 
 
 TIE_TOLERANCE = 0.005

@@ -47,17 +47,19 @@ __all__ = [
 ]
 
 
-def load(path: str, overrides: Sequence[str] = ()) -> Spec:
+def load(path: str, overrides: Sequence[str] = (), *, buildable: bool = True) -> Spec:
     """The checked Spec of the file at ``path`` (``.par``, or ``.json`` for the
     normalized document), with ``--set`` ``overrides`` applied in order.
 
     Raises ``Diagnostics`` (with ``.sources``) for any problem in the text or the
-    overrides, and ``OSError`` when the file cannot be read.
+    overrides, and ``OSError`` when the file cannot be read. ``buildable=False``
+    accepts the features ``parc build`` cannot generate yet (``zero = 3``, ``fp16``:
+    PAR0802), for ``parc plan``, which predicts them.
     """
-    return load_text(read_text(path), path, overrides)
+    return load_text(read_text(path), path, overrides, buildable=buildable)
 
 
-def load_text(text: str, file: str, overrides: Sequence[str] = ()) -> Spec:
+def load_text(text: str, file: str, overrides: Sequence[str] = (), *, buildable: bool = True) -> Spec:
     """Like ``load``, for ``text`` already in hand; ``file`` names it in messages
     (and, ending in ``.json``, says it is JSON)."""
     if file.endswith(".json"):
@@ -68,4 +70,4 @@ def load_text(text: str, file: str, overrides: Sequence[str] = ()) -> Spec:
     sources.add(file, text)
     for name, override in apply_overrides(norm, overrides).items():
         sources.add(name, override)
-    return validate(norm, sources, file)
+    return validate(norm, sources, file, buildable=buildable)

@@ -92,15 +92,16 @@ def _cannot_read(path: str, exc: OSError, stream: TextIO) -> None:
 
 
 def load_or_report(
-    path: str, overrides: Sequence[str] = (), stream: TextIO | None = None
+    path: str, overrides: Sequence[str] = (), stream: TextIO | None = None, *, buildable: bool = True
 ) -> Spec | None:
     """The Spec of ``path``, or None after printing its diagnostics to ``stream``
     (default stderr). A file that cannot be read is a usage error: one line
     ``parc: error: cannot read PATH: REASON`` on ``stream``, then ``SystemExit(2)``.
+    ``buildable``: as ``parc.dsl.load``'s.
     """
     stream = sys.stderr if stream is None else stream
     try:
-        return load(path, overrides)
+        return load(path, overrides, buildable=buildable)
     except Diagnostics as exc:
         report(exc, stream)
         return None

@@ -22,12 +22,13 @@ from .schema import validator
 from .spec import Spec
 
 
-def validate(norm: Normalized, sources: SourceMap, source: str) -> Spec:
-    """Check ``norm``; ``source`` is the file as the user named it (``Spec.source``)."""
+def validate(norm: Normalized, sources: SourceMap, source: str, *, buildable: bool = True) -> Spec:
+    """Check ``norm``; ``source`` is the file as the user named it (``Spec.source``);
+    ``buildable``: also refuse what ``parc build`` cannot generate yet (``dsl/checks.py``)."""
     found = list(norm.errors)
     found += schema_errors(norm)
     bad = norm.bad | {path for path, _ in found}
-    found += checks.run(norm, bad)
+    found += checks.run(norm, bad, buildable=buildable)
     if found:
         raise Diagnostics(_unique(error for _, error in found), sources)
     return build_spec(norm, source)

@@ -33,17 +33,34 @@ class Axis:
     always: bool = False
     """train.py names it (its constant, ``MESH_AXES``) even at size 1; other axes appear
     only when used, their constant set by the feature that uses them (``PP``)."""
+    divides: tuple[str, ...] = ()
+    """Model sizes its degree must divide (names of ``constraints.KEYS``: heads, ffn, ...)."""
+    code: str = "PAR0203"
+    """The error code when it does not (``runtime/constraints.py``)."""
+    in_world: bool = True
+    """A factor of the world size (an expert axis refolds a stage's ranks instead)."""
+
+    @property
+    def key(self) -> str:
+        """The spec key that sets its degree."""
+        return f"parallel.{self.name}"
 
 
 AXES: tuple[Axis, ...] = (
-    Axis("pp", "layers into pipeline stages (1: not used)", "pipeline stages"),
+    Axis("pp", "layers into pipeline stages (1: not used)", "pipeline stages", code="PAR0205"),
     Axis("dp", "the batch; gradients are averaged", "data-parallel ranks", always=True),
-    Axis("tp", "each layer's weights (tensor parallel)", "tensor-parallel ranks", always=True),
+    Axis(
+        "tp", "each layer's weights (tensor parallel)", "tensor-parallel ranks", always=True,
+        divides=("heads", "kv_heads", "ffn", "padded_vocab"),
+    ),
 )
 """Mesh order, outermost first: tp innermost, so a tp group is consecutive ranks on one
 node (it talks on every layer); pp outermost, so stages are whole nodes when they can be."""
 
 NAMES: tuple[str, ...] = tuple(axis.name for axis in AXES)
+
+WORLD_ORDER: tuple[str, ...] = ("dp", "tp", "pp")
+"""How messages write the world size (dp·tp·pp); the first is the degree a hint solves for."""
 
 
 def axis(name: str) -> Axis:

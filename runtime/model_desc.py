@@ -25,6 +25,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+from . import constraints
 from .saved_elements import block_saved_elements, head_saved_elements
 
 ARCHS = ("gpt", "llama")
@@ -49,11 +50,9 @@ class ModelConfig:
     def __post_init__(self):
         if self.arch not in ARCHS:
             raise ValueError(f"ModelConfig: arch must be 'gpt' or 'llama', not {self.arch!r}")
-        if self.hidden % self.heads or self.heads % self.kv_heads:
-            raise ValueError(
-                f"ModelConfig: heads = {self.heads} must divide hidden = {self.hidden} "
-                f"and kv_heads = {self.kv_heads} must divide heads"
-            )
+        shape = {"hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads}
+        for violation in constraints.violations(shape):  # the rules parc check applies
+            raise ValueError(f"ModelConfig: {violation.message}")
         if self.padded_vocab < self.vocab:
             raise ValueError(f"ModelConfig: padded_vocab = {self.padded_vocab} < vocab = {self.vocab}")
 

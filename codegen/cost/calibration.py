@@ -66,7 +66,7 @@ def _row_spec(items: tuple):
         nodes=row["gpus"] // 8, dp=row["dp"], tp=row["tp"], pp=row["pp"], schedule=schedule,
         global_batch=row["global_batch"], micro_batch=row["micro_batch"],
     )
-    spec = load_text(text, f"megatron-{row['model_label']}.par")
+    spec = load_text(text, f"megatron-{row['model_label']}.par", buildable=False)  # Megatron's fp16
     layout = Layout(
         dp=row["dp"], tp=row["tp"], pp=row["pp"], sp=False, zero=0,
         schedule="interleaved" if chunks > 1 else "1f1b", chunks=chunks, recompute="full",

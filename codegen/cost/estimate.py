@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parc.dsl.spec import Spec
+from parc.runtime.constraints import BUILD, legal
 
 from .hardware import Hardware
 from .layout import Accounting, Layout
@@ -42,6 +43,16 @@ class Estimate:
         return self.memory.total
 
 
+def buildable(spec: Spec, layout: Layout) -> bool:
+    """``parc build`` can generate ``spec`` with ``layout``: no BUILD rule of
+    ``runtime/constraints.py`` fails (zero 3 is predicted, not built yet)."""
+    from ..spec_values import spec_values  # codegen/spec_values.py imports nothing of cost/
+
+    values = spec_values(spec)
+    values.update((name, getattr(layout, name)) for name in Layout.__slots__ if name in values)
+    return legal(values, (BUILD,))
+
+
 def estimate(
     spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC, *, exact: bool = True
 ) -> Estimate:
@@ -59,5 +70,5 @@ def estimate(
         tflops_per_device=achieved / 1e12,
         mfu=achieved / hw.peak_flops,
         fits=limit is None or mem.peak.total <= limit,
-        buildable=layout.zero <= 2,
+        buildable=buildable(spec, layout),
     )

@@ -6,20 +6,23 @@ guard against injection (DESIGN §8): names must be plain ASCII identifiers, num
 exact ``int``/``float`` values that are finite and in range, strings exact ``str``
 without control characters, closed vocabularies enum members. Later passes and the
 renderer may then emit any value with ``repr`` and trust the result to be a literal.
+Values that pass are then held to the rules of ``runtime/constraints.py`` (those
+``parc check`` applies, buildability included; ``auto`` values are unknown to them), so
+the planner never searches around a spec the front end would refuse.
 
-Before: nothing. After: ``check_buildable``.
+Before: nothing. After: ``choose_layout``.
 """
 
 from __future__ import annotations
 
 import enum
-import keyword
 import math
 import re
 
 from parc.dsl.spec import Arch, DataKind, LrScheduleKind, Precision, Recompute, Spec
 
 from ..errors import BAD_NAME, BAD_VALUE, check, error
+from ..spec_values import rule_errors
 from .draft import Draft
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
@@ -70,8 +73,6 @@ def run(spec: Spec, draft: Draft) -> Draft:
             "use ASCII letters, digits and underscores, not starting with a digit",
             BAD_NAME,
         )
-    elif keyword.iskeyword(name) or keyword.issoftkeyword(name):
-        bad("model", f"model name {name!r} is a Python keyword", "pick another name", BAD_NAME)
     member("model.arch", model.arch, Arch)
     for key in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "pad_vocab_to"):
         count(f"model.{key}", getattr(model, key))
@@ -148,6 +149,9 @@ def run(spec: Spec, draft: Draft) -> Draft:
                 "rename the file",
             )
     check(problems)
+    # The rules parc check applies, on the written values (auto ones are unknown to them):
+    # a written zero = 3 is PAR0802 here, before the planner could call it "no layout fits".
+    check(rule_errors(spec))
     return draft
 
 

@@ -6,7 +6,8 @@ weight shapes. The Megatron pairing: q/k/v and the MLP's up (and gate) projectio
 are column-parallel, their consumers o_proj and down_proj row-parallel, so each
 block needs one all-reduce in forward; the embedding is split by vocab rows and the
 head produces vocab-parallel logits for the vocab-parallel cross-entropy. Norms and
-the position embedding are replicated. With tp = 1 every module is replicated.
+the position embedding are replicated. With tp = 1 every module is replicated. tp divides every split size
+(``runtime/constraints.py``, checked by ``check_buildable``).
 
 Module names, shapes and split dims are the model description's
 (``runtime/model_desc.py``, which ``model.py`` is checked against), ``*`` the layer index.
@@ -21,7 +22,7 @@ from dataclasses import replace
 from parc.dsl.spec import Spec
 from parc.runtime.model_desc import ModuleDesc
 
-from ..errors import NOT_DIVISIBLE, InternalError, check, error
+from ..errors import InternalError
 from ..model_config import model_desc
 from ..plan import ShardRule, ShardStyle, TensorParallelPlan
 from .draft import Draft
@@ -43,53 +44,8 @@ def model_modules(spec: Spec) -> tuple[ModuleDesc, ...]:
     return tuple(rows.values())
 
 
-def divisibility_errors(spec: Spec, tp: int) -> list:
-    m = spec.model
-    problems = []
-    if m.hidden % m.heads:
-        problems.append(
-            error(spec, "model.heads", NOT_DIVISIBLE, f"heads = {m.heads} does not divide hidden = {m.hidden}")
-        )
-    if m.heads % m.kv_heads:
-        problems.append(
-            error(
-                spec,
-                "model.kv_heads",
-                NOT_DIVISIBLE,
-                f"kv_heads = {m.kv_heads} does not divide heads = {m.heads}",
-            )
-        )
-    for key, value in (
-        ("heads", m.heads),
-        ("kv_heads", m.kv_heads),
-        ("ffn", m.ffn),
-        ("padded_vocab", m.padded_vocab),
-    ):
-        if value % tp:
-            what = f"{key} = {value}" if key != "padded_vocab" else (
-                f"the padded vocab = {value} (vocab {m.vocab} rounded up to a multiple of "
-                f"{m.pad_vocab_to})"
-            )
-            problems.append(
-                error(
-                    spec,
-                    "parallel.tp",
-                    NOT_DIVISIBLE,
-                    f"tp = {tp} does not divide {what}",
-                    f"tp must divide {key}: one of {', '.join(map(str, divisors(value)))}",
-                )
-            )
-    return problems
-
-
-def divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))[:12]
-
-
 def run(spec: Spec, draft: Draft) -> Draft:
     tp = draft.mesh.size("tp")
-    check(divisibility_errors(spec, tp))
     rules = []
     for module in model_modules(spec):
         weight = module.weight

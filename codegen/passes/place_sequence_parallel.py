@@ -6,7 +6,7 @@ between tensor-parallel blocks — norms, residual adds, dropout — runs on T/t
 sequence: the all-reduce after each row-parallel layer (and the embedding) becomes a
 reduce-scatter along T, and the next column-parallel layer all-gathers T first
 (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models").
-seq_len must then divide by tp.
+seq_len then divides by tp (``constraints.sequence_parallel``).
 
 Before: ``partition_layers``. After: ``plan_batches``.
 """
@@ -17,7 +17,6 @@ from dataclasses import replace
 
 from parc.dsl.spec import Arch, Spec
 
-from ..errors import NOT_DIVISIBLE, check, error
 from ..plan import SequenceParallelPlan
 from .draft import Draft
 
@@ -30,18 +29,6 @@ def run(spec: Spec, draft: Draft) -> Draft:
         plan = SequenceParallelPlan(enabled=False, local_shape=(), span=span)
         return replace(draft, sequence_parallel=plan)
     seq_len = spec.model.seq_len
-    if seq_len % tp:
-        check(
-            [
-                error(
-                    spec,
-                    "parallel.sp",
-                    NOT_DIVISIBLE,
-                    f"sequence parallelism splits seq_len = {seq_len} over tp = {tp}, which does not divide it",
-                    "make seq_len a multiple of tp, or set sp = false",
-                )
-            ]
-        )
     plan = SequenceParallelPlan(
         enabled=True,
         local_shape=(spec.train.micro_batch, seq_len // tp, spec.model.hidden),

@@ -19,40 +19,17 @@ from parc.dsl.spec import PipelineSchedule, Spec
 from parc.runtime.schedule import build_schedule
 from parc.runtime.schedule_sim import bubble_fraction, simulate
 
-from ..errors import BATCH_MISMATCH, NOT_DIVISIBLE, check, error
 from ..plan import PipelinePlan
 from .draft import Draft
 
 
-def layer_counts(spec: Spec, pp: int, chunks: int) -> tuple[list[int], list]:
-    """Layers per virtual stage, and the problems with the spec's choice."""
-    layers, given = spec.model.layers, spec.parallel.stage_layers
-    if given is not None:
-        problems = []
-        if len(given) != pp * chunks or sum(given) != layers or min(given) < 1:
-            problems.append(
-                error(
-                    spec,
-                    "parallel.stage_layers",
-                    NOT_DIVISIBLE,
-                    f"stage_layers = {list(given)} must give each of the pp = {pp} stages at least "
-                    f"one layer and sum to layers = {layers}",
-                    f"e.g. stage_layers = {[layers // pp] * (pp - 1) + [layers - layers // pp * (pp - 1)]}",
-                )
-            )
-        return list(given), problems
+def layer_counts(spec: Spec, pp: int, chunks: int) -> list[int]:
+    """Layers per virtual stage: the spec's ``stage_layers``, or an even split (the rules
+    ``stage_layers_fit`` and ``layers_split_evenly`` of ``runtime/constraints.py`` hold)."""
+    if spec.parallel.stage_layers is not None:
+        return list(spec.parallel.stage_layers)
     stages = pp * chunks
-    if layers % stages:
-        return [], [
-            error(
-                spec,
-                "parallel.pp",
-                NOT_DIVISIBLE,
-                f"layers = {layers} do not split evenly into pp · chunks = {pp} · {chunks} stages",
-                "choose pp (and chunks) dividing the layers, or give stage_layers",
-            )
-        ]
-    return [layers // stages] * stages, []
+    return [spec.model.layers // stages] * stages
 
 
 def run(spec: Spec, draft: Draft) -> Draft:
@@ -60,30 +37,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
     schedule = spec.parallel.schedule or PipelineSchedule.ONE_F_ONE_B
     chunks = spec.parallel.chunks if schedule is PipelineSchedule.INTERLEAVED else 1
     micro_batches = draft.batch.grad_accum
-    counts, problems = layer_counts(spec, pp, chunks)
-    if pp > 1 and micro_batches < pp:
-        problems.append(
-            error(
-                spec,
-                "parallel.pp",
-                BATCH_MISMATCH,
-                f"{micro_batches} micro-batch(es) per step cannot fill pp = {pp} stages",
-                f"raise global_batch to at least micro_batch · dp · pp = "
-                f"{draft.batch.micro_batch * draft.batch.dp * pp}",
-            )
-        )
-    if chunks > 1 and micro_batches % pp:
-        problems.append(
-            error(
-                spec,
-                "parallel.schedule",
-                BATCH_MISMATCH,
-                f"interleaved needs micro-batches per step ({micro_batches}) divisible by pp = {pp}",
-                f"make global_batch a multiple of micro_batch · dp · pp = "
-                f"{draft.batch.micro_batch * draft.batch.dp * pp}",
-            )
-        )
-    check(problems)
+    counts = layer_counts(spec, pp, chunks)  # enough micro-batches: constraints.batch_divides
     bounds, start = [], 0
     for n in counts:
         bounds.append((start, start + n))

@@ -62,7 +62,7 @@ def test_a_list_of_the_wrong_length_is_an_error_at_the_spec_line():
     with pytest.raises(Diagnostics) as caught:
         load(TINY, ["parallel.recompute=[full, none]"])
     (error,) = caught.value.errors
-    assert error.code == "PAR0216" and "lists 2 values but the model has layers = 4" in error.message
+    assert error.code == "PAR0116" and "lists 2 values but the model has layers = 4" in error.message
 
 
 def test_auto_is_not_a_list_item():

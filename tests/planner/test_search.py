@@ -209,13 +209,16 @@ def test_megatron_rows_within_ten_percent():
 
 
 def test_zero3_is_predicted_but_never_the_winner():
-    spec = load("examples/gpt3-175b.par", ["parallel.zero=3"])
+    with pytest.raises(Diagnostics) as info:  # parc check refuses it as parc build does
+        load("examples/gpt3-175b.par", ["parallel.zero=3"])
+    assert [e.code for e in info.value.errors] == ["PAR0802"]
+    spec = load("examples/gpt3-175b.par", ["parallel.zero=3"], buildable=False)  # as parc plan reads it
     result = search(spec, hardware_for(spec))
     assert result.estimates and all(e.layout.zero == 3 for e in result.estimates)
     assert result.winner is None
-    with pytest.raises(Diagnostics) as info:
+    with pytest.raises(Diagnostics) as info:  # the build refuses it before planning, as parc check does
         lower(spec)
-    assert "PAR0801" in str(info.value.errors[0].code)
+    assert [e.code for e in info.value.errors] == ["PAR0802"]
 
 
 def test_memory_prunes_and_accounting_differs():
@@ -227,3 +230,21 @@ def test_memory_prunes_and_accounting_differs():
     parc = estimate(spec, layout, hw, Accounting.PARC).memory
     megatron = estimate(spec, layout, hw, Accounting.MEGATRON).memory
     assert parc.params == 2 * megatron.params  # fp32 vs fp16 weights
+
+
+def test_no_layout_rule_reads_two_leaf_settings():
+    """search._settings filters ZeRO, recompute, sp and sub-batches one at a time: sound
+    only while no layout rule reads two of them together."""
+    from parc.codegen.search import LEAF_NAMES
+    from parc.runtime.constraints import LAYOUT, RULES
+
+    for rule in RULES:
+        if rule.kind == LAYOUT:
+            assert len(set(LEAF_NAMES) & {*rule.needs, *rule.optional}) <= 1, rule.name
+
+
+def test_candidates_with_stage_layers_match_its_length():
+    """stage_layers = [1, 3] fixes pp = 2 (the search once proposed other pp, which the build refused)."""
+    spec = load("examples/tiny.par", ["parallel=auto", "parallel.stage_layers=[1, 3]", "mesh.devices_per_node=8"])
+    layouts = candidates(spec)
+    assert layouts and {layout.pp for layout in layouts} == {2}

@@ -219,7 +219,7 @@ def test_model_config_errors():
     fields = {f: getattr(GPT, f) for f in GPT.__dataclass_fields__}
     with pytest.raises(ValueError, match="arch must be"):
         model.ModelConfig(**{**fields, "arch": "bert"})
-    with pytest.raises(ValueError, match="kv_heads = 3 must divide heads"):
+    with pytest.raises(ValueError, match="heads = 4 is not divisible by kv_heads = 3"):
         model.ModelConfig(**{**fields, "kv_heads": 3})
     with pytest.raises(ValueError, match="padded_vocab = 32 < vocab = 60"):
         model.ModelConfig(**{**fields, "padded_vocab": 32})

@@ -1,0 +1,61 @@
+"""A ``Spec`` as the plain values of ``runtime/constraints.py``, and its violations as errors.
+
+Takes: a ``Spec`` (``None`` where the spec says ``auto``). Gives: ``spec_values(spec)``,
+the values by the names of ``constraints.KEYS``, and ``rule_errors(spec, kinds)``, a
+``ParcError`` for each violated rule at the spec text it blames, with the code and
+message ``parc check`` gives for it. ``dsl/checks.py`` does the same for the
+normalized document, so the front end and the build read one set of rules. Used by
+``passes/check_values.py``, ``passes/check_buildable.py``, ``search.py`` and the cost
+model's ``buildable``.
+"""
+
+from __future__ import annotations
+
+from parc.dsl.diagnostics import ParcError
+from parc.dsl.spec import PipelineSchedule, Spec
+from parc.runtime import constraints
+
+from .errors import span_of
+
+
+def spec_values(spec: Spec) -> dict:
+    m, mesh, par, train = spec.model, spec.mesh, spec.parallel, spec.train
+    kv_written = spec.span("model.kv_heads") is not None or m.kv_heads != m.heads
+    schedule = par.schedule
+    return {
+        "name": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
+        "kv_heads": m.kv_heads if kv_written else None,  # the default (= heads) adds nothing to check
+        "ffn": m.ffn, "vocab": m.vocab, "pad_vocab_to": m.pad_vocab_to, "seq_len": m.seq_len,
+        "nodes": mesh.nodes, "devices_per_node": mesh.devices_per_node,
+        "dp": par.dp, "tp": par.tp, "pp": par.pp, "sp": par.sp, "zero": par.zero,
+        "schedule": schedule.value if schedule is not None else None,
+        "chunks": None if schedule is None else par.chunks if schedule is PipelineSchedule.INTERLEAVED else 1,
+        "recompute": _mode(par.recompute),  # a mode, one per block (Note [per-layer values]), or None
+        "sub_batches": par.overlap_sub_batches, "stage_layers": par.stage_layers,
+        "global_batch": train.global_batch, "micro_batch": train.micro_batch, "steps": train.steps,
+        "warmup": train.lr_schedule.warmup, "precision": train.precision.value,
+        "optimizer": train.optimizer.name, "data": train.data.kind.value, "data_dtype": train.data.dtype,
+    }
+
+
+def _mode(recompute):
+    if isinstance(recompute, tuple):
+        return tuple(mode.value for mode in recompute)
+    return recompute.value if recompute is not None else None
+
+
+def blamed_span(spec: Spec, violation: constraints.Violation):
+    """Where the first written of the blamed keys is (the latest ``--set`` one for the world size)."""
+    written = [(key, spec.span(key)) for key in violation.blame if spec.span(key) is not None]
+    if violation.blame_latest_set:
+        given = [(int(span.file.split()[-1]), span) for _, span in written if span.file.startswith("--set")]
+        if given:
+            return max(given, key=lambda pair: pair[0])[1]
+    return written[0][1] if written else span_of(spec, violation.blame[0])
+
+
+def rule_errors(spec: Spec, kinds=(constraints.LAYOUT, constraints.BUILD), values: dict | None = None) -> list:
+    found = constraints.violations(spec_values(spec) if values is None else values, kinds)
+    return [
+        ParcError(span=blamed_span(spec, v), code=v.code, message=v.message, hint=v.hint) for v in found
+    ]

@@ -1,0 +1,541 @@
+"""Every rule that decides whether a layout is legal and whether parc can build it.
+
+Takes: plain values (numbers, strings, booleans, tuples) by their short names in
+``KEYS`` — ``dp``, ``heads``, ``global_batch`` ... — a missing or ``None`` value being
+unknown (``auto``, not given, or already reported bad). Gives: ``violations(values)``,
+the ``Violation`` of each rule that fails, its message the formula with the values
+filled in and a hint. A rule whose required values are unknown is skipped, so a
+rule only reports what holds whatever the unknowns turn out to be (the search feeds
+it partial layouts for that reason).
+
+The front end (``dsl/checks.py``), the build (``codegen/passes/check_values.py``,
+``check_buildable.py``), the layout search (``codegen/search.py``, the cost model's
+``buildable``) and the runtime (``model.ModelConfig``) all call this module, so
+``parc check`` and ``parc build`` cannot disagree (``tests/test_check_build_contract.py``).
+Torch-free (the standard library and ``axes.py`` only): ``parc.dsl`` may import it, and
+a build vendors it as ``parc_runtime/constraints.py``.
+
+Note [a rule is an entry]: a new parallel axis is an ``Axis`` of ``axes.py`` (whether it
+joins the world product, what sizes its degree divides); a feature parc cannot build yet is
+an ``Unbuildable`` entry; a per-layer setting is a name in ``PER_LAYER``; anything
+else is one function decorated with ``@rule(code)`` whose parameters are names of
+``KEYS`` (without a default: required, the rule is skipped while it is unknown; with
+``= None``: optional). Context parallel, say, is ``Axis("cp", ..., divides=("seq_len",))``
+in ``axes.AXES`` plus ``"cp": "parallel.cp"`` in ``KEYS`` (and its degree in ``world``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import keyword
+import math
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Mapping
+
+from .axes import WORLD_ORDER, Axis, axis
+
+LAYOUT, BUILD = "layout", "build"
+"""Rule kinds: what any program must satisfy; what ``parc build`` can generate today."""
+
+KEYS = {
+    "name": "model.name",
+    "layers": "model.layers",
+    "hidden": "model.hidden",
+    "heads": "model.heads",
+    "kv_heads": "model.kv_heads",
+    "ffn": "model.ffn",
+    "vocab": "model.vocab",
+    "pad_vocab_to": "model.pad_vocab_to",
+    "padded_vocab": "model.pad_vocab_to",
+    "seq_len": "model.seq_len",
+    "nodes": "mesh.nodes",
+    "devices_per_node": "mesh.devices_per_node",
+    "dp": "parallel.dp",
+    "tp": "parallel.tp",
+    "pp": "parallel.pp",
+    "sp": "parallel.sp",
+    "zero": "parallel.zero",
+    "schedule": "parallel.schedule",
+    "chunks": "parallel.schedule",
+    "recompute": "parallel.recompute",
+    "sub_batches": "parallel.overlap",
+    "stage_layers": "parallel.stage_layers",
+    "global_batch": "train.global_batch",
+    "micro_batch": "train.micro_batch",
+    "steps": "train.steps",
+    "warmup": "train.schedule.warmup",
+    "precision": "train.precision",
+    "optimizer": "train.optimizer",
+    "data": "train.data",
+    "data_dtype": "train.data.dtype",
+}
+"""Each plain value's name and the spec key it comes from (``schedule``: ``1f1b``,
+``gpipe`` or ``interleaved``; ``chunks``: 1 unless interleaved; ``sub_batches``: 1 for
+``overlap = none``; ``data``: ``synthetic`` or ``tokens``; ``optimizer``: its name)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Violation:
+    code: str
+    blame: tuple[str, ...]
+    """Spec keys (dotted) the mistake is about: it is shown at the first one written."""
+    message: str
+    hint: str | None = None
+    blame_latest_set: bool = False
+    """Among ``blame``, point at the one a ``--set`` gave last, if any (the world size:
+    the user just changed that degree)."""
+    rule: str = ""
+    """The name of the rule (``violations`` fills it in)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rule:
+    name: str
+    code: str
+    kind: str
+    check: Callable
+    needs: tuple[str, ...]
+    """Values that must be known for the rule to run."""
+    optional: tuple[str, ...]
+
+
+RULES: list[Rule] = []
+"""Every rule, in the order their violations are reported."""
+
+
+def rule(code: str, kind: str = LAYOUT, name: str | None = None):
+    """Register ``check(**values) -> Violation | tuple[Violation, ...] | None`` (Note [a rule is an entry])."""
+
+    def register(check: Callable) -> Callable:
+        params = inspect.signature(check).parameters.values()
+        needs = tuple(p.name for p in params if p.default is inspect.Parameter.empty)
+        optional = tuple(p.name for p in params if p.default is not inspect.Parameter.empty)
+        unknown = [n for n in needs + optional if n not in KEYS]
+        if unknown or not needs:
+            raise ValueError(f"constraints: rule {check.__name__} reads {unknown or 'nothing'}")
+        RULES.append(Rule(name=name or check.__name__, code=code, kind=kind, check=check,
+                          needs=needs, optional=optional))
+        return check
+
+    return register
+
+
+def violations(
+    values: Mapping[str, object], kinds: Iterable[str] = (LAYOUT, BUILD), touching: Iterable[str] | None = None
+) -> list[Violation]:
+    """Every violated rule of ``kinds`` whose required values are known, in ``RULES`` order;
+    with ``touching``, only the rules that read one of those names (a search that binds
+    values one level at a time re-checks only what the new values can change)."""
+    return [
+        replace(item, rule=entry.name)
+        for entry, result in _results(values, tuple(kinds), touching)
+        for item in ((result,) if isinstance(result, Violation) else result)
+    ]
+
+
+def legal(
+    values: Mapping[str, object], kinds: Iterable[str] = (LAYOUT,), touching: Iterable[str] | None = None
+) -> bool:
+    """No rule is violated (``violations`` is empty; stops at the first)."""
+    return next(_results(values, tuple(kinds), touching), None) is None
+
+
+def _results(values: Mapping[str, object], kinds: tuple, touching: Iterable[str] | None):
+    """(rule, what it returned) for each rule that ran and failed."""
+    get = values.get
+    for entry in _selected(kinds, None if touching is None else tuple(touching)):
+        args = {}
+        for name in entry.needs:
+            value = get(name) if name != "padded_vocab" else _padded_vocab(values)
+            if value is None:
+                break
+            args[name] = value
+        else:
+            for name in entry.optional:
+                args[name] = get(name) if name != "padded_vocab" else _padded_vocab(values)
+            result = entry.check(**args)
+            if result is not None and result != ():
+                yield entry, result
+
+
+def _padded_vocab(values: Mapping[str, object]):
+    """The vocab rounded up to a multiple of pad_vocab_to (the embedding's rows), or None."""
+    given, vocab, pad = values.get("padded_vocab"), values.get("vocab"), values.get("pad_vocab_to")
+    if given is not None or vocab is None or pad is None:
+        return given
+    return -(-vocab // pad) * pad
+
+
+_SELECTED: dict[tuple, tuple[Rule, ...]] = {}
+
+
+def _selected(kinds: tuple, touching: tuple | None) -> tuple[Rule, ...]:
+    """The rules of ``kinds`` (that read a name of ``touching``), cached."""
+    found = _SELECTED.get((kinds, touching))
+    if found is None:
+        wanted = None
+        if touching is not None:
+            wanted = set(touching) | ({"padded_vocab"} if {"vocab", "pad_vocab_to"} & set(touching) else set())
+        found = tuple(
+            r for r in RULES if r.kind in kinds and (wanted is None or wanted & {*r.needs, *r.optional})
+        )
+        _SELECTED[(kinds, touching)] = found
+    return found
+
+
+def _violation(code: str, blame, message: str, hint: str | None = None, **extra) -> Violation:
+    blame = (blame,) if isinstance(blame, str) else tuple(blame)
+    return Violation(code=code, blame=blame, message=message, hint=hint, **extra)
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def some(values: list[int], near: int, limit: int = 10) -> str:
+    """At most ``limit`` of ``values``, those closest to ``near``, in order."""
+    chosen = sorted(sorted(values, key=lambda v: (abs(v - near), v))[:limit])
+    text = ", ".join(str(v) for v in chosen)
+    return text if len(values) <= limit else text + ", ..."
+
+
+def _entries(value) -> tuple:
+    """A per-layer value's entries (Note [a rule is an entry]); a single value is one entry."""
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+# ---- the model ------------------------------------------------------------------
+
+
+@rule("PAR0114")
+def model_name(name):
+    if isinstance(name, str) and (keyword.iskeyword(name) or keyword.issoftkeyword(name)):
+        return _violation("PAR0114", "model.name", f"`{name}` is a Python keyword and cannot name the model",
+                          f"try `{name}_model`")
+    return None
+
+
+# ---- the mesh axes ----------------------------------------------------------------
+
+
+AXES = tuple(axis(name) for name in WORLD_ORDER)
+"""The mesh axes of ``axes.py`` (one registry), in the order the world size is written."""
+
+_WORDS = {"padded_vocab": "the padded vocab"}
+
+
+@rule("PAR0201")
+def world(nodes, devices_per_node, dp, tp, pp):
+    axes = [a for a in AXES if a.in_world]
+    degrees = {"dp": dp, "tp": tp, "pp": pp}
+    product = math.prod(degrees[a.name] for a in axes)
+    ranks = nodes * devices_per_node
+    if product == ranks:
+        return None
+    first, rest = axes[0].name, axes[1:]
+    others = math.prod(degrees[a.name] for a in rest)
+    if ranks % others == 0:
+        fixed = [f"{a.name} = {degrees[a.name]}" for a in rest]
+        hint = f"{first} = {ranks // others} fits this mesh with {_and(fixed)}"
+    else:
+        hint = f"{'·'.join(a.name for a in rest)} = {others} must divide the {ranks} devices"
+    return _violation(
+        "PAR0201", tuple(a.key for a in axes),
+        f"world size: {'·'.join(a.name for a in axes)} = {'·'.join(str(degrees[a.name]) for a in axes)} = "
+        f"{product}, but nodes·devices_per_node = {nodes}·{devices_per_node} = {ranks}",
+        hint, blame_latest_set=True,
+    )
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+@rule("PAR0202")
+def heads_divide_hidden(hidden, heads):
+    if hidden % heads == 0:
+        return None
+    return _violation(
+        "PAR0202", "model.heads",
+        f"hidden = {hidden} is not divisible by heads = {heads} (head_dim = hidden / heads = {hidden / heads:g})",
+        f"heads must divide hidden: one of {some(divisors(hidden), heads)}",
+    )
+
+
+@rule("PAR0204")
+def kv_heads_divide_heads(heads, kv_heads):
+    if heads % kv_heads == 0:
+        return None
+    return _violation("PAR0204", "model.kv_heads", f"heads = {heads} is not divisible by kv_heads = {kv_heads}",
+                      f"kv_heads must divide heads: one of {some(divisors(heads), kv_heads)}")
+
+
+def _axis_divides(axis: Axis) -> Callable:
+    def check(degree, heads=None, kv_heads=None, ffn=None, padded_vocab=None, vocab=None, pad_vocab_to=None):
+        sizes = {"heads": heads, "kv_heads": kv_heads, "ffn": ffn, "padded_vocab": padded_vocab}
+        known = [(n, sizes[n]) for n in axis.divides if sizes.get(n) is not None]
+        failing = [(n, s) for n, s in known if s % degree]
+        if not failing:
+            return None
+        words = [f"{_WORDS.get(n, n)} = {s}" for n, s in failing]
+        message = f"{axis.name} = {degree} does not divide {_and(words)}"
+        if any(n == "padded_vocab" for n, _ in failing):
+            message += f" (vocab = {vocab} rounded up to a multiple of pad_vocab_to = {pad_vocab_to})"
+        common = math.gcd(*(s for _, s in known))
+        hint = f"{axis.name} must be one of {some(divisors(common), degree)}"
+        if [n for n, _ in failing] == ["padded_vocab"]:
+            hint += f", or pad the vocab further: pad_vocab_to = {math.lcm(pad_vocab_to, degree)}"
+        return Violation(code=axis.code, blame=(axis.key,), message=message, hint=hint)
+
+    # The degree is read under the axis's own name (the rule's parameters are KEYS names).
+    def entry(**values):
+        return check(values.pop(axis.name), **values)
+
+    params = [inspect.Parameter(axis.name, inspect.Parameter.KEYWORD_ONLY)] + [
+        inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
+        for n in (*axis.divides, "vocab", "pad_vocab_to")
+    ]
+    entry.__signature__ = inspect.Signature(params)
+    entry.__name__ = f"{axis.name}_divides"
+    return entry
+
+
+for _axis in AXES:
+    if _axis.divides:
+        rule(_axis.code, name=f"{_axis.name}_divides")(_axis_divides(_axis))
+
+
+@rule("PAR0217")
+def tp_within_node(nodes, devices_per_node, tp):
+    if nodes == 1 or devices_per_node % tp == 0:
+        return None
+    return _violation(
+        "PAR0217", "parallel.tp",
+        f"tp = {tp} does not divide devices_per_node = {devices_per_node}, so a tp group would span nodes "
+        f"(nodes = {nodes})",
+        f"keep each tp group on one node: tp must be one of {some(divisors(devices_per_node), tp)}",
+    )
+
+
+# ---- the pipeline -------------------------------------------------------------------
+
+
+@rule("PAR0212")
+def interleaved_needs_pipeline(chunks, pp):
+    if chunks > 1 and pp < 2:
+        return _violation("PAR0212", "parallel.schedule",
+                          f"schedule = interleaved(chunks = {chunks}) needs pp ≥ 2, but pp = {pp}",
+                          "use interleaving with a pipeline, or schedule = 1f1b")
+    return None
+
+
+@rule("PAR0206")
+def stage_layers_fit(stage_layers, layers=None, pp=None, chunks=None):
+    if chunks is not None and chunks > 1 and pp is not None and pp < 2:
+        return None  # interleaved_needs_pipeline
+    found = []
+    if chunks is not None and chunks > 1:
+        found.append(_violation("PAR0206", "parallel.stage_layers",
+                                f"stage_layers cannot be combined with interleaved(chunks = {chunks})",
+                                "remove stage_layers: interleaved stages split the layers evenly"))
+    if pp is not None and len(stage_layers) != pp:
+        found.append(_violation("PAR0206", "parallel.stage_layers",
+                                f"stage_layers has {len(stage_layers)} entries, but pp = {pp}",
+                                "give one entry per stage"))
+    if layers is not None and sum(stage_layers) != layers:
+        total = " + ".join(str(n) for n in stage_layers)
+        found.append(_violation("PAR0206", "parallel.stage_layers",
+                                f"stage_layers sum to {total} = {sum(stage_layers)}, but layers = {layers}",
+                                "the stages together hold every layer once"))
+    return tuple(found)
+
+
+@rule("PAR0205")
+def layers_split_evenly(layers, pp, chunks, stage_layers=None):
+    if stage_layers is not None or (chunks > 1 and pp < 2):
+        return None
+    stages = pp * chunks
+    if layers % stages == 0:
+        return None
+    formula = f"pp·chunks = {pp}·{chunks} = {stages}" if chunks > 1 else f"pp = {pp}"
+    if chunks == 1:
+        hint = f"pp must divide layers = {layers}: one of {some(divisors(layers), pp)}; or give stage_layers"
+    else:
+        fits = [d // chunks for d in divisors(layers) if d % chunks == 0 and d // chunks >= 2]
+        hint = (f"with chunks = {chunks}, pp must be one of {some(fits, pp)}" if fits
+                else f"chunks = {chunks} does not divide layers = {layers}")
+    return _violation("PAR0205", "parallel.pp",
+                      f"layers = {layers} cannot be split evenly into {formula} stages "
+                      f"({layers} / {stages} = {layers / stages:g})", hint)
+
+
+# ---- the batch ----------------------------------------------------------------------
+
+
+@rule("PAR0208")
+def batch_divides(global_batch, micro_batch, dp=None, pp=None, schedule=None):
+    if dp is None:
+        if global_batch % micro_batch:
+            return _violation("PAR0208", "train.global_batch",
+                              f"global_batch = {global_batch} is not divisible by micro_batch = {micro_batch}",
+                              "global_batch = micro_batch · grad_accum · dp")
+        return None
+    per_step = micro_batch * dp
+    if global_batch % per_step:
+        below = global_batch // per_step * per_step
+        near = " or ".join(str(n) for n in (below, below + per_step) if n > 0)
+        return _violation("PAR0208", "train.global_batch",
+                          f"global_batch = {global_batch} is not divisible by micro_batch·dp = "
+                          f"{micro_batch}·{dp} = {per_step}",
+                          f"global_batch = micro_batch · grad_accum · dp: try global_batch = {near}")
+    grad_accum = global_batch // per_step
+    if pp is None or pp < 2:
+        return None
+    formula = f"global_batch / (micro_batch·dp) = {global_batch} / ({micro_batch}·{dp}) = {grad_accum}"
+    if grad_accum < pp:
+        return _violation("PAR0207", ("parallel.pp", "train.global_batch"),
+                          f"micro-batches per step = {formula} is fewer than pp = {pp} stages",
+                          f"a pipeline needs at least {pp} micro-batches: raise global_batch to "
+                          f"{pp * per_step} or lower micro_batch")
+    if schedule == "interleaved" and grad_accum % pp:
+        return _violation("PAR0212", "parallel.schedule",
+                          f"interleaved needs micro-batches per step divisible by pp: {formula} is not a "
+                          f"multiple of pp = {pp}",
+                          f"make global_batch a multiple of micro_batch·dp·pp = {per_step * pp}")
+    return None
+
+
+# ---- sequence parallel and overlap ---------------------------------------------------------
+
+
+@rule("PAR0209")
+def sequence_parallel(sp, tp, seq_len=None):
+    if sp is not True:
+        return None
+    if tp < 2:
+        return _violation("PAR0209", "parallel.sp", f"sp = true needs tp > 1, but tp = {tp}",
+                          "sequence parallelism splits along the tp axis: set tp ≥ 2, or sp = false")
+    if seq_len is not None and seq_len % tp:
+        return _violation("PAR0210", "model.seq_len",
+                          f"seq_len = {seq_len} is not divisible by tp = {tp} (sp = true splits the sequence over tp)",
+                          f"make seq_len a multiple of {tp}, or set sp = false")
+    return None
+
+
+@rule("PAR0211")
+def sub_batches_divide(sub_batches, micro_batch):
+    found = []
+    for parts in dict.fromkeys(_entries(sub_batches)):
+        if parts is None or micro_batch % parts == 0:
+            continue
+        choices = [d for d in divisors(micro_batch) if d >= 2]
+        hint = (f"sub_batches must divide micro_batch: one of {some(choices, parts)}" if choices
+                else f"micro_batch = {micro_batch} cannot be split; use overlap = none or a larger micro_batch")
+        found.append(_violation("PAR0211", ("parallel.overlap.sub_batches", "parallel.overlap"),
+                                f"sub_batch({parts}) does not divide micro_batch = {micro_batch}", hint))
+    return tuple(found)
+
+
+@rule("PAR0215")
+def overlap_needs_tp(sub_batches, tp):
+    """``overlap = sub_batch(K)`` splits tensor-parallel communication: with tp = 1 there is none."""
+    parts = [k for k in _entries(sub_batches) if k is not None and k > 1]
+    if tp != 1 or not parts:
+        return None
+    return _violation(
+        "PAR0215", "parallel.overlap", f"overlap = sub_batch({parts[0]}) has nothing to overlap: tp = 1",
+        "overlap splits tensor-parallel communication; with tp = 1 there is none — remove it or raise tp",
+    )
+
+
+PER_LAYER = ("recompute", "sub_batches")
+"""Settings that may be a list with one entry per layer (parsing: the per-layer work)."""
+
+
+def _one_entry_per_layer(name: str) -> Callable:
+    key = KEYS[name]
+
+    def check(**values):
+        value, layers = values[name], values["layers"]
+        if isinstance(value, (tuple, list)) and len(value) != layers:
+            return Violation(
+                code="PAR0116", blame=(key,),
+                message=f"`{key}` lists {len(value)} value{'s' if len(value) != 1 else ''} but the model has layers = {layers}",
+                hint=f"give one value per layer ({layers}), or a single value for all of them",
+            )
+        return None
+
+    check.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in ("layers", name)]
+    )
+    return check
+
+
+for _name in PER_LAYER:
+    rule("PAR0116", name=f"{_name}_per_layer")(_one_entry_per_layer(_name))
+
+
+# ---- training -----------------------------------------------------------------------
+
+
+@rule("PAR0213")
+def warmup_within_steps(warmup, steps):
+    if warmup <= steps:
+        return None
+    return _violation("PAR0213", ("train.schedule.warmup", "train.schedule"),
+                      f"warmup = {warmup} is more than steps = {steps}", f"warmup is counted in steps: at most {steps}")
+
+
+TOKEN_IDS = {"uint16": 2**16, "uint32": 2**32}
+
+
+@rule("PAR0214")
+def vocab_fits_tokens(data, vocab, data_dtype=None):
+    dtype = data_dtype or "uint16"
+    if data != "tokens" or dtype != "uint16" or vocab <= TOKEN_IDS[dtype]:
+        return None
+    return _violation("PAR0214", ("train.data.dtype", "train.data"),
+                      f"vocab = {vocab} does not fit the token file's dtype uint16 (at most 65536 ids)",
+                      'write tokens("...", dtype = uint32)')
+
+
+# ---- what parc build cannot generate yet ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Unbuildable:
+    name: str
+    """The value (a name of ``KEYS``) that asks for the feature."""
+    asked: Callable[[object], bool]
+    feature: str
+    instead: str
+
+
+UNBUILDABLE = (
+    Unbuildable("zero", lambda zero: zero > 2, "ZeRO stage 3 (parameters sharded over dp, zero = 3)",
+                "use zero = 2 (optimizer state and gradients sharded) or zero = 1 (optimizer state only)"),
+    Unbuildable("precision", lambda precision: precision == "fp16", "fp16 training (it needs loss scaling)",
+                "use precision = bf16 or fp32"),
+    Unbuildable("optimizer", lambda name: name != "adamw", "", "use optimizer = adamw(...)"),
+)
+"""One entry per feature ``parc build`` cannot generate: the issue that builds it deletes
+its entry (and adds its pass). Rule kind ``BUILD``: ``parc plan`` still predicts them."""
+
+
+def _unbuildable(entry: Unbuildable) -> Callable:
+    def check(**values):
+        value = values[entry.name]
+        if not entry.asked(value):
+            return None
+        feature = entry.feature or f"{entry.name} {value!r}"
+        return Violation(code="PAR0802", blame=(KEYS[entry.name],),
+                         message=f"{feature} is not supported yet by parc build",
+                         hint=f"{entry.instead}; a later version of parc generates it")
+
+    check.__signature__ = inspect.Signature([inspect.Parameter(entry.name, inspect.Parameter.KEYWORD_ONLY)])
+    return check
+
+
+for _entry in UNBUILDABLE:
+    rule("PAR0802", BUILD, name=f"build_{_entry.name}")(_unbuildable(_entry))
