@@ -6,7 +6,9 @@ with tokens and targets (B, T) returns the mean loss. Module and parameter names
 the same in every layout (``layers.0.attn.q_proj.weight`` …).
 
 Parameters are initialized per Note [init happens before sharding] (param_init.py):
-drawn whole from (seed, name), then sharded, so every layout equals one rank.
+drawn whole from (seed, name), then sharded, so every layout equals one rank. Each
+built stage is checked against the model description (``model_desc.py``: modules,
+shapes, per-rank counts; ``check_parameter_count``).
 
 Choices: GPT is GPT-2 (LayerNorm with bias, GeLU with the tanh approximation as in
 GPT-2, biases everywhere, learned positions); Llama has RMSNorm, SwiGLU and rotary
@@ -393,7 +395,7 @@ class Transformer(nn.Module):
         return self.loss(x, targets) if self.last else x
 
 
-def check_parameter_count(model: "Transformer", *, sharded, layers) -> None:
+def check_parameter_count(model: Transformer, *, sharded, layers) -> None:
     """Raise unless this stage holds exactly the parameters model_desc.py describes for it
     (``sharded``: the modules split over tp), so the model and its description cannot drift."""
     tp = group_size(model.tp_group)

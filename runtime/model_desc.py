@@ -126,13 +126,23 @@ class BlockDesc:
     head_dim: int
     ffn: int
 
-    def matmul_weights(self) -> int:
-        """Elements of the weights a token meets in a matmul (no biases, no norms)."""
-        return sum(m.weight.numel() for m in self.modules if m.layer == LINEAR)
+    def matmul_weights(self, part: str | None = None) -> int:
+        """Elements of the weights a token meets in a matmul (no biases, no norms), of the
+        whole block or of one ``part`` (``attn``, ``mlp``)."""
+        return sum(
+            m.weight.numel() for m in self.modules
+            if m.layer == LINEAR and (part is None or m.kind.startswith(part + "."))
+        )
+
+    def core_flops_per_token(self, seq_len: int) -> float:
+        """Forward FLOPs of the attention core per token: q·kᵀ and (·)v over ``seq_len``
+        positions, 2·2·H·Q·T (causal masking not discounted)."""
+        return 4.0 * self.heads * self.head_dim * seq_len
 
     def flops_per_token(self, seq_len: int) -> float:
-        """PaLM's training FLOPs: 6 per matmul weight, 12·H·Q·T for attention's two products."""
-        return 6.0 * self.matmul_weights() + 12.0 * self.heads * self.head_dim * seq_len
+        """PaLM's training FLOPs: 6 per matmul weight, three times the attention core
+        (12·H·Q·T): forward, and backward twice it."""
+        return 6.0 * self.matmul_weights() + 3.0 * self.core_flops_per_token(seq_len)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -277,12 +287,14 @@ def _norm(name, kind, config):
 
 
 def _block(config: ModelConfig, index: int) -> BlockDesc:
+    """Block ``index``: the one place its modules are listed (an MoE block's experts go here)."""
     C, D, F, bias = config.hidden, config.head_dim, config.ffn, config.arch == "gpt"
     q, kv = config.heads * D, config.kv_heads * D
     prefix = f"layers.{index}."
 
     def linear(kind, style, out_features, in_features):
-        return _linear(prefix + kind, kind, style, out_features, in_features, bias, sp_bias=style == "rowwise")
+        sp_bias = style == "rowwise"  # added after the reduce-scatter, on a sequence shard
+        return _linear(prefix + kind, kind, style, out_features, in_features, bias, sp_bias=sp_bias)
 
     modules = [
         _norm(prefix + "attn_norm", "attn_norm", config),

@@ -161,10 +161,8 @@ def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_
     if not layout.sp or layout.tp < 2:
         return 0
     desc = model_desc(model)
-    return sum(
-        desc.sequence_parallel_params(layers=layers, first=first, last=last)
-        for layers, first, last in _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers))
-    )
+    mine = _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers))
+    return sum(desc.sequence_parallel_params(layers=layers, first=first, last=last) for layers, first, last in mine)
 
 
 def total_params(model: ModelSpec) -> int:

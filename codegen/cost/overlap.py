@@ -37,6 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from parc.runtime.model_desc import ModelConfig, describe
+
 from .comm import ring_time
 from .hardware import Link
 
@@ -127,14 +129,17 @@ def block_stages(
 ) -> tuple[Stage, ...]:
     """The stages of one GPT/Llama block on one tp rank, as ``runtime/overlap.py`` runs them.
 
-    Compute is the block's matmul FLOPs (and the attention products) at ``flops_per_s``;
-    every collective carries the (micro_batch, seq_len, hidden) activations.
+    Compute is the block's matmul FLOPs and the attention products (model_desc.py's
+    BlockDesc) at ``flops_per_s``; every collective carries the (micro_batch, seq_len,
+    hidden) activations.
     """
-    tokens, head_dim = micro_batch * seq_len, hidden // heads
-    attention = 2 * tokens * hidden * (heads + 2 * kv_heads) * head_dim  # q, k, v
-    attention += 4 * micro_batch * seq_len * seq_len * heads * head_dim  # q·kᵀ, ·v
-    attention += 2 * tokens * heads * head_dim * hidden  # o
-    mlp = (3 if arch == "llama" else 2) * 2 * tokens * hidden * ffn
+    block = describe(ModelConfig(
+        arch=arch, layers=1, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=1, padded_vocab=1,
+        seq_len=seq_len,
+    )).blocks[0]  # runtime/model_desc.py: the block's shapes
+    tokens = micro_batch * seq_len
+    attention = 2 * tokens * block.matmul_weights("attn") + tokens * block.core_flops_per_token(seq_len)
+    mlp = 2 * tokens * block.matmul_weights("mlp")
     activations = Collective(kind="all_reduce", nbytes=tokens * hidden * bytes_per_element)
     stages = []
     for flops in (attention, mlp):
