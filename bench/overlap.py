@@ -7,7 +7,7 @@ runs on 2 and 4 ranks (tp = ranks, dp = 1), with ``none`` and ``sub_batch(2)``, 
 repetitions alternating the two, and the table shows the median step time, the median
 exposed communication (``exposed_comm_s``: time blocked in collectives), the
 communication share of the ``none`` step, and the ratio none / sub_batch(2) (> 1: the
-overlap is faster). Beside them, ``codegen/cost/overlap.py``'s prediction for the
+overlap is faster). Beside them, ``codegen/planner/cost/overlap.py``'s prediction for the
 blocks on an idle machine, from an all-reduce latency, bandwidth and GEMM rate
 measured here first (``--calibrate`` runs on 2 ranks): the exposed share and ratio
 the schedule would give if each rank had its core to itself. A benchmark, not a test: only figures from one run on one machine
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from parc.codegen.build import build_to  # noqa: E402
-from parc.codegen.cost.overlap import Link, block_stages, exposed_comm  # noqa: E402
+from parc.codegen.planner.cost.overlap import Link, block_stages, exposed_comm  # noqa: E402
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 SPEC = ROOT / "bench" / "specs" / "small.par"

@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from parc.codegen.build import build_to  # noqa: E402
-from parc.codegen.cost import estimate, hardware_for  # noqa: E402
-from parc.codegen.search import fixed_layout  # noqa: E402
+from parc.codegen.planner.cost import estimate, hardware_for  # noqa: E402
+from parc.codegen.planner.search import fixed_layout  # noqa: E402
 from parc.dsl import load  # noqa: E402
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")

@@ -3,7 +3,7 @@
 Fits the two physical constants of Note [size-dependent efficiency] (GEMM efficiency
 eff_max · n / (n + n_half)) on ``../shared/reference/megatron_sc21_calibration.json``,
 minimizing the worst relative error of predicted TFLOP/s per GPU, and prints each
-row's prediction with the committed constants (codegen/cost/hardware.py) and with the
+row's prediction with the committed constants (codegen/planner/cost/hardware.py) and with the
 fresh fit, beside the published figure, and beside the uncalibrated baseline (every
 GEMM at the device's peak). Goal: within ±10%.
 
@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from parc.codegen.cost.calibration import fit, predicted_tflops, row_spec  # noqa: E402
-from parc.codegen.cost.hardware import GPU_EFFICIENCY, from_mesh  # noqa: E402
+from parc.codegen.planner.cost.calibration import fit, predicted_tflops, row_spec  # noqa: E402
+from parc.codegen.planner.cost.hardware import GPU_EFFICIENCY, from_mesh  # noqa: E402
 
 ROWS = ROOT / "tests" / "planner" / "data" / "megatron_sc21_calibration.json"  # from shared/reference
 

@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from parc.codegen.cost import estimate, hardware_for  # noqa: E402
-from parc.codegen.cost.bubble import _simulate, _unit_makespan  # noqa: E402
-from parc.codegen.search import candidates, search  # noqa: E402
+from parc.codegen.planner.cost import estimate, hardware_for  # noqa: E402
+from parc.codegen.planner.cost.bubble import _simulate, _unit_makespan  # noqa: E402
+from parc.codegen.planner.search import candidates, search  # noqa: E402
 from parc.dsl import load  # noqa: E402
 
 SPECS = (("examples/gpt3-175b.par", 1.0), ("examples/gpt-1t.par", 3.0))

@@ -6,7 +6,7 @@ Takes: a ``ModelSpec`` (``spec.model``). Gives: ``model_config(model)``, the
 and shapes, parameter counts, FLOPs and saved activations. Both are memoized, so the
 cost model can ask for every layout it scores. Used by ``settle_training`` (the
 parameter count in train.py's docstring), ``partition_layers`` (the TP table) and
-``codegen/cost/`` (what a rank holds and computes).
+``codegen/planner/cost/`` (what a rank holds and computes).
 """
 
 from __future__ import annotations

@@ -325,7 +325,7 @@ class PredictionPlan:
 
     layouts_considered: int
     accounting: str
-    """``parc`` (parc's trainer) or ``megatron`` (mixed precision), codegen/cost/layout.py."""
+    """``parc`` (parc's trainer) or ``megatron`` (mixed precision), codegen/planner/cost/layout.py."""
     step_time_s: float
     tokens_per_s: float
     tflops_per_device: float

@@ -5,7 +5,7 @@ Takes: parsed command-line arguments. Gives: an exit status: 0 clean, 1 the inpu
 errors (or, for ``fmt --check``, would change), 2 a usage error such as a file that
 cannot be read (one line on stderr, no traceback). Diagnostics go to stderr, in
 colour only when stderr is a terminal (and ``NO_COLOR`` is unset). Before:
-``codegen/cli.py`` calls ``register``. After: nothing.
+``codegen/cli/__init__.py`` calls ``register``. After: nothing.
 """
 
 from __future__ import annotations

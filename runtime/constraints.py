@@ -9,7 +9,7 @@ rule only reports what holds whatever the unknowns turn out to be (the search fe
 it partial layouts for that reason).
 
 The front end (``dsl/checks.py``), the build (``codegen/passes/check_values.py``,
-``check_buildable.py``), the layout search (``codegen/search.py``, the cost model's
+``check_buildable.py``), the layout search (``codegen/planner/search.py``, the cost model's
 ``buildable``) and the runtime (``model.ModelConfig``) all call this module, so
 ``parc check`` and ``parc build`` cannot disagree (``tests/test_check_build_contract.py``).
 Torch-free (the standard library and ``axes.py`` only): ``parc.dsl`` may import it, and

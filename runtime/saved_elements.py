@@ -4,7 +4,7 @@ Takes: a ``ModelConfig`` and a block's description (``model_desc.BlockDesc``: he
 kv heads, head dim, ffn) and the layout's tp, sp, recompute, micro-batch and kernels.
 Gives: ``block_saved_elements`` and ``head_saved_elements``, which ``model_desc``
 hands out (``ModelDesc.block_saved_elements``) and the planner's memory model
-(``codegen/cost/memory.py``) multiplies by tokens and bytes. Pure Python, no torch.
+(``codegen/planner/cost/memory.py``) multiplies by tokens and bytes. Pure Python, no torch.
 
 Note [what parc's trainer saves]: the activations are the tensors autograd saves in
 ``runtime/model.py``, counted per token, in elements (h hidden, F ffn, a heads,

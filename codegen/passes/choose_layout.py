@@ -2,7 +2,7 @@
 
 Takes: a ``Spec`` whose values passed ``check_values``. Gives: the draft unchanged when
 the spec gives its whole layout; else ``draft.spec``, the spec with the winner of the
-search (``codegen/search.py``: fits in memory, buildable, best predicted throughput)
+search (``codegen/planner/search.py``: fits in memory, buildable, best predicted throughput)
 in place of every ``auto`` (their spans: the ``auto`` they replace, marked
 ``planned``), and ``draft.predicted``, what the cost model predicts for
 it (it lands in plan.json). Keys the spec fixed (or ``--set``) stay as given.
@@ -17,11 +17,11 @@ from dataclasses import replace
 
 from parc.dsl.spec import Spec
 
-from ..cost import Accounting, hardware_for
-from ..cost.hardware import ProfileError
+from ..planner.cost import Accounting, hardware_for
+from ..planner.cost.hardware import ProfileError
 from ..errors import AUTO, check, error, profile_error
 from ..plan import PredictionPlan
-from ..search import search, with_layout
+from ..planner.search import search, with_layout
 from .draft import Draft
 
 

@@ -26,7 +26,7 @@ VOCAB = 250
 
 
 def parc(argv: list[str]) -> int:
-    """``parc export ...`` through its own subcommand parser (as codegen/cli.py registers it)."""
+    """``parc export ...`` through its own subcommand parser (as codegen/cli/__init__.py registers it)."""
     parser = argparse.ArgumentParser(prog="parc")
     export_cmd.register(parser.add_subparsers())
     args = parser.parse_args(argv)

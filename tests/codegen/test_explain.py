@@ -11,7 +11,7 @@ import pytest
 
 from parc.codegen.cli import main
 from parc.dsl import load
-from parc.codegen.explain import explain
+from parc.codegen.cli.explain import explain
 from parc.runtime.schedule import build_schedule
 
 ROOT = Path(__file__).resolve().parents[2]

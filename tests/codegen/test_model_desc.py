@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from parc.codegen.cost.layout import rank_params, total_params
+from parc.codegen.planner.cost.layout import rank_params, total_params
 from parc.codegen.lower import lower
 from parc.codegen.model_config import model_config, model_desc
 from parc.codegen.passes.partition_layers import model_modules
 from parc.codegen.render import render
-from parc.codegen.search import fixed_layout
+from parc.codegen.planner.search import fixed_layout
 from parc.dsl import load
 from parc.runtime import layers, model, tp_plan
 from parc.runtime.model_desc import ModelConfig, describe

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from parc.codegen.build import generate
-from parc.codegen.cost.layout import Layout
-from parc.codegen.cost.memory import memory
-from parc.codegen.cost.time import step_time
-from parc.codegen.cost import hardware_for
+from parc.codegen.planner.cost.layout import Layout
+from parc.codegen.planner.cost.memory import memory
+from parc.codegen.planner.cost.time import step_time
+from parc.codegen.planner.cost import hardware_for
 from parc.codegen.lower import lower
 from parc.codegen.plan import LayerKind
 from parc.codegen.plan_text import fold_runs

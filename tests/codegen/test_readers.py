@@ -161,7 +161,7 @@ def with_model(**changes) -> dict:
     (with_model(heads="4"), "parc.json: [\"model\"][\"heads\"]: must be a whole number, not '4'"),
     (with_model(tie_embeddings=1), "parc.json: [\"model\"][\"tie_embeddings\"]: must be true or false, not 1"),
     (with_model(heads=0), "parc.json: [\"model\"][\"heads\"]: must be >= 1, not 0"),
-    (with_model(heads=3), "parc.json: [\"model\"]: ModelConfig: heads = 3 must divide hidden = 64"),
+    (with_model(heads=3), "parc.json: [\"model\"]: ModelConfig: hidden = 64 is not divisible by heads = 3"),
     (with_model(arch="bert"), "parc.json: [\"model\"]: ModelConfig: arch must be 'gpt' or 'llama'"),
 ])
 def test_export_of_a_bad_parc_json(tmp_path, capsys, info, problem):

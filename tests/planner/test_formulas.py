@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parc.codegen.cost.layout import Accounting, Layout, rank_params, total_params
-from parc.codegen.cost.memory import (
+from parc.codegen.planner.cost.layout import Accounting, Layout, rank_params, total_params
+from parc.codegen.planner.cost.memory import (
     activation_bytes,
     korthikanti_layer_bytes,
     model_state_bytes,
@@ -136,7 +136,7 @@ def test_parameter_count_is_the_runtime_model(arch):
 
 @pytest.mark.parametrize("arch", ["gpt", "llama"])
 def test_model_flops_are_the_trainers(arch):
-    from parc.codegen.cost.time import model_flops_per_token
+    from parc.codegen.planner.cost.time import model_flops_per_token
     from parc.runtime.metrics import flops_per_token
 
     spec, _, model, _ = _one_rank(arch, "none", "eager", layers=2)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from parc.codegen.build import build_to
-from parc.codegen.cost.memory import memory
-from parc.codegen.search import fixed_layout
+from parc.codegen.planner.cost.memory import memory
+from parc.codegen.planner.search import fixed_layout
 from parc.dsl import load
 
 SPECS = Path(__file__).resolve().parents[1] / "parity" / "specs"

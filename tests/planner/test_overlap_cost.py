@@ -1,10 +1,10 @@
-"""codegen/cost/overlap.py against schedules worked out by hand (Note [the overlap model])."""
+"""codegen/planner/cost/overlap.py against schedules worked out by hand (Note [the overlap model])."""
 
 from __future__ import annotations
 
 import pytest
 
-from parc.codegen.cost.overlap import (
+from parc.codegen.planner.cost.overlap import (
     Collective,
     Link,
     Stage,

@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from parc.codegen.build import generate
-from parc.codegen.cost import hardware_for
-from parc.codegen.cost.estimate import USABLE_MEMORY
-from parc.codegen.cost.memory import memory
-from parc.codegen.search import search
+from parc.codegen.planner.cost import hardware_for
+from parc.codegen.planner.cost.estimate import USABLE_MEMORY
+from parc.codegen.planner.cost.memory import memory
+from parc.codegen.planner.search import search
 from parc.dsl import load
 
 ROOT = Path(__file__).resolve().parents[2]

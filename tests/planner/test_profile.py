@@ -8,12 +8,12 @@ from dataclasses import replace
 import pytest
 
 from parc.codegen.cli import main
-from parc.codegen.cost import hardware_for
-from parc.codegen.cost.comm import collective_time
-from parc.codegen.cost.fit import fitted, reference_spec
-from parc.codegen.cost.hardware import from_mesh
-from parc.codegen.cost.time import step_time
-from parc.codegen.profile_cmd import REFERENCE_MODELS, _fit
+from parc.codegen.planner.cost import hardware_for
+from parc.codegen.planner.cost.comm import collective_time
+from parc.codegen.planner.cost.fit import fitted, reference_spec
+from parc.codegen.planner.cost.hardware import from_mesh
+from parc.codegen.planner.cost.time import step_time
+from parc.codegen.planner.profile import REFERENCE_MODELS, _fit
 from parc.dsl import load
 
 

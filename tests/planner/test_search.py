@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from parc.codegen.cost import Accounting, Layout, estimate, hardware_for
-from parc.codegen.cost.bubble import _simulate, makespan
-from parc.codegen.cost.calibration import predicted_tflops
+from parc.codegen.planner.cost import Accounting, Layout, estimate, hardware_for
+from parc.codegen.planner.cost.bubble import _simulate, makespan
+from parc.codegen.planner.cost.calibration import predicted_tflops
 from parc.codegen.build import build_to
 from parc.codegen.lower import lower
-from parc.codegen.search import EXACT_TOP, TIE_TOLERANCE, candidates, rank, search, tie_memory_unit, tie_rule
+from parc.codegen.planner.search import EXACT_TOP, TIE_TOLERANCE, candidates, rank, search, tie_memory_unit, tie_rule
 from parc.dsl import load
 from parc.dsl.diagnostics import Diagnostics
 from parc.runtime.schedule import build_schedule
@@ -235,7 +235,7 @@ def test_memory_prunes_and_accounting_differs():
 def test_no_layout_rule_reads_two_leaf_settings():
     """search._settings filters ZeRO, recompute, sp and sub-batches one at a time: sound
     only while no layout rule reads two of them together."""
-    from parc.codegen.search import LEAF_NAMES
+    from parc.codegen.planner.search import LEAF_NAMES
     from parc.runtime.constraints import LAYOUT, RULES
 
     for rule in RULES:

@@ -4,7 +4,7 @@ Takes: a ``Spec`` (its ``None`` parallel values are ``auto``; the rest are fixed
 ``Hardware`` and an ``Accounting``. Gives: ``search(...)`` → ``SearchResult``, the
 estimates best first, with how many layouts were considered and how many did not
 fit. ``candidates(spec)`` enumerates the layouts alone. Before: ``codegen/cost``.
-After: ``codegen/plan_cmd.py``, ``codegen/passes/choose_layout.py``.
+After: ``codegen/cli/plan.py``, ``codegen/passes/choose_layout.py``.
 
 Note [the search space]: every combination the validator accepts. The loops propose
 values (tp and pp among the divisors of the world, micro_batch among those of
@@ -52,7 +52,7 @@ from parc.runtime.constraints import divisors, legal
 from .cost import Accounting, Estimate, Hardware, Layout, estimate
 from .cost.estimate import USABLE_MEMORY
 from .cost.memory import memory
-from .spec_values import spec_values
+from ..spec_values import spec_values
 
 EXACT_TOP = 3
 RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}

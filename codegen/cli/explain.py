@@ -23,8 +23,8 @@ from parc.runtime.paths import UnwritablePath, check_target
 from parc.runtime.schedule import Action, build_schedule, in_flight_bound
 from parc.runtime.schedule_sim import Timeline, bubble_fraction, describe_rank, simulate
 
-from . import gantt
-from .errors import AUTO, BAD_VALUE, error, fail
+from .. import gantt
+from ..errors import AUTO, BAD_VALUE, error, fail
 
 SVG_NAME = "schedule.svg"
 FORWARD_TIME, BACKWARD_TIME = 1.0, 2.0
@@ -166,7 +166,7 @@ def chart(ex: Explanation) -> str:
 def run_explain(args: argparse.Namespace) -> int:
     from parc.dsl.commands import load_or_report
 
-    from .build_cmd import report_stage_errors
+    from .build import report_stage_errors
 
     spec = load_or_report(args.spec, args.overrides)
     if spec is None:

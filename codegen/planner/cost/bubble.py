@@ -12,7 +12,7 @@ the thousands of layouts the search scores, so the search scores with the closed
 form the schedule tests prove for zero communication, (v·M + p − 1)·(F + B), plus
 2·comm per micro-batch-chunk crossing (the steady state waits for each message once
 each way), and then re-scores its best candidates exactly before ranking them
-(``codegen/search.py``). ``parc plan`` always shows exact figures.
+(``codegen/planner/search.py``). ``parc plan`` always shows exact figures.
 
 Note [steady state]: after warm-up, every schedule here repeats a period of p
 micro-batches, so the makespan is affine in M; a long schedule (M > 4p) is simulated

@@ -18,14 +18,14 @@ import sys
 from parc.dsl.diagnostics import Diagnostics
 from parc.dsl.spec import Spec
 
-from .build_cmd import report_stage_errors
-from .cost import Accounting, Estimate, hardware_for
-from .cost import estimate as estimate_layout
-from .cost.hardware import ProfileError
-from .cost.layout import total_params
-from .errors import profile_error
-from .plan_why import why
-from .search import SearchResult, fixed_layout, search
+from .build import report_stage_errors
+from ..planner.cost import Accounting, Estimate, hardware_for
+from ..planner.cost import estimate as estimate_layout
+from ..planner.cost.hardware import ProfileError
+from ..planner.cost.layout import total_params
+from ..errors import profile_error
+from ..planner.why import why
+from ..planner.search import SearchResult, fixed_layout, search
 
 
 def register(subparsers) -> None:

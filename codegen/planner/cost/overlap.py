@@ -5,7 +5,7 @@ the gradient collectives of its backward) and an α–β link. Gives: ``exposed_
 (forward and backward seconds per micro-batch that no compute hides) for any number
 of sub-batches, ``block_stages`` (the stages of a GPT/Llama block from its sizes and
 a FLOP rate) and ``exposed_tp`` (one block, from its totals: what the planner's
-``codegen/cost/time.py`` calls). Before: ``cost/comm.py`` (the ring), ``cost/hardware.py``
+``codegen/planner/cost/time.py`` calls). Before: ``cost/comm.py`` (the ring), ``cost/hardware.py``
 (``Link``). After: the planner's time model, ``bench/overlap.py``.
 
 Note [the overlap model]: it replays the schedule of ``runtime/overlap.py`` on two
@@ -162,7 +162,7 @@ def exposed_tp(comm_s: float, compute_s: float, sub_batches: int, *, latency_s: 
     the block's forward compute (backward: twice it, Note [the overlap model]). Each
     block is two equal stages, each followed by one all-reduce; ``blocks`` of them in
     a row, so the last block's collectives can hide behind the next block's start.
-    This is the planner's seam (``codegen/cost/time.py``).
+    This is the planner's seam (``codegen/planner/cost/time.py``).
     """
     if comm_s <= 0:
         return Exposure(forward_s=0.0, backward_s=0.0)

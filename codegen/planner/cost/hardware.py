@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from parc.dsl.spec import MeshSpec, Spec
 
-from ..json_input import InputError, load_checked
+from ...json_input import InputError, load_checked
 
 # Note [size-dependent efficiency]: the fit of bench/planner_calibration.py on the
 # three SC21 rows (DGX A100, Megatron-LM 2021: fused kernels, no flash attention).
@@ -93,7 +93,7 @@ class Hardware:
     """A training GEMM's time over the matmul table's square product of the same smallest
     dimension (fitted to a profile's reference steps: ``cost/fit.py``; 1 for presets)."""
     reference_steps: tuple[dict, ...] = ()
-    """A profile's measured reference training steps (``profile_cmd.py``, Note [reference steps])."""
+    """A profile's measured reference training steps (``planner/profile.py``, Note [reference steps])."""
     elementwise: tuple[tuple[str, float], ...] = ()
     """Measured seconds per element, forward and backward, keyed ``mode.op`` (``eager.gelu``,
     ``compiled.layer_norm``, ...); empty: elementwise work streams at the memory bandwidth."""

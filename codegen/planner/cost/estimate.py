@@ -3,8 +3,8 @@
 Takes: a ``Spec``, a ``Layout``, ``Hardware`` and an ``Accounting``. Gives:
 ``Estimate`` (tokens/s, TFLOP/s per device, MFU, peak memory, whether it fits, the
 two breakdowns, whether ``parc build`` can generate it) and ``estimate(...)``.
-Before: ``cost/memory.py``, ``cost/time.py``. After: ``codegen/search.py``,
-``codegen/plan_cmd.py``, ``codegen/passes/choose_layout.py``.
+Before: ``cost/memory.py``, ``cost/time.py``. After: ``codegen/planner/search.py``,
+``codegen/cli/plan.py``, ``codegen/passes/choose_layout.py``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Estimate:
 def buildable(spec: Spec, layout: Layout) -> bool:
     """``parc build`` can generate ``spec`` with ``layout``: no BUILD rule of
     ``runtime/constraints.py`` fails (zero 3 is predicted, not built yet)."""
-    from ..spec_values import spec_values  # codegen/spec_values.py imports nothing of cost/
+    from ...spec_values import spec_values  # codegen/spec_values.py imports nothing of cost/
 
     values = spec_values(spec)
     values.update((name, getattr(layout, name)) for name in Layout.__slots__ if name in values)

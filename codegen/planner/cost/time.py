@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from parc.dsl.spec import Arch, ModelSpec, Precision, Spec
 from parc.runtime.model_desc import LINEAR
 
-from ..model_config import model_desc
+from ...model_config import model_desc
 
 from .bubble import makespan
 from .comm import collective_latency, collective_time
@@ -120,7 +120,7 @@ def _block_forward(spec: Spec, layout: Layout, hw: Hardware, accounting: Account
         whole, sharded = (30 * C, 12 * C / t + 5 * F + 4 * C / t) if llama else (14 * C, 2 * F + 4 * C / t)
         elements, size = (whole / t if layout.sp else whole) + sharded, 4.0
         measured = _measured_elementwise(spec, layout, hw, tokens)
-        if measured is not None:  # Note [elementwise is not a copy] (profile_cmd.py)
+        if measured is not None:  # Note [elementwise is not a copy] (planner/profile.py)
             copies = (10 * C / t if layout.sp else 10 * C) + 4 * C / t  # residuals, views made whole
             elementwise = sum(measured) + tokens * copies * size / hw.memory_bandwidth
             ops = OPS_PER_LAYER[(accounting, m.arch)] * hw.op_overhead

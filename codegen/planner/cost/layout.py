@@ -13,7 +13,7 @@ costs each distinct block setting once and weighs it by how many blocks have it,
 uniform layout costs exactly what it did. The pipeline's makespan takes the mean
 block (its chunks are costed as equal).
 
-Before: ``codegen/search.py`` or ``choose_layout``. After: ``cost/memory.py``, ``cost/time.py``.
+Before: ``codegen/planner/search.py`` or ``choose_layout``. After: ``cost/memory.py``, ``cost/time.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from parc.dsl.spec import ModelSpec
 from parc.runtime.model_desc import NONE, ParamCount
 
-from ..model_config import model_desc
+from ...model_config import model_desc
 
 
 class Accounting(enum.Enum):

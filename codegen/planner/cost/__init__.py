@@ -3,7 +3,7 @@
 ``estimate(spec, layout, hardware, accounting)`` → ``Estimate``; the parts live in
 ``layout`` (what a rank holds), ``memory``, ``time`` (with ``comm`` and ``bubble``)
 and ``hardware`` (presets, calibration, ``parc profile`` files). docs/planner.md
-describes the model; ``codegen/search.py`` ranks layouts with it.
+describes the model; ``codegen/planner/search.py`` ranks layouts with it.
 """
 
 from .estimate import Estimate, estimate

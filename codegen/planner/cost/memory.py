@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from parc.dsl.spec import ModelSpec, Precision, Spec
 from parc.runtime.schedule import in_flight_bound
 
-from ..model_config import model_desc
+from ...model_config import model_desc
 from .layout import Accounting, Layout, rank_blocks, rank_params, sequence_parallel_params, stage_contents
 
 

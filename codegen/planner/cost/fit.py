@@ -7,7 +7,7 @@ without reference steps is returned unchanged. Before: ``cost/hardware.py``,
 ``cost/time.py``. After: ``hardware_for``.
 
 Note [fitting the reference steps]: ``parc profile`` times a few small models' training
-steps on one rank (``profile_cmd.py``, Note [reference steps]), every rank at once. The
+steps on one rank (``planner/profile.py``, Note [reference steps]), every rank at once. The
 profile's own figures miss part of such a step: its matmul table is square products,
 while a step runs rectangular and transposed ones (a backward's dW = dYᵀ·X), and its op
 cost is a scalar chain, while a step's ops touch real tensors, allocate and zero

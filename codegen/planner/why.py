@@ -5,7 +5,7 @@ lines of text: what the winner and the runner-up differ in, which part of the st
 time (compute, exposed communication, bubble) makes the difference and why, the
 memory each needs, the fastest layout that does not fit, and which layout ``parc
 build`` would use when the best one cannot be built yet (zero 3).
-Before: ``codegen/search.py``. After: ``codegen/plan_cmd.py`` (text and JSON).
+Before: ``codegen/planner/search.py``. After: ``codegen/cli/plan.py`` (text and JSON).
 """
 
 from __future__ import annotations

@@ -17,12 +17,12 @@ from parc import __version__
 # Module that owns each subcommand, in the order ``parc --help`` lists them.
 COMMANDS = (
     "parc.dsl.commands",  # check, fmt, schema
-    "parc.codegen.build_cmd",  # build
-    "parc.codegen.data_cmd",  # data prepare
-    "parc.codegen.explain",  # explain
-    "parc.codegen.export_cmd",  # export
-    "parc.codegen.plan_cmd",  # plan
-    "parc.codegen.profile_cmd",  # profile
+    "parc.codegen.cli.build",  # build
+    "parc.codegen.cli.data",  # data prepare
+    "parc.codegen.cli.explain",  # explain
+    "parc.codegen.cli.export",  # export
+    "parc.codegen.cli.plan",  # plan
+    "parc.codegen.cli.profile",  # profile
 )
 
 
@@ -69,7 +69,3 @@ def main(argv: list[str] | None = None) -> int:
         )
         traceback.print_exc(file=sys.stderr)
         return 3
-
-
-if __name__ == "__main__":
-    sys.exit(main())

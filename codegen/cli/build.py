@@ -42,9 +42,9 @@ def run_build(args: argparse.Namespace) -> int:
     from parc import dsl
     from parc.dsl.commands import load_or_report, report
 
-    from .build import FolderError, compare, generate, recorded_files, write
-    from .lower import lower
-    from .render import command
+    from ..build import FolderError, compare, generate, recorded_files, write
+    from ..lower import lower
+    from ..render import command
 
     if args.emit == "ast":
         try:
