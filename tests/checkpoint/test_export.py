@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from parc.codegen import export_cmd
+from parc.codegen.cli import export as export_cmd
 from parc.runtime import checkpoint, data, model
 
 from .trainer import build, run
