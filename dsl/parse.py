@@ -30,7 +30,7 @@ from .diagnostics import Diagnostics, ParcError, SourceMap
 from .grammar import TooDeep, parser
 from .source import LineIndex, bad_character, is_surrogate, unify_newlines
 from .syntax_errors import translate
-from .tree import TreeToAst
+from .tree import AstBuilder, TreeToAst
 
 __all__ = ["parse", "parse_override", "parser"]
 
@@ -81,9 +81,9 @@ def _run(text: str, file: str, start: str, comments: bool):
         raise Diagnostics([translate(exc, index, file)], sources) from None
     except (LarkError, RecursionError) as exc:  # pragma: no cover - a bug, said as one
         raise RuntimeError(f"internal error in parc (parse): {exc!r}") from exc
-    builder = TreeToAst(file, index, postlex.comments)
+    builder = AstBuilder(file, index, postlex.comments)
     with _no_collection():
-        result = builder.transform(tree)
+        result = TreeToAst(builder).transform(tree)
     if builder.errors:
         raise Diagnostics(builder.errors, sources)
     return result
