@@ -22,16 +22,13 @@ diagnostics.
 
 from __future__ import annotations
 
-import contextlib
-import gc
-
 from lark import Token
 from lark.exceptions import LarkError, UnexpectedInput
 
 from . import ast
 from .diagnostics import Diagnostics, ParcError, SourceMap
 from .grammar import TooDeep, parser
-from .source import LineIndex, bad_character, is_surrogate, unify_newlines
+from .source import LineIndex, bad_character, is_surrogate, no_collection, unify_newlines
 from .syntax_errors import translate
 from .quick_parse import quick_parse
 from .tree import AstBuilder, TreeToAst
@@ -52,20 +49,6 @@ def parse_override(text: str, file: str) -> tuple[Token, ast.Value]:
     return _run(text, file, "override", False, False)
 
 
-@contextlib.contextmanager
-def _no_collection():
-    """Note [gc while parsing]: a parse makes millions of small objects (tokens,
-    spans, comments) and no cycles; the cyclic collector would walk all of them
-    again and again as they pile up. It is paused for the parse, then restored."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def _run(text: str, file: str, start: str, comments: bool, quick: bool):
     clean = unify_newlines(text)
     index = LineIndex(clean)
@@ -80,7 +63,7 @@ def _run(text: str, file: str, start: str, comments: bool, quick: bool):
     builder = AstBuilder(file, index, [])
     items = None
     if quick:
-        with _no_collection():
+        with no_collection():
             items = quick_parse(clean, builder, comments)
     if items is not None:
         result = builder.document(items)
@@ -96,14 +79,14 @@ def _lark_parse(clean: str, start: str, comments: bool, builder: AstBuilder, sou
     lark, postlex = parser()
     postlex.keep_comments = comments
     try:
-        with _no_collection():
+        with no_collection():
             tree = lark.parse(clean, start=start)
     except (UnexpectedInput, TooDeep) as exc:
         raise Diagnostics([translate(exc, builder.lines, builder.file)], sources) from None
     except (LarkError, RecursionError) as exc:  # pragma: no cover - a bug, said as one
         raise RuntimeError(f"internal error in parc (parse): {exc!r}") from exc
     builder.comments = postlex.comments
-    with _no_collection():
+    with no_collection():
         return TreeToAst(builder).transform(tree)
 
 
