@@ -67,7 +67,8 @@ def _run(text: str, file: str, start: str, comments: bool, quick: bool):
             items = quick_parse(clean, builder, comments)
     if items is not None:
         result = builder.document(items)
-    else:
+    else:  # a fresh builder: the quick parser may have built (and found errors) before it gave up
+        builder = AstBuilder(file, index, [])
         result = _lark_parse(clean, start, comments, builder, sources)
     if builder.errors:
         raise Diagnostics(builder.errors, sources)

@@ -65,6 +65,7 @@ WELL_FORMED = [
 ]
 GIVES_UP = [
     "16 GB { }",  # lark's lexer reads the block `16` named `GB` here
+    "mesh { 9k = 1 }\n16 GB { }",  # PAR0015 once: errors found before giving up are not kept
     "mesh { 16 GB = 1 }",
     "mesh { a = 1 b = 2 }",
     "mesh { a = }",
