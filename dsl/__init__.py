@@ -26,6 +26,7 @@ from .overrides import apply_overrides
 from .parse import parse
 from .reading import decode, read_text
 from .schema import schema
+from .source import no_collection
 from .spec import Spec
 from .validate import validate
 
@@ -65,7 +66,8 @@ def load_text(text: str, file: str, overrides: Sequence[str] = (), *, buildable:
     if file.endswith(".json"):
         norm = normalize_json(text, file)
     else:
-        norm = normalize_document(parse(text, file, comments=False))
+        with no_collection():  # Note [gc while parsing]: until the tree is dropped
+            norm = normalize_document(parse(text, file, comments=False))
     sources = SourceMap()
     sources.add(file, text)
     for name, override in apply_overrides(norm, overrides).items():

@@ -24,7 +24,8 @@ NO_SPAN = Span(file="", line=0, column=0, end_line=0, end_column=0)
 
 
 def span_between(file: str, first, last=None) -> Span:
-    """The one place a Span is made from parser positions.
+    """A Span from lark's positions, for syntax errors and ``--set`` keys (the AST's
+    spans are made by ``AstBuilder.span`` in ``dsl/tree.py``).
 
     ``first`` and ``last`` are anything with ``line``/``column``/``end_line``/
     ``end_column`` (a lark ``Token`` or ``Meta``, or a ``Span``); the span runs from the

@@ -24,6 +24,7 @@ from .diagnostics import Diagnostics, render_all
 from .fmt import format_document
 from .parse import parse
 from .schema import schema
+from .source import no_collection
 from .spec import Spec
 
 OK, ERRORS, USAGE = 0, 1, 2
@@ -134,7 +135,8 @@ def run_fmt(args: argparse.Namespace) -> int:
             continue
         try:
             text = read_text(path)
-            doc = parse(text, path)
+            with no_collection():  # Note [gc while parsing]: until the tree is dropped
+                formatted = _formatted(text, path)
         except OSError as exc:
             _cannot_read(path, exc, sys.stderr)
             status = USAGE
@@ -143,13 +145,8 @@ def run_fmt(args: argparse.Namespace) -> int:
             report(exc, sys.stderr)
             status = max(status, ERRORS)
             continue
-        formatted = format_document(doc)
         if formatted == text:
             continue  # already canonical: nothing to check or write
-        if strip_spans(parse(formatted, path)) != strip_spans(doc):  # pragma: no cover - a bug
-            raise RuntimeError(
-                f"internal error in parc (fmt): formatting {path} changed its meaning"
-            )
         if args.diff:
             sys.stdout.writelines(
                 difflib.unified_diff(
@@ -166,6 +163,17 @@ def run_fmt(args: argparse.Namespace) -> int:
             _write(path, formatted)
             sys.stderr.write(f"reformatted {path}\n")
     return status
+
+
+def _formatted(text: str, path: str) -> str:
+    """The canonical form of ``text``, checked to mean what ``text`` means."""
+    doc = parse(text, path)
+    formatted = format_document(doc)
+    if formatted != text and strip_spans(parse(formatted, path)) != strip_spans(doc):
+        raise RuntimeError(  # pragma: no cover - a bug
+            f"internal error in parc (fmt): formatting {path} changed its meaning"
+        )
+    return formatted
 
 
 def _write(path: str, text: str) -> None:

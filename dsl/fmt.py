@@ -21,6 +21,8 @@ between top-level comments, becomes one blank line; there are none right after
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from . import ast
 
 INDENT = "  "
@@ -80,7 +82,7 @@ class _Comments:
     """
 
     def __init__(self, comments: tuple[ast.Comment, ...]):
-        self.sorted = sorted(comments, key=lambda c: (c.span.line, c.span.column))
+        self.sorted = sorted(comments, key=attrgetter("span.line", "span.column"))
         self.next = 0
 
     def _take_while(self, keep) -> list[ast.Comment]:
@@ -91,7 +93,12 @@ class _Comments:
 
     def before(self, line: int) -> list[ast.Comment]:
         """Comments on lines before ``line`` not yet printed."""
-        return self._take_while(lambda c: c.span.line < line)
+        start, comments = self.next, self.sorted
+        end = start
+        while end < len(comments) and comments[end].span.line < line:
+            end += 1
+        self.next = end
+        return comments[start:end]
 
     def inside(self, first: int, end: int) -> list[ast.Comment]:
         """Comments on lines ``first`` ≤ line < ``end`` not yet printed."""
@@ -104,7 +111,8 @@ class _Comments:
 
     def rest(self) -> list[ast.Comment]:
         """Every comment not yet printed."""
-        return self._take_while(lambda c: True)
+        start, self.next = self.next, len(self.sorted)
+        return self.sorted[start:]
 
 
 class _Printer:
@@ -133,12 +141,28 @@ class _Printer:
     def full_line_comments(
         self, line: int, indent: str, *, first_blank: bool | None = None
     ) -> None:
-        for i, comment in enumerate(self.comments.before(line)):
-            self.emit(
-                indent + comment.text,
-                comment.span.line,
-                blank_before=first_blank if i == 0 else None,
-            )
+        self.emit_comments(self.comments.before(line), indent, first_blank)
+
+    def emit_comments(self, comments: list, indent: str, first_blank: bool | None) -> None:
+        """``emit`` each comment alone on its line at ``indent``, the first with
+        ``blank_before=first_blank``. Note [emitting comments]: this is ``emit``
+        unrolled over the list (a file may hold a million comments; a call each cost
+        a second): after the first line, ``opened`` is False and the last line printed
+        is not blank, so only a gap in the source can add a blank line."""
+        if not comments:
+            return
+        first, *others = comments
+        self.emit(indent + first.text, first.span.line, blank_before=first_blank)
+        lines, last_line = self.lines, self.last_line
+        append = lines.append
+        for comment in others:
+            line = comment.span.line
+            if line > last_line + 1:
+                append("")
+            append((indent + comment.text).rstrip())
+            if line > last_line:
+                last_line = line
+        self.last_line = last_line
 
     def item(self, item, after_block: bool) -> None:
         start = item.span.line
@@ -200,12 +224,7 @@ class _Printer:
         for item in self.doc.items:
             self.item(item, after_block)
             after_block = True
-        for i, comment in enumerate(self.comments.rest()):
-            self.emit(
-                comment.text,
-                comment.span.line,
-                blank_before=True if i == 0 and after_block else None,
-            )
+        self.emit_comments(self.comments.rest(), "", True if after_block else None)
         return "\n".join(self.lines) + "\n" if self.lines else ""
 
 

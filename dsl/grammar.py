@@ -55,7 +55,7 @@ class PostLexer(PostLex):
         for token in stream:
             if token.type == "_NL":
                 if self.keep_comments:
-                    self._record_comments(token)
+                    record_comments(str(token), token.line, token.column, self.comments)
                 if self.brackets:
                     continue
             yield token
@@ -70,20 +70,20 @@ class PostLexer(PostLex):
             elif token.type == "RBRACE" and self.braces:
                 self.braces.pop()
 
-    def _record_comments(self, token: Token) -> None:
-        """The ``#`` comments inside a newline token. The token is blank lines and
-        comments: its i-th line is line ``token.line + i``, and the first ``#`` on a
-        line starts a comment (the text is walked once, so time is linear)."""
-        text = str(token)
-        if "#" not in text:
-            return
-        record = self.comments.append
-        first_column = token.column
-        for i, piece in enumerate(text.split("\n")):
-            column = piece.find("#")
-            if column >= 0:
-                start = first_column + column if i == 0 else column + 1
-                record((token.line + i, start, piece[column:].rstrip()))
+
+def record_comments(text: str, line: int, column: int, comments: list) -> None:
+    """Append to ``comments`` the ``#`` comments of a newline token ``text`` that
+    starts at ``line``, ``column``. The token is blank lines and comments: its i-th
+    line is line ``line + i``, and the first ``#`` on a line starts a comment (the
+    text is walked once, so time is linear)."""
+    if "#" not in text:
+        return
+    record = comments.append
+    for i, piece in enumerate(text.split("\n")):
+        at = piece.find("#")
+        if at >= 0:
+            start = column + at if i == 0 else at + 1
+            record((line + i, start, piece[at:].rstrip()))
 
 
 @functools.lru_cache(maxsize=1)

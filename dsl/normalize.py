@@ -209,15 +209,22 @@ def _block(out: Normalized, block: BlockDef, item: ast.Block) -> None:
             )
             continue
         seen[entry.key] = entry
-        set_value(out, path + (entry.key,), key, entry.value, entry.key_span)
+        _put(out, path + (entry.key,), key, entry.value, entry.key_span)
     _quiet(out, suggested)
 
 
 def set_value(
     out: Normalized, path: Path, param: Param, value: ast.Value, key_span: Span | None
 ) -> None:
-    """Normalize ``value`` for ``param`` and put it at ``path`` of the document."""
+    """Normalize ``value`` for ``param`` and put it at ``path`` of the document, in
+    place of what was there (an override)."""
     out.drop(path)
+    _put(out, path, param, value, key_span)
+
+
+def _put(out: Normalized, path: Path, param: Param, value: ast.Value, key_span: Span | None) -> None:
+    """``set_value`` where nothing is yet at ``path``: ``drop`` walks every error and
+    origin, and a block of 100k entries must not walk them once per entry."""
     result = normalize_value(out, path, param, value, key_span)
     container = out.doc
     for part in path[:-1]:

@@ -34,6 +34,8 @@ class NumberError(ValueError):
 def read_number(text: str, shown: str) -> int | float:
     """The value of ``text`` (an int unless it has a fraction or an exponent);
     ``shown`` is how messages quote it. Raises ``NumberError``."""
+    if len(text) <= MAX_DIGITS and text.isascii() and text.isdigit():
+        return int(text)  # the common case (`layers = 96`), decided at once: same value
     if not NUMBER_RE.fullmatch(text):
         raise NumberError(f"malformed number {shown}", "numbers look like 4, 1_000, 0.9 or 3e-4")
     if sum(c.isdigit() for c in text) > MAX_DIGITS:

@@ -2,10 +2,10 @@
 
 Takes: nothing (leaf module). Gives: the limits on a source (``MAX_SOURCE_BYTES``,
 ``MAX_NESTING``), ``unify_newlines`` (a lone CR and CRLF become LF, so every stage
-counts lines the same way), ``bad_character`` (a character no spec may hold), and
-``LineIndex``: the start of every line, built once per text, so that an offset
-becomes a line and column by bisection and a line is quoted without re-splitting
-the text. Used by ``dsl/__init__.py`` (reading files), ``dsl/parse.py``,
+counts lines the same way), ``bad_character`` (a character no spec may hold),
+``no_collection`` (Note [gc while parsing]), and ``LineIndex``: the start of every
+line, built once per text, so that an offset becomes a line and column by bisection
+and a line is quoted without re-splitting the text. Used by ``dsl/__init__.py`` (reading files), ``dsl/parse.py``,
 ``dsl/jsonspec.py``, ``dsl/overrides.py`` and ``dsl/diagnostics.py`` (quoting).
 
 Note [newlines]: a line ends at LF, CRLF or a lone CR (old Mac files). The parser,
@@ -17,6 +17,8 @@ of the unified text are those of the original. ``parc fmt`` writes LF.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 import re
 from itertools import accumulate
 
@@ -30,6 +32,23 @@ depth below a block (``MAX_NESTING + 2`` levels of objects/arrays in all)."""
 
 _BAD_CHARACTER = re.compile("[\x00-\x08\x0b\x0e-\x1f\x7f\ud800-\udfff]")
 """Control characters other than tab, LF, FF and CR; lone surrogates."""
+
+
+@contextlib.contextmanager
+def no_collection():
+    """Note [gc while parsing]: a parse makes millions of small objects (tokens,
+    spans, comments) and no cycles; the cyclic collector would walk all of them
+    again and again as they pile up. It is paused for the parse, then restored.
+    ``parc fmt`` and ``load_text`` keep it paused until the syntax tree is dropped:
+    the first collection after it would walk the whole tree once more (1M comment
+    lines: a second) to find nothing."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def unify_newlines(text: str) -> str:

@@ -1,11 +1,20 @@
-"""Lark's parse tree → the AST of ``dsl/ast.py``.
+"""Parsed words and brackets → the AST of ``dsl/ast.py``.
 
-Takes: the tree ``dsl/parse.py`` got from lark, and the comments its post-lexer
-collected. Gives: ``ast`` nodes, each with its span (made by ``ast.span_between``).
-Here each word (lark's ATOM) is classified as a number (``3e-4``, ``1_000``), a name
-(``1f1b``, ``a100-80gb``), ``true``/``false``/``auto``, or a key; units are looked
-up and strings decoded. Problems are collected in ``errors``, not raised, so one
-file reports all of them. Before: ``dsl/parse.py``. After: ``dsl/normalize.py``.
+Takes: what a parser found: each word (lark's ATOM, QUANTITY, STRING) with its
+line and column, the positions of brackets and braces, and the comments its
+lexer collected. Gives: ``AstBuilder``, which makes the ``ast`` nodes, each with
+its span, and ``TreeToAst``, which feeds it lark's parse tree. Both parsers of
+``dsl/parse.py`` (lark's, and the quick one of ``dsl/quick_parse.py``) build
+through ``AstBuilder``, so they make the same nodes and errors by construction.
+
+Here each word is classified as a number (``3e-4``, ``1_000``), a name (``1f1b``,
+``a100-80gb``), ``true``/``false``/``auto``, or a key; units are looked up and
+strings decoded. Problems are collected in ``errors``, not raised, so one file
+reports all of them. Before: ``dsl/parse.py``. After: ``dsl/normalize.py``.
+
+A word never spans lines (no terminal of the grammar holds a newline but ``_NL``),
+so a word is given as its text, line and column; its span ends ``len(text)``
+columns later on the same line.
 """
 
 from __future__ import annotations
@@ -15,8 +24,7 @@ import re
 from lark import Token, Transformer, v_args
 
 from . import ast
-from .ast import span_between
-from .diagnostics import ParcError, clip
+from .diagnostics import ParcError, Span, clip
 from .grammar import KEY_RE
 from .numbers import NUMBER_RE, NumberError, read_number
 from .source import LineIndex
@@ -24,84 +32,84 @@ from .units import UNITS, suggest_unit
 
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n", "t": "\t", "r": "\r"}
+_span_at = Span.at
 
 
-@v_args(meta=True)
-class TreeToAst(Transformer):
-    """Lark tree → ast nodes; collects errors in ``self.errors`` instead of raising."""
+class AstBuilder:
+    """Makes ast nodes from positions; collects errors in ``self.errors``."""
 
     def __init__(self, file: str, lines: LineIndex, comments: list[tuple[int, int, str]]):
-        super().__init__(visit_tokens=False)
         self.file = file
         self.lines = lines
         self.comments = comments
         self.errors: list[ParcError] = []
 
-    def _span(self, first, last=None) -> ast.Span:
-        return span_between(self.file, first, last)
+    def span(self, line: int, column: int, end_line: int, end_column: int) -> Span:
+        """The one place a Span is made from parser positions (Note [fast spans])."""
+        return _span_at(self.file, line, column, end_line, end_column)
 
-    def _error(self, span: ast.Span, code: str, message: str, hint: str | None = None) -> None:
+    def word_span(self, text: str, line: int, column: int) -> Span:
+        return _span_at(self.file, line, column, line, column + len(text))
+
+    def _error(self, span: Span, code: str, message: str, hint: str | None = None) -> None:
         self.errors.append(ParcError(span=span, code=code, message=message, hint=hint))
 
-    def _key(self, token: Token, what: str) -> str:
-        if not KEY_RE.fullmatch(token):
+    def key(self, text: str, line: int, column: int, what: str) -> str:
+        """``text`` as a key, block or function name; PAR0015 if it is not one."""
+        if not KEY_RE.fullmatch(text):
             self._error(
-                self._span(token),
+                self.word_span(text, line, column),
                 "PAR0015",
-                f"`{clip(str(token))}` is not a valid {what}",
+                f"`{clip(text)}` is not a valid {what}",
                 f"a {what} is letters, digits and `_`, not starting with a digit",
             )
-        return str(token)
+        return text
 
     # --- top level -------------------------------------------------------------
-    def start(self, meta, children):
-        items = tuple(child for child in children if child is not None)
+    def document(self, items: tuple) -> ast.Document:
         lines = self.lines.lines
-        span = ast.Span(
-            file=self.file, line=1, column=1, end_line=len(lines), end_column=len(lines[-1]) + 1
-        )
+        span = self.span(1, 1, len(lines), len(lines[-1]) + 1)
         comments = ast.comments_at(self.file, self.comments)
         return ast.Document(span=span, items=items, comments=comments)
 
-    def block(self, meta, children):
-        kind, *label, body = children
-        name = self._key(label[0], "block name") if label else None
+    def block(self, kind: str, kind_line: int, kind_column: int, label, entries: tuple,
+              end_line: int, end_column: int) -> ast.Block:
+        """``kind label { entries }``; ``label`` is ``(text, line, column)`` or None;
+        the block ends where its ``}`` does, at ``end_line``, ``end_column``."""
+        name = name_span = None
+        if label is not None:
+            name = self.key(*label, "block name")
+            name_span = self.word_span(*label)
         return ast.Block(
-            span=self._span(meta),
-            kind=self._key(kind, "block name"),
-            kind_span=self._span(kind),
+            span=self.span(kind_line, kind_column, end_line, end_column),
+            kind=self.key(kind, kind_line, kind_column, "block name"),
+            kind_span=self.word_span(kind, kind_line, kind_column),
             name=name,
-            name_span=self._span(label[0]) if label else None,
-            entries=body,
+            name_span=name_span,
+            entries=entries,
         )
 
-    def block_assign(self, meta, children):
-        kind, value = children
+    def block_assign(self, kind: str, line: int, column: int, value) -> ast.BlockAssign:
+        end = value.span
         return ast.BlockAssign(
-            span=self._span(meta),
-            kind=self._key(kind, "block name"),
-            kind_span=self._span(kind),
+            span=self.span(line, column, end.end_line, end.end_column),
+            kind=self.key(kind, line, column, "block name"),
+            kind_span=self.word_span(kind, line, column),
             value=value,
         )
 
-    def body(self, meta, children):
-        return tuple(children)
-
-    def entry(self, meta, children):
-        key, value = children
+    def entry(self, key: str, line: int, column: int, value) -> ast.Entry:
+        end = value.span
         return ast.Entry(
-            span=self._span(meta), key=self._key(key, "key"), key_span=self._span(key), value=value
+            span=self.span(line, column, end.end_line, end.end_column),
+            key=self.key(key, line, column, "key"),
+            key_span=self.word_span(key, line, column),
+            value=value,
         )
 
-    def override(self, meta, children):
-        key, value = children
-        return key, value
-
     # --- values ----------------------------------------------------------------
-    def atom(self, meta, children):
-        (token,) = children
-        span = self._span(token)
-        text = str(token)
+    def atom(self, text: str, line: int, column: int):
+        span = self.word_span(text, line, column)
         if text == "true" or text == "false":
             return ast.Bool(span=span, value=text == "true")
         if text == "auto":
@@ -126,7 +134,7 @@ class TreeToAst(Transformer):
             )
         return ast.Name(span=span, name=text)
 
-    def _number(self, text: str, span: ast.Span) -> ast.Number:
+    def _number(self, text: str, span: Span) -> ast.Number:
         try:
             value = read_number(text, f"`{clip(text)}`")
         except NumberError as exc:
@@ -134,41 +142,27 @@ class TreeToAst(Transformer):
             value = 0
         return ast.Number(span=span, value=value, text=text)
 
-    def quantity(self, meta, children):
-        (token,) = children
-        text = str(token)
+    def quantity(self, text: str, line: int, column: int) -> ast.Quantity:
         number_text = NUMBER_RE.match(text).group()
         unit = text[len(number_text) :].lstrip(" \t")
-        unit_column = token.column + len(text) - len(unit)
-        number_span = ast.Span(
-            file=self.file,
-            line=token.line,
-            column=token.column,
-            end_line=token.line,
-            end_column=token.column + len(number_text),
-        )
-        unit_span = ast.Span(
-            file=self.file,
-            line=token.line,
-            column=unit_column,
-            end_line=token.line,
-            end_column=unit_column + len(unit),
-        )
+        unit_column = column + len(text) - len(unit)
+        unit_span = self.word_span(unit, line, unit_column)
         if unit not in UNITS:
             self._error(unit_span, "PAR0012", f"unknown unit `{clip(unit)}`", suggest_unit(unit))
         return ast.Quantity(
-            span=self._span(token),
-            number=self._number(number_text, number_span),
+            span=self.word_span(text, line, column),
+            number=self._number(number_text, self.word_span(number_text, line, column)),
             unit=unit,
             unit_span=unit_span,
         )
 
-    def string(self, meta, children):
-        (token,) = children
-        return ast.String(span=self._span(token), value=self._decode(token))
+    def string(self, text: str, line: int, column: int) -> ast.String:
+        return ast.String(span=self.word_span(text, line, column), value=self._decode(text, line, column))
 
-    def _decode(self, token: Token) -> str:
-        body = str(token)[1:-1]
+    def _decode(self, text: str, line: int, token_column: int) -> str:
+        body = text[1:-1]
+        if "\\" not in body:
+            return body
         out: list[str] = []
         i = 0
         while i < len(body):
@@ -178,7 +172,7 @@ class TreeToAst(Transformer):
                 i += 1
                 continue
             escape = body[i + 1]
-            column = token.column + 1 + i
+            column = token_column + 1 + i
             if escape in _ESCAPES:
                 out.append(_ESCAPES[escape])
                 i += 2
@@ -191,15 +185,8 @@ class TreeToAst(Transformer):
                     i += 6
                     continue
             width = 6 if escape == "u" else 2
-            span = ast.Span(
-                file=self.file,
-                line=token.line,
-                column=column,
-                end_line=token.line,
-                end_column=column + width,
-            )
             self._error(
-                span,
+                self.span(line, column, line, column + width),
                 "PAR0013",
                 f"unknown escape `{body[i:i + width]}` in a string",
                 'escapes are \\\\ \\" \\n \\t \\r and \\uXXXX (not a surrogate)',
@@ -207,18 +194,17 @@ class TreeToAst(Transformer):
             i += 2
         return "".join(out)
 
-    def list(self, meta, children):
-        return ast.ListValue(span=self._span(meta), items=children[0] or ())
+    def list_value(self, items: tuple, span: Span) -> ast.ListValue:
+        """``[items]``; ``span`` runs from ``[`` to ``]``."""
+        return ast.ListValue(span=span, items=items)
 
-    def tuple(self, meta, children):
-        return ast.TupleValue(span=self._span(meta), items=children[0] or ())
+    def tuple_value(self, items: tuple, span: Span) -> ast.TupleValue:
+        """``(items)``; ``span`` runs from ``(`` to ``)``."""
+        return ast.TupleValue(span=span, items=items)
 
-    def elements(self, meta, children):
-        return tuple(children)
-
-    def call(self, meta, children):
-        name, arguments = children
-        arguments = arguments or ()
+    def call(self, name: str, line: int, column: int, arguments: tuple,
+             end_line: int, end_column: int) -> ast.Call:
+        """``name(arguments)``, its ``)`` ending at ``end_line``, ``end_column``."""
         seen_keyword = False
         for argument in arguments:
             if argument.name is not None:
@@ -231,24 +217,92 @@ class TreeToAst(Transformer):
                     "give it by name, or move it before the keyword arguments",
                 )
         return ast.Call(
-            span=self._span(meta),
-            name=self._key(name, "function name"),
-            name_span=self._span(name),
+            span=self.span(line, column, end_line, end_column),
+            name=self.key(name, line, column, "function name"),
+            name_span=self.word_span(name, line, column),
             arguments=arguments,
         )
+
+    def positional(self, value) -> ast.Argument:
+        return ast.Argument(span=value.span, name=None, name_span=None, value=value)
+
+    def keyword(self, name: str, line: int, column: int, value) -> ast.Argument:
+        end = value.span
+        return ast.Argument(
+            span=self.span(line, column, end.end_line, end.end_column),
+            name=self.key(name, line, column, "argument name"),
+            name_span=self.word_span(name, line, column),
+            value=value,
+        )
+
+
+def _word(token: Token) -> tuple[str, int, int]:
+    return str(token), token.line, token.column
+
+
+@v_args(meta=True)
+class TreeToAst(Transformer):
+    """Lark tree → ast nodes, through an ``AstBuilder`` (``self.build``)."""
+
+    def __init__(self, build: AstBuilder):
+        super().__init__(visit_tokens=False)
+        self.build = build
+
+    def _meta_span(self, meta) -> Span:
+        return self.build.span(meta.line, meta.column, meta.end_line, meta.end_column)
+
+    def start(self, meta, children):
+        return self.build.document(tuple(child for child in children if child is not None))
+
+    def block(self, meta, children):
+        kind, *label, body = children
+        return self.build.block(
+            *_word(kind), _word(label[0]) if label else None, body, meta.end_line, meta.end_column
+        )
+
+    def block_assign(self, meta, children):
+        kind, value = children
+        return self.build.block_assign(*_word(kind), value)
+
+    def body(self, meta, children):
+        return tuple(children)
+
+    def entry(self, meta, children):
+        key, value = children
+        return self.build.entry(*_word(key), value)
+
+    def override(self, meta, children):
+        key, value = children
+        return key, value
+
+    def atom(self, meta, children):
+        return self.build.atom(*_word(children[0]))
+
+    def quantity(self, meta, children):
+        return self.build.quantity(*_word(children[0]))
+
+    def string(self, meta, children):
+        return self.build.string(*_word(children[0]))
+
+    def list(self, meta, children):
+        return self.build.list_value(children[0] or (), self._meta_span(meta))
+
+    def tuple(self, meta, children):
+        return self.build.tuple_value(children[0] or (), self._meta_span(meta))
+
+    def elements(self, meta, children):
+        return tuple(children)
+
+    def call(self, meta, children):
+        name, arguments = children
+        return self.build.call(*_word(name), arguments or (), meta.end_line, meta.end_column)
 
     def arguments(self, meta, children):
         return tuple(children)
 
     def positional(self, meta, children):
-        (value,) = children
-        return ast.Argument(span=value.span, name=None, name_span=None, value=value)
+        return self.build.positional(children[0])
 
     def keyword(self, meta, children):
         name, value = children
-        return ast.Argument(
-            span=self._span(name, value.span),
-            name=self._key(name, "argument name"),
-            name_span=self._span(name),
-            value=value,
-        )
+        return self.build.keyword(*_word(name), value)

@@ -1,7 +1,8 @@
 """The front end answers any input with a Document/Spec or Diagnostics: never another
 exception, never a hang. Random text and bytes, and the examples with tokens deleted,
-duplicated, swapped and inserted. Where the text parses, ``fmt`` is idempotent and
-keeps its meaning. Deterministic (``derandomize``) so CI sees the same inputs.
+duplicated, swapped and inserted. The quick parser gives up or agrees with lark.
+Where the text parses, ``fmt`` is idempotent and keeps its meaning. Deterministic
+(``derandomize``) so CI sees the same inputs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from parc.dsl import Diagnostics, decode, format_document, load_text, parse, strip_spans
+from test_quick_parse import agrees  # tests/dsl is on sys.path (pytest's default import mode)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {
@@ -75,6 +77,7 @@ def answers(text: str, file: str = "f.par", overrides=()) -> None:
             assert error.code.startswith("PAR") and error.span.line >= 1
     if file.endswith(".json"):
         return
+    agrees(text)
     try:
         doc = parse(text, file)
     except Diagnostics:

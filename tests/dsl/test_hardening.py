@@ -14,7 +14,7 @@ import pytest
 
 from parc.dsl import Diagnostics, load, load_text, parse, read_text
 from parc.dsl.ast import strip_spans
-from parc.dsl.diagnostics import Span, render_all
+from parc.dsl.diagnostics import ERROR_LIMIT, Span, render_all
 from parc.dsl.fmt import format_document
 from parc.dsl.source import MAX_SOURCE_BYTES, LineIndex
 
@@ -88,8 +88,24 @@ def test_a_caret_deep_in_a_long_line_stays_under_its_text() -> None:
 def test_many_errors_share_one_line_index() -> None:
     before = LineIndex.built
     text = TINY.replace("  steps = 20\n", "  steps = 20\n" + "  steps = 20\n" * 2000)
-    assert rendered(text).count("error[PAR0105]") == 2000
+    with pytest.raises(Diagnostics) as caught:
+        load_text(text, "t.par")
+    everything = render_all(caught.value.errors, caught.value.sources, limit=None)
+    assert everything.count("error[PAR0105]") == 2000
     assert LineIndex.built - before <= 3  # parse, the SourceMap of load: not one per error
+
+
+def test_past_the_error_limit_one_line_counts_the_rest() -> None:
+    text = TINY.replace("  steps = 20\n", "  steps = 20\n" * (ERROR_LIMIT + 1235))
+    out = rendered(text)
+    assert out.count("error[PAR0105]") == ERROR_LIMIT
+    assert out.count("\n\n") == ERROR_LIMIT  # after each shown error, and nowhere else
+    assert out.endswith(
+        f"\n\n… and 1,234 more errors not shown (parc prints the first {ERROR_LIMIT})\n"
+        f"{ERROR_LIMIT + 1234} errors\n"
+    )
+    first_shown = out.index("t.par:30:3: error[PAR0105]")  # the first duplicate, by position
+    assert first_shown == 0
 
 
 def test_a_million_comments_parse_and_format_back() -> None:
