@@ -26,7 +26,7 @@ from pathlib import Path
 import jsonschema
 
 from parc import __version__
-from parc.runtime.paths import UnreadableFile, UnsafePath, inside, read_json
+from parc.runtime.paths import UnreadableFile, UnsafePath, UnwritablePath, check_target, inside, read_json
 
 from .lower import lower
 from .render import render, runtime_modules
@@ -156,25 +156,13 @@ class FolderState:
 
 
 def check_folder(out_dir: Path) -> None:
-    """Refuse an output path that is not (and cannot become) a folder parc may write."""
-    hint = "name a folder with -o DIR"
-    if out_dir.is_symlink() and not out_dir.exists():
-        raise FolderError(f"{out_dir} is a symlink to nothing ({os.readlink(out_dir)})", hint)
-    if out_dir.exists():
-        if not out_dir.is_dir():
-            raise FolderError(f"{out_dir} exists and is not a folder", hint)
-        if not os.access(out_dir, os.W_OK | os.X_OK):
-            raise FolderError(f"{out_dir} is not writable", "check its permissions, or name another folder")
-        return
-    parent = out_dir.parent
-    while not parent.exists() and parent != parent.parent:
-        if parent.is_symlink():
-            raise FolderError(f"{parent} is a symlink to nothing", hint)
-        parent = parent.parent
-    if not parent.is_dir():
-        raise FolderError(f"cannot make {out_dir}: {parent} is not a folder", hint)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise FolderError(f"cannot make {out_dir}: {parent} is not writable", "check its permissions, or name another folder")
+    """Refuse an output path that is not (and cannot become) a folder parc may write
+    (``runtime/paths.check_target``, the rule every writer of a user path follows)."""
+    try:
+        check_target(out_dir, folder=True)
+    except UnwritablePath as exc:
+        hint = "check its permissions, or name another folder" if "writable" in str(exc) else "name a folder with -o DIR"
+        raise FolderError(str(exc), hint) from None
 
 
 def read_manifest(out_dir: Path) -> dict[str, str] | None:

@@ -30,18 +30,12 @@ def spec_values(spec: Spec) -> dict:
         "dp": par.dp, "tp": par.tp, "pp": par.pp, "sp": par.sp, "zero": par.zero,
         "schedule": schedule.value if schedule is not None else None,
         "chunks": None if schedule is None else par.chunks if schedule is PipelineSchedule.INTERLEAVED else 1,
-        "recompute": _mode(par.recompute),  # a mode, one per block (Note [per-layer values]), or None
+        "recompute": par.recompute_modes,  # a mode, one per block (Note [per-layer values]), or None
         "sub_batches": par.overlap_sub_batches, "stage_layers": par.stage_layers,
         "global_batch": train.global_batch, "micro_batch": train.micro_batch, "steps": train.steps,
         "warmup": train.lr_schedule.warmup, "precision": train.precision.value,
         "optimizer": train.optimizer.name, "data": train.data.kind.value, "data_dtype": train.data.dtype,
     }
-
-
-def _mode(recompute):
-    if isinstance(recompute, tuple):
-        return tuple(mode.value for mode in recompute)
-    return recompute.value if recompute is not None else None
 
 
 def blamed_span(spec: Spec, violation: constraints.Violation):

@@ -76,7 +76,7 @@ def plain_values(v: _Values) -> dict:
     out["schedule"] = schedule.get("kind") if isinstance(schedule, dict) else None
     out["chunks"] = schedule.get("chunks", 1) if isinstance(schedule, dict) else None
     overlap = out.pop("sub_batches")  # Note [per-layer values]: a list holds one call per block
-    parts = [one.get("sub_batches", 1) if isinstance(one, dict) else None for one in _entries(overlap)]
+    parts = [one.get("sub_batches", 1) if isinstance(one, dict) else None for one in constraints.entries(overlap)]
     out["sub_batches"] = None if None in parts else tuple(parts) if isinstance(overlap, list) else parts[0]
     recompute = out.get("recompute")
     out["recompute"] = tuple(recompute) if isinstance(recompute, list) else recompute
@@ -88,10 +88,6 @@ def plain_values(v: _Values) -> dict:
     optimizer = out.pop("optimizer")
     out["optimizer"] = optimizer.get("kind") if isinstance(optimizer, dict) else optimizer
     return out
-
-
-def _entries(value) -> list:
-    return value if isinstance(value, list) else [value]
 
 
 def _blamed(v: _Values, violation: constraints.Violation) -> Span:

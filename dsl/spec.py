@@ -14,6 +14,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from parc.runtime.constraints import per_layer
+
 from .diagnostics import Span
 
 
@@ -114,11 +116,6 @@ class MeshSpec:
         return self.nodes * self.devices_per_node
 
 
-def per_layer(value, layers: int) -> tuple:
-    """``value`` for each of ``layers`` blocks: a tuple as it is, a scalar repeated."""
-    return tuple(value) if isinstance(value, tuple) else (value,) * layers
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelSpec:
     """The layout. ``None`` means ``auto`` (left to the planner)."""
@@ -137,6 +134,13 @@ class ParallelSpec:
     """``overlap = sub_batch(k)`` gives k; ``overlap = none`` gives 1; a list, one per block."""
     stage_layers: tuple[int, ...] | None = None
     """Explicit layers per pipeline stage, or None for an even split."""
+
+    @property
+    def recompute_modes(self) -> str | tuple[str, ...] | None:
+        """``recompute`` as plain words: a mode, one per block, or None (auto)."""
+        if isinstance(self.recompute, tuple):
+            return tuple(mode.value for mode in self.recompute)
+        return None if self.recompute is None else self.recompute.value
 
     def layer_recompute(self, layers: int) -> tuple[Recompute, ...]:
         """Each block's recompute mode (a scalar applies to every block)."""

@@ -200,9 +200,19 @@ def some(values: list[int], near: int, limit: int = 10) -> str:
     return text if len(values) <= limit else text + ", ..."
 
 
-def _entries(value) -> tuple:
+def entries(value) -> tuple:
     """A per-layer value's entries (Note [a rule is an entry]); a single value is one entry."""
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def per_layer(value, layers: int, what: str = "a per-layer value") -> tuple:
+    """``value`` for each of ``layers`` blocks: a sequence of that length, or one value for
+    all (the one expansion the spec, the cost model and the runtime's model share)."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != layers:
+            raise ValueError(f"{what} lists {len(value)} values for {layers} layers")
+        return tuple(value)
+    return (value,) * layers
 
 
 # ---- the model ------------------------------------------------------------------
@@ -426,7 +436,7 @@ def sequence_parallel(sp, tp, seq_len=None):
 @rule("PAR0211")
 def sub_batches_divide(sub_batches, micro_batch):
     found = []
-    for parts in dict.fromkeys(_entries(sub_batches)):
+    for parts in dict.fromkeys(entries(sub_batches)):
         if parts is None or micro_batch % parts == 0:
             continue
         choices = [d for d in divisors(micro_batch) if d >= 2]
@@ -440,7 +450,7 @@ def sub_batches_divide(sub_batches, micro_batch):
 @rule("PAR0215")
 def overlap_needs_tp(sub_batches, tp):
     """``overlap = sub_batch(K)`` splits tensor-parallel communication: with tp = 1 there is none."""
-    parts = [k for k in _entries(sub_batches) if k is not None and k > 1]
+    parts = [k for k in entries(sub_batches) if k is not None and k > 1]
     if tp != 1 or not parts:
         return None
     return _violation(

@@ -51,6 +51,7 @@ from .layers import (
     project,
     vocab_parallel_cross_entropy,
 )
+from .constraints import per_layer
 from .kernels import select as select_kernels
 from .model_desc import ModelConfig, describe  # noqa: F401  (ModelConfig: re-exported for train.py)
 from .param_init import initialize
@@ -244,15 +245,6 @@ class Block(nn.Module):
         for region in self.regions:
             x = region.forward(x, self.dropout, self.training)
         return x
-
-
-def per_layer(value, layers: int, what: str) -> tuple:
-    """``value`` for each of ``layers`` blocks: a sequence of that length, or one value for all."""
-    if isinstance(value, (tuple, list)):
-        if len(value) != layers:
-            raise ValueError(f"{what} lists {len(value)} values for {layers} layers")
-        return tuple(value)
-    return (value,) * layers
 
 
 class Transformer(nn.Module):

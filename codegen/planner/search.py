@@ -119,7 +119,7 @@ def _settings(spec: Spec, values: dict, dp: int, tp: int, pp: int, micro_batch: 
         [option for option in options if legal({**values, name: option}, touching=(name,))]
         for name, options in (
             ("zero", allowed(par.zero, [0, 1, 2, 3] if dp > 1 else [0])),
-            ("recompute", allowed(_modes(par.recompute), list(RECOMPUTE_ORDER))),
+            ("recompute", allowed(par.recompute_modes, list(RECOMPUTE_ORDER))),
             ("sp", allowed(par.sp, [False, True])),
             ("sub_batches", allowed(par.overlap_sub_batches, subs)),
         )
@@ -143,13 +143,6 @@ def _recompute_rank(layout: Layout) -> float:
     """How much a layout recomputes, for ties: the mean of its blocks' ``RECOMPUTE_ORDER``."""
     modes = layout.recompute if isinstance(layout.recompute, tuple) else (layout.recompute,)
     return sum(RECOMPUTE_ORDER[mode] for mode in modes) / len(modes)
-
-
-def _modes(recompute):
-    """The spec's recompute as the cost model takes it: a mode, one per block, or None (auto)."""
-    if isinstance(recompute, tuple):
-        return tuple(mode.value for mode in recompute)
-    return recompute and recompute.value
 
 
 def _schedules(layers: int, pp: int) -> list[tuple[str, int]]:
@@ -236,7 +229,6 @@ def search(spec: Spec, hw: Hardware, accounting: Accounting = Accounting.PARC) -
     scored = [estimate(spec, layout, hw, accounting, exact=False) for layout in layouts]
     if spec.parallel.recompute is None:
         scored += mixed_recompute(spec, scored, hw, accounting)
-    layouts += [item.layout for item in scored[len(layouts):]]
     fast = rank(scored, unit)
     head = [estimate(spec, item.layout, hw, accounting, exact=True) for item in fast[:EXACT_TOP]]
     # The build winner must be exact too, even when zero-3 layouts crowd the top.
@@ -249,7 +241,7 @@ def search(spec: Spec, hw: Hardware, accounting: Accounting = Accounting.PARC) -
                 break
     ranked = tuple(rank(head, unit)) + tuple(tail)
     return SearchResult(
-        estimates=ranked, considered=len(layouts), fitting=sum(1 for item in ranked if item.fits)
+        estimates=ranked, considered=len(scored), fitting=sum(1 for item in ranked if item.fits)
     )
 
 
@@ -263,7 +255,7 @@ def fixed_layout(spec: Spec) -> Layout | None:
         dp=par.dp, tp=par.tp, pp=par.pp, sp=bool(par.sp), zero=par.zero,
         schedule=par.schedule.value if par.pp > 1 else "1f1b",
         chunks=par.chunks if interleaved else 1,
-        recompute=_modes(par.recompute or Recompute.NONE),
+        recompute=par.recompute_modes or "none",
         sub_batches=par.overlap_sub_batches, micro_batch=spec.train.micro_batch,
     )
 

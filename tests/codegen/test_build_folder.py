@@ -185,7 +185,7 @@ def test_output_is_a_dangling_symlink(tmp_path, capsys):
 def test_output_under_a_file(tmp_path, capsys):
     (tmp_path / "file.txt").write_text("mine")
     assert main(["build", TINY, "-o", str(tmp_path / "file.txt" / "sub" / "build")]) == 1
-    assert "is not a folder" in capsys.readouterr().err
+    assert "file.txt is a file, not a folder" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
 
 

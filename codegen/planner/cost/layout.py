@@ -23,9 +23,11 @@ import functools
 from dataclasses import dataclass
 
 from parc.dsl.spec import ModelSpec
+from parc.runtime.constraints import per_layer
 from parc.runtime.model_desc import NONE, ParamCount
 
 from ...model_config import model_desc
+from ...plan_text import fold_runs
 
 
 class Accounting(enum.Enum):
@@ -58,9 +60,7 @@ class Layout:
 
     def block_settings(self, layers: int) -> tuple[tuple[str, int], ...]:
         """(recompute, sub_batches) of each of the model's ``layers`` blocks."""
-        recompute = self.recompute if isinstance(self.recompute, tuple) else (self.recompute,) * layers
-        sub_batches = self.sub_batches if isinstance(self.sub_batches, tuple) else (self.sub_batches,) * layers
-        return tuple(zip(recompute, sub_batches))
+        return tuple(zip(per_layer(self.recompute, layers), per_layer(self.sub_batches, layers)))
 
     @property
     def per_layer(self) -> bool:
@@ -101,13 +101,7 @@ class Layout:
 
 def fold_words(values) -> str:
     """Per-layer values for people: ``[full, none]``, runs folded as ``[full ×3, none ×93]``."""
-    runs: list[list] = []
-    for value in values:
-        if runs and runs[-1][0] == value:
-            runs[-1][1] += 1
-        else:
-            runs.append([value, 1])
-    return "[" + ", ".join(f"{v} ×{n}" if n > 1 else str(v) for v, n in runs) + "]"
+    return "[" + ", ".join(f"{v} ×{n}" if n > 1 else str(v) for v, n in fold_runs(values)) + "]"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
