@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from parc.dsl.diagnostics import Span
 from parc.runtime.axes import coordinates, partition
+from parc.runtime.layer_settings import SETTINGS, LayerSetting
 
 
 class ShardStyle(enum.Enum):
@@ -210,8 +211,9 @@ class LayerLayout:
     head, in model order. A uniform layout is the case where every block's entry is
     equal, and renders the scalar constants of before (``RECOMPUTE = "full"``); a
     setting that differs between blocks renders one value per block. The embedding
-    and head follow their neighbouring block's degrees and have no recompute or
-    overlap of their own.
+    and head follow their neighbouring block's degrees and carry each per-layer
+    setting's ``off`` value. Each per-layer setting of ``layer_settings.SETTINGS`` is a
+    field of the same name.
     """
 
     name: str
@@ -227,10 +229,13 @@ class LayerLayout:
     """Sequence parallelism: the layer's norms run on T/tp."""
     recompute: str
     """``none``, ``selective`` (attention core) or ``full`` (the block from its input)."""
-    sub_batches: int
+    overlap: int
     """Oases sub-batches of the block's tensor-parallel collectives; 1: no overlap."""
-    recompute_span: Span | None
-    overlap_span: Span | None
+    spans: tuple[tuple[str, Span | None], ...] = ()
+    """Where the spec gave each per-layer setting (``layer_settings.SETTINGS``), by name."""
+
+    def span(self, name: str) -> Span | None:
+        return dict(self.spans).get(name)
 
 
 # ---------------------------------------------------------------------------
@@ -372,6 +377,10 @@ class Plan:
         """``field`` when every block has the same value, else None."""
         values = set(self.per_block(field))
         return values.pop() if len(values) == 1 else None
+
+    def used_settings(self) -> tuple[LayerSetting, ...]:
+        """The per-layer settings some block uses (Note [a per-layer setting is an entry])."""
+        return tuple(entry for entry in SETTINGS if entry.used(self.per_block(entry.name)))
 
     def __str__(self) -> str:
         from .plan_text import plan_to_text

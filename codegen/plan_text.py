@@ -13,6 +13,7 @@ import json
 import re
 
 from parc.dsl.diagnostics import Span
+from parc.runtime.layer_settings import fold_runs
 
 
 def safe_file_name(path: str) -> str:
@@ -49,9 +50,17 @@ def _plain(value):
         return value.value
     if dataclasses.is_dataclass(value):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple) and value and all(_is_named(item) for item in value):
+        return {name: _plain(item) for name, item in value}  # a mapping kept as pairs (LayerLayout.spans)
     if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     return value
+
+
+def _is_named(item) -> bool:
+    return isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and (
+        item[1] is None or isinstance(item[1], Span)
+    )
 
 
 def plan_to_json(plan) -> str:
@@ -63,17 +72,6 @@ def plan_to_json(plan) -> str:
 
 def _shape(shape) -> str:
     return "(" + ", ".join(str(n) for n in shape) + ")"
-
-
-def fold_runs(values) -> list[tuple[object, int]]:
-    """``values`` as runs of equal neighbours: ``[a, a, b]`` → ``[(a, 2), (b, 1)]``."""
-    runs: list[tuple[object, int]] = []
-    for value in values:
-        if runs and runs[-1][0] == value:
-            runs[-1] = (value, runs[-1][1] + 1)
-        else:
-            runs.append((value, 1))
-    return runs
 
 
 def layer_value(plan, field: str) -> str:
@@ -151,15 +149,10 @@ def plan_to_text(plan) -> str:
     lines.append("train:")
     for s in (t.steps, t.seed, t.precision, t.grad_clip, t.log_every, *t.optimizer, *t.lr_schedule):
         lines.append(f"  {s.name} = {s.value!r}  [{cite(s.span)}]")
-    blocks = plan.blocks
-    if plan.per_block("recompute") != ("none",) * len(blocks):
-        lines.append(f"  RECOMPUTE = {layer_value(plan, 'recompute')}  [{cite(blocks[0].recompute_span)}]")
+    for entry in plan.used_settings():
+        lines.append(f"  {entry.constant} = {layer_value(plan, entry.name)}  [{cite(plan.blocks[0].span(entry.name))}]")
     if t.zero.value:
         lines.append(f"  {t.zero.name} = {t.zero.value!r}  [{cite(t.zero.span)}]")
-    if max(plan.per_block("sub_batches")) > 1:
-        lines.append(
-            f"  OVERLAP_SUB_BATCHES = {layer_value(plan, 'sub_batches')}  [{cite(blocks[0].overlap_span)}]"
-        )
     lines.append(f"  {t.kernels.name} = {t.kernels.value!r}  [{cite(t.kernels.span)}]")
     data = t.data
     where = f" {data.path!r} ({data.dtype})" if data.path else ""

@@ -72,11 +72,10 @@ def config_lines(plan: Plan) -> list[str]:
             lines.append(constant(axis.axis.upper(), axis.size, f"{cite(axis.span)}: {axes.axis(axis.axis).ranks}"))
     if sp.enabled:
         lines.append(constant("SEQUENCE_PARALLEL", True, cite(sp.span) + ": norms run on T/tp"))
-    lines += recompute_lines(plan)
+    lines += setting_lines(plan)
     zero = plan.train.zero
     if zero.value:
         lines.append(constant("ZERO", zero.value, f"{cite(zero.span)}: {ZERO_WORDS[zero.value]}"))
-    lines += overlap_lines(plan)
     kernels = plan.train.kernels
     lines.append(constant("KERNELS", kernels.value, f"{cite(kernels.span)}: {KERNELS_WORDS[kernels.value]}"))
     lines += render_step.config_lines(plan)
@@ -117,55 +116,21 @@ def mesh_axes_text(plan: Plan) -> str:
     return ", ".join(f'("{name}", {name.upper()})' for name in shown)
 
 
-RECOMPUTE_WORDS = {
-    "selective": "attention core redone in backward",
-    "full": "each block redone from its input",
-    "none": "nothing redone",
-}
-
-
-def uses_recompute(plan: Plan) -> bool:
-    return any(mode != "none" for mode in plan.per_block("recompute"))
-
-
-def uses_overlap(plan: Plan) -> bool:
-    return max(plan.per_block("sub_batches")) > 1
-
-
-def recompute_lines(plan: Plan) -> list[str]:
-    """``RECOMPUTE``: one mode, or one per block (Note [per-layer layout])."""
-    if not uses_recompute(plan):
-        return []
-    where = cite(plan.blocks[0].recompute_span)
-    mode = plan.uniform("recompute")
-    if mode is not None:
-        return [constant("RECOMPUTE", mode, f"{where}: {RECOMPUTE_WORDS[mode]}")]
-    modes = " / ".join(f"{m}: {RECOMPUTE_WORDS[m]}" for m in dict.fromkeys(plan.per_block("recompute")))
-    return [
-        f"# {where}: each block's recompute, layers.0 first ({modes})",
-        f"RECOMPUTE = {layer_value(plan, 'recompute')}",
-    ]
-
-
-def overlap_lines(plan: Plan) -> list[str]:
-    """``OVERLAP_SUB_BATCHES`` when blocks use ``overlap = sub_batch(k)``, naming what overlaps what."""
-    if not uses_overlap(plan):
-        return []
-    where = cite(plan.blocks[0].overlap_span)
-    if plan.sequence_parallel.enabled:
-        what = "reduce-scatter and all-gather along T"
-    else:
-        what = "all-reduce"
-    parts = plan.uniform("sub_batches")
-    if parts is not None:
-        runs = f"each micro-batch runs as {parts} sub-batches (Oases)"
-    else:
-        runs = "each block's sub-batches, layers.0 first (1: not split; Oases)"
-    return [
-        f"# {where}: {runs}: sub-batch i's",
-        f"# tensor-parallel {what} runs while sub-batch i+1 computes (runtime/overlap.py)",
-        f"OVERLAP_SUB_BATCHES = {layer_value(plan, 'sub_batches')}",
-    ]
+def setting_lines(plan: Plan) -> list[str]:
+    """Each per-layer setting some block uses (Note [a per-layer setting is an entry]):
+    its constant, one value or one per block (Note [per-layer layout]), with the
+    setting's own comment under the spec line it came from."""
+    lines = []
+    facts = {"sp": plan.sequence_parallel.enabled}
+    for entry in plan.used_settings():
+        where = cite(plan.blocks[0].span(entry.name))
+        first, *rest = entry.comment(plan.per_block(entry.name), facts)
+        value = layer_value(plan, entry.name)
+        if plan.uniform(entry.name) is not None and not rest:
+            lines.append(f"{entry.constant} = {value}  # {where}: {first}")
+        else:
+            lines += [f"# {where}: {first}", *(f"# {line}" for line in rest), f"{entry.constant} = {value}"]
+    return lines
 
 
 def tp_plan_lines(plan: Plan) -> list[str]:
@@ -294,9 +259,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         sequence_parallel_arg="SEQUENCE_PARALLEL" if sp.enabled else "False",
         build_function=build_function,
         model_comment_lines=model_comment_lines,
-        model_extra_args=pipeline_args + (
-            ["recompute=RECOMPUTE,"] if uses_recompute(plan) else []
-        ) + (["sub_batches=OVERLAP_SUB_BATCHES,"] if uses_overlap(plan) else [])
+        model_extra_args=pipeline_args
+        + [f"{entry.argument}={entry.constant}," for entry in plan.used_settings()]
         + ["kernels=KERNELS,"],
         pipeline_lines=render_step.executor_lines(plan),
         step_body_lines=render_checkpoint.step_start_lines() + [
@@ -344,8 +308,8 @@ def train_imports(plan: Plan) -> list[str]:
 def runtime_modules(plan: Plan) -> set[str]:
     """The runtime modules the build's program needs before their own imports are
     followed (``build.runtime_files``): train.py's, and those the runtime imports only
-    when a feature is on (``model`` imports ``overlap`` for sub-batches)."""
-    return set(train_imports(plan)) | ({"overlap"} if uses_overlap(plan) else set())
+    when a per-layer setting is used: ``LayerSetting.module``)."""
+    return set(train_imports(plan)) | {entry.module for entry in plan.used_settings() if entry.module}
 
 
 def layout_words(plan: Plan) -> str:

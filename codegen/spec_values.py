@@ -14,6 +14,7 @@ from __future__ import annotations
 from parc.dsl.diagnostics import ParcError
 from parc.dsl.spec import PipelineSchedule, Spec
 from parc.runtime import constraints
+from parc.runtime.layer_settings import SETTINGS
 
 from .errors import span_of
 
@@ -30,8 +31,8 @@ def spec_values(spec: Spec) -> dict:
         "dp": par.dp, "tp": par.tp, "pp": par.pp, "sp": par.sp, "zero": par.zero,
         "schedule": schedule.value if schedule is not None else None,
         "chunks": None if schedule is None else par.chunks if schedule is PipelineSchedule.INTERLEAVED else 1,
-        "recompute": par.recompute_modes,  # a mode, one per block (Note [per-layer values]), or None
-        "sub_batches": par.overlap_sub_batches, "stage_layers": par.stage_layers,
+        **{entry.name: par.setting(entry.name) for entry in SETTINGS},  # Note [per-layer values]
+        "stage_layers": par.stage_layers,
         "global_batch": train.global_batch, "micro_batch": train.micro_batch, "steps": train.steps,
         "warmup": train.lr_schedule.warmup, "precision": train.precision.value,
         "optimizer": train.optimizer.name, "data": train.data.kind.value, "data_dtype": train.data.dtype,

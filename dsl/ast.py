@@ -111,7 +111,7 @@ class Argument:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Call:
-    """``adamw(lr = 3e-4)``, ``sub_batch(2)``, ``tokens("data/x.bin")``."""
+    """``adamw(lr = 3e-4)``, ``interleaved(chunks = 2)``, ``tokens("data/x.bin")``."""
 
     span: Span
     name: str

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from parc.runtime.layer_settings import setting
+
 from .normalize import Normalized, dotted
 from .presets import PRESETS
 from .spec import (
@@ -106,7 +108,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         schedule=None if schedule is None else PipelineSchedule(schedule["kind"]),
         chunks=1 if schedule is None else schedule.get("chunks", 1),
         recompute=_per_layer(degree("recompute", "none"), Recompute),
-        overlap_sub_batches=_per_layer(overlap, lambda call: call.get("sub_batches", 1)),
+        overlap=_per_layer(overlap, setting("overlap").read),
         stage_layers=None if stage_layers is None else tuple(stage_layers),
     )
     optimizer = train.get("optimizer", {"kind": "adamw"})

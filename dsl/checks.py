@@ -18,6 +18,7 @@ Before: the schema (``dsl/validate.py``). After: ``dsl/build_spec.py``.
 from __future__ import annotations
 
 from parc.runtime import constraints
+from parc.runtime.layer_settings import SETTINGS, read_value
 
 from .diagnostics import ParcError, Span
 from .normalize import Normalized
@@ -75,11 +76,9 @@ def plain_values(v: _Values) -> dict:
     schedule = out.pop("schedule")
     out["schedule"] = schedule.get("kind") if isinstance(schedule, dict) else None
     out["chunks"] = schedule.get("chunks", 1) if isinstance(schedule, dict) else None
-    overlap = out.pop("sub_batches")  # Note [per-layer values]: a list holds one call per block
-    parts = [one.get("sub_batches", 1) if isinstance(one, dict) else None for one in constraints.entries(overlap)]
-    out["sub_batches"] = None if None in parts else tuple(parts) if isinstance(overlap, list) else parts[0]
-    recompute = out.get("recompute")
-    out["recompute"] = tuple(recompute) if isinstance(recompute, list) else recompute
+    for entry in SETTINGS:  # Note [per-layer values]: a list holds one entry per block
+        plain = None if out[entry.name] is None else read_value(entry.name, out[entry.name])
+        out[entry.name] = None if plain is None or None in constraints.entries(plain) else plain
     lr_schedule = v.get("train", "schedule")
     out["warmup"] = lr_schedule.get("warmup") if isinstance(lr_schedule, dict) else None
     data = out.pop("data")

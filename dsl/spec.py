@@ -12,7 +12,7 @@ Before: ``dsl/validate.py``. After: ``codegen/`` (lowering to the Plan).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from parc.runtime.constraints import per_layer
 
@@ -130,25 +130,32 @@ class ParallelSpec:
     """Virtual stages per rank (``interleaved(chunks = v)``); 1 otherwise."""
     recompute: Recompute | tuple[Recompute, ...] | None = Recompute.NONE
     """One mode for every block, or a tuple with one per block (Note [per-layer values])."""
-    overlap_sub_batches: int | tuple[int, ...] | None = 1
-    """``overlap = sub_batch(k)`` gives k; ``overlap = none`` gives 1; a list, one per block."""
+    overlap: int | tuple[int, ...] | None = 1
+    """Oases sub-batches per micro-batch (1: no overlap); or one per block."""
     stage_layers: tuple[int, ...] | None = None
     """Explicit layers per pipeline stage, or None for an even split."""
 
-    @property
-    def recompute_modes(self) -> str | tuple[str, ...] | None:
-        """``recompute`` as plain words: a mode, one per block, or None (auto)."""
-        if isinstance(self.recompute, tuple):
-            return tuple(mode.value for mode in self.recompute)
-        return None if self.recompute is None else self.recompute.value
+    def setting(self, name: str):
+        """A per-layer setting (``layer_settings.SETTINGS``) as plain values: one value,
+        one per block, or None (auto)."""
+        value = getattr(self, name)
+        plain = lambda one: one.value if isinstance(one, enum.Enum) else one  # noqa: E731
+        return tuple(plain(one) for one in value) if isinstance(value, tuple) else plain(value)
 
-    def layer_recompute(self, layers: int) -> tuple[Recompute, ...]:
-        """Each block's recompute mode (a scalar applies to every block)."""
-        return per_layer(self.recompute, layers)
+    def layer_values(self, name: str, layers: int) -> tuple:
+        """Each block's plain value of a per-layer setting (a scalar applies to every block)."""
+        return per_layer(self.setting(name), layers)
 
-    def layer_sub_batches(self, layers: int) -> tuple[int, ...]:
-        """Each block's overlap sub-batches (1: no overlap)."""
-        return per_layer(self.overlap_sub_batches, layers)
+    def with_settings(self, values: dict) -> "ParallelSpec":
+        """This layout with per-layer settings given as plain values (the planner's)."""
+        typed = {"recompute": Recompute}  # the settings the spec holds as enums
+        def one(name, value):
+            kind = typed.get(name)
+            return value if kind is None else kind(value)
+        return replace(self, **{
+            name: tuple(one(name, v) for v in value) if isinstance(value, tuple) else one(name, value)
+            for name, value in values.items()
+        })
 
     @property
     def is_complete(self) -> bool:
@@ -161,7 +168,7 @@ class ParallelSpec:
             self.zero,
             self.schedule,
             self.recompute,
-            self.overlap_sub_batches,
+            self.overlap,
         )
 
 

@@ -17,7 +17,7 @@ a build vendors it as ``parc_runtime/constraints.py``.
 
 Note [a rule is an entry]: a new parallel axis is an ``Axis`` of ``axes.py`` (whether it
 joins the world product, what sizes its degree divides); a feature parc cannot build yet is
-an ``Unbuildable`` entry; a per-layer setting is a name in ``PER_LAYER``; anything
+an ``Unbuildable`` entry; a per-layer setting an entry of ``layer_settings.SETTINGS``; anything
 else is one function decorated with ``@rule(code)`` whose parameters are names of
 ``KEYS`` (without a default: required, the rule is skipped while it is unknown; with
 ``= None``: optional). Context parallel, say, is ``Axis("cp", ..., divides=("seq_len",))``
@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping
 
 from .axes import WORLD_ORDER, Axis, axis
+from .layer_settings import SETTINGS
 
 LAYOUT, BUILD = "layout", "build"
 """Rule kinds: what any program must satisfy; what ``parc build`` can generate today."""
@@ -58,7 +59,7 @@ KEYS = {
     "schedule": "parallel.schedule",
     "chunks": "parallel.schedule",
     "recompute": "parallel.recompute",
-    "sub_batches": "parallel.overlap",
+    "overlap": "parallel.overlap",
     "stage_layers": "parallel.stage_layers",
     "global_batch": "train.global_batch",
     "micro_batch": "train.micro_batch",
@@ -70,8 +71,8 @@ KEYS = {
     "data_dtype": "train.data.dtype",
 }
 """Each plain value's name and the spec key it comes from (``schedule``: ``1f1b``,
-``gpipe`` or ``interleaved``; ``chunks``: 1 unless interleaved; ``sub_batches``: 1 for
-``overlap = none``; ``data``: ``synthetic`` or ``tokens``; ``optimizer``: its name)."""
+``gpipe`` or ``interleaved``; ``chunks``: 1 unless interleaved; the per-layer settings
+as ``layer_settings`` reads them (``overlap``: the sub-batches, 1 for ``none``); ``data``: ``synthetic`` or ``tokens``; ``optimizer``: its name)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -434,9 +435,9 @@ def sequence_parallel(sp, tp, seq_len=None):
 
 
 @rule("PAR0211")
-def sub_batches_divide(sub_batches, micro_batch):
+def sub_batches_divide(overlap, micro_batch):
     found = []
-    for parts in dict.fromkeys(entries(sub_batches)):
+    for parts in dict.fromkeys(entries(overlap)):
         if parts is None or micro_batch % parts == 0:
             continue
         choices = [d for d in divisors(micro_batch) if d >= 2]
@@ -448,9 +449,9 @@ def sub_batches_divide(sub_batches, micro_batch):
 
 
 @rule("PAR0215")
-def overlap_needs_tp(sub_batches, tp):
+def overlap_needs_tp(overlap, tp):
     """``overlap = sub_batch(K)`` splits tensor-parallel communication: with tp = 1 there is none."""
-    parts = [k for k in entries(sub_batches) if k is not None and k > 1]
+    parts = [k for k in entries(overlap) if k is not None and k > 1]
     if tp != 1 or not parts:
         return None
     return _violation(
@@ -459,8 +460,8 @@ def overlap_needs_tp(sub_batches, tp):
     )
 
 
-PER_LAYER = ("recompute", "sub_batches")
-"""Settings that may be a list with one entry per layer (parsing: the per-layer work)."""
+PER_LAYER = tuple(entry.name for entry in SETTINGS)
+"""Settings that may be a list with one entry per layer (``layer_settings.SETTINGS``)."""
 
 
 def _one_entry_per_layer(name: str) -> Callable:

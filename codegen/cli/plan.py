@@ -17,6 +17,7 @@ import sys
 
 from parc.dsl.diagnostics import Diagnostics
 from parc.dsl.spec import Spec
+from parc.runtime.layer_settings import SETTINGS
 
 from .build import report_stage_errors
 from ..planner.cost import Accounting, Estimate, hardware_for
@@ -99,10 +100,7 @@ def settings(layout) -> str:
         parts.append("sp")
     if layout.zero:
         parts.append(f"zero{layout.zero}")
-    if layout.recompute_words():
-        parts.append(f"rc:{layout.recompute_words()}")
-    if layout.overlap_words():
-        parts.append(layout.overlap_words())
+    parts += layout.settings_words()
     return " ".join(parts) or "-"
 
 
@@ -198,12 +196,17 @@ def to_json(spec: Spec, result: SearchResult, rows, accounting) -> dict:
     }
 
 
+def _json_value(value):
+    """A per-layer setting in JSON: one value, or a list of one per block."""
+    return list(value) if isinstance(value, tuple) else value
+
+
 def layout_json(spec: Spec, item: Estimate) -> dict:
     lay, tm, mem = item.layout, item.time, item.memory
     return {
         "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "sp": lay.sp, "zero": lay.zero,
-        "schedule": lay.schedule, "chunks": lay.chunks, "recompute": list(lay.recompute) if isinstance(lay.recompute, tuple) else lay.recompute,
-        "overlap_sub_batches": list(lay.sub_batches) if isinstance(lay.sub_batches, tuple) else lay.sub_batches, "micro_batch": lay.micro_batch,
+        "schedule": lay.schedule, "chunks": lay.chunks, "micro_batch": lay.micro_batch,
+        **{entry.name: _json_value(lay.setting(entry.name)) for entry in SETTINGS},
         "grad_accum": lay.grad_accum(spec.train.global_batch),
         "step_time_s": tm.step, "tokens_per_s": item.tokens_per_s,
         "tflops_per_device": item.tflops_per_device, "mfu": item.mfu,

@@ -95,7 +95,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
     for key in ("dp", "tp", "pp"):
         count(f"parallel.{key}", getattr(parallel, key), auto=True)
     for key, values, one in (
-        ("parallel.overlap", parallel.overlap_sub_batches, lambda v: count("parallel.overlap", v, auto=True)),
+        ("parallel.overlap", parallel.overlap, lambda v: count("parallel.overlap", v, auto=True)),
         ("parallel.recompute", parallel.recompute, lambda v: member("parallel.recompute", v, Recompute, auto=True)),
     ):
         if type(values) is tuple:  # Note [per-layer values]: one per block

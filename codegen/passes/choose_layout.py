@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from parc.dsl.spec import Spec
+from parc.runtime.layer_settings import SETTINGS
 
 from ..planner.cost import Accounting, hardware_for
 from ..planner.cost.hardware import ProfileError
@@ -80,8 +81,7 @@ PLANNED_KEYS = {
     "parallel.sp": lambda spec: spec.parallel.sp,
     "parallel.zero": lambda spec: spec.parallel.zero,
     "parallel.schedule": lambda spec: spec.parallel.schedule,
-    "parallel.recompute": lambda spec: spec.parallel.recompute,
-    "parallel.overlap": lambda spec: spec.parallel.overlap_sub_batches,
+    **{entry.key: (lambda name: lambda spec: getattr(spec.parallel, name))(entry.name) for entry in SETTINGS},
     "train.micro_batch": lambda spec: spec.train.micro_batch,
 }
 """The keys the planner may fill, and how to read whether ``spec`` left each ``auto``."""

@@ -3,9 +3,9 @@
 Takes: a buildable ``Spec`` and a draft whose mesh, sequence-parallel and pipeline
 sections are filled. Gives: ``draft.layers``, one ``LayerLayout`` per layer in model
 order (Note [per-layer layout] in ``codegen/plan.py``): the virtual stage holding
-it, its tp and dp degrees, sp, and — blocks only — its recompute mode and overlap
-sub-batches, read per block from the spec (``ParallelSpec.layer_recompute``), each
-keeping the span of the spec text behind it.
+it, its tp and dp degrees, sp, and — blocks only — each per-layer setting of ``layer_settings.SETTINGS`` (recompute, overlap), read per
+block from the spec (``ParallelSpec.layer_values``), with the spans of the spec text
+behind them.
 
 Before: ``split_pipeline``. After: ``settle_training``.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from parc.dsl.spec import Spec
+from parc.runtime.layer_settings import SETTINGS
 
 from ..plan import LayerKind, LayerLayout
 from .draft import Draft
@@ -24,24 +25,21 @@ def run(spec: Spec, draft: Draft) -> Draft:
     layers = spec.model.layers
     tp, dp = draft.mesh.size("tp"), draft.mesh.size("dp")
     sp = draft.sequence_parallel.enabled
-    recompute = spec.parallel.layer_recompute(layers)
-    sub_batches = spec.parallel.layer_sub_batches(layers)
+    per_block = {entry.name: spec.parallel.layer_values(entry.name, layers) for entry in SETTINGS}
+    spans = tuple((entry.name, spec.span(entry.key)) for entry in SETTINGS)
     stage_of = {}
     for stage, (start, stop) in enumerate(draft.pipeline.stage_layers):
         stage_of.update({i: stage for i in range(start, stop)})
     last = len(draft.pipeline.stage_layers) - 1
 
-    def layer(name, kind, stage, mode="none", parts=1):
+    def layer(name, kind, stage, index=None):
+        settings = {entry.name: entry.off if index is None else per_block[entry.name][index] for entry in SETTINGS}
         return LayerLayout(
-            name=name, kind=kind, stage=stage, tp=tp, dp=dp, sp=sp, recompute=mode, sub_batches=parts,
-            recompute_span=spec.span("parallel.recompute") if kind is LayerKind.BLOCK else None,
-            overlap_span=spec.span("parallel.overlap") if kind is LayerKind.BLOCK else None,
+            name=name, kind=kind, stage=stage, tp=tp, dp=dp, sp=sp, **settings,
+            spans=spans if kind is LayerKind.BLOCK else tuple((name, None) for name, _ in spans),
         )
 
     out = [layer("embed", LayerKind.EMBED, 0)]
-    out += [
-        layer(f"layers.{i}", LayerKind.BLOCK, stage_of[i], recompute[i].value, sub_batches[i])
-        for i in range(layers)
-    ]
+    out += [layer(f"layers.{i}", LayerKind.BLOCK, stage_of[i], i) for i in range(layers)]
     out.append(layer("head", LayerKind.HEAD, last))
     return replace(draft, layers=tuple(out))

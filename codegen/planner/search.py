@@ -13,8 +13,8 @@ the layout rules of ``runtime/constraints.py`` — the ones ``parc check`` and `
 build`` apply — decide, level by level: a rule runs as soon as the values it needs are
 bound, so a bad tp is dropped before its pipelines are tried (tests/planner checks the
 set against the validator). The proposals are a superset of what the rules allow
-(a degree divides the world, micro_batch·dp divides global_batch, sub_batch(k)
-divides micro_batch). The ``BUILD`` rules do not filter: zero 3 is predicted and
+(a degree divides the world, micro_batch·dp divides global_batch, an overlap's
+sub-batches divide micro_batch). The ``BUILD`` rules do not filter: zero 3 is predicted and
 marked not buildable (``Estimate.buildable``). Three pruned families give the same
 program as a listed one and are left out: ZeRO stages above 0 with dp = 1 (nothing to
 shard over), overlap with tp = 1 (no tensor-parallel collective to overlap), and
@@ -33,8 +33,9 @@ ranked count as a tie — the model cannot tell such layouts apart, and a user w
 rather have the memory headroom or the simpler program — and among those the next
 place goes to, in order: lower peak memory (counted in steps of ``MEMORY_STEP``, 1% of
 the device's memory, so a few megabytes never decide; in bytes when the device's
-memory is unknown), fewer pipeline stages, lower tp, lower ZeRO stage, less recompute
-(none, selective, full), sp off before on, fewer sub-batches, schedule 1f1b,
+memory is unknown), fewer pipeline stages, lower tp, lower ZeRO stage, each per-layer
+setting's own preference (``LayerSetting.tie``: less recompute — none, selective,
+full —, then fewer sub-batches), sp off before on, schedule 1f1b,
 interleaved, gpipe, fewer chunks, larger micro_batch, lower exact peak memory; then
 the faster. So a layout is never ranked above one more than 0.5% faster than it (the
 window is anchored at the fastest remaining layout, not at bucket edges).
@@ -43,11 +44,13 @@ window is anchored at the fastest remaining layout, not at bucket edges).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass, replace
 
-from parc.dsl.spec import PipelineSchedule, Recompute, Spec
+from parc.dsl.spec import PipelineSchedule, Spec
 from parc.runtime.constraints import divisors, legal
+from parc.runtime.layer_settings import SETTINGS
 
 from .cost import Accounting, Estimate, Hardware, Layout, estimate
 from .cost.estimate import USABLE_MEMORY
@@ -55,7 +58,6 @@ from .cost.memory import memory
 from ..spec_values import spec_values
 
 EXACT_TOP = 3
-RECOMPUTE_ORDER = {"none": 0, "selective": 1, "full": 2}
 SCHEDULE_ORDER = {"1f1b": 0, "interleaved": 1, "gpipe": 2}
 
 
@@ -110,39 +112,33 @@ def candidates(spec: Spec) -> list[Layout]:
 
 
 def _settings(spec: Spec, values: dict, dp: int, tp: int, pp: int, micro_batch: int, schedule: str, chunks: int):
-    """The layouts of one (degrees, micro_batch, schedule): ZeRO, recompute, sp, overlap.
-    No layout rule reads two of ``LEAF_NAMES`` (tests/planner), so each one's options are
-    held to the rules alone and every combination of the survivors is legal."""
+    """The layouts of one (degrees, micro_batch, schedule): ZeRO, sp and each per-layer
+    setting (``layer_settings.SETTINGS``). No layout rule reads two of ``leaf_names()``
+    (tests/planner), so each one's options are held to the rules alone and every
+    combination of the survivors is legal."""
     par = spec.parallel
-    subs = [1] + ([k for k in divisors(micro_batch) if k > 1] if tp > 1 else [])
-    zeros, recomputes, sps, sub_counts = (
-        [option for option in options if legal({**values, name: option}, touching=(name,))]
-        for name, options in (
-            ("zero", allowed(par.zero, [0, 1, 2, 3] if dp > 1 else [0])),
-            ("recompute", allowed(par.recompute_modes, list(RECOMPUTE_ORDER))),
-            ("sp", allowed(par.sp, [False, True])),
-            ("sub_batches", allowed(par.overlap_sub_batches, subs)),
-        )
-    )
+    proposals = {
+        "zero": allowed(par.zero, [0, 1, 2, 3] if dp > 1 else [0]),
+        "sp": allowed(par.sp, [False, True]),
+        **{
+            entry.name: allowed(par.setting(entry.name), list(entry.order) if entry.order else entry.options(values))
+            for entry in SETTINGS
+        },
+    }
+    options = {
+        name: [option for option in offered if legal({**values, name: option}, touching=(name,))]
+        for name, offered in proposals.items()
+    }
     return [
-        Layout(
-            dp=dp, tp=tp, pp=pp, sp=sp, zero=zero, schedule=schedule, chunks=chunks,
-            recompute=recompute, sub_batches=sub_batches, micro_batch=micro_batch,
-        )
-        for zero in zeros
-        for recompute in recomputes
-        for sp in sps
-        for sub_batches in sub_counts
+        Layout(dp=dp, tp=tp, pp=pp, schedule=schedule, chunks=chunks, micro_batch=micro_batch,
+               **dict(zip(options, combination)))
+        for combination in itertools.product(*options.values())
     ]
 
 
-LEAF_NAMES = ("zero", "recompute", "sp", "sub_batches")
-
-
-def _recompute_rank(layout: Layout) -> float:
-    """How much a layout recomputes, for ties: the mean of its blocks' ``RECOMPUTE_ORDER``."""
-    modes = layout.recompute if isinstance(layout.recompute, tuple) else (layout.recompute,)
-    return sum(RECOMPUTE_ORDER[mode] for mode in modes) / len(modes)
+def leaf_names() -> tuple[str, ...]:
+    """The values ``_settings`` chooses independently of each other."""
+    return ("zero", "sp", *(entry.name for entry in SETTINGS))
 
 
 def _schedules(layers: int, pp: int) -> list[tuple[str, int]]:
@@ -162,9 +158,8 @@ TIE_BREAKS = (
     ("fewer pipeline stages", lambda layout: layout.pp),
     ("lower tp", lambda layout: layout.tp),
     ("lower ZeRO stage", lambda layout: layout.zero),
-    ("less recompute", lambda layout: _recompute_rank(layout)),
+    *((entry.tie, (lambda entry: lambda layout: entry.simpler(layout.setting(entry.name)))(entry)) for entry in SETTINGS),
     ("sp off", lambda layout: layout.sp),
-    ("fewer sub-batches", lambda layout: layout.max_sub_batches),
     ("the simpler schedule", lambda layout: SCHEDULE_ORDER[layout.schedule]),
     ("fewer chunks", lambda layout: layout.chunks),
     ("a larger micro_batch", lambda layout: -layout.micro_batch),
@@ -255,8 +250,7 @@ def fixed_layout(spec: Spec) -> Layout | None:
         dp=par.dp, tp=par.tp, pp=par.pp, sp=bool(par.sp), zero=par.zero,
         schedule=par.schedule.value if par.pp > 1 else "1f1b",
         chunks=par.chunks if interleaved else 1,
-        recompute=par.recompute_modes or "none",
-        sub_batches=par.overlap_sub_batches, micro_batch=spec.train.micro_batch,
+        micro_batch=spec.train.micro_batch, **{entry.name: par.setting(entry.name) for entry in SETTINGS},
     )
 
 
@@ -269,12 +263,7 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
             spec.parallel,
             dp=layout.dp, tp=layout.tp, pp=layout.pp, sp=layout.sp, zero=layout.zero,
             schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks,
-            recompute=(
-                tuple(Recompute(mode) for mode in layout.recompute)
-                if isinstance(layout.recompute, tuple) else Recompute(layout.recompute)
-            ),
-            overlap_sub_batches=layout.sub_batches,
-        ),
+        ).with_settings({entry.name: layout.setting(entry.name) for entry in SETTINGS}),
     )
 
 

@@ -10,21 +10,21 @@ Before: ``codegen/planner/search.py``. After: ``codegen/cli/plan.py`` (text and 
 
 from __future__ import annotations
 
-from .cost.layout import fold_words
+from parc.runtime.constraints import PER_LAYER
+from parc.runtime.layer_settings import SETTINGS, fold_runs, setting
+
 from .cost import Estimate, Hardware
 from .search import TIE_TOLERANCE, SearchResult, tie_memory_unit, tie_rule
 
 KEYS = (
     ("dp", "dp"), ("tp", "tp"), ("pp", "pp"), ("sp", "sp"), ("zero", "zero"),
-    ("schedule", "schedule"), ("chunks", "chunks"), ("recompute", "recompute"),
-    ("sub_batches", "overlap sub-batches"), ("micro_batch", "micro_batch"),
+    ("schedule", "schedule"), ("chunks", "chunks"),
+    *((entry.name, entry.name) for entry in SETTINGS), ("micro_batch", "micro_batch"),
 )
 
 REASONS = {
     "compute": {
-        "recompute": "less recompute: fewer forward passes re-run in backward",
         "tp": "larger matrices per rank run closer to peak, or fewer of them",
-        "sub_batches": "fewer, larger sub-batches: bigger GEMMs and fewer op dispatches",
         "pp": "the last pipeline stage runs the head on every micro-batch of its pipeline, so fewer, larger pipelines do less of it per rank",
         "zero": "the optimizer step touches a different share of the state",
         "micro_batch": "larger micro-batches run larger GEMMs with fewer op dispatches per sequence",
@@ -33,8 +33,6 @@ REASONS = {
         "tp": "smaller tensor-parallel groups move fewer activations per layer",
         "dp": "the gradient reduction is over a different number of ranks",
         "zero": "ZeRO's reduce + gather after backward is not hidden, zero 0's bucketed all-reduce is",
-        "sub_batches": "sub-batches hide tensor-parallel collectives behind compute",
-        "recompute": "full recompute repeats the forward's collectives",
         "sp": "sequence parallelism moves the same volume as reduce-scatter + all-gather",
     },
     "bubble": {
@@ -45,12 +43,19 @@ REASONS = {
         "micro_batch": "smaller micro-batches mean more of them per pipeline, diluting the bubble",
     },
 }
+for _entry in SETTINGS:  # Note [a per-layer setting is an entry]: its reasons are its own
+    for _term, _reason in _entry.reasons.items():
+        REASONS[_term][_entry.name] = _reason
 TERMS = (("compute", "compute"), ("exposed_comm", "exposed communication"), ("bubble", "bubble"))
 
 
-def _value(value) -> str:
-    """A layout field for people; a per-layer tuple with its runs folded."""
-    return fold_words(value) if isinstance(value, tuple) else str(value)
+def _value(key: str, value) -> str:
+    """A layout field for people: a per-layer setting in the spec's words (``none``,
+    an overlap's calls), a tuple of one per block with its runs folded."""
+    word = setting(key).word if key in PER_LAYER else str
+    if not isinstance(value, tuple):
+        return word(value)
+    return "[" + ", ".join(f"{word(v)} ×{n}" if n > 1 else word(v) for v, n in fold_runs(value)) + "]"
 
 
 def _gib(value: float) -> str:
@@ -74,8 +79,7 @@ def _describe(item: Estimate) -> str:
         extras.append(f"interleaved({lay.chunks})" if lay.schedule == "interleaved" else lay.schedule)
     extras += ["sp"] if lay.sp else []
     extras += [f"zero {lay.zero}"] if lay.zero else []
-    extras += [f"recompute {lay.recompute_words()}"] if lay.recompute_words() else []
-    extras += [lay.overlap_words()] if lay.overlap_words() else []
+    extras += lay.settings_words(labels="name")
     return text + (", " + ", ".join(extras) if extras else "")
 
 
@@ -133,7 +137,7 @@ def _compare(best: Estimate, i: int, runner: Estimate, j: int, unit: float | Non
         if getattr(best.layout, key) != getattr(runner.layout, key)
     ]
     names = dict(KEYS)
-    changed = ", ".join(f"{names[k]} {_value(a)} vs {_value(b)}" for k, a, b in differs) or "nothing"
+    changed = ", ".join(f"{names[k]} {_value(k, a)} vs {_value(k, b)}" for k, a, b in differs) or "nothing"
     gap = runner.time.step - best.time.step
     share = gap / runner.time.step if runner.time.step else 0.0
     deltas = [(name, label, getattr(best.time, name) - getattr(runner.time, name)) for name, label in TERMS]

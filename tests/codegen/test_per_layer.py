@@ -19,7 +19,7 @@ from parc.codegen.planner.cost.time import step_time
 from parc.codegen.planner.cost import hardware_for
 from parc.codegen.lower import lower
 from parc.codegen.plan import LayerKind
-from parc.codegen.plan_text import fold_runs
+from parc.runtime.layer_settings import fold_runs
 from parc.dsl import load, load_text
 from parc.dsl.diagnostics import Diagnostics
 
@@ -37,7 +37,7 @@ def test_plan_has_every_layer_in_model_order():
     assert [layer.kind for layer in plan.layers][::5] == [LayerKind.EMBED, LayerKind.HEAD]
     assert plan.per_block("recompute") == ("full", "none", "selective", "none")
     assert plan.uniform("recompute") is None and plan.uniform("tp") == 2
-    assert all(layer.recompute_span is not None for layer in plan.blocks)
+    assert all(layer.span("recompute") is not None for layer in plan.blocks)
 
 
 def test_a_uniform_list_renders_the_scalar_program():
@@ -80,12 +80,12 @@ def test_the_json_form_takes_lists_too():
     )
     spec = load_text(text, "m.json")
     assert [mode.value for mode in spec.parallel.recompute] == ["full", "selective"]
-    assert spec.parallel.overlap_sub_batches == (2, 1)
+    assert spec.parallel.overlap == (2, 1)
 
 
 def layout(**changes) -> Layout:
     base = Layout(dp=2, tp=2, pp=1, sp=False, zero=0, schedule="1f1b", chunks=1, recompute="none",
-                  sub_batches=1, micro_batch=2)
+                  micro_batch=2)
     return replace(base, **changes)
 
 

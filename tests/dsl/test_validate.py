@@ -43,7 +43,7 @@ def test_tiny() -> None:
     assert spec.mesh.intra_node == 10e9 and spec.mesh.inter_node == 1.25e9
     assert (spec.parallel.dp, spec.parallel.tp, spec.parallel.pp) == (2, 2, 1)
     assert spec.parallel.schedule is PipelineSchedule.ONE_F_ONE_B and spec.parallel.chunks == 1
-    assert spec.parallel.recompute is Recompute.NONE and spec.parallel.overlap_sub_batches == 1
+    assert spec.parallel.recompute is Recompute.NONE and spec.parallel.overlap == 1
     assert spec.parallel.is_complete
     assert spec.grad_accum() == 4
     assert spec.train.optimizer.lr == 3e-4 and spec.train.optimizer.betas == (0.9, 0.95)
@@ -102,7 +102,7 @@ def test_parallel_auto() -> None:
     parallel = spec.parallel
     assert (parallel.dp, parallel.tp, parallel.pp, parallel.sp, parallel.zero) == (None,) * 5
     assert parallel.schedule is None and parallel.recompute is None
-    assert parallel.overlap_sub_batches is None and not parallel.is_complete
+    assert parallel.overlap is None and not parallel.is_complete
     assert spec.grad_accum() is None
 
 

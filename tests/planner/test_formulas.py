@@ -112,7 +112,7 @@ def _one_rank(arch, recompute, kernels, layers=3):
     with meter:
         model(tokens, tokens).backward()
     layout = Layout(dp=1, tp=1, pp=1, sp=False, zero=0, schedule="1f1b", chunks=1, recompute=recompute,
-                    sub_batches=1, micro_batch=spec.train.micro_batch)
+                    micro_batch=spec.train.micro_batch)
     return spec, layout, model, meter.peak
 
 

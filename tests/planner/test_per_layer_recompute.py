@@ -30,11 +30,11 @@ def test_the_fewest_full_blocks_that_fit():
     assert not any(item.layout.recompute in ("none", "selective") for item in fitting)
     mixed = next(item for item in fitting if item.layout.recompute == ("full", "full", "none", "none"))
     full = next(item for item in fitting if item.layout.recompute == "full" and item.layout.sp == mixed.layout.sp
-                and item.layout.sub_batches == mixed.layout.sub_batches)
+                and item.layout.overlap == mixed.layout.overlap)
     assert mixed.time.step < full.time.step  # it recomputes half the blocks
     fewer = memory(spec, type(mixed.layout)(**{**_fields(mixed.layout), "recompute": ("full", "none", "none", "none")}))
     assert fewer.peak.total > hw.memory * USABLE_MEMORY  # one full block is not enough
-    assert fitting[0].layout.recompute_words() in ("[full ×2, none ×2]", "[full ×2, selective ×2]")
+    assert fitting[0].layout.settings_words() in (["rc:[full ×2, none ×2]"], ["rc:[full ×2, selective ×2]"])
 
 
 def test_parc_build_of_an_auto_recompute_renders_the_mix():

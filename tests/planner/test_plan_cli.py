@@ -24,7 +24,7 @@ def test_json_keys(capsys):
                          "spec", "why", "winner"}
     assert data["winner"] == 0 and len(data["layouts"]) == 2 and data["considered"] > 100
     layout = data["layouts"][0]
-    for key in ("dp", "tp", "pp", "sp", "zero", "schedule", "chunks", "recompute", "overlap_sub_batches",
+    for key in ("dp", "tp", "pp", "sp", "zero", "schedule", "chunks", "recompute", "overlap",
                 "micro_batch", "grad_accum", "step_time_s", "tokens_per_s", "tflops_per_device", "mfu",
                 "peak_mem_bytes", "fits", "buildable", "time", "memory"):
         assert key in layout

@@ -28,7 +28,7 @@ CALIBRATION = Path(__file__).parent / "data" / "megatron_sc21_calibration.json"
 
 def _key(layout: Layout):
     return (layout.dp, layout.tp, layout.pp, layout.sp, layout.zero, layout.schedule, layout.chunks,
-            layout.recompute, layout.sub_batches)
+            layout.recompute, layout.overlap)
 
 
 def _accepted_by_validator(path: str, base: list[str]) -> set:
@@ -83,7 +83,7 @@ def test_micro_batch_auto_searches_every_divisor_the_validator_accepts():
         load("examples/tiny.par", [
             f"parallel.dp={lay.dp}", f"parallel.tp={lay.tp}", f"parallel.pp={lay.pp}",
             f"parallel.sp={str(lay.sp).lower()}", "parallel.recompute=none", "parallel.zero=0",
-            f"parallel.overlap={'none' if lay.sub_batches == 1 else f'sub_batch({lay.sub_batches})'}",
+            f"parallel.overlap={'none' if lay.overlap == 1 else f'sub_batch({lay.overlap})'}",
             f"parallel.schedule={'interleaved(chunks = %d)' % lay.chunks if lay.chunks > 1 else lay.schedule}",
             f"train.micro_batch={lay.micro_batch}", "mesh.devices_per_node=4", "train.global_batch=16",
         ])
@@ -134,7 +134,7 @@ def test_near_ties_go_to_memory_then_the_simpler_program_never_past_a_faster_lay
     spec = load("examples/gpt2-small.par", ["parallel=auto"])
     hw = hardware_for(spec)
     by_layout = {(e.layout.dp, e.layout.tp, e.layout.pp, e.layout.zero): e for e in search(spec, hw).estimates
-                 if e.layout.recompute == "none" and not e.layout.sp and e.layout.sub_batches == 1
+                 if e.layout.recompute == "none" and not e.layout.sp and e.layout.overlap == 1
                  and e.layout.schedule == "1f1b" and e.layout.micro_batch == spec.train.micro_batch}
     big, small = 8 * 2**30, 2**30
     fast_big = _with(by_layout[(8, 1, 1, 0)], 1.000, big)
@@ -235,12 +235,12 @@ def test_memory_prunes_and_accounting_differs():
 def test_no_layout_rule_reads_two_leaf_settings():
     """search._settings filters ZeRO, recompute, sp and sub-batches one at a time: sound
     only while no layout rule reads two of them together."""
-    from parc.codegen.planner.search import LEAF_NAMES
+    from parc.codegen.planner.search import leaf_names
     from parc.runtime.constraints import LAYOUT, RULES
 
     for rule in RULES:
         if rule.kind == LAYOUT:
-            assert len(set(LEAF_NAMES) & {*rule.needs, *rule.optional}) <= 1, rule.name
+            assert len(set(leaf_names()) & {*rule.needs, *rule.optional}) <= 1, rule.name
 
 
 def test_candidates_with_stage_layers_match_its_length():

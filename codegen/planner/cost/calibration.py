@@ -70,7 +70,7 @@ def _row_spec(items: tuple):
     layout = Layout(
         dp=row["dp"], tp=row["tp"], pp=row["pp"], sp=False, zero=0,
         schedule="interleaved" if chunks > 1 else "1f1b", chunks=chunks, recompute="full",
-        sub_batches=1, micro_batch=row["micro_batch"],
+        micro_batch=row["micro_batch"],
     )
     return spec, layout
 

@@ -91,7 +91,7 @@ def reference_spec(ref: dict) -> tuple[Spec, Layout]:
                       kernels=Kernels(ref.get("kernels", "compiled")))
     parallel = ParallelSpec(dp=1, tp=1, pp=1)
     layout = Layout(dp=1, tp=1, pp=1, sp=False, zero=0, schedule="1f1b", chunks=1, recompute="none",
-                    sub_batches=1, micro_batch=micro_batch)
+                    micro_batch=micro_batch)
     return Spec(model=model, mesh=mesh, parallel=parallel, train=train, source="reference"), layout
 
 

@@ -7,8 +7,8 @@ rank, its layers and whether it holds the embedding, the head (or a tied copy) �
 runtime's model builds them): counted by the model description
 (``runtime/model_desc.py``), memoized per (model, tp, pp, chunks, rank).
 
-Note [per-layer costs]: a layout may give each block its own recompute and overlap
-(``recompute = [full, none, ...]``). Memory sums each pipeline rank's own blocks; time
+Note [per-layer costs]: a layout may give each block its own value of each per-layer
+setting (``recompute = [full, none, ...]``; ``layer_settings.SETTINGS``). Memory sums each pipeline rank's own blocks; time
 costs each distinct block setting once and weighs it by how many blocks have it, so a
 uniform layout costs exactly what it did. The pipeline's makespan takes the mean
 block (its chunks are costed as equal).
@@ -23,11 +23,16 @@ import functools
 from dataclasses import dataclass
 
 from parc.dsl.spec import ModelSpec
+from parc.runtime import layer_settings
 from parc.runtime.constraints import per_layer
+from parc.runtime.layer_settings import SETTINGS
 from parc.runtime.model_desc import NONE, ParamCount
 
 from ...model_config import model_desc
-from ...plan_text import fold_runs
+
+
+SETTING_NAMES = tuple(entry.name for entry in SETTINGS)
+"""The order of ``Layout.block_settings``' values."""
 
 
 class Accounting(enum.Enum):
@@ -52,39 +57,35 @@ class Layout:
     """``gpipe``, ``1f1b`` or ``interleaved``."""
     chunks: int
     """Model chunks per pipeline rank (> 1 only when interleaved)."""
-    recompute: str | tuple[str, ...]
-    """``none``, ``selective`` or ``full``; or one per block (Note [per-layer costs])."""
-    sub_batches: int | tuple[int, ...]
-    """``overlap = sub_batch(k)``: k; ``overlap = none``: 1; or one per block."""
     micro_batch: int
+    recompute: str | tuple[str, ...] = "none"
+    """``none``, ``selective`` or ``full``; or one per block (Note [per-layer costs])."""
+    overlap: int | tuple[int, ...] = 1
+    """Oases sub-batches per micro-batch (1: none); or one per block."""
 
-    def block_settings(self, layers: int) -> tuple[tuple[str, int], ...]:
-        """(recompute, sub_batches) of each of the model's ``layers`` blocks."""
-        return tuple(zip(per_layer(self.recompute, layers), per_layer(self.sub_batches, layers)))
+    def setting(self, name: str):
+        """A per-layer setting (``layer_settings.SETTINGS``): one value or one per block."""
+        return getattr(self, name)
+
+    def block_settings(self, layers: int) -> tuple[tuple, ...]:
+        """Each of the model's ``layers`` blocks' values of every per-layer setting, in
+        ``SETTINGS`` order (recompute, overlap)."""
+        return tuple(zip(*(per_layer(self.setting(entry.name), layers) for entry in SETTINGS)))
 
     @property
     def per_layer(self) -> bool:
-        return isinstance(self.recompute, tuple) or isinstance(self.sub_batches, tuple)
+        return any(isinstance(self.setting(entry.name), tuple) for entry in SETTINGS)
 
-    @property
-    def max_sub_batches(self) -> int:
-        return max(self.sub_batches) if isinstance(self.sub_batches, tuple) else self.sub_batches
-
-    def recompute_words(self) -> str | None:
-        """``full``, or ``[full ×3, none ×93]`` per layer; None when nothing is recomputed."""
-        modes = self.recompute if isinstance(self.recompute, tuple) else (self.recompute,)
-        if all(mode == "none" for mode in modes):
-            return None
-        return fold_words(modes) if isinstance(self.recompute, tuple) else self.recompute
-
-    def overlap_words(self) -> str | None:
-        """``sub_batch(k)``, or ``overlap [sub_batch(2), none, ...]`` per layer; None without overlap."""
-        if self.max_sub_batches <= 1:
-            return None
-        one = lambda k: f"sub_batch({k})" if k > 1 else "none"  # noqa: E731
-        if isinstance(self.sub_batches, tuple):
-            return f"overlap {fold_words([one(k) for k in self.sub_batches])}"
-        return one(self.sub_batches)
+    def settings_words(self, labels: str = "short") -> list[str]:
+        """The settings in use as ``parc plan`` shows them: ``rc:full`` (``labels =
+        "short"``) or ``recompute full`` (``"name"``); one value's own words when they
+        name the setting (an overlap's)."""
+        shown = [
+            layer_settings.shown(entry, self.setting(entry.name),
+                                 f"{entry.short}:" if labels == "short" else f"{entry.name} ")
+            for entry in SETTINGS
+        ]
+        return [text for text in shown if text is not None]
 
     def grad_accum(self, global_batch: int) -> int:
         return global_batch // (self.micro_batch * self.dp)
@@ -97,11 +98,6 @@ class Layout:
                 f"interleaved({self.chunks})" if self.schedule == "interleaved" else self.schedule
             )
         return " ".join(parts)
-
-
-def fold_words(values) -> str:
-    """Per-layer values for people: ``[full, none]``, runs folded as ``[full ×3, none ×93]``."""
-    return "[" + ", ".join(f"{v} ×{n}" if n > 1 else str(v) for v, n in fold_runs(values)) + "]"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -30,7 +30,7 @@ from parc.dsl.spec import ModelSpec, Precision, Spec
 from parc.runtime.schedule import in_flight_bound
 
 from ...model_config import model_desc
-from .layout import Accounting, Layout, rank_blocks, rank_params, sequence_parallel_params, stage_contents
+from .layout import SETTING_NAMES, Accounting, Layout, rank_blocks, rank_params, sequence_parallel_params, stage_contents
 
 
 BUCKET_BYTES = 25 * 2**20
@@ -172,8 +172,9 @@ def _rank_recompute(model: ModelSpec, layout: Layout, rank: int, stage_layers=No
         return {layout.recompute: stage_contents(model, layout, rank, stage_layers).layers}
     settings = layout.block_settings(model.layers)
     counts: dict[str, int] = {}
+    at = SETTING_NAMES.index("recompute")
     for i in rank_blocks(model, layout, rank, stage_layers):
-        counts[settings[i][0]] = counts.get(settings[i][0], 0) + 1
+        counts[settings[i][at]] = counts.get(settings[i][at], 0) + 1
     return counts
 
 

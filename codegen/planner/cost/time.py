@@ -13,7 +13,7 @@ Note [the time model]: per micro-batch and transformer block on one rank,
 - tensor/sequence parallel: two all-reduces (or all-gather + reduce-scatter pairs
   under sp: the same ring volume, but a profile's measured figures for each) of the
   block's (b, s, h) activations forward, two backward, two more under full recompute.
-- overlap = sub_batch(k) (Oases): each micro-batch runs as k sub-batches; the exposed
+- overlap (Oases): each micro-batch runs as k sub-batches; the exposed
   tp time is ``cost/overlap.py``'s replay of the runtime's sub-batch schedule
   (forward wavefront; backward, each gradient all-reduce behind the weight
   gradients) on the block's compute and its all-reduces, each sub-batch's collective
@@ -51,7 +51,7 @@ from ...model_config import model_desc
 from .bubble import makespan
 from .comm import collective_latency, collective_time
 from .hardware import Hardware
-from .layout import Accounting, Layout, rank_params
+from .layout import SETTING_NAMES, Accounting, Layout, rank_params
 from .overlap import exposed_tp
 
 OVERLAP_BLOCKS = 4
@@ -171,7 +171,8 @@ def step_time(
     latency = sum(collective_latency(hw, kind, size=t, stride=1) for kind in kinds)
     settings = layout.block_settings(m.layers)
     costs = {}
-    for recompute, k in sorted(set(settings)):
+    for key in sorted(set(settings)):
+        recompute, k = (dict(zip(SETTING_NAMES, key))[name] for name in ("recompute", "overlap"))
         sub_forward, sub_core = _block_forward(spec, layout, hw, accounting, tokens / k)
         forward, core = k * sub_forward * slow, k * sub_core * slow
         backward = 2.0 * forward
@@ -186,7 +187,7 @@ def step_time(
             tp_forward, hiding, k, latency_s=latency, blocks=min(OVERLAP_BLOCKS, max(1, round(layers_per_chunk)))
         )
         exposed_backward = block.backward_s + (block.forward_s if recompute == "full" else 0.0)
-        costs[recompute, k] = (forward, backward, tp_forward, tp_backward, block.forward_s, exposed_backward)
+        costs[key] = (forward, backward, tp_forward, tp_backward, block.forward_s, exposed_backward)
     if len(costs) == 1:
         forward, backward, tp_forward, tp_backward, exposed_forward, exposed_backward = costs.popitem()[1]
     else:  # the mean block, weighed by how many blocks have each setting
