@@ -17,7 +17,7 @@ Before: the schema (``dsl/validate.py``). After: ``dsl/build_spec.py``.
 
 from __future__ import annotations
 
-from parc.runtime import constraints
+from parc.runtime import constraints, layouts
 from parc.runtime.layer_settings import SETTINGS, read_value
 
 from .diagnostics import ParcError, Span
@@ -102,7 +102,11 @@ def run(norm: Normalized, bad: set, *, buildable: bool = True) -> list[tuple[tup
     values = _Values(norm, bad)
     kinds = (constraints.LAYOUT, constraints.BUILD) if buildable else (constraints.LAYOUT,)
     found = []
-    for violation in constraints.violations(plain_values(values), kinds):
+    plain = plain_values(values)
+    broken = constraints.violations(plain, kinds)
+    if not broken and not bad:  # every None left is an ``auto``: can the planner fill them?
+        broken = [v for v in (layouts.no_layout(plain),) if v is not None]
+    for violation in broken:
         error = ParcError(
             span=_blamed(values, violation), code=violation.code, message=violation.message, hint=violation.hint
         )

@@ -17,12 +17,14 @@ from dataclasses import replace
 
 from parc.dsl.spec import Spec
 from parc.runtime.layer_settings import SETTINGS
+from parc.runtime.layouts import no_layout
 
 from ..planner.cost import Accounting, hardware_for
 from ..planner.cost.hardware import ProfileError
 from ..errors import AUTO, check, error, profile_error
 from ..plan import PredictionPlan
 from ..planner.search import search, with_layout
+from ..spec_values import spec_values
 from .draft import Draft
 
 
@@ -41,9 +43,9 @@ def run(spec: Spec, draft: Draft) -> Draft:
     result = search(spec, hardware, Accounting.PARC)
     winner = result.winner
     if winner is None:
-        if not result.estimates:
-            message = "the planner found no valid layout for this mesh and batch"
-            hint = "global_batch must split as micro_batch · grad_accum · dp for some dp dividing the mesh"
+        missing = no_layout(spec_values(spec))
+        if missing is not None:  # parc check refuses these already (dsl/checks.py)
+            message, hint = missing.message, missing.hint
         else:
             smallest = min(result.estimates, key=lambda item: item.memory.total)
             message = (

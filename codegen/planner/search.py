@@ -6,19 +6,9 @@ estimates best first, with how many layouts were considered and how many did not
 fit. ``candidates(spec)`` enumerates the layouts alone. Before: ``codegen/cost``.
 After: ``codegen/cli/plan.py``, ``codegen/passes/choose_layout.py``.
 
-Note [the search space]: every combination the validator accepts. The loops propose
-values (tp and pp among the divisors of the world, micro_batch among those of
-global_batch, the schedules, every ZeRO stage, recompute, sp and sub-batch count) and
-the layout rules of ``runtime/constraints.py`` — the ones ``parc check`` and ``parc
-build`` apply — decide, level by level: a rule runs as soon as the values it needs are
-bound, so a bad tp is dropped before its pipelines are tried (tests/planner checks the
-set against the validator). The proposals are a superset of what the rules allow
-(a degree divides the world, micro_batch·dp divides global_batch, an overlap's
-sub-batches divide micro_batch). The ``BUILD`` rules do not filter: zero 3 is predicted and
-marked not buildable (``Estimate.buildable``). Three pruned families give the same
-program as a listed one and are left out: ZeRO stages above 0 with dp = 1 (nothing to
-shard over), overlap with tp = 1 (no tensor-parallel collective to overlap), and
-gpipe with one stage.
+The candidates are ``runtime/layouts.py``'s (Note [the search space] there): every
+combination the validator accepts, the same enumeration ``parc check`` asks whether any
+layout exists at all (tests/planner checks the set against the validator).
 
 Note [per-layer recompute]: with ``recompute = auto`` the candidates are the uniform
 modes and, where ``full`` fits but a lighter mode does not, the mix with the fewest
@@ -44,12 +34,11 @@ window is anchored at the fastest remaining layout, not at bucket edges).
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 from dataclasses import dataclass, replace
 
 from parc.dsl.spec import PipelineSchedule, Spec
-from parc.runtime.constraints import divisors, legal
+from parc.runtime.layouts import LEAF_NAMES, layouts
 from parc.runtime.layer_settings import SETTINGS
 
 from .cost import Accounting, Estimate, Hardware, Layout, estimate
@@ -77,75 +66,15 @@ class SearchResult:
         return None
 
 
-def allowed(fixed, options: list) -> list:
-    """``[fixed]`` for a value the spec gives, else every option."""
-    return [fixed] if fixed is not None else options
-
-
 def candidates(spec: Spec) -> list[Layout]:
-    """Every valid layout agreeing with the spec's fixed keys (Note [the search space])."""
-    model, mesh, par, train = spec.model, spec.mesh, spec.parallel, spec.train
-    world = mesh.nodes * mesh.devices_per_node
-    values = spec_values(spec)
-    fixed_schedule = None
-    if par.schedule is not None:
-        fixed_schedule = [(par.schedule.value, values["chunks"])]
-    out: list[Layout] = []
-    for tp in allowed(par.tp, divisors(world)):
-        with_tp = {**values, "tp": tp}
-        if not legal(with_tp, touching=("tp",)):
-            continue
-        for pp in allowed(par.pp, divisors(world // tp) if world % tp == 0 else []):
-            dp = world // (tp * pp) if world % (tp * pp) == 0 else 0
-            degrees = {**with_tp, "pp": pp, "dp": par.dp if par.dp is not None else dp}
-            if not dp or not legal(degrees, touching=("pp", "dp")):
-                continue
-            for micro_batch in allowed(train.micro_batch, divisors(train.global_batch)):
-                batch = {**degrees, "micro_batch": micro_batch}
-                if not legal(batch, touching=("micro_batch",)):
-                    continue
-                for schedule, chunks in fixed_schedule or _schedules(model.layers, pp):
-                    timed = {**batch, "schedule": schedule, "chunks": chunks}
-                    if legal(timed, touching=("schedule", "chunks")):
-                        out += _settings(spec, timed, dp, tp, pp, micro_batch, schedule, chunks)
-    return out
-
-
-def _settings(spec: Spec, values: dict, dp: int, tp: int, pp: int, micro_batch: int, schedule: str, chunks: int):
-    """The layouts of one (degrees, micro_batch, schedule): ZeRO, sp and each per-layer
-    setting (``layer_settings.SETTINGS``). No layout rule reads two of ``leaf_names()``
-    (tests/planner), so each one's options are held to the rules alone and every
-    combination of the survivors is legal."""
-    par = spec.parallel
-    proposals = {
-        "zero": allowed(par.zero, [0, 1, 2, 3] if dp > 1 else [0]),
-        "sp": allowed(par.sp, [False, True]),
-        **{
-            entry.name: allowed(par.setting(entry.name), list(entry.order) if entry.order else entry.options(values))
-            for entry in SETTINGS
-        },
-    }
-    options = {
-        name: [option for option in offered if legal({**values, name: option}, touching=(name,))]
-        for name, offered in proposals.items()
-    }
+    """Every valid layout agreeing with the spec's fixed keys (Note [the search space] in
+    ``runtime/layouts.py``), as the cost model's ``Layout``."""
     return [
-        Layout(dp=dp, tp=tp, pp=pp, schedule=schedule, chunks=chunks, micro_batch=micro_batch,
-               **dict(zip(options, combination)))
-        for combination in itertools.product(*options.values())
+        Layout(**{name: values[name] for name in LAYOUT_FIELDS}) for values in layouts(spec_values(spec))
     ]
 
 
-def leaf_names() -> tuple[str, ...]:
-    """The values ``_settings`` chooses independently of each other."""
-    return ("zero", "sp", *(entry.name for entry in SETTINGS))
-
-
-def _schedules(layers: int, pp: int) -> list[tuple[str, int]]:
-    """The pipeline schedules to try, before the rules (``gpipe`` with one stage is ``1f1b``)."""
-    if pp == 1:
-        return [("1f1b", 1)]
-    return [("1f1b", 1), ("gpipe", 1)] + [("interleaved", v) for v in divisors(layers) if v > 1]
+LAYOUT_FIELDS = ("dp", "tp", "pp", "micro_batch", "schedule", "chunks", *LEAF_NAMES)
 
 
 TIE_TOLERANCE = 0.005

@@ -115,9 +115,21 @@ def test_micro_batch_auto() -> None:
 
 def test_some_degrees_auto_skip_their_checks() -> None:
     spec = load_text(
-        tiny(("tp = 2", "tp = auto")), "t.par", ["parallel.dp=3", "train.global_batch=12"]
+        tiny(("tp = 2", "tp = auto")), "t.par", ["parallel.dp=3", "train.global_batch=12", "mesh.devices_per_node=6"]
     )
     assert spec.parallel.tp is None and spec.parallel.dp == 3
+
+
+def test_auto_degrees_that_no_layout_completes_are_refused() -> None:
+    """dp = 3 on 4 devices: no tp · pp completes it, so parc check says what the planner would (PAR0801)."""
+    with pytest.raises(Diagnostics) as caught:
+        load_text(tiny(("tp = 2", "tp = auto")), "t.par", ["parallel.dp=3", "train.global_batch=12"])
+    (error,) = caught.value.errors
+    assert error.code == "PAR0801" and error.span.file == "--set 1"
+    assert error.message == (
+        "the planner found no valid layout for this mesh and batch: no choice of tp, zero, recompute passes the "
+        "rules on 4 devices with dp = 3, pp = 1, micro_batch = 2"
+    )
 
 
 def test_set_overrides_and_adds() -> None:

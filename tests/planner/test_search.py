@@ -233,14 +233,14 @@ def test_memory_prunes_and_accounting_differs():
 
 
 def test_no_layout_rule_reads_two_leaf_settings():
-    """search._settings filters ZeRO, recompute, sp and sub-batches one at a time: sound
+    """layouts._leaves filters ZeRO, sp and each per-layer setting one at a time: sound
     only while no layout rule reads two of them together."""
-    from parc.codegen.planner.search import leaf_names
+    from parc.runtime.layouts import LEAF_NAMES
     from parc.runtime.constraints import LAYOUT, RULES
 
     for rule in RULES:
         if rule.kind == LAYOUT:
-            assert len(set(leaf_names()) & {*rule.needs, *rule.optional}) <= 1, rule.name
+            assert len(set(LEAF_NAMES) & {*rule.needs, *rule.optional}) <= 1, rule.name
 
 
 def test_candidates_with_stage_layers_match_its_length():

@@ -1,0 +1,108 @@
+"""Every layout a spec's values allow: the search space, for the planner and the checker.
+
+Takes: plain values by the names of ``constraints.KEYS`` (None: ``auto``; the mesh,
+the model's shape and the global batch known). Gives: ``layouts(values)``, each legal
+completion of the ``auto`` values as a dict of the same names, and ``no_layout(values)``,
+the violation of a spec whose fixed values leave none. The layout search
+(``codegen/planner/search.py``) scores what ``layouts`` yields; ``parc check``
+(``dsl/checks.py``) asks ``no_layout``, so a spec the planner can find no layout for is
+refused at check time with the build's own code and words (PAR0801).
+
+Note [the search space]: the loops propose values (tp and pp among the divisors of the
+world, micro_batch among those of global_batch, the schedules, every ZeRO stage, sp,
+and each per-layer setting's options, ``layer_settings.SETTINGS``) and the rules of
+``constraints.py`` decide, level by level: a rule runs as soon as the values it needs
+are bound, so a bad tp is dropped before its pipelines are tried. The proposals are a
+superset of what the rules allow. The ``BUILD`` rules do not filter (``parc plan``
+predicts zero 3; the search marks it not buildable). Three families give the same
+program as a listed one and are left out: ZeRO stages above 0 with dp = 1, overlap
+with tp = 1, and gpipe with one stage. The leaf values (``LEAF_NAMES``) are chosen
+independently: no rule reads two of them (tests/planner), so every combination of the
+options each one passes alone is legal.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator, Mapping
+
+from .constraints import KEYS, Violation, divisors, legal
+from .layer_settings import SETTINGS
+
+LEAF_NAMES = ("zero", "sp", *(entry.name for entry in SETTINGS))
+"""The values chosen last, each on its own (Note [the search space])."""
+
+
+def _allowed(fixed, options: list) -> list:
+    """``[fixed]`` for a value the spec gives, else every option."""
+    return [fixed] if fixed is not None else options
+
+
+def schedules(layers: int, pp: int) -> list[tuple[str, int]]:
+    """The pipeline schedules to try, before the rules (``gpipe`` with one stage is ``1f1b``)."""
+    if pp == 1:
+        return [("1f1b", 1)]
+    return [("1f1b", 1), ("gpipe", 1)] + [("interleaved", v) for v in divisors(layers) if v > 1]
+
+
+def layouts(values: Mapping[str, object]) -> Iterator[dict]:
+    """Each legal layout agreeing with the fixed values, as ``values`` completed."""
+    world = values["nodes"] * values["devices_per_node"]
+    fixed_schedule = None if values.get("schedule") is None else [(values["schedule"], values["chunks"])]
+    for tp in _allowed(values.get("tp"), divisors(world)):
+        with_tp = {**values, "tp": tp}
+        if not legal(with_tp, touching=("tp",)):
+            continue
+        for pp in _allowed(values.get("pp"), divisors(world // tp) if world % tp == 0 else []):
+            dp = world // (tp * pp) if world % (tp * pp) == 0 else 0
+            degrees = {**with_tp, "pp": pp, "dp": values["dp"] if values.get("dp") is not None else dp}
+            if not dp or not legal(degrees, touching=("pp", "dp")):
+                continue
+            for micro_batch in _allowed(values.get("micro_batch"), divisors(values["global_batch"])):
+                batch = {**degrees, "micro_batch": micro_batch}
+                if not legal(batch, touching=("micro_batch",)):
+                    continue
+                for schedule, chunks in fixed_schedule or schedules(values["layers"], pp):
+                    timed = {**batch, "schedule": schedule, "chunks": chunks}
+                    if legal(timed, touching=("schedule", "chunks")):
+                        yield from _leaves(timed)
+
+
+def _leaves(values: dict) -> Iterator[dict]:
+    """The layouts of one (degrees, micro_batch, schedule): ZeRO, sp, the per-layer settings."""
+    proposals = {
+        "zero": _allowed(values.get("zero"), [0, 1, 2, 3] if values["dp"] > 1 else [0]),
+        "sp": _allowed(values.get("sp"), [False, True]),
+        **{
+            entry.name: _allowed(values.get(entry.name), list(entry.order) if entry.order else entry.options(values))
+            for entry in SETTINGS
+        },
+    }
+    options = {
+        name: [option for option in offered if legal({**values, name: option}, touching=(name,))]
+        for name, offered in proposals.items()
+    }
+    for combination in itertools.product(*options.values()):
+        yield {**values, **dict(zip(options, combination))}
+
+
+SEARCHED = ("dp", "tp", "pp", "micro_batch", "schedule", *LEAF_NAMES)
+"""The values ``layouts`` fills in when they are ``auto``."""
+
+def no_layout(values: Mapping[str, object]) -> Violation | None:
+    """PAR0801 when some value is ``auto`` and no completion of them is legal."""
+    auto = [name for name in SEARCHED if values.get(name) is None]
+    if any(values.get(name) is None for name in ("nodes", "devices_per_node", "layers", "global_batch")):
+        return None  # not a question of the layout (reported elsewhere)
+    if not auto or next(layouts(values), None) is not None:
+        return None
+    world = values["nodes"] * values["devices_per_node"]
+    fixed = [name for name in ("dp", "tp", "pp", "micro_batch") if values.get(name) is not None]
+    given = f" with {', '.join(f'{name} = {values[name]}' for name in fixed)}" if fixed else ""
+    return Violation(
+        code="PAR0801", blame=(*(KEYS[name] for name in fixed), "parallel"), blame_latest_set=True, rule="no_layout",
+        message=f"the planner found no valid layout for this mesh and batch: no choice of "
+                f"{', '.join(auto)} passes the rules on {world} devices{given}",
+        hint=f"each degree must divide the {world} devices, and global_batch = {values['global_batch']} must "
+             f"split as micro_batch · grad_accum · dp; fix fewer values or change these",
+    )
