@@ -285,7 +285,7 @@ def _training(spec: Spec, steps: int) -> list[Change]:
 def _mesh(spec: Spec, world: int) -> list[Change]:
     mesh = spec.mesh
     found = _changed("mesh.nodes", mesh.nodes, 1, "one machine: this one")
-    found += _changed("mesh.devices_per_node", mesh.devices_per_node, world, "dp·tp·pp CPU ranks (gloo)")
+    found += _changed("mesh.devices_per_node", mesh.devices_per_node, world, "dp·tp·pp CPU ranks, gloo")
     found += _changed("mesh.device", mesh.device, "cpu", "this machine's CPU")
     return found
 
