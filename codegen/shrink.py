@@ -21,8 +21,8 @@ Note [what verify shrinks]:
   that stage and at least two (uneven ``stage_layers`` stay uneven, in order).
 - the batch: micro_batch at most 2 (as the rules allow), and the fewest
   micro-batches per step the schedule needs (at least 2, to accumulate).
-- training: ``steps`` = the verify steps, warmup 0 (every step at the peak learning
-  rate, so the updates move the loss), log every step, fp32 (bf16 rounds differently in
+- training: ``steps`` = the verify steps, a constant learning rate without warmup
+  (every step at the peak, so the updates move the loss), log every step, fp32 (bf16 rounds differently in
   every layout: it cannot be compared at 1e-5), dropout 0 (its masks are drawn per
   rank), synthetic data (the user's token file may not be on this machine and holds ids
   of the full vocab), no checkpoints.
@@ -128,7 +128,18 @@ def shrink(spec: Spec, *, steps: int) -> Shrink:
     changes += _training(chosen, steps)
     world = chosen.parallel.dp * chosen.parallel.tp * chosen.parallel.pp
     changes += _mesh(chosen, world)
-    return Shrink(changes=tuple(changes), reference=_reference(values), world=world)
+    return Shrink(changes=_folded(changes), reference=_reference(values), world=world)
+
+
+def _folded(changes: list[Change]) -> tuple[Change, ...]:
+    """One change per key: the first's ``before`` and why, the last's value (a per-layer
+    list the planner chose, then shrunk with the layers)."""
+    by_key: dict[str, Change] = {}
+    for change in changes:
+        first = by_key.get(change.key)
+        by_key[change.key] = change if first is None else Change(
+            key=change.key, before=first.before, after=change.after, why=f"{first.why}, {change.why}")
+    return tuple(by_key.values())
 
 
 def _changed(key: str, before, after, why: str) -> list[Change]:
@@ -269,8 +280,8 @@ def _training(spec: Spec, steps: int) -> list[Change]:
     train = spec.train
     found = _changed("train.steps", train.steps, steps, "the steps verify compares")
     schedule = train.lr_schedule
-    found += _changed("train.schedule", _lr_schedule_word(schedule, schedule.warmup), _lr_schedule_word(schedule, 0),
-                      "no warmup: every step at the peak learning rate, so each update moves the loss")
+    found += _changed("train.schedule", _lr_schedule_word(schedule, schedule.warmup), "constant(warmup = 0)",
+                      "every step at the peak learning rate, so each update moves the loss")
     found += _changed("train.log_every", train.log_every, 1, "a record of every step")
     found += _changed("train.precision", train.precision.value, "fp32", "bf16 rounds differently in each layout: "
                       "only fp32 compares at 1e-5")

@@ -152,17 +152,18 @@ def test_a_build_edited_to_break_parity_fails_naming_the_step(tmp_path, capsys):
     text = train.read_text()
     forward = "loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM"
     assert forward in text
-    # the second tp rank's loss scaled from step 2: its gradient shard is wrong from then on
-    edited = text.replace(forward, forward + '\n            if step >= 2 and grid.index("tp") == 1:\n'
-                          "                loss = loss * 1.5")
+    # tp rank 0's loss scaled from step 2: the loss it logs and its gradient shards are wrong
+    indent = text[: text.index(forward)].rsplit("\n", 1)[1]
+    edited = text.replace(forward, forward + f'\n{indent}if step >= 2 and grid.index("tp") == 0:\n'
+                          f"{indent}    loss = loss * 1.5")
     train.write_text(edited)
     junit = tmp_path / "verify.xml"
     status = main(["verify", str(folder), "--set", "parallel.dp=1", "--set", "mesh.devices_per_node=2",
-                   "--steps", "3", "--junit", str(junit)])
+                   "--steps", "2", "--junit", str(junit)])
     out = capsys.readouterr().out
     assert status == 1, out
     assert "hand-edited files, kept: train.py" in out
-    assert "FAIL: step 3: loss differs" in out
+    assert "FAIL: step 2: loss differs" in out
     assert train.read_text() == edited  # the user's folder is never written
     failed = [c.get("name") for c in ET.parse(junit).getroot().iter("testcase") if c.find("failure") is not None]
-    assert failed == ["step 3 loss"]
+    assert failed[0] == "step 2 loss"
