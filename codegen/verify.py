@@ -231,6 +231,16 @@ def junit_xml(verdict: Verdict, name: str) -> bytes:
     return ET.tostring(suite, encoding="utf-8", xml_declaration=True) + b"\n"
 
 
+def junit_error(name: str, message: str, detail: str = "") -> bytes:
+    """The JUnit XML of a verify that stopped before comparing: one test case, in error."""
+    suite = ET.Element("testsuite", name=f"parc verify {name}", tests="1", failures="0", errors="1", time="0")
+    case = ET.SubElement(suite, "testcase", classname=f"parc.verify.{_class_name(name)}", name="verify")
+    error = ET.SubElement(case, "error", message=message, type="VerifyError")
+    error.text = detail or message
+    ET.indent(suite)
+    return ET.tostring(suite, encoding="utf-8", xml_declaration=True) + b"\n"
+
+
 def _class_name(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in Path(name).name) or "spec"
 

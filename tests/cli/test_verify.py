@@ -125,8 +125,11 @@ def test_an_edit_of_a_shrunk_constant_is_named(tmp_path, capsys):
     folder = build_to(spec, tmp_path / "build")
     train = folder / "train.py"
     train.write_text(train.read_text().replace("HIDDEN = 128", "HIDDEN = 256"))
-    assert main(["verify", str(folder)]) == 1
+    junit = tmp_path / "verify.xml"
+    assert main(["verify", str(folder), "--junit", str(junit)]) == 1
     err = capsys.readouterr().err
+    suite = ET.parse(junit).getroot()
+    assert suite.get("errors") == "1" and "touches lines the shrink must change" in suite.find("testcase/error").get("message")
     line = train.read_text().splitlines().index(next(l for l in train.read_text().splitlines() if l.startswith("HIDDEN")))
     assert f"train.py:{line + 1}: your edit there touches lines the shrink must change" in err
     assert "HIDDEN = 16" in err
@@ -167,3 +170,16 @@ def test_a_build_edited_to_break_parity_fails_naming_the_step(tmp_path, capsys):
     assert train.read_text() == edited  # the user's folder is never written
     failed = [c.get("name") for c in ET.parse(junit).getroot().iter("testcase") if c.find("failure") is not None]
     assert failed[0] == "step 2 loss"
+
+
+def test_a_folder_is_checked_against_its_spec(tmp_path, capsys):
+    spec = tmp_path / "tiny.par"
+    spec.write_text(TINY.read_text())
+    folder = build_to(spec, tmp_path / "build")
+    assert main(["verify", str(folder), "--set", "train.seed=7"]) == 1
+    assert f"{folder} was not built from {spec} with these --set values" in capsys.readouterr().err
+    moved = tmp_path / "elsewhere" / "build"
+    moved.parent.mkdir()
+    folder.rename(moved)
+    assert main(["verify", str(moved)]) == 1
+    assert "was built from tiny.par, found neither next to it nor in the cwd" in capsys.readouterr().err
