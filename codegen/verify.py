@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -75,6 +76,8 @@ class Verdict:
     records: tuple[Record, ...]
     seconds: float
     notes: tuple[str, ...] = field(default=())
+    command: str = ""
+    """The ``parc build`` of the shrunk layout, to reproduce it by hand."""
 
     @property
     def passed(self) -> bool:
@@ -97,6 +100,7 @@ class Prepared:
     layout_spec: object
     reference_spec: object
     layout_plan: object
+    command: str
 
 
 def prepare(spec_path: str, overrides: list[str], *, steps: int = STEPS, max_ranks: int = MAX_RANKS) -> Prepared:
@@ -113,8 +117,9 @@ def prepare(spec_path: str, overrides: list[str], *, steps: int = STEPS, max_ran
     layout_sets = [*overrides, *found.overrides]
     layout_spec = dsl.load(spec_path, layout_sets)
     reference_spec = dsl.load(spec_path, [*layout_sets, *found.reference])
+    command = shlex.join(["parc", "build", spec_path, *(f"--set={item}" for item in layout_sets)])
     return Prepared(shrink=found, layout_spec=layout_spec, reference_spec=reference_spec,
-                    layout_plan=lower(layout_spec))
+                    layout_plan=lower(layout_spec), command=command)
 
 
 def build_into(spec, folder: Path) -> Path:
@@ -189,7 +194,7 @@ def verify_spec(spec_path: str, overrides: list[str], workdir: Path, *, steps: i
     return Verdict(
         layout=describe(prepared.layout_plan), world=prepared.shrink.world, shrink=prepared.shrink,
         reference_overrides=prepared.shrink.reference, records=compare(reference, layout, steps),
-        seconds=time.perf_counter() - start,
+        seconds=time.perf_counter() - start, command=prepared.command,
     )
 
 

@@ -212,5 +212,5 @@ def verify_folder(folder: Path, spec_arg: str | None, overrides: list[str], work
     return Verdict(
         layout=describe(prepared.layout_plan), world=prepared.shrink.world, shrink=prepared.shrink,
         reference_overrides=prepared.shrink.reference, records=compare(reference, layout, steps),
-        seconds=time.perf_counter() - start, notes=notes,
+        seconds=time.perf_counter() - start, notes=notes, command=prepared.command,
     )

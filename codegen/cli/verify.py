@@ -137,6 +137,8 @@ def report_text(verdict, target: str) -> str:
     for change in verdict.shrink.changes:
         lines.append(f"  {change.key:<{width}}  {_clip(change.before)} → {_clip(change.after)}  ({change.why})")
     lines.append("one-rank reference: the same, --set " + " ".join(verdict.reference_overrides))
+    if verdict.command:
+        lines.append(f"the shrunk layout by hand: {verdict.command}")
     lines.append(f"{'step':>4}  {'value':<9}  {'one rank':>16}  {'layout':>16}  {'rel. diff':>9}")
     for record in verdict.records:
         got = "missing" if record.layout is None else f"{record.layout:.9g}"
