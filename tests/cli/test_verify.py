@@ -135,7 +135,30 @@ def test_an_edit_of_a_shrunk_constant_is_named(tmp_path, capsys):
     assert "HIDDEN = 16" in err
 
 
-def test_a_correct_layout_passes(tmp_path, capsys):
+REFERENCE_RUNS: dict = {}
+
+
+@pytest.fixture
+def shared_reference(monkeypatch):
+    """The two end-to-end tests shrink to the same one-rank program: run it once."""
+    import hashlib
+
+    from parc.codegen import verify
+
+    real = verify.run_trainer
+
+    def run_trainer(folder, nproc, *, steps, timeout):
+        if nproc != 1:
+            return real(folder, nproc, steps=steps, timeout=timeout)
+        key = (hashlib.sha256((folder / "train.py").read_bytes()).hexdigest(), steps)
+        if key not in REFERENCE_RUNS:
+            REFERENCE_RUNS[key] = real(folder, nproc, steps=steps, timeout=timeout)
+        return REFERENCE_RUNS[key]
+
+    monkeypatch.setattr(verify, "run_trainer", run_trainer)
+
+
+def test_a_correct_layout_passes(tmp_path, capsys, shared_reference):
     junit = tmp_path / "verify.xml"
     status = main(["verify", str(TINY), "--set", "parallel.dp=1", "--set", "mesh.devices_per_node=2",
                    "--steps", "2", "--junit", str(junit)])
@@ -147,7 +170,7 @@ def test_a_correct_layout_passes(tmp_path, capsys):
     assert [case.get("name") for case in suite.iter("testcase")] == ["step 1 loss", "step 1 grad_norm", "step 2 loss"]
 
 
-def test_a_build_edited_to_break_parity_fails_naming_the_step(tmp_path, capsys):
+def test_a_build_edited_to_break_parity_fails_naming_the_step(tmp_path, capsys, shared_reference):
     spec = tmp_path / "tiny.par"
     spec.write_text(TINY.read_text())
     folder = build_to(spec, tmp_path / "build", ["parallel.dp=1", "mesh.devices_per_node=2"])
