@@ -31,6 +31,7 @@ Note [what verify shrinks]:
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 from parc.dsl.spec import PipelineSchedule, Recompute, Spec
@@ -126,7 +127,7 @@ def shrink(spec: Spec, *, steps: int) -> Shrink:
     changes += _layers(chosen, values)
     changes += _batch(chosen, values)
     changes += _training(chosen, steps)
-    world = chosen.parallel.dp * chosen.parallel.tp * chosen.parallel.pp
+    world = math.prod(getattr(chosen.parallel, a.name) for a in constraints.AXES if a.in_world)
     changes += _mesh(chosen, world)
     return Shrink(changes=_folded(changes), reference=_reference(values), world=world)
 
@@ -304,9 +305,9 @@ def _mesh(spec: Spec, world: int) -> list[Change]:
 def _reference(values: dict) -> tuple[str, ...]:
     """The one-rank program: no dp, tp, pp, sp, ZeRO, schedule, recompute or overlap
     (recompute and overlap change no number: dropping them puts them under test too)."""
-    sets = [
-        "parallel.dp=1", "parallel.tp=1", "parallel.pp=1", "parallel.sp=false", "parallel.zero=0",
-        "parallel.schedule=1f1b", "parallel.recompute=none", "parallel.overlap=none", "mesh.devices_per_node=1",
+    sets = [f"{a.key}=1" for a in constraints.AXES] + [
+        "parallel.sp=false", "parallel.zero=0", "parallel.schedule=1f1b", "parallel.recompute=none",
+        "parallel.overlap=none", "mesh.devices_per_node=1",
     ]
     if values.get("stage_layers") is not None:
         sets.append(f"parallel.stage_layers=[{values['layers']}]")
