@@ -189,6 +189,16 @@ def _violation(code: str, blame, message: str, hint: str | None = None, **extra)
     return Violation(code=code, blame=blame, message=message, hint=hint, **extra)
 
 
+def smallest(values: Mapping[str, object], candidates: Iterable[Mapping[str, object]]):
+    """The first of ``candidates`` (each a few values to put in place) that leaves every
+    rule reading them satisfied, given the rest of ``values``; None when none does.
+    ``parc verify`` shrinks a model with it: the rules decide what a smaller value may be."""
+    for candidate in candidates:
+        if legal({**values, **candidate}, touching=tuple(candidate)):
+            return dict(candidate)
+    return None
+
+
 def divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
