@@ -30,12 +30,14 @@ Note [what verify shrinks]:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
 
 from parc.dsl.spec import PipelineSchedule, Recompute, Spec
 from parc.runtime import constraints
+from parc.runtime.layer_settings import SETTINGS, spec_text
 
 from .spec_values import spec_values
 
@@ -96,12 +98,6 @@ def _word(value) -> str:
     return str(value)
 
 
-def _overlap_word(sub_batches) -> str:
-    if isinstance(sub_batches, (tuple, list)):
-        return "[" + ", ".join(_overlap_word(k) for k in sub_batches) + "]"
-    return "none" if sub_batches == 1 else f"sub_batch({sub_batches})"
-
-
 def _schedule_word(schedule: PipelineSchedule, chunks: int) -> str:
     if schedule is PipelineSchedule.INTERLEAVED:
         return f"interleaved(chunks = {chunks})"
@@ -157,8 +153,10 @@ def _layout_from_planner(spec: Spec, chosen: Spec) -> list[Change]:
         ("parallel.pp", par.pp, won.pp, _word),
         ("parallel.sp", par.sp, won.sp, _word),
         ("parallel.zero", par.zero, won.zero, _word),
-        ("parallel.recompute", par.recompute, won.recompute, _word),
-        ("parallel.overlap", par.overlap_sub_batches, won.overlap_sub_batches, _overlap_word),
+        *(
+            (entry.key, par.setting(entry.name), won.setting(entry.name), functools.partial(spec_text, entry))
+            for entry in SETTINGS
+        ),
         ("train.micro_batch", spec.train.micro_batch, chosen.train.micro_batch, _word),
     )
     for key, given, value, word in pairs:
@@ -220,14 +218,10 @@ def _stage_sizes(spec: Spec) -> list[int]:
 def _layers(spec: Spec, values: dict) -> list[Change]:
     """Fewer blocks per stage, each stage keeping the runs of its per-layer settings."""
     par, layers = spec.parallel, spec.model.layers
-    recompute = constraints.per_layer(par.recompute, layers, "recompute")
-    overlap = constraints.per_layer(par.overlap_sub_batches, layers, "overlap")
+    per_block = list(zip(*(par.layer_values(entry.name, layers) for entry in SETTINGS)))
     sizes = _stage_sizes(spec)
     starts = list(itertools.accumulate([0] + sizes))
-    runs = [
-        [key for key, _ in itertools.groupby(zip(recompute[a:b], overlap[a:b]))]
-        for a, b in zip(starts, starts[1:])
-    ]
+    runs = [[key for key, _ in itertools.groupby(per_block[a:b])] for a, b in zip(starts, starts[1:])]
     if par.stage_layers is not None:
         ranks = {size: rank for rank, size in enumerate(sorted(set(sizes)))}
         counts = [max(len(r), min(size, BLOCKS_PER_STAGE + ranks[size])) for r, size in zip(runs, sizes)]
@@ -236,18 +230,17 @@ def _layers(spec: Spec, values: dict) -> list[Change]:
     entries = [run + [run[-1]] * (count - len(run)) for run, count in zip(runs, counts)]
     flat = [entry for stage in entries for entry in stage]
     new_layers = len(flat)
-    values.update(layers=new_layers, recompute=tuple(r.value for r, _ in flat), sub_batches=tuple(k for _, k in flat))
+    shrunk = {entry.name: tuple(row[i] for row in flat) for i, entry in enumerate(SETTINGS)}
+    values.update(layers=new_layers, **shrunk)
     why = f"{_counts_words(counts)} per stage, each stage's per-layer settings in order"
     found = _changed("model.layers", layers, new_layers, why)
     if par.stage_layers is not None:
         found += _changed("parallel.stage_layers", _word(list(par.stage_layers)), _word(counts), "uneven as in the spec")
         values["stage_layers"] = tuple(counts)
-    if isinstance(par.recompute, tuple):
-        found += _changed("parallel.recompute", _word(par.recompute), _word([r for r, _ in flat]),
-                          "one value per shrunk layer")
-    if isinstance(par.overlap_sub_batches, tuple):
-        found += _changed("parallel.overlap", _overlap_word(par.overlap_sub_batches),
-                          _overlap_word([k for _, k in flat]), "one value per shrunk layer")
+    for entry in SETTINGS:
+        if isinstance(par.setting(entry.name), tuple):
+            found += _changed(entry.key, spec_text(entry, par.setting(entry.name)), spec_text(entry, shrunk[entry.name]),
+                              "one value per shrunk layer")
     return found
 
 

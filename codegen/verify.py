@@ -205,12 +205,9 @@ def describe(plan) -> str:
     if plan.mesh.size("pp") > 1:
         chunks = f"(chunks = {pipeline.chunks})" if pipeline.chunks > 1 else ""
         words += f", schedule {pipeline.schedule}{chunks}"
-    recompute = sorted({layer.recompute for layer in plan.layers if getattr(layer, "recompute", "none") != "none"})
-    if recompute:
-        words += f", recompute {'/'.join(recompute)}"
-    sub_batches = sorted({layer.sub_batches for layer in plan.layers if getattr(layer, "sub_batches", 1) > 1})
-    if sub_batches:
-        words += f", overlap sub_batch({'/'.join(map(str, sub_batches))})"
+    for entry in plan.used_settings():
+        used = sorted({value for value in plan.per_block(entry.name) if value != entry.off}, key=str)
+        words += f", {entry.name} {'/'.join(entry.word(value) for value in used)}"
     return words
 
 

@@ -169,6 +169,13 @@ def words(entry: LayerSetting, value) -> str | None:
     return "[" + ", ".join(f"{entry.word(v)} ×{n}" if n > 1 else entry.word(v) for v, n in fold_runs(values)) + "]"
 
 
+def spec_text(entry: LayerSetting, value) -> str:
+    """A value as the spec writes it (``--set`` too): ``full``, ``[sub_batch(2), none]``."""
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(entry.word(one) for one in value) + "]"
+    return entry.word(value)
+
+
 def shown(entry: LayerSetting, value, label: str) -> str | None:
     """``words`` after ``label`` (``rc:``, ``recompute ``) unless one value names itself."""
     text = words(entry, value)

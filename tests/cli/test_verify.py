@@ -40,7 +40,7 @@ def test_every_example_shrinks_to_a_buildable_spec_of_the_same_layout(path):
     assert layout.train.precision.value == "fp32" and layout.train.data.kind.value == "synthetic"
     assert layout.model.hidden <= 128 and layout.model.seq_len <= 16 and layout.model.vocab <= 256
     if spec.layout_complete:  # the layout is the spec's own
-        for key in ("dp", "tp", "pp", "sp", "zero", "schedule", "chunks", "recompute", "overlap_sub_batches"):
+        for key in ("dp", "tp", "pp", "sp", "zero", "schedule", "chunks", "recompute", "overlap"):
             assert getattr(par, key) == getattr(spec.parallel, key), key
         assert layout.model.arch == spec.model.arch
         assert (layout.model.heads // layout.model.kv_heads) == (spec.model.heads // spec.model.kv_heads)
