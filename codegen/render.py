@@ -344,8 +344,11 @@ def train_imports(plan: Plan) -> list[str]:
 def runtime_modules(plan: Plan) -> set[str]:
     """The runtime modules the build's program needs before their own imports are
     followed (``build.runtime_files``): train.py's, and those the runtime imports only
-    when a feature is on (``model`` imports ``overlap`` for sub-batches)."""
-    return set(train_imports(plan)) | ({"overlap"} if uses_overlap(plan) else set())
+    inside a function: ``overlap`` when a feature is on (``model`` imports it for
+    sub-batches), ``checkpoint_dcp`` always (``checkpoint`` imports it to save or
+    resume, Note [DCP on demand])."""
+    modules = set(train_imports(plan)) | {"checkpoint_dcp"}
+    return modules | ({"overlap"} if uses_overlap(plan) else set())
 
 
 def layout_words(plan: Plan) -> str:
