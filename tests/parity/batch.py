@@ -1,9 +1,11 @@
 """Build many (spec, layout) cases and run their trainers, those of one world size in one launch.
 
 Takes: ``Case``s (a spec of ``specs/``, its ``--set`` overrides, the trainer's flags,
-the ranks it needs). Gives: ``Batches``, whose ``records(case)`` is the case's JSONL
-records; the first case asked for runs every wanted case of its world size, in one
-``torchrun`` launch of ``batch_worker.py`` (Note [one launch, many trainers] there).
+the ranks it needs). Gives: ``Batches``, whose ``run(case)`` is the case's build
+folder and JSONL records; the first case asked for runs every wanted case of its
+world size, in one ``torchrun`` launch of ``batch_worker.py`` (Note [one launch,
+many trainers] there). ``conftest.py`` makes one ``Batches`` for the session from
+what each test module's ``cases_of(item)`` says its selected tests read.
 Each case keeps its own result: a build that fails, a trainer that fails or stalls
 is that case's failure, with its own logs, and the cases after it are launched again
 without it.
@@ -42,6 +44,7 @@ class Case:
 
 @dataclass(frozen=True)
 class Result:
+    build: Path | None
     records: list | None
     failure: str = ""
 
@@ -54,8 +57,8 @@ class Batches:
         self.wanted = list({case.name: case for case in wanted}.values())
         self.results: dict[str, Result] = {}
 
-    def records(self, case: Case) -> list[dict]:
-        """The case's records; a failed case raises ``AssertionError`` with its logs."""
+    def run(self, case: Case) -> Result:
+        """The case's build and records; a failed case raises ``AssertionError`` with its logs."""
         if case.name not in self.results:
             batch = [c for c in self.wanted if c.nproc == case.nproc and c.name not in self.results]
             batch += [] if case in batch else [case]
@@ -63,7 +66,10 @@ class Batches:
         result = self.results[case.name]
         if result.records is None:
             raise AssertionError(result.failure)
-        return result.records
+        return result
+
+    def records(self, case: Case) -> list[dict]:
+        return self.run(case).records
 
     def _run(self, cases: list[Case]) -> dict[str, Result]:
         results, built = {}, []
@@ -72,7 +78,7 @@ class Batches:
             try:
                 built.append((case, Path(build_to(SPECS / case.spec, out, list(case.overrides)))))
             except Exception:  # noqa: BLE001 - this case's failure, not the batch's
-                results[case.name] = Result(None, f"parc build failed for {case.name}:\n{traceback.format_exc()}")
+                results[case.name] = Result(None, None, f"parc build failed for {case.name}:\n{traceback.format_exc()}")
         launch = 0
         while built:
             folder = self.tmp_path_factory.mktemp(f"launch-{cases[0].nproc}ranks-{launch}")
@@ -80,9 +86,10 @@ class Batches:
             for case, build_dir in built[:finished]:
                 metrics = build_dir / "metrics.jsonl"
                 rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-                results[case.name] = Result(rows)
+                results[case.name] = Result(build_dir, rows)
             if finished < len(built):
-                results[built[finished][0].name] = Result(None, failure)
+                case, build_dir = built[finished]
+                results[case.name] = Result(build_dir, None, failure)
             built, launch = built[finished + 1:], launch + 1
         return results
 

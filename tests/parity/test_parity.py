@@ -12,8 +12,8 @@ of every parameter (clipping, AdamW from empty moments, the warmup LR); steps 3 
 numbers, so any layout that differs from one rank shows by step 4.
 
 The trainers of every selected test run in one torchrun launch per world size
-(``batch.py``, Note [one launch, many trainers]); each layout stays its own test,
-and a failing one shows its own logs.
+(``conftest.py``'s ``trainers``, Note [one launch, many trainers]); each layout stays
+its own test, and a failing one shows its own logs.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import math
 
 import pytest
 
-from .batch import Batches, Case
+from .batch import Case
 from .harness import layout_overrides
 
 RTOL = 1e-5
@@ -96,25 +96,14 @@ def reference_case(arch: str, model: dict | None = None) -> Case:
     return Case(f"{arch}-single{words}", f"{arch}.par", tuple(layout_overrides(**model)), 1, ("--steps", str(STEPS)))
 
 
-def wanted_cases(items) -> list[Case]:
-    """The runs the selected tests of this module read: their layouts, then the references."""
-    layouts, references = [], []
-    for item in items:
-        if item.module.__name__ != __name__:
-            continue
-        if item.originalname == "test_layout_matches_single_rank":
-            arch, layout = item.callspec.params["arch"], item.callspec.params["layout"]
-            layouts.append(layout_case(arch, layout))
-            references.append(reference_case(arch, model_overrides(LAYOUTS[layout])))
-        elif item.originalname == "test_single_rank_loss_falls":
-            references += [reference_case(arch) for arch in ARCHS]
-    return layouts + references
-
-
-@pytest.fixture(scope="module")
-def trainers(request, tmp_path_factory):
-    """``trainers.records(case)``: made on first use for every selected test of its world size."""
-    return Batches(tmp_path_factory, wanted_cases(request.session.items))
+def cases_of(item) -> list[Case]:
+    """The runs a selected test of this module reads (conftest.py's ``trainers``)."""
+    if item.originalname == "test_layout_matches_single_rank":
+        arch, layout = item.callspec.params["arch"], item.callspec.params["layout"]
+        return [layout_case(arch, layout), reference_case(arch, model_overrides(LAYOUTS[layout]))]
+    if item.originalname == "test_single_rank_loss_falls":
+        return [reference_case(arch) for arch in ARCHS]
+    return []
 
 
 def assert_close(actual: float, expected: float, what: str) -> None:

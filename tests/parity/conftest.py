@@ -1,0 +1,24 @@
+"""The parity package's trainer runs, shared by its modules: one torchrun launch per world size.
+
+Each test module says which runs a test of it reads with ``cases_of(item) -> list[Case]``
+(batch.py); the session's ``trainers`` holds every selected test's runs, so ``-k``
+launches only what the selected tests read, and the layouts of test_parity.py,
+test_memory.py and test_planned.py that need the same world size share a launch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .batch import Batches
+
+
+@pytest.fixture(scope="session")
+def trainers(request, tmp_path_factory):
+    """``trainers.run(case)`` / ``trainers.records(case)``, made on first use (Note [one launch, many trainers])."""
+    wanted = []
+    for item in request.session.items:
+        cases_of = getattr(getattr(item, "module", None), "cases_of", None)
+        if cases_of is not None:
+            wanted += cases_of(item)
+    return Batches(tmp_path_factory, wanted)
