@@ -4,7 +4,7 @@ Takes: ``Case``s (a spec of ``specs/``, its ``--set`` overrides, the trainer's f
 the ranks it needs). Gives: ``Batches``, whose ``run(case)`` is the case's build
 folder and JSONL records; the first case asked for runs every wanted case of its
 world size, in one ``torchrun`` launch of ``batch_worker.py`` (Note [one launch,
-many trainers] there). ``conftest.py`` makes one ``Batches`` for the session from
+many trainers] there). tests/conftest.py makes one ``Batches`` for the session from
 what each test module's ``cases_of(item)`` says its selected tests read.
 Each case keeps its own result: a build that fails, a trainer that fails or stalls
 is that case's failure, with its own logs, and the cases after it are launched again

@@ -7,7 +7,7 @@ hand (not from the runtime), AdamW's two fp32 moments per element (plus torch's
 4-byte ``step`` tensor per parameter tensor), and ZeRO's sharding of the state (stage
 1) and of the gradients too (stage 2) over dp, padded to a multiple of dp. Saved
 activations must fall as recompute goes none → selective → full. The runs share
-the parity suite's launches (conftest.py's ``trainers``).
+the parity suite's launches (tests/conftest.py's ``trainers``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ RECOMPUTE = {mode: memory_case(f"recompute-{mode}", 1, parallel__recompute=mode)
 
 
 def cases_of(item) -> list[Case]:
-    """The runs a selected test of this module reads (conftest.py's ``trainers``)."""
+    """The runs a selected test of this module reads (tests/conftest.py's ``trainers``)."""
     if item.originalname == "test_dp2_bytes_equal_the_zero_formulas":
         return [ZERO[item.callspec.params["zero"]]]
     if item.originalname == "test_pp2_stages_hold_their_layers":

@@ -12,7 +12,7 @@ of every parameter (clipping, AdamW from empty moments, the warmup LR); steps 3 
 numbers, so any layout that differs from one rank shows by step 4.
 
 The trainers of every selected test run in one torchrun launch per world size
-(``conftest.py``'s ``trainers``, Note [one launch, many trainers]); each layout stays
+(tests/conftest.py's ``trainers``, Note [one launch, many trainers]); each layout stays
 its own test, and a failing one shows its own logs.
 """
 
@@ -97,7 +97,7 @@ def reference_case(arch: str, model: dict | None = None) -> Case:
 
 
 def cases_of(item) -> list[Case]:
-    """The runs a selected test of this module reads (conftest.py's ``trainers``)."""
+    """The runs a selected test of this module reads (tests/conftest.py's ``trainers``)."""
     if item.originalname == "test_layout_matches_single_rank":
         arch, layout = item.callspec.params["arch"], item.callspec.params["layout"]
         return [layout_case(arch, layout), reference_case(arch, model_overrides(LAYOUTS[layout]))]

@@ -2,7 +2,7 @@
 
 Issue 7: ``parc build`` records the prediction in plan.json, and the trainer's logs
 show predicted beside measured step time. The run shares the parity suite's launch
-of its world size (conftest.py's ``trainers``).
+of its world size (tests/conftest.py's ``trainers``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ AUTO = Case(
 
 
 def cases_of(item) -> list[Case]:
-    """The runs a selected test of this module reads (conftest.py's ``trainers``)."""
+    """The runs a selected test of this module reads (tests/conftest.py's ``trainers``)."""
     return [AUTO] if item.originalname == "test_auto_layout_logs_predicted_beside_measured" else []
 
 
