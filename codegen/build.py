@@ -16,6 +16,8 @@ before anything is read, written or removed — ``--force`` does not lift it.
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import json
 import os
@@ -90,8 +92,6 @@ def runtime_files(modules: set[str] | None = None) -> dict[str, bytes]:
 
 def _closure(root, modules: set[str]) -> set[str]:
     """``modules`` and every runtime module they import at module level (``from .x``)."""
-    import ast
-
     seen: set[str] = set()
     todo = list(modules)
     while todo:
@@ -102,15 +102,25 @@ def _closure(root, modules: set[str]) -> set[str]:
         node = root.joinpath(name)
         sources = [c for c in node.iterdir() if c.name.endswith(".py")] if node.is_dir() else [root.joinpath(f"{name}.py")]
         for source in sources:
-            for statement in ast.parse(source.read_text(encoding="utf-8")).body:
-                if not isinstance(statement, ast.ImportFrom) or statement.level == 0:
-                    continue
-                if statement.level == (2 if node.is_dir() else 1):  # the runtime's own top level
-                    if statement.module:
-                        todo.append(statement.module.split(".")[0])
-                    else:
-                        todo.extend(alias.name for alias in statement.names)
+            todo += _top_level_imports(source.read_text(encoding="utf-8"), 2 if node.is_dir() else 1)
     return seen
+
+
+@functools.lru_cache(maxsize=None)
+def _top_level_imports(text: str, level: int) -> tuple[str, ...]:
+    """The runtime modules a source imports at module level with ``from`` + ``level`` dots.
+
+    Keyed by the text itself: every build parses the runtime once per process, and an
+    edited file is a new key.
+    """
+    names: list[str] = []
+    for statement in ast.parse(text).body:
+        if isinstance(statement, ast.ImportFrom) and statement.level == level:  # the runtime's own top level
+            if statement.module:
+                names.append(statement.module.split(".")[0])
+            else:
+                names.extend(alias.name for alias in statement.names)
+    return tuple(names)
 
 
 def spec_hash(spec) -> str:

@@ -308,8 +308,11 @@ def train_imports(plan: Plan) -> list[str]:
 def runtime_modules(plan: Plan) -> set[str]:
     """The runtime modules the build's program needs before their own imports are
     followed (``build.runtime_files``): train.py's, and those the runtime imports only
-    when a per-layer setting is used: ``LayerSetting.module``)."""
-    return set(train_imports(plan)) | {entry.module for entry in plan.used_settings() if entry.module}
+    inside a function: a per-layer setting's ``LayerSetting.module`` when some block
+    uses it, ``checkpoint_dcp`` always (``checkpoint`` imports it to save or resume,
+    Note [DCP on demand])."""
+    modules = set(train_imports(plan)) | {"checkpoint_dcp"}
+    return modules | {entry.module for entry in plan.used_settings() if entry.module}
 
 
 def layout_words(plan: Plan) -> str:
@@ -346,14 +349,6 @@ def command(plan: Plan) -> str:
 
 def render(plan: Plan) -> dict[str, str]:
     """The build's generated files (not the runtime copy), path → text."""
-    env = jinja2.Environment(
-        loader=jinja2.FunctionLoader(_load_template),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
     world = plan.mesh.world_size
     axis_rows = [
         f"{a.axis} | {a.size} | {axes.axis(a.axis).splits}" for a in plan.mesh.axes
@@ -361,14 +356,14 @@ def render(plan: Plan) -> dict[str, str]:
     b = plan.batch
     common = dict(header=header(plan), world=world, world_plural="" if world == 1 else "es")
     files = {
-        "train.py": render_train(plan, env),
-        "launch.sh": env.get_template("launch.sh.j2").render(
+        "train.py": render_train(plan, _ENV),
+        "launch.sh": _ENV.get_template("launch.sh.j2").render(
             layout=layout_words(plan), **render_launch.launch_context(plan), **common
         ),
-        "slurm.sbatch": env.get_template("slurm.sbatch.j2").render(
+        "slurm.sbatch": _ENV.get_template("slurm.sbatch.j2").render(
             layout=layout_words(plan), **render_launch.slurm_context(plan), **common
         ),
-        "README.md": env.get_template("README.md.j2").render(
+        "README.md": _ENV.get_template("README.md.j2").render(
             name=plan.model.name,
             summary=summary(plan),
             version=plan.parc_version,
@@ -388,5 +383,18 @@ def render(plan: Plan) -> dict[str, str]:
     return files
 
 
-def _load_template(name: str) -> str:
-    return resources.files("parc.templates").joinpath(name).read_text(encoding="utf-8")
+def _load_template(name: str):
+    """The template's text, and how the environment tells it is still current (the text unchanged)."""
+    path = resources.files("parc.templates").joinpath(name)
+    text = path.read_text(encoding="utf-8")
+    return text, None, lambda: path.read_text(encoding="utf-8") == text
+
+
+_ENV = jinja2.Environment(  # one per process: each template compiles once, again only when edited
+    loader=jinja2.FunctionLoader(_load_template),
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+    autoescape=False,
+)

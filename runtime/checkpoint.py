@@ -20,34 +20,19 @@ Tensors are read back only through DCP (no pickled objects are stored), and a
 checkpoint on disk is untrusted input (Note [a checkpoint is untrusted input] in
 checkpoint_files.py): every problem with one ends the trainer with one line that rank
 0 prints (the folder is shared by all ranks, so every rank finds the same).
+DCP itself is reached through ``checkpoint_dcp.py``, imported only by the functions
+that save or read (Note [DCP on demand]).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import shutil
-import warnings
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import (
-    DefaultLoadPlanner,
-    DefaultSavePlanner,
-    create_default_local_load_plan,
-)
-from torch.distributed.checkpoint.metadata import (
-    ChunkStorageMetadata,
-    MetadataIndex,
-    TensorProperties,
-    TensorStorageMetadata,
-)
-from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
-from torch.distributed.checkpoint.planner_helpers import _create_write_items, create_read_items_for_chunk_list
 
 from . import checkpoint_shards as shards
 from . import faults
@@ -55,7 +40,6 @@ from .checkpoint_files import (  # noqa: F401 - latest, resolve and read_info ar
     FORMAT,
     INFO_FILE,
     STEP_DIR,
-    CheckedReader,
     CheckpointError,
     check_folder,
     is_complete,
@@ -66,76 +50,8 @@ from .checkpoint_files import (  # noqa: F401 - latest, resolve and read_info ar
 )
 
 
-
 def step_dir_name(step: int) -> str:
     return f"step_{step:06d}"
-
-
-def _by_box(pieces) -> dict:
-    boxes = {(p.name, p.offsets): p for p in pieces}
-    if len(boxes) != len(pieces):
-        raise RuntimeError("internal error in parc (checkpoint): two local boxes of one tensor start together")
-    return boxes
-
-
-class _SavePlanner(DefaultSavePlanner):
-    """DCP's planner, plus boxes of logical tensors (``Piece``) as shard write items."""
-
-    def __init__(self, pieces):
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-        self.pieces = _by_box(pieces)
-
-    def create_local_plan(self) -> SavePlan:
-        items = [item for fqn, obj in self.state_dict.items() for item in _create_write_items(fqn, obj)]
-        for piece in self.pieces.values():
-            tensor = piece.tensor
-            items.append(
-                WriteItem(
-                    index=MetadataIndex(piece.name, torch.Size(piece.offsets)),
-                    type=WriteItemType.SHARD,
-                    tensor_data=TensorWriteData(
-                        chunk=ChunkStorageMetadata(offsets=torch.Size(piece.offsets), sizes=tensor.size()),
-                        properties=TensorProperties.create_from_tensor(tensor),
-                        size=torch.Size(piece.full_shape),
-                    ),
-                )
-            )
-        self.plan = SavePlan(items)
-        return self.plan
-
-    def lookup_object(self, index: MetadataIndex):
-        piece = self.pieces.get((index.fqn, tuple(index.offset or ())))
-        return piece.tensor if piece is not None else super().lookup_object(index)
-
-
-class _LoadPlanner(DefaultLoadPlanner):
-    """Reads, for each local box, the overlapping parts of whatever boxes were saved."""
-
-    def __init__(self, pieces):
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-        self.pieces = _by_box(pieces)
-
-    def create_local_plan(self) -> LoadPlan:
-        requests = list(create_default_local_load_plan(self.state_dict, self.metadata, True).items)
-        by_name: dict[str, list] = {}
-        for piece in self.pieces.values():
-            by_name.setdefault(piece.name, []).append(piece)
-        for name, pieces in sorted(by_name.items()):
-            chunks = [ChunkStorageMetadata(offsets=torch.Size(p.offsets), sizes=p.tensor.size()) for p in pieces]
-            requests += create_read_items_for_chunk_list(name, self.metadata.state_dict_metadata[name], chunks)
-        return LoadPlan(requests)
-
-    def lookup_tensor(self, index: MetadataIndex):
-        piece = self.pieces.get((index.fqn, tuple(index.offset or ())))
-        return piece.tensor if piece is not None else super().lookup_tensor(index)
-
-
-@contextlib.contextmanager
-def _one_process_quiet():
-    """DCP warns that it runs in one process: that is what ``python train.py`` means."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
 
 
 def _rng_state(rank: int, device) -> dict:
@@ -181,8 +97,9 @@ class Checkpoints:
         pieces += shards.optimizer_pieces(self.params, self.optimizer, saving=True)
         state = _rng_state(self.rank, self.device)
         state["optim.step"] = torch.tensor(optimizer_step, dtype=torch.int64)
-        with _one_process_quiet():
-            dcp.save(state, storage_writer=dcp.FileSystemWriter(temporary), planner=_SavePlanner(pieces))
+        from . import checkpoint_dcp  # Note [DCP on demand]
+
+        checkpoint_dcp.save(state, temporary, pieces)
         if self.rank == 0:  # dcp.save returns once .metadata is written: every rank's data is in
             info = dict(
                 format=FORMAT, step=step, optimizer_step=optimizer_step, world_size=self.world_size,
@@ -249,7 +166,9 @@ class Checkpoints:
         self._check_shapes(path, pieces, info)
         same_world = info["world_size"] == self.world_size
         state = {k: torch.empty_like(v) for k, v in _rng_state(self.rank, self.device).items()} if same_world else {}
-        _load(path, state, _LoadPlanner(pieces))
+        from . import checkpoint_dcp  # Note [DCP on demand]
+
+        checkpoint_dcp.load(path, state, pieces)
         for key, value in state.items():
             if key.startswith("rng.cpu."):
                 torch.set_rng_state(value)
@@ -265,13 +184,15 @@ class Checkpoints:
 
     def _check_shapes(self, path: str, pieces, info: dict) -> None:
         """Every tensor this rank reads exists with its full shape, or the run ends naming it."""
-        saved = CheckedReader(path).read_metadata().state_dict_metadata
+        from . import checkpoint_dcp  # Note [DCP on demand]
+
+        saved = checkpoint_dcp.tensor_shapes(path)
         differ = _config_difference(model_config(info, path), self.config)
         for piece in pieces:
             name = piece.name.removeprefix("model.")
-            if not isinstance(saved.get(piece.name), TensorStorageMetadata):
+            if piece.name not in saved:
                 raise self._refuse(f"checkpoint {path} has no tensor {name}: it was saved from a different model{differ}")
-            shape = tuple(saved[piece.name].size)
+            shape = saved[piece.name]
             if shape != piece.full_shape:
                 raise self._refuse(
                     f"checkpoint {path}: {name} has shape {shape} there "
@@ -285,29 +206,9 @@ def read_full(path: str, prefix: str = "") -> dict[str, torch.Tensor]:
     Raises ``CheckpointError`` for a folder that is not a readable checkpoint.
     """
     path = resolve(path)
-    saved = CheckedReader(path).read_metadata().state_dict_metadata
-    state = {
-        name: torch.empty(tuple(md.size), dtype=md.properties.dtype)
-        for name, md in sorted(saved.items())
-        if name.startswith(prefix) and isinstance(md, TensorStorageMetadata)
-    }
-    _load(path, state, DefaultLoadPlanner(flatten_state_dict=False))
-    return state
+    from . import checkpoint_dcp  # Note [DCP on demand]
 
-
-def _load(path: str, state: dict, planner) -> None:
-    """``dcp.load`` through ``CheckedReader``; a damaged checkpoint is a ``CheckpointError``."""
-    try:
-        with _one_process_quiet():
-            dcp.load(state, storage_reader=CheckedReader(path), planner=planner)
-    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - CheckpointException is a BaseException
-        cause = exc
-        if isinstance(exc, CheckpointException) and exc.failures:  # rank -> (exception, traceback)
-            cause = next(iter(exc.failures.values()))
-            cause = cause[0] if isinstance(cause, tuple) else cause
-        if isinstance(cause, CheckpointError):
-            raise cause from None
-        raise CheckpointError(f"{path}: cannot read its tensors, the data files are damaged ({_first_line(cause)})") from None
+    return checkpoint_dcp.read_full(path, prefix)
 
 
 def _flagged(flag: str, call, path: str):
@@ -316,11 +217,6 @@ def _flagged(flag: str, call, path: str):
         return call(path)
     except CheckpointError as exc:
         raise CheckpointError(f"{flag} {exc}") from None
-
-
-def _first_line(exc: Exception) -> str:
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[-1][:300] if lines else ''}"
 
 
 def _config_difference(saved, ours) -> str:

@@ -3,11 +3,12 @@
 Takes: a path a user named (``--resume DIR``, ``--checkpoint-dir DIR``, ``parc export
 CKPT``). Gives: ``latest(folder)`` and ``resolve(path)`` (the checkpoint meant),
 ``read_info(path)`` (``parc.json``, checked field by field), ``check_folder`` (a
-``--checkpoint-dir`` the trainer can write into) and ``CheckedReader``, the
-``dcp.FileSystemReader`` every load goes through; each problem is a
+``--checkpoint-dir`` the trainer can write into) and ``read_index``, the DCP index
+as ``checkpoint_dcp.CheckedReader`` (every load's reader) gets it; each problem is a
 ``CheckpointError`` whose message names the file and what is wrong (``NoCheckpoint``
 when there is none at all). Before: the
-trainer's flags. After: ``checkpoint.py`` (loads and saves), ``parc export``.
+trainer's flags. After: ``checkpoint.py`` and ``checkpoint_dcp.py`` (loads and saves),
+``parc export``.
 
 Note [a checkpoint is untrusted input]: a checkpoint can come from anywhere (a shared
 folder, a download). DCP's index ``.metadata`` is a pickle, which can run any code
@@ -26,8 +27,6 @@ import pickle
 import re
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from .model import ModelConfig
 from .paths import UnreadableFile, UnsafePath, UnwritablePath, check_target, inside, json_path, read_json, read_limited
@@ -179,27 +178,28 @@ class _IndexUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-class CheckedReader(dcp.FileSystemReader):
-    """DCP's reader of a checkpoint folder, per Note [a checkpoint is untrusted input]."""
+def read_index(folder: str):
+    """The ``Metadata`` of checkpoint ``folder``'s DCP index, per Note [a checkpoint is untrusted input].
 
-    def read_metadata(self, *args, **kwargs) -> Metadata:
-        folder = str(self.path)
+    DCP is imported here, not at module level (Note [DCP on demand] in checkpoint_dcp.py).
+    """
+    from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+
+    try:
+        index = inside(folder, INDEX_FILE)
+        data = read_limited(index, limit=INDEX_LIMIT)
+        metadata = _IndexUnpickler(io.BytesIO(data)).load()
+    except (UnsafePath, UnreadableFile) as exc:
+        raise CheckpointError(f"{folder}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - any byte string: a damaged index
+        raise CheckpointError(f"{folder}/{INDEX_FILE} is not a DCP index: {type(exc).__name__}: {exc}") from None
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
+        raise CheckpointError(f"{folder}/{INDEX_FILE} is not a DCP index")
+    for item in metadata.storage_data.values():
         try:
-            index = inside(folder, INDEX_FILE)
-            data = read_limited(index, limit=INDEX_LIMIT)
-            metadata = _IndexUnpickler(io.BytesIO(data)).load()
-        except (UnsafePath, UnreadableFile) as exc:
-            raise CheckpointError(f"{folder}: {exc}") from None
-        except Exception as exc:  # noqa: BLE001 - any byte string: a damaged index
-            raise CheckpointError(f"{folder}/{INDEX_FILE} is not a DCP index: {type(exc).__name__}: {exc}") from None
-        if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
-            raise CheckpointError(f"{folder}/{INDEX_FILE} is not a DCP index")
-        for item in metadata.storage_data.values():
-            try:
-                inside(folder, getattr(item, "relative_path", None))
-            except UnsafePath as exc:
-                raise CheckpointError(f"{folder}/{INDEX_FILE} names a data file outside the checkpoint: {exc}") from None
-        if getattr(metadata, "storage_meta", None) is None:  # as DCP's own reader does
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
+            inside(folder, getattr(item, "relative_path", None))
+        except UnsafePath as exc:
+            raise CheckpointError(f"{folder}/{INDEX_FILE} names a data file outside the checkpoint: {exc}") from None
+    if getattr(metadata, "storage_meta", None) is None:  # as DCP's own reader does
+        metadata.storage_meta = StorageMeta()
+    return metadata

@@ -66,7 +66,8 @@ def test_runtime_copy_is_byte_identical():
 @pytest.mark.parametrize(
     "sets, ships, leaves",
     [
-        ((), {"model.py", "dp.py", "kernels/cpu/norms.cpp"}, {"pipeline.py", "zero.py", "overlap.py", "schedule.py"}),
+        ((), {"model.py", "dp.py", "checkpoint_dcp.py", "kernels/cpu/norms.cpp"},
+         {"pipeline.py", "zero.py", "overlap.py", "schedule.py"}),
         (("parallel.dp=1", "parallel.pp=2"), {"pipeline.py", "schedule.py"}, {"zero.py", "overlap.py", "dp.py"}),
         (("parallel.zero=1",), {"zero.py", "dp.py"}, {"pipeline.py", "overlap.py"}),
         (("parallel.overlap=sub_batch(2)",), {"overlap.py"}, {"pipeline.py", "zero.py"}),
@@ -87,6 +88,18 @@ def test_a_build_ships_only_the_runtime_it_uses(sets, ships, leaves, tmp_path, c
     assert main(["build", str(EXAMPLES / "tiny.par"), "-o", str(out)]) == 0
     assert main(["build", str(EXAMPLES / "tiny.par"), "-o", str(out), "--check"]) == 0
     assert not any((out / "parc_runtime" / name).exists() for name in {"pipeline.py", "zero.py", "overlap.py"})
+
+
+def test_a_trainer_imports_dcp_only_to_save_or_resume(tmp_path):
+    """Note [DCP on demand]: train.py's imports leave torch.distributed.checkpoint out; checkpoint_dcp brings it."""
+    out = tmp_path / "b"
+    assert main(["build", str(EXAMPLES / "tiny.par"), "-o", str(out)]) == 0
+    code = (
+        "import sys; sys.path.insert(0, '.'); import train; "
+        "assert 'torch.distributed.checkpoint' not in sys.modules, 'imported at start'; "
+        "from parc_runtime import checkpoint_dcp; assert 'torch.distributed.checkpoint' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=out, check=True)
 
 
 def test_build_is_deterministic_across_cwd(tmp_path):

@@ -6,7 +6,8 @@ whose bytes are known in closed form: parameters counted from the model's shapes
 hand (not from the runtime), AdamW's two fp32 moments per element (plus torch's
 4-byte ``step`` tensor per parameter tensor), and ZeRO's sharding of the state (stage
 1) and of the gradients too (stage 2) over dp, padded to a multiple of dp. Saved
-activations must fall as recompute goes none → selective → full.
+activations must fall as recompute goes none → selective → full. The runs share
+the parity suite's launches (tests/conftest.py's ``trainers``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import math
 
 import pytest
 
-from .harness import build_and_run, layout_overrides
+from .batch import Case
+from .harness import layout_overrides
 
 # tests/parity/specs/gpt.par: vocab 256 (already a multiple of 128), hidden 64,
 # seq_len 32, ffn 128, 2 layers, tied embeddings, biases everywhere (GPT-2).
@@ -33,17 +35,35 @@ def whole_model() -> tuple[int, int]:
     return EMBED + POS + L * LAYER + FINAL_NORM, 2 + L * TENSORS_PER_LAYER + 2
 
 
-def run(tmp_path, nproc, **degrees):
-    records = build_and_run(
-        "gpt.par", tmp_path, nproc=nproc, overrides=layout_overrides(**degrees), steps=2
-    )
-    return records[-1]["memory_per_rank"]
+def memory_case(name: str, nproc: int, **degrees) -> Case:
+    """A 2-step run of the parity GPT whose last record's ``memory_per_rank`` a test reads."""
+    return Case(f"memory-{name}", "gpt.par", tuple(layout_overrides(**degrees)), nproc, ("--steps", "2"))
+
+
+ZERO = {zero: memory_case(f"dp2-zero{zero}", 2, dp=2, parallel__zero=zero) for zero in (0, 1, 2)}
+PIPELINE = memory_case("pp2", 2, pp=2)
+RECOMPUTE = {mode: memory_case(f"recompute-{mode}", 1, parallel__recompute=mode) for mode in ("none", "selective", "full")}
+
+
+def cases_of(item) -> list[Case]:
+    """The runs a selected test of this module reads (tests/conftest.py's ``trainers``)."""
+    if item.originalname == "test_dp2_bytes_equal_the_zero_formulas":
+        return [ZERO[item.callspec.params["zero"]]]
+    if item.originalname == "test_pp2_stages_hold_their_layers":
+        return [PIPELINE]
+    if item.originalname == "test_saved_activations_fall_with_recompute":
+        return list(RECOMPUTE.values())
+    return []
+
+
+def per_rank(trainers, case: Case) -> list[dict]:
+    return trainers.records(case)[-1]["memory_per_rank"]
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2])
-def test_dp2_bytes_equal_the_zero_formulas(zero, tmp_path):
+def test_dp2_bytes_equal_the_zero_formulas(zero, trainers):
     psi, tensors = whole_model()
-    ranks = run(tmp_path, 2, dp=2, parallel__zero=zero)
+    ranks = per_rank(trainers, ZERO[zero])
     shard = math.ceil(psi / 2)  # each dp rank's slice of the flat buffer
     expected_grads = {0: psi, 1: psi, 2: shard}[zero] * FP32
     expected_optim = 2 * psi * FP32 + tensors * FP32 if zero == 0 else 2 * shard * FP32
@@ -53,9 +73,9 @@ def test_dp2_bytes_equal_the_zero_formulas(zero, tmp_path):
         assert row["optim_bytes"] == expected_optim, f"rank {rank} zero {zero}: {row}"
 
 
-def test_pp2_stages_hold_their_layers(tmp_path):
+def test_pp2_stages_hold_their_layers(trainers):
     """Stage 0: embedding, positions, layer 0; stage 1: layer 1, final norm, the tied head copy."""
-    ranks = run(tmp_path, 2, pp=2)
+    ranks = per_rank(trainers, PIPELINE)
     first = EMBED + POS + LAYER
     last = LAYER + FINAL_NORM + EMBED
     first_tensors, last_tensors = 2 + TENSORS_PER_LAYER, TENSORS_PER_LAYER + 2 + 1
@@ -65,9 +85,6 @@ def test_pp2_stages_hold_their_layers(tmp_path):
         assert row["optim_bytes"] == 2 * psi * FP32 + tensors * FP32, row
 
 
-def test_saved_activations_fall_with_recompute(tmp_path):
-    peaks = {}
-    for recompute in ("none", "selective", "full"):
-        ranks = run(tmp_path / recompute, 1, parallel__recompute=recompute)
-        peaks[recompute] = ranks[0]["activation_peak_bytes"]
+def test_saved_activations_fall_with_recompute(trainers):
+    peaks = {mode: per_rank(trainers, case)[0]["activation_peak_bytes"] for mode, case in RECOMPUTE.items()}
     assert peaks["none"] > peaks["selective"] > peaks["full"] > 0, peaks

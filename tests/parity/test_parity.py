@@ -1,8 +1,19 @@
 """Every layout trains exactly like one rank (DESIGN §8).
 
 For a tiny GPT and a tiny Llama, the generated trainer is built in each layout and
-run with torchrun on CPU gloo in fp32 for 6 steps; every step's loss and the first
+run with torchrun on CPU gloo in fp32 for 4 steps; every step's loss and the first
 step's gradient norm must equal the single-rank build's within 1e-5 relative.
+
+Four steps prove what more would: step 1's loss and gradient norm check the forward
+and backward from the shared initialization; step 2's loss depends on step 1's update
+of every parameter (clipping, AdamW from empty moments, the warmup LR); steps 3 and
+4 compound updates with moments that have history, across the end of the warmup
+(``cosine(warmup = 2)``) into the decay. A later step runs the same code on other
+numbers, so any layout that differs from one rank shows by step 4.
+
+The trainers of every selected test run in one torchrun launch per world size
+(tests/conftest.py's ``trainers``, Note [one launch, many trainers]); each layout stays
+its own test, and a failing one shows its own logs.
 """
 
 from __future__ import annotations
@@ -11,10 +22,11 @@ import math
 
 import pytest
 
-from .harness import build_and_run, layout_overrides
+from .batch import Case
+from .harness import layout_overrides
 
 RTOL = 1e-5
-STEPS = 6
+STEPS = 4
 
 LAYOUTS = {
     "tp2": dict(tp=2),
@@ -67,20 +79,31 @@ def model_overrides(degrees: dict) -> dict:
     return {key: value for key, value in degrees.items() if key.startswith("model__")}
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The single-rank run of each arch (and model variant), computed once on first use."""
-    runs = {}
+def nproc_of(degrees: dict) -> int:
+    return degrees.get("dp", 1) * degrees.get("tp", 1) * degrees.get("pp", 1)
 
-    def run(arch: str, model: dict | None = None) -> list[dict]:
-        model = model or {}
-        key = (arch, tuple(sorted(model.items())))
-        if key not in runs:
-            out = tmp_path_factory.mktemp(f"{arch}-single")
-            runs[key] = build_and_run(f"{arch}.par", out, nproc=1, overrides=layout_overrides(**model))
-        return runs[key]
 
-    return run
+def layout_case(arch: str, layout: str) -> Case:
+    degrees = LAYOUTS[layout]
+    overrides = tuple(layout_overrides(**degrees))
+    return Case(f"{arch}-{layout}", f"{arch}.par", overrides, nproc_of(degrees), ("--steps", str(STEPS)))
+
+
+def reference_case(arch: str, model: dict | None = None) -> Case:
+    """The single-rank run of ``arch`` (with a layout's model variant, e.g. 4 layers)."""
+    model = model or {}
+    words = "".join(f"-{key.removeprefix('model__')}{value}" for key, value in sorted(model.items()))
+    return Case(f"{arch}-single{words}", f"{arch}.par", tuple(layout_overrides(**model)), 1, ("--steps", str(STEPS)))
+
+
+def cases_of(item) -> list[Case]:
+    """The runs a selected test of this module reads (tests/conftest.py's ``trainers``)."""
+    if item.originalname == "test_layout_matches_single_rank":
+        arch, layout = item.callspec.params["arch"], item.callspec.params["layout"]
+        return [layout_case(arch, layout), reference_case(arch, model_overrides(LAYOUTS[layout]))]
+    if item.originalname == "test_single_rank_loss_falls":
+        return [reference_case(arch) for arch in ARCHS]
+    return []
 
 
 def assert_close(actual: float, expected: float, what: str) -> None:
@@ -93,18 +116,16 @@ def assert_close(actual: float, expected: float, what: str) -> None:
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_layout_matches_single_rank(arch, layout, reference, tmp_path):
-    degrees = LAYOUTS[layout]
-    nproc = degrees.get("dp", 1) * degrees.get("tp", 1) * degrees.get("pp", 1)
-    runs = build_and_run(f"{arch}.par", tmp_path, nproc=nproc, overrides=layout_overrides(**degrees))
-    expected = reference(arch, model_overrides(degrees))
+def test_layout_matches_single_rank(arch, layout, trainers):
+    runs = trainers.records(layout_case(arch, layout))
+    expected = trainers.records(reference_case(arch, model_overrides(LAYOUTS[layout])))
     assert [r["step"] for r in runs] == [r["step"] for r in expected] == list(range(1, STEPS + 1))
     for got, want in zip(runs, expected):
         assert_close(got["loss"], want["loss"], f"{arch} {layout} step {got['step']} loss")
     assert_close(runs[0]["grad_norm"], expected[0]["grad_norm"], f"{arch} {layout} step 1 grad_norm")
 
 
-def test_single_rank_loss_falls(reference):
+def test_single_rank_loss_falls(trainers):
     for arch in ARCHS:
-        runs = reference(arch)
+        runs = trainers.records(reference_case(arch))
         assert runs[-1]["loss"] < runs[0]["loss"], f"{arch}: loss did not fall: {[r['loss'] for r in runs]}"

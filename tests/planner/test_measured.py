@@ -4,27 +4,23 @@ metrics JSONL's ``memory_per_rank`` (runtime/memory.py's definitions).
 Parameters, gradients and optimizer state must be equal to the byte; the peak of saved
 activations within 10%, on every rank. Three 4-rank runs (one step each) cover dp 2
 with zero 0, 1 and 2, tp 2 with sp, pp 2 (both stages: embedding, head, tied copy),
-gpt and llama, and selective recompute.
+gpt and llama, and selective recompute. The runs share the parity suite's launch of
+their world size (tests/conftest.py's ``trainers``).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from parc.codegen.build import build_to
 from parc.codegen.planner.cost.memory import memory
 from parc.codegen.planner.search import fixed_layout
 from parc.dsl import load
 
-SPECS = Path(__file__).resolve().parents[1] / "parity" / "specs"
-TORCHRUN = Path(sys.executable).with_name("torchrun")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the parity package
+from parity.batch import SPECS, Case  # noqa: E402
 
 CASES = {
     "gpt dp2·tp2 sp zero2": ("gpt.par", dict(dp=2, tp=2, sp="true", zero=2)),
@@ -42,29 +38,28 @@ def _overrides(degrees: dict) -> list[str]:
     ]
 
 
-def _run(spec_name: str, sets: list[str], out: Path, nproc: int) -> list[dict]:
-    build_dir = Path(build_to(SPECS / spec_name, out, sets))
-    metrics = build_dir / "metrics.jsonl"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    command = [str(TORCHRUN), f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
-               f"--rdzv-endpoint=127.0.0.1:{port}", str(build_dir / "train.py"),
-               "--metrics-jsonl", str(metrics), "--steps", "1"]
-    done = subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+def measured_case(case: str) -> Case:
+    spec_name, degrees = CASES[case]
+    nproc = degrees.get("dp", 1) * degrees.get("tp", 1) * degrees.get("pp", 1)
+    name = "measured-" + "-".join(case.replace("·", " ").split())
+    return Case(name, spec_name, tuple(_overrides(degrees)), nproc, ("--steps", "1"))
+
+
+def cases_of(item) -> list[Case]:
+    """The runs a selected test of this module reads (tests/conftest.py's ``trainers``)."""
+    if item.originalname == "test_predicted_bytes_equal_measured":
+        return [measured_case(item.callspec.params["case"])]
+    return []
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_predicted_bytes_equal_measured(case, tmp_path):
+def test_predicted_bytes_equal_measured(case, trainers):
     spec_name, degrees = CASES[case]
     sets = _overrides(degrees)
     spec = load(str(SPECS / spec_name), sets)
     layout = fixed_layout(spec)
     predicted = memory(spec, layout).per_rank
-    records = _run(spec_name, sets, tmp_path, layout.dp * layout.tp * layout.pp)
+    records = trainers.records(measured_case(case))
     ranks = records[-1]["memory_per_rank"]
     assert len(ranks) == layout.dp * layout.tp * layout.pp
     for rank, row in enumerate(ranks):

@@ -1,0 +1,155 @@
+"""Build many (spec, layout) cases and run their trainers, those of one world size in one launch.
+
+Takes: ``Case``s (a spec of ``specs/``, its ``--set`` overrides, the trainer's flags,
+the ranks it needs). Gives: ``Batches``, whose ``run(case)`` is the case's build
+folder and JSONL records; the first case asked for runs every wanted case of its
+world size, in one ``torchrun`` launch of ``batch_worker.py`` (Note [one launch,
+many trainers] there). tests/conftest.py makes one ``Batches`` for the session from
+what each test module's ``cases_of(item)`` says its selected tests read.
+Each case keeps its own result: a build that fails, a trainer that fails or stalls
+is that case's failure, with its own logs, and the cases after it are launched again
+without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from parc.codegen.build import build_to
+
+from .harness import SPECS, TORCHRUN, free_port
+
+WORKER = Path(__file__).with_name("batch_worker.py")
+STALL_TIMEOUT = 300.0
+"""Seconds a launch may go without finishing a run before it counts as hung."""
+LOG_TAIL = 8000
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    """Unique, and a valid folder name: the test's words for it (``gpt-tp2-sp``)."""
+    spec: str
+    overrides: tuple[str, ...]
+    nproc: int
+    args: tuple[str, ...] = ()
+    """Trainer flags besides ``--metrics-jsonl`` (which each case gets in its build folder)."""
+
+
+@dataclass(frozen=True)
+class Result:
+    build: Path | None
+    records: list | None
+    failure: str = ""
+
+
+class Batches:
+    """The runs of ``wanted`` cases, made on first use, one launch per world size."""
+
+    def __init__(self, tmp_path_factory, wanted: list[Case]):
+        self.tmp_path_factory = tmp_path_factory
+        self.wanted = list({case.name: case for case in wanted}.values())
+        self.results: dict[str, Result] = {}
+
+    def run(self, case: Case) -> Result:
+        """The case's build and records; a failed case raises ``AssertionError`` with its logs."""
+        if case.name not in self.results:
+            batch = [c for c in self.wanted if c.nproc == case.nproc and c.name not in self.results]
+            batch += [] if case in batch else [case]
+            self.results.update(self._run(batch))
+        result = self.results[case.name]
+        if result.records is None:
+            raise AssertionError(result.failure)
+        return result
+
+    def records(self, case: Case) -> list[dict]:
+        return self.run(case).records
+
+    def _run(self, cases: list[Case]) -> dict[str, Result]:
+        results, built = {}, []
+        for case in cases:
+            out = self.tmp_path_factory.mktemp(case.name)
+            try:
+                built.append((case, Path(build_to(SPECS / case.spec, out, list(case.overrides)))))
+            except Exception:  # noqa: BLE001 - this case's failure, not the batch's
+                results[case.name] = Result(None, None, f"parc build failed for {case.name}:\n{traceback.format_exc()}")
+        launch = 0
+        while built:
+            folder = self.tmp_path_factory.mktemp(f"launch-{cases[0].nproc}ranks-{launch}")
+            finished, failure = launch_batch(built, cases[0].nproc, folder)
+            for case, build_dir in built[:finished]:
+                metrics = build_dir / "metrics.jsonl"
+                rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+                results[case.name] = Result(build_dir, rows)
+            if finished < len(built):
+                case, build_dir = built[finished]
+                results[case.name] = Result(build_dir, None, failure)
+            built, launch = built[finished + 1:], launch + 1
+        return results
+
+
+def launch_batch(built: list[tuple[Case, Path]], nproc: int, folder: Path) -> tuple[int, str]:
+    """Run ``built`` in one launch; (how many finished, why the next one failed)."""
+    runs = []
+    for index, (case, build_dir) in enumerate(built):
+        logs = folder / f"{index:02d}-{case.name}"
+        logs.mkdir()
+        (build_dir / "metrics.jsonl").unlink(missing_ok=True)
+        args = ["--metrics-jsonl", str(build_dir / "metrics.jsonl"), *case.args]
+        runs.append({"train": str(build_dir / "train.py"), "args": args, "logs": str(logs)})
+    plan = folder / "runs.json"
+    plan.write_text(json.dumps({"runs": runs}, indent=1))
+    command = [str(TORCHRUN), f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(WORKER), str(plan)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+    with open(folder / "torchrun.out", "w") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        finished, stalled = _wait(process, runs, nproc)
+    if finished == len(runs):
+        return finished, ""
+    case, build_dir = built[finished]
+    why = f"stalled for {STALL_TIMEOUT:.0f} s" if stalled else f"torchrun exit {process.returncode}"
+    return finished, _failure_text(case, build_dir, Path(runs[finished]["logs"]), folder / "torchrun.out", why)
+
+
+def _done(run: dict, nproc: int) -> bool:
+    return all(os.path.exists(os.path.join(run["logs"], f"rank{rank}.done")) for rank in range(nproc))
+
+
+def _wait(process, runs: list[dict], nproc: int) -> tuple[int, bool]:
+    """Wait for the launch; (runs finished, whether it stalled and was killed)."""
+    finished, progress = 0, time.monotonic()
+    while True:
+        returned = process.poll() is not None
+        while finished < len(runs) and _done(runs[finished], nproc):
+            finished, progress = finished + 1, time.monotonic()
+        if returned:
+            return finished, False
+        if time.monotonic() - progress > STALL_TIMEOUT:
+            _stop(process)
+            return finished, True
+        time.sleep(0.2)
+
+
+def _stop(process) -> None:
+    """End a hung launch: SIGTERM lets torchrun stop its workers (their own sessions)."""
+    process.terminate()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _failure_text(case: Case, build_dir: Path, logs: Path, torchrun_out: Path, why: str) -> str:
+    parts = [f"trainer failed ({why}) for {case.name}, build {build_dir}, in a batch launch:"]
+    for log in sorted(logs.glob("rank*.log")):
+        parts.append(f"--- {log.stem}\n{log.read_text(errors='replace')[-LOG_TAIL:]}")
+    parts.append(f"--- torchrun\n{torchrun_out.read_text(errors='replace')[-LOG_TAIL:]}")
+    return "\n".join(parts)

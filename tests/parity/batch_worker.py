@@ -1,0 +1,135 @@
+"""One rank of a batch launch: several generated trainers, one after another, in one process.
+
+Takes (argv): a JSON file ``{"runs": [{"train": ".../train.py", "args": [...], "logs":
+"DIR"}, ...]}`` written by ``batch.py``; torchrun's RANK / WORLD_SIZE / MASTER_ADDR /
+MASTER_PORT. Gives: each run's own outputs (its ``--metrics-jsonl``), and in its
+``logs`` folder ``rank<r>.log`` (this rank's stdout and stderr during the run) and
+``rank<r>.done`` once the run returned. Not shipped: the trainers stay plain scripts.
+
+Note [one launch, many trainers]: starting torchrun, importing torch and importing
+torch._dynamo (which torch.optim does on the first ``add_param_group``) cost most of a
+parity run's seconds; the steps cost a fraction of one. Here every run executes its
+``train.py`` exactly as ``python train.py ARGS`` would (``runpy`` as ``__main__``, its
+folder first on ``sys.path``, ``sys.argv`` its flags), and between runs the process is
+put back as a fresh one would be:
+- the previous build's ``parc_runtime`` modules are dropped from ``sys.modules`` (each
+  build ships its own subset; the kernels' custom ops are re-registered by torch);
+- the default CPU generator gets the state it had when the process started;
+- the SIGTERM handler the trainer installed is put back;
+- every run gets a fresh rendezvous: rank 0 starts a new TCPStore on a free port and
+  publishes the port in torchrun's own store, and every rank points ``MASTER_PORT`` at
+  it, so no key of an earlier process group is ever read again. The trainer itself
+  destroys its process group when it ends (``mesh.shutdown``).
+A run that raises ends this process with exit 1 after writing its traceback to its
+log; torchrun then stops the other ranks and ``batch.py`` launches the runs after it
+again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import runpy
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+STORE_TIMEOUT = timedelta(minutes=5)
+
+
+def purge_runtime() -> None:
+    for name in [name for name in sys.modules if name == "parc_runtime" or name.startswith("parc_runtime.")]:
+        del sys.modules[name]
+
+
+@contextlib.contextmanager
+def output_to(path: str):
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def fresh_rendezvous(launch_store, index: int, rank: int):
+    """Point MASTER_PORT at a new store for run ``index``; rank 0 returns the server it hosts."""
+    key = f"parc-batch/{index}/port"
+    server = None
+    if rank == 0:
+        server = dist.TCPStore(os.environ["MASTER_ADDR"], 0, is_master=True, timeout=STORE_TIMEOUT)
+        launch_store.set(key, str(server.port))
+    os.environ["MASTER_PORT"] = launch_store.get(key).decode()
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # every rank a client, rank 0's server above
+    return server
+
+
+def wait_for_all(launch_store, index: int, world_size: int) -> None:
+    """Every rank has finished run ``index`` (so rank 0 may close its store)."""
+    key = f"parc-batch/{index}/finished"
+    launch_store.add(key, 1)
+    while launch_store.add(key, 0) < world_size:
+        time.sleep(0.01)
+
+
+def run_one(run: dict, rank: int, rng_state) -> None:
+    purge_runtime()
+    folder = os.path.dirname(os.path.abspath(run["train"]))
+    sys.path[0] = folder
+    sys.argv = [run["train"], *run["args"]]
+    torch.set_rng_state(rng_state)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        runpy.run_path(run["train"], run_name="__main__")
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+        if dist.is_initialized():  # the trainer ended early: leave no group to the next run
+            dist.destroy_process_group()
+
+
+def main() -> int:
+    with open(sys.argv[1]) as file:
+        runs = json.load(file)["runs"]
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    launch_store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=STORE_TIMEOUT
+    )
+    rng_state = torch.get_rng_state()
+    for index, run in enumerate(runs):
+        server = fresh_rendezvous(launch_store, index, rank)
+        with output_to(os.path.join(run["logs"], f"rank{rank}.log")):
+            try:
+                run_one(run, rank, rng_state)
+                failed = False
+            except SystemExit as exc:  # what `python train.py` would have exited with
+                failed = exc.code not in (0, None)
+                print(f"batch_worker: the trainer exited with {exc.code!r}", file=sys.stderr)
+            except BaseException:  # noqa: BLE001 - any error ends this run, as it would end train.py
+                traceback.print_exc()
+                failed = True
+        if failed:
+            return 1
+        wait_for_all(launch_store, index, world_size)
+        open(os.path.join(run["logs"], f"rank{rank}.done"), "w").close()
+        del server
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
