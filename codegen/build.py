@@ -1,17 +1,21 @@
-"""Build folders: write them, check them, and never clobber a user's edits.
+"""Build folders: write them, read what parc recorded in them, keep a user's edits safe.
 
 Takes: a ``Plan`` (or a spec path). Gives: the files of a build — the rendered ones,
 the byte-identical ``parc_runtime/`` copy of ``runtime/`` and ``.parc/manifest.json``
-(parc version, spec hash, each file's sha256) — and the comparison of a folder on
-disk with what would be generated: stale (would change), missing, hand-edited
-(differs from what the manifest recorded), so ``--check`` and overwrite protection
-read the same facts. Before: ``codegen/render.py``. After: the user's ``torchrun``.
+(format, parc version, spec hash, each file's sha256 as generated) — plus the safe
+readers and writers of a folder on disk: the manifest, the base texts under
+``.parc/base/`` (what parc generated last, for the 3-way merge of a user's edits),
+the files on disk, backups. ``codegen/build_merge.py`` decides per file what a
+rebuild does. Before: ``codegen/render.py``. After: the user's ``torchrun``.
 
 Note [a build folder is untrusted input]: a cloned repository can carry a build
-folder, manifest included. The manifest is checked against ``MANIFEST_SCHEMA`` and
-every path in it (and every path the build writes) must stay inside the folder once
-symlinks are followed (``runtime/paths.py``); otherwise ``FolderError`` is raised
-before anything is read, written or removed — ``--force`` does not lift it.
+folder, manifest and base texts included. The manifest is checked against
+``MANIFEST_SCHEMA`` and every path in it (and every path the build reads or writes,
+``.parc/base/`` and backups included) must stay inside the folder once symlinks are
+followed (``runtime/paths.py``); otherwise ``FolderError`` is raised before anything
+is read, written or removed — ``--force`` does not lift it. Base texts and the
+user's files are read as regular files of bounded size; a base whose sha256 is not
+the manifest's is not used (the file then has no base to merge against).
 """
 
 from __future__ import annotations
@@ -26,12 +30,27 @@ from pathlib import Path
 import jsonschema
 
 from parc import __version__
-from parc.runtime.paths import UnreadableFile, UnsafePath, UnwritablePath, check_target, inside, read_json
+from parc.runtime.paths import (
+    MissingFile,
+    UnreadableFile,
+    UnsafePath,
+    UnwritablePath,
+    check_target,
+    inside,
+    read_json,
+    read_limited,
+)
 
 from .lower import lower
 from .render import render, runtime_modules
 
 MANIFEST = ".parc/manifest.json"
+BASES = ".parc/base/"
+"""Where the text parc generated last for each file lies: ``.parc/base/train.py``."""
+FORMAT = 2
+"""The manifest's format: 2 stores base texts; a manifest without ``format`` (1) has none."""
+FILE_LIMIT = 16 * 2**20
+"""Bytes of a base text or a user's file parc reads at most to merge (a train.py is ~20 kB)."""
 EXECUTABLE = {"launch.sh", "slurm.sbatch"}
 MANIFEST_LIMIT = 16 * 2**20
 """Bytes of ``.parc/manifest.json`` parc reads at most (a real one is a few kB)."""
@@ -39,6 +58,7 @@ MANIFEST_SCHEMA = {
     "type": "object",
     "required": ["files"],
     "properties": {
+        "format": {"type": "integer", "minimum": 1},
         "parc_version": {"type": "string"},
         "spec": {"type": "string"},
         "spec_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
@@ -122,13 +142,15 @@ def spec_hash(spec) -> str:
 
 
 def generate(spec, plan=None) -> dict[str, bytes]:
-    """Everything a build folder holds, path → bytes (the manifest included).
+    """Everything a build folder holds, path → bytes (the manifest included; the base
+    texts are these same bytes, added by ``with_bases`` when written).
 
     ``plan``: the spec's lowered ``Plan`` when the caller has it already (lowered once)."""
     plan = lower(spec) if plan is None else plan
     files = {path: text.encode() for path, text in render(plan).items()}
     files.update(runtime_files(runtime_modules(plan)))
     manifest = {
+        "format": FORMAT,
         "parc_version": __version__,
         "spec": plan.source,
         "spec_sha256": spec_hash(spec),
@@ -138,21 +160,20 @@ def generate(spec, plan=None) -> dict[str, bytes]:
     return dict(sorted(files.items()))
 
 
+def with_bases(files: dict[str, bytes]) -> dict[str, bytes]:
+    """``files`` and, for each generated file, its base text ``.parc/base/<path>``."""
+    bases = {BASES + path: data for path, data in files.items() if path != MANIFEST}
+    return dict(sorted({**files, **bases}.items()))
+
+
 @dataclass(frozen=True, slots=True)
-class FolderState:
-    """How a folder on disk compares with a fresh build."""
+class Record:
+    """What a folder's manifest says parc wrote."""
 
-    stale: tuple[str, ...]
-    """parc wrote them (they match the manifest) but the new build differs."""
-    missing: tuple[str, ...]
-    edited: tuple[str, ...]
-    """Differ from what the manifest says parc wrote: someone edited them."""
-    unmanaged: bool
-    """The folder is non-empty and has no manifest: parc did not make it."""
-
-    @property
-    def fresh(self) -> bool:
-        return not (self.stale or self.missing or self.edited or self.unmanaged)
+    files: dict[str, str]
+    """path → sha256 of the text parc generated (the base)."""
+    bases: bool
+    """The folder keeps base texts (format 2); a manifest of format 1 has none."""
 
 
 def check_folder(out_dir: Path) -> None:
@@ -165,11 +186,11 @@ def check_folder(out_dir: Path) -> None:
         raise FolderError(str(exc), hint) from None
 
 
-def read_manifest(out_dir: Path) -> dict[str, str] | None:
-    """The files the folder's manifest records (path → sha256); None when it has none.
+def read_record(out_dir: Path) -> Record | None:
+    """What the folder's manifest records; None when it has none.
 
-    Raises ``FolderError`` for a manifest that is unreadable, of the wrong shape, or
-    names a path outside the folder (Note [a build folder is untrusted input]).
+    Raises ``FolderError`` for a manifest that is unreadable, of the wrong shape, of a
+    newer format, or names a path outside the folder (Note [a build folder is untrusted input]).
     """
     manifest_path = out_dir / MANIFEST
     hint = f"if you trust this folder, delete {manifest_path} and build again; else build into a new folder"
@@ -190,15 +211,87 @@ def read_manifest(out_dir: Path) -> dict[str, str] | None:
     except jsonschema.ValidationError as exc:
         where = "".join(f"[{part!r}]" for part in exc.absolute_path) or "the document"
         raise FolderError(f"{manifest_path} is not a parc manifest: {where}: {exc.message}", hint) from None
+    version = document.get("format", 1)
+    if version > FORMAT:
+        raise FolderError(
+            f"{manifest_path} has format {version}; this parc ({__version__}) reads format {FORMAT} at most",
+            "build with the newer parc that wrote it, or into a new folder",
+        )
     for name in document["files"]:
         try:
             inside(out_dir, name)
+            if version >= 2:
+                inside(out_dir, BASES + name)
         except UnsafePath as exc:
             raise FolderError(f"{manifest_path} lists a file outside the build folder: {exc}", hint) from None
-    return document["files"]
+    return Record(files=dict(sorted(document["files"].items())), bases=version >= 2)
 
 
-def _check_writable(out_dir: Path, path: str) -> None:
+def read_manifest(out_dir: Path) -> dict[str, str] | None:
+    """The files the folder's manifest records (path → sha256); None when it has none."""
+    record = read_record(out_dir)
+    return None if record is None else record.files
+
+
+def recorded_files(out_dir: Path) -> dict[str, str]:
+    """The manifest's files (``read_manifest``), {} when there is none."""
+    return read_manifest(out_dir) or {}
+
+
+def read_on_disk(out_dir: Path, path: str) -> bytes | None:
+    """The bytes of ``path`` in the folder as the user left them; None when there is none.
+
+    ``FolderError`` for a path leading out, or something that is not a regular file of
+    at most ``FILE_LIMIT`` bytes (a FIFO cannot hang the build)."""
+    target = _inside_or_refuse(out_dir, path)
+    if not target.exists() and not target.is_symlink():
+        return None
+    try:
+        return read_limited(target, limit=FILE_LIMIT)
+    except UnreadableFile as exc:
+        raise FolderError(f"cannot read {exc}", "move it aside, or build into a new folder") from None
+
+
+def read_base(out_dir: Path, record: Record, path: str) -> tuple[bytes | None, str]:
+    """The base text of ``path`` (what parc generated last) and, when there is none, why."""
+    if path not in record.files:
+        return None, "parc did not write it (it is not in .parc/manifest.json)"
+    if not record.bases:
+        return None, "the folder was built by a parc that kept no base texts in .parc/"
+    target = _inside_or_refuse(out_dir, BASES + path)
+    try:
+        data = read_limited(target, limit=FILE_LIMIT)
+    except MissingFile:
+        return None, f"its base text {BASES}{path} is missing"
+    except UnreadableFile as exc:
+        return None, f"its base text is unusable: {exc}"
+    if sha256(data) != record.files[path]:
+        return None, f"its base text {BASES}{path} does not match the manifest's sha256"
+    return data, ""
+
+
+def backup_name(out_dir: Path, path: str, data: bytes) -> str:
+    """Where ``--force`` saves the user's ``path``: ``path.orig``, else ``path.orig.1``, ...
+
+    A backup already holding ``data`` is reused; any other file there is never replaced."""
+    for index in range(1000):
+        name = f"{path}.orig" + (f".{index}" if index else "")
+        target = _inside_or_refuse(out_dir, name)
+        if not target.exists() and not target.is_symlink():
+            return name
+        if target.is_file() and not target.is_symlink() and read_on_disk(out_dir, name) == data:
+            return name
+    raise FolderError(f"{out_dir}: no free name for a backup of {path}", f"delete old {path}.orig.* files")
+
+
+def _inside_or_refuse(out_dir: Path, path: str) -> Path:
+    try:
+        return inside(out_dir, path)
+    except UnsafePath as exc:
+        raise FolderError(f"{out_dir}: cannot use {path}: {exc}", "remove the symlink, or build into a new folder") from None
+
+
+def check_writable(out_dir: Path, path: str) -> None:
     """``path`` can be written: inside the folder, under folders, not onto a folder."""
     try:
         target = inside(out_dir, path)  # a symlinked subfolder must not carry a write outside
@@ -219,78 +312,44 @@ def _reason(exc: Exception) -> str:
     return str(exc).splitlines()[0][:200]
 
 
-def compare(out_dir: Path, files: dict[str, bytes]) -> FolderState:
-    """How ``out_dir`` differs from ``files``; ``FolderError`` when parc must not touch it."""
-    check_folder(out_dir)
-    manifest = read_manifest(out_dir)
-    recorded: dict[str, str] = manifest or {}
-    unmanaged = manifest is None and out_dir.is_dir() and any(out_dir.iterdir())
-    for path in files:
-        _check_writable(out_dir, path)
-    stale, missing, edited = [], [], []
-    for path, data in files.items():
-        target = out_dir / path
-        if not target.is_file():
-            missing.append(path)
-            continue
-        on_disk = sha256(target.read_bytes())
-        if path != MANIFEST and path in recorded and on_disk != recorded[path]:
-            edited.append(path)
-        elif path != MANIFEST and path not in recorded and on_disk != sha256(data) and not unmanaged:
-            edited.append(path)
-        elif on_disk != sha256(data):
-            stale.append(path)
-    # Files parc wrote before but no longer generates are stale too.
-    for path in sorted(set(recorded) - set(files)):
-        target = out_dir / path
-        if target.is_file():
-            (edited if sha256(target.read_bytes()) != recorded[path] else stale).append(path)
-    return FolderState(tuple(stale), tuple(missing), tuple(edited), unmanaged)
+def write(out_dir: Path, files: dict[str, bytes], *, delete: tuple[str, ...] = ()) -> None:
+    """Write ``files`` atomically (temp file + rename), then remove the files in ``delete``.
 
-
-def write(out_dir: Path, files: dict[str, bytes], *, previous: dict[str, str] | None = None) -> None:
-    """Write ``files`` atomically (temp file + rename); drop files parc no longer makes.
-
-    ``previous`` comes from ``read_manifest`` and every path is checked again here,
-    so no caller can make this touch a file outside ``out_dir``.
+    Every path is checked again here, so no caller can make this touch a file outside
+    ``out_dir``. The manifest goes last: a write that fails half-way leaves the old record.
     """
-    for path in [*files, *(previous or {})]:
-        inside(out_dir, path)
+    for path in [*files, *delete]:
+        check_writable(out_dir, path)
     out_dir.mkdir(parents=True, exist_ok=True)
-    # The manifest goes last: a write that fails half-way leaves the old record.
     for path, data in sorted(files.items(), key=lambda item: item[0] == MANIFEST):
         target = out_dir / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_file() and target.read_bytes() == data:
+        if target.is_file() and not target.is_symlink() and target.read_bytes() == data:
             continue
         tmp = target.with_name(f".{target.name}.parc-tmp")
         tmp.write_bytes(data)
         os.chmod(tmp, 0o755 if path in EXECUTABLE else 0o644)
         os.replace(tmp, target)
-    for path in sorted(set(previous or {}) - set(files)):
+    for path in sorted(delete):
         target = inside(out_dir, path)
         if target.is_file() or target.is_symlink():
             target.unlink()  # a symlink (resolving inside) goes itself, never what it points at
 
 
-def recorded_files(out_dir: Path) -> dict[str, str]:
-    """The manifest's files (``read_manifest``), {} when there is none."""
-    return read_manifest(out_dir) or {}
-
-
 def build_to(spec_path, out_dir, overrides=(), *, force: bool = True) -> Path:
     """Load, lower, render and write a build; for tests and benchmarks.
 
-    Raises ``Diagnostics`` on spec errors. ``force`` (default on here) overwrites.
+    Raises ``Diagnostics`` on spec errors. ``force`` (default on here) replaces edits
+    that do not merge (saving them as ``.orig``); without it they raise ``FileExistsError``.
     """
     from parc.dsl import load
 
+    from .build_merge import Resolve, apply, plan_rebuild
+
     spec = load(str(spec_path), list(overrides))
     out_dir = Path(out_dir)
-    files = generate(spec)
-    if not force:
-        state = compare(out_dir, files)
-        if state.edited or state.unmanaged:
-            raise FileExistsError(f"{out_dir}: hand-edited or unmanaged files: {state.edited}")
-    write(out_dir, files, previous=recorded_files(out_dir))
+    rebuild = plan_rebuild(out_dir, generate(spec))
+    if not force and (rebuild.blocked or rebuild.unmanaged):
+        raise FileExistsError(f"{out_dir}: edits that do not merge: {[f.path for f in rebuild.blocked]}")
+    apply(out_dir, rebuild, Resolve.FORCE)
     return out_dir
