@@ -273,10 +273,12 @@ def result(outcome: FileMerge, resolve: Resolve) -> bytes | None:
         return outcome.new
     if kind == Kind.DROPPED:
         return None
-    if kind in (Kind.KEPT, Kind.DROPPED_EDITED) or resolve == Resolve.ACCEPT:
+    if kind in (Kind.KEPT, Kind.DROPPED_EDITED):
         return outcome.on_disk
     if kind == Kind.MERGED:
         return outcome.merge.text
+    if resolve == Resolve.ACCEPT and kind != Kind.MARKERS:
+        return outcome.on_disk
     if resolve == Resolve.FORCE:
         return outcome.new
     if resolve == Resolve.MARKERS and kind != Kind.MARKERS:

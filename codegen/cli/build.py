@@ -47,7 +47,7 @@ def register(subparsers) -> None:
     parser.add_argument("--write-conflicts", action="store_true",
                         help="write edits that do not merge with git-style conflict markers (exit 3)")
     parser.add_argument("--accept", action="store_true",
-                        help="keep every edited file as it is and record it against the new generation")
+                        help="keep edited files that do not merge as they are, recorded against the new generation")
     parser.add_argument("--emit", choices=("ast", "spec", "plan"), help="print one stage and stop")
     parser.set_defaults(func=run_build)
 

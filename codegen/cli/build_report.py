@@ -104,7 +104,7 @@ def conflict_lines(out_dir: Path, outcome: FileMerge) -> list[str]:
 def summary_line(out_dir: Path, outcome: FileMerge, accepted: bool) -> str | None:
     """What a rebuild that wrote did to an edited file; None for the others."""
     path, kind = outcome.path, outcome.kind
-    if accepted and kind in (Kind.MERGED, Kind.CONFLICT, Kind.NO_BASE):
+    if accepted and kind in (Kind.CONFLICT, Kind.NO_BASE):
         return f"{out_dir}: accepted your {path} as it is (recorded against the new generation)"
     if kind == Kind.MERGED:
         merge = outcome.merge
