@@ -24,6 +24,17 @@ MAIN = "def main() -> None:\n"
 NOTE = "    # tuned by hand: keep this\n"
 
 
+def line_of(words: str) -> int:
+    """The line of the tiny build's train.py that starts with ``words`` (goldens move lines)."""
+    lines = generate(load(TINY))["train.py"].decode().splitlines()
+    return next(number for number, line in enumerate(lines, 1) if line.lstrip().startswith(words))
+
+
+STEPS = line_of("STEPS = 20")
+DOC_STEPS = line_of("--steps N")
+MAIN_LINE = line_of("def main()")
+
+
 def run(capsys, *argv: str) -> tuple[int, str, str]:
     status = main(list(argv))
     captured = capsys.readouterr()
@@ -87,7 +98,7 @@ def test_a_conflict_shows_the_hunk_and_writes_nothing(out, capsys):
     assert (status, stdout) == (3, "")
     assert err == f"""\
 parc build: {out}/train.py: your edits conflict with the new generation (1 hunk)
-{out}/train.py:73: (new generation: line 73)
+{out}/train.py:{STEPS}: (new generation: line {STEPS})
 <<<<<<< yours
 STEPS = 100  # mine
 ||||||| last generated
@@ -115,12 +126,12 @@ def test_write_conflicts_leaves_markers_that_check_and_build_refuse(out, capsys)
         "=======\nSTEPS = 7  # --set 1\n>>>>>>> new generation\n"
     ) in train.read_text()
     status, _, err = run(capsys, *build("--set", "train.steps=7", "--check", out=out))
-    assert status == 3 and f"{out}: unresolved conflict markers: train.py (line 73)\n" in err
+    assert status == 3 and f"{out}: unresolved conflict markers: train.py (line {STEPS})\n" in err
     for flag in ((), ("--accept",), ("--write-conflicts",)):
         before = snapshot(out)
         status, _, err = run(capsys, *build("--set", "train.steps=7", *flag, out=out))
         assert status == 3 and err.startswith(
-            f"parc build: {out}/train.py still holds conflict markers (line 73); resolve them first\n")
+            f"parc build: {out}/train.py still holds conflict markers (line {STEPS}); resolve them first\n")
         assert snapshot(out) == before
     # Resolved by hand: the folder is fresh, the resolution an edit.
     text = train.read_text()
@@ -175,7 +186,7 @@ def test_check_exit_codes(out, capsys, tmp_path):
     status, _, err = run(capsys, *build("--check", "--set", "train.steps=7", out=out))
     assert status == 3 and err.startswith(
         f"{out}: stale: plan.json\n{out}: edited, conflicts with the new generation: train.py "
-        "(1 hunk, the first at line 73)\nhint: edit your files so they merge")
+        f"(1 hunk, the first at line {STEPS})\nhint: edit your files so they merge")
 
 
 def test_diff_prints_both_diffs_and_writes_nothing(out, capsys):
@@ -185,9 +196,9 @@ def test_diff_prints_both_diffs_and_writes_nothing(out, capsys):
     assert status == 1 and snapshot(out) == before
     assert err.startswith(f"{out}: stale: plan.json\n{out}: stale: train.py (edited; your edits merge cleanly)\n")
     mine = (f"--- {out}/train.py\t(last generated)\n+++ {out}/train.py\t(yours)\n"
-            f"@@ -116,6 +116,7 @@\n \n \n {MAIN}+{NOTE}")
+            f"@@ -{MAIN_LINE - 2},6 +{MAIN_LINE - 2},7 @@\n \n \n {MAIN}+{NOTE}")
     written = (f"--- {out}/train.py\t(on disk)\n+++ {out}/train.py\t(would be written)\n"
-               "@@ -12,7 +12,7 @@\n")
+               f"@@ -{DOC_STEPS - 3},7 +{DOC_STEPS - 3},7 @@\n")
     assert mine in stdout and written in stdout
     assert "-STEPS = 20  # tiny.par:29\n+STEPS = 7  # --set 1\n" in stdout
     assert stdout.index(f"--- {out}/plan.json\t(on disk)") < stdout.index(mine) < stdout.index(written)
@@ -216,7 +227,7 @@ def test_a_manifest_without_bases_conflicts_with_a_clear_message(out, capsys):
     status, _, err = run(capsys, *build("--set", "train.steps=7", out=out))
     assert status == 3 and err.startswith(
         f"parc build: {out}/train.py differs from the new generation and cannot be merged: "
-        f"the folder was built by a parc that kept no base texts in .parc/\n{out}/train.py:15: (new generation: line 15)\n"
+        f"the folder was built by a parc that kept no base texts in .parc/\n{out}/train.py:{DOC_STEPS}: (new generation: line {DOC_STEPS})\n"
         "<<<<<<< yours\n    --steps N              optimizer steps to run (default 20)\n=======\n"
         "    --steps N              optimizer steps to run (default 7)\n>>>>>>> new generation\n")
     assert "hint: edit your files so they merge, or run" in err and "--accept (yours kept as it is)" in err
