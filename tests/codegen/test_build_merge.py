@@ -308,3 +308,15 @@ def test_an_unmanaged_folder_is_refused_unless_forced_and_then_backed_up(tmp_pat
 def test_usage_errors(out, capsys, flags, words):
     status, _, err = run(capsys, *build(*flags, out=out))
     assert (status, err) == (2, f"parc build: error: {words}\n")
+
+
+def test_a_crash_is_not_a_conflict(out, capsys, monkeypatch):
+    """Exit 3 means an edit does not merge; a bug in parc exits 70 (EX_SOFTWARE)."""
+    import parc.codegen.build_merge as build_merge
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(build_merge, "plan_rebuild", broken)
+    status, _, err = run(capsys, *build("--check", out=out))
+    assert status == 70 and "internal error in parc (build): RuntimeError: boom" in err
