@@ -5,7 +5,7 @@ per file a ``FileMerge`` saying how the file on disk ("yours") relates to the te
 parc generated last (the base, ``.parc/base/``) and to the new generation — and
 ``apply``, which writes it. ``parc build``, ``--check``, ``--diff`` and ``--accept``
 read the same ``Rebuild`` (``codegen/cli/build.py`` prints it). Before:
-``codegen/build.py`` (the safe readers and writers). After: the user's review.
+``codegen/build_folder.py`` (the safe readers and writers). After: the user's review.
 
 Note [3-way merge of a build]: a file the user did not edit (its sha256 is the
 manifest's) simply becomes the new generation. An edited file is merged line by line
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import merge3
 
-from .build import (
+from .build_folder import (
     BASES,
     MANIFEST,
     FolderError,

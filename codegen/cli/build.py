@@ -116,7 +116,7 @@ def _command(args, out_dir: Path) -> str:
 
 def build_folder(args, plan, files, out_dir: Path) -> int:
     """Check, diff or write ``out_dir``; the exit status."""
-    from ..build import FolderError
+    from ..build_folder import FolderError
     from ..build_merge import plan_rebuild
 
     checking = args.check or args.diff
@@ -139,7 +139,7 @@ def build_folder(args, plan, files, out_dir: Path) -> int:
 
 def check(args, out_dir: Path, rebuild) -> int:
     """``--check`` and ``--diff``: write nothing, say how the folder differs."""
-    from ..build import read_record
+    from ..build_folder import read_record
     from .build_report import check_lines, diff_text, resolve_hint
 
     if read_record(out_dir) is None:
