@@ -165,7 +165,7 @@ def read_on_disk(out_dir: Path, path: str) -> bytes | None:
     try:
         return read_limited(target, limit=FILE_LIMIT)
     except UnreadableFile as exc:
-        raise FolderError(f"cannot read {exc}", "move it aside, or build into a new folder") from None
+        raise FolderError(f"{exc}: parc neither merges nor replaces it", "move it aside, or build into a new folder") from None
 
 
 def read_base(out_dir: Path, record: Record, path: str) -> tuple[bytes | None, str]:

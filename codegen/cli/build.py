@@ -121,7 +121,8 @@ def build_folder(args, plan, files, out_dir: Path) -> int:
 
     checking = args.check or args.diff
     if checking and not out_dir.is_dir():
-        _say([f"parc build: error: {out_dir}: no such folder, nothing to check",
+        what = "not a folder" if out_dir.exists() else "no such folder"
+        _say([f"parc build: error: {out_dir}: {what}, nothing to check",
               f"hint: build it first: {_command(args, out_dir)}"])
         return 2
     try:

@@ -320,3 +320,20 @@ def test_a_crash_is_not_a_conflict(out, capsys, monkeypatch):
     monkeypatch.setattr(build_merge, "plan_rebuild", broken)
     status, _, err = run(capsys, *build("--check", out=out))
     assert status == 70 and "internal error in parc (build): RuntimeError: boom" in err
+
+
+def test_a_fifo_in_place_of_a_generated_file_does_not_hang_the_build(out, capsys):
+    (out / "train.py").unlink()
+    os.mkfifo(out / "train.py")
+    for flags in ((), ("--check",), ("--force",)):
+        status, _, err = run(capsys, *build(*flags, out=out))
+        assert status == 1 and err.startswith(
+            f"parc build: error: {out}/train.py is not a regular file (a device, pipe or socket): "
+            "parc neither merges nor replaces it\nhint: move it aside")
+
+
+def test_check_of_a_file_is_a_usage_error(tmp_path, capsys):
+    target = tmp_path / "file.txt"
+    target.write_text("mine")
+    status, _, err = run(capsys, *build("--check", out=target))
+    assert status == 2 and err.startswith(f"parc build: error: {target}: not a folder, nothing to check\n")
