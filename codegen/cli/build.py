@@ -170,14 +170,18 @@ def rebuild_folder(args, plan, out_dir: Path, rebuild) -> int:
     from ..render import command
     from .build_report import conflict_lines, plural, resolve_hint, summary_line
 
-    resolve = next((Resolve[name.upper()] for name in ("force", "accept") if getattr(args, name)), Resolve.NOTHING)
-    resolve = Resolve.MARKERS if args.write_conflicts else resolve
+    chosen = {"force": Resolve.FORCE, "write_conflicts": Resolve.MARKERS, "accept": Resolve.ACCEPT}
+    resolve = next((chosen[name] for name in RESOLUTIONS if getattr(args, name)), Resolve.NOTHING)
     if rebuild.unmanaged and resolve != Resolve.FORCE:
         _say([f"parc build: {out_dir} is not empty and was not made by parc; refusing to write into it",
               "hint: build into a new folder, or pass --force (files of yours that parc would replace are saved as FILE.orig)"])
         return 1
-    markers = rebuild.of(Kind.MARKERS)
-    stop = rebuild.blocked if resolve == Resolve.NOTHING else markers if resolve != Resolve.FORCE else ()
+    # Plain: every file that does not merge stops the build. Markers left from an earlier
+    # --write-conflicts stop it too (only --force, which backs them up, goes past them).
+    if resolve == Resolve.NOTHING:
+        stop = rebuild.blocked
+    else:
+        stop = rebuild.of(Kind.MARKERS) if resolve != Resolve.FORCE else ()
     if stop:
         for outcome in stop:
             _say(conflict_lines(out_dir, outcome))
