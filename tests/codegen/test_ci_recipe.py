@@ -77,3 +77,16 @@ def test_a_parc_without_verify_skips_it_and_says_so(repo):
     if has_verify:
         pytest.skip("this parc has a verify command (the recipe runs it)")
     assert done.returncode == 0 and "parc verify: skipped (this parc has no verify command)" in done.stdout
+
+
+def test_the_workflow_runs_the_same_four_checks():
+    """The GitHub Actions block (not run here: no yaml parser is a dependency) names
+    the four commands the shell recipe runs, each in a step of its own."""
+    workflow = DOC.read_text().split("```yaml\n", 1)[1].split("```", 1)[0]
+    steps = workflow.split("      - name: ")[1:]
+    commands = ["parc check specs/*.par", "parc fmt --check specs/*.par",
+                'parc build "$spec" -o "build/$(basename "$spec" .par)" --check', 'parc verify "$spec"']
+    for command in commands:
+        assert sum(command in step for step in steps) == 1, command
+        assert command.split('"$spec"')[0].replace("specs/*.par", "") in recipe()
+    assert "\t" not in workflow
