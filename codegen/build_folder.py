@@ -134,6 +134,8 @@ def read_record(out_dir: Path) -> Record | None:
             "build with the newer parc that wrote it, or into a new folder",
         )
     for name in document["files"]:
+        if name == ".parc" or name.startswith(".parc/"):
+            raise FolderError(f"{manifest_path} lists parc's own record {name!r} as a file of the build", hint)
         try:
             inside(out_dir, name)
             if version >= 2:

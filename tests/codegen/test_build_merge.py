@@ -337,3 +337,23 @@ def test_check_of_a_file_is_a_usage_error(tmp_path, capsys):
     target.write_text("mine")
     status, _, err = run(capsys, *build("--check", out=target))
     assert status == 2 and err.startswith(f"parc build: error: {target}: not a folder, nothing to check\n")
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"format": 3}, "has format 3; this parc (0.1.0) reads format 2 at most"),
+        ({"format": "2"}, "['format']: '2' is not of type 'integer'"),
+        ({"files": {".parc/base/train.py": "0" * 64}}, "lists parc's own record '.parc/base/train.py' as a file"),
+        ({"files": {".parc/manifest.json": "0" * 64}}, "lists parc's own record '.parc/manifest.json' as a file"),
+    ],
+)
+def test_manifest_format_and_names_are_checked(out, capsys, change, words):
+    manifest = out / ".parc" / "manifest.json"
+    document = {**json.loads(manifest.read_text()), **change}
+    manifest.write_text(json.dumps(document))
+    before = snapshot(out)
+    for flags in ((), ("--check",), ("--force",)):
+        status, _, err = run(capsys, *build(*flags, out=out))
+        assert status == 1 and words in err and "hint:" in err, err
+    assert snapshot(out) == before
