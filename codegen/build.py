@@ -23,7 +23,6 @@ from .build_folder import (  # noqa: F401 - re-exported: callers know them as bu
     MANIFEST,
     FolderError,
     read_manifest,
-    recorded_files,
     sha256,
 )
 from .build_merge import Resolve, apply, plan_rebuild

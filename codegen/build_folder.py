@@ -151,11 +151,6 @@ def read_manifest(out_dir: Path) -> dict[str, str] | None:
     return None if record is None else record.files
 
 
-def recorded_files(out_dir: Path) -> dict[str, str]:
-    """The manifest's files (``read_manifest``), {} when there is none."""
-    return read_manifest(out_dir) or {}
-
-
 def read_on_disk(out_dir: Path, path: str) -> bytes | None:
     """The bytes of ``path`` in the folder as the user left them; None when there is none.
 
