@@ -1,7 +1,9 @@
 """The ``parc`` command line.
 
 Takes: argv. Gives: an exit status — 0 clean, 1 the input has errors (or a build is
-stale), 2 a usage error (bad flags, missing file). Each subcommand lives in its own
+stale), 2 a usage error (bad flags, missing file), 3 a hand edit that does not merge
+(``parc build``), 70 an internal error (a bug in parc; sysexits' EX_SOFTWARE, so CI
+never reads a crash as one of the others). Each subcommand lives in its own
 module exposing ``register(subparsers)``, which adds its parser and sets
 ``func(args) -> int``; this file only lists them and guards against tracebacks.
 """
@@ -13,6 +15,8 @@ import importlib
 import sys
 
 from parc import __version__
+
+INTERNAL_ERROR = 70
 
 # Module that owns each subcommand, in the order ``parc --help`` lists them.
 COMMANDS = (
@@ -69,4 +73,4 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         traceback.print_exc(file=sys.stderr)
-        return 3
+        return INTERNAL_ERROR

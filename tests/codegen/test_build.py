@@ -129,34 +129,36 @@ def test_check_fresh_stale_edited_missing(tmp_path, capsys):
     # stale: the spec changed (here through --set)
     assert main(["build", "examples/tiny.par", "-o", str(out), "--check", "--set", "train.steps=7"]) == 1
     err = capsys.readouterr().err
-    assert "stale: train.py" in err and "hand-edited" not in err
-    # hand-edited
+    assert "stale: train.py" in err and "edited," not in err
+    # hand-edited: allowed (tests/codegen/test_build_merge.py has the merges)
     train = out / "train.py"
     train.write_text(train.read_text() + "\n# my note\n")
-    assert main(["build", "examples/tiny.par", "-o", str(out), "--check"]) == 1
-    assert "hand-edited: train.py" in capsys.readouterr().err
+    assert main(["build", "examples/tiny.par", "-o", str(out), "--check"]) == 0
+    assert f"{out}: edited, merges cleanly: train.py" in capsys.readouterr().out
     # missing
     (out / "launch.sh").unlink()
     assert main(["build", "examples/tiny.par", "-o", str(out), "--check"]) == 1
     err = capsys.readouterr().err
-    assert "missing: launch.sh" in err and "hand-edited: train.py" in err
+    assert "missing: launch.sh" in err and "edited, merges cleanly: train.py" in err
 
 
-def test_rebuild_refuses_to_overwrite_edits_unless_forced(tmp_path, capsys):
+def test_rebuild_merges_edits_and_forces_over_conflicts(tmp_path, capsys):
     out = tmp_path / "tiny"
     assert main(["build", "examples/tiny.par", "-o", str(out)]) == 0
     train = out / "train.py"
     edited = train.read_text().replace("def main()", "def main():  # tuned by hand\n    pass\n\n\ndef _main()")
     train.write_text(edited)
-    assert main(["build", "examples/tiny.par", "-o", str(out), "--set", "train.steps=7"]) == 1
-    err = capsys.readouterr().err
-    assert "train.py was edited by hand; refusing to overwrite it" in err and "--force" in err
-    assert train.read_text() == edited
-    # A rebuild that changes other files still refuses: nothing is half-written.
-    assert "STEPS = 20" in edited
-    assert main(["build", "examples/tiny.par", "-o", str(out), "--set", "train.steps=7", "--force"]) == 0
-    assert "STEPS = 7" in train.read_text()
-    assert main(["build", "examples/tiny.par", "-o", str(out), "--set", "train.steps=7", "--check"]) == 0
+    assert main(["build", "examples/tiny.par", "-o", str(out), "--set", "train.steps=7"]) == 0
+    assert "merged your edits into train.py" in capsys.readouterr().out
+    assert "STEPS = 7" in train.read_text() and "# tuned by hand" in train.read_text()
+    # An edit on the line the spec changes conflicts; --force replaces it after a backup.
+    mine = train.read_text().replace("STEPS = 7", "STEPS = 70")
+    train.write_text(mine)
+    assert main(["build", "examples/tiny.par", "-o", str(out), "--set", "train.steps=8"]) == 3
+    assert train.read_text() == mine
+    assert main(["build", "examples/tiny.par", "-o", str(out), "--set", "train.steps=8", "--force"]) == 0
+    assert "STEPS = 8" in train.read_text() and (out / "train.py.orig").read_text() == mine
+    assert main(["build", "examples/tiny.par", "-o", str(out), "--set", "train.steps=8", "--check"]) == 0
 
 
 def test_stale_rebuild_without_edits_just_writes(tmp_path):
