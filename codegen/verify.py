@@ -25,7 +25,8 @@ from pathlib import Path
 
 from parc import dsl
 
-from .build import generate, write
+from .build import generate
+from .build_folder import write
 from .lower import lower
 from .render import layout_words
 from .shrink import Shrink, shrink

@@ -18,72 +18,22 @@ modules they added) are copied as they are. Before: ``codegen/cli/verify.py``.
 
 from __future__ import annotations
 
-import difflib
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from parc import dsl
 from parc.runtime.paths import UnreadableFile, UnsafePath, check_regular, inside, read_json, read_limited
 
-from .build import MANIFEST, MANIFEST_LIMIT, FolderError, generate, read_manifest, sha256, spec_hash, write
+from .build import generate, spec_hash
+from .build_folder import MANIFEST, MANIFEST_LIMIT, FolderError, read_manifest, sha256, write
+from .build_merge import Hunk, three_way
 from .verify import MAX_RANKS, STEPS, Verdict, VerifyError, build_into, compare, describe, prepare, run_pair
 
 COPIED = (".py", ".cpp", ".h", ".cu", ".json", ".md", ".sh", ".sbatch")
 """What the copy of a build folder takes besides the manifest's files: sources and
 small text files a trainer may read; never checkpoints or data."""
 COPY_LIMIT = 16 * 2**20
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    """Lines ``start:stop`` of the base replaced by ``lines`` (``at``: where, in the edited file)."""
-
-    start: int
-    stop: int
-    lines: tuple[str, ...]
-    at: int
-
-
-class Conflict(Exception):
-    def __init__(self, ours: Change, theirs: Change, base: list[str]):
-        super().__init__("merge conflict")
-        self.ours, self.theirs, self.base = ours, theirs, base
-
-
-def _changes(base: list[str], other: list[str]) -> list[Change]:
-    matcher = difflib.SequenceMatcher(None, base, other, autojunk=False)
-    return [Change(i1, i2, tuple(other[j1:j2]), j1) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
-
-
-def _collide(a: Change, b: Change) -> bool:
-    if a.start == a.stop and b.start == b.stop:  # two insertions at one place
-        return a.start == b.start
-    if a.start == a.stop:
-        return b.start < a.start < b.stop
-    if b.start == b.stop:
-        return a.start < b.start < a.stop
-    return max(a.start, b.start) < min(a.stop, b.stop)
-
-
-def merge3(base: str, ours: str, theirs: str) -> str:
-    """``base`` with both sides' changes (Note [shrinking an edited train.py]); ``Conflict``
-    when they touch the same lines differently."""
-    b = base.splitlines(keepends=True)
-    mine, other = _changes(b, ours.splitlines(keepends=True)), _changes(b, theirs.splitlines(keepends=True))
-    kept = list(other)
-    for change in mine:
-        clash = [t for t in other if _collide(change, t)]
-        if any((t.start, t.stop, t.lines) != (change.start, change.stop, change.lines) for t in clash):
-            raise Conflict(change, clash[0], b)
-        if not clash:
-            kept.append(change)
-    out, position = [], 0
-    for change in sorted(kept, key=lambda c: (c.start, c.stop)):
-        out += b[position:change.start] + list(change.lines)
-        position = change.stop
-    return "".join(out + b[position:])
 
 
 # ---- the folder ---------------------------------------------------------------------
@@ -172,12 +122,13 @@ def _edited(folder: Path, listed: dict) -> list[str]:
     return edited
 
 
-def _conflict_error(folder: Path, exc: Conflict) -> VerifyError:
-    line = exc.ours.at + 1
-    before = "".join(exc.base[exc.theirs.start:exc.theirs.stop]).strip() or "(nothing)"
-    after = "".join(exc.theirs.lines).strip() or "(nothing)"
+def _conflict_error(folder: Path, hunk: Hunk) -> VerifyError:
+    before = b"".join(hunk.base or ()).decode().strip() or "(nothing)"
+    after = b"".join(hunk.new).decode().strip() or "(nothing)"
+    base = hunk.base or ()
+    edited = next((i for i, line in enumerate(hunk.yours) if i >= len(base) or line != base[i]), 0)
     return VerifyError(
-        f"{folder}/train.py:{line}: your edit there touches lines the shrink must change",
+        f"{folder}/train.py:{hunk.yours_line + edited}: your edit there touches lines the shrink must change",
         "verify shrinks the constants parc wrote; undo that edit for the check, or verify the spec",
         f"parc wrote:      {before}\nthe shrink needs: {after}",
     )
@@ -192,10 +143,10 @@ def verify_folder(folder: Path, spec_arg: str | None, overrides: list[str], work
     base = _spec_of(folder, spec_path, overrides, manifest, listed)
     prepared = prepare(spec_path, overrides, steps=steps, max_ranks=max_ranks)
     shrunk = generate(prepared.layout_spec)
-    try:
-        merged = merge3(base["train.py"].decode(), _read_train(folder), shrunk["train.py"].decode())
-    except Conflict as exc:
-        raise _conflict_error(folder, exc) from None
+    merge = three_way(base["train.py"], _read_train(folder).encode(), shrunk["train.py"])
+    if merge.hunks:
+        raise _conflict_error(folder, merge.hunks[0])
+    merged = merge.text.decode()
     layout_folder = workdir / "layout"
     _copy(folder, layout_folder, listed)
     # Runtime files the shrunk program needs and the folder lacks (none, unless deleted).

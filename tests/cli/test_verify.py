@@ -15,7 +15,6 @@ from parc.codegen.build import build_to, generate
 from parc.codegen.cli import main
 from parc.codegen.shrink import shrink
 from parc.codegen.verify import Record, Verdict
-from parc.codegen.verify_dir import Conflict, merge3
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.par"))
@@ -80,15 +79,6 @@ def test_a_padded_vocab_stays_padded():
     _, _, layout, _ = shrunk(ROOT / "examples" / "gpt2-small.par")
     assert layout.model.vocab % layout.model.pad_vocab_to != 0
     assert layout.model.padded_vocab % layout.parallel.tp == 0
-
-
-def test_merge_keeps_both_sides_and_names_a_collision():
-    base = "a\nb\nc\nd\ne\n"
-    assert merge3(base, "a\nB\nc\nd\ne\n", "a\nb\nc\nD\ne\n") == "a\nB\nc\nD\ne\n"
-    assert merge3(base, "a\nb\nc\nd\ne\n", "x\n") == "x\n"
-    with pytest.raises(Conflict) as caught:
-        merge3(base, "a\nb\nc\nmine\ne\n", "a\nb\nc\nshrunk\ne\n")
-    assert caught.value.ours.at == 3
 
 
 def fake_verdict(layout_losses):
