@@ -18,7 +18,7 @@ import sys
 import tempfile
 from typing import Sequence, TextIO
 
-from . import load, read_text
+from . import check, read_text
 from .ast import strip_spans
 from .diagnostics import Diagnostics, render_all
 from .fmt import format_document
@@ -96,19 +96,23 @@ def load_or_report(
     path: str, overrides: Sequence[str] = (), stream: TextIO | None = None, *, buildable: bool = True
 ) -> Spec | None:
     """The Spec of ``path``, or None after printing its diagnostics to ``stream``
-    (default stderr). A file that cannot be read is a usage error: one line
-    ``parc: error: cannot read PATH: REASON`` on ``stream``, then ``SystemExit(2)``.
+    (default stderr); warnings are printed there too, and the Spec returned. A file
+    that cannot be read is a usage error: one line ``parc: error: cannot read PATH:
+    REASON`` on ``stream``, then ``SystemExit(2)``.
     ``buildable``: as ``parc.dsl.load``'s.
     """
     stream = sys.stderr if stream is None else stream
     try:
-        return load(path, overrides, buildable=buildable)
+        spec, warnings = check(path, overrides, buildable=buildable)
     except Diagnostics as exc:
         report(exc, stream)
         return None
     except OSError as exc:
         _cannot_read(path, exc, stream)
         raise SystemExit(USAGE) from None
+    if warnings.errors:
+        report(warnings, stream)
+    return spec
 
 
 def run_check(args: argparse.Namespace) -> int:

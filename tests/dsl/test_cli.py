@@ -64,6 +64,38 @@ def test_check_set(capsys) -> None:
     assert (status, out) == (0, f"{TINY}: ok\n")
 
 
+def test_check_warns_of_a_token_file_made_for_a_larger_vocab(capsys, tmp_path) -> None:
+    # `parc data prepare` records min_vocab = 257 (ids 0..255 and the separator 256)
+    # in train.json beside train.bin; a model of vocab 200 would stop at its first step.
+    (tmp_path / "a.txt").write_text("hello")
+    assert main(["data", "prepare", str(tmp_path / "a.txt"), "-o", str(tmp_path / "data" / "train.bin")]) == 0
+    capsys.readouterr()
+    spec = tmp_path / "tiny.par"
+    text = TINY.read_text().replace("vocab = 512", "vocab = 200")
+    spec.write_text(text.replace("data = synthetic", 'data = tokens("data/train.bin")'))
+    status, out, err = run(capsys, "check", str(spec))
+    assert (status, out) == (0, f"{spec}: ok\n")  # a warning: the command goes on
+    assert err == (
+        f"{spec}:34:10: warning[PAR0218]: data/train.bin holds token ids up to 256 "
+        f"({tmp_path}/data/train.json says min_vocab = 257), but the model's vocab is 200: "
+        "the trainer would stop at its first step\n"
+        '  34 |   data = tokens("data/train.bin")\n'
+        "     |          ^^^^^^^^^^^^^^^^^^^^^^^^\n"
+        "  hint: set model.vocab to at least 257\n"
+        "\n"
+        "1 warning\n"
+    )
+    status, out, err = run(capsys, "check", str(spec), "--set", "model.vocab=257")
+    assert (status, out, err) == (0, f"{spec}: ok\n", "")
+
+
+def test_check_warns_of_a_missing_token_file_relative_to_the_spec(capsys, tmp_path) -> None:
+    status, out, err = run(capsys, "check", str(TINY), "--set", 'train.data=tokens("nope.bin")')
+    assert (status, out) == (0, f"{TINY}: ok\n")
+    assert err.startswith(f"--set 1:1:12: warning[PAR0219]: no token file at {TINY.parent}/nope.bin\n")
+    assert err.endswith("\n1 warning\n")
+
+
 def test_check_missing_file_exits_2(capsys, tmp_path) -> None:
     missing = tmp_path / "nope.par"
     status, out, err = run(capsys, "check", str(missing), str(TINY))
