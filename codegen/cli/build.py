@@ -42,7 +42,7 @@ def run_build(args: argparse.Namespace) -> int:
     from parc import dsl
     from parc.dsl.commands import load_or_report, report
 
-    from ..build import FolderError, compare, generate, recorded_files, write
+    from ..build import FolderError, compare, generate, recorded_files, seen_from, write
     from ..lower import lower
     from ..render import command
 
@@ -64,6 +64,8 @@ def run_build(args: argparse.Namespace) -> int:
     if args.emit == "spec":
         print(json.dumps(dsl.spec_to_dict(spec), indent=2, sort_keys=True))
         return 0
+    out_dir = Path(args.output) if args.output else Path("build") / Path(args.spec).stem
+    spec = seen_from(spec, out_dir)  # the token file's path from the build folder
     try:
         plan = lower(spec)  # once: the files and the command below come from it
         if args.emit == "plan":
@@ -72,7 +74,6 @@ def run_build(args: argparse.Namespace) -> int:
         files = generate(spec, plan)
     except Diagnostics as exc:
         return report_stage_errors(exc, args.spec, args.overrides)
-    out_dir = Path(args.output) if args.output else Path("build") / Path(args.spec).stem
     try:
         state = compare(out_dir, files)
         previous = recorded_files(out_dir)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from parc.codegen.build import generate
+from parc.codegen.build import generate, seen_from
 from parc.codegen.cli import main
 from parc.codegen.lower import lower
 from parc.dsl import load
@@ -25,7 +25,9 @@ UPDATE = os.environ.get("PARC_UPDATE_GOLDEN") == "1"
 
 
 def generated(example: str) -> dict[str, bytes]:
+    """The files of `parc build examples/EXAMPLE.par` (into build/EXAMPLE, its default)."""
     spec = load(f"examples/{example}.par") if Path("examples").is_dir() else load(str(EXAMPLES / f"{example}.par"))
+    spec = seen_from(spec, Path("build") / example)
     files = generate(spec)
     files["plan.txt"] = str(lower(spec)).encode()
     return files
