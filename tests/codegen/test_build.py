@@ -242,3 +242,14 @@ def test_generated_scripts_are_valid(example):
     ast.parse(files["train.py"].decode())
     done = subprocess.run(["bash", "-n"], input=files["launch.sh"].decode(), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_steps_help_says_the_lr_schedule_keeps_its_length(tmp_path):
+    out = tmp_path / "b"
+    assert main(["build", str(EXAMPLES / "tiny.par"), "-o", str(out)]) == 0
+    done = subprocess.run([sys.executable, str(out / "train.py"), "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert " ".join(done.stdout.split()).count(
+        "--steps STEPS optimizer steps to run (default 20); the LR schedule keeps the spec's length, STEPS: "
+        "steps past it run at the minimum LR") == 1, done.stdout

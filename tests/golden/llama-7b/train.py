@@ -12,7 +12,8 @@ Run (16 processes):
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HEAD_NODE:29500 train.py  # on every node
 
 Flags:
-    --steps N              optimizer steps to run (default 10000)
+    --steps N              optimizer steps to run (default 10000); the LR schedule
+                           keeps its length, STEPS: steps past it run at the minimum LR
     --seed S               seed of the initialization and the data (default 1234)
     --metrics-jsonl PATH   rank 0 appends one JSON object per step
     --checkpoint-dir DIR   save sharded checkpoints into DIR (default none)
@@ -129,7 +130,13 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Train llama_7b (pp 2 × dp 2 × tp 4 + sequence parallel + ZeRO-1)."
     )
-    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=STEPS,
+        help="optimizer steps to run (default %(default)s); the LR schedule keeps the "
+        "spec's length, STEPS: steps past it run at the minimum LR",
+    )
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--metrics-jsonl", default=None, metavar="PATH")
     parser.add_argument("--checkpoint-dir", default=CHECKPOINT_DIR, metavar="DIR")

@@ -12,7 +12,8 @@ Run (4 processes):
     torchrun --standalone --nproc-per-node 4 train.py
 
 Flags:
-    --steps N              optimizer steps to run (default 20)
+    --steps N              optimizer steps to run (default 20); the LR schedule
+                           keeps its length, STEPS: steps past it run at the minimum LR
     --seed S               seed of the initialization and the data (default 1234)
     --metrics-jsonl PATH   rank 0 appends one JSON object per step
     --checkpoint-dir DIR   save sharded checkpoints into DIR (default none)
@@ -103,7 +104,13 @@ TP_PLAN = {
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train gpt_tiny (dp 2 × tp 2).")
-    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=STEPS,
+        help="optimizer steps to run (default %(default)s); the LR schedule keeps the "
+        "spec's length, STEPS: steps past it run at the minimum LR",
+    )
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--metrics-jsonl", default=None, metavar="PATH")
     parser.add_argument("--checkpoint-dir", default=CHECKPOINT_DIR, metavar="DIR")
