@@ -18,7 +18,7 @@ from typing import Sequence
 
 from . import data_files
 from .ast import Document, strip_spans
-from .build_spec import spec_to_dict
+from .build_spec import spec_document, spec_to_dict
 from .diagnostics import Diagnostics, ParcError, SourceMap, Span
 from .fmt import dump, format_document
 from .jsonspec import normalize_json
@@ -45,6 +45,7 @@ __all__ = [
     "parse",
     "read_text",
     "schema",
+    "spec_document",
     "spec_to_dict",
     "strip_spans",
 ]

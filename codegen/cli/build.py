@@ -62,7 +62,7 @@ def run_build(args: argparse.Namespace) -> int:
     if spec is None:
         return 1
     if args.emit == "spec":
-        print(json.dumps(dsl.spec_to_dict(spec), indent=2, sort_keys=True))
+        print(json.dumps(dsl.spec_document(spec), indent=2))  # a .json spec: parc check reads it
         return 0
     out_dir = Path(args.output) if args.output else Path("build") / Path(args.spec).stem
     spec = seen_from(spec, out_dir)  # the token file's path from the build folder
