@@ -45,8 +45,8 @@ def register(subparsers) -> None:
     fmt = subparsers.add_parser(
         "fmt",
         help="rewrite specs in canonical form",
-        description="Rewrite each .par file in canonical form (in place). A file that "
-        "does not parse is reported and left as it is.",
+        description="Rewrite each .par file in canonical form (in place; --stdout prints it "
+        "instead). A file that does not parse is reported and left as it is.",
     )
     fmt.add_argument("files", nargs="+", metavar="FILE", help=".par spec")
     fmt.add_argument(
@@ -54,6 +54,9 @@ def register(subparsers) -> None:
     )
     fmt.add_argument(
         "--diff", action="store_true", help="write nothing; print a unified diff of the changes"
+    )
+    fmt.add_argument(
+        "--stdout", action="store_true", help="write nothing; print the canonical form of each file"
     )
     fmt.set_defaults(func=run_fmt)
 
@@ -148,6 +151,9 @@ def run_fmt(args: argparse.Namespace) -> int:
         except Diagnostics as exc:
             report(exc, sys.stderr)
             status = max(status, ERRORS)
+            continue
+        if args.stdout:
+            sys.stdout.write(formatted)
             continue
         if formatted == text:
             continue  # already canonical: nothing to check or write

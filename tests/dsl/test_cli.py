@@ -128,6 +128,9 @@ def test_fmt_check_and_diff(capsys, tmp_path) -> None:
         "+  nodes = 1\n+  devices_per_node = 4  # four\n }\n"
     )
     assert spec.read_text() == MESSY  # --check and --diff write nothing
+    status, out, err = run(capsys, "fmt", "--stdout", str(spec))
+    assert (status, out, err) == (0, "mesh {\n  nodes = 1\n  devices_per_node = 4  # four\n}\n", "")
+    assert spec.read_text() == MESSY  # nor does --stdout
     status, out, err = run(capsys, "fmt", str(spec))
     assert (status, err) == (0, f"reformatted {spec}\n")
     assert spec.read_text() == "mesh {\n  nodes = 1\n  devices_per_node = 4  # four\n}\n"
