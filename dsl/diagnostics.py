@@ -260,8 +260,25 @@ def _count(n: int, word: str) -> str:
 
 
 def did_you_mean(word: str, choices) -> str | None:
-    """The closest of ``choices`` to ``word``, for "did you mean" hints, or None."""
+    """The closest of ``choices`` to ``word``, for "did you mean" hints, or None.
+
+    By meaning first: a choice that refines the word (``h100`` → ``h100-80gb``), that
+    the word refines (``h200-141gb`` → ``h200``), or that is the word spelled without
+    its separators (``rtx-3090``, ``3090`` → ``rtx3090``); when several are (``a100``:
+    the 40 and 80 GB parts) there is no one guess, and the caller lists the choices.
+    Only then by spelling (difflib), which would take ``h100`` for ``h200``."""
     import difflib
 
-    matches = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
+    choices = sorted(choices)
+    related = [c for c in choices if _related(word, c)]
+    if related:
+        return related[0] if len(related) == 1 else None
+    matches = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return matches[0] if matches else None
+
+
+def _related(word: str, choice: str) -> bool:
+    if choice.startswith(word + "-") or word.startswith(choice + "-"):
+        return True
+    bare_word, bare_choice = word.replace("-", "").replace("_", ""), choice.replace("-", "").replace("_", "")
+    return bare_word.isalnum() and len(bare_word) >= 3 and bare_choice.endswith(bare_word)

@@ -245,3 +245,19 @@ def test_docs_describe_every_key() -> None:
         section = docs.split(f"### `{block.name}")[1].split("\n### ")[0]
         for key in block.keys:
             assert f"| `{key.name}` |" in section, f"docs/language.md lacks {block.name}.{key.name}"
+
+
+@pytest.mark.parametrize(
+    "device, hint",
+    [
+        ("h100", "did you mean `h100-80gb`?"),  # by meaning, not h200 by spelling
+        ("h200-141gb", "did you mean `h200`?"),
+        ("3090", "did you mean `rtx3090`?"),
+        ("a100", "expected one of"),  # 40 or 80 GB: no one guess
+    ],
+)
+def test_an_unknown_device_is_suggested_by_meaning(device, hint) -> None:
+    with pytest.raises(Diagnostics) as caught:
+        load(str(TINY), [f"mesh.device={device}"])
+    (error,) = caught.value.errors
+    assert error.code == "PAR0108" and error.hint.startswith(hint), error.hint
