@@ -96,6 +96,20 @@ def test_check_warns_of_a_missing_token_file_relative_to_the_spec(capsys, tmp_pa
     assert err.endswith("\n1 warning\n")
 
 
+def test_a_set_micro_batch_that_breaks_the_batch_is_shown_at_the_set(capsys) -> None:
+    status, out, err = run(capsys, "check", str(TINY), "--set", "train.micro_batch=3")
+    assert (status, out) == (1, "")
+    assert err == (
+        "--set 1:1:19: error[PAR0208]: global_batch = 16 is not divisible by micro_batch·dp = 3·2 = 6\n"
+        "  1 | train.micro_batch=3\n"
+        "    |                   ^\n"
+        "  hint: global_batch = micro_batch · grad_accum · dp: try global_batch = 12 or 18, "
+        "or micro_batch = 1, 2, 4, 8\n"
+        "\n"
+        "1 error\n"
+    )
+
+
 def test_check_missing_file_exits_2(capsys, tmp_path) -> None:
     missing = tmp_path / "nope.par"
     status, out, err = run(capsys, "check", str(missing), str(TINY))
