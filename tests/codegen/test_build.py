@@ -253,3 +253,35 @@ def test_steps_help_says_the_lr_schedule_keeps_its_length(tmp_path):
     assert " ".join(done.stdout.split()).count(
         "--steps STEPS optimizer steps to run (default 20); the LR schedule keeps the spec's length, STEPS: "
         "steps past it run at the minimum LR") == 1, done.stdout
+
+
+def _waits_in_loops(tree, loop_matches) -> list[int]:
+    """Lines of ``.item()``/``float(...)`` calls (a wait for the device) inside matching loops."""
+    import ast
+
+    found = []
+    for loop in ast.walk(tree):
+        if isinstance(loop, ast.For) and loop_matches(ast.unparse(loop.iter)):
+            for node in ast.walk(loop):
+                if isinstance(node, ast.Call) and (
+                    (isinstance(node.func, ast.Attribute) and node.func.attr == "item")
+                    or (isinstance(node.func, ast.Name) and node.func.id == "float")
+                ):
+                    found.append(node.lineno)
+    return found
+
+
+@pytest.mark.parametrize("sets", [(), ("parallel.dp=1", "parallel.pp=2")])
+def test_the_loss_is_awaited_once_a_step_not_once_a_micro_batch(sets):
+    """On a GPU each .item() waits for the device: the micro-batch loops hold none."""
+    import ast
+    import inspect
+
+    from parc.runtime import pipeline
+
+    train = generate(load("examples/tiny.par", list(sets)))["train.py"].decode()
+    assert _waits_in_loops(ast.parse(train), lambda it: it == "range(GRAD_ACCUM)") == []
+    assert "loss_sum = loss_sum.item()" in train or "runner.step(batches)" in train
+    source = inspect.getsource(pipeline.PipelineExecutor.step)
+    step = ast.parse(__import__("textwrap").dedent(source))
+    assert _waits_in_loops(step, lambda it: it == "self.actions") == []

@@ -257,7 +257,9 @@ def main() -> None:
                         / GRAD_ACCUM
                     )
                 loss.backward()
-                loss_sum += loss.item()
+                # summed on the device: one wait for it a step (below), not one a micro-batch
+                loss_sum += loss.detach()
+            loss_sum = loss_sum.item()
         held_grads = memory.grad_bytes(net, optimizer)  # when backward ends
         # norms saw only their sequence shard: sum their grads over tp
         model.allreduce_sequence_parallel_grads(net, tp_group)

@@ -229,7 +229,9 @@ def main() -> None:
                 inputs, targets = dataset.batch(indices)  # (B, T) token ids each
                 loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM
                 loss.backward()
-                loss_sum += loss.item()
+                # summed on the device: one wait for it a step (below), not one a micro-batch
+                loss_sum += loss.detach()
+            loss_sum = loss_sum.item()
         held_grads = memory.grad_bytes(net, optimizer)  # when backward ends
         grad_sync.finish()  # wait the buckets: mean gradient over the dp ranks
         grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group=tp_group)
