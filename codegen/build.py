@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -117,6 +118,22 @@ def generate(spec, plan=None) -> dict[str, bytes]:
     return dict(sorted(files.items()))
 
 
+def seen_from(spec, out_dir):
+    """``spec`` with its token file's path as ``out_dir/train.py`` finds it.
+
+    A relative path in a spec is relative to the spec's folder (``Spec.resolve``); the
+    trainer resolves ``DATA_PATH`` against its own folder, so the build records the path
+    from ``out_dir`` to the file: the printed ``cd OUT && torchrun ...`` works, and no
+    absolute path enters the build (an absolute one written in the spec stays as is)."""
+    from dataclasses import replace
+
+    data = spec.train.data
+    if data.path is None or os.path.isabs(data.path):
+        return spec
+    path = Path(os.path.relpath(spec.resolve(data.path), out_dir)).as_posix()
+    return replace(spec, train=replace(spec.train, data=replace(data, path=path)))
+
+
 def build_to(spec_path, out_dir, overrides=(), *, force: bool = True) -> Path:
     """Load, lower, render and write a build; for tests and benchmarks.
 
@@ -125,8 +142,8 @@ def build_to(spec_path, out_dir, overrides=(), *, force: bool = True) -> Path:
     """
     from parc.dsl import load
 
-    spec = load(str(spec_path), list(overrides))
     out_dir = Path(out_dir)
+    spec = seen_from(load(str(spec_path), list(overrides)), out_dir)
     rebuild = plan_rebuild(out_dir, generate(spec))
     if not force and (rebuild.blocked or rebuild.unmanaged):
         raise FileExistsError(f"{out_dir}: edits that do not merge: {[f.path for f in rebuild.blocked]}")

@@ -102,7 +102,7 @@ def config_lines(plan: Plan) -> list[str]:
         lines.append(constant(s.name, s.value, _comment(s)))
     lines += render_checkpoint.config_lines(plan)
     if train.data.kind == "tokens":
-        lines.append(constant("DATA_PATH", train.data.path, cite(train.data.span) + ": relative to the cwd"))
+        lines.append(constant("DATA_PATH", train.data.path, cite(train.data.span) + ": from this file's folder"))
         lines.append(constant("DATA_DTYPE", train.data.dtype, cite(train.data.span)))
     flops_note = DEVICE_FLOPS_NOTE if mesh.device_flops else "unknown for this device: no MFU"
     lines.append(constant("DEVICE_FLOPS", mesh.device_flops, f"{cite(mesh.device_span)}: {flops_note}"))
@@ -211,15 +211,21 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     extra_args = render_checkpoint.flag_lines()
     extra_flag_docs = [docstring_text(line) for line in render_checkpoint.flag_docs(plan)]
     if data.kind == "tokens":
-        dataset_line = "dataset = data.TokenFile(args.data, SEQ_LEN, DATA_DTYPE, seed=args.seed, vocab=VOCAB)"
-        extra_args.append('parser.add_argument("--data", default=DATA_PATH, metavar="PATH")')
+        dataset_line = (
+            "dataset = data.TokenFile(args.data, SEQ_LEN, DATA_DTYPE, seed=args.seed, vocab=VOCAB, rank=dist.rank)"
+        )
+        extra_args += [
+            "# DATA_PATH is from this file's folder, so the run works from any cwd",
+            'data_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), DATA_PATH)',
+            'parser.add_argument("--data", default=data_path, metavar="PATH")',
+        ]
         extra_flag_docs.append(
-            docstring_text(f"--data PATH            token file (default {data.path!r})")
+            docstring_text("--data PATH            token file, from the cwd (default DATA_PATH, from this file's folder)")
         )
     else:
         dataset_line = "dataset = data.SyntheticTokens(VOCAB, SEQ_LEN, seed=args.seed)"
     forward = "loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM"
-    std_imports = ["import argparse", "import time"]
+    std_imports = ["import argparse", *(["import os"] if data.kind == "tokens" else []), "import time"]
     if plan.train.precision.value == "bf16":
         std_imports += ["", "import torch"]
         forward_lines = [

@@ -116,8 +116,13 @@ def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> l
         body = _sample_lines(dp_rank_arg)
         body.append("inputs, targets = dataset.batch(indices)  # (B, T) token ids each")
         body += forward_lines
-        body += ["loss.backward()", "loss_sum += loss.item()"]
+        body += [
+            "loss.backward()",
+            "# summed on the device: one wait for it a step (below), not one a micro-batch",
+            "loss_sum += loss.detach()",
+        ]
         lines += ["    " + line for line in body]
+        lines.append("loss_sum = loss_sum.item()")
     else:
         lines = ["batches = []  # every micro-batch of this step: the first stage reads the"]
         lines.append("# inputs, the last the targets")

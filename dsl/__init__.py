@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from . import data_files
 from .ast import Document, strip_spans
-from .build_spec import spec_to_dict
+from .build_spec import spec_document, spec_to_dict
 from .diagnostics import Diagnostics, ParcError, SourceMap, Span
 from .fmt import dump, format_document
 from .jsonspec import normalize_json
@@ -35,6 +36,7 @@ __all__ = [
     "Document",
     "ParcError",
     "Spec",
+    "check",
     "decode",
     "dump",
     "format_document",
@@ -43,6 +45,7 @@ __all__ = [
     "parse",
     "read_text",
     "schema",
+    "spec_document",
     "spec_to_dict",
     "strip_spans",
 ]
@@ -60,15 +63,27 @@ def load(path: str, overrides: Sequence[str] = (), *, buildable: bool = True) ->
     return load_text(read_text(path), path, overrides, buildable=buildable)
 
 
-def load_text(text: str, file: str, overrides: Sequence[str] = (), *, buildable: bool = True) -> Spec:
+def check(path: str, overrides: Sequence[str] = (), *, buildable: bool = True) -> tuple[Spec, Diagnostics]:
+    """``load``, and the warnings about the spec (Note [warnings]) as a ``Diagnostics``
+    of warnings only, perhaps none, with the sources they quote. Raises as ``load``."""
+    text = read_text(path)
+    sources = SourceMap()
+    spec = load_text(text, path, overrides, buildable=buildable, sources=sources)
+    return spec, Diagnostics(data_files.warnings(spec), sources)
+
+
+def load_text(
+    text: str, file: str, overrides: Sequence[str] = (), *, buildable: bool = True, sources: SourceMap | None = None
+) -> Spec:
     """Like ``load``, for ``text`` already in hand; ``file`` names it in messages
-    (and, ending in ``.json``, says it is JSON)."""
+    (and, ending in ``.json``, says it is JSON). ``sources``, if given, receives the
+    texts diagnostics quote."""
     if file.endswith(".json"):
         norm = normalize_json(text, file)
     else:
         with no_collection():  # Note [gc while parsing]: until the tree is dropped
             norm = normalize_document(parse(text, file, comments=False))
-    sources = SourceMap()
+    sources = SourceMap() if sources is None else sources
     sources.add(file, text)
     for name, override in apply_overrides(norm, overrides).items():
         sources.add(name, override)

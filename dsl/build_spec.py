@@ -3,8 +3,11 @@
 Takes: a ``Normalized`` document that passed every check (``dsl/validate.py``).
 Gives: the ``Spec`` of ``dsl/spec.py`` with defaults filled in (``dsl/presets.py``
 for the mesh), ``auto`` as None, and ``Spec.spans`` listing every key that was
-written (in the file or by ``--set``), and ``parallel`` itself when it is ``auto``. ``spec_to_dict`` gives a JSON-able view of a
-Spec (enums as their values), used by ``parc build --emit spec`` and for hashing.
+written (in the file or by ``--set``), and ``parallel`` itself when it is ``auto``.
+The ways back: ``spec_document`` gives the normalized document of a Spec, every value
+spelled out (the JSON spec format ``parc check`` reads and ``parc build --emit spec``
+prints; loading it gives the same Spec); ``spec_to_dict`` a JSON-able view of the
+Spec's fields (enums as their values), used for hashing.
 """
 
 from __future__ import annotations
@@ -195,3 +198,69 @@ def spec_to_dict(spec: Spec) -> dict:
         return value
 
     return convert(spec)
+
+
+def spec_document(spec: Spec) -> dict:
+    """The normalized document of ``spec`` (``dsl/schema.py``), defaults written out:
+    ``load`` of it as a ``.json`` file gives ``spec`` back (its spans aside)."""
+    model, mesh, parallel, train = spec.model, spec.mesh, spec.parallel, spec.train
+    model_doc = {"name": model.name, **{k: _plain(v) for k, v in _fields(model).items() if k != "name"}}
+    mesh_doc = {k: v for k, v in _fields(mesh).items() if v is not None}
+
+    def auto(value):
+        return "auto" if value is None else value
+
+    def overlap(sub_batches):
+        return {"kind": "none"} if sub_batches == 1 else {"kind": "sub_batch", "sub_batches": sub_batches}
+
+    schedule = parallel.schedule
+    parallel_doc = {
+        "dp": auto(parallel.dp),
+        "tp": auto(parallel.tp),
+        "pp": auto(parallel.pp),
+        "sp": auto(parallel.sp),
+        "zero": auto(parallel.zero),
+        "schedule": "auto" if schedule is None else {"kind": schedule.value}
+        | ({"chunks": parallel.chunks} if schedule is PipelineSchedule.INTERLEAVED else {}),
+        "recompute": _per_layer_doc(parallel.recompute, lambda mode: mode.value),
+        "overlap": _per_layer_doc(parallel.overlap_sub_batches, overlap),
+    }
+    if parallel.stage_layers is not None:
+        parallel_doc["stage_layers"] = list(parallel.stage_layers)
+    lr = train.lr_schedule
+    optimizer = train.optimizer
+    train_doc = {
+        "global_batch": train.global_batch,
+        "micro_batch": auto(train.micro_batch),
+        "steps": train.steps,
+        "optimizer": {"kind": optimizer.name, "lr": optimizer.lr, "betas": list(optimizer.betas),
+                      "weight_decay": optimizer.weight_decay, "eps": optimizer.eps},
+        "schedule": {"kind": lr.kind.value, "warmup": lr.warmup}
+        | ({} if lr.kind is LrScheduleKind.CONSTANT else {"min_lr_ratio": lr.min_lr_ratio}),
+        "grad_clip": train.grad_clip,
+        "precision": train.precision.value,
+        "seed": train.seed,
+        "data": {"kind": "synthetic"} if train.data.kind is DataKind.SYNTHETIC
+        else {"kind": "tokens", "path": train.data.path, "dtype": train.data.dtype},
+        "log_every": train.log_every,
+        "checkpoint": {"kind": "none"} if not train.checkpoint_every
+        else {"kind": "every", "steps": train.checkpoint_every, "dir": train.checkpoint_dir},
+        "on_nonfinite": train.on_nonfinite,
+        "kernels": train.kernels.value,
+    }
+    return {"model": model_doc, "mesh": mesh_doc, "parallel": parallel_doc, "train": train_doc}
+
+
+def _fields(value) -> dict:
+    return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+
+
+def _plain(value):
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def _per_layer_doc(value, one):
+    """A per-layer key's value: ``auto``, one value, or a list of one per block."""
+    if value is None:
+        return "auto"
+    return [one(item) for item in value] if isinstance(value, tuple) else one(value)

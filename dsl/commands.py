@@ -18,7 +18,7 @@ import sys
 import tempfile
 from typing import Sequence, TextIO
 
-from . import load, read_text
+from . import check, read_text
 from .ast import strip_spans
 from .diagnostics import Diagnostics, render_all
 from .fmt import format_document
@@ -45,8 +45,8 @@ def register(subparsers) -> None:
     fmt = subparsers.add_parser(
         "fmt",
         help="rewrite specs in canonical form",
-        description="Rewrite each .par file in canonical form (in place). A file that "
-        "does not parse is reported and left as it is.",
+        description="Rewrite each .par file in canonical form (in place; --stdout prints it "
+        "instead). A file that does not parse is reported and left as it is.",
     )
     fmt.add_argument("files", nargs="+", metavar="FILE", help=".par spec")
     fmt.add_argument(
@@ -54,6 +54,9 @@ def register(subparsers) -> None:
     )
     fmt.add_argument(
         "--diff", action="store_true", help="write nothing; print a unified diff of the changes"
+    )
+    fmt.add_argument(
+        "--stdout", action="store_true", help="write nothing; print the canonical form of each file"
     )
     fmt.set_defaults(func=run_fmt)
 
@@ -96,19 +99,23 @@ def load_or_report(
     path: str, overrides: Sequence[str] = (), stream: TextIO | None = None, *, buildable: bool = True
 ) -> Spec | None:
     """The Spec of ``path``, or None after printing its diagnostics to ``stream``
-    (default stderr). A file that cannot be read is a usage error: one line
-    ``parc: error: cannot read PATH: REASON`` on ``stream``, then ``SystemExit(2)``.
+    (default stderr); warnings are printed there too, and the Spec returned. A file
+    that cannot be read is a usage error: one line ``parc: error: cannot read PATH:
+    REASON`` on ``stream``, then ``SystemExit(2)``.
     ``buildable``: as ``parc.dsl.load``'s.
     """
     stream = sys.stderr if stream is None else stream
     try:
-        return load(path, overrides, buildable=buildable)
+        spec, warnings = check(path, overrides, buildable=buildable)
     except Diagnostics as exc:
         report(exc, stream)
         return None
     except OSError as exc:
         _cannot_read(path, exc, stream)
         raise SystemExit(USAGE) from None
+    if warnings.errors:
+        report(warnings, stream)
+    return spec
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -144,6 +151,9 @@ def run_fmt(args: argparse.Namespace) -> int:
         except Diagnostics as exc:
             report(exc, sys.stderr)
             status = max(status, ERRORS)
+            continue
+        if args.stdout:
+            sys.stdout.write(formatted)
             continue
         if formatted == text:
             continue  # already canonical: nothing to check or write

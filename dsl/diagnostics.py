@@ -17,6 +17,7 @@ Rendered form (STYLE.md rule 2)::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from .source import LineIndex
 
@@ -70,6 +71,21 @@ _set_end_column = Span.end_column.__set__
 _set_planned = Span.planned.__set__
 
 
+class Severity(str, Enum):
+    """How bad a diagnostic is: an ``error`` stops the command (exit 1); a ``warning``
+    is printed and the command goes on (Note [warnings])."""
+
+    ERROR = "error"
+    WARNING = "warning"
+
+
+# Note [warnings]: a warning says something is probably wrong that parc cannot know
+# for sure from the spec alone, such as a token file whose recorded vocabulary is larger
+# than the model's (the file may be rewritten before the run; the trainer checks the
+# ids themselves). ``parc.dsl.check`` returns warnings beside the Spec; ``parc check``,
+# ``plan`` and ``build`` print them as ``warning[PARxxxx]`` and still exit 0.
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParcError:
     """One diagnostic: where, which rule (``PARxxxx``), what, and how to fix it."""
@@ -78,7 +94,11 @@ class ParcError:
     code: str
     message: str
     hint: str | None = None
-    severity: str = "error"
+    severity: Severity = Severity.ERROR
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity is Severity.ERROR
 
     def sort_key(self) -> tuple:
         return (self.span.file, self.span.line, self.span.column, self.code, self.message)
@@ -130,6 +150,7 @@ class SourceMap:
 
 
 _RED = "\x1b[1;31m"
+_YELLOW = "\x1b[1;33m"
 _BOLD = "\x1b[1m"
 _CYAN = "\x1b[1;36m"
 _RESET = "\x1b[0m"
@@ -179,7 +200,7 @@ def render(error: ParcError, sources: SourceMap, *, color: bool = False) -> str:
     message = _printable(clip(error.message, MESSAGE_LIMIT))
     header = (
         f"{paint(str(span) + ':', _BOLD)} "
-        f"{paint(f'{error.severity}[{error.code}]:', _RED)} {message}"
+        f"{paint(f'{error.severity.value}[{error.code}]:', _RED if error.is_error else _YELLOW)} {message}"
     )
     out = [header]
     source_line = sources.line(span.file, span.line)
@@ -195,7 +216,7 @@ def render(error: ParcError, sources: SourceMap, *, color: bool = False) -> str:
         shown, start, width = _quote(source_line, start, width)
         caret = " " * (start - 1) + ("^" if width == 1 else "^" * width)
         out.append(f"  {gutter} | {_printable(shown)}".rstrip())
-        out.append(f"  {pad} | {paint(caret, _RED)}")
+        out.append(f"  {pad} | {paint(caret, _RED if error.is_error else _YELLOW)}")
     if error.hint:
         out.append(f"  {paint('hint:', _CYAN)} {_printable(clip(error.hint, MESSAGE_LIMIT))}")
     return "\n".join(out)
@@ -214,24 +235,50 @@ ERROR_LIMIT = 100
 
 def render_all(errors, sources: SourceMap, *, color: bool = False, limit: int | None = ERROR_LIMIT) -> str:
     """The diagnostics, blank-line separated (the first ``limit`` of them; None: all),
-    then a one-line count of all of them."""
+    then a one-line count of all of them (``2 errors``, ``1 error, 1 warning``,
+    ``1 warning``)."""
     errors = tuple(errors)
     count = len(errors)
     shown = errors if limit is None else errors[:limit]
     parts = [render(e, sources, color=color) for e in shown]
-    footer = f"{count} error{'s' if count != 1 else ''}"
+    warnings = sum(not e.is_error for e in errors)
+    footer = _count(count - warnings, "error")
+    if warnings:
+        footer = _count(warnings, "warning") if warnings == count else f"{footer}, {_count(warnings, 'warning')}"
     if len(shown) < count:
         more = count - len(shown)
+        word = "diagnostic" if warnings else "error"
         footer = (
-            f"… and {more:,} more error{'s' if more != 1 else ''} not shown "
+            f"… and {more:,} more {word}{'s' if more != 1 else ''} not shown "
             f"(parc prints the first {len(shown)})\n{footer}"
         )
     return "\n\n".join(parts) + ("\n\n" if parts else "") + footer + "\n"
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
 def did_you_mean(word: str, choices) -> str | None:
-    """The closest of ``choices`` to ``word``, for "did you mean" hints, or None."""
+    """The closest of ``choices`` to ``word``, for "did you mean" hints, or None.
+
+    By meaning first: a choice that refines the word (``h100`` → ``h100-80gb``), that
+    the word refines (``h200-141gb`` → ``h200``), or that is the word spelled without
+    its separators (``rtx-3090``, ``3090`` → ``rtx3090``); when several are (``a100``:
+    the 40 and 80 GB parts) there is no one guess, and the caller lists the choices.
+    Only then by spelling (difflib), which would take ``h100`` for ``h200``."""
     import difflib
 
-    matches = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
+    choices = sorted(choices)
+    related = [c for c in choices if _related(word, c)]
+    if related:
+        return related[0] if len(related) == 1 else None
+    matches = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return matches[0] if matches else None
+
+
+def _related(word: str, choice: str) -> bool:
+    if choice.startswith(word + "-") or word.startswith(choice + "-"):
+        return True
+    bare_word, bare_choice = word.replace("-", "").replace("_", ""), choice.replace("-", "").replace("_", "")
+    return bare_word.isalnum() and len(bare_word) >= 3 and bare_choice.endswith(bare_word)

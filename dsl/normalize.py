@@ -246,6 +246,10 @@ def normalize_value(
     name = dotted(path)
     unit_kind = param.type if param is not None and param.type in UNIT_TYPES else None
     if isinstance(value, ast.Quantity):
+        if value.unit not in units.UNITS:  # a semantic error: the file's other errors are reported too
+            out.error(path, value.unit_span, "PAR0012", f"unknown unit `{clip(value.unit)}`",
+                      units.suggest_unit(value.unit))
+            return _BAD
         kind, factor = units.UNITS[value.unit]
         if param is not None and unit_kind is None:
             out.error(

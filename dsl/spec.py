@@ -12,6 +12,7 @@ Before: ``dsl/validate.py``. After: ``codegen/`` (lowering to the Plan).
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field, replace
 
 from parc.runtime.constraints import per_layer
@@ -242,6 +243,12 @@ class Spec:
             if name == key:
                 return span
         return None
+
+    def resolve(self, written: str) -> str:
+        """A path written in the spec (``tokens("x.bin")``, ``mesh.profile``), as the
+        running process can open it: a relative path is relative to the spec's folder,
+        wherever parc is run from."""
+        return os.path.join(os.path.dirname(self.source), written)
 
     @property
     def layout_complete(self) -> bool:

@@ -198,7 +198,10 @@ def _required(error, norm: Normalized, path: tuple, origin: Origin):
             param = param_at(path, norm.doc)
             call = param.call(error.instance.get("kind")) if param is not None else None
             if key == "kind" or call is None:
-                message, hint = f'`{dotted(path)}` needs "kind"', 'e.g. {"kind": "cosine"}'
+                kinds = [c.name for c in param.calls] if param is not None else []
+                example = f'e.g. {{"kind": "{kinds[0]}"}}' if kinds else '{"kind": NAME}'
+                message = f'`{dotted(path)}` needs "kind"'
+                hint = example + (f"; kind is one of {', '.join(kinds)}" if kinds else "")
             else:
                 message, hint = f"`{call.name}` needs `{key}`", f"`{call.signature()}`"
             span = origin.span

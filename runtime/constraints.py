@@ -398,7 +398,7 @@ def layers_split_evenly(layers, pp, chunks, stage_layers=None):
 def batch_divides(global_batch, micro_batch, dp=None, pp=None, schedule=None):
     if dp is None:
         if global_batch % micro_batch:
-            return _violation("PAR0208", "train.global_batch",
+            return _violation("PAR0208", ("train.global_batch", "train.micro_batch"),
                               f"global_batch = {global_batch} is not divisible by micro_batch = {micro_batch}",
                               "global_batch = micro_batch · grad_accum · dp")
         return None
@@ -406,10 +406,14 @@ def batch_divides(global_batch, micro_batch, dp=None, pp=None, schedule=None):
     if global_batch % per_step:
         below = global_batch // per_step * per_step
         near = " or ".join(str(n) for n in (below, below + per_step) if n > 0)
-        return _violation("PAR0208", "train.global_batch",
+        fits = divisors(global_batch // dp) if global_batch % dp == 0 else []
+        # shown at the key a --set changed last (--set train.micro_batch=3: there), else at global_batch
+        return _violation("PAR0208", ("train.global_batch", "train.micro_batch", "parallel.dp"),
                           f"global_batch = {global_batch} is not divisible by micro_batch·dp = "
                           f"{micro_batch}·{dp} = {per_step}",
-                          f"global_batch = micro_batch · grad_accum · dp: try global_batch = {near}")
+                          f"global_batch = micro_batch · grad_accum · dp: try global_batch = {near}"
+                          + (f", or micro_batch = {some(fits, micro_batch)}" if fits else ""),
+                          blame_latest_set=True)
     grad_accum = global_batch // per_step
     if pp is None or pp < 2:
         return None

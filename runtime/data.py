@@ -71,28 +71,29 @@ class TokenFile:
     The window of sample i starts at an offset drawn from a generator seeded by
     (seed, i), so it depends on nothing but the file, the seed and i. The file is
     checked whole before training starts (``check_tokens``): a bad one ends the run in
-    one line naming it.
+    one line naming it, from ``rank`` 0 only.
     """
 
-    def __init__(self, path: str, seq_len: int, dtype: str = "uint16", seed: int = 0, vocab: int | None = None):
+    def __init__(self, path: str, seq_len: int, dtype: str = "uint16", seed: int = 0, vocab: int | None = None,
+                 rank: int = 0):
         torch_dtype = {"uint16": torch.uint16, "uint32": torch.uint32}[dtype]
         itemsize = 2 if dtype == "uint16" else 4
         try:
             size = check_regular(path).st_size
         except UnreadableFile as exc:
-            raise SystemExit(f"train.py: --data {exc}") from None
+            raise _end(f"--data {exc}", rank) from None
         count = size // itemsize
         if size % itemsize:
-            raise SystemExit(f"train.py: --data {path}: {size} bytes is not a whole number of {dtype} tokens "
-                             f"({itemsize} bytes each): not a {dtype} token file")
+            raise _end(f"--data {path}: {size} bytes is not a whole number of {dtype} tokens "
+                       f"({itemsize} bytes each): not a {dtype} token file", rank)
         if count < seq_len + 2:
-            raise SystemExit(f"train.py: --data {path}: {count} tokens, fewer than seq_len + 2 = {seq_len + 2}")
+            raise _end(f"--data {path}: {count} tokens, fewer than seq_len + 2 = {seq_len + 2}", rank)
         try:
             self.tokens = torch.from_file(path, shared=False, size=count, dtype=torch_dtype)
         except RuntimeError as exc:  # unreadable, or the file shrank since stat
-            raise SystemExit(f"train.py: --data {path}: cannot read it ({str(exc).splitlines()[0]})") from None
+            raise _end(f"--data {path}: cannot read it ({str(exc).splitlines()[0]})", rank) from None
         if vocab is not None:
-            check_tokens(self.tokens, vocab, path)
+            check_tokens(self.tokens, vocab, path, rank)
         self.seq_len, self.seed, self.count = seq_len, seed, count
 
     def batch(self, indices):
@@ -106,9 +107,15 @@ class TokenFile:
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
 
-def check_tokens(tokens: torch.Tensor, vocab: int, path: str) -> None:
+def check_tokens(tokens: torch.Tensor, vocab: int, path: str, rank: int = 0) -> None:
     """Every id is below ``vocab`` (the embedding would fail mid-run), else the run ends naming it."""
     largest = max(int(part.to(torch.int64).max()) for part in tokens.split(1 << 24))  # no max() on uint16
     if largest >= vocab:
-        raise SystemExit(f"train.py: --data {path}: holds token id {largest}, but the model's vocab is {vocab} "
-                         f"(ids 0..{vocab - 1}): made for another vocabulary?")
+        raise _end(f"--data {path}: holds token id {largest}, but the model's vocab is {vocab} "
+                   f"(ids 0..{vocab - 1}): made for another vocabulary?", rank)
+
+
+def _end(message: str, rank: int) -> SystemExit:
+    """End the run over a bad token file: every rank reads the same file and finds the
+    same fault, so rank 0 says why in one line and the others exit 1 quietly."""
+    return SystemExit(f"train.py: {message}" if rank == 0 else 1)

@@ -89,7 +89,7 @@ class PipelineExecutor:
                     y = self.chunks[c](x, targets.to(self.device) if v == last_vstage else None)
                 if v == last_vstage:
                     y = y / self.micro_batches
-                    loss_sum += float(y.detach())
+                    loss_sum = loss_sum + y.detach()  # on the device: no sync per micro-batch
                 inputs[(m, c)], outputs[(m, c)] = x, y
             elif op is Op.SEND_ACT:
                 y = outputs[(m, c)].detach().to(torch.float32).contiguous()
@@ -118,7 +118,7 @@ class PipelineExecutor:
                 "internal error in the pipeline executor: the schedule left work undone "
                 f"({sorted(inputs)} {sorted(received)} {sorted(input_grads)})"
             )
-        return loss_sum
+        return float(loss_sum)  # the step's one wait for the device
 
 
 def tied_embedding_group(grid):

@@ -71,7 +71,7 @@ def run_build(args: argparse.Namespace) -> int:
     from parc import dsl
     from parc.dsl.commands import load_or_report, report
 
-    from ..build import generate
+    from ..build import generate, seen_from
     from ..lower import lower
 
     if args.emit == "ast":
@@ -93,8 +93,10 @@ def run_build(args: argparse.Namespace) -> int:
     if spec is None:
         return 1
     if args.emit == "spec":
-        print(json.dumps(dsl.spec_to_dict(spec), indent=2, sort_keys=True))
+        print(json.dumps(dsl.spec_document(spec), indent=2))  # a .json spec: parc check reads it
         return 0
+    out_dir = Path(args.output) if args.output else Path("build") / Path(args.spec).stem
+    spec = seen_from(spec, out_dir)  # the token file's path from the build folder
     try:
         plan = lower(spec)  # once: the files and the command below come from it
         if args.emit == "plan":
@@ -103,7 +105,6 @@ def run_build(args: argparse.Namespace) -> int:
         files = generate(spec, plan)
     except Diagnostics as exc:
         return report_stage_errors(exc, args.spec, args.overrides)
-    out_dir = Path(args.output) if args.output else Path("build") / Path(args.spec).stem
     return build_folder(args, plan, files, out_dir)
 
 

@@ -4,7 +4,9 @@ Takes: argv (SPEC, --set, -o DIR). Gives: on stdout the layout, the schedule, it
 fraction (forward = 1, backward = 2 time units per chunk, communication free), each
 rank's bound on micro-batches in flight, each rank's timeline as text and its action
 list; and ``DIR/schedule.svg`` (default: the current folder), the only file it writes.
-Exit status: 0 done, 1 spec errors (or a layout left ``auto``), 2 usage error.
+A layout left ``auto`` is explained as the planner's winner (the one ``parc build``
+generates). Exit status: 0 done, 1 spec errors (or no layout for the ``auto`` values),
+2 usage error.
 Before: ``parc.dsl.load``. After: nothing; the lists come from ``runtime/schedule.py``,
 the very ones the pipeline executor runs.
 """
@@ -24,7 +26,7 @@ from parc.runtime.schedule import Action, build_schedule, in_flight_bound
 from parc.runtime.schedule_sim import Timeline, bubble_fraction, describe_rank, simulate
 
 from .. import gantt
-from ..errors import AUTO, BAD_VALUE, error, fail
+from ..errors import BAD_VALUE, error, fail
 
 SVG_NAME = "schedule.svg"
 FORWARD_TIME, BACKWARD_TIME = 1.0, 2.0
@@ -57,6 +59,7 @@ class Explanation:
     timeline: Timeline
     bubble: float
     in_flight: tuple[int, ...]  # per rank, in_flight_bound
+    planned: bool = False  # the spec left the layout (some of it) auto: the planner's winner
 
     @property
     def schedule_text(self) -> str:
@@ -75,21 +78,16 @@ class Explanation:
 
 
 def explain(spec: Spec) -> Explanation:
-    """The schedule of ``spec`` and its simulation; ``Diagnostics`` if the layout is not given."""
+    """The schedule of ``spec`` and its simulation; a layout left ``auto`` is the
+    planner's winner, as ``parc build`` would generate it (``Diagnostics`` when the
+    planner finds none)."""
+    planned = not spec.layout_complete
+    if planned:
+        from ..passes import choose_layout
+        from ..passes.draft import Draft
+
+        spec = choose_layout.run(spec, Draft()).spec
     par, train = spec.parallel, spec.train
-    missing = [key for key, value in (("parallel.dp", par.dp), ("parallel.pp", par.pp),
-                                      ("parallel.schedule", par.schedule),
-                                      ("train.micro_batch", train.micro_batch)) if value is None]
-    if missing:
-        world = spec.mesh.nodes * spec.mesh.devices_per_node
-        names = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
-        if missing == ["train.micro_batch"]:
-            example = f"--set train.micro_batch=1 (micro_batch·dp must divide global_batch = {train.global_batch})"
-        else:
-            example = f"--set parallel.pp=2 (dp·tp·pp must equal nodes·devices_per_node = {world})"
-        fail([error(spec, missing[0], AUTO,
-                    f"parc explain needs the layout given, but {names} {'is' if len(missing) == 1 else 'are'} auto",
-                    f"set {'it' if len(missing) == 1 else 'them'} on the command line, e.g. {example}")])
     stages, chunks = par.pp, par.chunks
     micro_batches = train.global_batch // (train.micro_batch * par.dp)
     kind = par.schedule.value
@@ -102,17 +100,19 @@ def explain(spec: Spec) -> Explanation:
     timeline = simulate(schedule, forward_time=FORWARD_TIME, backward_time=BACKWARD_TIME)
     return Explanation(spec=spec, kind=kind, stages=stages, micro_batches=micro_batches, chunks=chunks,
                        schedule=schedule, timeline=timeline, bubble=bubble_fraction(timeline),
-                       in_flight=bounds)
+                       in_flight=bounds, planned=planned)
 
 
 def text(ex: Explanation) -> str:
     """What ``parc explain`` prints."""
     par, train = ex.spec.parallel, ex.spec.train
-    unit = "micro-batch-chunks" if ex.chunks > 1 else "micro-batches"
+    unit = "micro-batch-chunk" if ex.chunks > 1 else "micro-batch"
     idle = ex.bubble * ex.stages * ex.timeline.makespan
+    planned = f"  planner        chose the auto values, as parc build would (parc plan {ex.spec.source} ranks them)"
     lines = [
         f"parc explain {ex.spec.source}",
         f"  layout         {ex.layout_text} ({ex.spec.mesh.nodes * ex.spec.mesh.devices_per_node} ranks)",
+        *([planned] if ex.planned else []),
         f"  schedule       {ex.schedule_text} over {ex.stages} pipeline stage{'s' if ex.stages > 1 else ''}"
         + (f" ({ex.stages * ex.chunks} virtual stages)" if ex.chunks > 1 else ""),
         f"  micro-batches  {ex.micro_batches} per step = global_batch {train.global_batch} / "
@@ -121,20 +121,78 @@ def text(ex: Explanation) -> str:
         f"  bubble         {ex.bubble:.1%}: {gantt.number(idle)} of {ex.stages} × {gantt.number(ex.timeline.makespan)} "
         f"time units idle (forward = 1, backward = 2 per chunk, communication free)",
         "  in flight      at most " + ", ".join(f"rank {r}: {n}" for r, n in enumerate(ex.in_flight))
-        + f" {unit} (forward done, backward not yet)",
+        + f" {plural(max(ex.in_flight), unit)} (forward done, backward not yet)",
         "",
-        "timeline (one column per forward time unit; F forward, B backward, . idle"
-        + ("; F3.1 = micro-batch 3, chunk 1)" if ex.chunks > 1 else ")"),
-        *timeline_rows(ex.timeline, ex.chunks),
+        *timeline_section(ex),
         "",
         "actions (ra/sa: receive/send activation, rg/sg: receive/send gradient; <r from rank r, >r to rank r)",
-        *(f"rank {rank} | {describe_rank(actions, ex.chunks)}" for rank, actions in enumerate(ex.schedule)),
+        *(line for rank, actions in enumerate(ex.schedule)
+          for line in wrapped(f"rank {rank} | ", describe_rank(actions, ex.chunks))),
     ]
     return "\n".join(lines) + "\n"
 
 
-def timeline_rows(timeline: Timeline, chunks: int) -> list[str]:
-    """A ruler and one line per rank; time quantized to the forward unit."""
+WIDTH = 100
+"""Columns ``parc explain`` prints at most: wider timelines are summarized, action
+lists wrapped (256 micro-batches would make lines thousands of characters wide)."""
+
+
+def plural(count: int, word: str) -> str:
+    return word if count == 1 else f"{word}es" if word.endswith("batch") else f"{word}s"
+
+
+ACTIONS_SHOWN = 48
+"""A rank's action list longer than this shows its first and last actions (each
+rank's is the same pattern throughout: warm-up, steady state, cool-down)."""
+
+
+def wrapped(prefix: str, text: str) -> list[str]:
+    """``prefix + text`` in lines of at most ``WIDTH`` columns, continued under the text;
+    past ``ACTIONS_SHOWN`` words, the first and last of them around how many are left out."""
+    import textwrap
+
+    words = text.split()
+    if len(words) > ACTIONS_SHOWN:
+        head, tail = ACTIONS_SHOWN * 2 // 3, ACTIONS_SHOWN // 3
+        text = " ".join([*words[:head], f"… {len(words) - head - tail} more …", *words[-tail:]])
+    return textwrap.wrap(text, WIDTH, initial_indent=prefix, subsequent_indent=" " * (len(prefix) - 2) + "| ",
+                         break_on_hyphens=False, break_long_words=False) or [prefix.rstrip()]
+
+
+BANDS = 4
+"""A timeline up to this many times ``WIDTH`` is drawn in bands, one under the other;
+a longer one is summarized (its drawing is in schedule.svg)."""
+
+
+def timeline_section(ex: Explanation) -> list[str]:
+    """The timeline drawn one column per time unit, in bands of at most ``WIDTH``
+    columns; when that takes more than ``BANDS`` bands, each rank's busy and idle time."""
+    prefix, cell, rows = timeline_rows(ex.timeline, ex.chunks)
+    per_band = max(5, (WIDTH - prefix) // cell // 5 * 5)  # time units a band shows: the ruler's 5s stay whole
+    units = round(ex.timeline.makespan / FORWARD_TIME)
+    bands = -(-units // per_band)
+    if bands <= BANDS:
+        out = ["timeline (one column per forward time unit; F forward, B backward, . idle"
+               + ("; F3.1 = micro-batch 3, chunk 1)" if ex.chunks > 1 else ")")]
+        for band in range(bands):
+            start, stop = prefix + band * per_band * cell, prefix + (band + 1) * per_band * cell
+            out += [""] if band else []
+            out += [(row[:prefix] + row[start:stop]).rstrip() for row in rows]
+        return out
+    makespan = ex.timeline.makespan
+    out = [f"timeline ({gantt.number(makespan)} time units, too wide to draw here: see {SVG_NAME})"]
+    for rank, events in enumerate(ex.timeline.ranks):
+        busy = sum(e.end - e.start for e in events)
+        first = events[0].start if events else makespan
+        last = events[-1].end if events else makespan
+        out.append(f"rank {rank} | busy {gantt.number(busy)}, idle {gantt.number(makespan - busy)}: "
+                   f"{gantt.number(first)} before its first action, {gantt.number(makespan - last)} after its last")
+    return out
+
+
+def timeline_rows(timeline: Timeline, chunks: int) -> tuple[int, int, list[str]]:
+    """A ruler and one line per rank, time quantized to the forward unit; with the
+    width of the rows' ``rank r | `` prefix and of one time unit's cell."""
     names = [[gantt.label(e.op, e.micro, e.chunk, chunks) for e in events] for events in timeline.ranks]
     width = max((len(n) for row in names for n in row), default=2)
     units = round(timeline.makespan / FORWARD_TIME)
@@ -152,11 +210,12 @@ def timeline_rows(timeline: Timeline, chunks: int) -> list[str]:
             now = end
         cells += [".".ljust(width)] * (units - now)
         rows.append(f"rank {rank} | ".rjust(len(prefix)) + " ".join(cells).rstrip())
-    return rows
+    return len(prefix), width + 1, rows
 
 
 def chart(ex: Explanation) -> str:
-    title = f"{ex.spec.source}: {ex.schedule_text}, {ex.micro_batches} micro-batches, bubble {ex.bubble:.1%}"
+    title = (f"{ex.spec.source}: {ex.schedule_text}, {ex.micro_batches} {plural(ex.micro_batches, 'micro-batch')}, "
+             f"bubble {ex.bubble:.1%}")
     subtitle = (f"{ex.spec.model.name}: {ex.layout_text}; {ex.stages} pipeline rank"
                 f"{'s' if ex.stages > 1 else ''}, {ex.chunks} chunk{'s' if ex.chunks > 1 else ''} each")
     return gantt.svg(ex.timeline, chunks=ex.chunks, title=title, subtitle=subtitle,

@@ -94,8 +94,18 @@ def hf_state_dict(weights: dict[str, torch.Tensor], config: dict) -> dict[str, t
     return {name: tensor.contiguous().clone() for name, tensor in out.items()}
 
 
+NO_SPECIAL_TOKENS = {"bos_token_id": None, "eos_token_id": None}
+"""A parc model has no tokenizer, so no begin/end-of-text ids: written as null, else
+transformers takes its own defaults (gpt2: 50256, outside a small vocabulary, with a
+warning on every load; llama: 1 and 2, ids that mean nothing here)."""
+
+
 def hf_config(config: dict) -> dict:
     """A ``config.json`` for transformers with the same model."""
+    return _hf_config(config) | NO_SPECIAL_TOKENS
+
+
+def _hf_config(config: dict) -> dict:
     if config["arch"] == "gpt":
         return {
             "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
@@ -169,6 +179,7 @@ def export(ckpt: str, out: str, *, force: bool = False) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
     temporary = os.path.join(os.path.dirname(os.path.abspath(target)), f".{os.path.basename(target)}.parc-tmp")
     save_file(tensors, temporary, metadata=metadata)
+    os.chmod(temporary, 0o666 & ~_umask())  # safetensors makes it 0600; config.json has the umask's mode
     os.replace(temporary, target)
     if folder:
         config = os.path.join(out, "config.json")
@@ -177,6 +188,12 @@ def export(ckpt: str, out: str, *, force: bool = False) -> str:
             file.write("\n")
         os.replace(config + ".parc-tmp", config)
     return target
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def run(args) -> int:

@@ -44,8 +44,13 @@ def register(subparsers) -> None:
                         help="how many layouts to show (default 5; 0: all)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--accounting", choices=[a.value for a in Accounting], default="parc",
-                        help="parc: parc's trainer (fp32 weights and AdamW state, default); "
-                        "megatron: mixed precision (2+2+12 bytes/param), Korthikanti activations")
+                        help="which training program the figures describe, memory and time both. "
+                        "parc (default): parc's trainer (fp32 weights, gradients and AdamW state; "
+                        "flash attention). megatron: Megatron-LM, to compare with published figures: "
+                        "mixed precision (2+2+12 bytes/param) and Korthikanti's activations, and a "
+                        "different time model too: attention without flash (the full s^2 scores, "
+                        "their softmax and dropout), bf16 activations and gradients, Megatron's "
+                        "op count and optimizer, ZeRO-2 reduce-scatter")
     parser.set_defaults(func=run_plan)
 
 

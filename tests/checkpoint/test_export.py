@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 import torch.nn.functional as F
@@ -96,6 +97,12 @@ def llama_loss(w, config, tokens, targets) -> float:
     return float(F.cross_entropy(logits.flatten(0, 1), targets.flatten()))
 
 
+def umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def batch(seq_len):
     return data.SyntheticTokens(VOCAB, seq_len, seed=3).batch(range(4))
 
@@ -107,6 +114,10 @@ def test_export_gpt2_from_a_tensor_parallel_checkpoint(straight, tmp_path, capsy
     weights, config = load_file(out / "model.safetensors"), json.loads((out / "config.json").read_text())
     full = checkpoint.read_full(str(ckpt), "model.")
     assert config["model_type"] == "gpt2" and config["vocab_size"] == VOCAB
+    # no token ids of transformers' own (gpt2's 50256 is outside this vocab); both files readable alike
+    assert config["bos_token_id"] is None and config["eos_token_id"] is None
+    modes = {(out / name).stat().st_mode & 0o777 for name in ("model.safetensors", "config.json")}
+    assert len(modes) == 1 and modes.pop() & 0o044 == 0o044 & ~umask(), modes
     assert len(weights) == 2 + 12 * config["n_layer"] + 2  # wte, wpe, 12 per block, ln_f; lm_head tied
     assert torch.equal(weights["transformer.wte.weight"], full["model.embed.weight"][:VOCAB])
     qkv = torch.cat([full[f"model.layers.1.attn.{p}_proj.weight"] for p in "qkv"]).t()

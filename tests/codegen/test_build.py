@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from parc.codegen.build import generate
+from parc.codegen.build import generate, seen_from
 from parc.codegen.cli import main
 from parc.codegen.lower import lower
 from parc.dsl import load
@@ -25,7 +25,9 @@ UPDATE = os.environ.get("PARC_UPDATE_GOLDEN") == "1"
 
 
 def generated(example: str) -> dict[str, bytes]:
+    """The files of `parc build examples/EXAMPLE.par` (into build/EXAMPLE, its default)."""
     spec = load(f"examples/{example}.par") if Path("examples").is_dir() else load(str(EXAMPLES / f"{example}.par"))
+    spec = seen_from(spec, Path("build") / example)
     files = generate(spec)
     files["plan.txt"] = str(lower(spec)).encode()
     return files
@@ -255,3 +257,46 @@ def test_generated_scripts_are_valid(example):
     ast.parse(files["train.py"].decode())
     done = subprocess.run(["bash", "-n"], input=files["launch.sh"].decode(), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_steps_help_says_the_lr_schedule_keeps_its_length(tmp_path):
+    out = tmp_path / "b"
+    assert main(["build", str(EXAMPLES / "tiny.par"), "-o", str(out)]) == 0
+    done = subprocess.run([sys.executable, str(out / "train.py"), "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert " ".join(done.stdout.split()).count(
+        "--steps STEPS optimizer steps to run (default 20); the LR schedule keeps the spec's length, STEPS: "
+        "steps past it run at the minimum LR") == 1, done.stdout
+
+
+def _waits_in_loops(tree, loop_matches) -> list[int]:
+    """Lines of ``.item()``/``float(...)`` calls (a wait for the device) inside matching loops."""
+    import ast
+
+    found = []
+    for loop in ast.walk(tree):
+        if isinstance(loop, ast.For) and loop_matches(ast.unparse(loop.iter)):
+            for node in ast.walk(loop):
+                if isinstance(node, ast.Call) and (
+                    (isinstance(node.func, ast.Attribute) and node.func.attr == "item")
+                    or (isinstance(node.func, ast.Name) and node.func.id == "float")
+                ):
+                    found.append(node.lineno)
+    return found
+
+
+@pytest.mark.parametrize("sets", [(), ("parallel.dp=1", "parallel.pp=2")])
+def test_the_loss_is_awaited_once_a_step_not_once_a_micro_batch(sets):
+    """On a GPU each .item() waits for the device: the micro-batch loops hold none."""
+    import ast
+    import inspect
+
+    from parc.runtime import pipeline
+
+    train = generate(load("examples/tiny.par", list(sets)))["train.py"].decode()
+    assert _waits_in_loops(ast.parse(train), lambda it: it == "range(GRAD_ACCUM)") == []
+    assert "loss_sum = loss_sum.item()" in train or "runner.step(batches)" in train
+    source = inspect.getsource(pipeline.PipelineExecutor.step)
+    step = ast.parse(__import__("textwrap").dedent(source))
+    assert _waits_in_loops(step, lambda it: it == "self.actions") == []

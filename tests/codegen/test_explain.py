@@ -137,20 +137,36 @@ def test_bad_spec_gives_diagnostics_and_exit_1(capsys, tmp_path):
     assert not (tmp_path / "schedule.svg").exists()
 
 
-def test_auto_layout_is_refused_with_a_hint(capsys, tmp_path):
-    status, out, err = run(capsys, "examples/tiny.par", "--set", "parallel.pp=auto", "-o", str(tmp_path))
-    assert status == 1 and out == ""
-    assert err.startswith("--set 1:1:")
-    assert "error[PAR0801]: parc explain needs the layout given, but parallel.pp is auto" in err
-    assert "hint: set it on the command line, e.g. --set parallel.pp=2 " in err
-    status, _, err = run(capsys, "examples/gpt3-175b.par", "-o", str(tmp_path))
-    assert status == 1
-    assert "parallel.dp, parallel.pp and parallel.schedule are auto" in err
-    status, _, err = run(capsys, "examples/tiny.par", "--set", "train.micro_batch=auto", "-o", str(tmp_path))
-    assert status == 1
-    assert "but train.micro_batch is auto" in err
-    assert "hint: set it on the command line, e.g. --set train.micro_batch=1 " in err
-    assert not (tmp_path / "schedule.svg").exists()
+def test_an_auto_layout_is_explained_as_the_planners_winner(capsys, tmp_path):
+    from parc.codegen.lower import lower
+
+    status, out, err = run(capsys, "examples/tiny.par", "--set", "parallel=auto", "-o", str(tmp_path))
+    assert status == 0, err
+    spec = explain(load("examples/tiny.par", ["parallel=auto"])).spec
+    par = spec.parallel
+    assert f"  layout         dp {par.dp} × tp {par.tp} × pp {par.pp}" in out
+    assert ("  planner        chose the auto values, as parc build would "
+            "(parc plan examples/tiny.par ranks them)\n") in out
+    # the layout parc build generates for the same spec
+    plan = lower(load("examples/tiny.par", ["parallel=auto"]))
+    assert {a.axis: a.size for a in plan.mesh.axes} == {"dp": par.dp, "tp": par.tp, "pp": par.pp}
+    status, out, _ = run(capsys, "examples/tiny.par", "--set", "train.micro_batch=auto", "-o", str(tmp_path))
+    assert status == 0 and "  planner        chose the auto values" in out
+    assert (tmp_path / "schedule.svg").exists()
+
+
+def test_long_schedules_are_summarized_and_one_is_singular(capsys, tmp_path):
+    many = [*PP2, "--set", "train.global_batch=512", "--set", "train.micro_batch=1"]
+    status, out, _ = run(capsys, "examples/tiny.par", *many, "-o", str(tmp_path))
+    assert status == 0
+    assert max(len(line) for line in out.splitlines() if line.lstrip().startswith(("rank", "|"))) <= 100
+    assert "timeline (1539 time units, too wide to draw here: see schedule.svg)\n" in out
+    assert "rank 0 | busy 1536, idle 3: 0 before its first action, 0 after its last\n" in out
+    assert "… 2000 more …" in out
+    status, out, _ = run(capsys, "examples/tiny.par", "--set", "train.global_batch=4", "--set", "parallel.dp=4",
+                         "--set", "parallel.tp=1", "--set", "train.micro_batch=1", "-o", str(tmp_path))
+    assert status == 0 and "at most rank 0: 1 micro-batch (forward done" in out
+    assert "1 micro-batch, bubble" in (tmp_path / "schedule.svg").read_text()
 
 
 def test_missing_file_is_a_usage_error(capsys, tmp_path):

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parc.codegen.build import build_to, generate
+from parc.codegen.build import build_to, generate, seen_from
 from parc.dsl import load_text
 from parc.dsl.diagnostics import Diagnostics, Span
 from parc.dsl.spec import DataKind
@@ -200,8 +200,8 @@ def assert_inert(spec, files: dict[str, bytes]) -> ast.Module:
             if hostile:
                 assert node.value in allowed_text, f"hostile text in an unexpected literal: {node.value!r}"
     if path is not None:
-        # The docstring shows the path's repr and reads back unchanged (no escape lost).
-        assert f"(default {path!r})" in docstring
+        # The path is in DATA_PATH alone (checked above); the docstring names the constant.
+        assert "(default DATA_PATH, from this file's folder)" in docstring and path not in docstring
     # launch.sh runs exactly the plain build's commands.
     assert command_lines(files["launch.sh"].decode()) == LAUNCH[kind]
     return tree
@@ -508,7 +508,7 @@ def _run(tmp_path, text, file, overrides, *, make_tokens=True):
     cwd.mkdir()
     path = spec.train.data.path
     if path is not None and make_tokens:
-        target = cwd / path
+        target = out / path  # DATA_PATH is from train.py's folder (the cwd does not matter)
         target.parent.mkdir(parents=True, exist_ok=True)
         (np.arange(4096) % spec.model.vocab).astype(np.uint16).tofile(target)
     done = subprocess.run(
@@ -544,6 +544,6 @@ def test_build_to_writes_a_hostile_folder_inert(tmp_path):
     spec_file.write_text(with_data(f'tokens("{PAR_PATHS[1]}")'))
     out = build_to(spec_file, tmp_path / "build", ONE_RANK)
     files = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    spec = load(spec_file.read_text(), str(spec_file))
+    spec = seen_from(load(spec_file.read_text(), str(spec_file)), out)  # the path from the build folder
     assert_inert(spec, files)
     assert files["train.py"] == generate(spec)["train.py"]

@@ -64,6 +64,52 @@ def test_check_set(capsys) -> None:
     assert (status, out) == (0, f"{TINY}: ok\n")
 
 
+def test_check_warns_of_a_token_file_made_for_a_larger_vocab(capsys, tmp_path) -> None:
+    # `parc data prepare` records min_vocab = 257 (ids 0..255 and the separator 256)
+    # in train.json beside train.bin; a model of vocab 200 would stop at its first step.
+    (tmp_path / "a.txt").write_text("hello")
+    assert main(["data", "prepare", str(tmp_path / "a.txt"), "-o", str(tmp_path / "data" / "train.bin")]) == 0
+    capsys.readouterr()
+    spec = tmp_path / "tiny.par"
+    text = TINY.read_text().replace("vocab = 512", "vocab = 200")
+    spec.write_text(text.replace("data = synthetic", 'data = tokens("data/train.bin")'))
+    status, out, err = run(capsys, "check", str(spec))
+    assert (status, out) == (0, f"{spec}: ok\n")  # a warning: the command goes on
+    assert err == (
+        f"{spec}:34:10: warning[PAR0218]: data/train.bin holds token ids up to 256 "
+        f"({tmp_path}/data/train.json says min_vocab = 257), but the model's vocab is 200: "
+        "the trainer would stop at its first step\n"
+        '  34 |   data = tokens("data/train.bin")\n'
+        "     |          ^^^^^^^^^^^^^^^^^^^^^^^^\n"
+        "  hint: set model.vocab to at least 257\n"
+        "\n"
+        "1 warning\n"
+    )
+    status, out, err = run(capsys, "check", str(spec), "--set", "model.vocab=257")
+    assert (status, out, err) == (0, f"{spec}: ok\n", "")
+
+
+def test_check_warns_of_a_missing_token_file_relative_to_the_spec(capsys, tmp_path) -> None:
+    status, out, err = run(capsys, "check", str(TINY), "--set", 'train.data=tokens("nope.bin")')
+    assert (status, out) == (0, f"{TINY}: ok\n")
+    assert err.startswith(f"--set 1:1:12: warning[PAR0219]: no token file at {TINY.parent}/nope.bin\n")
+    assert err.endswith("\n1 warning\n")
+
+
+def test_a_set_micro_batch_that_breaks_the_batch_is_shown_at_the_set(capsys) -> None:
+    status, out, err = run(capsys, "check", str(TINY), "--set", "train.micro_batch=3")
+    assert (status, out) == (1, "")
+    assert err == (
+        "--set 1:1:19: error[PAR0208]: global_batch = 16 is not divisible by micro_batch·dp = 3·2 = 6\n"
+        "  1 | train.micro_batch=3\n"
+        "    |                   ^\n"
+        "  hint: global_batch = micro_batch · grad_accum · dp: try global_batch = 12 or 18, "
+        "or micro_batch = 1, 2, 4, 8\n"
+        "\n"
+        "1 error\n"
+    )
+
+
 def test_check_missing_file_exits_2(capsys, tmp_path) -> None:
     missing = tmp_path / "nope.par"
     status, out, err = run(capsys, "check", str(missing), str(TINY))
@@ -96,6 +142,9 @@ def test_fmt_check_and_diff(capsys, tmp_path) -> None:
         "+  nodes = 1\n+  devices_per_node = 4  # four\n }\n"
     )
     assert spec.read_text() == MESSY  # --check and --diff write nothing
+    status, out, err = run(capsys, "fmt", "--stdout", str(spec))
+    assert (status, out, err) == (0, "mesh {\n  nodes = 1\n  devices_per_node = 4  # four\n}\n", "")
+    assert spec.read_text() == MESSY  # nor does --stdout
     status, out, err = run(capsys, "fmt", str(spec))
     assert (status, err) == (0, f"reformatted {spec}\n")
     assert spec.read_text() == "mesh {\n  nodes = 1\n  devices_per_node = 4  # four\n}\n"

@@ -189,3 +189,17 @@ def test_a_json_bom_is_a_blank() -> None:
 def test_a_set_argument_with_a_cr_is_not_block_key_value() -> None:
     out = rendered(TINY, "tiny.par", ["train.steps=2\r0"])
     assert "--set 1:1:1: error[PAR0017]" in out and "\r" not in out
+
+
+def test_the_count_line_tells_errors_from_warnings() -> None:
+    from parc.dsl.diagnostics import ParcError, Severity, SourceMap
+
+    span = Span.on_line("t.par", 1, 1, 2)
+    error = ParcError(span=span, code="PAR0201", message="e")
+    warning = ParcError(span=span, code="PAR0218", message="w", severity=Severity.WARNING)
+    sources = SourceMap()
+    assert render_all([warning], sources) == "t.par:1:1: warning[PAR0218]: w\n\n1 warning\n"
+    assert render_all([error, warning, warning], sources).endswith("\n1 error, 2 warnings\n")
+    assert render_all([error, warning], sources, limit=1).endswith(
+        "… and 1 more diagnostic not shown (parc prints the first 1)\n1 error, 1 warning\n"
+    )

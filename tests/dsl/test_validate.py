@@ -196,6 +196,45 @@ def test_json_spec_gives_the_same_spec() -> None:
     assert overridden.parallel.dp == 4
 
 
+ROUND_TRIP = [
+    (),
+    ("parallel=auto",),
+    ("parallel.tp=auto", "train.micro_batch=auto"),
+    ("parallel.dp=1", "parallel.pp=2", "parallel.schedule=interleaved(chunks = 2)"),
+    ("parallel.recompute=[full, none, selective, none]", "parallel.overlap=[sub_batch(2), none, none, none]"),
+    ("parallel.dp=1", "parallel.pp=2", "parallel.stage_layers=[1, 3]"),
+    ('train.data=tokens("d/x.bin", dtype = uint32)', 'train.checkpoint=every(5, dir = "ck")'),
+    ("train.schedule=constant(warmup = 3)", "mesh.device_memory=8 GB", 'mesh.profile="p.json"'),
+]
+
+
+@pytest.mark.parametrize("example", sorted(p.stem for p in (ROOT / "examples").glob("*.par")))
+def test_emit_spec_is_the_json_spec_format(example, tmp_path, capsys) -> None:
+    """`parc build --emit spec` prints a .json spec that `parc check` reads as the same Spec."""
+    from parc.codegen.cli import main
+
+    path = ROOT / "examples" / f"{example}.par"
+    for sets in ROUND_TRIP if example == "tiny" else [()]:
+        overrides = [arg for s in sets for arg in ("--set", s)]
+        assert main(["build", str(path), "--emit", "spec", *overrides]) == 0
+        emitted = tmp_path / f"{example}.json"
+        emitted.write_text(capsys.readouterr().out)
+        assert main(["check", str(emitted)]) == 0, (sets, capsys.readouterr().err)
+        capsys.readouterr()
+        again = spec_to_dict(load(str(emitted))) | {"source": ""}
+        assert again == spec_to_dict(load(str(path), list(sets))) | {"source": ""}, sets
+
+
+def test_a_call_without_kind_hints_its_own_functions(tmp_path) -> None:
+    doc = normalize_document(parse(tiny(), "tiny.par")).doc
+    doc["train"]["optimizer"] = {"lr": 0.001}
+    with pytest.raises(Diagnostics) as caught:
+        load_text(json.dumps(doc, indent=2), "tiny.json")
+    (error,) = caught.value.errors
+    assert (error.message, error.hint) == (
+        '`train.optimizer` needs "kind"', 'e.g. {"kind": "adamw"}; kind is one of adamw')
+
+
 def test_spec_to_dict_is_json() -> None:
     for path in sorted((ROOT / "examples").glob("*.par")):
         view = spec_to_dict(load(str(path)))
@@ -218,3 +257,19 @@ def test_docs_describe_every_key() -> None:
         section = docs.split(f"### `{block.name}")[1].split("\n### ")[0]
         for key in block.keys:
             assert f"| `{key.name}` |" in section, f"docs/language.md lacks {block.name}.{key.name}"
+
+
+@pytest.mark.parametrize(
+    "device, hint",
+    [
+        ("h100", "did you mean `h100-80gb`?"),  # by meaning, not h200 by spelling
+        ("h200-141gb", "did you mean `h200`?"),
+        ("3090", "did you mean `rtx3090`?"),
+        ("a100", "expected one of"),  # 40 or 80 GB: no one guess
+    ],
+)
+def test_an_unknown_device_is_suggested_by_meaning(device, hint) -> None:
+    with pytest.raises(Diagnostics) as caught:
+        load(str(TINY), [f"mesh.device={device}"])
+    (error,) = caught.value.errors
+    assert error.code == "PAR0108" and error.hint.startswith(hint), error.hint

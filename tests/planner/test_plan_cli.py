@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from parc.codegen.cli import main
 
 HERE = Path(__file__).parent
@@ -65,3 +67,11 @@ def test_a_file_that_is_not_a_profile_is_quoted_at_its_spec_line(capsys, tmp_pat
     assert main(["build", str(spec), "-o", str(tmp_path / "out"), "--set", "parallel=auto"]) == 1
     assert capsys.readouterr().err.startswith(f"{spec}:{line}:13: error[PAR0804]")
     assert not (tmp_path / "out").exists()
+
+
+def test_help_says_megatron_accounting_changes_the_time_model_too(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "which training program the figures describe, memory and time both" in text
+    assert "a different time model too: attention without flash" in text

@@ -13,7 +13,8 @@ Run (4 processes):
     torchrun --standalone --nproc-per-node 4 train.py
 
 Flags:
-    --steps N              optimizer steps to run (default 20)
+    --steps N              optimizer steps to run (default 20); the LR schedule
+                           keeps its length, STEPS: steps past it run at the minimum LR
     --seed S               seed of the initialization and the data (default 1234)
     --metrics-jsonl PATH   rank 0 appends one JSON object per step
     --checkpoint-dir DIR   save sharded checkpoints into DIR (default none)
@@ -104,7 +105,13 @@ TP_PLAN = {
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train gpt_tiny (dp 2 × tp 2).")
-    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=STEPS,
+        help="optimizer steps to run (default %(default)s); the LR schedule keeps the "
+        "spec's length, STEPS: steps past it run at the minimum LR",
+    )
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--metrics-jsonl", default=None, metavar="PATH")
     parser.add_argument("--checkpoint-dir", default=CHECKPOINT_DIR, metavar="DIR")
@@ -223,7 +230,9 @@ def main() -> None:
                 inputs, targets = dataset.batch(indices)  # (B, T) token ids each
                 loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM
                 loss.backward()
-                loss_sum += loss.item()
+                # summed on the device: one wait for it a step (below), not one a micro-batch
+                loss_sum += loss.detach()
+            loss_sum = loss_sum.item()
         held_grads = memory.grad_bytes(net, optimizer)  # when backward ends
         grad_sync.finish()  # wait the buckets: mean gradient over the dp ranks
         grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group=tp_group)

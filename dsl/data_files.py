@@ -1,0 +1,59 @@
+"""What the spec's token file says about itself: the warnings of ``parc check``.
+
+Takes: a checked ``Spec``. Gives: ``warnings(spec)``, a list of ``ParcError`` of
+severity warning (Note [warnings] in ``dsl/diagnostics.py``), each at the spec's
+``train.data``:
+
+- PAR0218: the token file's record (``parc data prepare -o X.bin`` writes ``X.json``
+  beside it) says it needs ``min_vocab`` ids, more than ``model.vocab``: the trainer
+  would stop at its first step, its embedding having no row for them;
+- PAR0219: there is no token file at the path (it may be made before the run).
+
+Warnings, not errors: the file is not the spec, and may change before the run; the
+trainer checks every id against ``VOCAB`` at startup in any case (``runtime/data.py``).
+A record that cannot be read or lacks ``min_vocab`` says nothing. Paths in a spec are
+relative to the spec's folder (``Spec.resolve``). Before: ``validate``. After: the
+command prints them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from parc.runtime.paths import UnreadableFile, read_json
+
+from .diagnostics import ParcError, Severity, Span
+from .spec import DataKind, Spec
+
+
+def warnings(spec: Spec) -> list[ParcError]:
+    data = spec.train.data
+    span = spec.span("train.data")
+    if data.kind != DataKind.TOKENS or data.path is None or span is None:
+        return []
+    path = spec.resolve(data.path)
+    if not os.path.exists(path):
+        return [_warning(span, "PAR0219", f"no token file at {path}",
+                         "paths in a spec are relative to the spec's folder; make the file before "
+                         "the run (parc data prepare) or fix the path")]
+    record = os.path.splitext(path)[0] + ".json"
+    if record == path or not os.path.isfile(record):
+        return []
+    try:
+        min_vocab = read_json(record).get("min_vocab")
+    except (UnreadableFile, AttributeError):
+        return []
+    vocab = spec.model.vocab
+    if not isinstance(min_vocab, int) or isinstance(min_vocab, bool) or min_vocab <= vocab:
+        return []
+    return [_warning(
+        span,
+        "PAR0218",
+        f"{data.path} holds token ids up to {min_vocab - 1} ({record} says min_vocab = {min_vocab}), "
+        f"but the model's vocab is {vocab}: the trainer would stop at its first step",
+        f"set model.vocab to at least {min_vocab}",
+    )]
+
+
+def _warning(span: Span, code: str, message: str, hint: str) -> ParcError:
+    return ParcError(span=span, code=code, message=message, hint=hint, severity=Severity.WARNING)
