@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from parc.runtime.layer_settings import setting
+from parc.runtime.layer_settings import SETTINGS, setting
 
 from .normalize import Normalized, dotted
 from .presets import PRESETS
@@ -210,9 +210,6 @@ def spec_document(spec: Spec) -> dict:
     def auto(value):
         return "auto" if value is None else value
 
-    def overlap(sub_batches):
-        return {"kind": "none"} if sub_batches == 1 else {"kind": "sub_batch", "sub_batches": sub_batches}
-
     schedule = parallel.schedule
     parallel_doc = {
         "dp": auto(parallel.dp),
@@ -222,8 +219,7 @@ def spec_document(spec: Spec) -> dict:
         "zero": auto(parallel.zero),
         "schedule": "auto" if schedule is None else {"kind": schedule.value}
         | ({"chunks": parallel.chunks} if schedule is PipelineSchedule.INTERLEAVED else {}),
-        "recompute": _per_layer_doc(parallel.recompute, lambda mode: mode.value),
-        "overlap": _per_layer_doc(parallel.overlap_sub_batches, overlap),
+        **{entry.name: _per_layer_doc(parallel.setting(entry.name), entry.write) for entry in SETTINGS},
     }
     if parallel.stage_layers is not None:
         parallel_doc["stage_layers"] = list(parallel.stage_layers)

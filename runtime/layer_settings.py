@@ -35,6 +35,8 @@ class LayerSetting:
     """Every value the search proposes, simplest first (None: ``options`` decides)."""
     read: Callable[[object], object]
     """One entry of the checked document (a word or a call's dict) → its plain value."""
+    write: Callable[[object], object]
+    """The inverse of ``read``: a plain value → its entry in a JSON spec."""
     word: Callable[[object], str]
     """A plain value → the spec's words for it."""
     constant: str
@@ -85,7 +87,7 @@ def _recompute_comment(values: tuple, facts: Mapping) -> tuple[str, ...]:
 
 RECOMPUTE = LayerSetting(
     name="recompute", key="parallel.recompute", off="none", order=("none", "selective", "full"),
-    read=lambda entry: entry, word=str, constant="RECOMPUTE", argument="recompute",
+    read=lambda entry: entry, write=lambda mode: mode, word=str, constant="RECOMPUTE", argument="recompute",
     comment=_recompute_comment, tie="less recompute", short="rc",
     reasons={
         "compute": "less recompute: fewer forward passes re-run in backward",
@@ -100,6 +102,10 @@ RECOMPUTE = LayerSetting(
 def _parts(entry) -> int | None:
     """``sub_batch(k)`` → k; ``none`` → 1 (None: not a checked call)."""
     return entry.get("sub_batches", 1) if isinstance(entry, dict) else None
+
+
+def _overlap_call(parts: int) -> dict:
+    return {"kind": "sub_batch", "sub_batches": parts} if parts > 1 else {"kind": "none"}
 
 
 def _overlap_word(parts: int) -> str:
@@ -122,7 +128,7 @@ def _overlap_options(values: Mapping) -> list[int]:
 
 
 OVERLAP = LayerSetting(
-    name="overlap", key="parallel.overlap", off=1, order=(), read=_parts, word=_overlap_word,
+    name="overlap", key="parallel.overlap", off=1, order=(), read=_parts, write=_overlap_call, word=_overlap_word,
     constant="OVERLAP_SUB_BATCHES", argument="sub_batches", comment=_overlap_comment, module="overlap",
     options=_overlap_options, tie="fewer sub-batches", short="overlap", self_naming=True,
     reasons={

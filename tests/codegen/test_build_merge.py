@@ -228,15 +228,15 @@ def test_a_manifest_without_bases_conflicts_with_a_clear_message(out, capsys):
     assert status == 3 and err.startswith(
         f"parc build: {out}/train.py differs from the new generation and cannot be merged: "
         f"the folder was built by a parc that kept no base texts in .parc/\n{out}/train.py:{DOC_STEPS}: (new generation: line {DOC_STEPS})\n"
-        "<<<<<<< yours\n    --steps N              optimizer steps to run (default 20)\n=======\n"
-        "    --steps N              optimizer steps to run (default 7)\n>>>>>>> new generation\n")
+        "<<<<<<< yours\n    --steps N              optimizer steps to run (default 20); the LR schedule\n=======\n"
+        "    --steps N              optimizer steps to run (default 7); the LR schedule\n>>>>>>> new generation\n")
     assert "hint: edit your files so they merge, or run" in err and "--accept (yours kept as it is)" in err
     assert train.read_text() == mine
     # Without a base every difference is a conflict: two-way markers, resolved by taking the new lines.
     assert main(build("--set", "train.steps=7", "--write-conflicts", out=out)) == 3
     text = train.read_text()
     assert "<<<<<<< yours\n" + MAIN + "=======\n" not in text and "|||||||" not in text
-    resolved = text.replace("<<<<<<< yours\n    --steps N              optimizer steps to run (default 20)\n=======\n", "")
+    resolved = text.replace("<<<<<<< yours\n    --steps N              optimizer steps to run (default 20); the LR schedule\n=======\n", "")
     resolved = resolved.replace("<<<<<<< yours\nSTEPS = 20  # tiny.par:29\n=======\n", "")
     resolved = resolved.replace("<<<<<<< yours\n" + NOTE + "=======\n>>>>>>> new generation\n", NOTE)
     train.write_text(resolved.replace(">>>>>>> new generation\n", ""))
