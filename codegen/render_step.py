@@ -115,6 +115,12 @@ def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> l
         lines = ["loss_sum = 0.0", "for micro in range(GRAD_ACCUM):"]
         body = _sample_lines(dp_rank_arg)
         body.append("inputs, targets = dataset.batch(indices)  # (B, T) token ids each")
+        if plan.mesh.size("cp") > 1:
+            body += [
+                "inputs, targets = data.context_chunk(",
+                '    inputs, targets, cp_rank=grid.index("cp"), cp_size=CP',
+                ")  # (B, T/cp): this rank's tokens of each sequence",
+            ]
         body += forward_lines
         body += ["loss.backward()", "loss_sum += loss.item()"]
         lines += ["    " + line for line in body]

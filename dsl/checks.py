@@ -26,6 +26,8 @@ from .normalize import Normalized
 _DEFAULTS = {
     ("model", "pad_vocab_to"): 128,
     ("parallel", "sp"): False,
+    ("parallel", "cp"): 1,
+    ("parallel", "cp_kind"): "ring",
     ("parallel", "schedule"): {"kind": "1f1b"},
     ("parallel", "overlap"): {"kind": "none"},
 }

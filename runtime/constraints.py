@@ -54,6 +54,8 @@ KEYS = {
     "dp": "parallel.dp",
     "tp": "parallel.tp",
     "pp": "parallel.pp",
+    "cp": "parallel.cp",
+    "cp_kind": "parallel.cp_kind",
     "sp": "parallel.sp",
     "zero": "parallel.zero",
     "schedule": "parallel.schedule",
@@ -237,9 +239,9 @@ _WORDS = {"padded_vocab": "the padded vocab"}
 
 
 @rule("PAR0201")
-def world(nodes, devices_per_node, dp, tp, pp):
+def world(nodes, devices_per_node, dp, tp, pp, cp=None):
     axes = [a for a in AXES if a.in_world]
-    degrees = {"dp": dp, "tp": tp, "pp": pp}
+    degrees = {"dp": dp, "cp": cp or 1, "tp": tp, "pp": pp}
     product = math.prod(degrees[a.name] for a in axes)
     ranks = nodes * devices_per_node
     if product == ranks:
@@ -327,6 +329,46 @@ def tp_within_node(nodes, devices_per_node, tp):
         f"(nodes = {nodes})",
         f"keep each tp group on one node: tp must be one of {some(divisors(devices_per_node), tp)}",
     )
+
+
+# ---- context parallel -----------------------------------------------------------------
+
+
+@rule("PAR0218")
+def cp_divides_seq_len(cp, seq_len, sp=None, tp=None):
+    """Each cp rank holds seq_len / cp tokens; under sp its tp ranks split those again."""
+    if cp == 1:
+        return None
+    both = sp is True and tp is not None and tp > 1
+    parts = cp * tp if both else cp
+    if seq_len % parts == 0:
+        return None
+    formula = f"cp·tp = {cp}·{tp} = {parts}" if both else f"cp = {cp}"
+    why = " (sp = true splits each cp rank's tokens over tp)" if both else ""
+    return _violation("PAR0218", ("parallel.cp", "model.seq_len"),
+                      f"seq_len = {seq_len} is not divisible by {formula}{why}",
+                      f"make seq_len a multiple of {parts}, or cp one of "
+                      f"{some([d for d in divisors(seq_len) if not both or (seq_len // d) % tp == 0], cp)}")
+
+
+@rule("PAR0219")
+def ulysses_heads(cp, cp_kind, heads, tp, kv_heads=None):
+    """Ulysses trades the sequence shard for a head shard: every rank takes heads / (cp·tp)."""
+    if cp == 1 or cp_kind != "ulysses":
+        return None
+    parts = cp * tp
+    failing = [(n, v) for n, v in (("heads", heads), ("kv_heads", kv_heads)) if v is not None and v % parts]
+    if not failing:
+        return None
+    words = _and([f"{n} = {v}" for n, v in failing])
+    common = math.gcd(heads, kv_heads) if kv_heads is not None else heads
+    fits = [d for d in divisors(common) if d % tp == 0 and d // tp > 1]
+    hint = "use cp_kind = allgather (it needs no head split)"
+    if fits:
+        hint = f"cp must be one of {some([d // tp for d in fits], cp)} with tp = {tp}, or {hint}"
+    return _violation("PAR0219", ("parallel.cp_kind", "parallel.cp"),
+                      f"cp_kind = ulysses needs heads and kv_heads divisible by cp·tp = {cp}·{tp} = {parts}, "
+                      f"but {words} {'is' if len(failing) == 1 else 'are'} not", hint)
 
 
 # ---- the pipeline -------------------------------------------------------------------
@@ -550,3 +592,24 @@ def _unbuildable(entry: Unbuildable) -> Callable:
 
 for _entry in UNBUILDABLE:
     rule("PAR0802", BUILD, name=f"build_{_entry.name}")(_unbuildable(_entry))
+
+
+@rule("PAR0802", BUILD)
+def build_cp_kind(cp, cp_kind):
+    """Ring attention (the key's default kind) is a later slice of context parallelism."""
+    if cp == 1 or cp_kind != "ring":
+        return None
+    return _violation("PAR0802", ("parallel.cp_kind", "parallel.cp"),
+                      "ring attention (cp_kind = ring, the default) is not supported yet by parc build",
+                      "write cp_kind = ulysses or cp_kind = allgather in the parallel block; "
+                      "a later version of parc generates ring")
+
+
+@rule("PAR0802", BUILD)
+def build_cp_pipeline(cp, pp):
+    """Pipeline stages with context parallel: the stage hand-off is not built for cp yet."""
+    if cp == 1 or pp == 1:
+        return None
+    return _violation("PAR0802", ("parallel.cp", "parallel.pp"),
+                      f"context parallel with a pipeline (cp = {cp}, pp = {pp}) is not supported yet by parc build",
+                      "use pp = 1 with cp > 1, or cp = 1; a later version of parc generates both")

@@ -19,7 +19,7 @@ from dataclasses import replace
 from parc.dsl.spec import Spec
 from parc.runtime.axes import NAMES
 
-from ..plan import MeshAxis, MeshPlan
+from ..plan import MeshAxis, MeshPlan, Setting
 from .draft import Draft
 
 
@@ -36,5 +36,6 @@ def run(spec: Spec, draft: Draft) -> Draft:
         nodes_span=spec.span("mesh.nodes"),
         devices_span=spec.span("mesh.devices_per_node"),
         device_span=spec.span("mesh.device"),
+        cp_kind=Setting(name="CP_KIND", value=spec.parallel.cp_kind, span=spec.span("parallel.cp_kind")),
     )
     return replace(draft, mesh=plan)

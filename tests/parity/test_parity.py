@@ -58,6 +58,12 @@ LAYOUTS = {
         parallel__recompute="[none, full, full, none]",
     ),
     "pp2-recompute-per-layer": dict(pp=2, model__layers=4, parallel__recompute="[full, selective, none, full]"),
+    # context parallel (runtime/context.py): each rank holds T/cp tokens of every sequence
+    "cp2-ulysses": dict(cp=2, parallel__cp_kind="ulysses"),
+    "cp2-allgather": dict(cp=2, parallel__cp_kind="allgather"),
+    "cp2-tp2-ulysses": dict(cp=2, tp=2, parallel__cp_kind="ulysses"),
+    "dp2-cp2-allgather": dict(dp=2, cp=2, parallel__cp_kind="allgather"),
+    "cp2-zero1": dict(dp=2, cp=2, parallel__cp_kind="ulysses", parallel__zero=1),
 }
 ARCHS = ("gpt", "llama")
 
@@ -95,7 +101,7 @@ def assert_close(actual: float, expected: float, what: str) -> None:
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layout_matches_single_rank(arch, layout, reference, tmp_path):
     degrees = LAYOUTS[layout]
-    nproc = degrees.get("dp", 1) * degrees.get("tp", 1) * degrees.get("pp", 1)
+    nproc = degrees.get("dp", 1) * degrees.get("cp", 1) * degrees.get("tp", 1) * degrees.get("pp", 1)
     runs = build_and_run(f"{arch}.par", tmp_path, nproc=nproc, overrides=layout_overrides(**degrees))
     expected = reference(arch, model_overrides(degrees))
     assert [r["step"] for r in runs] == [r["step"] for r in expected] == list(range(1, STEPS + 1))
