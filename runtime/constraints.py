@@ -239,9 +239,9 @@ _WORDS = {"padded_vocab": "the padded vocab"}
 
 
 @rule("PAR0201")
-def world(nodes, devices_per_node, dp, tp, pp, cp=None):
+def world(nodes, devices_per_node, dp, cp, tp, pp):
     axes = [a for a in AXES if a.in_world]
-    degrees = {"dp": dp, "cp": cp or 1, "tp": tp, "pp": pp}
+    degrees = {"dp": dp, "cp": cp, "tp": tp, "pp": pp}
     product = math.prod(degrees[a.name] for a in axes)
     ranks = nodes * devices_per_node
     if product == ranks:
@@ -603,6 +603,18 @@ def build_cp_kind(cp, cp_kind):
                       "ring attention (cp_kind = ring, the default) is not supported yet by parc build",
                       "write cp_kind = ulysses or cp_kind = allgather in the parallel block; "
                       "a later version of parc generates ring")
+
+
+@rule("PAR0802", BUILD)
+def build_cp_planner(cp, dp=None, tp=None, pp=None, micro_batch=None):
+    """The planner neither searches cp nor costs it yet: with cp > 1 the layout is the spec's."""
+    auto = [name for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("micro_batch", micro_batch)) if value is None]
+    if cp == 1 or not auto:
+        return None
+    return _violation("PAR0802", ("parallel.cp",),
+                      f"the planner does not search or cost context parallelism yet: with cp = {cp}, "
+                      f"{_and(auto)} cannot be auto",
+                      f"give {_and(auto)} with cp > 1, or set cp = 1 and let the planner choose")
 
 
 @rule("PAR0802", BUILD)

@@ -51,6 +51,7 @@ def layouts(values: Mapping[str, object]) -> Iterator[dict]:
     world = values["nodes"] * values["devices_per_node"]
     fixed_schedule = None if values.get("schedule") is None else [(values["schedule"], values["chunks"])]
     cp = values.get("cp") or 1  # not searched: the spec's (Note [the search space])
+    values = {**values, "cp": cp}
     for tp in _allowed(values.get("tp"), divisors(world)):
         with_tp = {**values, "tp": tp}
         if not legal(with_tp, touching=("tp",)):

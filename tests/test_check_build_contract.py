@@ -48,6 +48,8 @@ SWEEP = {
     "parallel.dp": ["1", "2", "3", "4"],
     "parallel.tp": ["1", "2", "3", "4", "8"],
     "parallel.pp": ["1", "2", "3", "4"],
+    "parallel.cp": ["1", "2", "3", "4"],
+    "parallel.cp_kind": ["ring", "ulysses", "allgather"],
     "parallel.stage_layers": ["[1, 3]", "[2, 2]", "[4]"],
     "train.global_batch": ["8", "12", "16", "17", "32"],
     "train.micro_batch": ["1", "2", "3", "4", "8"],
