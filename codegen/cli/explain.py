@@ -86,7 +86,7 @@ def explain(spec: Spec) -> Explanation:
         if missing == ["train.micro_batch"]:
             example = f"--set train.micro_batch=1 (micro_batch·dp must divide global_batch = {train.global_batch})"
         else:
-            example = f"--set parallel.pp=2 (dp·tp·pp must equal nodes·devices_per_node = {world})"
+            example = f"--set parallel.pp=2 (dp·cp·tp·pp must equal nodes·devices_per_node = {world})"
         fail([error(spec, missing[0], AUTO,
                     f"parc explain needs the layout given, but {names} {'is' if len(missing) == 1 else 'are'} auto",
                     f"set {'it' if len(missing) == 1 else 'them'} on the command line, e.g. {example}")])
