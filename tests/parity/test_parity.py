@@ -64,6 +64,8 @@ LAYOUTS = {
     "cp2-tp2-ulysses": dict(cp=2, tp=2, parallel__cp_kind="ulysses"),
     "dp2-cp2-allgather": dict(dp=2, cp=2, parallel__cp_kind="allgather"),
     "cp2-zero1": dict(dp=2, cp=2, parallel__cp_kind="ulysses", parallel__zero=1),
+    # sequence parallel inside a cp rank: positions offset by the cp chunk and the tp shard
+    "cp2-tp2-sp-allgather": dict(cp=2, tp=2, sp=True, parallel__cp_kind="allgather"),
 }
 ARCHS = ("gpt", "llama")
 
