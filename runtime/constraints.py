@@ -615,13 +615,3 @@ def build_cp_planner(cp, dp=None, tp=None, pp=None, micro_batch=None):
                       f"the planner does not search or cost context parallelism yet: with cp = {cp}, "
                       f"{_and(auto)} cannot be auto",
                       f"give {_and(auto)} with cp > 1, or set cp = 1 and let the planner choose")
-
-
-@rule("PAR0802", BUILD)
-def build_cp_pipeline(cp, pp):
-    """Pipeline stages with context parallel: the stage hand-off is not built for cp yet."""
-    if cp == 1 or pp == 1:
-        return None
-    return _violation("PAR0802", ("parallel.cp", "parallel.pp"),
-                      f"context parallel with a pipeline (cp = {cp}, pp = {pp}) is not supported yet by parc build",
-                      "use pp = 1 with cp > 1, or cp = 1; a later version of parc generates both")

@@ -66,6 +66,8 @@ LAYOUTS = {
     "cp2-zero1": dict(dp=2, cp=2, parallel__cp_kind="ulysses", parallel__zero=1),
     # sequence parallel inside a cp rank: positions offset by the cp chunk and the tp shard
     "cp2-tp2-sp-allgather": dict(cp=2, tp=2, sp=True, parallel__cp_kind="allgather"),
+    # pipeline stages hand each other (micro_batch, T/cp, hidden)
+    "pp2-cp2-ulysses": dict(pp=2, cp=2, parallel__cp_kind="ulysses"),
 }
 ARCHS = ("gpt", "llama")
 
