@@ -9,7 +9,7 @@ differ from a rank only along some axes). The code generator (``parc.runtime.axe
 (``parc_runtime.mesh``) read the same table, so the plan says exactly which ranks
 the program groups together.
 
-Note [adding an axis]: a new parallel dimension (context parallel ``cp``, say) is one
+Note [adding an axis]: a new parallel dimension (context parallel ``cp`` was one) is one
 ``Axis`` entry here, at its place in the order, with the spec key that sets its
 degree (``parallel.cp``). The mesh, the ranks and groups of the plan, ``MESH_AXES``
 in ``train.py`` and ``plan.json`` follow from the table; what the axis *does* to the

@@ -20,8 +20,11 @@ joins the world product, what sizes its degree divides); a feature parc cannot b
 an ``Unbuildable`` entry; a per-layer setting an entry of ``layer_settings.SETTINGS``; anything
 else is one function decorated with ``@rule(code)`` whose parameters are names of
 ``KEYS`` (without a default: required, the rule is skipped while it is unknown; with
-``= None``: optional). Context parallel, say, is ``Axis("cp", ..., divides=("seq_len",))``
-in ``axes.AXES`` plus ``"cp": "parallel.cp"`` in ``KEYS`` (and its degree in ``world``).
+``= None``: optional). Context parallel is ``Axis("cp", ...)`` in ``axes.AXES``, ``"cp"``
+and ``"cp_kind"`` in ``KEYS``, its degree in ``world``, and two rules (``cp_divides_seq_len``,
+``ulysses_heads``: they read sp, tp and the kind, more than an axis's ``divides`` says) and
+two ``BUILD`` ones (``build_cp_kind``: ring; ``build_cp_planner``: cp with ``auto`` values)
+that read two values, so they are rules rather than ``Unbuildable`` entries.
 """
 
 from __future__ import annotations

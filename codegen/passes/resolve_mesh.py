@@ -1,10 +1,11 @@
 """Pass 3: the mesh axes, their order and sizes.
 
 Takes: a buildable ``Spec``. Gives: ``draft.mesh`` with the axes in mesh order —
-``pp`` outermost, then ``dp``, then ``tp`` innermost, so that the ranks of one tp
+``pp`` outermost, then ``dp``, ``cp``, and ``tp`` innermost, so that the ranks of one tp
 group are consecutive and share a node (tp talks on every layer; dp once a step).
 Axes of size 1 stay in the mesh, so later axes slot in without renumbering ranks.
-The layout fills the mesh exactly (dp · tp · pp = nodes · devices_per_node) and a tp
+``cp_kind`` travels with the mesh (``MeshPlan.cp_kind``). The layout fills the mesh
+exactly (dp · cp · tp · pp = nodes · devices_per_node) and a tp
 group stays on one node: ``check_buildable`` held the spec to those rules
 (``runtime/constraints.py``: ``world``, ``tp_within_node``).
 
