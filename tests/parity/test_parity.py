@@ -68,6 +68,8 @@ LAYOUTS = {
     "cp2-tp2-sp-allgather": dict(cp=2, tp=2, sp=True, parallel__cp_kind="allgather"),
     # pipeline stages hand each other (micro_batch, T/cp, hidden)
     "pp2-cp2-ulysses": dict(pp=2, cp=2, parallel__cp_kind="ulysses"),
+    # selective recompute reruns the K/V gather in backward
+    "cp2-allgather-recompute-selective": dict(cp=2, parallel__cp_kind="allgather", parallel__recompute="selective"),
     # Oases sub-batches split B: each sub-batch's attention does its own cp exchange
     "cp2-tp2-overlap2-allgather": dict(cp=2, tp=2, parallel__cp_kind="allgather", parallel__overlap="sub_batch(2)"),
 }
