@@ -83,6 +83,9 @@ class MeshPlan:
     nodes_span: Span | None
     devices_span: Span | None
     device_span: Span | None
+    cp_kind: Setting
+    """CP_KIND: how attention sees the whole sequence under cp > 1 (``ulysses``,
+    ``allgather``; runtime/context.py). train.py names it only when cp > 1."""
 
     @property
     def world_size(self) -> int:

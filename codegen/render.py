@@ -25,6 +25,10 @@ ZERO_WORDS = {
     1: "AdamW state sharded over dp",
     2: "AdamW state and gradients sharded over dp",
 }
+CP_KIND_WORDS = {
+    "ulysses": "all-to-all from sequence to head shards around attention",
+    "allgather": "K/V all-gathered over cp, queries stay local",
+}
 KERNELS_WORDS = {
     "compiled": "fused ops from parc_runtime/kernels (eager if they cannot be built)",
     "eager": "fused ops in plain PyTorch",
@@ -38,6 +42,12 @@ def docstring_text(text: str) -> str:
     line showing it could otherwise close the docstring and run what follows.
     """
     return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def zero_words(plan: Plan) -> str:
+    """What the ZeRO stage shards, over the ranks it shards over (dp; dp × cp under cp)."""
+    words = ZERO_WORDS[plan.train.zero.value]
+    return words + " × cp" if plan.mesh.size("cp") > 1 else words
 
 
 def header(plan: Plan) -> str:
@@ -68,14 +78,17 @@ def config_lines(plan: Plan) -> list[str]:
             constant("PREDICTED_TOKENS_PER_S", round(p.tokens_per_s, 1), "plan.json: predicted.tokens_per_s"),
         ]
     for axis in mesh.axes:
-        if axes.axis(axis.axis).always:
+        if axes.axis(axis.axis).always or (axis.axis == "cp" and axis.size > 1):
             lines.append(constant(axis.axis.upper(), axis.size, f"{cite(axis.span)}: {axes.axis(axis.axis).ranks}"))
+        if axis.axis == "cp" and axis.size > 1:
+            kind = mesh.cp_kind
+            lines.append(constant(kind.name, kind.value, f"{cite(kind.span)}: {CP_KIND_WORDS[kind.value]}"))
     if sp.enabled:
         lines.append(constant("SEQUENCE_PARALLEL", True, cite(sp.span) + ": norms run on T/tp"))
     lines += setting_lines(plan)
     zero = plan.train.zero
     if zero.value:
-        lines.append(constant("ZERO", zero.value, f"{cite(zero.span)}: {ZERO_WORDS[zero.value]}"))
+        lines.append(constant("ZERO", zero.value, f"{cite(zero.span)}: {zero_words(plan)}"))
     kernels = plan.train.kernels
     lines.append(constant("KERNELS", kernels.value, f"{cite(kernels.span)}: {KERNELS_WORDS[kernels.value]}"))
     lines += render_step.config_lines(plan)
@@ -147,13 +160,20 @@ def tp_plan_lines(plan: Plan) -> list[str]:
 
 def render_train(plan: Plan, env: jinja2.Environment) -> str:
     mesh, sp = plan.mesh, plan.sequence_parallel
-    dp_size, tp_size = mesh.size("dp"), mesh.size("tp")
+    dp_size, tp_size, cp_size = mesh.size("dp"), mesh.size("tp"), mesh.size("cp")
     world = mesh.world_size
     data = plan.train.data
     group_lines = []
     if tp_size > 1:
         group_lines.append('tp_group = grid.group("tp")  # ranks that share one copy of the model')
-    if dp_size > 1:
+    # Gradients and the loss are means over the ranks that saw different tokens: dp, and
+    # under context parallel dp × cp (each cp rank holds T/cp tokens of every sequence).
+    reducing = dp_size * cp_size > 1
+    reduce_group, over = ("dp_group", "dp") if cp_size == 1 else ("grad_group", "dp × cp")
+    if cp_size > 1:
+        group_lines.append('cp_group = grid.group("cp")  # ranks that split each sequence')
+        group_lines.append('grad_group = grid.group("dp", "cp")  # ranks that average gradients and the loss')
+    elif dp_size > 1:
         group_lines.append('dp_group = grid.group("dp")  # ranks that split the batch')
     group_lines += render_step.group_lines(plan)
     pipelined = render_step.has_pipeline(plan)
@@ -169,9 +189,9 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         )
     hyper = "lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, eps=EPS"
     if zero_stage:
-        dp_arg = "dp_group" if dp_size > 1 else "None"
+        dp_arg = reduce_group if reducing else "None"
         optimizer_lines = [
-            f"# {cite(plan.train.zero.span)}: ZeRO-{zero_stage}, {ZERO_WORDS[zero_stage]}: each dp rank",
+            f"# {cite(plan.train.zero.span)}: ZeRO-{zero_stage}, {zero_words(plan)}: each {over} rank",
             "# owns one slice of a flat fp32 parameter buffer and its Adam moments",
             f"optimizer = zero.ShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
             f"stage=ZERO, {hyper}{pp_arg}, accumulations=GRAD_ACCUM)",
@@ -182,7 +202,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             else "each bucket reduced as backward produced it, into our slice"
         )
         step_lines = [
-            f"# mean gradient over dp ({reduce_words}); the norm is global",
+            f"# mean gradient over {over} ({reduce_words}); the norm is global",
             "grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP)",
             "optimizer.step()  # AdamW on our slice, then all-gather the parameters over dp",
             "optimizer.zero_grad()",
@@ -194,17 +214,17 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             "optimizer.step()",
             "optimizer.zero_grad(set_to_none=True)",
         ]
-    if dp_size > 1 and not zero_stage:
+    if reducing and not zero_stage:
         # Note [gradient overlap] (runtime/dp.py): always on with dp > 1
         optimizer_extra += [
-            "# each bucket of gradients is all-reduced over dp as soon as backward has",
+            f"# each bucket of gradients is all-reduced over {over} as soon as backward has",
             "# produced it (on the last micro-batch), while backward goes on",
-            "grad_sync = dp.GradientBuckets(net, dp_group, overlap=True, accumulations=GRAD_ACCUM)",
+            f"grad_sync = dp.GradientBuckets(net, {reduce_group}, overlap=True, accumulations=GRAD_ACCUM)",
         ]
         # first: the lines below change grads, and finish() writes the dp means back
-        after_backward.insert(0, "grad_sync.finish()  # wait the buckets: mean gradient over the dp ranks")
-    if dp_size > 1:
-        loss_lines.append("step_loss = dp.all_reduce_mean(loss_sum, dp_group)  # global mean loss")
+        after_backward.insert(0, f"grad_sync.finish()  # wait the buckets: mean gradient over the {over} ranks")
+    if reducing:
+        loss_lines.append(f"step_loss = dp.all_reduce_mean(loss_sum, {reduce_group})  # global mean loss")
     else:
         loss_lines.append("step_loss = loss_sum")
     step_lines = render_checkpoint.guarded_step_lines(step_lines)
@@ -267,7 +287,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         model_comment_lines=model_comment_lines,
         model_extra_args=pipeline_args
         + [f"{entry.argument}={entry.constant}," for entry in plan.used_settings()]
-        + ["kernels=KERNELS,"],
+        + ["kernels=KERNELS,"]
+        + (["cp_group=cp_group,", "cp_kind=CP_KIND,"] if cp_size > 1 else []),
         pipeline_lines=render_step.executor_lines(plan),
         step_body_lines=render_checkpoint.step_start_lines() + [
             "comm.exposed_clock.reset()  # time blocked on collectives, this step",
@@ -305,7 +326,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
 def train_imports(plan: Plan) -> list[str]:
     """The runtime modules ``train.py`` imports (``from parc_runtime import ...``)."""
     imports = ["checkpoint", "comm", "data", "faults", "memory", "mesh", "metrics", "model", "optim"]
-    imports += ["dp"] if plan.mesh.size("dp") > 1 else []
+    imports += ["dp"] if plan.mesh.size("dp") * plan.mesh.size("cp") > 1 else []
     imports += ["pipeline", "schedule"] if render_step.has_pipeline(plan) else []
     imports += ["zero"] if plan.train.zero.value else []
     return imports
@@ -315,9 +336,10 @@ def runtime_modules(plan: Plan) -> set[str]:
     """The runtime modules the build's program needs before their own imports are
     followed (``build.runtime_files``): train.py's, and those the runtime imports only
     inside a function: a per-layer setting's ``LayerSetting.module`` when some block
-    uses it, ``checkpoint_dcp`` always (``checkpoint`` imports it to save or resume,
-    Note [DCP on demand])."""
+    uses it, ``context`` with cp > 1, ``checkpoint_dcp`` always (``checkpoint`` imports
+    it to save or resume, Note [DCP on demand])."""
     modules = set(train_imports(plan)) | {"checkpoint_dcp"}
+    modules |= {"context"} if plan.mesh.size("cp") > 1 else set()  # model.py imports it for cp > 1
     return modules | {entry.module for entry in plan.used_settings() if entry.module}
 
 

@@ -72,7 +72,10 @@ def model_lines(plan: Plan) -> tuple[str, list[str], list[str]]:
 def executor_lines(plan: Plan) -> list[str]:
     if not has_pipeline(plan):
         return []
-    tokens = "SEQ_LEN // TP" if plan.sequence_parallel.enabled else "SEQ_LEN"
+    # this rank's tokens of a sequence: T, over cp, and over tp under SP
+    tokens = "SEQ_LEN" + (" // CP" if plan.mesh.size("cp") > 1 else "") + (
+        " // TP" if plan.sequence_parallel.enabled else ""
+    )
     autocast = "torch.bfloat16" if plan.train.precision.value == "bf16" else "None"
     return [
         "",
@@ -115,6 +118,12 @@ def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> l
         lines = ["loss_sum = 0.0", "for micro in range(GRAD_ACCUM):"]
         body = _sample_lines(dp_rank_arg)
         body.append("inputs, targets = dataset.batch(indices)  # (B, T) token ids each")
+        if plan.mesh.size("cp") > 1:
+            body += [
+                "inputs, targets = data.context_chunk(",
+                '    inputs, targets, cp_rank=grid.index("cp"), cp_size=CP',
+                ")  # (B, T/cp): this rank's tokens of each sequence",
+            ]
         body += forward_lines
         body += [
             "loss.backward()",
@@ -128,7 +137,15 @@ def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> l
         lines.append("# inputs, the last the targets")
         lines.append("for micro in range(GRAD_ACCUM):")
         lines += ["    " + line for line in _sample_lines(dp_rank_arg)]
-        lines.append("    batches.append(dataset.batch(indices))  # (B, T) token ids each")
+        if plan.mesh.size("cp") > 1:
+            lines += [
+                "    inputs, targets = dataset.batch(indices)  # (B, T) token ids each",
+                "    batches.append(",
+                '        data.context_chunk(inputs, targets, cp_rank=grid.index("cp"), cp_size=CP)',
+                "    )  # (B, T/cp): this rank's tokens of each sequence",
+            ]
+        else:
+            lines.append("    batches.append(dataset.batch(indices))  # (B, T) token ids each")
         lines.append("# forward and backward of every micro-batch, in the schedule's order")
         lines.append("loss_sum = runner.step(batches)  # the last stage's mean loss, 0 elsewhere")
     # Note [counting saved activations] (memory.py): the hooks see what autograd keeps

@@ -28,7 +28,7 @@ def spec_values(spec: Spec) -> dict:
         "kv_heads": m.kv_heads if kv_written else None,  # the default (= heads) adds nothing to check
         "ffn": m.ffn, "vocab": m.vocab, "pad_vocab_to": m.pad_vocab_to, "seq_len": m.seq_len,
         "nodes": mesh.nodes, "devices_per_node": mesh.devices_per_node,
-        "dp": par.dp, "tp": par.tp, "pp": par.pp, "sp": par.sp, "zero": par.zero,
+        "dp": par.dp, "tp": par.tp, "pp": par.pp, "cp": par.cp, "cp_kind": par.cp_kind, "sp": par.sp, "zero": par.zero,
         "schedule": schedule.value if schedule is not None else None,
         "chunks": None if schedule is None else par.chunks if schedule is PipelineSchedule.INTERLEAVED else 1,
         **{entry.name: par.setting(entry.name) for entry in SETTINGS},  # Note [per-layer values]

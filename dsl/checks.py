@@ -2,7 +2,7 @@
 
 Takes: the normalized document (``dsl/normalize.py``) and the paths already found
 bad. Gives: a list of (path, ParcError), each message the formula with its values
-filled in ("world size: dp·tp·pp = 2·3·1 = 6 ..."). The rules themselves are those
+filled in ("world size: dp·cp·tp·pp = 2·1·3·1 = 6 ..."). The rules themselves are those
 of ``runtime/constraints.py``, which ``parc build`` and the search call too; this
 module hands them the document's plain values and places each violation at the spec
 text it blames. A value that is ``auto``, missing or invalid is unknown to the rules,
@@ -26,6 +26,8 @@ from .normalize import Normalized
 _DEFAULTS = {
     ("model", "pad_vocab_to"): 128,
     ("parallel", "sp"): False,
+    ("parallel", "cp"): 1,
+    ("parallel", "cp_kind"): "ring",
     ("parallel", "schedule"): {"kind": "1f1b"},
     ("parallel", "overlap"): {"kind": "none"},
 }

@@ -234,6 +234,19 @@ PARALLEL = BlockDef(
         _int("dp", "data-parallel degree", required=True, auto=True),
         _int("tp", "tensor-parallel degree", required=True, auto=True),
         _int("pp", "pipeline-parallel degree (stages)", required=True, auto=True),
+        _int(
+            "cp",
+            "context-parallel degree: ranks that split each sequence into contiguous chunks",
+            default="1",
+        ),
+        Param(
+            name="cp_kind",
+            type="enum",
+            choices=("ring", "ulysses", "allgather"),
+            default="ring",
+            doc="how attention sees the whole sequence under cp > 1: ring (not built yet), "
+            "ulysses (all-to-all to head shards) or allgather (gather K/V)",
+        ),
         Param(
             name="sp",
             type="bool",

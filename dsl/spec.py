@@ -124,6 +124,10 @@ class ParallelSpec:
     dp: int | None
     tp: int | None
     pp: int | None
+    cp: int = 1
+    """Context-parallel ranks: each holds seq_len / cp tokens of every sequence."""
+    cp_kind: str = "ring"
+    """How attention sees the whole sequence: ``ring``, ``ulysses`` or ``allgather``."""
     sp: bool | None = False
     zero: int | None = 0
     schedule: PipelineSchedule | None = PipelineSchedule.ONE_F_ONE_B

@@ -9,7 +9,7 @@ differ from a rank only along some axes). The code generator (``parc.runtime.axe
 (``parc_runtime.mesh``) read the same table, so the plan says exactly which ranks
 the program groups together.
 
-Note [adding an axis]: a new parallel dimension (context parallel ``cp``, say) is one
+Note [adding an axis]: a new parallel dimension (context parallel ``cp`` was one) is one
 ``Axis`` entry here, at its place in the order, with the spec key that sets its
 degree (``parallel.cp``). The mesh, the ranks and groups of the plan, ``MESH_AXES``
 in ``train.py`` and ``plan.json`` follow from the table; what the axis *does* to the
@@ -49,18 +49,20 @@ class Axis:
 AXES: tuple[Axis, ...] = (
     Axis("pp", "layers into pipeline stages (1: not used)", "pipeline stages", code="PAR0205"),
     Axis("dp", "the batch; gradients are averaged", "data-parallel ranks", always=True),
+    Axis("cp", "each sequence into contiguous chunks (context parallel)", "context-parallel ranks", code="PAR0220"),
     Axis(
         "tp", "each layer's weights (tensor parallel)", "tensor-parallel ranks", always=True,
         divides=("heads", "kv_heads", "ffn", "padded_vocab"),
     ),
 )
 """Mesh order, outermost first: tp innermost, so a tp group is consecutive ranks on one
-node (it talks on every layer); pp outermost, so stages are whole nodes when they can be."""
+node (it talks on every layer); cp next to it (attention talks over cp on every layer);
+pp outermost, so stages are whole nodes when they can be."""
 
 NAMES: tuple[str, ...] = tuple(axis.name for axis in AXES)
 
-WORLD_ORDER: tuple[str, ...] = ("dp", "tp", "pp")
-"""How messages write the world size (dp·tp·pp); the first is the degree a hint solves for."""
+WORLD_ORDER: tuple[str, ...] = ("dp", "cp", "tp", "pp")
+"""How messages write the world size (dp·cp·tp·pp); the first is the degree a hint solves for."""
 
 
 def axis(name: str) -> Axis:

@@ -20,8 +20,11 @@ joins the world product, what sizes its degree divides); a feature parc cannot b
 an ``Unbuildable`` entry; a per-layer setting an entry of ``layer_settings.SETTINGS``; anything
 else is one function decorated with ``@rule(code)`` whose parameters are names of
 ``KEYS`` (without a default: required, the rule is skipped while it is unknown; with
-``= None``: optional). Context parallel, say, is ``Axis("cp", ..., divides=("seq_len",))``
-in ``axes.AXES`` plus ``"cp": "parallel.cp"`` in ``KEYS`` (and its degree in ``world``).
+``= None``: optional). Context parallel is ``Axis("cp", ...)`` in ``axes.AXES``, ``"cp"``
+and ``"cp_kind"`` in ``KEYS``, its degree in ``world``, and two rules (``cp_divides_seq_len``,
+``ulysses_heads``: they read sp, tp and the kind, more than an axis's ``divides`` says) and
+two ``BUILD`` ones (``build_cp_kind``: ring; ``build_cp_planner``: cp with ``auto`` values)
+that read two values, so they are rules rather than ``Unbuildable`` entries.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ KEYS = {
     "dp": "parallel.dp",
     "tp": "parallel.tp",
     "pp": "parallel.pp",
+    "cp": "parallel.cp",
+    "cp_kind": "parallel.cp_kind",
     "sp": "parallel.sp",
     "zero": "parallel.zero",
     "schedule": "parallel.schedule",
@@ -247,9 +252,9 @@ _WORDS = {"padded_vocab": "the padded vocab"}
 
 
 @rule("PAR0201")
-def world(nodes, devices_per_node, dp, tp, pp):
+def world(nodes, devices_per_node, dp, cp, tp, pp):
     axes = [a for a in AXES if a.in_world]
-    degrees = {"dp": dp, "tp": tp, "pp": pp}
+    degrees = {"dp": dp, "cp": cp, "tp": tp, "pp": pp}
     product = math.prod(degrees[a.name] for a in axes)
     ranks = nodes * devices_per_node
     if product == ranks:
@@ -337,6 +342,46 @@ def tp_within_node(nodes, devices_per_node, tp):
         f"(nodes = {nodes})",
         f"keep each tp group on one node: tp must be one of {some(divisors(devices_per_node), tp)}",
     )
+
+
+# ---- context parallel -----------------------------------------------------------------
+
+
+@rule("PAR0220")
+def cp_divides_seq_len(cp, seq_len, sp=None, tp=None):
+    """Each cp rank holds seq_len / cp tokens; under sp its tp ranks split those again."""
+    if cp == 1:
+        return None
+    both = sp is True and tp is not None and tp > 1
+    parts = cp * tp if both else cp
+    if seq_len % parts == 0:
+        return None
+    formula = f"cp·tp = {cp}·{tp} = {parts}" if both else f"cp = {cp}"
+    why = " (sp = true splits each cp rank's tokens over tp)" if both else ""
+    return _violation("PAR0220", ("parallel.cp", "model.seq_len"),
+                      f"seq_len = {seq_len} is not divisible by {formula}{why}",
+                      f"make seq_len a multiple of {parts}, or cp one of "
+                      f"{some([d for d in divisors(seq_len) if not both or (seq_len // d) % tp == 0], cp)}")
+
+
+@rule("PAR0221")
+def ulysses_heads(cp, cp_kind, heads, tp, kv_heads=None):
+    """Ulysses trades the sequence shard for a head shard: every rank takes heads / (cp·tp)."""
+    if cp == 1 or cp_kind != "ulysses":
+        return None
+    parts = cp * tp
+    failing = [(n, v) for n, v in (("heads", heads), ("kv_heads", kv_heads)) if v is not None and v % parts]
+    if not failing:
+        return None
+    words = _and([f"{n} = {v}" for n, v in failing])
+    common = math.gcd(heads, kv_heads) if kv_heads is not None else heads
+    fits = [d for d in divisors(common) if d % tp == 0 and d // tp > 1]
+    hint = "use cp_kind = allgather (it needs no head split)"
+    if fits:
+        hint = f"cp must be one of {some([d // tp for d in fits], cp)} with tp = {tp}, or {hint}"
+    return _violation("PAR0221", ("parallel.cp_kind", "parallel.cp"),
+                      f"cp_kind = ulysses needs heads and kv_heads divisible by cp·tp = {cp}·{tp} = {parts}, "
+                      f"but {words} {'is' if len(failing) == 1 else 'are'} not", hint)
 
 
 # ---- the pipeline -------------------------------------------------------------------
@@ -564,3 +609,26 @@ def _unbuildable(entry: Unbuildable) -> Callable:
 
 for _entry in UNBUILDABLE:
     rule("PAR0802", BUILD, name=f"build_{_entry.name}")(_unbuildable(_entry))
+
+
+@rule("PAR0802", BUILD)
+def build_cp_kind(cp, cp_kind):
+    """Ring attention (the key's default kind) is a later slice of context parallelism."""
+    if cp == 1 or cp_kind != "ring":
+        return None
+    return _violation("PAR0802", ("parallel.cp_kind", "parallel.cp"),
+                      "ring attention (cp_kind = ring, the default) is not supported yet by parc build",
+                      "write cp_kind = ulysses or cp_kind = allgather in the parallel block; "
+                      "a later version of parc generates ring")
+
+
+@rule("PAR0802", BUILD)
+def build_cp_planner(cp, dp=None, tp=None, pp=None, micro_batch=None):
+    """The planner neither searches cp nor costs it yet: with cp > 1 the layout is the spec's."""
+    auto = [name for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("micro_batch", micro_batch)) if value is None]
+    if cp == 1 or not auto:
+        return None
+    return _violation("PAR0802", ("parallel.cp",),
+                      f"the planner does not search or cost context parallelism yet: with cp = {cp}, "
+                      f"{_and(auto)} cannot be auto",
+                      f"give {_and(auto)} with cp > 1, or set cp = 1 and let the planner choose")

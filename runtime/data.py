@@ -3,7 +3,8 @@
 Takes: a vocabulary size, sequence length and seed (and a token file, a user's input:
 ``runtime/paths.py`` checks it is a regular file). Gives:
 ``.batch(indices) -> (inputs, targets)`` int64 (N, T), targets shifted by one, and
-``sample_indices``, which says which global indices a rank reads. Because a sample
+``sample_indices``, which says which global indices a rank reads, and ``context_chunk``,
+the part of each sequence a context-parallel rank holds. Because a sample
 depends only on (seed, index), every layout sees the same data in each step.
 """
 
@@ -27,6 +28,16 @@ def sample_indices(step, micro, *, micro_batch, grad_accum, dp_rank, dp_size):
     per_step = micro_batch * grad_accum * dp_size
     first = (step - 1) * per_step + (micro * dp_size + dp_rank) * micro_batch
     return list(range(first, first + micro_batch))
+
+
+def context_chunk(inputs, targets, *, cp_rank, cp_size):
+    """This context-parallel rank's contiguous T/cp tokens of every sequence, (B, T/cp) each:
+    rank r takes positions [r·T/cp, (r+1)·T/cp) of the inputs and of their targets."""
+    T = inputs.shape[1]
+    if T % cp_size:
+        raise ValueError(f"sequences of {T} tokens do not split over cp = {cp_size} ranks")
+    chunk = slice(cp_rank * (T // cp_size), (cp_rank + 1) * (T // cp_size))
+    return inputs[:, chunk].contiguous(), targets[:, chunk].contiguous()
 
 
 class SyntheticTokens:

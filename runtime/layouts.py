@@ -18,7 +18,8 @@ predicts zero 3; the search marks it not buildable). Three families give the sam
 program as a listed one and are left out: ZeRO stages above 0 with dp = 1, overlap
 with tp = 1, and gpipe with one stage. The leaf values (``LEAF_NAMES``) are chosen
 independently: no rule reads two of them (tests/planner), so every combination of the
-options each one passes alone is legal.
+options each one passes alone is legal. The context-parallel degree ``cp`` is not
+searched: it is the spec's (1 unless given), and dp fills what tp·pp·cp leave.
 """
 
 from __future__ import annotations
@@ -49,12 +50,14 @@ def layouts(values: Mapping[str, object]) -> Iterator[dict]:
     """Each legal layout agreeing with the fixed values, as ``values`` completed."""
     world = values["nodes"] * values["devices_per_node"]
     fixed_schedule = None if values.get("schedule") is None else [(values["schedule"], values["chunks"])]
+    cp = values.get("cp") or 1  # not searched: the spec's (Note [the search space])
+    values = {**values, "cp": cp}
     for tp in _allowed(values.get("tp"), divisors(world)):
         with_tp = {**values, "tp": tp}
         if not legal(with_tp, touching=("tp",)):
             continue
-        for pp in _allowed(values.get("pp"), divisors(world // tp) if world % tp == 0 else []):
-            dp = world // (tp * pp) if world % (tp * pp) == 0 else 0
+        for pp in _allowed(values.get("pp"), divisors(world // (tp * cp)) if world % (tp * cp) == 0 else []):
+            dp = world // (tp * pp * cp) if world % (tp * pp * cp) == 0 else 0
             degrees = {**with_tp, "pp": pp, "dp": values["dp"] if values.get("dp") is not None else dp}
             if not dp or not legal(degrees, touching=("pp", "dp")):
                 continue

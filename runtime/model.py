@@ -101,11 +101,11 @@ class Norm(nn.Module):
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
 
-def rotary(x, theta):
-    """Rotate (B, heads, T, D) by position (pairs of halves, as in Llama)."""
+def rotary(x, theta, start=0):
+    """Rotate (B, heads, T, D) by position start .. start + T - 1 (pairs of halves, as in Llama)."""
     T, D = x.shape[-2], x.shape[-1]
     inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=x.device) / D))
-    angles = torch.outer(torch.arange(T, dtype=torch.float32, device=x.device), inv)
+    angles = torch.outer(torch.arange(start, start + T, dtype=torch.float32, device=x.device), inv)
     cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)  # (T, D)
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-second, first), dim=-1) * sin
@@ -125,15 +125,25 @@ class Attention(nn.Module):
         self.o_proj = build.linear(f"{prefix}.o_proj", config.heads * D, C, bias)
         self.dropout = config.dropout
         self.selective = False  # set by Transformer for recompute = "selective"
+        self.context = None  # context.ContextParallel under cp > 1, set by Transformer
 
     def core(self, q, k, v):
-        """softmax(q kᵀ / √D) v: the part selective recompute drops and redoes."""
+        """softmax(q kᵀ / √D) v: the part selective recompute drops and redoes.
+
+        Under cp = allgather, q, k, v hold this rank's T/cp tokens: they are rotated at
+        their global positions, then k and v gathered (Note [context-parallel attention])."""
+        gathered = self.context is not None and self.context.kind == "allgather"
+        start = self.context.start(q.shape[-2]) if gathered else 0
         if self.llama and self.fused is not None:
-            q, k = self.fused.rotary(q, k, self.theta)
+            q, k = self.fused.rotary(q, k, self.theta, start)
         elif self.llama:
-            q, k = rotary(q, self.theta), rotary(k, self.theta)
+            q, k = rotary(q, self.theta, start), rotary(k, self.theta, start)
+        mask = None
+        if gathered:
+            k, v = self.context.gather(k), self.context.gather(v)  # (B, kv_heads/tp, T, D)
+            mask = self.context.causal_mask(q.shape[-2], q.device)  # global positions
         return F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1],
+            q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=q.shape[1] != k.shape[1],
             dropout_p=self.dropout if self.training else 0.0,
         )
 
@@ -145,10 +155,15 @@ class Attention(nn.Module):
         """
         B, T = q.shape[:2]
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        ulysses = self.context is not None and self.context.kind == "ulysses"
+        if ulysses:  # (B, heads/tp, T/cp, D) → (B, heads/(tp·cp), T, D)
+            q, k, v = (self.context.to_heads(t) for t in (q, k, v))
         if self.selective and torch.is_grad_enabled():
             y = checkpoint(self.core, q, k, v, use_reentrant=False)
         else:
             y = self.core(q, k, v)
+        if ulysses:  # back to this rank's tokens, all of its tp heads
+            y = self.context.to_sequence(y)
         return y.transpose(1, 2).reshape(B, T, -1)
 
     @property
@@ -269,7 +284,7 @@ class Transformer(nn.Module):
 
     def __init__(
         self, config, *, tp_group, sequence_parallel, tp_plan, recompute="none",
-        layers=None, first=True, last=True, sub_batches=1,
+        layers=None, first=True, last=True, sub_batches=1, cp_group=None, cp_kind=None,
     ):
         super().__init__()
         recompute = per_layer(recompute, config.layers, "recompute")
@@ -282,6 +297,11 @@ class Transformer(nn.Module):
         if not 0 <= start <= stop <= config.layers:
             raise ValueError(f"stage layers [{start}, {stop}) are outside 0..{config.layers}")
         self.config, self.tp_group, self.sp = config, tp_group, bool(sequence_parallel)
+        self.context = None  # Note [context-parallel attention]: this rank's T/cp tokens
+        if group_size(cp_group) > 1:
+            from .context import ContextParallel  # only a build with cp > 1 ships context.py
+
+            self.context = ContextParallel(cp_group, cp_kind)
         self.first, self.last = bool(first), bool(last)
         plan = TensorParallelPlan(tp_plan, config, tp_group=tp_group, sequence_parallel=self.sp)
         build = _Builder(plan, tp_group, self.sp)
@@ -299,6 +319,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({
             str(i): Block(config, i, build, self.sp, recompute[i], int(sub_batches[i])) for i in range(start, stop)
         })
+        for block in self.layers.values():
+            block.attn.context = self.context
         if self.last:
             self.final_norm = Norm(C, rms=config.arch == "llama", eps=config.norm_eps, sequence_parallel=self.sp)
             if not config.tie_embeddings or not self.first:
@@ -359,6 +381,8 @@ class Transformer(nn.Module):
         if self.config.arch == "gpt":
             T = x.shape[1]
             offset = group_rank(self.tp_group) * T if self.sp else 0  # this shard's positions
+            if self.context is not None:  # this cp rank's tokens start at its chunk of seq_len
+                offset += self.context.start(tokens.shape[1])
             x = x + self.pos_embed.weight[offset : offset + T]
         return F.dropout(x, self.config.dropout, self.training)
 
@@ -421,7 +445,7 @@ def use_kernels(model: nn.Module, kernels: str, device) -> nn.Module:
 
 def build_model(
     config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none", sub_batches=1,
-    kernels="compiled",
+    kernels="compiled", cp_group=None, cp_kind=None,
 ):
     """The model for this rank: built from the plan, initialized per Note [init happens before sharding].
 
@@ -429,11 +453,12 @@ def build_model(
     "full" (each block recomputed from its input) — one mode, or a sequence with one
     per layer. ``sub_batches`` > 1: each micro-batch's blocks run as that many
     sub-batches whose tensor-parallel collectives overlap compute (``overlap.py``);
-    one number, or one per layer. ``kernels``: see ``use_kernels``.
+    one number, or one per layer. ``kernels``: see ``use_kernels``. ``cp_group``: the
+    ranks that split each sequence (``context.py``), ``cp_kind`` how attention sees it.
     """
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
-        recompute=recompute, sub_batches=sub_batches,
+        recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind,
     )
     initialize(model, seed)
     return use_kernels(model.to(device), kernels, device)
@@ -441,7 +466,7 @@ def build_model(
 
 def build_stages(
     config, *, stages, pp_rank, pp_size, tp_group, sequence_parallel, tp_plan, seed, device,
-    recompute="none", sub_batches=1, kernels="compiled",
+    recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None,
 ):
     """This pipeline rank's model chunks, one ``Transformer`` stage per chunk.
 
@@ -460,17 +485,17 @@ def build_stages(
     return nn.ModuleList(
         build_stage(config, stages=stages, index=v, tp_group=tp_group, sequence_parallel=sequence_parallel,
                     tp_plan=tp_plan, seed=seed, device=device, recompute=recompute, sub_batches=sub_batches,
-                    kernels=kernels)
+                    kernels=kernels, cp_group=cp_group, cp_kind=cp_kind)
         for v in range(pp_rank, len(stages), pp_size)  # chunk c: virtual stage c·pp_size + pp_rank
     )
 
 
 def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute,
-                sub_batches=1, kernels="compiled"):
+                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None):
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
         recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,
-        sub_batches=sub_batches,
+        sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind,
     )
     initialize(model, seed)
     return use_kernels(model.to(device), kernels, device)

@@ -48,6 +48,8 @@ SWEEP = {
     "parallel.dp": ["1", "2", "3", "4"],
     "parallel.tp": ["1", "2", "3", "4", "8"],
     "parallel.pp": ["1", "2", "3", "4"],
+    "parallel.cp": ["1", "2", "3", "4"],
+    "parallel.cp_kind": ["ring", "ulysses", "allgather"],
     "parallel.stage_layers": ["[1, 3]", "[2, 2]", "[4]"],
     "train.global_batch": ["8", "12", "16", "17", "32"],
     "train.micro_batch": ["1", "2", "3", "4", "8"],
@@ -86,6 +88,17 @@ def variants() -> list[tuple[str, tuple[str, ...]]]:
     for overlap, micro_batch, tp in itertools.product(("sub_batch(2)", "sub_batch(4)"), (1, 2, 4), (1, 2, 4)):
         out.append(("examples/tiny.par", (f"parallel.overlap={overlap}", f"train.micro_batch={micro_batch}",
                                           f"parallel.tp={tp}", f"parallel.dp={4 // tp}")))
+    # context parallel on the tiny GPT's 4 ranks (heads = 4, seq_len = 64): each kind,
+    # degrees that do and do not fill the mesh or split the heads, with sp, pp and a
+    # planner-chosen dp (refused with cp > 1)
+    for cp, tp, kind, sp, pp in itertools.product(
+        (1, 2, 4), (1, 2), ("ring", "ulysses", "allgather"), ("false", "true"), (1, 2)
+    ):
+        dp = max(1, 4 // (cp * tp * pp))
+        out.append(("examples/tiny.par", (f"parallel.cp={cp}", f"parallel.tp={tp}", f"parallel.pp={pp}",
+                                          f"parallel.dp={dp}", f"parallel.cp_kind={kind}", f"parallel.sp={sp}")))
+    out += [("examples/tiny.par", ("parallel.cp=2", "parallel.cp_kind=ulysses", "parallel.dp=auto")),
+            ("examples/tiny.par", ("parallel.cp=3", "parallel.cp_kind=allgather", "model.seq_len=63"))]
     return out
 
 

@@ -244,7 +244,7 @@ def run_plan(args: argparse.Namespace) -> int:
         return report_stage_errors(Diagnostics([profile_error(spec, exc)]), args.spec, args.overrides)
     if not result.estimates:
         print(f"parc plan {spec.source}: no valid layout for this mesh and batch "
-              "(check that global_batch and the mesh leave a dp·tp·pp split)", file=sys.stderr)
+              "(check that global_batch and the mesh leave a dp·cp·tp·pp split)", file=sys.stderr)
         return 1
     rows = result.estimates if args.top == 0 else result.estimates[: args.top]
     if args.json:

@@ -1,10 +1,11 @@
 """Pass 3: the mesh axes, their order and sizes.
 
 Takes: a buildable ``Spec``. Gives: ``draft.mesh`` with the axes in mesh order —
-``pp`` outermost, then ``dp``, then ``tp`` innermost, so that the ranks of one tp
+``pp`` outermost, then ``dp``, ``cp``, and ``tp`` innermost, so that the ranks of one tp
 group are consecutive and share a node (tp talks on every layer; dp once a step).
 Axes of size 1 stay in the mesh, so later axes slot in without renumbering ranks.
-The layout fills the mesh exactly (dp · tp · pp = nodes · devices_per_node) and a tp
+``cp_kind`` travels with the mesh (``MeshPlan.cp_kind``). The layout fills the mesh
+exactly (dp · cp · tp · pp = nodes · devices_per_node) and a tp
 group stays on one node: ``check_buildable`` held the spec to those rules
 (``runtime/constraints.py``: ``world``, ``tp_within_node``).
 
@@ -19,7 +20,7 @@ from dataclasses import replace
 from parc.dsl.spec import Spec
 from parc.runtime.axes import NAMES
 
-from ..plan import MeshAxis, MeshPlan
+from ..plan import MeshAxis, MeshPlan, Setting
 from .draft import Draft
 
 
@@ -36,5 +37,6 @@ def run(spec: Spec, draft: Draft) -> Draft:
         nodes_span=spec.span("mesh.nodes"),
         devices_span=spec.span("mesh.devices_per_node"),
         device_span=spec.span("mesh.device"),
+        cp_kind=Setting(name="CP_KIND", value=spec.parallel.cp_kind, span=spec.span("parallel.cp_kind")),
     )
     return replace(draft, mesh=plan)

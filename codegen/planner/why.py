@@ -91,6 +91,11 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
     lines = []
     if len(items) == 1 and result.considered == 1:
         lines.append(f"the spec gives its layout: {_describe(best)}.")
+    if spec.parallel.cp > 1:
+        lines.append(
+            f"cp = {spec.parallel.cp} ({spec.parallel.cp_kind}) is not in the cost model yet: the figures are "
+            f"those of the same dp, tp, pp with whole sequences per rank (no cp communication)."
+        )
     fitting = [item for item in items if item.fits]
     if not fitting:
         smallest = min(items, key=lambda item: item.memory.total)

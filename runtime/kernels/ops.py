@@ -278,9 +278,9 @@ def _rotary_backward(ctx, grad):
 _rotary.register_autograd(_rotary_backward, setup_context=_rotary_setup)
 
 
-def rotary(q: Tensor, k: Tensor, theta: float) -> tuple[Tensor, Tensor]:
-    """Rotary positions 0..T-1 on q and k, each (B, heads, T, D) (model.py's rotary())."""
-    cos, sin = rotary_tables(q.shape[-2], q.shape[-1], theta, q.device)
+def rotary(q: Tensor, k: Tensor, theta: float, start: int = 0) -> tuple[Tensor, Tensor]:
+    """Rotary positions start..start+T-1 on q and k, each (B, heads, T, D) (model.py's rotary())."""
+    cos, sin = rotary_tables(q.shape[-2], q.shape[-1], theta, q.device, start)
     return _rotary(q, cos, sin, 1.0), _rotary(k, cos, sin, 1.0)
 
 

@@ -40,28 +40,29 @@ def swiglu(gate, up):
     return (F.silu(_up(gate)) * _up(up)).to(gate.dtype)
 
 
-def rotary_tables(T, D, theta, device):
-    """cos and sin of position · frequency, (T, D/2) fp32, as model.py's rotary() builds them."""
+def rotary_tables(T, D, theta, device, start=0):
+    """cos and sin of position · frequency, (T, D/2) fp32, as model.py's rotary() builds them,
+    for positions start .. start + T - 1 (a context-parallel rank's tokens)."""
     inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
-    angles = torch.outer(torch.arange(T, dtype=torch.float32, device=device), inv)
+    angles = torch.outer(torch.arange(start, start + T, dtype=torch.float32, device=device), inv)
     return angles.cos(), angles.sin()
 
 
-def rotary_one(x, theta):
+def rotary_one(x, theta, start=0):
     """Rotate (B, heads, T, D) by position (pairs of halves, Llama style).
 
     A bf16 x gives fp32, as x · (fp32 cos) does in model.py; its gradient is formed
     in fp32 and rounded once (model.py's rounds each of the two terms).
     """
     x = _up(x)
-    cos, sin = rotary_tables(x.shape[-2], x.shape[-1], theta, x.device)
+    cos, sin = rotary_tables(x.shape[-2], x.shape[-1], theta, x.device, start)
     cos, sin = cos.repeat(1, 2), sin.repeat(1, 2)  # (T, D)
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-second, first), dim=-1) * sin
 
 
-def rotary(q, k, theta):
-    return rotary_one(q, theta), rotary_one(k, theta)
+def rotary(q, k, theta, start=0):
+    return rotary_one(q, theta, start), rotary_one(k, theta, start)
 
 
 def cross_entropy(logits, targets, vocab_size):

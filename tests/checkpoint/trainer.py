@@ -30,6 +30,8 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     "pp2": (["parallel.pp=2"], 2),
     "pp2_dropout": (["parallel.pp=2", "model.dropout=0.1"], 2),  # the RNG states matter
     "zero1_dp2": (["parallel.dp=2", "parallel.zero=1"], 2),
+    # context parallel: parameters replicated over cp, ZeRO-1 slices over dp × cp
+    "cp2_zero1_dp2": (["parallel.dp=2", "parallel.cp=2", "parallel.cp_kind=allgather", "parallel.zero=1"], 4),
 }
 
 

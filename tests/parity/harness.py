@@ -21,9 +21,10 @@ SPECS = Path(__file__).parent / "specs"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
-def layout_overrides(*, dp: int = 1, tp: int = 1, pp: int = 1, sp: bool = False, **extra) -> list[str]:
-    """``--set`` arguments that put the spec on dp·tp·pp CPU devices of one node."""
-    world = dp * tp * pp
+def layout_overrides(*, dp: int = 1, tp: int = 1, pp: int = 1, sp: bool = False, cp: int = 1, **extra) -> list[str]:
+    """``--set`` arguments that put the spec on dp·cp·tp·pp CPU devices of one node
+    (``cp_kind`` comes with the extras: ``parallel__cp_kind="ulysses"``)."""
+    world = dp * cp * tp * pp
     sets = [
         f"parallel.dp={dp}",
         f"parallel.tp={tp}",
@@ -31,6 +32,7 @@ def layout_overrides(*, dp: int = 1, tp: int = 1, pp: int = 1, sp: bool = False,
         f"parallel.sp={'true' if sp else 'false'}",
         f"mesh.devices_per_node={world}",
     ]
+    sets += [f"parallel.cp={cp}"] if cp > 1 else []
     sets += [f"{key.replace('__', '.')}={value}" for key, value in extra.items()]
     return sets
 

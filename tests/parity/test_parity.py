@@ -70,6 +70,20 @@ LAYOUTS = {
         parallel__recompute="[none, full, full, none]",
     ),
     "pp2-recompute-per-layer": dict(pp=2, model__layers=4, parallel__recompute="[full, selective, none, full]"),
+    # context parallel (runtime/context.py): each rank holds T/cp tokens of every sequence
+    "cp2-ulysses": dict(cp=2, parallel__cp_kind="ulysses"),
+    "cp2-allgather": dict(cp=2, parallel__cp_kind="allgather"),
+    "cp2-tp2-ulysses": dict(cp=2, tp=2, parallel__cp_kind="ulysses"),
+    "dp2-cp2-allgather": dict(dp=2, cp=2, parallel__cp_kind="allgather"),
+    "cp2-zero1": dict(dp=2, cp=2, parallel__cp_kind="ulysses", parallel__zero=1),
+    # sequence parallel inside a cp rank: positions offset by the cp chunk and the tp shard
+    "cp2-tp2-sp-allgather": dict(cp=2, tp=2, sp=True, parallel__cp_kind="allgather"),
+    # pipeline stages hand each other (micro_batch, T/cp, hidden)
+    "pp2-cp2-ulysses": dict(pp=2, cp=2, parallel__cp_kind="ulysses"),
+    # selective recompute reruns the K/V gather in backward
+    "cp2-allgather-recompute-selective": dict(cp=2, parallel__cp_kind="allgather", parallel__recompute="selective"),
+    # Oases sub-batches split B: each sub-batch's attention does its own cp exchange
+    "cp2-tp2-overlap2-allgather": dict(cp=2, tp=2, parallel__cp_kind="allgather", parallel__overlap="sub_batch(2)"),
 }
 ARCHS = ("gpt", "llama")
 
@@ -80,7 +94,7 @@ def model_overrides(degrees: dict) -> dict:
 
 
 def nproc_of(degrees: dict) -> int:
-    return degrees.get("dp", 1) * degrees.get("tp", 1) * degrees.get("pp", 1)
+    return degrees.get("dp", 1) * degrees.get("cp", 1) * degrees.get("tp", 1) * degrees.get("pp", 1)
 
 
 def layout_case(arch: str, layout: str) -> Case:

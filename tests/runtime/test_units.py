@@ -43,8 +43,12 @@ def test_mesh_coordinates_last_axis_fastest():
 
 
 def test_axes_registry_orders_the_mesh():
-    assert mesh_axes.NAMES == ("pp", "dp", "tp")
-    assert mesh_axes.mesh_axes({"tp": 2, "dp": 4}) == (("pp", 1), ("dp", 4), ("tp", 2))
+    assert mesh_axes.NAMES == ("pp", "dp", "cp", "tp")
+    assert mesh_axes.mesh_axes({"tp": 2, "dp": 4}) == (("pp", 1), ("dp", 4), ("cp", 1), ("tp", 2))
+    # cp between dp and tp: a tp group stays consecutive, a cp group strides over tp
+    axes = mesh_axes.mesh_axes({"dp": 2, "cp": 2, "tp": 2})
+    assert mesh_axes.group_ranks(5, axes, "cp") == (5, 7)
+    assert mesh_axes.group_ranks(5, axes, ("dp", "cp")) == (1, 3, 5, 7)
     with pytest.raises(KeyError, match="no mesh axis 'xp'"):
         mesh_axes.axis("xp")
 

@@ -1,0 +1,102 @@
+"""One rank of the context-parallel tests (started by ``ranks.launch`` on 2 gloo ranks).
+
+    python context_worker.py OUT_DIR
+
+With the two ranks as one cp group, in float64, for GPT (learned positions) and
+Llama (rotary, grouped-query heads) and each kind (``ulysses``, ``allgather``):
+
+- *attention*: block 0's attention (``Attention.mix``) on this rank's T/cp tokens of
+  random q, k, v equals the same rows of full causal attention on one rank, and the
+  gradients of q, k, v (from a random upstream gradient of the whole sequence) equal
+  the full gradients' rows of this rank;
+- *model*: the whole model on this rank's tokens (``data.context_chunk``), its loss
+  averaged over cp, equals the one-rank loss, and every gradient averaged over cp
+  equals the one-rank gradient.
+
+Writes ``OUT_DIR/rank{r}.json``: ``{name: "ok" | traceback}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+from runtime_loop import CONFIGS  # noqa: E402
+
+from parc.runtime import data, mesh, model  # noqa: E402
+
+B = 2
+
+
+def build(arch, cp_group=None, kind=None):
+    return model.build_model(CONFIGS[arch], tp_group=None, sequence_parallel=False, tp_plan={}, seed=5,
+                             device=torch.device("cpu"), cp_group=cp_group, cp_kind=kind, kernels="eager").double()
+
+
+def mine(x, group, dim=1):
+    """This rank's contiguous chunk of ``x`` along ``dim``."""
+    return x.chunk(dist.get_world_size(group), dim=dim)[dist.get_rank(group)]
+
+
+def check_attention(group, arch, kind):
+    config = CONFIGS[arch]
+    T, D = config.seq_len, config.hidden // config.heads
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, T, heads * D, generator=gen, dtype=torch.float64)
+               for heads in (config.heads, config.kv_heads, config.kv_heads))
+    upstream = torch.randn(B, T, config.heads * D, generator=gen, dtype=torch.float64)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = build(arch).layers["0"].attn.mix(*full)
+    expected.backward(upstream)
+    local = [mine(t, group).clone().requires_grad_() for t in (q, k, v)]
+    got = build(arch, group, kind).layers["0"].attn.mix(*local)
+    got.backward(mine(upstream, group))
+    torch.testing.assert_close(got, mine(expected, group), rtol=1e-12, atol=1e-12)
+    for name, g, want in zip("qkv", local, full):
+        torch.testing.assert_close(g.grad, mine(want.grad, group), rtol=1e-10, atol=1e-12, msg=f"d{name}")
+
+
+def check_model(group, arch, kind):
+    config = CONFIGS[arch]
+    inputs, targets = data.SyntheticTokens(config.vocab, config.seq_len, seed=7).batch(list(range(B)))
+    reference = build(arch)
+    expected = reference(inputs, targets)
+    expected.backward()
+    net = build(arch, group, kind)
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    loss = net(*data.context_chunk(inputs, targets, cp_rank=rank, cp_size=size))
+    loss.backward()
+    total = loss.detach().clone()
+    dist.all_reduce(total, group=group)
+    torch.testing.assert_close(total / size, expected.detach(), rtol=1e-12, atol=0)
+    wanted = dict(reference.named_parameters())
+    for name, param in net.named_parameters():
+        grad = param.grad.clone()
+        dist.all_reduce(grad, group=group)
+        torch.testing.assert_close(grad / size, wanted[name].grad, rtol=1e-9, atol=1e-12, msg=name)
+
+
+def main(out_dir: Path) -> None:
+    dist_info = mesh.init_distributed()
+    group = dist.new_group(list(range(dist_info.world_size)))
+    result = {}
+    for arch in ("gpt", "llama"):
+        for kind in ("ulysses", "allgather"):
+            for name, check in (("attention", check_attention), ("model", check_model)):
+                try:
+                    check(group, arch, kind)
+                    result[f"{name} {arch} {kind}"] = "ok"
+                except Exception:  # recorded per check and reported by the test
+                    result[f"{name} {arch} {kind}"] = traceback.format_exc()
+    (out_dir / f"rank{dist_info.rank}.json").write_text(json.dumps(result))
+    mesh.shutdown()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
