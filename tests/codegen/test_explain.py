@@ -149,7 +149,7 @@ def test_an_auto_layout_is_explained_as_the_planners_winner(capsys, tmp_path):
             "(parc plan examples/tiny.par ranks them)\n") in out
     # the layout parc build generates for the same spec
     plan = lower(load("examples/tiny.par", ["parallel=auto"]))
-    assert {a.axis: a.size for a in plan.mesh.axes} == {"dp": par.dp, "tp": par.tp, "pp": par.pp}
+    assert {a.axis: a.size for a in plan.mesh.axes} == {"dp": par.dp, "cp": par.cp, "tp": par.tp, "pp": par.pp}
     status, out, _ = run(capsys, "examples/tiny.par", "--set", "train.micro_batch=auto", "-o", str(tmp_path))
     assert status == 0 and "  planner        chose the auto values" in out
     assert (tmp_path / "schedule.svg").exists()
