@@ -15,7 +15,7 @@ generated code can cite its origin.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from parc.dsl.diagnostics import Span
 from parc.runtime.axes import coordinates, partition
@@ -234,8 +234,9 @@ class LayerLayout:
     """``none``, ``selective`` (attention core) or ``full`` (the block from its input)."""
     overlap: int
     """Oases sub-batches of the block's tensor-parallel collectives; 1: no overlap."""
-    spans: tuple[tuple[str, Span | None], ...] = ()
-    """Where the spec gave each per-layer setting (``layer_settings.SETTINGS``), by name."""
+    spans: tuple[tuple[str, Span | None], ...] = field(default=(), metadata={"mapping": True})
+    """Where the spec gave each per-layer setting (``layer_settings.SETTINGS``), by name
+    (pairs, so the Plan stays frozen; ``plan.json`` shows them as an object)."""
 
     def span(self, name: str) -> Span | None:
         return dict(self.spans).get(name)

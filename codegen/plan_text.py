@@ -49,18 +49,18 @@ def _plain(value):
     if isinstance(value, enum.Enum):
         return value.value
     if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, tuple) and value and all(_is_named(item) for item in value):
-        return {name: _plain(item) for name, item in value}  # a mapping kept as pairs (LayerLayout.spans)
+        return {
+            f.name: _mapping(getattr(value, f.name)) if f.metadata.get("mapping") else _plain(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+        }
     if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     return value
 
 
-def _is_named(item) -> bool:
-    return isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and (
-        item[1] is None or isinstance(item[1], Span)
-    )
+def _mapping(pairs) -> dict:
+    """A field marked ``metadata={"mapping": True}``: (name, value) pairs as a JSON object."""
+    return {name: _plain(item) for name, item in pairs}
 
 
 def plan_to_json(plan) -> str:

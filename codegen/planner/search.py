@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from parc.dsl.spec import PipelineSchedule, Spec
-from parc.runtime.layouts import LEAF_NAMES, layouts
+from parc.runtime.layouts import layouts
 from parc.runtime.layer_settings import SETTINGS
 
 from .cost import Accounting, Estimate, Hardware, Layout, estimate
@@ -74,7 +74,8 @@ def candidates(spec: Spec) -> list[Layout]:
     ]
 
 
-LAYOUT_FIELDS = ("dp", "tp", "pp", "micro_batch", "schedule", "chunks", *LEAF_NAMES)
+LAYOUT_FIELDS = tuple(item.name for item in fields(Layout))
+"""The values of a completed layout the cost model's ``Layout`` holds."""
 
 
 TIE_TOLERANCE = 0.005
