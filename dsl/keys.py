@@ -276,6 +276,11 @@ PARALLEL = BlockDef(
                     doc="1f1b over `chunks` virtual stages per rank",
                     params=(_int("chunks", "virtual stages per rank", minimum=2, required=True),),
                 ),
+                CallDef(
+                    name="zero_bubble",
+                    doc="ZB-H1: 1f1b with backward split into input and weight gradients, "
+                    "the weight gradients filling the bubble",
+                ),
             ),
         ),
         Param(

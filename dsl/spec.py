@@ -29,6 +29,7 @@ class PipelineSchedule(enum.Enum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
+    ZERO_BUBBLE = "zero_bubble"
 
 
 class Recompute(enum.Enum):

@@ -29,6 +29,7 @@ from .comm import exposed, scalar_device
 from .axes import coordinates
 from .mesh import axis_ranks
 from .schedule import Op, virtual_stage
+from .split_backward import backward_input, backward_weight
 
 _ACT, _GRAD = 0, 1
 
@@ -45,6 +46,8 @@ class PipelineExecutor:
         self.virtual_stages = self.stages * len(self.chunks)
         self.micro_batches = micro_batches
         self.shape, self.device, self.autocast_dtype = tuple(activation_shape), device, autocast_dtype
+        # schedule.py, Note [B and W]: B computes the input gradient only, W the weights'
+        self.split_backward = any(action.op is Op.WEIGHT for action in self.actions)
 
     def _vstage(self, chunk: int) -> int:
         return virtual_stage(self.pp_rank, chunk, self.stages)
@@ -67,6 +70,7 @@ class PipelineExecutor:
         last_vstage = self.virtual_stages - 1
         inputs, outputs = {}, {}  # (micro, chunk) -> stage input / output (or loss)
         received, input_grads = {}, {}  # (micro, chunk) -> received tensor / grad to send
+        owed = {}  # (micro, chunk) -> what its W needs (split backward only)
         pending_sends = []
         loss_sum = 0.0
         for action in self.actions:
@@ -97,13 +101,16 @@ class PipelineExecutor:
                 pending_sends.append((dist.isend(y, dst=self.pp_ranks[action.peer], group=self.group, tag=tag), y))
             elif op is Op.BACKWARD:
                 x, y = inputs.pop((m, c)), outputs.pop((m, c))
-                if v == last_vstage:
-                    torch.autograd.backward(y)
+                grad = None if v == last_vstage else received.pop((_GRAD, m, c)).to(y.dtype)
+                if self.split_backward:
+                    x_grad, owed[(m, c)] = backward_input(y, grad, x, self.chunks[c].parameters())
                 else:
-                    grad = received.pop((_GRAD, m, c)).to(y.dtype)
                     torch.autograd.backward(y, grad_tensors=grad)
+                    x_grad = x.grad
                 if v > 0:
-                    input_grads[(m, c)] = x.grad
+                    input_grads[(m, c)] = x_grad
+            elif op is Op.WEIGHT:
+                backward_weight(owed.pop((m, c)))
             elif op is Op.SEND_GRAD:
                 grad = input_grads.pop((m, c)).to(torch.float32).contiguous()
                 tag = self._tag(_GRAD, m, v - 1)
@@ -113,7 +120,7 @@ class PipelineExecutor:
         with exposed():
             for work, _ in pending_sends:
                 work.wait()
-        if inputs or outputs or received or input_grads:
+        if inputs or outputs or received or input_grads or owed:
             raise RuntimeError(
                 "internal error in the pipeline executor: the schedule left work undone "
                 f"({sorted(inputs)} {sorted(received)} {sorted(input_grads)})"

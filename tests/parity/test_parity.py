@@ -56,6 +56,15 @@ LAYOUTS = {
     "pp2-recompute-full": dict(pp=2, parallel__recompute="full"),
     "pp2-dp2-zero2": dict(pp=2, dp=2, parallel__zero=2),
     "pp2-tp2-zero1": dict(pp=2, tp=2, parallel__zero=1),
+    # zero_bubble (ZB-H1): backward split into B and W (runtime/split_backward.py)
+    "pp2-zero_bubble": dict(pp=2, parallel__schedule="zero_bubble"),
+    "pp4-zero_bubble": dict(pp=4, parallel__schedule="zero_bubble", model__layers=4),
+    "pp2-dp2-zero_bubble": dict(pp=2, dp=2, parallel__schedule="zero_bubble"),
+    "pp2-tp2-zero_bubble": dict(pp=2, tp=2, parallel__schedule="zero_bubble"),
+    "pp2-tp2-sp-zero_bubble": dict(pp=2, tp=2, sp=True, parallel__schedule="zero_bubble"),
+    "pp2-dp2-zero2-zero_bubble": dict(pp=2, dp=2, parallel__zero=2, parallel__schedule="zero_bubble"),
+    "pp2-recompute-full-zero_bubble": dict(pp=2, parallel__recompute="full", parallel__schedule="zero_bubble"),
+    "pp2-recompute-selective-zero_bubble": dict(pp=2, parallel__recompute="selective", parallel__schedule="zero_bubble"),
     # Oases sub-batch overlap (runtime/overlap.py); dp > 1 layouts overlap gradients always
     "tp2-overlap2": dict(tp=2, parallel__overlap="sub_batch(2)"),
     "tp2-sp-overlap2": dict(tp=2, sp=True, parallel__overlap="sub_batch(2)"),
