@@ -40,6 +40,11 @@ def splits_backward(schedule) -> bool:
     return any(action.op is Op.WEIGHT for actions in schedule for action in actions)
 
 
+def weight_share(backward_time: float) -> float:
+    """The W part of a whole backward, when no one says: half (F = B = W, Qi et al. 2023)."""
+    return backward_time / 2
+
+
 def simulate(schedule, *, forward_time: float = 1.0, backward_time: float = 2.0,
              weight_time: float | None = None, comm_time: float = 0.0) -> Timeline:
     """Run every rank's list in order: F takes ``forward_time`` per chunk and a whole
@@ -49,7 +54,7 @@ def simulate(schedule, *, forward_time: float = 1.0, backward_time: float = 2.0,
     clock, the matching send's time + ``comm_time``). Raises ``Deadlock`` when the ranks
     cannot all finish (naming where each one waits)."""
     stages = len(schedule)
-    weight = backward_time / 2 if weight_time is None else weight_time
+    weight = weight_share(backward_time) if weight_time is None else weight_time
     split = splits_backward(schedule)
     sent: dict[tuple, float] = {}
     clock = [0.0] * stages
