@@ -30,6 +30,9 @@ class PipelineSchedule(enum.Enum):
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
     ZERO_BUBBLE = "zero_bubble"
+    ZERO_BUBBLE_V = "zero_bubble_v"
+    CHIMERA = "chimera"
+    TERAPIPE = "terapipe"
 
 
 class Recompute(enum.Enum):
