@@ -3,7 +3,8 @@
 Takes: a ``Timeline`` (``runtime/schedule_sim.simulate``), the chunks per rank and a
 title. Gives: ``svg(...) -> str``: one row per pipeline rank, time along x, one box per
 forward/backward with its micro-batch number inside (``micro.chunk`` and a shade per
-chunk when interleaved), forward and backward in two colours, idle time left grey, a
+chunk when interleaved), forward and backward in two colours (a split backward's B and
+W in two: backward and weight gradient), idle time left grey, a
 legend and axis labels. Hand-written SVG, no dependency; the same input gives the same
 bytes (no timestamps, fixed number formats). Before: ``explain`` builds the timeline.
 After: ``explain`` writes the text to ``schedule.svg``.
@@ -23,6 +24,7 @@ MAX_WIDTH = 4000  # beyond this the time scale shrinks and labels that no longer
 # Light to medium tints, so black labels read on every chunk's shade.
 FORWARD = ((0xC6, 0xDB, 0xEF), (0x4E, 0x9A, 0xD0))
 BACKWARD = ((0xFD, 0xD9, 0xB4), (0xF0, 0x88, 0x3A))
+WEIGHT = ((0xC7, 0xE9, 0xC0), (0x41, 0xAB, 0x5D))  # W of a split backward (schedule.py, Note [B and W])
 IDLE, AXIS = "#eeeeee", "#555555"
 
 
@@ -32,8 +34,11 @@ def _mix(pair, chunk: int, chunks: int) -> str:
     return "#" + "".join(f"{round(a + (b - a) * t):02x}" for a, b in zip(light, dark))
 
 
+KINDS = {Op.FORWARD: (FORWARD, "forward"), Op.BACKWARD: (BACKWARD, "backward"), Op.WEIGHT: (WEIGHT, "weight")}
+
+
 def colour(op: Op, chunk: int, chunks: int) -> str:
-    return _mix(FORWARD if op is Op.FORWARD else BACKWARD, chunk, chunks)
+    return _mix(KINDS[op][0], chunk, chunks)
 
 
 def label(op: Op, micro: int, chunk: int, chunks: int) -> str:
@@ -64,7 +69,8 @@ def svg(timeline, *, chunks: int, title: str, subtitle: str, time_label: str) ->
     plot_h = ROW * ranks
     legend_y = TOP + plot_h + 64
     width = LEFT + plot_w + RIGHT
-    width = max(width, LEFT + len(time_label) * CHAR + RIGHT, LEFT + _legend_width(chunks) + RIGHT)
+    split = any(e.op is Op.WEIGHT for events in timeline.ranks for e in events)
+    width = max(width, LEFT + len(time_label) * CHAR + RIGHT, LEFT + _legend_width(chunks, split) + RIGHT)
     height = legend_y + 30
     out = [
         '<?xml version="1.0" encoding="UTF-8"?>',
@@ -85,7 +91,7 @@ def svg(timeline, *, chunks: int, title: str, subtitle: str, time_label: str) ->
             x = LEFT + event.start * unit
             w = (event.end - event.start) * unit
             name = label(event.op, event.micro, event.chunk, chunks)
-            kind = "forward" if event.op is Op.FORWARD else "backward"
+            kind = KINDS[event.op][1]
             out.append(
                 f'<rect class="event {kind}" x="{number(x)}" y="{number(box_y)}" width="{number(w)}" height="{BOX}" '
                 f'fill="{colour(event.op, event.chunk, chunks)}"{stroke}>'
@@ -109,7 +115,7 @@ def svg(timeline, *, chunks: int, title: str, subtitle: str, time_label: str) ->
     out.append(f'<text x="{LEFT - 8}" y="{TOP - 6}" text-anchor="end" fill="#333333">pp rank</text>')
     # ---- legend
     x = float(LEFT)
-    for fill, text in _legend(chunks):
+    for fill, text in _legend(chunks, split):
         if fill is None:
             out.append(f'<text x="{number(x)}" y="{legend_y}" fill="#333333">{text}</text>')
             continue
@@ -121,10 +127,13 @@ def svg(timeline, *, chunks: int, title: str, subtitle: str, time_label: str) ->
     return "\n".join(out) + "\n"
 
 
-def _legend(chunks: int) -> list[tuple[str | None, str]]:
+def _legend(chunks: int, split: bool = False) -> list[tuple[str | None, str]]:
     """(fill, text) of each legend entry; fill None for a plain note."""
     entries: list[tuple[str | None, str]] = []
-    for op, name in ((Op.FORWARD, "forward"), (Op.BACKWARD, "backward")):
+    shown = [(Op.FORWARD, "forward"), (Op.BACKWARD, "backward")]
+    if split:
+        shown = [(Op.FORWARD, "forward F"), (Op.BACKWARD, "input grad B"), (Op.WEIGHT, "weight grad W")]
+    for op, name in shown:
         if chunks == 1:
             entries.append((colour(op, 0, 1), name))
         else:
@@ -134,5 +143,5 @@ def _legend(chunks: int) -> list[tuple[str | None, str]]:
     return entries
 
 
-def _legend_width(chunks: int) -> float:
-    return sum(19 + len(text) * CHAR + 18 if fill else len(text) * CHAR for fill, text in _legend(chunks))
+def _legend_width(chunks: int, split: bool = False) -> float:
+    return sum(19 + len(text) * CHAR + 18 if fill else len(text) * CHAR for fill, text in _legend(chunks, split))

@@ -19,6 +19,7 @@ SCHEDULE_WORDS = {
     "gpipe": "all forwards, then all backwards",
     "1f1b": "one forward, one backward after a warmup (PipeDream-flush)",
     "interleaved": "1F1B over several model chunks per rank (Megatron interleaved)",
+    "zero_bubble": "ZB-H1: backward split into B (input grad) and W (weight grad), Ws fill the bubble",
 }
 
 

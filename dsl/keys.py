@@ -276,6 +276,18 @@ PARALLEL = BlockDef(
                     doc="1f1b over `chunks` virtual stages per rank",
                     params=(_int("chunks", "virtual stages per rank", minimum=2, required=True),),
                 ),
+                CallDef(
+                    name="zero_bubble",
+                    doc="ZB-H1: 1f1b with backward split into input and weight gradients, "
+                    "the weight gradients filling the bubble",
+                ),
+                CallDef(name="zero_bubble_v", doc="ZB-V: zero-bubble over two chunks per rank in a V (not built yet)"),
+                CallDef(name="chimera", doc="two pipelines in opposite directions over the stages (not built yet)"),
+                CallDef(
+                    name="terapipe",
+                    doc="each sequence pipelined in token slices (causal models; not built yet)",
+                    params=(_int("slices", "token slices per sequence", minimum=2, required=True),),
+                ),
             ),
         ),
         Param(

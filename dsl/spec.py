@@ -29,6 +29,10 @@ class PipelineSchedule(enum.Enum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
+    ZERO_BUBBLE = "zero_bubble"
+    ZERO_BUBBLE_V = "zero_bubble_v"
+    CHIMERA = "chimera"
+    TERAPIPE = "terapipe"
 
 
 class Recompute(enum.Enum):

@@ -387,6 +387,25 @@ def ulysses_heads(cp, cp_kind, heads, tp, kv_heads=None):
 # ---- the pipeline -------------------------------------------------------------------
 
 
+SCHEDULES_NOT_BUILT = {
+    "zero_bubble_v": "ZB-V (two chunks per rank in a V)",
+    "chimera": "Chimera (two pipelines in opposite directions)",
+    "terapipe": "TeraPipe (token slices of each sequence pipelined)",
+}
+"""Schedules the language names (issue 20) that ``runtime/schedule.py`` cannot run yet:
+the change that builds one deletes its entry."""
+
+
+@rule("PAR0825")
+def schedule_built(schedule):
+    if schedule not in SCHEDULES_NOT_BUILT:
+        return None
+    return _violation("PAR0825", "parallel.schedule",
+                      f"schedule = {schedule}: {SCHEDULES_NOT_BUILT[schedule]} is not supported yet by parc build",
+                      "use schedule = zero_bubble (ZB-H1), 1f1b, interleaved(chunks = V) or gpipe; "
+                      "a later version of parc generates it")
+
+
 @rule("PAR0212")
 def interleaved_needs_pipeline(chunks, pp):
     if chunks > 1 and pp < 2:

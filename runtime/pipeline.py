@@ -8,11 +8,12 @@ schedule's order, exchanging activations and gradients with point-to-point messa
 first and last stage; ``loss_over_pipeline`` to bring the last stage's loss to all.
 
 Note [point-to-point on gloo]: sends are ``isend`` (they never block; the tensor is
-kept alive until the step ends), receives are ``irecv`` + ``wait`` right before the
-compute that needs them. Messages carry a tag naming (kind, micro-batch, the virtual
-stage that consumes it), so a receive matches its send whatever the order in which
-they are posted; the schedules are deadlock-free under exactly this model
-(``schedule.py``, checked by tests/runtime/test_schedules.py).
+kept alive until the step ends), receives are ``irecv`` posted ahead and waited on
+right before the compute that needs them, each step's sends and receives posted as
+one ``batch_isend_irecv`` (p2p.py, Note [pre-posted receives]). Messages carry a tag
+naming (kind, micro-batch, the virtual stage that consumes it), so a receive matches
+its send whatever the order in which they are posted; the schedules are deadlock-free
+under exactly this model (``schedule.py``, checked by tests/runtime/test_schedules.py).
 
 Activations travel in fp32 with the shape ``(micro_batch, T or T/tp under SP,
 hidden)``, known in advance, so no shapes are exchanged.
@@ -28,7 +29,9 @@ import torch.distributed as dist
 from .comm import exposed, scalar_device
 from .axes import coordinates
 from .mesh import axis_ranks
+from .p2p import p2p_steps, post_batch
 from .schedule import Op, virtual_stage
+from .split_backward import backward_input, backward_weight
 
 _ACT, _GRAD = 0, 1
 
@@ -45,6 +48,9 @@ class PipelineExecutor:
         self.virtual_stages = self.stages * len(self.chunks)
         self.micro_batches = micro_batches
         self.shape, self.device, self.autocast_dtype = tuple(activation_shape), device, autocast_dtype
+        # schedule.py, Note [B and W]: B computes the input gradient only, W the weights'
+        self.split_backward = any(action.op is Op.WEIGHT for action in self.actions)
+        self.steps = p2p_steps(self.actions)
 
     def _vstage(self, chunk: int) -> int:
         return virtual_stage(self.pp_rank, chunk, self.stages)
@@ -57,6 +63,34 @@ class PipelineExecutor:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
+    def _compute(self, action, batches, inputs, outputs, received, input_grads, owed):
+        """Run one F, B or W; returns the scaled loss an F on the last stage computed, else 0."""
+        m, c, op = action.micro, action.chunk, action.op
+        v = self._vstage(c)
+        last = v == self.virtual_stages - 1
+        if op is Op.FORWARD:
+            tokens, targets = batches[m]
+            x = tokens.to(self.device) if v == 0 else received.pop((_ACT, m, c))[1].requires_grad_(True)
+            with self._forward_context():
+                y = self.chunks[c](x, targets.to(self.device) if last else None)
+            inputs[(m, c)], outputs[(m, c)] = x, y / self.micro_batches if last else y
+            return outputs[(m, c)].detach() if last else 0.0  # on the device: no sync per micro-batch
+        if op is Op.BACKWARD:
+            x, y = inputs.pop((m, c)), outputs.pop((m, c))
+            grad = None if last else received.pop((_GRAD, m, c))[1].to(y.dtype)
+            if self.split_backward:
+                x_grad, owed[(m, c)] = backward_input(y, grad, x, self.chunks[c].parameters())
+            else:
+                torch.autograd.backward(y, grad_tensors=grad)
+                x_grad = x.grad
+            if v > 0:
+                input_grads[(m, c)] = x_grad
+            return 0.0
+        if op is Op.WEIGHT:
+            backward_weight(owed.pop((m, c)))
+            return 0.0
+        raise ValueError(f"unknown pipeline action {action!r}")
+
     def step(self, batches) -> float:
         """Forward and backward of every micro-batch; ``batches[m] = (inputs, targets)``.
 
@@ -64,56 +98,44 @@ class PipelineExecutor:
         over the step, as without a pipeline). Returns the sum of those scaled losses
         on the rank holding the last virtual stage, 0.0 elsewhere.
         """
-        last_vstage = self.virtual_stages - 1
         inputs, outputs = {}, {}  # (micro, chunk) -> stage input / output (or loss)
-        received, input_grads = {}, {}  # (micro, chunk) -> received tensor / grad to send
-        pending_sends = []
+        received, input_grads = {}, {}  # (kind, micro, chunk) -> posted receive; (micro, chunk) -> grad to send
+        owed = {}  # (micro, chunk) -> what its W needs (split backward only)
+        sent = []  # (Posted, tensor): kept alive until the step's end
         loss_sum = 0.0
-        for action in self.actions:
-            m, c, op = action.micro, action.chunk, action.op
-            v = self._vstage(c)
-            if op is Op.RECV_ACT or op is Op.RECV_GRAD:
-                buffer = torch.empty(self.shape, dtype=torch.float32, device=self.device)
-                kind = _ACT if op is Op.RECV_ACT else _GRAD
-                work = dist.irecv(buffer, src=self.pp_ranks[action.peer], group=self.group, tag=self._tag(kind, m, v))
-                with exposed():  # waiting on the previous/next stage: not hidden by compute
-                    work.wait()
-                received[(kind, m, c)] = buffer
-            elif op is Op.FORWARD:
-                tokens, targets = batches[m]
-                if v == 0:
-                    x = tokens.to(self.device)
+        for step in self.steps:  # Note [pre-posted receives] (p2p.py)
+            messages, keys = [], []
+            for action in step.post:
+                m, c, op = action.micro, action.chunk, action.op
+                v, peer = self._vstage(c), self.pp_ranks[action.peer]
+                if op is Op.SEND_ACT:
+                    tensor = outputs[(m, c)].detach().to(torch.float32).contiguous()
+                    messages.append((True, tensor, peer, self._tag(_ACT, m, v + 1)))
+                    keys.append(None)
+                elif op is Op.SEND_GRAD:
+                    tensor = input_grads.pop((m, c)).to(torch.float32).contiguous()
+                    messages.append((True, tensor, peer, self._tag(_GRAD, m, v - 1)))
+                    keys.append(None)
                 else:
-                    x = received.pop((_ACT, m, c)).requires_grad_(True)
-                with self._forward_context():
-                    y = self.chunks[c](x, targets.to(self.device) if v == last_vstage else None)
-                if v == last_vstage:
-                    y = y / self.micro_batches
-                    loss_sum = loss_sum + y.detach()  # on the device: no sync per micro-batch
-                inputs[(m, c)], outputs[(m, c)] = x, y
-            elif op is Op.SEND_ACT:
-                y = outputs[(m, c)].detach().to(torch.float32).contiguous()
-                tag = self._tag(_ACT, m, v + 1)
-                pending_sends.append((dist.isend(y, dst=self.pp_ranks[action.peer], group=self.group, tag=tag), y))
-            elif op is Op.BACKWARD:
-                x, y = inputs.pop((m, c)), outputs.pop((m, c))
-                if v == last_vstage:
-                    torch.autograd.backward(y)
+                    kind = _ACT if op is Op.RECV_ACT else _GRAD
+                    tensor = torch.empty(self.shape, dtype=torch.float32, device=self.device)
+                    messages.append((False, tensor, peer, self._tag(kind, m, v)))
+                    keys.append((kind, m, c))
+            for key, posted, (_, tensor, _, _) in zip(keys, post_batch(messages, self.group), messages):
+                if key is None:
+                    sent.append((posted, tensor))
                 else:
-                    grad = received.pop((_GRAD, m, c)).to(y.dtype)
-                    torch.autograd.backward(y, grad_tensors=grad)
-                if v > 0:
-                    input_grads[(m, c)] = x.grad
-            elif op is Op.SEND_GRAD:
-                grad = input_grads.pop((m, c)).to(torch.float32).contiguous()
-                tag = self._tag(_GRAD, m, v - 1)
-                pending_sends.append((dist.isend(grad, dst=self.pp_ranks[action.peer], group=self.group, tag=tag), grad))
-            else:
-                raise ValueError(f"unknown pipeline action {action!r}")
+                    received[key] = (posted, tensor)
+            for action in step.wait:
+                posted, _ = received[(_ACT if action.op is Op.RECV_ACT else _GRAD, action.micro, action.chunk)]
+                with exposed():  # waiting on the previous/next stage: what compute did not hide
+                    posted.wait()
+            if step.compute is not None:
+                loss_sum = loss_sum + self._compute(step.compute, batches, inputs, outputs, received, input_grads, owed)
         with exposed():
-            for work, _ in pending_sends:
-                work.wait()
-        if inputs or outputs or received or input_grads:
+            for posted, _ in sent:
+                posted.wait()
+        if inputs or outputs or received or input_grads or owed:
             raise RuntimeError(
                 "internal error in the pipeline executor: the schedule left work undone "
                 f"({sorted(inputs)} {sorted(received)} {sorted(input_grads)})"

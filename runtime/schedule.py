@@ -1,6 +1,6 @@
 """Pipeline schedules as data: for every pipeline rank, its ordered list of actions.
 
-Takes: a schedule kind (``"gpipe"``, ``"1f1b"``, ``"interleaved"``), the number of
+Takes: a schedule kind (``"gpipe"``, ``"1f1b"``, ``"interleaved"``, ``"zero_bubble"``), the number of
 pipeline stages (ranks of the pp group), micro-batches per step and model chunks per
 rank. Gives: ``build_schedule`` (one tuple of ``Action`` per rank), ``virtual_stage``,
 ``in_flight_bound`` (the memory model's number), ``message_key`` (how a send finds its
@@ -16,6 +16,12 @@ the compute that produced it, so a rank waits only for data it really needs: the
 lists are deadlock-free iff the compute order of every rank is consistent with the
 data flow, which ``schedule_sim.check_schedule`` verifies by running them.
 
+Note [B and W]: under a split-backward kind (``SPLIT_BACKWARD``) a backward is two
+computes: B takes the received output gradient and produces the input gradient to send
+(the critical path back to the first stage), W computes the stage's weight gradients
+later from what B left (runtime/pipeline.py). A micro-batch is in flight from its F to
+its W: the executor keeps its graph until then. Placement: ``schedule_zb``.
+
 Note [virtual stages]: chunk c of pipeline rank r is virtual stage c·stages + r
 (Megatron's numbering). Virtual stages 0 .. stages·chunks-1 are the model in order:
 stage 0 (rank 0, chunk 0) embeds, the last (rank stages-1, chunk chunks-1) computes
@@ -28,19 +34,25 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-KINDS = ("gpipe", "1f1b", "interleaved")
+from .schedule_zb import zero_bubble_bound, zero_bubble_orders
+
+KINDS = ("gpipe", "1f1b", "interleaved", "zero_bubble")
+SPLIT_BACKWARD = ("zero_bubble",)
+"""Kinds whose backward is two actions: B (input gradient) then W (weight gradient);
+elsewhere B is the whole backward (Note [B and W])."""
 
 
 class Op(enum.Enum):
     FORWARD = "F"
     BACKWARD = "B"
+    WEIGHT = "W"  # the weight gradient of a backward split in two (zero_bubble); no messages
     SEND_ACT = "send_act"  # send this chunk's forward output to the next virtual stage
     RECV_ACT = "recv_act"  # receive the forward input of this chunk from the previous virtual stage
     SEND_GRAD = "send_grad"  # send the gradient of this chunk's input to the previous virtual stage
     RECV_GRAD = "recv_grad"  # receive the gradient of this chunk's output from the next virtual stage
 
 
-COMPUTE = (Op.FORWARD, Op.BACKWARD)
+COMPUTE = (Op.FORWARD, Op.BACKWARD, Op.WEIGHT)
 SENDS = (Op.SEND_ACT, Op.SEND_GRAD)
 RECVS = (Op.RECV_ACT, Op.RECV_GRAD)
 
@@ -80,6 +92,8 @@ def _validate(kind: str, stages: int, micro_batches: int, chunks: int) -> None:
         raise ValueError(f"a pipeline needs stages >= 1, got stages = {stages}")
     if micro_batches < 1:
         raise ValueError(f"a pipeline needs micro_batches >= 1, got micro_batches = {micro_batches}")
+    if kind == "zero_bubble" and stages < 2:
+        raise ValueError("zero_bubble needs stages >= 2 (one stage has no bubble to fill)")
     if kind != "interleaved":
         if chunks != 1:
             raise ValueError(f"{kind} runs one model chunk per rank, got chunks = {chunks}; "
@@ -103,10 +117,12 @@ def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 
     torch.distributed.pipelining's ScheduleGPipe; the order of backwards does not change
     the bubble, and micro order keeps gradient accumulation in the order of 1f1b).
     1f1b: Megatron's PipeDream-flush. interleaved: Megatron's interleaved 1F1B.
+    zero_bubble: ZB-H1 of Qi et al. 2023 (``schedule_zb``), with W actions.
     Raises ValueError on sizes the kind cannot run (see ``_validate``).
     """
     _validate(kind, stages, micro_batches, chunks)
-    order = {"gpipe": _gpipe_order, "1f1b": _one_f_one_b_order, "interleaved": _interleaved_order}[kind]
+    order = {"gpipe": _gpipe_order, "1f1b": _one_f_one_b_order, "interleaved": _interleaved_order,
+             "zero_bubble": _zero_bubble_order}[kind]
     return tuple(
         tuple(_with_communication(order(rank, stages, micro_batches, chunks), rank, stages, chunks))
         for rank in range(stages)
@@ -118,7 +134,8 @@ def in_flight_bound(kind: str, *, stages: int, rank: int, micro_batches: int, ch
     (the activations it holds at once). gpipe: M·v. 1f1b: min(stages - rank, M).
     interleaved: Megatron's warm-up plus the first steady forward,
     min(2·(stages - rank - 1) + (v - 1)·stages + 1, M·v), and M·v when M = stages
-    (Megatron then runs every forward first). The bound is reached by every schedule."""
+    (Megatron then runs every forward first). zero_bubble: min(stages, M) on every rank,
+    counted from F to W (Note [B and W]). The bound is reached by every schedule."""
     _validate(kind, stages, micro_batches, chunks)
     if not 0 <= rank < stages:
         raise ValueError(f"rank {rank} is not in 0..{stages - 1}")
@@ -127,6 +144,8 @@ def in_flight_bound(kind: str, *, stages: int, rank: int, micro_batches: int, ch
         return total
     if kind == "1f1b":
         return min(stages - rank, micro_batches)
+    if kind == "zero_bubble":
+        return zero_bubble_bound(stages, micro_batches)
     return min(_interleaved_warmup(rank, stages, micro_batches, chunks) + 1, total)
 
 
@@ -148,6 +167,13 @@ def _one_f_one_b_order(rank, stages, micro_batches, chunks):
         order += [(Op.FORWARD, warmup + m, 0), (Op.BACKWARD, m, 0)]
     order += [(Op.BACKWARD, m, 0) for m in range(micro_batches - warmup, micro_batches)]
     return order
+
+
+_ZB_OPS = {"F": Op.FORWARD, "B": Op.BACKWARD, "W": Op.WEIGHT}
+
+
+def _zero_bubble_order(rank, stages, micro_batches, chunks):
+    return [(_ZB_OPS[op], m, 0) for op, m in zero_bubble_orders(stages, micro_batches)[rank]]
 
 
 def _interleaved_warmup(rank, stages, micro_batches, chunks):
@@ -187,6 +213,9 @@ def _with_communication(order, rank, stages, chunks):
     """Each compute with its receive right before and its send right after."""
     last = stages * chunks - 1
     for op, micro, chunk in order:
+        if op is Op.WEIGHT:  # local: the B before it received and sent what was needed
+            yield Action(op, micro, chunk)
+            continue
         here = virtual_stage(rank, chunk, stages)
         before, after = (here - 1) % stages, (here + 1) % stages  # the neighbours' ranks
         if op is Op.FORWARD:

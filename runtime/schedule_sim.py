@@ -22,7 +22,7 @@ class Deadlock(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    op: Op  # FORWARD or BACKWARD
+    op: Op  # FORWARD, BACKWARD or WEIGHT
     micro: int
     chunk: int
     start: float
@@ -35,18 +35,33 @@ class Timeline:
     makespan: float
 
 
+def splits_backward(schedule) -> bool:
+    """Does the schedule run each backward as B then W (schedule, Note [B and W])?"""
+    return any(action.op is Op.WEIGHT for actions in schedule for action in actions)
+
+
+def weight_share(backward_time: float) -> float:
+    """The W part of a whole backward, when no one says: half (F = B = W, Qi et al. 2023)."""
+    return backward_time / 2
+
+
 def simulate(schedule, *, forward_time: float = 1.0, backward_time: float = 2.0,
-             comm_time: float = 0.0) -> Timeline:
-    """Run every rank's list in order: F and B take ``forward_time``/``backward_time`` per
-    chunk, a send takes no time on its rank and never waits, a receive completes at
-    max(its rank's clock, the matching send's time + ``comm_time``). Raises ``Deadlock``
-    when the ranks cannot all finish (naming where each one waits)."""
+             weight_time: float | None = None, comm_time: float = 0.0) -> Timeline:
+    """Run every rank's list in order: F takes ``forward_time`` per chunk and a whole
+    backward ``backward_time``; when the schedule splits it (Note [B and W]), W takes
+    ``weight_time`` of it (default half, as F = B = W of Qi et al.) and B the rest. A send
+    takes no time on its rank and never waits, a receive completes at max(its rank's
+    clock, the matching send's time + ``comm_time``). Raises ``Deadlock`` when the ranks
+    cannot all finish (naming where each one waits)."""
     stages = len(schedule)
+    weight = weight_share(backward_time) if weight_time is None else weight_time
+    split = splits_backward(schedule)
     sent: dict[tuple, float] = {}
     clock = [0.0] * stages
     position = [0] * stages
     events: list[list[Event]] = [[] for _ in range(stages)]
-    duration = {Op.FORWARD: forward_time, Op.BACKWARD: backward_time}
+    duration = {Op.FORWARD: forward_time, Op.BACKWARD: backward_time - weight if split else backward_time,
+                Op.WEIGHT: weight}
     progress = True
     while progress:
         progress = False
@@ -86,13 +101,15 @@ def bubble_fraction(timeline: Timeline) -> float:
 
 
 def max_in_flight(actions) -> int:
-    """The most micro-batch-chunks of one rank's list whose forward ran and backward has not."""
+    """The most micro-batch-chunks of one rank's list whose forward ran and backward has
+    not (its W, when the backward is split: Note [B and W])."""
+    ends = Op.WEIGHT if any(action.op is Op.WEIGHT for action in actions) else Op.BACKWARD
     live = peak = 0
     for action in actions:
         if action.op is Op.FORWARD:
             live += 1
             peak = max(peak, live)
-        elif action.op is Op.BACKWARD:
+        elif action.op is ends:
             live -= 1
     return peak
 
@@ -100,13 +117,16 @@ def max_in_flight(actions) -> int:
 def check_schedule(schedule, *, micro_batches: int, chunks: int = 1) -> list[str]:
     """Every problem of ``schedule`` as one line of text (an empty list: it is valid).
 
-    Checks: each (micro, chunk) of each rank has exactly one F and one B, F first; each
+    Checks: each (micro, chunk) of each rank has exactly one F and one B, F first (and
+    one W after its B, when the schedule splits backwards: Note [B and W]); each
     compute has its receive before it and its send after it (none on the first/last
     virtual stage), with the right peer; every send has exactly one matching receive on
     its peer and the reverse; and the lists run to the end without deadlock."""
     stages = len(schedule)
     last = stages * chunks - 1
     problems: list[str] = []
+    split = splits_backward(schedule)
+    computes = COMPUTE if split else (Op.FORWARD, Op.BACKWARD)
     sends: Counter = Counter()
     recvs: Counter = Counter()
     for rank, actions in enumerate(schedule):
@@ -125,6 +145,8 @@ def check_schedule(schedule, *, micro_batches: int, chunks: int = 1) -> list[str
                 done[(action.op, action.micro, action.chunk)] = index
                 if action.op is Op.BACKWARD and (Op.FORWARD, action.micro, action.chunk) not in done:
                     problems.append(f"{where}: backward before its forward")
+                if action.op is Op.WEIGHT and (Op.BACKWARD, action.micro, action.chunk) not in done:
+                    problems.append(f"{where}: weight gradient before its backward")
                 continue
             key = message_key(action, rank, stages)
             if not 0 <= key[2] <= last:
@@ -146,7 +168,7 @@ def check_schedule(schedule, *, micro_batches: int, chunks: int = 1) -> list[str
         for micro in range(micro_batches):
             for chunk in range(chunks):
                 here = virtual_stage(rank, chunk, stages)
-                for op in COMPUTE:
+                for op in computes:
                     if (op, micro, chunk) not in done:
                         problems.append(f"rank {rank}: {op.name} of micro {micro} chunk {chunk} missing")
                 expect = [(Op.RECV_ACT, here > 0), (Op.SEND_ACT, here < last),

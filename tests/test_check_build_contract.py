@@ -41,7 +41,8 @@ AUTO = {"examples/gpt3-175b.par", "examples/gpt-1t.par"}
 SWEEP = {
     "parallel.zero": ["0", "1", "2", "3"],
     "train.precision": ["fp32", "bf16", "fp16"],
-    "parallel.schedule": ["gpipe", "1f1b", "interleaved(chunks = 2)", "interleaved(chunks = 3)"],
+    "parallel.schedule": ["gpipe", "1f1b", "interleaved(chunks = 2)", "interleaved(chunks = 3)", "zero_bubble",
+                          "chimera", "zero_bubble_v", "terapipe(slices = 2)"],
     "parallel.recompute": ["none", "selective", "full"],
     "parallel.overlap": ["none", "sub_batch(2)", "sub_batch(3)", "sub_batch(4)"],
     "parallel.sp": ["true", "false"],
@@ -81,7 +82,7 @@ def variants() -> list[tuple[str, tuple[str, ...]]]:
     # Layouts of the tiny GPT: degrees that do and do not fill the 4 ranks, with each
     # schedule and sp; then overlap against micro_batch and tp.
     for dp, tp, pp, schedule, sp in itertools.product(
-        (1, 2, 4), (1, 2, 4), (1, 2, 4), ("1f1b", "gpipe", "interleaved(chunks = 2)"), ("false", "true")
+        (1, 2, 4), (1, 2, 4), (1, 2, 4), ("1f1b", "gpipe", "interleaved(chunks = 2)", "zero_bubble"), ("false", "true")
     ):
         out.append(("examples/tiny.par", (f"parallel.dp={dp}", f"parallel.tp={tp}", f"parallel.pp={pp}",
                                           f"parallel.schedule={schedule}", f"parallel.sp={sp}")))

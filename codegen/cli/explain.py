@@ -23,13 +23,14 @@ from parc.dsl.diagnostics import Diagnostics
 from parc.dsl.spec import Spec
 from parc.runtime.paths import UnwritablePath, check_target
 from parc.runtime.schedule import Action, build_schedule, in_flight_bound
-from parc.runtime.schedule_sim import Timeline, bubble_fraction, describe_rank, simulate
+from parc.runtime.schedule_sim import Timeline, bubble_fraction, describe_rank, simulate, splits_backward
 
 from .. import gantt
 from ..errors import BAD_VALUE, error, fail
 
 SVG_NAME = "schedule.svg"
 FORWARD_TIME, BACKWARD_TIME = 1.0, 2.0
+SPLIT_TIMES = " as B 1 + W 1"  # a split backward (schedule.py, Note [B and W]): simulate's default halves
 
 
 def register(subparsers) -> None:
@@ -51,7 +52,7 @@ def register(subparsers) -> None:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Explanation:
     spec: Spec
-    kind: str  # "gpipe" | "1f1b" | "interleaved"
+    kind: str  # "gpipe" | "1f1b" | "interleaved" | "zero_bubble"
     stages: int
     micro_batches: int
     chunks: int
@@ -60,6 +61,11 @@ class Explanation:
     bubble: float
     in_flight: tuple[int, ...]  # per rank, in_flight_bound
     planned: bool = False  # the spec left the layout (some of it) auto: the planner's winner
+
+    @property
+    def split(self) -> bool:
+        """Backward as B then W (schedule.py, Note [B and W])."""
+        return splits_backward(self.schedule)
 
     @property
     def schedule_text(self) -> str:
@@ -119,13 +125,15 @@ def text(ex: Explanation) -> str:
         f"(micro_batch {train.micro_batch} · dp {par.dp})",
         f"  chunks         {ex.chunks} per rank",
         f"  bubble         {ex.bubble:.1%}: {gantt.number(idle)} of {ex.stages} × {gantt.number(ex.timeline.makespan)} "
-        f"time units idle (forward = 1, backward = 2 per chunk, communication free)",
+        f"time units idle (forward = 1, backward = 2 per chunk{SPLIT_TIMES if ex.split else ''}, "
+        "communication free)",
         "  in flight      at most " + ", ".join(f"rank {r}: {n}" for r, n in enumerate(ex.in_flight))
-        + f" {plural(max(ex.in_flight), unit)} (forward done, backward not yet)",
+        + f" {plural(max(ex.in_flight), unit)} (forward done, {'W' if ex.split else 'backward'} not yet)",
         "",
         *timeline_section(ex),
         "",
-        "actions (ra/sa: receive/send activation, rg/sg: receive/send gradient; <r from rank r, >r to rank r)",
+        "actions (ra/sa: receive/send activation, rg/sg: receive/send gradient; <r from rank r, >r to rank r"
+        + ("; B input gradient, W weight gradient)" if ex.split else ")"),
         *(line for rank, actions in enumerate(ex.schedule)
           for line in wrapped(f"rank {rank} | ", describe_rank(actions, ex.chunks))),
     ]
@@ -172,7 +180,8 @@ def timeline_section(ex: Explanation) -> list[str]:
     units = round(ex.timeline.makespan / FORWARD_TIME)
     bands = -(-units // per_band)
     if bands <= BANDS:
-        out = ["timeline (one column per forward time unit; F forward, B backward, . idle"
+        out = ["timeline (one column per forward time unit; F forward, B backward, "
+               + ("W weight gradient, " if ex.split else "") + ". idle"
                + ("; F3.1 = micro-batch 3, chunk 1)" if ex.chunks > 1 else ")")]
         for band in range(bands):
             start, stop = prefix + band * per_band * cell, prefix + (band + 1) * per_band * cell
@@ -219,7 +228,8 @@ def chart(ex: Explanation) -> str:
     subtitle = (f"{ex.spec.model.name}: {ex.layout_text}; {ex.stages} pipeline rank"
                 f"{'s' if ex.stages > 1 else ''}, {ex.chunks} chunk{'s' if ex.chunks > 1 else ''} each")
     return gantt.svg(ex.timeline, chunks=ex.chunks, title=title, subtitle=subtitle,
-                     time_label="time (forward = 1, backward = 2 per chunk; communication not counted)")
+                     time_label=f"time (forward = 1, backward = 2 per chunk{SPLIT_TIMES if ex.split else ''}; "
+                     "communication not counted)")
 
 
 def run_explain(args: argparse.Namespace) -> int:

@@ -189,3 +189,20 @@ def test_no_traceback_from_the_command_line(tmp_path):
     )
     assert done.returncode == 1
     assert "Traceback" not in done.stderr and "error[PAR0" in done.stderr
+
+
+def test_zero_bubble_draws_b_and_w_apart(capsys, tmp_path):
+    status, out, err = run(capsys, "examples/tiny.par", *PP2, "--set", "parallel.schedule=zero_bubble",
+                           "-o", str(tmp_path))
+    assert (status, err) == (0, "")
+    assert "schedule       zero_bubble over 2 pipeline stages" in out
+    # ZB-H1 idles (p-1)(F+B-W) = 1 unit per rank here, 1f1b (p-1)(F+B+W) = 3
+    assert "bubble         4.0%: 2 of 2 × 25 time units idle (forward = 1, backward = 2 per chunk as B 1 + W 1" in out
+    assert "in flight      at most rank 0: 2, rank 1: 2 micro-batches (forward done, W not yet)" in out
+    assert "rank 1 | .  F0 B0 F1 B1 W0 F2 B2 W1" in out
+    boxes = events(tmp_path / "schedule.svg")
+    kinds = [b.get("class") for b in boxes]
+    assert kinds.count("event weight") == kinds.count("event backward") == 2 * 8
+    fills = {b.get("class"): b.get("fill") for b in boxes}
+    assert len(set(fills.values())) == 3  # F, B and W in three colours
+    assert {"input grad B", "weight grad W"} <= set(texts(tmp_path / "schedule.svg"))

@@ -1,8 +1,9 @@
 """Every layout trains exactly like one rank (DESIGN §8).
 
 For a tiny GPT and a tiny Llama, the generated trainer is built in each layout and
-run with torchrun on CPU gloo in fp32 for 4 steps; every step's loss and the first
-step's gradient norm must equal the single-rank build's within 1e-5 relative.
+run with torchrun on CPU gloo in fp32 for 4 steps (6 for the schedules of issue 20,
+``STEPS_OF``); every step's loss and the first step's gradient norm must equal the
+single-rank build's within 1e-5 relative.
 
 Four steps prove what more would: step 1's loss and gradient norm check the forward
 and backward from the shared initialization; step 2's loss depends on step 1's update
@@ -56,6 +57,17 @@ LAYOUTS = {
     "pp2-recompute-full": dict(pp=2, parallel__recompute="full"),
     "pp2-dp2-zero2": dict(pp=2, dp=2, parallel__zero=2),
     "pp2-tp2-zero1": dict(pp=2, tp=2, parallel__zero=1),
+    # zero_bubble (ZB-H1): backward split into B and W (runtime/split_backward.py)
+    "pp2-zero_bubble": dict(pp=2, parallel__schedule="zero_bubble"),
+    "pp4-zero_bubble": dict(pp=4, parallel__schedule="zero_bubble", model__layers=4),
+    "pp2-dp2-zero_bubble": dict(pp=2, dp=2, parallel__schedule="zero_bubble"),
+    "pp2-tp2-zero_bubble": dict(pp=2, tp=2, parallel__schedule="zero_bubble"),
+    "pp2-tp2-sp-zero_bubble": dict(pp=2, tp=2, sp=True, parallel__schedule="zero_bubble"),
+    "pp2-dp2-zero2-zero_bubble": dict(pp=2, dp=2, parallel__zero=2, parallel__schedule="zero_bubble"),
+    "pp2-recompute-full-zero_bubble": dict(pp=2, parallel__recompute="full", parallel__schedule="zero_bubble"),
+    "pp2-recompute-selective-zero_bubble": dict(pp=2, parallel__recompute="selective", parallel__schedule="zero_bubble"),
+    "pp2-tp2-overlap2-zero_bubble": dict(pp=2, tp=2, parallel__overlap="sub_batch(2)", parallel__schedule="zero_bubble"),
+    "pp2-cp2-ulysses-zero_bubble": dict(pp=2, cp=2, parallel__cp_kind="ulysses", parallel__schedule="zero_bubble"),
     # Oases sub-batch overlap (runtime/overlap.py); dp > 1 layouts overlap gradients always
     "tp2-overlap2": dict(tp=2, parallel__overlap="sub_batch(2)"),
     "tp2-sp-overlap2": dict(tp=2, sp=True, parallel__overlap="sub_batch(2)"),
@@ -86,6 +98,13 @@ LAYOUTS = {
     "cp2-tp2-overlap2-allgather": dict(cp=2, tp=2, parallel__cp_kind="allgather", parallel__overlap="sub_batch(2)"),
 }
 ARCHS = ("gpt", "llama")
+STEPS_OF = {layout: 6 for layout in LAYOUTS if "zero_bubble" in layout}
+"""Layouts run longer than ``STEPS``: issue 20 asks 6 steps of its schedules (their
+single-rank references run as long)."""
+
+
+def steps_of(layout: str) -> int:
+    return STEPS_OF.get(layout, STEPS)
 
 
 def model_overrides(degrees: dict) -> dict:
@@ -100,21 +119,22 @@ def nproc_of(degrees: dict) -> int:
 def layout_case(arch: str, layout: str) -> Case:
     degrees = LAYOUTS[layout]
     overrides = tuple(layout_overrides(**degrees))
-    return Case(f"{arch}-{layout}", f"{arch}.par", overrides, nproc_of(degrees), ("--steps", str(STEPS)))
+    return Case(f"{arch}-{layout}", f"{arch}.par", overrides, nproc_of(degrees), ("--steps", str(steps_of(layout))))
 
 
-def reference_case(arch: str, model: dict | None = None) -> Case:
+def reference_case(arch: str, model: dict | None = None, steps: int = STEPS) -> Case:
     """The single-rank run of ``arch`` (with a layout's model variant, e.g. 4 layers)."""
     model = model or {}
     words = "".join(f"-{key.removeprefix('model__')}{value}" for key, value in sorted(model.items()))
-    return Case(f"{arch}-single{words}", f"{arch}.par", tuple(layout_overrides(**model)), 1, ("--steps", str(STEPS)))
+    words += f"-steps{steps}" if steps != STEPS else ""
+    return Case(f"{arch}-single{words}", f"{arch}.par", tuple(layout_overrides(**model)), 1, ("--steps", str(steps)))
 
 
 def cases_of(item) -> list[Case]:
     """The runs a selected test of this module reads (tests/conftest.py's ``trainers``)."""
     if item.originalname == "test_layout_matches_single_rank":
         arch, layout = item.callspec.params["arch"], item.callspec.params["layout"]
-        return [layout_case(arch, layout), reference_case(arch, model_overrides(LAYOUTS[layout]))]
+        return [layout_case(arch, layout), reference_case(arch, model_overrides(LAYOUTS[layout]), steps_of(layout))]
     if item.originalname == "test_single_rank_loss_falls":
         return [reference_case(arch) for arch in ARCHS]
     return []
@@ -132,8 +152,8 @@ def assert_close(actual: float, expected: float, what: str) -> None:
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layout_matches_single_rank(arch, layout, trainers):
     runs = trainers.records(layout_case(arch, layout))
-    expected = trainers.records(reference_case(arch, model_overrides(LAYOUTS[layout])))
-    assert [r["step"] for r in runs] == [r["step"] for r in expected] == list(range(1, STEPS + 1))
+    expected = trainers.records(reference_case(arch, model_overrides(LAYOUTS[layout]), steps_of(layout)))
+    assert [r["step"] for r in runs] == [r["step"] for r in expected] == list(range(1, steps_of(layout) + 1))
     for got, want in zip(runs, expected):
         assert_close(got["loss"], want["loss"], f"{arch} {layout} step {got['step']} loss")
     assert_close(runs[0]["grad_norm"], expected[0]["grad_norm"], f"{arch} {layout} step 1 grad_norm")

@@ -2,9 +2,9 @@
 metrics JSONL's ``memory_per_rank`` (runtime/memory.py's definitions).
 
 Parameters, gradients and optimizer state must be equal to the byte; the peak of saved
-activations within 10%, on every rank. Three 4-rank runs (one step each) cover dp 2
+activations within 10%, on every rank. Four 4-rank runs (one step each) cover dp 2
 with zero 0, 1 and 2, tp 2 with sp, pp 2 (both stages: embedding, head, tied copy),
-gpt and llama, and selective recompute. The runs share the parity suite's launch of
+gpt and llama, selective recompute, and pp 2 under zero_bubble. The runs share the parity suite's launch of
 their world size (tests/conftest.py's ``trainers``).
 """
 
@@ -26,6 +26,8 @@ CASES = {
     "gpt dp2·tp2 sp zero2": ("gpt.par", dict(dp=2, tp=2, sp="true", zero=2)),
     "llama dp2·pp2 zero1": ("llama.par", dict(dp=2, pp=2, zero=1)),
     "llama dp2·pp2 zero0 selective": ("llama.par", dict(dp=2, pp=2, zero=0, recompute="selective")),
+    # zero_bubble keeps a micro-batch's graph from F to W: min(pp, M) in flight on every rank
+    "gpt dp2·pp2 zero_bubble": ("gpt.par", dict(dp=2, pp=2, zero=0, schedule="zero_bubble")),
 }
 
 
@@ -35,6 +37,7 @@ def _overrides(degrees: dict) -> list[str]:
         f"parallel.dp={dp}", f"parallel.tp={tp}", f"parallel.pp={pp}",
         f"parallel.sp={degrees.get('sp', 'false')}", f"parallel.zero={degrees.get('zero', 0)}",
         f"parallel.recompute={degrees.get('recompute', 'none')}", f"mesh.devices_per_node={dp * tp * pp}",
+        f"parallel.schedule={degrees.get('schedule', '1f1b')}",
     ]
 
 

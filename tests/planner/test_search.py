@@ -180,19 +180,25 @@ def test_build_winner_is_buildable_and_recorded():
 
 @pytest.mark.parametrize("kind,stages,micro_batches,chunks", [
     ("1f1b", 4, 8, 1), ("gpipe", 4, 6, 1), ("interleaved", 4, 8, 2), ("1f1b", 2, 2, 1),
+    # zero_bubble's closed form is the paper's, exact for B = W <= F (backward <= 2F);
+    # beyond that it is an estimate that the exact re-scoring replaces
+    ("zero_bubble", 4, 8, 1), ("zero_bubble", 2, 2, 1), ("zero_bubble", 8, 16, 1),
 ])
 def test_closed_form_is_the_simulated_schedule_without_comm(kind, stages, micro_batches, chunks):
+    backward = 2.0 if kind == "zero_bubble" else 2.5
     timeline = simulate(build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks),
-                        forward_time=1.0, backward_time=2.5)
+                        forward_time=1.0, backward_time=backward)
     fast = makespan(kind, stages=stages, micro_batches=micro_batches, chunks=chunks,
-                    forward=1.0, backward=2.5, comm=0.0, exact=False)
+                    forward=1.0, backward=backward, comm=0.0, exact=False)
     assert fast == pytest.approx(timeline.makespan, rel=1e-12)
 
 
 @pytest.mark.parametrize("kind,stages,micro_batches,chunks,comm", [
     ("1f1b", 4, 40, 1, 0.1), ("interleaved", 4, 40, 2, 0.3), ("gpipe", 3, 20, 1, 0.2), ("1f1b", 8, 48, 1, 0.05),
+    ("zero_bubble", 4, 40, 1, 0.1), ("zero_bubble", 2, 24, 1, 0.0),
 ])
 def test_steady_state_extension_is_the_full_simulation(kind, stages, micro_batches, chunks, comm):
+    """(zero_bubble rows too: its period is p micro-batches as well)"""
     exact = makespan(kind, stages=stages, micro_batches=micro_batches, chunks=chunks,
                      forward=2.0, backward=4.4, comm=2.0 * comm, exact=True)
     full = 2.0 * _simulate(kind, stages, micro_batches, chunks, 2.2, comm)

@@ -14,6 +14,12 @@ form the schedule tests prove for zero communication, (v·M + p − 1)·(F + B),
 each way), and then re-scores its best candidates exactly before ranking them
 (``codegen/planner/search.py``). ``parc plan`` always shows exact figures.
 
+Note [the zero-bubble closed form]: ZB-H1 idles (p − 1)(F + B − W) per rank (Qi et al.
+2023) where 1F1B idles (p − 1)(F + B + W), with B the input-gradient half and W the
+weight-gradient half of a backward: the closed form is 1F1B's less (p − 1)·2W, with W
+``schedule_sim.weight_share`` of the backward. The simulated lists meet it for M ≥ p and
+B = W ≤ F (tests/runtime, tests/planner); otherwise the exact simulation decides.
+
 Note [steady state]: after warm-up, every schedule here repeats a period of p
 micro-batches, so the makespan is affine in M; a long schedule (M > 4p) is simulated
 at 2p, 3p and 4p micro-batches and, when those three points lie on one line, extended
@@ -25,8 +31,8 @@ from __future__ import annotations
 
 import functools
 
-from parc.runtime.schedule import build_schedule
-from parc.runtime.schedule_sim import simulate
+from parc.runtime.schedule import SPLIT_BACKWARD, build_schedule
+from parc.runtime.schedule_sim import simulate, weight_share
 
 
 def makespan(
@@ -39,6 +45,8 @@ def makespan(
         return micro_batches * (forward + backward)
     if not exact or forward <= 0:
         closed = (units + stages - 1) * (forward + backward)
+        if kind in SPLIT_BACKWARD:  # the W passes fill the drain: Note [the zero-bubble closed form]
+            closed -= (stages - 1) * 2 * weight_share(backward)
         return closed + 2.0 * comm * (units + stages - 1) / chunks
     ratio_b = round(backward / forward, 3)
     ratio_c = round(comm / forward, 4)

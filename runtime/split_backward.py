@@ -1,0 +1,77 @@
+"""A stage's backward in two parts: B (input gradient) now, W (weight gradients) later.
+
+Takes: a stage's output (or loss), the gradient received for it, its input and its
+parameters. Gives: ``backward_input`` (B: the input's gradient, and what W needs) and
+``backward_weight`` (W: the parameters' gradients, accumulated into ``.grad`` as
+``loss.backward()`` would, so post-accumulate-grad hooks, and with them the dp buckets
+of ``dp.py``, fire when a parameter's last W of the step finishes). Before: the
+pipeline executor's B and W actions (schedule.py, Note [B and W]). After: nothing.
+
+Note [splitting backward]: B walks the autograd graph from the output to the input
+only (``torch.distributed.pipelining``'s ``stage_backward_input``, which keeps the
+graph and, with pre-hooks, the gradients arriving at the nodes where the parameters'
+branches join the input's path). W restarts autograd at those nodes with those
+gradients and stops at the parameters, so no node on the input's path runs twice.
+The first stage's input is token ids (no gradient): its B has nothing to send and its
+W runs the whole backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.autograd.graph import GradientEdge
+from torch.distributed.pipelining._backward import stage_backward_input
+
+
+@dataclass(slots=True)
+class OwedWeights:
+    """What a W needs: the saved gradients at the joins (``groups``), or, on the first
+    stage, the output and its gradient for one whole backward."""
+
+    params: list
+    groups: list | None = None
+    output: torch.Tensor | None = None
+    output_grad: torch.Tensor | None = None
+
+
+def backward_input(output, output_grad, stage_input, params) -> tuple[torch.Tensor | None, OwedWeights]:
+    """B: the gradient of ``stage_input`` (None when it needs none) and what W owes.
+    ``output_grad`` None: ``output`` is the loss."""
+    params = [p for p in params if p.requires_grad]
+    if not (isinstance(stage_input, torch.Tensor) and stage_input.requires_grad):
+        return None, OwedWeights(params=params, output=output, output_grad=output_grad)
+    grads = None if output_grad is None else [output_grad]
+    (input_grad,), groups = stage_backward_input([output], grads, [stage_input], iter(params))
+    return input_grad, OwedWeights(params=params, groups=groups)
+
+
+def backward_weight(owed: OwedWeights) -> None:
+    """W: accumulate every parameter's gradient from what B saved (Note [splitting backward])."""
+    if owed.groups is None:
+        torch.autograd.backward(owed.output, grad_tensors=owed.output_grad, inputs=owed.params)
+        return
+    for group in owed.groups:
+        saved = group.get("grads")
+        if saved is None:  # no gradient reached this join: its parameters get none
+            continue
+        edges, grads = [], []
+        for grads_at_node, node in zip(saved, group["intermediates"], strict=True):
+            for index, grad in enumerate(grads_at_node):
+                if grad is not None:
+                    edges.append(GradientEdge(node, index))
+                    grads.append(grad)
+        # a join below another join of the same group would add the upper one's share
+        # again: give every join exactly the gradient B saw there
+        handles = [node.register_prehook(lambda _grads, seen=grads_at_node: seen)
+                   for grads_at_node, node in zip(saved, group["intermediates"], strict=True)
+                   if len(group["intermediates"]) > 1]
+        try:
+            if edges:
+                params = [accumulate.variable for accumulate in group["params"]]
+                torch.autograd.backward(edges, grad_tensors=grads, inputs=params)
+        finally:
+            for handle in handles:
+                handle.remove()
+        group.clear()  # frees the saved gradients and the graph they keep alive
