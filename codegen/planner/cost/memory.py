@@ -193,6 +193,9 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
         if accounting is Accounting.PARC and layout.zero == 2 and layout.dp > 1:
             # Partial sp gradients wait, whole, for their sum over tp when backward ends.
             grad_b += 4.0 * sequence_parallel_params(model, layout, rank, stage_layers)
+        if accounting is Accounting.PARC and layout.zero == 3 and layout.dp > 1 and layout.sp and layout.tp > 1:
+            # every unit holds a sequence-parallel norm: its whole gradients wait for the tp sum
+            grad_b += 4.0 * params
         acts = activation_bytes(spec, layout, rank, accounting, stage_layers)
         rows[rank] = MemoryBreakdown(
             params=param_b,
@@ -206,10 +209,33 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
     return MemoryEstimate(per_rank=per_rank, peak_rank=peak_rank)
 
 
+def zero3_working_set(spec: Spec, layout: Layout, params: int, accounting: Accounting) -> float:
+    """Bytes of ZeRO-3's unsharded working set on a rank holding ``params`` elements
+    (runtime/fsdp.py, Note [prefetch]): the root unit (embeddings, final norm, head) and
+    1 + zero_prefetch blocks gathered at once, plus one block's gradient and its packed
+    copy being reduce-scattered (PARC: fp32; MEGATRON: bf16 parameters and gradients).
+    Blocks are taken as equal, the root as what the rank holds beyond its blocks."""
+    model = spec.model
+    element = 2.0 if accounting is Accounting.MEGATRON else 4.0
+    block = model_desc(model).stage_params(
+        layout.tp, layers=(0, 1), first=False, last=False, sharded=None
+    ).elements if model.layers else 0
+    root = max(0, params - block * layout_blocks(model, layout))
+    prefetch = int(getattr(spec.parallel, "zero_prefetch", 1))
+    return element * (root + (1 + prefetch) * block + 2 * block)
+
+
+def layout_blocks(model, layout: Layout) -> int:
+    """Blocks on the pipeline rank holding the most (an even split: layers / pp)."""
+    return math.ceil(model.layers / layout.pp)
+
+
 def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting, full_recompute: bool) -> float:
     model, tokens = spec.model, layout.micro_batch * spec.model.seq_len
     total = 0.0
-    if accounting is Accounting.PARC and layout.dp > 1:
+    if layout.zero >= 3 and layout.dp > 1:
+        total += zero3_working_set(spec, layout, params, accounting)
+    elif accounting is Accounting.PARC and layout.dp > 1:
         if layout.zero == 2:  # Note [ZeRO-2 during backward]: two buckets alive at most
             total += 2 * min(BUCKET_BYTES, 4.0 * params)
         else:  # zero 0's packed buckets, zero 1's flat gradient: one fp32 copy in flight
