@@ -26,6 +26,9 @@ CASES = {
     "gpt dp2·tp2 sp zero2": ("gpt.par", dict(dp=2, tp=2, sp="true", zero=2)),
     "llama dp2·pp2 zero1": ("llama.par", dict(dp=2, pp=2, zero=1)),
     "llama dp2·pp2 zero0 selective": ("llama.par", dict(dp=2, pp=2, zero=0, recompute="selective")),
+    # ZeRO-3: shards padded per unit (runtime/fsdp.py); gathered parameters are not activations
+    "gpt dp4 zero3": ("gpt.par", dict(dp=4, zero=3)),
+    "llama dp2·pp2 zero3": ("llama.par", dict(dp=2, pp=2, zero=3)),
 }
 
 

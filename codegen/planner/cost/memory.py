@@ -30,7 +30,10 @@ from parc.dsl.spec import ModelSpec, Precision, Spec
 from parc.runtime.schedule import in_flight_bound
 
 from ...model_config import model_desc
-from .layout import SETTING_NAMES, Accounting, Layout, rank_blocks, rank_params, sequence_parallel_params, stage_contents
+from .layout import (
+    SETTING_NAMES, Accounting, Layout, rank_blocks, rank_params, sequence_parallel_params, stage_contents,
+    zero3_shard_elements,
+)
 
 
 BUCKET_BYTES = 25 * 2**20
@@ -193,6 +196,9 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
         if accounting is Accounting.PARC and layout.zero == 2 and layout.dp > 1:
             # Partial sp gradients wait, whole, for their sum over tp when backward ends.
             grad_b += 4.0 * sequence_parallel_params(model, layout, rank, stage_layers)
+        if accounting is Accounting.PARC and layout.zero == 3 and layout.dp > 1:
+            shard = zero3_shard_elements(model, layout, rank, stage_layers)  # padded per unit
+            param_b, grad_b, optim_b = 4.0 * shard, 4.0 * shard, 8.0 * shard
         if accounting is Accounting.PARC and layout.zero == 3 and layout.dp > 1 and layout.sp and layout.tp > 1:
             # every unit holds a sequence-parallel norm: its whole gradients wait for the tp sum
             grad_b += 4.0 * params
