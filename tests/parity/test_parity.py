@@ -95,6 +95,10 @@ LAYOUTS = {
                            mesh__devices_per_node=2),
     "dp2-zero3-prefetch2": dict(dp=2, model__layers=4, parallel__zero=3, parallel__zero_prefetch=2),
     "dp2-cp2-zero3": dict(dp=2, cp=2, parallel__cp_kind="allgather", parallel__zero=3),
+    # two chunks per pipeline rank: each chunk's root and blocks are units of their own
+    "pp2-dp2-interleaved2-zero3": dict(
+        pp=2, dp=2, parallel__zero=3, parallel__schedule="interleaved(chunks = 2)", model__layers=4,
+    ),
 }
 ARCHS = ("gpt", "llama")
 
