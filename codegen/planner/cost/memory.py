@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 from parc.dsl.spec import ModelSpec, Precision, Spec
+from parc.runtime.model_desc import LINEAR
 from parc.runtime.schedule import in_flight_bound
 
 from ...model_config import model_desc
@@ -166,7 +167,20 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
         head_in_flight = micro_batches if layout.schedule == "gpipe" and layout.pp > 1 else 1
         head = parc_head_elements(model, tp=layout.tp, sp=layout.sp, compiled=compiled)
         total += head_in_flight * head * tokens * 4.0
+    if element == 2.0:  # Note [autocast's weight copies]
+        kept = sum(count for mode, count in modes.items() if mode != "full")
+        total += 2.0 * in_flight * kept / layout.chunks * autocast_block_weights(model, layout.tp)
+        if contents.head:
+            total += 2.0 * head_in_flight * model_desc(model).head[-1].weight.numel(layout.tp)
     return total
+
+
+def autocast_block_weights(model: ModelSpec, tp: int) -> int:
+    """Note [autocast's weight copies]: under bf16 autocast every matmul casts its fp32
+    weight to a bf16 copy, which autograd saves for backward: one copy per weight and per
+    micro-batch in flight (each forward is its own autocast region), none inside a
+    fully recomputed block. Elements of one block's matmul weights on a tp rank."""
+    return sum(m.weight.numel(tp) for m in model_desc(model).blocks[0].modules if m.layer == LINEAR)
 
 
 def _rank_recompute(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> dict[str, int]:
