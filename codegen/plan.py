@@ -326,6 +326,10 @@ class TrainPlan:
     """ON_NONFINITE: ``skip`` or ``stop`` on a non-finite loss or gradient norm."""
     kernels: Setting
     """KERNELS: the fused ops, "compiled" (runtime/kernels) or "eager"."""
+    zero_prefetch: Setting | None = None
+    """ZERO_PREFETCH under zero = 3 (runtime/fsdp.py, Note [prefetch]); None otherwise."""
+    zero_shard: Setting | None = None
+    """ZERO_SHARD under zero = 3: ``dp`` or ``node`` (HSDP); None otherwise."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

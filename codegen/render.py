@@ -24,6 +24,7 @@ DEVICE_FLOPS_NOTE = "dense peak FLOP/s of one device, for MFU"
 ZERO_WORDS = {
     1: "AdamW state sharded over dp",
     2: "AdamW state and gradients sharded over dp",
+    3: "parameters, gradients and AdamW state sharded over dp",
 }
 CP_KIND_WORDS = {
     "ulysses": "all-to-all from sequence to head shards around attention",
@@ -89,6 +90,7 @@ def config_lines(plan: Plan) -> list[str]:
     zero = plan.train.zero
     if zero.value:
         lines.append(constant("ZERO", zero.value, f"{cite(zero.span)}: {zero_words(plan)}"))
+    lines += zero3_config_lines(plan)
     kernels = plan.train.kernels
     lines.append(constant("KERNELS", kernels.value, f"{cite(kernels.span)}: {KERNELS_WORDS[kernels.value]}"))
     lines += render_step.config_lines(plan)
@@ -119,6 +121,22 @@ def config_lines(plan: Plan) -> list[str]:
         lines.append(constant("DATA_DTYPE", train.data.dtype, cite(train.data.span)))
     flops_note = DEVICE_FLOPS_NOTE if mesh.device_flops else "unknown for this device: no MFU"
     lines.append(constant("DEVICE_FLOPS", mesh.device_flops, f"{cite(mesh.device_span)}: {flops_note}"))
+    return lines
+
+
+def zero3_config_lines(plan: Plan) -> list[str]:
+    """ZERO_PREFETCH and ZERO_SHARD (and DEVICES_PER_NODE for HSDP) under zero = 3."""
+    train = plan.train
+    if train.zero.value != 3:
+        return []
+    prefetch, shard = train.zero_prefetch, train.zero_shard
+    lines = [
+        constant(prefetch.name, prefetch.value, f"{cite(prefetch.span)}: blocks gathered ahead of the one computing"),
+        constant(shard.name, shard.value, f"{cite(shard.span)}: "
+                 + ("shard within a node, replicate across nodes (HSDP)" if shard.value == "node" else "shard over dp")),
+    ]
+    if shard.value == "node":
+        lines.append(constant("DEVICES_PER_NODE", plan.mesh.devices_per_node, f"{cite(plan.mesh.devices_span)}: ranks per node"))
     return lines
 
 
@@ -188,7 +206,9 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             "model.allreduce_sequence_parallel_grads(net, tp_group)"
         )
     hyper = "lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, eps=EPS"
-    if zero_stage:
+    if zero_stage == 3:
+        optimizer_lines, step_lines = fsdp_lines(plan, reduce_group if reducing else "None", tp_arg, hyper, pp_arg, over)
+    elif zero_stage:
         dp_arg = reduce_group if reducing else "None"
         optimizer_lines = [
             f"# {cite(plan.train.zero.span)}: ZeRO-{zero_stage}, {zero_words(plan)}: each {over} rank",
@@ -323,12 +343,44 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     return black.format_str(text, mode=black.Mode())
 
 
+def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, over: str) -> tuple[list[str], list[str]]:
+    """ZeRO-3's optimizer and step lines (runtime/fsdp.py)."""
+    train = plan.train
+    hybrid = train.zero_shard.value == "node"
+    axes_arg = '("dp",)' if plan.mesh.size("cp") == 1 else '("dp", "cp")'
+    optimizer_lines = [
+        f"# {cite(train.zero.span)}: ZeRO-3, {zero_words(plan)}: each block (and the embeddings",
+        f"# and head) is one flat fp32 buffer; each {over} rank keeps its share of it and the",
+        "# share's Adam moments, all-gathers a block before its forward and again before its",
+        "# backward (ZERO_PREFETCH blocks ahead), frees it after; gradients reduce-scattered",
+    ]
+    if hybrid:
+        optimizer_lines += [
+            f"# {cite(train.zero_shard.span)}: shard over the {over} ranks of one node, replicate across nodes",
+            f"shard_group, replicate_group = fsdp.node_groups(grid, {axes_arg}, DEVICES_PER_NODE)",
+        ]
+        dp_arg, replicate = "shard_group", ", replicate_group=replicate_group"
+    else:
+        replicate = ""
+    optimizer_lines.append(
+        f"optimizer = fsdp.FullyShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
+        f"{hyper}{pp_arg}{replicate}, accumulations=GRAD_ACCUM, prefetch=ZERO_PREFETCH)"
+    )
+    step_lines = [
+        f"# mean gradient over {over} (each block's reduce-scattered as backward finished it); the norm is global",
+        "grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP)",
+        "optimizer.step()  # AdamW on our shards: the next forward gathers the new parameters",
+        "optimizer.zero_grad()",
+    ]
+    return optimizer_lines, step_lines
+
+
 def train_imports(plan: Plan) -> list[str]:
     """The runtime modules ``train.py`` imports (``from parc_runtime import ...``)."""
     imports = ["checkpoint", "comm", "data", "faults", "memory", "mesh", "metrics", "model", "optim"]
     imports += ["dp"] if plan.mesh.size("dp") * plan.mesh.size("cp") > 1 else []
     imports += ["pipeline", "schedule"] if render_step.has_pipeline(plan) else []
-    imports += ["zero"] if plan.train.zero.value else []
+    imports += ["fsdp"] if plan.train.zero.value == 3 else ["zero"] if plan.train.zero.value else []
     return imports
 
 

@@ -110,6 +110,8 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         cp_kind="ring" if auto_all else parallel.get("cp_kind", "ring"),
         sp=degree("sp", False),
         zero=degree("zero", 0),
+        zero_prefetch=1 if auto_all else parallel.get("zero_prefetch", 1),
+        zero_shard="dp" if auto_all else parallel.get("zero_shard", "dp"),
         schedule=None if schedule is None else PipelineSchedule(schedule["kind"]),
         chunks=1 if schedule is None else schedule.get("chunks", 1),
         recompute=_per_layer(degree("recompute", "none"), Recompute),

@@ -28,6 +28,8 @@ _DEFAULTS = {
     ("parallel", "sp"): False,
     ("parallel", "cp"): 1,
     ("parallel", "cp_kind"): "ring",
+    ("parallel", "zero_prefetch"): 1,
+    ("parallel", "zero_shard"): "dp",
     ("parallel", "schedule"): {"kind": "1f1b"},
     ("parallel", "overlap"): {"kind": "none"},
 }

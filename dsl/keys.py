@@ -262,6 +262,20 @@ PARALLEL = BlockDef(
             default="0",
             auto=True,
         ),
+        _int(
+            "zero_prefetch",
+            "zero = 3: blocks whose all-gather is launched ahead of the one computing",
+            minimum=0,
+            default="1",
+        ),
+        Param(
+            name="zero_shard",
+            type="enum",
+            choices=("dp", "node"),
+            default="dp",
+            doc="zero = 3: shard parameters over every dp rank (dp), or over the dp ranks of "
+            "one node and replicate across nodes (node: hybrid sharding, HSDP)",
+        ),
         Param(
             name="schedule",
             type="call",

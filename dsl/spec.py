@@ -134,6 +134,10 @@ class ParallelSpec:
     """How attention sees the whole sequence: ``ring``, ``ulysses`` or ``allgather``."""
     sp: bool | None = False
     zero: int | None = 0
+    zero_prefetch: int = 1
+    """ZeRO-3: units whose all-gather runs ahead of the one computing."""
+    zero_shard: str = "dp"
+    """ZeRO-3: ``dp`` (shard over every dp rank) or ``node`` (within a node; HSDP)."""
     schedule: PipelineSchedule | None = PipelineSchedule.ONE_F_ONE_B
     chunks: int = 1
     """Virtual stages per rank (``interleaved(chunks = v)``); 1 otherwise."""

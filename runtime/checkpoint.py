@@ -74,6 +74,11 @@ class Checkpoints:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.params = shards.local_parameters(model, tp_group)
 
+    def _model_pieces(self, *, saving: bool):
+        if shards.is_fully_sharded(self.optimizer):  # ZeRO-3: the parameters live in the shards
+            return shards.sharded_model_pieces(self.params, self.optimizer, saving=saving)
+        return shards.model_pieces(self.params, saving=saving)
+
     def _barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier()
@@ -93,7 +98,7 @@ class Checkpoints:
             os.makedirs(temporary)
         self._barrier()
         optimizer_step = shards.optimizer_step(self.optimizer)
-        pieces = shards.model_pieces(self.params, saving=True)
+        pieces = self._model_pieces(saving=True)
         pieces += shards.optimizer_pieces(self.params, self.optimizer, saving=True)
         state = _rng_state(self.rank, self.device)
         state["optim.step"] = torch.tensor(optimizer_step, dtype=torch.int64)
@@ -159,7 +164,7 @@ class Checkpoints:
             return 0
         info = read_info(path)
         optimizer_step = info["optimizer_step"]
-        pieces = shards.model_pieces(self.params, saving=False)
+        pieces = self._model_pieces(saving=False)
         if optimizer_step > 0:
             shards.prepare_state(self.optimizer, optimizer_step)
             pieces += shards.optimizer_pieces(self.params, self.optimizer, saving=False)

@@ -21,7 +21,8 @@ the table's). Under ZeRO each dp rank owns a slice of one flat buffer that cross
 parameter boundaries (Note [one flat buffer] in zero.py); the part of the slice inside
 one parameter is a contiguous run of its row-major elements, stored as up to three
 boxes (a partial row, whole rows, a partial row), so the moments are per parameter
-and a layout without ZeRO (or with another dp) reads them.
+and a layout without ZeRO (or with another dp) reads them. ZeRO-3 (fsdp.py) is the same
+per unit, and the parameters themselves are read from and written to the shards.
 """
 
 from __future__ import annotations
@@ -135,27 +136,63 @@ def _boxes(shape: tuple[int, ...], start: int, stop: int):
 
 
 def is_zero(optimizer) -> bool:
-    return hasattr(optimizer, "flat") and hasattr(optimizer, "lo")
+    """ZeRO (any stage): the optimizer holds this rank's slices in one flat buffer ``flat``."""
+    return hasattr(optimizer, "flat")
+
+
+def is_fully_sharded(optimizer) -> bool:
+    """ZeRO-3 (fsdp.py): the parameters too live only in the flat shards between uses."""
+    return hasattr(optimizer, "units")
+
+
+def _flat_runs(optimizer):
+    """(parameter, start, stop, at): elements [start, stop) of the parameter (row-major)
+    that this rank's flat buffer holds, from index ``at`` of it. ZeRO 1/2: one buffer over
+    all parameters, the rank's slice [lo, hi) (Note [one flat buffer] in zero.py); ZeRO-3:
+    each unit's shard (Note [units] in fsdp.py)."""
+    if is_fully_sharded(optimizer):
+        spans = [(unit.params, group_rank(unit.group) * unit.shard_numel, unit.shard_numel, unit.offset)
+                 for unit in optimizer.units]
+    else:
+        spans = [(optimizer.params, optimizer.lo, optimizer.hi - optimizer.lo, 0)]
+    for params, lo, length, base in spans:
+        offset = 0
+        for param in params:
+            n = param.numel()
+            start, stop = max(offset, lo), min(offset + n, lo + length)
+            if start < stop:
+                yield param, start - offset, stop - offset, base + start - lo
+            offset += n
+
+
+def _flat_pieces(params: list[LocalParameter], optimizer, buffers, *, saving: bool) -> list[Piece]:
+    """Logical boxes of the flat ``buffers`` ((suffix, tensor) pairs laid out as ZeRO's slices)."""
+    by_id = {id(p.param): p for p in params}
+    pieces = []
+    for param, start, stop, at in _flat_runs(optimizer):
+        info = by_id[id(param)]
+        if saving and info.duplicate:
+            continue
+        for local, sizes, first in _boxes(tuple(param.shape), start, stop):
+            index = at + first - start
+            full_offsets = tuple(a + b for a, b in zip(info.offsets, local))
+            for prefix, suffix, buffer in buffers:
+                view = buffer[index : index + math.prod(sizes)].view(sizes)
+                pieces.append(Piece(f"{prefix}.{info.name}{suffix}", info.full_shape, full_offsets, view))
+    return pieces
+
+
+def sharded_model_pieces(params: list[LocalParameter], optimizer, *, saving: bool) -> list[Piece]:
+    """``model_pieces`` under ZeRO-3: the parameters' boxes are views of the rank's shards."""
+    return _flat_pieces(params, optimizer, [("model", "", optimizer.flat)], saving=saving)
 
 
 def optimizer_pieces(params: list[LocalParameter], optimizer, *, saving: bool) -> list[Piece]:
     """The AdamW moments of this rank as logical boxes (``prepare_state`` first when loading)."""
     pieces = []
     if is_zero(optimizer):
-        by_id = {id(p.param): p for p in params}
-        offset = 0
-        for param in optimizer.params:
-            info, n = by_id[id(param)], param.numel()
-            start, stop = max(offset, optimizer.lo), min(offset + n, optimizer.hi)
-            if not (saving and info.duplicate):
-                for local, sizes, first in _boxes(tuple(param.shape), start - offset, stop - offset):
-                    at = offset + first - optimizer.lo
-                    full_offsets = tuple(a + b for a, b in zip(info.offsets, local))
-                    for moment in MOMENTS:
-                        view = optimizer.state[moment][at : at + math.prod(sizes)].view(sizes)
-                        pieces.append(Piece(f"optim.{info.name}.{moment}", info.full_shape, full_offsets, view))
-            offset += n
-        return pieces
+        moments = [("optim", f".{moment}", optimizer.state[moment]) for moment in MOMENTS]
+        return _flat_pieces(params, optimizer, moments, saving=saving)
     for info in params:
         if saving and info.duplicate:
             continue

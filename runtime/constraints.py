@@ -61,6 +61,8 @@ KEYS = {
     "cp_kind": "parallel.cp_kind",
     "sp": "parallel.sp",
     "zero": "parallel.zero",
+    "zero_prefetch": "parallel.zero_prefetch",
+    "zero_shard": "parallel.zero_shard",
     "schedule": "parallel.schedule",
     "chunks": "parallel.schedule",
     "recompute": "parallel.recompute",
@@ -602,8 +604,6 @@ class Unbuildable:
 
 
 UNBUILDABLE = (
-    Unbuildable("zero", lambda zero: zero > 2, "ZeRO stage 3 (parameters sharded over dp, zero = 3)",
-                "use zero = 2 (optimizer state and gradients sharded) or zero = 1 (optimizer state only)"),
     Unbuildable("precision", lambda precision: precision == "fp16", "fp16 training (it needs loss scaling)",
                 "use precision = bf16 or fp32"),
     Unbuildable("optimizer", lambda name: name != "adamw", "", "use optimizer = adamw(...)"),
@@ -628,6 +628,46 @@ def _unbuildable(entry: Unbuildable) -> Callable:
 
 for _entry in UNBUILDABLE:
     rule("PAR0802", BUILD, name=f"build_{_entry.name}")(_unbuildable(_entry))
+
+
+@rule("PAR0241")
+def zero_options_need_zero3(zero, zero_prefetch, zero_shard):
+    """``zero_prefetch`` and ``zero_shard`` say how ZeRO-3 gathers and shards parameters."""
+    if zero == 3 or (zero_prefetch == 1 and zero_shard == "dp"):
+        return None
+    key, value = ("zero_shard", zero_shard) if zero_shard != "dp" else ("zero_prefetch", zero_prefetch)
+    return _violation("PAR0241", (f"parallel.{key}", "parallel.zero"),
+                      f"{key} = {value} needs zero = 3 (sharded parameters), but zero = {zero}",
+                      f"set zero = 3, or remove {key}")
+
+
+@rule("PAR0242")
+def zero_shard_node(zero_shard, devices_per_node, tp, dp, cp=None):
+    """HSDP shards over the dp (× cp) ranks of one node: s = devices_per_node / tp of them
+    (all dp·cp when fewer); the groups must tile the dp·cp ranks."""
+    if zero_shard != "node":
+        return None
+    group = dp * (cp or 1)
+    per_node = devices_per_node // tp if devices_per_node % tp == 0 else 0
+    if per_node and (per_node % group == 0 or group % per_node == 0):
+        return None
+    return _violation("PAR0242", ("parallel.zero_shard", "mesh.devices_per_node"),
+                      f"zero_shard = node shards over the dp·cp ranks of one node, devices_per_node / tp = "
+                      f"{devices_per_node} / {tp}, which must divide or be a multiple of dp·cp = {group}",
+                      "use zero_shard = dp, or a devices_per_node that holds whole groups of dp ranks")
+
+
+@rule("PAR0240", BUILD)
+def build_zero3_overlap(zero, overlap):
+    """ZeRO-3 gathers a block in its forward hooks; the sub-batch wavefront runs a block's
+    regions one by one (``overlap.py``), past those hooks."""
+    parts = [k for k in entries(overlap) if k is not None and k > 1]
+    if zero != 3 or not parts:
+        return None
+    return _violation("PAR0240", ("parallel.overlap", "parallel.zero"),
+                      f"zero = 3 with overlap = sub_batch({parts[0]}) is not supported yet by parc build: "
+                      "the sub-batch wavefront runs each block's regions apart, past ZeRO-3's per-block gathers",
+                      "use overlap = none with zero = 3, or zero = 2 with overlap")
 
 
 @rule("PAR0802", BUILD)

@@ -8,7 +8,9 @@ memory model (codegen) can be checked against measurement. The definitions:
 
 - ``param_bytes``: numel × element size over this rank's parameters (a pipeline
   stage's copy of a tied embedding counts: the rank holds it; ZeRO's padding of the
-  flat buffer does not: it is not a parameter).
+  flat buffer does not: it is not a parameter). Under ZeRO-3 the resident shards
+  (fsdp.py: Σ over units of 4·⌈n_unit/s⌉, padding included: the rank holds it), and
+  apart ``param_gathered_peak_bytes``, the most bytes of gathered units alive at once.
 - ``grad_bytes``: gradient bytes held when backward ends: every ``param.grad`` plus
   any gradient the optimizer keeps itself (ZeRO-2's reduce-scattered slice).
 - ``optim_bytes``: every tensor of the optimizer's state (AdamW: two moments per
@@ -31,6 +33,10 @@ from __future__ import annotations
 import weakref
 
 import torch
+
+GATHERED_PARAMETERS: set[int] = set()
+"""Data pointers of ZeRO-3's gathered parameter buffers (``fsdp.py`` keeps it): their
+views are parameters, not activations, though their storage comes and goes."""
 
 
 def _unique_params(model):
@@ -98,7 +104,7 @@ class SavedActivations:
     def _pack(self, tensor):
         storage = tensor.untyped_storage()
         key = (storage.device.type, storage.data_ptr())
-        if key[1] in self._params or storage.nbytes() == 0:
+        if key[1] in self._params or key[1] in GATHERED_PARAMETERS or storage.nbytes() == 0:
             return tensor
         holder = _Saved(tensor)
         entry = self._live.get(key)
@@ -132,8 +138,9 @@ def report(model, optimizer, activations, held_grad_bytes) -> dict:
     Collective when a process group is up: every rank must call it at the same step.
     The top-level figures are this rank's (rank 0's in the metrics file).
     """
+    resident = getattr(optimizer, "resident_param_bytes", None)  # ZeRO-3: the shards kept
     mine = [
-        param_bytes(model),
+        param_bytes(model) if resident is None else resident(),
         int(held_grad_bytes),
         optim_bytes(optimizer),
         int(activations.peak),
@@ -148,4 +155,7 @@ def report(model, optimizer, activations, held_grad_bytes) -> dict:
     keys = ("param_bytes", "grad_bytes", "optim_bytes", "activation_peak_bytes")
     record = dict(zip(keys, mine))
     record["memory_per_rank"] = [dict(zip(keys, row)) for row in rows]
+    gathered = getattr(optimizer, "gathered_peak_bytes", None)
+    if gathered is not None:  # ZeRO-3: the most bytes of gathered units at once, apart
+        record["param_gathered_peak_bytes"] = int(gathered)
     return record

@@ -199,7 +199,6 @@ class ShardedAdamW:
         The norm is global: squares of tp shards summed over tp, replicated
         parameters counted once, then the dp slices summed. ``max_norm == 0`` only measures.
         """
-        size = group_size(self.dp_group)
         if self.stage == 2:
             grad = self._reduced_slice()  # Note [ZeRO-2 during backward]
         else:
@@ -207,21 +206,10 @@ class ShardedAdamW:
             flat = self._flat_grad()
             grad = flat[self.lo : self.hi].clone()
             del flat  # each rank keeps only its slice
-        squares = grad.pow(2).masked_fill(~self.counted, 0.0)  # a tied copy counts once
-        sharded_sq = squares[self.tp_mask].sum()
-        with exposed():  # small blocking collectives: nothing to hide them behind
-            if group_size(self.tp_group) > 1:
-                dist.all_reduce(sharded_sq, group=self.tp_group)
-            total_sq = sharded_sq + squares[~self.tp_mask].sum()
-            if size > 1:
-                dist.all_reduce(total_sq, group=self.dp_group)
-            if group_size(self.pp_group) > 1:
-                dist.all_reduce(total_sq, group=self.pp_group)  # every stage's squares
-        norm = float(total_sq.sqrt())
-        if max_norm > 0 and math.isfinite(norm):
-            scale = max_norm / (norm + 1e-6)
-            if scale < 1.0:
-                grad.mul_(scale)
+        norm = clip_global_norm_(
+            grad, counted=self.counted, tp_mask=self.tp_mask, max_norm=max_norm,
+            tp_group=self.tp_group, dp_group=self.dp_group, pp_group=self.pp_group,
+        )
         self.grad = grad
         return norm
 
@@ -230,20 +218,10 @@ class ShardedAdamW:
         """AdamW on this rank's slice, then all-gather the parameters over dp."""
         if self.grad is None:
             raise RuntimeError("call reduce_gradients_and_clip() before step()")
-        lr, beta1, beta2 = self.param_groups[0]["lr"], self.beta1, self.beta2
-        state, param, grad = self.state, self.param_slice, self.grad
-        state["step"] += 1
-        step = state["step"]
-        if self.weight_decay != 0:  # torch: param.mul_(1 - lr * weight_decay), decay group only
-            factor = torch.tensor(1 - lr * self.weight_decay, dtype=param.dtype, device=param.device)
-            param.mul_(torch.where(self.decay, factor, torch.ones_like(factor)))
-        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-        exp_avg.lerp_(grad, 1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        bias_correction1 = 1 - beta1**step
-        bias_correction2_sqrt = (1 - beta2**step) ** 0.5
-        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
-        param.addcdiv_(exp_avg, denom, value=-(lr / bias_correction1))
+        adamw_(
+            self.param_slice, self.grad, self.state, decay=self.decay, lr=self.param_groups[0]["lr"],
+            betas=(self.beta1, self.beta2), eps=self.eps, weight_decay=self.weight_decay,
+        )
         self._all_gather()
 
     def _all_gather(self) -> None:
@@ -270,3 +248,48 @@ class ShardedAdamW:
     def state_bytes(self) -> int:
         """Bytes of optimizer state (moments) this rank holds."""
         return sum(t.numel() * t.element_size() for t in self.state.values() if torch.is_tensor(t))
+
+
+@torch.no_grad()
+def clip_global_norm_(grad, *, counted, tp_mask, max_norm, tp_group, dp_group, pp_group=None) -> float:
+    """The global norm of a gradient held as one slice per rank, and ``grad`` clipped to
+    ``max_norm`` in place (``max_norm == 0`` only measures).
+
+    Squares of tp shards (``tp_mask``) are summed over tp, replicated parameters counted
+    once (``counted`` false on a tied copy and on padding), then the dp slices summed,
+    then the pipeline stages. Shared by ZeRO 1/2 and ZeRO-3 (``fsdp.py``)."""
+    squares = grad.pow(2).masked_fill(~counted, 0.0)  # a tied copy counts once
+    sharded_sq = squares[tp_mask].sum()
+    with exposed():  # small blocking collectives: nothing to hide them behind
+        if group_size(tp_group) > 1:
+            dist.all_reduce(sharded_sq, group=tp_group)
+        total_sq = sharded_sq + squares[~tp_mask].sum()
+        if group_size(dp_group) > 1:
+            dist.all_reduce(total_sq, group=dp_group)
+        if group_size(pp_group) > 1:
+            dist.all_reduce(total_sq, group=pp_group)  # every stage's squares
+    norm = float(total_sq.sqrt())
+    if max_norm > 0 and math.isfinite(norm):
+        scale = max_norm / (norm + 1e-6)
+        if scale < 1.0:
+            grad.mul_(scale)
+    return norm
+
+
+@torch.no_grad()
+def adamw_(param, grad, state, *, decay, lr, betas, eps, weight_decay) -> None:
+    """One AdamW step on a flat slice, in place: ``torch.optim.AdamW``'s arithmetic
+    (foreach=False), weight decay where ``decay`` is true (the matrices)."""
+    beta1, beta2 = betas
+    state["step"] += 1
+    step = state["step"]
+    if weight_decay != 0:  # torch: param.mul_(1 - lr * weight_decay), decay group only
+        factor = torch.tensor(1 - lr * weight_decay, dtype=param.dtype, device=param.device)
+        param.mul_(torch.where(decay, factor, torch.ones_like(factor)))
+    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    bias_correction1 = 1 - beta1**step
+    bias_correction2_sqrt = (1 - beta2**step) ** 0.5
+    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    param.addcdiv_(exp_avg, denom, value=-(lr / bias_correction1))

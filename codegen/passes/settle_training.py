@@ -73,5 +73,16 @@ def run(spec: Spec, draft: Draft) -> Draft:
         checkpoint_dir=setting(spec, "CHECKPOINT_DIR", "train.checkpoint", t.checkpoint_dir),
         on_nonfinite=setting(spec, "ON_NONFINITE", "train.on_nonfinite", t.on_nonfinite),
         kernels=setting(spec, "KERNELS", "train.kernels", t.kernels.value),
+        **zero3_settings(spec),
     )
     return replace(draft, model=model, train=train)
+
+
+def zero3_settings(spec) -> dict:
+    """ZERO_PREFETCH and ZERO_SHARD, only under zero = 3 (runtime/fsdp.py)."""
+    if spec.parallel.zero != 3:
+        return {}
+    return {
+        "zero_prefetch": setting(spec, "ZERO_PREFETCH", "parallel.zero_prefetch", spec.parallel.zero_prefetch),
+        "zero_shard": setting(spec, "ZERO_SHARD", "parallel.zero_shard", spec.parallel.zero_shard),
+    }

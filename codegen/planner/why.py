@@ -4,7 +4,7 @@ Takes: a ``Spec``, a ``SearchResult`` and the ``Hardware``. Gives: ``why(...)``,
 lines of text: what the winner and the runner-up differ in, which part of the step
 time (compute, exposed communication, bubble) makes the difference and why, the
 memory each needs, the fastest layout that does not fit, and which layout ``parc
-build`` would use when the best one cannot be built yet (zero 3).
+build`` would use when the best one cannot be built yet (zero 3 with overlap).
 Before: ``codegen/planner/search.py``. After: ``codegen/cli/plan.py`` (text and JSON).
 """
 
@@ -129,7 +129,7 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
     winner = result.winner
     if winner is not None and winner is not best:
         lines.append(
-            f"#{index} uses zero 3, which parc build cannot generate yet: parc build takes "
+            f"#{index} ({_describe(best)}) is not one parc build can generate yet: parc build takes "
             f"#{items.index(winner) + 1} ({_describe(winner)})."
         )
     return lines

@@ -4,8 +4,8 @@ Resume: 8 steps straight vs 4 steps, save, new processes, resume, 4 steps — th
 losses bit for bit and the same final tensors (``torch.equal``: parameters, both AdamW
 moments, the RNG states), in dp2, tp2, pp2 (tied embedding across stages; with
 dropout, so each rank's restored RNG state decides the masks) and ZeRO-1 over dp2
-(moments in flat slices that cross parameter boundaries), and context parallel with
-ZeRO-1 over dp × cp.
+(moments in flat slices that cross parameter boundaries), context parallel with
+ZeRO-1 over dp × cp, and ZeRO-3 (parameters too held only as per-block shards).
 Reshard: a checkpoint saved under one layout, loaded under another and saved again
 straight away, holds the same logical tensors bit for bit (parameters and moments);
 and the next step's loss matches the run that never changed layout within 1e-5.
@@ -21,7 +21,7 @@ from parc.runtime import checkpoint
 from .trainer import LAYOUTS, RESHARD_WORKER, build, losses, records, run
 
 
-@pytest.mark.parametrize("layout", ["dp2", "tp2", "pp2_dropout", "zero1_dp2", "cp2_zero1_dp2"])
+@pytest.mark.parametrize("layout", ["dp2", "tp2", "pp2_dropout", "zero1_dp2", "cp2_zero1_dp2", "zero3_dp2"])
 def test_resume_equivalence(layout, straight, tmp_path):
     first = straight(layout)
     metrics = tmp_path / "metrics.jsonl"
@@ -43,7 +43,10 @@ def test_resume_equivalence(layout, straight, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "source, target", [("dp2", "tp2"), ("dp2", "pp2"), ("zero1_dp2", "tp2"), ("cp2_zero1_dp2", "tp2")]
+    "source, target", [
+        ("dp2", "tp2"), ("dp2", "pp2"), ("zero1_dp2", "tp2"), ("cp2_zero1_dp2", "tp2"),
+        ("zero3_dp2", "tp2"), ("tp2", "zero3_dp2"),  # zero 3 ⇄ zero 0 with tp
+    ]
 )
 def test_reshard(source, target, straight, tmp_path):
     saved = straight(source)

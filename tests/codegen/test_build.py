@@ -203,7 +203,7 @@ def test_emit_spec_and_ast(capsys):
 @pytest.mark.parametrize(
     "sets,code,words",
     [
-        (["parallel.zero=3"], "PAR0802", "ZeRO stage 3"),
+        (["parallel.zero=3", "parallel.overlap=sub_batch(2)", "parallel.dp=2"], "PAR0240", "zero = 3 with overlap"),
         (["train.precision=fp16"], "PAR0802", "fp16"),
     ],
 )
@@ -211,6 +211,14 @@ def test_unsupported_features_point_at_the_spec(sets, code, words):
     with pytest.raises(Diagnostics) as info:
         generate(load("examples/tiny.par", sets))
     assert any(e.code == code and words in e.message for e in info.value.errors), info.value.errors
+
+
+def test_zero3_builds_fsdp_with_its_settings():
+    files = generate(load("examples/tiny.par", ["parallel.zero=3", "parallel.dp=2"]))
+    text = files["train.py"].decode()
+    assert "fsdp.FullyShardedAdamW(" in text and "ShardedAdamW(net" not in text.replace("FullyShardedAdamW(net", "")
+    assert "ZERO_PREFETCH = 1  # default" in text and 'ZERO_SHARD = "dp"' in text
+    assert "parc_runtime/fsdp.py" in files
 
 
 def test_auto_layout_builds_the_planners_winner(tmp_path, capsys):

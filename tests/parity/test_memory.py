@@ -42,6 +42,7 @@ def memory_case(name: str, nproc: int, **degrees) -> Case:
 
 ZERO = {zero: memory_case(f"dp2-zero{zero}", 2, dp=2, parallel__zero=zero) for zero in (0, 1, 2)}
 PIPELINE = memory_case("pp2", 2, pp=2)
+ZERO3 = memory_case("dp4-zero3", 4, dp=4, parallel__zero=3)
 RECOMPUTE = {mode: memory_case(f"recompute-{mode}", 1, parallel__recompute=mode) for mode in ("none", "selective", "full")}
 
 
@@ -49,6 +50,8 @@ def cases_of(item) -> list[Case]:
     """The runs a selected test of this module reads (tests/conftest.py's ``trainers``)."""
     if item.originalname == "test_dp2_bytes_equal_the_zero_formulas":
         return [ZERO[item.callspec.params["zero"]]]
+    if item.originalname == "test_dp4_zero3_holds_a_quarter_of_every_unit":
+        return [ZERO3]
     if item.originalname == "test_pp2_stages_hold_their_layers":
         return [PIPELINE]
     if item.originalname == "test_saved_activations_fall_with_recompute":
@@ -71,6 +74,25 @@ def test_dp2_bytes_equal_the_zero_formulas(zero, trainers):
         assert row["param_bytes"] == psi * FP32, f"rank {rank}: {row}"
         assert row["grad_bytes"] == expected_grads, f"rank {rank} zero {zero}: {row}"
         assert row["optim_bytes"] == expected_optim, f"rank {rank} zero {zero}: {row}"
+
+
+def test_dp4_zero3_holds_a_quarter_of_every_unit(trainers):
+    """ZeRO-3 at dp 4 (runtime/fsdp.py, Note [units]): each block and the root (embeddings,
+    final norm) is padded to a multiple of 4 and every rank keeps a quarter: resident
+    parameter bytes 4·Σ⌈n_unit/4⌉, which is 4·⌈Ψ/4⌉ up to < 4 elements of padding per unit;
+    gradient shards and two moments alike. Gathered at once, at most: the root and two
+    blocks (the one computing and the one prefetched)."""
+    psi, _ = whole_model()
+    units = [EMBED + POS + FINAL_NORM] + [LAYER] * L
+    padded = [4 * math.ceil(n / 4) for n in units]
+    resident = sum(padded) // 4 * FP32
+    assert 4 * math.ceil(psi / 4) <= resident < 4 * math.ceil(psi / 4) + 4 * FP32 * len(units)
+    for rank, row in enumerate(per_rank(trainers, ZERO3)):
+        assert row["param_bytes"] == resident, f"rank {rank}: {row}"
+        assert row["grad_bytes"] == resident, f"rank {rank}: {row}"
+        assert row["optim_bytes"] == 2 * resident, f"rank {rank}: {row}"
+    record = trainers.records(ZERO3)[-1]
+    assert record["param_gathered_peak_bytes"] == (padded[0] + 2 * padded[1]) * FP32, record
 
 
 def test_pp2_stages_hold_their_layers(trainers):

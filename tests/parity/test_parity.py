@@ -96,6 +96,21 @@ LAYOUTS = {
     "cp2-allgather-recompute-selective": dict(cp=2, parallel__cp_kind="allgather", parallel__recompute="selective"),
     # Oases sub-batches split B: each sub-batch's attention does its own cp exchange
     "cp2-tp2-overlap2-allgather": dict(cp=2, tp=2, parallel__cp_kind="allgather", parallel__overlap="sub_batch(2)"),
+    # ZeRO-3 (runtime/fsdp.py): blocks gathered before forward and backward, grads reduce-scattered
+    "dp2-zero3": dict(dp=2, parallel__zero=3),
+    "dp4-zero3": dict(dp=4, parallel__zero=3),
+    "dp2-tp2-sp-zero3": dict(dp=2, tp=2, sp=True, parallel__zero=3),
+    "pp2-dp2-zero3": dict(pp=2, dp=2, parallel__zero=3),
+    "dp2-zero3-recompute-full": dict(dp=2, parallel__zero=3, parallel__recompute="full"),
+    # HSDP: shard over the 2 dp ranks of a node, replicate over the 2 nodes (after the mesh keys)
+    "dp4-zero3-node": dict(dp=4, parallel__zero=3, parallel__zero_shard="node", mesh__nodes=2,
+                           mesh__devices_per_node=2),
+    "dp2-zero3-prefetch2": dict(dp=2, model__layers=4, parallel__zero=3, parallel__zero_prefetch=2),
+    "dp2-cp2-zero3": dict(dp=2, cp=2, parallel__cp_kind="allgather", parallel__zero=3),
+    # two chunks per pipeline rank: each chunk's root and blocks are units of their own
+    "pp2-dp2-interleaved2-zero3": dict(
+        pp=2, dp=2, parallel__zero=3, parallel__schedule="interleaved(chunks = 2)", model__layers=4,
+    ),
 }
 ARCHS = ("gpt", "llama")
 STEPS_OF = {layout: 6 for layout in LAYOUTS if "zero_bubble" in layout}

@@ -28,6 +28,11 @@ CASES = {
     "llama dp2·pp2 zero0 selective": ("llama.par", dict(dp=2, pp=2, zero=0, recompute="selective")),
     # zero_bubble keeps a micro-batch's graph from F to W: min(pp, M) in flight on every rank
     "gpt dp2·pp2 zero_bubble": ("gpt.par", dict(dp=2, pp=2, zero=0, schedule="zero_bubble")),
+    # ZeRO-3: shards padded per unit (runtime/fsdp.py); gathered parameters are not activations
+    "gpt dp4 zero3": ("gpt.par", dict(dp=4, zero=3)),
+    "llama dp2·pp2 zero3": ("llama.par", dict(dp=2, pp=2, zero=3)),
+    # bf16 autocast: the bf16 copies of the matmul weights are saved for backward too
+    "gpt dp2 bf16": ("gpt.par", dict(dp=2, precision="bf16")),
 }
 
 
@@ -38,7 +43,7 @@ def _overrides(degrees: dict) -> list[str]:
         f"parallel.sp={degrees.get('sp', 'false')}", f"parallel.zero={degrees.get('zero', 0)}",
         f"parallel.recompute={degrees.get('recompute', 'none')}", f"mesh.devices_per_node={dp * tp * pp}",
         f"parallel.schedule={degrees.get('schedule', '1f1b')}",
-    ]
+    ] + ([f"train.precision={degrees['precision']}"] if "precision" in degrees else [])
 
 
 def measured_case(case: str) -> Case:

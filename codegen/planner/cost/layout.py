@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 from dataclasses import dataclass
 
 from parc.dsl.spec import ModelSpec
@@ -153,6 +154,19 @@ def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_
     desc = model_desc(model)
     mine = _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers))
     return sum(desc.sequence_parallel_params(layers=layers, first=first, last=last) for layers, first, last in mine)
+
+
+def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> int:
+    """Elements pipeline rank ``rank`` keeps under ZeRO-3 (runtime/fsdp.py, Note [units]):
+    Σ over its units (each block; each chunk's embeddings, final norm and head) of
+    ⌈n_unit / dp⌉, the padding included."""
+    desc = model_desc(model)
+    total = 0
+    for (start, stop), first, last in _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers)):
+        root = desc.stage_params(layout.tp, layers=(start, start), first=first, last=last).elements
+        block = desc.stage_params(layout.tp, layers=(start, start + 1), first=False, last=False).elements
+        total += math.ceil(root / layout.dp) + (stop - start) * math.ceil(block / layout.dp)
+    return total
 
 
 def total_params(model: ModelSpec) -> int:

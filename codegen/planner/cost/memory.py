@@ -27,10 +27,14 @@ import math
 from dataclasses import dataclass
 
 from parc.dsl.spec import ModelSpec, Precision, Spec
+from parc.runtime.model_desc import LINEAR
 from parc.runtime.schedule import in_flight_bound
 
 from ...model_config import model_desc
-from .layout import SETTING_NAMES, Accounting, Layout, rank_blocks, rank_params, sequence_parallel_params, stage_contents
+from .layout import (
+    SETTING_NAMES, Accounting, Layout, rank_blocks, rank_params, sequence_parallel_params, stage_contents,
+    zero3_shard_elements,
+)
 
 
 BUCKET_BYTES = 25 * 2**20
@@ -163,7 +167,20 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
         head_in_flight = micro_batches if layout.schedule == "gpipe" and layout.pp > 1 else 1
         head = parc_head_elements(model, tp=layout.tp, sp=layout.sp, compiled=compiled)
         total += head_in_flight * head * tokens * 4.0
+    if element == 2.0:  # Note [autocast's weight copies]
+        kept = sum(count for mode, count in modes.items() if mode != "full")
+        total += 2.0 * in_flight * kept / layout.chunks * autocast_block_weights(model, layout.tp)
+        if contents.head:
+            total += 2.0 * head_in_flight * model_desc(model).head[-1].weight.numel(layout.tp)
     return total
+
+
+def autocast_block_weights(model: ModelSpec, tp: int) -> int:
+    """Note [autocast's weight copies]: under bf16 autocast every matmul casts its fp32
+    weight to a bf16 copy, which autograd saves for backward: one copy per weight and per
+    micro-batch in flight (each forward is its own autocast region), none inside a
+    fully recomputed block. Elements of one block's matmul weights on a tp rank."""
+    return sum(m.weight.numel(tp) for m in model_desc(model).blocks[0].modules if m.layer == LINEAR)
 
 
 def _rank_recompute(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> dict[str, int]:
@@ -193,6 +210,12 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
         if accounting is Accounting.PARC and layout.zero == 2 and layout.dp > 1:
             # Partial sp gradients wait, whole, for their sum over tp when backward ends.
             grad_b += 4.0 * sequence_parallel_params(model, layout, rank, stage_layers)
+        if accounting is Accounting.PARC and layout.zero == 3 and layout.dp > 1:
+            shard = zero3_shard_elements(model, layout, rank, stage_layers)  # padded per unit
+            param_b, grad_b, optim_b = 4.0 * shard, 4.0 * shard, 8.0 * shard
+        if accounting is Accounting.PARC and layout.zero == 3 and layout.dp > 1 and layout.sp and layout.tp > 1:
+            # every unit holds a sequence-parallel norm: its whole gradients wait for the tp sum
+            grad_b += 4.0 * params
         acts = activation_bytes(spec, layout, rank, accounting, stage_layers)
         rows[rank] = MemoryBreakdown(
             params=param_b,
@@ -206,10 +229,33 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
     return MemoryEstimate(per_rank=per_rank, peak_rank=peak_rank)
 
 
+def zero3_working_set(spec: Spec, layout: Layout, params: int, accounting: Accounting) -> float:
+    """Bytes of ZeRO-3's unsharded working set on a rank holding ``params`` elements
+    (runtime/fsdp.py, Note [prefetch]): the root unit (embeddings, final norm, head) and
+    1 + zero_prefetch blocks gathered at once, plus one block's gradient and its packed
+    copy being reduce-scattered (PARC: fp32; MEGATRON: bf16 parameters and gradients).
+    Blocks are taken as equal, the root as what the rank holds beyond its blocks."""
+    model = spec.model
+    element = 2.0 if accounting is Accounting.MEGATRON else 4.0
+    block = model_desc(model).stage_params(
+        layout.tp, layers=(0, 1), first=False, last=False, sharded=None
+    ).elements if model.layers else 0
+    root = max(0, params - block * layout_blocks(model, layout))
+    prefetch = int(getattr(spec.parallel, "zero_prefetch", 1))
+    return element * (root + (1 + prefetch) * block + 2 * block)
+
+
+def layout_blocks(model, layout: Layout) -> int:
+    """Blocks on the pipeline rank holding the most (an even split: layers / pp)."""
+    return math.ceil(model.layers / layout.pp)
+
+
 def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting, full_recompute: bool) -> float:
     model, tokens = spec.model, layout.micro_batch * spec.model.seq_len
     total = 0.0
-    if accounting is Accounting.PARC and layout.dp > 1:
+    if layout.zero >= 3 and layout.dp > 1:
+        total += zero3_working_set(spec, layout, params, accounting)
+    elif accounting is Accounting.PARC and layout.dp > 1:
         if layout.zero == 2:  # Note [ZeRO-2 during backward]: two buckets alive at most
             total += 2 * min(BUCKET_BYTES, 4.0 * params)
         else:  # zero 0's packed buckets, zero 1's flat gradient: one fp32 copy in flight

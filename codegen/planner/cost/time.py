@@ -31,7 +31,10 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   updated slice (exposed). Megatron-LM
   of 2021 reduces after the pipeline flush (nothing hidden), zero 2 as a
   reduce-scatter; zero 3 also gathers the parameters for every micro-batch's forward
-  and backward.
+  and backward, unit by unit, the next unit's gather hidden behind this one's compute
+  (Note [ZeRO-3 gathers] at ``zero3_gathers``); parc's zero 3 reduce-scatters each
+  unit's gradient during the last backward (hidden as zero 0-2's buckets) and has no
+  gather after the step.
 - pipeline: a (b, s, h) message per chunk boundary; the makespan of the runtime's
   schedule (``cost/bubble.py``); bubble = makespan − the busy time.
 - the optimizer streams its elements (AdamW) and the gradient-norm pass.
@@ -226,15 +229,16 @@ def step_time(
         # zero 2 (and zero 3) reduce-scatter.
         scatter = layout.zero >= 3 or (layout.zero == 2 and accounting is Accounting.MEGATRON)
         reduce = collective_time(hw, "reduce_scatter" if scatter else "all_reduce", grads, size=d, stride=t)
-        if layout.zero >= 1:
+        if 1 <= layout.zero <= 2:
             gather = collective_time(hw, "all_gather", params * 4.0, size=d, stride=t)
-        if layout.zero >= 3:
-            gather += 2 * micro_batches * collective_time(hw, "all_gather", params * 2.0, size=d, stride=t)
-    dp_comm = reduce + gather
+    zero3 = zero3_gathers(hw, layout, params, layers_per_chunk * v, forward, backward, accounting) if d > 1 else None
+    gathered = 0.0 if zero3 is None else micro_batches * zero3.total
+    dp_comm = reduce + gather + gathered
     last_backward = layers_per_chunk * v * backward
     # Megatron 2021 reduces after the flush; gloo on CPU cores takes the cores backward runs on
-    overlapped = accounting is Accounting.PARC and layout.zero <= 2 and not hw.comm_on_cores
+    overlapped = accounting is Accounting.PARC and layout.zero <= 3 and not hw.comm_on_cores
     dp_exposed = (max(0.0, reduce - last_backward) if overlapped else reduce) + gather
+    dp_exposed += 0.0 if zero3 is None else micro_batches * zero3.exposed
     optimizer = _optimizer_time(hw, accounting, params, tensors, layout) * slow
     world = d * t * p
     # the step's two scalar all-reduces: the loss over dp, the finite check over every rank
@@ -259,6 +263,34 @@ def step_time(
         pp_comm=2 * micro_batches * v * p2p if p > 1 else 0.0,
         model_flops=model_flops_per_token(spec) * spec.train.global_batch * m.seq_len,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Zero3Gathers:
+    """One micro-batch's parameter all-gathers under ZeRO-3 (Note [ZeRO-3 gathers])."""
+
+    total: float
+    exposed: float
+
+
+def zero3_gathers(hw, layout, params: float, blocks: float, forward: float, backward: float,
+                  accounting) -> Zero3Gathers | None:
+    """Note [ZeRO-3 gathers]: every micro-batch gathers each of the rank's units (a block's
+    parameters; the embeddings and head are spread over them) once for forward and once for
+    backward: 2·B all-gathers of Ψ_rank/B elements (fp32 in parc's trainer, bf16 in
+    Megatron's accounting) over dp. Prefetch launches unit i+1's gather when unit i starts,
+    so all but the first of each pass hide behind a block's compute: exposed per pass
+    g + (B − 1)·max(0, g − c), c the block's forward (or backward) time; with gloo on the
+    CPU cores (``comm_on_cores``) nothing hides: 2·B·g."""
+    if layout.zero < 3:
+        return None
+    units = max(1.0, blocks)
+    element = 2.0 if accounting is Accounting.MEGATRON else 4.0
+    g = collective_time(hw, "all_gather", params * element / units, size=layout.dp, stride=layout.tp)
+    if hw.comm_on_cores:
+        return Zero3Gathers(total=2 * units * g, exposed=2 * units * g)
+    exposed = sum(g + (units - 1) * max(0.0, g - compute) for compute in (forward, backward))
+    return Zero3Gathers(total=2 * units * g, exposed=exposed)
 
 
 def _optimizer_time(hw: Hardware, accounting: Accounting, params: int, tensors: int, layout: Layout) -> float:

@@ -1,0 +1,271 @@
+"""ZeRO stage 3 (fully sharded data parallel): parameters, gradients and AdamW state sharded.
+
+Takes: the model (a ``Transformer`` or the ``nn.ModuleList`` of a pipeline rank's
+chunks), the group the parameters are sharded over (dp, dp × cp under context
+parallel, or the dp ranks of one node under ``zero_shard = node``), the group they are
+replicated over (the other nodes' copies, HSDP; None otherwise), the tp and pp groups,
+AdamW's hyper-parameters, the micro-batches per step and the prefetch depth.
+Gives: ``FullyShardedAdamW``, used like ``zero.ShardedAdamW``: after the last
+micro-batch's backward ``reduce_gradients_and_clip(max_norm)`` (the global gradient
+norm), then ``step()`` and ``zero_grad()``.
+
+Note [units]: as FSDP2's per-module groups, every transformer block is one unit, and
+the rest of a chunk (embeddings, final norm, head: the "root") another. A unit's
+parameters are views into one flat fp32 buffer of its own, padded to a multiple of
+the shard group's size s; shard rank r keeps the r-th contiguous 1/s of it, and the
+optimizer holds only those shards (all units' shards back to back: ``self.flat``).
+Between uses the flat buffer's storage is freed (resized to 0 bytes: the parameters
+keep their shapes, autograd its saved views); ``_gather`` re-allocates it and
+all-gathers the shards into it.
+
+Note [when a unit is gathered]: a block is gathered by its forward pre-hook and
+freed by its forward post-hook; the hook also puts a hook on the block's output
+whose gradient arrives just before the block's backward (the "pre-backward"), which
+gathers it again; once every parameter of the unit has accumulated its gradient in
+that backward pass the unit is freed. The root is gathered for the whole forward of
+its chunk (the head uses the embedding when tied) and again from the chunk output's
+pre-backward to the end of its backward. A forward that autograd runs inside
+backward (``recompute = full``'s rerun) finds its unit gathered and leaves it so.
+Every use checks the unit is gathered, so a prefetch that a pipeline schedule does not
+consume is only wasted, never wrong.
+
+Note [prefetch]: gathering a unit first waits its all-gather, then launches the
+asynchronous all-gathers of the next ``prefetch`` units in the order they will run
+(forward: the following blocks; backward: the preceding ones), so they travel while
+this unit computes. At most 1 + prefetch blocks are gathered at once.
+
+Note [gradients of a unit]: on the last micro-batch's backward, once a unit's
+parameters have all accumulated, their gradients are packed into the unit's padded
+layout, ``.grad`` is freed, and the pack is reduce-scattered (nccl; all-reduced and
+sliced on gloo, which has no reduce-scatter) over the shard group, asynchronously:
+the next unit's launch (or ``reduce_gradients_and_clip``) waits it and keeps this
+rank's shard, divided by the data-parallel size, then summed over the replicas
+(HSDP). A unit with a gradient that is still partial when backward ends (dp.py,
+Note [late gradients]) is reduced only then. The AdamW arithmetic and the global norm
+are ``zero.adamw_`` and ``zero.clip_global_norm_``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .comm import exposed, group_rank, group_size
+from .fsdp_units import Unit, node_groups  # noqa: F401  (node_groups: train.py's, under zero_shard = node)
+from .zero import adamw_, clip_global_norm_
+
+
+def _in_backward() -> bool:
+    """Is autograd running a backward pass on this thread (a recompute's forward)?"""
+    return torch._C._current_graph_task_id() != -1
+
+
+class FullyShardedAdamW:
+    def __init__(
+        self, model, *, dp_group, tp_group, lr, betas, weight_decay, eps, pp_group=None,
+        replicate_group=None, accumulations=1, prefetch=1,
+    ):
+        if int(accumulations) < 1 or int(prefetch) < 0:
+            raise ValueError(f"accumulations must be >= 1 and prefetch >= 0, not {accumulations!r}, {prefetch!r}")
+        self.dp_group, self.replicate_group = dp_group, replicate_group
+        self.tp_group, self.pp_group = tp_group, pp_group
+        self.accumulations, self.prefetch = int(accumulations), int(prefetch)
+        self.beta1, self.beta2 = (float(b) for b in betas)
+        self.eps, self.weight_decay = float(eps), float(weight_decay)
+        self.param_groups = [{"lr": float(lr)}]
+        self.data_parallel = group_size(dp_group) * group_size(replicate_group)  # the mean's divisor
+        chunks = list(model) if isinstance(model, nn.ModuleList) else [model]
+        plan = []  # (name, params, chunk index, kind)
+        for index, chunk in enumerate(chunks):
+            in_blocks = {id(p) for block in chunk.layers.values() for p in block.parameters()}
+            root = [p for p in chunk.parameters() if id(p) not in in_blocks and p.requires_grad]
+            if root:
+                plan.append((f"chunk{index}.root", root))
+            plan += [(f"layers.{key}", [p for p in block.parameters() if p.requires_grad])
+                     for key, block in chunk.layers.items()]
+        size = group_size(dp_group)
+        total = sum(-(-sum(p.numel() for p in params) // size) for _, params in plan)
+        device = plan[0][1][0].device
+        self.flat = torch.zeros(total, dtype=torch.float32, device=device)  # this rank's shards
+        self.units, offset = [], 0
+        for name, params in plan:
+            self.units.append(Unit(name, params, shard_group=dp_group, offset=offset, flat=self.flat))
+            offset += self.units[-1].shard_numel
+        self.decay, self.tp_mask, self.counted = (self._mask(rule) for rule in (
+            lambda p: p.dim() >= 2,
+            lambda p: bool(getattr(p, "tensor_parallel", False)),
+            lambda p: not getattr(p, "pipeline_duplicate", False),
+        ))
+        self.state = {
+            "step": 0,
+            "exp_avg": torch.zeros_like(self.flat),
+            "exp_avg_sq": torch.zeros_like(self.flat),
+        }
+        self.grad, self._inflight, self._reduced = None, None, set()
+        self._peak = self.gathered_peak_bytes = 0  # this step's, and the last step's
+        self._hook(chunks)
+
+    def _mask(self, rule) -> torch.Tensor:
+        """A per-element flag of this rank's shards (False on padding)."""
+        mask = torch.zeros(self.flat.numel(), dtype=torch.bool, device=self.flat.device)
+        for unit in self.units:
+            whole = torch.zeros(unit.padded, dtype=torch.bool, device=self.flat.device)
+            at = 0
+            for p in unit.params:
+                whole[at : at + p.numel()] = rule(p)
+                at += p.numel()
+            rank = group_rank(unit.group)
+            mask[unit.offset : unit.offset + unit.shard_numel] = whole[
+                rank * unit.shard_numel : (rank + 1) * unit.shard_numel
+            ]
+        return mask
+
+    # ---- Note [when a unit is gathered] ---------------------------------------------
+
+    def _hook(self, chunks) -> None:
+        by_name = {unit.name: unit for unit in self.units}
+        for index, chunk in enumerate(chunks):
+            blocks = [by_name[f"layers.{key}"] for key in chunk.layers]
+            root = by_name.get(f"chunk{index}.root")
+            for position, (block, unit) in enumerate(zip(chunk.layers.values(), blocks)):
+                after, before = blocks[position + 1 :], blocks[:position][::-1]
+                block.register_forward_pre_hook(self._pre_forward(unit, after))
+                block.register_forward_hook(self._post_forward(unit, before, keep=False))
+            if root is not None:
+                chunk.register_forward_pre_hook(self._pre_forward(root, blocks))
+                chunk.register_forward_hook(self._post_forward(root, blocks[::-1], keep=False))
+            for unit in blocks + ([root] if root is not None else []):
+                for p in unit.params:
+                    p.register_post_accumulate_grad_hook(self._accumulated(unit))
+
+    def _use(self, unit: Unit, upcoming: list) -> None:
+        """Gather ``unit`` (waiting its all-gather) and launch the next ones' (Note [prefetch])."""
+        unit.wait()
+        for following in upcoming[: self.prefetch]:
+            following.launch()
+        self._peak = max(self._peak, self.gathered_param_bytes())
+
+    def _pre_forward(self, unit, after):
+        def hook(module, args):
+            self._use(unit, [] if _in_backward() else after)
+        return hook
+
+    def _post_forward(self, unit, before, keep):
+        def hook(module, args, output):
+            if _in_backward():  # a recompute inside backward: the unit stays gathered
+                return None
+            unit.free()
+            outputs = output if isinstance(output, tuple) else (output,)
+            for tensor in outputs:
+                if torch.is_tensor(tensor) and tensor.requires_grad:
+                    tensor.register_hook(self._pre_backward(unit, before))
+            return None
+        return hook
+
+    def _pre_backward(self, unit, before):
+        def hook(grad):
+            self._use(unit, before)
+            return grad
+        return hook
+
+    def _accumulated(self, unit: Unit):
+        def hook(param):
+            unit.pending -= 1
+            if unit.pending:
+                return
+            unit.pending = len(unit.params)  # this backward pass is done with the unit
+            unit.passes += 1
+            unit.free()
+            if unit.passes == self.accumulations and not unit.late:
+                self._launch(unit)  # Note [gradients of a unit]
+        return hook
+
+    # ---- Note [gradients of a unit] -------------------------------------------------
+
+    @torch.no_grad()
+    def _launch(self, unit: Unit) -> None:
+        self._drain()
+        if self.grad is None:
+            self.grad = torch.zeros_like(self.flat)
+        packed = torch.zeros(unit.padded, dtype=torch.float32, device=self.flat.device)
+        at = 0
+        for p in unit.params:
+            if p.grad is not None:
+                packed[at : at + p.numel()].copy_(p.grad.reshape(-1))
+            p.grad = None  # the packed copy replaces it
+            at += p.numel()
+        work, mine = None, packed
+        if unit.size > 1 and dist.get_backend(unit.group) == "nccl":
+            mine = torch.empty(unit.shard_numel, dtype=torch.float32, device=packed.device)
+            work = dist.reduce_scatter_tensor(mine, packed, group=unit.group, async_op=True)
+        elif unit.size > 1:
+            work = dist.all_reduce(packed, group=unit.group, async_op=True)
+            rank = group_rank(unit.group)
+            mine = packed[rank * unit.shard_numel : (rank + 1) * unit.shard_numel]
+        self._reduced.add(unit.name)
+        self._inflight = (unit, mine, work)
+
+    @torch.no_grad()
+    def _drain(self) -> None:
+        if self._inflight is None:
+            return
+        unit, mine, work = self._inflight
+        self._inflight = None
+        with exposed():
+            if work is not None:
+                work.wait()
+            if group_size(self.replicate_group) > 1:  # HSDP: the other nodes' copies
+                dist.all_reduce(mine, group=self.replicate_group)
+        mine.div_(self.data_parallel)
+        self.grad[unit.offset : unit.offset + unit.shard_numel].copy_(mine)
+
+    @torch.no_grad()
+    def reduce_gradients_and_clip(self, max_norm: float) -> float:
+        """Mean gradient over the data-parallel ranks into this rank's shards, clipped to
+        ``max_norm``; returns the global norm (``zero.clip_global_norm_``)."""
+        for unit in self.units:
+            unit.free()
+            if unit.name not in self._reduced:
+                self._launch(unit)  # late gradients, or parameters that got none
+        self._drain()
+        for unit in self.units:
+            unit.pending, unit.passes = len(unit.params), 0
+        self._reduced = set()
+        self.gathered_peak_bytes, self._peak = self._peak, 0
+        return clip_global_norm_(
+            self.grad, counted=self.counted, tp_mask=self.tp_mask, max_norm=max_norm,
+            tp_group=self.tp_group, dp_group=self.dp_group, pp_group=self.pp_group,
+        )
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """AdamW on this rank's shards; the next forward gathers the new parameters."""
+        if self.grad is None:
+            raise RuntimeError("call reduce_gradients_and_clip() before step()")
+        adamw_(
+            self.flat, self.grad, self.state, decay=self.decay, lr=self.param_groups[0]["lr"],
+            betas=(self.beta1, self.beta2), eps=self.eps, weight_decay=self.weight_decay,
+        )
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.grad = None
+        for unit in self.units:
+            for p in unit.params:
+                p.grad = None
+
+    def held_grad_bytes(self) -> int:
+        """Bytes of the gradient shards this optimizer keeps (``param.grad`` not included)."""
+        return 0 if self.grad is None else self.grad.numel() * self.grad.element_size()
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state (moments) this rank holds."""
+        return sum(t.numel() * t.element_size() for t in self.state.values() if torch.is_tensor(t))
+
+    def resident_param_bytes(self) -> int:
+        """Bytes of parameter shards this rank keeps between uses."""
+        return self.flat.numel() * self.flat.element_size()
+
+    def gathered_param_bytes(self) -> int:
+        """Bytes of units gathered right now."""
+        return sum(unit.nbytes() for unit in self.units if unit.gathered)

@@ -1,0 +1,102 @@
+"""ZeRO-3's units and process groups (used by ``fsdp.py``).
+
+Takes: a unit's parameters and the group they are sharded over; the mesh. Gives:
+``Unit`` (one flat buffer, sharded, gathered and freed as a whole: fsdp.py, Note
+[units]) and ``node_groups`` (the shard and replicate groups of ``zero_shard = node``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .comm import exposed, group_rank, group_size
+from .dp import finished_after_backward
+from .memory import GATHERED_PARAMETERS
+
+
+def node_groups(grid, axes: tuple[str, ...], devices_per_node: int):
+    """(shard group, replicate group) of this rank for ``zero_shard = node`` (HSDP): the
+    ranks of its ``axes`` group (dp, or dp × cp) on its own node, and those holding the
+    same shard on the other nodes (None where one rank). Collective: every rank makes
+    every group, in the same order."""
+    from .axes import partition
+
+    names = tuple(name for name, _ in grid.axes if name in axes)
+    mine = {}
+    for ranks in partition(grid.axes, names):
+        by_node = {}
+        for rank in ranks:
+            by_node.setdefault(rank // devices_per_node, []).append(rank)
+        shards = list(by_node.values())
+        if len({len(shard) for shard in shards}) != 1:
+            raise ValueError(f"zero_shard = node: the {'×'.join(names)} ranks {ranks} do not split evenly over nodes")
+        for kind, groups in (("shard", shards), ("replicate", [list(c) for c in zip(*shards)])):
+            for members in groups:
+                group = dist.new_group(members) if len(members) > 1 else None
+                if grid.rank in members:
+                    mine[kind] = group
+    return mine.get("shard"), mine.get("replicate")
+
+
+class Unit:
+    """One group of parameters gathered and freed together (fsdp.py, Note [units])."""
+
+    def __init__(self, name: str, params: list, *, shard_group, offset: int, flat: torch.Tensor):
+        self.name, self.params, self.group = name, params, shard_group
+        self.size, rank = group_size(shard_group), group_rank(shard_group)
+        self.numel = sum(p.numel() for p in params)
+        self.shard_numel = -(-self.numel // self.size)
+        self.padded = self.shard_numel * self.size
+        self.offset = offset  # where this unit's shard sits in the optimizer's flat shards
+        self.late = any(finished_after_backward(p) for p in params)
+        device = params[0].device
+        self.full = torch.zeros(self.padded, dtype=torch.float32, device=device)
+        at = 0
+        with torch.no_grad():
+            for p in params:
+                if p.dtype != torch.float32:
+                    raise ValueError(f"ZeRO-3 keeps fp32 parameters; got {p.dtype}")
+                n = p.numel()
+                self.full[at : at + n].copy_(p.reshape(-1))
+                p.data = self.full[at : at + n].view_as(p)  # the parameter is a view from now on
+                at += n
+        self.shard = flat[offset : offset + self.shard_numel]
+        self.shard.copy_(self.full[rank * self.shard_numel : (rank + 1) * self.shard_numel])
+        self.gathered, self.work = True, None
+        self.pending = len(params)  # parameters still to accumulate in this backward pass
+        self.passes = 0  # backward passes this step
+        self.free()
+
+    def nbytes(self) -> int:
+        return self.padded * self.full.element_size()
+
+    def launch(self) -> None:
+        """Start the all-gather of the shards into the flat buffer (asynchronous)."""
+        if self.gathered:
+            return
+        self.full.untyped_storage().resize_(self.nbytes())
+        self.gathered = True
+        GATHERED_PARAMETERS.add(self.full.untyped_storage().data_ptr())
+        if self.size == 1:
+            self.full.copy_(self.shard)
+            return
+        if dist.get_backend(self.group) == "nccl":
+            self.work = dist.all_gather_into_tensor(self.full, self.shard, group=self.group, async_op=True)
+        else:
+            self.work = dist.all_gather(list(self.full.chunk(self.size)), self.shard, group=self.group, async_op=True)
+
+    def wait(self) -> None:
+        self.launch()
+        if self.work is not None:
+            with exposed():
+                self.work.wait()
+            self.work = None
+
+    def free(self) -> None:
+        if not self.gathered:
+            return
+        self.wait()
+        GATHERED_PARAMETERS.discard(self.full.untyped_storage().data_ptr())
+        self.full.untyped_storage().resize_(0)
+        self.gathered = False
