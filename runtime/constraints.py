@@ -37,6 +37,7 @@ from typing import Callable, Iterable, Mapping
 
 from .axes import WORLD_ORDER, Axis, axis
 from .layer_settings import SETTINGS
+from .schedule import SPLIT_BACKWARD
 
 LAYOUT, BUILD = "layout", "build"
 """Rule kinds: what any program must satisfy; what ``parc build`` can generate today."""
@@ -668,6 +669,18 @@ def build_zero3_overlap(zero, overlap):
                       f"zero = 3 with overlap = sub_batch({parts[0]}) is not supported yet by parc build: "
                       "the sub-batch wavefront runs each block's regions apart, past ZeRO-3's per-block gathers",
                       "use overlap = none with zero = 3, or zero = 2 with overlap")
+
+
+@rule("PAR0826", BUILD)
+def build_zero3_split_backward(zero, schedule):
+    """A zero_bubble W op runs after the block's backward (B) has freed ZeRO-3's gathered
+    parameters (``fsdp.py``, Note [when a unit is gathered]); W would need a third gather."""
+    if zero != 3 or schedule not in SPLIT_BACKWARD:
+        return None
+    return _violation("PAR0826", ("parallel.schedule", "parallel.zero"),
+                      f"zero = 3 with schedule = {schedule} is not supported yet by parc build: "
+                      "the weight-gradient (W) ops run after the block's gathered parameters are freed",
+                      "use schedule = 1f1b with zero = 3, or zero = 2 with zero_bubble")
 
 
 @rule("PAR0802", BUILD)
