@@ -17,7 +17,7 @@ import jinja2
 from parc.runtime import axes
 
 from .plan import Plan, Setting
-from . import render_checkpoint, render_launch, render_step
+from . import render_checkpoint, render_launch, render_moe, render_step
 from .plan_text import cite, layer_value
 
 DEVICE_FLOPS_NOTE = "dense peak FLOP/s of one device, for MFU"
@@ -262,7 +262,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
     layout = layout_words(plan)
     context = dict(
-        title=f"{plan.model.name}: {plan.model.arch} with {plan.model.parameters:,} parameters, {layout}.",
+        title=f"{plan.model.name}: {plan.model.arch} with {render_moe.parameter_words(plan)}, {layout}.",
         summary=summary(plan),
         version=plan.parc_version,
         source=plan.source,
@@ -295,7 +295,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ] + render_step.step_body_lines(
             plan, forward_lines, 'grid.index("dp")' if dp_size > 1 else "0"
         ),
-        record_lines=[
+        record_lines=render_moe.record_lines(plan) + [
             '"exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute',
             "# bytes this rank holds (and every rank's, in memory_per_rank): collective",
             "**memory.report(net, optimizer, activations, held_grads),",
@@ -304,13 +304,13 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ] if plan.predicted is not None else []),
         dataset_line=dataset_line,
         optimizer_lines=optimizer_lines,
-        optimizer_extra_lines=optimizer_extra + [
+        optimizer_extra_lines=optimizer_extra + render_moe.setup_lines(plan) + [
             "activations = memory.SavedActivations(net)  # peak bytes saved for backward",
         ],
         step_lines=step_lines,
         after_backward_lines=["held_grads = memory.grad_bytes(net, optimizer)  # when backward ends"]
         + [l for block in after_backward for l in block.split("\n")],
-        loss_lines=loss_lines,
+        loss_lines=loss_lines + render_moe.metric_lines(plan),
         checkpoint_lines=render_checkpoint.setup_lines(plan, layout),
         end_of_step_lines=render_checkpoint.end_of_step_lines(),
         mfu_expr=(
@@ -329,6 +329,7 @@ def train_imports(plan: Plan) -> list[str]:
     imports += ["dp"] if plan.mesh.size("dp") * plan.mesh.size("cp") > 1 else []
     imports += ["pipeline", "schedule"] if render_step.has_pipeline(plan) else []
     imports += ["zero"] if plan.train.zero.value else []
+    imports += ["moe"] if render_moe.has_experts(plan) else []
     return imports
 
 

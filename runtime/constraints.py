@@ -52,6 +52,11 @@ KEYS = {
     "pad_vocab_to": "model.pad_vocab_to",
     "padded_vocab": "model.pad_vocab_to",
     "seq_len": "model.seq_len",
+    "experts": "model.experts",
+    "top_k": "model.top_k",
+    "expert_ffn": "model.expert_ffn",
+    "ep": "parallel.ep",
+    "etp": "parallel.etp",
     "nodes": "mesh.nodes",
     "devices_per_node": "mesh.devices_per_node",
     "dp": "parallel.dp",
@@ -546,6 +551,54 @@ for _name in PER_LAYER:
     rule("PAR0116", name=f"{_name}_per_layer")(_one_entry_per_layer(_name))
 
 
+# ---- mixture of experts (runtime/moe.py) ---------------------------------------------
+
+
+@rule("PAR0230")
+def top_k_within_experts(experts, top_k):
+    if experts == 0 or top_k <= experts:
+        return None
+    return _violation("PAR0230", ("model.top_k", "model.experts"),
+                      f"top_k = {top_k} is more than experts = {experts}",
+                      f"each token goes to top_k distinct experts: top_k must be at most {experts}")
+
+
+@rule("PAR0231")
+def ep_divides_experts(ep, experts):
+    """Each expert-parallel rank holds experts / ep whole experts."""
+    if ep == 1 or (experts > 0 and experts % ep == 0):
+        return None
+    if experts == 0:
+        return _violation("PAR0231", ("parallel.ep", "model.experts"),
+                          f"ep = {ep} splits the experts, but the model is dense (experts = 0)",
+                          "set model.experts to a multiple of ep, or ep = 1")
+    return _violation("PAR0231", ("parallel.ep", "model.experts"),
+                      f"ep = {ep} does not divide experts = {experts}",
+                      f"ep must be one of {some(divisors(experts), ep)}")
+
+
+@rule("PAR0232")
+def experts_fold_ranks(ep, etp, dp, tp, cp=None):
+    """Parallel folding: expert layers re-read a stage's dp·cp·tp ranks as edp·ep·etp."""
+    ranks = dp * (cp or 1) * tp
+    if ranks % (ep * etp) == 0:
+        return None
+    return _violation("PAR0232", ("parallel.ep", "parallel.etp"),
+                      f"expert layers fold dp·cp·tp = {dp}·{cp or 1}·{tp} = {ranks} ranks as edp·ep·etp, "
+                      f"but ep·etp = {ep}·{etp} = {ep * etp} does not divide {ranks}",
+                      f"ep·etp must be one of {some(divisors(ranks), ep * etp)}")
+
+
+@rule("PAR0233")
+def etp_divides_expert_ffn(etp, ffn, expert_ffn=None):
+    size = ffn if expert_ffn is None else expert_ffn
+    if size % etp == 0:
+        return None
+    return _violation("PAR0233", ("parallel.etp", "model.expert_ffn"),
+                      f"etp = {etp} does not divide expert_ffn = {size}",
+                      f"etp must be one of {some(divisors(size), etp)}")
+
+
 # ---- training -----------------------------------------------------------------------
 
 
@@ -632,3 +685,39 @@ def build_cp_planner(cp, dp=None, tp=None, pp=None, micro_batch=None):
                       f"the planner does not search or cost context parallelism yet: with cp = {cp}, "
                       f"{_and(auto)} cannot be auto",
                       f"give {_and(auto)} with cp > 1, or set cp = 1 and let the planner choose")
+
+
+@rule("PAR0810", BUILD)
+def build_expert_parallel(ep, etp):
+    """Expert parallelism (the all-to-all dispatch and combine) is a later slice of MoE."""
+    if ep == 1 and etp == 1:
+        return None
+    key = "parallel.ep" if ep > 1 else "parallel.etp"
+    return _violation("PAR0810", (key,),
+                      f"expert parallelism (ep = {ep}, etp = {etp}) is not supported yet by parc build",
+                      "write ep = 1 and etp = 1: every rank holds all experts and tokens stay put; "
+                      "a later version of parc generates the all-to-all")
+
+
+@rule("PAR0811", BUILD)
+def build_moe_sequence_split(experts, sp=None, cp=None):
+    """The router's load-balancing statistics are taken over a rank's tokens: with the
+    sequence split (sp, cp) they would need a reduction parc does not build yet."""
+    split = [w for w, on in (("sp = true", sp is True), (f"cp = {cp}", (cp or 1) > 1)) if on]
+    if experts == 0 or not split:
+        return None
+    return _violation("PAR0811", ("parallel.sp" if sp is True else "parallel.cp", "model.experts"),
+                      f"a mixture-of-experts model with {_and(split)} is not supported yet by parc build",
+                      "write sp = false and cp = 1 with experts > 0; a later version of parc generates it")
+
+
+@rule("PAR0812", BUILD)
+def build_moe_overlap(experts, overlap):
+    parts = [k for k in entries(overlap) if k is not None and k > 1]
+    if experts == 0 or not parts:
+        return None
+    return _violation("PAR0812", ("parallel.overlap", "model.experts"),
+                      f"overlap = sub_batch({parts[0]}) with a mixture-of-experts model is not supported yet "
+                      "by parc build",
+                      "write overlap = none with experts > 0; a later version of parc overlaps the "
+                      "expert all-to-all")

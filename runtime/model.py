@@ -183,14 +183,14 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     fused = None  # see Norm
 
-    def __init__(self, config, prefix, build):
+    def __init__(self, config, prefix, build, ffn=None):
         super().__init__()
         self.llama = config.arch == "llama"
-        bias = not self.llama
+        bias, ffn = not self.llama, ffn or config.ffn  # ffn: the shared experts' (moe.py)
         if self.llama:
-            self.gate_proj = build.linear(f"{prefix}.gate_proj", config.hidden, config.ffn, bias)
-        self.up_proj = build.linear(f"{prefix}.up_proj", config.hidden, config.ffn, bias)
-        self.down_proj = build.linear(f"{prefix}.down_proj", config.ffn, config.hidden, bias)
+            self.gate_proj = build.linear(f"{prefix}.gate_proj", config.hidden, ffn, bias)
+        self.up_proj = build.linear(f"{prefix}.up_proj", config.hidden, ffn, bias)
+        self.down_proj = build.linear(f"{prefix}.down_proj", ffn, config.hidden, bias)
 
     def activation(self, up, gate=None):
         """SwiGLU silu(gate) · up (llama) or GeLU(up) (gpt, tanh approximation; up_proj added the bias)."""
@@ -246,15 +246,22 @@ class Block(nn.Module):
         self.attn_norm = Norm(config.hidden, rms=rms, eps=config.norm_eps, sequence_parallel=sp)
         self.attn = Attention(config, f"{prefix}.attn", build)
         self.mlp_norm = Norm(config.hidden, rms=rms, eps=config.norm_eps, sequence_parallel=sp)
-        self.mlp = MLP(config, f"{prefix}.mlp", build)
+        self.moe = config.is_moe(index)
+        if self.moe:  # Note [deterministic dropless routing]
+            from .moe import MoEMLP  # only a build with experts ships moe.py
+
+            self.mlp = MoEMLP(config, f"{prefix}.mlp", build, MLP)
+        else:
+            self.mlp = MLP(config, f"{prefix}.mlp", build)
         self.dropout = config.dropout
         self.recompute, self.sub_batches = recompute, sub_batches  # this block's own layout
         self.attn.selective = recompute == "selective"
 
     @property
     def regions(self) -> tuple[Region, ...]:
-        """Note [blocks as regions]: attention, then the MLP."""
-        return (Region(self.attn_norm, self.attn, self.attn.o_proj), Region(self.mlp_norm, self.mlp, self.mlp.down_proj))
+        """Note [blocks as regions]: attention, then the MLP (an MoE MLP is one region, its
+        dispatch, experts and combine inside ``moe.MoEMLP``)."""
+        return (Region(self.attn_norm, self.attn, self.attn.o_proj), Region(self.mlp_norm, self.mlp, getattr(self.mlp, "down_proj", None)))
 
     def forward(self, x):  # (B, T, C), or (B, T/tp, C) under sequence parallelism
         for region in self.regions:
