@@ -67,6 +67,8 @@ def plan_to_json(plan) -> str:
     data = _plain(plan)
     if data.get("predicted", 0) is None:
         del data["predicted"]  # only a planner-chosen layout carries a prediction
+    if data["model"].get("expert_parallel", 0) is None:
+        del data["model"]["expert_parallel"]  # only a model with experts has it
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

@@ -176,6 +176,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     elif dp_size > 1:
         group_lines.append('dp_group = grid.group("dp")  # ranks that split the batch')
     group_lines += render_step.group_lines(plan)
+    group_lines += render_moe.group_lines(plan)
     pipelined = render_step.has_pipeline(plan)
     pp_arg = ", pp_group=pp_group" if pipelined else ""
     zero_stage = plan.train.zero.value
@@ -210,7 +211,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     else:
         optimizer_lines = [f"optimizer = optim.build_optimizer(net, {hyper})"]
         step_lines = [
-            f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg}{pp_arg})",
+            f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)})",
             "optimizer.step()",
             "optimizer.zero_grad(set_to_none=True)",
         ]
@@ -223,6 +224,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ]
         # first: the lines below change grads, and finish() writes the dp means back
         after_backward.insert(0, f"grad_sync.finish()  # wait the buckets: mean gradient over the {over} ranks")
+    after_backward += render_moe.after_backward_lines(plan)  # expert grads: their own edp group
     if reducing:
         loss_lines.append(f"step_loss = dp.all_reduce_mean(loss_sum, {reduce_group})  # global mean loss")
     else:
@@ -288,6 +290,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         model_extra_args=pipeline_args
         + [f"{entry.argument}={entry.constant}," for entry in plan.used_settings()]
         + ["kernels=KERNELS,"]
+        + render_moe.model_args(plan)
         + (["cp_group=cp_group,", "cp_kind=CP_KIND,"] if cp_size > 1 else []),
         pipeline_lines=render_step.executor_lines(plan),
         step_body_lines=render_checkpoint.step_start_lines() + [

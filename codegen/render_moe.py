@@ -12,6 +12,7 @@ from __future__ import annotations
 from parc.runtime.model_desc import ModelConfig, describe
 
 from .plan import Plan
+from .plan_text import cite
 
 
 def has_experts(plan: Plan) -> bool:
@@ -25,6 +26,41 @@ def parameter_words(plan: Plan) -> str:
         config = ModelConfig(**{s.name.lower(): s.value for s in plan.model.settings})
         words += f" ({describe(config).active_parameters:,} active per token)"
     return words
+
+
+def expert_parallel(plan: Plan) -> int:
+    """EP: the ranks that split each MoE block's experts (1 for a dense model)."""
+    ep = plan.model.expert_parallel
+    return 1 if ep is None else ep.value
+
+
+def group_lines(plan: Plan) -> list[str]:
+    if expert_parallel(plan) == 1:
+        return []
+    ep = plan.model.expert_parallel
+    return [
+        "# Note [parallel folding] (mesh.py): expert layers re-read the dp·tp ranks as",
+        "# edp·ep·etp; tokens go to their experts' ranks over ep_group (all-to-all), and",
+        "# the experts' gradients reduce over edp_group",
+        f"ep_group, edp_group = grid.expert_groups({ep.value!r})  # {cite(ep.span)}: expert-parallel ranks",
+    ]
+
+
+def model_args(plan: Plan) -> list[str]:
+    return ["ep_group=ep_group,"] if expert_parallel(plan) > 1 else []
+
+
+def clip_arg(plan: Plan) -> str:
+    return ", ep_group=ep_group" if expert_parallel(plan) > 1 else ""
+
+
+def after_backward_lines(plan: Plan) -> list[str]:
+    if expert_parallel(plan) == 1:
+        return []
+    return [
+        "# each expert's grad holds its ep group's tokens: sum over edp, mean over dp\n"
+        "moe.reduce_expert_grads(net, edp_group, data_ranks=DP)"
+    ]
 
 
 def setup_lines(plan: Plan) -> list[str]:

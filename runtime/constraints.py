@@ -688,15 +688,28 @@ def build_cp_planner(cp, dp=None, tp=None, pp=None, micro_batch=None):
 
 
 @rule("PAR0810", BUILD)
-def build_expert_parallel(ep, etp):
-    """Expert parallelism (the all-to-all dispatch and combine) is a later slice of MoE."""
-    if ep == 1 and etp == 1:
+def build_expert_parallel(ep, etp, tp=None, cp=None):
+    """Expert parallelism is built over data-parallel ranks only: ep folds dp (tp = cp = 1)."""
+    if etp > 1:
+        return _violation("PAR0810", ("parallel.etp",),
+                          f"expert tensor parallelism (etp = {etp}) is not supported yet by parc build",
+                          "write etp = 1; a later version of parc generates it")
+    if ep == 1 or ((tp or 1) == 1 and (cp or 1) == 1):
         return None
-    key = "parallel.ep" if ep > 1 else "parallel.etp"
-    return _violation("PAR0810", (key,),
-                      f"expert parallelism (ep = {ep}, etp = {etp}) is not supported yet by parc build",
-                      "write ep = 1 and etp = 1: every rank holds all experts and tokens stay put; "
-                      "a later version of parc generates the all-to-all")
+    return _violation("PAR0810", ("parallel.ep", "parallel.tp"),
+                      f"expert parallelism (ep = {ep}) with tp = {tp or 1}, cp = {cp or 1} is not supported yet "
+                      "by parc build",
+                      "ep folds data-parallel ranks only for now: write tp = 1 and cp = 1 with ep > 1, or ep = 1")
+
+
+@rule("PAR0813", BUILD)
+def build_expert_parallel_zero(ep, zero):
+    """ZeRO's flat buffer shards parameters that are equal on every dp rank; experts are not."""
+    if ep == 1 or zero == 0:
+        return None
+    return _violation("PAR0813", ("parallel.zero", "parallel.ep"),
+                      f"zero = {zero} with expert parallelism (ep = {ep}) is not supported yet by parc build",
+                      "write zero = 0 with ep > 1, or ep = 1; a later version of parc generates it")
 
 
 @rule("PAR0811", BUILD)

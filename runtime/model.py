@@ -240,7 +240,7 @@ class Region:
 
 
 class Block(nn.Module):
-    def __init__(self, config, index, build, sp, recompute="none", sub_batches=1):
+    def __init__(self, config, index, build, sp, recompute="none", sub_batches=1, ep_group=None):
         super().__init__()
         prefix, rms = f"layers.{index}", config.arch == "llama"
         self.attn_norm = Norm(config.hidden, rms=rms, eps=config.norm_eps, sequence_parallel=sp)
@@ -250,7 +250,7 @@ class Block(nn.Module):
         if self.moe:  # Note [deterministic dropless routing]
             from .moe import MoEMLP  # only a build with experts ships moe.py
 
-            self.mlp = MoEMLP(config, f"{prefix}.mlp", build, MLP)
+            self.mlp = MoEMLP(config, f"{prefix}.mlp", build, MLP, ep_group=ep_group)
         else:
             self.mlp = MLP(config, f"{prefix}.mlp", build)
         self.dropout = config.dropout
@@ -291,7 +291,7 @@ class Transformer(nn.Module):
 
     def __init__(
         self, config, *, tp_group, sequence_parallel, tp_plan, recompute="none",
-        layers=None, first=True, last=True, sub_batches=1, cp_group=None, cp_kind=None,
+        layers=None, first=True, last=True, sub_batches=1, cp_group=None, cp_kind=None, ep_group=None,
     ):
         super().__init__()
         recompute = per_layer(recompute, config.layers, "recompute")
@@ -324,7 +324,8 @@ class Transformer(nn.Module):
                 self.pos_embed = nn.Embedding(config.seq_len, C)
                 self.pos_embed.weight.sequence_parallel = self.sp
         self.layers = nn.ModuleDict({
-            str(i): Block(config, i, build, self.sp, recompute[i], int(sub_batches[i])) for i in range(start, stop)
+            str(i): Block(config, i, build, self.sp, recompute[i], int(sub_batches[i]), ep_group)
+            for i in range(start, stop)
         })
         for block in self.layers.values():
             block.attn.context = self.context
@@ -342,6 +343,7 @@ class Transformer(nn.Module):
                     self.head.weight.tensor_parallel = True
         if self.first and not self.last and config.tie_embeddings:
             self.embed.weight.tied_across_stages = True  # its grad is summed with the head copy's
+        self.ep_group = ep_group  # moe.py's expert-parallel ranks (Note [expert dispatch])
         check_parameter_count(self, sharded=plan.styles, layers=(start, stop))
 
     def run_blocks(self, x):
@@ -423,7 +425,7 @@ def check_parameter_count(model: Transformer, *, sharded, layers) -> None:
     (``sharded``: the modules split over tp), so the model and its description cannot drift."""
     tp = group_size(model.tp_group)
     expected = describe(model.config).stage_params(
-        tp, layers=layers, first=model.first, last=model.last, sharded=sharded
+        tp, layers=layers, first=model.first, last=model.last, sharded=sharded, ep=group_size(model.ep_group)
     )
     params = list(model.parameters())
     built = sum(p.numel() for p in params)
@@ -452,7 +454,7 @@ def use_kernels(model: nn.Module, kernels: str, device) -> nn.Module:
 
 def build_model(
     config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none", sub_batches=1,
-    kernels="compiled", cp_group=None, cp_kind=None,
+    kernels="compiled", cp_group=None, cp_kind=None, ep_group=None,
 ):
     """The model for this rank: built from the plan, initialized per Note [init happens before sharding].
 
@@ -465,7 +467,7 @@ def build_model(
     """
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
-        recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind,
+        recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
     )
     initialize(model, seed)
     return use_kernels(model.to(device), kernels, device)
@@ -473,7 +475,7 @@ def build_model(
 
 def build_stages(
     config, *, stages, pp_rank, pp_size, tp_group, sequence_parallel, tp_plan, seed, device,
-    recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None,
+    recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None,
 ):
     """This pipeline rank's model chunks, one ``Transformer`` stage per chunk.
 
@@ -492,17 +494,17 @@ def build_stages(
     return nn.ModuleList(
         build_stage(config, stages=stages, index=v, tp_group=tp_group, sequence_parallel=sequence_parallel,
                     tp_plan=tp_plan, seed=seed, device=device, recompute=recompute, sub_batches=sub_batches,
-                    kernels=kernels, cp_group=cp_group, cp_kind=cp_kind)
+                    kernels=kernels, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group)
         for v in range(pp_rank, len(stages), pp_size)  # chunk c: virtual stage c·pp_size + pp_rank
     )
 
 
 def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute,
-                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None):
+                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None):
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
         recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,
-        sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind,
+        sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
     )
     initialize(model, seed)
     return use_kernels(model.to(device), kernels, device)

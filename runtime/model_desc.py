@@ -263,12 +263,17 @@ class ModelDesc:
 
     def stage_params(
         self, tp: int = 1, *, layers: tuple[int, int] | None = None, first: bool = True, last: bool = True,
-        sharded=None,
+        sharded=None, ep: int = 1,
     ) -> ParamCount:
         """Parameters of one tp rank of a pipeline stage holding blocks ``layers = (start,
         stop)`` (all by default), the embedding when ``first``, the final norm and head
-        when ``last``. ``sharded``: the module names tp splits, when not parc's table."""
+        when ``last``. ``sharded``: the module names tp splits, when not parc's table;
+        ``ep``: the expert-parallel ranks that split each MoE block's experts."""
         start, stop = (0, len(self.blocks)) if layers is None else layers
+        if ep > 1:  # each expert-parallel rank holds experts / ep of every MoE block's experts
+            whole = self.stage_params(tp, layers=(start, stop), first=first, last=last, sharded=sharded)
+            grouped = sum(m.numel() for b in self.blocks[start:stop] for m in b.modules if m.layer == GROUPED)
+            return ParamCount(elements=whole.elements - grouped + grouped // ep, tensors=whole.tensors)
         if sharded is not None:
             modules = (self.embed if first else ()) + tuple(
                 m for b in self.blocks[start:stop] for m in b.modules

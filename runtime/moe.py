@@ -36,14 +36,26 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .comm import all_to_all_rows, exposed, group_rank, group_size
+
 
 class GroupedLinear(nn.Module):
-    """E experts' linear layers as one (E, out, in) weight; no bias."""
+    """E experts' linear layers as one (E, out, in) weight, no bias; under expert
+    parallelism this rank's E/ep of them, experts ``first`` .. ``first + E/ep − 1``."""
 
-    def __init__(self, experts: int, in_features: int, out_features: int):
+    def __init__(self, experts: int, in_features: int, out_features: int, *, ep_size: int = 1, ep_rank: int = 0):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(experts, out_features, in_features))
+        local = experts // ep_size
+        self.first = ep_rank * local
+        self.weight = nn.Parameter(torch.empty(local, out_features, in_features))
         self.full_shape = (experts, out_features, in_features)  # param_init draws it whole
+        self.weight.expert_parallel = ep_size > 1  # its gradient reduces over edp (reduce_expert_grads)
+        self.shard_offsets = (self.first, 0, 0)  # where this rank's experts sit in the whole (checkpoints)
+
+    @torch.no_grad()
+    def load_full_(self, weight, bias=None):
+        """Keep this rank's experts of the whole (E, out, in) ``weight`` (Note [init happens before sharding])."""
+        self.weight.copy_(weight[self.first : self.first + self.weight.shape[0]])
 
     def forward(self, x, counts):
         return grouped_linear(x, self.weight, counts)
@@ -106,18 +118,20 @@ class _AuxLoss(torch.autograd.Function):
 class MoEMLP(nn.Module):
     """Router → top_k experts (grouped) → weighted sum, plus the shared experts; (B, T, C) → (B, T, C)."""
 
-    def __init__(self, config, prefix, build, dense_mlp):
+    def __init__(self, config, prefix, build, dense_mlp, ep_group=None):
         super().__init__()
         C, E, F_e = config.hidden, config.experts, config.expert_hidden
+        self.ep_group, ep_size, ep_rank = ep_group, group_size(ep_group), group_rank(ep_group)
+        grouped = dict(ep_size=ep_size, ep_rank=ep_rank)
         self.llama, self.experts_count = config.arch == "llama", E
         self.top_k, self.router_kind, self.capacity = config.top_k, config.router, config.capacity_factor
         self.aux_coeff, self.z_coeff = config.aux_loss, config.z_loss
         self.router = build.linear(f"{prefix}.router", C, E, False)
         self.experts = nn.Module()
         if self.llama:
-            self.experts.gate_proj = GroupedLinear(E, C, F_e)
-        self.experts.up_proj = GroupedLinear(E, C, F_e)
-        self.experts.down_proj = GroupedLinear(E, F_e, C)
+            self.experts.gate_proj = GroupedLinear(E, C, F_e, **grouped)
+        self.experts.up_proj = GroupedLinear(E, C, F_e, **grouped)
+        self.experts.down_proj = GroupedLinear(E, F_e, C, **grouped)
         self.shared_experts = None
         if config.shared_experts:
             self.shared_experts = dense_mlp(config, f"{prefix}.shared_experts", build,
@@ -149,7 +163,7 @@ class MoEMLP(nn.Module):
         keep = kept.reshape(-1).nonzero().squeeze(1)
         order = keep[torch.sort(slot_expert[keep], stable=True).indices]  # kept slots, by expert
         counts = torch.bincount(slot_expert[order], minlength=self.experts_count)
-        y = self.run_experts(tokens[slot_token[order]], counts)  # (kept slots, C)
+        y = self.dispatch_and_run(tokens[slot_token[order]], counts)  # (kept slots, C), by expert
         y = y * slot_weight[order].unsqueeze(1).to(y.dtype)
         out = torch.zeros_like(tokens).index_add_(0, slot_token[order], y)
         if self.shared_experts is not None:
@@ -160,6 +174,32 @@ class MoEMLP(nn.Module):
         if aux is not None and torch.is_grad_enabled():
             out = _AuxLoss.apply(out, aux[0] + aux[1], self.loss_scale)
         return out
+
+    def dispatch_and_run(self, x, counts):
+        """Rows of ``x`` sorted by expert (``counts[e]`` for expert e) → their experts' outputs, same order.
+
+        Note [expert dispatch]: under expert parallelism rank r holds experts r·E/ep ..;
+        the rows go to their experts' ranks by all-to-all (dispatch), arrive by source
+        rank then local expert, are regrouped by local expert for the grouped op, and go
+        back the same way (combine). Both all-to-alls are paired autograd functions."""
+        ep = group_size(self.ep_group)
+        if ep == 1:
+            return self.run_experts(x, counts)
+        local = self.experts_count // ep
+        sent = counts.view(ep, local)  # (destination rank, its local expert)
+        got = torch.empty_like(sent)  # (source rank, my local expert)
+        with exposed():
+            dist.all_to_all_single(got, sent.contiguous(), group=self.ep_group)
+        send, receive = sent.sum(1).tolist(), got.sum(1).tolist()
+        arrived = all_to_all_rows(x, self.ep_group, send, receive)  # dispatch: by source, then expert
+        starts = (torch.cumsum(got.reshape(-1), 0) - got.reshape(-1)).view(ep, local).tolist()
+        sizes = got.tolist()
+        by_expert = [torch.arange(starts[i][e], starts[i][e] + sizes[i][e]) for e in range(local) for i in range(ep)]
+        regroup = torch.cat(by_expert).to(x.device)
+        y = self.run_experts(arrived[regroup], got.sum(0))
+        back = torch.empty_like(regroup)
+        back[regroup] = torch.arange(regroup.numel(), device=x.device)
+        return all_to_all_rows(y[back], self.ep_group, receive, send)  # combine: to the tokens' ranks
 
     def aux_losses(self, logits, probs, experts):
         """(load-balancing loss, z-loss), each times its coefficient; None when both are off."""
@@ -180,6 +220,26 @@ class MoEMLP(nn.Module):
         if aux is not None:
             self.aux_sum += float(aux[0].detach())
             self.z_sum += float(aux[1].detach())
+
+
+def reduce_expert_grads(model: nn.Module, edp_group, *, data_ranks: int) -> None:
+    """Expert gradients (``expert_parallel``) after backward: each already sums, through the
+    combine's backward, what every rank of its ep group's tokens gave it; summed over the
+    edp ranks that hold the same experts and divided by the ``data_ranks`` (dp·cp) whose
+    mean loss the step takes, they equal one rank's. Other gradients are dp.py's."""
+    grads = [p.grad for p in model.parameters() if getattr(p, "expert_parallel", False) and p.grad is not None]
+    if not grads:
+        return
+    if group_size(edp_group) > 1:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        with exposed():
+            dist.all_reduce(flat, group=edp_group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+    for g in grads:
+        g.div_(data_ranks)
 
 
 def moe_layers(model: nn.Module) -> list[MoEMLP]:

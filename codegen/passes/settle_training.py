@@ -67,6 +67,8 @@ def run(spec: Spec, draft: Draft) -> Draft:
             *_moe_settings(spec, c),
         ),
         parameters=model_desc(m).parameters,  # runtime/model_desc.py
+        expert_parallel=setting(spec, "EP", "parallel.ep", spec.parallel.ep, "expert-parallel ranks")
+        if c.experts else None,
     )
     o, s = t.optimizer, t.lr_schedule
     train = TrainPlan(

@@ -100,6 +100,14 @@ MOE_LAYOUTS = {
     "tp2-recompute-full": dict(tp=2, parallel__recompute="full"),
     "dp2-shared1-every2": dict(dp=2, model__shared_experts=1, model__moe_every=2),
     "dp2-capacity-zloss": dict(dp=2, model__capacity_factor=1.0, model__z_loss=0.001),
+    # expert parallelism (Note [expert dispatch]): experts split over ranks, tokens all-to-all
+    "ep2": dict(dp=2, parallel__ep=2),
+    "ep2-pp2": dict(dp=2, pp=2, parallel__ep=2),
+    "ep2-dp4": dict(dp=4, parallel__ep=2),  # edp 2: expert grads also reduce over edp
+    "ep4-dp4": dict(dp=4, parallel__ep=4),
+    "ep2-shared1-every2": dict(dp=2, parallel__ep=2, model__shared_experts=1, model__moe_every=2),
+    "ep2-capacity-recompute-full": dict(dp=2, parallel__ep=2, model__capacity_factor=1.0,
+                                        parallel__recompute="full"),
 }
 """Every step's loss, aux_loss (z_loss) and expert_tokens, and the first grad norm, vs one rank."""
 
