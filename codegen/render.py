@@ -344,6 +344,7 @@ def runtime_modules(plan: Plan) -> set[str]:
     it to save or resume, Note [DCP on demand])."""
     modules = set(train_imports(plan)) | {"checkpoint_dcp"}
     modules |= {"context"} if plan.mesh.size("cp") > 1 else set()  # model.py imports it for cp > 1
+    modules |= {"moe_overlap"} if render_moe.overlaps_experts(plan) else set()  # moe.py imports it
     return modules | {entry.module for entry in plan.used_settings() if entry.module}
 
 

@@ -34,6 +34,11 @@ def expert_parallel(plan: Plan) -> int:
     return 1 if ep is None else ep.value
 
 
+def overlaps_experts(plan: Plan) -> bool:
+    """Whether some MoE block's expert all-to-alls overlap its sub-batches (moe_overlap.py)."""
+    return expert_parallel(plan) > 1 and any(k > 1 for k in plan.per_block("overlap"))
+
+
 def group_lines(plan: Plan) -> list[str]:
     if expert_parallel(plan) == 1:
         return []

@@ -513,10 +513,11 @@ def sub_batches_divide(overlap, micro_batch):
 
 
 @rule("PAR0215")
-def overlap_needs_tp(overlap, tp):
-    """``overlap = sub_batch(K)`` splits tensor-parallel communication: with tp = 1 there is none."""
+def overlap_needs_tp(overlap, tp, ep=None):
+    """``overlap = sub_batch(K)`` splits tensor-parallel communication (or, with ep > 1, the
+    expert all-to-alls): with tp = 1 and ep = 1 there is none."""
     parts = [k for k in entries(overlap) if k is not None and k > 1]
-    if tp != 1 or not parts:
+    if tp != 1 or (ep or 1) > 1 or not parts:
         return None
     return _violation(
         "PAR0215", "parallel.overlap", f"overlap = sub_batch({parts[0]}) has nothing to overlap: tp = 1",
@@ -725,12 +726,13 @@ def build_moe_sequence_split(experts, sp=None, cp=None):
 
 
 @rule("PAR0812", BUILD)
-def build_moe_overlap(experts, overlap):
+def build_moe_overlap(experts, overlap, ep=None):
+    """Sub-batch overlap of a MoE model is the expert all-to-all's (ep > 1); the tensor-parallel
+    walk of overlap.py has no MoE region."""
     parts = [k for k in entries(overlap) if k is not None and k > 1]
-    if experts == 0 or not parts:
+    if experts == 0 or not parts or (ep or 1) > 1:
         return None
     return _violation("PAR0812", ("parallel.overlap", "model.experts"),
-                      f"overlap = sub_batch({parts[0]}) with a mixture-of-experts model is not supported yet "
-                      "by parc build",
-                      "write overlap = none with experts > 0; a later version of parc overlaps the "
-                      "expert all-to-all")
+                      f"overlap = sub_batch({parts[0]}) of a mixture-of-experts model without expert parallelism "
+                      "is not supported yet by parc build",
+                      "write overlap = none, or ep > 1 (the sub-batches then overlap the expert all-to-alls)")

@@ -30,6 +30,7 @@ and ``z_loss`` are logged beside it (``step_metrics``).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -115,6 +116,22 @@ class _AuxLoss(torch.autograd.Function):
         return grad, torch.full((), ctx.scale, dtype=torch.float32, device=grad.device), None
 
 
+@dataclass(frozen=True, slots=True)
+class ExchangePlan:
+    """One dispatch and its combine (Note [expert dispatch])."""
+
+    send: list
+    """Rows to each rank of the ep group."""
+    receive: list
+    """Rows from each rank."""
+    regroup: torch.Tensor
+    """Arrival order (by source, then local expert) → local-expert order."""
+    back: torch.Tensor
+    """Its inverse."""
+    local_counts: torch.Tensor
+    """Rows for each local expert."""
+
+
 class MoEMLP(nn.Module):
     """Router → top_k experts (grouped) → weighted sum, plus the shared experts; (B, T, C) → (B, T, C)."""
 
@@ -136,7 +153,8 @@ class MoEMLP(nn.Module):
         if config.shared_experts:
             self.shared_experts = dense_mlp(config, f"{prefix}.shared_experts", build,
                                             ffn=config.shared_experts * F_e)
-        self.loss_scale = 1.0  # 1 / micro-batches of a step (build_model's micro_batches)
+        self.loss_scale = 1.0  # 1 / micro-batches of a step (set_loss_scale)
+        self.sub_batches = 1  # overlap = sub_batch(k) under ep > 1: Note [expert all-to-all overlap]
         self.reset_metrics()
 
     def reset_metrics(self):
@@ -163,7 +181,12 @@ class MoEMLP(nn.Module):
         keep = kept.reshape(-1).nonzero().squeeze(1)
         order = keep[torch.sort(slot_expert[keep], stable=True).indices]  # kept slots, by expert
         counts = torch.bincount(slot_expert[order], minlength=self.experts_count)
-        y = self.dispatch_and_run(tokens[slot_token[order]], counts)  # (kept slots, C), by expert
+        if self.sub_batches > 1 and group_size(self.ep_group) > 1:  # Note [expert all-to-all overlap]
+            orders = self.sub_batch_order(order, slot_token[order], tokens.shape[0])
+            y = self.run_sub_batches(tokens, slot_token, slot_expert, orders)
+            order = torch.cat(orders)  # y's rows: sub-batch by sub-batch
+        else:
+            y = self.dispatch_and_run(tokens[slot_token[order]], counts)  # (kept slots, C), by expert
         y = y * slot_weight[order].unsqueeze(1).to(y.dtype)
         out = torch.zeros_like(tokens).index_add_(0, slot_token[order], y)
         if self.shared_experts is not None:
@@ -182,24 +205,43 @@ class MoEMLP(nn.Module):
         the rows go to their experts' ranks by all-to-all (dispatch), arrive by source
         rank then local expert, are regrouped by local expert for the grouped op, and go
         back the same way (combine). Both all-to-alls are paired autograd functions."""
-        ep = group_size(self.ep_group)
-        if ep == 1:
+        if group_size(self.ep_group) == 1:
             return self.run_experts(x, counts)
+        plan = self.exchange_plan(counts)
+        arrived = all_to_all_rows(x, self.ep_group, plan.send, plan.receive)  # dispatch: by source, then expert
+        y = self.run_experts(arrived[plan.regroup], plan.local_counts)
+        return all_to_all_rows(y[plan.back], self.ep_group, plan.receive, plan.send)  # combine
+
+    def sub_batch_order(self, order, tokens_of, N):
+        """The kept slots ``order`` (by expert) regrouped by sub-batch (contiguous token
+        ranges of N / sub_batches), by expert within each: a list of index tensors."""
+        part = tokens_of // (N // self.sub_batches)
+        return [order[part == i] for i in range(self.sub_batches)]
+
+    def run_sub_batches(self, tokens, slot_token, slot_expert, orders):
+        from .moe_overlap import run_overlapped  # only a build that overlaps experts ships it
+
+        counts = [torch.bincount(slot_expert[o], minlength=self.experts_count) for o in orders]
+        ys = run_overlapped(self, [tokens[slot_token[o]] for o in orders], counts)
+        return torch.cat(ys)
+
+    def exchange_plan(self, counts) -> "ExchangePlan":
+        """Who sends whom how many rows, from this rank's per-expert ``counts`` (one blocking
+        all-to-all of the counts), and the permutations between arrival and expert order."""
+        ep = group_size(self.ep_group)
         local = self.experts_count // ep
         sent = counts.view(ep, local)  # (destination rank, its local expert)
         got = torch.empty_like(sent)  # (source rank, my local expert)
         with exposed():
             dist.all_to_all_single(got, sent.contiguous(), group=self.ep_group)
-        send, receive = sent.sum(1).tolist(), got.sum(1).tolist()
-        arrived = all_to_all_rows(x, self.ep_group, send, receive)  # dispatch: by source, then expert
         starts = (torch.cumsum(got.reshape(-1), 0) - got.reshape(-1)).view(ep, local).tolist()
         sizes = got.tolist()
-        by_expert = [torch.arange(starts[i][e], starts[i][e] + sizes[i][e]) for e in range(local) for i in range(ep)]
-        regroup = torch.cat(by_expert).to(x.device)
-        y = self.run_experts(arrived[regroup], got.sum(0))
+        regroup = torch.cat([torch.arange(starts[i][e], starts[i][e] + sizes[i][e])
+                             for e in range(local) for i in range(ep)]).to(counts.device)
         back = torch.empty_like(regroup)
-        back[regroup] = torch.arange(regroup.numel(), device=x.device)
-        return all_to_all_rows(y[back], self.ep_group, receive, send)  # combine: to the tokens' ranks
+        back[regroup] = torch.arange(regroup.numel(), device=counts.device)
+        return ExchangePlan(send=sent.sum(1).tolist(), receive=got.sum(1).tolist(), regroup=regroup, back=back,
+                            local_counts=got.sum(0))
 
     def aux_losses(self, logits, probs, experts):
         """(load-balancing loss, z-loss), each times its coefficient; None when both are off."""
