@@ -689,18 +689,17 @@ def build_cp_planner(cp, dp=None, tp=None, pp=None, micro_batch=None):
 
 
 @rule("PAR0810", BUILD)
-def build_expert_parallel(ep, etp, tp=None, cp=None):
-    """Expert parallelism is built over data-parallel ranks only: ep folds dp (tp = cp = 1)."""
+def build_expert_parallel(ep, etp, cp=None):
+    """Expert parallelism folds dp·tp (cp = 1); expert tensor parallelism is a later slice."""
     if etp > 1:
         return _violation("PAR0810", ("parallel.etp",),
                           f"expert tensor parallelism (etp = {etp}) is not supported yet by parc build",
-                          "write etp = 1; a later version of parc generates it")
-    if ep == 1 or ((tp or 1) == 1 and (cp or 1) == 1):
+                          "write etp = 1 (each expert whole on its rank); a later version of parc generates it")
+    if ep == 1 or (cp or 1) == 1:
         return None
-    return _violation("PAR0810", ("parallel.ep", "parallel.tp"),
-                      f"expert parallelism (ep = {ep}) with tp = {tp or 1}, cp = {cp or 1} is not supported yet "
-                      "by parc build",
-                      "ep folds data-parallel ranks only for now: write tp = 1 and cp = 1 with ep > 1, or ep = 1")
+    return _violation("PAR0810", ("parallel.ep", "parallel.cp"),
+                      f"expert parallelism (ep = {ep}) with cp = {cp} is not supported yet by parc build",
+                      "write cp = 1 with ep > 1, or ep = 1")
 
 
 @rule("PAR0813", BUILD)

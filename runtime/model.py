@@ -353,11 +353,13 @@ class Transformer(nn.Module):
         ``overlap.run_blocks`` together (Note [the sub-batch schedule]); the others one by one."""
         blocks = list(self.layers.values())
         split = group_size(self.tp_group) > 1
+        # a MoE block splits its own sub-batches, for the expert all-to-alls (moe_overlap.py)
+        walked = [block.sub_batches if split and not block.moe else 1 for block in blocks]
         start = 0
         while start < len(blocks):
-            k = blocks[start].sub_batches if split else 1
+            k = walked[start]
             stop = start + 1
-            while stop < len(blocks) and (blocks[stop].sub_batches if split else 1) == k:
+            while stop < len(blocks) and walked[stop] == k:
                 stop += 1
             if k > 1:
                 from . import overlap  # only a build that overlaps ships overlap.py

@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .comm import all_to_all_rows, exposed, group_rank, group_size
+from .comm import all_to_all_rows, copy_to_group, exposed, gather_rows_from_group, group_rank, group_size
 
 
 class GroupedLinear(nn.Module):
@@ -139,6 +139,8 @@ class MoEMLP(nn.Module):
         super().__init__()
         C, E, F_e = config.hidden, config.experts, config.expert_hidden
         self.ep_group, ep_size, ep_rank = ep_group, group_size(ep_group), group_rank(ep_group)
+        # Note [expert dispatch under tp]: with ep > 1 the tp ranks (same tokens) each send a share
+        self.tp_group = build.group if ep_size > 1 else None
         grouped = dict(ep_size=ep_size, ep_rank=ep_rank)
         self.llama, self.experts_count = config.arch == "llama", E
         self.top_k, self.router_kind, self.capacity = config.top_k, config.router, config.capacity_factor
@@ -156,6 +158,10 @@ class MoEMLP(nn.Module):
         self.loss_scale = 1.0  # 1 / micro-batches of a step (set_loss_scale)
         self.sub_batches = 1  # overlap = sub_batch(k) under ep > 1: Note [expert all-to-all overlap]
         self.reset_metrics()
+
+    columns = ()
+    """No column-parallel projections open it: overlap.py runs a MoE block unsplit (its
+    sub-batches are the expert all-to-alls', Note [expert all-to-all overlap])."""
 
     def reset_metrics(self):
         self.aux_sum, self.z_sum, self.forwards = 0.0, 0.0, 0
@@ -180,20 +186,33 @@ class MoEMLP(nn.Module):
         slot_expert, slot_weight = experts.reshape(-1), weights.reshape(-1)
         keep = kept.reshape(-1).nonzero().squeeze(1)
         order = keep[torch.sort(slot_expert[keep], stable=True).indices]  # kept slots, by expert
+        routed_in, order_of = tokens, [order]
+        every = torch.bincount(slot_expert[order], minlength=self.experts_count)  # the metrics' counts
+        if group_size(self.tp_group) > 1:  # Note [expert dispatch under tp]
+            routed_in = copy_to_group(tokens, self.tp_group)  # backward: sum the shares' input grads
+            order_of = self.tp_shares(order, slot_token[order], tokens.shape[0])
+            order = order_of[group_rank(self.tp_group)]
         counts = torch.bincount(slot_expert[order], minlength=self.experts_count)
         if self.sub_batches > 1 and group_size(self.ep_group) > 1:  # Note [expert all-to-all overlap]
-            orders = self.sub_batch_order(order, slot_token[order], tokens.shape[0])
-            y = self.run_sub_batches(tokens, slot_token, slot_expert, orders)
-            order = torch.cat(orders)  # y's rows: sub-batch by sub-batch
+            N, tp = tokens.shape[0], len(order_of)
+            # every share's rows by sub-batch (each tp rank gathers the others' in their order)
+            shares = [self.sub_batch_order(o, slot_token[o], N * r // tp, N * (r + 1) // tp)
+                      for r, o in enumerate(order_of)]
+            orders = shares[group_rank(self.tp_group)]
+            y = self.run_sub_batches(routed_in, slot_token, slot_expert, orders)
+            order_of = [torch.cat(share) for share in shares]
+            order = order_of[group_rank(self.tp_group)]  # y's rows: sub-batch by sub-batch
         else:
-            y = self.dispatch_and_run(tokens[slot_token[order]], counts)  # (kept slots, C), by expert
+            y = self.dispatch_and_run(routed_in[slot_token[order]], counts)  # (kept slots, C), by expert
+        if group_size(self.tp_group) > 1:  # every tp rank weighs and sums every token's rows
+            y, order = gather_rows_from_group(y, self.tp_group), torch.cat(order_of)
         y = y * slot_weight[order].unsqueeze(1).to(y.dtype)
         out = torch.zeros_like(tokens).index_add_(0, slot_token[order], y)
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens)
         out = out.view(shape)
         aux = self.aux_losses(logits, probs, experts)
-        self.record(aux, counts)
+        self.record(aux, every)
         if aux is not None and torch.is_grad_enabled():
             out = _AuxLoss.apply(out, aux[0] + aux[1], self.loss_scale)
         return out
@@ -212,10 +231,19 @@ class MoEMLP(nn.Module):
         y = self.run_experts(arrived[plan.regroup], plan.local_counts)
         return all_to_all_rows(y[plan.back], self.ep_group, plan.receive, plan.send)  # combine
 
-    def sub_batch_order(self, order, tokens_of, N):
-        """The kept slots ``order`` (by expert) regrouped by sub-batch (contiguous token
-        ranges of N / sub_batches), by expert within each: a list of index tensors."""
-        part = tokens_of // (N // self.sub_batches)
+    def tp_shares(self, order, tokens_of, N):
+        """Note [expert dispatch under tp]: tp ranks hold the same tokens; under ep > 1 rank r
+        of the tp group dispatches tokens N·r/tp .. N·(r+1)/tp − 1 only (each share's kept
+        slots, by expert), and the experts' rows are gathered back over tp, so the router,
+        the weighting and the shared experts see every token on every tp rank."""
+        tp = group_size(self.tp_group)
+        bounds = [N * r // tp for r in range(tp + 1)]
+        return [order[(tokens_of >= bounds[r]) & (tokens_of < bounds[r + 1])] for r in range(tp)]
+
+    def sub_batch_order(self, order, tokens_of, lo, hi):
+        """The kept slots ``order`` (by expert) of tokens lo .. hi − 1 regrouped by sub-batch
+        (contiguous token ranges), by expert within each: a list of index tensors."""
+        part = (tokens_of - lo) * self.sub_batches // (hi - lo)
         return [order[part == i] for i in range(self.sub_batches)]
 
     def run_sub_batches(self, tokens, slot_token, slot_expert, orders):

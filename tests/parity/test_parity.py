@@ -106,6 +106,9 @@ MOE_LAYOUTS = {
     "ep2-dp4": dict(dp=4, parallel__ep=2),  # edp 2: expert grads also reduce over edp
     "ep4-dp4": dict(dp=4, parallel__ep=4),
     "ep2-shared1-every2": dict(dp=2, parallel__ep=2, model__shared_experts=1, model__moe_every=2),
+    # Note [expert dispatch under tp]: ep folds dp·tp; each tp rank dispatches a share of the tokens
+    "ep4-dp2-tp2": dict(dp=2, tp=2, parallel__ep=4),
+    "ep2-dp2-tp2-overlap2": dict(dp=2, tp=2, parallel__ep=2, parallel__overlap="sub_batch(2)"),
     # Note [expert all-to-all overlap]: sub-batch i+1's dispatch runs behind i's experts
     "ep2-overlap2": dict(dp=2, parallel__ep=2, parallel__overlap="sub_batch(2)"),
     "ep2-pp2-overlap2-every2": dict(dp=2, pp=2, parallel__ep=2, parallel__overlap="sub_batch(2)",
