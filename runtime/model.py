@@ -251,7 +251,7 @@ class Block(nn.Module):
             from .moe import MoEMLP  # only a build with experts ships moe.py
 
             self.mlp = MoEMLP(config, f"{prefix}.mlp", build, MLP, ep_group=ep_group)
-            self.mlp.sub_batches = sub_batches  # the expert all-to-alls overlap per sub-batch
+            self.mlp.splits = sub_batches  # the expert all-to-alls overlap per sub-batch
         else:
             self.mlp = MLP(config, f"{prefix}.mlp", build)
         self.dropout = config.dropout

@@ -156,7 +156,7 @@ class MoEMLP(nn.Module):
             self.shared_experts = dense_mlp(config, f"{prefix}.shared_experts", build,
                                             ffn=config.shared_experts * F_e)
         self.loss_scale = 1.0  # 1 / micro-batches of a step (set_loss_scale)
-        self.sub_batches = 1  # overlap = sub_batch(k) under ep > 1: Note [expert all-to-all overlap]
+        self.splits = 1  # overlap of k sub-batches under ep > 1: Note [expert all-to-all overlap]
         self.reset_metrics()
 
     columns = ()
@@ -193,13 +193,13 @@ class MoEMLP(nn.Module):
             order_of = self.tp_shares(order, slot_token[order], tokens.shape[0])
             order = order_of[group_rank(self.tp_group)]
         counts = torch.bincount(slot_expert[order], minlength=self.experts_count)
-        if self.sub_batches > 1 and group_size(self.ep_group) > 1:  # Note [expert all-to-all overlap]
+        if self.splits > 1 and group_size(self.ep_group) > 1:  # Note [expert all-to-all overlap]
             N, tp = tokens.shape[0], len(order_of)
             # every share's rows by sub-batch (each tp rank gathers the others' in their order)
-            shares = [self.sub_batch_order(o, slot_token[o], N * r // tp, N * (r + 1) // tp)
+            shares = [self.split_order(o, slot_token[o], N * r // tp, N * (r + 1) // tp)
                       for r, o in enumerate(order_of)]
             orders = shares[group_rank(self.tp_group)]
-            y = self.run_sub_batches(routed_in, slot_token, slot_expert, orders)
+            y = self.run_splits(routed_in, slot_token, slot_expert, orders)
             order_of = [torch.cat(share) for share in shares]
             order = order_of[group_rank(self.tp_group)]  # y's rows: sub-batch by sub-batch
         else:
@@ -240,13 +240,13 @@ class MoEMLP(nn.Module):
         bounds = [N * r // tp for r in range(tp + 1)]
         return [order[(tokens_of >= bounds[r]) & (tokens_of < bounds[r + 1])] for r in range(tp)]
 
-    def sub_batch_order(self, order, tokens_of, lo, hi):
+    def split_order(self, order, tokens_of, lo, hi):
         """The kept slots ``order`` (by expert) of tokens lo .. hi − 1 regrouped by sub-batch
         (contiguous token ranges), by expert within each: a list of index tensors."""
-        part = (tokens_of - lo) * self.sub_batches // (hi - lo)
-        return [order[part == i] for i in range(self.sub_batches)]
+        part = (tokens_of - lo) * self.splits // (hi - lo)
+        return [order[part == i] for i in range(self.splits)]
 
-    def run_sub_batches(self, tokens, slot_token, slot_expert, orders):
+    def run_splits(self, tokens, slot_token, slot_expert, orders):
         from .moe_overlap import run_overlapped  # only a build that overlaps experts ships it
 
         counts = [torch.bincount(slot_expert[o], minlength=self.experts_count) for o in orders]

@@ -4,7 +4,7 @@ Takes: an ``moe.MoEMLP`` under expert parallelism and its micro-batch's routed r
 into k sub-batches (each sorted by expert, with its per-expert counts). Gives:
 ``run_overlapped(layer, rows, counts)``, each sub-batch's expert outputs in its rows'
 order, the same numbers as ``MoEMLP.dispatch_and_run`` on each sub-batch. Called by
-``MoEMLP.forward`` for ``overlap = sub_batch(k)`` with ep > 1.
+``MoEMLP.forward`` for the ``overlap`` setting (k sub-batches) with ep > 1.
 
 Note [expert all-to-all overlap]: forward issues sub-batch i+1's dispatch before
 sub-batch i's experts run, and sub-batch i's combine before sub-batch i+1's experts, each
