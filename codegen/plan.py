@@ -291,6 +291,9 @@ class ModelPlan:
     """The runtime ``ModelConfig`` fields, in its order."""
     parameters: int
     """Parameters of the whole (unsharded) model."""
+    expert_parallel: Setting | None = None
+    """EP: the ranks that split each MoE block's experts (runtime/moe.py); None for a
+    dense model (plan.json leaves it out)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

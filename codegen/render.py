@@ -17,7 +17,7 @@ import jinja2
 from parc.runtime import axes
 
 from .plan import Plan, Setting
-from . import render_checkpoint, render_launch, render_step
+from . import render_checkpoint, render_launch, render_moe, render_step
 from .plan_text import cite, layer_value
 
 DEVICE_FLOPS_NOTE = "dense peak FLOP/s of one device, for MFU"
@@ -194,6 +194,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     elif dp_size > 1:
         group_lines.append('dp_group = grid.group("dp")  # ranks that split the batch')
     group_lines += render_step.group_lines(plan)
+    group_lines += render_moe.group_lines(plan)
     pipelined = render_step.has_pipeline(plan)
     pp_arg = ", pp_group=pp_group" if pipelined else ""
     zero_stage = plan.train.zero.value
@@ -230,7 +231,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     else:
         optimizer_lines = [f"optimizer = optim.build_optimizer(net, {hyper})"]
         step_lines = [
-            f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg}{pp_arg})",
+            f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)})",
             "optimizer.step()",
             "optimizer.zero_grad(set_to_none=True)",
         ]
@@ -243,6 +244,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ]
         # first: the lines below change grads, and finish() writes the dp means back
         after_backward.insert(0, f"grad_sync.finish()  # wait the buckets: mean gradient over the {over} ranks")
+    after_backward += render_moe.after_backward_lines(plan)  # expert grads: their own edp group
     if reducing:
         loss_lines.append(f"step_loss = dp.all_reduce_mean(loss_sum, {reduce_group})  # global mean loss")
     else:
@@ -282,7 +284,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
     layout = layout_words(plan)
     context = dict(
-        title=f"{plan.model.name}: {plan.model.arch} with {plan.model.parameters:,} parameters, {layout}.",
+        title=f"{plan.model.name}: {plan.model.arch} with {render_moe.parameter_words(plan)}, {layout}.",
         summary=summary(plan),
         version=plan.parc_version,
         source=plan.source,
@@ -308,6 +310,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         model_extra_args=pipeline_args
         + [f"{entry.argument}={entry.constant}," for entry in plan.used_settings()]
         + ["kernels=KERNELS,"]
+        + render_moe.model_args(plan)
         + (["cp_group=cp_group,", "cp_kind=CP_KIND,"] if cp_size > 1 else []),
         pipeline_lines=render_step.executor_lines(plan),
         step_body_lines=render_checkpoint.step_start_lines() + [
@@ -315,7 +318,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ] + render_step.step_body_lines(
             plan, forward_lines, 'grid.index("dp")' if dp_size > 1 else "0"
         ),
-        record_lines=[
+        record_lines=render_moe.record_lines(plan) + [
             '"exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute',
             "# bytes this rank holds (and every rank's, in memory_per_rank): collective",
             "**memory.report(net, optimizer, activations, held_grads),",
@@ -324,13 +327,13 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ] if plan.predicted is not None else []),
         dataset_line=dataset_line,
         optimizer_lines=optimizer_lines,
-        optimizer_extra_lines=optimizer_extra + [
+        optimizer_extra_lines=optimizer_extra + render_moe.setup_lines(plan) + [
             "activations = memory.SavedActivations(net)  # peak bytes saved for backward",
         ],
         step_lines=step_lines,
         after_backward_lines=["held_grads = memory.grad_bytes(net, optimizer)  # when backward ends"]
         + [l for block in after_backward for l in block.split("\n")],
-        loss_lines=loss_lines,
+        loss_lines=loss_lines + render_moe.metric_lines(plan),
         checkpoint_lines=render_checkpoint.setup_lines(plan, layout),
         end_of_step_lines=render_checkpoint.end_of_step_lines(),
         mfu_expr=(
@@ -381,6 +384,7 @@ def train_imports(plan: Plan) -> list[str]:
     imports += ["dp"] if plan.mesh.size("dp") * plan.mesh.size("cp") > 1 else []
     imports += ["pipeline", "schedule"] if render_step.has_pipeline(plan) else []
     imports += ["fsdp"] if plan.train.zero.value == 3 else ["zero"] if plan.train.zero.value else []
+    imports += ["moe"] if render_moe.has_experts(plan) else []
     return imports
 
 
@@ -392,6 +396,7 @@ def runtime_modules(plan: Plan) -> set[str]:
     it to save or resume, Note [DCP on demand])."""
     modules = set(train_imports(plan)) | {"checkpoint_dcp"}
     modules |= {"context"} if plan.mesh.size("cp") > 1 else set()  # model.py imports it for cp > 1
+    modules |= {"moe_overlap"} if render_moe.overlaps_experts(plan) else set()  # moe.py imports it
     return modules | {entry.module for entry in plan.used_settings() if entry.module}
 
 

@@ -17,6 +17,7 @@ import enum
 
 from parc.runtime.layer_settings import SETTINGS, setting
 
+from .keys import MOE_KEYS
 from .normalize import Normalized, dotted
 from .presets import PRESETS
 from .spec import (
@@ -56,6 +57,10 @@ def _float(value) -> float | None:
     return None if value is None else float(value)
 
 
+def _capacity(value) -> float | None:
+    return None if value == "none" else float(value)
+
+
 def build_spec(norm: Normalized, source: str) -> Spec:
     doc = norm.doc
     model, mesh, train = doc["model"], doc["mesh"], doc["train"]
@@ -81,6 +86,15 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         norm_eps=float(model.get("norm_eps", 1e-5)),
         rope_theta=float(model.get("rope_theta", 10000.0)),
         tie_embeddings=model.get("tie_embeddings", arch is Arch.GPT),
+        experts=model.get("experts", 0),
+        top_k=model.get("top_k", 2),
+        expert_ffn=model.get("expert_ffn"),
+        moe_every=model.get("moe_every", 1),
+        shared_experts=model.get("shared_experts", 0),
+        router=model.get("router", "softmax"),
+        capacity_factor=_capacity(model.get("capacity_factor", "none")),
+        aux_loss=float(model.get("aux_loss", 0.01)),
+        z_loss=float(model.get("z_loss", 0.0)),
     )
     preset = PRESETS[mesh["device"]]
     mesh_spec = MeshSpec(
@@ -108,6 +122,8 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         pp=degree("pp", None),
         cp=1 if auto_all else parallel.get("cp", 1),
         cp_kind="ring" if auto_all else parallel.get("cp_kind", "ring"),
+        ep=1 if auto_all else parallel.get("ep", 1),
+        etp=1 if auto_all else parallel.get("etp", 1),
         sp=degree("sp", False),
         zero=degree("zero", 0),
         zero_prefetch=1 if auto_all else parallel.get("zero_prefetch", 1),
@@ -209,6 +225,13 @@ def spec_document(spec: Spec) -> dict:
     ``load`` of it as a ``.json`` file gives ``spec`` back (its spans aside)."""
     model, mesh, parallel, train = spec.model, spec.mesh, spec.parallel, spec.train
     model_doc = {"name": model.name, **{k: _plain(v) for k, v in _fields(model).items() if k != "name"}}
+    if not model.experts:  # a dense model: the mixture-of-experts keys say nothing
+        for key in MOE_KEYS:
+            del model_doc[key.name]
+    elif model.expert_ffn is None:
+        del model_doc["expert_ffn"]  # = ffn
+    if model.experts:
+        model_doc["capacity_factor"] = "none" if model.capacity_factor is None else model.capacity_factor
     mesh_doc = {k: v for k, v in _fields(mesh).items() if v is not None}
 
     def auto(value):

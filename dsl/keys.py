@@ -46,6 +46,8 @@ class Param:
     calls: tuple["CallDef", ...] = ()
     per_layer: bool = False
     """Also takes a list with one value per transformer block (``[full, none, ...]``)."""
+    or_none: bool = False
+    """The word ``none`` is also allowed (``capacity_factor = none``: no limit)."""
 
     def __post_init__(self) -> None:
         # Every number has an upper bound (NUMBER_MAX, units.LARGEST) unless given one.
@@ -114,6 +116,40 @@ _MIN_LR = Param(
     maximum=1,
 )
 
+MOE_KEYS = (
+    _int("experts", "routed experts of a mixture-of-experts MLP (0: dense)", minimum=0, default="0"),
+    _int("top_k", "experts each token is routed to", default="2"),
+    _int("expert_ffn", "hidden size of each expert's MLP", default="ffn"),
+    _int("moe_every", "every N-th block is MoE (blocks 0, N, 2N, ...; as Megatron's moe_layer_freq)",
+         default="1"),
+    _int("shared_experts", "always-on experts (DeepSeek), one MLP of shared_experts·expert_ffn",
+         minimum=0, default="0"),
+    Param(
+        name="router",
+        type="enum",
+        choices=("softmax", "sigmoid"),
+        default="softmax",
+        doc="router scores: softmax (Mixtral) or sigmoid (DeepSeek-V3); the top-k weights sum to 1",
+    ),
+    Param(
+        name="capacity_factor",
+        type="number",
+        or_none=True,
+        default="none",
+        exclusive_minimum=0,
+        doc="none: dropless; X: each expert takes at most ceil(X·tokens·top_k/experts) tokens",
+    ),
+    Param(
+        name="aux_loss",
+        type="number",
+        default="0.01",
+        minimum=0,
+        doc="coefficient of the load-balancing loss (Switch/GShard)",
+    ),
+    Param(name="z_loss", type="number", default="0", minimum=0, doc="coefficient of the router z-loss"),
+)
+"""The mixture-of-experts keys of ``model`` (runtime/moe.py)."""
+
 MODEL = BlockDef(
     name="model",
     named=True,
@@ -166,6 +202,7 @@ MODEL = BlockDef(
             doc="the head shares the embedding's weight",
             default="true for gpt, false for llama",
         ),
+        *MOE_KEYS,
     ),
 )
 
@@ -239,6 +276,8 @@ PARALLEL = BlockDef(
             "context-parallel degree: ranks that split each sequence into contiguous chunks",
             default="1",
         ),
+        _int("ep", "expert-parallel degree: ranks that split each MoE layer's experts", default="1"),
+        _int("etp", "expert tensor-parallel degree: ranks that split each expert's ffn", default="1"),
         Param(
             name="cp_kind",
             type="enum",
@@ -510,6 +549,8 @@ def expected_words(param: Param) -> str:
             "int_list": "a list of integers such as [4, 4]",
             "pair": "a pair of numbers such as (0.9, 0.95)",
         }[param.type]
+    if param.or_none:
+        words += " or none"
     if param.per_layer:
         words += ", or a list of those with one per layer"
     return words + " or auto" if param.auto else words

@@ -84,6 +84,18 @@ class ModelSpec:
     rope_theta: float = 10000.0
     tie_embeddings: bool = True
     """Head shares the embedding's weight (default true for gpt, false for llama)."""
+    experts: int = 0
+    """Routed experts of each MoE block (0: a dense model; runtime/moe.py)."""
+    top_k: int = 2
+    expert_ffn: int | None = None
+    """Hidden size of each expert; None: ``ffn``."""
+    moe_every: int = 1
+    shared_experts: int = 0
+    router: str = "softmax"
+    capacity_factor: float | None = None
+    """None: dropless."""
+    aux_loss: float = 0.01
+    z_loss: float = 0.0
 
     @property
     def head_dim(self) -> int:
@@ -132,6 +144,10 @@ class ParallelSpec:
     """Context-parallel ranks: each holds seq_len / cp tokens of every sequence."""
     cp_kind: str = "ring"
     """How attention sees the whole sequence: ``ring``, ``ulysses`` or ``allgather``."""
+    ep: int = 1
+    """Expert-parallel ranks (MoE layers fold dp·cp·tp as edp·ep·etp)."""
+    etp: int = 1
+    """Expert tensor-parallel ranks."""
     sp: bool | None = False
     zero: int | None = 0
     zero_prefetch: int = 1

@@ -53,6 +53,11 @@ KEYS = {
     "pad_vocab_to": "model.pad_vocab_to",
     "padded_vocab": "model.pad_vocab_to",
     "seq_len": "model.seq_len",
+    "experts": "model.experts",
+    "top_k": "model.top_k",
+    "expert_ffn": "model.expert_ffn",
+    "ep": "parallel.ep",
+    "etp": "parallel.etp",
     "nodes": "mesh.nodes",
     "devices_per_node": "mesh.devices_per_node",
     "dp": "parallel.dp",
@@ -530,10 +535,11 @@ def sub_batches_divide(overlap, micro_batch):
 
 
 @rule("PAR0215")
-def overlap_needs_tp(overlap, tp):
-    """``overlap = sub_batch(K)`` splits tensor-parallel communication: with tp = 1 there is none."""
+def overlap_needs_tp(overlap, tp, ep=None):
+    """``overlap = sub_batch(K)`` splits tensor-parallel communication (or, with ep > 1, the
+    expert all-to-alls): with tp = 1 and ep = 1 there is none."""
     parts = [k for k in entries(overlap) if k is not None and k > 1]
-    if tp != 1 or not parts:
+    if tp != 1 or (ep or 1) > 1 or not parts:
         return None
     return _violation(
         "PAR0215", "parallel.overlap", f"overlap = sub_batch({parts[0]}) has nothing to overlap: tp = 1",
@@ -566,6 +572,54 @@ def _one_entry_per_layer(name: str) -> Callable:
 
 for _name in PER_LAYER:
     rule("PAR0116", name=f"{_name}_per_layer")(_one_entry_per_layer(_name))
+
+
+# ---- mixture of experts (runtime/moe.py) ---------------------------------------------
+
+
+@rule("PAR0230")
+def top_k_within_experts(experts, top_k):
+    if experts == 0 or top_k <= experts:
+        return None
+    return _violation("PAR0230", ("model.top_k", "model.experts"),
+                      f"top_k = {top_k} is more than experts = {experts}",
+                      f"each token goes to top_k distinct experts: top_k must be at most {experts}")
+
+
+@rule("PAR0231")
+def ep_divides_experts(ep, experts):
+    """Each expert-parallel rank holds experts / ep whole experts."""
+    if ep == 1 or (experts > 0 and experts % ep == 0):
+        return None
+    if experts == 0:
+        return _violation("PAR0231", ("parallel.ep", "model.experts"),
+                          f"ep = {ep} splits the experts, but the model is dense (experts = 0)",
+                          "set model.experts to a multiple of ep, or ep = 1")
+    return _violation("PAR0231", ("parallel.ep", "model.experts"),
+                      f"ep = {ep} does not divide experts = {experts}",
+                      f"ep must be one of {some(divisors(experts), ep)}")
+
+
+@rule("PAR0232")
+def experts_fold_ranks(ep, etp, dp, tp, cp=None):
+    """Parallel folding: expert layers re-read a stage's dp·cp·tp ranks as edp·ep·etp."""
+    ranks = dp * (cp or 1) * tp
+    if ranks % (ep * etp) == 0:
+        return None
+    return _violation("PAR0232", ("parallel.ep", "parallel.etp"),
+                      f"expert layers fold dp·cp·tp = {dp}·{cp or 1}·{tp} = {ranks} ranks as edp·ep·etp, "
+                      f"but ep·etp = {ep}·{etp} = {ep * etp} does not divide {ranks}",
+                      f"ep·etp must be one of {some(divisors(ranks), ep * etp)}")
+
+
+@rule("PAR0233")
+def etp_divides_expert_ffn(etp, ffn, expert_ffn=None):
+    size = ffn if expert_ffn is None else expert_ffn
+    if size % etp == 0:
+        return None
+    return _violation("PAR0233", ("parallel.etp", "model.expert_ffn"),
+                      f"etp = {etp} does not divide expert_ffn = {size}",
+                      f"etp must be one of {some(divisors(size), etp)}")
 
 
 # ---- training -----------------------------------------------------------------------
@@ -704,3 +758,52 @@ def build_cp_planner(cp, dp=None, tp=None, pp=None, micro_batch=None):
                       f"the planner does not search or cost context parallelism yet: with cp = {cp}, "
                       f"{_and(auto)} cannot be auto",
                       f"give {_and(auto)} with cp > 1, or set cp = 1 and let the planner choose")
+
+
+@rule("PAR0810", BUILD)
+def build_expert_parallel(ep, etp, cp=None):
+    """Expert parallelism folds dp·tp (cp = 1); expert tensor parallelism is a later slice."""
+    if etp > 1:
+        return _violation("PAR0810", ("parallel.etp",),
+                          f"expert tensor parallelism (etp = {etp}) is not supported yet by parc build",
+                          "write etp = 1 (each expert whole on its rank); a later version of parc generates it")
+    if ep == 1 or (cp or 1) == 1:
+        return None
+    return _violation("PAR0810", ("parallel.ep", "parallel.cp"),
+                      f"expert parallelism (ep = {ep}) with cp = {cp} is not supported yet by parc build",
+                      "write cp = 1 with ep > 1, or ep = 1")
+
+
+@rule("PAR0813", BUILD)
+def build_expert_parallel_zero(ep, zero):
+    """ZeRO's flat buffer shards parameters that are equal on every dp rank; experts are not."""
+    if ep == 1 or zero == 0:
+        return None
+    return _violation("PAR0813", ("parallel.zero", "parallel.ep"),
+                      f"zero = {zero} with expert parallelism (ep = {ep}) is not supported yet by parc build",
+                      "write zero = 0 with ep > 1, or ep = 1; a later version of parc generates it")
+
+
+@rule("PAR0811", BUILD)
+def build_moe_sequence_split(experts, sp=None, cp=None):
+    """The router's load-balancing statistics are taken over a rank's tokens: with the
+    sequence split (sp, cp) they would need a reduction parc does not build yet."""
+    split = [w for w, on in (("sp = true", sp is True), (f"cp = {cp}", (cp or 1) > 1)) if on]
+    if experts == 0 or not split:
+        return None
+    return _violation("PAR0811", ("parallel.sp" if sp is True else "parallel.cp", "model.experts"),
+                      f"a mixture-of-experts model with {_and(split)} is not supported yet by parc build",
+                      "write sp = false and cp = 1 with experts > 0; a later version of parc generates it")
+
+
+@rule("PAR0812", BUILD)
+def build_moe_overlap(experts, overlap, ep=None):
+    """Sub-batch overlap of a MoE model is the expert all-to-all's (ep > 1); the tensor-parallel
+    walk of overlap.py has no MoE region."""
+    parts = [k for k in entries(overlap) if k is not None and k > 1]
+    if experts == 0 or not parts or (ep or 1) > 1:
+        return None
+    return _violation("PAR0812", ("parallel.overlap", "model.experts"),
+                      f"overlap = sub_batch({parts[0]}) of a mixture-of-experts model without expert parallelism "
+                      "is not supported yet by parc build",
+                      "write overlap = none, or ep > 1 (the sub-batches then overlap the expert all-to-alls)")

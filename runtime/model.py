@@ -183,14 +183,14 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     fused = None  # see Norm
 
-    def __init__(self, config, prefix, build):
+    def __init__(self, config, prefix, build, ffn=None):
         super().__init__()
         self.llama = config.arch == "llama"
-        bias = not self.llama
+        bias, ffn = not self.llama, ffn or config.ffn  # ffn: the shared experts' (moe.py)
         if self.llama:
-            self.gate_proj = build.linear(f"{prefix}.gate_proj", config.hidden, config.ffn, bias)
-        self.up_proj = build.linear(f"{prefix}.up_proj", config.hidden, config.ffn, bias)
-        self.down_proj = build.linear(f"{prefix}.down_proj", config.ffn, config.hidden, bias)
+            self.gate_proj = build.linear(f"{prefix}.gate_proj", config.hidden, ffn, bias)
+        self.up_proj = build.linear(f"{prefix}.up_proj", config.hidden, ffn, bias)
+        self.down_proj = build.linear(f"{prefix}.down_proj", ffn, config.hidden, bias)
 
     def activation(self, up, gate=None):
         """SwiGLU silu(gate) · up (llama) or GeLU(up) (gpt, tanh approximation; up_proj added the bias)."""
@@ -240,21 +240,29 @@ class Region:
 
 
 class Block(nn.Module):
-    def __init__(self, config, index, build, sp, recompute="none", sub_batches=1):
+    def __init__(self, config, index, build, sp, recompute="none", sub_batches=1, ep_group=None):
         super().__init__()
         prefix, rms = f"layers.{index}", config.arch == "llama"
         self.attn_norm = Norm(config.hidden, rms=rms, eps=config.norm_eps, sequence_parallel=sp)
         self.attn = Attention(config, f"{prefix}.attn", build)
         self.mlp_norm = Norm(config.hidden, rms=rms, eps=config.norm_eps, sequence_parallel=sp)
-        self.mlp = MLP(config, f"{prefix}.mlp", build)
+        self.moe = config.is_moe(index)
+        if self.moe:  # Note [deterministic dropless routing]
+            from .moe import MoEMLP  # only a build with experts ships moe.py
+
+            self.mlp = MoEMLP(config, f"{prefix}.mlp", build, MLP, ep_group=ep_group)
+            self.mlp.splits = sub_batches  # the expert all-to-alls overlap per sub-batch
+        else:
+            self.mlp = MLP(config, f"{prefix}.mlp", build)
         self.dropout = config.dropout
         self.recompute, self.sub_batches = recompute, sub_batches  # this block's own layout
         self.attn.selective = recompute == "selective"
 
     @property
     def regions(self) -> tuple[Region, ...]:
-        """Note [blocks as regions]: attention, then the MLP."""
-        return (Region(self.attn_norm, self.attn, self.attn.o_proj), Region(self.mlp_norm, self.mlp, self.mlp.down_proj))
+        """Note [blocks as regions]: attention, then the MLP (an MoE MLP is one region, its
+        dispatch, experts and combine inside ``moe.MoEMLP``)."""
+        return (Region(self.attn_norm, self.attn, self.attn.o_proj), Region(self.mlp_norm, self.mlp, getattr(self.mlp, "down_proj", None)))
 
     def forward(self, x):  # (B, T, C), or (B, T/tp, C) under sequence parallelism
         for region in self.regions:
@@ -284,7 +292,7 @@ class Transformer(nn.Module):
 
     def __init__(
         self, config, *, tp_group, sequence_parallel, tp_plan, recompute="none",
-        layers=None, first=True, last=True, sub_batches=1, cp_group=None, cp_kind=None,
+        layers=None, first=True, last=True, sub_batches=1, cp_group=None, cp_kind=None, ep_group=None,
     ):
         super().__init__()
         recompute = per_layer(recompute, config.layers, "recompute")
@@ -317,7 +325,8 @@ class Transformer(nn.Module):
                 self.pos_embed = nn.Embedding(config.seq_len, C)
                 self.pos_embed.weight.sequence_parallel = self.sp
         self.layers = nn.ModuleDict({
-            str(i): Block(config, i, build, self.sp, recompute[i], int(sub_batches[i])) for i in range(start, stop)
+            str(i): Block(config, i, build, self.sp, recompute[i], int(sub_batches[i]), ep_group)
+            for i in range(start, stop)
         })
         for block in self.layers.values():
             block.attn.context = self.context
@@ -335,6 +344,7 @@ class Transformer(nn.Module):
                     self.head.weight.tensor_parallel = True
         if self.first and not self.last and config.tie_embeddings:
             self.embed.weight.tied_across_stages = True  # its grad is summed with the head copy's
+        self.ep_group = ep_group  # moe.py's expert-parallel ranks (Note [expert dispatch])
         check_parameter_count(self, sharded=plan.styles, layers=(start, stop))
 
     def run_blocks(self, x):
@@ -343,11 +353,13 @@ class Transformer(nn.Module):
         ``overlap.run_blocks`` together (Note [the sub-batch schedule]); the others one by one."""
         blocks = list(self.layers.values())
         split = group_size(self.tp_group) > 1
+        # a MoE block splits its own sub-batches, for the expert all-to-alls (moe_overlap.py)
+        walked = [block.sub_batches if split and not block.moe else 1 for block in blocks]
         start = 0
         while start < len(blocks):
-            k = blocks[start].sub_batches if split else 1
+            k = walked[start]
             stop = start + 1
-            while stop < len(blocks) and (blocks[stop].sub_batches if split else 1) == k:
+            while stop < len(blocks) and walked[stop] == k:
                 stop += 1
             if k > 1:
                 from . import overlap  # only a build that overlaps ships overlap.py
@@ -416,7 +428,7 @@ def check_parameter_count(model: Transformer, *, sharded, layers) -> None:
     (``sharded``: the modules split over tp), so the model and its description cannot drift."""
     tp = group_size(model.tp_group)
     expected = describe(model.config).stage_params(
-        tp, layers=layers, first=model.first, last=model.last, sharded=sharded
+        tp, layers=layers, first=model.first, last=model.last, sharded=sharded, ep=group_size(model.ep_group)
     )
     params = list(model.parameters())
     built = sum(p.numel() for p in params)
@@ -445,7 +457,7 @@ def use_kernels(model: nn.Module, kernels: str, device) -> nn.Module:
 
 def build_model(
     config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none", sub_batches=1,
-    kernels="compiled", cp_group=None, cp_kind=None,
+    kernels="compiled", cp_group=None, cp_kind=None, ep_group=None,
 ):
     """The model for this rank: built from the plan, initialized per Note [init happens before sharding].
 
@@ -458,7 +470,7 @@ def build_model(
     """
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
-        recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind,
+        recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
     )
     initialize(model, seed)
     return use_kernels(model.to(device), kernels, device)
@@ -466,7 +478,7 @@ def build_model(
 
 def build_stages(
     config, *, stages, pp_rank, pp_size, tp_group, sequence_parallel, tp_plan, seed, device,
-    recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None,
+    recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None,
 ):
     """This pipeline rank's model chunks, one ``Transformer`` stage per chunk.
 
@@ -485,17 +497,17 @@ def build_stages(
     return nn.ModuleList(
         build_stage(config, stages=stages, index=v, tp_group=tp_group, sequence_parallel=sequence_parallel,
                     tp_plan=tp_plan, seed=seed, device=device, recompute=recompute, sub_batches=sub_batches,
-                    kernels=kernels, cp_group=cp_group, cp_kind=cp_kind)
+                    kernels=kernels, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group)
         for v in range(pp_rank, len(stages), pp_size)  # chunk c: virtual stage c·pp_size + pp_rank
     )
 
 
 def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute,
-                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None):
+                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None):
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
         recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,
-        sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind,
+        sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
     )
     initialize(model, seed)
     return use_kernels(model.to(device), kernels, device)

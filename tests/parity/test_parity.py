@@ -121,6 +121,37 @@ single-rank references run as long)."""
 def steps_of(layout: str) -> int:
     return STEPS_OF.get(layout, STEPS)
 
+MOE = dict(model__experts=4, model__top_k=2)
+"""A tiny llama with 4 experts, top-2 (runtime/moe.py), every block MoE unless a row says."""
+MOE_STEPS = 6
+MOE_LAYOUTS = {
+    # experts replicated (ep = 1): every layout routes each token as one rank does
+    "dp2": dict(dp=2),
+    "tp2": dict(tp=2),
+    "dp2-tp2-zero1": dict(dp=2, tp=2, parallel__zero=1),
+    "pp2": dict(pp=2),
+    "dp2-zero2": dict(dp=2, parallel__zero=2),
+    "tp2-recompute-full": dict(tp=2, parallel__recompute="full"),
+    "dp2-shared1-every2": dict(dp=2, model__shared_experts=1, model__moe_every=2),
+    "dp2-capacity-zloss": dict(dp=2, model__capacity_factor=1.0, model__z_loss=0.001),
+    # expert parallelism (Note [expert dispatch]): experts split over ranks, tokens all-to-all
+    "ep2": dict(dp=2, parallel__ep=2),
+    "ep2-pp2": dict(dp=2, pp=2, parallel__ep=2),
+    "ep2-dp4": dict(dp=4, parallel__ep=2),  # edp 2: expert grads also reduce over edp
+    "ep4-dp4": dict(dp=4, parallel__ep=4),
+    "ep2-shared1-every2": dict(dp=2, parallel__ep=2, model__shared_experts=1, model__moe_every=2),
+    # Note [expert dispatch under tp]: ep folds dp·tp; each tp rank dispatches a share of the tokens
+    "ep4-dp2-tp2": dict(dp=2, tp=2, parallel__ep=4),
+    "ep2-dp2-tp2-overlap2": dict(dp=2, tp=2, parallel__ep=2, parallel__overlap="sub_batch(2)"),
+    # Note [expert all-to-all overlap]: sub-batch i+1's dispatch runs behind i's experts
+    "ep2-overlap2": dict(dp=2, parallel__ep=2, parallel__overlap="sub_batch(2)"),
+    "ep2-pp2-overlap2-every2": dict(dp=2, pp=2, parallel__ep=2, parallel__overlap="sub_batch(2)",
+                                    model__moe_every=2),
+    "ep2-capacity-recompute-full": dict(dp=2, parallel__ep=2, model__capacity_factor=1.0,
+                                        parallel__recompute="full"),
+}
+"""Every step's loss, aux_loss (z_loss) and expert_tokens, and the first grad norm, vs one rank."""
+
 
 def model_overrides(degrees: dict) -> dict:
     """The ``model__*`` entries of a layout: the single-rank reference must share them."""
@@ -145,8 +176,24 @@ def reference_case(arch: str, model: dict | None = None, steps: int = STEPS) -> 
     return Case(f"{arch}-single{words}", f"{arch}.par", tuple(layout_overrides(**model)), 1, ("--steps", str(steps)))
 
 
+def moe_case(layout: str) -> Case:
+    degrees = {**MOE, **MOE_LAYOUTS[layout]}
+    overrides = tuple(layout_overrides(**degrees))
+    return Case(f"llama-moe-{layout}", "llama.par", overrides, nproc_of(degrees), ("--steps", str(MOE_STEPS)))
+
+
+def moe_reference_case(layout: str) -> Case:
+    model = model_overrides({**MOE, **MOE_LAYOUTS[layout]})
+    words = "".join(f"-{key.removeprefix('model__')}{value}" for key, value in sorted(model.items()))
+    return Case(f"llama-moe-single{words}", "llama.par", tuple(layout_overrides(**model)), 1,
+                ("--steps", str(MOE_STEPS)))
+
+
 def cases_of(item) -> list[Case]:
     """The runs a selected test of this module reads (tests/conftest.py's ``trainers``)."""
+    if item.originalname == "test_moe_layout_matches_single_rank":
+        layout = item.callspec.params["layout"]
+        return [moe_case(layout), moe_reference_case(layout)]
     if item.originalname == "test_layout_matches_single_rank":
         arch, layout = item.callspec.params["arch"], item.callspec.params["layout"]
         return [layout_case(arch, layout), reference_case(arch, model_overrides(LAYOUTS[layout]), steps_of(layout))]
@@ -178,3 +225,18 @@ def test_single_rank_loss_falls(trainers):
     for arch in ARCHS:
         runs = trainers.records(reference_case(arch))
         assert runs[-1]["loss"] < runs[0]["loss"], f"{arch}: loss did not fall: {[r['loss'] for r in runs]}"
+
+
+@pytest.mark.parametrize("layout", list(MOE_LAYOUTS))
+def test_moe_layout_matches_single_rank(layout, trainers):
+    runs = trainers.records(moe_case(layout))
+    expected = trainers.records(moe_reference_case(layout))
+    assert [r["step"] for r in runs] == [r["step"] for r in expected] == list(range(1, MOE_STEPS + 1))
+    for got, want in zip(runs, expected):
+        for key in ("loss", "aux_loss", "z_loss"):
+            assert (key in got) == (key in want)
+            if key in want:
+                assert_close(got[key], want[key], f"moe {layout} step {got['step']} {key}")
+        # routing is exact: the tokens each expert got, summed over ranks, are one rank's
+        assert got["expert_tokens"] == want["expert_tokens"], f"moe {layout} step {got['step']} expert_tokens"
+    assert_close(runs[0]["grad_norm"], expected[0]["grad_norm"], f"moe {layout} step 1 grad_norm")
