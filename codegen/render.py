@@ -26,6 +26,7 @@ ZERO_WORDS = {
     2: "AdamW state and gradients sharded over dp",
 }
 CP_KIND_WORDS = {
+    "ring": "ring attention: K/V blocks passed around cp, load-balanced chunks",
     "ulysses": "all-to-all from sequence to head shards around attention",
     "allgather": "K/V all-gathered over cp, queries stay local",
 }

@@ -244,8 +244,9 @@ PARALLEL = BlockDef(
             type="enum",
             choices=("ring", "ulysses", "allgather"),
             default="ring",
-            doc="how attention sees the whole sequence under cp > 1: ring (not built yet), "
-            "ulysses (all-to-all to head shards) or allgather (gather K/V)",
+            doc="how attention sees the whole sequence under cp > 1: ring (K/V blocks passed "
+            "around the cp group, load-balanced chunks), ulysses (all-to-all to head shards) or "
+            "allgather (gather K/V)",
         ),
         Param(
             name="sp",

@@ -21,10 +21,10 @@ an ``Unbuildable`` entry; a per-layer setting an entry of ``layer_settings.SETTI
 else is one function decorated with ``@rule(code)`` whose parameters are names of
 ``KEYS`` (without a default: required, the rule is skipped while it is unknown; with
 ``= None``: optional). Context parallel is ``Axis("cp", ...)`` in ``axes.AXES``, ``"cp"``
-and ``"cp_kind"`` in ``KEYS``, its degree in ``world``, and two rules (``cp_divides_seq_len``,
-``ulysses_heads``: they read sp, tp and the kind, more than an axis's ``divides`` says) and
-two ``BUILD`` ones (``build_cp_kind``: ring; ``build_cp_planner``: cp with ``auto`` values)
-that read two values, so they are rules rather than ``Unbuildable`` entries.
+and ``"cp_kind"`` in ``KEYS``, its degree in ``world``, and three rules (``cp_divides_seq_len``,
+``ulysses_heads``, ``ring_dropout``: they read sp, tp, the kind and the model, more than an
+axis's ``divides`` says) and one ``BUILD`` rule (``build_cp_planner``: cp with ``auto``
+values) that reads several values, so it is a rule rather than an ``Unbuildable`` entry.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ KEYS = {
     "pad_vocab_to": "model.pad_vocab_to",
     "padded_vocab": "model.pad_vocab_to",
     "seq_len": "model.seq_len",
+    "dropout": "model.dropout",
     "nodes": "mesh.nodes",
     "devices_per_node": "mesh.devices_per_node",
     "dp": "parallel.dp",
@@ -347,21 +348,30 @@ def tp_within_node(nodes, devices_per_node, tp):
 # ---- context parallel -----------------------------------------------------------------
 
 
+def _cp_parts(cp, tp, ring, both) -> int:
+    """What seq_len must divide by: cp chunks (2·cp for ring), each split over tp under sp."""
+    return math.lcm(2 * cp if ring else cp, cp * tp if both else 1)
+
+
 @rule("PAR0220")
-def cp_divides_seq_len(cp, seq_len, sp=None, tp=None):
-    """Each cp rank holds seq_len / cp tokens; under sp its tp ranks split those again."""
+def cp_divides_seq_len(cp, seq_len, sp=None, tp=None, cp_kind=None):
+    """Each cp rank holds seq_len / cp tokens (ring: two chunks of seq_len / (2·cp), the
+    causal load balance of ``data.context_spans``); under sp its tp ranks split them again."""
     if cp == 1:
         return None
-    both = sp is True and tp is not None and tp > 1
-    parts = cp * tp if both else cp
+    both, ring = sp is True and tp is not None and tp > 1, cp_kind == "ring"
+    parts = _cp_parts(cp, tp, ring, both)
     if seq_len % parts == 0:
         return None
-    formula = f"cp·tp = {cp}·{tp} = {parts}" if both else f"cp = {cp}"
-    why = " (sp = true splits each cp rank's tokens over tp)" if both else ""
+    formulas = ([f"2·cp = {2 * cp}"] if ring else []) + ([f"cp·tp = {cp}·{tp} = {cp * tp}"] if both else [])
+    whys = (["cp_kind = ring splits each sequence into 2·cp chunks, two a rank"] if ring else []) + (
+        ["sp = true splits each cp rank's tokens over tp"] if both else [])
+    formula = " and ".join(formulas) or f"cp = {cp}"
+    why = f" ({'; '.join(whys)})" if whys else ""
+    fits = [d for d in divisors(seq_len) if seq_len % _cp_parts(d, tp, ring, both) == 0]
     return _violation("PAR0220", ("parallel.cp", "model.seq_len"),
                       f"seq_len = {seq_len} is not divisible by {formula}{why}",
-                      f"make seq_len a multiple of {parts}, or cp one of "
-                      f"{some([d for d in divisors(seq_len) if not both or (seq_len // d) % tp == 0], cp)}")
+                      f"make seq_len a multiple of {parts}, or cp one of {some(fits, cp)}")
 
 
 @rule("PAR0221")
@@ -382,6 +392,17 @@ def ulysses_heads(cp, cp_kind, heads, tp, kv_heads=None):
     return _violation("PAR0221", ("parallel.cp_kind", "parallel.cp"),
                       f"cp_kind = ulysses needs heads and kv_heads divisible by cp·tp = {cp}·{tp} = {parts}, "
                       f"but {words} {'is' if len(failing) == 1 else 'are'} not", hint)
+
+
+@rule("PAR0222")
+def ring_dropout(cp, cp_kind, dropout):
+    """Ring attention merges exact block softmaxes; it applies no dropout to attention weights."""
+    if cp == 1 or cp_kind != "ring" or not dropout:
+        return None
+    return _violation("PAR0222", ("model.dropout", "parallel.cp_kind"),
+                      f"cp_kind = ring computes attention without dropout, but dropout = {dropout}",
+                      "set dropout = 0 (long-context training rarely uses it), or use cp_kind = ulysses "
+                      "or cp_kind = allgather, which run attention with dropout")
 
 
 # ---- the pipeline -------------------------------------------------------------------
@@ -609,17 +630,6 @@ def _unbuildable(entry: Unbuildable) -> Callable:
 
 for _entry in UNBUILDABLE:
     rule("PAR0802", BUILD, name=f"build_{_entry.name}")(_unbuildable(_entry))
-
-
-@rule("PAR0802", BUILD)
-def build_cp_kind(cp, cp_kind):
-    """Ring attention (the key's default kind) is a later slice of context parallelism."""
-    if cp == 1 or cp_kind != "ring":
-        return None
-    return _violation("PAR0802", ("parallel.cp_kind", "parallel.cp"),
-                      "ring attention (cp_kind = ring, the default) is not supported yet by parc build",
-                      "write cp_kind = ulysses or cp_kind = allgather in the parallel block; "
-                      "a later version of parc generates ring")
 
 
 @rule("PAR0802", BUILD)

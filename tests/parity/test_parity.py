@@ -84,6 +84,13 @@ LAYOUTS = {
     "cp2-allgather-recompute-selective": dict(cp=2, parallel__cp_kind="allgather", parallel__recompute="selective"),
     # Oases sub-batches split B: each sub-batch's attention does its own cp exchange
     "cp2-tp2-overlap2-allgather": dict(cp=2, tp=2, parallel__cp_kind="allgather", parallel__overlap="sub_batch(2)"),
+    # ring attention (runtime/ring.py): load-balanced chunks r and 2·cp−1−r, K/V around the ring
+    "cp2-ring": dict(cp=2, parallel__cp_kind="ring"),
+    "cp4-ring": dict(cp=4, parallel__cp_kind="ring"),
+    "cp2-tp2-sp-ring": dict(cp=2, tp=2, sp=True, parallel__cp_kind="ring"),
+    "dp2-cp2-ring": dict(dp=2, cp=2, parallel__cp_kind="ring"),
+    "pp2-cp2-ring": dict(pp=2, cp=2, parallel__cp_kind="ring"),
+    "cp2-ring-zero1": dict(dp=2, cp=2, parallel__cp_kind="ring", parallel__zero=1),
 }
 ARCHS = ("gpt", "llama")
 
