@@ -298,6 +298,41 @@ def kv_heads_divide_heads(heads, kv_heads):
                       f"kv_heads must divide heads: one of {some(divisors(heads), kv_heads)}")
 
 
+def kv_replicas(kv_heads: int, tp: int) -> int:
+    """How many tp ranks hold each kv head (Note [KV replication] in ``layers.py``): 1 when
+    tp divides kv_heads (each rank its kv_heads / tp heads), tp / kv_heads when tp is a
+    multiple of kv_heads (each rank one head, shared with its replicas); 0: neither."""
+    if kv_heads % tp == 0:
+        return 1
+    return tp // kv_heads if tp % kv_heads == 0 else 0
+
+
+@rule("PAR0223")
+def tp_kv_heads(tp, kv_heads, heads=None, hidden=None):
+    """tp ≤ kv_heads splits the kv heads; tp > kv_heads replicates each over tp / kv_heads ranks,
+    and the k and v weights (kv_heads · head_dim rows) are stored split over all tp ranks."""
+    replicas = kv_replicas(kv_heads, tp)
+    if replicas == 0:
+        fits = sorted({d for d in divisors(kv_heads)} | {kv_heads * m for m in divisors(heads or kv_heads)})
+        if heads is not None:
+            fits = [d for d in fits if heads % d == 0]
+        return _violation("PAR0223", ("parallel.tp", "model.kv_heads"),
+                          f"tp = {tp} neither divides kv_heads = {kv_heads} nor is a multiple of it "
+                          f"(tp > kv_heads replicates each kv head over tp / kv_heads ranks)",
+                          f"tp must be one of {some(fits, tp)}")
+    if replicas == 1 or heads is None or hidden is None:
+        return None
+    rows = kv_heads * (hidden // heads)
+    if rows % tp == 0:
+        return None
+    return _violation("PAR0223", ("parallel.tp", "model.kv_heads"),
+                      f"tp = {tp} replicates kv_heads = {kv_heads} over {replicas} ranks each, but does not divide "
+                      f"the k and v weights' kv_heads·head_dim = {kv_heads}·{hidden // heads} = {rows} rows, "
+                      f"which every tp rank stores a share of",
+                      f"tp must divide {rows} and heads = {heads}: one of "
+                      f"{some([d for d in divisors(rows) if kv_replicas(kv_heads, d) and heads % d == 0], tp)}")
+
+
 def _axis_divides(axis: Axis) -> Callable:
     def check(degree, heads=None, kv_heads=None, ffn=None, padded_vocab=None, vocab=None, pad_vocab_to=None):
         sizes = {"heads": heads, "kv_heads": kv_heads, "ffn": ffn, "padded_vocab": padded_vocab}

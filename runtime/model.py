@@ -69,10 +69,12 @@ class _Builder:
     def style(self, name):
         return self.plan.style(name)
 
-    def linear(self, name, in_features, out_features, bias):
+    def linear(self, name, in_features, out_features, bias, head_rows=None):
+        """``head_rows``: a head's rows (k_proj, v_proj), so tp > kv_heads replicates heads (Note [KV replication])."""
         style = self.plan.style(name)
         if style == "colwise":
-            return ColumnParallelLinear(in_features, out_features, bias=bias, tp_group=self.group, sequence_parallel=self.sp)
+            return ColumnParallelLinear(in_features, out_features, bias=bias, tp_group=self.group,
+                                        sequence_parallel=self.sp, head_rows=head_rows)
         if style == "rowwise":
             return RowParallelLinear(in_features, out_features, bias=bias, tp_group=self.group, sequence_parallel=self.sp)
         return nn.Linear(in_features, out_features, bias=bias)
@@ -120,8 +122,8 @@ class Attention(nn.Module):
         C, D = config.hidden, config.hidden // config.heads
         self.head_dim, self.llama, self.theta = D, config.arch == "llama", config.rope_theta
         self.q_proj = build.linear(f"{prefix}.q_proj", C, config.heads * D, bias)
-        self.k_proj = build.linear(f"{prefix}.k_proj", C, config.kv_heads * D, bias)
-        self.v_proj = build.linear(f"{prefix}.v_proj", C, config.kv_heads * D, bias)
+        self.k_proj = build.linear(f"{prefix}.k_proj", C, config.kv_heads * D, bias, head_rows=D)
+        self.v_proj = build.linear(f"{prefix}.v_proj", C, config.kv_heads * D, bias, head_rows=D)
         self.o_proj = build.linear(f"{prefix}.o_proj", config.heads * D, C, bias)
         self.dropout = config.dropout
         self.selective = False  # set by Transformer for recompute = "selective"

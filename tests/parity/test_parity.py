@@ -91,6 +91,9 @@ LAYOUTS = {
     "dp2-cp2-ring": dict(dp=2, cp=2, parallel__cp_kind="ring"),
     "pp2-cp2-ring": dict(pp=2, cp=2, parallel__cp_kind="ring"),
     "cp2-ring-zero1": dict(dp=2, cp=2, parallel__cp_kind="ring", parallel__zero=1),
+    # tp > kv_heads: each kv head replicated over tp / kv_heads ranks (Note [KV replication])
+    "tp4-kv-heads2": dict(tp=4, model__kv_heads=2),
+    "tp4-sp-kv-heads2-zero1": dict(tp=4, sp=True, model__kv_heads=2, parallel__zero=1),
 }
 ARCHS = ("gpt", "llama")
 
