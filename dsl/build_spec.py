@@ -106,7 +106,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         dp=degree("dp", None),
         tp=degree("tp", None),
         pp=degree("pp", None),
-        cp=1 if auto_all else parallel.get("cp", 1),
+        cp=1 if auto_all else _auto(parallel.get("cp", 1)),
         cp_kind="ring" if auto_all else parallel.get("cp_kind", "ring"),
         sp=degree("sp", False),
         zero=degree("zero", 0),

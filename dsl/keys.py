@@ -43,6 +43,8 @@ class Param:
     choices: tuple[str, ...] = ()
     auto: bool = False
     """``auto`` is allowed (left to the planner)."""
+    whole_auto: bool = True
+    """``parallel = auto`` makes it ``auto`` too (``cp`` stays 1 unless written ``auto``)."""
     calls: tuple["CallDef", ...] = ()
     per_layer: bool = False
     """Also takes a list with one value per transformer block (``[full, none, ...]``)."""
@@ -236,8 +238,11 @@ PARALLEL = BlockDef(
         _int("pp", "pipeline-parallel degree (stages)", required=True, auto=True),
         _int(
             "cp",
-            "context-parallel degree: ranks that split each sequence into contiguous chunks",
+            "context-parallel degree: ranks that split each sequence (seq_len / cp tokens each); "
+            "auto lets the planner choose it (parallel = auto leaves it 1)",
             default="1",
+            auto=True,
+            whole_auto=False,
         ),
         Param(
             name="cp_kind",

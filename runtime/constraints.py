@@ -23,8 +23,7 @@ else is one function decorated with ``@rule(code)`` whose parameters are names o
 ``= None``: optional). Context parallel is ``Axis("cp", ...)`` in ``axes.AXES``, ``"cp"``
 and ``"cp_kind"`` in ``KEYS``, its degree in ``world``, and three rules (``cp_divides_seq_len``,
 ``ulysses_heads``, ``ring_dropout``: they read sp, tp, the kind and the model, more than an
-axis's ``divides`` says) and one ``BUILD`` rule (``build_cp_planner``: cp with ``auto``
-values) that reads several values, so it is a rule rather than an ``Unbuildable`` entry.
+axis's ``divides`` says); the planner searches cp (``cp = auto``) and costs it like any axis.
 """
 
 from __future__ import annotations
@@ -665,15 +664,3 @@ def _unbuildable(entry: Unbuildable) -> Callable:
 
 for _entry in UNBUILDABLE:
     rule("PAR0802", BUILD, name=f"build_{_entry.name}")(_unbuildable(_entry))
-
-
-@rule("PAR0802", BUILD)
-def build_cp_planner(cp, dp=None, tp=None, pp=None, micro_batch=None):
-    """The planner neither searches cp nor costs it yet: with cp > 1 the layout is the spec's."""
-    auto = [name for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("micro_batch", micro_batch)) if value is None]
-    if cp == 1 or not auto:
-        return None
-    return _violation("PAR0802", ("parallel.cp",),
-                      f"the planner does not search or cost context parallelism yet: with cp = {cp}, "
-                      f"{_and(auto)} cannot be auto",
-                      f"give {_and(auto)} with cp > 1, or set cp = 1 and let the planner choose")

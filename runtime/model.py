@@ -142,7 +142,7 @@ class Attention(nn.Module):
         if kind == "ring":
             if self.dropout and self.training:  # constraints.ring_dropout refuses this spec
                 raise ValueError("cp_kind = ring computes attention without dropout; set model.dropout = 0")
-            return self.context.ring(q, k, v)
+            return self.context.ring(q, k, v, self.fused)  # the compiled block attention, or eager
         mask = None
         if kind == "allgather":
             k, v = self.context.gather(k), self.context.gather(v)  # (B, kv_heads/tp, T, D)

@@ -43,7 +43,8 @@ def test_resume_equivalence(layout, straight, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "source, target", [("dp2", "tp2"), ("dp2", "pp2"), ("zero1_dp2", "tp2"), ("cp2_zero1_dp2", "tp2")]
+    "source, target", [("dp2", "tp2"), ("dp2", "pp2"), ("zero1_dp2", "tp2"), ("cp2_zero1_dp2", "tp2"),
+                       ("cp2_ring", "one"), ("cp2_ring", "tp2")]
 )
 def test_reshard(source, target, straight, tmp_path):
     saved = straight(source)

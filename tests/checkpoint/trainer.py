@@ -32,6 +32,8 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     "zero1_dp2": (["parallel.dp=2", "parallel.zero=1"], 2),
     # context parallel: parameters replicated over cp, ZeRO-1 slices over dp × cp
     "cp2_zero1_dp2": (["parallel.dp=2", "parallel.cp=2", "parallel.cp_kind=allgather", "parallel.zero=1"], 4),
+    # ring attention: each rank's tokens are two load-balanced chunks; the checkpoint is layout-free
+    "cp2_ring": (["parallel.cp=2", "parallel.cp_kind=ring"], 2),
 }
 
 
