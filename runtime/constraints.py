@@ -259,7 +259,8 @@ def world(nodes, devices_per_node, dp, cp, tp, pp):
     ranks = nodes * devices_per_node
     if product == ranks:
         return None
-    first, rest = axes[0].name, axes[1:]
+    shown = [a for a in axes if a.name != "cp" or cp != 1]  # cp is named only when in use
+    first, rest = shown[0].name, shown[1:]
     others = math.prod(degrees[a.name] for a in rest)
     if ranks % others == 0:
         fixed = [f"{a.name} = {degrees[a.name]}" for a in rest]
@@ -268,7 +269,7 @@ def world(nodes, devices_per_node, dp, cp, tp, pp):
         hint = f"{'·'.join(a.name for a in rest)} = {others} must divide the {ranks} devices"
     return _violation(
         "PAR0201", tuple(a.key for a in axes),
-        f"world size: {'·'.join(a.name for a in axes)} = {'·'.join(str(degrees[a.name]) for a in axes)} = "
+        f"world size: {'·'.join(a.name for a in shown)} = {'·'.join(str(degrees[a.name]) for a in shown)} = "
         f"{product}, but nodes·devices_per_node = {nodes}·{devices_per_node} = {ranks}",
         hint, blame_latest_set=True,
     )
