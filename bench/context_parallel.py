@@ -44,7 +44,8 @@ def overrides(cp: int, kind: str, seq_len: int) -> list[str]:
 def run(cp: int, kind: str, seq_len: int, steps: int, folder: Path) -> dict:
     sets = overrides(cp, kind, seq_len)
     out = folder / f"cp{cp}-{kind}-{seq_len}"
-    build = [sys.executable, "-m", "parc", "build", str(SPEC), "-o", str(out)]
+    build = [sys.executable, "-c", "import sys; from parc.codegen.cli import main; sys.exit(main())",
+             "build", str(SPEC), "-o", str(out)]
     for item in sets:
         build += ["--set", item]
     subprocess.run(build, check=True, capture_output=True, text=True)

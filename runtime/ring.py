@@ -67,18 +67,17 @@ _KV, _GRAD = 0, 1
 
 
 def _part(step, rank, size):
-    """(causal, query rows, key rows) of step ``step`` on ``rank``: slices of the local 2c tokens."""
-    source = (rank - step) % size
-    everything = slice(None)
+    """(causal, query rows, key rows) of ring step ``step`` on ``rank``, each rows one of
+    ``"all"``, ``"first"`` or ``"second"`` of the local two chunks (Note [ring attention])."""
     if step == 0:
-        return True, everything, everything
-    if source < rank:
-        return False, everything, "first"
-    return False, "second", everything
+        return True, "all", "all"
+    if (rank - step) % size < rank:  # the block of an earlier rank: its first chunk, for every query
+        return False, "all", "first"
+    return False, "second", "all"  # a later rank's block: both its chunks, for the second query chunk
 
 
 def _rows(t, which, c):
-    """``t``'s tokens (dim 2, of (B, H, 2c, ...)) that ``which`` names: everything, the first chunk or the second."""
+    """The tokens (dim 2 of (B, H, 2c, ...)) of ``t`` that ``which`` names."""
     if which == "first":
         return t[:, :, :c]
     if which == "second":
