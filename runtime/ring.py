@@ -5,7 +5,8 @@ holds, chunks r and 2·cp−1−r of the sequence's 2·cp chunks of c tokens
 (``data.context_spans``), and the cp group. Gives: ``ring_attention``, the rows of full
 causal attention for those tokens, with its backward. ``context.py`` calls it for
 ``cp_kind = ring``; the block attention itself is ``kernels`` (``block_attention`` and its
-backward: the compiled ops, or the eager reference).
+backward, which takes the rows' final output and lse: the compiled ops, or the eager
+reference).
 
 Note [ring attention]: K/V blocks travel around the cp ring (rank r sends to r+1 and
 receives from r−1), so at step j rank r holds the K/V of rank s = r − j. Its queries see
@@ -121,7 +122,6 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         ring, scale, kernels = _Ring(ctx.group), ctx.scale, ctx.kernels
         c = q.shape[2] // 2
-        delta = (grad.to(out.dtype) * out).sum(-1)  # (B, H, 2c): Σ_d grad · out
         dq = torch.zeros_like(out)
         kv = torch.stack((k, v))
         sent = None  # the partial dK, dV sum travelling to the next rank
@@ -130,7 +130,7 @@ class _RingAttention(torch.autograd.Function):
             causal, rows, keys = _part(step, ring.rank, ring.size)
             block_dq, block_dk, block_dv = kernels.block_attention_backward(
                 _rows(grad, rows, c), _rows(q, rows, c), _rows(kv[0], keys, c), _rows(kv[1], keys, c),
-                _rows(lse, rows, c), _rows(delta, rows, c), causal, scale,
+                _rows(out, rows, c), _rows(lse, rows, c), causal, scale,
             )
             _rows(dq, rows, c).add_(block_dq)
             dkv = torch.zeros((2, *k.shape), dtype=out.dtype, device=k.device)

@@ -363,15 +363,15 @@ def _(q, k, v, causal, scale):
 
 
 @torch.library.custom_op("parc::block_attention_bwd", mutates_args=(), device_types=_DEVICES)
-def block_attention_bwd(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta: Tensor, causal: bool,
+def block_attention_bwd(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
                         scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv of this block's share, given the rows' final lse and delta = Σ grad · out."""
-    dq, dk, dv = _backend(q).block_attention_bwd(grad, q, k, v, lse, delta, causal, scale)
+    """dq, dk, dv of this block's share, given the rows' final output and lse (over every block)."""
+    dq, dk, dv = _backend(q).block_attention_bwd(grad, q, k, v, out, lse, causal, scale)
     return dq, dk, dv
 
 
 @block_attention_bwd.register_fake
-def _(grad, q, k, v, lse, delta, causal, scale):
+def _(grad, q, k, v, out, lse, causal, scale):
     dtype = _stats_dtype(q)
     return (torch.empty(q.shape, dtype=dtype, device=q.device), torch.empty(k.shape, dtype=dtype, device=k.device),
             torch.empty(v.shape, dtype=dtype, device=v.device))
@@ -379,10 +379,10 @@ def _(grad, q, k, v, lse, delta, causal, scale):
 
 def block_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     """q (B, H, Tq, D), k and v (B, Hkv, Tk, D) → out (B, H, Tq, D) and lse (B, H, Tq), fp32
-    (fp64 for fp64): ``reference.block_attention``'s results, without repeating K and V."""
+    (fp64 for fp64): ``reference.block_attention``'s results, fused (flash attention)."""
     return block_attention_fwd(q, k, v, causal, scale)
 
 
-def block_attention_backward(grad, q, k, v, lse, delta, causal: bool, scale: float):
+def block_attention_backward(grad, q, k, v, out, lse, causal: bool, scale: float):
     """``reference.block_attention_backward``: (dq, dk, dv) in the stats dtype."""
-    return block_attention_bwd(grad, q, k, v, lse, delta, causal, scale)
+    return block_attention_bwd(grad, q, k, v, out, lse, causal, scale)

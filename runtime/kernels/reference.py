@@ -109,14 +109,15 @@ def block_attention(q, k, v, causal, scale):
     return torch.matmul(p, v), lse
 
 
-def block_attention_backward(grad, q, k, v, lse, delta, causal, scale):
-    """The gradients of one block's share of attention whose rows' final lse over all
-    blocks is ``lse`` and delta = Σ_d grad · out (the final output): with P = exp(s − lse),
+def block_attention_backward(grad, q, k, v, out, lse, causal, scale):
+    """The gradients of one block's share of attention whose rows' final output and lse
+    over all blocks are ``out`` and ``lse``: with P = exp(s − lse) and delta = Σ_d grad · out,
     dV = Pᵀ grad, dS = P (grad vᵀ − delta), dQ = dS k · scale, dK = dSᵀ q · scale; dK and dV
     summed over each kv head's group of query heads. All in the stats dtype."""
     group = q.shape[1] // k.shape[1]
     p = torch.exp(_scores(q, k, causal, scale) - lse.unsqueeze(-1))
     grad = grad.to(p.dtype)
+    delta = (grad * out.to(p.dtype)).sum(-1)
     ks, vs = (t.repeat_interleave(group, dim=1).to(p.dtype) for t in (k, v))
     dv = torch.matmul(p.transpose(-1, -2), grad)
     ds = p * (torch.matmul(grad, vs.transpose(-1, -2)) - delta.unsqueeze(-1))

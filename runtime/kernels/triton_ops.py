@@ -485,11 +485,12 @@ def block_attention_fwd(q, k, v, causal, scale):
     return out, lse
 
 
-def block_attention_bwd(grad, q, k, v, lse, delta, causal, scale):
+def block_attention_bwd(grad, q, k, v, out, lse, causal, scale):
     B, H, HKV, Tq, Tk, D, BD = _attn_dims(q, k)
     dtype = _stats_dtype(q)
     q, k, v, grad = q.contiguous(), k.contiguous(), v.contiguous(), grad.contiguous()
-    lse, delta = lse.to(dtype).contiguous(), delta.to(dtype).contiguous()
+    delta = (grad.to(dtype) * out.to(dtype)).sum(-1).contiguous()  # Σ_d grad · out of the final output
+    lse = lse.to(dtype).contiguous()
     dq = torch.empty((B, H, Tq, D), dtype=dtype, device=q.device)
     dk = torch.empty((B, HKV, Tk, D), dtype=dtype, device=q.device)
     dv = torch.empty_like(dk)

@@ -18,7 +18,7 @@ at::Tensor cross_entropy_grad(const at::Tensor&, const at::Tensor&, const at::Te
                               const at::Tensor&, int64_t, int64_t);
 std::vector<at::Tensor> block_attention_fwd(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, double);
 std::vector<at::Tensor> block_attention_bwd(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                            const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, double);
+                                            const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, double);  // grad, q, k, v, out, lse
 }  // namespace parc
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -1,15 +1,15 @@
 // Block attention with the rows' log-sum-exp (ring attention's step, ../../ring.py), and
-// its backward, for grouped-query heads without repeating K and V.
+// its backward, for grouped-query heads.
 //
-// q (B, H, Tq, D) is viewed as (B, Hkv, g·Tq, D): the g = H / Hkv query heads that read
-// one kv head are consecutive, so stacking them along the rows makes every kv head one
-// batched matmul against its own K, V (Tk, D), and dK, dV come out summed over the
-// group by the same matmuls. "causal" (Tq == Tk) masks key j > query i of each head.
-// Everything is computed in fp32 (fp64 for double) and returned in it: the caller
-// merges partial outputs over key blocks by their lse, exactly (ring.py's merge).
+// Both run ATen's fused CPU flash attention (tiled, online softmax: no score matrix in
+// memory), which returns the rows' lse and whose backward takes the final output and lse
+// of the rows: given the output and lse merged over every key block, it yields exactly
+// this block's share of dq, dk, dv (P = exp(s - lse), delta = Σ grad · out). The g = H /
+// Hkv query heads that read one kv head are consecutive: K and V are expanded to them
+// (a view) and dK, dV summed back over each group. "causal" (Tq == Tk) masks key j > query
+// i. Inputs are computed in fp32 (fp64 for double) and results returned in it, so the
+// caller merges partial outputs over key blocks by their lse exactly (ring.py's merge).
 #include "common.h"
-
-#include <limits>
 
 namespace parc {
 namespace {
@@ -18,28 +18,21 @@ at::ScalarType stats_type(const at::Tensor& q) {
   return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-// (B, H, T, X...) -> (B, Hkv, g·T, X...) in the stats dtype, contiguous.
-at::Tensor grouped(const at::Tensor& t, int64_t kv_heads, at::ScalarType dtype) {
-  auto shape = t.sizes().vec();
-  shape[1] = kv_heads;
-  shape[2] = t.size(2) * (t.size(1) / kv_heads);
-  return t.to(dtype).contiguous().view(shape);
+// (B, Hkv, T, D) -> (B, H, T, D): each kv head repeated for its group of query heads.
+at::Tensor per_query_head(const at::Tensor& t, int64_t heads, at::ScalarType dtype) {
+  const int64_t B = t.size(0), Hkv = t.size(1), T = t.size(2), D = t.size(3);
+  return t.to(dtype).unsqueeze(2).expand({B, Hkv, heads / Hkv, T, D}).reshape({B, heads, T, D});
 }
 
-// q kᵀ · scale of the grouped rows, -inf where the causal mask hides a key.
-at::Tensor scores(const at::Tensor& qg, const at::Tensor& k, int64_t Tq, bool causal, double scale) {
-  auto s = at::matmul(qg, k.to(qg.scalar_type()).transpose(-1, -2)).mul_(scale);
-  if (causal) {
-    auto opts = qg.options().dtype(at::kLong);
-    auto query = at::arange(qg.size(2), opts).remainder(Tq).unsqueeze(1);
-    auto key = at::arange(k.size(2), opts).unsqueeze(0);
-    s.masked_fill_(key > query, -std::numeric_limits<double>::infinity());
-  }
-  return s;
+// (B, H, T, D) -> (B, Hkv, T, D): summed over each kv head's group of query heads.
+at::Tensor per_kv_head(const at::Tensor& t, int64_t kv_heads) {
+  const int64_t B = t.size(0), H = t.size(1), T = t.size(2), D = t.size(3);
+  return t.view({B, kv_heads, H / kv_heads, T, D}).sum(2);
 }
 
 void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes(), "block_attention: q (B, H, Tq, D), k and v (B, Hkv, Tk, D)");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes(),
+              "block_attention: q (B, H, Tq, D), k and v (B, Hkv, Tk, D)");
   TORCH_CHECK(q.size(0) == k.size(0) && q.size(3) == k.size(3) && q.size(1) % k.size(1) == 0,
               "block_attention: q and k disagree on batch, head_dim or head groups");
   TORCH_CHECK(!causal || q.size(2) == k.size(2), "block_attention: causal needs as many queries as keys");
@@ -51,30 +44,22 @@ std::vector<at::Tensor> block_attention_fwd(const at::Tensor& q, const at::Tenso
                                             bool causal, double scale) {
   check(q, k, v, causal);
   const auto dtype = stats_type(q);
-  auto qg = grouped(q, k.size(1), dtype);
-  auto p = scores(qg, k, q.size(2), causal, scale);
-  auto lse = at::logsumexp(p, -1);
-  p.sub_(lse.unsqueeze(-1)).exp_();  // the probabilities, in place of the scores
-  auto out = at::matmul(p, v.to(dtype));
-  return {out.view(q.sizes()), lse.view({q.size(0), q.size(1), q.size(2)})};
+  const int64_t H = q.size(1);
+  auto result = at::_scaled_dot_product_flash_attention_for_cpu(
+      q.to(dtype), per_query_head(k, H, dtype), per_query_head(v, H, dtype), 0.0, causal, std::nullopt, scale);
+  return {std::get<0>(result), std::get<1>(result).to(dtype)};
 }
 
 std::vector<at::Tensor> block_attention_bwd(const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k,
-                                            const at::Tensor& v, const at::Tensor& lse, const at::Tensor& delta,
+                                            const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                             bool causal, double scale) {
   check(q, k, v, causal);
   const auto dtype = stats_type(q);
-  const int64_t kv_heads = k.size(1);
-  auto qg = grouped(q, kv_heads, dtype);
-  auto gg = grouped(grad, kv_heads, dtype);
-  auto p = scores(qg, k, q.size(2), causal, scale);
-  p.sub_(grouped(lse, kv_heads, dtype).unsqueeze(-1)).exp_();         // P = exp(s - lse)
-  auto dv = at::matmul(p.transpose(-1, -2), gg);                      // Pᵀ grad, summed over the group
-  auto ds = at::matmul(gg, v.to(dtype).transpose(-1, -2));            // grad vᵀ
-  ds.sub_(grouped(delta, kv_heads, dtype).unsqueeze(-1)).mul_(p);     // dS = P (grad vᵀ − delta)
-  auto dq = at::matmul(ds, k.to(dtype)).mul_(scale);
-  auto dk = at::matmul(ds.transpose(-1, -2), qg).mul_(scale);
-  return {dq.view(q.sizes()), dk, dv};
+  const int64_t H = q.size(1), Hkv = k.size(1);
+  auto result = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+      grad.to(dtype), q.to(dtype), per_query_head(k, H, dtype), per_query_head(v, H, dtype), out.to(dtype),
+      lse.to(dtype), 0.0, causal, std::nullopt, scale);
+  return {std::get<0>(result), per_kv_head(std::get<1>(result), Hkv), per_kv_head(std::get<2>(result), Hkv)};
 }
 
 }  // namespace parc
