@@ -27,6 +27,7 @@ ZERO_WORDS = {
     3: "parameters, gradients and AdamW state sharded over dp",
 }
 CP_KIND_WORDS = {
+    "ring": "ring attention: K/V blocks passed around cp, load-balanced chunks",
     "ulysses": "all-to-all from sequence to head shards around attention",
     "allgather": "K/V all-gathered over cp, queries stay local",
 }

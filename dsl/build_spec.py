@@ -120,7 +120,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         dp=degree("dp", None),
         tp=degree("tp", None),
         pp=degree("pp", None),
-        cp=1 if auto_all else parallel.get("cp", 1),
+        cp=1 if auto_all else _auto(parallel.get("cp", 1)),
         cp_kind="ring" if auto_all else parallel.get("cp_kind", "ring"),
         ep=1 if auto_all else parallel.get("ep", 1),
         etp=1 if auto_all else parallel.get("etp", 1),
@@ -248,6 +248,10 @@ def spec_document(spec: Spec) -> dict:
         | ({"chunks": parallel.chunks} if schedule is PipelineSchedule.INTERLEAVED else {}),
         **{entry.name: _per_layer_doc(parallel.setting(entry.name), entry.write) for entry in SETTINGS},
     }
+    if parallel.cp != 1:  # context parallel: written only when used, as a spec writes it
+        parallel_doc["cp"] = auto(parallel.cp)
+    if parallel.cp_kind != "ring":
+        parallel_doc["cp_kind"] = parallel.cp_kind
     if parallel.stage_layers is not None:
         parallel_doc["stage_layers"] = list(parallel.stage_layers)
     lr = train.lr_schedule

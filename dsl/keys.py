@@ -43,6 +43,8 @@ class Param:
     choices: tuple[str, ...] = ()
     auto: bool = False
     """``auto`` is allowed (left to the planner)."""
+    whole_auto: bool = True
+    """``parallel = auto`` makes it ``auto`` too (``cp`` stays 1 unless written ``auto``)."""
     calls: tuple["CallDef", ...] = ()
     per_layer: bool = False
     """Also takes a list with one value per transformer block (``[full, none, ...]``)."""
@@ -273,8 +275,11 @@ PARALLEL = BlockDef(
         _int("pp", "pipeline-parallel degree (stages)", required=True, auto=True),
         _int(
             "cp",
-            "context-parallel degree: ranks that split each sequence into contiguous chunks",
+            "context-parallel degree: ranks that split each sequence (seq_len / cp tokens each); "
+            "auto lets the planner choose it (parallel = auto leaves it 1)",
             default="1",
+            auto=True,
+            whole_auto=False,
         ),
         _int("ep", "expert-parallel degree: ranks that split each MoE layer's experts", default="1"),
         _int("etp", "expert tensor-parallel degree: ranks that split each expert's ffn", default="1"),
@@ -283,8 +288,9 @@ PARALLEL = BlockDef(
             type="enum",
             choices=("ring", "ulysses", "allgather"),
             default="ring",
-            doc="how attention sees the whole sequence under cp > 1: ring (not built yet), "
-            "ulysses (all-to-all to head shards) or allgather (gather K/V)",
+            doc="how attention sees the whole sequence under cp > 1: ring (K/V blocks passed "
+            "around the cp group, load-balanced chunks), ulysses (all-to-all to head shards) or "
+            "allgather (gather K/V)",
         ),
         Param(
             name="sp",

@@ -140,8 +140,8 @@ class ParallelSpec:
     dp: int | None
     tp: int | None
     pp: int | None
-    cp: int = 1
-    """Context-parallel ranks: each holds seq_len / cp tokens of every sequence."""
+    cp: int | None = 1
+    """Context-parallel ranks: each holds seq_len / cp tokens of every sequence (None: auto)."""
     cp_kind: str = "ring"
     """How attention sees the whole sequence: ``ring``, ``ulysses`` or ``allgather``."""
     ep: int = 1
@@ -193,6 +193,7 @@ class ParallelSpec:
             self.dp,
             self.tp,
             self.pp,
+            self.cp,
             self.sp,
             self.zero,
             self.schedule,

@@ -3,8 +3,8 @@
 Takes: a vocabulary size, sequence length and seed (and a token file, a user's input:
 ``runtime/paths.py`` checks it is a regular file). Gives:
 ``.batch(indices) -> (inputs, targets)`` int64 (N, T), targets shifted by one, and
-``sample_indices``, which says which global indices a rank reads, and ``context_chunk``,
-the part of each sequence a context-parallel rank holds. Because a sample
+``sample_indices``, which says which global indices a rank reads, and ``context_spans`` /
+``context_chunk``, the part of each sequence a context-parallel rank holds. Because a sample
 depends only on (seed, index), every layout sees the same data in each step.
 """
 
@@ -30,14 +30,28 @@ def sample_indices(step, micro, *, micro_batch, grad_accum, dp_rank, dp_size):
     return list(range(first, first + micro_batch))
 
 
-def context_chunk(inputs, targets, *, cp_rank, cp_size):
-    """This context-parallel rank's contiguous T/cp tokens of every sequence, (B, T/cp) each:
-    rank r takes positions [r·T/cp, (r+1)·T/cp) of the inputs and of their targets."""
-    T = inputs.shape[1]
-    if T % cp_size:
-        raise ValueError(f"sequences of {T} tokens do not split over cp = {cp_size} ranks")
-    chunk = slice(cp_rank * (T // cp_size), (cp_rank + 1) * (T // cp_size))
-    return inputs[:, chunk].contiguous(), targets[:, chunk].contiguous()
+def context_spans(T, *, cp_rank, cp_size, cp_kind):
+    """The global positions [start, stop) this context-parallel rank holds of a T-token
+    sequence, in the order it holds them (Note [context-parallel attention]).
+
+    ``ulysses`` and ``allgather``: one contiguous chunk [r·T/cp, (r+1)·T/cp). ``ring``
+    (causal load balancing, as Megatron and torchtitan): T splits into 2·cp chunks of
+    T/(2·cp) and rank r holds chunks r and 2·cp−1−r, so every rank has as many early
+    (cheap) as late (costly) queries and every ring step the same work.
+    """
+    parts = 2 * cp_size if cp_kind == "ring" else cp_size
+    if T % parts:
+        raise ValueError(f"sequences of {T} tokens do not split into {parts} chunks (cp = {cp_size}, {cp_kind})")
+    size = T // parts
+    chunks = (cp_rank, parts - 1 - cp_rank) if cp_kind == "ring" else (cp_rank,)
+    return tuple((c * size, (c + 1) * size) for c in chunks)
+
+
+def context_chunk(inputs, targets, *, cp_rank, cp_size, cp_kind):
+    """This context-parallel rank's T/cp tokens of every sequence, (B, T/cp) each: the
+    spans ``context_spans`` names, of the inputs and of their targets, joined."""
+    spans = context_spans(inputs.shape[1], cp_rank=cp_rank, cp_size=cp_size, cp_kind=cp_kind)
+    return tuple(torch.cat([t[:, start:stop] for start, stop in spans], dim=1).contiguous() for t in (inputs, targets))
 
 
 class SyntheticTokens:

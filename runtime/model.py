@@ -69,10 +69,12 @@ class _Builder:
     def style(self, name):
         return self.plan.style(name)
 
-    def linear(self, name, in_features, out_features, bias):
+    def linear(self, name, in_features, out_features, bias, head_rows=None):
+        """``head_rows``: a head's rows (k_proj, v_proj), so tp > kv_heads replicates heads (Note [KV replication])."""
         style = self.plan.style(name)
         if style == "colwise":
-            return ColumnParallelLinear(in_features, out_features, bias=bias, tp_group=self.group, sequence_parallel=self.sp)
+            return ColumnParallelLinear(in_features, out_features, bias=bias, tp_group=self.group,
+                                        sequence_parallel=self.sp, head_rows=head_rows)
         if style == "rowwise":
             return RowParallelLinear(in_features, out_features, bias=bias, tp_group=self.group, sequence_parallel=self.sp)
         return nn.Linear(in_features, out_features, bias=bias)
@@ -120,8 +122,8 @@ class Attention(nn.Module):
         C, D = config.hidden, config.hidden // config.heads
         self.head_dim, self.llama, self.theta = D, config.arch == "llama", config.rope_theta
         self.q_proj = build.linear(f"{prefix}.q_proj", C, config.heads * D, bias)
-        self.k_proj = build.linear(f"{prefix}.k_proj", C, config.kv_heads * D, bias)
-        self.v_proj = build.linear(f"{prefix}.v_proj", C, config.kv_heads * D, bias)
+        self.k_proj = build.linear(f"{prefix}.k_proj", C, config.kv_heads * D, bias, head_rows=D)
+        self.v_proj = build.linear(f"{prefix}.v_proj", C, config.kv_heads * D, bias, head_rows=D)
         self.o_proj = build.linear(f"{prefix}.o_proj", config.heads * D, C, bias)
         self.dropout = config.dropout
         self.selective = False  # set by Transformer for recompute = "selective"
@@ -130,22 +132,40 @@ class Attention(nn.Module):
     def core(self, q, k, v):
         """softmax(q kᵀ / √D) v: the part selective recompute drops and redoes.
 
-        Under cp = allgather, q, k, v hold this rank's T/cp tokens: they are rotated at
-        their global positions, then k and v gathered (Note [context-parallel attention])."""
-        gathered = self.context is not None and self.context.kind == "allgather"
-        start = self.context.start(q.shape[-2]) if gathered else 0
-        if self.llama and self.fused is not None:
-            q, k = self.fused.rotary(q, k, self.theta, start)
-        elif self.llama:
-            q, k = rotary(q, self.theta, start), rotary(k, self.theta, start)
+        Under cp = ring or allgather, q, k, v hold this rank's T/cp tokens: they are
+        rotated at their global positions (``context.spans``), then ring attention runs or
+        k and v are gathered (Note [context-parallel attention])."""
+        kind = None if self.context is None else self.context.kind
+        spans = self.context.spans(q.shape[-2]) if kind in ("ring", "allgather") else ((0, q.shape[-2]),)
+        if self.llama:
+            q, k = self.rotate(q, k, spans)
+        if kind == "ring":
+            if self.dropout and self.training:  # constraints.ring_dropout refuses this spec
+                raise ValueError("cp_kind = ring computes attention without dropout; set model.dropout = 0")
+            return self.context.ring(q, k, v, self.fused)  # the compiled block attention, or eager
         mask = None
-        if gathered:
+        if kind == "allgather":
             k, v = self.context.gather(k), self.context.gather(v)  # (B, kv_heads/tp, T, D)
             mask = self.context.causal_mask(q.shape[-2], q.device)  # global positions
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=q.shape[1] != k.shape[1],
             dropout_p=self.dropout if self.training else 0.0,
         )
+
+    def rotate(self, q, k, spans):
+        """Rotary positions for (B, heads, T, D) q and k whose tokens are the runs ``spans``
+        of global positions, each run rotated at its own start."""
+        def one_run(q, k, start):
+            if self.fused is not None:
+                return self.fused.rotary(q, k, self.theta, start)
+            return rotary(q, self.theta, start), rotary(k, self.theta, start)
+
+        if len(spans) == 1:
+            return one_run(q, k, spans[0][0])
+        sizes = [stop - start for start, stop in spans]
+        runs = [one_run(qs, ks, start) for qs, ks, (start, _) in
+                zip(q.split(sizes, dim=2), k.split(sizes, dim=2), spans)]
+        return torch.cat([r[0] for r in runs], dim=2), torch.cat([r[1] for r in runs], dim=2)
 
     def mix(self, q, k, v):
         """Projections (B, T, heads/tp · D) → attention output (B, T, heads/tp · D), before o_proj.
@@ -393,9 +413,11 @@ class Transformer(nn.Module):
         if self.config.arch == "gpt":
             T = x.shape[1]
             offset = group_rank(self.tp_group) * T if self.sp else 0  # this shard's positions
-            if self.context is not None:  # this cp rank's tokens start at its chunk of seq_len
-                offset += self.context.start(tokens.shape[1])
-            x = x + self.pos_embed.weight[offset : offset + T]
+            if self.context is None:
+                x = x + self.pos_embed.weight[offset : offset + T]
+            else:  # this cp rank's tokens (its spans of seq_len), this tp shard of them under SP
+                positions = self.context.positions(tokens.shape[1], x.device)[offset : offset + T]
+                x = x + self.pos_embed.weight[positions]
         return F.dropout(x, self.config.dropout, self.training)
 
     def loss(self, x, targets):

@@ -111,6 +111,16 @@ LAYOUTS = {
     "pp2-dp2-interleaved2-zero3": dict(
         pp=2, dp=2, parallel__zero=3, parallel__schedule="interleaved(chunks = 2)", model__layers=4,
     ),
+    # ring attention (runtime/ring.py): load-balanced chunks r and 2·cp−1−r, K/V around the ring
+    "cp2-ring": dict(cp=2, parallel__cp_kind="ring"),
+    "cp4-ring": dict(cp=4, parallel__cp_kind="ring"),
+    "cp2-tp2-sp-ring": dict(cp=2, tp=2, sp=True, parallel__cp_kind="ring"),
+    "dp2-cp2-ring": dict(dp=2, cp=2, parallel__cp_kind="ring"),
+    "pp2-cp2-ring": dict(pp=2, cp=2, parallel__cp_kind="ring"),
+    "cp2-ring-zero1": dict(dp=2, cp=2, parallel__cp_kind="ring", parallel__zero=1),
+    # tp > kv_heads: each kv head replicated over tp / kv_heads ranks (Note [KV replication])
+    "tp4-kv-heads2": dict(tp=4, model__kv_heads=2),
+    "tp4-sp-kv-heads2-zero1": dict(tp=4, sp=True, model__kv_heads=2, parallel__zero=1),
 }
 ARCHS = ("gpt", "llama")
 STEPS_OF = {layout: 6 for layout in LAYOUTS if "zero_bubble" in layout}
