@@ -121,6 +121,9 @@ LAYOUTS = {
     # tp > kv_heads: each kv head replicated over tp / kv_heads ranks (Note [KV replication])
     "tp4-kv-heads2": dict(tp=4, model__kv_heads=2),
     "tp4-sp-kv-heads2-zero1": dict(tp=4, sp=True, model__kv_heads=2, parallel__zero=1),
+    # where two features met at the merge: ring under ZeRO-3's gathers and zero_bubble's B/W split
+    "dp2-cp2-ring-zero3": dict(dp=2, cp=2, parallel__cp_kind="ring", parallel__zero=3),
+    "pp2-cp2-ring-zero_bubble": dict(pp=2, cp=2, parallel__cp_kind="ring", parallel__schedule="zero_bubble"),
 }
 ARCHS = ("gpt", "llama")
 STEPS_OF = {layout: 6 for layout in LAYOUTS if "zero_bubble" in layout}
@@ -159,6 +162,10 @@ MOE_LAYOUTS = {
                                     model__moe_every=2),
     "ep2-capacity-recompute-full": dict(dp=2, parallel__ep=2, model__capacity_factor=1.0,
                                         parallel__recompute="full"),
+    # where features met at the merge: experts under ZeRO-3's units and zero_bubble's B/W split
+    "dp2-zero3": dict(dp=2, parallel__zero=3),
+    "pp2-zero_bubble": dict(pp=2, parallel__schedule="zero_bubble"),
+    "ep2-pp2-zero_bubble": dict(dp=2, pp=2, parallel__ep=2, parallel__schedule="zero_bubble"),
 }
 """Every step's loss, aux_loss (z_loss) and expert_tokens, and the first grad norm, vs one rank."""
 
