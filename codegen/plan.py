@@ -322,6 +322,8 @@ class TrainPlan:
     """CHECKPOINT_EVERY: steps between checkpoints, 0 for ``checkpoint = none``."""
     checkpoint_dir: Setting
     """CHECKPOINT_DIR: the folder of ``every(N, dir)`` as written, None for ``none``."""
+    tensorboard_dir: Setting
+    """TENSORBOARD_DIR: the folder of ``log = tensorboard(dir)`` as written, None for ``stdout``."""
     on_nonfinite: Setting
     """ON_NONFINITE: ``skip`` or ``stop`` on a non-finite loss or gradient norm."""
     kernels: Setting

@@ -147,6 +147,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         log_every=train.get("log_every", 1),
         checkpoint_every=checkpoint["steps"] if every else 0,
         checkpoint_dir=checkpoint.get("dir", "checkpoints") if every else None,
+        tensorboard_dir=train.get("log", {}).get("dir"),
         on_nonfinite=train.get("on_nonfinite", "stop"),
         kernels=Kernels(train.get("kernels", "compiled")),
     )
@@ -243,6 +244,8 @@ def spec_document(spec: Spec) -> dict:
         "log_every": train.log_every,
         "checkpoint": {"kind": "none"} if not train.checkpoint_every
         else {"kind": "every", "steps": train.checkpoint_every, "dir": train.checkpoint_dir},
+        "log": {"kind": "stdout"} if train.tensorboard_dir is None
+        else {"kind": "tensorboard", "dir": train.tensorboard_dir},
         "on_nonfinite": train.on_nonfinite,
         "kernels": train.kernels.value,
     }

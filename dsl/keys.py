@@ -420,6 +420,27 @@ TRAIN = BlockDef(
         ),
         _int("log_every", "steps between log lines", default="1"),
         Param(
+            name="log",
+            type="call",
+            default="stdout",
+            doc="where step metrics go besides stdout (and the trainer's --metrics-jsonl)",
+            calls=(
+                CallDef(name="stdout", doc="one line per step on rank 0 (the trainer's --tensorboard adds scalars)"),
+                CallDef(
+                    name="tensorboard",
+                    doc="also TensorBoard scalars in `dir` (needs the tensorboard package at run time)",
+                    params=(
+                        Param(
+                            name="dir",
+                            type="string",
+                            required=True,
+                            doc="folder of the event files, relative to the cwd",
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        Param(
             name="checkpoint",
             type="call",
             default="none",

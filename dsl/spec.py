@@ -223,6 +223,8 @@ class TrainSpec:
     """``checkpoint = every(N, dir)`` gives N; ``none`` gives 0 (no checkpoints)."""
     checkpoint_dir: str | None = None
     """The folder of ``every(N, dir)``, exactly as written; None for ``none``."""
+    tensorboard_dir: str | None = None
+    """``log = tensorboard(dir)``: the folder as written; None for ``stdout``."""
     on_nonfinite: str = "stop"
     """``skip`` the optimizer step or ``stop`` the run on a non-finite loss or grad norm."""
     kernels: Kernels = Kernels.COMPILED

@@ -52,9 +52,17 @@ def peak_mem_bytes(device) -> int:
 
 
 class MetricsLogger:
-    def __init__(self, path, *, enabled: bool):
+    """Rank 0's step records: a line on stdout, a JSON line in ``--metrics-jsonl`` and,
+    with ``tensorboard`` (a folder), TensorBoard scalars (``observe.TensorBoard``)."""
+
+    def __init__(self, path, *, enabled: bool, tensorboard: str | None = None):
         self.enabled = enabled
         self.file = _open_log(path) if (enabled and path) else None
+        self.board = None
+        if enabled and tensorboard:
+            from .observe import TensorBoard  # Note [tensorboard on demand]
+
+            self.board = TensorBoard(tensorboard)
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -73,8 +81,18 @@ class MetricsLogger:
         if self.file:
             self.file.write(json.dumps(record, sort_keys=True) + "\n")
             self.file.flush()
+        if self.board:
+            self.board.log(record)
 
     def close(self) -> None:
         if self.file:
             self.file.close()
             self.file = None
+        if self.board:
+            self.board.close()
+            self.board = None
+
+
+# Note [tensorboard on demand]: the generated trainer needs only torch; the
+# ``tensorboard`` package is imported when a run asks for it (--tensorboard DIR or
+# ``train.log = tensorboard(dir)``), and its absence is then one line, not a traceback.

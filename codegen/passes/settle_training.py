@@ -71,6 +71,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
         data=DataPlan(kind=t.data.kind.value, path=t.data.path, dtype=t.data.dtype, span=spec.span("train.data")),
         checkpoint_every=setting(spec, "CHECKPOINT_EVERY", "train.checkpoint", t.checkpoint_every),
         checkpoint_dir=setting(spec, "CHECKPOINT_DIR", "train.checkpoint", t.checkpoint_dir),
+        tensorboard_dir=setting(spec, "TENSORBOARD_DIR", "train.log", t.tensorboard_dir),
         on_nonfinite=setting(spec, "ON_NONFINITE", "train.on_nonfinite", t.on_nonfinite),
         kernels=setting(spec, "KERNELS", "train.kernels", t.kernels.value),
     )
