@@ -17,7 +17,7 @@ import jinja2
 from parc.runtime import axes
 
 from .plan import Plan, Setting
-from . import render_checkpoint, render_launch, render_observe, render_step
+from . import render_checkpoint, render_eval, render_launch, render_observe, render_step
 from .plan_text import cite, layer_value
 
 DEVICE_FLOPS_NOTE = "dense peak FLOP/s of one device, for MFU"
@@ -120,6 +120,7 @@ def config_lines(plan: Plan) -> list[str]:
     if train.data.kind == "tokens":
         lines.append(constant("DATA_PATH", train.data.path, cite(train.data.span) + ": from this file's folder"))
         lines.append(constant("DATA_DTYPE", train.data.dtype, cite(train.data.span)))
+    lines += render_eval.config_lines(plan)
     flops_note = DEVICE_FLOPS_NOTE if mesh.device_flops else "unknown for this device: no MFU"
     lines.append(constant("DEVICE_FLOPS", mesh.device_flops, f"{cite(mesh.device_span)}: {flops_note}"))
     return lines
@@ -232,17 +233,16 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         loss_lines.append("step_loss = loss_sum")
     step_lines = render_checkpoint.guarded_step_lines(step_lines)
     extra_args = render_checkpoint.flag_lines() + render_observe.flag_lines()
-    flag_docs = render_checkpoint.flag_docs(plan) + render_observe.flag_docs(plan)
+    flag_docs = render_checkpoint.flag_docs(plan) + render_observe.flag_docs(plan) + render_eval.flag_docs(plan)
     extra_flag_docs = [docstring_text(line) for line in flag_docs]
     if data.kind == "tokens":
-        dataset_line = (
-            "dataset = data.TokenFile(args.data, SEQ_LEN, DATA_DTYPE, seed=args.seed, vocab=VOCAB, rank=dist.rank)"
-        )
+        dataset_line = render_eval.TOKEN_FILE.format(path="args.data", part=render_eval.dataset_part(plan))
+        dataset_line = "dataset = " + dataset_line
         extra_args += [
             "# DATA_PATH is from this file's folder, so the run works from any cwd",
             'data_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), DATA_PATH)',
             'parser.add_argument("--data", default=data_path, metavar="PATH")',
-        ]
+        ] + render_eval.flag_lines(plan)
         extra_flag_docs.append(
             docstring_text("--data PATH            token file, from the cwd (default DATA_PATH, from this file's folder)")
         )
@@ -293,13 +293,16 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         + [f"{entry.argument}={entry.constant}," for entry in plan.used_settings()]
         + ["kernels=KERNELS,"]
         + (["cp_group=cp_group,", "cp_kind=CP_KIND,"] if cp_size > 1 else []),
-        pipeline_lines=render_step.executor_lines(plan),
+        pipeline_lines=render_step.executor_lines(plan)
+        + render_eval.setup_lines(plan, reduce_group=reduce_group if reducing else None, pipelined=pipelined),
         step_body_lines=render_observe.step_start_lines() + render_checkpoint.step_start_lines() + [
             "comm.exposed_clock.reset()  # time blocked on collectives, this step",
         ] + render_step.step_body_lines(
             plan, forward_lines, 'grid.index("dp")' if dp_size > 1 else "0"
         ),
-        record_lines=[
+        eval_lines=render_eval.step_lines(plan),
+        log_condition=render_eval.log_condition(plan),
+        record_lines=render_eval.record_lines(plan) + [
             '"exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute',
             "# bytes this rank holds (and every rank's, in memory_per_rank): collective",
             "**memory.report(net, optimizer, activations, held_grads),",
@@ -337,6 +340,7 @@ def train_imports(plan: Plan) -> list[str]:
     imports += ["dp"] if plan.mesh.size("dp") * plan.mesh.size("cp") > 1 else []
     imports += ["pipeline", "schedule"] if render_step.has_pipeline(plan) else []
     imports += ["zero"] if plan.train.zero.value else []
+    imports += ["evaluate"] if render_eval.enabled(plan) else []
     return imports
 
 

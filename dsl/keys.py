@@ -414,11 +414,34 @@ TRAIN = BlockDef(
                             default="uint16",
                             doc="element type",
                         ),
+                        Param(
+                            name="val",
+                            type="string",
+                            doc="a validation token file (same dtype) for `eval`; without it, "
+                            "the file's last tenth is held out",
+                        ),
                     ),
                 ),
             ),
         ),
         _int("log_every", "steps between log lines", default="1"),
+        Param(
+            name="eval",
+            type="call",
+            default="none",
+            doc="validation loss on held-out data (logged as val_loss)",
+            calls=(
+                CallDef(name="none", doc="no evaluation"),
+                CallDef(
+                    name="every",
+                    doc="every `steps` steps and after the last: the mean loss of `batches` global batches",
+                    params=(
+                        _int("steps", "steps between evaluations", required=True),
+                        _int("batches", "global batches of validation sequences per evaluation", default="4"),
+                    ),
+                ),
+            ),
+        ),
         Param(
             name="log",
             type="call",

@@ -69,13 +69,15 @@ class MetricsLogger:
             return
         mfu, exposed = record.get("mfu"), record.get("exposed_comm_s")
         predicted = record.get("predicted_step_time_s")  # builds of `auto` specs
+        val_loss = record.get("val_loss")  # steps that evaluated (train.eval)
         print(
             f"step {record['step']:>5} | loss {record['loss']:.4f} | grad_norm {record['grad_norm']:.3f}"
             f" | lr {record['lr']:.2e} | {record['tokens_per_s']:,.0f} tok/s"
             f" | mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}"
             f" | mem {record['peak_mem_bytes'] / 2**20:,.0f} MiB | {record['step_time_s']:.3f} s"
             + ("" if exposed is None else f" (comm exposed {exposed:.3f} s)")
-            + ("" if predicted is None else f" | predicted {predicted:.3f} s"),
+            + ("" if predicted is None else f" | predicted {predicted:.3f} s")
+            + ("" if val_loss is None else f" | val_loss {val_loss:.4f}"),
             flush=True,
         )
         if self.file:

@@ -68,7 +68,12 @@ def run(spec: Spec, draft: Draft) -> Draft:
             setting(spec, "MIN_LR_RATIO", "train.schedule", s.min_lr_ratio),
         ),
         zero=setting(spec, "ZERO", "parallel.zero", spec.parallel.zero),
-        data=DataPlan(kind=t.data.kind.value, path=t.data.path, dtype=t.data.dtype, span=spec.span("train.data")),
+        data=DataPlan(
+            kind=t.data.kind.value, path=t.data.path, dtype=t.data.dtype, val_path=t.data.val_path,
+            span=spec.span("train.data"),
+        ),
+        eval_every=setting(spec, "EVAL_EVERY", "train.eval", t.eval_every),
+        eval_batches=setting(spec, "EVAL_BATCHES", "train.eval", t.eval_batches),
         checkpoint_every=setting(spec, "CHECKPOINT_EVERY", "train.checkpoint", t.checkpoint_every),
         checkpoint_dir=setting(spec, "CHECKPOINT_DIR", "train.checkpoint", t.checkpoint_dir),
         tensorboard_dir=setting(spec, "TENSORBOARD_DIR", "train.log", t.tensorboard_dir),
