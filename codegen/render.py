@@ -296,6 +296,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         pipeline_lines=render_step.executor_lines(plan)
         + render_eval.setup_lines(plan, reduce_group=reduce_group if reducing else None, pipelined=pipelined),
         step_body_lines=render_observe.step_start_lines() + render_checkpoint.step_start_lines() + [
+            "# memory on the first steps, every --memory-every N-th and the last (Note [memory on some steps])",
+            "activations.active = memory.measured(step, every=args.memory_every, first=done + 1, last=args.steps)",
             "comm.exposed_clock.reset()  # time blocked on collectives, this step",
         ] + render_step.step_body_lines(
             plan, forward_lines, 'grid.index("dp")' if dp_size > 1 else "0"
@@ -305,7 +307,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         record_lines=render_eval.record_lines(plan) + [
             '"exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute',
             "# bytes this rank holds (and every rank's, in memory_per_rank): collective",
-            "**memory.report(net, optimizer, activations, held_grads),",
+            "**(memory.report(net, optimizer, activations, held_grads) if activations.active else {}),",
         ] + ([
             '"predicted_step_time_s": PREDICTED_STEP_TIME_S,  # the planner\'s, beside the measured',
             '"predicted_tokens_per_s": PREDICTED_TOKENS_PER_S,',

@@ -15,10 +15,17 @@ from .plan import Plan
 from .plan_text import cite
 
 
+MEMORY_EVERY = 10
+"""The trainer's default ``--memory-every``: memory is measured on every 10th step."""
+
+
 def config_lines(plan: Plan) -> list[str]:
     board = plan.train.tensorboard_dir
     note = "TensorBoard scalars of every step" if board.value else "None: no TensorBoard without --tensorboard"
-    return [f"TENSORBOARD_DIR = {board.value!r}  # {cite(board.span)}: {note}"]
+    return [
+        f"TENSORBOARD_DIR = {board.value!r}  # {cite(board.span)}: {note}",
+        f"MEMORY_EVERY = {MEMORY_EVERY}  # steps between memory measurements (Note [memory on some steps])",
+    ]
 
 
 def flag_lines() -> list[str]:
@@ -26,6 +33,7 @@ def flag_lines() -> list[str]:
         'parser.add_argument("--tensorboard", default=TENSORBOARD_DIR, metavar="DIR")',
         'parser.add_argument("--profile", default=None, metavar="STEPS")',
         'parser.add_argument("--profile-dir", default="profile", metavar="DIR")',
+        'parser.add_argument("--memory-every", type=int, default=MEMORY_EVERY, metavar="N")',
     ]
 
 
@@ -37,6 +45,8 @@ def flag_docs(plan: Plan) -> list[str]:
         "                       needs the tensorboard package",
         "--profile STEPS        torch.profiler Chrome trace of steps N or A-B, one file per rank",
         "--profile-dir DIR      folder of the traces (default profile)",
+        "--memory-every N       measure activation memory (hooks) and gather every rank's memory",
+        "                       on steps 1-2, every N-th and the last (default MEMORY_EVERY; 1: all)",
     ]
 
 

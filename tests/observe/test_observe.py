@@ -136,3 +136,18 @@ def test_profile_steps_parse():
     for bad in ("0", "5-2", "x", "1-"):
         with pytest.raises(SystemExit):
             parse_steps(bad)
+
+
+def test_memory_is_measured_on_first_every_nth_and_last_steps():
+    from parc.runtime.memory import measured
+
+    steps = [s for s in range(1, 26) if measured(s, every=10, first=1, last=25)]
+    assert steps == [1, 2, 10, 20, 25]
+    assert [s for s in range(6, 10) if measured(s, every=1, first=6, last=9)] == [6, 7, 8, 9]
+    assert [s for s in range(6, 30) if measured(s, every=0, first=6, last=29)] == [6, 7, 29]  # a resumed run
+
+
+def test_steps_that_do_not_measure_memory_log_no_memory_fields(run):
+    out, _ = run
+    records = [json.loads(line) for line in (out / "run.jsonl").read_text().splitlines()]
+    assert [("memory_per_rank" in r) for r in records] == [True, True, True]  # steps 1, 2 and the last

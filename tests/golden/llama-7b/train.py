@@ -27,6 +27,8 @@ Flags:
                            needs the tensorboard package
     --profile STEPS        torch.profiler Chrome trace of steps N or A-B, one file per rank
     --profile-dir DIR      folder of the traces (default profile)
+    --memory-every N       measure activation memory (hooks) and gather every rank's memory
+                           on steps 1-2, every N-th and the last (default MEMORY_EVERY; 1: all)
     --data PATH            token file, from the cwd (default DATA_PATH, from this file's folder)
 """
 
@@ -109,6 +111,7 @@ CHECKPOINT_EVERY = 0  # default: steps between checkpoints (0: after the last st
 CHECKPOINT_DIR = None  # default: None: no checkpoints without --checkpoint-dir
 ON_NONFINITE = "stop"  # default: a NaN/inf loss or grad norm skips the step or stops
 TENSORBOARD_DIR = None  # default: None: no TensorBoard without --tensorboard
+MEMORY_EVERY = 10  # steps between memory measurements (Note [memory on some steps])
 DATA_PATH = (
     "../../examples/data/llama/train.bin"  # llama-7b.par:43: from this file's folder
 )
@@ -155,6 +158,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tensorboard", default=TENSORBOARD_DIR, metavar="DIR")
     parser.add_argument("--profile", default=None, metavar="STEPS")
     parser.add_argument("--profile-dir", default="profile", metavar="DIR")
+    parser.add_argument("--memory-every", type=int, default=MEMORY_EVERY, metavar="N")
     # DATA_PATH is from this file's folder, so the run works from any cwd
     data_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), DATA_PATH)
     parser.add_argument("--data", default=data_path, metavar="PATH")
@@ -304,6 +308,10 @@ def main() -> None:
         profiler.begin(step)  # --profile: marks ProfilerStep#<step> in the trace
         # PARC_FAULT_AT_STEP=k (tests only): the last rank dies here, on the first attempt
         faults.die_if_injected(step, rank=dist.rank, world_size=dist.world_size)
+        # memory on the first steps, every --memory-every N-th and the last (Note [memory on some steps])
+        activations.active = memory.measured(
+            step, every=args.memory_every, first=done + 1, last=args.steps
+        )
         comm.exposed_clock.reset()  # time blocked on collectives, this step
         with activations:  # measures the tensors saved for backward
             batches = []  # every micro-batch of this step: the first stage reads the
@@ -351,7 +359,11 @@ def main() -> None:
                     "step_time_s": step_time,
                     "exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute
                     # bytes this rank holds (and every rank's, in memory_per_rank): collective
-                    **memory.report(net, optimizer, activations, held_grads),
+                    **(
+                        memory.report(net, optimizer, activations, held_grads)
+                        if activations.active
+                        else {}
+                    ),
                 }
             )
         profiler.end(step)
