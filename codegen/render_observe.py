@@ -59,7 +59,6 @@ def data_words(plan: Plan) -> str:
 
 def setup_lines(plan: Plan, layout: str) -> list[str]:
     predicted = plan.predicted is not None
-    title = f"{plan.model.name} ({plan.model.arch})"
     return [
         "",
         "# ---- what runs: a banner on rank 0, and the profiler of --profile -----------",
@@ -67,7 +66,7 @@ def setup_lines(plan: Plan, layout: str) -> list[str]:
         "    net,",
         "    rank=dist.rank,",
         "    device=dist.device,",
-        f"    title={title!r},",
+        "    title=__doc__.splitlines()[0],  # this file's first line: model, size, layout",
         f"    layout={layout!r},",
         f"    parameters={plan.model.parameters},  # the whole model, tied weights once",
         f"    data={data_words(plan)},",

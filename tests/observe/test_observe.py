@@ -52,7 +52,7 @@ def test_spec_log_tensorboard_is_the_default_of_the_flag(run):
 def test_banner_and_checkpoint_lines(run):
     _, stdout = run
     lines = stdout.splitlines()
-    assert lines[0] == "parc trainer: gpt_tiny (gpt)"
+    assert lines[0] == "parc trainer: gpt_tiny: gpt with 867,072 parameters, one rank."
     assert "  layout      one rank (1 rank(s))" in lines
     assert "  parameters  0.9M total, 0.9M per rank" in lines
     assert "  data        synthetic tokens (seed 1234)" in lines
@@ -121,7 +121,7 @@ def test_missing_tensorboard_is_one_clear_line(tmp_path):
 
 def test_banner_lines_show_prediction_and_uneven_shards():
     lines = banner_lines(
-        title="m (llama)", layout="pp 2", parameters=10_000_000, parameters_per_rank=[6_000_000, 4_000_000],
+        title="m: llama", layout="pp 2", parameters=10_000_000, parameters_per_rank=[6_000_000, 4_000_000],
         data="token file x.bin (uint16)", checkpoint_dir=None, predicted_step_time_s=0.5,
         predicted_mem_bytes=3 * 2**30,
     )

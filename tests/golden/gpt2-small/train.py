@@ -244,7 +244,7 @@ def main() -> None:
         net,
         rank=dist.rank,
         device=dist.device,
-        title="gpt2_small (gpt)",
+        title=__doc__.splitlines()[0],  # this file's first line: model, size, layout
         layout="dp 4 × tp 2 + sequence parallel + ZeRO-1",
         parameters=124475904,  # the whole model, tied weights once
         data=f"token file {args.data} ({DATA_DTYPE})",

@@ -282,7 +282,7 @@ def main() -> None:
         net,
         rank=dist.rank,
         device=dist.device,
-        title="llama_7b (llama)",
+        title=__doc__.splitlines()[0],  # this file's first line: model, size, layout
         layout="pp 2 × dp 2 × tp 4 + sequence parallel + ZeRO-1",
         parameters=5933109248,  # the whole model, tied weights once
         data=f"token file {args.data} ({DATA_DTYPE})",

@@ -221,7 +221,7 @@ def main() -> None:
         net,
         rank=dist.rank,
         device=dist.device,
-        title="gpt_tiny (gpt)",
+        title=__doc__.splitlines()[0],  # this file's first line: model, size, layout
         layout="dp 2 × tp 2",
         parameters=867072,  # the whole model, tied weights once
         data=f"synthetic tokens (seed {args.seed})",
