@@ -11,6 +11,10 @@ tiny example's shapes, fp32, CPU):
   same policy; rows: one report, and its mean cost per step under each policy.
 - ``loss.item()`` per micro-batch (before) vs one device sum and one sync a step
   (the generated trainer's, already so before this issue).
+- ZeRO-1 after backward: every gradient copied into a full-size flat buffer and this
+  rank's slice cloned out of it (before) vs each parameter's overlap with the slice
+  copied straight into it (``ShardedAdamW._slice_grad``, after), dp = 2, on a larger
+  model (8 layers × 512) where the copy shows.
 
     python bench/overheads.py [--steps 20] [--repeat 9]
 
@@ -144,6 +148,59 @@ def bench_gather(repeat: int, steps: int) -> None:
           f"{measured / steps:>13.3f}")
 
 
+class _Shard:
+    """What ``ShardedAdamW._slice_grad`` reads: the parameters and this rank's slice."""
+
+    def __init__(self, params, rank: int, dp: int):
+        total = sum(p.numel() for p in params)
+        self.shard = -(-total // dp)
+        self.params, self.lo, self.hi = params, rank * self.shard, (rank + 1) * self.shard
+        self.flat = torch.zeros(self.shard * dp)
+
+
+def flat_then_slice(shard: _Shard) -> torch.Tensor:
+    """ZeRO-1 before this issue: the whole flat gradient, then our slice of it."""
+    flat = torch.zeros_like(shard.flat)
+    offset = 0
+    for p in shard.params:
+        flat[offset : offset + p.numel()].copy_(p.grad.reshape(-1))
+        offset += p.numel()
+    return flat[shard.lo : shard.hi].clone()
+
+
+def bench_zero1(repeat: int) -> None:
+    from parc.runtime.zero import ShardedAdamW
+
+    big = ModelConfig(arch="llama", layers=8, hidden=512, heads=8, kv_heads=8, ffn=2048, vocab=512,
+                      padded_vocab=512, seq_len=64)
+    net = model.build_model(big, tp_group=None, sequence_parallel=False, tp_plan={}, seed=1,
+                            device=torch.device("cpu"))
+    params = list(dict.fromkeys(net.parameters()))
+    grads = [torch.randn_like(p) for p in params]
+    shard = _Shard(params, rank=1, dp=2)
+
+    def with_grads(function):
+        for p, g in zip(params, grads):
+            p.grad = g
+        start = time.perf_counter()
+        out = function(shard)
+        return time.perf_counter() - start, out
+
+    _, before = with_grads(flat_then_slice)
+    _, after = with_grads(ShardedAdamW._slice_grad)
+    if not torch.equal(before, after):
+        raise SystemExit("bench/overheads.py: the two ZeRO-1 slices differ")
+    times = {"before": [], "after": []}
+    for _ in range(max(repeat, 15)):
+        times["before"].append(with_grads(flat_then_slice)[0])
+        times["after"].append(with_grads(ShardedAdamW._slice_grad)[0])
+    b, a = median_ms(times["before"]), median_ms(times["after"])
+    count = sum(p.numel() for p in params)
+    print(f"\n## ZeRO-1 gradient slice after backward, {count / 1e6:.1f}M parameters, dp 2; {load()}")
+    print(f"{'overhead':<44} {'before ms':>10} {'after ms':>10} {'after/before':>13}")
+    print(f"{'flat copy + slice / slice copied directly':<44} {b:>10.2f} {a:>10.2f} {a / b:>13.3f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="steps a run has, for the policy's mean")
@@ -152,6 +209,7 @@ def main() -> int:
     torch.set_num_threads(1)
     bench_steps(args.repeat, args.steps)
     bench_gather(args.repeat, args.steps)
+    bench_zero1(args.repeat)
     return 0
 
 
