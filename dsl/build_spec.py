@@ -160,11 +160,15 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         precision=Precision(train.get("precision", "fp32")),
         seed=train.get("seed", 1234),
         data=DataSpec(
-            kind=DataKind(data["kind"]), path=data.get("path"), dtype=data.get("dtype", "uint16")
+            kind=DataKind(data["kind"]), path=data.get("path"), dtype=data.get("dtype", "uint16"),
+            val_path=data.get("val"),
         ),
+        eval_every=train.get("eval", {}).get("steps", 0),
+        eval_batches=train.get("eval", {}).get("batches", 4) if train.get("eval", {}).get("steps") else 0,
         log_every=train.get("log_every", 1),
         checkpoint_every=checkpoint["steps"] if every else 0,
         checkpoint_dir=checkpoint.get("dir", "checkpoints") if every else None,
+        tensorboard_dir=train.get("log", {}).get("dir"),
         on_nonfinite=train.get("on_nonfinite", "stop"),
         kernels=Kernels(train.get("kernels", "compiled")),
     )
@@ -268,10 +272,15 @@ def spec_document(spec: Spec) -> dict:
         "precision": train.precision.value,
         "seed": train.seed,
         "data": {"kind": "synthetic"} if train.data.kind is DataKind.SYNTHETIC
-        else {"kind": "tokens", "path": train.data.path, "dtype": train.data.dtype},
+        else {"kind": "tokens", "path": train.data.path, "dtype": train.data.dtype}
+        | ({} if train.data.val_path is None else {"val": train.data.val_path}),
+        "eval": {"kind": "none"} if not train.eval_every
+        else {"kind": "every", "steps": train.eval_every, "batches": train.eval_batches},
         "log_every": train.log_every,
         "checkpoint": {"kind": "none"} if not train.checkpoint_every
         else {"kind": "every", "steps": train.checkpoint_every, "dir": train.checkpoint_dir},
+        "log": {"kind": "stdout"} if train.tensorboard_dir is None
+        else {"kind": "tensorboard", "dir": train.tensorboard_dir},
         "on_nonfinite": train.on_nonfinite,
         "kernels": train.kernels.value,
     }

@@ -485,11 +485,55 @@ TRAIN = BlockDef(
                             default="uint16",
                             doc="element type",
                         ),
+                        Param(
+                            name="val",
+                            type="string",
+                            doc="a validation token file (same dtype) for `eval`; without it, "
+                            "the file's last tenth is held out",
+                        ),
                     ),
                 ),
             ),
         ),
         _int("log_every", "steps between log lines", default="1"),
+        Param(
+            name="eval",
+            type="call",
+            default="none",
+            doc="validation loss on held-out data (logged as val_loss)",
+            calls=(
+                CallDef(name="none", doc="no evaluation"),
+                CallDef(
+                    name="every",
+                    doc="every `steps` steps and after the last: the mean loss of `batches` global batches",
+                    params=(
+                        _int("steps", "steps between evaluations", required=True),
+                        _int("batches", "global batches of validation sequences per evaluation", default="4"),
+                    ),
+                ),
+            ),
+        ),
+        Param(
+            name="log",
+            type="call",
+            default="stdout",
+            doc="where step metrics go besides stdout (and the trainer's --metrics-jsonl)",
+            calls=(
+                CallDef(name="stdout", doc="one line per step on rank 0 (the trainer's --tensorboard adds scalars)"),
+                CallDef(
+                    name="tensorboard",
+                    doc="also TensorBoard scalars in `dir` (needs the tensorboard package at run time)",
+                    params=(
+                        Param(
+                            name="dir",
+                            type="string",
+                            required=True,
+                            doc="folder of the event files, relative to the cwd",
+                        ),
+                    ),
+                ),
+            ),
+        ),
         Param(
             name="checkpoint",
             type="call",

@@ -227,6 +227,8 @@ class DataSpec:
     """For ``tokens("path.bin")``: the path exactly as written in the spec."""
     dtype: str = "uint16"
     """Element type of a token file: uint16 or uint32."""
+    val_path: str | None = None
+    """``tokens(..., val = "val.bin")``: the validation file as written; None: a held-out tail."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -248,6 +250,12 @@ class TrainSpec:
     """``checkpoint = every(N, dir)`` gives N; ``none`` gives 0 (no checkpoints)."""
     checkpoint_dir: str | None = None
     """The folder of ``every(N, dir)``, exactly as written; None for ``none``."""
+    eval_every: int = 0
+    """``eval = every(N, batches = B)`` gives N; ``none`` gives 0 (no evaluation)."""
+    eval_batches: int = 0
+    """B: global batches of validation sequences per evaluation (0 without eval)."""
+    tensorboard_dir: str | None = None
+    """``log = tensorboard(dir)``: the folder as written; None for ``stdout``."""
     on_nonfinite: str = "stop"
     """``skip`` the optimizer step or ``stop`` the run on a non-finite loss or grad norm."""
     kernels: Kernels = Kernels.COMPILED

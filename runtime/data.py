@@ -100,7 +100,8 @@ class TokenFile:
     """
 
     def __init__(self, path: str, seq_len: int, dtype: str = "uint16", seed: int = 0, vocab: int | None = None,
-                 rank: int = 0):
+                 rank: int = 0, part: tuple[float, float] = (0.0, 1.0)):
+        """``part``: the fraction of the file windows are drawn from (Note [held-out tail])."""
         torch_dtype = {"uint16": torch.uint16, "uint32": torch.uint32}[dtype]
         itemsize = 2 if dtype == "uint16" else 4
         try:
@@ -119,17 +120,48 @@ class TokenFile:
             raise _end(f"--data {path}: cannot read it ({str(exc).splitlines()[0]})", rank) from None
         if vocab is not None:
             check_tokens(self.tokens, vocab, path, rank)
-        self.seq_len, self.seed, self.count = seq_len, seed, count
+        self.seq_len, self.seed = seq_len, seed
+        self.first, last = int(count * part[0]), int(count * part[1])
+        self.count = last - self.first  # the tokens of this part
+        if self.count < seq_len + 2:
+            raise _end(f"--data {path}: its part {part} holds {self.count} tokens, fewer than seq_len + 2 = "
+                       f"{seq_len + 2}: too small a file to hold out a validation tail", rank)
 
     def batch(self, indices):
         rows = []
         for i in indices:
             gen = _generator(self.seed, i)
             # any window of seq_len + 1 tokens that fits: start in [0, count - seq_len - 1]
-            start = int(torch.randint(0, self.count - self.seq_len, (1,), generator=gen))
+            start = self.first + int(torch.randint(0, self.count - self.seq_len, (1,), generator=gen))
             rows.append(self.tokens[start : start + self.seq_len + 1].to(torch.int64))
         rows = torch.stack(rows)
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+# Note [held-out tail]: with `eval` and no `val` file, training draws its windows from
+# the first 90% of the token file and validation from the last 10% (HELD_OUT), so no
+# validation window overlaps a training one.
+HELD_OUT = 0.1
+TRAIN_PART, VAL_PART = (0.0, 1.0 - HELD_OUT), (1.0 - HELD_OUT, 1.0)
+
+
+class ValidationStream:
+    """Synthetic data's validation samples: the training chain's, at indices training never
+    reads (from ``FIRST``), so the two streams are disjoint and alike.
+
+    A CPU generator keeps only the low 32 bits of its seed, and ``_generator``'s seed is
+    an odd multiple of the index plus a constant, a bijection on the index modulo 2**32:
+    training samples below 2**31 and validation samples from 2**31 (up to 2**31 of each)
+    never share a seed. An offset of 2**48 would alias every sample.
+    """
+
+    FIRST = 1 << 31
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def batch(self, indices):
+        return self.dataset.batch([self.FIRST + i for i in indices])
 
 
 def check_tokens(tokens: torch.Tensor, vocab: int, path: str, rank: int = 0) -> None:
