@@ -15,6 +15,9 @@ Before: ``parc.dsl.load``. After: ``codegen/verify.py`` builds both and runs the
 Note [what verify shrinks]:
 - heads and kv_heads: the smallest kv_heads that tp (and every other rule) accepts,
   heads = kv_heads · the spec's heads/kv_heads; head_dim 8 (or the spec's, if smaller).
+  kv_heads stays on the spec's side of tp: a spec whose tp divides kv_heads keeps
+  kv_heads ≥ tp, one with tp > kv_heads keeps replicating (Note [KV replication] in
+  ``runtime/layers.py``), so the shrunk model runs the same attention code.
 - ffn: about twice the shrunk hidden; vocab: about 200, padded or not as the spec's is
   (a padded vocab exercises the masked rows of the vocab-parallel loss); seq_len 16.
 - layers: per (virtual) stage, one block for each run of equal per-layer settings in
@@ -151,6 +154,7 @@ def _layout_from_planner(spec: Spec, chosen: Spec) -> list[Change]:
         ("parallel.dp", par.dp, won.dp, _word),
         ("parallel.tp", par.tp, won.tp, _word),
         ("parallel.pp", par.pp, won.pp, _word),
+        ("parallel.cp", par.cp, won.cp, _word),
         ("parallel.sp", par.sp, won.sp, _word),
         ("parallel.zero", par.zero, won.zero, _word),
         *(
@@ -174,8 +178,12 @@ def _model(spec: Spec, values: dict) -> list[Change]:
     ratio = m.heads // m.kv_heads
     kv_written = values["kv_heads"] is not None
 
+    replicated = values["tp"] > m.kv_heads  # Note [what verify shrinks]: same side of tp
+
     def heads_candidates():
         for kv in range(1, m.kv_heads + 1):
+            if (values["tp"] > kv) != replicated:
+                continue
             pick = {"heads": kv * ratio, "hidden": kv * ratio * head_dim}
             yield {**pick, "kv_heads": kv} if kv_written else pick
 
@@ -290,7 +298,7 @@ def _training(spec: Spec, steps: int) -> list[Change]:
 def _mesh(spec: Spec, world: int) -> list[Change]:
     mesh = spec.mesh
     found = _changed("mesh.nodes", mesh.nodes, 1, "one machine: this one")
-    found += _changed("mesh.devices_per_node", mesh.devices_per_node, world, "dp·tp·pp CPU ranks, gloo")
+    found += _changed("mesh.devices_per_node", mesh.devices_per_node, world, "dp·cp·tp·pp CPU ranks, gloo")
     found += _changed("mesh.device", mesh.device, "cpu", "this machine's CPU")
     return found
 

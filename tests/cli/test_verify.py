@@ -34,12 +34,12 @@ def test_every_example_shrinks_to_a_buildable_spec_of_the_same_layout(path):
     spec, found, layout, reference = shrunk(path)
     assert "train.py" in generate(reference)
     par = layout.parallel
-    assert par.dp * par.tp * par.pp == found.world == layout.mesh.devices_per_node
+    assert par.dp * par.cp * par.tp * par.pp == found.world == layout.mesh.devices_per_node
     assert layout.mesh.nodes == 1 and layout.mesh.device == "cpu"
     assert layout.train.precision.value == "fp32" and layout.train.data.kind.value == "synthetic"
     assert layout.model.hidden <= 128 and layout.model.seq_len <= 16 and layout.model.vocab <= 256
     if spec.layout_complete:  # the layout is the spec's own
-        for key in ("dp", "tp", "pp", "sp", "zero", "schedule", "chunks", "recompute", "overlap"):
+        for key in ("dp", "cp", "tp", "pp", "sp", "zero", "schedule", "chunks", "recompute", "overlap"):
             assert getattr(par, key) == getattr(spec.parallel, key), key
         assert layout.model.arch == spec.model.arch
         assert (layout.model.heads // layout.model.kv_heads) == (spec.model.heads // spec.model.kv_heads)
