@@ -247,7 +247,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         loss_lines.append(f"step_loss = dp.all_reduce_mean(loss_sum, {reduce_group})  # global mean loss")
     else:
         loss_lines.append("step_loss = loss_sum")
-    step_lines = render_checkpoint.guarded_step_lines(step_lines)
+    step_lines = render_checkpoint.guarded_step_lines(step_lines, fp16=plan.train.precision.value == "fp16")
     extra_args = render_checkpoint.flag_lines()
     extra_flag_docs = [docstring_text(line) for line in render_checkpoint.flag_docs(plan)]
     if data.kind == "tokens":
@@ -266,18 +266,27 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         dataset_line = "dataset = data.SyntheticTokens(VOCAB, SEQ_LEN, seed=args.seed)"
     forward = "loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM"
     std_imports = ["import argparse", *(["import os"] if data.kind == "tokens" else []), "import time"]
-    if plan.train.precision.value == "bf16":
+    low = render_step.autocast_dtype(plan)
+    if low is not None:
         std_imports += ["", "import torch"]
         forward_lines = [
-            f"# {cite(plan.train.precision.span)}: bf16 autocast; weights, grads and Adam stay fp32",
-            "with torch.autocast(device_type=dist.device.type, dtype=torch.bfloat16):",
+            f"# {cite(plan.train.precision.span)}: {plan.train.precision.value} autocast; "
+            "weights, grads and Adam stay fp32",
+            f"with torch.autocast(device_type=dist.device.type, dtype={low}):",
             "    " + forward,
         ]
     else:
         forward_lines = [forward]
     imports = train_imports(plan)
-    if pipelined and plan.train.precision.value == "bf16":
+    if pipelined and low is not None:
         forward_lines = []  # the executor runs each stage's forward under autocast
+    fp16 = plan.train.precision.value == "fp16"
+    if fp16:
+        step_lines = [_scaled_clip(line) for line in step_lines]
+        optimizer_extra += [
+            f"# {cite(plan.train.precision.span)}: fp16: dynamic loss scaling (grow/backoff, overflow steps skipped)",
+            "scaler = loss_scale.DynamicLossScale(rank=dist.rank)",
+        ]
     build_function, model_comment_lines, pipeline_args = render_step.model_lines(plan)
     model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
     layout = layout_words(plan)
@@ -317,6 +326,10 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ),
         record_lines=[
             '"exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute',
+        ] + ([
+            '"loss_scale": scaler.scale,  # fp16: the scale after this step\'s grow/backoff',
+            '"skipped_overflow_steps": scaler.skipped,',
+        ] if fp16 else []) + [
             "# bytes this rank holds (and every rank's, in memory_per_rank): collective",
             "**memory.report(net, optimizer, activations, held_grads),",
         ] + ([
@@ -381,7 +394,15 @@ def train_imports(plan: Plan) -> list[str]:
     imports += ["dp"] if plan.mesh.size("dp") * plan.mesh.size("cp") > 1 else []
     imports += ["pipeline", "schedule"] if render_step.has_pipeline(plan) else []
     imports += ["fsdp"] if plan.train.zero.value == 3 else ["zero"] if plan.train.zero.value else []
+    imports += ["loss_scale"] if plan.train.precision.value == "fp16" else []
     return imports
+
+
+def _scaled_clip(line: str) -> str:
+    """fp16: the gradients are of the scaled loss; the clip divides them by the scale first."""
+    if line.startswith("grad_norm = ") and line.endswith(")"):
+        return line[:-1] + ", grad_scale=scaled_by)"
+    return line
 
 
 def runtime_modules(plan: Plan) -> set[str]:

@@ -604,8 +604,6 @@ class Unbuildable:
 
 
 UNBUILDABLE = (
-    Unbuildable("precision", lambda precision: precision == "fp16", "fp16 training (it needs loss scaling)",
-                "use precision = bf16 or fp32"),
     Unbuildable("optimizer", lambda name: name != "adamw", "", "use optimizer = adamw(...)"),
 )
 """One entry per feature ``parc build`` cannot generate: the issue that builds it deletes

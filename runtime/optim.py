@@ -51,14 +51,15 @@ def set_lr(optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None) -> float:
+def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None, grad_scale: float = 1.0) -> float:
     """Scale gradients so their global norm is at most ``max_norm``; return the norm.
 
     Tensor-parallel shards (``param.tensor_parallel``) contribute their squares summed
     over the tp group; replicated parameters, identical on every tp rank, count once;
     pipeline stages' squares are summed over ``pp_group``, and a stage's copy of a
     tied embedding (``param.pipeline_duplicate``) is not counted again.
-    ``max_norm == 0`` only measures.
+    ``max_norm == 0`` only measures. ``grad_scale``: the gradients are of the loss times
+    it (fp16, loss_scale.py); they are divided by it first.
     """
     sharded, replicated, duplicates = [], [], []
     for p in model.parameters():
@@ -68,6 +69,9 @@ def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None) -> float:
             duplicates.append(p.grad)  # clipped, but counted on the first stage
         else:
             (sharded if getattr(p, "tensor_parallel", False) else replicated).append(p.grad)
+    if grad_scale != 1.0:
+        for g in sharded + replicated + duplicates:
+            g.mul_(1.0 / grad_scale)
     device = next(model.parameters()).device
     zero = torch.zeros((), dtype=torch.float32, device=device)
     sharded_sq = sum((g.float().pow(2).sum() for g in sharded), zero)

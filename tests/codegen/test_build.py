@@ -204,13 +204,26 @@ def test_emit_spec_and_ast(capsys):
     "sets,code,words",
     [
         (["parallel.zero=3", "parallel.overlap=sub_batch(2)", "parallel.dp=2"], "PAR0240", "zero = 3 with overlap"),
-        (["train.precision=fp16"], "PAR0802", "fp16"),
+        (["parallel.cp=2", "parallel.tp=1"], "PAR0802", "ring attention"),
     ],
 )
 def test_unsupported_features_point_at_the_spec(sets, code, words):
     with pytest.raises(Diagnostics) as info:
         generate(load("examples/tiny.par", sets))
     assert any(e.code == code and words in e.message for e in info.value.errors), info.value.errors
+
+
+@pytest.mark.parametrize("sets", [[], ["parallel.zero=3"], ["parallel.pp=2", "parallel.tp=1"]])
+def test_fp16_builds_autocast_with_dynamic_loss_scaling(sets):
+    files = generate(load("examples/tiny.par", ["train.precision=fp16", *sets]))
+    text = files["train.py"].decode()
+    assert "scaler = loss_scale.DynamicLossScale(rank=dist.rank)" in text
+    assert "scaled_by = scaler.begin(step)" in text and "grad_scale=scaled_by" in text
+    assert "stepping = scaler.update(step, grad_norm)" in text and '"loss_scale": scaler.scale' in text
+    assert "torch.float16" in text and "parc_runtime/loss_scale.py" in files
+    pipelined = "parallel.pp=2" in sets
+    assert ("runner.loss_scale = scaled_by" in text) == pipelined
+    assert ("(loss * scaled_by).backward()" in text) != pipelined
 
 
 def test_zero3_builds_fsdp_with_its_settings():
