@@ -75,6 +75,9 @@ def setup_lines(plan: Plan, layout: str) -> list[str]:
         f"    samples_per_step=MICRO_BATCH * GRAD_ACCUM * {'DP' if dp > 1 else '1'},",
         f"    {RANK_ARGS},",
         "    device=dist.device,",
+    ] + ([
+        "    loss_scale=scaler,  # fp16: the scale and its counters resume too",
+    ] if plan.train.precision.value == "fp16" else []) + [
         ")",
         "# the last step already trained: 0, or the checkpoint's (after a restart by",
         "# torchrun, the latest one in --checkpoint-dir)",

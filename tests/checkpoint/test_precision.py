@@ -66,3 +66,23 @@ def test_bf16_losses_within_2e_2_of_fp32_over_20_steps(tmp_path):
     bf16 = [row["loss"] for row in _tiny_losses(tmp_path, "bf16")]
     for step, (a, b) in enumerate(zip(fp32, bf16), start=1):
         assert abs(b - a) <= 2e-2 * abs(a), (step, a, b)
+
+
+@pytest.mark.parametrize("layout", ["one", "zero3_dp2"])
+def test_fp16_resume_restores_the_loss_scale(layout, tmp_path):
+    """A run that overflowed at step 2 (scale 65536 -> 32768), saved at step 2 and
+    resumed, goes on at 32768 with the skip counted: the same losses as without a
+    break, bit for bit."""
+    build_dir = build(layout, tmp_path / "build", extra=("train.precision=fp16",))
+    ranks, overflow = LAYOUTS[layout][1], {"PARC_OVERFLOW_AT_STEP": "2"}
+    straight, resumed, ck = tmp_path / "straight.jsonl", tmp_path / "resumed.jsonl", tmp_path / "ck"
+    run(build_dir, ranks, ["--steps", "4", "--metrics-jsonl", str(straight)], extra_env=overflow)
+    run(build_dir, ranks, ["--steps", "2", "--checkpoint-dir", str(ck), "--metrics-jsonl", str(resumed)],
+        extra_env=overflow)
+    run(build_dir, ranks, ["--steps", "4", "--resume", str(ck), "--metrics-jsonl", str(resumed)])
+    want, got = records(straight), records(resumed)
+    assert [r["step"] for r in got] == [1, 2, 3, 4]
+    assert [(r["loss"], r["loss_scale"], r["skipped_overflow_steps"]) for r in got] == [
+        (r["loss"], r["loss_scale"], r["skipped_overflow_steps"]) for r in want
+    ]
+    assert got[-1]["loss_scale"] == 32768.0 and got[-1]["skipped_overflow_steps"] == 1
