@@ -73,6 +73,7 @@ KEYS = {
     "steps": "train.steps",
     "warmup": "train.schedule.warmup",
     "precision": "train.precision",
+    "grad_reduce": "train.grad_reduce",
     "optimizer": "train.optimizer",
     "data": "train.data",
     "data_dtype": "train.data.dtype",
@@ -677,6 +678,18 @@ def build_cp_kind(cp, cp_kind):
                       "ring attention (cp_kind = ring, the default) is not supported yet by parc build",
                       "write cp_kind = ulysses or cp_kind = allgather in the parallel block; "
                       "a later version of parc generates ring")
+
+
+@rule("PAR0820", BUILD)
+def build_grad_reduce(grad_reduce):
+    """Gradients reduce in fp32 over dp (runtime/dp.py, zero.py, fsdp.py); a bf16 reduction
+    (half the bytes on the wire, rounded sums) is not generated yet."""
+    if grad_reduce != "bf16":
+        return None
+    return _violation("PAR0820", ("train.grad_reduce",),
+                      "grad_reduce = bf16 (gradients reduced in bf16 over the data-parallel ranks) "
+                      "is not supported yet by parc build",
+                      "use grad_reduce = fp32 (the default): gradients are reduced in fp32")
 
 
 @rule("PAR0802", BUILD)
