@@ -241,6 +241,10 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             "# produced it (on the last micro-batch), while backward goes on",
             f"grad_sync = dp.GradientBuckets(net, {reduce_group}, overlap=True, accumulations=GRAD_ACCUM)",
         ]
+        if plan.train.grad_reduce is not None:  # train.grad_reduce = bf16
+            optimizer_extra[-1] = optimizer_extra[-1][:-1] + ", reduce_dtype=torch.bfloat16)"
+            optimizer_extra.insert(-1, f"# {cite(plan.train.grad_reduce.span)}: summed over {over} in bf16, "
+                                   "divided back in fp32")
         # first: the lines below change grads, and finish() writes the dp means back
         after_backward.insert(0, f"grad_sync.finish()  # wait the buckets: mean gradient over the {over} ranks")
     if reducing:
@@ -267,7 +271,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     forward = "loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM"
     std_imports = ["import argparse", *(["import os"] if data.kind == "tokens" else []), "import time"]
     low = render_step.autocast_dtype(plan)
-    if low is not None:
+    if low is not None or plan.train.grad_reduce is not None:
         std_imports += ["", "import torch"]
         forward_lines = [
             f"# {cite(plan.train.precision.span)}: {plan.train.precision.value} autocast; "

@@ -681,15 +681,15 @@ def build_cp_kind(cp, cp_kind):
 
 
 @rule("PAR0820", BUILD)
-def build_grad_reduce(grad_reduce):
-    """Gradients reduce in fp32 over dp (runtime/dp.py, zero.py, fsdp.py); a bf16 reduction
-    (half the bytes on the wire, rounded sums) is not generated yet."""
-    if grad_reduce != "bf16":
+def build_grad_reduce(grad_reduce, zero):
+    """A bf16 gradient reduction is built for ZeRO 0 (runtime/dp.py's buckets); ZeRO 1/2/3
+    reduce (and reduce-scatter) in fp32 only yet."""
+    if grad_reduce != "bf16" or zero == 0:
         return None
-    return _violation("PAR0820", ("train.grad_reduce",),
-                      "grad_reduce = bf16 (gradients reduced in bf16 over the data-parallel ranks) "
-                      "is not supported yet by parc build",
-                      "use grad_reduce = fp32 (the default): gradients are reduced in fp32")
+    return _violation("PAR0820", ("train.grad_reduce", "parallel.zero"),
+                      f"grad_reduce = bf16 with zero = {zero} (gradients reduced in bf16 into the "
+                      "optimizer's shards) is not supported yet by parc build",
+                      "use grad_reduce = fp32 (the default) with zero >= 1, or zero = 0 with grad_reduce = bf16")
 
 
 @rule("PAR0802", BUILD)

@@ -226,6 +226,14 @@ def test_fp16_builds_autocast_with_dynamic_loss_scaling(sets):
     assert ("(loss * scaled_by).backward()" in text) != pipelined
 
 
+def test_grad_reduce_bf16_builds_bf16_buckets():
+    files = generate(load("examples/tiny.par", ["train.grad_reduce=bf16"]))
+    text = files["train.py"].decode()
+    assert "reduce_dtype=torch.bfloat16" in text and "import torch" in text
+    fp32 = generate(load("examples/tiny.par", []))["train.py"].decode()
+    assert "reduce_dtype" not in fp32
+
+
 def test_zero3_builds_fsdp_with_its_settings():
     files = generate(load("examples/tiny.par", ["parallel.zero=3", "parallel.dp=2"]))
     text = files["train.py"].decode()

@@ -6,7 +6,8 @@ of the same precision, every step's loss and the first step's gradient norm with
 1e-3 relative. Not 1e-5 as in fp32 (test_parity.py): a tp shard's matmul, a dp
 rank's half batch or a pipeline stage's micro-batch rounds its bf16/fp16 products
 in another order than one rank does, so the layouts agree to the low precision's
-rounding, not exactly.
+rounding, not exactly. ``grad_reduce = bf16`` rounds the dp sums of the gradients
+to bf16 too: the same bound holds.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ LAYOUTS = {
     "dp2-zero1": dict(dp=2, parallel__zero=1),
     "dp2-zero3": dict(dp=2, parallel__zero=3),
     "pp2": dict(pp=2),
+    # train.grad_reduce = bf16: the dp buckets summed in bf16 (runtime/dp.py's reduce_dtype)
+    "dp2-grad-reduce-bf16": dict(dp=2, train__grad_reduce="bf16"),
+    "dp4-grad-reduce-bf16": dict(dp=4, train__grad_reduce="bf16"),
 }
 PRECISIONS = ("bf16", "fp16")
 
