@@ -128,10 +128,16 @@ def seen_from(spec, out_dir):
     from dataclasses import replace
 
     data = spec.train.data
-    if data.path is None or os.path.isabs(data.path):
+
+    def seen(path):
+        if path is None or os.path.isabs(path):
+            return path
+        return Path(os.path.relpath(spec.resolve(path), out_dir)).as_posix()
+
+    if seen(data.path) == data.path and seen(data.val_path) == data.val_path:
         return spec
-    path = Path(os.path.relpath(spec.resolve(data.path), out_dir)).as_posix()
-    return replace(spec, train=replace(spec.train, data=replace(data, path=path)))
+    data = replace(data, path=seen(data.path), val_path=seen(data.val_path))
+    return replace(spec, train=replace(spec.train, data=data))
 
 
 def build_to(spec_path, out_dir, overrides=(), *, force: bool = True) -> Path:

@@ -33,6 +33,15 @@ def model_config(model: ModelSpec) -> ModelConfig:
         norm_eps=model.norm_eps,
         rope_theta=model.rope_theta,
         tie_embeddings=model.tie_embeddings,
+        experts=model.experts,
+        top_k=model.top_k,
+        expert_ffn=model.expert_ffn,
+        moe_every=model.moe_every,
+        shared_experts=model.shared_experts,
+        router=model.router,
+        capacity_factor=model.capacity_factor,
+        aux_loss=model.aux_loss,
+        z_loss=model.z_loss,
     )
 
 

@@ -291,6 +291,9 @@ class ModelPlan:
     """The runtime ``ModelConfig`` fields, in its order."""
     parameters: int
     """Parameters of the whole (unsharded) model."""
+    expert_parallel: Setting | None = None
+    """EP: the ranks that split each MoE block's experts (runtime/moe.py); None for a
+    dense model (plan.json leaves it out)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -301,6 +304,8 @@ class DataPlan:
     """Token file as written in the spec; resolved at run time from the cwd."""
     dtype: str
     """Element type of the token file (``uint16`` | ``uint32``)."""
+    val_path: str | None = None
+    """The validation token file as written; None: ``eval`` holds out the file's last tenth."""
     span: Span | None
 
 
@@ -322,6 +327,12 @@ class TrainPlan:
     """CHECKPOINT_EVERY: steps between checkpoints, 0 for ``checkpoint = none``."""
     checkpoint_dir: Setting
     """CHECKPOINT_DIR: the folder of ``every(N, dir)`` as written, None for ``none``."""
+    eval_every: Setting
+    """EVAL_EVERY: steps between evaluations (and after the last), 0 for ``eval = none``."""
+    eval_batches: Setting
+    """EVAL_BATCHES: global batches of validation sequences per evaluation."""
+    tensorboard_dir: Setting
+    """TENSORBOARD_DIR: the folder of ``log = tensorboard(dir)`` as written, None for ``stdout``."""
     on_nonfinite: Setting
     """ON_NONFINITE: ``skip`` or ``stop`` on a non-finite loss or gradient norm."""
     kernels: Setting

@@ -70,6 +70,8 @@ def plan_to_json(plan) -> str:
     for key in ("zero_prefetch", "zero_shard", "grad_reduce"):  # only under zero = 3; grad_reduce = bf16
         if data["train"].get(key, 0) is None:
             del data["train"][key]
+    if data["model"].get("expert_parallel", 0) is None:
+        del data["model"]["expert_parallel"]  # only a model with experts has it
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
@@ -160,6 +162,10 @@ def plan_to_text(plan) -> str:
     data = t.data
     where = f" {data.path!r} ({data.dtype})" if data.path else ""
     lines.append(f"  data = {data.kind}{where}  [{cite(data.span)}]")
+    if t.eval_every.value:
+        val = f"validation file {data.val_path!r}" if data.val_path else (
+            "a held-out tail of the file" if data.kind == "tokens" else "a disjoint synthetic stream")
+        lines.append(f"  eval = every {t.eval_every.value} steps, {t.eval_batches.value} batches of {val}  [{cite(t.eval_every.span)}]")
     if plan.predicted is not None:
         p = plan.predicted
         lines.append(

@@ -17,7 +17,7 @@ import jinja2
 from parc.runtime import axes
 
 from .plan import Plan, Setting
-from . import render_checkpoint, render_launch, render_step
+from . import render_checkpoint, render_eval, render_launch, render_moe, render_observe, render_step
 from .plan_text import cite, layer_value
 
 DEVICE_FLOPS_NOTE = "dense peak FLOP/s of one device, for MFU"
@@ -27,6 +27,7 @@ ZERO_WORDS = {
     3: "parameters, gradients and AdamW state sharded over dp",
 }
 CP_KIND_WORDS = {
+    "ring": "ring attention: K/V blocks passed around cp, load-balanced chunks",
     "ulysses": "all-to-all from sequence to head shards around attention",
     "allgather": "K/V all-gathered over cp, queries stay local",
 }
@@ -77,6 +78,8 @@ def config_lines(plan: Plan) -> list[str]:
             "# the values it filled in for `auto` are cited `(planner)`. It predicts, per step:",
             constant("PREDICTED_STEP_TIME_S", round(p.step_time_s, 6), "plan.json: predicted.step_time_s"),
             constant("PREDICTED_TOKENS_PER_S", round(p.tokens_per_s, 1), "plan.json: predicted.tokens_per_s"),
+            constant("PREDICTED_PEAK_MEM_BYTES", round(p.peak_mem_bytes), "plan.json: predicted.peak_mem_bytes"),
+            constant("PREDICTED_EXPOSED_COMM_S", round(p.exposed_comm_s, 6), "plan.json: predicted.exposed_comm_s"),
         ]
     for axis in mesh.axes:
         if axes.axis(axis.axis).always or (axis.axis == "cp" and axis.size > 1):
@@ -116,9 +119,11 @@ def config_lines(plan: Plan) -> list[str]:
     for s in (train.steps, train.seed, *train.optimizer, *train.lr_schedule, train.grad_clip, train.log_every):
         lines.append(constant(s.name, s.value, _comment(s)))
     lines += render_checkpoint.config_lines(plan)
+    lines += render_observe.config_lines(plan)
     if train.data.kind == "tokens":
         lines.append(constant("DATA_PATH", train.data.path, cite(train.data.span) + ": from this file's folder"))
         lines.append(constant("DATA_DTYPE", train.data.dtype, cite(train.data.span)))
+    lines += render_eval.config_lines(plan)
     flops_note = DEVICE_FLOPS_NOTE if mesh.device_flops else "unknown for this device: no MFU"
     lines.append(constant("DEVICE_FLOPS", mesh.device_flops, f"{cite(mesh.device_span)}: {flops_note}"))
     return lines
@@ -194,6 +199,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     elif dp_size > 1:
         group_lines.append('dp_group = grid.group("dp")  # ranks that split the batch')
     group_lines += render_step.group_lines(plan)
+    group_lines += render_moe.group_lines(plan)
     pipelined = render_step.has_pipeline(plan)
     pp_arg = ", pp_group=pp_group" if pipelined else ""
     zero_stage = plan.train.zero.value
@@ -230,7 +236,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     else:
         optimizer_lines = [f"optimizer = optim.build_optimizer(net, {hyper})"]
         step_lines = [
-            f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg}{pp_arg})",
+            f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)})",
             "optimizer.step()",
             "optimizer.zero_grad(set_to_none=True)",
         ]
@@ -247,22 +253,23 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
                                    "divided back in fp32")
         # first: the lines below change grads, and finish() writes the dp means back
         after_backward.insert(0, f"grad_sync.finish()  # wait the buckets: mean gradient over the {over} ranks")
+    after_backward += render_moe.after_backward_lines(plan)  # expert grads: their own edp group
     if reducing:
         loss_lines.append(f"step_loss = dp.all_reduce_mean(loss_sum, {reduce_group})  # global mean loss")
     else:
         loss_lines.append("step_loss = loss_sum")
     step_lines = render_checkpoint.guarded_step_lines(step_lines, fp16=plan.train.precision.value == "fp16")
-    extra_args = render_checkpoint.flag_lines()
-    extra_flag_docs = [docstring_text(line) for line in render_checkpoint.flag_docs(plan)]
+    extra_args = render_checkpoint.flag_lines() + render_observe.flag_lines()
+    flag_docs = render_checkpoint.flag_docs(plan) + render_observe.flag_docs(plan) + render_eval.flag_docs(plan)
+    extra_flag_docs = [docstring_text(line) for line in flag_docs]
     if data.kind == "tokens":
-        dataset_line = (
-            "dataset = data.TokenFile(args.data, SEQ_LEN, DATA_DTYPE, seed=args.seed, vocab=VOCAB, rank=dist.rank)"
-        )
+        dataset_line = render_eval.TOKEN_FILE.format(path="args.data", part=render_eval.dataset_part(plan))
+        dataset_line = "dataset = " + dataset_line
         extra_args += [
             "# DATA_PATH is from this file's folder, so the run works from any cwd",
             'data_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), DATA_PATH)',
             'parser.add_argument("--data", default=data_path, metavar="PATH")',
-        ]
+        ] + render_eval.flag_lines(plan)
         extra_flag_docs.append(
             docstring_text("--data PATH            token file, from the cwd (default DATA_PATH, from this file's folder)")
         )
@@ -295,7 +302,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
     layout = layout_words(plan)
     context = dict(
-        title=f"{plan.model.name}: {plan.model.arch} with {plan.model.parameters:,} parameters, {layout}.",
+        title=f"{plan.model.name}: {plan.model.arch} with {render_moe.parameter_words(plan)}, {layout}.",
         summary=summary(plan),
         version=plan.parc_version,
         source=plan.source,
@@ -321,35 +328,45 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         model_extra_args=pipeline_args
         + [f"{entry.argument}={entry.constant}," for entry in plan.used_settings()]
         + ["kernels=KERNELS,"]
+        + render_moe.model_args(plan)
         + (["cp_group=cp_group,", "cp_kind=CP_KIND,"] if cp_size > 1 else []),
-        pipeline_lines=render_step.executor_lines(plan),
-        step_body_lines=render_checkpoint.step_start_lines() + [
+        pipeline_lines=render_step.executor_lines(plan)
+        + render_eval.setup_lines(plan, reduce_group=reduce_group if reducing else None, pipelined=pipelined),
+        step_body_lines=render_observe.step_start_lines() + render_checkpoint.step_start_lines() + [
+            "# memory on the first steps, every --memory-every N-th and the last (Note [memory on some steps])",
+            "activations.active = memory.measured(step, every=args.memory_every, first=done + 1, last=args.steps)",
             "comm.exposed_clock.reset()  # time blocked on collectives, this step",
         ] + render_step.step_body_lines(
             plan, forward_lines, 'grid.index("dp")' if dp_size > 1 else "0"
         ),
-        record_lines=[
+        eval_lines=render_eval.step_lines(plan),
+        log_condition=render_eval.log_condition(plan),
+        record_lines=render_eval.record_lines(plan) + render_moe.record_lines(plan) + [
             '"exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute',
         ] + ([
             '"loss_scale": scaler.scale,  # fp16: the scale after this step\'s grow/backoff',
             '"skipped_overflow_steps": scaler.skipped,',
         ] if fp16 else []) + [
             "# bytes this rank holds (and every rank's, in memory_per_rank): collective",
-            "**memory.report(net, optimizer, activations, held_grads),",
+            "**(memory.report(net, optimizer, activations, held_grads) if activations.active else {}),",
         ] + ([
             '"predicted_step_time_s": PREDICTED_STEP_TIME_S,  # the planner\'s, beside the measured',
+            '"predicted_tokens_per_s": PREDICTED_TOKENS_PER_S,',
+            '"predicted_peak_mem_bytes": PREDICTED_PEAK_MEM_BYTES,',
+            '"predicted_exposed_comm_s": PREDICTED_EXPOSED_COMM_S,',
         ] if plan.predicted is not None else []),
         dataset_line=dataset_line,
         optimizer_lines=optimizer_lines,
-        optimizer_extra_lines=optimizer_extra + [
+        optimizer_extra_lines=optimizer_extra + render_moe.setup_lines(plan) + [
             "activations = memory.SavedActivations(net)  # peak bytes saved for backward",
         ],
         step_lines=step_lines,
         after_backward_lines=["held_grads = memory.grad_bytes(net, optimizer)  # when backward ends"]
         + [l for block in after_backward for l in block.split("\n")],
-        loss_lines=loss_lines,
-        checkpoint_lines=render_checkpoint.setup_lines(plan, layout),
-        end_of_step_lines=render_checkpoint.end_of_step_lines(),
+        loss_lines=loss_lines + render_moe.metric_lines(plan),
+        checkpoint_lines=render_checkpoint.setup_lines(plan, layout) + render_observe.setup_lines(plan, layout),
+        end_of_step_lines=render_observe.step_end_lines() + render_checkpoint.end_of_step_lines(),
+        after_loop_lines=render_observe.after_loop_lines(),
         mfu_expr=(
             f"tokens_per_s * flops_per_token / (DEVICE_FLOPS * {world})"
             if mesh.device_flops
@@ -394,10 +411,12 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
 
 def train_imports(plan: Plan) -> list[str]:
     """The runtime modules ``train.py`` imports (``from parc_runtime import ...``)."""
-    imports = ["checkpoint", "comm", "data", "faults", "memory", "mesh", "metrics", "model", "optim"]
+    imports = ["checkpoint", "comm", "data", "faults", "memory", "mesh", "metrics", "model", "observe", "optim"]
     imports += ["dp"] if plan.mesh.size("dp") * plan.mesh.size("cp") > 1 else []
     imports += ["pipeline", "schedule"] if render_step.has_pipeline(plan) else []
     imports += ["fsdp"] if plan.train.zero.value == 3 else ["zero"] if plan.train.zero.value else []
+    imports += ["moe"] if render_moe.has_experts(plan) else []
+    imports += ["evaluate"] if render_eval.enabled(plan) else []
     imports += ["loss_scale"] if plan.train.precision.value == "fp16" else []
     return imports
 
@@ -417,6 +436,7 @@ def runtime_modules(plan: Plan) -> set[str]:
     it to save or resume, Note [DCP on demand])."""
     modules = set(train_imports(plan)) | {"checkpoint_dcp"}
     modules |= {"context"} if plan.mesh.size("cp") > 1 else set()  # model.py imports it for cp > 1
+    modules |= {"moe_overlap"} if render_moe.overlaps_experts(plan) else set()  # moe.py imports it
     return modules | {entry.module for entry in plan.used_settings() if entry.module}
 
 

@@ -131,7 +131,7 @@ def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> l
         if plan.mesh.size("cp") > 1:
             body += [
                 "inputs, targets = data.context_chunk(",
-                '    inputs, targets, cp_rank=grid.index("cp"), cp_size=CP',
+                '    inputs, targets, cp_rank=grid.index("cp"), cp_size=CP, cp_kind=CP_KIND',
                 ")  # (B, T/cp): this rank's tokens of each sequence",
             ]
         body += forward_lines
@@ -152,7 +152,9 @@ def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> l
             lines += [
                 "    inputs, targets = dataset.batch(indices)  # (B, T) token ids each",
                 "    batches.append(",
-                '        data.context_chunk(inputs, targets, cp_rank=grid.index("cp"), cp_size=CP)',
+                "        data.context_chunk(",
+                '            inputs, targets, cp_rank=grid.index("cp"), cp_size=CP, cp_kind=CP_KIND',
+                "        )",
                 "    )  # (B, T/cp): this rank's tokens of each sequence",
             ]
         else:

@@ -87,4 +87,8 @@ def load_text(
     sources.add(file, text)
     for name, override in apply_overrides(norm, overrides).items():
         sources.add(name, override)
-    return validate(norm, sources, file, buildable=buildable)
+    spec = validate(norm, sources, file, buildable=buildable)
+    refused = data_files.errors(spec)  # PAR0120: a tokenizer's file needs its whole vocabulary
+    if refused:
+        raise Diagnostics(refused, sources)
+    return spec

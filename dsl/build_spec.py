@@ -17,6 +17,7 @@ import enum
 
 from parc.runtime.layer_settings import SETTINGS, setting
 
+from .keys import MOE_KEYS
 from .normalize import Normalized, dotted
 from .presets import PRESETS
 from .spec import (
@@ -56,6 +57,10 @@ def _float(value) -> float | None:
     return None if value is None else float(value)
 
 
+def _capacity(value) -> float | None:
+    return None if value == "none" else float(value)
+
+
 def build_spec(norm: Normalized, source: str) -> Spec:
     doc = norm.doc
     model, mesh, train = doc["model"], doc["mesh"], doc["train"]
@@ -81,6 +86,15 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         norm_eps=float(model.get("norm_eps", 1e-5)),
         rope_theta=float(model.get("rope_theta", 10000.0)),
         tie_embeddings=model.get("tie_embeddings", arch is Arch.GPT),
+        experts=model.get("experts", 0),
+        top_k=model.get("top_k", 2),
+        expert_ffn=model.get("expert_ffn"),
+        moe_every=model.get("moe_every", 1),
+        shared_experts=model.get("shared_experts", 0),
+        router=model.get("router", "softmax"),
+        capacity_factor=_capacity(model.get("capacity_factor", "none")),
+        aux_loss=float(model.get("aux_loss", 0.01)),
+        z_loss=float(model.get("z_loss", 0.0)),
     )
     preset = PRESETS[mesh["device"]]
     mesh_spec = MeshSpec(
@@ -106,8 +120,10 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         dp=degree("dp", None),
         tp=degree("tp", None),
         pp=degree("pp", None),
-        cp=1 if auto_all else parallel.get("cp", 1),
+        cp=1 if auto_all else _auto(parallel.get("cp", 1)),
         cp_kind="ring" if auto_all else parallel.get("cp_kind", "ring"),
+        ep=1 if auto_all else parallel.get("ep", 1),
+        etp=1 if auto_all else parallel.get("etp", 1),
         sp=degree("sp", False),
         zero=degree("zero", 0),
         zero_prefetch=1 if auto_all else parallel.get("zero_prefetch", 1),
@@ -146,11 +162,15 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         grad_reduce=train.get("grad_reduce", "fp32"),
         seed=train.get("seed", 1234),
         data=DataSpec(
-            kind=DataKind(data["kind"]), path=data.get("path"), dtype=data.get("dtype", "uint16")
+            kind=DataKind(data["kind"]), path=data.get("path"), dtype=data.get("dtype", "uint16"),
+            val_path=data.get("val"),
         ),
+        eval_every=train.get("eval", {}).get("steps", 0),
+        eval_batches=train.get("eval", {}).get("batches", 4) if train.get("eval", {}).get("steps") else 0,
         log_every=train.get("log_every", 1),
         checkpoint_every=checkpoint["steps"] if every else 0,
         checkpoint_dir=checkpoint.get("dir", "checkpoints") if every else None,
+        tensorboard_dir=train.get("log", {}).get("dir"),
         on_nonfinite=train.get("on_nonfinite", "stop"),
         kernels=Kernels(train.get("kernels", "compiled")),
     )
@@ -211,6 +231,13 @@ def spec_document(spec: Spec) -> dict:
     ``load`` of it as a ``.json`` file gives ``spec`` back (its spans aside)."""
     model, mesh, parallel, train = spec.model, spec.mesh, spec.parallel, spec.train
     model_doc = {"name": model.name, **{k: _plain(v) for k, v in _fields(model).items() if k != "name"}}
+    if not model.experts:  # a dense model: the mixture-of-experts keys say nothing
+        for key in MOE_KEYS:
+            del model_doc[key.name]
+    elif model.expert_ffn is None:
+        del model_doc["expert_ffn"]  # = ffn
+    if model.experts:
+        model_doc["capacity_factor"] = "none" if model.capacity_factor is None else model.capacity_factor
     mesh_doc = {k: v for k, v in _fields(mesh).items() if v is not None}
 
     def auto(value):
@@ -227,6 +254,10 @@ def spec_document(spec: Spec) -> dict:
         | ({"chunks": parallel.chunks} if schedule is PipelineSchedule.INTERLEAVED else {}),
         **{entry.name: _per_layer_doc(parallel.setting(entry.name), entry.write) for entry in SETTINGS},
     }
+    if parallel.cp != 1:  # context parallel: written only when used, as a spec writes it
+        parallel_doc["cp"] = auto(parallel.cp)
+    if parallel.cp_kind != "ring":
+        parallel_doc["cp_kind"] = parallel.cp_kind
     if parallel.stage_layers is not None:
         parallel_doc["stage_layers"] = list(parallel.stage_layers)
     lr = train.lr_schedule
@@ -245,10 +276,15 @@ def spec_document(spec: Spec) -> dict:
         "grad_reduce": train.grad_reduce,
         "seed": train.seed,
         "data": {"kind": "synthetic"} if train.data.kind is DataKind.SYNTHETIC
-        else {"kind": "tokens", "path": train.data.path, "dtype": train.data.dtype},
+        else {"kind": "tokens", "path": train.data.path, "dtype": train.data.dtype}
+        | ({} if train.data.val_path is None else {"val": train.data.val_path}),
+        "eval": {"kind": "none"} if not train.eval_every
+        else {"kind": "every", "steps": train.eval_every, "batches": train.eval_batches},
         "log_every": train.log_every,
         "checkpoint": {"kind": "none"} if not train.checkpoint_every
         else {"kind": "every", "steps": train.checkpoint_every, "dir": train.checkpoint_dir},
+        "log": {"kind": "stdout"} if train.tensorboard_dir is None
+        else {"kind": "tensorboard", "dir": train.tensorboard_dir},
         "on_nonfinite": train.on_nonfinite,
         "kernels": train.kernels.value,
     }

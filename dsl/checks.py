@@ -25,6 +25,10 @@ from .normalize import Normalized
 
 _DEFAULTS = {
     ("model", "pad_vocab_to"): 128,
+    ("model", "experts"): 0,
+    ("model", "top_k"): 2,
+    ("parallel", "ep"): 1,
+    ("parallel", "etp"): 1,
     ("parallel", "sp"): False,
     ("parallel", "cp"): 1,
     ("parallel", "cp_kind"): "ring",

@@ -9,6 +9,14 @@ severity warning (Note [warnings] in ``dsl/diagnostics.py``), each at the spec's
   would stop at its first step, its embedding having no row for them;
 - PAR0219: there is no token file at the path (it may be made before the run).
 
+And one error, ``errors(spec)``, which ``load`` raises (so ``parc check`` and ``parc
+build`` both refuse the spec):
+
+- PAR0120: the record says the file was made by a tokenizer (``parc data prepare
+  --tokenizer``: ``vocab_size``) larger than ``model.vocab``. A tokenizer's vocabulary
+  is a fact about every file it makes, not a guess about this one, so a model without
+  a row for each of its ids is refused.
+
 Warnings, not errors: the file is not the spec, and may change before the run; the
 trainer checks every id against ``VOCAB`` at startup in any case (``runtime/data.py``).
 A record that cannot be read or lacks ``min_vocab`` says nothing. Paths in a spec are
@@ -24,6 +32,44 @@ from parc.runtime.paths import UnreadableFile, read_json
 
 from .diagnostics import ParcError, Severity, Span
 from .spec import DataKind, Spec
+
+
+def _record(spec: Spec) -> dict | None:
+    """The token file's record (``X.json`` beside ``X.bin``) as a dict, or None."""
+    data = spec.train.data
+    if data.kind != DataKind.TOKENS or data.path is None:
+        return None
+    path = spec.resolve(data.path)
+    record = os.path.splitext(path)[0] + ".json"
+    if record == path or not os.path.isfile(record):
+        return None
+    try:
+        content = read_json(record)
+    except UnreadableFile:
+        return None
+    return content if isinstance(content, dict) else None
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def errors(spec: Spec) -> list[ParcError]:
+    span = spec.span("train.data")
+    record = _record(spec)
+    if span is None or record is None or not _count(record.get("vocab_size")):
+        return []
+    size, vocab = record["vocab_size"], spec.model.vocab
+    if size <= vocab:
+        return []
+    return [ParcError(
+        span=span,
+        code="PAR0120",
+        message=f"{spec.train.data.path} was made by the tokenizer {record.get('tokenizer')!s} of "
+        f"{size:,} tokens, but the model's vocab is {vocab:,}: ids from {vocab:,} up have no embedding row",
+        hint=f"set model.vocab to at least {size} (the tokenizer's vocabulary), or prepare the data "
+        "with a smaller tokenizer",
+    )]
 
 
 def warnings(spec: Spec) -> list[ParcError]:
@@ -45,6 +91,8 @@ def warnings(spec: Spec) -> list[ParcError]:
         return []
     vocab = spec.model.vocab
     if not isinstance(min_vocab, int) or isinstance(min_vocab, bool) or min_vocab <= vocab:
+        return []
+    if errors(spec):  # a tokenizer's file: PAR0120 refuses the spec already
         return []
     return [_warning(
         span,

@@ -43,9 +43,13 @@ class Param:
     choices: tuple[str, ...] = ()
     auto: bool = False
     """``auto`` is allowed (left to the planner)."""
+    whole_auto: bool = True
+    """``parallel = auto`` makes it ``auto`` too (``cp`` stays 1 unless written ``auto``)."""
     calls: tuple["CallDef", ...] = ()
     per_layer: bool = False
     """Also takes a list with one value per transformer block (``[full, none, ...]``)."""
+    or_none: bool = False
+    """The word ``none`` is also allowed (``capacity_factor = none``: no limit)."""
 
     def __post_init__(self) -> None:
         # Every number has an upper bound (NUMBER_MAX, units.LARGEST) unless given one.
@@ -114,6 +118,40 @@ _MIN_LR = Param(
     maximum=1,
 )
 
+MOE_KEYS = (
+    _int("experts", "routed experts of a mixture-of-experts MLP (0: dense)", minimum=0, default="0"),
+    _int("top_k", "experts each token is routed to", default="2"),
+    _int("expert_ffn", "hidden size of each expert's MLP", default="ffn"),
+    _int("moe_every", "every N-th block is MoE (blocks 0, N, 2N, ...; as Megatron's moe_layer_freq)",
+         default="1"),
+    _int("shared_experts", "always-on experts (DeepSeek), one MLP of shared_experts·expert_ffn",
+         minimum=0, default="0"),
+    Param(
+        name="router",
+        type="enum",
+        choices=("softmax", "sigmoid"),
+        default="softmax",
+        doc="router scores: softmax (Mixtral) or sigmoid (DeepSeek-V3); the top-k weights sum to 1",
+    ),
+    Param(
+        name="capacity_factor",
+        type="number",
+        or_none=True,
+        default="none",
+        exclusive_minimum=0,
+        doc="none: dropless; X: each expert takes at most ceil(X·tokens·top_k/experts) tokens",
+    ),
+    Param(
+        name="aux_loss",
+        type="number",
+        default="0.01",
+        minimum=0,
+        doc="coefficient of the load-balancing loss (Switch/GShard)",
+    ),
+    Param(name="z_loss", type="number", default="0", minimum=0, doc="coefficient of the router z-loss"),
+)
+"""The mixture-of-experts keys of ``model`` (runtime/moe.py)."""
+
 MODEL = BlockDef(
     name="model",
     named=True,
@@ -166,6 +204,7 @@ MODEL = BlockDef(
             doc="the head shares the embedding's weight",
             default="true for gpt, false for llama",
         ),
+        *MOE_KEYS,
     ),
 )
 
@@ -236,16 +275,22 @@ PARALLEL = BlockDef(
         _int("pp", "pipeline-parallel degree (stages)", required=True, auto=True),
         _int(
             "cp",
-            "context-parallel degree: ranks that split each sequence into contiguous chunks",
+            "context-parallel degree: ranks that split each sequence (seq_len / cp tokens each); "
+            "auto lets the planner choose it (parallel = auto leaves it 1)",
             default="1",
+            auto=True,
+            whole_auto=False,
         ),
+        _int("ep", "expert-parallel degree: ranks that split each MoE layer's experts", default="1"),
+        _int("etp", "expert tensor-parallel degree: ranks that split each expert's ffn", default="1"),
         Param(
             name="cp_kind",
             type="enum",
             choices=("ring", "ulysses", "allgather"),
             default="ring",
-            doc="how attention sees the whole sequence under cp > 1: ring (not built yet), "
-            "ulysses (all-to-all to head shards) or allgather (gather K/V)",
+            doc="how attention sees the whole sequence under cp > 1: ring (K/V blocks passed "
+            "around the cp group, load-balanced chunks), ulysses (all-to-all to head shards) or "
+            "allgather (gather K/V)",
         ),
         Param(
             name="sp",
@@ -454,11 +499,55 @@ TRAIN = BlockDef(
                             default="uint16",
                             doc="element type",
                         ),
+                        Param(
+                            name="val",
+                            type="string",
+                            doc="a validation token file (same dtype) for `eval`; without it, "
+                            "the file's last tenth is held out",
+                        ),
                     ),
                 ),
             ),
         ),
         _int("log_every", "steps between log lines", default="1"),
+        Param(
+            name="eval",
+            type="call",
+            default="none",
+            doc="validation loss on held-out data (logged as val_loss)",
+            calls=(
+                CallDef(name="none", doc="no evaluation"),
+                CallDef(
+                    name="every",
+                    doc="every `steps` steps and after the last: the mean loss of `batches` global batches",
+                    params=(
+                        _int("steps", "steps between evaluations", required=True),
+                        _int("batches", "global batches of validation sequences per evaluation", default="4"),
+                    ),
+                ),
+            ),
+        ),
+        Param(
+            name="log",
+            type="call",
+            default="stdout",
+            doc="where step metrics go besides stdout (and the trainer's --metrics-jsonl)",
+            calls=(
+                CallDef(name="stdout", doc="one line per step on rank 0 (the trainer's --tensorboard adds scalars)"),
+                CallDef(
+                    name="tensorboard",
+                    doc="also TensorBoard scalars in `dir` (needs the tensorboard package at run time)",
+                    params=(
+                        Param(
+                            name="dir",
+                            type="string",
+                            required=True,
+                            doc="folder of the event files, relative to the cwd",
+                        ),
+                    ),
+                ),
+            ),
+        ),
         Param(
             name="checkpoint",
             type="call",
@@ -524,6 +613,8 @@ def expected_words(param: Param) -> str:
             "int_list": "a list of integers such as [4, 4]",
             "pair": "a pair of numbers such as (0.9, 0.95)",
         }[param.type]
+    if param.or_none:
+        words += " or none"
     if param.per_layer:
         words += ", or a list of those with one per layer"
     return words + " or auto" if param.auto else words

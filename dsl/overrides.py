@@ -158,9 +158,9 @@ def _set_name(out: Normalized, block: str, value: ast.Value, key_span: Span) -> 
 def _expand_auto(out: Normalized) -> None:
     """``parallel = auto`` → a block with every key ``auto`` (where ``auto`` was written)."""
     origin = out.origins[(PARALLEL.name,)]
-    out.doc[PARALLEL.name] = {key.name: "auto" for key in PARALLEL.keys if key.auto}
+    out.doc[PARALLEL.name] = {key.name: "auto" for key in PARALLEL.keys if key.auto and key.whole_auto}
     for key in PARALLEL.keys:
-        if key.auto:
+        if key.auto and key.whole_auto:
             out.origins[(PARALLEL.name, key.name)] = Origin(
                 span=origin.span, key_span=origin.key_span, text="auto"
             )

@@ -87,6 +87,8 @@ def _value(param: Param) -> dict:
     plain = _plain(param)
     if param.per_layer:  # one value, or one per transformer block
         plain = {"anyOf": [plain, {"type": "array", "items": _plain(param), "minItems": 1}]}
+    if param.or_none:
+        plain = {"anyOf": [{"const": "none"}, plain]}
     out = {"anyOf": [{"const": "auto"}, plain]} if param.auto else plain
     if param.default is not None:
         out["$comment"] = f"default: {param.default}"

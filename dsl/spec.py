@@ -84,6 +84,18 @@ class ModelSpec:
     rope_theta: float = 10000.0
     tie_embeddings: bool = True
     """Head shares the embedding's weight (default true for gpt, false for llama)."""
+    experts: int = 0
+    """Routed experts of each MoE block (0: a dense model; runtime/moe.py)."""
+    top_k: int = 2
+    expert_ffn: int | None = None
+    """Hidden size of each expert; None: ``ffn``."""
+    moe_every: int = 1
+    shared_experts: int = 0
+    router: str = "softmax"
+    capacity_factor: float | None = None
+    """None: dropless."""
+    aux_loss: float = 0.01
+    z_loss: float = 0.0
 
     @property
     def head_dim(self) -> int:
@@ -128,10 +140,14 @@ class ParallelSpec:
     dp: int | None
     tp: int | None
     pp: int | None
-    cp: int = 1
-    """Context-parallel ranks: each holds seq_len / cp tokens of every sequence."""
+    cp: int | None = 1
+    """Context-parallel ranks: each holds seq_len / cp tokens of every sequence (None: auto)."""
     cp_kind: str = "ring"
     """How attention sees the whole sequence: ``ring``, ``ulysses`` or ``allgather``."""
+    ep: int = 1
+    """Expert-parallel ranks (MoE layers fold dp·cp·tp as edp·ep·etp)."""
+    etp: int = 1
+    """Expert tensor-parallel ranks."""
     sp: bool | None = False
     zero: int | None = 0
     zero_prefetch: int = 1
@@ -177,6 +193,7 @@ class ParallelSpec:
             self.dp,
             self.tp,
             self.pp,
+            self.cp,
             self.sp,
             self.zero,
             self.schedule,
@@ -210,6 +227,8 @@ class DataSpec:
     """For ``tokens("path.bin")``: the path exactly as written in the spec."""
     dtype: str = "uint16"
     """Element type of a token file: uint16 or uint32."""
+    val_path: str | None = None
+    """``tokens(..., val = "val.bin")``: the validation file as written; None: a held-out tail."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -235,6 +254,12 @@ class TrainSpec:
     """``checkpoint = every(N, dir)`` gives N; ``none`` gives 0 (no checkpoints)."""
     checkpoint_dir: str | None = None
     """The folder of ``every(N, dir)``, exactly as written; None for ``none``."""
+    eval_every: int = 0
+    """``eval = every(N, batches = B)`` gives N; ``none`` gives 0 (no evaluation)."""
+    eval_batches: int = 0
+    """B: global batches of validation sequences per evaluation (0 without eval)."""
+    tensorboard_dir: str | None = None
+    """``log = tensorboard(dir)``: the folder as written; None for ``stdout``."""
     on_nonfinite: str = "stop"
     """``skip`` the optimizer step or ``stop`` the run on a non-finite loss or grad norm."""
     kernels: Kernels = Kernels.COMPILED

@@ -52,7 +52,7 @@ AXES: tuple[Axis, ...] = (
     Axis("cp", "each sequence into contiguous chunks (context parallel)", "context-parallel ranks", code="PAR0220"),
     Axis(
         "tp", "each layer's weights (tensor parallel)", "tensor-parallel ranks", always=True,
-        divides=("heads", "kv_heads", "ffn", "padded_vocab"),
+        divides=("heads", "ffn", "padded_vocab"),  # kv_heads: constraints.tp_kv_heads (it may replicate them)
     ),
 )
 """Mesh order, outermost first: tp innermost, so a tp group is consecutive ranks on one

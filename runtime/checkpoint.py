@@ -124,6 +124,7 @@ class Checkpoints:
                 shutil.rmtree(final)
             os.rename(temporary, final)
             self._prune()
+            print(f"checkpoint saved: step {step} in {final}", flush=True)
         self._barrier()
         return final
 

@@ -21,6 +21,8 @@ themselves. Tensors are read by DCP with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import io
 import os
 import pickle
@@ -129,10 +131,16 @@ def model_config(info: dict, where: str) -> ModelConfig:
     """The ``ModelConfig`` of a checkpoint's ``parc.json`` (checked by ``read_info``)."""
     model = info["model"]
     for field in ModelConfig.__dataclass_fields__.values():
-        kind = {"int": int, "float": float, "bool": bool, "str": str}[str(field.type)]
-        _check_field(where, model, field.name, kind, 1 if kind is int else None, parent=("model",))
+        optional = str(field.type).endswith(" | None")  # expert_ffn, capacity_factor: None allowed
+        kind = {"int": int, "float": float, "bool": bool, "str": str}[str(field.type).removesuffix(" | None")]
+        if field.name not in model and field.default is not dataclasses.MISSING:
+            continue  # a field newer than the checkpoint (the MoE ones): its default, a dense model
+        if optional and model.get(field.name, 0) is None:
+            continue
+        least = (0 if field.default == 0 else 1) if kind is int else None  # experts, shared_experts: 0 = none
+        _check_field(where, model, field.name, kind, least, parent=("model",))
     try:
-        return ModelConfig(**{key: model[key] for key in ModelConfig.__dataclass_fields__})
+        return ModelConfig(**{key: model[key] for key in ModelConfig.__dataclass_fields__ if key in model})
     except ValueError as exc:
         raise CheckpointError(f"{where}: [\"model\"]: {exc}") from None
 

@@ -97,7 +97,9 @@ def local_parameters(model, tp_group) -> list[LocalParameter]:
                 out.append(
                     LocalParameter(
                         name=name, param=param, full_shape=full,
-                        offsets=_shard_offsets(name, tuple(param.shape), full, tp_group),
+                        # a module that knows where its shard starts says so (moe.GroupedLinear: its experts)
+                        offsets=getattr(module, "shard_offsets", None)
+                        or _shard_offsets(name, tuple(param.shape), full, tp_group),
                         duplicate=bool(getattr(param, "pipeline_duplicate", False)),
                     )
                 )

@@ -235,6 +235,57 @@ class _AllToAll(torch.autograd.Function):
         return _all_to_all(grad, ctx.group, gather_dim, scatter_dim), None, None, None
 
 
+def _all_to_all_rows(x: torch.Tensor, group, send: list[int], receive: list[int]) -> torch.Tensor:
+    """Rows ``send[r]`` of ``x`` (in order) go to rank r; rank i's ``receive[i]`` rows come back, in rank order."""
+    out = x.new_empty((sum(receive), *x.shape[1:]))
+    _issued()
+    with exposed():
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=receive, input_split_sizes=send, group=group)
+    return out
+
+
+class _AllToAllRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, send, receive):
+        ctx.group, ctx.splits = group, (send, receive)
+        return _all_to_all_rows(x, group, send, receive)
+
+    @staticmethod
+    def backward(ctx, grad):
+        send, receive = ctx.splits
+        return _all_to_all_rows(grad, ctx.group, receive, send), None, None, None
+
+
+def _gather_rows(x: torch.Tensor, group) -> tuple[torch.Tensor, list[int]]:
+    """Every rank's rows of ``x`` (their counts may differ), concatenated in rank order."""
+    size = group_size(group)
+    counts = torch.tensor([x.shape[0]], dtype=torch.int64, device=x.device)
+    every = [torch.empty_like(counts) for _ in range(size)]
+    _issued()
+    with exposed():
+        dist.all_gather(every, counts, group=group)
+    rows = [int(c) for c in every]
+    padded = x.new_zeros((max(rows), *x.shape[1:]))
+    padded[: x.shape[0]] = x
+    parts = [torch.empty_like(padded) for _ in range(size)]
+    _issued()
+    with exposed():
+        dist.all_gather(parts, padded.contiguous(), group=group)
+    return torch.cat([part[:n] for part, n in zip(parts, rows)]), rows
+
+
+class _GatherRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        out, rows = _gather_rows(x, group)
+        ctx.start, ctx.rows = sum(rows[: group_rank(group)]), x.shape[0]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[ctx.start : ctx.start + ctx.rows].contiguous(), None
+
+
 # ---- public wrappers --------------------------------------------------------------
 
 
@@ -272,6 +323,18 @@ def all_to_all(x, group, scatter_dim, gather_dim):
     """Forward: all-to-all, ``scatter_dim`` split over the ranks, what they send gathered
     along ``gather_dim``. Backward: the inverse all-to-all (the two dims swapped)."""
     return x if group_size(group) == 1 else _AllToAll.apply(x, group, scatter_dim, gather_dim)
+
+
+def all_to_all_rows(x, group, send, receive):
+    """Forward: ``send[r]`` rows of ``x`` to rank r, ``receive[i]`` rows from rank i (the
+    expert dispatch and combine, moe.py). Backward: the same exchange the other way."""
+    return x if group_size(group) == 1 else _AllToAllRows.apply(x, group, list(send), list(receive))
+
+
+def gather_rows_from_group(x, group):
+    """Forward: every rank's rows of ``x`` (as many as each has), in rank order. Backward:
+    this rank's rows of the gradient (moe.py: the tp ranks' shares of the routed tokens)."""
+    return x if group_size(group) == 1 else _GatherRows.apply(x, group)
 
 
 # ---- asynchronous launches (for overlap.py) ---------------------------------------

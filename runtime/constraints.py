@@ -21,10 +21,9 @@ an ``Unbuildable`` entry; a per-layer setting an entry of ``layer_settings.SETTI
 else is one function decorated with ``@rule(code)`` whose parameters are names of
 ``KEYS`` (without a default: required, the rule is skipped while it is unknown; with
 ``= None``: optional). Context parallel is ``Axis("cp", ...)`` in ``axes.AXES``, ``"cp"``
-and ``"cp_kind"`` in ``KEYS``, its degree in ``world``, and two rules (``cp_divides_seq_len``,
-``ulysses_heads``: they read sp, tp and the kind, more than an axis's ``divides`` says) and
-two ``BUILD`` ones (``build_cp_kind``: ring; ``build_cp_planner``: cp with ``auto`` values)
-that read two values, so they are rules rather than ``Unbuildable`` entries.
+and ``"cp_kind"`` in ``KEYS``, its degree in ``world``, and three rules (``cp_divides_seq_len``,
+``ulysses_heads``, ``ring_dropout``: they read sp, tp, the kind and the model, more than an
+axis's ``divides`` says); the planner searches cp (``cp = auto``) and costs it like any axis.
 """
 
 from __future__ import annotations
@@ -52,6 +51,12 @@ KEYS = {
     "pad_vocab_to": "model.pad_vocab_to",
     "padded_vocab": "model.pad_vocab_to",
     "seq_len": "model.seq_len",
+    "experts": "model.experts",
+    "top_k": "model.top_k",
+    "expert_ffn": "model.expert_ffn",
+    "ep": "parallel.ep",
+    "etp": "parallel.etp",
+    "dropout": "model.dropout",
     "nodes": "mesh.nodes",
     "devices_per_node": "mesh.devices_per_node",
     "dp": "parallel.dp",
@@ -262,7 +267,8 @@ def world(nodes, devices_per_node, dp, cp, tp, pp):
     ranks = nodes * devices_per_node
     if product == ranks:
         return None
-    first, rest = axes[0].name, axes[1:]
+    shown = [a for a in axes if a.name != "cp" or cp != 1]  # cp is named only when in use
+    first, rest = shown[0].name, shown[1:]
     others = math.prod(degrees[a.name] for a in rest)
     if ranks % others == 0:
         fixed = [f"{a.name} = {degrees[a.name]}" for a in rest]
@@ -271,7 +277,7 @@ def world(nodes, devices_per_node, dp, cp, tp, pp):
         hint = f"{'·'.join(a.name for a in rest)} = {others} must divide the {ranks} devices"
     return _violation(
         "PAR0201", tuple(a.key for a in axes),
-        f"world size: {'·'.join(a.name for a in axes)} = {'·'.join(str(degrees[a.name]) for a in axes)} = "
+        f"world size: {'·'.join(a.name for a in shown)} = {'·'.join(str(degrees[a.name]) for a in shown)} = "
         f"{product}, but nodes·devices_per_node = {nodes}·{devices_per_node} = {ranks}",
         hint, blame_latest_set=True,
     )
@@ -298,6 +304,41 @@ def kv_heads_divide_heads(heads, kv_heads):
         return None
     return _violation("PAR0204", "model.kv_heads", f"heads = {heads} is not divisible by kv_heads = {kv_heads}",
                       f"kv_heads must divide heads: one of {some(divisors(heads), kv_heads)}")
+
+
+def kv_replicas(kv_heads: int, tp: int) -> int:
+    """How many tp ranks hold each kv head (Note [KV replication] in ``layers.py``): 1 when
+    tp divides kv_heads (each rank its kv_heads / tp heads), tp / kv_heads when tp is a
+    multiple of kv_heads (each rank one head, shared with its replicas); 0: neither."""
+    if kv_heads % tp == 0:
+        return 1
+    return tp // kv_heads if tp % kv_heads == 0 else 0
+
+
+@rule("PAR0223")
+def tp_kv_heads(tp, kv_heads, heads=None, hidden=None):
+    """tp ≤ kv_heads splits the kv heads; tp > kv_heads replicates each over tp / kv_heads ranks,
+    and the k and v weights (kv_heads · head_dim rows) are stored split over all tp ranks."""
+    replicas = kv_replicas(kv_heads, tp)
+    if replicas == 0:
+        fits = sorted({d for d in divisors(kv_heads)} | {kv_heads * m for m in divisors(heads or kv_heads)})
+        if heads is not None:
+            fits = [d for d in fits if heads % d == 0]
+        return _violation("PAR0223", ("parallel.tp", "model.kv_heads"),
+                          f"tp = {tp} neither divides kv_heads = {kv_heads} nor is a multiple of it "
+                          f"(tp > kv_heads replicates each kv head over tp / kv_heads ranks)",
+                          f"tp must be one of {some(fits, tp)}")
+    if replicas == 1 or heads is None or hidden is None:
+        return None
+    rows = kv_heads * (hidden // heads)
+    if rows % tp == 0:
+        return None
+    return _violation("PAR0223", ("parallel.tp", "model.kv_heads"),
+                      f"tp = {tp} replicates kv_heads = {kv_heads} over {replicas} ranks each, but does not divide "
+                      f"the k and v weights' kv_heads·head_dim = {kv_heads}·{hidden // heads} = {rows} rows, "
+                      f"which every tp rank stores a share of",
+                      f"tp must divide {rows} and heads = {heads}: one of "
+                      f"{some([d for d in divisors(rows) if kv_replicas(kv_heads, d) and heads % d == 0], tp)}")
 
 
 def _axis_divides(axis: Axis) -> Callable:
@@ -350,21 +391,30 @@ def tp_within_node(nodes, devices_per_node, tp):
 # ---- context parallel -----------------------------------------------------------------
 
 
+def _cp_parts(cp, tp, ring, both) -> int:
+    """What seq_len must divide by: cp chunks (2·cp for ring), each split over tp under sp."""
+    return math.lcm(2 * cp if ring else cp, cp * tp if both else 1)
+
+
 @rule("PAR0220")
-def cp_divides_seq_len(cp, seq_len, sp=None, tp=None):
-    """Each cp rank holds seq_len / cp tokens; under sp its tp ranks split those again."""
+def cp_divides_seq_len(cp, seq_len, sp=None, tp=None, cp_kind=None):
+    """Each cp rank holds seq_len / cp tokens (ring: two chunks of seq_len / (2·cp), the
+    causal load balance of ``data.context_spans``); under sp its tp ranks split them again."""
     if cp == 1:
         return None
-    both = sp is True and tp is not None and tp > 1
-    parts = cp * tp if both else cp
+    both, ring = sp is True and tp is not None and tp > 1, cp_kind == "ring"
+    parts = _cp_parts(cp, tp, ring, both)
     if seq_len % parts == 0:
         return None
-    formula = f"cp·tp = {cp}·{tp} = {parts}" if both else f"cp = {cp}"
-    why = " (sp = true splits each cp rank's tokens over tp)" if both else ""
+    formulas = ([f"2·cp = {2 * cp}"] if ring else []) + ([f"cp·tp = {cp}·{tp} = {cp * tp}"] if both else [])
+    whys = (["cp_kind = ring splits each sequence into 2·cp chunks, two a rank"] if ring else []) + (
+        ["sp = true splits each cp rank's tokens over tp"] if both else [])
+    formula = " and ".join(formulas) or f"cp = {cp}"
+    why = f" ({'; '.join(whys)})" if whys else ""
+    fits = [d for d in divisors(seq_len) if seq_len % _cp_parts(d, tp, ring, both) == 0]
     return _violation("PAR0220", ("parallel.cp", "model.seq_len"),
                       f"seq_len = {seq_len} is not divisible by {formula}{why}",
-                      f"make seq_len a multiple of {parts}, or cp one of "
-                      f"{some([d for d in divisors(seq_len) if not both or (seq_len // d) % tp == 0], cp)}")
+                      f"make seq_len a multiple of {parts}, or cp one of {some(fits, cp)}")
 
 
 @rule("PAR0221")
@@ -385,6 +435,17 @@ def ulysses_heads(cp, cp_kind, heads, tp, kv_heads=None):
     return _violation("PAR0221", ("parallel.cp_kind", "parallel.cp"),
                       f"cp_kind = ulysses needs heads and kv_heads divisible by cp·tp = {cp}·{tp} = {parts}, "
                       f"but {words} {'is' if len(failing) == 1 else 'are'} not", hint)
+
+
+@rule("PAR0222")
+def ring_dropout(cp, cp_kind, dropout):
+    """Ring attention merges exact block softmaxes; it applies no dropout to attention weights."""
+    if cp == 1 or cp_kind != "ring" or not dropout:
+        return None
+    return _violation("PAR0222", ("model.dropout", "parallel.cp_kind"),
+                      f"cp_kind = ring computes attention without dropout, but dropout = {dropout}",
+                      "set dropout = 0 (long-context training rarely uses it), or use cp_kind = ulysses "
+                      "or cp_kind = allgather, which run attention with dropout")
 
 
 # ---- the pipeline -------------------------------------------------------------------
@@ -530,10 +591,11 @@ def sub_batches_divide(overlap, micro_batch):
 
 
 @rule("PAR0215")
-def overlap_needs_tp(overlap, tp):
-    """``overlap = sub_batch(K)`` splits tensor-parallel communication: with tp = 1 there is none."""
+def overlap_needs_tp(overlap, tp, ep=None):
+    """``overlap = sub_batch(K)`` splits tensor-parallel communication (or, with ep > 1, the
+    expert all-to-alls): with tp = 1 and ep = 1 there is none."""
     parts = [k for k in entries(overlap) if k is not None and k > 1]
-    if tp != 1 or not parts:
+    if tp != 1 or (ep or 1) > 1 or not parts:
         return None
     return _violation(
         "PAR0215", "parallel.overlap", f"overlap = sub_batch({parts[0]}) has nothing to overlap: tp = 1",
@@ -566,6 +628,54 @@ def _one_entry_per_layer(name: str) -> Callable:
 
 for _name in PER_LAYER:
     rule("PAR0116", name=f"{_name}_per_layer")(_one_entry_per_layer(_name))
+
+
+# ---- mixture of experts (runtime/moe.py) ---------------------------------------------
+
+
+@rule("PAR0230")
+def top_k_within_experts(experts, top_k):
+    if experts == 0 or top_k <= experts:
+        return None
+    return _violation("PAR0230", ("model.top_k", "model.experts"),
+                      f"top_k = {top_k} is more than experts = {experts}",
+                      f"each token goes to top_k distinct experts: top_k must be at most {experts}")
+
+
+@rule("PAR0231")
+def ep_divides_experts(ep, experts):
+    """Each expert-parallel rank holds experts / ep whole experts."""
+    if ep == 1 or (experts > 0 and experts % ep == 0):
+        return None
+    if experts == 0:
+        return _violation("PAR0231", ("parallel.ep", "model.experts"),
+                          f"ep = {ep} splits the experts, but the model is dense (experts = 0)",
+                          "set model.experts to a multiple of ep, or ep = 1")
+    return _violation("PAR0231", ("parallel.ep", "model.experts"),
+                      f"ep = {ep} does not divide experts = {experts}",
+                      f"ep must be one of {some(divisors(experts), ep)}")
+
+
+@rule("PAR0232")
+def experts_fold_ranks(ep, etp, dp, tp, cp=None):
+    """Parallel folding: expert layers re-read a stage's dp·cp·tp ranks as edp·ep·etp."""
+    ranks = dp * (cp or 1) * tp
+    if ranks % (ep * etp) == 0:
+        return None
+    return _violation("PAR0232", ("parallel.ep", "parallel.etp"),
+                      f"expert layers fold dp·cp·tp = {dp}·{cp or 1}·{tp} = {ranks} ranks as edp·ep·etp, "
+                      f"but ep·etp = {ep}·{etp} = {ep * etp} does not divide {ranks}",
+                      f"ep·etp must be one of {some(divisors(ranks), ep * etp)}")
+
+
+@rule("PAR0233")
+def etp_divides_expert_ffn(etp, ffn, expert_ffn=None):
+    size = ffn if expert_ffn is None else expert_ffn
+    if size % etp == 0:
+        return None
+    return _violation("PAR0233", ("parallel.etp", "model.expert_ffn"),
+                      f"etp = {etp} does not divide expert_ffn = {size}",
+                      f"etp must be one of {some(divisors(size), etp)}")
 
 
 # ---- training -----------------------------------------------------------------------
@@ -669,15 +779,16 @@ def build_zero3_overlap(zero, overlap):
                       "use overlap = none with zero = 3, or zero = 2 with overlap")
 
 
-@rule("PAR0802", BUILD)
-def build_cp_kind(cp, cp_kind):
-    """Ring attention (the key's default kind) is a later slice of context parallelism."""
-    if cp == 1 or cp_kind != "ring":
+@rule("PAR0826", BUILD)
+def build_zero3_split_backward(zero, schedule):
+    """A zero_bubble W op runs after the block's backward (B) has freed ZeRO-3's gathered
+    parameters (``fsdp.py``, Note [when a unit is gathered]); W would need a third gather."""
+    if zero != 3 or schedule != "zero_bubble":  # schedule.SPLIT_BACKWARD (not imported: builds ship constraints alone)
         return None
-    return _violation("PAR0802", ("parallel.cp_kind", "parallel.cp"),
-                      "ring attention (cp_kind = ring, the default) is not supported yet by parc build",
-                      "write cp_kind = ulysses or cp_kind = allgather in the parallel block; "
-                      "a later version of parc generates ring")
+    return _violation("PAR0826", ("parallel.schedule", "parallel.zero"),
+                      f"zero = 3 with schedule = {schedule} is not supported yet by parc build: "
+                      "the weight-gradient (W) ops run after the block's gathered parameters are freed",
+                      "use schedule = 1f1b with zero = 3, or zero = 2 with zero_bubble")
 
 
 @rule("PAR0820", BUILD)
@@ -692,13 +803,50 @@ def build_grad_reduce(grad_reduce, zero):
                       "use grad_reduce = fp32 (the default) with zero >= 1, or zero = 0 with grad_reduce = bf16")
 
 
-@rule("PAR0802", BUILD)
-def build_cp_planner(cp, dp=None, tp=None, pp=None, micro_batch=None):
-    """The planner neither searches cp nor costs it yet: with cp > 1 the layout is the spec's."""
-    auto = [name for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("micro_batch", micro_batch)) if value is None]
-    if cp == 1 or not auto:
+@rule("PAR0810", BUILD)
+def build_expert_parallel(ep, etp, cp=None):
+    """Expert parallelism folds dp·tp (cp = 1); expert tensor parallelism is a later slice."""
+    if etp > 1:
+        return _violation("PAR0810", ("parallel.etp",),
+                          f"expert tensor parallelism (etp = {etp}) is not supported yet by parc build",
+                          "write etp = 1 (each expert whole on its rank); a later version of parc generates it")
+    if ep == 1 or (cp or 1) == 1:
         return None
-    return _violation("PAR0802", ("parallel.cp",),
-                      f"the planner does not search or cost context parallelism yet: with cp = {cp}, "
-                      f"{_and(auto)} cannot be auto",
-                      f"give {_and(auto)} with cp > 1, or set cp = 1 and let the planner choose")
+    return _violation("PAR0810", ("parallel.ep", "parallel.cp"),
+                      f"expert parallelism (ep = {ep}) with cp = {cp} is not supported yet by parc build",
+                      "write cp = 1 with ep > 1, or ep = 1")
+
+
+@rule("PAR0813", BUILD)
+def build_expert_parallel_zero(ep, zero):
+    """ZeRO's flat buffer shards parameters that are equal on every dp rank; experts are not."""
+    if ep == 1 or zero == 0:
+        return None
+    return _violation("PAR0813", ("parallel.zero", "parallel.ep"),
+                      f"zero = {zero} with expert parallelism (ep = {ep}) is not supported yet by parc build",
+                      "write zero = 0 with ep > 1, or ep = 1; a later version of parc generates it")
+
+
+@rule("PAR0811", BUILD)
+def build_moe_sequence_split(experts, sp=None, cp=None):
+    """The router's load-balancing statistics are taken over a rank's tokens: with the
+    sequence split (sp, cp) they would need a reduction parc does not build yet."""
+    split = [w for w, on in (("sp = true", sp is True), (f"cp = {cp}", (cp or 1) > 1)) if on]
+    if experts == 0 or not split:
+        return None
+    return _violation("PAR0811", ("parallel.sp" if sp is True else "parallel.cp", "model.experts"),
+                      f"a mixture-of-experts model with {_and(split)} is not supported yet by parc build",
+                      "write sp = false and cp = 1 with experts > 0; a later version of parc generates it")
+
+
+@rule("PAR0812", BUILD)
+def build_moe_overlap(experts, overlap, ep=None):
+    """Sub-batch overlap of a MoE model is the expert all-to-all's (ep > 1); the tensor-parallel
+    walk of overlap.py has no MoE region."""
+    parts = [k for k in entries(overlap) if k is not None and k > 1]
+    if experts == 0 or not parts or (ep or 1) > 1:
+        return None
+    return _violation("PAR0812", ("parallel.overlap", "model.experts"),
+                      f"overlap = sub_batch({parts[0]}) of a mixture-of-experts model without expert parallelism "
+                      "is not supported yet by parc build",
+                      "write overlap = none, or ep > 1 (the sub-batches then overlap the expert all-to-alls)")

@@ -3,8 +3,8 @@
 Takes: a vocabulary size, sequence length and seed (and a token file, a user's input:
 ``runtime/paths.py`` checks it is a regular file). Gives:
 ``.batch(indices) -> (inputs, targets)`` int64 (N, T), targets shifted by one, and
-``sample_indices``, which says which global indices a rank reads, and ``context_chunk``,
-the part of each sequence a context-parallel rank holds. Because a sample
+``sample_indices``, which says which global indices a rank reads, and ``context_spans`` /
+``context_chunk``, the part of each sequence a context-parallel rank holds. Because a sample
 depends only on (seed, index), every layout sees the same data in each step.
 """
 
@@ -30,14 +30,28 @@ def sample_indices(step, micro, *, micro_batch, grad_accum, dp_rank, dp_size):
     return list(range(first, first + micro_batch))
 
 
-def context_chunk(inputs, targets, *, cp_rank, cp_size):
-    """This context-parallel rank's contiguous T/cp tokens of every sequence, (B, T/cp) each:
-    rank r takes positions [r·T/cp, (r+1)·T/cp) of the inputs and of their targets."""
-    T = inputs.shape[1]
-    if T % cp_size:
-        raise ValueError(f"sequences of {T} tokens do not split over cp = {cp_size} ranks")
-    chunk = slice(cp_rank * (T // cp_size), (cp_rank + 1) * (T // cp_size))
-    return inputs[:, chunk].contiguous(), targets[:, chunk].contiguous()
+def context_spans(T, *, cp_rank, cp_size, cp_kind):
+    """The global positions [start, stop) this context-parallel rank holds of a T-token
+    sequence, in the order it holds them (Note [context-parallel attention]).
+
+    ``ulysses`` and ``allgather``: one contiguous chunk [r·T/cp, (r+1)·T/cp). ``ring``
+    (causal load balancing, as Megatron and torchtitan): T splits into 2·cp chunks of
+    T/(2·cp) and rank r holds chunks r and 2·cp−1−r, so every rank has as many early
+    (cheap) as late (costly) queries and every ring step the same work.
+    """
+    parts = 2 * cp_size if cp_kind == "ring" else cp_size
+    if T % parts:
+        raise ValueError(f"sequences of {T} tokens do not split into {parts} chunks (cp = {cp_size}, {cp_kind})")
+    size = T // parts
+    chunks = (cp_rank, parts - 1 - cp_rank) if cp_kind == "ring" else (cp_rank,)
+    return tuple((c * size, (c + 1) * size) for c in chunks)
+
+
+def context_chunk(inputs, targets, *, cp_rank, cp_size, cp_kind):
+    """This context-parallel rank's T/cp tokens of every sequence, (B, T/cp) each: the
+    spans ``context_spans`` names, of the inputs and of their targets, joined."""
+    spans = context_spans(inputs.shape[1], cp_rank=cp_rank, cp_size=cp_size, cp_kind=cp_kind)
+    return tuple(torch.cat([t[:, start:stop] for start, stop in spans], dim=1).contiguous() for t in (inputs, targets))
 
 
 class SyntheticTokens:
@@ -86,7 +100,8 @@ class TokenFile:
     """
 
     def __init__(self, path: str, seq_len: int, dtype: str = "uint16", seed: int = 0, vocab: int | None = None,
-                 rank: int = 0):
+                 rank: int = 0, part: tuple[float, float] = (0.0, 1.0)):
+        """``part``: the fraction of the file windows are drawn from (Note [held-out tail])."""
         torch_dtype = {"uint16": torch.uint16, "uint32": torch.uint32}[dtype]
         itemsize = 2 if dtype == "uint16" else 4
         try:
@@ -105,17 +120,48 @@ class TokenFile:
             raise _end(f"--data {path}: cannot read it ({str(exc).splitlines()[0]})", rank) from None
         if vocab is not None:
             check_tokens(self.tokens, vocab, path, rank)
-        self.seq_len, self.seed, self.count = seq_len, seed, count
+        self.seq_len, self.seed = seq_len, seed
+        self.first, last = int(count * part[0]), int(count * part[1])
+        self.count = last - self.first  # the tokens of this part
+        if self.count < seq_len + 2:
+            raise _end(f"--data {path}: its part {part} holds {self.count} tokens, fewer than seq_len + 2 = "
+                       f"{seq_len + 2}: too small a file to hold out a validation tail", rank)
 
     def batch(self, indices):
         rows = []
         for i in indices:
             gen = _generator(self.seed, i)
             # any window of seq_len + 1 tokens that fits: start in [0, count - seq_len - 1]
-            start = int(torch.randint(0, self.count - self.seq_len, (1,), generator=gen))
+            start = self.first + int(torch.randint(0, self.count - self.seq_len, (1,), generator=gen))
             rows.append(self.tokens[start : start + self.seq_len + 1].to(torch.int64))
         rows = torch.stack(rows)
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+# Note [held-out tail]: with `eval` and no `val` file, training draws its windows from
+# the first 90% of the token file and validation from the last 10% (HELD_OUT), so no
+# validation window overlaps a training one.
+HELD_OUT = 0.1
+TRAIN_PART, VAL_PART = (0.0, 1.0 - HELD_OUT), (1.0 - HELD_OUT, 1.0)
+
+
+class ValidationStream:
+    """Synthetic data's validation samples: the training chain's, at indices training never
+    reads (from ``FIRST``), so the two streams are disjoint and alike.
+
+    A CPU generator keeps only the low 32 bits of its seed, and ``_generator``'s seed is
+    an odd multiple of the index plus a constant, a bijection on the index modulo 2**32:
+    training samples below 2**31 and validation samples from 2**31 (up to 2**31 of each)
+    never share a seed. An offset of 2**48 would alias every sample.
+    """
+
+    FIRST = 1 << 31
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def batch(self, indices):
+        return self.dataset.batch([self.FIRST + i for i in indices])
 
 
 def check_tokens(tokens: torch.Tensor, vocab: int, path: str, rank: int = 0) -> None:

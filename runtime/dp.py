@@ -70,7 +70,8 @@ class GradientBuckets:
         self.group, self.size = dp_group, group_size(dp_group)
         self.reduce_dtype = reduce_dtype
         self.overlap, self.accumulations = bool(overlap) and self.size > 1, int(accumulations)
-        params = [p for p in model.parameters() if p.requires_grad]
+        # experts split over ep reduce over their own edp group (moe.reduce_expert_grads)
+        params = [p for p in model.parameters() if p.requires_grad and not getattr(p, "expert_parallel", False)]
         self.buckets, early = gradient_buckets(params, bucket_bytes)
         self._inflight = {}  # bucket index → (flat grads, Pending)
         if self.overlap:  # Note [gradient overlap]

@@ -47,18 +47,35 @@ class ColumnParallelLinear(nn.Module):
     With sequence parallelism the input arrives as (B, T/tp, in) and is all-gathered
     along T (backward: reduce-scatter); otherwise it is replicated and its gradient
     is all-reduced in backward.
+
+    Note [KV replication]: grouped-query attention with tp > kv_heads (as Megatron and
+    vLLM) gives each tp rank one kv head, each head shared by tp / kv_heads consecutive
+    ranks (those whose query heads read it). ``head_rows`` (head_dim, for k_proj and
+    v_proj) asks for this when a rank's out/tp rows are fewer than one head. The weight
+    is still stored split over all tp ranks (out/tp rows each: checkpoints, ZeRO and the
+    gradient norm see an ordinary shard); the forward all-gathers it over tp and keeps
+    this rank's head's rows, and the backward's reduce-scatter sums the gradient of each
+    head over its replicas and hands each rank its shard of that sum.
     """
 
-    def __init__(self, in_features, out_features, *, bias, tp_group, sequence_parallel=False):
+    def __init__(self, in_features, out_features, *, bias, tp_group, sequence_parallel=False, head_rows=None):
         super().__init__()
         self.tp_group, self.sequence_parallel = tp_group, sequence_parallel
         self.full_shape = (out_features, in_features)
-        local = out_features // group_size(tp_group)
-        if local * group_size(tp_group) != out_features:
-            raise ValueError(f"out_features {out_features} not divisible by tp {group_size(tp_group)}")
+        tp = group_size(tp_group)
+        local = out_features // tp
+        if local * tp != out_features:
+            raise ValueError(f"out_features {out_features} not divisible by tp {tp}")
         self.weight = nn.Parameter(torch.empty(local, in_features))
         self.bias = nn.Parameter(torch.empty(local)) if bias else None
         _mark_sharded(self.weight, self.bias, group=tp_group)
+        self.rows = None  # Note [KV replication]: the rows of the whole weight this rank uses
+        if head_rows is not None and local < head_rows:
+            heads = out_features // head_rows
+            if heads * head_rows != out_features or tp % heads:
+                raise ValueError(f"tp = {tp} is not a multiple of the {heads} heads of {out_features} rows")
+            head = group_rank(tp_group) // (tp // heads)
+            self.rows = slice(head * head_rows, (head + 1) * head_rows)
 
     def enter(self, x):
         """The input as the matmul takes it: under SP all-gathered along T (backward:
@@ -70,7 +87,12 @@ class ColumnParallelLinear(nn.Module):
 
     def local(self, x):
         """The matmul on an input that already entered (``enter``)."""
-        return F.linear(x, self.weight, self.bias)  # (B, T, out/tp)
+        if self.rows is None:
+            return F.linear(x, self.weight, self.bias)  # (B, T, out/tp)
+        # Note [KV replication]: this rank's head, from the weight gathered over tp
+        weight = all_gather_from_group(self.weight, self.tp_group, dim=0)[self.rows]
+        bias = None if self.bias is None else all_gather_from_group(self.bias, self.tp_group, dim=0)[self.rows]
+        return F.linear(x, weight, bias)  # (B, T, head_rows)
 
     def forward(self, x):
         return self.local(self.enter(x))

@@ -18,8 +18,10 @@ predicts zero 3; the search marks it not buildable). Three families give the sam
 program as a listed one and are left out: ZeRO stages above 0 with dp = 1, overlap
 with tp = 1, and gpipe with one stage. The leaf values (``LEAF_NAMES``) are chosen
 independently: no rule reads two of them (tests/planner), so every combination of the
-options each one passes alone is legal. The context-parallel degree ``cp`` is not
-searched: it is the spec's (1 unless given), and dp fills what tp·pp·cp leave.
+options each one passes alone is legal. The context-parallel degree ``cp`` is searched
+among the divisors of the world when the spec writes ``cp = auto`` (its kind is the
+spec's, ``ring`` by default); otherwise it is the spec's (1 unless given). dp fills what
+tp·pp·cp leave.
 """
 
 from __future__ import annotations
@@ -50,8 +52,14 @@ def layouts(values: Mapping[str, object]) -> Iterator[dict]:
     """Each legal layout agreeing with the fixed values, as ``values`` completed."""
     world = values["nodes"] * values["devices_per_node"]
     fixed_schedule = None if values.get("schedule") is None else [(values["schedule"], values["chunks"])]
-    cp = values.get("cp") or 1  # not searched: the spec's (Note [the search space])
-    values = {**values, "cp": cp}
+    for cp in _allowed(values.get("cp"), divisors(world)):
+        with_cp = {**values, "cp": cp}
+        if legal(with_cp, touching=("cp",)):
+            yield from _with_cp(with_cp, world, fixed_schedule)
+
+
+def _with_cp(values: dict, world: int, fixed_schedule) -> Iterator[dict]:
+    cp = values["cp"]
     for tp in _allowed(values.get("tp"), divisors(world)):
         with_tp = {**values, "tp": tp}
         if not legal(with_tp, touching=("tp",)):
@@ -89,7 +97,7 @@ def _leaves(values: dict) -> Iterator[dict]:
         yield {**values, **dict(zip(options, combination))}
 
 
-SEARCHED = ("dp", "tp", "pp", "micro_batch", "schedule", *LEAF_NAMES)
+SEARCHED = ("dp", "cp", "tp", "pp", "micro_batch", "schedule", *LEAF_NAMES)
 """The values ``layouts`` fills in when they are ``auto``."""
 
 def no_layout(values: Mapping[str, object]) -> Violation | None:

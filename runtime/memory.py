@@ -68,6 +68,18 @@ def optim_bytes(optimizer) -> int:
     return total
 
 
+# Note [memory on some steps]: the saved-tensor hooks cost a Python call per tensor
+# autograd keeps, and ``report`` an all-gather over every rank: measured on every step
+# they slow it (bench/overheads.py). The trainer measures on the first two steps of a
+# run, every ``--memory-every`` N-th step and the last, the same steps on every rank
+# (``report`` is collective); the other records have no memory fields.
+
+
+def measured(step: int, *, every: int, first: int, last: int) -> bool:
+    """Whether ``step`` measures memory (Note [memory on some steps]); every = 1: all."""
+    return step < first + 2 or step == last or (every > 0 and step % every == 0)
+
+
 class _Saved:
     """What the pack hook hands autograd: the tensor, and a way to notice its release."""
 
@@ -84,6 +96,7 @@ class SavedActivations:
     """
 
     def __init__(self, model):
+        self.active = True  # False: ``with`` measures nothing (Note [memory on some steps])
         self._params = {p.untyped_storage().data_ptr() for p in _unique_params(model)}
         self._live = {}  # storage key -> [holders alive, bytes]
         self._generation = 0  # a holder from an earlier ``with`` must not touch this one's table
@@ -91,6 +104,8 @@ class SavedActivations:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def __enter__(self):
+        if not self.active:
+            return self
         self._generation += 1
         self._live.clear()
         self.current = self.peak = 0
@@ -98,7 +113,8 @@ class SavedActivations:
         return self
 
     def __exit__(self, *exc):
-        self._hooks.__exit__(*exc)
+        if self.active:
+            self._hooks.__exit__(*exc)
         return False
 
     def _pack(self, tensor):

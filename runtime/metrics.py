@@ -52,29 +52,49 @@ def peak_mem_bytes(device) -> int:
 
 
 class MetricsLogger:
-    def __init__(self, path, *, enabled: bool):
+    """Rank 0's step records: a line on stdout, a JSON line in ``--metrics-jsonl`` and,
+    with ``tensorboard`` (a folder), TensorBoard scalars (``observe.TensorBoard``)."""
+
+    def __init__(self, path, *, enabled: bool, tensorboard: str | None = None):
         self.enabled = enabled
         self.file = _open_log(path) if (enabled and path) else None
+        self.board = None
+        if enabled and tensorboard:
+            from .observe import TensorBoard  # Note [tensorboard on demand]
+
+            self.board = TensorBoard(tensorboard)
 
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
         mfu, exposed = record.get("mfu"), record.get("exposed_comm_s")
         predicted = record.get("predicted_step_time_s")  # builds of `auto` specs
+        val_loss = record.get("val_loss")  # steps that evaluated (train.eval)
         print(
             f"step {record['step']:>5} | loss {record['loss']:.4f} | grad_norm {record['grad_norm']:.3f}"
             f" | lr {record['lr']:.2e} | {record['tokens_per_s']:,.0f} tok/s"
             f" | mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}"
             f" | mem {record['peak_mem_bytes'] / 2**20:,.0f} MiB | {record['step_time_s']:.3f} s"
             + ("" if exposed is None else f" (comm exposed {exposed:.3f} s)")
-            + ("" if predicted is None else f" | predicted {predicted:.3f} s"),
+            + ("" if predicted is None else f" | predicted {predicted:.3f} s")
+            + ("" if val_loss is None else f" | val_loss {val_loss:.4f}"),
             flush=True,
         )
         if self.file:
             self.file.write(json.dumps(record, sort_keys=True) + "\n")
             self.file.flush()
+        if self.board:
+            self.board.log(record)
 
     def close(self) -> None:
         if self.file:
             self.file.close()
             self.file = None
+        if self.board:
+            self.board.close()
+            self.board = None
+
+
+# Note [tensorboard on demand]: the generated trainer needs only torch; the
+# ``tensorboard`` package is imported when a run asks for it (--tensorboard DIR or
+# ``train.log = tensorboard(dir)``), and its absence is then one line, not a traceback.

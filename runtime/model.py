@@ -69,10 +69,12 @@ class _Builder:
     def style(self, name):
         return self.plan.style(name)
 
-    def linear(self, name, in_features, out_features, bias):
+    def linear(self, name, in_features, out_features, bias, head_rows=None):
+        """``head_rows``: a head's rows (k_proj, v_proj), so tp > kv_heads replicates heads (Note [KV replication])."""
         style = self.plan.style(name)
         if style == "colwise":
-            return ColumnParallelLinear(in_features, out_features, bias=bias, tp_group=self.group, sequence_parallel=self.sp)
+            return ColumnParallelLinear(in_features, out_features, bias=bias, tp_group=self.group,
+                                        sequence_parallel=self.sp, head_rows=head_rows)
         if style == "rowwise":
             return RowParallelLinear(in_features, out_features, bias=bias, tp_group=self.group, sequence_parallel=self.sp)
         return nn.Linear(in_features, out_features, bias=bias)
@@ -120,8 +122,8 @@ class Attention(nn.Module):
         C, D = config.hidden, config.hidden // config.heads
         self.head_dim, self.llama, self.theta = D, config.arch == "llama", config.rope_theta
         self.q_proj = build.linear(f"{prefix}.q_proj", C, config.heads * D, bias)
-        self.k_proj = build.linear(f"{prefix}.k_proj", C, config.kv_heads * D, bias)
-        self.v_proj = build.linear(f"{prefix}.v_proj", C, config.kv_heads * D, bias)
+        self.k_proj = build.linear(f"{prefix}.k_proj", C, config.kv_heads * D, bias, head_rows=D)
+        self.v_proj = build.linear(f"{prefix}.v_proj", C, config.kv_heads * D, bias, head_rows=D)
         self.o_proj = build.linear(f"{prefix}.o_proj", config.heads * D, C, bias)
         self.dropout = config.dropout
         self.selective = False  # set by Transformer for recompute = "selective"
@@ -130,22 +132,40 @@ class Attention(nn.Module):
     def core(self, q, k, v):
         """softmax(q kᵀ / √D) v: the part selective recompute drops and redoes.
 
-        Under cp = allgather, q, k, v hold this rank's T/cp tokens: they are rotated at
-        their global positions, then k and v gathered (Note [context-parallel attention])."""
-        gathered = self.context is not None and self.context.kind == "allgather"
-        start = self.context.start(q.shape[-2]) if gathered else 0
-        if self.llama and self.fused is not None:
-            q, k = self.fused.rotary(q, k, self.theta, start)
-        elif self.llama:
-            q, k = rotary(q, self.theta, start), rotary(k, self.theta, start)
+        Under cp = ring or allgather, q, k, v hold this rank's T/cp tokens: they are
+        rotated at their global positions (``context.spans``), then ring attention runs or
+        k and v are gathered (Note [context-parallel attention])."""
+        kind = None if self.context is None else self.context.kind
+        spans = self.context.spans(q.shape[-2]) if kind in ("ring", "allgather") else ((0, q.shape[-2]),)
+        if self.llama:
+            q, k = self.rotate(q, k, spans)
+        if kind == "ring":
+            if self.dropout and self.training:  # constraints.ring_dropout refuses this spec
+                raise ValueError("cp_kind = ring computes attention without dropout; set model.dropout = 0")
+            return self.context.ring(q, k, v, self.fused)  # the compiled block attention, or eager
         mask = None
-        if gathered:
+        if kind == "allgather":
             k, v = self.context.gather(k), self.context.gather(v)  # (B, kv_heads/tp, T, D)
             mask = self.context.causal_mask(q.shape[-2], q.device)  # global positions
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=q.shape[1] != k.shape[1],
             dropout_p=self.dropout if self.training else 0.0,
         )
+
+    def rotate(self, q, k, spans):
+        """Rotary positions for (B, heads, T, D) q and k whose tokens are the runs ``spans``
+        of global positions, each run rotated at its own start."""
+        def one_run(q, k, start):
+            if self.fused is not None:
+                return self.fused.rotary(q, k, self.theta, start)
+            return rotary(q, self.theta, start), rotary(k, self.theta, start)
+
+        if len(spans) == 1:
+            return one_run(q, k, spans[0][0])
+        sizes = [stop - start for start, stop in spans]
+        runs = [one_run(qs, ks, start) for qs, ks, (start, _) in
+                zip(q.split(sizes, dim=2), k.split(sizes, dim=2), spans)]
+        return torch.cat([r[0] for r in runs], dim=2), torch.cat([r[1] for r in runs], dim=2)
 
     def mix(self, q, k, v):
         """Projections (B, T, heads/tp · D) → attention output (B, T, heads/tp · D), before o_proj.
@@ -183,14 +203,14 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     fused = None  # see Norm
 
-    def __init__(self, config, prefix, build):
+    def __init__(self, config, prefix, build, ffn=None):
         super().__init__()
         self.llama = config.arch == "llama"
-        bias = not self.llama
+        bias, ffn = not self.llama, ffn or config.ffn  # ffn: the shared experts' (moe.py)
         if self.llama:
-            self.gate_proj = build.linear(f"{prefix}.gate_proj", config.hidden, config.ffn, bias)
-        self.up_proj = build.linear(f"{prefix}.up_proj", config.hidden, config.ffn, bias)
-        self.down_proj = build.linear(f"{prefix}.down_proj", config.ffn, config.hidden, bias)
+            self.gate_proj = build.linear(f"{prefix}.gate_proj", config.hidden, ffn, bias)
+        self.up_proj = build.linear(f"{prefix}.up_proj", config.hidden, ffn, bias)
+        self.down_proj = build.linear(f"{prefix}.down_proj", ffn, config.hidden, bias)
 
     def activation(self, up, gate=None):
         """SwiGLU silu(gate) · up (llama) or GeLU(up) (gpt, tanh approximation; up_proj added the bias)."""
@@ -240,21 +260,29 @@ class Region:
 
 
 class Block(nn.Module):
-    def __init__(self, config, index, build, sp, recompute="none", sub_batches=1):
+    def __init__(self, config, index, build, sp, recompute="none", sub_batches=1, ep_group=None):
         super().__init__()
         prefix, rms = f"layers.{index}", config.arch == "llama"
         self.attn_norm = Norm(config.hidden, rms=rms, eps=config.norm_eps, sequence_parallel=sp)
         self.attn = Attention(config, f"{prefix}.attn", build)
         self.mlp_norm = Norm(config.hidden, rms=rms, eps=config.norm_eps, sequence_parallel=sp)
-        self.mlp = MLP(config, f"{prefix}.mlp", build)
+        self.moe = config.is_moe(index)
+        if self.moe:  # Note [deterministic dropless routing]
+            from .moe import MoEMLP  # only a build with experts ships moe.py
+
+            self.mlp = MoEMLP(config, f"{prefix}.mlp", build, MLP, ep_group=ep_group)
+            self.mlp.splits = sub_batches  # the expert all-to-alls overlap per sub-batch
+        else:
+            self.mlp = MLP(config, f"{prefix}.mlp", build)
         self.dropout = config.dropout
         self.recompute, self.sub_batches = recompute, sub_batches  # this block's own layout
         self.attn.selective = recompute == "selective"
 
     @property
     def regions(self) -> tuple[Region, ...]:
-        """Note [blocks as regions]: attention, then the MLP."""
-        return (Region(self.attn_norm, self.attn, self.attn.o_proj), Region(self.mlp_norm, self.mlp, self.mlp.down_proj))
+        """Note [blocks as regions]: attention, then the MLP (an MoE MLP is one region, its
+        dispatch, experts and combine inside ``moe.MoEMLP``)."""
+        return (Region(self.attn_norm, self.attn, self.attn.o_proj), Region(self.mlp_norm, self.mlp, getattr(self.mlp, "down_proj", None)))
 
     def forward(self, x):  # (B, T, C), or (B, T/tp, C) under sequence parallelism
         for region in self.regions:
@@ -284,7 +312,7 @@ class Transformer(nn.Module):
 
     def __init__(
         self, config, *, tp_group, sequence_parallel, tp_plan, recompute="none",
-        layers=None, first=True, last=True, sub_batches=1, cp_group=None, cp_kind=None,
+        layers=None, first=True, last=True, sub_batches=1, cp_group=None, cp_kind=None, ep_group=None,
     ):
         super().__init__()
         recompute = per_layer(recompute, config.layers, "recompute")
@@ -317,7 +345,8 @@ class Transformer(nn.Module):
                 self.pos_embed = nn.Embedding(config.seq_len, C)
                 self.pos_embed.weight.sequence_parallel = self.sp
         self.layers = nn.ModuleDict({
-            str(i): Block(config, i, build, self.sp, recompute[i], int(sub_batches[i])) for i in range(start, stop)
+            str(i): Block(config, i, build, self.sp, recompute[i], int(sub_batches[i]), ep_group)
+            for i in range(start, stop)
         })
         for block in self.layers.values():
             block.attn.context = self.context
@@ -335,6 +364,7 @@ class Transformer(nn.Module):
                     self.head.weight.tensor_parallel = True
         if self.first and not self.last and config.tie_embeddings:
             self.embed.weight.tied_across_stages = True  # its grad is summed with the head copy's
+        self.ep_group = ep_group  # moe.py's expert-parallel ranks (Note [expert dispatch])
         check_parameter_count(self, sharded=plan.styles, layers=(start, stop))
 
     def run_blocks(self, x):
@@ -343,11 +373,13 @@ class Transformer(nn.Module):
         ``overlap.run_blocks`` together (Note [the sub-batch schedule]); the others one by one."""
         blocks = list(self.layers.values())
         split = group_size(self.tp_group) > 1
+        # a MoE block splits its own sub-batches, for the expert all-to-alls (moe_overlap.py)
+        walked = [block.sub_batches if split and not block.moe else 1 for block in blocks]
         start = 0
         while start < len(blocks):
-            k = blocks[start].sub_batches if split else 1
+            k = walked[start]
             stop = start + 1
-            while stop < len(blocks) and (blocks[stop].sub_batches if split else 1) == k:
+            while stop < len(blocks) and walked[stop] == k:
                 stop += 1
             if k > 1:
                 from . import overlap  # only a build that overlaps ships overlap.py
@@ -381,9 +413,11 @@ class Transformer(nn.Module):
         if self.config.arch == "gpt":
             T = x.shape[1]
             offset = group_rank(self.tp_group) * T if self.sp else 0  # this shard's positions
-            if self.context is not None:  # this cp rank's tokens start at its chunk of seq_len
-                offset += self.context.start(tokens.shape[1])
-            x = x + self.pos_embed.weight[offset : offset + T]
+            if self.context is None:
+                x = x + self.pos_embed.weight[offset : offset + T]
+            else:  # this cp rank's tokens (its spans of seq_len), this tp shard of them under SP
+                positions = self.context.positions(tokens.shape[1], x.device)[offset : offset + T]
+                x = x + self.pos_embed.weight[positions]
         return F.dropout(x, self.config.dropout, self.training)
 
     def loss(self, x, targets):
@@ -416,7 +450,7 @@ def check_parameter_count(model: Transformer, *, sharded, layers) -> None:
     (``sharded``: the modules split over tp), so the model and its description cannot drift."""
     tp = group_size(model.tp_group)
     expected = describe(model.config).stage_params(
-        tp, layers=layers, first=model.first, last=model.last, sharded=sharded
+        tp, layers=layers, first=model.first, last=model.last, sharded=sharded, ep=group_size(model.ep_group)
     )
     params = list(model.parameters())
     built = sum(p.numel() for p in params)
@@ -445,7 +479,7 @@ def use_kernels(model: nn.Module, kernels: str, device) -> nn.Module:
 
 def build_model(
     config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none", sub_batches=1,
-    kernels="compiled", cp_group=None, cp_kind=None,
+    kernels="compiled", cp_group=None, cp_kind=None, ep_group=None,
 ):
     """The model for this rank: built from the plan, initialized per Note [init happens before sharding].
 
@@ -458,7 +492,7 @@ def build_model(
     """
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
-        recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind,
+        recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
     )
     initialize(model, seed)
     return use_kernels(model.to(device), kernels, device)
@@ -466,7 +500,7 @@ def build_model(
 
 def build_stages(
     config, *, stages, pp_rank, pp_size, tp_group, sequence_parallel, tp_plan, seed, device,
-    recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None,
+    recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None,
 ):
     """This pipeline rank's model chunks, one ``Transformer`` stage per chunk.
 
@@ -485,17 +519,17 @@ def build_stages(
     return nn.ModuleList(
         build_stage(config, stages=stages, index=v, tp_group=tp_group, sequence_parallel=sequence_parallel,
                     tp_plan=tp_plan, seed=seed, device=device, recompute=recompute, sub_batches=sub_batches,
-                    kernels=kernels, cp_group=cp_group, cp_kind=cp_kind)
+                    kernels=kernels, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group)
         for v in range(pp_rank, len(stages), pp_size)  # chunk c: virtual stage c·pp_size + pp_rank
     )
 
 
 def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute,
-                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None):
+                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None):
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
         recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,
-        sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind,
+        sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
     )
     initialize(model, seed)
     return use_kernels(model.to(device), kernels, device)

@@ -29,6 +29,7 @@ from . import constraints
 from .saved_elements import block_saved_elements, head_saved_elements
 
 ARCHS = ("gpt", "llama")
+ROUTERS = ("softmax", "sigmoid")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,11 +47,26 @@ class ModelConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_embeddings: bool = True
+    experts: int = 0
+    """Routed experts of each MoE block; 0: a dense model (runtime/moe.py)."""
+    top_k: int = 2
+    expert_ffn: int | None = None
+    """Hidden size of each expert (None: ``ffn``); read it as ``expert_hidden``."""
+    moe_every: int = 1
+    shared_experts: int = 0
+    router: str = "softmax"
+    capacity_factor: float | None = None
+    """None: dropless."""
+    aux_loss: float = 0.01
+    z_loss: float = 0.0
 
     def __post_init__(self):
         if self.arch not in ARCHS:
             raise ValueError(f"ModelConfig: arch must be 'gpt' or 'llama', not {self.arch!r}")
-        shape = {"hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads}
+        if self.router not in ROUTERS:
+            raise ValueError(f"ModelConfig: router must be one of {ROUTERS}, not {self.router!r}")
+        shape = {"hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads,
+                 "experts": self.experts, "top_k": self.top_k}
         for violation in constraints.violations(shape):  # the rules parc check applies
             raise ValueError(f"ModelConfig: {violation.message}")
         if self.padded_vocab < self.vocab:
@@ -60,10 +76,20 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    @property
+    def expert_hidden(self) -> int:
+        return self.ffn if self.expert_ffn is None else self.expert_ffn
+
+    def is_moe(self, index: int) -> bool:
+        """Whether block ``index`` is a mixture of experts: every ``moe_every``-th block,
+        from block 0 (Megatron's ``moe_layer_freq``)."""
+        return self.experts > 0 and index % self.moe_every == 0
+
 
 # ---- the description ---------------------------------------------------------------
 
-LINEAR, EMBEDDING, NORM = "linear", "embedding", "norm"
+LINEAR, EMBEDDING, NORM, GROUPED = "linear", "embedding", "norm", "grouped_linear"
+"""Module layers; ``grouped_linear``: E experts' weights as one (E, out, in) tensor."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,7 +119,7 @@ class ModuleDesc:
     kind: str
     """The name without its layer prefix (``attn.q_proj``); the TP table's word for it."""
     layer: str
-    """``linear``, ``embedding`` or ``norm``."""
+    """``linear``, ``embedding``, ``norm`` or ``grouped_linear`` (experts)."""
     style: str | None
     """How tp splits it when it is sharded (``colwise``, ``rowwise``, ``vocab``,
     ``vocab_head``: runtime/tp_plan.py); None: always replicated."""
@@ -125,14 +151,28 @@ class BlockDesc:
     kv_heads: int
     head_dim: int
     ffn: int
+    experts: int = 0
+    """Routed experts of this block (0: a dense MLP)."""
+    top_k: int = 0
 
     def matmul_weights(self, part: str | None = None) -> int:
         """Elements of the weights a token meets in a matmul (no biases, no norms), of the
-        whole block or of one ``part`` (``attn``, ``mlp``)."""
-        return sum(
-            m.weight.numel() for m in self.modules
-            if m.layer == LINEAR and (part is None or m.kind.startswith(part + "."))
-        )
+        whole block or of one ``part`` (``attn``, ``mlp``): of the experts, the top_k a
+        token is routed to."""
+        total = 0
+        for m in self.modules:
+            if part is not None and not m.kind.startswith(part + "."):
+                continue
+            if m.layer == LINEAR:
+                total += m.weight.numel()
+            elif m.layer == GROUPED:
+                total += m.weight.numel() // self.experts * self.top_k
+        return total
+
+    def inactive_params(self) -> int:
+        """Expert elements a token does not meet: (experts − top_k) / experts of them."""
+        grouped = sum(m.numel() for m in self.modules if m.layer == GROUPED)
+        return grouped - grouped // self.experts * self.top_k if self.experts else 0
 
     def core_flops_per_token(self, seq_len: int) -> float:
         """Forward FLOPs of the attention core per token: q·kᵀ and (·)v over ``seq_len``
@@ -195,6 +235,11 @@ class ModelDesc:
         """Parameters of the whole model, a tied embedding counted once."""
         return self.params().elements
 
+    @property
+    def active_parameters(self) -> int:
+        """Parameters one token meets: of each MoE block's experts only its top_k."""
+        return self.parameters - sum(b.inactive_params() for b in self.blocks)
+
     def params(self, tp: int = 1) -> ParamCount:
         """The whole model on one tp rank of one pipeline stage (a tied head counted once)."""
         return self.stage_params(tp)
@@ -218,12 +263,17 @@ class ModelDesc:
 
     def stage_params(
         self, tp: int = 1, *, layers: tuple[int, int] | None = None, first: bool = True, last: bool = True,
-        sharded=None,
+        sharded=None, ep: int = 1,
     ) -> ParamCount:
         """Parameters of one tp rank of a pipeline stage holding blocks ``layers = (start,
         stop)`` (all by default), the embedding when ``first``, the final norm and head
-        when ``last``. ``sharded``: the module names tp splits, when not parc's table."""
+        when ``last``. ``sharded``: the module names tp splits, when not parc's table;
+        ``ep``: the expert-parallel ranks that split each MoE block's experts."""
         start, stop = (0, len(self.blocks)) if layers is None else layers
+        if ep > 1:  # each expert-parallel rank holds experts / ep of every MoE block's experts
+            whole = self.stage_params(tp, layers=(start, stop), first=first, last=last, sharded=sharded)
+            grouped = sum(m.numel() for b in self.blocks[start:stop] for m in b.modules if m.layer == GROUPED)
+            return ParamCount(elements=whole.elements - grouped + grouped // ep, tensors=whole.tensors)
         if sharded is not None:
             modules = (self.embed if first else ()) + tuple(
                 m for b in self.blocks[start:stop] for m in b.modules
@@ -304,11 +354,45 @@ def _block(config: ModelConfig, index: int) -> BlockDesc:
         linear("attn.o_proj", "rowwise", C, q),
         _norm(prefix + "mlp_norm", "mlp_norm", config),
     ]
+    if config.is_moe(index):
+        modules += _moe_modules(config, prefix)
+        return BlockDesc(index=index, modules=tuple(modules), heads=config.heads, kv_heads=config.kv_heads,
+                         head_dim=D, ffn=config.expert_hidden, experts=config.experts, top_k=config.top_k)
     if config.arch == "llama":  # SwiGLU: silu(gate) · up
         modules.append(linear("mlp.gate_proj", "colwise", F, C))
     modules += [linear("mlp.up_proj", "colwise", F, C), linear("mlp.down_proj", "rowwise", C, F)]
     return BlockDesc(index=index, modules=tuple(modules), heads=config.heads, kv_heads=config.kv_heads,
                      head_dim=D, ffn=F)
+
+
+def _replicated(name, kind, out_features, in_features, bias):
+    params = [ParamDesc(name="weight", shape=(out_features, in_features))]
+    if bias:
+        params.append(ParamDesc(name="bias", shape=(out_features,)))
+    return ModuleDesc(name=name, kind=kind, layer=LINEAR, style=None, params=tuple(params))
+
+
+def _moe_modules(config: ModelConfig, prefix: str) -> list[ModuleDesc]:
+    """A mixture-of-experts MLP (runtime/moe.py): the router (C → E), the experts as
+    grouped weights (E, out, in) without biases, and the shared experts as one MLP of
+    shared_experts · expert_ffn (biases for gpt, as its dense MLP). Replicated over tp."""
+    C, E, F = config.hidden, config.experts, config.expert_hidden
+    llama = config.arch == "llama"
+    names = (("gate_proj", (E, F, C)),) if llama else ()
+    names += (("up_proj", (E, F, C)), ("down_proj", (E, C, F)))
+    modules = [_replicated(prefix + "mlp.router", "mlp.router", E, C, False)]
+    modules += [
+        ModuleDesc(name=f"{prefix}mlp.experts.{n}", kind=f"mlp.experts.{n}", layer=GROUPED, style=None,
+                   params=(ParamDesc(name="weight", shape=shape),))
+        for n, shape in names
+    ]
+    if config.shared_experts:
+        S = config.shared_experts * F
+        shared = (("gate_proj", S, C),) if llama else ()
+        shared += (("up_proj", S, C), ("down_proj", C, S))
+        modules += [_replicated(f"{prefix}mlp.shared_experts.{n}", f"mlp.shared_experts.{n}", o, i, not llama)
+                    for n, o, i in shared]
+    return modules
 
 
 @functools.lru_cache(maxsize=256)

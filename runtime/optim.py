@@ -51,26 +51,29 @@ def set_lr(optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None, grad_scale: float = 1.0) -> float:
+def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None, ep_group=None, grad_scale: float = 1.0) -> float:
     """Scale gradients so their global norm is at most ``max_norm``; return the norm.
 
     Tensor-parallel shards (``param.tensor_parallel``) contribute their squares summed
     over the tp group; replicated parameters, identical on every tp rank, count once;
     pipeline stages' squares are summed over ``pp_group``, and a stage's copy of a
-    tied embedding (``param.pipeline_duplicate``) is not counted again.
+    tied embedding (``param.pipeline_duplicate``) is not counted again. Experts split
+    over expert-parallel ranks (``param.expert_parallel``) sum their squares over ``ep_group``.
     ``max_norm == 0`` only measures. ``grad_scale``: the gradients are of the loss times
     it (fp16, loss_scale.py); they are divided by it first.
     """
-    sharded, replicated, duplicates = [], [], []
+    sharded, replicated, duplicates, experts = [], [], [], []
     for p in model.parameters():
         if p.grad is None:
             continue
-        if getattr(p, "pipeline_duplicate", False):
+        if getattr(p, "expert_parallel", False):
+            experts.append(p.grad)
+        elif getattr(p, "pipeline_duplicate", False):
             duplicates.append(p.grad)  # clipped, but counted on the first stage
         else:
             (sharded if getattr(p, "tensor_parallel", False) else replicated).append(p.grad)
     if grad_scale != 1.0:
-        for g in sharded + replicated + duplicates:
+        for g in sharded + replicated + duplicates + experts:
             g.mul_(1.0 / grad_scale)
     device = next(model.parameters()).device
     zero = torch.zeros((), dtype=torch.float32, device=device)
@@ -79,6 +82,12 @@ def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None, grad_scale: flo
         with exposed():
             dist.all_reduce(sharded_sq, group=tp_group)
     total_sq = sharded_sq + sum((g.float().pow(2).sum() for g in replicated), zero)
+    if experts:
+        expert_sq = sum((g.float().pow(2).sum() for g in experts), zero)
+        if group_size(ep_group) > 1:
+            with exposed():
+                dist.all_reduce(expert_sq, group=ep_group)
+        total_sq = total_sq + expert_sq
     if group_size(pp_group) > 1:
         with exposed():
             dist.all_reduce(total_sq, group=pp_group)
@@ -86,6 +95,6 @@ def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None, grad_scale: flo
     if max_norm > 0 and math.isfinite(norm):
         scale = max_norm / (norm + 1e-6)
         if scale < 1.0:
-            for g in sharded + replicated + duplicates:
+            for g in sharded + replicated + duplicates + experts:
                 g.mul_(scale)
     return norm

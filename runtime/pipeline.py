@@ -146,6 +146,43 @@ class PipelineExecutor:
         return float(loss_sum)  # the step's one wait for the device
 
 
+    @torch.no_grad()
+    def evaluate(self, batches) -> float:
+        """Forward only, of every micro-batch in order; returns the mean loss over them on
+        the rank holding the last virtual stage, 0.0 elsewhere (``runtime/evaluate.py``).
+
+        Each rank runs its chunks in virtual-stage order per micro-batch, receiving the
+        previous stage's activation (blocking) and sending its own (``isend``, waited at
+        the end), so the ranks' work is a topological order of the stage chain: no
+        rank waits on one that waits on it.
+        """
+        last_vstage = self.virtual_stages - 1
+        pending_sends, loss_sum = [], 0.0
+        for m, (tokens, targets) in enumerate(batches):
+            for c in range(len(self.chunks)):
+                v = self._vstage(c)
+                if v == 0:
+                    x = tokens.to(self.device)
+                else:
+                    x = torch.empty(self.shape, dtype=torch.float32, device=self.device)
+                    source = self.pp_ranks[(v - 1) % self.stages]
+                    work = dist.irecv(x, src=source, group=self.group, tag=self._tag(_ACT, m, v))
+                    with exposed():
+                        work.wait()
+                with self._forward_context():
+                    y = self.chunks[c](x, targets.to(self.device) if v == last_vstage else None)
+                if v == last_vstage:
+                    loss_sum = loss_sum + y.detach().to(torch.float64) / len(batches)
+                else:
+                    y = y.to(torch.float32).contiguous()
+                    dest = self.pp_ranks[(v + 1) % self.stages]
+                    pending_sends.append((dist.isend(y, dst=dest, group=self.group, tag=self._tag(_ACT, m, v + 1)), y))
+        with exposed():
+            for work, _ in pending_sends:
+                work.wait()
+        return float(loss_sum)
+
+
 def tied_embedding_group(grid):
     """The group of this rank's first and last pipeline stage (same dp and tp index).
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from .comm import group_size
+from .constraints import kv_replicas
 from .model_desc import describe
 
 STYLES = ("colwise", "rowwise", "vocab", "vocab_head")
@@ -93,9 +94,12 @@ class TensorParallelPlan:
             raise ValueError("tp plan: a tied head and embedding must both be vocab-parallel or neither")
 
     def _check_sizes(self, config) -> None:
+        if "attn.k_proj" in {_kind(name) for name in self.styles} and not kv_replicas(config.kv_heads, self.tp):
+            raise ValueError(f"tp plan: tp = {self.tp} neither divides kv_heads = {config.kv_heads} nor is a "
+                             "multiple of it (attn.k_proj)")
         sizes = {
             "attn.q_proj": ("heads", config.heads),
-            "attn.k_proj": ("kv_heads", config.kv_heads),
+            "attn.k_proj": ("kv_heads·head_dim", config.kv_heads * (config.hidden // config.heads)),
             "mlp.up_proj": ("ffn", config.ffn),
             "embed": ("padded_vocab", config.padded_vocab),
             "head": ("padded_vocab", config.padded_vocab),

@@ -181,16 +181,20 @@ class ShardedAdamW:
         return self.flat[self.lo : self.hi]
 
     @torch.no_grad()
-    def _flat_grad(self) -> torch.Tensor:
-        flat = torch.zeros_like(self.flat)
+    def _slice_grad(self) -> torch.Tensor:
+        """This rank's slice of the flat gradient, copied from each parameter's overlap with
+        [lo, hi) only: no full-size flat gradient is made and copied first
+        (ZeRO-1 after backward; ``_drain`` does the same per bucket for ZeRO-2)."""
+        grad = torch.zeros(self.shard, dtype=self.flat.dtype, device=self.flat.device)
         offset = 0
         for p in self.params:
             n = p.numel()
-            if p.grad is not None:
-                flat[offset : offset + n].copy_(p.grad.reshape(-1))
-            p.grad = None  # the flat copy replaces it
+            lo, hi = max(offset, self.lo), min(offset + n, self.hi)
+            if lo < hi and p.grad is not None:
+                grad[lo - self.lo : hi - self.lo].copy_(p.grad.reshape(-1)[lo - offset : hi - offset])
+            p.grad = None  # the slice replaces it
             offset += n
-        return flat
+        return grad
 
     @torch.no_grad()
     def reduce_gradients_and_clip(self, max_norm: float, grad_scale: float = 1.0) -> float:
@@ -203,9 +207,7 @@ class ShardedAdamW:
             grad = self._reduced_slice()  # Note [ZeRO-2 during backward]
         else:
             self._grad_sync.finish()  # the dp means, in place of each param.grad
-            flat = self._flat_grad()
-            grad = flat[self.lo : self.hi].clone()
-            del flat  # each rank keeps only its slice
+            grad = self._slice_grad()  # each rank keeps only its slice
         norm = clip_global_norm_(
             grad, counted=self.counted, tp_mask=self.tp_mask, max_norm=max_norm,
             tp_group=self.tp_group, dp_group=self.dp_group, pp_group=self.pp_group, grad_scale=grad_scale,

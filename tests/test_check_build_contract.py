@@ -36,7 +36,7 @@ from parc.dsl.parse import parse
 from parc.dsl.validate import schema_errors
 
 EXAMPLES = sorted(str(p) for p in Path("examples").glob("*.par"))
-AUTO = {"examples/gpt3-175b.par", "examples/gpt-1t.par"}
+AUTO = {"examples/gpt3-175b.par", "examples/gpt-1t.par", "examples/llama3-8b-32k.par"}
 
 SWEEP = {
     "parallel.zero": ["0", "1", "2", "3"],
@@ -92,15 +92,17 @@ def variants() -> list[tuple[str, tuple[str, ...]]]:
         out.append(("examples/tiny.par", (f"parallel.overlap={overlap}", f"train.micro_batch={micro_batch}",
                                           f"parallel.tp={tp}", f"parallel.dp={4 // tp}")))
     # context parallel on the tiny GPT's 4 ranks (heads = 4, seq_len = 64): each kind,
-    # degrees that do and do not fill the mesh or split the heads, with sp, pp and a
-    # planner-chosen dp (refused with cp > 1)
+    # degrees that do and do not fill the mesh or split the heads, with sp, pp, a
+    # planner-chosen dp, and cp itself left to the planner
     for cp, tp, kind, sp, pp in itertools.product(
         (1, 2, 4), (1, 2), ("ring", "ulysses", "allgather"), ("false", "true"), (1, 2)
     ):
         dp = max(1, 4 // (cp * tp * pp))
         out.append(("examples/tiny.par", (f"parallel.cp={cp}", f"parallel.tp={tp}", f"parallel.pp={pp}",
                                           f"parallel.dp={dp}", f"parallel.cp_kind={kind}", f"parallel.sp={sp}")))
-    out += [("examples/tiny.par", ("parallel.cp=2", "parallel.cp_kind=ulysses", "parallel.dp=auto")),
+    out += [("examples/tiny.par", ("parallel.cp=auto", "parallel.dp=auto", "parallel.tp=auto")),
+            ("examples/tiny.par", ("parallel.cp=auto", "parallel.cp_kind=ulysses", "parallel.dp=auto")),
+            ("examples/tiny.par", ("parallel.cp=2", "parallel.cp_kind=ulysses", "parallel.dp=auto")),
             ("examples/tiny.par", ("parallel.cp=3", "parallel.cp_kind=allgather", "model.seq_len=63"))]
     return out
 

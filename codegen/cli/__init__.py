@@ -27,6 +27,7 @@ COMMANDS = (
     "parc.codegen.cli.export",  # export
     "parc.codegen.cli.plan",  # plan
     "parc.codegen.cli.profile",  # profile
+    "parc.codegen.cli.report",  # report
     "parc.codegen.cli.verify",  # verify
 )
 

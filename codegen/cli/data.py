@@ -6,8 +6,11 @@ bytes (ids 0–255, always available offline); each document is followed by the
 separator id 256 unless ``--no-separator``, so a model over these needs
 ``vocab >= 257`` (``vocab = 257`` or, to keep shapes round, 512).
 
-A BPE tokenizer is not offered: tiktoken downloads its vocabularies and these
-machines have no network. A text that is not a readable file, or an output that
+With ``--tokenizer tokenizer.json`` the ids are a Hugging Face ``tokenizers`` file's
+instead (offline: a local file; ``codegen/tokenize_files.py``): documents are separated
+by the tokenizer's end-of-text id, the dtype is uint32 when an id passes 65,535, and the
+record says the vocabulary size, so a spec with a smaller ``vocab`` is refused (PAR0120).
+A text that is not a readable file, or an output that
 exists (without ``--force``) or cannot be written, is one line, exit 1 (2 for a missing
 text), with nothing written; both files are written beside themselves and renamed.
 Before: nothing. After: the trainer's ``TokenFile``.
@@ -35,9 +38,22 @@ def register(subparsers) -> None:
     )
     prepare.add_argument("inputs", nargs="+", metavar="TEXT", help="UTF-8 (or any) text files")
     prepare.add_argument("-o", "--output", required=True, metavar="OUT.bin")
-    prepare.add_argument("--dtype", choices=("uint16", "uint32"), default="uint16")
     prepare.add_argument(
-        "--no-separator", action="store_true", help="do not put id 256 between documents"
+        "--dtype", choices=("uint16", "uint32"), default=None,
+        help="element type (default uint16; with --tokenizer, uint32 when an id passes 65,535)",
+    )
+    prepare.add_argument(
+        "--tokenizer", metavar="tokenizer.json", default=None,
+        help="a Hugging Face tokenizers file (local); without it, tokens are bytes",
+    )
+    prepare.add_argument(
+        "--eot", metavar="TOKEN", default=None,
+        help="with --tokenizer: the end-of-text token between documents (default: the "
+        "tokenizer's own, e.g. <|endoftext|> or </s>)",
+    )
+    prepare.add_argument(
+        "--no-separator", action="store_true",
+        help="do not put the separator (id 256, or the tokenizer's end-of-text) between documents",
     )
     prepare.add_argument(
         "--force", action="store_true", help="overwrite OUT.bin if it already exists"
@@ -92,15 +108,27 @@ def run_prepare(args: argparse.Namespace) -> int:
         if target.exists() and not args.force:
             print(f"parc data prepare: {target} exists; pass --force to overwrite it", file=sys.stderr)
             return 1
-    ids = encode_bytes(documents, separator=not args.no_separator, dtype=args.dtype)
-    info = {
-        "tokenizer": "bytes",
-        "dtype": args.dtype,
-        "tokens": len(ids),
-        "separator": None if args.no_separator else SEPARATOR,
-        "min_vocab": 256 if args.no_separator else SEPARATOR + 1,
-        "sources": [Path(name).name for name in args.inputs],
-    }
+    if args.tokenizer is not None:
+        from ..tokenize_files import TokenizerError, encode_with_tokenizer
+
+        try:
+            ids, info = encode_with_tokenizer(
+                documents, args.tokenizer, eot=args.eot, separator=not args.no_separator, dtype=args.dtype
+            )
+        except TokenizerError as exc:
+            print(f"parc data prepare: {exc}", file=sys.stderr)
+            return exc.status
+    else:
+        dtype = args.dtype or "uint16"
+        ids = encode_bytes(documents, separator=not args.no_separator, dtype=dtype)
+        info = {
+            "tokenizer": "bytes",
+            "dtype": dtype,
+            "tokens": len(ids),
+            "separator": None if args.no_separator else SEPARATOR,
+            "min_vocab": 256 if args.no_separator else SEPARATOR + 1,
+        }
+    info["sources"] = [Path(name).name for name in args.inputs]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         _write_atomically(out, ids.tobytes())
@@ -108,7 +136,7 @@ def run_prepare(args: argparse.Namespace) -> int:
     except OSError as exc:  # the disk filled: nothing half-written is left behind
         print(f"parc data prepare: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    print(f"wrote {out}: {len(ids)} tokens ({args.dtype}), vocab >= {info['min_vocab']}")
+    print(f"wrote {out}: {len(ids)} tokens ({info['dtype']}), vocab >= {info['min_vocab']}")
     return 0
 
 

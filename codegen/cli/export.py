@@ -19,6 +19,13 @@ layouts and separate projections. parc's rotary (model.py ``rotary``) rotates pa
 are copied as they are (Meta's original checkpoints interleave pairs instead, and HF's
 conversion script permutes them; a parc checkpoint never needs that). A tied head is
 not written (both libraries tie ``lm_head`` to the embedding from the config).
+
+Note [Mixtral names]: a llama with experts (runtime/moe.py) is exported as transformers'
+MixtralForCausalLM: the router is ``block_sparse_moe.gate`` and expert j's gate, down and
+up projections are ``block_sparse_moe.experts.j.w1``, ``w2`` and ``w3`` (slices of parc's
+grouped (E, out, in) weights). Mixtral routes as parc's softmax router does (softmax, top-k,
+renormalized) and drops nothing; a model Mixtral cannot hold (gpt with experts, dense
+blocks between MoE ones, shared experts, a sigmoid router) is an ``ExportError``.
 """
 
 from __future__ import annotations
@@ -67,6 +74,8 @@ def hf_state_dict(weights: dict[str, torch.Tensor], config: dict) -> dict[str, t
     vocab, layers = config["vocab"], config["layers"]
     out = {}
     if config["arch"] == "gpt":
+        if config.get("experts", 0):
+            raise ExportError("gpt2 has no mixture of experts: a gpt with experts has no Hugging Face names")
         if config["kv_heads"] != config["heads"]:
             raise ExportError(f"gpt2 has no grouped-query attention: kv_heads = {config['kv_heads']} < heads")
         out["transformer.wte.weight"] = weights["embed.weight"][:vocab]
@@ -83,9 +92,15 @@ def hf_state_dict(weights: dict[str, torch.Tensor], config: dict) -> dict[str, t
         out["transformer.ln_f.bias"] = weights["final_norm.bias"]
     elif config["arch"] == "llama":
         out["model.embed_tokens.weight"] = weights["embed.weight"][:vocab]
+        experts = config.get("experts", 0)
+        if experts:
+            _check_mixtral(config)
         for i in range(layers):
             for name, hf_name in LLAMA_BLOCK.items():
-                out[f"model.layers.{i}.{hf_name}"] = weights[f"layers.{i}.{name}"]
+                if not (experts and name.startswith("mlp.")):
+                    out[f"model.layers.{i}.{hf_name}"] = weights[f"layers.{i}.{name}"]
+            if experts:
+                out.update(_mixtral_block(weights, i, experts))
         out["model.norm.weight"] = weights["final_norm.weight"]
     else:
         raise ExportError(f"no Hugging Face names for arch {config['arch']!r}")
@@ -106,6 +121,13 @@ def hf_config(config: dict) -> dict:
 
 
 def _hf_config(config: dict) -> dict:
+    if config.get("experts", 0):  # Note [Mixtral names]
+        return _hf_config({**config, "experts": 0}) | {
+            "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+            "intermediate_size": config["expert_ffn"] or config["ffn"],
+            "num_local_experts": config["experts"], "num_experts_per_tok": config["top_k"],
+            "router_aux_loss_coef": config["aux_loss"], "output_router_logits": False,
+        }
     if config["arch"] == "gpt":
         return {
             "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
@@ -124,6 +146,30 @@ def _hf_config(config: dict) -> dict:
         "rope_theta": config["rope_theta"], "attention_bias": False, "mlp_bias": False,
         "tie_word_embeddings": config["tie_embeddings"], "torch_dtype": "float32",
     }
+
+
+MIXTRAL_EXPERT = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
+"""parc's expert projection → Mixtral's (Note [Mixtral names])."""
+
+
+def _check_mixtral(config: dict) -> None:
+    unlike = [words for words, differs in (
+        (f"moe_every = {config.get('moe_every')}: dense blocks between MoE ones", config.get("moe_every", 1) != 1),
+        (f"shared_experts = {config.get('shared_experts')}", config.get("shared_experts", 0) != 0),
+        (f"router = {config.get('router')}", config.get("router", "softmax") != "softmax"),
+    ) if differs]
+    if unlike:
+        raise ExportError(f"Mixtral cannot hold this model ({'; '.join(unlike)}): no Hugging Face names for it")
+
+
+def _mixtral_block(weights: dict, i: int, experts: int) -> dict:
+    src, dst = f"layers.{i}.mlp.", f"model.layers.{i}.block_sparse_moe."
+    out = {dst + "gate.weight": weights[src + "router.weight"]}
+    for name, hf_name in MIXTRAL_EXPERT.items():
+        grouped = weights[f"{src}experts.{name}.weight"]  # (E, out, in)
+        for j in range(experts):
+            out[f"{dst}experts.{j}.{hf_name}.weight"] = grouped[j]
+    return out
 
 
 def check_out(out: str, *, force: bool) -> None:

@@ -98,7 +98,7 @@ def _number(value: float) -> str:
 
 
 def settings(layout) -> str:
-    parts = []
+    parts = [f"cp{layout.cp} {layout.cp_kind}"] if layout.cp > 1 else []
     if layout.pp > 1:
         parts.append(f"interleaved({layout.chunks})" if layout.schedule == "interleaved" else layout.schedule)
     if layout.sp:

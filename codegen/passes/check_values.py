@@ -148,6 +148,10 @@ def run(spec: Spec, draft: Draft) -> Draft:
                 f"token file path {data.path!r} contains a control character",
                 "rename the file",
             )
+    if data.val_path is not None and (type(data.val_path) is not str or not data.val_path or CONTROL.search(data.val_path)):
+        bad("train.data", f"validation file path {_show(data.val_path)} is empty or holds a control character")
+    count("train.eval", train.eval_every, low=0)
+    count("train.eval", train.eval_batches, low=0)
     check(problems)
     # The rules parc check applies, on the written values (auto ones are unknown to them):
     # a written zero = 3 is PAR0802 here, before the planner could call it "no layout fits".

@@ -80,6 +80,7 @@ PLANNED_KEYS = {
     "parallel.dp": lambda spec: spec.parallel.dp,
     "parallel.tp": lambda spec: spec.parallel.tp,
     "parallel.pp": lambda spec: spec.parallel.pp,
+    "parallel.cp": lambda spec: spec.parallel.cp,
     "parallel.sp": lambda spec: spec.parallel.sp,
     "parallel.zero": lambda spec: spec.parallel.zero,
     "parallel.schedule": lambda spec: spec.parallel.schedule,

@@ -23,6 +23,24 @@ def setting(spec: Spec, name: str, key: str, value, note: str = "") -> Setting:
     return Setting(name=name, value=value, span=spec.span(key), note=note)
 
 
+def _moe_settings(spec: Spec, c) -> tuple[Setting, ...]:
+    """The mixture-of-experts fields, only for a model with experts (a dense model's
+    train.py stays as it was)."""
+    if not c.experts:
+        return ()
+    return (
+        setting(spec, "EXPERTS", "model.experts", c.experts, "routed experts of each MoE block"),
+        setting(spec, "TOP_K", "model.top_k", c.top_k, "experts per token"),
+        setting(spec, "EXPERT_FFN", "model.expert_ffn", c.expert_hidden, "hidden size of each expert"),
+        setting(spec, "MOE_EVERY", "model.moe_every", c.moe_every, "blocks 0, N, 2N, ... are MoE"),
+        setting(spec, "SHARED_EXPERTS", "model.shared_experts", c.shared_experts),
+        setting(spec, "ROUTER", "model.router", c.router),
+        setting(spec, "CAPACITY_FACTOR", "model.capacity_factor", c.capacity_factor, "None: dropless"),
+        setting(spec, "AUX_LOSS", "model.aux_loss", c.aux_loss, "load-balancing coefficient"),
+        setting(spec, "Z_LOSS", "model.z_loss", c.z_loss, "router z-loss coefficient"),
+    )
+
+
 def run(spec: Spec, draft: Draft) -> Draft:
     m, t = spec.model, spec.train
     c = model_config(m)  # the runtime's ModelConfig: its fields, in its order
@@ -46,8 +64,11 @@ def run(spec: Spec, draft: Draft) -> Draft:
             setting(spec, "NORM_EPS", "model.norm_eps", c.norm_eps),
             setting(spec, "ROPE_THETA", "model.rope_theta", c.rope_theta),
             setting(spec, "TIE_EMBEDDINGS", "model.tie_embeddings", c.tie_embeddings),
+            *_moe_settings(spec, c),
         ),
         parameters=model_desc(m).parameters,  # runtime/model_desc.py
+        expert_parallel=setting(spec, "EP", "parallel.ep", spec.parallel.ep, "expert-parallel ranks")
+        if c.experts else None,
     )
     o, s = t.optimizer, t.lr_schedule
     train = TrainPlan(
@@ -68,9 +89,15 @@ def run(spec: Spec, draft: Draft) -> Draft:
             setting(spec, "MIN_LR_RATIO", "train.schedule", s.min_lr_ratio),
         ),
         zero=setting(spec, "ZERO", "parallel.zero", spec.parallel.zero),
-        data=DataPlan(kind=t.data.kind.value, path=t.data.path, dtype=t.data.dtype, span=spec.span("train.data")),
+        data=DataPlan(
+            kind=t.data.kind.value, path=t.data.path, dtype=t.data.dtype, val_path=t.data.val_path,
+            span=spec.span("train.data"),
+        ),
+        eval_every=setting(spec, "EVAL_EVERY", "train.eval", t.eval_every),
+        eval_batches=setting(spec, "EVAL_BATCHES", "train.eval", t.eval_batches),
         checkpoint_every=setting(spec, "CHECKPOINT_EVERY", "train.checkpoint", t.checkpoint_every),
         checkpoint_dir=setting(spec, "CHECKPOINT_DIR", "train.checkpoint", t.checkpoint_dir),
+        tensorboard_dir=setting(spec, "TENSORBOARD_DIR", "train.log", t.tensorboard_dir),
         on_nonfinite=setting(spec, "ON_NONFINITE", "train.on_nonfinite", t.on_nonfinite),
         kernels=setting(spec, "KERNELS", "train.kernels", t.kernels.value),
         **zero3_settings(spec),

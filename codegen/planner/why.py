@@ -17,7 +17,7 @@ from .cost import Estimate, Hardware
 from .search import TIE_TOLERANCE, SearchResult, tie_memory_unit, tie_rule
 
 KEYS = (
-    ("dp", "dp"), ("tp", "tp"), ("pp", "pp"), ("sp", "sp"), ("zero", "zero"),
+    ("dp", "dp"), ("cp", "cp"), ("tp", "tp"), ("pp", "pp"), ("sp", "sp"), ("zero", "zero"),
     ("schedule", "schedule"), ("chunks", "chunks"),
     *((entry.name, entry.name) for entry in SETTINGS), ("micro_batch", "micro_batch"),
 )
@@ -28,8 +28,11 @@ REASONS = {
         "pp": "the last pipeline stage runs the head on every micro-batch of its pipeline, so fewer, larger pipelines do less of it per rank",
         "zero": "the optimizer step touches a different share of the state",
         "micro_batch": "larger micro-batches run larger GEMMs with fewer op dispatches per sequence",
+        "cp": "cp splits each sequence, so a rank's GEMMs keep their full width where tp would slice them",
     },
     "exposed_comm": {
+        "cp": "ring attention passes K/V blocks to a neighbour behind each block's attention compute, where tp "
+              "moves every layer's activations on the critical path",
         "tp": "smaller tensor-parallel groups move fewer activations per layer",
         "dp": "the gradient reduction is over a different number of ranks",
         "zero": "ZeRO's reduce + gather after backward is not hidden, zero 0's bucketed all-reduce is",
@@ -73,7 +76,8 @@ def _seconds(value: float) -> str:
 
 def _describe(item: Estimate) -> str:
     lay = item.layout
-    text = f"dp {lay.dp} · tp {lay.tp} · pp {lay.pp}"
+    cp = f" · cp {lay.cp} ({lay.cp_kind})" if lay.cp > 1 else ""
+    text = f"dp {lay.dp}{cp} · tp {lay.tp} · pp {lay.pp}"
     extras = []
     if lay.pp > 1:
         extras.append(f"interleaved({lay.chunks})" if lay.schedule == "interleaved" else lay.schedule)
@@ -91,11 +95,6 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
     lines = []
     if len(items) == 1 and result.considered == 1:
         lines.append(f"the spec gives its layout: {_describe(best)}.")
-    if spec.parallel.cp > 1:
-        lines.append(
-            f"cp = {spec.parallel.cp} ({spec.parallel.cp_kind}) is not in the cost model yet: the figures are "
-            f"those of the same dp, tp, pp with whole sequences per rank (no cp communication)."
-        )
     fitting = [item for item in items if item.fits]
     if not fitting:
         smallest = min(items, key=lambda item: item.memory.total)
@@ -111,10 +110,11 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
     if runner is not None:
         unit = tie_memory_unit(hw)
         lines.append(_compare(best, index, runner, items.index(runner) + 1, unit))
-        degrees = (best.layout.dp, best.layout.tp, best.layout.pp)
-        other = next((item for item in fitting if (item.layout.dp, item.layout.tp, item.layout.pp) != degrees), None)
+        degrees = _degrees(best)
+        other = next((item for item in fitting if _degrees(item) != degrees), None)
         if other is not None and other is not runner:
             lines.append(_compare(best, index, other, items.index(other) + 1, unit, title="against other degrees"))
+        lines += _cp_over_tp(best, index, items, unit)
     elif result.considered > 1:
         lines.append(f"#{index} is the only layout that fits.")
     too_big = [item for item in items if not item.fits and item.time.step < best.time.step]
@@ -133,6 +133,31 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
             f"#{items.index(winner) + 1} ({_describe(winner)})."
         )
     return lines
+
+
+def _degrees(item: Estimate) -> tuple[int, ...]:
+    return item.layout.dp, item.layout.cp, item.layout.tp, item.layout.pp
+
+
+def _cp_over_tp(best: Estimate, index: int, items, unit: float | None) -> list[str]:
+    """What the winner's cp buys over tensor parallelism alone: the best layout with cp = 1
+    (fitting or not), its step time and its activation memory per rank."""
+    if best.layout.cp == 1:
+        return []
+    alone = next((item for item in items if item.layout.cp == 1), None)
+    if alone is None:
+        return [f"cp {best.layout.cp}: no layout without cp passes the rules on this mesh."]
+    j = items.index(alone) + 1
+    fits = "" if alone.fits else " and does not fit in memory"
+    saved = alone.memory.activations - best.memory.activations
+    return [
+        _compare(best, index, alone, j, unit, title="against tp alone (cp 1)"),
+        f"cp {best.layout.cp} ({best.layout.cp_kind}) over tp alone: each rank holds seq_len/{best.layout.cp} "
+        f"tokens, so activations are {_gib(best.memory.activations)} vs {_gib(alone.memory.activations)} "
+        f"per rank ({_gib(abs(saved))} {'less' if saved >= 0 else 'more'}); the best cp 1 layout, #{j} "
+        f"({_describe(alone)}), takes {_seconds(alone.time.step - best.time.step)[1:]} "
+        f"{'more' if alone.time.step >= best.time.step else 'less'} per step{fits}.",
+    ]
 
 
 def _compare(best: Estimate, i: int, runner: Estimate, j: int, unit: float | None, title: str = "") -> str:

@@ -5,7 +5,8 @@ Takes: the compiled CPU module (``build.py``) and the Triton kernels
 ``torch.library.custom_op`` (each with a fake implementation, so they trace), their
 autograd formulas (the backward is a kernel too, never autograd through the
 reference), and the public functions ``layer_norm``, ``rms_norm``, ``bias_gelu``,
-``swiglu``, ``rotary`` and ``cross_entropy``.
+``swiglu``, ``rotary``, ``cross_entropy`` and ``block_attention`` (with its backward,
+called by ring attention's own autograd Function, ``ring.py``).
 
 Dispatch: CPU tensors run the C++ kernels, CUDA tensors the Triton ones. Setting
 ``PARC_TRITON_ON_CPU=1`` (with ``TRITON_INTERPRET=1``) sends CPU tensors to Triton's
@@ -339,3 +340,49 @@ def cross_entropy(logits: Tensor, targets: Tensor, *, vocab_size: int, tp_group=
     all-reduces over tp of per-row statistics; backward: local, no communication.
     """
     return _CrossEntropy.apply(logits, targets, tp_group, vocab_size)
+
+
+# ---- block attention with log-sum-exp (ring attention's step) ----------------------
+
+
+def _block_out(q):
+    return (torch.empty(q.shape, dtype=_stats_dtype(q), device=q.device),
+            torch.empty(q.shape[:-1], dtype=_stats_dtype(q), device=q.device))
+
+
+@torch.library.custom_op("parc::block_attention_fwd", mutates_args=(), device_types=_DEVICES)
+def block_attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    """softmax(q kᵀ · scale) v over this block of keys and the rows' lse (stats dtype)."""
+    out, lse = _backend(q).block_attention_fwd(q, k, v, causal, scale)
+    return out, lse
+
+
+@block_attention_fwd.register_fake
+def _(q, k, v, causal, scale):
+    return _block_out(q)
+
+
+@torch.library.custom_op("parc::block_attention_bwd", mutates_args=(), device_types=_DEVICES)
+def block_attention_bwd(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
+                        scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of this block's share, given the rows' final output and lse (over every block)."""
+    dq, dk, dv = _backend(q).block_attention_bwd(grad, q, k, v, out, lse, causal, scale)
+    return dq, dk, dv
+
+
+@block_attention_bwd.register_fake
+def _(grad, q, k, v, out, lse, causal, scale):
+    dtype = _stats_dtype(q)
+    return (torch.empty(q.shape, dtype=dtype, device=q.device), torch.empty(k.shape, dtype=dtype, device=k.device),
+            torch.empty(v.shape, dtype=dtype, device=v.device))
+
+
+def block_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    """q (B, H, Tq, D), k and v (B, Hkv, Tk, D) → out (B, H, Tq, D) and lse (B, H, Tq), fp32
+    (fp64 for fp64): ``reference.block_attention``'s results, fused (flash attention)."""
+    return block_attention_fwd(q, k, v, causal, scale)
+
+
+def block_attention_backward(grad, q, k, v, out, lse, causal: bool, scale: float):
+    """``reference.block_attention_backward``: (dq, dk, dv) in the stats dtype."""
+    return block_attention_bwd(grad, q, k, v, out, lse, causal, scale)

@@ -74,3 +74,54 @@ def cross_entropy(logits, targets, vocab_size):
         logits = logits.masked_fill(pad, float("-inf"))
     lse = torch.logsumexp(logits, dim=-1)
     return lse - logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+# ---- block attention with log-sum-exp (ring attention's step) -----------------------
+
+
+def _stats(q):
+    """The dtype block attention accumulates in: fp64 for fp64 inputs, fp32 otherwise."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _scores(q, k, causal, scale):
+    """q kᵀ · scale in the stats dtype, (B, H, Tq, Tk), k's heads repeated for grouped
+    queries (query head h reads kv head h // (H / Hkv), as SDPA's ``enable_gqa``);
+    ``causal``: Tq == Tk and query i sees keys 0..i."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = torch.matmul(q.to(_stats(q)), k.to(_stats(q)).transpose(-1, -2)) * scale
+    if causal:
+        T = q.shape[-2]
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return s
+
+
+def block_attention(q, k, v, causal, scale):
+    """softmax(q kᵀ · scale) v over one block of keys, and the rows' log-sum-exp.
+
+    q (B, H, Tq, D), k and v (B, Hkv, Tk, D) → out (B, H, Tq, D) and lse (B, H, Tq), both
+    in the stats dtype (fp32, fp64 for fp64): partial results over disjoint key blocks
+    merge exactly by their lse (``ring.merge``)."""
+    s = _scores(q, k, causal, scale)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1))
+    v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1).to(p.dtype)
+    return torch.matmul(p, v), lse
+
+
+def block_attention_backward(grad, q, k, v, out, lse, causal, scale):
+    """The gradients of one block's share of attention whose rows' final output and lse
+    over all blocks are ``out`` and ``lse``: with P = exp(s − lse) and delta = Σ_d grad · out,
+    dV = Pᵀ grad, dS = P (grad vᵀ − delta), dQ = dS k · scale, dK = dSᵀ q · scale; dK and dV
+    summed over each kv head's group of query heads. All in the stats dtype."""
+    group = q.shape[1] // k.shape[1]
+    p = torch.exp(_scores(q, k, causal, scale) - lse.unsqueeze(-1))
+    grad = grad.to(p.dtype)
+    delta = (grad * out.to(p.dtype)).sum(-1)
+    ks, vs = (t.repeat_interleave(group, dim=1).to(p.dtype) for t in (k, v))
+    dv = torch.matmul(p.transpose(-1, -2), grad)
+    ds = p * (torch.matmul(grad, vs.transpose(-1, -2)) - delta.unsqueeze(-1))
+    dq = torch.matmul(ds, ks) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), q.to(p.dtype)) * scale
+    B, Hkv, Tk, D = k.shape
+    return dq, dk.view(B, Hkv, group, Tk, D).sum(2), dv.view(B, Hkv, group, Tk, D).sum(2)

@@ -358,3 +358,145 @@ def cross_entropy_grad(logits, targets, lse, grad, start, vocab_size):
         grad.contiguous().view(-1).to(dtype), out, V, start, limit, ACC=_acc(logits), BLOCK=block,
     )
     return out.view(logits.shape)
+
+
+# ---- block attention with log-sum-exp (ring attention's step) ----------------------
+# One program per (query block, batch·head) walks the key blocks with an online softmax
+# (flash attention); backward: one program per query block for dq, one per (key block,
+# batch·kv head) for dk, dv, looping over the kv head's group of query heads, so the
+# group sum needs no atomics. Tensors are contiguous (B, heads, T, D); scores computed
+# in the stats dtype with exact (ieee) dots. -1e30 stands for a masked score.
+
+ATTN_BLOCK = 32
+
+
+@triton.jit
+def _masked(s, rows, cols, Tq, Tk, CAUSAL: tl.constexpr):
+    keep = (rows[:, None] < Tq) & (cols[None, :] < Tk)
+    if CAUSAL:
+        keep = keep & (cols[None, :] <= rows[:, None])
+    return tl.where(keep, s, -1.0e30)
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, OUT, LSE, H, HKV, Tq, Tk, D, scale, CAUSAL: tl.constexpr, ACC: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    kvh = b * HKV + h // (H // HKV)
+    rows = pid_m * BM + tl.arange(0, BM)
+    dims = tl.arange(0, BD)
+    q = tl.load(Q + (bh * Tq + rows[:, None]) * D + dims[None, :],
+                mask=(rows[:, None] < Tq) & (dims[None, :] < D), other=0.0).to(ACC)
+    m = tl.full((BM,), -1.0e30, ACC)
+    total = tl.zeros((BM,), ACC)
+    acc = tl.zeros((BM, BD), ACC)
+    hi = tl.minimum(Tk, (pid_m + 1) * BM) if CAUSAL else Tk
+    for start in range(0, hi, BN):
+        cols = start + tl.arange(0, BN)
+        kv_mask = (cols[:, None] < Tk) & (dims[None, :] < D)
+        k = tl.load(K + (kvh * Tk + cols[:, None]) * D + dims[None, :], mask=kv_mask, other=0.0).to(ACC)
+        v = tl.load(V + (kvh * Tk + cols[:, None]) * D + dims[None, :], mask=kv_mask, other=0.0).to(ACC)
+        s = _masked(tl.dot(q, tl.trans(k), input_precision="ieee") * scale, rows, cols, Tq, Tk, CAUSAL)
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
+        correction = tl.exp(m - m_new)
+        total = total * correction + tl.sum(p, axis=1)
+        acc = acc * correction[:, None] + tl.dot(p, v, input_precision="ieee")
+        m = m_new
+    out_mask = (rows[:, None] < Tq) & (dims[None, :] < D)
+    tl.store(OUT + (bh * Tq + rows[:, None]) * D + dims[None, :], acc / total[:, None], mask=out_mask)
+    tl.store(LSE + bh * Tq + rows, m + tl.log(total), mask=rows < Tq)
+
+
+@triton.jit
+def _attn_bwd_dq(Q, K, V, G, LSE, DELTA, DQ, H, HKV, Tq, Tk, D, scale, CAUSAL: tl.constexpr,
+                 ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    kvh = b * HKV + h // (H // HKV)
+    rows = pid_m * BM + tl.arange(0, BM)
+    dims = tl.arange(0, BD)
+    row_mask = (rows[:, None] < Tq) & (dims[None, :] < D)
+    q = tl.load(Q + (bh * Tq + rows[:, None]) * D + dims[None, :], mask=row_mask, other=0.0).to(ACC)
+    g = tl.load(G + (bh * Tq + rows[:, None]) * D + dims[None, :], mask=row_mask, other=0.0).to(ACC)
+    lse = tl.load(LSE + bh * Tq + rows, mask=rows < Tq, other=0.0).to(ACC)
+    delta = tl.load(DELTA + bh * Tq + rows, mask=rows < Tq, other=0.0).to(ACC)
+    dq = tl.zeros((BM, BD), ACC)
+    hi = tl.minimum(Tk, (pid_m + 1) * BM) if CAUSAL else Tk
+    for start in range(0, hi, BN):
+        cols = start + tl.arange(0, BN)
+        kv_mask = (cols[:, None] < Tk) & (dims[None, :] < D)
+        k = tl.load(K + (kvh * Tk + cols[:, None]) * D + dims[None, :], mask=kv_mask, other=0.0).to(ACC)
+        v = tl.load(V + (kvh * Tk + cols[:, None]) * D + dims[None, :], mask=kv_mask, other=0.0).to(ACC)
+        s = _masked(tl.dot(q, tl.trans(k), input_precision="ieee") * scale, rows, cols, Tq, Tk, CAUSAL)
+        p = tl.exp(s - lse[:, None])
+        ds = p * (tl.dot(g, tl.trans(v), input_precision="ieee") - delta[:, None])
+        dq += tl.dot(ds, k, input_precision="ieee")
+    tl.store(DQ + (bh * Tq + rows[:, None]) * D + dims[None, :], dq * scale, mask=row_mask)
+
+
+@triton.jit
+def _attn_bwd_dkv(Q, K, V, G, LSE, DELTA, DK, DV, H, HKV, Tq, Tk, D, scale, CAUSAL: tl.constexpr,
+                  ACC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr):
+    pid_n, bkv = tl.program_id(0), tl.program_id(1)
+    b, hk = bkv // HKV, bkv % HKV
+    group = H // HKV
+    cols = pid_n * BN + tl.arange(0, BN)
+    dims = tl.arange(0, BD)
+    kv_mask = (cols[:, None] < Tk) & (dims[None, :] < D)
+    k = tl.load(K + (bkv * Tk + cols[:, None]) * D + dims[None, :], mask=kv_mask, other=0.0).to(ACC)
+    v = tl.load(V + (bkv * Tk + cols[:, None]) * D + dims[None, :], mask=kv_mask, other=0.0).to(ACC)
+    dk = tl.zeros((BN, BD), ACC)
+    dv = tl.zeros((BN, BD), ACC)
+    lo = (pid_n * BN // BM) * BM if CAUSAL else 0
+    for j in range(0, group):
+        bh = b * H + hk * group + j
+        for start in range(lo, Tq, BM):
+            rows = start + tl.arange(0, BM)
+            row_mask = (rows[:, None] < Tq) & (dims[None, :] < D)
+            q = tl.load(Q + (bh * Tq + rows[:, None]) * D + dims[None, :], mask=row_mask, other=0.0).to(ACC)
+            g = tl.load(G + (bh * Tq + rows[:, None]) * D + dims[None, :], mask=row_mask, other=0.0).to(ACC)
+            lse = tl.load(LSE + bh * Tq + rows, mask=rows < Tq, other=0.0).to(ACC)
+            delta = tl.load(DELTA + bh * Tq + rows, mask=rows < Tq, other=0.0).to(ACC)
+            s = _masked(tl.dot(q, tl.trans(k), input_precision="ieee") * scale, rows, cols, Tq, Tk, CAUSAL)
+            p = tl.exp(s - lse[:, None])
+            dv += tl.dot(tl.trans(p), g, input_precision="ieee")
+            ds = p * (tl.dot(g, tl.trans(v), input_precision="ieee") - delta[:, None])
+            dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
+    tl.store(DK + (bkv * Tk + cols[:, None]) * D + dims[None, :], dk * scale, mask=kv_mask)
+    tl.store(DV + (bkv * Tk + cols[:, None]) * D + dims[None, :], dv, mask=kv_mask)
+
+
+def _attn_dims(q, k):
+    B, H, Tq, D = q.shape
+    return B, H, k.shape[1], Tq, k.shape[2], D, max(16, triton.next_power_of_2(D))
+
+
+def block_attention_fwd(q, k, v, causal, scale):
+    B, H, HKV, Tq, Tk, D, BD = _attn_dims(q, k)
+    dtype = _stats_dtype(q)
+    out = torch.empty((B, H, Tq, D), dtype=dtype, device=q.device)
+    lse = torch.empty((B, H, Tq), dtype=dtype, device=q.device)
+    _attn_fwd[(triton.cdiv(Tq, ATTN_BLOCK), B * H)](
+        q.contiguous(), k.contiguous(), v.contiguous(), out, lse, H, HKV, Tq, Tk, D, scale,
+        CAUSAL=bool(causal), ACC=_acc(q), BM=ATTN_BLOCK, BN=ATTN_BLOCK, BD=BD,
+    )
+    return out, lse
+
+
+def block_attention_bwd(grad, q, k, v, out, lse, causal, scale):
+    B, H, HKV, Tq, Tk, D, BD = _attn_dims(q, k)
+    dtype = _stats_dtype(q)
+    q, k, v, grad = q.contiguous(), k.contiguous(), v.contiguous(), grad.contiguous()
+    delta = (grad.to(dtype) * out.to(dtype)).sum(-1).contiguous()  # Σ_d grad · out of the final output
+    lse = lse.to(dtype).contiguous()
+    dq = torch.empty((B, H, Tq, D), dtype=dtype, device=q.device)
+    dk = torch.empty((B, HKV, Tk, D), dtype=dtype, device=q.device)
+    dv = torch.empty_like(dk)
+    common = dict(CAUSAL=bool(causal), ACC=_acc(q), BM=ATTN_BLOCK, BN=ATTN_BLOCK, BD=BD)
+    _attn_bwd_dq[(triton.cdiv(Tq, ATTN_BLOCK), B * H)](
+        q, k, v, grad, lse, delta, dq, H, HKV, Tq, Tk, D, scale, **common)
+    _attn_bwd_dkv[(triton.cdiv(Tk, ATTN_BLOCK), B * HKV)](
+        q, k, v, grad, lse, delta, dk, dv, H, HKV, Tq, Tk, D, scale, **common)
+    return dq, dk, dv

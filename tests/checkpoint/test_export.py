@@ -65,8 +65,24 @@ def gpt2_loss(w, config, tokens, targets) -> float:
     return float(F.cross_entropy(logits.flatten(0, 1), targets.flatten()))
 
 
+def mixtral_mlp(w, config, p, h):
+    """transformers' MixtralSparseMoeBlock: softmax router, top-k renormalized, experts w2(silu(w1 x) · w3 x)."""
+    tokens = h.reshape(-1, h.shape[-1])
+    probs = F.softmax(tokens @ w[p + "block_sparse_moe.gate.weight"].t(), dim=-1, dtype=torch.float)
+    weights, chosen = torch.topk(probs, config["num_experts_per_tok"], dim=-1)
+    weights = weights / weights.sum(-1, keepdim=True)
+    out = torch.zeros_like(tokens)
+    for j in range(config["num_local_experts"]):
+        e = f"{p}block_sparse_moe.experts.{j}."
+        rows, slot = (chosen == j).nonzero(as_tuple=True)
+        x = tokens[rows]
+        y = (F.silu(x @ w[e + "w1.weight"].t()) * (x @ w[e + "w3.weight"].t())) @ w[e + "w2.weight"].t()
+        out.index_add_(0, rows, y * weights[rows, slot, None])
+    return out.view_as(h)
+
+
 def llama_loss(w, config, tokens, targets) -> float:
-    """transformers' LlamaForCausalLM forward, from its checkpoint layout."""
+    """transformers' LlamaForCausalLM (or MixtralForCausalLM) forward, from its checkpoint layout."""
     C, H, KV = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
     D, T, eps = C // H, tokens.shape[1], config["rms_norm_eps"]
     inv_freq = 1.0 / (config["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
@@ -91,6 +107,9 @@ def llama_loss(w, config, tokens, targets) -> float:
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(x.shape)
         x = x + y @ w[p + "self_attn.o_proj.weight"].t()
         h = rms(x, w[p + "post_attention_layernorm.weight"])
+        if config.get("model_type") == "mixtral":
+            x = x + mixtral_mlp(w, config, p, h)
+            continue
         gate, up = h @ w[p + "mlp.gate_proj.weight"].t(), h @ w[p + "mlp.up_proj.weight"].t()
         x = x + (F.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].t()
     logits = rms(x, w["model.norm.weight"]) @ w["lm_head.weight"].t()
@@ -141,6 +160,26 @@ def test_export_llama_untied_head_to_a_file(tmp_path):
     assert torch.equal(weights["lm_head.weight"], full["model.head.weight"][:VOCAB])
     assert torch.equal(weights["model.layers.0.self_attn.k_proj.weight"], full["model.layers.0.attn.k_proj.weight"])
     config = export_cmd.hf_config(info)
+    tokens, targets = batch(config["max_position_embeddings"])
+    expected = parc_loss(ck, tokens, targets)
+    assert abs(llama_loss(weights, config, tokens, targets) - expected) <= 1e-5 * expected
+
+
+def test_export_mixtral_from_an_expert_parallel_checkpoint(tmp_path):
+    """Note [Mixtral names]: an ep2 checkpoint (each rank 2 of the 4 experts) → Mixtral's names."""
+    build_dir = build("moe_ep2", tmp_path / "build", spec="llama.par")
+    ck = tmp_path / "ck"
+    run(build_dir, 2, ["--steps", "2", "--checkpoint-dir", str(ck)])
+    out = tmp_path / "out"
+    assert parc(["export", str(ck), "--to", "safetensors", str(out)]) == 0
+    weights = load_file(out / "model.safetensors")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "mixtral" and config["num_local_experts"] == 4
+    assert config["num_experts_per_tok"] == 2
+    full = checkpoint.read_full(str(ck), "model.")
+    grouped = full["model.layers.1.mlp.experts.down_proj.weight"]
+    assert torch.equal(weights["model.layers.1.block_sparse_moe.experts.3.w2.weight"], grouped[3])
+    assert not any(".mlp." in name for name in weights)
     tokens, targets = batch(config["max_position_embeddings"])
     expected = parc_loss(ck, tokens, targets)
     assert abs(llama_loss(weights, config, tokens, targets) - expected) <= 1e-5 * expected

@@ -23,6 +23,7 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 RESHARD_WORKER = Path(__file__).with_name("reshard_worker.py")
 STEPS = 8
 
+MOE = ["model.experts=4", "model.top_k=2"]
 LAYOUTS = {  # name -> (--set overrides, ranks)
     "one": ([], 1),
     "dp2": (["parallel.dp=2"], 2),
@@ -34,6 +35,12 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     "cp2_zero1_dp2": (["parallel.dp=2", "parallel.cp=2", "parallel.cp_kind=allgather", "parallel.zero=1"], 4),
     # ZeRO-3: parameters and moments only in each block's shards (runtime/fsdp.py)
     "zero3_dp2": (["parallel.dp=2", "parallel.zero=3"], 2),
+    # mixture of experts (runtime/moe.py): under ep2 each rank holds 2 of the 4 experts
+    "moe_ep2": ([*MOE, "parallel.dp=2", "parallel.ep=2"], 2),
+    "moe_one": (MOE, 1),
+    "moe_tp2": ([*MOE, "parallel.tp=2"], 2),
+    # ring attention: each rank's tokens are two load-balanced chunks; the checkpoint is layout-free
+    "cp2_ring": (["parallel.cp=2", "parallel.cp_kind=ring"], 2),
 }
 
 

@@ -9,6 +9,7 @@ read the diff.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -28,9 +29,11 @@ def overrides_of(text: str) -> list[str]:
 
 
 def rendered(path: Path) -> str:
+    """A case's files (a token file's record in ``data/``) are found from its folder."""
     text = path.read_text(encoding="utf-8")
     try:
-        load_text(text, path.name, overrides_of(text))
+        with contextlib.chdir(CASES):
+            load_text(text, path.name, overrides_of(text))
     except Diagnostics as exc:
         return render_all(exc.errors, exc.sources)
     return "(no errors)\n"

@@ -55,7 +55,7 @@ def test_check_errors_exit_1(capsys, tmp_path) -> None:
 def test_check_set(capsys) -> None:
     status, out, err = run(capsys, "check", str(TINY), "--set", "parallel.tp=3")
     assert status == 1 and out == ""
-    assert err.startswith("--set 1:1:13: error[PAR0201]: world size: dp·cp·tp·pp = 2·1·3·1 = 6")
+    assert err.startswith("--set 1:1:13: error[PAR0201]: world size: dp·tp·pp = 2·3·1 = 6")
     assert "  1 | parallel.tp=3\n    |             ^\n" in err
     assert err.endswith("\n2 errors\n")
     status, out, _ = run(

@@ -95,3 +95,22 @@ def test_gradcheck():
         (lambda l: ops.cross_entropy(l, targets, vocab_size=7), (x,)),
     ]:
         assert torch.autograd.gradcheck(fn, leaves(*inputs), fast_mode=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", [(2, 4, 2, 6, 6, 8, True), (1, 2, 1, 3, 37, 8, False), (1, 2, 2, 40, 40, 16, True)])
+def test_block_attention(case, dtype):
+    """Ring attention's block step (ops.block_attention and its backward) against the reference;
+    the last case spans two query and key blocks of the kernel."""
+    B, H, Hkv, Tq, Tk, D, causal = case
+    q, k, v, grad = (randn(B, heads, T, D, dtype=dtype, seed=s).to(DEVICE)
+                     for s, (heads, T) in enumerate(((H, Tq), (Hkv, Tk), (Hkv, Tk), (H, Tq))))
+    scale = D ** -0.5
+    out, lse = ops.block_attention(q, k, v, causal, scale)
+    want_out, want_lse = reference.block_attention(q, k, v, causal, scale)
+    torch.testing.assert_close(out, want_out, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(lse, want_lse, rtol=2e-5, atol=2e-5)
+    got = ops.block_attention_backward(grad, q, k, v, out, lse, causal, scale)
+    want = reference.block_attention_backward(grad, q, k, v, want_out, want_lse, causal, scale)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5, msg=name)

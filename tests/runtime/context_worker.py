@@ -1,9 +1,9 @@
-"""One rank of the context-parallel tests (started by ``ranks.launch`` on 2 gloo ranks).
+"""One rank of the context-parallel tests (started by ``ranks.launch`` on 2 or 4 gloo ranks).
 
-    python context_worker.py OUT_DIR
+    python context_worker.py OUT_DIR [KINDS]
 
-With the two ranks as one cp group, in float64, for GPT (learned positions) and
-Llama (rotary, grouped-query heads) and each kind (``ulysses``, ``allgather``):
+With all ranks as one cp group (2, or 4 for ring's load-balanced chunks), in float64, for GPT (learned positions) and
+Llama (rotary, grouped-query heads) and each kind of KINDS (comma-separated; default ``ring,ulysses,allgather``):
 
 - *attention*: block 0's attention (``Attention.mix``) on this rank's T/cp tokens of
   random q, k, v equals the same rows of full causal attention on one rank, and the
@@ -39,9 +39,11 @@ def build(arch, cp_group=None, kind=None):
                              device=torch.device("cpu"), cp_group=cp_group, cp_kind=kind, kernels="eager").double()
 
 
-def mine(x, group, dim=1):
-    """This rank's contiguous chunk of ``x`` along ``dim``."""
-    return x.chunk(dist.get_world_size(group), dim=dim)[dist.get_rank(group)]
+def mine(x, group, kind):
+    """This rank's tokens of ``x`` (B, T, ...) along T: ``data.context_spans``'s, joined."""
+    spans = data.context_spans(x.shape[1], cp_rank=dist.get_rank(group), cp_size=dist.get_world_size(group),
+                               cp_kind=kind)
+    return torch.cat([x[:, start:stop] for start, stop in spans], dim=1)
 
 
 def check_attention(group, arch, kind):
@@ -54,12 +56,12 @@ def check_attention(group, arch, kind):
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     expected = build(arch).layers["0"].attn.mix(*full)
     expected.backward(upstream)
-    local = [mine(t, group).clone().requires_grad_() for t in (q, k, v)]
+    local = [mine(t, group, kind).clone().requires_grad_() for t in (q, k, v)]
     got = build(arch, group, kind).layers["0"].attn.mix(*local)
-    got.backward(mine(upstream, group))
-    torch.testing.assert_close(got, mine(expected, group), rtol=1e-12, atol=1e-12)
+    got.backward(mine(upstream, group, kind))
+    torch.testing.assert_close(got, mine(expected, group, kind), rtol=1e-12, atol=1e-12)
     for name, g, want in zip("qkv", local, full):
-        torch.testing.assert_close(g.grad, mine(want.grad, group), rtol=1e-10, atol=1e-12, msg=f"d{name}")
+        torch.testing.assert_close(g.grad, mine(want.grad, group, kind), rtol=1e-10, atol=1e-12, msg=f"d{name}")
 
 
 def check_model(group, arch, kind):
@@ -70,7 +72,7 @@ def check_model(group, arch, kind):
     expected.backward()
     net = build(arch, group, kind)
     size, rank = dist.get_world_size(group), dist.get_rank(group)
-    loss = net(*data.context_chunk(inputs, targets, cp_rank=rank, cp_size=size))
+    loss = net(*data.context_chunk(inputs, targets, cp_rank=rank, cp_size=size, cp_kind=kind))
     loss.backward()
     total = loss.detach().clone()
     dist.all_reduce(total, group=group)
@@ -82,12 +84,12 @@ def check_model(group, arch, kind):
         torch.testing.assert_close(grad / size, wanted[name].grad, rtol=1e-9, atol=1e-12, msg=name)
 
 
-def main(out_dir: Path) -> None:
+def main(out_dir: Path, kinds: tuple[str, ...]) -> None:
     dist_info = mesh.init_distributed()
     group = dist.new_group(list(range(dist_info.world_size)))
     result = {}
     for arch in ("gpt", "llama"):
-        for kind in ("ulysses", "allgather"):
+        for kind in kinds:
             for name, check in (("attention", check_attention), ("model", check_model)):
                 try:
                     check(group, arch, kind)
@@ -99,4 +101,4 @@ def main(out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), tuple(sys.argv[2].split(",")) if len(sys.argv) > 2 else ("ring", "ulysses", "allgather"))

@@ -1,6 +1,6 @@
-"""Context-parallel attention (runtime/context.py) on 2 CPU gloo ranks (context_worker.py).
+"""Context-parallel attention (runtime/context.py) on 2 and 4 CPU gloo ranks (context_worker.py).
 
-Ulysses and allgather attention on each rank's T/cp tokens equal full causal
+Ring, Ulysses and allgather attention on each rank's T/cp tokens equal full causal
 attention's rows of that rank, forward and backward (float64); the whole GPT and
 Llama on T/cp tokens give the one-rank loss and gradients once averaged over cp.
 """
@@ -25,7 +25,7 @@ def _load(name):
 
 ranks = _load("ranks")
 CHECKS = [f"{what} {arch} {kind}" for what in ("attention", "model") for arch in ("gpt", "llama")
-          for kind in ("ulysses", "allgather")]
+          for kind in ("ring", "ulysses", "allgather")]
 
 
 @pytest.fixture(scope="module")
@@ -38,4 +38,18 @@ def results(tmp_path_factory):
 @pytest.mark.parametrize("check", CHECKS)
 def test_context_parallel(check, results):
     for rank, result in enumerate(results):
+        assert result.get(check) == "ok", f"rank {rank}: {result.get(check, 'not run')}"
+
+
+@pytest.fixture(scope="module")
+def ring4(tmp_path_factory):
+    """Ring attention over 4 ranks: each holds chunks r and 7 − r of 8, K/V go round three times."""
+    folder = tmp_path_factory.mktemp("context4")
+    ranks.launch(HERE / "context_worker.py", 4, [str(folder), "ring"], folder)
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(4)]
+
+
+@pytest.mark.parametrize("check", [c for c in CHECKS if c.endswith(" ring")])
+def test_ring_over_four_ranks(check, ring4):
+    for rank, result in enumerate(ring4):
         assert result.get(check) == "ok", f"rank {rank}: {result.get(check, 'not run')}"

@@ -271,8 +271,10 @@ def test_tp_plan_errors(change, message, monkeypatch):
 
 
 def test_tp_plan_errors_that_depend_on_the_layout(monkeypatch):
-    with pytest.raises(ValueError, match=r"tp = 4 does not divide kv_heads = 2 \(layers.0.attn.k_proj\)"):
-        plan({**FULL_PLAN, "layers.*.mlp.gate_proj": "colwise"}, LLAMA, tp=4, monkeypatch=monkeypatch)
+    with pytest.raises(ValueError, match=r"tp = 3 neither divides kv_heads = 2 nor is a multiple of it"):
+        plan({**FULL_PLAN, "layers.*.mlp.gate_proj": "colwise"}, LLAMA, tp=3, monkeypatch=monkeypatch)
+    # tp = 4 > kv_heads = 2 replicates each kv head over 2 ranks (Note [KV replication])
+    plan({**FULL_PLAN, "layers.*.mlp.gate_proj": "colwise"}, LLAMA, tp=4, monkeypatch=monkeypatch)
     blocks_replicated = {"embed": "vocab", "head": "vocab_head"}
     plan(blocks_replicated, monkeypatch=monkeypatch)  # fine without sequence parallelism
     with pytest.raises(ValueError, match=r"with sequence parallelism layers.0.attn must be sharded"):

@@ -58,7 +58,7 @@ def estimate(
 ) -> Estimate:
     time = step_time(spec, layout, hw, accounting, exact=exact)
     mem = memory(spec, layout, accounting)
-    world = layout.dp * layout.tp * layout.pp
+    world = layout.dp * layout.cp * layout.tp * layout.pp
     achieved = time.model_flops / time.step / world
     limit = None if hw.memory is None else hw.memory * USABLE_MEMORY
     return Estimate(

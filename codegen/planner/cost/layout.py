@@ -63,6 +63,14 @@ class Layout:
     """``none``, ``selective`` or ``full``; or one per block (Note [per-layer costs])."""
     overlap: int | tuple[int, ...] = 1
     """Oases sub-batches per micro-batch (1: none); or one per block."""
+    cp: int = 1
+    """Context-parallel ranks: each holds seq_len / cp tokens of every sequence."""
+    cp_kind: str = "ring"
+    """``ring``, ``ulysses`` or ``allgather`` (``cost/context.py``)."""
+
+    def tokens(self, seq_len: int) -> int:
+        """Tokens of one micro-batch on one rank: micro_batch · seq_len / cp."""
+        return self.micro_batch * seq_len // self.cp
 
     def setting(self, name: str):
         """A per-layer setting (``layer_settings.SETTINGS``): one value or one per block."""
@@ -94,6 +102,8 @@ class Layout:
     def describe(self) -> str:
         """The layout in the DSL's words, one line."""
         parts = [f"dp {self.dp}", f"tp {self.tp}", f"pp {self.pp}"]
+        if self.cp > 1:
+            parts.insert(1, f"cp {self.cp} ({self.cp_kind})")
         if self.pp > 1:
             parts.append(
                 f"interleaved({self.chunks})" if self.schedule == "interleaved" else self.schedule

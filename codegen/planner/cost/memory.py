@@ -31,6 +31,7 @@ from parc.runtime.model_desc import LINEAR
 from parc.runtime.schedule import in_flight_bound
 
 from ...model_config import model_desc
+from .context import cp_saved_elements
 from .layout import (
     SETTING_NAMES, Accounting, Layout, rank_blocks, rank_params, sequence_parallel_params, stage_contents,
     zero3_shard_elements,
@@ -141,7 +142,7 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
     contents = stage_contents(model, layout, rank, stage_layers)
     micro_batches = layout.grad_accum(spec.train.global_batch)
     in_flight = _in_flight(layout.schedule, layout.pp, rank, micro_batches, layout.chunks)
-    tokens = layout.micro_batch * model.seq_len
+    tokens = layout.tokens(model.seq_len)  # this rank's: seq_len / cp of each sequence
     modes = _rank_recompute(model, layout, rank, stage_layers)  # Note [per-layer costs]
     if accounting is Accounting.MEGATRON:
         layers = sum(
@@ -154,10 +155,11 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
         return in_flight * layers / layout.chunks
     element = 4.0 if spec.train.precision is Precision.FP32 else 2.0
     compiled = compiled_kernels(spec)
+    extra = cp_saved_elements(spec, layout)  # Note [cp costs]: allgather's K/V of other ranks
     layers = sum(
-        count * parc_layer_elements(
+        count * (parc_layer_elements(
             model, tp=layout.tp, sp=layout.sp, recompute=mode, micro_batch=layout.micro_batch, compiled=compiled,
-        )
+        ) + (extra if mode != "full" else 0.0))
         for mode, count in modes.items()
     )
     total = in_flight * layers / layout.chunks * tokens * element
@@ -251,7 +253,7 @@ def layout_blocks(model, layout: Layout) -> int:
 
 
 def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting, full_recompute: bool) -> float:
-    model, tokens = spec.model, layout.micro_batch * spec.model.seq_len
+    model, tokens = spec.model, layout.tokens(spec.model.seq_len)
     total = 0.0
     if layout.zero >= 3 and layout.dp > 1:
         total += zero3_working_set(spec, layout, params, accounting)

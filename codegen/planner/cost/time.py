@@ -52,6 +52,7 @@ from parc.runtime.model_desc import LINEAR
 from ...model_config import model_desc
 
 from .bubble import makespan
+from .context import cp_comm
 from .comm import collective_latency, collective_time
 from .hardware import Hardware
 from .layout import SETTING_NAMES, Accounting, Layout, rank_params
@@ -160,7 +161,7 @@ def step_time(
     m = spec.model
     t, d, p, v = layout.tp, layout.dp, layout.pp, layout.chunks
     micro_batches = layout.grad_accum(spec.train.global_batch)
-    tokens = layout.micro_batch * m.seq_len
+    tokens = layout.tokens(m.seq_len)  # this rank's: seq_len / cp of each sequence
     layers_per_chunk = m.layers / (p * v)
     size = _activation_size(spec, accounting)
 
@@ -190,7 +191,13 @@ def step_time(
             tp_forward, hiding, k, latency_s=latency, blocks=min(OVERLAP_BLOCKS, max(1, round(layers_per_chunk)))
         )
         exposed_backward = block.backward_s + (block.forward_s if recompute == "full" else 0.0)
-        costs[key] = (forward, backward, tp_forward, tp_backward, block.forward_s, exposed_backward)
+        # Note [cp costs] (cost/context.py): attention's exchange over cp
+        cp_forward, cp_backward, cp_moved = cp_comm(spec, layout, hw, size=size, core=core)
+        recomputed = cp_forward if recompute in ("full", "selective") else 0.0
+        tp_forward += cp_moved / 2
+        tp_backward += cp_moved / 2 + recomputed
+        costs[key] = (forward, backward, tp_forward, tp_backward, block.forward_s + cp_forward,
+                      exposed_backward + cp_backward + recomputed)
     if len(costs) == 1:
         forward, backward, tp_forward, tp_backward, exposed_forward, exposed_backward = costs.popitem()[1]
     else:  # the mean block, weighed by how many blocks have each setting
@@ -211,7 +218,7 @@ def step_time(
     chunk_forward = layers_per_chunk * (forward + exposed_forward)
     chunk_backward = layers_per_chunk * (backward + exposed_backward)
     message = tokens * m.hidden * size / (t if layout.sp else 1)
-    p2p = collective_time(hw, "send_recv", message, size=2, stride=t * d) if p > 1 else 0.0
+    p2p = collective_time(hw, "send_recv", message, size=2, stride=t * layout.cp * d) if p > 1 else 0.0
     span = makespan(
         layout.schedule, stages=p, micro_batches=micro_batches, chunks=v,
         forward=chunk_forward, backward=chunk_backward, comm=p2p, exact=exact,
@@ -224,11 +231,12 @@ def step_time(
     grad_size = 2.0 if accounting is Accounting.MEGATRON else 4.0
     grads = params * grad_size
     reduce = gather = 0.0
-    if d > 1:
+    reducing = d * layout.cp  # replicated parameters' gradients average over dp × cp
+    if reducing > 1:
         # parc: zero 0, 1 and 2 all-reduce gradient buckets during backward. Megatron's
         # zero 2 (and zero 3) reduce-scatter.
         scatter = layout.zero >= 3 or (layout.zero == 2 and accounting is Accounting.MEGATRON)
-        reduce = collective_time(hw, "reduce_scatter" if scatter else "all_reduce", grads, size=d, stride=t)
+        reduce = collective_time(hw, "reduce_scatter" if scatter else "all_reduce", grads, size=reducing, stride=t)
         if 1 <= layout.zero <= 2:
             gather = collective_time(hw, "all_gather", params * 4.0, size=d, stride=t)
     zero3 = zero3_gathers(hw, layout, params, layers_per_chunk * v, forward, backward, accounting) if d > 1 else None
@@ -240,7 +248,7 @@ def step_time(
     dp_exposed = (max(0.0, reduce - last_backward) if overlapped else reduce) + gather
     dp_exposed += 0.0 if zero3 is None else micro_batches * zero3.exposed
     optimizer = _optimizer_time(hw, accounting, params, tensors, layout) * slow
-    world = d * t * p
+    world = d * layout.cp * t * p
     # the step's two scalar all-reduces: the loss over dp, the finite check over every rank
     scalars = 2 * collective_latency(hw, "all_reduce", size=min(world, hw.devices_per_node), stride=1)
     dp_exposed += scalars if accounting is Accounting.PARC else 0.0

@@ -16,6 +16,9 @@ void rotary_apply(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::T
 std::vector<at::Tensor> cross_entropy_stats(const at::Tensor&, const at::Tensor&, int64_t, int64_t);
 at::Tensor cross_entropy_grad(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                               const at::Tensor&, int64_t, int64_t);
+std::vector<at::Tensor> block_attention_fwd(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, double);
+std::vector<at::Tensor> block_attention_bwd(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                            const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, double);  // grad, q, k, v, out, lse
 }  // namespace parc
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -31,4 +34,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_apply", &parc::rotary_apply);
   m.def("cross_entropy_stats", &parc::cross_entropy_stats);
   m.def("cross_entropy_grad", &parc::cross_entropy_grad);
+  m.def("block_attention_fwd", &parc::block_attention_fwd);
+  m.def("block_attention_bwd", &parc::block_attention_bwd);
 }

@@ -23,6 +23,12 @@ Flags:
     --resume DIR           continue from a checkpoint, or a folder's latest one
     SIGTERM finishes the step, saves a checkpoint and exits 0; under torchrun's
     --max-restarts a restarted trainer resumes from the latest checkpoint itself.
+    --tensorboard DIR      rank 0 writes every step metric as TensorBoard scalars (default none);
+                           needs the tensorboard package
+    --profile STEPS        torch.profiler Chrome trace of steps N or A-B, one file per rank
+    --profile-dir DIR      folder of the traces (default profile)
+    --memory-every N       measure activation memory (hooks) and gather every rank's memory
+                           on steps 1-2, every N-th and the last (default MEMORY_EVERY; 1: all)
     --data PATH            token file, from the cwd (default DATA_PATH, from this file's folder)
 """
 
@@ -44,6 +50,7 @@ from parc_runtime import (
     mesh,
     metrics,
     model,
+    observe,
     optim,
     zero,
 )
@@ -93,6 +100,8 @@ LOG_EVERY = 10  # gpt2-small.par:39
 CHECKPOINT_EVERY = 0  # default: steps between checkpoints (0: after the last step only)
 CHECKPOINT_DIR = None  # default: None: no checkpoints without --checkpoint-dir
 ON_NONFINITE = "stop"  # default: a NaN/inf loss or grad norm skips the step or stops
+TENSORBOARD_DIR = None  # default: None: no TensorBoard without --tensorboard
+MEMORY_EVERY = 10  # steps between memory measurements (Note [memory on some steps])
 DATA_PATH = "../../examples/data/openwebtext/train.bin"  # gpt2-small.par:38: from this file's folder
 DATA_DTYPE = "uint16"  # gpt2-small.par:38
 DEVICE_FLOPS = (
@@ -133,6 +142,10 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--checkpoint-keep", type=int, default=0, metavar="K")
     parser.add_argument("--resume", default=None, metavar="DIR")
+    parser.add_argument("--tensorboard", default=TENSORBOARD_DIR, metavar="DIR")
+    parser.add_argument("--profile", default=None, metavar="STEPS")
+    parser.add_argument("--profile-dir", default="profile", metavar="DIR")
+    parser.add_argument("--memory-every", type=int, default=MEMORY_EVERY, metavar="N")
     # DATA_PATH is from this file's folder, so the run works from any cwd
     data_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), DATA_PATH)
     parser.add_argument("--data", default=data_path, metavar="PATH")
@@ -197,7 +210,9 @@ def main() -> None:
         accumulations=GRAD_ACCUM,
     )
     activations = memory.SavedActivations(net)  # peak bytes saved for backward
-    logger = metrics.MetricsLogger(args.metrics_jsonl, enabled=dist.rank == 0)
+    logger = metrics.MetricsLogger(
+        args.metrics_jsonl, enabled=dist.rank == 0, tensorboard=args.tensorboard
+    )
     flops_per_token = metrics.flops_per_token(config)
 
     # ---- checkpoints, SIGTERM and bad numbers ------------------------------------
@@ -224,6 +239,22 @@ def main() -> None:
     # torchrun, the latest one in --checkpoint-dir)
     done = checkpoints.restore(args.resume, restarted=faults.restart_count() > 0)
 
+    # ---- what runs: a banner on rank 0, and the profiler of --profile -----------
+    observe.banner(
+        net,
+        rank=dist.rank,
+        device=dist.device,
+        title=__doc__.splitlines()[0],  # this file's first line: model, size, layout
+        layout="dp 4 × tp 2 + sequence parallel + ZeRO-1",
+        parameters=124475904,  # the whole model, tied weights once
+        data=f"token file {args.data} ({DATA_DTYPE})",
+        checkpoint_dir=args.checkpoint_dir,
+        tensorboard=args.tensorboard,
+    )
+    profiler = observe.StepProfiler(
+        args.profile, args.profile_dir, rank=dist.rank, device=dist.device
+    )
+
     # ---- training loop --------------------------------------------------------
     for step in range(done + 1, args.steps + 1):
         start = time.perf_counter()
@@ -236,8 +267,13 @@ def main() -> None:
             min_lr_ratio=MIN_LR_RATIO,
         )
         optim.set_lr(optimizer, lr)
+        profiler.begin(step)  # --profile: marks ProfilerStep#<step> in the trace
         # PARC_FAULT_AT_STEP=k (tests only): the last rank dies here, on the first attempt
         faults.die_if_injected(step, rank=dist.rank, world_size=dist.world_size)
+        # memory on the first steps, every --memory-every N-th and the last (Note [memory on some steps])
+        activations.active = memory.measured(
+            step, every=args.memory_every, first=done + 1, last=args.steps
+        )
         comm.exposed_clock.reset()  # time blocked on collectives, this step
         with activations:  # measures the tensors saved for backward
             loss_sum = 0.0
@@ -290,13 +326,19 @@ def main() -> None:
                     "step_time_s": step_time,
                     "exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute
                     # bytes this rank holds (and every rank's, in memory_per_rank): collective
-                    **memory.report(net, optimizer, activations, held_grads),
+                    **(
+                        memory.report(net, optimizer, activations, held_grads)
+                        if activations.active
+                        else {}
+                    ),
                 }
             )
+        profiler.end(step)
         if checkpoints.due(step, last=step == args.steps or guard.stopping):
             checkpoints.save(step)
         if guard.stopping:  # SIGTERM: every rank finished this step (and saved it)
             break
+    profiler.close()  # a run that stopped inside the --profile range still writes it
     logger.close()
     mesh.shutdown()
 

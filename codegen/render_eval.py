@@ -1,0 +1,112 @@
+"""Rendering of evaluation (``train.eval = every(N, batches = B)``) in train.py.
+
+Takes: a ``Plan`` (``train.eval_every``, ``eval_batches``, the data and the layout).
+Gives: the lines ``render.py`` places when the spec evaluates — nothing otherwise,
+so a trainer without ``eval`` is unchanged: the cited constants, the validation
+data (the ``val`` file with its ``--val-data`` flag, the token file's held-out tail,
+or synthetic data's own stream), the ``evaluate.Evaluator`` set-up and the step's
+``val_loss``. The runtime side is ``runtime/evaluate.py`` (Note [one meaning of
+val_loss]) and ``PipelineExecutor.evaluate``.
+Before: ``codegen/render.py`` builds the other lines. After: the template places these.
+"""
+
+from __future__ import annotations
+
+from .plan import Plan
+from .plan_text import cite
+
+TOKEN_FILE = "data.TokenFile({path}, SEQ_LEN, DATA_DTYPE, seed=args.seed, vocab=VOCAB, rank=dist.rank{part})"
+
+
+def enabled(plan: Plan) -> bool:
+    return bool(plan.train.eval_every.value)
+
+
+def held_out(plan: Plan) -> bool:
+    """A token file without a ``val`` file: its last tenth is held out (Note [held-out tail])."""
+    return enabled(plan) and plan.train.data.kind == "tokens" and not plan.train.data.val_path
+
+
+def config_lines(plan: Plan) -> list[str]:
+    if not enabled(plan):
+        return []
+    every, batches = plan.train.eval_every, plan.train.eval_batches
+    lines = [
+        f"EVAL_EVERY = {every.value!r}  # {cite(every.span)}: steps between evaluations (and after the last)",
+        f"EVAL_BATCHES = {batches.value!r}  # {cite(every.span)}: global batches of validation sequences each",
+    ]
+    val = plan.train.data.val_path
+    if val:
+        lines.append(f"VAL_DATA_PATH = {val!r}  # {cite(plan.train.data.span)}: from this file's folder")
+    return lines
+
+
+def flag_lines(plan: Plan) -> list[str]:
+    if not (enabled(plan) and plan.train.data.val_path):
+        return []
+    return [
+        'val_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), VAL_DATA_PATH)',
+        'parser.add_argument("--val-data", default=val_path, metavar="PATH")',
+    ]
+
+
+def flag_docs(plan: Plan) -> list[str]:
+    if not (enabled(plan) and plan.train.data.val_path):
+        return []
+    return ["--val-data PATH        validation token file (default VAL_DATA_PATH, from this file's folder)"]
+
+
+def dataset_part(plan: Plan) -> str:
+    """The training TokenFile's extra argument: the file less its held-out tail."""
+    return ", part=data.TRAIN_PART" if held_out(plan) else ""
+
+
+def setup_lines(plan: Plan, *, reduce_group: str | None, pipelined: bool) -> list[str]:
+    if not enabled(plan):
+        return []
+    data = plan.train.data
+    if data.kind != "tokens":
+        val = "data.ValidationStream(dataset)  # the same chain, at samples training never reads"
+    elif data.val_path:
+        val = TOKEN_FILE.format(path="args.val_data", part="")
+    else:
+        val = TOKEN_FILE.format(path="args.data", part=", part=data.VAL_PART") + "  # the held-out tail"
+    cp = plan.mesh.size("cp") > 1
+    bf16 = plan.train.precision.value == "bf16"
+    return [
+        "",
+        f"# ---- evaluation ({cite(plan.train.eval_every.span)}): val_loss, the same mean in every layout --",
+        f"val_dataset = {val}",
+        "evaluator = evaluate.Evaluator(",
+        "    val_dataset,",
+        "    every=EVAL_EVERY,",
+        "    batches=EVAL_BATCHES,",
+        "    micro_batch=MICRO_BATCH,",
+        "    grad_accum=GRAD_ACCUM,",
+        "    dp_rank=" + ('grid.index("dp"),' if plan.mesh.size("dp") > 1 else "0,"),
+        "    dp_size=DP,",
+        "    device=dist.device,",
+        f"    reduce_group={reduce_group or 'None'},",
+        *(['    cp_rank=grid.index("cp"),', "    cp_size=CP,"] if cp else []),
+        *(["    runner=runner,", "    pp_group=pp_group,"] if pipelined else []),
+        *(["    autocast_dtype=torch.bfloat16,"] if bf16 and not pipelined else []),
+        ")",
+    ]
+
+
+def step_lines(plan: Plan) -> list[str]:
+    if not enabled(plan):
+        return []
+    return [
+        "last = step == args.steps or guard.stopping",
+        "val_loss = evaluator.run(net) if evaluator.due(step, last) else None  # collective",
+    ]
+
+
+def record_lines(plan: Plan) -> list[str]:
+    return ['"val_loss": val_loss,'] if enabled(plan) else []
+
+
+def log_condition(plan: Plan) -> str:
+    base = "step % LOG_EVERY == 0 or step == args.steps"
+    return base + " or val_loss is not None" if enabled(plan) else base

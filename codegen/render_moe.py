@@ -1,0 +1,94 @@
+"""Rendering of a mixture-of-experts model's lines of ``train.py`` (runtime/moe.py).
+
+Takes: a ``Plan``. Gives: whether the model has experts (``has_experts``: its settings
+hold ``EXPERTS``, which ``settle_training`` writes only for experts > 0, so a dense
+model's ``train.py`` is unchanged), the docstring's parameter words (total and active),
+the line that weighs each micro-batch's aux losses as its loss, and the step's MoE
+metrics. Before: ``settle_training``. After: ``render.py`` places the lines.
+"""
+
+from __future__ import annotations
+
+from parc.runtime.model_desc import ModelConfig, describe
+
+from .plan import Plan
+from .plan_text import cite
+
+
+def has_experts(plan: Plan) -> bool:
+    return any(s.name == "EXPERTS" and s.value for s in plan.model.settings)
+
+
+def parameter_words(plan: Plan) -> str:
+    """``1,234 parameters``, or ``1,234 parameters (567 active per token)`` with experts."""
+    words = f"{plan.model.parameters:,} parameters"
+    if has_experts(plan):  # the settings are ModelConfig's fields (settle_training)
+        config = ModelConfig(**{s.name.lower(): s.value for s in plan.model.settings})
+        words += f" ({describe(config).active_parameters:,} active per token)"
+    return words
+
+
+def expert_parallel(plan: Plan) -> int:
+    """EP: the ranks that split each MoE block's experts (1 for a dense model)."""
+    ep = plan.model.expert_parallel
+    return 1 if ep is None else ep.value
+
+
+def overlaps_experts(plan: Plan) -> bool:
+    """Whether some MoE block's expert all-to-alls overlap its sub-batches (moe_overlap.py)."""
+    return expert_parallel(plan) > 1 and any(k > 1 for k in plan.per_block("overlap"))
+
+
+def group_lines(plan: Plan) -> list[str]:
+    if expert_parallel(plan) == 1:
+        return []
+    ep = plan.model.expert_parallel
+    return [
+        "# Note [parallel folding] (mesh.py): expert layers re-read the dp·tp ranks as",
+        "# edp·ep·etp; tokens go to their experts' ranks over ep_group (all-to-all), and",
+        "# the experts' gradients reduce over edp_group",
+        f"ep_group, edp_group = grid.expert_groups({ep.value!r})  # {cite(ep.span)}: expert-parallel ranks",
+    ]
+
+
+def model_args(plan: Plan) -> list[str]:
+    return ["ep_group=ep_group,"] if expert_parallel(plan) > 1 else []
+
+
+def clip_arg(plan: Plan) -> str:
+    return ", ep_group=ep_group" if expert_parallel(plan) > 1 else ""
+
+
+def after_backward_lines(plan: Plan) -> list[str]:
+    if expert_parallel(plan) == 1:
+        return []
+    return [
+        "# each expert's grad holds its ep group's tokens: sum over edp, mean over dp\n"
+        "moe.reduce_expert_grads(net, edp_group, data_ranks=DP)"
+    ]
+
+
+def setup_lines(plan: Plan) -> list[str]:
+    if not has_experts(plan):
+        return []
+    return [
+        "# Note [the aux loss enters the gradient, not the returned loss] (moe.py): each",
+        "# micro-batch's aux losses weigh 1 / GRAD_ACCUM, as its loss does",
+        "moe.set_loss_scale(net, GRAD_ACCUM)",
+    ]
+
+
+def metric_lines(plan: Plan) -> list[str]:
+    """After the step: aux_loss, z_loss and expert_tokens summed over every rank (every rank calls it)."""
+    if not has_experts(plan):
+        return []
+    return [
+        "# the aux losses (mean over micro-batches and dp) and each expert's tokens, all ranks",
+        "moe_metrics = moe.step_metrics(",
+        "    net, config, micro_batches=GRAD_ACCUM, stage_ranks=DP * TP, replicas=TP, device=dist.device",
+        ")",
+    ]
+
+
+def record_lines(plan: Plan) -> list[str]:
+    return ["**moe_metrics,  # aux_loss, z_loss (when on), expert_tokens per MoE layer"] if has_experts(plan) else []

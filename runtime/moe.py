@@ -1,0 +1,356 @@
+"""The mixture-of-experts MLP: a router, E experts run as one grouped computation, shared experts.
+
+Takes: a ``ModelConfig`` with ``experts > 0`` (model_desc.py lists the same modules:
+``mlp.router`` (E, C), ``mlp.experts.{gate,up,down}_proj`` as (E, out, in) tensors,
+``mlp.shared_experts.*`` a plain MLP of shared_experts · expert_ffn). Gives: ``MoEMLP``,
+which ``model.py``'s ``Block`` uses in place of the dense MLP for every ``moe_every``-th
+block, and ``step_metrics``, the step's ``aux_loss``, ``z_loss`` and ``expert_tokens``
+summed over ranks for train.py's log line.
+
+Note [deterministic dropless routing]: each token's router scores (softmax, or sigmoid
+as DeepSeek-V3) are sorted with a *stable* descending sort, so among equal scores the
+lower expert index wins; its top_k experts' scores, renormalized to sum 1, weigh their
+outputs (softmax: Mixtral's softmax over the chosen logits). Without a capacity every
+routed token is computed (dropless). With ``capacity_factor = X`` each expert keeps at
+most ceil(X · tokens · top_k / E) of its tokens, the highest-scoring first (ties: the
+earlier token), and a dropped token's share is zero (Megatron's "probs" drop policy).
+Nothing depends on a rank's layout, so every layout routes as one rank does.
+
+Note [the aux loss enters the gradient, not the returned loss]: the load-balancing loss
+(Switch/GShard: coeff · E · Σₑ fₑ·Pₑ, fₑ the share of routed slots expert e got, Pₑ its
+mean probability) and the z-loss (coeff · mean(logsumexp(logits)²)) are taken over the
+micro-batch's tokens on this rank. ``_AuxLoss`` returns the block's output unchanged and,
+in backward, gives each aux loss the gradient ``loss_scale`` (1 / GRAD_ACCUM, the weight
+train.py gives each micro-batch's mean loss), as Megatron's ``MoEAuxLossAutoScaler``:
+the objective is the LM loss plus the aux losses on every pipeline stage without the
+stages handing losses to each other. The logged ``loss`` stays the LM loss; ``aux_loss``
+and ``z_loss`` are logged beside it (``step_metrics``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .comm import all_to_all_rows, copy_to_group, exposed, gather_rows_from_group, group_rank, group_size
+
+
+class GroupedLinear(nn.Module):
+    """E experts' linear layers as one (E, out, in) weight, no bias; under expert
+    parallelism this rank's E/ep of them, experts ``first`` .. ``first + E/ep − 1``."""
+
+    def __init__(self, experts: int, in_features: int, out_features: int, *, ep_size: int = 1, ep_rank: int = 0):
+        super().__init__()
+        local = experts // ep_size
+        self.first = ep_rank * local
+        self.weight = nn.Parameter(torch.empty(local, out_features, in_features))
+        self.full_shape = (experts, out_features, in_features)  # param_init draws it whole
+        self.weight.expert_parallel = ep_size > 1  # its gradient reduces over edp (reduce_expert_grads)
+        self.shard_offsets = (self.first, 0, 0)  # where this rank's experts sit in the whole (checkpoints)
+
+    @torch.no_grad()
+    def load_full_(self, weight, bias=None):
+        """Keep this rank's experts of the whole (E, out, in) ``weight`` (Note [init happens before sharding])."""
+        self.weight.copy_(weight[self.first : self.first + self.weight.shape[0]])
+
+    def forward(self, x, counts):
+        return grouped_linear(x, self.weight, counts)
+
+
+def grouped_linear(x, weight, counts):
+    """Rows of ``x`` (N, in) sorted by expert, ``counts[e]`` of them for expert e → (N, out):
+    each run of rows times its expert's weight (the eager grouped GEMM)."""
+    outs, start = [], 0
+    for expert, count in enumerate(counts.tolist()):
+        outs.append(x[start : start + count] @ weight[expert].t())
+        start += count
+    return torch.cat(outs) if outs else x.new_zeros(0, weight.shape[1])
+
+
+def route(logits, *, top_k: int, router: str, capacity_factor: float | None):
+    """Note [deterministic dropless routing]. ``logits`` (N, E) → (experts (N, K) int64,
+    weights (N, K), kept (N, K) bool, probs (N, E) for the aux loss)."""
+    N, E = logits.shape
+    logits = logits.float()
+    scores = torch.softmax(logits, -1) if router == "softmax" else torch.sigmoid(logits)
+    experts = torch.sort(scores.detach(), dim=-1, descending=True, stable=True).indices[:, :top_k]
+    chosen = scores.gather(1, experts)
+    weights = chosen / chosen.sum(-1, keepdim=True)
+    probs = scores if router == "softmax" else scores / scores.sum(-1, keepdim=True)
+    kept = torch.ones_like(experts, dtype=torch.bool)
+    if capacity_factor is not None:
+        kept = _within_capacity(experts, chosen.detach(), math.ceil(capacity_factor * N * top_k / E), E)
+    return experts, weights, kept, probs
+
+
+def _within_capacity(experts, chosen, capacity: int, E: int):
+    """Which (token, slot) assignments each expert keeps: its ``capacity`` best by score,
+    ties to the earlier token (stable sorts over the token-major order)."""
+    flat_expert, flat_score = experts.reshape(-1), chosen.reshape(-1)
+    by_score = torch.sort(flat_score, descending=True, stable=True).indices
+    order = by_score[torch.sort(flat_expert[by_score], stable=True).indices]  # by expert, then score
+    counts = torch.bincount(flat_expert, minlength=E)
+    starts = torch.cumsum(counts, 0) - counts
+    position = torch.arange(order.numel()) - starts[flat_expert[order]]
+    kept = torch.empty_like(flat_expert, dtype=torch.bool)
+    kept[order] = position < capacity
+    return kept.view_as(experts)
+
+
+class _AuxLoss(torch.autograd.Function):
+    """Forward: ``x`` unchanged. Backward: ``x``'s gradient, and ``scale`` for ``aux``
+    (Note [the aux loss enters the gradient, not the returned loss])."""
+
+    @staticmethod
+    def forward(ctx, x, aux, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, torch.full((), ctx.scale, dtype=torch.float32, device=grad.device), None
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangePlan:
+    """One dispatch and its combine (Note [expert dispatch])."""
+
+    send: list
+    """Rows to each rank of the ep group."""
+    receive: list
+    """Rows from each rank."""
+    regroup: torch.Tensor
+    """Arrival order (by source, then local expert) → local-expert order."""
+    back: torch.Tensor
+    """Its inverse."""
+    local_counts: torch.Tensor
+    """Rows for each local expert."""
+
+
+class MoEMLP(nn.Module):
+    """Router → top_k experts (grouped) → weighted sum, plus the shared experts; (B, T, C) → (B, T, C)."""
+
+    def __init__(self, config, prefix, build, dense_mlp, ep_group=None):
+        super().__init__()
+        C, E, F_e = config.hidden, config.experts, config.expert_hidden
+        self.ep_group, ep_size, ep_rank = ep_group, group_size(ep_group), group_rank(ep_group)
+        # Note [expert dispatch under tp]: with ep > 1 the tp ranks (same tokens) each send a share
+        self.tp_group = build.group if ep_size > 1 else None
+        grouped = dict(ep_size=ep_size, ep_rank=ep_rank)
+        self.llama, self.experts_count = config.arch == "llama", E
+        self.top_k, self.router_kind, self.capacity = config.top_k, config.router, config.capacity_factor
+        self.aux_coeff, self.z_coeff = config.aux_loss, config.z_loss
+        self.router = build.linear(f"{prefix}.router", C, E, False)
+        self.experts = nn.Module()
+        if self.llama:
+            self.experts.gate_proj = GroupedLinear(E, C, F_e, **grouped)
+        self.experts.up_proj = GroupedLinear(E, C, F_e, **grouped)
+        self.experts.down_proj = GroupedLinear(E, F_e, C, **grouped)
+        self.shared_experts = None
+        if config.shared_experts:
+            self.shared_experts = dense_mlp(config, f"{prefix}.shared_experts", build,
+                                            ffn=config.shared_experts * F_e)
+        self.loss_scale = 1.0  # 1 / micro-batches of a step (set_loss_scale)
+        self.splits = 1  # overlap of k sub-batches under ep > 1: Note [expert all-to-all overlap]
+        self.reset_metrics()
+
+    columns = ()
+    """No column-parallel projections open it: overlap.py runs a MoE block unsplit (its
+    sub-batches are the expert all-to-alls', Note [expert all-to-all overlap])."""
+
+    def reset_metrics(self):
+        self.aux_sum, self.z_sum, self.forwards = 0.0, 0.0, 0
+        self.tokens = torch.zeros(self.experts_count, dtype=torch.float64)
+
+    def activation(self, up, gate=None):
+        return F.silu(gate) * up if self.llama else F.gelu(up, approximate="tanh")
+
+    def run_experts(self, x, counts):
+        """Tokens sorted by expert (N, C) → each through its expert (N, C), one grouped op a projection."""
+        gate = self.experts.gate_proj(x, counts) if self.llama else None
+        return self.experts.down_proj(self.activation(self.experts.up_proj(x, counts), gate), counts)
+
+    def forward(self, x):
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])  # (N, C)
+        logits = self.router(tokens)  # (N, E)
+        experts, weights, kept, probs = route(
+            logits, top_k=self.top_k, router=self.router_kind, capacity_factor=self.capacity
+        )
+        slot_token = torch.arange(tokens.shape[0], device=x.device).repeat_interleave(self.top_k)
+        slot_expert, slot_weight = experts.reshape(-1), weights.reshape(-1)
+        keep = kept.reshape(-1).nonzero().squeeze(1)
+        order = keep[torch.sort(slot_expert[keep], stable=True).indices]  # kept slots, by expert
+        routed_in, order_of = tokens, [order]
+        every = torch.bincount(slot_expert[order], minlength=self.experts_count)  # the metrics' counts
+        if group_size(self.tp_group) > 1:  # Note [expert dispatch under tp]
+            routed_in = copy_to_group(tokens, self.tp_group)  # backward: sum the shares' input grads
+            order_of = self.tp_shares(order, slot_token[order], tokens.shape[0])
+            order = order_of[group_rank(self.tp_group)]
+        counts = torch.bincount(slot_expert[order], minlength=self.experts_count)
+        if self.splits > 1 and group_size(self.ep_group) > 1:  # Note [expert all-to-all overlap]
+            N, tp = tokens.shape[0], len(order_of)
+            # every share's rows by sub-batch (each tp rank gathers the others' in their order)
+            shares = [self.split_order(o, slot_token[o], N * r // tp, N * (r + 1) // tp)
+                      for r, o in enumerate(order_of)]
+            orders = shares[group_rank(self.tp_group)]
+            y = self.run_splits(routed_in, slot_token, slot_expert, orders)
+            order_of = [torch.cat(share) for share in shares]
+            order = order_of[group_rank(self.tp_group)]  # y's rows: sub-batch by sub-batch
+        else:
+            y = self.dispatch_and_run(routed_in[slot_token[order]], counts)  # (kept slots, C), by expert
+        if group_size(self.tp_group) > 1:  # every tp rank weighs and sums every token's rows
+            y, order = gather_rows_from_group(y, self.tp_group), torch.cat(order_of)
+        y = y * slot_weight[order].unsqueeze(1).to(y.dtype)
+        out = torch.zeros_like(tokens).index_add_(0, slot_token[order], y)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(tokens)
+        out = out.view(shape)
+        aux = self.aux_losses(logits, probs, experts)
+        self.record(aux, every)
+        if aux is not None and torch.is_grad_enabled():
+            out = _AuxLoss.apply(out, aux[0] + aux[1], self.loss_scale)
+        return out
+
+    def dispatch_and_run(self, x, counts):
+        """Rows of ``x`` sorted by expert (``counts[e]`` for expert e) → their experts' outputs, same order.
+
+        Note [expert dispatch]: under expert parallelism rank r holds experts r·E/ep ..;
+        the rows go to their experts' ranks by all-to-all (dispatch), arrive by source
+        rank then local expert, are regrouped by local expert for the grouped op, and go
+        back the same way (combine). Both all-to-alls are paired autograd functions."""
+        if group_size(self.ep_group) == 1:
+            return self.run_experts(x, counts)
+        plan = self.exchange_plan(counts)
+        arrived = all_to_all_rows(x, self.ep_group, plan.send, plan.receive)  # dispatch: by source, then expert
+        y = self.run_experts(arrived[plan.regroup], plan.local_counts)
+        return all_to_all_rows(y[plan.back], self.ep_group, plan.receive, plan.send)  # combine
+
+    def tp_shares(self, order, tokens_of, N):
+        """Note [expert dispatch under tp]: tp ranks hold the same tokens; under ep > 1 rank r
+        of the tp group dispatches tokens N·r/tp .. N·(r+1)/tp − 1 only (each share's kept
+        slots, by expert), and the experts' rows are gathered back over tp, so the router,
+        the weighting and the shared experts see every token on every tp rank."""
+        tp = group_size(self.tp_group)
+        bounds = [N * r // tp for r in range(tp + 1)]
+        return [order[(tokens_of >= bounds[r]) & (tokens_of < bounds[r + 1])] for r in range(tp)]
+
+    def split_order(self, order, tokens_of, lo, hi):
+        """The kept slots ``order`` (by expert) of tokens lo .. hi − 1 regrouped by sub-batch
+        (contiguous token ranges), by expert within each: a list of index tensors."""
+        part = (tokens_of - lo) * self.splits // (hi - lo)
+        return [order[part == i] for i in range(self.splits)]
+
+    def run_splits(self, tokens, slot_token, slot_expert, orders):
+        from .moe_overlap import run_overlapped  # only a build that overlaps experts ships it
+
+        counts = [torch.bincount(slot_expert[o], minlength=self.experts_count) for o in orders]
+        ys = run_overlapped(self, [tokens[slot_token[o]] for o in orders], counts)
+        return torch.cat(ys)
+
+    def exchange_plan(self, counts) -> "ExchangePlan":
+        """Who sends whom how many rows, from this rank's per-expert ``counts`` (one blocking
+        all-to-all of the counts), and the permutations between arrival and expert order."""
+        ep = group_size(self.ep_group)
+        local = self.experts_count // ep
+        sent = counts.view(ep, local)  # (destination rank, its local expert)
+        got = torch.empty_like(sent)  # (source rank, my local expert)
+        with exposed():
+            dist.all_to_all_single(got, sent.contiguous(), group=self.ep_group)
+        starts = (torch.cumsum(got.reshape(-1), 0) - got.reshape(-1)).view(ep, local).tolist()
+        sizes = got.tolist()
+        regroup = torch.cat([torch.arange(starts[i][e], starts[i][e] + sizes[i][e])
+                             for e in range(local) for i in range(ep)]).to(counts.device)
+        back = torch.empty_like(regroup)
+        back[regroup] = torch.arange(regroup.numel(), device=counts.device)
+        return ExchangePlan(send=sent.sum(1).tolist(), receive=got.sum(1).tolist(), regroup=regroup, back=back,
+                            local_counts=got.sum(0))
+
+    def aux_losses(self, logits, probs, experts):
+        """(load-balancing loss, z-loss), each times its coefficient; None when both are off."""
+        if self.aux_coeff == 0 and self.z_coeff == 0:
+            return None
+        N, E = probs.shape
+        routed = torch.bincount(experts.reshape(-1), minlength=E).to(probs.dtype)  # before any drop
+        balance = self.aux_coeff * E * torch.sum(routed / (N * self.top_k) * probs.mean(0))
+        z = self.z_coeff * torch.logsumexp(logits.float(), -1).square().mean()
+        return balance, z
+
+    def record(self, aux, counts):
+        """Add this forward to the step's metrics, unless it is a recompute in backward."""
+        if torch._C._current_graph_task_id() != -1:  # recomputed under activation checkpointing
+            return
+        self.forwards += 1
+        self.tokens += counts.detach().to("cpu", torch.float64)
+        if aux is not None:
+            self.aux_sum += float(aux[0].detach())
+            self.z_sum += float(aux[1].detach())
+
+
+def reduce_expert_grads(model: nn.Module, edp_group, *, data_ranks: int) -> None:
+    """Expert gradients (``expert_parallel``) after backward: each already sums, through the
+    combine's backward, what every rank of its ep group's tokens gave it; summed over the
+    edp ranks that hold the same experts and divided by the ``data_ranks`` (dp·cp) whose
+    mean loss the step takes, they equal one rank's. Other gradients are dp.py's."""
+    grads = [p.grad for p in model.parameters() if getattr(p, "expert_parallel", False) and p.grad is not None]
+    if not grads:
+        return
+    if group_size(edp_group) > 1:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        with exposed():
+            dist.all_reduce(flat, group=edp_group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+    for g in grads:
+        g.div_(data_ranks)
+
+
+def moe_layers(model: nn.Module) -> list[MoEMLP]:
+    return [m for m in model.modules() if isinstance(m, MoEMLP)]
+
+
+def set_loss_scale(model: nn.Module, micro_batches: int) -> None:
+    """Each micro-batch's aux losses weigh 1 / ``micro_batches``, as its LM loss does."""
+    for layer in moe_layers(model):
+        layer.loss_scale = 1.0 / micro_batches
+
+
+def step_metrics(model: nn.Module, config, *, micro_batches: int, stage_ranks: int, replicas: int, device) -> dict:
+    """This step's ``aux_loss`` (and ``z_loss`` when on): for each MoE layer the mean over
+    micro-batches and data-parallel ranks, summed over the layers; ``expert_tokens``: for
+    each MoE layer (``layers.i``) the tokens each expert got, summed over ranks.
+    ``stage_ranks``: the ranks that hold a layer (dp·tp of its pipeline stage);
+    ``replicas``: those of them that route the same tokens (tp), whose copies count once.
+    One sum over the world, so every pipeline stage's layers are in it: every rank calls
+    it. Resets the counters."""
+    index = [i for i in range(config.layers) if config.is_moe(i)]
+    E = config.experts
+    values = torch.zeros(2 + len(index) * E, dtype=torch.float64)
+    for name, module in model.named_modules():
+        if not isinstance(module, MoEMLP):
+            continue
+        layer = int(name.split("layers.")[1].split(".")[0])
+        values[0] += module.aux_sum / micro_batches / stage_ranks
+        values[1] += module.z_sum / micro_batches / stage_ranks
+        row = 2 + index.index(layer) * E
+        values[row : row + E] += module.tokens / replicas
+        module.reset_metrics()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        moved = values.to(device)
+        dist.all_reduce(moved)
+        values = moved.cpu()
+    out = {"aux_loss": float(values[0])}
+    if config.z_loss:
+        out["z_loss"] = float(values[1])
+    out["expert_tokens"] = {
+        f"layers.{layer}": [int(round(float(v))) for v in values[2 + n * E : 2 + (n + 1) * E]]
+        for n, layer in enumerate(index)
+    }
+    return out

@@ -1,0 +1,154 @@
+"""runtime/moe.py on one rank: routing, the grouped experts, the aux losses, the counts.
+
+Each against a plain reference written token by token here (Note [deterministic
+dropless routing]), so the vectorized permutation cannot drift from its meaning.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from parc.runtime import moe
+from parc.runtime.model import Transformer
+from parc.runtime.model_desc import ModelConfig, describe
+from parc.runtime.param_init import initialize
+
+
+def config(**moe_keys) -> ModelConfig:
+    keys = dict(experts=4, top_k=2)
+    keys.update(moe_keys)
+    return ModelConfig(arch=moe_keys.pop("arch", "llama"), layers=2, hidden=16, heads=2, kv_heads=2, ffn=24,
+                       vocab=32, padded_vocab=32, seq_len=8, **{k: v for k, v in keys.items() if k != "arch"})
+
+
+def test_ties_go_to_the_lower_expert_index():
+    logits = torch.zeros(3, 4)
+    logits[1, 2] = logits[1, 3] = 1.0  # experts 2 and 3 tie above the rest
+    experts, weights, kept, _ = moe.route(logits, top_k=2, router="softmax", capacity_factor=None)
+    assert experts.tolist() == [[0, 1], [2, 3], [0, 1]]
+    assert torch.allclose(weights, torch.full((3, 2), 0.5))
+    assert kept.all()
+
+
+@pytest.mark.parametrize("router", ["softmax", "sigmoid"])
+def test_weights_are_the_chosen_scores_renormalized(router):
+    logits = torch.randn(6, 5, generator=torch.Generator().manual_seed(0))
+    experts, weights, _, probs = moe.route(logits, top_k=3, router=router, capacity_factor=None)
+    scores = logits.softmax(-1) if router == "softmax" else logits.sigmoid()
+    for t in range(6):
+        best = sorted(range(5), key=lambda e: (-float(scores[t, e]), e))[:3]
+        assert experts[t].tolist() == best
+        chosen = scores[t, best]
+        assert torch.allclose(weights[t], chosen / chosen.sum())
+    assert torch.allclose(probs.sum(-1), torch.ones(6))
+
+
+def test_capacity_keeps_each_experts_best_scored_tokens():
+    # every token prefers expert 0; capacity ceil(0.5 · 4 · 1 / 2) = 1: only the best stays
+    logits = torch.tensor([[1.0, 0.0], [3.0, 0.0], [2.0, 0.0], [3.0, 0.0]])
+    experts, _, kept, _ = moe.route(logits, top_k=1, router="softmax", capacity_factor=0.5)
+    assert experts.squeeze(1).tolist() == [0, 0, 0, 0]
+    assert kept.squeeze(1).tolist() == [False, True, False, False]  # token 1 ties token 3: the earlier
+
+
+def reference_moe(layer: moe.MoEMLP, x: torch.Tensor) -> torch.Tensor:
+    """Token by token: each through its top_k experts' own matrices, weighted."""
+    tokens = x.reshape(-1, x.shape[-1])
+    experts, weights, kept, _ = moe.route(layer.router(tokens), top_k=layer.top_k, router=layer.router_kind,
+                                          capacity_factor=layer.capacity)
+    rows = []
+    for t in range(tokens.shape[0]):
+        y = torch.zeros_like(tokens[t])
+        for slot in range(layer.top_k):
+            if not kept[t, slot]:
+                continue
+            e = int(experts[t, slot])
+            up = layer.experts.up_proj.weight[e] @ tokens[t]
+            if layer.llama:
+                h = F.silu(layer.experts.gate_proj.weight[e] @ tokens[t]) * up
+            else:
+                h = F.gelu(up, approximate="tanh")
+            y = y + weights[t, slot] * (layer.experts.down_proj.weight[e] @ h)
+        if layer.shared_experts is not None:
+            y = y + layer.shared_experts(tokens[t : t + 1])[0]
+        rows.append(y)
+    return torch.stack(rows).view_as(x)
+
+
+def build(cfg: ModelConfig) -> Transformer:
+    model = Transformer(cfg, tp_group=None, sequence_parallel=False, tp_plan={})
+    initialize(model, seed=3)
+    return model.double()
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [dict(), dict(arch="gpt"), dict(shared_experts=1), dict(router="sigmoid", top_k=1), dict(capacity_factor=0.6)],
+    ids=["llama", "gpt", "shared", "sigmoid-top1", "capacity"],
+)
+def test_moe_mlp_matches_the_token_by_token_reference(keys):
+    model = build(config(**keys))
+    layer = model.layers["0"].mlp
+    assert isinstance(layer, moe.MoEMLP)
+    x = torch.randn(2, 8, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(layer(x), reference_moe(layer, x), atol=1e-12)
+
+
+def test_aux_and_z_loss_reach_the_router_gradient_with_the_loss_scale():
+    cfg = config(aux_loss=0.5, z_loss=0.25)
+    model = build(cfg)
+    layer = model.layers["0"].mlp
+    layer.loss_scale = 1 / 4
+    x = torch.randn(2, 8, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    layer(x).sum().backward()
+    with_aux = layer.router.weight.grad.clone()
+    layer.router.weight.grad = None
+    # the same, with the aux losses written out by hand and added at weight 1/4
+    tokens = x.reshape(-1, 16)
+    logits = layer.router(tokens)
+    experts, _, _, probs = moe.route(logits, top_k=2, router="softmax", capacity_factor=None)
+    share = torch.bincount(experts.reshape(-1), minlength=4).double() / (16 * 2)
+    balance = 0.5 * 4 * torch.sum(share * probs.mean(0))
+    z = 0.25 * torch.logsumexp(logits, -1).square().mean()
+    layer.aux_coeff = layer.z_coeff = 0.0
+    (layer(x).sum() + (balance + z) / 4).backward()
+    assert torch.allclose(layer.router.weight.grad, with_aux, atol=1e-12)
+
+
+def test_metrics_count_routed_slots_and_skip_recompute():
+    cfg = config()
+    model = build(cfg)
+    x = torch.randint(0, 32, (2, 8))
+    model(x, x).backward()
+    out = moe.step_metrics(model, cfg, micro_batches=1, stage_ranks=1, replicas=1, device="cpu")
+    assert sorted(out["expert_tokens"]) == ["layers.0", "layers.1"]
+    assert all(sum(counts) == 2 * 8 * 2 for counts in out["expert_tokens"].values())
+    assert out["aux_loss"] > 0 and "z_loss" not in out
+    # full recompute reruns the block in backward: the counts must not double
+    for block in model.layers.values():
+        block.recompute = "full"
+    model(x, x).backward()
+    again = moe.step_metrics(model, cfg, micro_batches=1, stage_ranks=1, replicas=1, device="cpu")
+    assert again["expert_tokens"] == out["expert_tokens"]
+    assert math.isclose(again["aux_loss"], out["aux_loss"], rel_tol=1e-12)
+
+
+def test_description_counts_total_and_active_parameters():
+    cfg = config(moe_every=2, shared_experts=1)
+    model = build(cfg)  # Transformer checks its parameters against the description
+    desc = describe(cfg)
+    assert desc.parameters == sum(p.numel() for p in model.parameters())
+    assert [cfg.is_moe(i) for i in range(2)] == [True, False]
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    assert experts == 3 * 4 * 24 * 16
+    assert desc.active_parameters == desc.parameters - experts // 2  # top 2 of 4
+    dense = describe(config(experts=0))
+    assert dense.active_parameters == dense.parameters
+    # a token meets the router, the shared expert and 2 of the 4 experts
+    assert desc.blocks[0].matmul_weights("mlp") == 4 * 16 + 3 * 24 * 16 + 2 * 3 * 24 * 16
+    assert desc.blocks[1].matmul_weights("mlp") == 3 * 24 * 16  # dense: gate, up, down
