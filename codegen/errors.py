@@ -6,7 +6,7 @@ with the span of that key (or of the nearest enclosing key the spec wrote), and
 
 =========  =====================================================================
 PAR0801    a value is still ``auto`` (the planner fills it; build needs it set)
-PAR0802    a feature parc cannot build yet (fp16, ring attention, ...)
+PAR0802    a feature parc cannot build yet (ring attention, ...)
 PAR0803    a name that is not a plain identifier (it would be emitted as code)
 PAR0804    a value of the wrong type, not finite, or out of range
 =========  =====================================================================

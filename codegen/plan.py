@@ -337,6 +337,8 @@ class TrainPlan:
     """ON_NONFINITE: ``skip`` or ``stop`` on a non-finite loss or gradient norm."""
     kernels: Setting
     """KERNELS: the fused ops, "compiled" (runtime/kernels) or "eager"."""
+    grad_reduce: Setting | None = None
+    """GRAD_REDUCE when ``train.grad_reduce = bf16`` (runtime/dp.py's ``reduce_dtype``); None for fp32."""
     zero_prefetch: Setting | None = None
     """ZERO_PREFETCH under zero = 3 (runtime/fsdp.py, Note [prefetch]); None otherwise."""
     zero_shard: Setting | None = None

@@ -67,7 +67,7 @@ def plan_to_json(plan) -> str:
     data = _plain(plan)
     if data.get("predicted", 0) is None:
         del data["predicted"]  # only a planner-chosen layout carries a prediction
-    for key in ("zero_prefetch", "zero_shard"):  # only under zero = 3
+    for key in ("zero_prefetch", "zero_shard", "grad_reduce"):  # only under zero = 3; grad_reduce = bf16
         if data["train"].get(key, 0) is None:
             del data["train"][key]
     if data["model"].get("expert_parallel", 0) is None:

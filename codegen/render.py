@@ -247,6 +247,10 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             "# produced it (on the last micro-batch), while backward goes on",
             f"grad_sync = dp.GradientBuckets(net, {reduce_group}, overlap=True, accumulations=GRAD_ACCUM)",
         ]
+        if plan.train.grad_reduce is not None:  # train.grad_reduce = bf16
+            optimizer_extra[-1] = optimizer_extra[-1][:-1] + ", reduce_dtype=torch.bfloat16)"
+            optimizer_extra.insert(-1, f"# {cite(plan.train.grad_reduce.span)}: summed over {over} in bf16, "
+                                   "divided back in fp32")
         # first: the lines below change grads, and finish() writes the dp means back
         after_backward.insert(0, f"grad_sync.finish()  # wait the buckets: mean gradient over the {over} ranks")
     after_backward += render_moe.after_backward_lines(plan)  # expert grads: their own edp group
@@ -254,7 +258,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         loss_lines.append(f"step_loss = dp.all_reduce_mean(loss_sum, {reduce_group})  # global mean loss")
     else:
         loss_lines.append("step_loss = loss_sum")
-    step_lines = render_checkpoint.guarded_step_lines(step_lines)
+    step_lines = render_checkpoint.guarded_step_lines(step_lines, fp16=plan.train.precision.value == "fp16")
     extra_args = render_checkpoint.flag_lines() + render_observe.flag_lines()
     flag_docs = render_checkpoint.flag_docs(plan) + render_observe.flag_docs(plan) + render_eval.flag_docs(plan)
     extra_flag_docs = [docstring_text(line) for line in flag_docs]
@@ -273,18 +277,27 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         dataset_line = "dataset = data.SyntheticTokens(VOCAB, SEQ_LEN, seed=args.seed)"
     forward = "loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM"
     std_imports = ["import argparse", *(["import os"] if data.kind == "tokens" else []), "import time"]
-    if plan.train.precision.value == "bf16":
+    low = render_step.autocast_dtype(plan)
+    if low is not None or plan.train.grad_reduce is not None:
         std_imports += ["", "import torch"]
         forward_lines = [
-            f"# {cite(plan.train.precision.span)}: bf16 autocast; weights, grads and Adam stay fp32",
-            "with torch.autocast(device_type=dist.device.type, dtype=torch.bfloat16):",
+            f"# {cite(plan.train.precision.span)}: {plan.train.precision.value} autocast; "
+            "weights, grads and Adam stay fp32",
+            f"with torch.autocast(device_type=dist.device.type, dtype={low}):",
             "    " + forward,
         ]
     else:
         forward_lines = [forward]
     imports = train_imports(plan)
-    if pipelined and plan.train.precision.value == "bf16":
+    if pipelined and low is not None:
         forward_lines = []  # the executor runs each stage's forward under autocast
+    fp16 = plan.train.precision.value == "fp16"
+    if fp16:
+        step_lines = [_scaled_clip(line) for line in step_lines]
+        optimizer_extra += [
+            f"# {cite(plan.train.precision.span)}: fp16: dynamic loss scaling (grow/backoff, overflow steps skipped)",
+            "scaler = loss_scale.DynamicLossScale(rank=dist.rank)",
+        ]
     build_function, model_comment_lines, pipeline_args = render_step.model_lines(plan)
     model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
     layout = layout_words(plan)
@@ -330,6 +343,10 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         log_condition=render_eval.log_condition(plan),
         record_lines=render_eval.record_lines(plan) + render_moe.record_lines(plan) + [
             '"exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute',
+        ] + ([
+            '"loss_scale": scaler.scale,  # fp16: the scale after this step\'s grow/backoff',
+            '"skipped_overflow_steps": scaler.skipped,',
+        ] if fp16 else []) + [
             "# bytes this rank holds (and every rank's, in memory_per_rank): collective",
             "**(memory.report(net, optimizer, activations, held_grads) if activations.active else {}),",
         ] + ([
@@ -400,7 +417,15 @@ def train_imports(plan: Plan) -> list[str]:
     imports += ["fsdp"] if plan.train.zero.value == 3 else ["zero"] if plan.train.zero.value else []
     imports += ["moe"] if render_moe.has_experts(plan) else []
     imports += ["evaluate"] if render_eval.enabled(plan) else []
+    imports += ["loss_scale"] if plan.train.precision.value == "fp16" else []
     return imports
+
+
+def _scaled_clip(line: str) -> str:
+    """fp16: the gradients are of the scaled loss; the clip divides them by the scale first."""
+    if line.startswith("grad_norm = ") and line.endswith(")"):
+        return line[:-1] + ", grad_scale=scaled_by)"
+    return line
 
 
 def runtime_modules(plan: Plan) -> set[str]:

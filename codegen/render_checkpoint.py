@@ -75,6 +75,9 @@ def setup_lines(plan: Plan, layout: str) -> list[str]:
         f"    samples_per_step=MICRO_BATCH * GRAD_ACCUM * {'DP' if dp > 1 else '1'},",
         f"    {RANK_ARGS},",
         "    device=dist.device,",
+    ] + ([
+        "    loss_scale=scaler,  # fp16: the scale and its counters resume too",
+    ] if plan.train.precision.value == "fp16" else []) + [
         ")",
         "# the last step already trained: 0, or the checkpoint's (after a restart by",
         "# torchrun, the latest one in --checkpoint-dir)",
@@ -89,16 +92,24 @@ def step_start_lines() -> list[str]:
     ]
 
 
-def guarded_step_lines(step_lines: list[str]) -> list[str]:
-    """``step_lines`` with the optimizer step taken only when every rank's numbers are finite."""
+def guarded_step_lines(step_lines: list[str], fp16: bool = False) -> list[str]:
+    """``step_lines`` with the optimizer step taken only when every rank's numbers are finite.
+    fp16: an overflow of the scaled gradients is the loss scaler's to skip, not the guard's."""
     at = next((i for i, line in enumerate(step_lines) if line.startswith("optimizer.step()")), None)
     if at is None:
         raise RuntimeError("internal error in parc (render_checkpoint): no optimizer.step() line")
     return step_lines[:at] + [
         "# PARC_NAN_AT_STEP=k (tests only): the last rank's loss of step k is NaN",
         f"loss_sum = faults.inject_nan(step, loss_sum, {RANK_ARGS})",
+    ] + ([
+        "# fp16 overflow (the norm is global, so every rank agrees): skipped, the scale backs off",
+        "stepping = scaler.update(step, grad_norm)",
+        "# any rank's non-finite loss or grad norm: every rank skips the step (or stops)",
+        "if guard.check(step, loss_sum, grad_norm if stepping else 0.0) and stepping:",
+    ] if fp16 else [
         "# any rank's non-finite loss or grad norm: every rank skips the step (or stops)",
         "if guard.check(step, loss_sum, grad_norm):",
+    ]) + [
         "    " + step_lines[at],
     ] + step_lines[at + 1 :]
 

@@ -70,6 +70,11 @@ def model_lines(plan: Plan) -> tuple[str, list[str], list[str]]:
     )
 
 
+def autocast_dtype(plan: Plan) -> str | None:
+    """The torch dtype the forward autocasts to (``train.precision``), None for fp32."""
+    return {"bf16": "torch.bfloat16", "fp16": "torch.float16"}.get(plan.train.precision.value)
+
+
 def executor_lines(plan: Plan) -> list[str]:
     if not has_pipeline(plan):
         return []
@@ -77,7 +82,7 @@ def executor_lines(plan: Plan) -> list[str]:
     tokens = "SEQ_LEN" + (" // CP" if plan.mesh.size("cp") > 1 else "") + (
         " // TP" if plan.sequence_parallel.enabled else ""
     )
-    autocast = "torch.bfloat16" if plan.train.precision.value == "bf16" else "None"
+    autocast = autocast_dtype(plan) or "None"
     return [
         "",
         "# ---- pipeline -----------------------------------------------------------",
@@ -115,8 +120,12 @@ def _sample_lines(dp_rank_arg: str) -> list[str]:
 
 def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> list[str]:
     """One step's forward and backward, leaving ``loss_sum`` (the step's mean loss here)."""
+    scale = ["scaled_by = scaler.begin(step)  # fp16: backward runs on loss × scaled_by"] \
+        if plan.train.precision.value == "fp16" else []
+    if scale and has_pipeline(plan):
+        scale.append("runner.loss_scale = scaled_by  # the last stage's backward starts from it")
     if not has_pipeline(plan):
-        lines = ["loss_sum = 0.0", "for micro in range(GRAD_ACCUM):"]
+        lines = [*scale, "loss_sum = 0.0", "for micro in range(GRAD_ACCUM):"]
         body = _sample_lines(dp_rank_arg)
         body.append("inputs, targets = dataset.batch(indices)  # (B, T) token ids each")
         if plan.mesh.size("cp") > 1:
@@ -127,14 +136,15 @@ def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> l
             ]
         body += forward_lines
         body += [
-            "loss.backward()",
+            "(loss * scaled_by).backward()  # fp16: the scaled loss (loss_scale.py)"
+            if plan.train.precision.value == "fp16" else "loss.backward()",
             "# summed on the device: one wait for it a step (below), not one a micro-batch",
             "loss_sum += loss.detach()",
         ]
         lines += ["    " + line for line in body]
         lines.append("loss_sum = loss_sum.item()")
     else:
-        lines = ["batches = []  # every micro-batch of this step: the first stage reads the"]
+        lines = [*scale, "batches = []  # every micro-batch of this step: the first stage reads the"]
         lines.append("# inputs, the last the targets")
         lines.append("for micro in range(GRAD_ACCUM):")
         lines += ["    " + line for line in _sample_lines(dp_rank_arg)]

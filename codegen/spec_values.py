@@ -37,6 +37,7 @@ def spec_values(spec: Spec) -> dict:
         "stage_layers": par.stage_layers,
         "global_batch": train.global_batch, "micro_batch": train.micro_batch, "steps": train.steps,
         "warmup": train.lr_schedule.warmup, "precision": train.precision.value,
+        "grad_reduce": train.grad_reduce,
         "optimizer": train.optimizer.name, "data": train.data.kind.value, "data_dtype": train.data.dtype,
     }
 

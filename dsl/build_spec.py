@@ -158,6 +158,8 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         ),
         grad_clip=float(train.get("grad_clip", 1.0)),
         precision=Precision(train.get("precision", "fp32")),
+        master_weights=train.get("master_weights", "fp32"),
+        grad_reduce=train.get("grad_reduce", "fp32"),
         seed=train.get("seed", 1234),
         data=DataSpec(
             kind=DataKind(data["kind"]), path=data.get("path"), dtype=data.get("dtype", "uint16"),
@@ -270,6 +272,8 @@ def spec_document(spec: Spec) -> dict:
         | ({} if lr.kind is LrScheduleKind.CONSTANT else {"min_lr_ratio": lr.min_lr_ratio}),
         "grad_clip": train.grad_clip,
         "precision": train.precision.value,
+        "master_weights": train.master_weights,
+        "grad_reduce": train.grad_reduce,
         "seed": train.seed,
         "data": {"kind": "synthetic"} if train.data.kind is DataKind.SYNTHETIC
         else {"kind": "tokens", "path": train.data.path, "dtype": train.data.dtype}

@@ -463,6 +463,20 @@ TRAIN = BlockDef(
             default="fp32",
             doc="compute precision",
         ),
+        Param(
+            name="master_weights",
+            type="enum",
+            choices=("fp32",),
+            default="fp32",
+            doc="the optimizer's copy of the weights (and its Adam moments) under bf16/fp16",
+        ),
+        Param(
+            name="grad_reduce",
+            type="enum",
+            choices=("fp32", "bf16"),
+            default="fp32",
+            doc="the dtype gradients are reduced in over the data-parallel ranks",
+        ),
         _int("seed", "random seed", minimum=0, maximum=2**32 - 1, default="1234"),
         Param(
             name="data",

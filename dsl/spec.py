@@ -243,6 +243,10 @@ class TrainSpec:
     grad_clip: float = 1.0
     """Max global gradient norm; 0 disables clipping."""
     precision: Precision = Precision.FP32
+    master_weights: str = "fp32"
+    """The optimizer's weights and moments under bf16/fp16: fp32 (the only choice today)."""
+    grad_reduce: str = "fp32"
+    """The dtype of the data-parallel gradient reduction: fp32, or bf16 (zero = 0 only: PAR0820)."""
     seed: int = 1234
     data: DataSpec = DataSpec()
     log_every: int = 1

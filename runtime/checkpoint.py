@@ -66,13 +66,15 @@ class Checkpoints:
 
     def __init__(
         self, directory, *, every, model, optimizer, tp_group, config, layout, samples_per_step, rank,
-        world_size, device, keep=0,
+        world_size, device, keep=0, loss_scale=None,
     ):
+        """``loss_scale``: fp16's ``DynamicLossScale``, saved in and restored from the info file."""
         self.directory, self.every, self.keep = directory, int(every or 0), int(keep or 0)
         self.model, self.optimizer, self.tp_group = model, optimizer, tp_group
         self.config, self.layout, self.samples_per_step = config, layout, samples_per_step
         self.rank, self.world_size, self.device = rank, world_size, device
         self.params = shards.local_parameters(model, tp_group)
+        self.loss_scale = loss_scale
 
     def _model_pieces(self, *, saving: bool):
         if shards.is_fully_sharded(self.optimizer):  # ZeRO-3: the parameters live in the shards
@@ -111,6 +113,8 @@ class Checkpoints:
                 samples_seen=step * self.samples_per_step, layout=self.layout,
                 model=dataclasses.asdict(self.config),
             )
+            if self.loss_scale is not None:  # the same on every rank: the norm it reads is global
+                info["loss_scale"] = self.loss_scale.state_dict()
             with open(os.path.join(temporary, INFO_FILE), "w", encoding="utf-8") as file:
                 json.dump(info, file, indent=1, sort_keys=True)
                 file.flush()
@@ -181,6 +185,8 @@ class Checkpoints:
             else:
                 torch.cuda.set_rng_state(value, self.device)
         step = info["step"]
+        if self.loss_scale is not None and "loss_scale" in info:  # else: the fresh scale
+            self.loss_scale.load_state_dict(info["loss_scale"])
         if self.rank == 0:
             note = "" if same_world else f"; saved by {info['world_size']} ranks ({info['layout']}): RNG not restored"
             if info["samples_seen"] != step * self.samples_per_step:

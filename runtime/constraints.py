@@ -78,6 +78,7 @@ KEYS = {
     "steps": "train.steps",
     "warmup": "train.schedule.warmup",
     "precision": "train.precision",
+    "grad_reduce": "train.grad_reduce",
     "optimizer": "train.optimizer",
     "data": "train.data",
     "data_dtype": "train.data.dtype",
@@ -714,8 +715,6 @@ class Unbuildable:
 
 
 UNBUILDABLE = (
-    Unbuildable("precision", lambda precision: precision == "fp16", "fp16 training (it needs loss scaling)",
-                "use precision = bf16 or fp32"),
     Unbuildable("optimizer", lambda name: name != "adamw", "", "use optimizer = adamw(...)"),
 )
 """One entry per feature ``parc build`` cannot generate: the issue that builds it deletes
@@ -790,6 +789,18 @@ def build_zero3_split_backward(zero, schedule):
                       f"zero = 3 with schedule = {schedule} is not supported yet by parc build: "
                       "the weight-gradient (W) ops run after the block's gathered parameters are freed",
                       "use schedule = 1f1b with zero = 3, or zero = 2 with zero_bubble")
+
+
+@rule("PAR0820", BUILD)
+def build_grad_reduce(grad_reduce, zero):
+    """A bf16 gradient reduction is built for ZeRO 0 (runtime/dp.py's buckets); ZeRO 1/2/3
+    reduce (and reduce-scatter) in fp32 only yet."""
+    if grad_reduce != "bf16" or zero == 0:
+        return None
+    return _violation("PAR0820", ("train.grad_reduce", "parallel.zero"),
+                      f"grad_reduce = bf16 with zero = {zero} (gradients reduced in bf16 into the "
+                      "optimizer's shards) is not supported yet by parc build",
+                      "use grad_reduce = fp32 (the default) with zero >= 1, or zero = 0 with grad_reduce = bf16")
 
 
 @rule("PAR0810", BUILD)

@@ -61,10 +61,14 @@ def gradient_buckets(params, bucket_bytes: int) -> tuple[list[list], int]:
 
 
 class GradientBuckets:
-    def __init__(self, model, dp_group, *, bucket_bytes=25 * 2**20, overlap=False, accumulations=1):
+    def __init__(self, model, dp_group, *, bucket_bytes=25 * 2**20, overlap=False, accumulations=1,
+                 reduce_dtype=None):
+        """``reduce_dtype`` (``train.grad_reduce = bf16``): each bucket is summed over dp in
+        that dtype (half the bytes of fp32 on the wire) and divided back in fp32."""
         if accumulations < 1:
             raise ValueError(f"accumulations must be at least 1, not {accumulations!r}")
         self.group, self.size = dp_group, group_size(dp_group)
+        self.reduce_dtype = reduce_dtype
         self.overlap, self.accumulations = bool(overlap) and self.size > 1, int(accumulations)
         # experts split over ep reduce over their own edp group (moe.reduce_expert_grads)
         params = [p for p in model.parameters() if p.requires_grad and not getattr(p, "expert_parallel", False)]
@@ -94,7 +98,7 @@ class GradientBuckets:
     @torch.no_grad()
     def _launch(self, index: int) -> None:
         bucket = self.buckets[index]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
+        flat = self._flat(bucket)
         _issued()
         self._inflight[index] = (flat, Pending(dist.all_reduce(flat, group=self.group, async_op=True), flat))
 
@@ -119,13 +123,18 @@ class GradientBuckets:
         if self.size == 1:
             return
         for bucket in self.buckets:
-            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
+            flat = self._flat(bucket)
             _issued()
             with exposed():
                 dist.all_reduce(flat, group=self.group)
             self._write_back(bucket, flat)
 
+    def _flat(self, bucket) -> torch.Tensor:
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
+        return flat if self.reduce_dtype is None else flat.to(self.reduce_dtype)
+
     def _write_back(self, bucket, flat) -> None:
+        flat = flat.to(bucket[0].dtype) if self.reduce_dtype is not None else flat  # the sum, back to fp32
         flat.div_(self.size)
         offset = 0
         for p in bucket:

@@ -221,7 +221,7 @@ class FullyShardedAdamW:
         self.grad[unit.offset : unit.offset + unit.shard_numel].copy_(mine)
 
     @torch.no_grad()
-    def reduce_gradients_and_clip(self, max_norm: float) -> float:
+    def reduce_gradients_and_clip(self, max_norm: float, grad_scale: float = 1.0) -> float:
         """Mean gradient over the data-parallel ranks into this rank's shards, clipped to
         ``max_norm``; returns the global norm (``zero.clip_global_norm_``)."""
         for unit in self.units:
@@ -235,7 +235,7 @@ class FullyShardedAdamW:
         self.gathered_peak_bytes, self._peak = self._peak, 0
         return clip_global_norm_(
             self.grad, counted=self.counted, tp_mask=self.tp_mask, max_norm=max_norm,
-            tp_group=self.tp_group, dp_group=self.dp_group, pp_group=self.pp_group,
+            tp_group=self.tp_group, dp_group=self.dp_group, pp_group=self.pp_group, grad_scale=grad_scale,
         )
 
     @torch.no_grad()

@@ -51,7 +51,7 @@ def set_lr(optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None, ep_group=None) -> float:
+def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None, ep_group=None, grad_scale: float = 1.0) -> float:
     """Scale gradients so their global norm is at most ``max_norm``; return the norm.
 
     Tensor-parallel shards (``param.tensor_parallel``) contribute their squares summed
@@ -59,7 +59,8 @@ def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None, ep_group=None) 
     pipeline stages' squares are summed over ``pp_group``, and a stage's copy of a
     tied embedding (``param.pipeline_duplicate``) is not counted again. Experts split
     over expert-parallel ranks (``param.expert_parallel``) sum their squares over ``ep_group``.
-    ``max_norm == 0`` only measures.
+    ``max_norm == 0`` only measures. ``grad_scale``: the gradients are of the loss times
+    it (fp16, loss_scale.py); they are divided by it first.
     """
     sharded, replicated, duplicates, experts = [], [], [], []
     for p in model.parameters():
@@ -71,6 +72,9 @@ def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None, ep_group=None) 
             duplicates.append(p.grad)  # clipped, but counted on the first stage
         else:
             (sharded if getattr(p, "tensor_parallel", False) else replicated).append(p.grad)
+    if grad_scale != 1.0:
+        for g in sharded + replicated + duplicates + experts:
+            g.mul_(1.0 / grad_scale)
     device = next(model.parameters()).device
     zero = torch.zeros((), dtype=torch.float32, device=device)
     sharded_sq = sum((g.float().pow(2).sum() for g in sharded), zero)

@@ -51,6 +51,7 @@ class PipelineExecutor:
         # schedule.py, Note [B and W]: B computes the input gradient only, W the weights'
         self.split_backward = any(action.op is Op.WEIGHT for action in self.actions)
         self.steps = p2p_steps(self.actions)
+        self.loss_scale = 1.0  # fp16: the last stage's backward starts from it (loss_scale.py)
 
     def _vstage(self, chunk: int) -> int:
         return virtual_stage(self.pp_rank, chunk, self.stages)
@@ -78,6 +79,8 @@ class PipelineExecutor:
         if op is Op.BACKWARD:
             x, y = inputs.pop((m, c)), outputs.pop((m, c))
             grad = None if last else received.pop((_GRAD, m, c))[1].to(y.dtype)
+            if last and self.loss_scale != 1.0:
+                grad = torch.full_like(y, self.loss_scale)  # d(scale · loss)/d(loss)
             if self.split_backward:
                 x_grad, owed[(m, c)] = backward_input(y, grad, x, self.chunks[c].parameters())
             else:

@@ -197,7 +197,7 @@ class ShardedAdamW:
         return grad
 
     @torch.no_grad()
-    def reduce_gradients_and_clip(self, max_norm: float) -> float:
+    def reduce_gradients_and_clip(self, max_norm: float, grad_scale: float = 1.0) -> float:
         """Mean gradient over dp into this rank's slice, clipped to ``max_norm``; the norm.
 
         The norm is global: squares of tp shards summed over tp, replicated
@@ -210,7 +210,7 @@ class ShardedAdamW:
             grad = self._slice_grad()  # each rank keeps only its slice
         norm = clip_global_norm_(
             grad, counted=self.counted, tp_mask=self.tp_mask, max_norm=max_norm,
-            tp_group=self.tp_group, dp_group=self.dp_group, pp_group=self.pp_group,
+            tp_group=self.tp_group, dp_group=self.dp_group, pp_group=self.pp_group, grad_scale=grad_scale,
         )
         self.grad = grad
         return norm
@@ -253,13 +253,17 @@ class ShardedAdamW:
 
 
 @torch.no_grad()
-def clip_global_norm_(grad, *, counted, tp_mask, max_norm, tp_group, dp_group, pp_group=None) -> float:
+def clip_global_norm_(grad, *, counted, tp_mask, max_norm, tp_group, dp_group, pp_group=None,
+                      grad_scale: float = 1.0) -> float:
     """The global norm of a gradient held as one slice per rank, and ``grad`` clipped to
     ``max_norm`` in place (``max_norm == 0`` only measures).
 
     Squares of tp shards (``tp_mask``) are summed over tp, replicated parameters counted
     once (``counted`` false on a tied copy and on padding), then the dp slices summed,
-    then the pipeline stages. Shared by ZeRO 1/2 and ZeRO-3 (``fsdp.py``)."""
+    then the pipeline stages. Shared by ZeRO 1/2 and ZeRO-3 (``fsdp.py``). ``grad``
+    is first divided by ``grad_scale`` (fp16's loss scale, loss_scale.py)."""
+    if grad_scale != 1.0:
+        grad.mul_(1.0 / grad_scale)
     squares = grad.pow(2).masked_fill(~counted, 0.0)  # a tied copy counts once
     sharded_sq = squares[tp_mask].sum()
     with exposed():  # small blocking collectives: nothing to hide them behind

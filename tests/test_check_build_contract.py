@@ -41,6 +41,8 @@ AUTO = {"examples/gpt3-175b.par", "examples/gpt-1t.par", "examples/llama3-8b-32k
 SWEEP = {
     "parallel.zero": ["0", "1", "2", "3"],
     "train.precision": ["fp32", "bf16", "fp16"],
+    "train.master_weights": ["fp32"],
+    "train.grad_reduce": ["fp32", "bf16"],
     "parallel.schedule": ["gpipe", "1f1b", "interleaved(chunks = 2)", "interleaved(chunks = 3)", "zero_bubble",
                           "chimera", "zero_bubble_v", "terapipe(slices = 2)"],
     "parallel.recompute": ["none", "selective", "full"],

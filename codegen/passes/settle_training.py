@@ -101,6 +101,8 @@ def run(spec: Spec, draft: Draft) -> Draft:
         on_nonfinite=setting(spec, "ON_NONFINITE", "train.on_nonfinite", t.on_nonfinite),
         kernels=setting(spec, "KERNELS", "train.kernels", t.kernels.value),
         **zero3_settings(spec),
+        **({"grad_reduce": setting(spec, "GRAD_REDUCE", "train.grad_reduce", t.grad_reduce)}
+           if t.grad_reduce != "fp32" else {}),
     )
     return replace(draft, model=model, train=train)
 

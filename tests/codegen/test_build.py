@@ -204,13 +204,45 @@ def test_emit_spec_and_ast(capsys):
     "sets,code,words",
     [
         (["parallel.zero=3", "parallel.overlap=sub_batch(2)", "parallel.dp=2"], "PAR0240", "zero = 3 with overlap"),
-        (["train.precision=fp16"], "PAR0802", "fp16"),
     ],
 )
 def test_unsupported_features_point_at_the_spec(sets, code, words):
     with pytest.raises(Diagnostics) as info:
         generate(load("examples/tiny.par", sets))
     assert any(e.code == code and words in e.message for e in info.value.errors), info.value.errors
+
+
+@pytest.mark.parametrize("sets", [[], ["parallel.zero=3"], ["parallel.pp=2", "parallel.tp=1"]])
+def test_fp16_builds_autocast_with_dynamic_loss_scaling(sets):
+    files = generate(load("examples/tiny.par", ["train.precision=fp16", *sets]))
+    text = files["train.py"].decode()
+    assert "scaler = loss_scale.DynamicLossScale(rank=dist.rank)" in text
+    assert "scaled_by = scaler.begin(step)" in text and "grad_scale=scaled_by" in text
+    assert "stepping = scaler.update(step, grad_norm)" in text and '"loss_scale": scaler.scale' in text
+    assert "torch.float16" in text and "parc_runtime/loss_scale.py" in files
+    pipelined = "parallel.pp=2" in sets
+    assert ("runner.loss_scale = scaled_by" in text) == pipelined
+    assert ("(loss * scaled_by).backward()" in text) != pipelined
+
+
+def test_unbuildable_optimizer_in_a_hand_built_spec_is_par0802():
+    """PAR0802 is build-only now (fp16 and ring attention are built): the schema admits
+    only adamw, so a Spec built by hand is what asks for another optimizer."""
+    import dataclasses
+
+    spec = load("examples/tiny.par", [])
+    train = dataclasses.replace(spec.train, optimizer=dataclasses.replace(spec.train.optimizer, name="sgd"))
+    with pytest.raises(Diagnostics) as info:
+        generate(dataclasses.replace(spec, train=train))
+    assert any(e.code == "PAR0802" and "sgd" in e.message for e in info.value.errors), info.value.errors
+
+
+def test_grad_reduce_bf16_builds_bf16_buckets():
+    files = generate(load("examples/tiny.par", ["train.grad_reduce=bf16"]))
+    text = files["train.py"].decode()
+    assert "reduce_dtype=torch.bfloat16" in text and "import torch" in text
+    fp32 = generate(load("examples/tiny.par", []))["train.py"].decode()
+    assert "reduce_dtype" not in fp32
 
 
 def test_zero3_builds_fsdp_with_its_settings():

@@ -33,6 +33,12 @@ CASES = {
     "llama dp2·pp2 zero3": ("llama.par", dict(dp=2, pp=2, zero=3)),
     # bf16 autocast: the bf16 copies of the matmul weights are saved for backward too
     "gpt dp2 bf16": ("gpt.par", dict(dp=2, precision="bf16")),
+    # low precision with sharded optimizers and pipelines: the copies per micro-batch in flight
+    "gpt dp2 zero3 bf16": ("gpt.par", dict(dp=2, zero=3, precision="bf16")),
+    "llama dp2 zero1 bf16": ("llama.par", dict(dp=2, zero=1, precision="bf16")),
+    # fp16 autocast keeps the same 2-byte copies (the loss scale costs no bytes)
+    "gpt dp2 fp16": ("gpt.par", dict(dp=2, precision="fp16")),
+    "gpt dp2·tp2 sp zero2 fp16": ("gpt.par", dict(dp=2, tp=2, sp="true", zero=2, precision="fp16")),
 }
 
 
