@@ -87,7 +87,7 @@ def setup_lines(plan: Plan, *, reduce_group: str | None, pipelined: bool) -> lis
         "    dp_size=DP,",
         "    device=dist.device,",
         f"    reduce_group={reduce_group or 'None'},",
-        *(['    cp_rank=grid.index("cp"),', "    cp_size=CP,"] if cp else []),
+        *(['    cp_rank=grid.index("cp"),', "    cp_size=CP,", "    cp_kind=CP_KIND,"] if cp else []),
         *(["    runner=runner,", "    pp_group=pp_group,"] if pipelined else []),
         *(["    autocast_dtype=torch.bfloat16,"] if bf16 and not pipelined else []),
         ")",

@@ -29,12 +29,13 @@ from .dp import all_reduce_mean
 class Evaluator:
     def __init__(
         self, dataset, *, every, batches, micro_batch, grad_accum, dp_rank, dp_size,
-        device, reduce_group=None, cp_rank=0, cp_size=1, runner=None, pp_group=None,
+        device, reduce_group=None, cp_rank=0, cp_size=1, cp_kind=None, runner=None, pp_group=None,
         autocast_dtype=None,
     ):
         self.dataset, self.every, self.batches = dataset, every, batches
         self.micro_batch, self.grad_accum = micro_batch, grad_accum
         self.dp_rank, self.dp_size, self.cp_rank, self.cp_size = dp_rank, dp_size, cp_rank, cp_size
+        self.cp_kind = cp_kind  # which tokens a cp rank holds (ring: two load-balanced chunks)
         self.device, self.reduce_group = device, reduce_group
         self.runner, self.pp_group, self.autocast_dtype = runner, pp_group, autocast_dtype
 
@@ -52,7 +53,9 @@ class Evaluator:
             )
             inputs, targets = self.dataset.batch(indices)  # (B, T) token ids each
             if self.cp_size > 1:
-                inputs, targets = data.context_chunk(inputs, targets, cp_rank=self.cp_rank, cp_size=self.cp_size)
+                inputs, targets = data.context_chunk(
+                    inputs, targets, cp_rank=self.cp_rank, cp_size=self.cp_size, cp_kind=self.cp_kind
+                )
             out.append((inputs, targets))
         return out
 

@@ -21,6 +21,7 @@ LAYOUTS = {
     "tp2": dict(tp=2),
     "pp2": dict(pp=2),
     "cp2": dict(cp=2, parallel__cp_kind="ulysses"),
+    "cp2-ring": dict(cp=2, parallel__cp_kind="ring"),  # two load-balanced chunks a rank
     "dp2-tp2": dict(dp=2, tp=2),
 }
 
