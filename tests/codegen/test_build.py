@@ -204,7 +204,7 @@ def test_emit_spec_and_ast(capsys):
     "sets,code,words",
     [
         (["parallel.zero=3", "parallel.overlap=sub_batch(2)", "parallel.dp=2"], "PAR0240", "zero = 3 with overlap"),
-        (["parallel.zero=3", "train.precision=fp16"], "PAR0821", "precision = fp16 with zero = 3"),
+        (["parallel.zero=1", "train.precision=fp16"], "PAR0821", "precision = fp16 with zero = 1"),
     ],
 )
 def test_unsupported_features_point_at_the_spec(sets, code, words):
@@ -213,7 +213,7 @@ def test_unsupported_features_point_at_the_spec(sets, code, words):
     assert any(e.code == code and words in e.message for e in info.value.errors), info.value.errors
 
 
-@pytest.mark.parametrize("sets", [[], ["parallel.zero=1"], ["parallel.pp=2", "parallel.tp=1"]])
+@pytest.mark.parametrize("sets", [[], ["parallel.dp=4", "parallel.tp=1"], ["parallel.pp=2", "parallel.tp=1"]])
 def test_fp16_builds_autocast_with_dynamic_loss_scaling(sets):
     files = generate(load("examples/tiny.par", ["train.precision=fp16", *sets]))
     text = files["train.py"].decode()

@@ -38,7 +38,6 @@ CASES = {
     "llama dp2 zero1 bf16": ("llama.par", dict(dp=2, zero=1, precision="bf16")),
     # fp16 autocast keeps the same 2-byte copies (the loss scale costs no bytes)
     "gpt dp2 fp16": ("gpt.par", dict(dp=2, precision="fp16")),
-    "gpt dp2·tp2 sp zero2 fp16": ("gpt.par", dict(dp=2, tp=2, sp="true", zero=2, precision="fp16")),
 }
 
 
