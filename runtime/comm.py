@@ -15,6 +15,7 @@ its ``wait``), and the asynchronous launches (``launch_*`` → ``Pending``) that
 from __future__ import annotations
 
 import time
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -61,6 +62,25 @@ def exposed():
 
 def _issued() -> None:
     exposed_clock.collectives += 1
+
+
+def on_gradient(param: torch.Tensor, method, *args) -> None:
+    """Call ``method(*args, param)`` each time ``param``'s gradient has accumulated.
+
+    ``method`` is a bound method, reached through a weak reference, and ``args`` must
+    not hold tensors: a tensor's hooks live in C++, where Python's gc cannot see the
+    cycle parameter → hook → object → parameter, so a strong reference would keep the
+    model, and the process groups it holds, alive until the interpreter ends
+    (Note [groups die before Python does] in mesh.py).
+    """
+    ref = weakref.WeakMethod(method)
+
+    def hook(tensor):
+        bound = ref()
+        if bound is not None:
+            bound(*args, tensor)
+
+    param.register_post_accumulate_grad_hook(hook)
 
 
 def group_size(group) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .comm import Pending, _issued, exposed, group_size, scalar_device
+from .comm import Pending, _issued, exposed, group_size, on_gradient, scalar_device
 
 
 def finished_after_backward(param) -> bool:
@@ -79,7 +79,7 @@ class GradientBuckets:
             self._late = set(range(early, len(self.buckets)))  # Note [late gradients]
             self._reset_counts()
             for p in params:
-                p.register_post_accumulate_grad_hook(self._accumulated)
+                on_gradient(p, self._accumulated)
 
     def _reset_counts(self) -> None:
         self._accumulated_count = {id(p): 0 for bucket in self.buckets for p in bucket}

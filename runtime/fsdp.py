@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .comm import exposed, group_rank, group_size
+from .comm import exposed, group_rank, group_size, on_gradient
 from .fsdp_units import Unit, node_groups  # noqa: F401  (node_groups: train.py's, under zero_shard = node)
 from .zero import adamw_, clip_global_norm_
 
@@ -137,7 +137,7 @@ class FullyShardedAdamW:
                 chunk.register_forward_hook(self._post_forward(root, blocks[::-1], keep=False))
             for unit in blocks + ([root] if root is not None else []):
                 for p in unit.params:
-                    p.register_post_accumulate_grad_hook(self._accumulated(unit))
+                    on_gradient(p, self._accumulated, self.units.index(unit))
 
     def _use(self, unit: Unit, upcoming: list) -> None:
         """Gather ``unit`` (waiting its all-gather) and launch the next ones' (Note [prefetch])."""
@@ -169,17 +169,16 @@ class FullyShardedAdamW:
             return grad
         return hook
 
-    def _accumulated(self, unit: Unit):
-        def hook(param):
-            unit.pending -= 1
-            if unit.pending:
-                return
-            unit.pending = len(unit.params)  # this backward pass is done with the unit
-            unit.passes += 1
-            unit.free()
-            if unit.passes == self.accumulations and not unit.late:
-                self._launch(unit)  # Note [gradients of a unit]
-        return hook
+    def _accumulated(self, index: int, param) -> None:
+        unit = self.units[index]
+        unit.pending -= 1
+        if unit.pending:
+            return
+        unit.pending = len(unit.params)  # this backward pass is done with the unit
+        unit.passes += 1
+        unit.free()
+        if unit.passes == self.accumulations and not unit.late:
+            self._launch(unit)  # Note [gradients of a unit]
 
     # ---- Note [gradients of a unit] -------------------------------------------------
 

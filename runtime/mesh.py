@@ -9,11 +9,13 @@ so the innermost axis (tp) keeps its ranks on one node.
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional  # noqa: F401  (before any group: Note [groups die before Python does])
 
 from .axes import coordinates, group_ranks, partition
 
@@ -48,8 +50,32 @@ def init_distributed() -> Dist:
 
 
 def shutdown() -> None:
+    """Leave the job: every process group, and with it gloo's worker threads, is gone.
+
+    Call it after the code that used the groups has returned (the trainer's
+    ``if __name__ == "__main__":`` block), not from inside it.
+
+    Note [groups die before Python does]: a gloo worker thread can hold the last
+    reference to a finished collective's tensors (``all_gather`` of a temporary, say)
+    for a moment after the caller has moved on. Dropping it needs the GIL; if the
+    interpreter is already finalizing, CPython ends that thread with ``pthread_exit``
+    inside a ``noexcept`` frame and the process aborts with "terminate called without
+    an active exception" — exit -6 after a run that trained correctly (about 1 in 10
+    two-rank runs on this machine). ``destroy_process_group`` shuts the groups down but
+    does not join those threads; the C++ group does, when its last reference goes.
+    So once the trainer's objects (modules, optimizer, mesh — which hold the groups)
+    have gone out of scope, collect the cycles among them: each group is destroyed
+    here, with the GIL released while it joins its threads, and the threads finish
+    their last release while Python is still whole. Two references outlived the
+    trainer before: the parameters' gradient hooks (C++ → Python cycles gc cannot
+    see; ``comm.on_gradient`` holds its object weakly), and the default arguments of
+    ``torch.distributed.nn.functional`` (``group=group.WORLD``, evaluated when torch
+    first imports it — inside AdamW's first step, after the world group exists), so
+    this module imports it before any group is made.
+    """
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    gc.collect()
 
 
 def axis_ranks(rank: int, axes: tuple[tuple[str, int], ...], *names: str) -> tuple[int, ...]:

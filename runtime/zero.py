@@ -43,7 +43,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from .comm import exposed, group_rank, group_size
+from .comm import exposed, group_rank, group_size, on_gradient
 from .dp import GradientBuckets, gradient_buckets
 
 
@@ -115,7 +115,7 @@ class ShardedAdamW:
         self._bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p, _ in bucket}
         self._new_step()
         for p in self.params:
-            p.register_post_accumulate_grad_hook(self._accumulated)
+            on_gradient(p, self._accumulated)
 
     def _new_step(self) -> None:
         self._count = dict.fromkeys(self._bucket_of, 0)

@@ -19,7 +19,9 @@ put back as a fresh one would be:
 - every run gets a fresh rendezvous: rank 0 starts a new TCPStore on a free port and
   publishes the port in torchrun's own store, and every rank points ``MASTER_PORT`` at
   it, so no key of an earlier process group is ever read again. The trainer itself
-  destroys its process group when it ends (``mesh.shutdown``).
+  destroys its process groups when it ends (``mesh.shutdown``), and this worker checks
+  that their threads are gone (a group that outlives the trainer can abort the
+  process at exit: Note [groups die before Python does] in runtime/mesh.py).
 A run that raises ends this process with exit 1 after writing its traceback to its
 log; torchrun then stops the other ranks and ``batch.py`` launches the runs after it
 again.
@@ -88,6 +90,15 @@ def wait_for_all(launch_store, index: int, world_size: int) -> None:
         time.sleep(0.01)
 
 
+def gloo_threads() -> int:
+    """Gloo worker threads alive in this process (one per connection loop and per worker)."""
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/comm") as file:
+            names.append(file.read().strip())
+    return sum(name.startswith(("pt_gloo", "gloo_")) for name in names)
+
+
 def run_one(run: dict, rank: int, rng_state) -> None:
     purge_runtime()
     folder = os.path.dirname(os.path.abspath(run["train"]))
@@ -97,6 +108,9 @@ def run_one(run: dict, rank: int, rng_state) -> None:
     sigterm = signal.getsignal(signal.SIGTERM)
     try:
         runpy.run_path(run["train"], run_name="__main__")
+        left = gloo_threads()
+        if left:  # Note [groups die before Python does] in runtime/mesh.py
+            raise RuntimeError(f"{left} gloo threads outlived the trainer: something still holds a process group")
     finally:
         signal.signal(signal.SIGTERM, sigterm)
         if dist.is_initialized():  # the trainer ended early: leave no group to the next run

@@ -97,8 +97,8 @@ def main(out_dir: Path, kinds: tuple[str, ...]) -> None:
                 except Exception:  # recorded per check and reported by the test
                     result[f"{name} {arch} {kind}"] = traceback.format_exc()
     (out_dir / f"rank{dist_info.rank}.json").write_text(json.dumps(result))
-    mesh.shutdown()
 
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), tuple(sys.argv[2].split(",")) if len(sys.argv) > 2 else ("ring", "ulysses", "allgather"))
+    mesh.shutdown()  # after main's objects are gone (Note in runtime/mesh.py)

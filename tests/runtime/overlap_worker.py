@@ -166,8 +166,8 @@ def main(out_dir: Path) -> None:
             attempt(f"gradient overlap {arch} accumulations={accumulations}", check_gradient_overlap, group,
                     arch, accumulations)
     (out_dir / f"rank{dist_info.rank}.json").write_text(json.dumps(result))
-    mesh.shutdown()
 
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    mesh.shutdown()  # after main's objects are gone (Note in runtime/mesh.py)

@@ -188,8 +188,8 @@ def main(out_dir: Path, layouts: list[str]) -> None:
             for arch in ("gpt", "llama")
         }
     (out_dir / f"rank{dist_info.rank}.json").write_text(json.dumps(result))
-    mesh.shutdown()
 
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), sys.argv[2:])
+    mesh.shutdown()  # after main's objects are gone (Note in runtime/mesh.py)

@@ -340,8 +340,8 @@ def main() -> None:
             break
     profiler.close()  # a run that stopped inside the --profile range still writes it
     logger.close()
-    mesh.shutdown()
 
 
 if __name__ == "__main__":
     main()
+    mesh.shutdown()  # after main's objects are gone (Note in parc_runtime/mesh.py)
