@@ -803,20 +803,6 @@ def build_grad_reduce(grad_reduce, zero):
                       "use grad_reduce = fp32 (the default) with zero >= 1, or zero = 0 with grad_reduce = bf16")
 
 
-@rule("PAR0821", BUILD)
-def build_fp16_zero(precision, zero):
-    """fp16 under ZeRO trains and resumes correctly, but after a skipped overflow step a
-    rank can abort at exit ("terminate called without an active exception": seen with
-    zero 1 and zero 3 on gloo, about 1 run in 10; never without ZeRO); until that is found,
-    the pair is refused rather than shipped flaky."""
-    if precision != "fp16" or zero == 0:
-        return None
-    return _violation("PAR0821", ("train.precision", "parallel.zero"),
-                      f"precision = fp16 with zero = {zero} is not supported yet by parc build: "
-                      "after a skipped overflow step a rank can abort at exit",
-                      f"use precision = bf16 with zero = {zero}, or fp16 with zero = 0")
-
-
 @rule("PAR0810", BUILD)
 def build_expert_parallel(ep, etp, cp=None):
     """Expert parallelism folds dp·tp (cp = 1); expert tensor parallelism is a later slice."""

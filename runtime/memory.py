@@ -26,6 +26,15 @@ drops. Parameters are not activations and are skipped. Inside a
 ``torch.utils.checkpoint`` region the checkpoint's own hooks take over, so what
 recompute drops is, rightly, not counted; the region's inputs, which checkpoint keeps,
 are. CPU and CUDA alike: this counts tensors, not allocator blocks.
+
+A holder keeps its tensor alive, and a tensor an op saves of its own output (softmax,
+attention) points back at that op through ``grad_fn``: node → holder → tensor → node,
+a cycle through C++ that Python's gc cannot see. Backward breaks it by freeing each
+node's saved tensors, except where a graph is kept (``retain_graph``: zero_bubble's B
+keeps the input path for W). So when the ``with`` closes — the step's every backward
+is done — each holder still alive lets go of its tensor; otherwise those graphs, and
+the process groups their autograd Functions hold, would outlive the trainer
+(Note [groups die before Python does] in mesh.py).
 """
 
 from __future__ import annotations
@@ -101,6 +110,7 @@ class SavedActivations:
         self._live = {}  # storage key -> [holders alive, bytes]
         self._generation = 0  # a holder from an earlier ``with`` must not touch this one's table
         self.current = self.peak = 0
+        self._holders = weakref.WeakSet()  # this ``with``'s holders still alive
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def __enter__(self):
@@ -108,6 +118,7 @@ class SavedActivations:
             return self
         self._generation += 1
         self._live.clear()
+        self._holders = weakref.WeakSet()
         self.current = self.peak = 0
         self._hooks.__enter__()
         return self
@@ -115,6 +126,8 @@ class SavedActivations:
     def __exit__(self, *exc):
         if self.active:
             self._hooks.__exit__(*exc)
+            for holder in list(self._holders):  # graphs kept past their backward
+                holder.tensor = None
         return False
 
     def _pack(self, tensor):
@@ -130,6 +143,7 @@ class SavedActivations:
             self.peak = max(self.peak, self.current)
         entry[0] += 1
         weakref.finalize(holder, self._release, self._generation, key)
+        self._holders.add(holder)
         return holder
 
     @staticmethod

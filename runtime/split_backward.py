@@ -14,6 +14,12 @@ branches join the input's path). W restarts autograd at those nodes with those
 gradients and stops at the parameters, so no node on the input's path runs twice.
 The first stage's input is token ids (no gradient): its B has nothing to send and its
 W runs the whole backward.
+
+Note [freeing a group]: a group dict holds its join nodes and the gradients B saved
+there, so W clears every group once done with it, reached or not: the graph below the
+joins, and the saved gradients, go with the W rather than with the ``OwedWeights``.
+(The graph above the joins, kept by B's ``retain_graph``, is the memory meter's to
+release on measured steps: Note [counting saved activations] in memory.py.)
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ def backward_weight(owed: OwedWeights) -> None:
     for group in owed.groups:
         saved = group.get("grads")
         if saved is None:  # no gradient reached this join: its parameters get none
+            group.clear()  # B's pre-hooks on its nodes hold this dict (Note [freeing a group])
             continue
         edges, grads = [], []
         for grads_at_node, node in zip(saved, group["intermediates"], strict=True):
@@ -74,4 +81,4 @@ def backward_weight(owed: OwedWeights) -> None:
         finally:
             for handle in handles:
                 handle.remove()
-        group.clear()  # frees the saved gradients and the graph they keep alive
+        group.clear()  # Note [freeing a group]

@@ -26,7 +26,7 @@ TINY = ROOT / "examples" / "tiny.par"
 ONE_RANK = ["parallel.dp=1", "parallel.tp=1", "mesh.devices_per_node=1"]
 
 
-@pytest.mark.parametrize("layout", ["one", "dp2", "pp2"])  # fp16 with ZeRO: PAR0821
+@pytest.mark.parametrize("layout", ["one", "dp2", "pp2", "zero1_dp2", "zero3_dp2"])
 def test_fp16_overflow_step_is_skipped_and_the_scale_backs_off(layout, tmp_path):
     build_dir = build(layout, tmp_path / "build", extra=("train.precision=fp16",))
     metrics = tmp_path / "metrics.jsonl"
@@ -68,7 +68,7 @@ def test_bf16_losses_within_2e_2_of_fp32_over_20_steps(tmp_path):
         assert abs(b - a) <= 2e-2 * abs(a), (step, a, b)
 
 
-@pytest.mark.parametrize("layout", ["one", "dp2"])  # fp16 with ZeRO: PAR0821
+@pytest.mark.parametrize("layout", ["one", "dp2", "zero1_dp2"])
 def test_fp16_resume_restores_the_loss_scale(layout, tmp_path):
     """A run that overflowed at step 2 (scale 65536 -> 32768), saved at step 2 and
     resumed, goes on at 32768 with the skip counted: the same losses as without a

@@ -204,7 +204,6 @@ def test_emit_spec_and_ast(capsys):
     "sets,code,words",
     [
         (["parallel.zero=3", "parallel.overlap=sub_batch(2)", "parallel.dp=2"], "PAR0240", "zero = 3 with overlap"),
-        (["parallel.zero=1", "train.precision=fp16"], "PAR0821", "precision = fp16 with zero = 1"),
     ],
 )
 def test_unsupported_features_point_at_the_spec(sets, code, words):
