@@ -343,6 +343,9 @@ class TrainPlan:
     """ZERO_PREFETCH under zero = 3 (runtime/fsdp.py, Note [prefetch]); None otherwise."""
     zero_shard: Setting | None = None
     """ZERO_SHARD under zero = 3: ``dp`` or ``node`` (HSDP); None otherwise."""
+    compress: tuple[Setting, ...] = ()
+    """COMPRESS, COMPRESS_RANK or COMPRESS_RATIO, ERROR_FEEDBACK under ``parallel.compress``
+    other than none (runtime/compress.py); empty otherwise."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

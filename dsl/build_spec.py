@@ -57,6 +57,19 @@ def _float(value) -> float | None:
     return None if value is None else float(value)
 
 
+def _compress(parallel: dict) -> dict:
+    """``compress``, ``error_feedback`` and ``compress_pp`` as ``ParallelSpec`` fields."""
+    compress = parallel.get("compress", {"kind": "none"})
+    defaults = ParallelSpec(dp=None, tp=None, pp=None)
+    return {
+        "compress": compress["kind"],
+        "compress_rank": compress.get("rank", defaults.compress_rank),
+        "compress_ratio": float(compress.get("ratio", defaults.compress_ratio)),
+        "error_feedback": parallel.get("error_feedback", True),
+        "compress_pp": parallel.get("compress_pp", {"kind": "none"})["kind"],
+    }
+
+
 def _capacity(value) -> float | None:
     return None if value == "none" else float(value)
 
@@ -133,6 +146,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         recompute=_per_layer(degree("recompute", "none"), Recompute),
         overlap=_per_layer(overlap, setting("overlap").read),
         stage_layers=None if stage_layers is None else tuple(stage_layers),
+        **_compress(parallel),
     )
     optimizer = train.get("optimizer", {"kind": "adamw"})
     lr_schedule = train.get("schedule", {"kind": "cosine"})
@@ -260,6 +274,10 @@ def spec_document(spec: Spec) -> dict:
         parallel_doc["cp_kind"] = parallel.cp_kind
     if parallel.stage_layers is not None:
         parallel_doc["stage_layers"] = list(parallel.stage_layers)
+    if parallel.compress != "none":  # written only when used
+        parallel_doc["compress"] = {"kind": parallel.compress} | (
+            {"rank": parallel.compress_rank} if parallel.compress == "powersgd" else {"ratio": parallel.compress_ratio})
+        parallel_doc["error_feedback"] = parallel.error_feedback
     lr = train.lr_schedule
     optimizer = train.optimizer
     train_doc = {

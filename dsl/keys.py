@@ -383,6 +383,55 @@ PARALLEL = BlockDef(
             default="an even split",
             doc="layers of each pipeline stage, e.g. [5, 7]",
         ),
+        Param(
+            name="compress",
+            type="call",
+            default="none",
+            doc="compress the data-parallel gradient reduction (changes numerics: convergence, "
+            "not parity, is tested)",
+            calls=(
+                CallDef(name="none", doc="exact all-reduce of every gradient"),
+                CallDef(
+                    name="powersgd",
+                    doc="PowerSGD: each weight gradient as a rank-`rank` product P·Qᵀ, Q warm-started",
+                    params=(_int("rank", "rank of the approximation", default="4"),),
+                ),
+                CallDef(
+                    name="topk",
+                    doc="send the `ratio` fraction of gradient entries of largest magnitude",
+                    params=(
+                        Param(
+                            name="ratio",
+                            type="number",
+                            doc="fraction of entries sent per step",
+                            default="0.01",
+                            exclusive_minimum=0,
+                            maximum=1,
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        Param(
+            name="error_feedback",
+            type="bool",
+            default="true",
+            doc="with compress: what a step's compression leaves out is added to the next step's gradient",
+        ),
+        Param(
+            name="compress_pp",
+            type="call",
+            default="none",
+            doc="compress the pipeline's backward activation gradients (not built yet)",
+            calls=(
+                CallDef(name="none", doc="send them whole"),
+                CallDef(
+                    name="lowrank",
+                    doc="Optimus-CC's compressed backpropagation, rank `rank` (not built yet)",
+                    params=(_int("rank", "rank of the approximation", default="4"),),
+                ),
+            ),
+        ),
     ),
 )
 

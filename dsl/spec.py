@@ -163,6 +163,15 @@ class ParallelSpec:
     """Oases sub-batches per micro-batch (1: no overlap); or one per block."""
     stage_layers: tuple[int, ...] | None = None
     """Explicit layers per pipeline stage, or None for an even split."""
+    compress: str = "none"
+    """Data-parallel gradient compression: ``none``, ``powersgd`` or ``topk`` (runtime/compress.py)."""
+    compress_rank: int = 4
+    """``powersgd(rank = r)``."""
+    compress_ratio: float = 0.01
+    """``topk(ratio = x)``."""
+    error_feedback: bool = True
+    compress_pp: str = "none"
+    """Pipeline backward-gradient compression: ``none`` (``lowrank`` is refused, PAR0271)."""
 
     def setting(self, name: str):
         """A per-layer setting (``layer_settings.SETTINGS``) as plain values: one value,

@@ -73,6 +73,8 @@ KEYS = {
     "recompute": "parallel.recompute",
     "overlap": "parallel.overlap",
     "stage_layers": "parallel.stage_layers",
+    "compress": "parallel.compress",
+    "compress_pp": "parallel.compress_pp",
     "global_batch": "train.global_batch",
     "micro_batch": "train.micro_batch",
     "steps": "train.steps",
@@ -85,7 +87,7 @@ KEYS = {
 }
 """Each plain value's name and the spec key it comes from (``schedule``: ``1f1b``,
 ``gpipe`` or ``interleaved``; ``chunks``: 1 unless interleaved; the per-layer settings
-as ``layer_settings`` reads them (``overlap``: the sub-batches, 1 for ``none``); ``data``: ``synthetic`` or ``tokens``; ``optimizer``: its name)."""
+as ``layer_settings`` reads them (``overlap``: the sub-batches, 1 for ``none``); ``data``: ``synthetic`` or ``tokens``; ``optimizer``: its name; ``compress``, ``compress_pp``: the call's name)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -864,3 +866,38 @@ def build_moe_overlap(experts, overlap, ep=None):
                       f"overlap = sub_batch({parts[0]}) of a mixture-of-experts model without expert parallelism "
                       "is not supported yet by parc build",
                       "write overlap = none, or ep > 1 (the sub-batches then overlap the expert all-to-alls)")
+
+
+@rule("PAR0270", BUILD)
+def build_compress_zero(compress, zero):
+    """PowerSGD and top-k replace the dp all-reduce of whole gradients (compress.py); ZeRO
+    reduce-scatters them into the optimizer's shards instead, which has no compressed form yet."""
+    if compress == "none" or zero == 0:
+        return None
+    return _violation("PAR0270", ("parallel.compress", "parallel.zero"),
+                      f"compress = {compress} with zero = {zero} is not supported yet by parc build: "
+                      "ZeRO reduce-scatters whole gradients into the optimizer's shards",
+                      f"use zero = 0 with compress = {compress}, or compress = none with zero = {zero}")
+
+
+@rule("PAR0271", BUILD)
+def build_compress_pp(compress_pp):
+    """Optimus-CC's compressed backpropagation between pipeline stages is not built yet."""
+    if compress_pp == "none":
+        return None
+    return _violation("PAR0271", ("parallel.compress_pp",),
+                      f"compress_pp = {compress_pp} (compressed pipeline backpropagation) is not supported "
+                      "yet by parc build",
+                      "write compress_pp = none; compress = powersgd(rank = 4) compresses the dp gradients")
+
+
+@rule("PAR0272", BUILD)
+def build_compress_fp16(compress, precision):
+    """fp16's loss scale changes between steps, and the error feedback would carry one
+    step's scaled residual into a step of another scale."""
+    if compress == "none" or precision != "fp16":
+        return None
+    return _violation("PAR0272", ("parallel.compress", "train.precision"),
+                      f"compress = {compress} with precision = fp16 is not supported yet by parc build: "
+                      "the error feedback would mix gradients of different loss scales",
+                      f"use precision = bf16 (or fp32) with compress = {compress}")

@@ -32,6 +32,7 @@ from .mesh import axis_ranks
 from .p2p import p2p_steps, post_batch
 from .schedule import Op, virtual_stage
 from .split_backward import backward_input, backward_weight
+from .traffic import comm_bytes
 
 _ACT, _GRAD = 0, 1
 
@@ -115,10 +116,12 @@ class PipelineExecutor:
                     tensor = outputs[(m, c)].detach().to(torch.float32).contiguous()
                     messages.append((True, tensor, peer, self._tag(_ACT, m, v + 1)))
                     keys.append(None)
+                    comm_bytes.add("pp", tensor)
                 elif op is Op.SEND_GRAD:
                     tensor = input_grads.pop((m, c)).to(torch.float32).contiguous()
                     messages.append((True, tensor, peer, self._tag(_GRAD, m, v - 1)))
                     keys.append(None)
+                    comm_bytes.add("pp", tensor)
                 else:
                     kind = _ACT if op is Op.RECV_ACT else _GRAD
                     tensor = torch.empty(self.shape, dtype=torch.float32, device=self.device)

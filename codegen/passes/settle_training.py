@@ -101,10 +101,26 @@ def run(spec: Spec, draft: Draft) -> Draft:
         on_nonfinite=setting(spec, "ON_NONFINITE", "train.on_nonfinite", t.on_nonfinite),
         kernels=setting(spec, "KERNELS", "train.kernels", t.kernels.value),
         **zero3_settings(spec),
+        compress=compress_settings(spec),
         **({"grad_reduce": setting(spec, "GRAD_REDUCE", "train.grad_reduce", t.grad_reduce)}
            if t.grad_reduce != "fp32" else {}),
     )
     return replace(draft, model=model, train=train)
+
+
+def compress_settings(spec) -> tuple:
+    """COMPRESS and its argument and ERROR_FEEDBACK, only when compressing (runtime/compress.py)."""
+    par = spec.parallel
+    if par.compress == "none":
+        return ()
+    argument = (setting(spec, "COMPRESS_RANK", "parallel.compress", par.compress_rank, "rank of P·Qᵀ")
+                if par.compress == "powersgd"
+                else setting(spec, "COMPRESS_RATIO", "parallel.compress", par.compress_ratio, "entries sent"))
+    return (
+        setting(spec, "COMPRESS", "parallel.compress", par.compress),
+        argument,
+        setting(spec, "ERROR_FEEDBACK", "parallel.error_feedback", par.error_feedback),
+    )
 
 
 def zero3_settings(spec) -> dict:
