@@ -22,7 +22,7 @@ gradient's top subspace. Vectors (biases, norms) and matrices too small to gain
 (n·m ≤ r·(n + m)) are all-reduced whole. Bytes per matrix: r·(n + m) instead of n·m.
 
 Note [topk]: each step sends the k = ⌈ratio·N⌉ entries of largest magnitude of the
-flat gradient (plus its error) as (value, index) pairs, all-gathered; the mean is
+flat gradient (plus its error) as (value, int32 index) pairs, all-gathered; the mean is
 their scattered sum over ranks / dp. The error keeps what this rank did not send.
 """
 
@@ -149,6 +149,7 @@ class TopKGradients:
             flat += self.error
         index = flat.abs().topk(self.k, sorted=False).indices
         values = flat[index]
+        index = index.to(torch.int32)  # 4 bytes an entry on the wire, not 8
         if self.error_feedback:
             flat[index] = 0
             self.error = flat  # what this rank left out
