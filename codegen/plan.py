@@ -344,8 +344,9 @@ class TrainPlan:
     zero_shard: Setting | None = None
     """ZERO_SHARD under zero = 3: ``dp`` or ``node`` (HSDP); None otherwise."""
     compress: tuple[Setting, ...] = ()
-    """COMPRESS, COMPRESS_RANK or COMPRESS_RATIO, ERROR_FEEDBACK under ``parallel.compress``
-    other than none (runtime/compress.py); empty otherwise."""
+    """COMPRESS, COMPRESS_RANK or COMPRESS_RATIO (``parallel.compress``, runtime/compress.py),
+    ERROR_FEEDBACK; COMPRESS_PP_RANK, COMPRESS_STAGES, LAZY_ERROR (``compress_pp``,
+    runtime/compress_pp.py): those of what is compressed; empty when nothing is."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

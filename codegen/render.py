@@ -346,7 +346,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         log_condition=render_eval.log_condition(plan),
         record_lines=render_eval.record_lines(plan) + render_moe.record_lines(plan) + [
             '"exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute',
-            '"comm_bytes": traffic.comm_bytes.by_axis(),  # this rank\'s payload per axis (Note [comm bytes])',
+            '"comm_bytes": traffic.comm_bytes.by_axis(),  # all ranks\' payload per axis (Note [comm bytes])',
         ] + ([
             '"loss_scale": scaler.scale,  # fp16: the scale after this step\'s grow/backoff',
             '"skipped_overflow_steps": scaler.skipped,',
@@ -423,6 +423,7 @@ def train_imports(plan: Plan) -> list[str]:
     imports += ["evaluate"] if render_eval.enabled(plan) else []
     imports += ["loss_scale"] if plan.train.precision.value == "fp16" else []
     imports += ["compress"] if render_compress.enabled(plan) else []
+    imports += ["compress_pp"] if render_compress.pipeline_enabled(plan) else []
     return imports
 
 

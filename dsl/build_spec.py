@@ -67,6 +67,9 @@ def _compress(parallel: dict) -> dict:
         "compress_ratio": float(compress.get("ratio", defaults.compress_ratio)),
         "error_feedback": parallel.get("error_feedback", True),
         "compress_pp": parallel.get("compress_pp", {"kind": "none"})["kind"],
+        "compress_pp_rank": parallel.get("compress_pp", {}).get("rank", defaults.compress_pp_rank),
+        "compress_pp_lazy_error": parallel.get("compress_pp", {}).get("lazy_error", defaults.compress_pp_lazy_error),
+        "compress_stages": None if "compress_stages" not in parallel else tuple(parallel["compress_stages"]),
     }
 
 
@@ -278,6 +281,11 @@ def spec_document(spec: Spec) -> dict:
         parallel_doc["compress"] = {"kind": parallel.compress} | (
             {"rank": parallel.compress_rank} if parallel.compress == "powersgd" else {"ratio": parallel.compress_ratio})
         parallel_doc["error_feedback"] = parallel.error_feedback
+    if parallel.compress_pp != "none":
+        parallel_doc["compress_pp"] = {"kind": parallel.compress_pp, "rank": parallel.compress_pp_rank,
+                                       "lazy_error": parallel.compress_pp_lazy_error}
+    if parallel.compress_stages is not None:
+        parallel_doc["compress_stages"] = list(parallel.compress_stages)
     lr = train.lr_schedule
     optimizer = train.optimizer
     train_doc = {

@@ -416,21 +416,37 @@ PARALLEL = BlockDef(
             name="error_feedback",
             type="bool",
             default="true",
-            doc="with compress: what a step's compression leaves out is added to the next step's gradient",
+            doc="with compress: what a step's compression of the dp gradients leaves out is added to "
+            "the next step's gradient",
         ),
         Param(
             name="compress_pp",
             type="call",
             default="none",
-            doc="compress the pipeline's backward activation gradients (not built yet)",
+            doc="compress the gradients pipeline stages send back (changes numerics)",
             calls=(
                 CallDef(name="none", doc="send them whole"),
                 CallDef(
                     name="lowrank",
-                    doc="Optimus-CC's compressed backpropagation, rank `rank` (not built yet)",
-                    params=(_int("rank", "rank of the approximation", default="4"),),
+                    doc="Optimus-CC's compressed backpropagation: each as a rank-`rank` P·Qᵀ",
+                    params=(
+                        _int("rank", "rank of the approximation", default="4"),
+                        Param(
+                            name="lazy_error",
+                            type="bool",
+                            default="false",
+                            doc="lazy error propagation: what P·Qᵀ leaves out is added to the next "
+                            "micro-batch's gradient",
+                        ),
+                    ),
                 ),
             ),
+        ),
+        Param(
+            name="compress_stages",
+            type="int_list",
+            default="every stage but the first",
+            doc="with compress_pp: the stages whose input gradient is sent back compressed, e.g. [2, 3]",
         ),
     ),
 )

@@ -171,7 +171,13 @@ class ParallelSpec:
     """``topk(ratio = x)``."""
     error_feedback: bool = True
     compress_pp: str = "none"
-    """Pipeline backward-gradient compression: ``none`` (``lowrank`` is refused, PAR0271)."""
+    """Pipeline backward-gradient compression: ``none`` or ``lowrank`` (runtime/compress_pp.py)."""
+    compress_pp_rank: int = 4
+    """``lowrank(rank = r)``."""
+    compress_pp_lazy_error: bool = False
+    """``lowrank(lazy_error = true)``: Optimus-CC's lazy error propagation."""
+    compress_stages: tuple[int, ...] | None = None
+    """Stages whose input gradient goes back compressed; None: every stage but the first."""
 
     def setting(self, name: str):
         """A per-layer setting (``layer_settings.SETTINGS``) as plain values: one value,

@@ -75,6 +75,7 @@ KEYS = {
     "stage_layers": "parallel.stage_layers",
     "compress": "parallel.compress",
     "compress_pp": "parallel.compress_pp",
+    "compress_stages": "parallel.compress_stages",
     "global_batch": "train.global_batch",
     "micro_batch": "train.micro_batch",
     "steps": "train.steps",
@@ -880,24 +881,49 @@ def build_compress_zero(compress, zero):
                       f"use zero = 0 with compress = {compress}, or compress = none with zero = {zero}")
 
 
-@rule("PAR0271", BUILD)
-def build_compress_pp(compress_pp):
-    """Optimus-CC's compressed backpropagation between pipeline stages is not built yet."""
-    if compress_pp == "none":
+@rule("PAR0271")
+def compress_pp_needs_pipeline(compress_pp, pp, compress_stages=None):
+    """``compress_pp`` compresses what pipeline stages send back; ``compress_stages``
+    names stages 1 .. pp-1 (stage 0 sends nothing back) and needs ``compress_pp``."""
+    if compress_pp != "none" and pp == 1:
+        return _violation("PAR0271", ("parallel.compress_pp", "parallel.pp"),
+                          f"compress_pp = {compress_pp} compresses gradients sent between pipeline stages, "
+                          "but pp = 1", "use pp >= 2, or remove compress_pp")
+    if compress_stages is None:
         return None
-    return _violation("PAR0271", ("parallel.compress_pp",),
-                      f"compress_pp = {compress_pp} (compressed pipeline backpropagation) is not supported "
-                      "yet by parc build",
-                      "write compress_pp = none; compress = powersgd(rank = 4) compresses the dp gradients")
+    if compress_pp == "none":
+        return _violation("PAR0271", ("parallel.compress_stages",),
+                          "compress_stages says which stages send compressed gradients, but compress_pp = none",
+                          "add compress_pp = lowrank(rank = 4), or remove compress_stages")
+    wrong = [s for s in compress_stages if not 1 <= s < pp]
+    if wrong:
+        return _violation("PAR0271", ("parallel.compress_stages",),
+                          f"compress_stages = {list(compress_stages)}: stage {wrong[0]} is not one of 1 .. pp-1 = "
+                          f"{pp - 1} (stage 0 sends no gradient back)",
+                          "list only stages among " + ", ".join(str(stage) for stage in range(1, pp)))
+    return None
+
+
+@rule("PAR0273", BUILD)
+def build_compress_pp_interleaved(compress_pp, chunks):
+    """The codec keys its state by virtual stage; ``compress_stages`` of an interleaved
+    schedule (several chunks per rank) has no meaning defined yet."""
+    if compress_pp == "none" or chunks == 1:
+        return None
+    return _violation("PAR0273", ("parallel.compress_pp", "parallel.schedule"),
+                      f"compress_pp = {compress_pp} with an interleaved schedule (chunks = {chunks}) is not "
+                      "supported yet by parc build",
+                      "use schedule = 1f1b (or gpipe, zero_bubble) with compress_pp")
 
 
 @rule("PAR0272", BUILD)
-def build_compress_fp16(compress, precision):
+def build_compress_fp16(precision, compress=None, compress_pp=None):
     """fp16's loss scale changes between steps, and the error feedback would carry one
     step's scaled residual into a step of another scale."""
-    if compress == "none" or precision != "fp16":
+    key, value = ("compress", compress) if compress not in (None, "none") else ("compress_pp", compress_pp)
+    if value in (None, "none") or precision != "fp16":
         return None
-    return _violation("PAR0272", ("parallel.compress", "train.precision"),
-                      f"compress = {compress} with precision = fp16 is not supported yet by parc build: "
+    return _violation("PAR0272", (f"parallel.{key}", "train.precision"),
+                      f"{key} = {value} with precision = fp16 is not supported yet by parc build: "
                       "the error feedback would mix gradients of different loss scales",
-                      f"use precision = bf16 (or fp32) with compress = {compress}")
+                      f"use precision = bf16 (or fp32) with {key} = {value}")

@@ -9,8 +9,11 @@ on real text (this repository's docs/DESIGN.md through ``parc data prepare``), d
 Claims: PowerSGD rank 4 with error feedback ends within 3% of the exact run's final
 loss while the dp bytes it hands to communication fall at least 4×; without error
 feedback the gap is larger; top-k (10%) with error feedback stays within 5% at ≥ 4× fewer
-bytes. Measured (2 cores): exact 3.268, PowerSGD 3.234 (8.6× fewer dp bytes), without
-error feedback 3.345, top-k 3.373 (5.0× fewer).
+bytes. pp 2 with compressed backpropagation (rank 4) ends within 3% of exact pp 2 with
+the backward pipeline bytes down ≥ 4×. Measured (2 cores): exact 3.268 (dp 2 and pp 2
+alike), PowerSGD 3.234 (8.6× fewer dp bytes), without error feedback 3.345, top-k 3.373
+(5.0× fewer), compressed backprop 3.184 (10.7× fewer backward bytes), with lazy error
+propagation 3.378.
 """
 
 from __future__ import annotations
@@ -38,11 +41,11 @@ def text_tokens() -> str:
     return str(out)
 
 
-def case(name: str, *overrides: str) -> Case:
+def case(name: str, *overrides: str, axis: str = "dp") -> Case:
     return Case(
         f"compress-{name}",
         "gpt.par",
-        ("parallel.dp=2", "mesh.devices_per_node=2", "model.vocab=257", "train.micro_batch=4",
+        (f"parallel.{axis}=2", "mesh.devices_per_node=2", "model.vocab=257", "train.micro_batch=4",
          f"train.steps={STEPS}", 'train.data=tokens(path = "design.bin")', *overrides),
         2,
         ("--data", text_tokens()),
@@ -50,11 +53,17 @@ def case(name: str, *overrides: str) -> Case:
 
 
 def cases() -> dict[str, Case]:
+    powersgd, lowrank, no_ef = "parallel.compress=powersgd(rank = 4)", "parallel.compress_pp=lowrank(rank = 4)", \
+        "parallel.error_feedback=false"
     return {
         "exact": case("exact"),
-        "powersgd": case("powersgd", "parallel.compress=powersgd(rank = 4)"),
-        "powersgd-no-ef": case("powersgd-no-ef", "parallel.compress=powersgd(rank = 4)", "parallel.error_feedback=false"),
+        "powersgd": case("powersgd", powersgd),
+        "powersgd-no-ef": case("powersgd-no-ef", powersgd, no_ef),
         "topk": case("topk", "parallel.compress=topk(ratio = 0.1)"),
+        "pp-exact": case("pp-exact", axis="pp"),
+        "pp-lowrank": case("pp-lowrank", lowrank, axis="pp"),
+        "pp-lowrank-lazy": case("pp-lowrank-lazy", "parallel.compress_pp=lowrank(rank = 4, lazy_error = true)",
+                                axis="pp"),
     }
 
 
@@ -68,8 +77,8 @@ def final_loss(records) -> float:
     return sum(r["loss"] for r in records[-TAIL:]) / TAIL
 
 
-def dp_bytes(records) -> int:
-    return sum(r["comm_bytes"]["dp"] for r in records)
+def dp_bytes(records, axis: str = "dp") -> int:
+    return sum(r["comm_bytes"][axis] for r in records)
 
 
 def test_powersgd_converges_and_sends_less(trainers):
@@ -92,3 +101,23 @@ def test_topk_converges_and_sends_less(trainers):
     gap = abs(final_loss(topk) - final_loss(exact)) / final_loss(exact)
     assert gap < 0.05, (final_loss(topk), final_loss(exact))
     assert dp_bytes(exact) >= 4 * dp_bytes(topk), (dp_bytes(exact), dp_bytes(topk))
+
+
+def test_compressed_backprop_converges_and_sends_less(trainers):
+    exact, lowrank = (trainers.records(cases()[k]) for k in ("pp-exact", "pp-lowrank"))
+    gap = abs(final_loss(lowrank) - final_loss(exact)) / final_loss(exact)
+    assert gap < 0.03, (final_loss(lowrank), final_loss(exact))
+    sent, compressed = dp_bytes(exact, "pp_backward"), dp_bytes(lowrank, "pp_backward")
+    assert sent >= 4 * compressed, (sent, compressed)
+    assert dp_bytes(exact, "pp_forward") == dp_bytes(lowrank, "pp_forward")  # activations go whole
+
+
+def test_lazy_error_propagation_trains(trainers):
+    """Lazy error propagation (off by default) carries each micro-batch's compression error
+    into the next one's, whose inputs differ: it trains, but measured 3.4% above the exact
+    run here where plain low rank is 2.6% below (compress_pp.py, Note [compressed
+    backpropagation]); this keeps the path working and that figure in view."""
+    exact, lazy = (trainers.records(cases()[k]) for k in ("pp-exact", "pp-lowrank-lazy"))
+    gap = abs(final_loss(lazy) - final_loss(exact)) / final_loss(exact)
+    assert gap < 0.05, (final_loss(lazy), final_loss(exact))
+    assert final_loss(lazy) < 0.8 * lazy[0]["loss"]
