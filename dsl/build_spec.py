@@ -60,6 +60,7 @@ def _float(value) -> float | None:
 def _compress(parallel: dict) -> dict:
     """``compress``, ``error_feedback`` and ``compress_pp`` as ``ParallelSpec`` fields."""
     compress = parallel.get("compress", {"kind": "none"})
+    compress = {"kind": None} if compress == "auto" else compress  # the planner's (powersgd or none)
     defaults = ParallelSpec(dp=None, tp=None, pp=None)
     return {
         "compress": compress["kind"],
@@ -277,7 +278,9 @@ def spec_document(spec: Spec) -> dict:
         parallel_doc["cp_kind"] = parallel.cp_kind
     if parallel.stage_layers is not None:
         parallel_doc["stage_layers"] = list(parallel.stage_layers)
-    if parallel.compress != "none":  # written only when used
+    if parallel.compress is None:
+        parallel_doc["compress"] = "auto"
+    elif parallel.compress != "none":  # written only when used
         parallel_doc["compress"] = {"kind": parallel.compress} | (
             {"rank": parallel.compress_rank} if parallel.compress == "powersgd" else {"ratio": parallel.compress_ratio})
         parallel_doc["error_feedback"] = parallel.error_feedback

@@ -387,8 +387,10 @@ PARALLEL = BlockDef(
             name="compress",
             type="call",
             default="none",
+            auto=True,
+            whole_auto=False,
             doc="compress the data-parallel gradient reduction (changes numerics: convergence, "
-            "not parity, is tested)",
+            "not parity, is tested); auto lets the planner turn PowerSGD on (parallel = auto leaves it none)",
             calls=(
                 CallDef(name="none", doc="exact all-reduce of every gradient"),
                 CallDef(

@@ -163,8 +163,9 @@ class ParallelSpec:
     """Oases sub-batches per micro-batch (1: no overlap); or one per block."""
     stage_layers: tuple[int, ...] | None = None
     """Explicit layers per pipeline stage, or None for an even split."""
-    compress: str = "none"
-    """Data-parallel gradient compression: ``none``, ``powersgd`` or ``topk`` (runtime/compress.py)."""
+    compress: str | None = "none"
+    """Data-parallel gradient compression: ``none``, ``powersgd`` or ``topk`` (runtime/compress.py);
+    None: ``auto``, the planner's choice of ``powersgd`` or ``none``."""
     compress_rank: int = 4
     """``powersgd(rank = r)``."""
     compress_ratio: float = 0.01
@@ -212,6 +213,7 @@ class ParallelSpec:
             self.sp,
             self.zero,
             self.schedule,
+            self.compress,
             self.recompute,
             self.overlap,
         )
