@@ -13,7 +13,8 @@ bytes. pp 2 with compressed backpropagation (rank 4) ends within 3% of exact pp 
 the backward pipeline bytes down ≥ 4×. Measured (2 cores): exact 3.268 (dp 2 and pp 2
 alike), PowerSGD 3.234 (8.6× fewer dp bytes), without error feedback 3.345, top-k 3.373
 (5.0× fewer), compressed backprop 3.184 (10.7× fewer backward bytes), with lazy error
-propagation 3.378.
+propagation 3.378 (not run here: tests/runtime/test_compress_codecs.py tests that path;
+compress_pp.py, Note [compressed backpropagation], says why it is off by default).
 """
 
 from __future__ import annotations
@@ -62,8 +63,6 @@ def cases() -> dict[str, Case]:
         "topk": case("topk", "parallel.compress=topk(ratio = 0.1)"),
         "pp-exact": case("pp-exact", axis="pp"),
         "pp-lowrank": case("pp-lowrank", lowrank, axis="pp"),
-        "pp-lowrank-lazy": case("pp-lowrank-lazy", "parallel.compress_pp=lowrank(rank = 4, lazy_error = true)",
-                                axis="pp"),
     }
 
 
@@ -110,14 +109,3 @@ def test_compressed_backprop_converges_and_sends_less(trainers):
     sent, compressed = dp_bytes(exact, "pp_backward"), dp_bytes(lowrank, "pp_backward")
     assert sent >= 4 * compressed, (sent, compressed)
     assert dp_bytes(exact, "pp_forward") == dp_bytes(lowrank, "pp_forward")  # activations go whole
-
-
-def test_lazy_error_propagation_trains(trainers):
-    """Lazy error propagation (off by default) carries each micro-batch's compression error
-    into the next one's, whose inputs differ: it trains, but measured 3.4% above the exact
-    run here where plain low rank is 2.6% below (compress_pp.py, Note [compressed
-    backpropagation]); this keeps the path working and that figure in view."""
-    exact, lazy = (trainers.records(cases()[k]) for k in ("pp-exact", "pp-lowrank-lazy"))
-    gap = abs(final_loss(lazy) - final_loss(exact)) / final_loss(exact)
-    assert gap < 0.05, (final_loss(lazy), final_loss(exact))
-    assert final_loss(lazy) < 0.8 * lazy[0]["loss"]
