@@ -30,7 +30,7 @@ class Param:
 
     name: str
     type: str
-    """int | number | bool | string | enum | int_list | pair | call, or a unit kind
+    """int | number | bool | string | enum | int_list | pair | int_pair | call, or a unit kind
     (size | bandwidth | flops | time: written with a unit, stored in SI units)."""
     doc: str
     default: str | None = None
@@ -384,6 +384,13 @@ PARALLEL = BlockDef(
             doc="layers of each pipeline stage, e.g. [5, 7]",
         ),
         Param(
+            name="tp_shape",
+            type="int_pair",
+            default="(1, tp)",
+            doc="2D tensor parallelism: the tp ranks as an R × C mesh (R·C = tp); only (1, tp), "
+            "today's 1D, is built",
+        ),
+        Param(
             name="compress",
             type="call",
             default="none",
@@ -659,6 +666,7 @@ BLOCKS: dict[str, BlockDef] = {b.name: b for b in (MODEL, MESH, PARALLEL, TRAIN)
 ELEMENT = {
     "int_list": _int("stage_layers", "layers of a stage"),
     "pair": Param(name="beta", type="number", doc="an Adam beta", minimum=0, exclusive_maximum=1),
+    "int_pair": _int("tp_shape", "ranks along one side of the tensor-parallel mesh"),
 }
 """The element of a list-valued type."""
 
@@ -679,6 +687,7 @@ def expected_words(param: Param) -> str:
             "string": "a string",
             "int_list": "a list of integers such as [4, 4]",
             "pair": "a pair of numbers such as (0.9, 0.95)",
+            "int_pair": "a pair of integers such as (2, 2)",
         }[param.type]
     if param.or_none:
         words += " or none"

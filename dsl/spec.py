@@ -163,6 +163,8 @@ class ParallelSpec:
     """Oases sub-batches per micro-batch (1: no overlap); or one per block."""
     stage_layers: tuple[int, ...] | None = None
     """Explicit layers per pipeline stage, or None for an even split."""
+    tp_shape: tuple[int, int] | None = None
+    """``parallel.tp_shape`` as written; None: ``(1, tp)`` (1D). Only 1D is built (PAR0274)."""
     compress: str | None = "none"
     """Data-parallel gradient compression: ``none``, ``powersgd`` or ``topk`` (runtime/compress.py);
     None: ``auto``, the planner's choice of ``powersgd`` or ``none``."""

@@ -73,6 +73,7 @@ KEYS = {
     "recompute": "parallel.recompute",
     "overlap": "parallel.overlap",
     "stage_layers": "parallel.stage_layers",
+    "tp_shape": "parallel.tp_shape",
     "compress": "parallel.compress",
     "compress_pp": "parallel.compress_pp",
     "compress_stages": "parallel.compress_stages",
@@ -927,3 +928,27 @@ def build_compress_fp16(precision, compress=None, compress_pp=None):
                       f"{key} = {value} with precision = fp16 is not supported yet by parc build: "
                       "the error feedback would mix gradients of different loss scales",
                       f"use precision = bf16 (or fp32) with {key} = {value}")
+
+
+@rule("PAR0274")
+def tp_shape_product(tp_shape, tp):
+    """2D tensor parallelism arranges the tp ranks as an R × C mesh: R·C = tp."""
+    rows, cols = tp_shape
+    if rows * cols == tp:
+        return None
+    return _violation("PAR0274", ("parallel.tp_shape", "parallel.tp"),
+                      f"tp_shape = ({rows}, {cols}) arranges {rows}·{cols} = {rows * cols} ranks, but tp = {tp}",
+                      f"write tp_shape = (1, {tp}), or a pair whose product is {tp}")
+
+
+@rule("PAR0275", BUILD)
+def build_tp_shape_2d(tp_shape, tp=None):
+    """Only the 1D layout (1, tp) is built: ATP's 2D matmuls (row broadcast, column reduce)
+    are not generated yet."""
+    rows, cols = tp_shape
+    if rows == 1 or (tp is not None and rows * cols != tp):  # PAR0274 says what is wrong first
+        return None
+    return _violation("PAR0275", ("parallel.tp_shape",),
+                      f"tp_shape = ({rows}, {cols}) (2D tensor parallelism) is not supported yet by parc build",
+                      f"write tp_shape = (1, {cols * rows}) (1D, the default) or remove it; a later version of parc "
+                      "generates the 2D layout")
