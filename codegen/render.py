@@ -254,7 +254,9 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             optimizer_extra.insert(-1, f"# {cite(plan.train.grad_reduce.span)}: summed over {over} in bf16, "
                                    "divided back in fp32")
         # first: the lines below change grads, and finish() writes the dp means back
-        after_backward.insert(0, f"grad_sync.finish()  # wait the buckets: mean gradient over the {over} ranks")
+        after_backward.insert(0, f"grad_sync.finish()  # compressed mean gradient over the {over} ranks"
+                              if render_compress.enabled(plan) else
+                              f"grad_sync.finish()  # wait the buckets: mean gradient over the {over} ranks")
     after_backward += render_moe.after_backward_lines(plan)  # expert grads: their own edp group
     if reducing:
         loss_lines.append(f"step_loss = dp.all_reduce_mean(loss_sum, {reduce_group})  # global mean loss")
