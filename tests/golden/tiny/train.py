@@ -297,7 +297,7 @@ def main() -> None:
                     "peak_mem_bytes": metrics.peak_mem_bytes(dist.device),
                     "step_time_s": step_time,
                     "exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute
-                    "comm_bytes": traffic.comm_bytes.by_axis(),  # this rank's payload per axis (Note [comm bytes])
+                    "comm_bytes": traffic.comm_bytes.by_axis(),  # all ranks' payload per axis (Note [comm bytes])
                     # bytes this rank holds (and every rank's, in memory_per_rank): collective
                     **(
                         memory.report(net, optimizer, activations, held_grads)
