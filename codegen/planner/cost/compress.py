@@ -38,6 +38,7 @@ class CompressionCost:
 
 def powersgd_cost(hw: Hardware, matrices, *, params: int, rank: int, size: int, stride: int) -> CompressionCost:
     """``matrices``: (n, m, how many) of this rank's weight gradients; Note [powersgd cost]."""
+    # runtime/compress.py's powersgd_pays (that module needs torch; the planner does not import it)
     low = [(n, m, count) for n, m, count in matrices if rank * (n + m) < n * m]
     dense = sum(n * m * count for n, m, count in low)
     p_elements = sum(n * rank * count for n, m, count in low)
