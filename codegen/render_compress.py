@@ -32,9 +32,7 @@ def pipeline_enabled(plan: Plan) -> bool:
 
 
 def config_lines(plan: Plan) -> list[str]:
-    from .render import constant  # one way to write a constant
-
-    return [constant(s.name, s.value, cite(s.span) + (f": {s.note}" if s.note else "")) for s in plan.train.compress]
+    return [f"{s.name} = {s.value!r}  # {cite(s.span)}" + (f": {s.note}" if s.note else "") for s in plan.train.compress]
 
 
 def grad_sync_lines(plan: Plan, reduce_group: str, over: str) -> list[str]:
