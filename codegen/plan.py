@@ -343,6 +343,10 @@ class TrainPlan:
     """ZERO_PREFETCH under zero = 3 (runtime/fsdp.py, Note [prefetch]); None otherwise."""
     zero_shard: Setting | None = None
     """ZERO_SHARD under zero = 3: ``dp`` or ``node`` (HSDP); None otherwise."""
+    compress: tuple[Setting, ...] = ()
+    """COMPRESS, COMPRESS_RANK or COMPRESS_RATIO (``parallel.compress``, runtime/compress.py),
+    ERROR_FEEDBACK; COMPRESS_PP_RANK, COMPRESS_STAGES, LAZY_ERROR (``compress_pp``,
+    runtime/compress_pp.py): those of what is compressed; empty when nothing is."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

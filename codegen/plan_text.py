@@ -70,6 +70,8 @@ def plan_to_json(plan) -> str:
     for key in ("zero_prefetch", "zero_shard", "grad_reduce"):  # only under zero = 3; grad_reduce = bf16
         if data["train"].get(key, 0) is None:
             del data["train"][key]
+    if not data["train"].get("compress", 0):
+        data["train"].pop("compress", None)  # only a compressing layout has it
     if data["model"].get("expert_parallel", 0) is None:
         del data["model"]["expert_parallel"]  # only a model with experts has it
     return json.dumps(data, indent=2, sort_keys=True) + "\n"

@@ -17,7 +17,7 @@ import jinja2
 from parc.runtime import axes
 
 from .plan import Plan, Setting
-from . import render_checkpoint, render_eval, render_launch, render_moe, render_observe, render_step
+from . import render_checkpoint, render_compress, render_eval, render_launch, render_moe, render_observe, render_step
 from .plan_text import cite, layer_value
 
 DEVICE_FLOPS_NOTE = "dense peak FLOP/s of one device, for MFU"
@@ -124,6 +124,7 @@ def config_lines(plan: Plan) -> list[str]:
         lines.append(constant("DATA_PATH", train.data.path, cite(train.data.span) + ": from this file's folder"))
         lines.append(constant("DATA_DTYPE", train.data.dtype, cite(train.data.span)))
     lines += render_eval.config_lines(plan)
+    lines += render_compress.config_lines(plan)
     flops_note = DEVICE_FLOPS_NOTE if mesh.device_flops else "unknown for this device: no MFU"
     lines.append(constant("DEVICE_FLOPS", mesh.device_flops, f"{cite(mesh.device_span)}: {flops_note}"))
     return lines
@@ -242,7 +243,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ]
     if reducing and not zero_stage:
         # Note [gradient overlap] (runtime/dp.py): always on with dp > 1
-        optimizer_extra += [
+        optimizer_extra += render_compress.grad_sync_lines(plan, reduce_group, over) if render_compress.enabled(
+            plan) else [
             f"# each bucket of gradients is all-reduced over {over} as soon as backward has",
             "# produced it (on the last micro-batch), while backward goes on",
             f"grad_sync = dp.GradientBuckets(net, {reduce_group}, overlap=True, accumulations=GRAD_ACCUM)",
@@ -252,7 +254,9 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             optimizer_extra.insert(-1, f"# {cite(plan.train.grad_reduce.span)}: summed over {over} in bf16, "
                                    "divided back in fp32")
         # first: the lines below change grads, and finish() writes the dp means back
-        after_backward.insert(0, f"grad_sync.finish()  # wait the buckets: mean gradient over the {over} ranks")
+        after_backward.insert(0, f"grad_sync.finish()  # compressed mean gradient over the {over} ranks"
+                              if render_compress.enabled(plan) else
+                              f"grad_sync.finish()  # wait the buckets: mean gradient over the {over} ranks")
     after_backward += render_moe.after_backward_lines(plan)  # expert grads: their own edp group
     if reducing:
         loss_lines.append(f"step_loss = dp.all_reduce_mean(loss_sum, {reduce_group})  # global mean loss")
@@ -336,6 +340,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             "# memory on the first steps, every --memory-every N-th and the last (Note [memory on some steps])",
             "activations.active = memory.measured(step, every=args.memory_every, first=done + 1, last=args.steps)",
             "comm.exposed_clock.reset()  # time blocked on collectives, this step",
+            "traffic.comm_bytes.reset()  # bytes handed to communication, this step, by axis",
         ] + render_step.step_body_lines(
             plan, forward_lines, 'grid.index("dp")' if dp_size > 1 else "0"
         ),
@@ -343,6 +348,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         log_condition=render_eval.log_condition(plan),
         record_lines=render_eval.record_lines(plan) + render_moe.record_lines(plan) + [
             '"exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute',
+            '"comm_bytes": traffic.comm_bytes.by_axis(),  # all ranks\' payload per axis (Note [comm bytes])',
         ] + ([
             '"loss_scale": scaler.scale,  # fp16: the scale after this step\'s grow/backoff',
             '"skipped_overflow_steps": scaler.skipped,',
@@ -411,13 +417,15 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
 
 def train_imports(plan: Plan) -> list[str]:
     """The runtime modules ``train.py`` imports (``from parc_runtime import ...``)."""
-    imports = ["checkpoint", "comm", "data", "faults", "memory", "mesh", "metrics", "model", "observe", "optim"]
+    imports = ["checkpoint", "comm", "data", "faults", "memory", "mesh", "metrics", "model", "observe", "optim", "traffic"]
     imports += ["dp"] if plan.mesh.size("dp") * plan.mesh.size("cp") > 1 else []
     imports += ["pipeline", "schedule"] if render_step.has_pipeline(plan) else []
     imports += ["fsdp"] if plan.train.zero.value == 3 else ["zero"] if plan.train.zero.value else []
     imports += ["moe"] if render_moe.has_experts(plan) else []
     imports += ["evaluate"] if render_eval.enabled(plan) else []
     imports += ["loss_scale"] if plan.train.precision.value == "fp16" else []
+    imports += ["compress"] if render_compress.enabled(plan) else []
+    imports += ["compress_pp"] if render_compress.pipeline_enabled(plan) else []
     return imports
 
 

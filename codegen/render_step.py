@@ -12,6 +12,7 @@ Before: ``codegen/render.py`` calls these. After: the template places the lines.
 
 from __future__ import annotations
 
+from . import render_compress
 from .plan import Plan
 from .plan_text import cite
 
@@ -101,6 +102,7 @@ def executor_lines(plan: Plan) -> list[str]:
         f"    activation_shape=(MICRO_BATCH, {tokens}, HIDDEN),",
         "    device=dist.device,",
         f"    autocast_dtype={autocast},",
+        *("    " + line for line in render_compress.executor_args(plan, f"(MICRO_BATCH, {tokens}, HIDDEN)")),
         ")",
     ]
 

@@ -57,6 +57,24 @@ def _float(value) -> float | None:
     return None if value is None else float(value)
 
 
+def _compress(parallel: dict) -> dict:
+    """``compress``, ``error_feedback`` and ``compress_pp`` as ``ParallelSpec`` fields."""
+    compress = parallel.get("compress", {"kind": "none"})
+    compress = {"kind": None} if compress == "auto" else compress  # the planner's (powersgd or none)
+    defaults = ParallelSpec(dp=None, tp=None, pp=None)
+    return {
+        "tp_shape": None if "tp_shape" not in parallel else tuple(parallel["tp_shape"]),
+        "compress": compress["kind"],
+        "compress_rank": compress.get("rank", defaults.compress_rank),
+        "compress_ratio": float(compress.get("ratio", defaults.compress_ratio)),
+        "error_feedback": parallel.get("error_feedback", True),
+        "compress_pp": parallel.get("compress_pp", {"kind": "none"})["kind"],
+        "compress_pp_rank": parallel.get("compress_pp", {}).get("rank", defaults.compress_pp_rank),
+        "compress_pp_lazy_error": parallel.get("compress_pp", {}).get("lazy_error", defaults.compress_pp_lazy_error),
+        "compress_stages": None if "compress_stages" not in parallel else tuple(parallel["compress_stages"]),
+    }
+
+
 def _capacity(value) -> float | None:
     return None if value == "none" else float(value)
 
@@ -133,6 +151,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         recompute=_per_layer(degree("recompute", "none"), Recompute),
         overlap=_per_layer(overlap, setting("overlap").read),
         stage_layers=None if stage_layers is None else tuple(stage_layers),
+        **_compress(parallel),
     )
     optimizer = train.get("optimizer", {"kind": "adamw"})
     lr_schedule = train.get("schedule", {"kind": "cosine"})
@@ -260,6 +279,19 @@ def spec_document(spec: Spec) -> dict:
         parallel_doc["cp_kind"] = parallel.cp_kind
     if parallel.stage_layers is not None:
         parallel_doc["stage_layers"] = list(parallel.stage_layers)
+    if parallel.tp_shape is not None:
+        parallel_doc["tp_shape"] = list(parallel.tp_shape)
+    if parallel.compress is None:
+        parallel_doc["compress"] = "auto"
+    elif parallel.compress != "none":  # written only when used
+        parallel_doc["compress"] = {"kind": parallel.compress} | (
+            {"rank": parallel.compress_rank} if parallel.compress == "powersgd" else {"ratio": parallel.compress_ratio})
+        parallel_doc["error_feedback"] = parallel.error_feedback
+    if parallel.compress_pp != "none":
+        parallel_doc["compress_pp"] = {"kind": parallel.compress_pp, "rank": parallel.compress_pp_rank,
+                                       "lazy_error": parallel.compress_pp_lazy_error}
+    if parallel.compress_stages is not None:
+        parallel_doc["compress_stages"] = list(parallel.compress_stages)
     lr = train.lr_schedule
     optimizer = train.optimizer
     train_doc = {

@@ -36,6 +36,8 @@ _DEFAULTS = {
     ("parallel", "zero_shard"): "dp",
     ("parallel", "schedule"): {"kind": "1f1b"},
     ("parallel", "overlap"): {"kind": "none"},
+    ("parallel", "compress"): {"kind": "none"},
+    ("parallel", "compress_pp"): {"kind": "none"},
 }
 
 
@@ -92,6 +94,9 @@ def plain_values(v: _Values) -> dict:
     data = out.pop("data")
     out["data"] = data.get("kind") if isinstance(data, dict) else None
     out["data_dtype"] = data.get("dtype") if isinstance(data, dict) else None
+    for name in ("compress", "compress_pp"):
+        call = out.pop(name)
+        out[name] = call.get("kind") if isinstance(call, dict) else None
     optimizer = out.pop("optimizer")
     out["optimizer"] = optimizer.get("kind") if isinstance(optimizer, dict) else optimizer
     return out

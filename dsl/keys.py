@@ -30,7 +30,7 @@ class Param:
 
     name: str
     type: str
-    """int | number | bool | string | enum | int_list | pair | call, or a unit kind
+    """int | number | bool | string | enum | int_list | pair | int_pair | call, or a unit kind
     (size | bandwidth | flops | time: written with a unit, stored in SI units)."""
     doc: str
     default: str | None = None
@@ -383,6 +383,80 @@ PARALLEL = BlockDef(
             default="an even split",
             doc="layers of each pipeline stage, e.g. [5, 7]",
         ),
+        Param(
+            name="tp_shape",
+            type="int_pair",
+            default="(1, tp)",
+            doc="2D tensor parallelism: the tp ranks as an R × C mesh (R·C = tp); only (1, tp), "
+            "today's 1D, is built",
+        ),
+        Param(
+            name="compress",
+            type="call",
+            default="none",
+            auto=True,
+            whole_auto=False,
+            doc="compress the data-parallel gradient reduction (changes numerics: convergence, "
+            "not parity, is tested); auto lets the planner turn PowerSGD on (parallel = auto leaves it none)",
+            calls=(
+                CallDef(name="none", doc="exact all-reduce of every gradient"),
+                CallDef(
+                    name="powersgd",
+                    doc="PowerSGD: each weight gradient as a rank-`rank` product P·Qᵀ, Q warm-started",
+                    params=(_int("rank", "rank of the approximation", default="4"),),
+                ),
+                CallDef(
+                    name="topk",
+                    doc="send the `ratio` fraction of gradient entries of largest magnitude",
+                    params=(
+                        Param(
+                            name="ratio",
+                            type="number",
+                            doc="fraction of entries sent per step",
+                            default="0.01",
+                            exclusive_minimum=0,
+                            maximum=1,
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        Param(
+            name="error_feedback",
+            type="bool",
+            default="true",
+            doc="with compress: what a step's compression of the dp gradients leaves out is added to "
+            "the next step's gradient",
+        ),
+        Param(
+            name="compress_pp",
+            type="call",
+            default="none",
+            doc="compress the gradients pipeline stages send back (changes numerics)",
+            calls=(
+                CallDef(name="none", doc="send them whole"),
+                CallDef(
+                    name="lowrank",
+                    doc="Optimus-CC's compressed backpropagation: each as a rank-`rank` P·Qᵀ",
+                    params=(
+                        _int("rank", "rank of the approximation", default="4"),
+                        Param(
+                            name="lazy_error",
+                            type="bool",
+                            default="false",
+                            doc="lazy error propagation: what P·Qᵀ leaves out is added to the next "
+                            "micro-batch's gradient",
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        Param(
+            name="compress_stages",
+            type="int_list",
+            default="every stage but the first",
+            doc="with compress_pp: the stages whose input gradient is sent back compressed, e.g. [2, 3]",
+        ),
     ),
 )
 
@@ -592,6 +666,7 @@ BLOCKS: dict[str, BlockDef] = {b.name: b for b in (MODEL, MESH, PARALLEL, TRAIN)
 ELEMENT = {
     "int_list": _int("stage_layers", "layers of a stage"),
     "pair": Param(name="beta", type="number", doc="an Adam beta", minimum=0, exclusive_maximum=1),
+    "int_pair": _int("tp_shape", "ranks along one side of the tensor-parallel mesh"),
 }
 """The element of a list-valued type."""
 
@@ -612,6 +687,7 @@ def expected_words(param: Param) -> str:
             "string": "a string",
             "int_list": "a list of integers such as [4, 4]",
             "pair": "a pair of numbers such as (0.9, 0.95)",
+            "int_pair": "a pair of integers such as (2, 2)",
         }[param.type]
     if param.or_none:
         words += " or none"

@@ -42,8 +42,8 @@ def _plain(param: Param) -> dict:
         out = {"enum": list(param.choices)}
     elif kind == "int_list":
         return {"type": "array", "items": _plain(ELEMENT["int_list"]), "minItems": 1}
-    elif kind == "pair":
-        return {"type": "array", "items": _plain(ELEMENT["pair"]), "minItems": 2, "maxItems": 2}
+    elif kind in ("pair", "int_pair"):
+        return {"type": "array", "items": _plain(ELEMENT[kind]), "minItems": 2, "maxItems": 2}
     elif kind == "call":
         return _call_schema(param.calls)
     else:  # pragma: no cover - the key table is ours

@@ -163,6 +163,24 @@ class ParallelSpec:
     """Oases sub-batches per micro-batch (1: no overlap); or one per block."""
     stage_layers: tuple[int, ...] | None = None
     """Explicit layers per pipeline stage, or None for an even split."""
+    tp_shape: tuple[int, int] | None = None
+    """``parallel.tp_shape`` as written; None: ``(1, tp)`` (1D). Only 1D is built (PAR0274)."""
+    compress: str | None = "none"
+    """Data-parallel gradient compression: ``none``, ``powersgd`` or ``topk`` (runtime/compress.py);
+    None: ``auto``, the planner's choice of ``powersgd`` or ``none``."""
+    compress_rank: int = 4
+    """``powersgd(rank = r)``."""
+    compress_ratio: float = 0.01
+    """``topk(ratio = x)``."""
+    error_feedback: bool = True
+    compress_pp: str = "none"
+    """Pipeline backward-gradient compression: ``none`` or ``lowrank`` (runtime/compress_pp.py)."""
+    compress_pp_rank: int = 4
+    """``lowrank(rank = r)``."""
+    compress_pp_lazy_error: bool = False
+    """``lowrank(lazy_error = true)``: Optimus-CC's lazy error propagation."""
+    compress_stages: tuple[int, ...] | None = None
+    """Stages whose input gradient goes back compressed; None: every stage but the first."""
 
     def setting(self, name: str):
         """A per-layer setting (``layer_settings.SETTINGS``) as plain values: one value,
@@ -197,6 +215,7 @@ class ParallelSpec:
             self.sp,
             self.zero,
             self.schedule,
+            self.compress,
             self.recompute,
             self.overlap,
         )

@@ -154,7 +154,7 @@ def _map(error, norm: Normalized) -> list[tuple[tuple, ParcError]]:
         )
     if kind in ("minItems", "maxItems"):
         count = len(error.instance)
-        need = "exactly 2 numbers" if param.type == "pair" else "at least one stage"
+        need = "exactly 2 numbers" if param.type in ("pair", "int_pair") else "at least one stage"
         return report(
             "PAR0116", f"`{name}` needs {need}, got {count}", f"e.g. {expected_words(param)}"
         )

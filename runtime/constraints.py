@@ -73,6 +73,10 @@ KEYS = {
     "recompute": "parallel.recompute",
     "overlap": "parallel.overlap",
     "stage_layers": "parallel.stage_layers",
+    "tp_shape": "parallel.tp_shape",
+    "compress": "parallel.compress",
+    "compress_pp": "parallel.compress_pp",
+    "compress_stages": "parallel.compress_stages",
     "global_batch": "train.global_batch",
     "micro_batch": "train.micro_batch",
     "steps": "train.steps",
@@ -85,7 +89,7 @@ KEYS = {
 }
 """Each plain value's name and the spec key it comes from (``schedule``: ``1f1b``,
 ``gpipe`` or ``interleaved``; ``chunks``: 1 unless interleaved; the per-layer settings
-as ``layer_settings`` reads them (``overlap``: the sub-batches, 1 for ``none``); ``data``: ``synthetic`` or ``tokens``; ``optimizer``: its name)."""
+as ``layer_settings`` reads them (``overlap``: the sub-batches, 1 for ``none``); ``data``: ``synthetic`` or ``tokens``; ``optimizer``: its name; ``compress``, ``compress_pp``: the call's name)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -850,3 +854,87 @@ def build_moe_overlap(experts, overlap, ep=None):
                       f"overlap = sub_batch({parts[0]}) of a mixture-of-experts model without expert parallelism "
                       "is not supported yet by parc build",
                       "write overlap = none, or ep > 1 (the sub-batches then overlap the expert all-to-alls)")
+
+
+@rule("PAR0270", BUILD)
+def build_compress_zero(compress, zero):
+    """PowerSGD and top-k replace the dp all-reduce of whole gradients (compress.py); ZeRO
+    reduce-scatters them into the optimizer's shards instead, which has no compressed form yet."""
+    if compress == "none" or zero == 0:
+        return None
+    return _violation("PAR0270", ("parallel.compress", "parallel.zero"),
+                      f"compress = {compress} with zero = {zero} is not supported yet by parc build: "
+                      "ZeRO reduce-scatters whole gradients into the optimizer's shards",
+                      f"use zero = 0 with compress = {compress}, or compress = none with zero = {zero}")
+
+
+@rule("PAR0271")
+def compress_pp_needs_pipeline(compress_pp, pp, compress_stages=None):
+    """``compress_pp`` compresses what pipeline stages send back; ``compress_stages``
+    names stages 1 .. pp-1 (stage 0 sends nothing back) and needs ``compress_pp``."""
+    if compress_pp != "none" and pp == 1:
+        return _violation("PAR0271", ("parallel.compress_pp", "parallel.pp"),
+                          f"compress_pp = {compress_pp} compresses gradients sent between pipeline stages, "
+                          "but pp = 1", "use pp >= 2, or remove compress_pp")
+    if compress_stages is None:
+        return None
+    if compress_pp == "none":
+        return _violation("PAR0271", ("parallel.compress_stages",),
+                          "compress_stages says which stages send compressed gradients, but compress_pp = none",
+                          "add compress_pp = lowrank(rank = 4), or remove compress_stages")
+    wrong = [s for s in compress_stages if not 1 <= s < pp]
+    if wrong:
+        return _violation("PAR0271", ("parallel.compress_stages",),
+                          f"compress_stages = {list(compress_stages)}: stage {wrong[0]} is not one of 1 .. pp-1 = "
+                          f"{pp - 1} (stage 0 sends no gradient back)",
+                          "list only stages among " + ", ".join(str(stage) for stage in range(1, pp)))
+    return None
+
+
+@rule("PAR0273", BUILD)
+def build_compress_pp_interleaved(compress_pp, chunks):
+    """The codec keys its state by virtual stage; ``compress_stages`` of an interleaved
+    schedule (several chunks per rank) has no meaning defined yet."""
+    if compress_pp == "none" or chunks == 1:
+        return None
+    return _violation("PAR0273", ("parallel.compress_pp", "parallel.schedule"),
+                      f"compress_pp = {compress_pp} with an interleaved schedule (chunks = {chunks}) is not "
+                      "supported yet by parc build",
+                      "use schedule = 1f1b (or gpipe, zero_bubble) with compress_pp")
+
+
+@rule("PAR0272", BUILD)
+def build_compress_fp16(precision, compress=None, compress_pp=None):
+    """fp16's loss scale changes between steps, and the error feedback would carry one
+    step's scaled residual into a step of another scale."""
+    key, value = ("compress", compress) if compress not in (None, "none") else ("compress_pp", compress_pp)
+    if value in (None, "none") or precision != "fp16":
+        return None
+    return _violation("PAR0272", (f"parallel.{key}", "train.precision"),
+                      f"{key} = {value} with precision = fp16 is not supported yet by parc build: "
+                      "the error feedback would mix gradients of different loss scales",
+                      f"use precision = bf16 (or fp32) with {key} = {value}")
+
+
+@rule("PAR0274")
+def tp_shape_product(tp_shape, tp):
+    """2D tensor parallelism arranges the tp ranks as an R × C mesh: R·C = tp."""
+    rows, cols = tp_shape
+    if rows * cols == tp:
+        return None
+    return _violation("PAR0274", ("parallel.tp_shape", "parallel.tp"),
+                      f"tp_shape = ({rows}, {cols}) arranges {rows}·{cols} = {rows * cols} ranks, but tp = {tp}",
+                      f"write tp_shape = (1, {tp}), or a pair whose product is {tp}")
+
+
+@rule("PAR0275", BUILD)
+def build_tp_shape_2d(tp_shape, tp=None):
+    """Only the 1D layout (1, tp) is built: ATP's 2D matmuls (row broadcast, column reduce)
+    are not generated yet."""
+    rows, cols = tp_shape
+    if rows == 1 or (tp is not None and rows * cols != tp):  # PAR0274 says what is wrong first
+        return None
+    return _violation("PAR0275", ("parallel.tp_shape",),
+                      f"tp_shape = ({rows}, {cols}) (2D tensor parallelism) is not supported yet by parc build",
+                      f"write tp_shape = (1, {cols * rows}) (1D, the default) or remove it; a later version of parc "
+                      "generates the 2D layout")

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import Pending, _issued, exposed, group_size, on_gradient, scalar_device
+from .traffic import comm_bytes
 
 
 def finished_after_backward(param) -> bool:
@@ -99,6 +100,7 @@ class GradientBuckets:
     def _launch(self, index: int) -> None:
         bucket = self.buckets[index]
         flat = self._flat(bucket)
+        comm_bytes.add("dp", flat)  # Note [comm bytes] (traffic.py)
         _issued()
         self._inflight[index] = (flat, Pending(dist.all_reduce(flat, group=self.group, async_op=True), flat))
 
@@ -124,6 +126,7 @@ class GradientBuckets:
             return
         for bucket in self.buckets:
             flat = self._flat(bucket)
+            comm_bytes.add("dp", flat)
             _issued()
             with exposed():
                 dist.all_reduce(flat, group=self.group)

@@ -32,7 +32,7 @@ from typing import Iterator, Mapping
 from .constraints import KEYS, Violation, divisors, legal
 from .layer_settings import SETTINGS
 
-LEAF_NAMES = ("zero", "sp", *(entry.name for entry in SETTINGS))
+LEAF_NAMES = ("zero", "sp", "compress", *(entry.name for entry in SETTINGS))
 """The values chosen last, each on its own (Note [the search space])."""
 
 
@@ -84,6 +84,8 @@ def _leaves(values: dict) -> Iterator[dict]:
     proposals = {
         "zero": _allowed(values.get("zero"), [0, 1, 2, 3] if values["dp"] > 1 else [0]),
         "sp": _allowed(values.get("sp"), [False, True]),
+        # compress = auto: PowerSGD is offered where there is a dp reduction to compress
+        "compress": _allowed(values.get("compress"), ["none", "powersgd"] if values["dp"] * values["cp"] > 1 else ["none"]),
         **{
             entry.name: _allowed(values.get(entry.name), list(entry.order) if entry.order else entry.options(values))
             for entry in SETTINGS

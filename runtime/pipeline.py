@@ -32,6 +32,7 @@ from .mesh import axis_ranks
 from .p2p import p2p_steps, post_batch
 from .schedule import Op, virtual_stage
 from .split_backward import backward_input, backward_weight
+from .traffic import comm_bytes
 
 _ACT, _GRAD = 0, 1
 
@@ -39,9 +40,10 @@ _ACT, _GRAD = 0, 1
 class PipelineExecutor:
     def __init__(
         self, chunks, *, actions, pp_group, pp_ranks, pp_rank, micro_batches,
-        activation_shape, device, autocast_dtype=None,
+        activation_shape, device, autocast_dtype=None, grad_codec=None,
     ):
-        """``pp_ranks``: the global ranks of this rank's pipeline group, by pipeline index."""
+        """``pp_ranks``: the global ranks of this rank's pipeline group, by pipeline index.
+        ``grad_codec``: a ``compress_pp.LowRankBackprop`` (``compress_pp = lowrank``) or None."""
         self.chunks, self.actions = list(chunks), tuple(actions)
         self.group, self.pp_ranks, self.pp_rank = pp_group, tuple(pp_ranks), pp_rank
         self.stages = len(self.pp_ranks)
@@ -51,10 +53,15 @@ class PipelineExecutor:
         # schedule.py, Note [B and W]: B computes the input gradient only, W the weights'
         self.split_backward = any(action.op is Op.WEIGHT for action in self.actions)
         self.steps = p2p_steps(self.actions)
+        self.grad_codec = grad_codec
         self.loss_scale = 1.0  # fp16: the last stage's backward starts from it (loss_scale.py)
 
     def _vstage(self, chunk: int) -> int:
         return virtual_stage(self.pp_rank, chunk, self.stages)
+
+    def _compressed(self, sender: int) -> bool:
+        """Does the input gradient virtual stage ``sender`` sends back travel compressed?"""
+        return self.grad_codec is not None and self.grad_codec.compresses(sender)
 
     def _tag(self, kind: int, micro: int, consumer: int) -> int:
         return (kind * self.micro_batches + micro) * self.virtual_stages + consumer
@@ -78,7 +85,10 @@ class PipelineExecutor:
             return outputs[(m, c)].detach() if last else 0.0  # on the device: no sync per micro-batch
         if op is Op.BACKWARD:
             x, y = inputs.pop((m, c)), outputs.pop((m, c))
-            grad = None if last else received.pop((_GRAD, m, c))[1].to(y.dtype)
+            grad = None if last else received.pop((_GRAD, m, c))[1]
+            if grad is not None and self._compressed(v + 1):
+                grad = self.grad_codec.decode(grad)
+            grad = None if grad is None else grad.to(y.dtype)
             if last and self.loss_scale != 1.0:
                 grad = torch.full_like(y, self.loss_scale)  # d(scale · loss)/d(loss)
             if self.split_backward:
@@ -115,13 +125,19 @@ class PipelineExecutor:
                     tensor = outputs[(m, c)].detach().to(torch.float32).contiguous()
                     messages.append((True, tensor, peer, self._tag(_ACT, m, v + 1)))
                     keys.append(None)
+                    comm_bytes.add("pp_forward", tensor)
                 elif op is Op.SEND_GRAD:
-                    tensor = input_grads.pop((m, c)).to(torch.float32).contiguous()
+                    tensor = input_grads.pop((m, c))
+                    if self._compressed(v):  # compress_pp.py, Note [compressed backpropagation]
+                        tensor = self.grad_codec.encode(v, tensor)
+                    tensor = tensor.to(torch.float32).contiguous()
                     messages.append((True, tensor, peer, self._tag(_GRAD, m, v - 1)))
                     keys.append(None)
+                    comm_bytes.add("pp_backward", tensor)
                 else:
                     kind = _ACT if op is Op.RECV_ACT else _GRAD
-                    tensor = torch.empty(self.shape, dtype=torch.float32, device=self.device)
+                    shape = (self.grad_codec.wire_numel(),) if kind == _GRAD and self._compressed(v + 1) else self.shape
+                    tensor = torch.empty(shape, dtype=torch.float32, device=self.device)
                     messages.append((False, tensor, peer, self._tag(kind, m, v)))
                     keys.append((kind, m, c))
             for key, posted, (_, tensor, _, _) in zip(keys, post_batch(messages, self.group), messages):

@@ -105,6 +105,8 @@ def settings(layout) -> str:
         parts.append("sp")
     if layout.zero:
         parts.append(f"zero{layout.zero}")
+    if layout.compress != "none":
+        parts.append(layout.compress)
     parts += layout.settings_words()
     return " ".join(parts) or "-"
 

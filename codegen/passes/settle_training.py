@@ -101,10 +101,35 @@ def run(spec: Spec, draft: Draft) -> Draft:
         on_nonfinite=setting(spec, "ON_NONFINITE", "train.on_nonfinite", t.on_nonfinite),
         kernels=setting(spec, "KERNELS", "train.kernels", t.kernels.value),
         **zero3_settings(spec),
+        compress=compress_settings(spec),
         **({"grad_reduce": setting(spec, "GRAD_REDUCE", "train.grad_reduce", t.grad_reduce)}
            if t.grad_reduce != "fp32" else {}),
     )
     return replace(draft, model=model, train=train)
+
+
+def compress_settings(spec) -> tuple:
+    """COMPRESS, its argument and ERROR_FEEDBACK (runtime/compress.py); COMPRESS_PP_RANK,
+    COMPRESS_STAGES and LAZY_ERROR (runtime/compress_pp.py): those of what is compressed."""
+    par = spec.parallel
+    found = []
+    if par.compress != "none":
+        found += [
+            setting(spec, "COMPRESS", "parallel.compress", par.compress),
+            setting(spec, "COMPRESS_RANK", "parallel.compress", par.compress_rank, "rank of P·Qᵀ")
+            if par.compress == "powersgd"
+            else setting(spec, "COMPRESS_RATIO", "parallel.compress", par.compress_ratio, "entries sent"),
+            setting(spec, "ERROR_FEEDBACK", "parallel.error_feedback", par.error_feedback),
+        ]
+    if par.compress_pp != "none":
+        stages = par.compress_stages or tuple(range(1, par.pp))  # default: every stage but the first
+        found += [
+            setting(spec, "COMPRESS_PP_RANK", "parallel.compress_pp", par.compress_pp_rank, "rank of P·Qᵀ"),
+            setting(spec, "COMPRESS_STAGES", "parallel.compress_stages", stages,
+                    "every stage but the first" if par.compress_stages is None else ""),
+            setting(spec, "LAZY_ERROR", "parallel.compress_pp", par.compress_pp_lazy_error),
+        ]
+    return tuple(found)
 
 
 def zero3_settings(spec) -> dict:

@@ -91,6 +91,7 @@ TIE_BREAKS = (
     ("lower ZeRO stage", lambda layout: layout.zero),
     *((entry.tie, (lambda entry: lambda layout: entry.simpler(layout.setting(entry.name)))(entry)) for entry in SETTINGS),
     ("sp off", lambda layout: layout.sp),
+    ("exact gradients (no compression)", lambda layout: layout.compress != "none"),
     ("the simpler schedule", lambda layout: SCHEDULE_ORDER[layout.schedule]),
     ("fewer chunks", lambda layout: layout.chunks),
     ("a larger micro_batch", lambda layout: -layout.micro_batch),
@@ -181,7 +182,8 @@ def fixed_layout(spec: Spec) -> Layout | None:
         dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, cp_kind=par.cp_kind, sp=bool(par.sp), zero=par.zero,
         schedule=par.schedule.value if par.pp > 1 else "1f1b",
         chunks=par.chunks if interleaved else 1,
-        micro_batch=spec.train.micro_batch, **{entry.name: par.setting(entry.name) for entry in SETTINGS},
+        micro_batch=spec.train.micro_batch, compress=par.compress,
+        **{entry.name: par.setting(entry.name) for entry in SETTINGS},
     )
 
 
@@ -193,7 +195,7 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
         parallel=replace(
             spec.parallel,
             dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, sp=layout.sp, zero=layout.zero,
-            schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks,
+            schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks, compress=layout.compress,
         ).with_settings({entry.name: layout.setting(entry.name) for entry in SETTINGS}),
     )
 

@@ -13,12 +13,16 @@ from __future__ import annotations
 from parc.runtime.constraints import PER_LAYER
 from parc.runtime.layer_settings import SETTINGS, fold_runs, setting
 
-from .cost import Estimate, Hardware
+from dataclasses import replace
+
+from .cost import Estimate, Hardware, estimate
+from .cost.layout import rank_params
+from .cost.time import powersgd_compression
 from .search import TIE_TOLERANCE, SearchResult, tie_memory_unit, tie_rule
 
 KEYS = (
     ("dp", "dp"), ("cp", "cp"), ("tp", "tp"), ("pp", "pp"), ("sp", "sp"), ("zero", "zero"),
-    ("schedule", "schedule"), ("chunks", "chunks"),
+    ("schedule", "schedule"), ("chunks", "chunks"), ("compress", "compress"),
     *((entry.name, entry.name) for entry in SETTINGS), ("micro_batch", "micro_batch"),
 )
 
@@ -37,6 +41,8 @@ REASONS = {
         "dp": "the gradient reduction is over a different number of ranks",
         "zero": "ZeRO's reduce + gather after backward is not hidden, zero 0's bucketed all-reduce is",
         "sp": "sequence parallelism moves the same volume as reduce-scatter + all-gather",
+        "compress": "PowerSGD sends the gradients as low-rank factors, far fewer bytes over the dp links, "
+                    "but after backward instead of behind it",
     },
     "bubble": {
         "pp": "fewer pipeline stages leave less idle time at the ends of the step",
@@ -83,6 +89,7 @@ def _describe(item: Estimate) -> str:
         extras.append(f"interleaved({lay.chunks})" if lay.schedule == "interleaved" else lay.schedule)
     extras += ["sp"] if lay.sp else []
     extras += [f"zero {lay.zero}"] if lay.zero else []
+    extras += [f"compress {lay.compress}"] if lay.compress != "none" else []
     extras += lay.settings_words(labels="name")
     return text + (", " + ", ".join(extras) if extras else "")
 
@@ -126,6 +133,7 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
             f"{_seconds(best.time.step - fast.time.step)[1:]} per step but needs "
             f"{_gib(fast.memory.total)} per rank{limit}."
         )
+    lines += _compression(spec, best, index, hw)
     winner = result.winner
     if winner is not None and winner is not best:
         lines.append(
@@ -133,6 +141,24 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
             f"#{items.index(winner) + 1} ({_describe(winner)})."
         )
     return lines
+
+
+def _compression(spec, best: Estimate, index: int, hw: Hardware) -> list[str]:
+    """When the winner compresses (``compress = auto``): what it buys against the same layout
+    exact, and that the numerics change (cost/compress.py, Note [powersgd cost])."""
+    if best.layout.compress == "none":
+        return []
+    exact = estimate(spec, replace(best.layout, compress="none"), hw, exact=True)
+    cost = powersgd_compression(spec, best.layout, rank_params(spec.model, best.layout, 0)[0], hw)
+    return [
+        f"#{index} compresses the dp gradients (compress = powersgd(rank = {spec.parallel.compress_rank})): "
+        f"{_gib(cost.exact_bytes)} → {_gib(cost.compressed_bytes)} per rank per step over dp "
+        f"({cost.exact_bytes / cost.compressed_bytes:.1f}× fewer bytes, {_seconds(cost.compute_s)[1:]} of compression "
+        f"compute), a predicted {exact.time.step / best.time.step:.2f}× speedup over the same layout exact "
+        f"({_seconds(exact.time.step - best.time.step)[1:]} per step). This changes the numerics: training is "
+        "no longer bitwise the one-rank run's (convergence-tested, tests/parity/test_compress.py); "
+        "write compress = none to keep exact gradients."
+    ]
 
 
 def _degrees(item: Estimate) -> tuple[int, ...]:

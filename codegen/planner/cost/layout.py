@@ -67,6 +67,8 @@ class Layout:
     """Context-parallel ranks: each holds seq_len / cp tokens of every sequence."""
     cp_kind: str = "ring"
     """``ring``, ``ulysses`` or ``allgather`` (``cost/context.py``)."""
+    compress: str = "none"
+    """``parallel.compress``: ``none``, ``powersgd`` or ``topk`` (``cost/compress.py``)."""
 
     def tokens(self, seq_len: int) -> int:
         """Tokens of one micro-batch on one rank: micro_batch · seq_len / cp."""

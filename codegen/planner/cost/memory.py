@@ -262,6 +262,8 @@ def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting, fu
             total += 2 * min(BUCKET_BYTES, 4.0 * params)
         else:  # zero 0's packed buckets, zero 1's flat gradient: one fp32 copy in flight
             total += 4.0 * params
+        if layout.compress != "none":  # runtime/compress.py: the error feedback's fp32 copy of the gradients
+            total += 4.0 * params
     if full_recompute:  # one block's tensors rebuilt during its backward
         element = 2.0 if accounting is Accounting.MEGATRON else 4.0
         working = parc_layer_elements(model, tp=layout.tp, sp=layout.sp, recompute="none", micro_batch=layout.micro_batch)

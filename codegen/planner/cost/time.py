@@ -34,7 +34,8 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   and backward, unit by unit, the next unit's gather hidden behind this one's compute
   (Note [ZeRO-3 gathers] at ``zero3_gathers``); parc's zero 3 reduce-scatters each
   unit's gradient during the last backward (hidden as zero 0-2's buckets) and has no
-  gather after the step.
+  gather after the step. ``compress = powersgd`` replaces the reduction by its factors'
+  all-reduces plus the compression's compute, both exposed (Note [powersgd cost]).
 - pipeline: a (b, s, h) message per chunk boundary; the makespan of the runtime's
   schedule (``cost/bubble.py``); bubble = makespan − the busy time.
 - the optimizer streams its elements (AdamW) and the gradient-norm pass.
@@ -54,6 +55,7 @@ from ...model_config import model_desc
 from .bubble import makespan
 from .context import cp_comm
 from .comm import collective_latency, collective_time
+from .compress import RANK, powersgd_cost
 from .hardware import Hardware
 from .layout import SETTING_NAMES, Accounting, Layout, rank_params
 from .overlap import exposed_tp
@@ -246,6 +248,12 @@ def step_time(
     # Megatron 2021 reduces after the flush; gloo on CPU cores takes the cores backward runs on
     overlapped = accounting is Accounting.PARC and layout.zero <= 3 and not hw.comm_on_cores
     dp_exposed = (max(0.0, reduce - last_backward) if overlapped else reduce) + gather
+    compression = 0.0
+    if layout.compress == "powersgd" and reducing > 1:  # cost/compress.py, Note [powersgd cost]
+        cost = powersgd_compression(spec, layout, params, hw)
+        reduce = dp_comm = cost.comm_s
+        compression = cost.compute_s
+        dp_exposed = reduce + compression + gather  # after backward, not behind it
     dp_exposed += 0.0 if zero3 is None else micro_batches * zero3.exposed
     optimizer = _optimizer_time(hw, accounting, params, tensors, layout) * slow
     world = d * layout.cp * t * p
@@ -255,6 +263,7 @@ def step_time(
 
     step = pipeline + dp_exposed + optimizer
     compute = micro_batches * (v * layers_per_chunk * (forward + backward) + 3.0 * head_forward) + optimizer
+    compute += compression
     tp_total = micro_batches * (v * layers_per_chunk * (tp_forward + tp_backward) + head_comm)
     exposed = (
         micro_batches * (v * layers_per_chunk * (exposed_forward + exposed_backward) + head_comm)
@@ -271,6 +280,17 @@ def step_time(
         pp_comm=2 * micro_batches * v * p2p if p > 1 else 0.0,
         model_flops=model_flops_per_token(spec) * spec.train.global_batch * m.seq_len,
     )
+
+
+def powersgd_compression(spec: Spec, layout: Layout, params: int, hw: Hardware):
+    """``cost/compress.py``'s figures for pipeline rank 0 of ``layout``: its blocks' linear
+    weights and the embedding (first stage) as the matrices PowerSGD factors."""
+    m = spec.model
+    blocks = m.layers // layout.pp
+    matrices = [(n, k, blocks) for n, k in _block_gemms(m, layout.tp)]
+    matrices.append((m.padded_vocab // layout.tp, m.hidden, 1))
+    rank = spec.parallel.compress_rank if spec.parallel.compress == "powersgd" else RANK
+    return powersgd_cost(hw, matrices, params=params, rank=rank, size=layout.dp * layout.cp, stride=layout.tp)
 
 
 @dataclass(frozen=True, slots=True)

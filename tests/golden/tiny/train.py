@@ -48,6 +48,7 @@ from parc_runtime import (
     model,
     observe,
     optim,
+    traffic,
 )
 
 # ---- configuration (from tiny.par) ------------------------------------------
@@ -252,6 +253,7 @@ def main() -> None:
             step, every=args.memory_every, first=done + 1, last=args.steps
         )
         comm.exposed_clock.reset()  # time blocked on collectives, this step
+        traffic.comm_bytes.reset()  # bytes handed to communication, this step, by axis
         with activations:  # measures the tensors saved for backward
             loss_sum = 0.0
             for micro in range(GRAD_ACCUM):
@@ -295,6 +297,7 @@ def main() -> None:
                     "peak_mem_bytes": metrics.peak_mem_bytes(dist.device),
                     "step_time_s": step_time,
                     "exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute
+                    "comm_bytes": traffic.comm_bytes.by_axis(),  # all ranks' payload per axis (Note [comm bytes])
                     # bytes this rank holds (and every rank's, in memory_per_rank): collective
                     **(
                         memory.report(net, optimizer, activations, held_grads)

@@ -1,0 +1,54 @@
+"""The cost of ``parallel.compress = powersgd``: the dp reduction's bytes and the compression's compute.
+
+Takes: ``Hardware``, the weight matrices one rank reduces (each block's linear weights
+on one tp rank, the embedding) and its parameter count, the rank r, the dp group.
+Gives: ``powersgd_cost``, seconds of communication and of compute and the bytes before
+and after. Before: ``cost/comm.py``. After: ``cost/time.py`` (the dp term) and
+``planner/why.py`` (the line saying what compression buys and that numerics change).
+
+Note [powersgd cost]: runtime/compress.py (Note [powersgd]) sends, for each matrix of
+n × m that gains (r·(n + m) < n·m), P (n × r) and Q (m × r) in two all-reduces, and
+the rest (vectors) whole in a third; fp32. Its compute is two GEMMs per matrix (M·Q,
+Mᵀ·P: 2·n·m·r flops each) and the decompression P·Qᵀ (as many), plus a QR of P
+(≈ 2·n·r² flops), and reading the gradient and the error (memory bound). None of it is
+overlapped with backward: the reduction runs after the last micro-batch (unlike zero
+0's buckets, which hide behind backward), so a compressed layout wins only where the
+network is slow enough that the bytes saved outweigh that exposed time: typically
+dp spanning nodes over commodity links.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .comm import collective_time
+from .hardware import Hardware
+
+RANK = 4
+"""The rank ``compress = auto`` turns on (``powersgd(rank = 4)``, the key's default)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompressionCost:
+    comm_s: float
+    compute_s: float
+    exact_bytes: float
+    compressed_bytes: float
+
+
+def powersgd_cost(hw: Hardware, matrices, *, params: int, rank: int, size: int, stride: int) -> CompressionCost:
+    """``matrices``: (n, m, how many) of this rank's weight gradients; Note [powersgd cost]."""
+    # runtime/compress.py's powersgd_pays (that module needs torch; the planner does not import it)
+    low = [(n, m, count) for n, m, count in matrices if rank * (n + m) < n * m]
+    dense = sum(n * m * count for n, m, count in low)
+    p_elements = sum(n * rank * count for n, m, count in low)
+    q_elements = sum(m * rank * count for n, m, count in low)
+    whole = max(0, params - dense)
+    comm = sum(collective_time(hw, "all_reduce", 4.0 * elements, size=size, stride=stride)
+               for elements in (p_elements, q_elements, whole))
+    flops = sum(count * (3 * 2.0 * n * m * rank + 2.0 * n * rank * rank) for n, m, count in low)
+    compute = flops / hw.matmul_flops(rank) * hw.gemm_scale + 3 * 4.0 * dense / hw.memory_bandwidth
+    return CompressionCost(
+        comm_s=comm, compute_s=compute * hw.contention, exact_bytes=4.0 * params,
+        compressed_bytes=4.0 * (p_elements + q_elements + whole),
+    )
