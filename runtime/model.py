@@ -358,6 +358,7 @@ class Transformer(nn.Module):
         self.tp_group = tp_group
         build = builders[self.embed_tp]
         plan = plans[self.embed_tp]
+        self._styles = {t: p.styles for t, p in plans.items()}  # check_parameter_count's, by degree
         V, C = config.padded_vocab, config.hidden
         self.vocab_parallel_embed = build.style("embed") == "vocab"
         self.vocab_parallel = build.style("head") == "vocab_head"
@@ -512,16 +513,16 @@ def check_parameter_count(model: Transformer, *, sharded, layers) -> None:
         expected = desc.stage_params(tp, layers=layers, first=model.first, last=model.last, sharded=sharded, ep=ep)
     else:  # Note [heterogeneous layouts]: each block, the embedding and the head at their own degree
         start = layers[0]
-        parts = [desc.stage_params(t, layers=(i, i + 1), first=False, last=False, sharded=sharded, ep=ep)
+        styles = model._styles
+        parts = [desc.stage_params(t, layers=(i, i + 1), first=False, last=False, sharded=styles[t], ep=ep)
                  for i, t in model.block_tp.items()]
-        if model.embed_tp == model.head_tp:
-            parts.append(desc.stage_params(model.embed_tp, layers=(start, start), first=model.first, last=model.last,
-                                           sharded=sharded))
+        e, h = model.embed_tp, model.head_tp
+        if e == h:
+            parts.append(desc.stage_params(e, layers=(start, start), first=model.first, last=model.last,
+                                           sharded=styles[e]))
         else:
-            parts.append(desc.stage_params(model.embed_tp, layers=(start, start), first=model.first, last=False,
-                                           sharded=sharded))
-            parts.append(desc.stage_params(model.head_tp, layers=(start, start), first=False, last=model.last,
-                                           sharded=sharded))
+            parts.append(desc.stage_params(e, layers=(start, start), first=model.first, last=False, sharded=styles[e]))
+            parts.append(desc.stage_params(h, layers=(start, start), first=False, last=model.last, sharded=styles[h]))
         expected = type(parts[0])(elements=sum(p.elements for p in parts), tensors=sum(p.tensors for p in parts))
         tp = model.block_tp
     params = list(model.parameters())
