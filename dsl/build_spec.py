@@ -123,7 +123,8 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         n = len(degrees["layer_tp"] or degrees["layer_dp"])
         tps = degrees["layer_tp"] or (degrees["tp"],) * n
         dps = degrees["layer_dp"] or (degrees["dp"],) * n
-        uniform = len(set(zip(tps, dps))) == 1  # the same degrees for every block: the scalar program
+        # the same degrees for every block: the scalar program (a wrong length stays, for PAR0250)
+        uniform = len(set(zip(tps, dps))) == 1 and len(tps) == len(dps) == model["layers"]
         degrees["layer_tp"], degrees["layer_dp"] = (None, None) if uniform else (tuple(tps), tuple(dps))
     parallel_spec = ParallelSpec(
         dp=degrees["dp"],
