@@ -948,9 +948,12 @@ def hetero_micro_batch(layer_tp, tp, micro_batch):
                       f"make micro_batch a multiple of {k}")
 
 
-def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap):
+def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto):
     reason = None
-    if pp is not None and pp > 1:
+    if auto:
+        reason = (f"parallel.{auto[0]}" if auto[0] != "micro_batch" else "train.micro_batch", f"{auto[0]} = auto",
+                  f"give {auto[0]} a value (the planner does not search per-layer degrees yet)")
+    elif pp is not None and pp > 1:
         reason = ("parallel.pp", f"pp = {pp}", "set pp = 1")
     elif cp is not None and cp > 1:
         reason = ("parallel.cp", f"cp = {cp}", "set cp = 1")
@@ -969,6 +972,11 @@ def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap):
 
 
 @rule("PAR0254", BUILD)
-def hetero_unbuilt(layer_tp, layer_dp=None, pp=None, cp=None, zero=None, experts=None, overlap=None):
-    """What a heterogeneous layout cannot be combined with yet (Note [heterogeneous layouts])."""
-    return _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap)
+def hetero_unbuilt(layer_tp, layer_dp=None, pp=None, cp=None, zero=None, experts=None, overlap=None, sp=None,
+                   micro_batch=None):
+    """What a heterogeneous layout cannot be combined with yet (Note [heterogeneous layouts]),
+    ``auto`` values included: the planner would fill them for the coarse split alone."""
+    # None: auto (these have a default or are required; an unwritten zero or recompute is None too)
+    values = dict(pp=pp, sp=sp, micro_batch=micro_batch, overlap=overlap)
+    auto = [name for name, value in values.items() if value is None or None in entries(value)]
+    return _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto)
