@@ -239,7 +239,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     else:
         optimizer_lines = [f"optimizer = optim.build_optimizer(net, {hyper})"]
         step_lines = [
-            render_hetero.clip_line() if hetero else
+            render_hetero.clip_line(pp_arg) if hetero else
             f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)})",
             "optimizer.step()",
             "optimizer.zero_grad(set_to_none=True)",

@@ -43,7 +43,7 @@ def table_lines(plan: Plan, where: str) -> list[str]:
     for (tp, dp), n in fold_runs([(b.tp, b.dp) for b in blocks]):
         names = f"layers.{index}" if n == 1 else f"layers.{index}-{index + n - 1}"
         lines.append(f"#   {names}: tp {tp} × dp {dp}")
-        parts.append(f"({tp},) * {n}")
+        parts.append(f"({tp},) * {n}" if n > 1 else f"({tp},)")
         index += n
     lines.append("LAYER_TP = " + " + ".join(parts))
     return lines
@@ -70,8 +70,8 @@ def sp_line() -> str:
             "hetero.allreduce_sequence_parallel_grads(net, layouts)")
 
 
-def clip_line() -> str:
-    return "grad_norm = hetero.clip_grad_norm_(net, GRAD_CLIP, layouts=layouts, stage_group=stage_group)"
+def clip_line(pp_arg: str) -> str:
+    return f"grad_norm = hetero.clip_grad_norm_(net, GRAD_CLIP, layouts=layouts, stage_group=stage_group{pp_arg})"
 
 
 def layout_words(plan: Plan) -> str:

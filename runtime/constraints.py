@@ -57,6 +57,7 @@ KEYS = {
     "ep": "parallel.ep",
     "etp": "parallel.etp",
     "dropout": "model.dropout",
+    "tie_embeddings": "model.tie_embeddings",
     "nodes": "mesh.nodes",
     "devices_per_node": "mesh.devices_per_node",
     "dp": "parallel.dp",
@@ -948,13 +949,13 @@ def hetero_micro_batch(layer_tp, tp, micro_batch):
                       f"make micro_batch a multiple of {k}")
 
 
-def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto):
+def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto, schedule):
     reason = None
     if auto:
         reason = (f"parallel.{auto[0]}" if auto[0] != "micro_batch" else "train.micro_batch", f"{auto[0]} = auto",
                   f"give {auto[0]} a value (the planner does not search per-layer degrees yet)")
-    elif pp is not None and pp > 1:
-        reason = ("parallel.pp", f"pp = {pp}", "set pp = 1")
+    elif pp is not None and pp > 1 and schedule not in (None, "1f1b", "gpipe"):
+        reason = ("parallel.schedule", f"pp = {pp} and schedule = {schedule}", "use schedule = 1f1b or gpipe")
     elif cp is not None and cp > 1:
         reason = ("parallel.cp", f"cp = {cp}", "set cp = 1")
     elif zero is not None and zero > 0:
@@ -973,10 +974,35 @@ def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto):
 
 @rule("PAR0254", BUILD)
 def hetero_unbuilt(layer_tp, layer_dp=None, pp=None, cp=None, zero=None, experts=None, overlap=None, sp=None,
-                   micro_batch=None):
+                   micro_batch=None, schedule=None):
     """What a heterogeneous layout cannot be combined with yet (Note [heterogeneous layouts]),
     ``auto`` values included: the planner would fill them for the coarse split alone."""
     # None: auto (these have a default or are required; an unwritten zero or recompute is None too)
     values = dict(pp=pp, sp=sp, micro_batch=micro_batch, overlap=overlap)
     auto = [name for name, value in values.items() if value is None or None in entries(value)]
-    return _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto)
+    return _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto, schedule)
+
+
+@rule("PAR0255", BUILD)
+def hetero_stage_boundaries(layer_tp, layers, pp, stage_layers=None, tie_embeddings=None):
+    """Under a pipeline, activations cross every stage boundary at one degree (the executor's
+    one activation shape), and a tied head shares the embedding's sharding."""
+    if pp == 1:
+        return None
+    sizes = stage_layers or ((layers // pp,) * pp if layers % pp == 0 else None)
+    if sizes is None or len(sizes) != pp or sum(sizes) != layers or len(layer_tp) != layers:
+        return None  # PAR0205 / PAR0206 / PAR0250
+    starts = [sum(sizes[:i]) for i in range(1, pp)]
+    crossing = {(layer_tp[s - 1], layer_tp[s]) for s in starts}
+    if len(crossing) == 1 and len(set(next(iter(crossing)))) == 1:
+        if tie_embeddings is False or layer_tp[0] == layer_tp[-1]:
+            return None
+        return _violation("PAR0255", ("parallel.tp", "parallel.pp"),
+                          f"with tied embeddings over a pipeline the first and last layers share the table's "
+                          f"sharding, but tp[0] = {layer_tp[0]} and tp[{layers - 1}] = {layer_tp[-1]}",
+                          "give the first and last layer the same tp")
+    pairs = ", ".join(f"tp[{s - 1}] = {layer_tp[s - 1]} → tp[{s}] = {layer_tp[s]}" for s in starts)
+    return _violation("PAR0255", ("parallel.tp", "parallel.pp"),
+                      f"per-layer tp across pipeline stages is built only where every stage boundary has one "
+                      f"degree on both sides: {pairs}",
+                      "give the layers on both sides of each boundary the same tp (one for all boundaries)")

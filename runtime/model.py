@@ -575,7 +575,7 @@ def build_model(
 
 def build_stages(
     config, *, stages, pp_rank, pp_size, tp_group, sequence_parallel, tp_plan, seed, device,
-    recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None,
+    recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None,
 ):
     """This pipeline rank's model chunks, one ``Transformer`` stage per chunk.
 
@@ -594,17 +594,17 @@ def build_stages(
     return nn.ModuleList(
         build_stage(config, stages=stages, index=v, tp_group=tp_group, sequence_parallel=sequence_parallel,
                     tp_plan=tp_plan, seed=seed, device=device, recompute=recompute, sub_batches=sub_batches,
-                    kernels=kernels, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group)
+                    kernels=kernels, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group, layouts=layouts)
         for v in range(pp_rank, len(stages), pp_size)  # chunk c: virtual stage c·pp_size + pp_rank
     )
 
 
 def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute,
-                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None):
+                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None):
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
         recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,
-        sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
+        sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group, layouts=layouts,
     )
     initialize(model, seed)
     return use_kernels(model.to(device), kernels, device)

@@ -134,6 +134,10 @@ LAYOUTS = {
     "hetero-tp2211-recompute": dict(tp=2, model__layers=4, parallel__tp="[2, 2, 1, 1]", parallel__dp="[1, 1, 2, 2]",
                                     parallel__recompute="[full, none, selective, full]"),
     "hetero-tp4224": dict(tp=4, model__layers=4, parallel__tp="[4, 2, 2, 4]", parallel__dp="[1, 2, 2, 1]"),
+    # under a pipeline: each stage boundary at one degree (PAR0255), 2 layers a stage
+    "hetero-pp2-tp2112": dict(tp=2, pp=2, model__layers=4, parallel__tp="[2, 1, 1, 2]", parallel__dp="[1, 2, 2, 1]"),
+    "hetero-pp2-tp1221-sp": dict(tp=2, pp=2, sp=True, model__layers=4, parallel__tp="[1, 2, 2, 1]",
+                                 parallel__dp="[2, 1, 1, 2]"),
     "hetero-dp2-tp2112": dict(dp=2, tp=2, model__layers=4, parallel__tp="[2, 1, 1, 2]", parallel__dp="[2, 4, 4, 2]"),
 }
 ARCHS = ("gpt", "llama")
