@@ -38,6 +38,7 @@ def table_lines(plan: Plan, where: str) -> list[str]:
         "# different degrees the batch is split or gathered. The data is read as dp DP × tp TP",
         f"# (the largest tp); embed runs tp {embed.tp} × dp {embed.dp} as layers.0, head tp {head.tp} × dp {head.dp}"
         f" as {follows}.",
+        "# TP_PLAN's shapes below are at tp TP; a layer at a smaller tp splits them fewer ways.",
     ]
     index, parts = 0, []
     for (tp, dp), n in fold_runs([(b.tp, b.dp) for b in blocks]):
