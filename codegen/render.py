@@ -17,7 +17,16 @@ import jinja2
 from parc.runtime import axes
 
 from .plan import Plan, Setting
-from . import render_checkpoint, render_compress, render_eval, render_launch, render_moe, render_observe, render_step
+from . import (
+    render_checkpoint,
+    render_compress,
+    render_eval,
+    render_hetero,
+    render_launch,
+    render_moe,
+    render_observe,
+    render_step,
+)
 from .plan_text import cite, layer_value
 
 DEVICE_FLOPS_NOTE = "dense peak FLOP/s of one device, for MFU"
@@ -201,6 +210,9 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         group_lines.append('dp_group = grid.group("dp")  # ranks that split the batch')
     group_lines += render_step.group_lines(plan)
     group_lines += render_moe.group_lines(plan)
+    hetero = render_hetero.enabled(plan)  # Note [heterogeneous layouts]: blocks of different tp
+    if hetero:
+        group_lines += render_hetero.group_lines()
     pipelined = render_step.has_pipeline(plan)
     pp_arg = ", pp_group=pp_group" if pipelined else ""
     zero_stage = plan.train.zero.value
@@ -208,10 +220,10 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     after_backward, optimizer_extra = render_step.after_backward_lines(plan), []
     loss_lines = render_step.loss_lines(plan)
     if sp.enabled:
-        after_backward.append(
+        after_backward.append(render_hetero.sp_line() if hetero else (
             "# norms saw only their sequence shard: sum their grads over tp\n"
             "model.allreduce_sequence_parallel_grads(net, tp_group)"
-        )
+        ))
     hyper = "lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, eps=EPS"
     if zero_stage == 3:
         optimizer_lines, step_lines = fsdp_lines(plan, reduce_group if reducing else "None", tp_arg, hyper, pp_arg, over)
@@ -237,11 +249,15 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     else:
         optimizer_lines = [f"optimizer = optim.build_optimizer(net, {hyper})"]
         step_lines = [
+            render_hetero.clip_line(pp_arg) if hetero else
             f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)})",
             "optimizer.step()",
             "optimizer.zero_grad(set_to_none=True)",
         ]
-    if reducing and not zero_stage:
+    if hetero:
+        optimizer_extra += render_hetero.grad_sync_lines()
+        after_backward.insert(0, "grad_sync.finish()  # wait the buckets: each layer's mean gradient")
+    elif reducing and not zero_stage:
         # Note [gradient overlap] (runtime/dp.py): always on with dp > 1
         optimizer_extra += render_compress.grad_sync_lines(plan, reduce_group, over) if render_compress.enabled(
             plan) else [
@@ -319,7 +335,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         header=header(plan),
         std_imports=std_imports,
         runtime_imports=", ".join(sorted(imports)),
-        config_lines=config_lines(plan),
+        config_lines=config_lines(plan) + render_hetero.table_lines(plan, cite(mesh.axis("tp").span)),
         tp_plan_lines=tp_plan_lines(plan),
         description=repr(f"Train {plan.model.name} ({layout})."),
         extra_args=extra_args,
@@ -333,7 +349,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         + [f"{entry.argument}={entry.constant}," for entry in plan.used_settings()]
         + ["kernels=KERNELS,"]
         + render_moe.model_args(plan)
-        + (["cp_group=cp_group,", "cp_kind=CP_KIND,"] if cp_size > 1 else []),
+        + (["cp_group=cp_group,", "cp_kind=CP_KIND,"] if cp_size > 1 else [])
+        + (["layouts=layouts,"] if hetero else []),
         pipeline_lines=render_step.executor_lines(plan)
         + render_eval.setup_lines(plan, reduce_group=reduce_group if reducing else None, pipelined=pipelined),
         step_body_lines=render_observe.step_start_lines() + render_checkpoint.step_start_lines() + [
@@ -426,7 +443,8 @@ def train_imports(plan: Plan) -> list[str]:
     imports += ["loss_scale"] if plan.train.precision.value == "fp16" else []
     imports += ["compress"] if render_compress.enabled(plan) else []
     imports += ["compress_pp"] if render_compress.pipeline_enabled(plan) else []
-    return imports
+    imports += ["hetero", "dp"] if render_hetero.enabled(plan) else []  # hetero.py imports dp.py
+    return sorted(set(imports))
 
 
 def _scaled_clip(line: str) -> str:
@@ -449,7 +467,10 @@ def runtime_modules(plan: Plan) -> set[str]:
 
 
 def layout_words(plan: Plan) -> str:
-    parts = [f"{a.axis} {a.size}" for a in plan.mesh.axes if a.size > 1]
+    parts = [f"{a.axis} {a.size}" for a in plan.mesh.axes if a.size > 1 and not (
+        render_hetero.enabled(plan) and a.axis in ("dp", "tp"))]
+    if render_hetero.enabled(plan):
+        parts.append(render_hetero.layout_words(plan))
     words = " × ".join(parts) if parts else "one rank"
     if plan.sequence_parallel.enabled:
         words += " + sequence parallel"

@@ -84,6 +84,13 @@ def executor_lines(plan: Plan) -> list[str]:
         " // TP" if plan.sequence_parallel.enabled else ""
     )
     autocast = autocast_dtype(plan) or "None"
+    rows = "MICRO_BATCH"
+    boundary = {plan.blocks[start].tp for start, _ in plan.pipeline.stage_layers[1:]}
+    if len(boundary) == 1 and len({b.tp for b in plan.blocks}) > 1:  # heterogeneous (constraints: PAR0255)
+        (tp,) = boundary
+        rows = f"MICRO_BATCH * {tp} // TP"  # the coarse micro-batch's piece at the boundary's tp {tp}
+        if plan.sequence_parallel.enabled:
+            tokens = "SEQ_LEN" + (f" // {tp}" if tp > 1 else "")
     return [
         "",
         "# ---- pipeline -----------------------------------------------------------",
@@ -99,7 +106,7 @@ def executor_lines(plan: Plan) -> list[str]:
         '    pp_rank=grid.index("pp"),',
         "    micro_batches=GRAD_ACCUM,",
         "    # what travels between stages: (micro-batch, tokens, hidden), fp32",
-        f"    activation_shape=(MICRO_BATCH, {tokens}, HIDDEN),",
+        f"    activation_shape=({rows}, {tokens}, HIDDEN),",
         "    device=dist.device,",
         f"    autocast_dtype={autocast},",
         *("    " + line for line in render_compress.executor_args(plan, f"(MICRO_BATCH, {tokens}, HIDDEN)")),

@@ -28,8 +28,9 @@ def spec_values(spec: Spec) -> dict:
         "kv_heads": m.kv_heads if kv_written else None,  # the default (= heads) adds nothing to check
         "experts": m.experts, "top_k": m.top_k, "expert_ffn": m.expert_ffn, "ep": par.ep, "etp": par.etp,
         "ffn": m.ffn, "vocab": m.vocab, "pad_vocab_to": m.pad_vocab_to, "seq_len": m.seq_len, "dropout": m.dropout,
+        "tie_embeddings": m.tie_embeddings,
         "nodes": mesh.nodes, "devices_per_node": mesh.devices_per_node,
-        "dp": par.dp, "tp": par.tp, "pp": par.pp, "cp": par.cp, "cp_kind": par.cp_kind, "sp": par.sp, "zero": par.zero,
+        "dp": par.dp, "tp": par.tp, "layer_tp": par.layer_tp, "layer_dp": par.layer_dp, "pp": par.pp, "cp": par.cp, "cp_kind": par.cp_kind, "sp": par.sp, "zero": par.zero,
         "zero_prefetch": par.zero_prefetch, "zero_shard": par.zero_shard,
         "schedule": schedule.value if schedule is not None else None,
         "chunks": None if schedule is None else par.chunks if schedule is PipelineSchedule.INTERLEAVED else 1,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from parc.runtime import constraints
 from parc.runtime.layer_settings import SETTINGS, setting
 
 from .keys import MOE_KEYS
@@ -134,9 +135,20 @@ def build_spec(norm: Normalized, source: str) -> Spec:
     schedule = degree("schedule", {"kind": "1f1b"})
     overlap = degree("overlap", {"kind": "none"})
     stage_layers = degree("stage_layers", None)
+    # Note [heterogeneous layouts]: lists → the coarse split and each block's degrees
+    degrees = constraints.layer_degrees({"tp": degree("tp", None), "dp": degree("dp", None)})
+    if degrees["layer_tp"] is not None or degrees["layer_dp"] is not None:
+        n = len(degrees["layer_tp"] or degrees["layer_dp"])
+        tps = degrees["layer_tp"] or (degrees["tp"],) * n
+        dps = degrees["layer_dp"] or (degrees["dp"],) * n
+        # the same degrees for every block: the scalar program (a wrong length stays, for PAR0250)
+        uniform = len(set(zip(tps, dps))) == 1 and len(tps) == len(dps) == model["layers"]
+        degrees["layer_tp"], degrees["layer_dp"] = (None, None) if uniform else (tuple(tps), tuple(dps))
     parallel_spec = ParallelSpec(
-        dp=degree("dp", None),
-        tp=degree("tp", None),
+        dp=degrees["dp"],
+        tp=degrees["tp"],
+        layer_tp=degrees["layer_tp"],
+        layer_dp=degrees["layer_dp"],
         pp=degree("pp", None),
         cp=1 if auto_all else _auto(parallel.get("cp", 1)),
         cp_kind="ring" if auto_all else parallel.get("cp_kind", "ring"),
@@ -264,8 +276,8 @@ def spec_document(spec: Spec) -> dict:
 
     schedule = parallel.schedule
     parallel_doc = {
-        "dp": auto(parallel.dp),
-        "tp": auto(parallel.tp),
+        "dp": list(parallel.layer_dp) if parallel.layer_dp else auto(parallel.dp),
+        "tp": list(parallel.layer_tp) if parallel.layer_tp else auto(parallel.tp),
         "pp": auto(parallel.pp),
         "sp": auto(parallel.sp),
         "zero": auto(parallel.zero),

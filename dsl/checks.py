@@ -83,6 +83,7 @@ def plain_values(v: _Values) -> dict:
     """The document's values by the names of ``constraints.KEYS`` (None: unknown)."""
     out = {name: v.get(*key.split(".")) for name, key in constraints.KEYS.items() if key.count(".") == 1}
     out.pop("padded_vocab")  # the rules compute it from vocab and pad_vocab_to
+    constraints.layer_degrees(out)  # per-layer tp/dp lists → the coarse split and the lists
     schedule = out.pop("schedule")
     out["schedule"] = schedule.get("kind") if isinstance(schedule, dict) else None
     out["chunks"] = schedule.get("chunks", 1) if isinstance(schedule, dict) else None

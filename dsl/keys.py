@@ -270,8 +270,10 @@ PARALLEL = BlockDef(
     may_be_auto=True,
     doc="the layout; any key may be auto, and `parallel = auto` leaves all to the planner",
     keys=(
-        _int("dp", "data-parallel degree", required=True, auto=True),
-        _int("tp", "tensor-parallel degree", required=True, auto=True),
+        _int("dp", "data-parallel degree; or one per layer (with tp's, dp[i]·tp[i] equal)", required=True, auto=True,
+             per_layer=True),
+        _int("tp", "tensor-parallel degree; or one per layer, the rest of the stage's ranks data parallel",
+             required=True, auto=True, per_layer=True),
         _int("pp", "pipeline-parallel degree (stages)", required=True, auto=True),
         _int(
             "cp",

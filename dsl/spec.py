@@ -181,6 +181,17 @@ class ParallelSpec:
     """``lowrank(lazy_error = true)``: Optimus-CC's lazy error propagation."""
     compress_stages: tuple[int, ...] | None = None
     """Stages whose input gradient goes back compressed; None: every stage but the first."""
+    layer_tp: tuple[int, ...] | None = None
+    """Each block's tensor-parallel degree when they differ (``tp`` written as a list);
+    ``tp`` is then the largest, the coarse split of a stage (Note [heterogeneous layouts])."""
+    layer_dp: tuple[int, ...] | None = None
+    """Each block's data-parallel degree when they differ; ``dp`` is then the fewest."""
+
+    def degrees(self, layers: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Each block's (tp, dp): the lists, or the one degree for every block."""
+        tp = self.layer_tp or (self.tp,) * layers
+        dp = self.layer_dp or (self.dp,) * layers
+        return tuple(tp), tuple(dp)
 
     def setting(self, name: str):
         """A per-layer setting (``layer_settings.SETTINGS``) as plain values: one value,

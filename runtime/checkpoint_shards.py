@@ -99,7 +99,8 @@ def local_parameters(model, tp_group) -> list[LocalParameter]:
                         name=name, param=param, full_shape=full,
                         # a module that knows where its shard starts says so (moe.GroupedLinear: its experts)
                         offsets=getattr(module, "shard_offsets", None)
-                        or _shard_offsets(name, tuple(param.shape), full, tp_group),
+                        # a layer's own tp group (Note [heterogeneous layouts]), else the model's
+                        or _shard_offsets(name, tuple(param.shape), full, getattr(module, "tp_group", tp_group)),
                         duplicate=bool(getattr(param, "pipeline_duplicate", False)),
                     )
                 )

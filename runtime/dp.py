@@ -63,12 +63,15 @@ def gradient_buckets(params, bucket_bytes: int) -> tuple[list[list], int]:
 
 class GradientBuckets:
     def __init__(self, model, dp_group, *, bucket_bytes=25 * 2**20, overlap=False, accumulations=1,
-                 reduce_dtype=None):
-        """``reduce_dtype`` (``train.grad_reduce = bf16``): each bucket is summed over dp in
+                 reduce_dtype=None, divisor=None):
+        """``divisor``: what the summed gradients are divided by (default the dp size; a
+        heterogeneous layout's layers divide by the coarse dp, Note [heterogeneous layouts]).
+        ``reduce_dtype`` (``train.grad_reduce = bf16``): each bucket is summed over dp in
         that dtype (half the bytes of fp32 on the wire) and divided back in fp32."""
         if accumulations < 1:
             raise ValueError(f"accumulations must be at least 1, not {accumulations!r}")
         self.group, self.size = dp_group, group_size(dp_group)
+        self.divisor = self.size if divisor is None else int(divisor)
         self.reduce_dtype = reduce_dtype
         self.overlap, self.accumulations = bool(overlap) and self.size > 1, int(accumulations)
         # experts split over ep reduce over their own edp group (moe.reduce_expert_grads)
@@ -108,7 +111,7 @@ class GradientBuckets:
     def finish(self) -> None:
         """Replace every gradient by its mean over the dp group (waits the overlapped buckets)."""
         if self.size == 1:
-            return
+            return  # one rank: the divisor is 1 too (the coarse dp is the fewest)
         if not self.overlap:
             return self.all_reduce()
         for index in range(len(self.buckets)):
@@ -138,7 +141,7 @@ class GradientBuckets:
 
     def _write_back(self, bucket, flat) -> None:
         flat = flat.to(bucket[0].dtype) if self.reduce_dtype is not None else flat  # the sum, back to fp32
-        flat.div_(self.size)
+        flat.div_(self.divisor)
         offset = 0
         for p in bucket:
             view = flat[offset : offset + p.numel()].view_as(p)

@@ -276,6 +276,7 @@ class Block(nn.Module):
             self.mlp = MLP(config, f"{prefix}.mlp", build)
         self.dropout = config.dropout
         self.recompute, self.sub_batches = recompute, sub_batches  # this block's own layout
+        self.index = index
         self.attn.selective = recompute == "selective"
 
     @property
@@ -313,6 +314,7 @@ class Transformer(nn.Module):
     def __init__(
         self, config, *, tp_group, sequence_parallel, tp_plan, recompute="none",
         layers=None, first=True, last=True, sub_batches=1, cp_group=None, cp_kind=None, ep_group=None,
+        layouts=None,
     ):
         super().__init__()
         recompute = per_layer(recompute, config.layers, "recompute")
@@ -331,8 +333,32 @@ class Transformer(nn.Module):
 
             self.context = ContextParallel(cp_group, cp_kind)
         self.first, self.last = bool(first), bool(last)
-        plan = TensorParallelPlan(tp_plan, config, tp_group=tp_group, sequence_parallel=self.sp)
-        build = _Builder(plan, tp_group, self.sp)
+        # Note [heterogeneous layouts] (hetero.py): each block its own tp degree, or all the same
+        self.layouts = layouts
+        block_tp = (group_size(tp_group),) * config.layers if layouts is None else layouts.layer_tp
+        self.block_tp = {i: block_tp[i] for i in range(start, stop)}
+        builders, plans = {}, {}
+        for t in sorted(set(self.block_tp.values()) | {block_tp[start if start < stop else 0]}):
+            group = tp_group if layouts is None else layouts.tp_group(t)
+            plans[t] = TensorParallelPlan(tp_plan, config, tp_group=group, sequence_parallel=self.sp)
+            builders[t] = _Builder(plans[t], group, self.sp)
+        # the embedding follows block 0, the head the last block (the embedding, when tied to it)
+        self.embed_tp = block_tp[0]
+        self.head_tp = self.embed_tp if config.tie_embeddings and self.first else block_tp[-1]
+        if layouts is not None:
+            tp_group = layouts.tp_group(self.embed_tp if self.first else block_tp[start])
+            self.head_group = layouts.tp_group(self.head_tp)
+            for t in (self.embed_tp, self.head_tp):
+                if t not in builders:
+                    group = layouts.tp_group(t)
+                    plans[t] = TensorParallelPlan(tp_plan, config, tp_group=group, sequence_parallel=self.sp)
+                    builders[t] = _Builder(plans[t], group, self.sp)
+        else:
+            self.head_group = tp_group
+        self.tp_group = tp_group
+        build = builders[self.embed_tp]
+        plan = plans[self.embed_tp]
+        self._styles = {t: p.styles for t, p in plans.items()}  # check_parameter_count's, by degree
         V, C = config.padded_vocab, config.hidden
         self.vocab_parallel_embed = build.style("embed") == "vocab"
         self.vocab_parallel = build.style("head") == "vocab_head"
@@ -345,7 +371,7 @@ class Transformer(nn.Module):
                 self.pos_embed = nn.Embedding(config.seq_len, C)
                 self.pos_embed.weight.sequence_parallel = self.sp
         self.layers = nn.ModuleDict({
-            str(i): Block(config, i, build, self.sp, recompute[i], int(sub_batches[i]), ep_group)
+            str(i): Block(config, i, builders[self.block_tp[i]], self.sp, recompute[i], int(sub_batches[i]), ep_group)
             for i in range(start, stop)
         })
         for block in self.layers.values():
@@ -353,19 +379,32 @@ class Transformer(nn.Module):
         if self.last:
             self.final_norm = Norm(C, rms=config.arch == "llama", eps=config.norm_eps, sequence_parallel=self.sp)
             if not config.tie_embeddings or not self.first:
-                rows = V // group_size(tp_group) if self.vocab_parallel else V
+                rows = V // group_size(self.head_group) if self.vocab_parallel else V
                 self.head = nn.Linear(C, rows, bias=False)
                 self.head.full_shape = (V, C)
                 if config.tie_embeddings:  # Note [tied embeddings across stages]
                     self.head.init_name = "embed"
                     self.head.weight.pipeline_duplicate = True
                     self.head.weight.tied_across_stages = True
-                if self.vocab_parallel and group_size(tp_group) > 1:
+                if self.vocab_parallel and group_size(self.head_group) > 1:
                     self.head.weight.tensor_parallel = True
+                    self.head.tp_group = self.head_group  # where its shard starts (checkpoint_shards.py)
         if self.first and not self.last and config.tie_embeddings:
             self.embed.weight.tied_across_stages = True  # its grad is summed with the head copy's
         self.ep_group = ep_group  # moe.py's expert-parallel ranks (Note [expert dispatch])
+        if layouts is not None:
+            self._tag_layouts()
         check_parameter_count(self, sharded=plan.styles, layers=(start, stop))
+
+    def _tag_layouts(self):
+        """Each parameter's ``layer_tp``: the degree of the layer it belongs to (hetero.py)."""
+        for name, p in self.named_parameters():
+            if name.startswith("layers."):
+                p.layer_tp = self.block_tp[int(name.split(".")[1])]
+            elif name.startswith(("embed.", "pos_embed.")):
+                p.layer_tp = self.embed_tp
+            else:  # final_norm, head
+                p.layer_tp = self.head_tp
 
     def run_blocks(self, x):
         """The transformer blocks of this model (or pipeline stage), in order, each with its
@@ -387,12 +426,22 @@ class Transformer(nn.Module):
                 x = overlap.run_blocks(self, x, k, blocks[start:stop])
             else:
                 for layer in blocks[start:stop]:
+                    x = self.reshard(x, layer)
                     if layer.recompute == "full" and torch.is_grad_enabled():
                         # Keep only the block's input; rerun the block (its collectives too) in backward.
                         x = checkpoint(layer, x, use_reentrant=False)
                     else:
                         x = layer(x)
             start = stop
+        return x
+
+    def reshard(self, x, layer=None):
+        """Activations into ``layer``'s layout (the head's when None), from the previous one's."""
+        if self.layouts is None:
+            return x
+        t = self.head_tp if layer is None else self.block_tp[int(layer.index)]
+        x = self.layouts.reshard(x, self._current_tp, t, sequence_parallel=self.sp)
+        self._current_tp = t
         return x
 
     def head_weight(self):
@@ -423,14 +472,14 @@ class Transformer(nn.Module):
     def loss(self, x, targets):
         x = self.final_norm(x)
         if self.vocab_parallel:
-            x = all_gather_from_group(x, self.tp_group, 1) if self.sp else copy_to_group(x, self.tp_group)
+            x = all_gather_from_group(x, self.head_group, 1) if self.sp else copy_to_group(x, self.head_group)
             logits = F.linear(x, self.head_weight())  # (B, T, V/tp)
             loss = vocab_parallel_cross_entropy(
-                logits, targets, tp_group=self.tp_group, vocab_size=self.config.vocab, kernels=self.fused
+                logits, targets, tp_group=self.head_group, vocab_size=self.config.vocab, kernels=self.fused
             )
         else:
             if self.sp:
-                x = gather_from_group(x, self.tp_group, 1)
+                x = gather_from_group(x, self.head_group, 1)
             logits = F.linear(x, self.head_weight())  # (B, T, V)
             loss = vocab_parallel_cross_entropy(
                 logits, targets, tp_group=None, vocab_size=self.config.vocab, kernels=self.fused
@@ -439,19 +488,43 @@ class Transformer(nn.Module):
 
     def forward(self, x, targets=None):
         """Tokens (first stage) or hidden states → hidden states, or the mean loss (last stage)."""
+        if self.layouts is not None:  # Note [heterogeneous layouts]: tokens come in the coarse layout
+            self._current_tp = self.embed_tp if self.first else self.block_tp[min(self.block_tp)]
+            if self.first:
+                x = self.layouts.split_inputs(x, self.embed_tp)
         if self.first:
             x = self.embed_tokens(x)
         x = self.run_blocks(x)
-        return self.loss(x, targets) if self.last else x
+        if not self.last:
+            return x
+        if self.layouts is None:
+            return self.loss(x, targets)
+        x = self.reshard(x)
+        loss = self.loss(x, self.layouts.split_inputs(targets, self.head_tp))
+        return self.layouts.coarse_loss(loss, self.head_tp)
 
 
 def check_parameter_count(model: Transformer, *, sharded, layers) -> None:
     """Raise unless this stage holds exactly the parameters model_desc.py describes for it
     (``sharded``: the modules split over tp), so the model and its description cannot drift."""
     tp = group_size(model.tp_group)
-    expected = describe(model.config).stage_params(
-        tp, layers=layers, first=model.first, last=model.last, sharded=sharded, ep=group_size(model.ep_group)
-    )
+    desc, ep = describe(model.config), group_size(model.ep_group)
+    if model.layouts is None:
+        expected = desc.stage_params(tp, layers=layers, first=model.first, last=model.last, sharded=sharded, ep=ep)
+    else:  # Note [heterogeneous layouts]: each block, the embedding and the head at their own degree
+        start = layers[0]
+        styles = model._styles
+        parts = [desc.stage_params(t, layers=(i, i + 1), first=False, last=False, sharded=styles[t], ep=ep)
+                 for i, t in model.block_tp.items()]
+        e, h = model.embed_tp, model.head_tp
+        if e == h:
+            parts.append(desc.stage_params(e, layers=(start, start), first=model.first, last=model.last,
+                                           sharded=styles[e]))
+        else:
+            parts.append(desc.stage_params(e, layers=(start, start), first=model.first, last=False, sharded=styles[e]))
+            parts.append(desc.stage_params(h, layers=(start, start), first=False, last=model.last, sharded=styles[h]))
+        expected = type(parts[0])(elements=sum(p.elements for p in parts), tensors=sum(p.tensors for p in parts))
+        tp = model.block_tp
     params = list(model.parameters())
     built = sum(p.numel() for p in params)
     if (built, len(params)) != (expected.elements, expected.tensors):
@@ -479,7 +552,7 @@ def use_kernels(model: nn.Module, kernels: str, device) -> nn.Module:
 
 def build_model(
     config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none", sub_batches=1,
-    kernels="compiled", cp_group=None, cp_kind=None, ep_group=None,
+    kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None,
 ):
     """The model for this rank: built from the plan, initialized per Note [init happens before sharding].
 
@@ -487,12 +560,14 @@ def build_model(
     "full" (each block recomputed from its input) — one mode, or a sequence with one
     per layer. ``sub_batches`` > 1: each micro-batch's blocks run as that many
     sub-batches whose tensor-parallel collectives overlap compute (``overlap.py``);
-    one number, or one per layer. ``kernels``: see ``use_kernels``. ``cp_group``: the
+    one number, or one per layer. ``layouts``: a ``hetero.StageLayouts`` when the blocks
+    have different tp degrees (Note [heterogeneous layouts]). ``kernels``: see ``use_kernels``. ``cp_group``: the
     ranks that split each sequence (``context.py``), ``cp_kind`` how attention sees it.
     """
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
         recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
+        layouts=layouts,
     )
     initialize(model, seed)
     return use_kernels(model.to(device), kernels, device)
@@ -500,7 +575,7 @@ def build_model(
 
 def build_stages(
     config, *, stages, pp_rank, pp_size, tp_group, sequence_parallel, tp_plan, seed, device,
-    recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None,
+    recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None,
 ):
     """This pipeline rank's model chunks, one ``Transformer`` stage per chunk.
 
@@ -519,17 +594,17 @@ def build_stages(
     return nn.ModuleList(
         build_stage(config, stages=stages, index=v, tp_group=tp_group, sequence_parallel=sequence_parallel,
                     tp_plan=tp_plan, seed=seed, device=device, recompute=recompute, sub_batches=sub_batches,
-                    kernels=kernels, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group)
+                    kernels=kernels, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group, layouts=layouts)
         for v in range(pp_rank, len(stages), pp_size)  # chunk c: virtual stage c·pp_size + pp_rank
     )
 
 
 def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute,
-                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None):
+                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None):
     model = Transformer(
         config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
         recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,
-        sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
+        sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group, layouts=layouts,
     )
     initialize(model, seed)
     return use_kernels(model.to(device), kernels, device)

@@ -61,7 +61,8 @@ def initialize(model: nn.Module, seed: int) -> None:
             module.load_full_(weight, bias)
             continue
         if module.weight.shape != weight.shape:  # the untied vocab-parallel head: rows split
-            weight = weight.chunk(group_size(model.tp_group))[group_rank(model.tp_group)]
+            group = getattr(module, "tp_group", model.tp_group)  # the head's own (hetero.py)
+            weight = weight.chunk(group_size(group))[group_rank(group)]
         module.weight.copy_(weight)
         if bias is not None:
             module.bias.copy_(bias)

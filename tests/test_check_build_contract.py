@@ -104,6 +104,16 @@ def variants() -> list[tuple[str, tuple[str, ...]]]:
             ("examples/tiny.par", ("parallel.cp=auto", "parallel.cp_kind=ulysses", "parallel.dp=auto")),
             ("examples/tiny.par", ("parallel.cp=2", "parallel.cp_kind=ulysses", "parallel.dp=auto")),
             ("examples/tiny.par", ("parallel.cp=3", "parallel.cp_kind=allgather", "model.seq_len=63"))]
+    # heterogeneous layouts (runtime/hetero.py) on the tiny GPT's 4 ranks: lists that do and do
+    # not fit, with each feature they are not built with yet, and a dp list alone
+    for tps, sp, extra in itertools.product(
+        ("[4, 4, 2, 1]", "[2, 2, 1, 1]", "[1, 2, 4, 2]", "[2, 2, 2]"), ("false", "true"),
+        ((), ("parallel.zero=1",), ("parallel.pp=2",), ("parallel.overlap=sub_batch(2)",), ("train.micro_batch=4",)),
+    ):
+        dps = "[" + ", ".join(str(4 // int(t)) for t in tps.strip("[]").split(", ")) + "]"
+        out.append(("examples/tiny.par", (f"parallel.tp={tps}", f"parallel.dp={dps}", f"parallel.sp={sp}", *extra)))
+    out += [("examples/tiny.par", ("parallel.dp=[2, 2, 4, 4]",)),
+            ("examples/tiny.par", ("parallel.tp=[2, 2, 2, 2]", "parallel.dp=[2, 2, 2, 2]"))]
     return out
 
 

@@ -23,7 +23,10 @@ from .draft import Draft
 
 def run(spec: Spec, draft: Draft) -> Draft:
     layers = spec.model.layers
-    tp, dp = draft.mesh.size("tp"), draft.mesh.size("dp")
+    # each block's degrees (Note [heterogeneous layouts]); the embedding follows block 0, the
+    # head the last block, or the embedding when tied to it (one table, one sharding)
+    tps, dps = spec.parallel.degrees(layers)
+    head = 0 if spec.model.tie_embeddings and len(draft.pipeline.stage_layers) == 1 else layers - 1
     sp = draft.sequence_parallel.enabled
     per_block = {entry.name: spec.parallel.layer_values(entry.name, layers) for entry in SETTINGS}
     spans = tuple((entry.name, spec.span(entry.key)) for entry in SETTINGS)
@@ -32,14 +35,15 @@ def run(spec: Spec, draft: Draft) -> Draft:
         stage_of.update({i: stage for i in range(start, stop)})
     last = len(draft.pipeline.stage_layers) - 1
 
-    def layer(name, kind, stage, index=None):
+    def layer(name, kind, stage, index=None, degrees=None):
         settings = {entry.name: entry.off if index is None else per_block[entry.name][index] for entry in SETTINGS}
+        at = index if degrees is None else degrees
         return LayerLayout(
-            name=name, kind=kind, stage=stage, tp=tp, dp=dp, sp=sp, **settings,
+            name=name, kind=kind, stage=stage, tp=tps[at], dp=dps[at], sp=sp, **settings,
             spans=spans if kind is LayerKind.BLOCK else tuple((name, None) for name, _ in spans),
         )
 
-    out = [layer("embed", LayerKind.EMBED, 0)]
+    out = [layer("embed", LayerKind.EMBED, 0, degrees=0)]
     out += [layer(f"layers.{i}", LayerKind.BLOCK, stage_of[i], i) for i in range(layers)]
-    out.append(layer("head", LayerKind.HEAD, last))
+    out.append(layer("head", LayerKind.HEAD, last, degrees=head))
     return replace(draft, layers=tuple(out))

@@ -102,6 +102,10 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
     lines = []
     if len(items) == 1 and result.considered == 1:
         lines.append(f"the spec gives its layout: {_describe(best)}.")
+    layer_tp = getattr(spec.parallel, "layer_tp", None)
+    if layer_tp:  # Note [heterogeneous layouts]: not modelled yet
+        lines.append(f"per-layer tp {list(layer_tp)}: predicted as the coarse split tp {spec.parallel.tp} · "
+                     f"dp {spec.parallel.dp} for every layer (the cost model has no per-layer degrees yet).")
     fitting = [item for item in items if item.fits]
     if not fitting:
         smallest = min(items, key=lambda item: item.memory.total)

@@ -41,6 +41,8 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     "moe_tp2": ([*MOE, "parallel.tp=2"], 2),
     # ring attention: each rank's tokens are two load-balanced chunks; the checkpoint is layout-free
     "cp2_ring": (["parallel.cp=2", "parallel.cp_kind=ring"], 2),
+    # heterogeneous layout (runtime/hetero.py): block 0 tp 2 × dp 1, block 1 tp 1 × dp 2
+    "hetero_tp21": (["parallel.tp=[2, 1]", "parallel.dp=[1, 2]"], 2),
 }
 
 

@@ -126,6 +126,19 @@ LAYOUTS = {
     # where two features met at the merge: ring under ZeRO-3's gathers and zero_bubble's B/W split
     "dp2-cp2-ring-zero3": dict(dp=2, cp=2, parallel__cp_kind="ring", parallel__zero=3),
     "pp2-cp2-ring-zero_bubble": dict(pp=2, cp=2, parallel__cp_kind="ring", parallel__schedule="zero_bubble"),
+    # heterogeneous layouts (runtime/hetero.py): each block its own tp × dp over the same ranks;
+    # tp/dp give the coarse split (the ranks), the lists after them each block's
+    "hetero-tp2211": dict(tp=2, model__layers=4, parallel__tp="[2, 2, 1, 1]", parallel__dp="[1, 1, 2, 2]"),
+    "hetero-tp1221-sp": dict(tp=2, sp=True, model__layers=4, parallel__tp="[1, 2, 2, 1]",
+                             parallel__dp="[2, 1, 1, 2]"),
+    "hetero-tp2211-recompute": dict(tp=2, model__layers=4, parallel__tp="[2, 2, 1, 1]", parallel__dp="[1, 1, 2, 2]",
+                                    parallel__recompute="[full, none, selective, full]"),
+    "hetero-tp4224": dict(tp=4, model__layers=4, parallel__tp="[4, 2, 2, 4]", parallel__dp="[1, 2, 2, 1]"),
+    # under a pipeline: each stage boundary at one degree (PAR0255), 2 layers a stage
+    "hetero-pp2-tp2112": dict(tp=2, pp=2, model__layers=4, parallel__tp="[2, 1, 1, 2]", parallel__dp="[1, 2, 2, 1]"),
+    "hetero-pp2-tp1221-sp": dict(tp=2, pp=2, sp=True, model__layers=4, parallel__tp="[1, 2, 2, 1]",
+                                 parallel__dp="[2, 1, 1, 2]"),
+    "hetero-dp2-tp2112": dict(dp=2, tp=2, model__layers=4, parallel__tp="[2, 1, 1, 2]", parallel__dp="[2, 4, 4, 2]"),
 }
 ARCHS = ("gpt", "llama")
 

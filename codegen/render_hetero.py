@@ -1,0 +1,85 @@
+"""What ``train.py`` says and does for a heterogeneous layout (runtime/hetero.py).
+
+Takes: the Plan. Gives: ``enabled(plan)`` (the blocks' tp degrees differ), the per-layer
+table (``LAYER_TP``: one degree per block, folded into runs of equal layers with the
+dp each run leaves, the embedding and head's rows said in words), and the lines that
+replace the uniform program's: the layouts' groups, the gradient sums over each
+layer's own dp group, the gradient norm, the sequence-parallel sums.
+
+Note [heterogeneous layouts] is in runtime/hetero.py; ``MESH_AXES`` (DP, TP) is the
+coarse split of a stage (the largest tp), the one the data is read in.
+"""
+
+from __future__ import annotations
+
+from parc.runtime.layer_settings import fold_runs
+
+from .plan import LayerKind, Plan
+
+
+def enabled(plan: Plan) -> bool:
+    return len({(layer.tp, layer.dp) for layer in plan.layers}) > 1
+
+
+def table_lines(plan: Plan, where: str) -> list[str]:
+    """``LAYER_TP = (2, 2, 1, 1)`` written as runs, each with its tp × dp."""
+    if not enabled(plan):
+        return []
+    blocks = plan.blocks
+    embed = next(l for l in plan.layers if l.kind is LayerKind.EMBED)
+    head = next(l for l in plan.layers if l.kind is LayerKind.HEAD)
+    ranks = blocks[0].tp * blocks[0].dp
+    follows = "the embedding (tied to it: one table, one sharding)" if (head.tp, head.dp) == (embed.tp, embed.dp) \
+        and head.tp != blocks[-1].tp else f"layers.{len(blocks) - 1}"
+    lines = [
+        "",
+        f"# ---- each layer's split of a stage's {ranks} ranks: tp × dp (parc_runtime/hetero.py) ----",
+        f"# {where}: layer i runs tp LAYER_TP[i] × dp {ranks} // LAYER_TP[i]; between layers of",
+        "# different degrees the batch is split or gathered. The data is read as dp DP × tp TP",
+        f"# (the largest tp); embed runs tp {embed.tp} × dp {embed.dp} as layers.0, head tp {head.tp} × dp {head.dp}"
+        f" as {follows}.",
+        "# TP_PLAN's shapes below are at tp TP; a layer at a smaller tp splits them fewer ways.",
+    ]
+    index, parts = 0, []
+    for (tp, dp), n in fold_runs([(b.tp, b.dp) for b in blocks]):
+        names = f"layers.{index}" if n == 1 else f"layers.{index}-{index + n - 1}"
+        lines.append(f"#   {names}: tp {tp} × dp {dp}")
+        parts.append(f"({tp},) * {n}" if n > 1 else f"({tp},)")
+        index += n
+    lines.append("LAYER_TP = " + " + ".join(parts))
+    return lines
+
+
+def group_lines() -> list[str]:
+    return [
+        "# each layer's tp and dp groups over this stage's ranks, and the batch's moves between them",
+        "layouts = hetero.StageLayouts(grid, LAYER_TP)",
+        'stage_group = grid.group("dp", "tp")  # every rank of the stage (the gradient norm)',
+    ]
+
+
+def grad_sync_lines() -> list[str]:
+    return [
+        "# each layer's gradients summed over its own dp group (divided by DP, the coarse replicas),",
+        "# bucket by bucket as backward produces them",
+        "grad_sync = hetero.HeteroGradients(net, layouts, overlap=True, accumulations=GRAD_ACCUM)",
+    ]
+
+
+def sp_line() -> str:
+    return ("# norms saw only their sequence shard: sum their grads over their layer's tp\n"
+            "hetero.allreduce_sequence_parallel_grads(net, layouts)")
+
+
+def clip_line(pp_arg: str) -> str:
+    return f"grad_norm = hetero.clip_grad_norm_(net, GRAD_CLIP, layouts=layouts, stage_group=stage_group{pp_arg})"
+
+
+def layout_words(plan: Plan) -> str:
+    """``tp 2 × dp 1 (layers.0-1), tp 1 × dp 2 (layers.2-3)``: the blocks' runs."""
+    words, index = [], 0
+    for (tp, dp), n in fold_runs([(b.tp, b.dp) for b in plan.blocks]):
+        names = f"layers.{index}" if n == 1 else f"layers.{index}-{index + n - 1}"
+        words.append(f"tp {tp} × dp {dp} ({names})")
+        index += n
+    return ", ".join(words)

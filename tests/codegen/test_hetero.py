@@ -1,0 +1,57 @@
+"""Heterogeneous layouts (Note [heterogeneous layouts]): `tp` and `dp` as one degree per block.
+
+The spec keeps the coarse split (the largest tp, the fewest dp) and the lists; the Plan
+gives each layer its own degrees (the embedding follows block 0, the head the last block
+or, tied, the embedding); `train.py` shows LAYER_TP literally and uses the hetero runtime;
+equal lists are the uniform program, byte for byte.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from parc.codegen.build import generate
+from parc.codegen.lower import lower
+from parc.dsl import load
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "examples" / "tiny.par")
+TWO = ["mesh.devices_per_node=2", "parallel.tp=[2, 2, 1, 1]", "parallel.dp=[1, 1, 2, 2]"]
+
+
+def test_spec_keeps_the_coarse_split_and_the_lists():
+    spec = load(TINY, TWO)
+    assert (spec.parallel.tp, spec.parallel.dp) == (2, 1)
+    assert spec.parallel.layer_tp == (2, 2, 1, 1) and spec.parallel.layer_dp == (1, 1, 2, 2)
+    assert spec.parallel.degrees(4) == ((2, 2, 1, 1), (1, 1, 2, 2))
+
+
+def test_plan_gives_each_layer_its_degrees():
+    plan = lower(load(TINY, TWO))
+    assert [(layer.name, layer.tp, layer.dp) for layer in plan.layers] == [
+        ("embed", 2, 1), ("layers.0", 2, 1), ("layers.1", 2, 1), ("layers.2", 1, 2), ("layers.3", 1, 2),
+        ("head", 2, 1),  # tied to the embedding: its sharding
+    ]
+    untied = lower(load(TINY, TWO + ["model.tie_embeddings=false"]))
+    assert (untied.layers[-1].tp, untied.layers[-1].dp) == (1, 2)  # the last block's
+
+
+def test_train_py_shows_the_table_and_uses_the_hetero_runtime():
+    text = generate(load(TINY, TWO))["train.py"].decode()
+    assert "LAYER_TP = (2,) * 2 + (1,) * 2" in text
+    assert "#   layers.0-1: tp 2 × dp 1" in text and "#   layers.2-3: tp 1 × dp 2" in text
+    assert "layouts = hetero.StageLayouts(grid, LAYER_TP)" in text
+    assert "hetero.HeteroGradients(" in text and "hetero.clip_grad_norm_(" in text
+    assert "layouts=layouts," in text
+    assert "tp 2 × dp 1 (layers.0-1), tp 1 × dp 2 (layers.2-3)" in text.splitlines()[0]
+
+
+def test_equal_lists_are_the_uniform_program():
+    listed = generate(load(TINY, ["parallel.tp=[2, 2, 2, 2]", "parallel.dp=[2, 2, 2, 2]"]))["train.py"]
+    assert listed == generate(load(TINY, ["parallel.tp=2", "parallel.dp=2"]))["train.py"]  # the same citations
+
+
+def test_pipeline_boundary_sets_the_activation_shape():
+    text = generate(load(TINY, ["mesh.devices_per_node=4", "parallel.pp=2", "parallel.tp=[2, 1, 1, 2]",
+                                "parallel.dp=[1, 2, 2, 1]"]))["train.py"].decode()
+    assert "activation_shape=(MICRO_BATCH * 1 // TP, SEQ_LEN, HIDDEN)" in text
