@@ -12,6 +12,8 @@ Before: ``codegen/render.py`` calls these. After: the template places the lines.
 
 from __future__ import annotations
 
+from parc.runtime.placement import placement_for
+
 from .plan import Plan
 from .plan_text import cite
 
@@ -20,7 +22,19 @@ SCHEDULE_WORDS = {
     "1f1b": "one forward, one backward after a warmup (PipeDream-flush)",
     "interleaved": "1F1B over several model chunks per rank (Megatron interleaved)",
     "zero_bubble": "ZB-H1: backward split into B (input grad) and W (weight grad), Ws fill the bubble",
+    "zero_bubble_v": "ZB-V: two chunks per rank in a V, backward split into B and W, Ws fill the bubble",
 }
+
+
+def placement_kind(plan: Plan) -> str:
+    """Which stage each rank's chunk runs (``runtime/placement.py``)."""
+    pipe = plan.pipeline
+    return placement_for(pipe.schedule, pipe.size, pipe.chunks).kind
+
+
+def placement_lines(plan: Plan) -> list[str]:
+    """``placement=PLACEMENT,`` where the placement is not Megatron's (the default)."""
+    return ["placement=PLACEMENT,"] if placement_kind(plan) != "interleaved" else []
 
 
 def has_pipeline(plan: Plan) -> bool:
@@ -37,12 +51,17 @@ def config_lines(plan: Plan) -> list[str]:
     if not has_pipeline(plan):
         return []
     split = f"{cite(pipe.stage_layers_span)}: stage_layers" if pipe.stage_layers_span else "an even split"
+    v = placement_kind(plan) == "v"
+    where = "chunk 0 of pipeline", "rank r is stage r, chunk 1 stage 2·PP-1-r (a V)"
+    if not v:
+        where = "chunk c of pipeline", "rank r is stage c·PP + r"
     lines = [
         f"PP = {pipe.size!r}  # {cite(pipe.span)}: pipeline stages",
         f"SCHEDULE = {pipe.schedule!r}  # {cite(pipe.schedule_span)}: {SCHEDULE_WORDS[pipe.schedule]}",
         f"CHUNKS = {pipe.chunks!r}  # model chunks (virtual stages) per pipeline rank",
-        f"# layers [start, stop) of each virtual stage ({split}); chunk c of pipeline",
-        f"# rank r is stage c·PP + r. Under this schedule a rank idles {100 * pipe.bubble_fraction:.1f}% of the step",
+        *([f"PLACEMENT = {placement_kind(plan)!r}  # which stage each chunk runs (runtime/placement.py)"] if v else []),
+        f"# layers [start, stop) of each virtual stage ({split}); {where[0]}",
+        f"# {where[1]}. Under this schedule a rank idles {100 * pipe.bubble_fraction:.1f}% of the step",
         "# (forward 1, backward 2 time units); `parc explain` draws the timeline.",
         f"PIPELINE_STAGES = {pipe.stage_layers!r}",
     ]
@@ -66,7 +85,7 @@ def model_lines(plan: Plan) -> tuple[str, list[str], list[str]]:
     return (
         "build_stages",
         ["# this pipeline rank's chunks (one per virtual stage it holds), as nn.ModuleList"],
-        ["stages=PIPELINE_STAGES,", 'pp_rank=grid.index("pp"),', "pp_size=PP,"],
+        ["stages=PIPELINE_STAGES,", 'pp_rank=grid.index("pp"),', "pp_size=PP,", *placement_lines(plan)],
     )
 
 
@@ -101,6 +120,7 @@ def executor_lines(plan: Plan) -> list[str]:
         f"    activation_shape=(MICRO_BATCH, {tokens}, HIDDEN),",
         "    device=dist.device,",
         f"    autocast_dtype={autocast},",
+        *("    " + line for line in placement_lines(plan)),
         ")",
     ]
 

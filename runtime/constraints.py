@@ -452,7 +452,6 @@ def ring_dropout(cp, cp_kind, dropout):
 
 
 SCHEDULES_NOT_BUILT = {
-    "zero_bubble_v": "ZB-V (two chunks per rank in a V)",
     "chimera": "Chimera (two pipelines in opposite directions)",
     "terapipe": "TeraPipe (token slices of each sequence pipelined)",
 }
@@ -468,6 +467,27 @@ def schedule_built(schedule):
                       f"schedule = {schedule}: {SCHEDULES_NOT_BUILT[schedule]} is not supported yet by parc build",
                       "use schedule = zero_bubble (ZB-H1), 1f1b, interleaved(chunks = V) or gpipe; "
                       "a later version of parc generates it")
+
+
+@rule("PAR0260")
+def zero_bubble_v_stages(schedule, layers, pp, stage_layers=None):
+    """ZB-V holds two chunks per rank (runtime/placement.py, Note [placements]): the
+    layers split evenly into 2·pp stages (``schedule.FIXED_CHUNKS``; not imported:
+    builds ship constraints alone)."""
+    if schedule != "zero_bubble_v" or pp < 2:
+        return None
+    if stage_layers is not None:
+        return _violation("PAR0260", "parallel.stage_layers",
+                          "stage_layers cannot be combined with schedule = zero_bubble_v",
+                          "remove stage_layers: ZB-V splits the layers evenly into 2·pp stages, two a rank")
+    if layers % (2 * pp) == 0:
+        return None
+    fits = [d // 2 for d in divisors(layers) if d % 2 == 0 and d // 2 >= 2]
+    return _violation("PAR0260", ("parallel.schedule", "parallel.pp"),
+                      f"schedule = zero_bubble_v splits layers = {layers} into 2·pp = {2 * pp} stages "
+                      f"(two a rank, in a V), but {layers} / {2 * pp} = {layers / (2 * pp):g}",
+                      f"pp must be one of {some(fits, pp)}" if fits
+                      else f"layers = {layers} is odd: use schedule = zero_bubble")
 
 
 @rule("PAR0212")
@@ -783,7 +803,7 @@ def build_zero3_overlap(zero, overlap):
 def build_zero3_split_backward(zero, schedule):
     """A zero_bubble W op runs after the block's backward (B) has freed ZeRO-3's gathered
     parameters (``fsdp.py``, Note [when a unit is gathered]); W would need a third gather."""
-    if zero != 3 or schedule != "zero_bubble":  # schedule.SPLIT_BACKWARD (not imported: builds ship constraints alone)
+    if zero != 3 or schedule not in ("zero_bubble", "zero_bubble_v"):  # schedule.SPLIT_BACKWARD (not imported)
         return None
     return _violation("PAR0826", ("parallel.schedule", "parallel.zero"),
                       f"zero = 3 with schedule = {schedule} is not supported yet by parc build: "

@@ -55,6 +55,7 @@ from .constraints import per_layer
 from .kernels import select as select_kernels
 from .model_desc import ModelConfig, describe  # noqa: F401  (ModelConfig: re-exported for train.py)
 from .param_init import initialize
+from .placement import Placement
 from .tp_plan import TensorParallelPlan
 
 RECOMPUTE = ("none", "selective", "full")
@@ -501,13 +502,14 @@ def build_model(
 def build_stages(
     config, *, stages, pp_rank, pp_size, tp_group, sequence_parallel, tp_plan, seed, device,
     recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None,
+    placement="interleaved",
 ):
     """This pipeline rank's model chunks, one ``Transformer`` stage per chunk.
 
     ``stages`` is the literal ``PIPELINE_STAGES`` table of train.py: the layers
     ``(start, stop)`` of every virtual stage, in model order. With p pipeline ranks,
-    chunk c of rank r is virtual stage c·p + r (Megatron's interleaving; one chunk per
-    rank unless the schedule is interleaved). Returns an ``nn.ModuleList`` of chunks.
+    chunk c of rank r is the virtual stage ``placement`` says (``placement.py``:
+    Megatron's c·p + r, or ZB-V's V). Returns an ``nn.ModuleList`` of chunks.
     """
     stages = tuple(tuple(s) for s in stages)
     if not stages or stages[0][0] != 0 or stages[-1][1] != config.layers or any(
@@ -520,7 +522,7 @@ def build_stages(
         build_stage(config, stages=stages, index=v, tp_group=tp_group, sequence_parallel=sequence_parallel,
                     tp_plan=tp_plan, seed=seed, device=device, recompute=recompute, sub_batches=sub_batches,
                     kernels=kernels, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group)
-        for v in range(pp_rank, len(stages), pp_size)  # chunk c: virtual stage c·pp_size + pp_rank
+        for v in Placement(placement, pp_size, len(stages) // pp_size).stages_of(pp_rank)
     )
 
 

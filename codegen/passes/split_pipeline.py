@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from parc.dsl.spec import PipelineSchedule, Spec
-from parc.runtime.schedule import build_schedule
+from parc.runtime.placement import placement_for
+from parc.runtime.schedule import build_schedule, chunks_for
 from parc.runtime.schedule_sim import bubble_fraction, simulate
 
 from ..plan import PipelinePlan
@@ -35,7 +36,7 @@ def layer_counts(spec: Spec, pp: int, chunks: int) -> list[int]:
 def run(spec: Spec, draft: Draft) -> Draft:
     pp = draft.mesh.size("pp")
     schedule = spec.parallel.schedule or PipelineSchedule.ONE_F_ONE_B
-    chunks = spec.parallel.chunks if schedule is PipelineSchedule.INTERLEAVED else 1
+    chunks = chunks_for(schedule.value, spec.parallel.chunks) if pp > 1 else 1
     micro_batches = draft.batch.grad_accum
     counts = layer_counts(spec, pp, chunks)  # enough micro-batches: constraints.batch_divides
     bounds, start = [], 0
@@ -43,7 +44,8 @@ def run(spec: Spec, draft: Draft) -> Draft:
         bounds.append((start, start + n))
         start += n
     kind = schedule.value if pp > 1 else "1f1b"
-    timeline = simulate(build_schedule(kind, stages=pp, micro_batches=micro_batches, chunks=chunks))
+    timeline = simulate(build_schedule(kind, stages=pp, micro_batches=micro_batches, chunks=chunks),
+                        placement=placement_for(kind, pp, chunks))
     plan = PipelinePlan(
         size=pp,
         schedule=schedule.value,
