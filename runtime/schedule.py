@@ -131,7 +131,20 @@ def _validate(kind: str, stages: int, micro_batches: int, chunks: int) -> None:
                          f"{micro_batches % stages}")
 
 
-def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 1) -> tuple[tuple[Action, ...], ...]:
+class Schedule(tuple):
+    """Every rank's actions (a tuple of tuples), and the ``placement`` they run on, so
+    whoever reads the lists (``schedule_sim``, ``parc explain``) knows which stage each
+    chunk is."""
+
+    placement: Placement
+
+    def __new__(cls, ranks, placement: Placement):
+        self = super().__new__(cls, ranks)
+        self.placement = placement
+        return self
+
+
+def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 1) -> Schedule:
     """For every pipeline rank 0..stages-1, its ordered actions. kind: "gpipe" | "1f1b" | "interleaved".
 
     gpipe: all forwards in micro order, then all backwards in micro order 0..M-1 (as
@@ -146,9 +159,10 @@ def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 
     order = {"gpipe": _gpipe_order, "1f1b": _one_f_one_b_order, "interleaved": _interleaved_order,
              "zero_bubble": _zero_bubble_order, "zero_bubble_v": _zero_bubble_v_order}[kind]
     placement = placement_for(kind, stages, chunks)
-    return tuple(
-        tuple(_with_communication(order(rank, stages, micro_batches, chunks), rank, placement))
-        for rank in range(stages)
+    return Schedule(
+        (tuple(_with_communication(order(rank, stages, micro_batches, chunks), rank, placement))
+         for rank in range(stages)),
+        placement,
     )
 
 

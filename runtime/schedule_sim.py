@@ -47,7 +47,10 @@ def weight_share(backward_time: float) -> float:
 
 
 def default_placement(schedule, chunks: int | None = None) -> Placement:
-    """Megatron's placement of the lists' ranks and chunks (``placement``)."""
+    """The placement ``build_schedule`` gave the lists, else Megatron's over their ranks
+    and chunks (``placement``)."""
+    if getattr(schedule, "placement", None) is not None:
+        return schedule.placement
     if chunks is None:
         chunks = 1 + max((a.chunk for actions in schedule for a in actions), default=0)
     return Placement("interleaved", len(schedule), chunks)

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from parc.dsl.spec import PipelineSchedule, Spec
-from parc.runtime.placement import placement_for
 from parc.runtime.schedule import build_schedule, chunks_for
 from parc.runtime.schedule_sim import bubble_fraction, simulate
 
@@ -44,8 +43,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
         bounds.append((start, start + n))
         start += n
     kind = schedule.value if pp > 1 else "1f1b"
-    timeline = simulate(build_schedule(kind, stages=pp, micro_batches=micro_batches, chunks=chunks),
-                        placement=placement_for(kind, pp, chunks))
+    timeline = simulate(build_schedule(kind, stages=pp, micro_batches=micro_batches, chunks=chunks))
     plan = PipelinePlan(
         size=pp,
         schedule=schedule.value,
