@@ -340,7 +340,7 @@ PARALLEL = BlockDef(
                     doc="ZB-H1: 1f1b with backward split into input and weight gradients, "
                     "the weight gradients filling the bubble",
                 ),
-                CallDef(name="zero_bubble_v", doc="ZB-V: zero-bubble over two chunks per rank in a V (not built yet)"),
+                CallDef(name="zero_bubble_v", doc="ZB-V: zero-bubble over two chunks per rank in a V"),
                 CallDef(name="chimera", doc="two pipelines in opposite directions over the stages (not built yet)"),
                 CallDef(
                     name="terapipe",
