@@ -23,6 +23,13 @@ SCHEDULE_WORDS = {
     "interleaved": "1F1B over several model chunks per rank (Megatron interleaved)",
     "zero_bubble": "ZB-H1: backward split into B (input grad) and W (weight grad), Ws fill the bubble",
     "zero_bubble_v": "ZB-V: two chunks per rank in a V, backward split into B and W, Ws fill the bubble",
+    "chimera": "Chimera: two 1F1B pipelines in opposite directions, even micro-batches down, odd up",
+}
+
+PLACEMENT_WORDS = {
+    "v": ("chunk 0 of pipeline", "rank r is stage r, chunk 1 stage 2·PP-1-r (a V)"),
+    "chimera": ("chunk 0 of pipeline", "rank r is stage r of the down pipeline, chunk 1 stage PP-1-r of the up one"),
+    "interleaved": ("chunk c of pipeline", "rank r is stage c·PP + r"),
 }
 
 
@@ -51,10 +58,8 @@ def config_lines(plan: Plan) -> list[str]:
     if not has_pipeline(plan):
         return []
     split = f"{cite(pipe.stage_layers_span)}: stage_layers" if pipe.stage_layers_span else "an even split"
-    v = placement_kind(plan) == "v"
-    where = "chunk 0 of pipeline", "rank r is stage r, chunk 1 stage 2·PP-1-r (a V)"
-    if not v:
-        where = "chunk c of pipeline", "rank r is stage c·PP + r"
+    v = placement_kind(plan) != "interleaved"
+    where = PLACEMENT_WORDS[placement_kind(plan)]
     lines = [
         f"PP = {pipe.size!r}  # {cite(pipe.span)}: pipeline stages",
         f"SCHEDULE = {pipe.schedule!r}  # {cite(pipe.schedule_span)}: {SCHEDULE_WORDS[pipe.schedule]}",
@@ -72,6 +77,9 @@ def group_lines(plan: Plan) -> list[str]:
     if not has_pipeline(plan):
         return []
     lines = ['pp_group = grid.group("pp")  # ranks that hold consecutive stages']
+    if placement_kind(plan) == "chimera":
+        lines.append("# this rank and the one holding the same two stages the other way round")
+        lines.append("replica_group = pipeline.replica_group(grid)")
     if tied_embeddings(plan):
         lines.append("# first and last stage, which both hold the tied embedding table")
         lines.append("tied_group = pipeline.tied_embedding_group(grid)")
@@ -188,12 +196,16 @@ def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> l
 
 
 def after_backward_lines(plan: Plan) -> list[str]:
-    if not has_pipeline(plan) or not tied_embeddings(plan):
+    if not has_pipeline(plan):
         return []
-    return [
-        "# the embedding's two copies (first and last stage) get the sum of their grads",
-        "pipeline.allreduce_tied_grads(net, tied_group)",
-    ]
+    lines = []
+    if placement_kind(plan) == "chimera":
+        lines += ["# each stage's two replicas (down and up pipeline) get the sum of their grads",
+                  "pipeline.allreduce_replica_grads(net, replica_group)"]
+    if tied_embeddings(plan):
+        lines += ["# the embedding's two copies (first and last stage) get the sum of their grads",
+                  "pipeline.allreduce_tied_grads(net, tied_group)"]
+    return lines
 
 
 def loss_lines(plan: Plan) -> list[str]:

@@ -452,7 +452,6 @@ def ring_dropout(cp, cp_kind, dropout):
 
 
 SCHEDULES_NOT_BUILT = {
-    "chimera": "Chimera (two pipelines in opposite directions)",
     "terapipe": "TeraPipe (token slices of each sequence pipelined)",
 }
 """Schedules the language names (issue 20) that ``runtime/schedule.py`` cannot run yet:
@@ -488,6 +487,29 @@ def zero_bubble_v_stages(schedule, layers, pp, stage_layers=None):
                       f"(two a rank, in a V), but {layers} / {2 * pp} = {layers / (2 * pp):g}",
                       f"pp must be one of {some(fits, pp)}" if fits
                       else f"layers = {layers} is odd: use schedule = zero_bubble")
+
+
+@rule("PAR0261")
+def chimera_pipelines(schedule, pp):
+    """Chimera pairs pipeline rank r with p-1-r (runtime/placement.py): p even."""
+    if schedule != "chimera" or pp % 2 == 0:
+        return None
+    return _violation("PAR0261", ("parallel.schedule", "parallel.pp"),
+                      f"schedule = chimera runs two pipelines that pair rank r with rank pp-1-r, "
+                      f"so pp must be even, but pp = {pp}",
+                      f"use pp = {pp + 1 if pp > 1 else 2}, or schedule = 1f1b")
+
+
+@rule("PAR0262", BUILD)
+def build_chimera_zero(schedule, zero):
+    """Chimera's replica sum runs on whole gradients after backward; a sharded optimizer
+    (ZeRO ≥ 1) is not built with it yet."""
+    if schedule != "chimera" or zero == 0:
+        return None
+    return _violation("PAR0262", ("parallel.schedule", "parallel.zero"),
+                      f"zero = {zero} with schedule = chimera is not supported yet by parc build: "
+                      "the sum of each stage's two replicas' gradients is built for zero = 0 only",
+                      "use zero = 0 with chimera, or schedule = 1f1b with ZeRO")
 
 
 @rule("PAR0212")

@@ -177,12 +177,14 @@ class PipelineExecutor:
         handed = {}  # (micro, chunk) -> activation from a chunk on this rank
         for m, (tokens, targets) in enumerate(batches):
             for c in range(len(self.chunks)):
-                v = self._vstage(c)
+                if not self.placement.carries(c, m):  # chimera: the other pipeline's micro-batch
+                    continue
+                v, line = self._vstage(c), self.placement.pipeline(c)
                 if v == 0:
                     x = tokens.to(self.device)
                 else:
                     x = torch.empty(self.shape, dtype=torch.float32, device=self.device)
-                    source, _ = self.placement.holder(v - 1)
+                    source, _ = self.placement.holder(v - 1, line)
                     if source == self.pp_rank:  # handed over in memory
                         x = handed.pop((m, c))
                     else:
@@ -195,7 +197,7 @@ class PipelineExecutor:
                     loss_sum = loss_sum + y.detach().to(torch.float64) / len(batches)
                 else:
                     y = y.to(torch.float32).contiguous()
-                    dest, chunk = self.placement.holder(v + 1)
+                    dest, chunk = self.placement.holder(v + 1, line)
                     if dest == self.pp_rank:
                         handed[(m, chunk)] = y
                         continue
@@ -229,6 +231,47 @@ def tied_embedding_group(grid):
     return mine
 
 
+def replica_group(grid):
+    """Chimera: the group of this rank and the rank holding the same two stages the
+    other way round (pipeline ranks r and p-1-r, same dp and tp index; placement.py,
+    Note [placements]). Every rank creates every such group in the same order."""
+    mine = None
+    world = 1
+    for _, size in grid.axes:
+        world *= size
+    for rank in range(world):
+        if coordinates(rank, grid.axes)["pp"] != 0:
+            continue
+        line = axis_ranks(rank, grid.axes, "pp")
+        for r in range(len(line) // 2):
+            pair = [line[r], line[len(line) - 1 - r]]
+            group = dist.new_group(pair)
+            if grid.rank in pair:
+                mine = group
+    return mine
+
+
+@torch.no_grad()
+def allreduce_replica_grads(chunks, group) -> None:
+    """Chimera: sum the gradients of each stage's two replicas (this rank's and its
+    partner's in ``replica_group``), so both replicas take the same step, as one copy
+    of the stage trained on every micro-batch would. Both ranks hold the same two
+    stages; each flattens its chunks' gradients in stage order (``stage_index``), so
+    the two buffers line up. A gradient reduction like dp's, which it commutes with."""
+    chunks = sorted(chunks, key=lambda chunk: chunk.stage_index)
+    params = [p for chunk in chunks for p in chunk.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    with exposed():
+        dist.all_reduce(flat, group=group)
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
+        offset += p.numel()
+
+
 @torch.no_grad()
 def allreduce_tied_grads(chunks, group) -> None:
     """Sum the gradients of the embedding table's two copies (first and last stage).
@@ -236,7 +279,8 @@ def allreduce_tied_grads(chunks, group) -> None:
     See model.py, Note [tied embeddings across stages]. Ranks on middle stages hold
     no copy and do nothing. A rank holding both copies (ZB-V's V puts the first and the
     last stage on rank 0: placement.py) sums them in memory and sends nothing; its
-    partner in ``group`` then holds neither.
+    partner in ``group`` then holds neither, or (chimera, after
+    ``allreduce_replica_grads`` summed each copy with its replica's) both as well.
     """
     if group is None:
         return

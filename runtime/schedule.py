@@ -36,14 +36,16 @@ from dataclasses import dataclass
 
 from .placement import Placement, placement_for
 from .schedule_zb import zero_bubble_bound, zero_bubble_orders
+from .schedule_chimera import chimera_bound, chimera_orders
 from .schedule_zbv import zero_bubble_v_bound, zero_bubble_v_orders
 
-KINDS = ("gpipe", "1f1b", "interleaved", "zero_bubble", "zero_bubble_v")
+KINDS = ("gpipe", "1f1b", "interleaved", "zero_bubble", "zero_bubble_v", "chimera")
 SPLIT_BACKWARD = ("zero_bubble", "zero_bubble_v")
 """Kinds whose backward is two actions: B (input gradient) then W (weight gradient);
 elsewhere B is the whole backward (Note [B and W])."""
-FIXED_CHUNKS = {"zero_bubble_v": 2}
-"""Kinds that run a fixed number of model chunks per rank (ZB-V: two, in a V)."""
+FIXED_CHUNKS = {"zero_bubble_v": 2, "chimera": 2}
+"""Kinds that run a fixed number of model chunks per rank (ZB-V: two, in a V; chimera:
+a stage of each of its two pipelines)."""
 
 
 def chunks_for(kind: str, chunks: int = 1) -> int:
@@ -111,6 +113,8 @@ def _validate(kind: str, stages: int, micro_batches: int, chunks: int) -> None:
         raise ValueError(f"a pipeline needs micro_batches >= 1, got micro_batches = {micro_batches}")
     if kind in SPLIT_BACKWARD and stages < 2:
         raise ValueError(f"{kind} needs stages >= 2 (one stage has no bubble to fill)")
+    if kind == "chimera" and (stages < 2 or stages % 2):
+        raise ValueError(f"chimera needs an even number of stages >= 2, got stages = {stages}")
     if kind in FIXED_CHUNKS:
         if chunks != FIXED_CHUNKS[kind]:
             raise ValueError(f"{kind} runs {FIXED_CHUNKS[kind]} model chunks per rank, got chunks = {chunks}")
@@ -153,11 +157,13 @@ def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 
     1f1b: Megatron's PipeDream-flush. interleaved: Megatron's interleaved 1F1B.
     zero_bubble: ZB-H1 of Qi et al. 2023 (``schedule_zb``), with W actions.
     zero_bubble_v: ZB-V (``schedule_zbv``), chunks = 2 in the V placement (``placement``).
+    chimera: two 1F1B pipelines in opposite directions (``schedule_chimera``), chunks = 2.
     Raises ValueError on sizes the kind cannot run (see ``_validate``).
     """
     _validate(kind, stages, micro_batches, chunks)
     order = {"gpipe": _gpipe_order, "1f1b": _one_f_one_b_order, "interleaved": _interleaved_order,
-             "zero_bubble": _zero_bubble_order, "zero_bubble_v": _zero_bubble_v_order}[kind]
+             "zero_bubble": _zero_bubble_order, "zero_bubble_v": _zero_bubble_v_order,
+             "chimera": _chimera_order}[kind]
     placement = placement_for(kind, stages, chunks)
     return Schedule(
         (tuple(_with_communication(order(rank, stages, micro_batches, chunks), rank, placement))
@@ -173,7 +179,8 @@ def in_flight_bound(kind: str, *, stages: int, rank: int, micro_batches: int, ch
     min(2·(stages - rank - 1) + (v - 1)·stages + 1, M·v), and M·v when M = stages
     (Megatron then runs every forward first). zero_bubble: min(stages, M) on every rank,
     counted from F to W (Note [B and W]). zero_bubble_v: 2·min(stages, M) micro-batch-chunks
-    (half a stage each: 1F1B's memory). The bound is reached by every schedule."""
+    (half a stage each: 1F1B's memory). chimera: each pipeline's 1F1B bound at the stage
+    the rank holds of it, summed. The bound is reached by every schedule."""
     _validate(kind, stages, micro_batches, chunks)
     if not 0 <= rank < stages:
         raise ValueError(f"rank {rank} is not in 0..{stages - 1}")
@@ -186,6 +193,8 @@ def in_flight_bound(kind: str, *, stages: int, rank: int, micro_batches: int, ch
         return zero_bubble_bound(stages, micro_batches)
     if kind == "zero_bubble_v":
         return zero_bubble_v_bound(stages, micro_batches)
+    if kind == "chimera":
+        return chimera_bound(stages, rank, micro_batches)
     return min(_interleaved_warmup(rank, stages, micro_batches, chunks) + 1, total)
 
 
@@ -218,6 +227,10 @@ def _zero_bubble_order(rank, stages, micro_batches, chunks):
 
 def _zero_bubble_v_order(rank, stages, micro_batches, chunks):
     return [(_ZB_OPS[op], m, c) for op, m, c in zero_bubble_v_orders(stages, micro_batches)[rank]]
+
+
+def _chimera_order(rank, stages, micro_batches, chunks):
+    return [(_ZB_OPS[op], m, c) for op, m, c in chimera_orders(stages, micro_batches)[rank]]
 
 
 def _interleaved_warmup(rank, stages, micro_batches, chunks):

@@ -154,6 +154,9 @@ def check_schedule(schedule, *, micro_batches: int, chunks: int = 1,
             if not (0 <= action.micro < micro_batches and 0 <= action.chunk < chunks):
                 problems.append(f"{where}: micro or chunk out of range")
                 continue
+            if not placement.carries(action.chunk, action.micro):
+                problems.append(f"{where}: micro-batch {action.micro} does not run through chunk {action.chunk}")
+                continue
             if action.op in COMPUTE:
                 if action.peer is not None:
                     problems.append(f"{where}: a compute action has a peer")
@@ -174,14 +177,15 @@ def check_schedule(schedule, *, micro_batches: int, chunks: int = 1,
                 problems.append(f"{where}: no virtual stage {key[2]} to talk to")
                 continue
             here = placement.stage(rank, action.chunk)
-            if action.op in SENDS and action.peer != placement.holder(key[2])[0]:
-                problems.append(f"{where}: peer should be rank {placement.holder(key[2])[0]}")
+            line = placement.pipeline(action.chunk)
+            if action.op in SENDS and action.peer != placement.holder(key[2], line)[0]:
+                problems.append(f"{where}: peer should be rank {placement.holder(key[2], line)[0]}")
             neighbour = here - 1 if action.op is Op.RECV_ACT else here + 1
             if action.op in RECVS and not 0 <= neighbour <= last:
                 problems.append(f"{where}: no virtual stage {neighbour} to receive from")
                 continue
-            if action.op in RECVS and action.peer != placement.holder(neighbour)[0]:
-                problems.append(f"{where}: peer should be rank {placement.holder(neighbour)[0]}")
+            if action.op in RECVS and action.peer != placement.holder(neighbour, line)[0]:
+                problems.append(f"{where}: peer should be rank {placement.holder(neighbour, line)[0]}")
             (sends if action.op in SENDS else recvs)[(action.peer if action.op in SENDS else rank, key)] += 1
             # A receive feeds the compute that follows it; a send carries the compute before it.
             needs = Op.FORWARD if action.op in (Op.RECV_ACT, Op.SEND_ACT) else Op.BACKWARD
@@ -192,6 +196,8 @@ def check_schedule(schedule, *, micro_batches: int, chunks: int = 1,
                 problems.append(f"{where}: send before the compute that produces it")
         for micro in range(micro_batches):
             for chunk in range(chunks):
+                if not placement.carries(chunk, micro):  # chimera: the other pipeline's
+                    continue
                 for op in computes:
                     if (op, micro, chunk) not in done:
                         problems.append(f"rank {rank}: {op.name} of micro {micro} chunk {chunk} missing")

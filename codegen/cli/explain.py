@@ -112,6 +112,9 @@ def explain(spec: Spec) -> Explanation:
 def _placement_text(ex: Explanation) -> str:
     """Where each chunk sits when it is not Megatron's c·p + r (runtime/placement.py)."""
     placement = getattr(ex.schedule, "placement", None)
+    if placement is not None and placement.kind == "chimera":
+        return (", one per pipeline: chunk 0 of rank r is stage r of the down pipeline (even micro-batches, "
+                "F3.0 runs down), chunk 1 stage p-1-r of the up one (odd micro-batches, F3.1 runs up)")
     if placement is None or placement.kind != "v":
         return ""
     return ", in a V: chunk 0 of rank r is stage r, chunk 1 stage 2p-1-r (rank 0 holds the first and the last)"
@@ -128,7 +131,8 @@ def text(ex: Explanation) -> str:
         f"  layout         {ex.layout_text} ({ex.spec.mesh.nodes * ex.spec.mesh.devices_per_node} ranks)",
         *([planned] if ex.planned else []),
         f"  schedule       {ex.schedule_text} over {ex.stages} pipeline stage{'s' if ex.stages > 1 else ''}"
-        + (f" ({ex.stages * ex.chunks} virtual stages)" if ex.chunks > 1 else ""),
+        + (" in two directions (each stage on two ranks)" if ex.kind == "chimera"
+           else f" ({ex.stages * ex.chunks} virtual stages)" if ex.chunks > 1 else ""),
         f"  micro-batches  {ex.micro_batches} per step = global_batch {train.global_batch} / "
         f"(micro_batch {train.micro_batch} · dp {par.dp})",
         f"  chunks         {ex.chunks} per rank" + _placement_text(ex),
