@@ -341,7 +341,7 @@ PARALLEL = BlockDef(
                     "the weight gradients filling the bubble",
                 ),
                 CallDef(name="zero_bubble_v", doc="ZB-V: zero-bubble over two chunks per rank in a V"),
-                CallDef(name="chimera", doc="two pipelines in opposite directions over the stages (not built yet)"),
+                CallDef(name="chimera", doc="two pipelines in opposite directions over the stages, pp even"),
                 CallDef(
                     name="terapipe",
                     doc="each sequence pipelined in token slices (causal models; not built yet)",

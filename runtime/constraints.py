@@ -464,7 +464,7 @@ def schedule_built(schedule):
         return None
     return _violation("PAR0825", "parallel.schedule",
                       f"schedule = {schedule}: {SCHEDULES_NOT_BUILT[schedule]} is not supported yet by parc build",
-                      "use schedule = zero_bubble_v (ZB-V), zero_bubble (ZB-H1), 1f1b, interleaved(chunks = V) "
+                      "use schedule = chimera, zero_bubble_v (ZB-V), zero_bubble (ZB-H1), 1f1b, interleaved(chunks = V) "
                       "or gpipe; a later version of parc generates it")
 
 
