@@ -21,7 +21,8 @@ from parc.runtime import checkpoint
 from .trainer import LAYOUTS, RESHARD_WORKER, build, losses, records, run
 
 
-@pytest.mark.parametrize("layout", ["dp2", "tp2", "pp2_dropout", "zero1_dp2", "cp2_zero1_dp2", "zero3_dp2", "moe_ep2"])
+@pytest.mark.parametrize("layout", ["dp2", "tp2", "pp2_dropout", "zero1_dp2", "cp2_zero1_dp2", "zero3_dp2", "moe_ep2",
+                                    "pp2_chimera"])
 def test_resume_equivalence(layout, straight, tmp_path):
     first = straight(layout)
     metrics = tmp_path / "metrics.jsonl"
