@@ -1,14 +1,14 @@
-"""Pipeline schedules in parc's generated trainer on CPU gloo: 1f1b vs zero_bubble.
+"""Pipeline schedules in parc's generated trainer on CPU gloo: 1f1b vs zero_bubble vs zero_bubble_v vs chimera.
 
-``bench/specs/small.par`` with 4 layers, built with pp = 2 and pp = 4 (dp = tp = 1,
+``bench/specs/small.par`` with 8 layers (ZB-V splits them into 2·pp stages), built with pp = 2 and pp = 4 (dp = tp = 1,
 8 micro-batches a step) under each schedule, run with torchrun for a few steps after
 a warm-up, several repetitions alternating the schedules. The table shows the median
 step time, the median exposed communication (``exposed_comm_s``: time blocked in
 collectives and in waits on pipeline receives, which the executor posts ahead, p2p.py)
 and, beside them, the planner's prediction for the same spec (``parc plan``'s
 estimate: step time and the bubble in it; on a CPU without ``mesh.profile`` its times
-are placeholders, so compare the predicted ratio, not the seconds). ``chimera`` and
-``terapipe`` are listed as what ``parc check`` says of them (PAR0825: not built yet).
+are placeholders, so compare the predicted ratio, not the seconds). ``terapipe`` is
+listed as what ``parc check`` says of it (PAR0825: not built yet).
 A benchmark, not a test: only figures from one run on one machine compare.
 
     python bench/pipeline.py [--steps 4] [--repeats 2] [--ranks 2 4] [--json]
@@ -34,14 +34,14 @@ from parc.dsl import Diagnostics, load  # noqa: E402
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 SPEC = ROOT / "bench" / "specs" / "small.par"
-SCHEDULES = ("1f1b", "zero_bubble")
-NOT_BUILT = ("chimera", "terapipe(slices = 2)")
+SCHEDULES = ("1f1b", "zero_bubble", "zero_bubble_v", "chimera")
+NOT_BUILT = ("terapipe(slices = 2)",)
 MICRO_BATCHES, MICRO_BATCH = 8, 2
 WARMUP = 2
 
 
 def sets_for(ranks: int, schedule: str) -> list[str]:
-    return ["model.layers=4", f"train.micro_batch={MICRO_BATCH}", f"train.global_batch={MICRO_BATCH * MICRO_BATCHES}",
+    return ["model.layers=8", f"train.micro_batch={MICRO_BATCH}", f"train.global_batch={MICRO_BATCH * MICRO_BATCHES}",
             "parallel.dp=1", "parallel.tp=1", f"parallel.pp={ranks}", f"parallel.schedule={schedule}",
             f"mesh.devices_per_node={ranks}"]
 

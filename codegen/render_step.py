@@ -12,6 +12,8 @@ Before: ``codegen/render.py`` calls these. After: the template places the lines.
 
 from __future__ import annotations
 
+from parc.runtime.placement import placement_for
+
 from . import render_compress
 from .plan import Plan
 from .plan_text import cite
@@ -21,7 +23,26 @@ SCHEDULE_WORDS = {
     "1f1b": "one forward, one backward after a warmup (PipeDream-flush)",
     "interleaved": "1F1B over several model chunks per rank (Megatron interleaved)",
     "zero_bubble": "ZB-H1: backward split into B (input grad) and W (weight grad), Ws fill the bubble",
+    "zero_bubble_v": "ZB-V: two chunks per rank in a V, backward split into B and W, Ws fill the bubble",
+    "chimera": "Chimera: two 1F1B pipelines in opposite directions, even micro-batches down, odd up",
 }
+
+PLACEMENT_WORDS = {
+    "v": ("chunk 0 of pipeline", "rank r is stage r, chunk 1 stage 2·PP-1-r (a V)"),
+    "chimera": ("chunk 0 of pipeline", "rank r is stage r of the down pipeline, chunk 1 stage PP-1-r of the up one"),
+    "interleaved": ("chunk c of pipeline", "rank r is stage c·PP + r"),
+}
+
+
+def placement_kind(plan: Plan) -> str:
+    """Which stage each rank's chunk runs (``runtime/placement.py``)."""
+    pipe = plan.pipeline
+    return placement_for(pipe.schedule, pipe.size, pipe.chunks).kind
+
+
+def placement_lines(plan: Plan) -> list[str]:
+    """``placement=PLACEMENT,`` where the placement is not Megatron's (the default)."""
+    return ["placement=PLACEMENT,"] if placement_kind(plan) != "interleaved" else []
 
 
 def has_pipeline(plan: Plan) -> bool:
@@ -38,12 +59,15 @@ def config_lines(plan: Plan) -> list[str]:
     if not has_pipeline(plan):
         return []
     split = f"{cite(pipe.stage_layers_span)}: stage_layers" if pipe.stage_layers_span else "an even split"
+    v = placement_kind(plan) != "interleaved"
+    where = PLACEMENT_WORDS[placement_kind(plan)]
     lines = [
         f"PP = {pipe.size!r}  # {cite(pipe.span)}: pipeline stages",
         f"SCHEDULE = {pipe.schedule!r}  # {cite(pipe.schedule_span)}: {SCHEDULE_WORDS[pipe.schedule]}",
         f"CHUNKS = {pipe.chunks!r}  # model chunks (virtual stages) per pipeline rank",
-        f"# layers [start, stop) of each virtual stage ({split}); chunk c of pipeline",
-        f"# rank r is stage c·PP + r. Under this schedule a rank idles {100 * pipe.bubble_fraction:.1f}% of the step",
+        *([f"PLACEMENT = {placement_kind(plan)!r}  # which stage each chunk runs (runtime/placement.py)"] if v else []),
+        f"# layers [start, stop) of each virtual stage ({split}); {where[0]}",
+        f"# {where[1]}. Under this schedule a rank idles {100 * pipe.bubble_fraction:.1f}% of the step",
         "# (forward 1, backward 2 time units); `parc explain` draws the timeline.",
         f"PIPELINE_STAGES = {pipe.stage_layers!r}",
     ]
@@ -54,6 +78,9 @@ def group_lines(plan: Plan) -> list[str]:
     if not has_pipeline(plan):
         return []
     lines = ['pp_group = grid.group("pp")  # ranks that hold consecutive stages']
+    if placement_kind(plan) == "chimera":
+        lines.append("# this rank and the one holding the same two stages the other way round")
+        lines.append("replica_group = pipeline.replica_group(grid)")
     if tied_embeddings(plan):
         lines.append("# first and last stage, which both hold the tied embedding table")
         lines.append("tied_group = pipeline.tied_embedding_group(grid)")
@@ -67,7 +94,7 @@ def model_lines(plan: Plan) -> tuple[str, list[str], list[str]]:
     return (
         "build_stages",
         ["# this pipeline rank's chunks (one per virtual stage it holds), as nn.ModuleList"],
-        ["stages=PIPELINE_STAGES,", 'pp_rank=grid.index("pp"),', "pp_size=PP,"],
+        ["stages=PIPELINE_STAGES,", 'pp_rank=grid.index("pp"),', "pp_size=PP,", *placement_lines(plan)],
     )
 
 
@@ -110,6 +137,7 @@ def executor_lines(plan: Plan) -> list[str]:
         "    device=dist.device,",
         f"    autocast_dtype={autocast},",
         *("    " + line for line in render_compress.executor_args(plan, f"(MICRO_BATCH, {tokens}, HIDDEN)")),
+        *("    " + line for line in placement_lines(plan)),
         ")",
     ]
 
@@ -177,12 +205,16 @@ def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> l
 
 
 def after_backward_lines(plan: Plan) -> list[str]:
-    if not has_pipeline(plan) or not tied_embeddings(plan):
+    if not has_pipeline(plan):
         return []
-    return [
-        "# the embedding's two copies (first and last stage) get the sum of their grads",
-        "pipeline.allreduce_tied_grads(net, tied_group)",
-    ]
+    lines = []
+    if placement_kind(plan) == "chimera":
+        lines += ["# each stage's two replicas (down and up pipeline) get the sum of their grads",
+                  "pipeline.allreduce_replica_grads(net, replica_group)"]
+    if tied_embeddings(plan):
+        lines += ["# the embedding's two copies (first and last stage) get the sum of their grads",
+                  "pipeline.allreduce_tied_grads(net, tied_group)"]
+    return lines
 
 
 def loss_lines(plan: Plan) -> list[str]:

@@ -342,8 +342,8 @@ PARALLEL = BlockDef(
                     doc="ZB-H1: 1f1b with backward split into input and weight gradients, "
                     "the weight gradients filling the bubble",
                 ),
-                CallDef(name="zero_bubble_v", doc="ZB-V: zero-bubble over two chunks per rank in a V (not built yet)"),
-                CallDef(name="chimera", doc="two pipelines in opposite directions over the stages (not built yet)"),
+                CallDef(name="zero_bubble_v", doc="ZB-V: zero-bubble over two chunks per rank in a V"),
+                CallDef(name="chimera", doc="two pipelines in opposite directions over the stages, pp even"),
                 CallDef(
                     name="terapipe",
                     doc="each sequence pipelined in token slices (causal models; not built yet)",

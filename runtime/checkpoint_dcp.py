@@ -142,8 +142,23 @@ def read_full(path: str, prefix: str = "") -> dict[str, torch.Tensor]:
 
 
 def load(path: str, state: dict, pieces) -> None:
-    """Read ``state`` and this rank's boxes ``pieces`` from checkpoint ``path``."""
-    _load(path, state, _LoadPlanner(pieces))
+    """Read ``state`` and this rank's boxes ``pieces`` from checkpoint ``path``.
+
+    Two local boxes of one tensor at the same place (a rank holding both copies of a
+    tied embedding, or of a chimera stage's replicas: runtime/placement.py) are read
+    once and copied into the others."""
+    first: dict = {}
+    copies = []
+    for piece in pieces:
+        box = (piece.name, piece.offsets)
+        if box in first:
+            copies.append((first[box], piece))
+        else:
+            first[box] = piece
+    _load(path, state, _LoadPlanner(list(first.values())))
+    with torch.no_grad():
+        for source, target in copies:
+            target.tensor.copy_(source.tensor)
 
 
 def _load(path: str, state: dict, planner) -> None:

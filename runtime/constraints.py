@@ -461,8 +461,6 @@ def ring_dropout(cp, cp_kind, dropout):
 
 
 SCHEDULES_NOT_BUILT = {
-    "zero_bubble_v": "ZB-V (two chunks per rank in a V)",
-    "chimera": "Chimera (two pipelines in opposite directions)",
     "terapipe": "TeraPipe (token slices of each sequence pipelined)",
 }
 """Schedules the language names (issue 20) that ``runtime/schedule.py`` cannot run yet:
@@ -475,8 +473,52 @@ def schedule_built(schedule):
         return None
     return _violation("PAR0825", "parallel.schedule",
                       f"schedule = {schedule}: {SCHEDULES_NOT_BUILT[schedule]} is not supported yet by parc build",
-                      "use schedule = zero_bubble (ZB-H1), 1f1b, interleaved(chunks = V) or gpipe; "
-                      "a later version of parc generates it")
+                      "use schedule = chimera, zero_bubble_v (ZB-V), zero_bubble (ZB-H1), 1f1b, interleaved(chunks = V) "
+                      "or gpipe; a later version of parc generates it")
+
+
+@rule("PAR0260")
+def zero_bubble_v_stages(schedule, layers, pp, stage_layers=None):
+    """ZB-V holds two chunks per rank (runtime/placement.py, Note [placements]): the
+    layers split evenly into 2·pp stages (``schedule.FIXED_CHUNKS``; not imported:
+    builds ship constraints alone)."""
+    if schedule != "zero_bubble_v" or pp < 2:
+        return None
+    if stage_layers is not None:
+        return _violation("PAR0260", "parallel.stage_layers",
+                          "stage_layers cannot be combined with schedule = zero_bubble_v",
+                          "remove stage_layers: ZB-V splits the layers evenly into 2·pp stages, two a rank")
+    if layers % (2 * pp) == 0:
+        return None
+    fits = [d // 2 for d in divisors(layers) if d % 2 == 0 and d // 2 >= 2]
+    return _violation("PAR0260", ("parallel.schedule", "parallel.pp"),
+                      f"schedule = zero_bubble_v splits layers = {layers} into 2·pp = {2 * pp} stages "
+                      f"(two a rank, in a V), but {layers} / {2 * pp} = {layers / (2 * pp):g}",
+                      f"pp must be one of {some(fits, pp)}" if fits
+                      else f"layers = {layers} is odd: use schedule = zero_bubble")
+
+
+@rule("PAR0261")
+def chimera_pipelines(schedule, pp):
+    """Chimera pairs pipeline rank r with p-1-r (runtime/placement.py): p even."""
+    if schedule != "chimera" or pp % 2 == 0:
+        return None
+    return _violation("PAR0261", ("parallel.schedule", "parallel.pp"),
+                      f"schedule = chimera runs two pipelines that pair rank r with rank pp-1-r, "
+                      f"so pp must be even, but pp = {pp}",
+                      f"use pp = {pp + 1 if pp > 1 else 2}, or schedule = 1f1b")
+
+
+@rule("PAR0262", BUILD)
+def build_chimera_zero(schedule, zero):
+    """Chimera's replica sum runs on whole gradients after backward; a sharded optimizer
+    (ZeRO ≥ 1) is not built with it yet."""
+    if schedule != "chimera" or zero == 0:
+        return None
+    return _violation("PAR0262", ("parallel.schedule", "parallel.zero"),
+                      f"zero = {zero} with schedule = chimera is not supported yet by parc build: "
+                      "the sum of each stage's two replicas' gradients is built for zero = 0 only",
+                      "use zero = 0 with chimera, or schedule = 1f1b with ZeRO")
 
 
 @rule("PAR0212")
@@ -792,7 +834,7 @@ def build_zero3_overlap(zero, overlap):
 def build_zero3_split_backward(zero, schedule):
     """A zero_bubble W op runs after the block's backward (B) has freed ZeRO-3's gathered
     parameters (``fsdp.py``, Note [when a unit is gathered]); W would need a third gather."""
-    if zero != 3 or schedule != "zero_bubble":  # schedule.SPLIT_BACKWARD (not imported: builds ship constraints alone)
+    if zero != 3 or schedule not in ("zero_bubble", "zero_bubble_v"):  # schedule.SPLIT_BACKWARD (not imported)
         return None
     return _violation("PAR0826", ("parallel.schedule", "parallel.zero"),
                       f"zero = 3 with schedule = {schedule} is not supported yet by parc build: "
@@ -906,6 +948,26 @@ def build_compress_pp_interleaved(compress_pp, chunks):
                       f"compress_pp = {compress_pp} with an interleaved schedule (chunks = {chunks}) is not "
                       "supported yet by parc build",
                       "use schedule = 1f1b (or gpipe, zero_bubble) with compress_pp")
+
+
+@rule("PAR0276", BUILD)
+def build_compress_schedule(schedule, compress="none", compress_pp="none", pp=1):
+    """Chimera sums its two stage replicas' gradients and ZB-V hands the V's turn over in
+    memory: neither meets the compressed reductions or the codec's per-boundary state
+    yet, and zero_bubble's split backward does not run the pp codec."""
+    if pp == 1:
+        return None
+    if compress not in (None, "none") and schedule in ("chimera", "zero_bubble_v"):
+        key, value = "compress", compress
+    elif compress is None and schedule in ("chimera", "zero_bubble_v"):
+        key, value = "compress", "auto"
+    elif compress_pp != "none" and schedule in ("chimera", "zero_bubble_v", "zero_bubble"):
+        key, value = "compress_pp", compress_pp
+    else:
+        return None
+    return _violation("PAR0276", (f"parallel.{key}", "parallel.schedule"),
+                      f"{key} = {value} with schedule = {schedule} is not supported yet by parc build",
+                      f"use schedule = 1f1b (or gpipe) with {key}, or {key} = none")
 
 
 @rule("PAR0272", BUILD)

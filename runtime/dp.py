@@ -28,7 +28,8 @@ from .traffic import comm_bytes
 
 def finished_after_backward(param) -> bool:
     """Is this gradient still partial when backward ends (Note [late gradients])?"""
-    return bool(getattr(param, "sequence_parallel", False) or getattr(param, "tied_across_stages", False))
+    return bool(getattr(param, "sequence_parallel", False) or getattr(param, "tied_across_stages", False)
+                or getattr(param, "pipeline_replica", False))
 
 
 def gradient_buckets(params, bucket_bytes: int) -> tuple[list[list], int]:
@@ -37,7 +38,8 @@ def gradient_buckets(params, bucket_bytes: int) -> tuple[list[list], int]:
     Note [late gradients]: two kinds of gradient are not final when backward ends:
     a replicated parameter that saw only a sequence shard (summed over tp by
     ``model.allreduce_sequence_parallel_grads``) and a pipeline stage's copy of a tied
-    embedding (summed over the two stages by ``pipeline.allreduce_tied_grads``).
+    embedding (summed over the two stages by ``pipeline.allreduce_tied_grads``), and
+    under chimera every stage's replica (``pipeline.allreduce_replica_grads``).
     Whoever reduces gradients over dp *during* backward and keeps the result apart
     from ``param.grad`` (ZeRO) must leave them for after those sums, so they go into
     buckets of their own, at the end, launched only by the final wait. Returns

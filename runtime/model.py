@@ -55,6 +55,7 @@ from .constraints import per_layer
 from .kernels import select as select_kernels
 from .model_desc import ModelConfig, describe  # noqa: F401  (ModelConfig: re-exported for train.py)
 from .param_init import initialize
+from .placement import chunk_stages
 from .tp_plan import TensorParallelPlan
 
 RECOMPUTE = ("none", "selective", "full")
@@ -576,13 +577,22 @@ def build_model(
 def build_stages(
     config, *, stages, pp_rank, pp_size, tp_group, sequence_parallel, tp_plan, seed, device,
     recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None,
+    placement="interleaved",
 ):
     """This pipeline rank's model chunks, one ``Transformer`` stage per chunk.
 
     ``stages`` is the literal ``PIPELINE_STAGES`` table of train.py: the layers
     ``(start, stop)`` of every virtual stage, in model order. With p pipeline ranks,
-    chunk c of rank r is virtual stage c·p + r (Megatron's interleaving; one chunk per
-    rank unless the schedule is interleaved). Returns an ``nn.ModuleList`` of chunks.
+    chunk c of rank r is the virtual stage ``placement`` says (``placement.py``:
+    Megatron's c·p + r, or ZB-V's V, or chimera's stage r and p-1-r of its two
+    pipelines). Returns an ``nn.ModuleList`` of chunks, each with its ``stage_index``.
+
+    Note [chimera's replicas]: under chimera every stage is built twice (on ranks r and
+    p-1-r), from the same (seed, name) draws, so the replicas start equal; their
+    gradients are summed (``pipeline.allreduce_replica_grads``) after backward, which
+    makes them ``pipeline_replica`` late gradients (dp.py, Note [late gradients]), and
+    the up pipeline's copy is a ``pipeline_duplicate``: counted once in the gradient
+    norm, loaded but never saved by checkpoints.
     """
     stages = tuple(tuple(s) for s in stages)
     if not stages or stages[0][0] != 0 or stages[-1][1] != config.layers or any(
@@ -591,12 +601,21 @@ def build_stages(
         raise ValueError(f"pipeline stages {stages} must cover layers 0..{config.layers} in order")
     if len(stages) % pp_size or not 0 <= pp_rank < pp_size:
         raise ValueError(f"{len(stages)} pipeline stages do not split over {pp_size} pipeline ranks")
-    return nn.ModuleList(
-        build_stage(config, stages=stages, index=v, tp_group=tp_group, sequence_parallel=sequence_parallel,
-                    tp_plan=tp_plan, seed=seed, device=device, recompute=recompute, sub_batches=sub_batches,
-                    kernels=kernels, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group, layouts=layouts)
-        for v in range(pp_rank, len(stages), pp_size)  # chunk c: virtual stage c·pp_size + pp_rank
-    )
+    place = chunk_stages(placement, pp_size, len(stages))
+    chunks = nn.ModuleList()
+    for chunk, v in enumerate(place.stages_of(pp_rank)):
+        stage = build_stage(config, stages=stages, index=v, tp_group=tp_group, sequence_parallel=sequence_parallel,
+                            tp_plan=tp_plan, seed=seed, device=device, recompute=recompute,
+                            sub_batches=sub_batches, kernels=kernels, cp_group=cp_group, cp_kind=cp_kind,
+                            ep_group=ep_group, layouts=layouts)
+        stage.stage_index = v
+        if placement == "chimera":  # Note [chimera's replicas]
+            for param in stage.parameters():
+                param.pipeline_replica = True
+                if place.pipeline(chunk) == 1:
+                    param.pipeline_duplicate = True
+        chunks.append(stage)
+    return chunks
 
 
 def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute,

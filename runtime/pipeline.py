@@ -30,7 +30,8 @@ from .comm import exposed, scalar_device
 from .axes import coordinates
 from .mesh import axis_ranks
 from .p2p import p2p_steps, post_batch
-from .schedule import Op, virtual_stage
+from .placement import Placement
+from .schedule import Op
 from .split_backward import backward_input, backward_weight
 from .traffic import comm_bytes
 
@@ -40,14 +41,17 @@ _ACT, _GRAD = 0, 1
 class PipelineExecutor:
     def __init__(
         self, chunks, *, actions, pp_group, pp_ranks, pp_rank, micro_batches,
-        activation_shape, device, autocast_dtype=None, grad_codec=None,
+        activation_shape, device, autocast_dtype=None, grad_codec=None, placement="interleaved",
     ):
         """``pp_ranks``: the global ranks of this rank's pipeline group, by pipeline index.
-        ``grad_codec``: a ``compress_pp.LowRankBackprop`` (``compress_pp = lowrank``) or None."""
+        ``grad_codec``: a ``compress_pp.LowRankBackprop`` (``compress_pp = lowrank``) or None.
+        ``placement``: which stage each chunk runs (``placement.py``; the schedule's
+        ``placement_for``)."""
         self.chunks, self.actions = list(chunks), tuple(actions)
         self.group, self.pp_ranks, self.pp_rank = pp_group, tuple(pp_ranks), pp_rank
         self.stages = len(self.pp_ranks)
-        self.virtual_stages = self.stages * len(self.chunks)
+        self.placement = Placement(placement, self.stages, len(self.chunks))
+        self.virtual_stages = self.placement.virtual_stages
         self.micro_batches = micro_batches
         self.shape, self.device, self.autocast_dtype = tuple(activation_shape), device, autocast_dtype
         # schedule.py, Note [B and W]: B computes the input gradient only, W the weights'
@@ -57,7 +61,12 @@ class PipelineExecutor:
         self.loss_scale = 1.0  # fp16: the last stage's backward starts from it (loss_scale.py)
 
     def _vstage(self, chunk: int) -> int:
-        return virtual_stage(self.pp_rank, chunk, self.stages)
+        return self.placement.stage(self.pp_rank, chunk)
+
+    def _local(self, neighbour) -> int | None:
+        """The chunk of a neighbouring (rank, chunk) when it is on this rank (a hand-over
+        in memory, placement.py Note [placements]), else None."""
+        return neighbour[1] if neighbour is not None and neighbour[0] == self.pp_rank else None
 
     def _compressed(self, sender: int) -> bool:
         """Does the input gradient virtual stage ``sender`` sends back travel compressed?"""
@@ -72,7 +81,8 @@ class PipelineExecutor:
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     def _compute(self, action, batches, inputs, outputs, received, input_grads, owed):
-        """Run one F, B or W; returns the scaled loss an F on the last stage computed, else 0."""
+        """Run one F, B or W; returns the scaled loss an F on the last stage computed, else 0.
+        A neighbour on this rank hands over through ``received`` as a message would."""
         m, c, op = action.micro, action.chunk, action.op
         v = self._vstage(c)
         last = v == self.virtual_stages - 1
@@ -82,6 +92,9 @@ class PipelineExecutor:
             with self._forward_context():
                 y = self.chunks[c](x, targets.to(self.device) if last else None)
             inputs[(m, c)], outputs[(m, c)] = x, y / self.micro_batches if last else y
+            following = self._local(self.placement.following(self.pp_rank, c))
+            if following is not None:  # as sent: detached, in fp32
+                received[(_ACT, m, following)] = (None, y.detach().to(torch.float32))
             return outputs[(m, c)].detach() if last else 0.0  # on the device: no sync per micro-batch
         if op is Op.BACKWARD:
             x, y = inputs.pop((m, c)), outputs.pop((m, c))
@@ -96,7 +109,10 @@ class PipelineExecutor:
             else:
                 torch.autograd.backward(y, grad_tensors=grad)
                 x_grad = x.grad
-            if v > 0:
+            previous = self._local(self.placement.previous(self.pp_rank, c))
+            if previous is not None:
+                received[(_GRAD, m, previous)] = (None, x_grad.to(torch.float32))
+            elif v > 0:
                 input_grads[(m, c)] = x_grad
             return 0.0
         if op is Op.WEIGHT:
@@ -174,24 +190,34 @@ class PipelineExecutor:
         """
         last_vstage = self.virtual_stages - 1
         pending_sends, loss_sum = [], 0.0
+        handed = {}  # (micro, chunk) -> activation from a chunk on this rank
         for m, (tokens, targets) in enumerate(batches):
             for c in range(len(self.chunks)):
-                v = self._vstage(c)
+                if not self.placement.carries(c, m):  # chimera: the other pipeline's micro-batch
+                    continue
+                v, line = self._vstage(c), self.placement.pipeline(c)
                 if v == 0:
                     x = tokens.to(self.device)
                 else:
                     x = torch.empty(self.shape, dtype=torch.float32, device=self.device)
-                    source = self.pp_ranks[(v - 1) % self.stages]
-                    work = dist.irecv(x, src=source, group=self.group, tag=self._tag(_ACT, m, v))
-                    with exposed():
-                        work.wait()
+                    source, _ = self.placement.holder(v - 1, line)
+                    if source == self.pp_rank:  # handed over in memory
+                        x = handed.pop((m, c))
+                    else:
+                        work = dist.irecv(x, src=self.pp_ranks[source], group=self.group, tag=self._tag(_ACT, m, v))
+                        with exposed():
+                            work.wait()
                 with self._forward_context():
                     y = self.chunks[c](x, targets.to(self.device) if v == last_vstage else None)
                 if v == last_vstage:
                     loss_sum = loss_sum + y.detach().to(torch.float64) / len(batches)
                 else:
                     y = y.to(torch.float32).contiguous()
-                    dest = self.pp_ranks[(v + 1) % self.stages]
+                    dest, chunk = self.placement.holder(v + 1, line)
+                    if dest == self.pp_rank:
+                        handed[(m, chunk)] = y
+                        continue
+                    dest = self.pp_ranks[dest]
                     pending_sends.append((dist.isend(y, dst=dest, group=self.group, tag=self._tag(_ACT, m, v + 1)), y))
         with exposed():
             for work, _ in pending_sends:
@@ -221,21 +247,69 @@ def tied_embedding_group(grid):
     return mine
 
 
+def replica_group(grid):
+    """Chimera: the group of this rank and the rank holding the same two stages the
+    other way round (pipeline ranks r and p-1-r, same dp and tp index; placement.py,
+    Note [placements]). Every rank creates every such group in the same order."""
+    mine = None
+    world = 1
+    for _, size in grid.axes:
+        world *= size
+    for rank in range(world):
+        if coordinates(rank, grid.axes)["pp"] != 0:
+            continue
+        line = axis_ranks(rank, grid.axes, "pp")
+        for r in range(len(line) // 2):
+            pair = [line[r], line[len(line) - 1 - r]]
+            group = dist.new_group(pair)
+            if grid.rank in pair:
+                mine = group
+    return mine
+
+
+@torch.no_grad()
+def allreduce_replica_grads(chunks, group) -> None:
+    """Chimera: sum the gradients of each stage's two replicas (this rank's and its
+    partner's in ``replica_group``), so both replicas take the same step, as one copy
+    of the stage trained on every micro-batch would. Both ranks hold the same two
+    stages; each flattens its chunks' gradients in stage order (``stage_index``), so
+    the two buffers line up. A gradient reduction like dp's, which it commutes with."""
+    chunks = sorted(chunks, key=lambda chunk: chunk.stage_index)
+    params = [p for chunk in chunks for p in chunk.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    with exposed():
+        dist.all_reduce(flat, group=group)
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
+        offset += p.numel()
+
+
 @torch.no_grad()
 def allreduce_tied_grads(chunks, group) -> None:
     """Sum the gradients of the embedding table's two copies (first and last stage).
 
     See model.py, Note [tied embeddings across stages]. Ranks on middle stages hold
-    no copy and do nothing.
+    no copy and do nothing. A rank holding both copies (ZB-V's V puts the first and the
+    last stage on rank 0: placement.py) sums them in memory and sends nothing; its
+    partner in ``group`` then holds neither, or (chimera, after
+    ``allreduce_replica_grads`` summed each copy with its replica's) both as well.
     """
     if group is None:
         return
-    for chunk in chunks:
-        weight = chunk.tied_weight()
-        if weight is None:
-            continue
+    weights = [w for w in (chunk.tied_weight() for chunk in chunks) if w is not None]
+    for weight in weights:
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
+    if len(weights) == 2:
+        total = weights[0].grad + weights[1].grad
+        for weight in weights:
+            weight.grad.copy_(total)
+        return
+    for weight in weights:
         with exposed():
             dist.all_reduce(weight.grad, group=group)
 

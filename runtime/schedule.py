@@ -34,12 +34,26 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .placement import Placement, placement_for
 from .schedule_zb import zero_bubble_bound, zero_bubble_orders
+from .schedule_chimera import chimera_bound, chimera_orders
+from .schedule_zbv import zero_bubble_v_bound, zero_bubble_v_orders
 
-KINDS = ("gpipe", "1f1b", "interleaved", "zero_bubble")
-SPLIT_BACKWARD = ("zero_bubble",)
+KINDS = ("gpipe", "1f1b", "interleaved", "zero_bubble", "zero_bubble_v", "chimera")
+SPLIT_BACKWARD = ("zero_bubble", "zero_bubble_v")
 """Kinds whose backward is two actions: B (input gradient) then W (weight gradient);
 elsewhere B is the whole backward (Note [B and W])."""
+FIXED_CHUNKS = {"zero_bubble_v": 2, "chimera": 2}
+"""Kinds that run a fixed number of model chunks per rank (ZB-V: two, in a V; chimera:
+a stage of each of its two pipelines)."""
+
+
+def chunks_for(kind: str, chunks: int = 1) -> int:
+    """Model chunks per rank that ``kind`` runs: the spec's ``interleaved(chunks = v)``,
+    ZB-V's two, else one. The one place the spec's pass, checks and planner ask."""
+    if kind in FIXED_CHUNKS:
+        return FIXED_CHUNKS[kind]
+    return chunks if kind == "interleaved" else 1
 
 
 class Op(enum.Enum):
@@ -66,14 +80,19 @@ class Action:
 
 
 def virtual_stage(rank: int, chunk: int, stages: int) -> int:
-    """Megatron numbering: chunk c of pipeline rank r is virtual stage c*stages + r."""
+    """Megatron numbering: chunk c of pipeline rank r is virtual stage c*stages + r
+    (``placement``'s interleaved placement; other placements: ``Placement.stage``)."""
     return chunk * stages + rank
 
 
-def message_key(action: Action, rank: int, stages: int) -> tuple[str, int, int]:
+def message_key(action: Action, rank: int, placement: Placement | int) -> tuple[str, int, int]:
     """(kind, micro, consumer virtual stage) of a send or receive on ``rank``: a send
-    and the receive it feeds have the same key."""
-    here = virtual_stage(rank, action.chunk, stages)
+    and the receive it feeds have the same key. ``placement``: the schedule's
+    ``Placement``, or a number of ranks for Megatron's interleaved one."""
+    if isinstance(placement, int):
+        here = virtual_stage(rank, action.chunk, placement)
+    else:
+        here = placement.stage(rank, action.chunk)
     if action.op is Op.SEND_ACT:
         return ("act", action.micro, here + 1)
     if action.op is Op.RECV_ACT:
@@ -92,8 +111,14 @@ def _validate(kind: str, stages: int, micro_batches: int, chunks: int) -> None:
         raise ValueError(f"a pipeline needs stages >= 1, got stages = {stages}")
     if micro_batches < 1:
         raise ValueError(f"a pipeline needs micro_batches >= 1, got micro_batches = {micro_batches}")
-    if kind == "zero_bubble" and stages < 2:
-        raise ValueError("zero_bubble needs stages >= 2 (one stage has no bubble to fill)")
+    if kind in SPLIT_BACKWARD and stages < 2:
+        raise ValueError(f"{kind} needs stages >= 2 (one stage has no bubble to fill)")
+    if kind == "chimera" and (stages < 2 or stages % 2):
+        raise ValueError(f"chimera needs an even number of stages >= 2, got stages = {stages}")
+    if kind in FIXED_CHUNKS:
+        if chunks != FIXED_CHUNKS[kind]:
+            raise ValueError(f"{kind} runs {FIXED_CHUNKS[kind]} model chunks per rank, got chunks = {chunks}")
+        return
     if kind != "interleaved":
         if chunks != 1:
             raise ValueError(f"{kind} runs one model chunk per rank, got chunks = {chunks}; "
@@ -110,7 +135,20 @@ def _validate(kind: str, stages: int, micro_batches: int, chunks: int) -> None:
                          f"{micro_batches % stages}")
 
 
-def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 1) -> tuple[tuple[Action, ...], ...]:
+class Schedule(tuple):
+    """Every rank's actions (a tuple of tuples), and the ``placement`` they run on, so
+    whoever reads the lists (``schedule_sim``, ``parc explain``) knows which stage each
+    chunk is."""
+
+    placement: Placement
+
+    def __new__(cls, ranks, placement: Placement):
+        self = super().__new__(cls, ranks)
+        self.placement = placement
+        return self
+
+
+def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 1) -> Schedule:
     """For every pipeline rank 0..stages-1, its ordered actions. kind: "gpipe" | "1f1b" | "interleaved".
 
     gpipe: all forwards in micro order, then all backwards in micro order 0..M-1 (as
@@ -118,14 +156,19 @@ def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 
     the bubble, and micro order keeps gradient accumulation in the order of 1f1b).
     1f1b: Megatron's PipeDream-flush. interleaved: Megatron's interleaved 1F1B.
     zero_bubble: ZB-H1 of Qi et al. 2023 (``schedule_zb``), with W actions.
+    zero_bubble_v: ZB-V (``schedule_zbv``), chunks = 2 in the V placement (``placement``).
+    chimera: two 1F1B pipelines in opposite directions (``schedule_chimera``), chunks = 2.
     Raises ValueError on sizes the kind cannot run (see ``_validate``).
     """
     _validate(kind, stages, micro_batches, chunks)
     order = {"gpipe": _gpipe_order, "1f1b": _one_f_one_b_order, "interleaved": _interleaved_order,
-             "zero_bubble": _zero_bubble_order}[kind]
-    return tuple(
-        tuple(_with_communication(order(rank, stages, micro_batches, chunks), rank, stages, chunks))
-        for rank in range(stages)
+             "zero_bubble": _zero_bubble_order, "zero_bubble_v": _zero_bubble_v_order,
+             "chimera": _chimera_order}[kind]
+    placement = placement_for(kind, stages, chunks)
+    return Schedule(
+        (tuple(_with_communication(order(rank, stages, micro_batches, chunks), rank, placement))
+         for rank in range(stages)),
+        placement,
     )
 
 
@@ -135,7 +178,9 @@ def in_flight_bound(kind: str, *, stages: int, rank: int, micro_batches: int, ch
     interleaved: Megatron's warm-up plus the first steady forward,
     min(2·(stages - rank - 1) + (v - 1)·stages + 1, M·v), and M·v when M = stages
     (Megatron then runs every forward first). zero_bubble: min(stages, M) on every rank,
-    counted from F to W (Note [B and W]). The bound is reached by every schedule."""
+    counted from F to W (Note [B and W]). zero_bubble_v: 2·min(stages, M) micro-batch-chunks
+    (half a stage each: 1F1B's memory). chimera: each pipeline's 1F1B bound at the stage
+    the rank holds of it, summed. The bound is reached by every schedule."""
     _validate(kind, stages, micro_batches, chunks)
     if not 0 <= rank < stages:
         raise ValueError(f"rank {rank} is not in 0..{stages - 1}")
@@ -146,6 +191,10 @@ def in_flight_bound(kind: str, *, stages: int, rank: int, micro_batches: int, ch
         return min(stages - rank, micro_batches)
     if kind == "zero_bubble":
         return zero_bubble_bound(stages, micro_batches)
+    if kind == "zero_bubble_v":
+        return zero_bubble_v_bound(stages, micro_batches)
+    if kind == "chimera":
+        return chimera_bound(stages, rank, micro_batches)
     return min(_interleaved_warmup(rank, stages, micro_batches, chunks) + 1, total)
 
 
@@ -174,6 +223,14 @@ _ZB_OPS = {"F": Op.FORWARD, "B": Op.BACKWARD, "W": Op.WEIGHT}
 
 def _zero_bubble_order(rank, stages, micro_batches, chunks):
     return [(_ZB_OPS[op], m, 0) for op, m in zero_bubble_orders(stages, micro_batches)[rank]]
+
+
+def _zero_bubble_v_order(rank, stages, micro_batches, chunks):
+    return [(_ZB_OPS[op], m, c) for op, m, c in zero_bubble_v_orders(stages, micro_batches)[rank]]
+
+
+def _chimera_order(rank, stages, micro_batches, chunks):
+    return [(_ZB_OPS[op], m, c) for op, m, c in chimera_orders(stages, micro_batches)[rank]]
 
 
 def _interleaved_warmup(rank, stages, micro_batches, chunks):
@@ -209,26 +266,33 @@ def _interleaved_order(rank, stages, micro_batches, chunks):
     return order
 
 
-def _with_communication(order, rank, stages, chunks):
-    """Each compute with its receive right before and its send right after."""
-    last = stages * chunks - 1
+def remote(neighbour, rank: int) -> int | None:
+    """The rank of a neighbouring (rank, chunk) when it is another rank; None when there
+    is no neighbour or it is on ``rank`` itself (a local hand-over, Note [placements])."""
+    return None if neighbour is None or neighbour[0] == rank else neighbour[0]
+
+
+def _with_communication(order, rank, placement):
+    """Each compute with its receive right before and its send right after; none for a
+    neighbour on the same rank (``placement``, Note [placements]): the executor hands
+    that over in memory and the rank's own order keeps the data flow."""
     for op, micro, chunk in order:
         if op is Op.WEIGHT:  # local: the B before it received and sent what was needed
             yield Action(op, micro, chunk)
             continue
-        here = virtual_stage(rank, chunk, stages)
-        before, after = (here - 1) % stages, (here + 1) % stages  # the neighbours' ranks
+        before = remote(placement.previous(rank, chunk), rank)
+        after = remote(placement.following(rank, chunk), rank)
         if op is Op.FORWARD:
-            if here > 0:
+            if before is not None:
                 yield Action(Op.RECV_ACT, micro, chunk, before)
             yield Action(op, micro, chunk)
-            if here < last:
+            if after is not None:
                 yield Action(Op.SEND_ACT, micro, chunk, after)
         else:
-            if here < last:
+            if after is not None:
                 yield Action(Op.RECV_GRAD, micro, chunk, after)
             yield Action(op, micro, chunk)
-            if here > 0:
+            if before is not None:
                 yield Action(Op.SEND_GRAD, micro, chunk, before)
 
 

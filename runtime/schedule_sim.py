@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from .schedule import COMPUTE, RECVS, SENDS, Op, describe, message_key, virtual_stage
+from .placement import Placement
+from .schedule import COMPUTE, RECVS, SENDS, Op, describe, message_key, remote
 
 
 class Deadlock(RuntimeError):
@@ -45,15 +46,28 @@ def weight_share(backward_time: float) -> float:
     return backward_time / 2
 
 
+def default_placement(schedule, chunks: int | None = None) -> Placement:
+    """The placement ``build_schedule`` gave the lists, else Megatron's over their ranks
+    and chunks (``placement``)."""
+    if getattr(schedule, "placement", None) is not None:
+        return schedule.placement
+    if chunks is None:
+        chunks = 1 + max((a.chunk for actions in schedule for a in actions), default=0)
+    return Placement("interleaved", len(schedule), chunks)
+
+
 def simulate(schedule, *, forward_time: float = 1.0, backward_time: float = 2.0,
-             weight_time: float | None = None, comm_time: float = 0.0) -> Timeline:
+             weight_time: float | None = None, comm_time: float = 0.0,
+             placement: Placement | None = None) -> Timeline:
     """Run every rank's list in order: F takes ``forward_time`` per chunk and a whole
     backward ``backward_time``; when the schedule splits it (Note [B and W]), W takes
     ``weight_time`` of it (default half, as F = B = W of Qi et al.) and B the rest. A send
     takes no time on its rank and never waits, a receive completes at max(its rank's
     clock, the matching send's time + ``comm_time``). Raises ``Deadlock`` when the ranks
-    cannot all finish (naming where each one waits)."""
+    cannot all finish (naming where each one waits). ``placement``: the schedule's
+    (``placement.placement_for``); Megatron's by default."""
     stages = len(schedule)
+    placement = placement or default_placement(schedule)
     weight = weight_share(backward_time) if weight_time is None else weight_time
     split = splits_backward(schedule)
     sent: dict[tuple, float] = {}
@@ -69,12 +83,12 @@ def simulate(schedule, *, forward_time: float = 1.0, backward_time: float = 2.0,
             while position[rank] < len(actions):
                 action = actions[position[rank]]
                 if action.op in RECVS:
-                    key = message_key(action, rank, stages)
+                    key = message_key(action, rank, placement)
                     if key not in sent:
                         break  # blocked until the sender gets there
                     clock[rank] = max(clock[rank], sent.pop(key) + comm_time)
                 elif action.op in SENDS:
-                    key = message_key(action, rank, stages)
+                    key = message_key(action, rank, placement)
                     if key in sent:
                         raise ValueError(f"rank {rank} sends {key} twice")
                     sent[key] = clock[rank]
@@ -114,16 +128,20 @@ def max_in_flight(actions) -> int:
     return peak
 
 
-def check_schedule(schedule, *, micro_batches: int, chunks: int = 1) -> list[str]:
+def check_schedule(schedule, *, micro_batches: int, chunks: int = 1,
+                   placement: Placement | None = None) -> list[str]:
     """Every problem of ``schedule`` as one line of text (an empty list: it is valid).
 
     Checks: each (micro, chunk) of each rank has exactly one F and one B, F first (and
     one W after its B, when the schedule splits backwards: Note [B and W]); each
     compute has its receive before it and its send after it (none on the first/last
     virtual stage), with the right peer; every send has exactly one matching receive on
-    its peer and the reverse; and the lists run to the end without deadlock."""
+    its peer and the reverse; a neighbour on the same rank (``placement``, Note
+    [placements]) has no message, and its compute runs first on the rank; and the lists
+    run to the end without deadlock."""
     stages = len(schedule)
-    last = stages * chunks - 1
+    placement = placement or default_placement(schedule, chunks)
+    last = placement.virtual_stages - 1
     problems: list[str] = []
     split = splits_backward(schedule)
     computes = COMPUTE if split else (Op.FORWARD, Op.BACKWARD)
@@ -136,7 +154,9 @@ def check_schedule(schedule, *, micro_batches: int, chunks: int = 1) -> list[str
             if not (0 <= action.micro < micro_batches and 0 <= action.chunk < chunks):
                 problems.append(f"{where}: micro or chunk out of range")
                 continue
-            here = virtual_stage(rank, action.chunk, stages)
+            if not placement.carries(action.chunk, action.micro):
+                problems.append(f"{where}: micro-batch {action.micro} does not run through chunk {action.chunk}")
+                continue
             if action.op in COMPUTE:
                 if action.peer is not None:
                     problems.append(f"{where}: a compute action has a peer")
@@ -147,16 +167,25 @@ def check_schedule(schedule, *, micro_batches: int, chunks: int = 1) -> list[str
                     problems.append(f"{where}: backward before its forward")
                 if action.op is Op.WEIGHT and (Op.BACKWARD, action.micro, action.chunk) not in done:
                     problems.append(f"{where}: weight gradient before its backward")
+                local = _local_input(placement, rank, action)
+                if local is not None and local not in done:
+                    problems.append(f"{where}: runs before {local[0].name} of chunk {local[2]}, on this rank, "
+                                    "that it takes its input from")
                 continue
-            key = message_key(action, rank, stages)
+            key = message_key(action, rank, placement)
             if not 0 <= key[2] <= last:
                 problems.append(f"{where}: no virtual stage {key[2]} to talk to")
                 continue
-            if action.peer != key[2] % stages and action.op in SENDS:
-                problems.append(f"{where}: peer should be rank {key[2] % stages}")
+            here = placement.stage(rank, action.chunk)
+            line = placement.pipeline(action.chunk)
+            if action.op in SENDS and action.peer != placement.holder(key[2], line)[0]:
+                problems.append(f"{where}: peer should be rank {placement.holder(key[2], line)[0]}")
             neighbour = here - 1 if action.op is Op.RECV_ACT else here + 1
-            if action.op in RECVS and action.peer != neighbour % stages:
-                problems.append(f"{where}: peer should be rank {neighbour % stages}")
+            if action.op in RECVS and not 0 <= neighbour <= last:
+                problems.append(f"{where}: no virtual stage {neighbour} to receive from")
+                continue
+            if action.op in RECVS and action.peer != placement.holder(neighbour, line)[0]:
+                problems.append(f"{where}: peer should be rank {placement.holder(neighbour, line)[0]}")
             (sends if action.op in SENDS else recvs)[(action.peer if action.op in SENDS else rank, key)] += 1
             # A receive feeds the compute that follows it; a send carries the compute before it.
             needs = Op.FORWARD if action.op in (Op.RECV_ACT, Op.SEND_ACT) else Op.BACKWARD
@@ -167,12 +196,15 @@ def check_schedule(schedule, *, micro_batches: int, chunks: int = 1) -> list[str
                 problems.append(f"{where}: send before the compute that produces it")
         for micro in range(micro_batches):
             for chunk in range(chunks):
-                here = virtual_stage(rank, chunk, stages)
+                if not placement.carries(chunk, micro):  # chimera: the other pipeline's
+                    continue
                 for op in computes:
                     if (op, micro, chunk) not in done:
                         problems.append(f"rank {rank}: {op.name} of micro {micro} chunk {chunk} missing")
-                expect = [(Op.RECV_ACT, here > 0), (Op.SEND_ACT, here < last),
-                          (Op.RECV_GRAD, here < last), (Op.SEND_GRAD, here > 0)]
+                before = remote(placement.previous(rank, chunk), rank) is not None
+                after = remote(placement.following(rank, chunk), rank) is not None
+                expect = [(Op.RECV_ACT, before), (Op.SEND_ACT, after),
+                          (Op.RECV_GRAD, after), (Op.SEND_GRAD, before)]
                 for op, wanted in expect:
                     count = sum(1 for a in actions if (a.op, a.micro, a.chunk) == (op, micro, chunk))
                     if count != int(wanted):
@@ -185,10 +217,23 @@ def check_schedule(schedule, *, micro_batches: int, chunks: int = 1) -> list[str
                             f"{recvs[message]} receive(s)")
     if not problems:
         try:
-            simulate(schedule)
+            simulate(schedule, placement=placement)
         except Deadlock as exc:
             problems.append(str(exc))
     return problems
+
+
+def _local_input(placement: Placement, rank: int, action) -> tuple | None:
+    """(op, micro, chunk) on ``rank`` whose result ``action`` (F or B) takes in memory, or None."""
+    if action.op is Op.FORWARD:
+        neighbour, op = placement.previous(rank, action.chunk), Op.FORWARD
+    elif action.op is Op.BACKWARD:
+        neighbour, op = placement.following(rank, action.chunk), Op.BACKWARD
+    else:
+        return None
+    if neighbour is None or neighbour[0] != rank:
+        return None
+    return (op, action.micro, neighbour[1])
 
 
 def describe_rank(actions, chunks: int = 1) -> str:

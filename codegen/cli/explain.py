@@ -22,7 +22,7 @@ from pathlib import Path
 from parc.dsl.diagnostics import Diagnostics
 from parc.dsl.spec import Spec
 from parc.runtime.paths import UnwritablePath, check_target
-from parc.runtime.schedule import Action, build_schedule, in_flight_bound
+from parc.runtime.schedule import Action, build_schedule, chunks_for, in_flight_bound
 from parc.runtime.schedule_sim import Timeline, bubble_fraction, describe_rank, simulate, splits_backward
 
 from .. import gantt
@@ -69,7 +69,7 @@ class Explanation:
 
     @property
     def schedule_text(self) -> str:
-        return f"interleaved(chunks = {self.chunks})" if self.chunks > 1 else self.kind
+        return f"interleaved(chunks = {self.chunks})" if self.kind == "interleaved" else self.kind
 
     @property
     def layout_text(self) -> str:
@@ -94,9 +94,9 @@ def explain(spec: Spec) -> Explanation:
 
         spec = choose_layout.run(spec, Draft()).spec
     par, train = spec.parallel, spec.train
-    stages, chunks = par.pp, par.chunks
-    micro_batches = train.global_batch // (train.micro_batch * par.dp)
     kind = par.schedule.value
+    stages, chunks = par.pp, chunks_for(kind, par.chunks)
+    micro_batches = train.global_batch // (train.micro_batch * par.dp)
     try:
         schedule = build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks)
         bounds = tuple(in_flight_bound(kind, stages=stages, rank=rank, micro_batches=micro_batches,
@@ -107,6 +107,17 @@ def explain(spec: Spec) -> Explanation:
     return Explanation(spec=spec, kind=kind, stages=stages, micro_batches=micro_batches, chunks=chunks,
                        schedule=schedule, timeline=timeline, bubble=bubble_fraction(timeline),
                        in_flight=bounds, planned=planned)
+
+
+def _placement_text(ex: Explanation) -> str:
+    """Where each chunk sits when it is not Megatron's c·p + r (runtime/placement.py)."""
+    placement = getattr(ex.schedule, "placement", None)
+    if placement is not None and placement.kind == "chimera":
+        return (", one per pipeline: chunk 0 of rank r is stage r of the down pipeline (even micro-batches, "
+                "F3.0 runs down), chunk 1 stage p-1-r of the up one (odd micro-batches, F3.1 runs up)")
+    if placement is None or placement.kind != "v":
+        return ""
+    return ", in a V: chunk 0 of rank r is stage r, chunk 1 stage 2p-1-r (rank 0 holds the first and the last)"
 
 
 def text(ex: Explanation) -> str:
@@ -120,10 +131,11 @@ def text(ex: Explanation) -> str:
         f"  layout         {ex.layout_text} ({ex.spec.mesh.nodes * ex.spec.mesh.devices_per_node} ranks)",
         *([planned] if ex.planned else []),
         f"  schedule       {ex.schedule_text} over {ex.stages} pipeline stage{'s' if ex.stages > 1 else ''}"
-        + (f" ({ex.stages * ex.chunks} virtual stages)" if ex.chunks > 1 else ""),
+        + (" in two directions (each stage on two ranks)" if ex.kind == "chimera"
+           else f" ({ex.stages * ex.chunks} virtual stages)" if ex.chunks > 1 else ""),
         f"  micro-batches  {ex.micro_batches} per step = global_batch {train.global_batch} / "
         f"(micro_batch {train.micro_batch} · dp {par.dp})",
-        f"  chunks         {ex.chunks} per rank",
+        f"  chunks         {ex.chunks} per rank" + _placement_text(ex),
         f"  bubble         {ex.bubble:.1%}: {gantt.number(idle)} of {ex.stages} × {gantt.number(ex.timeline.makespan)} "
         f"time units idle (forward = 1, backward = 2 per chunk{SPLIT_TIMES if ex.split else ''}, "
         "communication free)",

@@ -16,33 +16,35 @@ from __future__ import annotations
 from dataclasses import replace
 
 from parc.dsl.spec import PipelineSchedule, Spec
-from parc.runtime.schedule import build_schedule
+from parc.runtime.placement import placement_for
+from parc.runtime.schedule import build_schedule, chunks_for
 from parc.runtime.schedule_sim import bubble_fraction, simulate
 
 from ..plan import PipelinePlan
 from .draft import Draft
 
 
-def layer_counts(spec: Spec, pp: int, chunks: int) -> list[int]:
+def layer_counts(spec: Spec, pp: int, chunks: int, kind: str = "1f1b") -> list[int]:
     """Layers per virtual stage: the spec's ``stage_layers``, or an even split (the rules
-    ``stage_layers_fit`` and ``layers_split_evenly`` of ``runtime/constraints.py`` hold)."""
+    ``stage_layers_fit`` and ``layers_split_evenly`` of ``runtime/constraints.py`` hold)
+    over the placement's stages (chimera: p, held twice; else pp · chunks)."""
     if spec.parallel.stage_layers is not None:
         return list(spec.parallel.stage_layers)
-    stages = pp * chunks
+    stages = placement_for(kind, pp, chunks).virtual_stages
     return [spec.model.layers // stages] * stages
 
 
 def run(spec: Spec, draft: Draft) -> Draft:
     pp = draft.mesh.size("pp")
     schedule = spec.parallel.schedule or PipelineSchedule.ONE_F_ONE_B
-    chunks = spec.parallel.chunks if schedule is PipelineSchedule.INTERLEAVED else 1
+    chunks = chunks_for(schedule.value, spec.parallel.chunks) if pp > 1 else 1
     micro_batches = draft.batch.grad_accum
-    counts = layer_counts(spec, pp, chunks)  # enough micro-batches: constraints.batch_divides
+    kind = schedule.value if pp > 1 else "1f1b"
+    counts = layer_counts(spec, pp, chunks, kind)  # enough micro-batches: constraints.batch_divides
     bounds, start = [], 0
     for n in counts:
         bounds.append((start, start + n))
         start += n
-    kind = schedule.value if pp > 1 else "1f1b"
     timeline = simulate(build_schedule(kind, stages=pp, micro_batches=micro_batches, chunks=chunks))
     plan = PipelinePlan(
         size=pp,

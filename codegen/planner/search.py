@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass, fields, replace
 
 from parc.dsl.spec import PipelineSchedule, Spec
+from parc.runtime.schedule import chunks_for
 from parc.runtime.layouts import layouts
 from parc.runtime.layer_settings import SETTINGS
 
@@ -177,11 +178,10 @@ def fixed_layout(spec: Spec) -> Layout | None:
     par = spec.parallel
     if not spec.layout_complete:
         return None
-    interleaved = par.schedule is PipelineSchedule.INTERLEAVED
     return Layout(
         dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, cp_kind=par.cp_kind, sp=bool(par.sp), zero=par.zero,
         schedule=par.schedule.value if par.pp > 1 else "1f1b",
-        chunks=par.chunks if interleaved else 1,
+        chunks=chunks_for(par.schedule.value, par.chunks) if par.pp > 1 else 1,
         micro_batch=spec.train.micro_batch, compress=par.compress,
         **{entry.name: par.setting(entry.name) for entry in SETTINGS},
     )

@@ -21,7 +21,8 @@ from parc.runtime import checkpoint
 from .trainer import LAYOUTS, RESHARD_WORKER, build, losses, records, run
 
 
-@pytest.mark.parametrize("layout", ["dp2", "tp2", "pp2_dropout", "zero1_dp2", "cp2_zero1_dp2", "zero3_dp2", "moe_ep2", "hetero_tp21"])
+@pytest.mark.parametrize("layout", ["dp2", "tp2", "pp2_dropout", "zero1_dp2", "cp2_zero1_dp2", "zero3_dp2", "moe_ep2",
+                                    "hetero_tp21", "pp2_chimera"])
 def test_resume_equivalence(layout, straight, tmp_path):
     first = straight(layout)
     metrics = tmp_path / "metrics.jsonl"
@@ -48,6 +49,7 @@ def test_resume_equivalence(layout, straight, tmp_path):
         ("zero3_dp2", "tp2"), ("tp2", "zero3_dp2"),  # zero 3 ⇄ zero 0 with tp
         ("moe_ep2", "moe_one"), ("moe_ep2", "moe_tp2"), ("cp2_ring", "one"), ("cp2_ring", "tp2"),
         ("dp2", "hetero_tp21"), ("hetero_tp21", "dp2"),  # checkpoints stay layout-free
+        ("pp2_chimera", "dp2"), ("dp2", "pp2_chimera"),  # chimera's replicas: saved once, both loaded
     ]
 )
 def test_reshard(source, target, straight, tmp_path):

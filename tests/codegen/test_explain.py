@@ -11,7 +11,7 @@ import pytest
 
 from parc.codegen.cli import main
 from parc.dsl import load
-from parc.codegen.cli.explain import explain
+from parc.codegen.cli.explain import explain, text
 from parc.runtime.schedule import build_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -206,3 +206,20 @@ def test_zero_bubble_draws_b_and_w_apart(capsys, tmp_path):
     fills = {b.get("class"): b.get("fill") for b in boxes}
     assert len(set(fills.values())) == 3  # F, B and W in three colours
     assert {"input grad B", "weight grad W"} <= set(texts(tmp_path / "schedule.svg"))
+
+
+def test_explain_draws_chimera_in_two_directions():
+    ex = explain(load("examples/tiny.par", ["parallel.dp=1", "parallel.pp=2", "parallel.schedule=chimera"]))
+    assert (ex.kind, ex.stages, ex.chunks) == ("chimera", 2, 2)
+    assert ex.schedule.placement.kind == "chimera"
+    words = text(ex)
+    assert "in two directions" in words and "chunk 1 stage p-1-r of the up one" in words
+    # even micro-batches run down (chunk 0), odd ones up (chunk 1), on every rank
+    events = [e for rank in ex.timeline.ranks for e in rank]
+    assert {(e.micro % 2, e.chunk) for e in events} == {(0, 0), (1, 1)}
+
+
+def test_explain_zero_bubble_v_names_the_v():
+    ex = explain(load("examples/tiny.par", ["parallel.dp=1", "parallel.pp=2", "parallel.schedule=zero_bubble_v"]))
+    assert (ex.kind, ex.chunks, ex.schedule.placement.kind) == ("zero_bubble_v", 2, "v")
+    assert "in a V" in text(ex) and ex.in_flight == (4, 4)

@@ -67,6 +67,17 @@ LAYOUTS = {
     "pp2-recompute-selective-zero_bubble": dict(pp=2, parallel__recompute="selective", parallel__schedule="zero_bubble"),
     "pp2-tp2-overlap2-zero_bubble": dict(pp=2, tp=2, parallel__overlap="sub_batch(2)", parallel__schedule="zero_bubble"),
     "pp2-cp2-ulysses-zero_bubble": dict(pp=2, cp=2, parallel__cp_kind="ulysses", parallel__schedule="zero_bubble"),
+    # zero_bubble_v (ZB-V): two chunks per rank in a V (runtime/placement.py), rank 0 holds
+    # the first and the last stage (the tied embedding's two copies summed in memory)
+    "pp2-zero_bubble_v": dict(pp=2, parallel__schedule="zero_bubble_v", model__layers=4),
+    "pp2-dp2-zero_bubble_v": dict(pp=2, dp=2, parallel__schedule="zero_bubble_v", model__layers=4),
+    "pp2-tp2-zero_bubble_v": dict(pp=2, tp=2, parallel__schedule="zero_bubble_v", model__layers=4),
+    # chimera: two pipelines in opposite directions, each stage held twice (ranks r and
+    # p-1-r) with the replicas' gradients summed (runtime/placement.py, model.py)
+    "pp2-chimera": dict(pp=2, parallel__schedule="chimera"),
+    "pp4-chimera": dict(pp=4, parallel__schedule="chimera", model__layers=4),
+    "pp2-dp2-chimera": dict(pp=2, dp=2, parallel__schedule="chimera"),
+    "pp2-tp2-chimera": dict(pp=2, tp=2, parallel__schedule="chimera"),
     # Oases sub-batch overlap (runtime/overlap.py); dp > 1 layouts overlap gradients always
     "tp2-overlap2": dict(tp=2, parallel__overlap="sub_batch(2)"),
     "tp2-sp-overlap2": dict(tp=2, sp=True, parallel__overlap="sub_batch(2)"),

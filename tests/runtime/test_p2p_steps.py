@@ -8,6 +8,7 @@ from parc.runtime.p2p import LOOKAHEAD, p2p_steps
 from parc.runtime.schedule import COMPUTE, RECVS, SENDS, build_schedule, describe
 
 CASES = [("gpipe", 3, 5, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zero_bubble", 4, 8, 1),
+         ("zero_bubble_v", 4, 8, 2),
          ("1f1b", 2, 1, 1)]
 
 

@@ -28,6 +28,7 @@ from parc.runtime import layer_settings
 from parc.runtime.constraints import per_layer
 from parc.runtime.layer_settings import SETTINGS
 from parc.runtime.model_desc import NONE, ParamCount
+from parc.runtime.placement import Placement, chunk_stages, placement_for
 
 from ...model_config import model_desc
 
@@ -126,21 +127,24 @@ class StageContents:
     """Holds a head matrix of its own (untied, or the tied copy on a later stage)."""
 
 
+def placement_kind(layout: Layout) -> str:
+    """Which stage each chunk of a rank runs (``runtime/placement.py``)."""
+    return placement_for(layout.schedule, layout.pp, layout.chunks).kind if layout.pp > 1 else "interleaved"
+
+
 def rank_blocks(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> list[int]:
     """The block indices pipeline rank ``rank`` holds (all of its chunks)."""
-    stages = layout.pp * layout.chunks
-    counts = stage_layers or [model.layers // stages] * stages
-    starts = [sum(counts[:v]) for v in range(stages)]
-    return [i for v in range(stages) if v % layout.pp == rank for i in range(starts[v], starts[v] + counts[v])]
+    mine = _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers), placement_kind(layout))
+    return [i for (start, stop), _, _ in mine for i in range(start, stop)]
 
 
 def stage_contents(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> StageContents:
-    return _stage_contents(model, layout.pp, layout.chunks, rank, _stages(stage_layers))
+    return _stage_contents(model, layout.pp, layout.chunks, rank, _stages(stage_layers), placement_kind(layout))
 
 
 @functools.lru_cache(maxsize=4096)
-def _stage_contents(model: ModelSpec, pp: int, chunks: int, rank: int, stage_layers) -> StageContents:
-    mine = _chunks(model.layers, pp, chunks, rank, stage_layers)
+def _stage_contents(model: ModelSpec, pp: int, chunks: int, rank: int, stage_layers, kind: str) -> StageContents:
+    mine = _chunks(model.layers, pp, chunks, rank, stage_layers, kind)
     desc = model_desc(model)
     return StageContents(
         layers=sum(stop - start for (start, stop), _, _ in mine),
@@ -153,7 +157,8 @@ def _stage_contents(model: ModelSpec, pp: int, chunks: int, rank: int, stage_lay
 def rank_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> tuple[int, int]:
     """(elements, tensors) of pipeline rank ``rank``'s parameters on one tp rank: the sum
     of its chunks' ``ModelDesc.stage_params`` (runtime/model_desc.py)."""
-    count = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers))
+    count = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers),
+                         placement_kind(layout))
     return count.elements, count.tensors
 
 
@@ -164,7 +169,7 @@ def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_
     if not layout.sp or layout.tp < 2:
         return 0
     desc = model_desc(model)
-    mine = _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers))
+    mine = _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers), placement_kind(layout))
     return sum(desc.sequence_parallel_params(layers=layers, first=first, last=last) for layers, first, last in mine)
 
 
@@ -174,7 +179,8 @@ def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_laye
     ⌈n_unit / dp⌉, the padding included."""
     desc = model_desc(model)
     total = 0
-    for (start, stop), first, last in _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers)):
+    for (start, stop), first, last in _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers),
+                                              placement_kind(layout)):
         root = desc.stage_params(layout.tp, layers=(start, start), first=first, last=last).elements
         block = desc.stage_params(layout.tp, layers=(start, start + 1), first=False, last=False).elements
         total += math.ceil(root / layout.dp) + (stop - start) * math.ceil(block / layout.dp)
@@ -191,22 +197,23 @@ def _stages(stage_layers) -> tuple[int, ...] | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _chunks(layers: int, pp: int, chunks: int, rank: int, stage_layers) -> tuple:
-    """((start, stop), first, last) of each virtual stage pipeline rank ``rank`` runs."""
-    stages = pp * chunks
+def _chunks(layers: int, pp: int, chunks: int, rank: int, stage_layers, kind: str = "interleaved") -> tuple:
+    """((start, stop), first, last) of each virtual stage pipeline rank ``rank`` runs, by
+    chunk, as ``runtime/placement.py`` places them (chimera: its two replicas)."""
+    place = chunk_stages(kind, pp, pp * chunks) if pp > 1 else Placement("interleaved", 1, chunks)
+    stages = place.virtual_stages
     counts = stage_layers or (layers // stages,) * stages
     bounds = [0]
     for n in counts:
         bounds.append(bounds[-1] + n)
-    return tuple(
-        ((bounds[v], bounds[v + 1]), v == 0, v == stages - 1) for v in range(stages) if v % pp == rank
-    )
+    return tuple(((bounds[v], bounds[v + 1]), v == 0, v == stages - 1) for v in place.stages_of(rank))
 
 
 @functools.lru_cache(maxsize=4096)
-def _rank_params(model: ModelSpec, tp: int, pp: int, chunks: int, rank: int, stage_layers) -> ParamCount:
+def _rank_params(model: ModelSpec, tp: int, pp: int, chunks: int, rank: int, stage_layers,
+                 kind: str = "interleaved") -> ParamCount:
     desc = model_desc(model)
     total = NONE
-    for layers, first, last in _chunks(model.layers, pp, chunks, rank, stage_layers):
+    for layers, first, last in _chunks(model.layers, pp, chunks, rank, stage_layers, kind):
         total += desc.stage_params(tp, layers=layers, first=first, last=last)
     return total

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 from parc.dsl.spec import Arch, ModelSpec, Precision, Spec
 from parc.runtime.model_desc import LINEAR
+from parc.runtime.placement import placement_for
 
 from ...model_config import model_desc
 
@@ -164,7 +165,11 @@ def step_time(
     t, d, p, v = layout.tp, layout.dp, layout.pp, layout.chunks
     micro_batches = layout.grad_accum(spec.train.global_batch)
     tokens = layout.tokens(m.seq_len)  # this rank's: seq_len / cp of each sequence
-    layers_per_chunk = m.layers / (p * v)
+    # runtime/placement.py: the model stages (chimera: p, each held twice) and the
+    # chunks of a rank each micro-batch runs through (chimera: one of its two)
+    place = placement_for(layout.schedule, p, v) if p > 1 else None
+    layers_per_chunk = m.layers / (place.virtual_stages if place else p * v)
+    passes = sum(place.carries(c, 0) for c in range(v)) if place else v
     size = _activation_size(spec, accounting)
 
     # ---- one block, one micro-batch (each distinct block setting once: Note [per-layer costs])
@@ -225,7 +230,7 @@ def step_time(
         layout.schedule, stages=p, micro_batches=micro_batches, chunks=v,
         forward=chunk_forward, backward=chunk_backward, comm=p2p, exact=exact,
     )
-    busy_layers = micro_batches * v * (chunk_forward + chunk_backward)
+    busy_layers = micro_batches * passes * (chunk_forward + chunk_backward)
     pipeline = span + micro_batches * head
 
     # ---- data parallel and the optimizer ----------------------------------------
@@ -244,7 +249,7 @@ def step_time(
     zero3 = zero3_gathers(hw, layout, params, layers_per_chunk * v, forward, backward, accounting) if d > 1 else None
     gathered = 0.0 if zero3 is None else micro_batches * zero3.total
     dp_comm = reduce + gather + gathered
-    last_backward = layers_per_chunk * v * backward
+    last_backward = layers_per_chunk * passes * backward
     # Megatron 2021 reduces after the flush; gloo on CPU cores takes the cores backward runs on
     overlapped = accounting is Accounting.PARC and layout.zero <= 3 and not hw.comm_on_cores
     dp_exposed = (max(0.0, reduce - last_backward) if overlapped else reduce) + gather
@@ -262,11 +267,11 @@ def step_time(
     dp_exposed += scalars if accounting is Accounting.PARC else 0.0
 
     step = pipeline + dp_exposed + optimizer
-    compute = micro_batches * (v * layers_per_chunk * (forward + backward) + 3.0 * head_forward) + optimizer
+    compute = micro_batches * (passes * layers_per_chunk * (forward + backward) + 3.0 * head_forward) + optimizer
     compute += compression
-    tp_total = micro_batches * (v * layers_per_chunk * (tp_forward + tp_backward) + head_comm)
+    tp_total = micro_batches * (passes * layers_per_chunk * (tp_forward + tp_backward) + head_comm)
     exposed = (
-        micro_batches * (v * layers_per_chunk * (exposed_forward + exposed_backward) + head_comm)
+        micro_batches * (passes * layers_per_chunk * (exposed_forward + exposed_backward) + head_comm)
         + dp_exposed
     )
     bubble = max(0.0, span - busy_layers)

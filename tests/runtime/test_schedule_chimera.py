@@ -1,0 +1,70 @@
+"""chimera (Li & Hoefler, SC21): two 1F1B pipelines over the same stages in opposite
+directions. Valid lists over even stages 2-8 and micro-batches 1-16 (each micro-batch
+through one pipeline only), the in-flight bound reached and never exceeded, and a
+bubble never above 1F1B's and within a third of the paper's once M >= p."""
+
+import pytest
+
+from parc.runtime.placement import Placement
+from parc.runtime.schedule import Op, build_schedule, in_flight_bound
+from parc.runtime.schedule_sim import check_schedule, describe_rank, max_in_flight, simulate
+
+SIZES = [(stages, micro_batches) for stages in (2, 4, 6, 8) for micro_batches in range(1, 17)]
+
+
+def test_chimera_placement_pairs_rank_r_with_p_minus_1_minus_r():
+    place = Placement("chimera", 4, 2)
+    assert [place.stages_of(r) for r in range(4)] == [(0, 3), (1, 2), (2, 1), (3, 0)]
+    assert place.virtual_stages == 4  # stages of each pipeline
+    assert place.following(0, 0) == (1, 0) and place.following(3, 1) == (2, 1)  # down, and up
+    assert place.previous(0, 1) == (1, 1) and place.following(0, 1) is None  # rank 0 ends the up pipeline
+    assert [place.carries(c, m) for m in range(2) for c in range(2)] == [True, False, False, True]
+    with pytest.raises(ValueError, match="even number of ranks"):
+        Placement("chimera", 3, 2)
+
+
+@pytest.mark.parametrize("stages,micro_batches", SIZES)
+def test_valid_no_deadlock_and_bound_is_tight(stages, micro_batches):
+    schedule = build_schedule("chimera", stages=stages, micro_batches=micro_batches, chunks=2)
+    assert check_schedule(schedule, micro_batches=micro_batches, chunks=2) == []  # includes no deadlock
+    for rank, actions in enumerate(schedule):
+        bound = in_flight_bound("chimera", stages=stages, rank=rank, micro_batches=micro_batches, chunks=2)
+        assert max_in_flight(actions) == bound  # reached, never exceeded
+        forwards = [a for a in actions if a.op is Op.FORWARD]
+        assert len(forwards) == micro_batches  # each micro-batch once, through one of the two chunks
+        assert all(a.chunk == a.micro % 2 for a in forwards)
+
+
+@pytest.mark.parametrize("stages,micro_batches", SIZES)
+def test_bubble_below_1f1b(stages, micro_batches):
+    # F = 1, B = 2 (the paper's assumption). 1F1B idles (p-1)(F+B) per rank; Chimera's
+    # pipelines fill from both ends. Li & Hoefler's bubble is (p-2)(F+B)/2 per rank at
+    # M = p; these greedy lists idle between that and 2(p-2) at every even M >= p (the
+    # paper's at p = 4, M = 6), and never more than 1F1B (odd M: one pipeline has one
+    # micro-batch more than the other).
+    p = stages
+    chimera = simulate(build_schedule("chimera", stages=p, micro_batches=micro_batches, chunks=2))
+    one_f_one_b = simulate(build_schedule("1f1b", stages=p, micro_batches=micro_batches))
+    idle = chimera.makespan - 3 * micro_batches
+    assert idle <= one_f_one_b.makespan - 3 * micro_batches == 3 * (p - 1)
+    if micro_batches >= p and micro_batches % 2 == 0:
+        assert 1.5 * (p - 2) <= idle <= 2 * (p - 2)  # the paper's hand-made unit is the floor
+
+
+def test_rank_lists_pp2():
+    schedule = build_schedule("chimera", stages=2, micro_batches=4, chunks=2)
+    # rank 0 holds stage 0 of the down pipeline and stage 1 (the loss) of the up one
+    assert describe_rank(schedule[0], 2) == (
+        "F0.0 sa0.0>1 ra1.1<1 F1.1 F2.0 sa2.0>1 B1.1 sg1.1>1 ra3.1<1 F3.1 rg0.0<1 B0.0 B3.1 sg3.1>1 rg2.0<1 B2.0")
+
+
+def test_checker_catches_a_micro_batch_in_the_wrong_pipeline():
+    schedule = build_schedule("chimera", stages=2, micro_batches=2, chunks=2)
+    rank0 = tuple(a if a.micro != 0 else type(a)(a.op, a.micro, 1, a.peer) for a in schedule[0])
+    problems = check_schedule((rank0, schedule[1]), micro_batches=2, chunks=2, placement=Placement("chimera", 2, 2))
+    assert any("does not run through chunk 1" in p for p in problems)
+
+
+def test_odd_stages_are_refused():
+    with pytest.raises(ValueError, match="even number of stages"):
+        build_schedule("chimera", stages=3, micro_batches=4, chunks=2)
