@@ -5,8 +5,8 @@ plan table of train.py (module-name pattern → style). Gives: the model; callin
 with tokens and targets (B, T) returns the mean loss. Module and parameter names are
 the same in every layout (``layers.0.attn.q_proj.weight`` …).
 
-Parameters are initialized per Note [init happens before sharding] (param_init.py):
-drawn whole from (seed, name), then sharded, so every layout equals one rank. Each
+Parameters are initialized per Note [counter-based init] (param_init.py): each rank
+generates only its shard from (seed, name, element index), so every layout equals one rank. Each
 built stage is checked against the model description (``model_desc.py``: modules,
 shapes, per-rank counts; ``check_parameter_count``).
 
@@ -481,7 +481,7 @@ def build_model(
     config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none", sub_batches=1,
     kernels="compiled", cp_group=None, cp_kind=None, ep_group=None,
 ):
-    """The model for this rank: built from the plan, initialized per Note [init happens before sharding].
+    """The model for this rank: built from the plan, initialized per Note [counter-based init].
 
     ``recompute``: "none"; "selective" (attention core recomputed in backward);
     "full" (each block recomputed from its input) — one mode, or a sequence with one
