@@ -11,10 +11,12 @@ rounds of the ``lowbias32`` integer mixer, in int64 torch ops, vectorised) into 
 uniform 32-bit words u1, u2, and Box–Muller turns them into one normal value
 √(−2 ln u1)·cos(2π u2) (float64, rounded once to float32). So a rank generates
 exactly the elements it keeps — the rows of a column-parallel shard, the columns of a
-row-parallel one, its experts, a ZeRO-3 flat range (``fill_flat_``) — never the full
-tensor, and every layout starts from the numbers one rank would, bit for bit; a
+row-parallel one, its experts — never the full tensor, and every layout starts from the numbers one rank would, bit for bit; a
 parameter's value does not depend on which others exist, in what order they are
-built, nor on how it is split. Temporaries are bounded by ``CHUNK`` elements.
+built, nor on how it is split. Temporaries are bounded by ``CHUNK`` elements. ``fill_``
+also takes a flat range of a box (``start``), what a ZeRO-3 rank would generate for its
+slice of a flat buffer; today ZeRO-3 (fsdp.py) still flattens the tp-local parameters
+``initialize`` generated and keeps its 1/dp of them.
 (float64 ``log``/``cos`` may differ by one float64 ulp between ATen's vector and
 scalar paths; that changes the float32 result with probability ~2⁻²⁹ per element,
 never seen on the tiny models, which the tests compare bit for bit.)
@@ -126,21 +128,6 @@ def init_values(name: str, full_shape, *, layers: int, seed: int, offsets=None, 
 def full_init(name: str, shape, *, layers: int, seed: int) -> torch.Tensor:
     """The full (unsharded) initial value of parameter ``name``; layout-independent."""
     return init_values(name, shape, layers=layers, seed=seed)
-
-
-def fill_flat_(out: torch.Tensor, pieces, start: int, *, layers: int, seed: int) -> None:
-    """ZeRO-3's shard: ``out`` gets elements [start, start + out.numel()) of the
-    concatenation of ``pieces`` — (name, full_shape, offsets, shape) boxes, flattened
-    row-major, back to back — and zeros past their end (the flat buffer's padding)."""
-    stop, at = start + out.numel(), 0
-    out.zero_()
-    for name, full_shape, offsets, shape in pieces:
-        n = math.prod(shape)
-        lo, hi = max(start, at), min(stop, at + n)
-        if lo < hi:
-            fill_(out[lo - start : hi - start], name, full_shape, layers=layers, seed=seed,
-                  offsets=offsets, shape=shape, start=lo - at)
-        at += n
 
 
 def boxes(model: nn.Module, tp_group=None):
