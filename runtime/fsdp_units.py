@@ -13,6 +13,38 @@ import torch.distributed as dist
 from .comm import exposed, group_rank, group_size
 from .dp import finished_after_backward
 from .memory import GATHERED_PARAMETERS
+from .param_init import fill_flat_, pieces as parameter_pieces
+
+
+def _unallocated(numel: int, device) -> torch.Tensor:
+    """A float32 tensor of ``numel`` elements whose storage has no bytes yet (``launch``
+    resizes it before gathering into it)."""
+    storage = torch.UntypedStorage(0, device=device)
+    return torch.empty(0, dtype=torch.float32, device=device).set_(storage, 0, (numel,), (1,))
+
+
+def materialize_meta(chunks: list, device) -> tuple | None:
+    """A model built on the meta device (``model.build_model(materialize=False)``): each
+    parameter replaced, in every module holding it, by one on ``device`` whose storage
+    has no bytes (``Unit`` points it into its flat buffer), its tags kept. Returns
+    ``(pieces, layers, seed)`` for ``Unit``'s ``init``, or None for a built model."""
+    if not any(p.is_meta for chunk in chunks for p in chunk.parameters()):
+        return None
+    pieces, replaced = {}, {}
+    for chunk in chunks:
+        chunk_pieces = parameter_pieces(chunk)
+        for module in chunk.modules():
+            for attr, param in list(module._parameters.items()):
+                if param is None or not param.is_meta:
+                    continue
+                if id(param) not in replaced:
+                    new = torch.nn.Parameter(_unallocated(param.numel(), device).view(param.shape),
+                                             requires_grad=param.requires_grad)
+                    new.__dict__.update(param.__dict__)  # tensor_parallel, pipeline_duplicate, ...
+                    replaced[id(param)] = (param, new)
+                    pieces[id(new)] = chunk_pieces[id(param)]
+                module._parameters[attr] = replaced[id(param)][1]
+    return pieces, chunks[0].config.layers, chunks[0].init_seed
 
 
 def node_groups(grid, axes: tuple[str, ...], devices_per_node: int):
@@ -42,7 +74,10 @@ def node_groups(grid, axes: tuple[str, ...], devices_per_node: int):
 class Unit:
     """One group of parameters gathered and freed together (fsdp.py, Note [units])."""
 
-    def __init__(self, name: str, params: list, *, shard_group, offset: int, flat: torch.Tensor):
+    def __init__(self, name: str, params: list, *, shard_group, offset: int, flat: torch.Tensor, init=None):
+        """``init`` (a model built on the meta device): ``(pieces, layers, seed)`` of
+        param_init — this rank's slice is generated (Note [counter-based init]) and the
+        parameters' own (placeholder) values are never read."""
         self.name, self.params, self.group = name, params, shard_group
         self.size, rank = group_size(shard_group), group_rank(shard_group)
         self.numel = sum(p.numel() for p in params)
@@ -50,20 +85,28 @@ class Unit:
         self.padded = self.shard_numel * self.size
         self.offset = offset  # where this unit's shard sits in the optimizer's flat shards
         self.late = any(finished_after_backward(p) for p in params)
-        device = params[0].device
-        self.full = torch.zeros(self.padded, dtype=torch.float32, device=device)
+        device = flat.device
+        if init is None:
+            self.full = torch.zeros(self.padded, dtype=torch.float32, device=device)
+        else:  # no bytes until the first gather: the whole unit is never held at init
+            self.full = _unallocated(self.padded, device)
         at = 0
         with torch.no_grad():
             for p in params:
                 if p.dtype != torch.float32:
                     raise ValueError(f"ZeRO-3 keeps fp32 parameters; got {p.dtype}")
                 n = p.numel()
-                self.full[at : at + n].copy_(p.reshape(-1))
+                if init is None:
+                    self.full[at : at + n].copy_(p.reshape(-1))
                 p.data = self.full[at : at + n].view_as(p)  # the parameter is a view from now on
                 at += n
         self.shard = flat[offset : offset + self.shard_numel]
-        self.shard.copy_(self.full[rank * self.shard_numel : (rank + 1) * self.shard_numel])
-        self.gathered, self.work = True, None
+        if init is None:
+            self.shard.copy_(self.full[rank * self.shard_numel : (rank + 1) * self.shard_numel])
+        else:
+            pieces, layers, seed = init
+            fill_flat_(self.shard, [pieces[id(p)] for p in params], rank * self.shard_numel, layers=layers, seed=seed)
+        self.gathered, self.work = init is None, None
         self.pending = len(params)  # parameters still to accumulate in this backward pass
         self.passes = 0  # backward passes this step
         self.free()

@@ -26,6 +26,7 @@ split over T (backward: all-gather).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -479,7 +480,7 @@ def use_kernels(model: nn.Module, kernels: str, device) -> nn.Module:
 
 def build_model(
     config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none", sub_batches=1,
-    kernels="compiled", cp_group=None, cp_kind=None, ep_group=None,
+    kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, materialize=True,
 ):
     """The model for this rank: built from the plan, initialized per Note [counter-based init].
 
@@ -489,18 +490,32 @@ def build_model(
     sub-batches whose tensor-parallel collectives overlap compute (``overlap.py``);
     one number, or one per layer. ``kernels``: see ``use_kernels``. ``cp_group``: the
     ranks that split each sequence (``context.py``), ``cp_kind`` how attention sees it.
+    ``materialize=False`` (ZeRO-3): the parameters stay on the meta device, without
+    values, until ``fsdp.FullyShardedAdamW`` generates each rank's slice of them.
     """
-    model = Transformer(
-        config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
-        recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
-    )
-    initialize(model, seed)
-    return use_kernels(model.to(device), kernels, device)
+    with contextlib.nullcontext() if materialize else torch.device("meta"):
+        model = Transformer(
+            config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
+            recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
+        )
+    return _initialized(model, seed, device, kernels, materialize)
+
+
+def _initialized(model, seed, device, kernels, materialize):
+    """Note [counter-based init]: this rank's shard generated now, or (ZeRO-3) the seed
+    and device kept for the optimizer that generates its slices."""
+    if materialize:
+        initialize(model, seed)
+        model = model.to(device)
+    else:
+        model.init_seed, model.init_device = seed, torch.device(device)
+    return use_kernels(model, kernels, device)
 
 
 def build_stages(
     config, *, stages, pp_rank, pp_size, tp_group, sequence_parallel, tp_plan, seed, device,
     recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None,
+    materialize=True,
 ):
     """This pipeline rank's model chunks, one ``Transformer`` stage per chunk.
 
@@ -519,20 +534,21 @@ def build_stages(
     return nn.ModuleList(
         build_stage(config, stages=stages, index=v, tp_group=tp_group, sequence_parallel=sequence_parallel,
                     tp_plan=tp_plan, seed=seed, device=device, recompute=recompute, sub_batches=sub_batches,
-                    kernels=kernels, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group)
+                    kernels=kernels, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
+                    materialize=materialize)
         for v in range(pp_rank, len(stages), pp_size)  # chunk c: virtual stage c·pp_size + pp_rank
     )
 
 
 def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute,
-                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None):
-    model = Transformer(
-        config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
-        recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,
-        sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
-    )
-    initialize(model, seed)
-    return use_kernels(model.to(device), kernels, device)
+                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, materialize=True):
+    with contextlib.nullcontext() if materialize else torch.device("meta"):
+        model = Transformer(
+            config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
+            recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,
+            sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
+        )
+    return _initialized(model, seed, device, kernels, materialize)
 
 
 def allreduce_sequence_parallel_grads(model: nn.Module, tp_group) -> None:

@@ -14,9 +14,9 @@ exactly the elements it keeps — the rows of a column-parallel shard, the colum
 row-parallel one, its experts — never the full tensor, and every layout starts from the numbers one rank would, bit for bit; a
 parameter's value does not depend on which others exist, in what order they are
 built, nor on how it is split. Temporaries are bounded by ``CHUNK`` elements. ``fill_``
-also takes a flat range of a box (``start``), what a ZeRO-3 rank would generate for its
-slice of a flat buffer; today ZeRO-3 (fsdp.py) still flattens the tp-local parameters
-``initialize`` generated and keeps its 1/dp of them.
+also takes a flat range of a box (``start``): under ZeRO-3 the model is built on the
+meta device and each rank generates only its slice of each flat buffer (``fill_flat_``,
+called by ``fsdp_units.Unit``).
 (float64 ``log``/``cos`` may differ by one float64 ulp between ATen's vector and
 scalar paths; that changes the float32 result with probability ~2⁻²⁹ per element,
 never seen on the tiny models, which the tests compare bit for bit.)
@@ -130,6 +130,21 @@ def full_init(name: str, shape, *, layers: int, seed: int) -> torch.Tensor:
     return init_values(name, shape, layers=layers, seed=seed)
 
 
+def fill_flat_(out: torch.Tensor, pieces, start: int, *, layers: int, seed: int) -> None:
+    """A ZeRO-3 rank's slice: ``out`` gets elements [start, start + out.numel()) of the
+    concatenation of ``pieces`` — (name, full_shape, offsets, shape) boxes, each
+    flattened row-major, back to back — and zeros past their end (the padding)."""
+    stop, at = start + out.numel(), 0
+    out.zero_()
+    for name, full_shape, offsets, shape in pieces:
+        n = math.prod(shape)
+        lo, hi = max(start, at), min(stop, at + n)
+        if lo < hi:
+            fill_(out[lo - start : hi - start], name, full_shape, layers=layers, seed=seed,
+                  offsets=offsets, shape=shape, start=lo - at)
+        at += n
+
+
 def boxes(model: nn.Module, tp_group=None):
     """(module, attr, name, full_shape, offsets) of every parameter ``initialize`` sets:
     where each layout's shard sits in the full tensor, as the sharded modules decide it
@@ -153,6 +168,19 @@ def boxes(model: nn.Module, tp_group=None):
             bias_full = (full[0],)
             yield module, "bias", prefix + "bias", bias_full, _shard_offsets(
                 prefix + "bias", tuple(module.bias.shape), bias_full, tp_group)
+
+
+def pieces(model: nn.Module) -> dict[int, tuple]:
+    """id(parameter) -> (name, full_shape, offsets, shape) for every parameter of
+    ``model`` (a model built on the meta device: ZeRO-3 generates its slices from
+    these); parameters ``boxes`` leaves out (norms) are whole, replicated tensors."""
+    out = {}
+    for module, attr, name, full, offsets in boxes(model):
+        param = getattr(module, attr)
+        out.setdefault(id(param), (name, full, offsets, tuple(param.shape)))
+    for name, param in model.named_parameters():
+        out.setdefault(id(param), (name, tuple(param.shape), (0,) * param.dim(), tuple(param.shape)))
+    return out
 
 
 @torch.no_grad()
