@@ -16,17 +16,11 @@ from .memory import GATHERED_PARAMETERS
 from .param_init import fill_flat_, pieces as parameter_pieces
 
 
-def _unallocated(numel: int, device) -> torch.Tensor:
-    """A float32 tensor of ``numel`` elements whose storage has no bytes yet (``launch``
-    resizes it before gathering into it)."""
-    storage = torch.UntypedStorage(0, device=device)
-    return torch.empty(0, dtype=torch.float32, device=device).set_(storage, 0, (numel,), (1,))
-
-
 def materialize_meta(chunks: list, device) -> tuple | None:
     """A model built on the meta device (``model.build_model(materialize=False)``): each
-    parameter replaced, in every module holding it, by one on ``device`` whose storage
-    has no bytes (``Unit`` points it into its flat buffer), its tags kept. Returns
+    parameter replaced, in every module holding it, by one on ``device`` that is a
+    4-byte zero broadcast to its shape (``Unit`` points it into its flat buffer at the
+    first gather), its tags kept. Returns
     ``(pieces, layers, seed)`` for ``Unit``'s ``init``, or None for a built model."""
     if not any(p.is_meta for chunk in chunks for p in chunk.parameters()):
         return None
@@ -38,7 +32,7 @@ def materialize_meta(chunks: list, device) -> tuple | None:
                 if param is None or not param.is_meta:
                     continue
                 if id(param) not in replaced:
-                    new = torch.nn.Parameter(_unallocated(param.numel(), device).view(param.shape),
+                    new = torch.nn.Parameter(torch.zeros((), device=device).expand(param.shape),
                                              requires_grad=param.requires_grad)
                     new.__dict__.update(param.__dict__)  # tensor_parallel, pipeline_duplicate, ...
                     replaced[id(param)] = (param, new)
@@ -85,25 +79,20 @@ class Unit:
         self.padded = self.shard_numel * self.size
         self.offset = offset  # where this unit's shard sits in the optimizer's flat shards
         self.late = any(finished_after_backward(p) for p in params)
-        device = flat.device
-        if init is None:
-            self.full = torch.zeros(self.padded, dtype=torch.float32, device=device)
-        else:  # no bytes until the first gather: the whole unit is never held at init
-            self.full = _unallocated(self.padded, device)
-        at = 0
-        with torch.no_grad():
-            for p in params:
-                if p.dtype != torch.float32:
-                    raise ValueError(f"ZeRO-3 keeps fp32 parameters; got {p.dtype}")
-                n = p.numel()
-                if init is None:
-                    self.full[at : at + n].copy_(p.reshape(-1))
-                p.data = self.full[at : at + n].view_as(p)  # the parameter is a view from now on
-                at += n
+        for p in params:
+            if p.dtype != torch.float32:
+                raise ValueError(f"ZeRO-3 keeps fp32 parameters; got {p.dtype}")
         self.shard = flat[offset : offset + self.shard_numel]
+        self.full = None
         if init is None:
+            full, at = torch.zeros(self.padded, dtype=torch.float32, device=flat.device), 0
+            with torch.no_grad():
+                for p in params:
+                    full[at : at + p.numel()].copy_(p.reshape(-1))
+                    at += p.numel()
+            self._adopt(full)
             self.shard.copy_(self.full[rank * self.shard_numel : (rank + 1) * self.shard_numel])
-        else:
+        else:  # the parameters become views of the flat buffer at its first gather (``launch``)
             pieces, layers, seed = init
             fill_flat_(self.shard, [pieces[id(p)] for p in params], rank * self.shard_numel, layers=layers, seed=seed)
         self.gathered, self.work = init is None, None
@@ -112,13 +101,25 @@ class Unit:
         self.free()
 
     def nbytes(self) -> int:
-        return self.padded * self.full.element_size()
+        return self.padded * self.shard.element_size()
+
+    @torch.no_grad()
+    def _adopt(self, full: torch.Tensor) -> None:
+        """Make ``full`` the flat buffer and every parameter a view of its part of it."""
+        self.full, at = full, 0
+        for p in self.params:
+            n = p.numel()
+            p.data = full[at : at + n].view(p.shape)
+            at += n
 
     def launch(self) -> None:
         """Start the all-gather of the shards into the flat buffer (asynchronous)."""
         if self.gathered:
             return
-        self.full.untyped_storage().resize_(self.nbytes())
+        if self.full is None:  # a unit generated in place (``init``): its first gather
+            self._adopt(torch.empty(self.padded, dtype=torch.float32, device=self.shard.device))
+        else:
+            self.full.untyped_storage().resize_(self.nbytes())
         self.gathered = True
         GATHERED_PARAMETERS.add(self.full.untyped_storage().data_ptr())
         if self.size == 1:

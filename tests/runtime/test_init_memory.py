@@ -31,3 +31,20 @@ def test_llama_7b_shard_init_allocates_only_the_shard():
     assert result["shard_bytes"] == 4 * expected
     assert result["peak_bytes"] <= 1.05 * result["shard_bytes"], result
     assert abs(result["std"] - 0.02) < 0.001
+
+
+def test_llama_7b_zero3_rank_generates_only_its_slices():
+    """The example's layout with zero = 3 over 32 data-parallel ranks (tp 4, pp 2): the
+    model is built on the meta device and the optimizer generates this rank's slice
+    of each unit; the peak of live bytes is what the rank keeps (parameter slices,
+    Adam moments, per-element flags), not a stage's 742 M parameters."""
+    done = subprocess.run([sys.executable, str(WORKER), "zero3", "32"], capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["embed_slice_equal"] and result["first_unit"] == "chunk0.root"
+    assert result["param_bytes"] == 4 * result["elements"] and result["elements"] * 32 >= result["stage_elements"]
+    assert result["elements"] * 32 < result["stage_elements"] * 1.001  # padding only
+    assert result["live_bytes"] == result["shard_bytes"]  # nothing else survives init
+    assert result["peak_bytes"] <= 1.05 * result["shard_bytes"], result
+    assert abs(result["std"] - 0.02) < 0.001
