@@ -45,6 +45,7 @@ def test_llama_7b_zero3_rank_generates_only_its_slices():
     assert result["embed_slice_equal"] and result["first_unit"] == "chunk0.root"
     assert result["param_bytes"] == 4 * result["elements"] and result["elements"] * 32 >= result["stage_elements"]
     assert result["elements"] * 32 < result["stage_elements"] * 1.001  # padding only
-    assert result["live_bytes"] == result["shard_bytes"]  # nothing else survives init
+    # nothing else survives init but the parameters' 4-byte placeholders (fsdp_units.materialize_meta)
+    assert 0 <= result["live_bytes"] - result["shard_bytes"] < 4096
     assert result["peak_bytes"] <= 1.05 * result["shard_bytes"], result
     assert abs(result["std"] - 0.02) < 0.001
