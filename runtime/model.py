@@ -509,6 +509,11 @@ def _initialized(model, seed, device, kernels, materialize):
         model = model.to(device)
     else:
         model.init_seed, model.init_device = seed, torch.device(device)
+        for module in model.modules():  # only parameters may wait on the meta device for their values
+            for attr, value in vars(module).items():
+                if isinstance(value, torch.Tensor) and value.is_meta:
+                    raise RuntimeError(f"internal error in parc (runtime model): {type(module).__name__}.{attr} "
+                                       "was built on the meta device (materialize=False); make it on its device")
     return use_kernels(model, kernels, device)
 
 

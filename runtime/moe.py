@@ -165,7 +165,8 @@ class MoEMLP(nn.Module):
 
     def reset_metrics(self):
         self.aux_sum, self.z_sum, self.forwards = 0.0, 0.0, 0
-        self.tokens = torch.zeros(self.experts_count, dtype=torch.float64)
+        # host-side counters, on the CPU even while the model is built on the meta device
+        self.tokens = torch.zeros(self.experts_count, dtype=torch.float64, device="cpu")
 
     def activation(self, up, gate=None):
         return F.silu(gate) * up if self.llama else F.gelu(up, approximate="tanh")
