@@ -11,13 +11,14 @@ rounds of the ``lowbias32`` integer mixer, in int64 torch ops, vectorised) into 
 uniform 32-bit words u1, u2, and Box–Muller turns them into one normal value
 √(−2 ln u1)·cos(2π u2) (float64, rounded once to float32). So a rank generates
 exactly the elements it keeps — the rows of a column-parallel shard, the columns of a
-row-parallel one, its experts — never the full tensor, and every layout starts from the numbers one rank would, bit for bit; a
+row-parallel one, its experts (``boxes``: where each module's shard sits) — never the
+full tensor, and every layout starts from the numbers one rank would, bit for bit; a
 parameter's value does not depend on which others exist, in what order they are
 built, nor on how it is split. Temporaries are bounded by ``CHUNK`` elements. ``fill_``
 also takes a flat range of a box (``start``): under ZeRO-3 the model is built on the
 meta device and each rank generates only its slice of each flat buffer (``fill_flat_``,
-called by ``fsdp_units.Unit``).
-(float64 ``log``/``cos`` may differ by one float64 ulp between ATen's vector and
+called by ``fsdp_units.Unit``). Values are generated on the CPU, then moved (CUDA
+generation is planned). (float64 ``log``/``cos`` may differ by one float64 ulp between ATen's vector and
 scalar paths; that changes the float32 result with probability ~2⁻²⁹ per element,
 never seen on the tiny models, which the tests compare bit for bit.)
 
