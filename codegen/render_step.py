@@ -89,12 +89,16 @@ def group_lines(plan: Plan) -> list[str]:
 
 def model_lines(plan: Plan) -> tuple[str, list[str], list[str]]:
     """The build function, a comment before the call, and its extra arguments."""
+    zero3 = (
+        ["# ZeRO-3: built on the meta device; the optimizer generates each rank's slices",
+         "materialize=False,"] if plan.train.zero.value == 3 else []
+    )
     if not has_pipeline(plan):
-        return "build_model", [], []
+        return "build_model", [], zero3
     return (
         "build_stages",
         ["# this pipeline rank's chunks (one per virtual stage it holds), as nn.ModuleList"],
-        ["stages=PIPELINE_STAGES,", 'pp_rank=grid.index("pp"),', "pp_size=PP,", *placement_lines(plan)],
+        ["stages=PIPELINE_STAGES,", 'pp_rank=grid.index("pp"),', "pp_size=PP,", *placement_lines(plan), *zero3],
     )
 
 

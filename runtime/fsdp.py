@@ -52,7 +52,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .comm import exposed, group_rank, group_size, on_gradient
-from .fsdp_units import Unit, node_groups  # noqa: F401  (node_groups: train.py's, under zero_shard = node)
+from .fsdp_units import Unit, materialize_meta, node_groups  # noqa: F401  (node_groups: train.py's, under zero_shard = node)
 from .zero import adamw_, clip_global_norm_
 
 
@@ -76,6 +76,9 @@ class FullyShardedAdamW:
         self.param_groups = [{"lr": float(lr)}]
         self.data_parallel = group_size(dp_group) * group_size(replicate_group)  # the mean's divisor
         chunks = list(model) if isinstance(model, nn.ModuleList) else [model]
+        # Note [counter-based init]: a model built on the meta device gets its values here,
+        # each rank generating only its slices
+        init = materialize_meta(chunks, getattr(chunks[0], "init_device", None))
         plan = []  # (name, params, chunk index, kind)
         for index, chunk in enumerate(chunks):
             in_blocks = {id(p) for block in chunk.layers.values() for p in block.parameters()}
@@ -86,11 +89,11 @@ class FullyShardedAdamW:
                      for key, block in chunk.layers.items()]
         size = group_size(dp_group)
         total = sum(-(-sum(p.numel() for p in params) // size) for _, params in plan)
-        device = plan[0][1][0].device
+        device = getattr(chunks[0], "init_device", None) or plan[0][1][0].device
         self.flat = torch.zeros(total, dtype=torch.float32, device=device)  # this rank's shards
         self.units, offset = [], 0
         for name, params in plan:
-            self.units.append(Unit(name, params, shard_group=dp_group, offset=offset, flat=self.flat))
+            self.units.append(Unit(name, params, shard_group=dp_group, offset=offset, flat=self.flat, init=init))
             offset += self.units[-1].shard_numel
         self.decay, self.tp_mask, self.counted = (self._mask(rule) for rule in (
             lambda p: p.dim() >= 2,

@@ -13,6 +13,32 @@ import torch.distributed as dist
 from .comm import exposed, group_rank, group_size
 from .dp import finished_after_backward
 from .memory import GATHERED_PARAMETERS
+from .param_init import fill_flat_, pieces as parameter_pieces
+
+
+def materialize_meta(chunks: list, device) -> tuple | None:
+    """A model built on the meta device (``model.build_model(materialize=False)``): each
+    parameter replaced, in every module holding it, by one on ``device`` that is a
+    4-byte zero broadcast to its shape (``Unit`` points it into its flat buffer at the
+    first gather), its tags kept. Returns
+    ``(pieces, layers, seed)`` for ``Unit``'s ``init``, or None for a built model."""
+    if not any(p.is_meta for chunk in chunks for p in chunk.parameters()):
+        return None
+    pieces, replaced = {}, {}
+    for chunk in chunks:
+        chunk_pieces = parameter_pieces(chunk)
+        for module in chunk.modules():
+            for attr, param in list(module._parameters.items()):
+                if param is None or not param.is_meta:
+                    continue
+                if id(param) not in replaced:
+                    new = torch.nn.Parameter(torch.zeros((), device=device).expand(param.shape),
+                                             requires_grad=param.requires_grad)
+                    new.__dict__.update(param.__dict__)  # tensor_parallel, pipeline_duplicate, ...
+                    replaced[id(param)] = (param, new)
+                    pieces[id(new)] = chunk_pieces[id(param)]
+                module._parameters[attr] = replaced[id(param)][1]
+    return pieces, chunks[0].config.layers, chunks[0].init_seed
 
 
 def node_groups(grid, axes: tuple[str, ...], devices_per_node: int):
@@ -42,7 +68,10 @@ def node_groups(grid, axes: tuple[str, ...], devices_per_node: int):
 class Unit:
     """One group of parameters gathered and freed together (fsdp.py, Note [units])."""
 
-    def __init__(self, name: str, params: list, *, shard_group, offset: int, flat: torch.Tensor):
+    def __init__(self, name: str, params: list, *, shard_group, offset: int, flat: torch.Tensor, init=None):
+        """``init`` (a model built on the meta device): ``(pieces, layers, seed)`` of
+        param_init — this rank's slice is generated (Note [counter-based init]) and the
+        parameters' own (placeholder) values are never read."""
         self.name, self.params, self.group = name, params, shard_group
         self.size, rank = group_size(shard_group), group_rank(shard_group)
         self.numel = sum(p.numel() for p in params)
@@ -50,32 +79,47 @@ class Unit:
         self.padded = self.shard_numel * self.size
         self.offset = offset  # where this unit's shard sits in the optimizer's flat shards
         self.late = any(finished_after_backward(p) for p in params)
-        device = params[0].device
-        self.full = torch.zeros(self.padded, dtype=torch.float32, device=device)
-        at = 0
-        with torch.no_grad():
-            for p in params:
-                if p.dtype != torch.float32:
-                    raise ValueError(f"ZeRO-3 keeps fp32 parameters; got {p.dtype}")
-                n = p.numel()
-                self.full[at : at + n].copy_(p.reshape(-1))
-                p.data = self.full[at : at + n].view_as(p)  # the parameter is a view from now on
-                at += n
+        for p in params:
+            if p.dtype != torch.float32:
+                raise ValueError(f"ZeRO-3 keeps fp32 parameters; got {p.dtype}")
         self.shard = flat[offset : offset + self.shard_numel]
-        self.shard.copy_(self.full[rank * self.shard_numel : (rank + 1) * self.shard_numel])
-        self.gathered, self.work = True, None
+        self.full = None
+        if init is None:
+            full, at = torch.zeros(self.padded, dtype=torch.float32, device=flat.device), 0
+            with torch.no_grad():
+                for p in params:
+                    full[at : at + p.numel()].copy_(p.reshape(-1))
+                    at += p.numel()
+            self._adopt(full)
+            self.shard.copy_(self.full[rank * self.shard_numel : (rank + 1) * self.shard_numel])
+        else:  # the parameters become views of the flat buffer at its first gather (``launch``)
+            pieces, layers, seed = init
+            fill_flat_(self.shard, [pieces[id(p)] for p in params], rank * self.shard_numel, layers=layers, seed=seed)
+        self.gathered, self.work = init is None, None
         self.pending = len(params)  # parameters still to accumulate in this backward pass
         self.passes = 0  # backward passes this step
         self.free()
 
     def nbytes(self) -> int:
-        return self.padded * self.full.element_size()
+        return self.padded * self.shard.element_size()
+
+    @torch.no_grad()
+    def _adopt(self, full: torch.Tensor) -> None:
+        """Make ``full`` the flat buffer and every parameter a view of its part of it."""
+        self.full, at = full, 0
+        for p in self.params:
+            n = p.numel()
+            p.data = full[at : at + n].view(p.shape)
+            at += n
 
     def launch(self) -> None:
         """Start the all-gather of the shards into the flat buffer (asynchronous)."""
         if self.gathered:
             return
-        self.full.untyped_storage().resize_(self.nbytes())
+        if self.full is None:  # a unit generated in place (``init``): its first gather
+            self._adopt(torch.empty(self.padded, dtype=torch.float32, device=self.shard.device))
+        else:
+            self.full.untyped_storage().resize_(self.nbytes())
         self.gathered = True
         GATHERED_PARAMETERS.add(self.full.untyped_storage().data_ptr())
         if self.size == 1:

@@ -5,8 +5,8 @@ plan table of train.py (module-name pattern → style). Gives: the model; callin
 with tokens and targets (B, T) returns the mean loss. Module and parameter names are
 the same in every layout (``layers.0.attn.q_proj.weight`` …).
 
-Parameters are initialized per Note [init happens before sharding] (param_init.py):
-drawn whole from (seed, name), then sharded, so every layout equals one rank. Each
+Parameters are initialized per Note [counter-based init] (param_init.py): each rank
+generates only its shard from (seed, name, element index), so every layout equals one rank. Each
 built stage is checked against the model description (``model_desc.py``: modules,
 shapes, per-rank counts; ``check_parameter_count``).
 
@@ -26,6 +26,7 @@ split over T (backward: all-gather).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -553,9 +554,9 @@ def use_kernels(model: nn.Module, kernels: str, device) -> nn.Module:
 
 def build_model(
     config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none", sub_batches=1,
-    kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None,
+    kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None, materialize=True,
 ):
-    """The model for this rank: built from the plan, initialized per Note [init happens before sharding].
+    """The model for this rank: built from the plan, initialized per Note [counter-based init].
 
     ``recompute``: "none"; "selective" (attention core recomputed in backward);
     "full" (each block recomputed from its input) — one mode, or a sequence with one
@@ -564,20 +565,38 @@ def build_model(
     one number, or one per layer. ``layouts``: a ``hetero.StageLayouts`` when the blocks
     have different tp degrees (Note [heterogeneous layouts]). ``kernels``: see ``use_kernels``. ``cp_group``: the
     ranks that split each sequence (``context.py``), ``cp_kind`` how attention sees it.
+    ``materialize=False`` (ZeRO-3): the parameters stay on the meta device, without
+    values, until ``fsdp.FullyShardedAdamW`` generates each rank's slice of them.
     """
-    model = Transformer(
-        config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
-        recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
-        layouts=layouts,
-    )
-    initialize(model, seed)
-    return use_kernels(model.to(device), kernels, device)
+    with contextlib.nullcontext() if materialize else torch.device("meta"):
+        model = Transformer(
+            config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
+            recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
+            layouts=layouts,
+        )
+    return _initialized(model, seed, device, kernels, materialize)
+
+
+def _initialized(model, seed, device, kernels, materialize):
+    """Note [counter-based init]: this rank's shard generated now, or (ZeRO-3) the seed
+    and device kept for the optimizer that generates its slices."""
+    if materialize:
+        initialize(model, seed)
+        model = model.to(device)
+    else:
+        model.init_seed, model.init_device = seed, torch.device(device)
+        for module in model.modules():  # only parameters may wait on the meta device for their values
+            for attr, value in vars(module).items():
+                if isinstance(value, torch.Tensor) and value.is_meta:
+                    raise RuntimeError(f"internal error in parc (runtime model): {type(module).__name__}.{attr} "
+                                       "was built on the meta device (materialize=False); make it on its device")
+    return use_kernels(model, kernels, device)
 
 
 def build_stages(
     config, *, stages, pp_rank, pp_size, tp_group, sequence_parallel, tp_plan, seed, device,
     recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None,
-    placement="interleaved",
+    placement="interleaved", materialize=True,
 ):
     """This pipeline rank's model chunks, one ``Transformer`` stage per chunk.
 
@@ -607,7 +626,7 @@ def build_stages(
         stage = build_stage(config, stages=stages, index=v, tp_group=tp_group, sequence_parallel=sequence_parallel,
                             tp_plan=tp_plan, seed=seed, device=device, recompute=recompute,
                             sub_batches=sub_batches, kernels=kernels, cp_group=cp_group, cp_kind=cp_kind,
-                            ep_group=ep_group, layouts=layouts)
+                            ep_group=ep_group, layouts=layouts, materialize=materialize)
         stage.stage_index = v
         if placement == "chimera":  # Note [chimera's replicas]
             for param in stage.parameters():
@@ -619,14 +638,16 @@ def build_stages(
 
 
 def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute,
-                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None):
-    model = Transformer(
-        config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
-        recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,
-        sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group, layouts=layouts,
-    )
-    initialize(model, seed)
-    return use_kernels(model.to(device), kernels, device)
+                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None,
+                materialize=True):
+    with contextlib.nullcontext() if materialize else torch.device("meta"):
+        model = Transformer(
+            config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
+            recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,
+            sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
+            layouts=layouts,
+        )
+    return _initialized(model, seed, device, kernels, materialize)
 
 
 def allreduce_sequence_parallel_grads(model: nn.Module, tp_group) -> None:

@@ -49,13 +49,13 @@ class GroupedLinear(nn.Module):
         local = experts // ep_size
         self.first = ep_rank * local
         self.weight = nn.Parameter(torch.empty(local, out_features, in_features))
-        self.full_shape = (experts, out_features, in_features)  # param_init draws it whole
+        self.full_shape = (experts, out_features, in_features)  # param_init fills this rank's experts only
         self.weight.expert_parallel = ep_size > 1  # its gradient reduces over edp (reduce_expert_grads)
         self.shard_offsets = (self.first, 0, 0)  # where this rank's experts sit in the whole (checkpoints)
 
     @torch.no_grad()
     def load_full_(self, weight, bias=None):
-        """Keep this rank's experts of the whole (E, out, in) ``weight`` (Note [init happens before sharding])."""
+        """Keep this rank's experts of the whole (E, out, in) ``weight`` (tests; initialization fills only this rank's experts: Note [counter-based init])."""
         self.weight.copy_(weight[self.first : self.first + self.weight.shape[0]])
 
     def forward(self, x, counts):
@@ -165,7 +165,8 @@ class MoEMLP(nn.Module):
 
     def reset_metrics(self):
         self.aux_sum, self.z_sum, self.forwards = 0.0, 0.0, 0
-        self.tokens = torch.zeros(self.experts_count, dtype=torch.float64)
+        # host-side counters, on the CPU even while the model is built on the meta device
+        self.tokens = torch.zeros(self.experts_count, dtype=torch.float64, device="cpu")
 
     def activation(self, up, gate=None):
         return F.silu(gate) * up if self.llama else F.gelu(up, approximate="tanh")

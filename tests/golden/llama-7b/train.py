@@ -193,8 +193,8 @@ def main() -> None:
         rope_theta=ROPE_THETA,
         tie_embeddings=TIE_EMBEDDINGS,
     )
-    # Every parameter is drawn whole from (seed, name), then sharded: each layout
-    # starts from the numbers one rank would.
+    # Each rank generates only its shard, element by element from (seed, name,
+    # element index): each layout starts from the numbers one rank would.
     # this pipeline rank's chunks (one per virtual stage it holds), as nn.ModuleList
     net = model.build_stages(
         config,

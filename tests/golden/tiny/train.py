@@ -163,8 +163,8 @@ def main() -> None:
         rope_theta=ROPE_THETA,
         tie_embeddings=TIE_EMBEDDINGS,
     )
-    # Every parameter is drawn whole from (seed, name), then sharded: each layout
-    # starts from the numbers one rank would.
+    # Each rank generates only its shard, element by element from (seed, name,
+    # element index): each layout starts from the numbers one rank would.
     net = model.build_model(
         config,
         tp_group=tp_group,

@@ -1,0 +1,54 @@
+"""Note [counter-based init]: any box or flat range equals the same part of the whole."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from parc.runtime import param_init
+from parc.runtime.param_init import fill_, full_init, init_values
+
+Q = "layers.0.attn.q_proj.weight"
+
+
+def test_boxes_and_ranges_are_parts_of_the_whole():
+    full = full_init(Q, (64, 48), layers=2, seed=1)
+    for offsets, shape in [((16, 0), (16, 48)), ((0, 24), (64, 24)), ((5, 7), (3, 11))]:
+        box = init_values(Q, (64, 48), layers=2, seed=1, offsets=offsets, shape=shape)
+        assert torch.equal(box, full[offsets[0]:offsets[0] + shape[0], offsets[1]:offsets[1] + shape[1]])
+    experts = full_init("layers.0.moe.up.weight", (4, 6, 8), layers=2, seed=1)
+    assert torch.equal(init_values("layers.0.moe.up.weight", (4, 6, 8), layers=2, seed=1,
+                                   offsets=(2, 0, 0), shape=(2, 6, 8)), experts[2:])
+    # a flat range of a column box (a ZeRO-style slice that crosses rows)
+    part = torch.empty(50)
+    fill_(part, Q, (64, 48), layers=2, seed=1, offsets=(0, 24), shape=(64, 24), start=37)
+    assert torch.equal(part, full[:, 24:].reshape(-1)[37:87])
+
+
+def test_chunking_does_not_change_values(monkeypatch):
+    whole = full_init(Q, (40, 30), layers=2, seed=3)
+    monkeypatch.setattr(param_init, "CHUNK", 7)
+    assert torch.equal(full_init(Q, (40, 30), layers=2, seed=3), whole)
+
+
+def test_rules_and_statistics():
+    assert torch.equal(full_init("layers.0.attn.q_proj.bias", (8,), layers=2, seed=1), torch.zeros(8))
+    assert torch.equal(full_init("layers.0.attn_norm.weight", (8,), layers=2, seed=1), torch.ones(8))
+    q = full_init(Q, (256, 256), layers=2, seed=1)
+    assert abs(q.std().item() - 0.02) < 0.0005 and abs(q.mean().item()) < 0.0005
+    o = full_init("layers.0.attn.o_proj.weight", (256, 256), layers=8, seed=1)
+    assert abs(o.std().item() - 0.02 / math.sqrt(16)) < 0.0002
+    # another name or seed gives other, uncorrelated numbers
+    k = full_init("layers.0.attn.k_proj.weight", (256, 256), layers=2, seed=1)
+    other = full_init(Q, (256, 256), layers=2, seed=2)
+    for x in (k, other):
+        assert abs(torch.corrcoef(torch.stack([q.reshape(-1), x.reshape(-1)]))[0, 1].item()) < 0.02
+
+
+def test_out_of_range_boxes_are_refused():
+    with pytest.raises(ValueError, match="outside"):
+        init_values(Q, (4, 4), layers=2, seed=1, offsets=(2, 0), shape=(3, 4))
+    with pytest.raises(ValueError, match="outside the box"):
+        fill_(torch.empty(5), Q, (4, 4), layers=2, seed=1, start=12)
