@@ -38,6 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .comm import all_to_all_rows, copy_to_group, exposed, gather_rows_from_group, group_rank, group_size
+from .zero import mean_of_group
 
 
 class GroupedLinear(nn.Module):
@@ -297,19 +298,8 @@ def reduce_expert_grads(model: nn.Module, edp_group, *, data_ranks: int) -> None
     combine's backward, what every rank of its ep group's tokens gave it; summed over the
     edp ranks that hold the same experts and divided by the ``data_ranks`` (dp·cp) whose
     mean loss the step takes, they equal one rank's. Other gradients are dp.py's."""
-    grads = [p.grad for p in model.parameters() if getattr(p, "expert_parallel", False) and p.grad is not None]
-    if not grads:
-        return
-    if group_size(edp_group) > 1:
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        with exposed():
-            dist.all_reduce(flat, group=edp_group)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
-    for g in grads:
-        g.div_(data_ranks)
+    experts = [p for p in model.parameters() if getattr(p, "expert_parallel", False)]
+    mean_of_group(experts, edp_group, data_ranks)  # under ZeRO, zero.py does it (Note [experts under ZeRO])
 
 
 def moe_layers(model: nn.Module) -> list[MoEMLP]:
