@@ -179,6 +179,7 @@ def fixed_layout(spec: Spec) -> Layout | None:
     interleaved = par.schedule is PipelineSchedule.INTERLEAVED
     return Layout(
         dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, cp_kind=par.cp_kind, sp=bool(par.sp), zero=par.zero,
+        ep=par.ep,
         schedule=par.schedule.value if par.pp > 1 else "1f1b",
         chunks=par.chunks if interleaved else 1,
         micro_batch=spec.train.micro_batch, **{entry.name: par.setting(entry.name) for entry in SETTINGS},
@@ -192,7 +193,7 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
         train=replace(spec.train, micro_batch=layout.micro_batch),
         parallel=replace(
             spec.parallel,
-            dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, sp=layout.sp, zero=layout.zero,
+            dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, sp=layout.sp, zero=layout.zero, ep=layout.ep,
             schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks,
         ).with_settings({entry.name: layout.setting(entry.name) for entry in SETTINGS}),
     )
