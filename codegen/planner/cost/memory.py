@@ -112,12 +112,13 @@ def korthikanti_layer_bytes(
 
 
 def parc_layer_elements(
-    model: ModelSpec, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True
+    model: ModelSpec, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True, ep: int = 1
 ) -> float:
-    """Elements saved per token by one block of parc's trainer: the model description's
-    (runtime/saved_elements.py, Note [what parc's trainer saves])."""
+    """Elements saved per token by one block (the first: a MoE one in a MoE model) of parc's
+    trainer: the model description's (runtime/saved_elements.py, Note [what parc's trainer saves])."""
     return model_desc(model).block_saved_elements(
-        0, tp=tp, sp=sp, recompute=recompute, micro_batch=micro_batch, compiled=compiled
+        0, tp=tp, sp=sp, recompute=recompute, micro_batch=micro_batch, compiled=compiled, ep=ep,
+        imbalance=model.routing_imbalance,
     )
 
 
@@ -300,6 +301,7 @@ def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting, fu
             total += 4.0 * params
     if full_recompute:  # one block's tensors rebuilt during its backward
         element = 2.0 if accounting is Accounting.MEGATRON else 4.0
-        working = parc_layer_elements(model, tp=layout.tp, sp=layout.sp, recompute="none", micro_batch=layout.micro_batch)
+        working = parc_layer_elements(model, tp=layout.tp, sp=layout.sp, recompute="none",
+                                      micro_batch=layout.micro_batch, ep=layout.ep)
         total += working * tokens * element
     return total
