@@ -40,7 +40,7 @@ from parc.runtime.model_desc import LINEAR
 
 from ...model_config import model_desc
 from .comm import collective_time
-from .hardware import Hardware
+from .hardware import Hardware, gemm_time
 from .layout import Layout, expert_data_ranks
 
 GROUPED_GEMM_EFFICIENCY = 0.9
@@ -95,12 +95,10 @@ def _expert_forward(spec: Spec, layout: Layout, hw: Hardware, tokens: float) -> 
 
 def _dense_mlp_forward(spec: Spec, layout: Layout, hw: Hardware, tokens: float) -> float:
     """A dense block's MLP GEMMs (the blocks between MoE ones when moe_every > 1)."""
-    from .time import _gemm  # cost/time.py imports this module
-
     dense = next((b for b in model_desc(spec.model).blocks if not b.experts), None)
     if dense is None:
         return 0.0
-    return sum(_gemm(hw, tokens, *m.weight.local_shape(layout.tp)) for m in dense.modules
+    return sum(gemm_time(hw, tokens, *m.weight.local_shape(layout.tp)) for m in dense.modules
                if m.layer == LINEAR and m.kind.startswith("mlp."))
 
 

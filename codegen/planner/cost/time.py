@@ -58,7 +58,7 @@ from .bubble import makespan
 from .context import cp_comm
 from .comm import collective_latency, collective_time
 from .experts import expert_reduce, moe_block
-from .hardware import Hardware
+from .hardware import Hardware, gemm_time
 from .layout import SETTING_NAMES, Accounting, Layout, expert_data_ranks, rank_expert_params, rank_params
 from .overlap import exposed_tp
 
@@ -108,8 +108,7 @@ def _block_gemms(model: ModelSpec, tp: int) -> tuple[tuple[int, int], ...]:
     return tuple(m.weight.local_shape(tp) for m in block.modules if m.layer == LINEAR)
 
 
-def _gemm(hw: Hardware, m: float, n: float, k: float) -> float:
-    return 2.0 * m * n * k / hw.matmul_flops(min(m, n, k)) * hw.gemm_scale
+_gemm = gemm_time  # cost/hardware.py: one (m × k)·(k × n) product's seconds
 
 
 def _block_forward(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, tokens: float):
