@@ -47,7 +47,7 @@ from .cost.memory import memory
 from ..spec_values import spec_values
 
 EXACT_TOP = 3
-SCHEDULE_ORDER = {"1f1b": 0, "interleaved": 1, "gpipe": 2}
+SCHEDULE_ORDER = {"1f1b": 0, "interleaved": 1, "gpipe": 2, "zero_bubble": 3}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
