@@ -14,6 +14,12 @@ written once, element size s, per-row statistics and weights left out) / parc ti
     swiglu                            (N × C)  fwd 3·N·C·s        fwd+bwd 8·N·C·s
     rotary  q and k, each (B, H, T, D) = N·C   fwd 4·N·C·s        fwd+bwd 8·N·C·s
     cross_entropy                     (N × V)  fwd 1·N·V·s        fwd+bwd 3·N·V·s
+    permute_rows  N tokens, 2N rows   (N × C)  fwd 4·N·C·s        fwd+bwd 7·N·C·s
+    combine_rows  2N rows → N tokens  (N × C)  fwd 3·N·C·s        fwd+bwd 9·N·C·s
+    grouped_mm    2N rows, 8 experts of (C × C): rows in and out only (compute-bound)
+
+The MoE ops route each of N tokens to 2 of 8 experts (top-2, uneven counts; one
+expert empty).
 
 The rotary shape for rows × cols is (B, H, T, D) = (rows/1024, cols/64, 1024, 64),
 the same element count. machine GB/s = 2 · bytes of a 512 MiB tensor / best copy
@@ -38,11 +44,15 @@ sys.path.insert(0, str(ROOT))
 
 from parc.runtime.kernels import reference, select  # noqa: E402
 
-OPS = ("layer_norm", "rms_norm", "bias_gelu", "swiglu", "rotary", "cross_entropy")
+OPS = ("layer_norm", "rms_norm", "bias_gelu", "swiglu", "rotary", "cross_entropy",
+       "permute_rows", "combine_rows", "grouped_mm")
 TRAFFIC = {  # (fwd, fwd+bwd) bytes in units of elements·s
     "layer_norm": (2, 5), "rms_norm": (2, 5), "bias_gelu": (2, 5),
     "swiglu": (3, 8), "rotary": (4, 8), "cross_entropy": (1, 3),
+    "permute_rows": (4, 7), "combine_rows": (3, 9), "grouped_mm": (4, 12),
 }
+MOE_SHAPES = ["4096x1024", "8192x1024"]
+MOE_OPS = ("permute_rows", "combine_rows", "grouped_mm")
 
 
 def make_case(op, rows, cols, dtype, device):
@@ -70,6 +80,16 @@ def make_case(op, rows, cols, dtype, device):
         targets = torch.randint(0, cols - 7, (rows,), generator=gen).to(device)
         vocab = cols - 7  # a few padding columns, as a padded vocab has
         return (lambda m, l: _ce(m, l, targets, vocab)), (randn(rows, cols),)
+    if op in ("permute_rows", "combine_rows", "grouped_mm"):
+        chosen = torch.randint(0, 7, (2 * rows,), generator=gen)  # top-2 of 8, expert 7 empty
+        order = torch.sort(chosen, stable=True).indices
+        index, counts = (order // 2).to(device), torch.bincount(chosen, minlength=8)
+        if op == "permute_rows":
+            return (lambda m, x: m.permute_rows(x, index)), (randn(rows, cols),)
+        if op == "combine_rows":
+            return (lambda m, y, w: m.combine_rows(y, index, w, rows)), (randn(2 * rows, cols), randn(2 * rows))
+        weight = (torch.randn(8, cols, cols, generator=gen) / cols**0.5).to(dtype).to(device).requires_grad_(True)
+        return (lambda m, x, w: m.grouped_mm(x, w, counts)), (randn(2 * rows, cols), weight)
     raise ValueError(op)
 
 
@@ -144,7 +164,7 @@ def main(argv=None):
     bandwidth = machine_gbps(args.device)
     rows_out = []
     for op in args.ops:
-        shapes = args.ce_shapes if op == "cross_entropy" else args.shapes
+        shapes = args.ce_shapes if op == "cross_entropy" else MOE_SHAPES if op in MOE_OPS else args.shapes
         for shape in shapes:
             rows, cols = parse_shape(shape)
             fn, inputs = make_case(op, rows, cols, dtype, args.device)

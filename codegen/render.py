@@ -233,7 +233,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             f"# {cite(plan.train.zero.span)}: ZeRO-{zero_stage}, {zero_words(plan)}: each {over} rank",
             "# owns one slice of a flat fp32 parameter buffer and its Adam moments",
             f"optimizer = zero.ShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
-            f"stage=ZERO, {hyper}{pp_arg}, accumulations=GRAD_ACCUM)",
+            f"stage=ZERO, {hyper}{pp_arg}, accumulations=GRAD_ACCUM{render_moe.zero_args(plan)})",
         ]
         reduce_words = (
             "buckets all-reduced while backward runs; keep our slice"
@@ -273,7 +273,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         after_backward.insert(0, f"grad_sync.finish()  # compressed mean gradient over the {over} ranks"
                               if render_compress.enabled(plan) else
                               f"grad_sync.finish()  # wait the buckets: mean gradient over the {over} ranks")
-    after_backward += render_moe.after_backward_lines(plan)  # expert grads: their own edp group
+    if not zero_stage:  # under ZeRO the optimizer reduces the experts' grads (Note [experts under ZeRO])
+        after_backward += render_moe.after_backward_lines(plan)  # expert grads: their own edp group
     if reducing:
         loss_lines.append(f"step_loss = dp.all_reduce_mean(loss_sum, {reduce_group})  # global mean loss")
     else:

@@ -59,6 +59,14 @@ def clip_arg(plan: Plan) -> str:
     return ", ep_group=ep_group" if expert_parallel(plan) > 1 else ""
 
 
+def zero_args(plan: Plan) -> str:
+    """ZeRO 1/2 keep the experts in a flat buffer of their own over edp (zero.py,
+    Note [experts under ZeRO])."""
+    if expert_parallel(plan) == 1:
+        return ""
+    return ", ep_group=ep_group, edp_group=edp_group, data_ranks=DP"
+
+
 def after_backward_lines(plan: Plan) -> list[str]:
     if expert_parallel(plan) == 1:
         return []

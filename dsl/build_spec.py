@@ -114,6 +114,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         capacity_factor=_capacity(model.get("capacity_factor", "none")),
         aux_loss=float(model.get("aux_loss", 0.01)),
         z_loss=float(model.get("z_loss", 0.0)),
+        routing_imbalance=float(model.get("routing_imbalance", 1.0)),
     )
     preset = PRESETS[mesh["device"]]
     mesh_spec = MeshSpec(
@@ -152,7 +153,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         pp=degree("pp", None),
         cp=1 if auto_all else _auto(parallel.get("cp", 1)),
         cp_kind="ring" if auto_all else parallel.get("cp_kind", "ring"),
-        ep=1 if auto_all else parallel.get("ep", 1),
+        ep=1 if auto_all else _auto(parallel.get("ep", 1)),
         etp=1 if auto_all else parallel.get("etp", 1),
         sp=degree("sp", False),
         zero=degree("zero", 0),
@@ -289,6 +290,10 @@ def spec_document(spec: Spec) -> dict:
         parallel_doc["cp"] = auto(parallel.cp)
     if parallel.cp_kind != "ring":
         parallel_doc["cp_kind"] = parallel.cp_kind
+    if parallel.ep != 1:  # expert parallel, likewise
+        parallel_doc["ep"] = auto(parallel.ep)
+    if parallel.etp != 1:
+        parallel_doc["etp"] = parallel.etp
     if parallel.stage_layers is not None:
         parallel_doc["stage_layers"] = list(parallel.stage_layers)
     if parallel.tp_shape is not None:

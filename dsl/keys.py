@@ -149,6 +149,14 @@ MOE_KEYS = (
         doc="coefficient of the load-balancing loss (Switch/GShard)",
     ),
     Param(name="z_loss", type="number", default="0", minimum=0, doc="coefficient of the router z-loss"),
+    Param(
+        name="routing_imbalance",
+        type="number",
+        default="1",
+        minimum=1,
+        doc="for the planner only: the busiest expert-parallel rank's routed tokens over the mean "
+        "(1: dropless and balanced); scales its expert compute, all-to-all and activations",
+    ),
 )
 """The mixture-of-experts keys of ``model`` (runtime/moe.py)."""
 
@@ -283,7 +291,8 @@ PARALLEL = BlockDef(
             auto=True,
             whole_auto=False,
         ),
-        _int("ep", "expert-parallel degree: ranks that split each MoE layer's experts", default="1"),
+        _int("ep", "expert-parallel degree: ranks that split each MoE layer's experts; auto lets the "
+             "planner choose it (parallel = auto leaves it 1)", default="1", auto=True, whole_auto=False),
         _int("etp", "expert tensor-parallel degree: ranks that split each expert's ffn", default="1"),
         Param(
             name="cp_kind",

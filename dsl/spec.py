@@ -96,6 +96,8 @@ class ModelSpec:
     """None: dropless."""
     aux_loss: float = 0.01
     z_loss: float = 0.0
+    routing_imbalance: float = 1.0
+    """The planner's: the busiest ep rank's routed tokens over the mean (cost/experts.py)."""
 
     @property
     def head_dim(self) -> int:
@@ -144,8 +146,8 @@ class ParallelSpec:
     """Context-parallel ranks: each holds seq_len / cp tokens of every sequence (None: auto)."""
     cp_kind: str = "ring"
     """How attention sees the whole sequence: ``ring``, ``ulysses`` or ``allgather``."""
-    ep: int = 1
-    """Expert-parallel ranks (MoE layers fold dp·cp·tp as edp·ep·etp)."""
+    ep: int | None = 1
+    """Expert-parallel ranks (MoE layers fold dp·cp·tp as edp·ep·etp; None: auto)."""
     etp: int = 1
     """Expert tensor-parallel ranks."""
     sp: bool | None = False
@@ -223,6 +225,7 @@ class ParallelSpec:
             self.tp,
             self.pp,
             self.cp,
+            self.ep,
             self.sp,
             self.zero,
             self.schedule,

@@ -116,25 +116,29 @@ def model_pieces(params: list[LocalParameter], *, saving: bool) -> list[Piece]:
 
 
 def _boxes(shape: tuple[int, ...], start: int, stop: int):
-    """Boxes (offsets, sizes, first flat element) covering elements [start, stop) of ``shape``."""
+    """Boxes (offsets, sizes, first flat element) covering elements [start, stop) of ``shape``
+    (row-major): a partial leading slice, whole leading slices, a partial one, each partial
+    slice cut the same way one dimension down (a 3-d expert weight too)."""
     if start >= stop:
         return []
     if len(shape) == 1:
         return [((start,), (stop - start,), start)]
-    if len(shape) != 2:
-        raise RuntimeError(f"internal error in parc (checkpoint): ZeRO slices of {len(shape)}-d tensors")
-    columns = shape[1]
-    (r0, c0), (r1, c1) = divmod(start, columns), divmod(stop, columns)
+    inner = math.prod(shape[1:])
+
+    def within(row, lo, hi):  # boxes of elements [lo, hi) of slice ``row``
+        return [((row, *o), (1, *z), row * inner + f) for o, z, f in _boxes(shape[1:], lo, hi)]
+
+    (r0, c0), (r1, c1) = divmod(start, inner), divmod(stop, inner)
     if r0 == r1:
-        return [((r0, c0), (1, c1 - c0), start)]
+        return within(r0, c0, c1)
     boxes = []
     if c0:
-        boxes.append(((r0, c0), (1, columns - c0), start))
+        boxes += within(r0, c0, inner)
         r0 += 1
     if r1 > r0:
-        boxes.append(((r0, 0), (r1 - r0, columns), r0 * columns))
+        boxes.append(((r0,) + (0,) * (len(shape) - 1), (r1 - r0, *shape[1:]), r0 * inner))
     if c1:
-        boxes.append(((r1, 0), (1, c1), r1 * columns))
+        boxes += within(r1, 0, c1)
     return boxes
 
 
@@ -146,6 +150,13 @@ def is_zero(optimizer) -> bool:
 def is_fully_sharded(optimizer) -> bool:
     """ZeRO-3 (fsdp.py): the parameters too live only in the flat shards between uses."""
     return hasattr(optimizer, "units")
+
+
+def _parts(optimizer) -> list:
+    """ZeRO 1/2's flat buffers: the dense parameters', and under ep the experts' own
+    (Note [experts under ZeRO] in zero.py); ZeRO-3's one optimizer."""
+    parts = getattr(optimizer, "parts", None)
+    return parts() if parts is not None else [optimizer]
 
 
 def _flat_runs(optimizer):
@@ -194,8 +205,10 @@ def optimizer_pieces(params: list[LocalParameter], optimizer, *, saving: bool) -
     """The AdamW moments of this rank as logical boxes (``prepare_state`` first when loading)."""
     pieces = []
     if is_zero(optimizer):
-        moments = [("optim", f".{moment}", optimizer.state[moment]) for moment in MOMENTS]
-        return _flat_pieces(params, optimizer, moments, saving=saving)
+        for part in _parts(optimizer):
+            moments = [("optim", f".{moment}", part.state[moment]) for moment in MOMENTS]
+            pieces += _flat_pieces(params, part, moments, saving=saving)
+        return pieces
     for info in params:
         if saving and info.duplicate:
             continue
@@ -220,7 +233,8 @@ def optimizer_step(optimizer) -> int:
 def prepare_state(optimizer, step: int) -> None:
     """Give a fresh optimizer the state a checkpoint's moments are read into."""
     if is_zero(optimizer):
-        optimizer.state["step"] = int(step)
+        for part in _parts(optimizer):
+            part.state["step"] = int(step)
         return
     for group in optimizer.param_groups:
         for param in group["params"]:

@@ -870,12 +870,14 @@ def build_expert_parallel(ep, etp, cp=None):
 
 @rule("PAR0813", BUILD)
 def build_expert_parallel_zero(ep, zero):
-    """ZeRO's flat buffer shards parameters that are equal on every dp rank; experts are not."""
-    if ep == 1 or zero == 0:
+    """ZeRO 1/2 keep the experts in a flat buffer of their own over edp (zero.py, Note
+    [experts under ZeRO]); ZeRO-3's units (fsdp.py) shard every parameter over dp, and
+    experts differ between dp ranks."""
+    if ep == 1 or zero != 3:
         return None
     return _violation("PAR0813", ("parallel.zero", "parallel.ep"),
                       f"zero = {zero} with expert parallelism (ep = {ep}) is not supported yet by parc build",
-                      "write zero = 0 with ep > 1, or ep = 1; a later version of parc generates it")
+                      "write zero = 1 or 2 with ep > 1, or ep = 1; a later version of parc generates it")
 
 
 @rule("PAR0811", BUILD)

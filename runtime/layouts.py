@@ -21,7 +21,8 @@ independently: no rule reads two of them (tests/planner), so every combination o
 options each one passes alone is legal. The context-parallel degree ``cp`` is searched
 among the divisors of the world when the spec writes ``cp = auto`` (its kind is the
 spec's, ``ring`` by default); otherwise it is the spec's (1 unless given). dp fills what
-tp·pp·cp leave.
+tp·pp·cp leave. The expert-parallel degree ``ep`` (``ep = auto``) is searched among the
+divisors of the experts, once dp and tp are known (the rules keep those dividing dp·tp).
 """
 
 from __future__ import annotations
@@ -69,14 +70,22 @@ def _with_cp(values: dict, world: int, fixed_schedule) -> Iterator[dict]:
             degrees = {**with_tp, "pp": pp, "dp": values["dp"] if values.get("dp") is not None else dp}
             if not dp or not legal(degrees, touching=("pp", "dp")):
                 continue
-            for micro_batch in _allowed(values.get("micro_batch"), divisors(values["global_batch"])):
-                batch = {**degrees, "micro_batch": micro_batch}
-                if not legal(batch, touching=("micro_batch",)):
-                    continue
-                for schedule, chunks in fixed_schedule or schedules(values["layers"], pp):
-                    timed = {**batch, "schedule": schedule, "chunks": chunks}
-                    if legal(timed, touching=("schedule", "chunks")):
-                        yield from _leaves(timed)
+            experts = values.get("experts") or 0
+            for ep in _allowed(values.get("ep", 1), divisors(experts) if experts else [1]):
+                folded = {**degrees, "ep": ep}
+                if legal(folded, touching=("ep",)):
+                    yield from _batches(folded, fixed_schedule)
+
+
+def _batches(degrees: dict, fixed_schedule) -> Iterator[dict]:
+    for micro_batch in _allowed(degrees.get("micro_batch"), divisors(degrees["global_batch"])):
+        batch = {**degrees, "micro_batch": micro_batch}
+        if not legal(batch, touching=("micro_batch",)):
+            continue
+        for schedule, chunks in fixed_schedule or schedules(degrees["layers"], degrees["pp"]):
+            timed = {**batch, "schedule": schedule, "chunks": chunks}
+            if legal(timed, touching=("schedule", "chunks")):
+                yield from _leaves(timed)
 
 
 def _leaves(values: dict) -> Iterator[dict]:
@@ -99,7 +108,7 @@ def _leaves(values: dict) -> Iterator[dict]:
         yield {**values, **dict(zip(options, combination))}
 
 
-SEARCHED = ("dp", "cp", "tp", "pp", "micro_batch", "schedule", *LEAF_NAMES)
+SEARCHED = ("dp", "cp", "tp", "pp", "ep", "micro_batch", "schedule", *LEAF_NAMES)
 """The values ``layouts`` fills in when they are ``auto``."""
 
 def no_layout(values: Mapping[str, object]) -> Violation | None:

@@ -539,7 +539,8 @@ def check_parameter_count(model: Transformer, *, sharded, layers) -> None:
 
 
 def use_kernels(model: nn.Module, kernels: str, device) -> nn.Module:
-    """Route the norms, MLP activations, rotary and loss to ``kernels``: "compiled" or "eager".
+    """Route the norms, MLP activations, rotary, loss and the experts' permutation, combine
+    and grouped GEMM (moe.py) to ``kernels``: "compiled" or "eager".
 
     "compiled" uses runtime/kernels' fused ops for ``device`` (C++ on CPU, Triton on
     CUDA) unless they cannot be had, in which case one line on stderr says so and the
@@ -547,7 +548,8 @@ def use_kernels(model: nn.Module, kernels: str, device) -> nn.Module:
     """
     fused = select_kernels(kernels, device)
     for module in model.modules():
-        if isinstance(module, (Norm, Attention, MLP, Transformer)):
+        # moe.py's modules say so themselves (a dense build does not ship moe.py)
+        if isinstance(module, (Norm, Attention, MLP, Transformer)) or getattr(module, "uses_kernels", False):
             module.fused = fused
     return model
 

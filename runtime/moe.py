@@ -38,6 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .comm import all_to_all_rows, copy_to_group, exposed, gather_rows_from_group, group_rank, group_size
+from .zero import mean_of_group
 
 
 class GroupedLinear(nn.Module):
@@ -58,7 +59,12 @@ class GroupedLinear(nn.Module):
         """Keep this rank's experts of the whole (E, out, in) ``weight`` (tests; initialization fills only this rank's experts: Note [counter-based init])."""
         self.weight.copy_(weight[self.first : self.first + self.weight.shape[0]])
 
+    fused = None  # the compiled ops (kernels.select, set by model.use_kernels); None: eager
+    uses_kernels = True
+
     def forward(self, x, counts):
+        if self.fused is not None and x.device.type == "cpu":  # one grouped GEMM op (kernels/cpu/moe.cpp)
+            return self.fused.grouped_mm(x, self.weight, counts)
         return grouped_linear(x, self.weight, counts)
 
 
@@ -204,11 +210,10 @@ class MoEMLP(nn.Module):
             order_of = [torch.cat(share) for share in shares]
             order = order_of[group_rank(self.tp_group)]  # y's rows: sub-batch by sub-batch
         else:
-            y = self.dispatch_and_run(routed_in[slot_token[order]], counts)  # (kept slots, C), by expert
+            y = self.dispatch_and_run(self.permute(routed_in, slot_token[order]), counts)  # (kept slots, C), by expert
         if group_size(self.tp_group) > 1:  # every tp rank weighs and sums every token's rows
             y, order = gather_rows_from_group(y, self.tp_group), torch.cat(order_of)
-        y = y * slot_weight[order].unsqueeze(1).to(y.dtype)
-        out = torch.zeros_like(tokens).index_add_(0, slot_token[order], y)
+        out = self.combine(y, slot_token[order], slot_weight[order], tokens)
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens)
         out = out.view(shape)
@@ -217,6 +222,22 @@ class MoEMLP(nn.Module):
         if aux is not None and torch.is_grad_enabled():
             out = _AuxLoss.apply(out, aux[0] + aux[1], self.loss_scale)
         return out
+
+    fused = None  # the compiled ops (kernels.select, set by model.use_kernels); None: eager
+    uses_kernels = True
+
+    def permute(self, tokens, index):
+        """Rows ``tokens[index]``: each kept slot's token, by expert (a fused gather when kernels are on)."""
+        if self.fused is not None and tokens.device.type == "cpu":
+            return self.fused.permute_rows(tokens, index)
+        return tokens[index]
+
+    def combine(self, y, index, weight, tokens):
+        """(N, C) like ``tokens``: each token's expert rows ``y`` times their weights, summed in row order."""
+        if self.fused is not None and y.device.type == "cpu":
+            return self.fused.combine_rows(y, index, weight.to(y.dtype), tokens.shape[0]).to(tokens.dtype)
+        y = y * weight.unsqueeze(1).to(y.dtype)
+        return torch.zeros_like(tokens).index_add_(0, index, y)
 
     def dispatch_and_run(self, x, counts):
         """Rows of ``x`` sorted by expert (``counts[e]`` for expert e) → their experts' outputs, same order.
@@ -251,7 +272,7 @@ class MoEMLP(nn.Module):
         from .moe_overlap import run_overlapped  # only a build that overlaps experts ships it
 
         counts = [torch.bincount(slot_expert[o], minlength=self.experts_count) for o in orders]
-        ys = run_overlapped(self, [tokens[slot_token[o]] for o in orders], counts)
+        ys = run_overlapped(self, [self.permute(tokens, slot_token[o]) for o in orders], counts)
         return torch.cat(ys)
 
     def exchange_plan(self, counts) -> "ExchangePlan":
@@ -298,19 +319,8 @@ def reduce_expert_grads(model: nn.Module, edp_group, *, data_ranks: int) -> None
     combine's backward, what every rank of its ep group's tokens gave it; summed over the
     edp ranks that hold the same experts and divided by the ``data_ranks`` (dp·cp) whose
     mean loss the step takes, they equal one rank's. Other gradients are dp.py's."""
-    grads = [p.grad for p in model.parameters() if getattr(p, "expert_parallel", False) and p.grad is not None]
-    if not grads:
-        return
-    if group_size(edp_group) > 1:
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        with exposed():
-            dist.all_reduce(flat, group=edp_group)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
-    for g in grads:
-        g.div_(data_ranks)
+    experts = [p for p in model.parameters() if getattr(p, "expert_parallel", False)]
+    mean_of_group(experts, edp_group, data_ranks)  # under ZeRO, zero.py does it (Note [experts under ZeRO])
 
 
 def moe_layers(model: nn.Module) -> list[MoEMLP]:

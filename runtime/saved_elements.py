@@ -23,6 +23,13 @@ k = kv_heads·head_dim, t = tp):
                gate), which enter the tp region together (``layers.project``): 2h.
   selective:   the attention core's lse and tables go; full: the block input only
                (h, or h/t under sp).
+  MoE block:   the dense MLP's F terms are replaced by the routed rows' (runtime/moe.py):
+               r rows per token on this rank (top_k; /t under ep > 1, where each tp rank
+               dispatches a share; times the routing imbalance on the busiest rank), each
+               saving its gathered input h and 4F_e (llama: gate, up, silu, product) or
+               2F_e (gpt: up, gelu), plus every token's top_k combined rows h and their
+               weights, the router's probabilities E and its chosen experts (int64, 2 each)
+               and scores; shared experts as a dense MLP of S·F_e (eager: 4 or 2 per F).
 
 Those were read off ``saved_tensors_hooks`` on CPU and are checked against the
 trainer's measurement in tests/planner. The working set of a recomputed layer and the
@@ -34,9 +41,20 @@ from __future__ import annotations
 
 
 def block_saved_elements(
-    config, block, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True
+    config, block, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True,
+    ep: int = 1, imbalance: float = 1.0,
 ) -> float:
-    """Elements saved per token by one block (Note [what parc's trainer saves])."""
+    """Elements saved per token by one block (Note [what parc's trainer saves]); ``ep`` and
+    ``imbalance`` matter to a MoE block only."""
+    dense = _dense_block(config, block, tp=tp, sp=sp, recompute=recompute, micro_batch=micro_batch,
+                         compiled=compiled)
+    if block.experts and recompute != "full":
+        return dense - _dense_mlp(config, block, tp, compiled) + moe_saved_elements(
+            config, block, tp=tp, ep=ep, imbalance=imbalance)
+    return dense
+
+
+def _dense_block(config, block, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool) -> float:
     h, F, a, t = config.hidden, block.ffn, block.heads, tp
     k = block.kv_heads * block.head_dim
     if recompute == "full":
@@ -61,6 +79,26 @@ def block_saved_elements(
         norm_outputs = 2 * h
         return 2 * h + (whole - norm_outputs + stats) / t + sharded / t + core_extra
     return whole + stats + sharded / t + core_extra
+
+
+def _dense_mlp(config, block, tp: int, compiled: bool) -> float:
+    """The F terms of a dense block's MLP per token on a tp rank (see above)."""
+    if config.arch == "gpt":
+        return 2 * block.ffn / tp
+    return (3 if compiled else 4) * block.ffn / tp
+
+
+def moe_saved_elements(config, block, *, tp: int, ep: int, imbalance: float = 1.0) -> float:
+    """Elements per token a MoE block's router, experts and combine save (Note [what parc's
+    trainer saves], MoE block); eager ops (the experts' activation is not a fused kernel)."""
+    h, F, K, E = config.hidden, block.ffn, block.top_k, block.experts
+    per_row = 4 * F if config.arch == "llama" else 2 * F
+    rows = K / tp if ep > 1 else K  # Note [expert dispatch under tp] (moe.py)
+    routed = rows * imbalance * (h + per_row)
+    combine = K * (h + 1)  # the experts' rows before weighting, and the weights
+    router = E + 2 * K + K  # softmax probabilities, the chosen experts (int64), their scores
+    shared = config.shared_experts * per_row  # a dense MLP of S·F_e, replicated over tp
+    return routed + combine + router + shared
 
 
 def head_saved_elements(config, *, tp: int, sp: bool, compiled: bool = True) -> float:

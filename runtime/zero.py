@@ -34,6 +34,16 @@ parameters, a stage's copy of a tied embedding: dp.py, Note [late gradients]) si
 in buckets of their own, reduced then, after their sums over tp or stages. The AdamW arithmetic is
 ``torch.optim.AdamW``'s (foreach=False), weight decay on matrices only, as in
 ``optim.build_optimizer``.
+
+Note [experts under ZeRO]: with expert parallelism (ep > 1) the experts of a rank are not
+those of every dp rank, so they cannot share the dense parameters' flat buffer. They get
+a second ``ShardedAdamW`` (``self.experts``) over their own ``edp_group`` (the ranks
+holding the same experts, mesh.py's Note [parallel folding]): their own flat buffer,
+slices, moments and all-gather. Their gradients are summed over edp and divided by
+``data_ranks`` (dp·cp: the mean loss is over those ranks' tokens; moe.py's
+``reduce_expert_grads``) — at stage 1 after backward, at stage 2 bucket by bucket during
+it. The global norm adds the experts' squares, summed over edp (slices) and ep, to the
+dense ones before the pipeline sum, and both parts are clipped by the same factor.
 """
 
 from __future__ import annotations
@@ -50,15 +60,34 @@ from .dp import GradientBuckets, gradient_buckets
 class ShardedAdamW:
     def __init__(
         self, model, *, dp_group, tp_group, stage, lr, betas, weight_decay, eps, pp_group=None,
-        accumulations=1, bucket_bytes=25 * 2**20,
+        accumulations=1, bucket_bytes=25 * 2**20, ep_group=None, edp_group=None, data_ranks=None,
+        params=None,
     ):
+        """``ep_group``, ``edp_group``, ``data_ranks``: expert parallelism's groups and the
+        ranks the loss is a mean over (Note [experts under ZeRO]). ``params``: the
+        parameters this optimizer owns (default: all but the expert-parallel ones)."""
         if stage not in (1, 2):
             raise ValueError(f"ZeRO stage must be 1 or 2, not {stage!r}")
         self.stage, self.dp_group, self.tp_group, self.pp_group = stage, dp_group, tp_group, pp_group
         self.beta1, self.beta2 = (float(b) for b in betas)
         self.eps, self.weight_decay = float(eps), float(weight_decay)
         self.param_groups = [{"lr": float(lr)}]
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        owned = params is not None
+        if params is None:
+            params = [p for p in model.parameters() if p.requires_grad and not getattr(p, "expert_parallel", False)]
+        self.params = list(params)
+        # the divisor of the summed gradients: dp for dense parameters, dp·cp for experts
+        self.mean_over = group_size(dp_group) if data_ranks is None or not owned else int(data_ranks)
+        self.ep_group, self.experts = ep_group, None
+        experts = [] if owned else [p for p in model.parameters() if getattr(p, "expert_parallel", False)]
+        if experts:  # Note [experts under ZeRO]
+            if data_ranks is None:
+                raise ValueError("expert-parallel parameters under ZeRO need data_ranks (and edp_group)")
+            self.experts = ShardedAdamW(
+                model, dp_group=edp_group, tp_group=None, stage=stage, lr=lr, betas=betas,
+                weight_decay=weight_decay, eps=eps, accumulations=accumulations, bucket_bytes=bucket_bytes,
+                data_ranks=data_ranks, params=experts,
+            )
         dp_size, dp_rank = group_size(dp_group), group_rank(dp_group)
         total = sum(p.numel() for p in self.params)
         self.shard = -(-total // dp_size)  # elements per dp rank (the last one padded)
@@ -92,9 +121,10 @@ class ShardedAdamW:
             "exp_avg_sq": torch.zeros(self.shard, dtype=torch.float32, device=device),
         }
         self.grad = None  # this rank's gradient slice, set by reduce_gradients_and_clip
+        self._grad_sync = None
         if stage == 2:  # Note [ZeRO-2 during backward]
             self._prepare_buckets(int(accumulations), int(bucket_bytes))
-        else:  # stage 1: whole gradients, all-reduced during backward
+        elif not owned:  # stage 1: whole gradients, all-reduced during backward
             self._grad_sync = GradientBuckets(
                 model, dp_group, bucket_bytes=bucket_bytes, overlap=True, accumulations=accumulations
             )
@@ -145,6 +175,8 @@ class ShardedAdamW:
         work = None
         if group_size(self.dp_group) > 1:
             work = dist.all_reduce(packed, group=self.dp_group, async_op=True)
+        if self.mean_over != 1 and work is None:
+            packed.div_(self.mean_over)  # nothing to sum (edp of one): the mean only
         self._launched.add(index)
         self._inflight = (bucket, packed, work)
 
@@ -157,7 +189,7 @@ class ShardedAdamW:
         if work is not None:
             with exposed():
                 work.wait()
-            packed.div_(group_size(self.dp_group))
+            packed.div_(self.mean_over)
         at = 0  # where each parameter sits in ``packed``
         for p, offset in bucket:
             lo, hi = max(offset, self.lo), min(offset + p.numel(), self.hi)
@@ -203,17 +235,41 @@ class ShardedAdamW:
         The norm is global: squares of tp shards summed over tp, replicated
         parameters counted once, then the dp slices summed. ``max_norm == 0`` only measures.
         """
-        if self.stage == 2:
-            grad = self._reduced_slice()  # Note [ZeRO-2 during backward]
-        else:
-            self._grad_sync.finish()  # the dp means, in place of each param.grad
-            grad = self._slice_grad()  # each rank keeps only its slice
-        norm = clip_global_norm_(
-            grad, counted=self.counted, tp_mask=self.tp_mask, max_norm=max_norm,
-            tp_group=self.tp_group, dp_group=self.dp_group, pp_group=self.pp_group, grad_scale=grad_scale,
-        )
+        grad = self._mean_slice()
+        if grad_scale != 1.0:
+            grad.mul_(1.0 / grad_scale)
+        slices = [grad]
+        total_sq = global_squares(grad, counted=self.counted, tp_mask=self.tp_mask,
+                                  tp_group=self.tp_group, dp_group=self.dp_group)
+        if self.experts is not None:  # Note [experts under ZeRO]
+            expert_grad = self.experts._mean_slice()
+            if grad_scale != 1.0:
+                expert_grad.mul_(1.0 / grad_scale)
+            expert_sq = global_squares(expert_grad, counted=self.experts.counted, tp_mask=self.experts.tp_mask,
+                                       tp_group=None, dp_group=self.experts.dp_group)
+            if group_size(self.ep_group) > 1:
+                with exposed():
+                    dist.all_reduce(expert_sq, group=self.ep_group)  # each ep rank's own experts
+            total_sq = total_sq + expert_sq
+            self.experts.grad = expert_grad
+            slices.append(expert_grad)
+        if group_size(self.pp_group) > 1:
+            with exposed():
+                dist.all_reduce(total_sq, group=self.pp_group)  # every stage's squares
+        norm = _clip(slices, total_sq, max_norm)
         self.grad = grad
         return norm
+
+    @torch.no_grad()
+    def _mean_slice(self) -> torch.Tensor:
+        """This rank's slice of the gradient, summed over the group and divided by ``mean_over``."""
+        if self.stage == 2:
+            return self._reduced_slice()  # Note [ZeRO-2 during backward]
+        if self._grad_sync is not None:
+            self._grad_sync.finish()  # the dp means, in place of each param.grad
+        else:  # the experts' part at stage 1 (Note [experts under ZeRO])
+            mean_of_group(self.params, self.dp_group, self.mean_over)
+        return self._slice_grad()  # each rank keeps only its slice
 
     @torch.no_grad()
     def step(self) -> None:
@@ -225,6 +281,9 @@ class ShardedAdamW:
             betas=(self.beta1, self.beta2), eps=self.eps, weight_decay=self.weight_decay,
         )
         self._all_gather()
+        if self.experts is not None:
+            self.experts.param_groups[0]["lr"] = self.param_groups[0]["lr"]  # optim.set_lr sets ours
+            self.experts.step()
 
     def _all_gather(self) -> None:
         size = group_size(self.dp_group)
@@ -241,15 +300,22 @@ class ShardedAdamW:
         self.grad = None
         for p in self.params:
             p.grad = None
+        if self.experts is not None:
+            self.experts.zero_grad()
+
+    def parts(self) -> list[ShardedAdamW]:
+        """The flat buffers' owners: this one, and the experts' (Note [experts under ZeRO])."""
+        return [self] + ([self.experts] if self.experts is not None else [])
 
     def held_grad_bytes(self) -> int:
-        """Bytes of the gradient slice this optimizer keeps (``param.grad`` not included;
+        """Bytes of the gradient slices this optimizer keeps (``param.grad`` not included;
         nor a stage-2 bucket still in flight: a communication buffer)."""
-        return 0 if self.grad is None else self.grad.numel() * self.grad.element_size()
+        return sum(0 if part.grad is None else part.grad.numel() * part.grad.element_size() for part in self.parts())
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state (moments) this rank holds."""
-        return sum(t.numel() * t.element_size() for t in self.state.values() if torch.is_tensor(t))
+        return sum(t.numel() * t.element_size() for part in self.parts()
+                   for t in part.state.values() if torch.is_tensor(t))
 
 
 @torch.no_grad()
@@ -264,6 +330,18 @@ def clip_global_norm_(grad, *, counted, tp_mask, max_norm, tp_group, dp_group, p
     is first divided by ``grad_scale`` (fp16's loss scale, loss_scale.py)."""
     if grad_scale != 1.0:
         grad.mul_(1.0 / grad_scale)
+    total_sq = global_squares(grad, counted=counted, tp_mask=tp_mask, tp_group=tp_group, dp_group=dp_group)
+    if group_size(pp_group) > 1:
+        with exposed():
+            dist.all_reduce(total_sq, group=pp_group)  # every stage's squares
+    return _clip([grad], total_sq, max_norm)
+
+
+@torch.no_grad()
+def global_squares(grad, *, counted, tp_mask, tp_group, dp_group) -> torch.Tensor:
+    """The sum of squares of a gradient held as one slice per rank of ``dp_group``: tp
+    shards (``tp_mask``) summed over tp, replicated parameters counted once (``counted``
+    false on a tied copy and on padding), then the slices summed over ``dp_group``."""
     squares = grad.pow(2).masked_fill(~counted, 0.0)  # a tied copy counts once
     sharded_sq = squares[tp_mask].sum()
     with exposed():  # small blocking collectives: nothing to hide them behind
@@ -272,14 +350,39 @@ def clip_global_norm_(grad, *, counted, tp_mask, max_norm, tp_group, dp_group, p
         total_sq = sharded_sq + squares[~tp_mask].sum()
         if group_size(dp_group) > 1:
             dist.all_reduce(total_sq, group=dp_group)
-        if group_size(pp_group) > 1:
-            dist.all_reduce(total_sq, group=pp_group)  # every stage's squares
+    return total_sq
+
+
+@torch.no_grad()
+def _clip(grads, total_sq, max_norm) -> float:
+    """The norm sqrt(``total_sq``); every slice in ``grads`` scaled to at most ``max_norm``."""
     norm = float(total_sq.sqrt())
     if max_norm > 0 and math.isfinite(norm):
         scale = max_norm / (norm + 1e-6)
         if scale < 1.0:
-            grad.mul_(scale)
+            for grad in grads:
+                grad.mul_(scale)
     return norm
+
+
+@torch.no_grad()
+def mean_of_group(params, group, divisor: int) -> None:
+    """Each parameter's gradient summed over ``group`` (one flat all-reduce) and divided by
+    ``divisor``, in place; a parameter without a gradient is skipped."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    if group_size(group) > 1:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        with exposed():
+            dist.all_reduce(flat, group=group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+    if divisor != 1:
+        for g in grads:
+            g.div_(divisor)
 
 
 @torch.no_grad()

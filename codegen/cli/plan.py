@@ -99,6 +99,8 @@ def _number(value: float) -> str:
 
 def settings(layout) -> str:
     parts = [f"cp{layout.cp} {layout.cp_kind}"] if layout.cp > 1 else []
+    if layout.ep > 1:
+        parts.append(f"ep{layout.ep}")
     if layout.pp > 1:
         parts.append(f"interleaved({layout.chunks})" if layout.schedule == "interleaved" else layout.schedule)
     if layout.sp:

@@ -21,7 +21,7 @@ from .cost.time import powersgd_compression
 from .search import TIE_TOLERANCE, SearchResult, tie_memory_unit, tie_rule
 
 KEYS = (
-    ("dp", "dp"), ("cp", "cp"), ("tp", "tp"), ("pp", "pp"), ("sp", "sp"), ("zero", "zero"),
+    ("dp", "dp"), ("cp", "cp"), ("tp", "tp"), ("pp", "pp"), ("ep", "ep"), ("sp", "sp"), ("zero", "zero"),
     ("schedule", "schedule"), ("chunks", "chunks"), ("compress", "compress"),
     *((entry.name, entry.name) for entry in SETTINGS), ("micro_batch", "micro_batch"),
 )
@@ -33,6 +33,8 @@ REASONS = {
         "zero": "the optimizer step touches a different share of the state",
         "micro_batch": "larger micro-batches run larger GEMMs with fewer op dispatches per sequence",
         "cp": "cp splits each sequence, so a rank's GEMMs keep their full width where tp would slice them",
+        "ep": "each rank runs its experts' share of the routed tokens as a grouped GEMM: fewer experts per "
+              "rank get more rows each",
     },
     "exposed_comm": {
         "cp": "ring attention passes K/V blocks to a neighbour behind each block's attention compute, where tp "
@@ -43,6 +45,8 @@ REASONS = {
         "sp": "sequence parallelism moves the same volume as reduce-scatter + all-gather",
         "compress": "PowerSGD sends the gradients as low-rank factors, far fewer bytes over the dp links, "
                     "but after backward instead of behind it",
+        "ep": "expert parallelism sends every routed token to its expert's rank and back by all-to-all, "
+              "over the links its ep group spans; the experts' gradients reduce over edp only",
     },
     "bubble": {
         "pp": "fewer pipeline stages leave less idle time at the ends of the step",
@@ -83,7 +87,8 @@ def _seconds(value: float) -> str:
 def _describe(item: Estimate) -> str:
     lay = item.layout
     cp = f" · cp {lay.cp} ({lay.cp_kind})" if lay.cp > 1 else ""
-    text = f"dp {lay.dp}{cp} · tp {lay.tp} · pp {lay.pp}"
+    ep = f" · ep {lay.ep}" if lay.ep > 1 else ""
+    text = f"dp {lay.dp}{cp} · tp {lay.tp} · pp {lay.pp}{ep}"
     extras = []
     if lay.pp > 1:
         extras.append(f"interleaved({lay.chunks})" if lay.schedule == "interleaved" else lay.schedule)
@@ -126,6 +131,7 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
         if other is not None and other is not runner:
             lines.append(_compare(best, index, other, items.index(other) + 1, unit, title="against other degrees"))
         lines += _cp_over_tp(best, index, items, unit)
+        lines += _ep_over_replicated(best, index, items)
     elif result.considered > 1:
         lines.append(f"#{index} is the only layout that fits.")
     too_big = [item for item in items if not item.fits and item.time.step < best.time.step]
@@ -187,6 +193,26 @@ def _cp_over_tp(best: Estimate, index: int, items, unit: float | None) -> list[s
         f"per rank ({_gib(abs(saved))} {'less' if saved >= 0 else 'more'}); the best cp 1 layout, #{j} "
         f"({_describe(alone)}), takes {_seconds(alone.time.step - best.time.step)[1:]} "
         f"{'more' if alone.time.step >= best.time.step else 'less'} per step{fits}.",
+    ]
+
+
+def _ep_over_replicated(best: Estimate, index: int, items) -> list[str]:
+    """What the winner's ep buys over experts replicated on every rank: the best layout
+    with ep = 1 (fitting or not), its step time, its memory and exposed communication."""
+    if best.layout.ep == 1:
+        return []
+    alone = next((item for item in items if item.layout.ep == 1), None)
+    if alone is None:
+        return [f"ep {best.layout.ep}: no layout with the experts replicated (ep 1) passes the rules on this mesh."]
+    j = items.index(alone) + 1
+    fits = "" if alone.fits else ", and does not fit in memory"
+    states = lambda item: item.memory.params + item.memory.grads + item.memory.optimizer  # noqa: E731
+    return [
+        f"ep {best.layout.ep} over replicated experts: each rank holds experts/{best.layout.ep} of every MoE "
+        f"layer, so its weights, gradients and optimizer state are {_gib(states(best))} vs {_gib(states(alone))}, "
+        f"for {_seconds(best.time.ep_comm)[1:]} of expert all-to-all per step; the best ep 1 layout, #{j} "
+        f"({_describe(alone)}), takes {_seconds(alone.time.step - best.time.step)[1:]} "
+        f"{'more' if alone.time.step >= best.time.step else 'less'} per step{fits}."
     ]
 
 

@@ -125,3 +125,24 @@ def block_attention_backward(grad, q, k, v, out, lse, causal, scale):
     dk = torch.matmul(ds.transpose(-1, -2), q.to(p.dtype)) * scale
     B, Hkv, Tk, D = k.shape
     return dq, dk.view(B, Hkv, group, Tk, D).sum(2), dv.view(B, Hkv, group, Tk, D).sum(2)
+
+
+def permute_rows(x, index):
+    """Rows ``x[index]`` (each routed slot's token, in expert order)."""
+    return x[index]
+
+
+def combine_rows(rows, index, weight, tokens: int):
+    """Σ over rows i with index[i] = t of weight[i]·rows[i], for each of ``tokens`` tokens."""
+    weighted = _up(rows) * _up(weight).unsqueeze(1)
+    return torch.zeros(tokens, rows.shape[1], dtype=weighted.dtype, device=rows.device).index_add_(
+        0, index, weighted).to(rows.dtype)
+
+
+def grouped_mm(x, weight, counts):
+    """Each run of ``counts[e]`` rows of ``x`` times ``weight[e]``ᵀ: (N, in) → (N, out)."""
+    outs, start = [], 0
+    for expert, count in enumerate(counts.tolist()):
+        outs.append((_up(x[start : start + count]) @ _up(weight[expert]).t()).to(x.dtype))
+        start += count
+    return torch.cat(outs) if outs else x.new_empty(0, weight.shape[1])

@@ -184,6 +184,9 @@ MOE_LAYOUTS = {
     "dp2-zero3": dict(dp=2, parallel__zero=3),
     "pp2-zero_bubble": dict(pp=2, parallel__schedule="zero_bubble"),
     "ep2-pp2-zero_bubble": dict(dp=2, pp=2, parallel__ep=2, parallel__schedule="zero_bubble"),
+    # Note [experts under ZeRO]: the experts' flat buffer is sharded over edp, the rest over dp
+    "ep2-zero1": dict(dp=2, parallel__ep=2, parallel__zero=1),
+    "ep2-dp4-zero2": dict(dp=4, parallel__ep=2, parallel__zero=2),  # edp 2: expert slices too
 }
 """Every step's loss, aux_loss (z_loss) and expert_tokens, and the first grad norm, vs one rank."""
 

@@ -11,6 +11,7 @@ their world size (tests/conftest.py's ``trainers``).
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,12 @@ CASES = {
     "llama dp2 zero1 bf16": ("llama.par", dict(dp=2, zero=1, precision="bf16")),
     # fp16 autocast keeps the same 2-byte copies (the loss scale costs no bytes)
     "gpt dp2 fp16": ("gpt.par", dict(dp=2, precision="fp16")),
+    # mixture of experts (cost/experts.py): routed rows' activations; experts split over ep,
+    # sharded over edp under ZeRO (runtime/zero.py, Note [experts under ZeRO])
+    "llama moe dp2 ep2 zero1": ("llama.par", dict(dp=2, ep=2, zero=1, experts=4)),
+    # ep4 on dp4: one ep group holds every token, so the step's expert_tokens give each rank's share
+    "llama moe dp4 ep4 zero2": ("llama.par", dict(dp=4, ep=4, zero=2, experts=4)),
+    "llama moe dp2 zero0 every2 shared1": ("llama.par", dict(dp=2, experts=4, moe_every=2, shared_experts=1)),
 }
 
 
@@ -48,7 +55,9 @@ def _overrides(degrees: dict) -> list[str]:
         f"parallel.sp={degrees.get('sp', 'false')}", f"parallel.zero={degrees.get('zero', 0)}",
         f"parallel.recompute={degrees.get('recompute', 'none')}", f"mesh.devices_per_node={dp * tp * pp}",
         f"parallel.schedule={degrees.get('schedule', '1f1b')}",
-    ] + ([f"train.precision={degrees['precision']}"] if "precision" in degrees else [])
+    ] + ([f"train.precision={degrees['precision']}"] if "precision" in degrees else []) + [
+        f"model.{key}={degrees[key]}" for key in ("experts", "moe_every", "shared_experts") if key in degrees
+    ] + ([f"parallel.ep={degrees['ep']}"] if "ep" in degrees else [])
 
 
 def measured_case(case: str) -> Case:
@@ -65,6 +74,16 @@ def cases_of(item) -> list[Case]:
     return []
 
 
+def routed_share(expert_tokens: dict, ep_rank: int, ep: int) -> float:
+    """The tokens routed to ep rank ``ep_rank``'s experts over the mean, averaged over the
+    MoE layers (each layer's routed activations scale with its own)."""
+    shares = []
+    for counts in expert_tokens.values():
+        local = len(counts) // ep
+        shares.append(sum(counts[ep_rank * local : (ep_rank + 1) * local]) * ep / sum(counts))
+    return sum(shares) / len(shares)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_predicted_bytes_equal_measured(case, trainers):
     spec_name, degrees = CASES[case]
@@ -78,6 +97,10 @@ def test_predicted_bytes_equal_measured(case, trainers):
     for rank, row in enumerate(ranks):
         pipeline_rank = rank // (layout.dp * layout.tp)  # mesh order pp, dp, tp (runtime/axes.py)
         want = predicted[pipeline_rank]
+        if layout.ep > 1:  # this rank's experts' share of the routed tokens: the planner's imbalance
+            imbalance = routed_share(records[-1]["expert_tokens"], rank % (layout.dp * layout.tp) % layout.ep, layout.ep)
+            skewed = replace(spec, model=replace(spec.model, routing_imbalance=imbalance))
+            want = memory(skewed, layout).per_rank[pipeline_rank]
         got = (row["param_bytes"], row["grad_bytes"], row["optim_bytes"])
         assert got == (want.params, want.grads, want.optimizer), f"{case}, rank {rank}"
         measured = row["activation_peak_bytes"]

@@ -271,3 +271,9 @@ def from_profile(mesh: MeshSpec, path: str, *, named: str) -> Hardware:
             )
         ),
     )
+
+
+def gemm_time(hw: Hardware, m: float, n: float, k: float) -> float:
+    """Seconds of one (m × k)·(k × n) product: 2·m·n·k FLOPs at the matmul rate of its
+    smallest dimension (Note [size-dependent efficiency]), times the machine's GEMM scale."""
+    return 2.0 * m * n * k / hw.matmul_flops(min(m, n, k)) * hw.gemm_scale

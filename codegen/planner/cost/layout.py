@@ -70,6 +70,8 @@ class Layout:
     """``ring``, ``ulysses`` or ``allgather`` (``cost/context.py``)."""
     compress: str = "none"
     """``parallel.compress``: ``none``, ``powersgd`` or ``topk`` (``cost/compress.py``)."""
+    ep: int = 1
+    """Expert-parallel ranks: each holds experts / ep of every MoE block (``cost/experts.py``)."""
 
     def tokens(self, seq_len: int) -> int:
         """Tokens of one micro-batch on one rank: micro_batch · seq_len / cp."""
@@ -107,6 +109,8 @@ class Layout:
         parts = [f"dp {self.dp}", f"tp {self.tp}", f"pp {self.pp}"]
         if self.cp > 1:
             parts.insert(1, f"cp {self.cp} ({self.cp_kind})")
+        if self.ep > 1:
+            parts.append(f"ep {self.ep}")
         if self.pp > 1:
             parts.append(
                 f"interleaved({self.chunks})" if self.schedule == "interleaved" else self.schedule
@@ -134,7 +138,12 @@ def placement_kind(layout: Layout) -> str:
 
 def rank_blocks(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> list[int]:
     """The block indices pipeline rank ``rank`` holds (all of its chunks)."""
-    mine = _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers), placement_kind(layout))
+    return blocks_of(model.layers, layout.pp, layout.chunks, rank, stage_layers, placement_kind(layout))
+
+
+def blocks_of(layers: int, pp: int, chunks: int, rank: int, stage_layers=None, kind: str = "interleaved") -> list[int]:
+    """``rank_blocks`` from the degrees alone."""
+    mine = _chunks(layers, pp, chunks, rank, _stages(stage_layers), kind)
     return [i for (start, stop), _, _ in mine for i in range(start, stop)]
 
 
@@ -158,8 +167,25 @@ def rank_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) 
     """(elements, tensors) of pipeline rank ``rank``'s parameters on one tp rank: the sum
     of its chunks' ``ModelDesc.stage_params`` (runtime/model_desc.py)."""
     count = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers),
-                         placement_kind(layout))
+                         placement_kind(layout), layout.ep)
     return count.elements, count.tensors
+
+
+def rank_expert_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> int:
+    """Elements of pipeline rank ``rank``'s experts split over ep (0 when ep = 1: then they
+    are replicated like any parameter): their gradients reduce over edp, ZeRO shards them
+    over edp (runtime/zero.py, Note [experts under ZeRO])."""
+    if layout.ep == 1:
+        return 0
+    whole = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers), layout.ep)
+    dense = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers), 1)
+    grouped = dense.elements - whole.elements  # the (ep − 1)/ep of the experts a rank lacks
+    return grouped // (layout.ep - 1)
+
+
+def expert_data_ranks(layout: Layout) -> int:
+    """edp: the ranks holding the same experts (expert layers fold dp·tp as edp·ep)."""
+    return layout.dp * layout.tp // layout.ep
 
 
 def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> int:
@@ -211,9 +237,9 @@ def _chunks(layers: int, pp: int, chunks: int, rank: int, stage_layers, kind: st
 
 @functools.lru_cache(maxsize=4096)
 def _rank_params(model: ModelSpec, tp: int, pp: int, chunks: int, rank: int, stage_layers,
-                 kind: str = "interleaved") -> ParamCount:
+                 kind: str = "interleaved", ep: int = 1) -> ParamCount:
     desc = model_desc(model)
     total = NONE
     for layers, first, last in _chunks(model.layers, pp, chunks, rank, stage_layers, kind):
-        total += desc.stage_params(tp, layers=layers, first=first, last=last)
+        total += desc.stage_params(tp, layers=layers, first=first, last=last, ep=ep)
     return total

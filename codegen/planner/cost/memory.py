@@ -13,7 +13,9 @@ for zero 0/1, 4·ceil(Ψ/dp) for zero 2; ``optim_bytes`` = two fp32 moments per 
 plus torch's 4-byte ``step`` per tensor (zero 0), or the moments of the rank's slice,
 8·ceil(Ψ/dp) (zero 1/2); under sp, zero 2 also holds the partial sequence-parallel
 gradients (norms, row biases, positions) whole when backward ends, until their sum
-over tp. Its activations are the tensors autograd saves in ``runtime/model.py``,
+over tp. Under ep > 1 a rank holds experts / ep of each MoE block (``rank_params``) and
+ZeRO shards them over edp = dp·tp/ep in a buffer of their own (runtime/zero.py, Note
+[experts under ZeRO]): ceil(dense/dp) + ceil(experts/edp) elements. Its activations are the tensors autograd saves in ``runtime/model.py``,
 counted per token from the model's shapes in ``runtime/saved_elements.py`` (Note
 [what parc's trainer saves]; checked against the trainer's measurement in
 tests/planner). The working set of a recomputed layer and the gradient flat buffers
@@ -27,14 +29,16 @@ import math
 from dataclasses import dataclass
 
 from parc.dsl.spec import ModelSpec, Precision, Spec
+from parc.runtime.constraints import per_layer
 from parc.runtime.model_desc import LINEAR
 from parc.runtime.schedule import in_flight_bound
 
 from ...model_config import model_desc
 from .context import cp_saved_elements
 from .layout import (
-    SETTING_NAMES, Accounting, Layout, rank_blocks, rank_params, sequence_parallel_params, stage_contents,
-    zero3_shard_elements,
+    SETTING_NAMES, Accounting, Layout, blocks_of, expert_data_ranks, placement_kind, rank_blocks, rank_expert_params,
+    rank_params,
+    sequence_parallel_params, stage_contents, zero3_shard_elements,
 )
 
 
@@ -109,12 +113,13 @@ def korthikanti_layer_bytes(
 
 
 def parc_layer_elements(
-    model: ModelSpec, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True
+    model: ModelSpec, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True, ep: int = 1
 ) -> float:
-    """Elements saved per token by one block of parc's trainer: the model description's
-    (runtime/saved_elements.py, Note [what parc's trainer saves])."""
+    """Elements saved per token by one block (the first: a MoE one in a MoE model) of parc's
+    trainer: the model description's (runtime/saved_elements.py, Note [what parc's trainer saves])."""
     return model_desc(model).block_saved_elements(
-        0, tp=tp, sp=sp, recompute=recompute, micro_batch=micro_batch, compiled=compiled
+        0, tp=tp, sp=sp, recompute=recompute, micro_batch=micro_batch, compiled=compiled, ep=ep,
+        imbalance=model.routing_imbalance,
     )
 
 
@@ -156,12 +161,21 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
     element = 4.0 if spec.train.precision is Precision.FP32 else 2.0
     compiled = compiled_kernels(spec)
     extra = cp_saved_elements(spec, layout)  # Note [cp costs]: allgather's K/V of other ranks
-    layers = sum(
-        count * (parc_layer_elements(
-            model, tp=layout.tp, sp=layout.sp, recompute=mode, micro_batch=layout.micro_batch, compiled=compiled,
-        ) + (extra if mode != "full" else 0.0))
-        for mode, count in modes.items()
-    )
+    if model.experts:  # blocks differ (moe_every): each kind of the rank's blocks once
+        layers = sum(
+            count * (model_desc(model).block_saved_elements(
+                index, tp=layout.tp, sp=layout.sp, recompute=mode, micro_batch=layout.micro_batch,
+                compiled=compiled, ep=layout.ep, imbalance=model.routing_imbalance,
+            ) + (extra if mode != "full" else 0.0))
+            for (index, mode), count in _rank_block_kinds(model, layout, rank, stage_layers)
+        )
+    else:
+        layers = sum(
+            count * (parc_layer_elements(
+                model, tp=layout.tp, sp=layout.sp, recompute=mode, micro_batch=layout.micro_batch, compiled=compiled,
+            ) + (extra if mode != "full" else 0.0))
+            for mode, count in modes.items()
+        )
     total = in_flight * layers / layout.chunks * tokens * element
     if contents.embed:
         total += min(in_flight, micro_batches) * tokens * 8.0  # the int64 token ids
@@ -183,6 +197,26 @@ def autocast_block_weights(model: ModelSpec, tp: int) -> int:
     micro-batch in flight (each forward is its own autocast region), none inside a
     fully recomputed block. Elements of one block's matmul weights on a tp rank."""
     return sum(m.weight.numel(tp) for m in model_desc(model).blocks[0].modules if m.layer == LINEAR)
+
+
+def _rank_block_kinds(model: ModelSpec, layout: Layout, rank: int, stage_layers=None):
+    """((a block index of the kind, recompute mode), count) for each kind of block pipeline
+    rank ``rank`` holds: MoE or dense, by recompute mode."""
+    return _block_kinds(model, layout.pp, layout.chunks, layout.recompute, rank,
+                        tuple(stage_layers) if stage_layers else None, placement_kind(layout))
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_kinds(model: ModelSpec, pp: int, chunks: int, recompute, rank: int, stage_layers,
+                 kind: str = "interleaved") -> tuple:
+    modes = per_layer(recompute, model.layers)
+    blocks = model_desc(model).blocks
+    kinds: dict = {}
+    for i in blocks_of(model.layers, pp, chunks, rank, stage_layers, kind):
+        key = (bool(blocks[i].experts), modes[i])
+        first, n = kinds.get(key, (i, 0))
+        kinds[key] = (first, n + 1)
+    return tuple(((first, mode), n) for (_, mode), (first, n) in kinds.items())
 
 
 def _rank_recompute(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> dict[str, int]:
@@ -209,6 +243,11 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
         param_b, grad_b, optim_b = model_state_bytes(
             params, tensors, dp=layout.dp, zero=layout.zero, accounting=accounting
         )
+        experts = rank_expert_params(model, layout, rank, stage_layers)
+        if accounting is Accounting.PARC and experts and layout.zero in (1, 2):  # Note [experts under ZeRO]
+            shard = math.ceil((params - experts) / layout.dp) + math.ceil(experts / expert_data_ranks(layout))
+            optim_b = 8.0 * shard
+            grad_b = 4.0 * shard if layout.zero == 2 else grad_b
         if accounting is Accounting.PARC and layout.zero == 2 and layout.dp > 1:
             # Partial sp gradients wait, whole, for their sum over tp when backward ends.
             grad_b += 4.0 * sequence_parallel_params(model, layout, rank, stage_layers)
@@ -266,6 +305,7 @@ def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting, fu
             total += 4.0 * params
     if full_recompute:  # one block's tensors rebuilt during its backward
         element = 2.0 if accounting is Accounting.MEGATRON else 4.0
-        working = parc_layer_elements(model, tp=layout.tp, sp=layout.sp, recompute="none", micro_batch=layout.micro_batch)
+        working = parc_layer_elements(model, tp=layout.tp, sp=layout.sp, recompute="none",
+                                      micro_batch=layout.micro_batch, ep=layout.ep)
         total += working * tokens * element
     return total

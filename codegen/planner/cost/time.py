@@ -38,6 +38,9 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   all-reduces plus the compression's compute, both exposed (Note [powersgd cost]).
 - pipeline: a (b, s, h) message per chunk boundary; the makespan of the runtime's
   schedule (``cost/bubble.py``); bubble = makespan − the busy time.
+- mixture of experts: the experts' compute and the ep all-to-alls (``cost/experts.py``,
+  Note [MoE costs]) join the block's forward, backward and exposed time; expert
+  gradients reduce over edp, the rest over dp.
 - the optimizer streams its elements (AdamW) and the gradient-norm pass.
 """
 
@@ -57,8 +60,9 @@ from .bubble import makespan
 from .context import cp_comm
 from .comm import collective_latency, collective_time
 from .compress import RANK, powersgd_cost
-from .hardware import Hardware
-from .layout import SETTING_NAMES, Accounting, Layout, rank_params
+from .experts import expert_reduce, moe_block
+from .hardware import Hardware, gemm_time
+from .layout import SETTING_NAMES, Accounting, Layout, expert_data_ranks, rank_expert_params, rank_params
 from .overlap import exposed_tp
 
 OVERLAP_BLOCKS = 4
@@ -87,6 +91,8 @@ class TimeBreakdown:
     dp_comm: float
     pp_comm: float
     """Each collective kind's total per step, hidden or not."""
+    ep_comm: float = 0.0
+    """The expert all-to-alls (and their tp gathers) per step, hidden or not."""
     model_flops: float
     """Model FLOPs of one step over all ranks (6N + 12·L·H·Q·T per token, no recompute)."""
 
@@ -105,8 +111,7 @@ def _block_gemms(model: ModelSpec, tp: int) -> tuple[tuple[int, int], ...]:
     return tuple(m.weight.local_shape(tp) for m in block.modules if m.layer == LINEAR)
 
 
-def _gemm(hw: Hardware, m: float, n: float, k: float) -> float:
-    return 2.0 * m * n * k / hw.matmul_flops(min(m, n, k)) * hw.gemm_scale
+_gemm = gemm_time  # cost/hardware.py: one (m × k)·(k × n) product's seconds
 
 
 def _block_forward(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, tokens: float):
@@ -186,6 +191,8 @@ def step_time(
         recompute, k = (dict(zip(SETTING_NAMES, key))[name] for name in ("recompute", "overlap"))
         sub_forward, sub_core = _block_forward(spec, layout, hw, accounting, tokens / k)
         forward, core = k * sub_forward * slow, k * sub_core * slow
+        experts = moe_block(spec, layout, hw, tokens=tokens, k=k, size=size)  # Note [MoE costs]
+        forward += experts.forward
         backward = 2.0 * forward
         if recompute == "full":
             backward += forward
@@ -203,13 +210,15 @@ def step_time(
         recomputed = cp_forward if recompute in ("full", "selective") else 0.0
         tp_forward += cp_moved / 2
         tp_backward += cp_moved / 2 + recomputed
-        costs[key] = (forward, backward, tp_forward, tp_backward, block.forward_s + cp_forward,
-                      exposed_backward + cp_backward + recomputed)
+        recomputed += experts.exposed_forward if recompute == "full" else 0.0  # the dispatch again
+        costs[key] = (forward, backward, tp_forward, tp_backward,
+                      block.forward_s + cp_forward + experts.exposed_forward,
+                      exposed_backward + cp_backward + recomputed + experts.exposed_backward, experts.moved)
     if len(costs) == 1:
-        forward, backward, tp_forward, tp_backward, exposed_forward, exposed_backward = costs.popitem()[1]
+        forward, backward, tp_forward, tp_backward, exposed_forward, exposed_backward, ep_moved = costs.popitem()[1]
     else:  # the mean block, weighed by how many blocks have each setting
-        forward, backward, tp_forward, tp_backward, exposed_forward, exposed_backward = (
-            sum(costs[setting][i] for setting in settings) / len(settings) for i in range(6)
+        forward, backward, tp_forward, tp_backward, exposed_forward, exposed_backward, ep_moved = (
+            sum(costs[setting][i] for setting in settings) / len(settings) for i in range(7)
         )
 
     # ---- the head, the embedding: last and first stage -------------------------
@@ -235,8 +244,10 @@ def step_time(
 
     # ---- data parallel and the optimizer ----------------------------------------
     params, tensors = rank_params(m, layout, 0)
+    expert_params = rank_expert_params(m, layout, 0)  # split over ep: reduced over edp
+    dense_params = params - expert_params
     grad_size = 2.0 if accounting is Accounting.MEGATRON else 4.0
-    grads = params * grad_size
+    grads = dense_params * grad_size
     reduce = gather = 0.0
     reducing = d * layout.cp  # replicated parameters' gradients average over dp × cp
     if reducing > 1:
@@ -245,7 +256,11 @@ def step_time(
         scatter = layout.zero >= 3 or (layout.zero == 2 and accounting is Accounting.MEGATRON)
         reduce = collective_time(hw, "reduce_scatter" if scatter else "all_reduce", grads, size=reducing, stride=t)
         if 1 <= layout.zero <= 2:
-            gather = collective_time(hw, "all_gather", params * 4.0, size=d, stride=t)
+            gather = collective_time(hw, "all_gather", dense_params * 4.0, size=d, stride=t)
+    reduce += expert_reduce(hw, layout, expert_params, grad_size)
+    if 1 <= layout.zero <= 2 and expert_params:  # the experts' slices gathered over edp
+        gather += collective_time(hw, "all_gather", expert_params * 4.0, size=expert_data_ranks(layout),
+                                  stride=layout.ep)
     zero3 = zero3_gathers(hw, layout, params, layers_per_chunk * v, forward, backward, accounting) if d > 1 else None
     gathered = 0.0 if zero3 is None else micro_batches * zero3.total
     dp_comm = reduce + gather + gathered
@@ -260,7 +275,7 @@ def step_time(
         compression = cost.compute_s
         dp_exposed = reduce + compression + gather  # after backward, not behind it
     dp_exposed += 0.0 if zero3 is None else micro_batches * zero3.exposed
-    optimizer = _optimizer_time(hw, accounting, params, tensors, layout) * slow
+    optimizer = _optimizer_time(hw, accounting, params, tensors, layout, expert_params) * slow
     world = d * layout.cp * t * p
     # the step's two scalar all-reduces: the loss over dp, the finite check over every rank
     scalars = 2 * collective_latency(hw, "all_reduce", size=min(world, hw.devices_per_node), stride=1)
@@ -283,6 +298,7 @@ def step_time(
         tp_comm=tp_total,
         dp_comm=dp_comm,
         pp_comm=2 * micro_batches * v * p2p if p > 1 else 0.0,
+        ep_comm=micro_batches * v * layers_per_chunk * ep_moved,
         model_flops=model_flops_per_token(spec) * spec.train.global_batch * m.seq_len,
     )
 
@@ -326,8 +342,13 @@ def zero3_gathers(hw, layout, params: float, blocks: float, forward: float, back
     return Zero3Gathers(total=2 * units * g, exposed=exposed)
 
 
-def _optimizer_time(hw: Hardware, accounting: Accounting, params: int, tensors: int, layout: Layout) -> float:
-    elements = math.ceil(params / layout.dp) if layout.zero >= 1 else params
+def _optimizer_time(hw: Hardware, accounting: Accounting, params: int, tensors: int, layout: Layout,
+                    expert_params: int = 0) -> float:
+    elements = params
+    if layout.zero >= 1:  # experts split over ep are sharded over edp (runtime/zero.py)
+        elements = math.ceil((params - expert_params) / layout.dp)
+        if expert_params:
+            elements += math.ceil(expert_params / expert_data_ranks(layout))
     if accounting is Accounting.MEGATRON:
         return elements * 28.0 / hw.memory_bandwidth + 4 * hw.op_overhead
     ops = 14 * tensors if layout.zero == 0 else 30

@@ -19,6 +19,12 @@ at::Tensor cross_entropy_grad(const at::Tensor&, const at::Tensor&, const at::Te
 std::vector<at::Tensor> block_attention_fwd(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, double);
 std::vector<at::Tensor> block_attention_bwd(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                             const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, double);  // grad, q, k, v, out, lse
+at::Tensor permute_rows_fwd(const at::Tensor&, const at::Tensor&);
+at::Tensor permute_rows_bwd(const at::Tensor&, const at::Tensor&, int64_t);
+at::Tensor combine_rows_fwd(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t);
+std::vector<at::Tensor> combine_rows_bwd(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&);
+at::Tensor grouped_mm_fwd(const at::Tensor&, const at::Tensor&, const at::Tensor&);
+std::vector<at::Tensor> grouped_mm_bwd(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&);
 }  // namespace parc
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -36,4 +42,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cross_entropy_grad", &parc::cross_entropy_grad);
   m.def("block_attention_fwd", &parc::block_attention_fwd);
   m.def("block_attention_bwd", &parc::block_attention_bwd);
+  m.def("permute_rows_fwd", &parc::permute_rows_fwd);
+  m.def("permute_rows_bwd", &parc::permute_rows_bwd);
+  m.def("combine_rows_fwd", &parc::combine_rows_fwd);
+  m.def("combine_rows_bwd", &parc::combine_rows_bwd);
+  m.def("grouped_mm_fwd", &parc::grouped_mm_fwd);
+  m.def("grouped_mm_bwd", &parc::grouped_mm_bwd);
 }

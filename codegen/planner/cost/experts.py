@@ -1,0 +1,140 @@
+"""Mixture of experts in the cost model: expert compute, the ep all-to-alls, what experts add.
+
+Takes: a ``Spec`` with experts > 0, a ``Layout`` (its ``ep``) and ``Hardware``. Gives:
+``moe_block`` (the mean block's expert compute and all-to-all per micro-batch, and what
+compute does not hide), ``expert_reduce`` (the experts' gradient reduction over edp).
+The rest of a MoE block (attention, router, shared experts: linear modules) is
+``cost/time.py``'s dense block, and memory is ``cost/memory.py``'s (experts sharded over
+ep by ``rank_params``; the routed rows' activations by ``runtime/saved_elements.py``).
+Before: ``cost/layout.py``, ``cost/comm.py``. After: ``cost/time.py``.
+
+Note [MoE costs] (runtime/moe.py), per MoE block and micro-batch on one rank of n local
+tokens, K = top_k, C hidden, F = expert_ffn, ι = ``model.routing_imbalance`` (the busiest
+ep rank's routed rows over the mean, 1.0 when dropless and balanced):
+- rows: the rank dispatches n·K rows (n/tp under ep > 1 with tp: each tp rank sends a
+  share of the replicated tokens, Note [expert dispatch under tp]); its experts receive
+  as many, times ι on the busiest rank, which the others wait for.
+- compute: the grouped GEMM of each projection (3 for llama, 2 for gpt), 2·rows·C·F FLOPs
+  each, at the matmul rate of the per-expert row count (Note [size-dependent efficiency])
+  times ``GROUPED_GEMM_EFFICIENCY``; the activation and the permutations (gather,
+  scatter, weighting) stream their bytes; each local expert's projection is one dispatch.
+  Backward twice the forward.
+- all-to-all over ep (α–β over the links the ep group spans: ep consecutive ranks of the
+  stage's dp·tp, stride 1, ``cost/comm.py``): dispatch and combine each move the rows'
+  (ep − 1)/ep leaving the rank, as an all-gather's ring does; backward the same two. Under
+  tp the experts' rows are gathered back over tp (forward), their gradient split back.
+- overlap = sub_batch(k) with ep > 1 (Note [expert all-to-all overlap]): sub-batch i+1's
+  dispatch and i−1's combine run behind i's experts: exposed 2·a + (k − 1)·max(0, 2·a − c)
+  per pass (a one sub-batch's all-to-all, c its experts' compute), backward with 2c. Without
+  overlap, or with gloo on the CPU cores (``comm_on_cores``), every all-to-all is exposed.
+- a model with moe_every > 1 has dense blocks between: the mean block takes the MoE share
+  of the experts and the dense share of an MLP of ``ffn``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parc.dsl.spec import Arch, Spec
+from parc.runtime.model_desc import LINEAR
+
+from ...model_config import model_desc
+from .comm import collective_time
+from .hardware import Hardware, gemm_time
+from .layout import Layout, expert_data_ranks
+
+GROUPED_GEMM_EFFICIENCY = 0.9
+"""A grouped GEMM's rate over one GEMM of the same per-expert shape (launch and tail
+effects of many small problems; Megatron's grouped GEMM reaches ~90% on H100)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MoEBlock:
+    """The mean block's expert part, one micro-batch, seconds."""
+
+    forward: float
+    """Expert compute of the forward (backward: twice)."""
+    exposed_forward: float
+    exposed_backward: float
+    moved: float
+    """Every all-to-all (and tp gather) of forward and backward, hidden or not."""
+
+
+NO_EXPERTS = MoEBlock(0.0, 0.0, 0.0, 0.0)
+
+
+def moe_share(spec: Spec) -> float:
+    """The fraction of blocks that are MoE (every ``moe_every``-th)."""
+    m = spec.model
+    if not m.experts:
+        return 0.0
+    return sum(1 for b in model_desc(m).blocks if b.experts) / m.layers
+
+
+def routed_rows(spec: Spec, layout: Layout, tokens: float) -> float:
+    """Rows this rank's experts run per MoE block and micro-batch (Note [MoE costs])."""
+    m = spec.model
+    dispatched = tokens / layout.tp if layout.ep > 1 else tokens
+    return dispatched * m.top_k * m.routing_imbalance
+
+
+def _expert_forward(spec: Spec, layout: Layout, hw: Hardware, tokens: float) -> float:
+    m = spec.model
+    C, F = m.hidden, m.expert_ffn or m.ffn
+    rows = routed_rows(spec, layout, tokens)
+    local = m.experts // layout.ep
+    projections = 3 if m.arch is Arch.LLAMA else 2
+    per_expert = max(1.0, rows / local)
+    rate = hw.matmul_flops(min(per_expert, C, F)) * GROUPED_GEMM_EFFICIENCY
+    gemm = projections * 2.0 * rows * C * F / rate * hw.gemm_scale
+    # activation (F per row read and written per input), permutations: gather, scatter, weigh (C per row)
+    streamed = rows * (projections * F + 4 * C) * 4.0 / hw.memory_bandwidth
+    ops = (projections * local + 12) * hw.op_overhead
+    return gemm + streamed + ops
+
+
+def _dense_mlp_forward(spec: Spec, layout: Layout, hw: Hardware, tokens: float) -> float:
+    """A dense block's MLP GEMMs (the blocks between MoE ones when moe_every > 1)."""
+    dense = next((b for b in model_desc(spec.model).blocks if not b.experts), None)
+    if dense is None:
+        return 0.0
+    return sum(gemm_time(hw, tokens, *m.weight.local_shape(layout.tp)) for m in dense.modules
+               if m.layer == LINEAR and m.kind.startswith("mlp."))
+
+
+def _exposed(a: float, compute: float, k: int, comm_on_cores: bool) -> float:
+    """Note [MoE costs]: one pass's exposed all-to-all time, ``a`` per sub-batch."""
+    if comm_on_cores or k == 1:
+        return 2 * a * k
+    return 2 * a + (k - 1) * max(0.0, 2 * a - compute / k)
+
+
+def moe_block(spec: Spec, layout: Layout, hw: Hardware, *, tokens: float, k: int, size: float) -> MoEBlock:
+    """The mean block's expert part on ``tokens`` tokens of one micro-batch, ``k`` sub-batches
+    (Note [MoE costs]); ``size`` bytes an activation element."""
+    m = spec.model
+    share = moe_share(spec)
+    if not share:
+        return NO_EXPERTS
+    forward = share * _expert_forward(spec, layout, hw, tokens)
+    forward += (1 - share) * _dense_mlp_forward(spec, layout, hw, tokens)
+    if layout.ep == 1:
+        return MoEBlock(forward * hw.contention, 0.0, 0.0, 0.0)
+    forward *= hw.contention
+    rows = routed_rows(spec, layout, tokens)
+    splits = k if k > 1 else 1
+    a = collective_time(hw, "all_gather", rows / splits * m.hidden * size, size=layout.ep, stride=1)
+    gather = collective_time(hw, "all_gather", tokens * m.top_k * m.hidden * size, size=layout.tp, stride=1)
+    compute = forward / share  # one MoE block's experts
+    exposed_forward = share * (_exposed(a, compute, splits, hw.comm_on_cores) + gather)
+    exposed_backward = share * (_exposed(a, 2 * compute, splits, hw.comm_on_cores) + gather)
+    moved = share * (4 * a * splits + 2 * gather)
+    return MoEBlock(forward, exposed_forward, exposed_backward, moved)
+
+
+def expert_reduce(hw: Hardware, layout: Layout, expert_elements: float, grad_size: float) -> float:
+    """Seconds of the experts' gradient all-reduce over edp (hidden like dp's buckets)."""
+    edp = expert_data_ranks(layout)
+    if layout.ep == 1 or edp == 1:
+        return 0.0
+    return collective_time(hw, "all_reduce", expert_elements * grad_size, size=edp, stride=layout.ep)

@@ -1,0 +1,104 @@
+"""Mixture of experts in the planner (codegen/planner/cost/experts.py, Note [MoE costs]): ep
+in the search, experts' states split over ep and sharded over edp, the all-to-all over the
+links the ep group spans, the routing imbalance, sub-batch overlap of the all-to-alls, and
+the Mixtral-8x7B example, which ranks ep layouts and says what ep buys."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from parc.codegen.planner.cost import estimate, hardware_for
+from parc.codegen.planner.cost.experts import moe_block
+from parc.codegen.planner.cost.layout import rank_expert_params, rank_params
+from parc.codegen.planner.cost.memory import memory
+from parc.codegen.planner.search import candidates, fixed_layout, search
+from parc.codegen.planner.why import why
+from parc.dsl import load
+
+MIXTRAL = "examples/mixtral-8x7b.par"
+
+
+def fixed(ep, dp=8, tp=1, **sets):
+    """Mixtral on one 8-GPU node's worth of ranks per layout choice (pp 8 to fit)."""
+    extra = [f"{key}={value}" for key, value in sets.items()]
+    return load(MIXTRAL, [f"parallel.ep={ep}", f"parallel.dp={dp}", f"parallel.tp={tp}", f"parallel.pp={64 // (dp * tp)}",
+                          "parallel.zero=1", "parallel.recompute=full", "train.micro_batch=1", *extra])
+
+
+def test_ep_auto_is_searched_among_the_divisors_of_the_experts():
+    spec = load(MIXTRAL)
+    assert spec.parallel.ep is None
+    assert {layout.ep for layout in candidates(spec)} == {1, 2, 4, 8}
+    assert {layout.ep for layout in candidates(load(MIXTRAL, ["parallel.ep=2"]))} == {2}
+
+
+def test_experts_split_over_ep_and_their_states_over_edp():
+    one, two = fixed_layout(fixed(1)), fixed_layout(fixed(2))
+    spec = fixed(2)
+    whole, _ = rank_params(spec.model, one, 0)
+    split, _ = rank_params(spec.model, two, 0)
+    experts = rank_expert_params(spec.model, two, 0)
+    assert rank_expert_params(spec.model, one, 0) == 0  # replicated experts are plain parameters
+    assert whole - split == experts  # half of the experts leave each rank
+    # ZeRO-1: the dense part's moments over dp 8, the experts' over edp = 8/2 = 4
+    mem = memory(spec, two).per_rank[0]
+    dense = split - experts
+    assert mem.optimizer == 8.0 * (-(-dense // 8) + -(-experts // 4))
+
+
+def test_all_to_all_costs_more_when_the_ep_group_leaves_the_node():
+    spec = fixed(8)
+    layout = fixed_layout(spec)
+    hw = hardware_for(spec)
+    inside = moe_block(spec, layout, hw, tokens=4096, k=1, size=2.0)
+    spread = moe_block(spec, layout, replace(hw, devices_per_node=2), tokens=4096, k=1, size=2.0)
+    assert 0 < inside.exposed_forward < spread.exposed_forward
+    assert inside.forward == spread.forward  # the experts' compute does not depend on the links
+    # without ep no token moves
+    assert moe_block(spec, fixed_layout(fixed(1)), hw, tokens=4096, k=1, size=2.0).moved == 0
+
+
+def test_sub_batches_hide_the_all_to_all_behind_the_experts():
+    spec = fixed(8)
+    layout, hw = fixed_layout(spec), hardware_for(spec)
+    whole = moe_block(spec, layout, hw, tokens=4096, k=1, size=2.0)
+    split = moe_block(spec, layout, hw, tokens=4096, k=4, size=2.0)
+    assert split.exposed_forward < whole.exposed_forward
+    assert split.exposed_backward < whole.exposed_backward
+
+
+def test_routing_imbalance_slows_the_busiest_rank_and_grows_its_activations():
+    balanced = fixed(8, **{"parallel.recompute": "none"})
+    skewed = fixed(8, **{"parallel.recompute": "none", "model.routing_imbalance": 1.5})
+    hw = hardware_for(balanced)
+    a, b = (estimate(spec, fixed_layout(spec), hw) for spec in (balanced, skewed))
+    assert b.time.compute > a.time.compute
+    assert b.time.ep_comm > a.time.ep_comm
+    assert b.memory.activations > a.memory.activations
+    assert (b.memory.params, b.memory.optimizer) == (a.memory.params, a.memory.optimizer)
+
+
+def test_mixtral_plans_ep_layouts_and_explains_the_winner():
+    spec = load(MIXTRAL)
+    hw = hardware_for(spec)
+    result = search(spec, hw)
+    winner = result.winner
+    assert winner is not None and winner.layout.ep > 1
+    ranked = {item.layout.ep for item in result.estimates}
+    assert {1, 2, 4, 8} <= ranked
+    lines = why(spec, result, hw)
+    assert any(line.startswith(f"ep {result.estimates[0].layout.ep} over replicated experts") for line in lines)
+    # the winner's layout with the experts whole on every rank (ep 1) holds more and does not fit
+    replicated = estimate(spec, replace(winner.layout, ep=1), hw)
+    states = lambda item: item.memory.params + item.memory.grads + item.memory.optimizer  # noqa: E731
+    assert states(replicated) > 2 * states(winner) and not replicated.fits
+
+
+@pytest.mark.parametrize("ep", [1, 2, 8])
+def test_the_mean_block_counts_every_expert_flop_once(ep):
+    # the experts' FLOPs are the model's: top_k of E experts per token, whatever ep is
+    spec = fixed(ep)
+    est = estimate(spec, fixed_layout(spec), hardware_for(spec))
+    assert est.time.compute > 0 and 0 < est.mfu < 1
