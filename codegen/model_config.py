@@ -35,7 +35,8 @@ def model_config(model: ModelSpec) -> ModelConfig:
         tie_embeddings=model.tie_embeddings,
         experts=model.experts,
         top_k=model.top_k,
-        expert_ffn=model.expert_ffn,
+        # train.py writes EXPERT_FFN whenever there are experts (ffn when the spec leaves it out)
+        expert_ffn=model.expert_ffn if model.expert_ffn is not None or not model.experts else model.ffn,
         moe_every=model.moe_every,
         shared_experts=model.shared_experts,
         router=model.router,

@@ -167,13 +167,14 @@ def boxes(model: nn.Module, tp_group=None):
         name = getattr(module, "init_name", module_name)
         prefix = f"{name}." if name else ""
         weight = module.weight
+        group = getattr(module, "tp_group", tp_group)  # a layer's own tp degree (hetero.py)
         offsets = getattr(module, "shard_offsets", None) or _shard_offsets(
-            prefix + "weight", tuple(weight.shape), tuple(full), tp_group)
+            prefix + "weight", tuple(weight.shape), tuple(full), group)
         yield module, "weight", prefix + "weight", tuple(full), offsets
         if getattr(module, "bias", None) is not None:
             bias_full = (full[0],)
             yield module, "bias", prefix + "bias", bias_full, _shard_offsets(
-                prefix + "bias", tuple(module.bias.shape), bias_full, tp_group)
+                prefix + "bias", tuple(module.bias.shape), bias_full, group)
 
 
 def pieces(model: nn.Module) -> dict[int, tuple]:

@@ -23,7 +23,7 @@ ep rank's routed rows over the mean, 1.0 when dropless and balanced):
   stage's dp·tp, stride 1, ``cost/comm.py``): dispatch and combine each move the rows'
   (ep − 1)/ep leaving the rank, as an all-gather's ring does; backward the same two. Under
   tp the experts' rows are gathered back over tp (forward), their gradient split back.
-- overlap = sub_batch(k) with ep > 1 (Note [expert all-to-all overlap]): sub-batch i+1's
+- sub-batch overlap (k sub-batches) with ep > 1 (Note [expert all-to-all overlap]): sub-batch i+1's
   dispatch and i−1's combine run behind i's experts: exposed 2·a + (k − 1)·max(0, 2·a − c)
   per pass (a one sub-batch's all-to-all, c its experts' compute), backward with 2c. Without
   overlap, or with gloo on the CPU cores (``comm_on_cores``), every all-to-all is exposed.

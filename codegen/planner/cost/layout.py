@@ -177,8 +177,9 @@ def rank_expert_params(model: ModelSpec, layout: Layout, rank: int, stage_layers
     over edp (runtime/zero.py, Note [experts under ZeRO])."""
     if layout.ep == 1:
         return 0
-    whole = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers), layout.ep)
-    dense = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers), 1)
+    kind = placement_kind(layout)
+    whole = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers), kind, ep=layout.ep)
+    dense = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers), kind, ep=1)
     grouped = dense.elements - whole.elements  # the (ep − 1)/ep of the experts a rank lacks
     return grouped // (layout.ep - 1)
 
