@@ -236,8 +236,12 @@ class MoEMLP(nn.Module):
         """(N, C) like ``tokens``: each token's expert rows ``y`` times their weights, summed in row order."""
         if self.fused is not None and y.device.type == "cpu":
             return self.fused.combine_rows(y, index, weight.to(y.dtype), tokens.shape[0]).to(tokens.dtype)
-        y = y * weight.unsqueeze(1).to(y.dtype)
-        return torch.zeros_like(tokens).index_add_(0, index, y)
+        # as the kernel does: weighted and summed in fp32, rounded to the rows' dtype (bf16
+        # under autocast), then the residual stream's
+        acc = torch.promote_types(y.dtype, torch.float32)
+        weighted = y.to(acc) * weight.to(acc).unsqueeze(1)
+        out = torch.zeros(tokens.shape[0], y.shape[1], dtype=acc, device=y.device)
+        return out.index_add_(0, index, weighted).to(y.dtype).to(tokens.dtype)
 
     def dispatch_and_run(self, x, counts):
         """Rows of ``x`` sorted by expert (``counts[e]`` for expert e) → their experts' outputs, same order.

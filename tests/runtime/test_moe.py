@@ -99,6 +99,22 @@ def test_moe_mlp_matches_the_token_by_token_reference(keys):
         assert torch.allclose(layer(x), reference_moe(layer, x), atol=1e-12)
 
 
+def test_eager_experts_under_bf16_autocast_match_fp32():
+    """The eager path (CUDA's, and CPU's with kernels = eager) combines bf16 expert rows into
+    the fp32 residual stream: it once failed there (index_add_ of bf16 into fp32)."""
+    model = Transformer(config(), tp_group=None, sequence_parallel=False, tp_plan={})
+    initialize(model, seed=3)
+    layer = model.layers["0"].mlp
+    assert layer.fused is None  # eager: no kernels selected
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = layer(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = layer(x)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
 def test_aux_and_z_loss_reach_the_router_gradient_with_the_loss_scale():
     cfg = config(aux_loss=0.5, z_loss=0.25)
     model = build(cfg)
