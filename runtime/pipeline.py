@@ -234,17 +234,22 @@ def tied_embedding_group(grid):
     if grid.size("pp") == 1:
         return None
     mine = None
-    world = 1
-    for _, size in grid.axes:
-        world *= size
-    for rank in range(world):
-        if coordinates(rank, grid.axes)["pp"] != 0:
-            continue
-        line = axis_ranks(rank, grid.axes, "pp")
+    for line in _pipelines(grid):
         group = dist.new_group([line[0], line[-1]])
         if grid.rank in (line[0], line[-1]):
             mine = group
     return mine
+
+
+def _pipelines(grid):
+    """Every pipeline's global ranks (by pipeline index), in the order every rank meets
+    them: the groups made over them are created in the same order everywhere."""
+    world = 1
+    for _, size in grid.axes:
+        world *= size
+    for rank in range(world):
+        if coordinates(rank, grid.axes)["pp"] == 0:
+            yield axis_ranks(rank, grid.axes, "pp")
 
 
 def replica_group(grid):
@@ -252,13 +257,7 @@ def replica_group(grid):
     other way round (pipeline ranks r and p-1-r, same dp and tp index; placement.py,
     Note [placements]). Every rank creates every such group in the same order."""
     mine = None
-    world = 1
-    for _, size in grid.axes:
-        world *= size
-    for rank in range(world):
-        if coordinates(rank, grid.axes)["pp"] != 0:
-            continue
-        line = axis_ranks(rank, grid.axes, "pp")
+    for line in _pipelines(grid):
         for r in range(len(line) // 2):
             pair = [line[r], line[len(line) - 1 - r]]
             group = dist.new_group(pair)
