@@ -10,7 +10,7 @@ from torch.testing import assert_close
 
 from parc.runtime.kernels import reference
 
-from .test_ops import compare
+from test_ops import compare
 
 DTYPES = [torch.float32, torch.bfloat16]
 
