@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from .comm import exposed, gather_from_group, group_size, reduce_from_group, scatter_to_group
 from .dp import GradientBuckets
+from .optim import clip_to_norm_
 
 
 class StageLayouts:
@@ -198,10 +199,4 @@ def clip_grad_norm_(model, max_norm, *, layouts: StageLayouts, stage_group, pp_g
         if group_size(group) > 1:
             with exposed():
                 dist.all_reduce(total, group=group)
-    norm = float(total.sqrt())
-    if max_norm > 0 and math.isfinite(norm):
-        scale = max_norm / (norm + 1e-6)
-        if scale < 1.0:
-            for g in grads:
-                g.mul_(scale)
-    return norm
+    return clip_to_norm_(grads, float(total.sqrt()), max_norm)

@@ -91,10 +91,16 @@ def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None, ep_group=None, 
     if group_size(pp_group) > 1:
         with exposed():
             dist.all_reduce(total_sq, group=pp_group)
-    norm = float(total_sq.sqrt())
+    return clip_to_norm_(sharded + replicated + duplicates + experts, float(total_sq.sqrt()), max_norm)
+
+
+def clip_to_norm_(grads, norm: float, max_norm: float) -> float:
+    """Scale ``grads`` in place so their global ``norm`` is at most ``max_norm`` (0: only
+    measure; a non-finite norm is left for the step guard). The one clip rule: every
+    optimizer's gradient norm (dense, ZeRO, heterogeneous layouts) ends here."""
     if max_norm > 0 and math.isfinite(norm):
         scale = max_norm / (norm + 1e-6)
         if scale < 1.0:
-            for g in sharded + replicated + duplicates + experts:
+            for g in grads:
                 g.mul_(scale)
     return norm

@@ -55,6 +55,7 @@ import torch.distributed as dist
 
 from .comm import exposed, group_rank, group_size, on_gradient
 from .dp import GradientBuckets, gradient_buckets
+from .optim import clip_to_norm_
 
 
 class ShardedAdamW:
@@ -356,13 +357,7 @@ def global_squares(grad, *, counted, tp_mask, tp_group, dp_group) -> torch.Tenso
 @torch.no_grad()
 def _clip(grads, total_sq, max_norm) -> float:
     """The norm sqrt(``total_sq``); every slice in ``grads`` scaled to at most ``max_norm``."""
-    norm = float(total_sq.sqrt())
-    if max_norm > 0 and math.isfinite(norm):
-        scale = max_norm / (norm + 1e-6)
-        if scale < 1.0:
-            for grad in grads:
-                grad.mul_(scale)
-    return norm
+    return clip_to_norm_(grads, float(total_sq.sqrt()), max_norm)
 
 
 @torch.no_grad()
