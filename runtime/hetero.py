@@ -33,6 +33,14 @@ then splits T over the new one. The embedding takes block 0's layout; the head a
 final norm block L-1's, unless the head is tied to the embedding: one table has one
 sharding, so the head then takes the embedding's layout and the activations are
 resharded after the last block.
+
+Note [reshard traffic]: a change of degree a → b moves, per micro-batch, one all-gather
+over the piece group (h/l ranks, h = max(a, b), l = min(a, b)) of the activations at
+the larger degree's batch piece — in forward when tp grows (the pieces are gathered),
+in backward when it shrinks (the pieces' gradients are gathered); under sp one more
+all-gather each way (T over the old tp group forward, over the new one in backward).
+``reshard_steps`` lists these steps; the runtime runs them and the planner prices them
+from the same list.
 """
 
 from __future__ import annotations
@@ -95,20 +103,12 @@ class StageLayouts:
         high, low = max(a, b), min(a, b)
         return self._piece.get((high, low)) if high != low else None
 
-    def reshard(self, x, a: int, b: int, *, sequence_parallel=False, dim=0):
-        """Activations (or token ids) of a layer at tp ``a`` → the layout of one at tp ``b``.
-
-        Batch-split (a > b: forward a slice, backward the all-gather of the pieces) or
-        batch-gather (a < b: the reverse); under sequence parallelism T is gathered over
-        the old tp group first and split over the new one after."""
-        if a == b:
-            return x
-        if sequence_parallel:
-            x = gather_from_group(x, self._tp[a], 1)
-        piece = self.piece_group(a, b)
-        x = scatter_to_group(x, piece, dim) if a > b else gather_from_group(x, piece, dim)
-        if sequence_parallel:
-            x = scatter_to_group(x, self._tp[b], 1)
+    def reshard(self, x, a: int, b: int, *, sequence_parallel=False):
+        """Activations of a layer at tp ``a`` → the layout of one at tp ``b``: the steps of
+        ``reshard_steps`` (Note [reshard traffic]), in order."""
+        for op, group, dim in reshard_steps(a, b, sequence_parallel=sequence_parallel):
+            handle = self._tp[group[1]] if group[0] == "tp" else self.piece_group(group[1], group[2])
+            x = (gather_from_group if op == "gather" else scatter_to_group)(x, handle, dim)
         return x
 
     def split_inputs(self, tokens, t: int):
@@ -124,6 +124,33 @@ class StageLayouts:
         if t == self.tp:
             return loss
         return reduce_from_group(loss, self.piece_group(self.tp, t)) / (self.tp // t)
+
+
+def reshard_steps(a: int, b: int, *, sequence_parallel: bool = False) -> tuple:
+    """Note [reshard traffic]: what ``StageLayouts.reshard`` runs to move activations from a
+    layer at tp ``a`` to one at tp ``b``, in order, as ``(op, group, dim)``: ``op`` is
+    ``gather`` (forward: all-gather along ``dim``; backward: this rank's chunk) or
+    ``scatter`` (forward: this rank's chunk; backward: all-gather); ``group`` is ``("tp",
+    t)``, a layer's tp group, or ``("piece", high, low)``, the ranks holding the pieces of
+    one batch between those degrees (``piece_group``). Dim 0 is the batch, dim 1 the
+    sequence. The cost model (``codegen/planner/cost/per_layer.py``) prices these steps."""
+    if a == b:
+        return ()
+    steps = []
+    if sequence_parallel and a > 1:
+        steps.append(("gather", ("tp", a), 1))
+    steps.append(("scatter" if a > b else "gather", ("piece", max(a, b), min(a, b)), 0))
+    if sequence_parallel and b > 1:
+        steps.append(("scatter", ("tp", b), 1))
+    return tuple(steps)
+
+
+def step_group(group: tuple) -> tuple[int, int]:
+    """(ranks, stride) of a ``reshard_steps`` group within a stage (tp innermost): a tp group
+    is ``t`` consecutive ranks; a piece group ``high // low`` ranks ``low`` apart."""
+    if group[0] == "tp":
+        return group[1], 1
+    return group[1] // group[2], group[2]
 
 
 class _Params:
