@@ -34,13 +34,7 @@ final norm block L-1's, unless the head is tied to the embedding: one table has 
 sharding, so the head then takes the embedding's layout and the activations are
 resharded after the last block.
 
-Note [reshard traffic]: a change of degree a → b moves, per micro-batch, one all-gather
-over the piece group (h/l ranks, h = max(a, b), l = min(a, b)) of the activations at
-the larger degree's batch piece — in forward when tp grows (the pieces are gathered),
-in backward when it shrinks (the pieces' gradients are gathered); under sp one more
-all-gather each way (T over the old tp group forward, over the new one in backward).
-``reshard_steps`` lists these steps; the runtime runs them and the planner prices them
-from the same list.
+Note [reshard traffic] is in ``runtime/reshard.py`` (the steps ``reshard`` runs).
 """
 
 from __future__ import annotations
@@ -53,6 +47,7 @@ import torch.distributed as dist
 from .comm import exposed, gather_from_group, group_size, reduce_from_group, scatter_to_group
 from .dp import GradientBuckets
 from .optim import clip_to_norm_
+from .reshard import reshard_steps
 
 
 class StageLayouts:
@@ -124,33 +119,6 @@ class StageLayouts:
         if t == self.tp:
             return loss
         return reduce_from_group(loss, self.piece_group(self.tp, t)) / (self.tp // t)
-
-
-def reshard_steps(a: int, b: int, *, sequence_parallel: bool = False) -> tuple:
-    """Note [reshard traffic]: what ``StageLayouts.reshard`` runs to move activations from a
-    layer at tp ``a`` to one at tp ``b``, in order, as ``(op, group, dim)``: ``op`` is
-    ``gather`` (forward: all-gather along ``dim``; backward: this rank's chunk) or
-    ``scatter`` (forward: this rank's chunk; backward: all-gather); ``group`` is ``("tp",
-    t)``, a layer's tp group, or ``("piece", high, low)``, the ranks holding the pieces of
-    one batch between those degrees (``piece_group``). Dim 0 is the batch, dim 1 the
-    sequence. The cost model (``codegen/planner/cost/per_layer.py``) prices these steps."""
-    if a == b:
-        return ()
-    steps = []
-    if sequence_parallel and a > 1:
-        steps.append(("gather", ("tp", a), 1))
-    steps.append(("scatter" if a > b else "gather", ("piece", max(a, b), min(a, b)), 0))
-    if sequence_parallel and b > 1:
-        steps.append(("scatter", ("tp", b), 1))
-    return tuple(steps)
-
-
-def step_group(group: tuple) -> tuple[int, int]:
-    """(ranks, stride) of a ``reshard_steps`` group within a stage (tp innermost): a tp group
-    is ``t`` consecutive ranks; a piece group ``high // low`` ranks ``low`` apart."""
-    if group[0] == "tp":
-        return group[1], 1
-    return group[1] // group[2], group[2]
 
 
 class _Params:

@@ -18,7 +18,7 @@ tp_i / tp) costs — its forward, backward, recompute and tp collectives
 on the compute cores, else what its own backward does not hide) and its optimizer
 pass; in memory its parameters, gradients, AdamW state, flat gradient buffer and saved
 activations (``memory.block_bytes``). A change of degree adds the all-gathers of
-``hetero.reshard_steps`` (Note [reshard traffic]), on the critical path. Everything
+``reshard.reshard_steps`` (Note [reshard traffic]), on the critical path. Everything
 else — the head at the head's degree, the embedding, the scalars — is the uniform
 layout U(t_head)'s step less its blocks (``ends``), with the untied embedding's state
 at its own degree (block 0's). A heterogeneous layout all of whose layers agree is
@@ -32,7 +32,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from parc.dsl.spec import Precision, Spec
-from parc.runtime.hetero import reshard_steps, step_group
+from parc.runtime.reshard import reshard_steps, step_group
 
 from ...model_config import model_desc
 from .comm import collective_time
@@ -140,7 +140,7 @@ def working_set(spec: Spec, stage: Stage, t: int) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def transition_cost(spec: Spec, stage: Stage, hw: Hardware, a: int, b: int) -> Cost:
-    """Note [reshard traffic] (runtime/hetero.py): the all-gathers of ``reshard_steps(a, b)``
+    """Note [reshard traffic] (runtime/reshard.py): the all-gathers of ``reshard_steps(a, b)``
     for every micro-batch of a step, each on the critical path. A rank at tp ``a`` holds
     a/tp of the coarse micro-batch (1/a of the sequence under sp); a gather multiplies
     its share along its dim by the group's size, a scatter divides it, and the all-gather
