@@ -52,14 +52,14 @@ INF = math.inf
 
 
 def cheapest(layers: int, options: list, *, cls, cost, switch, first, last, budget: float | None,
-             peak=None, coupled: bool = False, buckets: int = BUCKETS):
+             peak=None, coupled: bool = False, must=None, buckets: int = BUCKETS):
     """Note [the per-layer dynamic program], in general terms: (time, one option per layer)
     of least ``Σ cost(o_i)[0] + Σ switch(cls(o_{i-1}), cls(o_i)) + first(c_0)[0] +
     last(c_0, c_{L-1})[0]`` whose memory ``Σ cost(o_i)[1] + first[1] + last[1] + max peak(o_i)``
     (each term rounded up to units of budget / buckets) fits ``budget``; None if none fits.
     ``cost(o)`` → (seconds, bytes); ``first(c)`` and ``last(c_0, c_L)`` likewise;
     ``peak(o)``: bytes needed once for the largest (None: none); ``coupled``: ``last`` reads
-    c_0 (else it is called with c_0 = None)."""
+    c_0 (else it is called with c_0 = None); ``must``: a class at least one layer takes."""
     R = buckets if budget is not None else 0
     unit = budget / buckets if budget is not None else 1.0
 
@@ -75,64 +75,81 @@ def cheapest(layers: int, options: list, *, cls, cost, switch, first, last, budg
             break
         allowed = [o for o in options if not peak or peak(o) <= cap]
         for c0 in (classes if coupled else [None]):
-            found = _run(layers, allowed, classes, cls, cost, switch, first, last, c0, R - cap_units, units)
+            found = _run(layers, allowed, classes, cls, cost, switch, first, last, c0, R - cap_units, units, must)
             if found is not None and (best is None or found[0] < best[0]):
                 best = found
     return best
 
 
-def _run(layers, options, classes, cls, cost, switch, first, last, c0, R, units):
+def _run(layers, options, classes, cls, cost, switch, first, last, c0, R, units, must=None):
+    """One pass of the program (Note [the per-layer dynamic program]): block 0 of class ``c0``
+    (None: any), at most ``R`` units; ``must``: a class some layer has to take. A state is
+    (option, whether ``must`` was taken yet); each table maps a state to its row of least
+    times by units used."""
     if not options:
         return None
     weight = {o: units(cost(o)[1]) for o in options}
     seconds = {o: cost(o)[0] for o in options}
-    starts = [o for o in options if c0 is None or cls(o) == c0]
-    tables = []
+
+    def seen(flag: bool, o) -> bool:
+        return True if must is None else flag or cls(o) == must
+
     table = {}
-    for o in starts:
+    for o in options:
+        if c0 is not None and cls(o) != c0:
+            continue
         row = [INF] * (R + 1)
         w = weight[o] + units(first(cls(o))[1])
         if w <= R:
             row[w] = seconds[o] + first(cls(o))[0]
-        table[o] = row
-    tables.append(table)
+        table[(o, seen(False, o))] = row
+    tables = [table]
     for _ in range(1, layers):
-        by_class = {c: [INF] * (R + 1) for c in classes}
-        for o, row in table.items():
-            into = by_class[cls(o)]
-            by_class[cls(o)] = [a if a <= b else b for a, b in zip(into, row)]
+        by_class = {}
+        for (o, flag), row in table.items():
+            into = by_class.get((cls(o), flag))
+            by_class[(cls(o), flag)] = row if into is None else [a if a <= b else b for a, b in zip(into, row)]
         via = {}
-        for c in classes:
-            acc = [INF] * (R + 1)
-            for prev in classes:
+        for (prev, flag), row in by_class.items():
+            for c in classes:
                 s = switch(prev, c)
-                acc = [a if a <= b + s else b + s for a, b in zip(acc, by_class[prev])]
-            via[c] = acc
+                acc = via.get((c, flag), [INF] * (R + 1))
+                via[(c, flag)] = [a if a <= b + s else b + s for a, b in zip(acc, row)]
         table = {}
-        for o in options:
-            w, t, src = weight[o], seconds[o], via[cls(o)]
-            table[o] = [INF] * w + [x + t for x in src[: R + 1 - w]] if w <= R else [INF] * (R + 1)
+        for (c, flag), src in via.items():
+            for o in options:
+                if cls(o) != c:
+                    continue
+                w, t = weight[o], seconds[o]
+                row = [INF] * w + [x + t for x in src[: R + 1 - w]] if w <= R else [INF] * (R + 1)
+                key = (o, seen(flag, o))
+                old = table.get(key)
+                table[key] = row if old is None else [a if a <= b else b for a, b in zip(old, row)]
         tables.append(table)
     # the end: the head (and for tied embeddings the reshard back to block 0's degree)
     best, at = INF, None
-    for o, row in table.items():
+    for (o, flag), row in table.items():
+        if not flag:
+            continue
         end_time, end_bytes = last(c0, cls(o))
-        room = R - units(end_bytes)
-        for m in range(0, room + 1):
+        for m in range(0, R - units(end_bytes) + 1):
             if row[m] + end_time < best:
-                best, at = row[m] + end_time, (o, m)
+                best, at = row[m] + end_time, ((o, flag), m)
     if at is None:
         return None
-    # walk back: the argmin of each step, recomputed as the forward pass took it
-    chosen = [at[0]]
-    o, m = at
+    # walk back: at each layer the predecessor the forward pass's minimum came from
+    state, m = at
+    chosen = [state[0]]
     for i in range(layers - 1, 0, -1):
+        o, flag = state
         m -= weight[o]
-        previous = tables[i - 1]
         c = cls(o)
-        o = min(((previous[p][m] + switch(cls(p), c), k, p) for k, p in enumerate(previous)),
-                key=lambda item: (item[0], item[1]))[2]
-        chosen.append(o)
+        state = min(
+            ((row[m] + switch(cls(p), c), k, (p, g)) for k, ((p, g), row) in enumerate(tables[i - 1].items())
+             if seen(g, o) == flag),
+            key=lambda item: (item[0], item[1]),
+        )[2]
+        chosen.append(state[0])
     chosen.reverse()
     return best, tuple(chosen)
 
@@ -210,6 +227,8 @@ def _family(spec: Spec, base: Layout, stage: Stage, hw: Hardware, budget) -> Lay
         switch=lambda a, b: transition_cost(spec, stage, hw, a, b).time,
         peak=lambda o: working_set(spec, stage, o[0]) if dict(zip(SETTING_NAMES, o[1]))["recompute"] == "full" else 0.0,
         budget=budget,
+        # the spec's micro_batch is the coarse split's: some layer keeps the family's tp
+        must=base.tp if spec.train.micro_batch is not None else None,
     )
     if spec.model.tie_embeddings:  # the head at block 0's degree, after a reshard from block L-1's
         found = cheapest(spec.model.layers, options, first=lambda c: (0.0, 0.0),

@@ -240,11 +240,18 @@ def _ep_over_replicated(best: Estimate, index: int, items) -> list[str]:
     ]
 
 
+def _field(layout, key: str):
+    """A layout's value of ``key``, per layer where the degrees vary (``layer_tp``, ``layer_dp``)."""
+    if key in ("dp", "tp") and layout.layer_tp is not None:
+        return getattr(layout, f"layer_{key}")
+    return getattr(layout, key)
+
+
 def _compare(best: Estimate, i: int, runner: Estimate, j: int, unit: float | None, title: str = "") -> str:
     differs = [
-        (key, getattr(best.layout, key), getattr(runner.layout, key))
+        (key, _field(best.layout, key), _field(runner.layout, key))
         for key, _ in KEYS
-        if getattr(best.layout, key) != getattr(runner.layout, key)
+        if _field(best.layout, key) != _field(runner.layout, key)
     ]
     names = dict(KEYS)
     changed = ", ".join(f"{names[k]} {_value(k, a)} vs {_value(k, b)}" for k, a, b in differs) or "nothing"
