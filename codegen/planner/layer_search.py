@@ -226,7 +226,7 @@ def _family(spec: Spec, base: Layout, stage: Stage, hw: Hardware, budget) -> Lay
         cost=lambda o: _pair(layer_cost(spec, stage, hw, o[0], o[1])),
         switch=lambda a, b: transition_cost(spec, stage, hw, a, b).time,
         peak=lambda o: working_set(spec, stage, o[0]) if dict(zip(SETTING_NAMES, o[1]))["recompute"] == "full" else 0.0,
-        budget=budget,
+        budget=budget, buckets=BUCKETS,
         # the spec's micro_batch is the coarse split's: some layer keeps the family's tp
         must=base.tp if spec.train.micro_batch is not None else None,
     )
