@@ -43,8 +43,7 @@ from parc.runtime.layouts import layouts
 from parc.runtime.layer_settings import SETTINGS
 
 from .cost import Accounting, Estimate, Hardware, Layout, estimate
-from .cost.estimate import USABLE_MEMORY
-from .cost.memory import memory
+from .cost.estimate import USABLE_MEMORY, layout_memory
 from .layer_search import per_layer_candidates
 from ..spec_values import spec_values
 
@@ -241,7 +240,7 @@ def mixed_recompute(spec: Spec, scored: list[Estimate], hw: Hardware, accounting
             while low < high:
                 mid = (low + high) // 2
                 trial = replace(layout, recompute=("full",) * mid + (lighter,) * (layers - mid))
-                if memory(spec, trial, accounting).peak.total <= limit:
+                if layout_memory(spec, trial, hw, accounting).peak.total <= limit:
                     high = mid
                 else:
                     low = mid + 1

@@ -60,6 +60,14 @@ def layout_values(spec: Spec, layout: Layout) -> dict:
     return values
 
 
+def layout_memory(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC) -> MemoryEstimate:
+    """``memory(...)``, or for a heterogeneous layout the per-layer model's (Note [per-layer
+    layout costs]; its coarse split where that model does not reach)."""
+    if layout.layer_tp is not None and hetero_supported(spec, layout, accounting):
+        return MemoryEstimate(per_rank=(hetero_time_memory(spec, layout, hw)[1],), peak_rank=0)
+    return memory(spec, layout if layout.layer_tp is None else replace(layout, layer_tp=None), accounting)
+
+
 def estimate(
     spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC, *, exact: bool = True
 ) -> Estimate:
