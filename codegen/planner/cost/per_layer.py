@@ -42,6 +42,26 @@ from .memory import MemoryBreakdown, autocast_block_weights, compiled_kernels, m
 from .time import TimeBreakdown, _activation_size, _optimizer_time, block_costs, step_time
 
 
+def _memo(fn):
+    """Memoize ``fn(spec, stage, hw, *args)`` by identity of the spec and the hardware (a
+    profiled ``Hardware`` holds dicts and does not hash); the cache keeps them alive."""
+    cache: dict = {}
+
+    @functools.wraps(fn)
+    def wrapper(spec, stage, hw, *args):
+        key = (id(spec), id(hw), stage, args)
+        hit = cache.get(key)
+        if hit is not None and hit[0] is spec and hit[1] is hw:
+            return hit[2]
+        value = fn(spec, stage, hw, *args)
+        if len(cache) >= 8192:
+            cache.clear()
+        cache[key] = (spec, hw, value)
+        return value
+
+    return wrapper
+
+
 @dataclass(frozen=True, slots=True)
 class Stage:
     """A stage's coarse split (the largest tp of its layers) and what every layer shares."""
@@ -94,7 +114,7 @@ def micro_batches(spec: Spec, stage: Stage) -> int:
     return spec.train.global_batch // (stage.micro_batch * (stage.ranks // stage.tp))
 
 
-@functools.lru_cache(maxsize=4096)
+@_memo
 def layer_cost(spec: Spec, stage: Stage, hw: Hardware, t: int, settings: tuple) -> Cost:
     """Note [per-layer layout costs]: one block at tp ``t`` with per-layer ``settings``
     (``SETTING_NAMES`` order), per step. Its memory leaves out the working set of a fully
@@ -138,7 +158,7 @@ def working_set(spec: Spec, stage: Stage, t: int) -> float:
     return elements * layout.tokens(spec.model.seq_len) * 4.0
 
 
-@functools.lru_cache(maxsize=4096)
+@_memo
 def transition_cost(spec: Spec, stage: Stage, hw: Hardware, a: int, b: int) -> Cost:
     """Note [reshard traffic] (runtime/reshard.py): the all-gathers of ``reshard_steps(a, b)``
     for every micro-batch of a step, each on the critical path. A rank at tp ``a`` holds
@@ -161,13 +181,13 @@ def transition_cost(spec: Spec, stage: Stage, hw: Hardware, a: int, b: int) -> C
     return Cost(exposed=total, tp_comm=total)
 
 
-@functools.lru_cache(maxsize=1024)
+@_memo
 def _uniform_estimate(spec: Spec, stage: Stage, hw: Hardware, t: int):
     layout = uniform(stage, t)
     return step_time(spec, layout, hw, Accounting.PARC, exact=False), memory(spec, layout, Accounting.PARC).peak
 
 
-@functools.lru_cache(maxsize=1024)
+@_memo
 def head_cost(spec: Spec, stage: Stage, hw: Hardware, t: int) -> Cost:
     """Note [per-layer layout costs]: everything but the blocks when the head (and, here,
     the embedding) run at tp ``t``: U(t)'s step and memory less ``layers`` of its blocks."""
@@ -177,7 +197,7 @@ def head_cost(spec: Spec, stage: Stage, hw: Hardware, t: int) -> Cost:
     return whole + layer_cost(spec, stage, hw, t, ("none", 1)).scaled(-spec.model.layers)
 
 
-@functools.lru_cache(maxsize=1024)
+@_memo
 def embedding_cost(spec: Spec, stage: Stage, hw: Hardware, t: int) -> Cost:
     """An untied embedding table's state at tp ``t`` (its gradient reduction, optimizer
     pass, bytes); ``ends`` swaps the head's degree for block 0's with it. Zero when tied:
