@@ -47,7 +47,7 @@ WARMUP = 2
 def sets(profile: Path, memory: float | None, layout: list[str]) -> list[str]:
     out = [f"model.{key}={value}" for key, value in MODEL.items()]
     out += [f"train.{key}={value}" for key, value in BATCH.items()]
-    out += FIXED + [f"mesh.profile={profile}"]
+    out += FIXED + [f'mesh.profile="{profile}"']
     out += [f"mesh.device_memory={int(memory)} B"] if memory else []
     return out + layout
 

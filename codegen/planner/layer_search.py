@@ -89,6 +89,8 @@ def _run(layers, options, classes, cls, cost, switch, first, last, c0, R, units,
     if not options:
         return None
     weight = {o: units(cost(o)[1]) for o in options}
+    if layers * min(weight.values()) > R:
+        return None  # not even the lightest option on every layer fits
     seconds = {o: cost(o)[0] for o in options}
 
     def seen(flag: bool, o) -> bool:

@@ -159,10 +159,10 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
 
 
 def _per_layer_gain(best: Estimate, index: int, result: SearchResult) -> list[str]:
-    """When the winner gives its layers different degrees or settings (Note [the per-layer
-    dynamic program]): its predicted gain over the best uniform layout."""
+    """When the winner gives its layers different degrees (Note [the per-layer dynamic
+    program]): its predicted gain over the best uniform layout."""
     lay = best.layout
-    if lay.layer_tp is None and not lay.per_layer:
+    if lay.layer_tp is None:  # per-layer recompute alone: the lines above compare it
         return []
     uniform = result.best_uniform
     if uniform is None:
