@@ -12,7 +12,7 @@ layer picks an option o = (tp, recompute, overlap) with cost time(o) and memory(
 time (``transition_cost``); the embedding adds a cost at block 0's degree, the head at
 block L-1's (tied embeddings: both at block 0's, after a reshard from L-1's:
 ``cost/per_layer.ends``). Memory is a dimension of the program, discretized: the
-stage's budget (95% of the device, less nothing) is cut into ``BUCKETS`` units and each
+usable device memory (95%, ``USABLE_MEMORY``) is cut into ``BUCKETS`` units and each
 layer's bytes are rounded *up* to whole units, so every layout the program returns
 fits (it may miss one within a unit of the limit). A fully recomputed block's working
 set is needed once, for the largest such block: the program runs once per cap W on it
