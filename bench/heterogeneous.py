@@ -1,17 +1,22 @@
-"""Step time of a heterogeneous layout vs the uniform ones on the same ranks, on CPU gloo.
+"""The planner's per-layer choice against the best uniform layout, predicted and measured, on CPU gloo.
 
 A GPT with a large vocabulary and few, small blocks (``bench/specs/small.par`` with
-``--set``) on 2 ranks, in three layouts built by ``parc build``: uniform ``tp 2``, uniform
-``dp 2``, and ``tp = [2, 2, 1, 1]``, ``dp = [1, 1, 2, 2]`` (the embedding, tied head and the
-first blocks tensor-parallel, the last blocks data-parallel; runtime/hetero.py). The runs
-alternate (so drift hits all alike), several repetitions each, and the table shows the
-median step time, the median exposed communication, the ratio to the best uniform
-layout (< 1: the heterogeneous one is faster) and the planner's prediction (``parc plan
---json``; a per-layer list is predicted as its coarse split, the cost model having no
-per-layer degrees yet: that column says so). The machine's load is printed before and
-after. A benchmark, not a test: only figures from one run on one machine compare.
+``--set``) on 2 CPU ranks, ``tp``, ``dp`` and ``micro_batch`` left to the planner, this machine measured
+first (``parc profile --ranks 2 --quick``, unless ``--profile`` names a file). A memory
+limit is then set with ``mesh.device_memory`` halfway between the planner's peak of
+uniform dp 2 (fast on a CPU: no tensor-parallel collectives, but every rank holds the
+whole vocabulary) and of uniform tp 2, so that dp 2 does not fit; the per-layer search
+(codegen/planner/layer_search.py) predicts that blocks at tp 1 with the embedding and
+head layers at tp 2 win. ``parc build`` builds the planner's winner (the auto spec) and
+the best uniform layout that fits (written out), the runs alternate (drift hits both
+alike), and the table shows, for each: the median measured step time, the planner's
+prediction, their ratio, the measured and predicted bytes per rank (parameters,
+gradients, optimizer state, saved activations; the trainer's meter), and the speedup
+of the per-layer layout over the uniform one, measured and predicted. The machine's
+load is printed before and after. A benchmark, not a test: only figures from one run
+on one machine compare.
 
-    python bench/heterogeneous.py [--steps 6] [--repeats 2]
+    python bench/heterogeneous.py [--steps 6] [--repeats 2] [--profile FILE]
 """
 
 from __future__ import annotations
@@ -23,43 +28,53 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from parc.codegen.build import build_to  # noqa: E402
-
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 PARC = Path(sys.executable).with_name("parc")
 SPEC = ROOT / "bench" / "specs" / "small.par"
-MODEL = dict(layers=4, hidden=256, heads=4, ffn=1024, seq_len=64, vocab=16384)
-BATCH = dict(micro_batch=4, global_batch=16)
-LAYOUTS = {
-    "uniform tp2": ["parallel.tp=2", "parallel.dp=1"],
-    "uniform dp2": ["parallel.tp=1", "parallel.dp=2"],
-    "hetero [2,2,1,1]": ["parallel.tp=[2, 2, 1, 1]", "parallel.dp=[1, 1, 2, 2]"],
-}
+MODEL = dict(layers=6, hidden=128, heads=2, ffn=512, seq_len=64, vocab=16384)
+BATCH = dict(micro_batch="auto", global_batch=16)
+FIXED = ["parallel.pp=1", "parallel.sp=false", "parallel.zero=0", "parallel.recompute=none",
+         "parallel.overlap=none", "mesh.devices_per_node=2"]
 WARMUP = 2
 
 
-def sets_of(layout: str) -> list[str]:
-    sets = [f"model.{key}={value}" for key, value in MODEL.items()]
-    sets += [f"train.{key}={value}" for key, value in BATCH.items()]
-    return sets + ["parallel.pp=1", "parallel.sp=false", "mesh.devices_per_node=2", *LAYOUTS[layout]]
+def sets(profile: Path, memory: float | None, layout: list[str]) -> list[str]:
+    out = [f"model.{key}={value}" for key, value in MODEL.items()]
+    out += [f"train.{key}={value}" for key, value in BATCH.items()]
+    out += FIXED + [f'mesh.profile="{profile}"']
+    out += [f"mesh.device_memory={int(memory)} B"] if memory else []
+    return out + layout
 
 
-def predicted(layout: str) -> float:
-    args = [str(PARC), "plan", str(SPEC), "--json"]
-    for item in sets_of(layout):
-        args += ["--set", item]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+def parc(*args: str, timeout: int = 600) -> str:
+    done = subprocess.run([str(PARC), *args], capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
-        raise SystemExit(f"parc plan failed for {layout}:\n{done.stdout}{done.stderr}")
-    return json.loads(done.stdout)["layouts"][0]["step_time_s"]
+        raise SystemExit(f"parc {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
+    return done.stdout
 
 
-def run(layout: str, steps: int, out: Path) -> list[dict]:
+def with_sets(command: list[str], items: list[str]) -> list[str]:
+    for item in items:
+        command += ["--set", item]
+    return command
+
+
+def plan(profile: Path, memory: float | None, layout: list[str]) -> dict:
+    return json.loads(parc(*with_sets(["plan", str(SPEC), "--json", "--top", "0"], sets(profile, memory, layout))))
+
+
+def state_and_activations(item: dict) -> float:
+    m = item["memory"]
+    return m["params_bytes"] + m["grads_bytes"] + m["optimizer_bytes"] + m["activations_bytes"]
+
+
+def run(out: Path, steps: int) -> list[dict]:
     metrics = out / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -68,36 +83,77 @@ def run(layout: str, steps: int, out: Path) -> list[dict]:
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise SystemExit(f"failed: {' '.join(command)}\n{done.stderr[-3000:]}")
-    return [json.loads(line) for line in metrics.read_text().splitlines()][WARMUP:]
+    return [json.loads(line) for line in metrics.read_text().splitlines()]
+
+
+def measured_bytes(rows: list[dict]) -> float:
+    """The most any rank held: parameters + gradients + optimizer state + peak saved activations."""
+    best = 0.0
+    for row in rows:
+        for rank in row.get("memory_per_rank", []):
+            best = max(best, rank["param_bytes"] + rank["grad_bytes"] + rank["optim_bytes"]
+                       + rank["activation_peak_bytes"])
+    return best
+
+
+def words(item: dict) -> str:
+    fold = lambda v: "[" + ", ".join(map(str, v)) + "]" if isinstance(v, list) else str(v)  # noqa: E731
+    return f"tp {fold(item['tp'])} dp {fold(item['dp'])} mb {item['micro_batch']}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=6, help="timed steps per run (after 2 warm-up)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each layout, alternating")
+    parser.add_argument("--profile", type=Path, help="a parc profile of 2 ranks (default: measure one now)")
     args = parser.parse_args()
     load_before = os.getloadavg()
-    records: dict[str, list] = {layout: [] for layout in LAYOUTS}
     with tempfile.TemporaryDirectory() as tmp:
-        builds = {layout: Path(build_to(SPEC, Path(tmp) / f"b{i}", sets_of(layout)))
-                  for i, layout in enumerate(LAYOUTS)}
+        tmp = Path(tmp)
+        profile = args.profile
+        if profile is None:
+            profile, start = tmp / "profile.json", time.time()
+            parc("profile", "--ranks", "2", "--quick", "-o", str(profile), timeout=1200)
+            print(f"profiled this machine (2 ranks, --quick) in {time.time() - start:.0f} s", file=sys.stderr)
+        profile = profile.resolve()
+        auto = ["parallel.tp=auto", "parallel.dp=auto"]
+        free = plan(profile, None, auto)["layouts"]
+        dp2 = next(x for x in free if x["tp"] == 1 and x["dp"] == 2)  # the fastest of each (any micro_batch)
+        tp2 = next(x for x in free if x["tp"] == 2 and x["dp"] == 1)
+        memory = (dp2["peak_mem_bytes"] + tp2["peak_mem_bytes"]) / 2 / 0.95  # 95% is usable
+        result = plan(profile, memory, auto)
+        chosen = result["layouts"][result["winner"]]
+        uniform = next(x for x in result["layouts"] if x["fits"] and x["buildable"]
+                       and not isinstance(x["tp"], list) and x["step_time_s"] == result["best_uniform_step_time_s"])
+        builds = {"planner's choice": tmp / "chosen", "best uniform": tmp / "uniform"}
+        parc(*with_sets(["build", str(SPEC), "-o", str(builds["planner's choice"])], sets(profile, memory, auto)))
+        written = [f"parallel.tp={uniform['tp']}", f"parallel.dp={uniform['dp']}",
+                   f"train.micro_batch={uniform['micro_batch']}"]
+        parc(*with_sets(["build", str(SPEC), "-o", str(builds["best uniform"])], sets(profile, memory, written)))
+        records: dict[str, list] = {name: [] for name in builds}
         for repeat in range(args.repeats):
-            for layout in LAYOUTS:
-                records[layout] += run(layout, args.steps, builds[layout])
-                print(f"  ... {layout} run {repeat + 1}", file=sys.stderr)
+            for name, out in builds.items():
+                records[name] += run(out, args.steps)
+                print(f"  ... {name} run {repeat + 1}", file=sys.stderr)
     load_after = os.getloadavg()
-    step = {layout: statistics.median(r["step_time_s"] for r in rows) for layout, rows in records.items()}
-    exposed = {layout: statistics.median(r["exposed_comm_s"] for r in rows) for layout, rows in records.items()}
-    best_uniform = min((layout for layout in LAYOUTS if layout.startswith("uniform")), key=step.get)
-    print(f"model {MODEL}, {BATCH}, 2 CPU ranks (gloo), {args.repeats} × {args.steps} steps each")
+    items = {"planner's choice": chosen, "best uniform": uniform}
+    step = {name: statistics.median(r["step_time_s"] for r in rows[WARMUP:] if "step_time_s" in r)
+            for name, rows in records.items()}
+    print(f"model {MODEL}, {BATCH}, 2 CPU ranks (gloo), {args.repeats} × {args.steps} steps each; "
+          f"mesh.device_memory = {memory / 2**20:.1f} MiB (halfway between uniform dp 2 and tp 2)")
     print(f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
           f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
-    print(f"{'layout':<18} {'step ms':>8} {'exposed ms':>10} {'vs best uniform':>16} {'predicted ms':>13}")
-    for layout in LAYOUTS:
-        note = " (coarse split)" if layout.startswith("hetero") else ""
-        print(f"{layout:<18} {step[layout] * 1e3:8.1f} {exposed[layout] * 1e3:10.1f} "
-              f"{step[layout] / step[best_uniform]:15.3f}× {predicted(layout) * 1e3:12.1f}{note}")
-    print(f"best uniform: {best_uniform}")
+    print(f"{'layout':<17} {'':<34} {'step ms':>8} {'pred ms':>8} {'meas/pred':>9} {'MiB':>7} {'pred MiB':>8}")
+    for name, item in items.items():
+        mib = measured_bytes(records[name]) / 2**20
+        print(f"{name:<17} {words(item):<34} {step[name] * 1e3:8.1f} {item['step_time_s'] * 1e3:8.1f} "
+              f"{step[name] / item['step_time_s']:9.2f} {mib:7.1f} {state_and_activations(item) / 2**20:8.1f}")
+    measured_speedup = step["best uniform"] / step["planner's choice"]
+    predicted_speedup = uniform["step_time_s"] / chosen["step_time_s"]
+    print(f"speedup of the planner's choice over the best uniform: measured {measured_speedup:.2f}×, "
+          f"predicted {predicted_speedup:.2f}×")
+    print(f"uniform dp 2 (does not fit {memory / 2**20:.1f} MiB): predicted {dp2['step_time_s'] * 1e3:.1f} ms, "
+          f"{dp2['peak_mem_bytes'] / 2**20:.1f} MiB")
 
 
 if __name__ == "__main__":

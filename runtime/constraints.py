@@ -1091,7 +1091,8 @@ def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto, sc
     reason = None
     if auto:
         reason = (f"parallel.{auto[0]}" if auto[0] != "micro_batch" else "train.micro_batch", f"{auto[0]} = auto",
-                  f"give {auto[0]} a value (the planner does not search per-layer degrees yet)")
+                  f"give {auto[0]} a value (with tp and dp lists written the planner fills only zero and "
+                  "recompute; write tp = auto and dp = auto for it to search per-layer degrees)")
     elif pp is not None and pp > 1 and schedule not in (None, "1f1b", "gpipe"):
         reason = ("parallel.schedule", f"pp = {pp} and schedule = {schedule}", "use schedule = 1f1b or gpipe")
     elif cp is not None and cp > 1:

@@ -33,6 +33,8 @@ then splits T over the new one. The embedding takes block 0's layout; the head a
 final norm block L-1's, unless the head is tied to the embedding: one table has one
 sharding, so the head then takes the embedding's layout and the activations are
 resharded after the last block.
+
+Note [reshard traffic] is in ``runtime/reshard.py`` (the steps ``reshard`` runs).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import torch.distributed as dist
 from .comm import exposed, gather_from_group, group_size, reduce_from_group, scatter_to_group
 from .dp import GradientBuckets
 from .optim import clip_to_norm_
+from .reshard import reshard_steps
 
 
 class StageLayouts:
@@ -95,20 +98,12 @@ class StageLayouts:
         high, low = max(a, b), min(a, b)
         return self._piece.get((high, low)) if high != low else None
 
-    def reshard(self, x, a: int, b: int, *, sequence_parallel=False, dim=0):
-        """Activations (or token ids) of a layer at tp ``a`` → the layout of one at tp ``b``.
-
-        Batch-split (a > b: forward a slice, backward the all-gather of the pieces) or
-        batch-gather (a < b: the reverse); under sequence parallelism T is gathered over
-        the old tp group first and split over the new one after."""
-        if a == b:
-            return x
-        if sequence_parallel:
-            x = gather_from_group(x, self._tp[a], 1)
-        piece = self.piece_group(a, b)
-        x = scatter_to_group(x, piece, dim) if a > b else gather_from_group(x, piece, dim)
-        if sequence_parallel:
-            x = scatter_to_group(x, self._tp[b], 1)
+    def reshard(self, x, a: int, b: int, *, sequence_parallel=False):
+        """Activations of a layer at tp ``a`` → the layout of one at tp ``b``: the steps of
+        ``reshard_steps`` (Note [reshard traffic]), in order."""
+        for op, group, dim in reshard_steps(a, b, sequence_parallel=sequence_parallel):
+            handle = self._tp[group[1]] if group[0] == "tp" else self.piece_group(group[1], group[2])
+            x = (gather_from_group if op == "gather" else scatter_to_group)(x, handle, dim)
         return x
 
     def split_inputs(self, tokens, t: int):

@@ -165,6 +165,11 @@ def fold_runs(values) -> list[tuple[object, int]]:
     return runs
 
 
+def folded(values, word=str) -> str:
+    """One value per block with its runs folded: ``[2 ×3, 1]``."""
+    return "[" + ", ".join(f"{word(v)} ×{n}" if n > 1 else word(v) for v, n in fold_runs(values)) + "]"
+
+
 def words(entry: LayerSetting, value) -> str | None:
     """``full``, ``sub_batch(2)``, or per block ``[full ×3, none ×93]``; None when off."""
     values = value if isinstance(value, tuple) else (value,)
@@ -172,7 +177,7 @@ def words(entry: LayerSetting, value) -> str | None:
         return None
     if not isinstance(value, tuple):
         return entry.word(value)
-    return "[" + ", ".join(f"{entry.word(v)} ×{n}" if n > 1 else entry.word(v) for v, n in fold_runs(values)) + "]"
+    return folded(values, entry.word)
 
 
 def spec_text(entry: LayerSetting, value) -> str:

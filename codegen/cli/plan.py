@@ -17,7 +17,7 @@ import sys
 
 from parc.dsl.diagnostics import Diagnostics
 from parc.dsl.spec import Spec
-from parc.runtime.layer_settings import SETTINGS
+from parc.runtime.layer_settings import SETTINGS, folded
 
 from .build import report_stage_errors
 from ..planner.cost import Accounting, Estimate, hardware_for
@@ -113,6 +113,11 @@ def settings(layout) -> str:
     return " ".join(parts) or "-"
 
 
+def _degrees(coarse: int, per_layer) -> str:
+    """A degree, or one per layer with runs folded: ``[2 ×3, 1]``."""
+    return str(coarse) if per_layer is None else folded(per_layer)
+
+
 def table(spec: Spec, result: SearchResult, rows: tuple[Estimate, ...], accounting) -> str:
     hw = hardware_for(spec)
     mesh = spec.mesh
@@ -146,7 +151,7 @@ def table(spec: Spec, result: SearchResult, rows: tuple[Estimate, ...], accounti
         if item.fits and not item.buildable:
             note = "not buildable yet"
         body.append([
-            str(index), str(lay.dp), str(lay.tp), str(lay.pp),
+            str(index), _degrees(lay.dp, lay.layer_dp), _degrees(lay.tp, lay.layer_tp), str(lay.pp),
             f"{lay.micro_batch}×{lay.grad_accum(spec.train.global_batch)}", settings(lay),
             _tokens(item.tokens_per_s), f"{100 * item.mfu:.1f}%",
             _number(tm.step / t_scale), _number(tm.compute / t_scale),
@@ -200,6 +205,7 @@ def to_json(spec: Spec, result: SearchResult, rows, accounting) -> dict:
         "considered": result.considered,
         "fitting": result.fitting,
         "winner": None if winner is None else result.estimates.index(winner),
+        "best_uniform_step_time_s": None if result.best_uniform is None else result.best_uniform.time.step,
         "layouts": [layout_json(spec, item) for item in rows],
         "why": why(spec, result, hw),
     }
@@ -213,7 +219,7 @@ def _json_value(value):
 def layout_json(spec: Spec, item: Estimate) -> dict:
     lay, tm, mem = item.layout, item.time, item.memory
     return {
-        "dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "sp": lay.sp, "zero": lay.zero,
+        "dp": _json_value(lay.layer_dp or lay.dp), "tp": _json_value(lay.layer_tp or lay.tp), "pp": lay.pp, "sp": lay.sp, "zero": lay.zero,
         "schedule": lay.schedule, "chunks": lay.chunks, "micro_batch": lay.micro_batch,
         **{entry.name: _json_value(lay.setting(entry.name)) for entry in SETTINGS},
         "grad_accum": lay.grad_accum(spec.train.global_batch),

@@ -43,8 +43,8 @@ from parc.runtime.layouts import layouts
 from parc.runtime.layer_settings import SETTINGS
 
 from .cost import Accounting, Estimate, Hardware, Layout, estimate
-from .cost.estimate import USABLE_MEMORY
-from .cost.memory import memory
+from .cost.estimate import USABLE_MEMORY, layout_memory
+from .layer_search import per_layer_candidates
 from ..spec_values import spec_values
 
 EXACT_TOP = 3
@@ -63,6 +63,15 @@ class SearchResult:
         """The best layout ``parc build`` can generate and that fits, or None."""
         for item in self.estimates:
             if item.fits and item.buildable:
+                return item
+        return None
+
+    @property
+    def best_uniform(self) -> Estimate | None:
+        """The best buildable layout that fits giving every layer the same degrees and
+        settings (the baseline of a per-layer winner's gain), or None."""
+        for item in self.estimates:
+            if item.fits and item.buildable and item.layout.layer_tp is None and not item.layout.per_layer:
                 return item
         return None
 
@@ -87,6 +96,7 @@ MEMORY_STEP = 0.01
 
 TIE_BREAKS = (
     ("fewer pipeline stages", lambda layout: layout.pp),
+    ("one tp for every layer", lambda layout: layout.layer_tp is not None),
     ("lower cp", lambda layout: layout.cp),
     ("lower tp", lambda layout: layout.tp),
     ("lower ZeRO stage", lambda layout: layout.zero),
@@ -157,6 +167,7 @@ def search(spec: Spec, hw: Hardware, accounting: Accounting = Accounting.PARC) -
     scored = [estimate(spec, layout, hw, accounting, exact=False) for layout in layouts]
     if spec.parallel.recompute is None:
         scored += mixed_recompute(spec, scored, hw, accounting)
+    scored += per_layer_candidates(spec, scored, hw, accounting)  # Note [the per-layer dynamic program]
     fast = rank(scored, unit)
     head = [estimate(spec, item.layout, hw, accounting, exact=True) for item in fast[:EXACT_TOP]]
     # The build winner must be exact too, even when zero-3 layouts crowd the top.
@@ -183,7 +194,7 @@ def fixed_layout(spec: Spec) -> Layout | None:
         ep=par.ep,
         schedule=par.schedule.value if par.pp > 1 else "1f1b",
         chunks=chunks_for(par.schedule.value, par.chunks) if par.pp > 1 else 1,
-        micro_batch=spec.train.micro_batch, compress=par.compress,
+        micro_batch=spec.train.micro_batch, compress=par.compress, layer_tp=par.layer_tp,
         **{entry.name: par.setting(entry.name) for entry in SETTINGS},
     )
 
@@ -197,6 +208,7 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
             spec.parallel,
             dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, sp=layout.sp, zero=layout.zero, ep=layout.ep,
             schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks, compress=layout.compress,
+            layer_tp=layout.layer_tp, layer_dp=layout.layer_dp,
         ).with_settings({entry.name: layout.setting(entry.name) for entry in SETTINGS}),
     )
 
@@ -228,7 +240,7 @@ def mixed_recompute(spec: Spec, scored: list[Estimate], hw: Hardware, accounting
             while low < high:
                 mid = (low + high) // 2
                 trial = replace(layout, recompute=("full",) * mid + (lighter,) * (layers - mid))
-                if memory(spec, trial, accounting).peak.total <= limit:
+                if layout_memory(spec, trial, hw, accounting).peak.total <= limit:
                     high = mid
                 else:
                     low = mid + 1

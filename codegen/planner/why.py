@@ -11,11 +11,12 @@ Before: ``codegen/planner/search.py``. After: ``codegen/cli/plan.py`` (text and 
 from __future__ import annotations
 
 from parc.runtime.constraints import PER_LAYER
-from parc.runtime.layer_settings import SETTINGS, fold_runs, setting
+from parc.runtime.layer_settings import SETTINGS, fold_runs, folded, setting
 
 from dataclasses import replace
 
-from .cost import Estimate, Hardware, estimate
+from .cost import Accounting, Estimate, Hardware, estimate
+from .cost.per_layer import hetero_supported
 from .cost.layout import rank_params
 from .cost.time import powersgd_compression
 from .search import TIE_TOLERANCE, SearchResult, tie_memory_unit, tie_rule
@@ -88,7 +89,9 @@ def _describe(item: Estimate) -> str:
     lay = item.layout
     cp = f" · cp {lay.cp} ({lay.cp_kind})" if lay.cp > 1 else ""
     ep = f" · ep {lay.ep}" if lay.ep > 1 else ""
-    text = f"dp {lay.dp}{cp} · tp {lay.tp} · pp {lay.pp}{ep}"
+    dp = lay.dp if lay.layer_tp is None else folded(lay.layer_dp)
+    tp = lay.tp if lay.layer_tp is None else folded(lay.layer_tp)
+    text = f"dp {dp}{cp} · tp {tp} · pp {lay.pp}{ep}"
     extras = []
     if lay.pp > 1:
         extras.append(f"interleaved({lay.chunks})" if lay.schedule == "interleaved" else lay.schedule)
@@ -108,9 +111,10 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
     if len(items) == 1 and result.considered == 1:
         lines.append(f"the spec gives its layout: {_describe(best)}.")
     layer_tp = getattr(spec.parallel, "layer_tp", None)
-    if layer_tp:  # Note [heterogeneous layouts]: not modelled yet
+    if layer_tp and not hetero_supported(spec, best.layout, Accounting.PARC):  # cost/per_layer.py: one stage
         lines.append(f"per-layer tp {list(layer_tp)}: predicted as the coarse split tp {spec.parallel.tp} · "
-                     f"dp {spec.parallel.dp} for every layer (the cost model has no per-layer degrees yet).")
+                     f"dp {spec.parallel.dp} for every layer (the per-layer cost model covers one stage, "
+                     "pp = 1, without cp, ZeRO, experts or compression).")
     fitting = [item for item in items if item.fits]
     if not fitting:
         smallest = min(items, key=lambda item: item.memory.total)
@@ -143,6 +147,7 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
             f"{_seconds(best.time.step - fast.time.step)[1:]} per step but needs "
             f"{_gib(fast.memory.total)} per rank{limit}."
         )
+    lines += _per_layer_gain(best, index, result)
     lines += _compression(spec, best, index, hw)
     winner = result.winner
     if winner is not None and winner is not best:
@@ -151,6 +156,25 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
             f"#{items.index(winner) + 1} ({_describe(winner)})."
         )
     return lines
+
+
+def _per_layer_gain(best: Estimate, index: int, result: SearchResult) -> list[str]:
+    """When the winner gives its layers different degrees (Note [the per-layer dynamic
+    program]): its predicted gain over the best uniform layout."""
+    lay = best.layout
+    if lay.layer_tp is None:  # per-layer recompute alone: the lines above compare it
+        return []
+    uniform = result.best_uniform
+    if uniform is None:
+        return [f"#{index} is per-layer ({_describe(best)}); no uniform layout fits."]
+    j = result.estimates.index(uniform) + 1
+    gain = uniform.time.step - best.time.step
+    return [
+        f"per-layer #{index} ({_describe(best)}) against the best uniform layout #{j} ({_describe(uniform)}): "
+        f"a step is {_seconds(gain)[1:]} ({100 * gain / uniform.time.step:.1f}%) "
+        f"{'shorter' if gain >= 0 else 'longer'} (predicted), a {uniform.time.step / best.time.step:.2f}× speedup; "
+        f"memory per rank {_gib(best.memory.total)} vs {_gib(uniform.memory.total)}."
+    ]
 
 
 def _compression(spec, best: Estimate, index: int, hw: Hardware) -> list[str]:
@@ -216,11 +240,18 @@ def _ep_over_replicated(best: Estimate, index: int, items) -> list[str]:
     ]
 
 
+def _field(layout, key: str):
+    """A layout's value of ``key``, per layer where the degrees vary (``layer_tp``, ``layer_dp``)."""
+    if key in ("dp", "tp") and layout.layer_tp is not None:
+        return getattr(layout, f"layer_{key}")
+    return getattr(layout, key)
+
+
 def _compare(best: Estimate, i: int, runner: Estimate, j: int, unit: float | None, title: str = "") -> str:
     differs = [
-        (key, getattr(best.layout, key), getattr(runner.layout, key))
+        (key, _field(best.layout, key), _field(runner.layout, key))
         for key, _ in KEYS
-        if getattr(best.layout, key) != getattr(runner.layout, key)
+        if _field(best.layout, key) != _field(runner.layout, key)
     ]
     names = dict(KEYS)
     changed = ", ".join(f"{names[k]} {_value(k, a)} vs {_value(k, b)}" for k, a, b in differs) or "nothing"

@@ -55,3 +55,42 @@ def test_pipeline_boundary_sets_the_activation_shape():
     text = generate(load(TINY, ["mesh.devices_per_node=4", "parallel.pp=2", "parallel.tp=[2, 1, 1, 2]",
                                 "parallel.dp=[1, 2, 2, 1]"]))["train.py"].decode()
     assert "activation_shape=(MICRO_BATCH * 1 // TP, SEQ_LEN, HIDDEN)" in text
+
+
+AUTO = ["parallel.tp=auto", "parallel.dp=auto", "model.vocab=32000", "model.seq_len=256", "train.micro_batch=4",
+        "mesh.device=h100-80gb", "mesh.device_memory=120 MiB"]
+
+
+def test_an_auto_spec_whose_plan_is_heterogeneous_builds_it():
+    """The planner's per-layer winner (Note [the per-layer dynamic program]) is what parc build
+    generates: LAYER_TP cited as the planner's, the hetero runtime, the plan's predicted gain."""
+    from parc.codegen.spec_values import rule_errors
+
+    spec = load(TINY, AUTO)
+    assert rule_errors(spec) == []  # parc check accepts it
+    files = generate(spec)
+    text = files["train.py"].decode()
+    assert "LAYER_TP = " in text and "hetero.StageLayouts(grid, LAYER_TP)" in text
+    table = next(line for line in text.splitlines() if line.startswith("LAYER_TP = "))
+    assert "(1,)" in table and ("(2,)" in table or "(4,)" in text)
+    assert "(planner)" in text
+
+
+def test_zero_and_recompute_auto_with_lists_are_filled_by_per_layer_costs():
+    """check ⇔ build: with a tp list, `zero = auto` and `recompute = auto` are accepted and the
+    build fills them (ZeRO 0: per-layer degrees with ZeRO are PAR0254)."""
+    from parc.codegen.spec_values import rule_errors
+
+    import json
+
+    for extra, memory in (("parallel.zero=auto", "1 GiB"), ("parallel.recompute=auto", "14 MiB")):
+        spec = load(TINY, TWO + [extra, f"mesh.device_memory={memory}"])
+        assert rule_errors(spec) == []
+        files = generate(spec)
+        text = files["train.py"].decode()
+        assert "LAYER_TP = (2,) * 2 + (1,) * 2" in text
+        if extra == "parallel.zero=auto":
+            zero = json.loads(files["plan.json"])["train"]["zero"]
+            assert zero["value"] == 0 and "(planner)" in zero["span"]
+        else:  # 14 MiB: only a mix with full recompute fits (the per-layer memory, not the coarse split's)
+            assert 'RECOMPUTE = ("full",)' in text and "(planner)" in text

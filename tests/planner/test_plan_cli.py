@@ -22,8 +22,8 @@ def test_table_exact_text(capsys, monkeypatch):
 def test_json_keys(capsys):
     assert main(["plan", SMALL, "--top", "2", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert set(data) == {"accounting", "considered", "fitting", "layouts", "mesh", "model", "parameters",
-                         "spec", "why", "winner"}
+    assert set(data) == {"accounting", "best_uniform_step_time_s", "considered", "fitting", "layouts", "mesh",
+                         "model", "parameters", "spec", "why", "winner"}
     assert data["winner"] == 0 and len(data["layouts"]) == 2 and data["considered"] > 100
     layout = data["layouts"][0]
     for key in ("dp", "tp", "pp", "sp", "zero", "schedule", "chunks", "recompute", "overlap",

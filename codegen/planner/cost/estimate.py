@@ -9,14 +9,15 @@ Before: ``cost/memory.py``, ``cost/time.py``. After: ``codegen/planner/search.py
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from parc.dsl.spec import Spec
 from parc.runtime.constraints import BUILD, legal
 
 from .hardware import Hardware
 from .layout import Accounting, Layout
-from .memory import MemoryBreakdown, memory
+from .memory import MemoryBreakdown, MemoryEstimate, memory
+from .per_layer import hetero_supported, hetero_time_memory
 from .time import TimeBreakdown, step_time
 
 USABLE_MEMORY = 0.95
@@ -46,18 +47,37 @@ class Estimate:
 def buildable(spec: Spec, layout: Layout) -> bool:
     """``parc build`` can generate ``spec`` with ``layout``: no BUILD rule of
     ``runtime/constraints.py`` fails (zero 3 is predicted, not built yet)."""
+    return legal(layout_values(spec, layout), (BUILD,))
+
+
+def layout_values(spec: Spec, layout: Layout) -> dict:
+    """``spec``'s values (``constraints.KEYS``) with ``layout`` written in, per-layer degrees too."""
     from ...spec_values import spec_values  # codegen/spec_values.py imports nothing of cost/
 
     values = spec_values(spec)
     values.update((name, getattr(layout, name)) for name in Layout.__slots__ if name in values)
-    return legal(values, (BUILD,))
+    values["layer_dp"] = layout.layer_dp
+    return values
+
+
+def layout_memory(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC) -> MemoryEstimate:
+    """``memory(...)``, or for a heterogeneous layout the per-layer model's (Note [per-layer
+    layout costs]; its coarse split where that model does not reach)."""
+    if layout.layer_tp is not None and hetero_supported(spec, layout, accounting):
+        return MemoryEstimate(per_rank=(hetero_time_memory(spec, layout, hw)[1],), peak_rank=0)
+    return memory(spec, layout if layout.layer_tp is None else replace(layout, layer_tp=None), accounting)
 
 
 def estimate(
     spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC, *, exact: bool = True
 ) -> Estimate:
-    time = step_time(spec, layout, hw, accounting, exact=exact)
-    mem = memory(spec, layout, accounting)
+    if layout.layer_tp is not None and hetero_supported(spec, layout, accounting):
+        time, peak = hetero_time_memory(spec, layout, hw)  # Note [per-layer layout costs]
+        mem = MemoryEstimate(per_rank=(peak,), peak_rank=0)
+    else:  # a heterogeneous layout the per-layer model does not cover: its coarse split
+        coarse = layout if layout.layer_tp is None else replace(layout, layer_tp=None)
+        time = step_time(spec, coarse, hw, accounting, exact=exact)
+        mem = memory(spec, coarse, accounting)
     world = layout.dp * layout.cp * layout.tp * layout.pp
     achieved = time.model_flops / time.step / world
     limit = None if hw.memory is None else hw.memory * USABLE_MEMORY

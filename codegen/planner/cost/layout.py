@@ -72,6 +72,14 @@ class Layout:
     """``parallel.compress``: ``none``, ``powersgd`` or ``topk`` (``cost/compress.py``)."""
     ep: int = 1
     """Expert-parallel ranks: each holds experts / ep of every MoE block (``cost/experts.py``)."""
+    layer_tp: tuple[int, ...] | None = None
+    """One tensor-parallel degree per block (a heterogeneous layout: ``tp`` is then the
+    largest, ``dp`` the fewest; layer i runs dp·tp / layer_tp[i] × layer_tp[i]); None: all ``tp``."""
+
+    @property
+    def layer_dp(self) -> tuple[int, ...] | None:
+        """Each block's data-parallel ranks, dp·tp / layer_tp[i] (None: uniform)."""
+        return None if self.layer_tp is None else tuple(self.dp * self.tp // t for t in self.layer_tp)
 
     def tokens(self, seq_len: int) -> int:
         """Tokens of one micro-batch on one rank: micro_batch · seq_len / cp."""
@@ -106,7 +114,10 @@ class Layout:
 
     def describe(self) -> str:
         """The layout in the DSL's words, one line."""
-        parts = [f"dp {self.dp}", f"tp {self.tp}", f"pp {self.pp}"]
+        if self.layer_tp is not None:
+            parts = [f"dp {layer_settings.folded(self.layer_dp)}", f"tp {layer_settings.folded(self.layer_tp)}", f"pp {self.pp}"]
+        else:
+            parts = [f"dp {self.dp}", f"tp {self.tp}", f"pp {self.pp}"]
         if self.cp > 1:
             parts.insert(1, f"cp {self.cp} ({self.cp_kind})")
         if self.ep > 1:

@@ -184,36 +184,9 @@ def step_time(
     kinds = ("all_gather", "reduce_scatter") if layout.sp else ("all_reduce",)
     activations = tokens * m.hidden * size
     per_collective = sum(collective_time(hw, kind, activations, size=t, stride=1) for kind in kinds)
-    latency = sum(collective_latency(hw, kind, size=t, stride=1) for kind in kinds)
     settings = layout.block_settings(m.layers)
-    costs = {}
-    for key in sorted(set(settings)):
-        recompute, k = (dict(zip(SETTING_NAMES, key))[name] for name in ("recompute", "overlap"))
-        sub_forward, sub_core = _block_forward(spec, layout, hw, accounting, tokens / k)
-        forward, core = k * sub_forward * slow, k * sub_core * slow
-        experts = moe_block(spec, layout, hw, tokens=tokens, k=k, size=size)  # Note [MoE costs]
-        forward += experts.forward
-        backward = 2.0 * forward
-        if recompute == "full":
-            backward += forward
-        elif recompute == "selective":
-            backward += core
-        tp_forward = 2 * per_collective
-        tp_backward = 2 * per_collective * (2 if recompute == "full" else 1)
-        hiding = 0.0 if hw.comm_on_cores else forward  # Note [the time model]: gloo on CPU cores
-        block = exposed_tp(
-            tp_forward, hiding, k, latency_s=latency, blocks=min(OVERLAP_BLOCKS, max(1, round(layers_per_chunk)))
-        )
-        exposed_backward = block.backward_s + (block.forward_s if recompute == "full" else 0.0)
-        # Note [cp costs] (cost/context.py): attention's exchange over cp
-        cp_forward, cp_backward, cp_moved = cp_comm(spec, layout, hw, size=size, core=core)
-        recomputed = cp_forward if recompute in ("full", "selective") else 0.0
-        tp_forward += cp_moved / 2
-        tp_backward += cp_moved / 2 + recomputed
-        recomputed += experts.exposed_forward if recompute == "full" else 0.0  # the dispatch again
-        costs[key] = (forward, backward, tp_forward, tp_backward,
-                      block.forward_s + cp_forward + experts.exposed_forward,
-                      exposed_backward + cp_backward + recomputed + experts.exposed_backward, experts.moved)
+    costs = {key: block_costs(spec, layout, hw, accounting, key, layers_per_chunk=layers_per_chunk)
+             for key in sorted(set(settings))}
     if len(costs) == 1:
         forward, backward, tp_forward, tp_backward, exposed_forward, exposed_backward, ep_moved = costs.popitem()[1]
     else:  # the mean block, weighed by how many blocks have each setting
@@ -301,6 +274,49 @@ def step_time(
         ep_comm=micro_batches * v * layers_per_chunk * ep_moved,
         model_flops=model_flops_per_token(spec) * spec.train.global_batch * m.seq_len,
     )
+
+
+def block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, key: tuple, *,
+                layers_per_chunk: float) -> tuple:
+    """One block with per-layer settings ``key`` (``SETTING_NAMES`` order), one micro-batch
+    on one rank of ``layout`` (Note [the time model]): (forward, backward, tp forward, tp
+    backward, exposed forward, exposed backward, ep moved) seconds. ``step_time`` weighs
+    them over the blocks; ``cost/per_layer.py`` prices one layer of a heterogeneous layout."""
+    m = spec.model
+    t = layout.tp
+    tokens = layout.tokens(m.seq_len)
+    size = _activation_size(spec, accounting)
+    slow = hw.contention  # ranks sharing a CPU core
+    kinds = ("all_gather", "reduce_scatter") if layout.sp else ("all_reduce",)  # one region's collective
+    activations = tokens * m.hidden * size
+    per_collective = sum(collective_time(hw, kind, activations, size=t, stride=1) for kind in kinds)
+    latency = sum(collective_latency(hw, kind, size=t, stride=1) for kind in kinds)
+    recompute, k = (dict(zip(SETTING_NAMES, key))[name] for name in ("recompute", "overlap"))
+    sub_forward, sub_core = _block_forward(spec, layout, hw, accounting, tokens / k)
+    forward, core = k * sub_forward * slow, k * sub_core * slow
+    experts = moe_block(spec, layout, hw, tokens=tokens, k=k, size=size)  # Note [MoE costs]
+    forward += experts.forward
+    backward = 2.0 * forward
+    if recompute == "full":
+        backward += forward
+    elif recompute == "selective":
+        backward += core
+    tp_forward = 2 * per_collective
+    tp_backward = 2 * per_collective * (2 if recompute == "full" else 1)
+    hiding = 0.0 if hw.comm_on_cores else forward  # Note [the time model]: gloo on CPU cores
+    block = exposed_tp(
+        tp_forward, hiding, k, latency_s=latency, blocks=min(OVERLAP_BLOCKS, max(1, round(layers_per_chunk)))
+    )
+    exposed_backward = block.backward_s + (block.forward_s if recompute == "full" else 0.0)
+    # Note [cp costs] (cost/context.py): attention's exchange over cp
+    cp_forward, cp_backward, cp_moved = cp_comm(spec, layout, hw, size=size, core=core)
+    recomputed = cp_forward if recompute in ("full", "selective") else 0.0
+    tp_forward += cp_moved / 2
+    tp_backward += cp_moved / 2 + recomputed
+    recomputed += experts.exposed_forward if recompute == "full" else 0.0  # the dispatch again
+    return (forward, backward, tp_forward, tp_backward,
+            block.forward_s + cp_forward + experts.exposed_forward,
+            exposed_backward + cp_backward + recomputed + experts.exposed_backward, experts.moved)
 
 
 def powersgd_compression(spec: Spec, layout: Layout, params: int, hw: Hardware):
