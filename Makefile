@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/python -m parc.codegen.demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 tests
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

@@ -6,7 +6,7 @@ so ``-k`` launches only what the selected tests read, and the runs of
 tests/parity/ (layouts, memory, the planned build) and tests/planner/test_measured.py
 that need the same world size share a launch.
 
-``make test`` runs the suite in two pytest processes (pytest-xdist, ``--dist loadgroup``):
+``make test`` runs the suite in two pytest processes (pytest-xdist, ``-n 2``):
 the trainers' launches use about half of two cores on their own (ranks wait on each
 other, processes start), so another process's tests fill the rest. Each test file is
 one group, so a module's fixtures are made once; every module that reads ``trainers``
@@ -20,11 +20,33 @@ import pytest
 from parity.batch import Batches  # tests/ is on sys.path for this file (no __init__.py)
 
 
+SHARED = (
+    "tests/observe/test_eval_parity.py", "tests/parity/test_compress.py", "tests/parity/test_memory.py",
+    "tests/parity/test_parity.py", "tests/parity/test_parity_precision.py", "tests/parity/test_planned.py",
+    "tests/planner/test_context_memory.py", "tests/planner/test_measured.py",
+)
+"""The modules that read ``trainers`` (those defining ``cases_of``): one pytest-xdist unit."""
+
+
 def pytest_collection_modifyitems(config, items):
-    """Each item's pytest-xdist group: ``trainers`` for modules that read the shared runs, else its file."""
-    for item in items:
-        shared = getattr(getattr(item, "module", None), "cases_of", None) is not None
-        item.add_marker(pytest.mark.xdist_group("trainers" if shared else item.nodeid.split("::")[0]))
+    """The shared modules' tests first (the longest unit starts first); SHARED checked."""
+    reading = {item.nodeid.split("::")[0] for item in items if hasattr(getattr(item, "module", None), "cases_of")}
+    if not reading <= set(SHARED):
+        raise pytest.UsageError(f"tests/conftest.py: add {sorted(reading - set(SHARED))} to SHARED")
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in SHARED)  # stable
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Work units for pytest-xdist: each test file, and the SHARED modules as one."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::")[0]
+            return "trainers" if path in SHARED else path
+
+    return ByFile(config, log)
 
 
 @pytest.fixture(scope="session")
