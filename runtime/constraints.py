@@ -1031,7 +1031,7 @@ def build_tp_2d_with(tp_shape, sp=None, cp=None, pp=None, zero=None, experts=Non
         value = values[name]
         if value is not None and on(value):
             rows, cols = tp_shape
-            shown = list(value) if isinstance(value, tuple) else value
+            shown = list(value) if isinstance(value, tuple) else str(value).lower() if isinstance(value, bool) else value
             return _violation("PAR0277", (key, "parallel.tp_shape"),
                               f"tp_shape = ({rows}, {cols}) (2D tensor parallelism) with {name} = {shown} "
                               "is not supported yet by parc build",
