@@ -1007,7 +1007,7 @@ _NOT_WITH_2D = (
     ("sp", lambda v: bool(v), "parallel.sp", "sp = false"),
     ("cp", lambda v: v > 1, "parallel.cp", "cp = 1"),
     ("pp", lambda v: v > 1, "parallel.pp", "pp = 1"),
-    ("zero", lambda v: v > 0, "parallel.zero", "zero = 0"),
+    ("zero", lambda v: v > 2, "parallel.zero", "zero = 1 or 2"),
     ("experts", lambda v: v > 0, "model.experts", "a dense model"),
     ("layer_tp", lambda v: v is not None, "parallel.tp", "one tp for every layer"),
     ("overlap", lambda v: any(k is not None and k > 1 for k in entries(v)), "parallel.overlap", "overlap = none"),
@@ -1020,8 +1020,8 @@ def build_tp_2d_with(tp_shape, sp=None, cp=None, pp=None, zero=None, experts=Non
                      compress=None):
     """2D tensor parallelism is built for dense models with dp, recompute and any precision;
     the features below shard or move the hidden state in ways the 2D layers do not meet yet
-    (the sequence split of sp, cp; the (B, T, hidden/R) pipeline messages; ZeRO's norm and
-    flat buffers of partly replicated parameters; expert dispatch; per-layer tp; sub-batch
+    (the sequence split of sp, cp; the (B, T, hidden/R) pipeline messages; ZeRO-3's gathered
+    units; expert dispatch; per-layer tp; sub-batch
     overlap; the compressed dp reduction)."""
     if not tp_2d(tp_shape):
         return None
