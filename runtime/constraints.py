@@ -1006,27 +1006,26 @@ _NOT_WITH_2D = (
     # (value name, is it on?, the spec key, what to write instead)
     ("sp", lambda v: bool(v), "parallel.sp", "sp = false"),
     ("cp", lambda v: v > 1, "parallel.cp", "cp = 1"),
-    ("pp", lambda v: v > 1, "parallel.pp", "pp = 1"),
     ("zero", lambda v: v > 2, "parallel.zero", "zero = 1 or 2"),
     ("experts", lambda v: v > 0, "model.experts", "a dense model"),
     ("layer_tp", lambda v: v is not None, "parallel.tp", "one tp for every layer"),
     ("overlap", lambda v: any(k is not None and k > 1 for k in entries(v)), "parallel.overlap", "overlap = none"),
     ("compress", lambda v: v not in ("none", None), "parallel.compress", "compress = none"),
+    ("compress_pp", lambda v: v not in ("none", None), "parallel.compress_pp", "compress_pp = none"),
 )
 
 
 @rule("PAR0277", BUILD)
-def build_tp_2d_with(tp_shape, sp=None, cp=None, pp=None, zero=None, experts=None, layer_tp=None, overlap=None,
-                     compress=None):
-    """2D tensor parallelism is built for dense models with dp, recompute and any precision;
-    the features below shard or move the hidden state in ways the 2D layers do not meet yet
-    (the sequence split of sp, cp; the (B, T, hidden/R) pipeline messages; ZeRO-3's gathered
-    units; expert dispatch; per-layer tp; sub-batch
-    overlap; the compressed dp reduction)."""
+def build_tp_2d_with(tp_shape, sp=None, cp=None, zero=None, experts=None, layer_tp=None, overlap=None,
+                     compress=None, compress_pp=None):
+    """2D tensor parallelism is built for dense models with dp, pp, ZeRO 1/2, recompute and
+    any precision; the features below shard or move the hidden state in ways the 2D layers
+    do not meet yet (the sequence split of sp, cp; ZeRO-3's gathered units; expert dispatch; per-layer tp; sub-batch
+    overlap; the compressed dp and pp paths)."""
     if not tp_2d(tp_shape):
         return None
-    values = dict(sp=sp, cp=cp, pp=pp, zero=zero, experts=experts, layer_tp=layer_tp, overlap=overlap,
-                  compress=compress)
+    values = dict(sp=sp, cp=cp, zero=zero, experts=experts, layer_tp=layer_tp, overlap=overlap,
+                  compress=compress, compress_pp=compress_pp)
     for name, on, key, instead in _NOT_WITH_2D:
         value = values[name]
         if value is not None and on(value):

@@ -155,6 +155,7 @@ LAYOUTS = {
     "tp2-shape2x1": dict(tp=2, parallel__tp_shape="(2, 1)"),
     "dp2-tp2-shape2x1-recompute-full": dict(dp=2, tp=2, parallel__tp_shape="(2, 1)", parallel__recompute="full"),
     "dp2-tp2-shape2x1-zero2": dict(dp=2, tp=2, parallel__tp_shape="(2, 1)", parallel__zero=2),
+    "pp2-tp2-shape2x1": dict(pp=2, tp=2, parallel__tp_shape="(2, 1)"),
 }
 ARCHS = ("gpt", "llama")
 
