@@ -77,6 +77,7 @@ KEYS = {
     "overlap": "parallel.overlap",
     "stage_layers": "parallel.stage_layers",
     "tp_shape": "parallel.tp_shape",
+    "tp_shape_auto": "parallel.tp_shape",
     "compress": "parallel.compress",
     "compress_pp": "parallel.compress_pp",
     "compress_stages": "parallel.compress_stages",
@@ -386,8 +387,17 @@ for _axis in AXES:
 
 
 @rule("PAR0217")
-def tp_within_node(nodes, devices_per_node, tp):
+def tp_within_node(nodes, devices_per_node, tp, tp_shape=None, tp_shape_auto=None):
+    """A tp group stays on one node, except a 2D grid's columns (Note [2D tensor parallelism]):
+    its rows of C consecutive ranks fill nodes (C divides devices_per_node, devices_per_node
+    divides tp), its columns cross them. While ``tp_shape = auto`` is open (None), such a tp
+    waits for the shape."""
     if nodes == 1 or devices_per_node % tp == 0:
+        return None
+    spans = tp % devices_per_node == 0
+    if spans and tp_2d(tp_shape) and devices_per_node % tp_shape[1] == 0:
+        return None
+    if spans and tp_shape is None and tp_shape_auto:
         return None
     return _violation(
         "PAR0217", "parallel.tp",

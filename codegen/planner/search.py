@@ -184,6 +184,7 @@ def fixed_layout(spec: Spec) -> Layout | None:
         schedule=par.schedule.value if par.pp > 1 else "1f1b",
         chunks=chunks_for(par.schedule.value, par.chunks) if par.pp > 1 else 1,
         micro_batch=spec.train.micro_batch, compress=par.compress,
+        tp_shape=par.tp_shape if par.tp_shape is not None and par.tp_shape[0] > 1 else None,
         **{entry.name: par.setting(entry.name) for entry in SETTINGS},
     )
 
@@ -197,6 +198,8 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
             spec.parallel,
             dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, sp=layout.sp, zero=layout.zero, ep=layout.ep,
             schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks, compress=layout.compress,
+            tp_shape=layout.tp_shape if layout.tp_shape is not None else spec.parallel.tp_shape,
+            tp_shape_auto=False,
         ).with_settings({entry.name: layout.setting(entry.name) for entry in SETTINGS}),
     )
 
