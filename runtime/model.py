@@ -373,6 +373,11 @@ class Transformer(nn.Module):
         self.tp_group, self.tp_grid = tp_group, tp_grid  # Note [2D tensor parallelism]: the grid, or None
         build = builders[self.embed_tp]
         plan = plans[self.embed_tp]
+        if tp_grid is not None:  # the hidden state is split over R: no layer may stay whole
+            whole = [m.name for m in describe(config).modules if m.style and plan.style(m.name) is None]
+            if whole:
+                raise ValueError(f"tp plan: 2D tensor parallelism (TP_SHAPE) splits every layer, but "
+                                 f"{', '.join(whole[:3])} {'is' if len(whole) == 1 else 'are'} replicated")
         self._styles = {t: p.styles for t, p in plans.items()}  # check_parameter_count's, by degree
         V, C = config.padded_vocab, config.hidden
         self.vocab_parallel_embed = build.style("embed") == "vocab"

@@ -156,6 +156,9 @@ LAYOUTS = {
     "dp2-tp2-shape2x1-recompute-full": dict(dp=2, tp=2, parallel__tp_shape="(2, 1)", parallel__recompute="full"),
     "dp2-tp2-shape2x1-zero2": dict(dp=2, tp=2, parallel__tp_shape="(2, 1)", parallel__zero=2),
     "pp2-tp2-shape2x1": dict(pp=2, tp=2, parallel__tp_shape="(2, 1)"),
+    # the 8-rank rows: the 2 × 2 grid with dp 2 and with pp 2
+    "dp2-tp4-shape2x2": dict(dp=2, tp=4, parallel__tp_shape="(2, 2)"),
+    "pp2-tp4-shape2x2": dict(pp=2, tp=4, parallel__tp_shape="(2, 2)"),
 }
 ARCHS = ("gpt", "llama")
 
