@@ -86,6 +86,9 @@ class MeshPlan:
     cp_kind: Setting
     """CP_KIND: how attention sees the whole sequence under cp > 1 (``ulysses``,
     ``allgather``; runtime/context.py). train.py names it only when cp > 1."""
+    tp_shape: Setting | None = None
+    """TP_SHAPE ``(R, C)``: the tp ranks as an R × C grid (Note [2D tensor parallelism],
+    runtime/layers2d.py); None for 1D, ``(1, tp)``."""
 
     @property
     def world_size(self) -> int:

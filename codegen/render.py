@@ -93,6 +93,9 @@ def config_lines(plan: Plan) -> list[str]:
     for axis in mesh.axes:
         if axes.axis(axis.axis).always or (axis.axis == "cp" and axis.size > 1):
             lines.append(constant(axis.axis.upper(), axis.size, f"{cite(axis.span)}: {axes.axis(axis.axis).ranks}"))
+        if axis.axis == "tp" and mesh.tp_shape is not None:
+            shape = mesh.tp_shape
+            lines.append(constant(shape.name, shape.value, f"{cite(shape.span)}: R × C grid of the tp ranks"))
         if axis.axis == "cp" and axis.size > 1:
             kind = mesh.cp_kind
             lines.append(constant(kind.name, kind.value, f"{cite(kind.span)}: {CP_KIND_WORDS[kind.value]}"))
@@ -179,13 +182,24 @@ def setting_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def grid_shard(style: str, full_shape, tp_shape) -> tuple:
+    """A weight's shard on an R × C tp grid (Note [2D tensor parallelism], runtime/layers2d.py):
+    a colwise or head weight's rows over C and columns over R; a rowwise one's the other way."""
+    rows, cols = tp_shape
+    out, inner = full_shape[0], full_shape[1] if len(full_shape) > 1 else None
+    split = (rows, cols) if style == "rowwise" else (cols, rows)
+    return (out // split[0],) if inner is None else (out // split[0], inner // split[1])
+
+
 def tp_plan_lines(plan: Plan) -> list[str]:
     tp = plan.tensor_parallel
     if tp.size == 1:
         return []
     lines = []
+    grid = plan.mesh.tp_shape
     for rule in tp.sharded:
-        shapes = f"{tuple(rule.full_shape)} -> {tuple(rule.local_shape)}"
+        local = tuple(rule.local_shape) if grid is None else grid_shard(rule.style.value, rule.full_shape, grid.value)
+        shapes = f"{tuple(rule.full_shape)} -> {local}"
         tied = f", tied to {rule.tied_to}" if rule.tied_to else ""
         lines.append(f"{rule.pattern!r}: {rule.style.value!r},  # {shapes}{tied}")
     return lines
@@ -199,6 +213,9 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     group_lines = []
     if tp_size > 1:
         group_lines.append('tp_group = grid.group("tp")  # ranks that share one copy of the model')
+    if mesh.tp_shape is not None:
+        group_lines.append("# Note [2D tensor parallelism] (parc_runtime/layers2d.py): the tp ranks as a grid")
+        group_lines.append("tp_grid = grid.tp_grid(TP_SHAPE)")
     # Gradients and the loss are means over the ranks that saw different tokens: dp, and
     # under context parallel dp × cp (each cp rank holds T/cp tokens of every sequence).
     reducing = dp_size * cp_size > 1
@@ -351,7 +368,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         + ["kernels=KERNELS,"]
         + render_moe.model_args(plan)
         + (["cp_group=cp_group,", "cp_kind=CP_KIND,"] if cp_size > 1 else [])
-        + (["layouts=layouts,"] if hetero else []),
+        + (["layouts=layouts,"] if hetero else [])
+        + (["tp_grid=tp_grid,"] if mesh.tp_shape is not None else []),
         pipeline_lines=render_step.executor_lines(plan)
         + render_eval.setup_lines(plan, reduce_group=reduce_group if reducing else None, pipelined=pipelined),
         step_body_lines=render_observe.step_start_lines() + render_checkpoint.step_start_lines() + [
@@ -463,13 +481,15 @@ def runtime_modules(plan: Plan) -> set[str]:
     it to save or resume, Note [DCP on demand])."""
     modules = set(train_imports(plan)) | {"checkpoint_dcp"}
     modules |= {"context"} if plan.mesh.size("cp") > 1 else set()  # model.py imports it for cp > 1
+    modules |= {"layers2d"} if plan.mesh.tp_shape is not None else set()  # model.py and mesh.py import it
     modules |= {"moe_overlap"} if render_moe.overlaps_experts(plan) else set()  # moe.py imports it
     return modules | {entry.module for entry in plan.used_settings() if entry.module}
 
 
 def layout_words(plan: Plan) -> str:
-    parts = [f"{a.axis} {a.size}" for a in plan.mesh.axes if a.size > 1 and not (
-        render_hetero.enabled(plan) and a.axis in ("dp", "tp"))]
+    grid = plan.mesh.tp_shape
+    parts = [f"{a.axis} {a.size}" + (f" ({grid.value[0]}×{grid.value[1]})" if a.axis == "tp" and grid else "")
+             for a in plan.mesh.axes if a.size > 1 and not (render_hetero.enabled(plan) and a.axis in ("dp", "tp"))]
     if render_hetero.enabled(plan):
         parts.append(render_hetero.layout_words(plan))
     words = " × ".join(parts) if parts else "one rank"

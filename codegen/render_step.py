@@ -116,6 +116,8 @@ def executor_lines(plan: Plan) -> list[str]:
     )
     autocast = autocast_dtype(plan) or "None"
     rows = "MICRO_BATCH"
+    # Note [2D tensor parallelism]: between blocks each rank holds hidden/R features
+    hidden = "HIDDEN" if plan.mesh.tp_shape is None else "HIDDEN // TP_SHAPE[0]"
     boundary = {plan.blocks[start].tp for start, _ in plan.pipeline.stage_layers[1:]}
     if len(boundary) == 1 and len({b.tp for b in plan.blocks}) > 1:  # heterogeneous (constraints: PAR0255)
         (tp,) = boundary
@@ -137,7 +139,7 @@ def executor_lines(plan: Plan) -> list[str]:
         '    pp_rank=grid.index("pp"),',
         "    micro_batches=GRAD_ACCUM,",
         "    # what travels between stages: (micro-batch, tokens, hidden), fp32",
-        f"    activation_shape=({rows}, {tokens}, HIDDEN),",
+        f"    activation_shape=({rows}, {tokens}, {hidden}),",
         "    device=dist.device,",
         f"    autocast_dtype={autocast},",
         *("    " + line for line in render_compress.executor_args(plan, f"(MICRO_BATCH, {tokens}, HIDDEN)")),

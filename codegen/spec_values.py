@@ -35,7 +35,8 @@ def spec_values(spec: Spec) -> dict:
         "schedule": schedule.value if schedule is not None else None,
         "chunks": None if schedule is None else par.chunks if schedule is PipelineSchedule.INTERLEAVED else 1,
         **{entry.name: par.setting(entry.name) for entry in SETTINGS},  # Note [per-layer values]
-        "stage_layers": par.stage_layers, "compress": par.compress, "tp_shape": par.tp_shape, "compress_pp": par.compress_pp,
+        "stage_layers": par.stage_layers, "compress": par.compress, "tp_shape": par.tp_shape,
+        "tp_shape_auto": par.tp_shape_auto, "compress_pp": par.compress_pp,
         "compress_stages": par.compress_stages,
         "global_batch": train.global_batch, "micro_batch": train.micro_batch, "steps": train.steps,
         "warmup": train.lr_schedule.warmup, "precision": train.precision.value,

@@ -64,7 +64,8 @@ def _compress(parallel: dict) -> dict:
     compress = {"kind": None} if compress == "auto" else compress  # the planner's (powersgd or none)
     defaults = ParallelSpec(dp=None, tp=None, pp=None)
     return {
-        "tp_shape": None if "tp_shape" not in parallel else tuple(parallel["tp_shape"]),
+        "tp_shape": None if parallel.get("tp_shape", "auto") == "auto" else tuple(parallel["tp_shape"]),
+        "tp_shape_auto": parallel.get("tp_shape") == "auto",
         "compress": compress["kind"],
         "compress_rank": compress.get("rank", defaults.compress_rank),
         "compress_ratio": float(compress.get("ratio", defaults.compress_ratio)),
@@ -298,6 +299,8 @@ def spec_document(spec: Spec) -> dict:
         parallel_doc["stage_layers"] = list(parallel.stage_layers)
     if parallel.tp_shape is not None:
         parallel_doc["tp_shape"] = list(parallel.tp_shape)
+    elif parallel.tp_shape_auto:
+        parallel_doc["tp_shape"] = "auto"
     if parallel.compress is None:
         parallel_doc["compress"] = "auto"
     elif parallel.compress != "none":  # written only when used

@@ -95,6 +95,9 @@ def plain_values(v: _Values) -> dict:
     data = out.pop("data")
     out["data"] = data.get("kind") if isinstance(data, dict) else None
     out["data_dtype"] = data.get("dtype") if isinstance(data, dict) else None
+    parallel = v.norm.doc.get("parallel") if isinstance(v.norm.doc, dict) else None
+    out["tp_shape_auto"] = isinstance(parallel, dict) and parallel.get("tp_shape") == "auto"
+    out["tp_shape"] = tuple(out["tp_shape"]) if isinstance(out["tp_shape"], (list, tuple)) else None
     for name in ("compress", "compress_pp"):
         call = out.pop(name)
         out[name] = call.get("kind") if isinstance(call, dict) else None

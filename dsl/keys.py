@@ -398,8 +398,10 @@ PARALLEL = BlockDef(
             name="tp_shape",
             type="int_pair",
             default="(1, tp)",
-            doc="2D tensor parallelism: the tp ranks as an R × C mesh (R·C = tp); only (1, tp), "
-            "today's 1D, is built",
+            auto=True,
+            whole_auto=False,
+            doc="2D tensor parallelism: the tp ranks as an R × C grid (R·C = tp), weights split over "
+            "both sides; (1, tp) is 1D; auto lets the planner choose (parallel = auto leaves it 1D)",
         ),
         Param(
             name="compress",

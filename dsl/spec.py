@@ -166,7 +166,9 @@ class ParallelSpec:
     stage_layers: tuple[int, ...] | None = None
     """Explicit layers per pipeline stage, or None for an even split."""
     tp_shape: tuple[int, int] | None = None
-    """``parallel.tp_shape`` as written; None: ``(1, tp)`` (1D). Only 1D is built (PAR0274)."""
+    """``parallel.tp_shape`` as written; None: ``(1, tp)`` (1D), or the planner's when ``tp_shape_auto``."""
+    tp_shape_auto: bool = False
+    """``tp_shape = auto``: the planner picks the grid (Note [2D tensor parallelism])."""
     compress: str | None = "none"
     """Data-parallel gradient compression: ``none``, ``powersgd`` or ``topk`` (runtime/compress.py);
     None: ``auto``, the planner's choice of ``powersgd`` or ``none``."""
@@ -230,6 +232,7 @@ class ParallelSpec:
             self.zero,
             self.schedule,
             self.compress,
+            None if self.tp_shape_auto else 1,
             self.recompute,
             self.overlap,
         )

@@ -119,3 +119,30 @@ def partition(axes: tuple[tuple[str, int], ...], names) -> tuple[tuple[int, ...]
         key = tuple(index for name, index in coords.items() if name not in names)
         groups.setdefault(key, []).append(rank)
     return tuple(sorted(tuple(group) for group in groups.values()))
+
+
+TP_SIDES: tuple[Axis, ...] = (
+    Axis("tpr", "the tp ranks' rows of the 2D grid (tp_shape's R, strided: the slow links)",
+         "rows of the tensor-parallel grid"),
+    Axis("tpc", "the tp ranks' columns of the 2D grid (tp_shape's C, consecutive ranks)",
+         "columns of the tensor-parallel grid"),
+)
+"""Note [2D tensor parallelism] (runtime/layers2d.py): under ``tp_shape = (R, C)`` the tp
+axis is read as two sub-axes, ``tpr`` (R, outer) then ``tpc`` (C, inner, the fastest
+digit): tp rank t = r·C + c. ``tpr`` groups (the R ranks of one column, strided C apart)
+carry the colwise linears' sums; ``tpc`` groups (C consecutive ranks) the rowwise ones.
+They refine tp, they add no factor to the world."""
+
+
+def split_tp(axes: tuple[tuple[str, int], ...], tp_shape) -> tuple[tuple[str, int], ...]:
+    """``axes`` with ``("tp", R·C)`` read as ``("tpr", R), ("tpc", C)`` (Note [2D tensor parallelism])."""
+    rows, cols = (int(n) for n in tp_shape)
+    out = []
+    for name, size in axes:
+        if name != "tp":
+            out.append((name, size))
+            continue
+        if rows * cols != size:
+            raise ValueError(f"tp_shape = ({rows}, {cols}) does not arrange tp = {size} ranks")
+        out += [(TP_SIDES[0].name, rows), (TP_SIDES[1].name, cols)]
+    return tuple(out)

@@ -89,7 +89,10 @@ def local_parameters(model, tp_group) -> list[LocalParameter]:
                 base = getattr(module, "init_name", module_name)
                 name = f"{base}.{attr}" if base else attr
                 full = getattr(module, "full_shape", None)
-                if full is None:
+                own = getattr(module, "boxes", {}).get(attr)  # Note [2D tensor parallelism] (layers2d.py)
+                if own is not None:
+                    full = own[0]
+                elif full is None:
                     full = tuple(param.shape)
                 elif attr == "bias":
                     full = (full[0],)
@@ -98,7 +101,7 @@ def local_parameters(model, tp_group) -> list[LocalParameter]:
                     LocalParameter(
                         name=name, param=param, full_shape=full,
                         # a module that knows where its shard starts says so (moe.GroupedLinear: its experts)
-                        offsets=getattr(module, "shard_offsets", None)
+                        offsets=(None if own is None else tuple(own[1])) or getattr(module, "shard_offsets", None)
                         # a layer's own tp group (Note [heterogeneous layouts]), else the model's
                         or _shard_offsets(name, tuple(param.shape), full, getattr(module, "tp_group", tp_group)),
                         duplicate=bool(getattr(param, "pipeline_duplicate", False)),

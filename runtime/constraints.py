@@ -77,6 +77,7 @@ KEYS = {
     "overlap": "parallel.overlap",
     "stage_layers": "parallel.stage_layers",
     "tp_shape": "parallel.tp_shape",
+    "tp_shape_auto": "parallel.tp_shape",
     "compress": "parallel.compress",
     "compress_pp": "parallel.compress_pp",
     "compress_stages": "parallel.compress_stages",
@@ -386,8 +387,17 @@ for _axis in AXES:
 
 
 @rule("PAR0217")
-def tp_within_node(nodes, devices_per_node, tp):
+def tp_within_node(nodes, devices_per_node, tp, tp_shape=None, tp_shape_auto=None):
+    """A tp group stays on one node, except a 2D grid's columns (Note [2D tensor parallelism]):
+    its rows of C consecutive ranks fill nodes (C divides devices_per_node, devices_per_node
+    divides tp), its columns cross them. While ``tp_shape = auto`` is open (None), such a tp
+    waits for the shape."""
     if nodes == 1 or devices_per_node % tp == 0:
+        return None
+    spans = tp % devices_per_node == 0
+    if spans and tp_2d(tp_shape) and devices_per_node % tp_shape[1] == 0:
+        return None
+    if spans and tp_shape is None and tp_shape_auto:
         return None
     return _violation(
         "PAR0217", "parallel.tp",
@@ -996,17 +1006,62 @@ def tp_shape_product(tp_shape, tp):
                       f"write tp_shape = (1, {tp}), or a pair whose product is {tp}")
 
 
-@rule("PAR0275", BUILD)
-def build_tp_shape_2d(tp_shape, tp=None):
-    """Only the 1D layout (1, tp) is built: ATP's 2D matmuls (row broadcast, column reduce)
-    are not generated yet."""
-    rows, cols = tp_shape
-    if rows == 1 or (tp is not None and rows * cols != tp):  # PAR0274 says what is wrong first
+def tp_2d(tp_shape) -> bool:
+    """``tp_shape = (R, C)`` with R > 1: the tp ranks as a 2D grid (Note [2D tensor
+    parallelism] in layers2d.py); ``(1, tp)`` and no tp_shape are today's 1D."""
+    return tp_shape is not None and tuple(tp_shape)[0] > 1
+
+
+_NOT_WITH_2D = (
+    # (value name, is it on?, the spec key, what to write instead)
+    ("sp", lambda v: bool(v), "parallel.sp", "sp = false"),
+    ("cp", lambda v: v > 1, "parallel.cp", "cp = 1"),
+    ("zero", lambda v: v > 2, "parallel.zero", "zero = 1 or 2"),
+    ("experts", lambda v: v > 0, "model.experts", "a dense model"),
+    ("layer_tp", lambda v: v is not None, "parallel.tp", "one tp for every layer"),
+    ("overlap", lambda v: any(k is not None and k > 1 for k in entries(v)), "parallel.overlap", "overlap = none"),
+    ("compress", lambda v: v not in ("none", None), "parallel.compress", "compress = none"),
+    ("compress_pp", lambda v: v not in ("none", None), "parallel.compress_pp", "compress_pp = none"),
+)
+
+
+@rule("PAR0277", BUILD)
+def build_tp_2d_with(tp_shape, sp=None, cp=None, zero=None, experts=None, layer_tp=None, overlap=None,
+                     compress=None, compress_pp=None):
+    """2D tensor parallelism is built for dense models with dp, pp, ZeRO 1/2, recompute and
+    any precision; the features below shard or move the hidden state in ways the 2D layers
+    do not meet yet (the sequence split of sp, cp; ZeRO-3's gathered units; expert dispatch; per-layer tp; sub-batch
+    overlap; the compressed dp and pp paths)."""
+    if not tp_2d(tp_shape):
         return None
-    return _violation("PAR0275", ("parallel.tp_shape",),
-                      f"tp_shape = ({rows}, {cols}) (2D tensor parallelism) is not supported yet by parc build",
-                      f"write tp_shape = (1, {cols * rows}) (1D, the default) or remove it; a later version of parc "
-                      "generates the 2D layout")
+    values = dict(sp=sp, cp=cp, zero=zero, experts=experts, layer_tp=layer_tp, overlap=overlap,
+                  compress=compress, compress_pp=compress_pp)
+    for name, on, key, instead in _NOT_WITH_2D:
+        value = values[name]
+        if value is not None and on(value):
+            rows, cols = tp_shape
+            shown = list(value) if isinstance(value, tuple) else str(value).lower() if isinstance(value, bool) else value
+            return _violation("PAR0277", (key, "parallel.tp_shape"),
+                              f"tp_shape = ({rows}, {cols}) (2D tensor parallelism) with {name} = {shown} "
+                              "is not supported yet by parc build",
+                              f"use {instead} with tp_shape = ({rows}, {cols}), or tp_shape = (1, {rows * cols}) (1D)")
+    return None
+
+
+@rule("PAR0278", BUILD)
+def build_tp_2d_kv_heads(tp_shape, kv_heads):
+    """2D tensor parallelism splits the kv heads over a row's C ranks; it does not replicate
+    them (Note [KV replication] is 1D's), so C must divide kv_heads."""
+    if not tp_2d(tp_shape):
+        return None
+    rows, cols = tp_shape
+    if kv_heads % cols == 0:
+        return None
+    fits = [c for c in divisors(kv_heads) if (rows * cols) % c == 0]
+    return _violation("PAR0278", ("parallel.tp_shape", "model.kv_heads"),
+                      f"tp_shape = ({rows}, {cols}) splits the kv heads over C = {cols} ranks, "
+                      f"but C does not divide kv_heads = {kv_heads} (2D does not replicate kv heads)",
+                      "C must be one of " + ", ".join(map(str, fits)) + f" (and R = {rows * cols} / C)")
 
 
 # ---- heterogeneous per-layer tp × dp (runtime/hetero.py) -------------------------------

@@ -105,7 +105,22 @@ def _leaves(values: dict) -> Iterator[dict]:
         for name, offered in proposals.items()
     }
     for combination in itertools.product(*options.values()):
-        yield {**values, **dict(zip(options, combination))}
+        leaf = {**values, **dict(zip(options, combination))}
+        for shape in _tp_shapes(leaf):
+            yield {**leaf, "tp_shape": shape}
+
+
+def _tp_shapes(values: dict) -> list:
+    """The tp grids to try (Note [2D tensor parallelism] in layers2d.py): the one written, or
+    under ``tp_shape = auto`` every (R, tp / R) the rules allow with the leaves chosen (R = 1:
+    1D, written None); without it 1D."""
+    tp = values["tp"]
+    given = values.get("tp_shape")
+    if given is not None or not values.get("tp_shape_auto") or tp == 1:
+        return [None if given is None or given[0] == 1 else given]
+    shapes = [(rows, tp // rows) for rows in divisors(tp)]  # (1, tp) first: 1D, written None
+    return [None if shape[0] == 1 else shape for shape in shapes
+            if legal({**values, "tp_shape": shape}, touching=("tp_shape",))]
 
 
 SEARCHED = ("dp", "cp", "tp", "pp", "ep", "micro_batch", "schedule", *LEAF_NAMES)

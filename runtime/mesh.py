@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional  # noqa: F401  (before any group: Note [groups die before Python does])
 
-from .axes import coordinates, group_ranks, partition
+from .axes import TP_SIDES, coordinates, group_ranks, partition, split_tp
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +153,28 @@ class Mesh:
                     if self.rank in ranks:
                         mine[kind] = group
         return mine["ep"], mine["edp"]
+
+    def tp_grid(self, tp_shape):
+        """Note [2D tensor parallelism] (layers2d.py): this rank's place on the R × C grid of
+        its tp ranks and the groups along both sides; None for ``(1, tp)`` (1D). Every rank
+        calls it, once (new_group is collective)."""
+        rows, cols = (int(n) for n in tp_shape)
+        if rows == 1:
+            return None
+        from .layers2d import TensorGrid  # only a 2D build ships layers2d.py
+
+        fine = split_tp(self.axes, (rows, cols))
+        groups = {}
+        for side in TP_SIDES:
+            groups[side.name] = None
+            if dict(fine)[side.name] > 1:
+                for ranks in partition(fine, (side.name,)):
+                    group = dist.new_group(list(ranks))
+                    if self.rank in ranks:
+                        groups[side.name] = group
+        coords = coordinates(self.rank, fine)
+        return TensorGrid(rows=rows, cols=cols, row=coords["tpr"], col=coords["tpc"],
+                          column_group=groups["tpr"], row_group=groups["tpc"])
 
     def group(self, *axes: str):
         """The process group along one axis or several (None when it has one rank).

@@ -41,6 +41,7 @@ from .comm import (
     exposed,
     copy_to_group,
     gather_from_group,
+    reduce_from_group,
     group_rank,
     group_size,
     scatter_to_group,
@@ -63,10 +64,18 @@ RECOMPUTE = ("none", "selective", "full")
 
 
 class _Builder:
-    """Hands out the layer for each module name, as the checked plan says."""
+    """Hands out the layer for each module name, as the checked plan says; under 2D
+    tensor parallelism (``grid``) the layers of ``layers2d.py``."""
 
-    def __init__(self, plan: TensorParallelPlan, tp_group, sequence_parallel):
-        self.plan, self.group, self.sp = plan, tp_group, sequence_parallel
+    def __init__(self, plan: TensorParallelPlan, tp_group, sequence_parallel, grid=None):
+        self.plan, self.group, self.sp, self.grid = plan, tp_group, sequence_parallel, grid
+
+    def norm(self, hidden, *, rms, eps):
+        if self.grid is not None:
+            from .layers2d import Norm2D  # only a 2D build ships layers2d.py
+
+            return Norm2D(hidden, rms=rms, eps=eps, grid=self.grid)
+        return Norm(hidden, rms=rms, eps=eps, sequence_parallel=self.sp)
 
     def style(self, name):
         return self.plan.style(name)
@@ -74,6 +83,10 @@ class _Builder:
     def linear(self, name, in_features, out_features, bias, head_rows=None):
         """``head_rows``: a head's rows (k_proj, v_proj), so tp > kv_heads replicates heads (Note [KV replication])."""
         style = self.plan.style(name)
+        if self.grid is not None and style in ("colwise", "rowwise"):
+            from .layers2d import Linear2D
+
+            return Linear2D(in_features, out_features, bias=bias, grid=self.grid, style=style)
         if style == "colwise":
             return ColumnParallelLinear(in_features, out_features, bias=bias, tp_group=self.group,
                                         sequence_parallel=self.sp, head_rows=head_rows)
@@ -265,9 +278,9 @@ class Block(nn.Module):
     def __init__(self, config, index, build, sp, recompute="none", sub_batches=1, ep_group=None):
         super().__init__()
         prefix, rms = f"layers.{index}", config.arch == "llama"
-        self.attn_norm = Norm(config.hidden, rms=rms, eps=config.norm_eps, sequence_parallel=sp)
+        self.attn_norm = build.norm(config.hidden, rms=rms, eps=config.norm_eps)
         self.attn = Attention(config, f"{prefix}.attn", build)
-        self.mlp_norm = Norm(config.hidden, rms=rms, eps=config.norm_eps, sequence_parallel=sp)
+        self.mlp_norm = build.norm(config.hidden, rms=rms, eps=config.norm_eps)
         self.moe = config.is_moe(index)
         if self.moe:  # Note [deterministic dropless routing]
             from .moe import MoEMLP  # only a build with experts ships moe.py
@@ -316,7 +329,7 @@ class Transformer(nn.Module):
     def __init__(
         self, config, *, tp_group, sequence_parallel, tp_plan, recompute="none",
         layers=None, first=True, last=True, sub_batches=1, cp_group=None, cp_kind=None, ep_group=None,
-        layouts=None,
+        layouts=None, tp_grid=None,
     ):
         super().__init__()
         recompute = per_layer(recompute, config.layers, "recompute")
@@ -343,7 +356,7 @@ class Transformer(nn.Module):
         for t in sorted(set(self.block_tp.values()) | {block_tp[start if start < stop else 0]}):
             group = tp_group if layouts is None else layouts.tp_group(t)
             plans[t] = TensorParallelPlan(tp_plan, config, tp_group=group, sequence_parallel=self.sp)
-            builders[t] = _Builder(plans[t], group, self.sp)
+            builders[t] = _Builder(plans[t], group, self.sp, tp_grid)
         # the embedding follows block 0, the head the last block (the embedding, when tied to it)
         self.embed_tp = block_tp[0]
         self.head_tp = self.embed_tp if config.tie_embeddings and self.first else block_tp[-1]
@@ -357,14 +370,25 @@ class Transformer(nn.Module):
                     builders[t] = _Builder(plans[t], group, self.sp)
         else:
             self.head_group = tp_group
-        self.tp_group = tp_group
+        self.tp_group, self.tp_grid = tp_group, tp_grid  # Note [2D tensor parallelism]: the grid, or None
         build = builders[self.embed_tp]
         plan = plans[self.embed_tp]
+        if tp_grid is not None:  # the hidden state is split over R: no layer may stay whole
+            whole = [m.name for m in describe(config).modules if m.style and plan.style(m.name) is None]
+            if whole:
+                raise ValueError(f"tp plan: 2D tensor parallelism (TP_SHAPE) splits every layer, but "
+                                 f"{', '.join(whole[:3])} {'is' if len(whole) == 1 else 'are'} replicated")
         self._styles = {t: p.styles for t, p in plans.items()}  # check_parameter_count's, by degree
         V, C = config.padded_vocab, config.hidden
         self.vocab_parallel_embed = build.style("embed") == "vocab"
         self.vocab_parallel = build.style("head") == "vocab_head"
-        if self.first:
+        if self.first and tp_grid is not None:
+            from .layers2d import Embedding2D, Positions2D
+
+            self.embed = Embedding2D(V, C, grid=tp_grid)
+            if config.arch == "gpt":
+                self.pos_embed = Positions2D(config.seq_len, C, grid=tp_grid)
+        elif self.first:
             if self.vocab_parallel_embed:
                 self.embed = VocabParallelEmbedding(V, C, tp_group=tp_group, sequence_parallel=self.sp)
             else:
@@ -379,8 +403,16 @@ class Transformer(nn.Module):
         for block in self.layers.values():
             block.attn.context = self.context
         if self.last:
-            self.final_norm = Norm(C, rms=config.arch == "llama", eps=config.norm_eps, sequence_parallel=self.sp)
-            if not config.tie_embeddings or not self.first:
+            self.final_norm = build.norm(C, rms=config.arch == "llama", eps=config.norm_eps)
+            if tp_grid is not None and (not config.tie_embeddings or not self.first):
+                from .layers2d import Linear2D
+
+                self.head = Linear2D(C, V, bias=False, grid=tp_grid, style="colwise")  # logits (B, T, V/C)
+                if config.tie_embeddings:  # Note [tied embeddings across stages]
+                    self.head.init_name = "embed"
+                    self.head.weight.pipeline_duplicate = True
+                    self.head.weight.tied_across_stages = True
+            elif not config.tie_embeddings or not self.first:
                 rows = V // group_size(self.head_group) if self.vocab_parallel else V
                 self.head = nn.Linear(C, rows, bias=False)
                 self.head.full_shape = (V, C)
@@ -473,7 +505,14 @@ class Transformer(nn.Module):
 
     def loss(self, x, targets):
         x = self.final_norm(x)
-        if self.vocab_parallel:
+        if self.tp_grid is not None:  # Note [2D tensor parallelism]: a colwise head, the loss over a row
+            grid = self.tp_grid
+            x = copy_to_group(x, grid.row_group)  # (B, T, C/R)
+            logits = reduce_from_group(F.linear(x, self.head_weight()), grid.column_group)  # (B, T, V/C)
+            loss = vocab_parallel_cross_entropy(
+                logits, targets, tp_group=grid.row_group, vocab_size=self.config.vocab, kernels=self.fused
+            )
+        elif self.vocab_parallel:
             x = all_gather_from_group(x, self.head_group, 1) if self.sp else copy_to_group(x, self.head_group)
             logits = F.linear(x, self.head_weight())  # (B, T, V/tp)
             loss = vocab_parallel_cross_entropy(
@@ -511,6 +550,17 @@ def check_parameter_count(model: Transformer, *, sharded, layers) -> None:
     (``sharded``: the modules split over tp), so the model and its description cannot drift."""
     tp = group_size(model.tp_group)
     desc, ep = describe(model.config), group_size(model.ep_group)
+    if model.tp_grid is not None:  # Note [2D tensor parallelism]: each value counted once over the grid
+        expected = desc.stage_params(1, layers=layers, first=model.first, last=model.last, sharded={}, ep=ep)
+        params = list(model.parameters())
+        built = sum(p.numel() * tp // getattr(p, "tp_copies", tp) for p in params)
+        if (built, len(params)) != (expected.elements, expected.tensors):
+            raise RuntimeError(
+                f"internal error in parc (runtime model): the tp grid {model.tp_grid.rows}×{model.tp_grid.cols} "
+                f"holds {built:,} parameters in {len(params)} tensors per rank, but model_desc.py describes "
+                f"{expected.elements:,} in {expected.tensors} for layers {layers[0]}..{layers[1]}"
+            )
+        return
     if model.layouts is None:
         expected = desc.stage_params(tp, layers=layers, first=model.first, last=model.last, sharded=sharded, ep=ep)
     else:  # Note [heterogeneous layouts]: each block, the embedding and the head at their own degree
@@ -556,7 +606,7 @@ def use_kernels(model: nn.Module, kernels: str, device) -> nn.Module:
 
 def build_model(
     config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none", sub_batches=1,
-    kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None, materialize=True,
+    kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None, materialize=True, tp_grid=None,
 ):
     """The model for this rank: built from the plan, initialized per Note [counter-based init].
 
@@ -569,12 +619,14 @@ def build_model(
     ranks that split each sequence (``context.py``), ``cp_kind`` how attention sees it.
     ``materialize=False`` (ZeRO-3): the parameters stay on the meta device, without
     values, until ``fsdp.FullyShardedAdamW`` generates each rank's slice of them.
+    ``tp_grid``: the R × C grid of the tp ranks under 2D tensor parallelism (``Mesh.tp_grid``,
+    Note [2D tensor parallelism] in layers2d.py); None: 1D.
     """
     with contextlib.nullcontext() if materialize else torch.device("meta"):
         model = Transformer(
             config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
             recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
-            layouts=layouts,
+            layouts=layouts, tp_grid=tp_grid,
         )
     return _initialized(model, seed, device, kernels, materialize)
 
@@ -598,7 +650,7 @@ def _initialized(model, seed, device, kernels, materialize):
 def build_stages(
     config, *, stages, pp_rank, pp_size, tp_group, sequence_parallel, tp_plan, seed, device,
     recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None,
-    placement="interleaved", materialize=True,
+    placement="interleaved", materialize=True, tp_grid=None,
 ):
     """This pipeline rank's model chunks, one ``Transformer`` stage per chunk.
 
@@ -628,7 +680,7 @@ def build_stages(
         stage = build_stage(config, stages=stages, index=v, tp_group=tp_group, sequence_parallel=sequence_parallel,
                             tp_plan=tp_plan, seed=seed, device=device, recompute=recompute,
                             sub_batches=sub_batches, kernels=kernels, cp_group=cp_group, cp_kind=cp_kind,
-                            ep_group=ep_group, layouts=layouts, materialize=materialize)
+                            ep_group=ep_group, layouts=layouts, materialize=materialize, tp_grid=tp_grid)
         stage.stage_index = v
         if placement == "chimera":  # Note [chimera's replicas]
             for param in stage.parameters():
@@ -641,13 +693,13 @@ def build_stages(
 
 def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute,
                 sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None,
-                materialize=True):
+                materialize=True, tp_grid=None):
     with contextlib.nullcontext() if materialize else torch.device("meta"):
         model = Transformer(
             config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
             recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,
             sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
-            layouts=layouts,
+            layouts=layouts, tp_grid=tp_grid,
         )
     return _initialized(model, seed, device, kernels, materialize)
 

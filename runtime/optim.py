@@ -62,7 +62,7 @@ def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None, ep_group=None, 
     ``max_norm == 0`` only measures. ``grad_scale``: the gradients are of the loss times
     it (fp16, loss_scale.py); they are divided by it first.
     """
-    sharded, replicated, duplicates, experts = [], [], [], []
+    sharded, replicated, duplicates, experts, copies = [], [], [], [], []
     for p in model.parameters():
         if p.grad is None:
             continue
@@ -72,12 +72,16 @@ def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None, ep_group=None, 
             duplicates.append(p.grad)  # clipped, but counted on the first stage
         else:
             (sharded if getattr(p, "tensor_parallel", False) else replicated).append(p.grad)
+            if getattr(p, "tensor_parallel", False):
+                copies.append(int(getattr(p, "tp_copies", 1)))
     if grad_scale != 1.0:
         for g in sharded + replicated + duplicates + experts:
             g.mul_(1.0 / grad_scale)
     device = next(model.parameters()).device
     zero = torch.zeros((), dtype=torch.float32, device=device)
-    sharded_sq = sum((g.float().pow(2).sum() for g in sharded), zero)
+    # a value held by k tp ranks (2D: ``tp_copies``, Note [2D tensor parallelism]) counts 1/k on each
+    sharded_sq = sum((g.float().pow(2).sum() / k if k > 1 else g.float().pow(2).sum()
+                      for g, k in zip(sharded, copies)), zero)
     if group_size(tp_group) > 1:
         with exposed():
             dist.all_reduce(sharded_sq, group=tp_group)

@@ -157,6 +157,12 @@ def boxes(model: nn.Module, tp_group=None):
     (tensor parallel: ``_shard_offsets`` over tp; experts: ``shard_offsets``)."""
     tp_group = getattr(model, "tp_group", tp_group)
     for module_name, module in model.named_modules():
+        own = getattr(module, "boxes", None)  # a layer that says where each parameter sits (layers2d.py)
+        if own is not None:
+            name = getattr(module, "init_name", module_name)
+            for attr, (full, offsets) in own.items():
+                yield module, attr, f"{name}.{attr}" if name else attr, tuple(full), tuple(offsets)
+            continue
         full = getattr(module, "full_shape", None)
         if full is None and isinstance(module, (nn.Linear, nn.Embedding)):
             full = tuple(module.weight.shape)  # a replicated layer

@@ -98,6 +98,7 @@ class ShardedAdamW:
         decay = torch.zeros(flat.numel(), dtype=torch.bool, device=device)
         tp_mask = torch.zeros(flat.numel(), dtype=torch.bool, device=device)
         counted = torch.zeros(flat.numel(), dtype=torch.bool, device=device)  # in the norm
+        share = torch.ones(flat.numel(), dtype=torch.float32, device=device)  # 1 / tp ranks holding a value
         offset = 0
         with torch.no_grad():
             for p in self.params:
@@ -109,12 +110,15 @@ class ShardedAdamW:
                 decay[offset : offset + n] = p.dim() >= 2
                 tp_mask[offset : offset + n] = bool(getattr(p, "tensor_parallel", False))
                 counted[offset : offset + n] = not getattr(p, "pipeline_duplicate", False)
+                share[offset : offset + n] = 1.0 / int(getattr(p, "tp_copies", 1))  # Note [2D tensor parallelism]
                 offset += n
         self.flat = flat
         self.lo, self.hi = dp_rank * self.shard, (dp_rank + 1) * self.shard
         self.decay = decay[self.lo : self.hi].clone()
         self.tp_mask = tp_mask[self.lo : self.hi].clone()
         self.counted = counted[self.lo : self.hi].clone()
+        # a value held by k ranks of a 2D tp grid counts 1/k on each (layers2d.py); None: 1D
+        self.tp_share = share[self.lo : self.hi].clone() if bool((share != 1.0).any()) else None
         # The optimizer state: this rank's slice only.
         self.state = {
             "step": 0,
@@ -241,7 +245,7 @@ class ShardedAdamW:
             grad.mul_(1.0 / grad_scale)
         slices = [grad]
         total_sq = global_squares(grad, counted=self.counted, tp_mask=self.tp_mask,
-                                  tp_group=self.tp_group, dp_group=self.dp_group)
+                                  tp_group=self.tp_group, dp_group=self.dp_group, tp_share=self.tp_share)
         if self.experts is not None:  # Note [experts under ZeRO]
             expert_grad = self.experts._mean_slice()
             if grad_scale != 1.0:
@@ -339,11 +343,14 @@ def clip_global_norm_(grad, *, counted, tp_mask, max_norm, tp_group, dp_group, p
 
 
 @torch.no_grad()
-def global_squares(grad, *, counted, tp_mask, tp_group, dp_group) -> torch.Tensor:
+def global_squares(grad, *, counted, tp_mask, tp_group, dp_group, tp_share=None) -> torch.Tensor:
     """The sum of squares of a gradient held as one slice per rank of ``dp_group``: tp
     shards (``tp_mask``) summed over tp, replicated parameters counted once (``counted``
-    false on a tied copy and on padding), then the slices summed over ``dp_group``."""
+    false on a tied copy and on padding), then the slices summed over ``dp_group``.
+    ``tp_share``: each element's 1/k where k tp ranks hold it (2D tensor parallelism), or None."""
     squares = grad.pow(2).masked_fill(~counted, 0.0)  # a tied copy counts once
+    if tp_share is not None:
+        squares = squares * tp_share
     sharded_sq = squares[tp_mask].sum()
     with exposed():  # small blocking collectives: nothing to hide them behind
         if group_size(tp_group) > 1:

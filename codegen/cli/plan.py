@@ -99,6 +99,8 @@ def _number(value: float) -> str:
 
 def settings(layout) -> str:
     parts = [f"cp{layout.cp} {layout.cp_kind}"] if layout.cp > 1 else []
+    if layout.tp_shape is not None:  # the 2D tp grid, R × C
+        parts.append(f"tp{layout.tp_shape[0]}×{layout.tp_shape[1]}")
     if layout.ep > 1:
         parts.append(f"ep{layout.ep}")
     if layout.pp > 1:

@@ -38,5 +38,14 @@ def run(spec: Spec, draft: Draft) -> Draft:
         devices_span=spec.span("mesh.devices_per_node"),
         device_span=spec.span("mesh.device"),
         cp_kind=Setting(name="CP_KIND", value=spec.parallel.cp_kind, span=spec.span("parallel.cp_kind")),
+        tp_shape=tp_shape(spec),
     )
     return replace(draft, mesh=plan)
+
+
+def tp_shape(spec: Spec) -> Setting | None:
+    """TP_SHAPE when the tp ranks form a 2D grid (R > 1); None for 1D (Note [2D tensor parallelism])."""
+    shape = spec.parallel.tp_shape
+    if shape is None or shape[0] == 1:
+        return None
+    return Setting(name="TP_SHAPE", value=tuple(shape), span=spec.span("parallel.tp_shape"))

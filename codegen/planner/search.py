@@ -195,6 +195,7 @@ def fixed_layout(spec: Spec) -> Layout | None:
         schedule=par.schedule.value if par.pp > 1 else "1f1b",
         chunks=chunks_for(par.schedule.value, par.chunks) if par.pp > 1 else 1,
         micro_batch=spec.train.micro_batch, compress=par.compress, layer_tp=par.layer_tp,
+        tp_shape=par.tp_shape if par.tp_shape is not None and par.tp_shape[0] > 1 else None,
         **{entry.name: par.setting(entry.name) for entry in SETTINGS},
     )
 
@@ -209,6 +210,8 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
             dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, sp=layout.sp, zero=layout.zero, ep=layout.ep,
             schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks, compress=layout.compress,
             layer_tp=layout.layer_tp, layer_dp=layout.layer_dp,
+            tp_shape=layout.tp_shape if layout.tp_shape is not None else spec.parallel.tp_shape,
+            tp_shape_auto=False,
         ).with_settings({entry.name: layout.setting(entry.name) for entry in SETTINGS}),
     )
 

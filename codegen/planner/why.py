@@ -23,7 +23,7 @@ from .search import TIE_TOLERANCE, SearchResult, tie_memory_unit, tie_rule
 
 KEYS = (
     ("dp", "dp"), ("cp", "cp"), ("tp", "tp"), ("pp", "pp"), ("ep", "ep"), ("sp", "sp"), ("zero", "zero"),
-    ("schedule", "schedule"), ("chunks", "chunks"), ("compress", "compress"),
+    ("tp_shape", "tp_shape"), ("schedule", "schedule"), ("chunks", "chunks"), ("compress", "compress"),
     *((entry.name, entry.name) for entry in SETTINGS), ("micro_batch", "micro_batch"),
 )
 
@@ -41,6 +41,9 @@ REASONS = {
         "cp": "ring attention passes K/V blocks to a neighbour behind each block's attention compute, where tp "
               "moves every layer's activations on the critical path",
         "tp": "smaller tensor-parallel groups move fewer activations per layer",
+        "tp_shape": "a 2D tp grid (R × C) sends only 1/C of each projection's output around its R-rank "
+                    "columns, the rings that cross the slow links when tp spans nodes, where 1D all-reduces "
+                    "the whole hidden state over every tp rank; inside one node 1D moves less",
         "dp": "the gradient reduction is over a different number of ranks",
         "zero": "ZeRO's reduce + gather after backward is not hidden, zero 0's bucketed all-reduce is",
         "sp": "sequence parallelism moves the same volume as reduce-scatter + all-gather",
@@ -66,6 +69,8 @@ TERMS = (("compute", "compute"), ("exposed_comm", "exposed communication"), ("bu
 def _value(key: str, value) -> str:
     """A layout field for people: a per-layer setting in the spec's words (``none``,
     an overlap's calls), a tuple of one per block with its runs folded."""
+    if key == "tp_shape":
+        return "1D" if value is None else f"({value[0]}, {value[1]})"
     word = setting(key).word if key in PER_LAYER else str
     if not isinstance(value, tuple):
         return word(value)
@@ -91,7 +96,8 @@ def _describe(item: Estimate) -> str:
     ep = f" · ep {lay.ep}" if lay.ep > 1 else ""
     dp = lay.dp if lay.layer_tp is None else folded(lay.layer_dp)
     tp = lay.tp if lay.layer_tp is None else folded(lay.layer_tp)
-    text = f"dp {dp}{cp} · tp {tp} · pp {lay.pp}{ep}"
+    grid = f" ({lay.tp_shape[0]}×{lay.tp_shape[1]})" if lay.tp_shape is not None else ""
+    text = f"dp {dp}{cp} · tp {tp}{grid} · pp {lay.pp}{ep}"
     extras = []
     if lay.pp > 1:
         extras.append(f"interleaved({lay.chunks})" if lay.schedule == "interleaved" else lay.schedule)
@@ -149,6 +155,7 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
         )
     lines += _per_layer_gain(best, index, result)
     lines += _compression(spec, best, index, hw)
+    lines += _grid(spec, best, index, hw)
     winner = result.winner
     if winner is not None and winner is not best:
         lines.append(
@@ -174,6 +181,27 @@ def _per_layer_gain(best: Estimate, index: int, result: SearchResult) -> list[st
         f"a step is {_seconds(gain)[1:]} ({100 * gain / uniform.time.step:.1f}%) "
         f"{'shorter' if gain >= 0 else 'longer'} (predicted), a {uniform.time.step / best.time.step:.2f}× speedup; "
         f"memory per rank {_gib(best.memory.total)} vs {_gib(uniform.memory.total)}."
+    ]
+
+
+def _grid(spec, best: Estimate, index: int, hw: Hardware) -> list[str]:
+    """When the winner is a 2D tp grid: what 1D tp of the same degrees would cost (ATP's
+    claim: 2D pays when tp spans nodes; Note [2D tp costs] in cost/tp2d.py)."""
+    shape = best.layout.tp_shape
+    if shape is None:
+        return []
+    flat = estimate(spec, replace(best.layout, tp_shape=None), hw, exact=True)
+    rows, cols = shape
+    spans = best.layout.tp > hw.devices_per_node
+    where = (f"tp {best.layout.tp} spans {best.layout.tp // hw.devices_per_node} nodes: each row of {cols} ranks "
+             f"is on one node, each column of {rows} crosses the network" if spans else
+             f"tp {best.layout.tp} is inside one node")
+    verdict = "parc cannot build 1D tp across nodes (PAR0217); it would take" if spans else "1D would take"
+    return [
+        f"#{index} arranges tp as a {rows} × {cols} grid (tp_shape = ({rows}, {cols})): {where}. {verdict} "
+        f"{_seconds(flat.time.step - best.time.step)[1:]} {'more' if flat.time.step >= best.time.step else 'less'} "
+        f"per step (exposed communication {_seconds(flat.time.exposed_comm)[1:]} vs "
+        f"{_seconds(best.time.exposed_comm)[1:]})."
     ]
 
 

@@ -22,7 +22,7 @@ from .trainer import LAYOUTS, RESHARD_WORKER, build, losses, records, run
 
 
 @pytest.mark.parametrize("layout", ["dp2", "tp2", "pp2_dropout", "zero1_dp2", "cp2_zero1_dp2", "zero3_dp2", "moe_ep2",
-                                    "hetero_tp21", "pp2_chimera"])
+                                    "hetero_tp21", "pp2_chimera", "tp2_2x1"])
 def test_resume_equivalence(layout, straight, tmp_path):
     first = straight(layout)
     metrics = tmp_path / "metrics.jsonl"
@@ -51,6 +51,7 @@ def test_resume_equivalence(layout, straight, tmp_path):
         ("cp2_ring", "tp2"),
         ("dp2", "hetero_tp21"), ("hetero_tp21", "dp2"),  # checkpoints stay layout-free
         ("pp2_chimera", "dp2"), ("dp2", "pp2_chimera"),  # chimera's replicas: saved once, both loaded
+        ("tp2", "tp4_2x2"), ("tp2_2x1", "tp2"),  # 1D tp ⇄ 2D tp: the same logical tensors
     ]
 )
 def test_reshard(source, target, straight, tmp_path):

@@ -47,6 +47,9 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     "cp2_ring": (["parallel.cp=2", "parallel.cp_kind=ring"], 2),
     # heterogeneous layout (runtime/hetero.py): block 0 tp 2 × dp 1, block 1 tp 1 × dp 2
     "hetero_tp21": (["parallel.tp=[2, 1]", "parallel.dp=[1, 2]"], 2),
+    # 2D tensor parallelism (runtime/layers2d.py): weights split on an R × C grid of the tp ranks
+    "tp2_2x1": (["parallel.tp=2", "parallel.tp_shape=(2, 1)"], 2),
+    "tp4_2x2": (["parallel.tp=4", "parallel.tp_shape=(2, 2)"], 4),
 }
 
 

@@ -150,6 +150,15 @@ LAYOUTS = {
     "hetero-pp2-tp1221-sp": dict(tp=2, pp=2, sp=True, model__layers=4, parallel__tp="[1, 2, 2, 1]",
                                  parallel__dp="[2, 1, 1, 2]"),
     "hetero-dp2-tp2112": dict(dp=2, tp=2, model__layers=4, parallel__tp="[2, 1, 1, 2]", parallel__dp="[2, 4, 4, 2]"),
+    # 2D tensor parallelism (Note [2D tensor parallelism] in runtime/layers2d.py): weights on an R × C grid
+    "tp4-shape2x2": dict(tp=4, parallel__tp_shape="(2, 2)"),
+    "tp2-shape2x1": dict(tp=2, parallel__tp_shape="(2, 1)"),
+    "dp2-tp2-shape2x1-recompute-full": dict(dp=2, tp=2, parallel__tp_shape="(2, 1)", parallel__recompute="full"),
+    "dp2-tp2-shape2x1-zero2": dict(dp=2, tp=2, parallel__tp_shape="(2, 1)", parallel__zero=2),
+    "pp2-tp2-shape2x1": dict(pp=2, tp=2, parallel__tp_shape="(2, 1)"),
+    # the 8-rank rows: the 2 × 2 grid with dp 2 and with pp 2
+    "dp2-tp4-shape2x2": dict(dp=2, tp=4, parallel__tp_shape="(2, 2)"),
+    "pp2-tp4-shape2x2": dict(pp=2, tp=4, parallel__tp_shape="(2, 2)"),
 }
 ARCHS = ("gpt", "llama")
 

@@ -81,6 +81,14 @@ class Layout:
         """Each block's data-parallel ranks, dp·tp / layer_tp[i] (None: uniform)."""
         return None if self.layer_tp is None else tuple(self.dp * self.tp // t for t in self.layer_tp)
 
+    tp_shape: tuple[int, int] | None = None
+    """The tp ranks as an R × C grid (``cost/tp2d.py``); None: 1D, ``(1, tp)``."""
+
+    @property
+    def tp_grid(self) -> tuple[int, int]:
+        """(R, C): the grid's rows and columns; ``(1, tp)`` for 1D."""
+        return tuple(self.tp_shape) if self.tp_shape is not None else (1, self.tp)
+
     def tokens(self, seq_len: int) -> int:
         """Tokens of one micro-batch on one rank: micro_batch · seq_len / cp."""
         return self.micro_batch * seq_len // self.cp
@@ -120,6 +128,8 @@ class Layout:
             parts = [f"dp {self.dp}", f"tp {self.tp}", f"pp {self.pp}"]
         if self.cp > 1:
             parts.insert(1, f"cp {self.cp} ({self.cp_kind})")
+        if self.tp_shape is not None:
+            parts[1] += f" ({self.tp_shape[0]}×{self.tp_shape[1]})"
         if self.ep > 1:
             parts.append(f"ep {self.ep}")
         if self.pp > 1:

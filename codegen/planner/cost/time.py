@@ -58,12 +58,13 @@ from ...model_config import model_desc
 
 from .bubble import makespan
 from .context import cp_comm
+from .tp2d import grid_block_comm, grid_head_comm
 from .comm import collective_latency, collective_time
 from .compress import RANK, powersgd_cost
 from .experts import expert_reduce, moe_block
 from .hardware import Hardware, gemm_time
 from .layout import SETTING_NAMES, Accounting, Layout, expert_data_ranks, rank_expert_params, rank_params
-from .overlap import exposed_tp
+from .overlap import Exposure, exposed_tp
 
 OVERLAP_BLOCKS = 4
 """Blocks in a row the overlap replay runs (the per-block exposure is settled by then)."""
@@ -117,8 +118,11 @@ _gemm = gemm_time  # cost/hardware.py: one (m × k)·(k × n) product's seconds
 def _block_forward(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, tokens: float):
     """(all of one block's forward, its attention core) in seconds, on ``tokens`` tokens."""
     m, t = spec.model, layout.tp
+    # Note [2D tp costs]: heads and ffn split over a row's C ranks, the hidden state over R
+    # (every rank of a column repeats its heads' attention); 1D: R = 1, C = tp
+    R, t = layout.tp_grid
     C, D, F = m.hidden, m.head_dim, m.ffn / t
-    gemms = sum(_gemm(hw, tokens, rows, columns) for rows, columns in _block_gemms(m, t))
+    gemms = sum(_gemm(hw, tokens, rows, columns) for rows, columns in _block_gemms(m, layout.tp))
     sequences, s = tokens / m.seq_len, m.seq_len
     batched = sequences * m.heads / t  # attention core: (s × D)·(D × s), then (s × s)·(s × D)
     causal = 0.5 if accounting is Accounting.PARC else 1.0  # flash skips the masked blocks
@@ -130,7 +134,7 @@ def _block_forward(spec: Spec, layout: Layout, hw: Hardware, accounting: Account
     else:
         llama = m.arch is Arch.LLAMA
         whole, sharded = (30 * C, 12 * C / t + 5 * F + 4 * C / t) if llama else (14 * C, 2 * F + 4 * C / t)
-        elements, size = (whole / t if layout.sp else whole) + sharded, 4.0
+        elements, size = (whole / t if layout.sp else whole / R) + sharded, 4.0
         measured = _measured_elementwise(spec, layout, hw, tokens)
         if measured is not None:  # Note [elementwise is not a copy] (planner/profile.py)
             copies = (10 * C / t if layout.sp else 10 * C) + 4 * C / t  # residuals, views made whole
@@ -195,18 +199,21 @@ def step_time(
         )
 
     # ---- the head, the embedding: last and first stage -------------------------
-    head_forward = _gemm(hw, tokens, m.hidden, m.padded_vocab / t) + 6 * hw.op_overhead
-    head_forward += tokens * m.padded_vocab / t * 3 * 4.0 / hw.memory_bandwidth  # softmax, loss
+    rows, cols = layout.tp_grid
+    head_forward = _gemm(hw, tokens, m.hidden / rows, m.padded_vocab / cols) + 6 * hw.op_overhead
+    head_forward += tokens * m.padded_vocab / cols * 3 * 4.0 / hw.memory_bandwidth  # softmax, loss
     head_forward *= slow
     head_comm = 2 * per_collective  # vocab-parallel embedding forward, head input backward
     if accounting is Accounting.PARC:  # the vocab-sharded loss: max, sum and target logit per row
         head_comm += 3 * collective_time(hw, "all_reduce", tokens * 4.0, size=t, stride=1)
+    if layout.tp_shape is not None:
+        head_comm = grid_head_comm(spec, layout, hw, tokens=tokens, size=size)
     head = 3.0 * head_forward + head_comm
 
     # ---- the pipeline -------------------------------------------------------------
     chunk_forward = layers_per_chunk * (forward + exposed_forward)
     chunk_backward = layers_per_chunk * (backward + exposed_backward)
-    message = tokens * m.hidden * size / (t if layout.sp else 1)
+    message = tokens * m.hidden * size / (t if layout.sp else rows)
     p2p = collective_time(hw, "send_recv", message, size=2, stride=t * layout.cp * d) if p > 1 else 0.0
     span = makespan(
         layout.schedule, stages=p, micro_batches=micro_batches, chunks=v,
@@ -303,10 +310,13 @@ def block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting
         backward += core
     tp_forward = 2 * per_collective
     tp_backward = 2 * per_collective * (2 if recompute == "full" else 1)
+    grid = grid_block_comm(spec, layout, hw, tokens=tokens, size=size) if layout.tp_shape is not None else None
+    if grid is not None:  # Note [2D tp costs]
+        tp_forward, tp_backward = grid[0], grid[1] + (grid[0] if recompute == "full" else 0.0)
     hiding = 0.0 if hw.comm_on_cores else forward  # Note [the time model]: gloo on CPU cores
     block = exposed_tp(
         tp_forward, hiding, k, latency_s=latency, blocks=min(OVERLAP_BLOCKS, max(1, round(layers_per_chunk)))
-    )
+    ) if grid is None else Exposure(forward_s=grid[0], backward_s=grid[1])  # 2D: no overlap (PAR0277)
     exposed_backward = block.backward_s + (block.forward_s if recompute == "full" else 0.0)
     # Note [cp costs] (cost/context.py): attention's exchange over cp
     cp_forward, cp_backward, cp_moved = cp_comm(spec, layout, hw, size=size, core=core)
