@@ -275,7 +275,7 @@ def test_single_rank_build_runs_under_plain_python(tmp_path):
     text = (out / "train.py").read_text()
     assert "TP_PLAN = {}" in text and "dp_group" not in text and "tp_group =" not in text
     done = subprocess.run([sys.executable, "train.py", "--steps", "2", "--metrics-jsonl", "m.jsonl"],
-                          cwd=out, capture_output=True, text=True, timeout=120)
+                          cwd=out, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert len((out / "m.jsonl").read_text().splitlines()) == 2
 
@@ -284,7 +284,7 @@ def test_wrong_world_size_is_a_clear_error(tmp_path):
     out = tmp_path / "tiny"
     assert main(["build", "examples/tiny.par", "-o", str(out)]) == 0
     done = subprocess.run([sys.executable, "train.py", "--steps", "1"], cwd=out,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode != 0
     assert "needs 4 processes, but WORLD_SIZE is 1" in done.stderr and "Traceback" not in done.stderr
 
