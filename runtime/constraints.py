@@ -461,21 +461,6 @@ def ring_dropout(cp, cp_kind, dropout):
 # ---- the pipeline -------------------------------------------------------------------
 
 
-SCHEDULES_NOT_BUILT: dict[str, str] = {}
-"""Schedules the language names (issue 20) that ``runtime/schedule.py`` cannot run yet:
-the change that builds one deletes its entry."""
-
-
-@rule("PAR0825")
-def schedule_built(schedule):
-    if schedule not in SCHEDULES_NOT_BUILT:
-        return None
-    return _violation("PAR0825", "parallel.schedule",
-                      f"schedule = {schedule}: {SCHEDULES_NOT_BUILT[schedule]} is not supported yet by parc build",
-                      "use schedule = chimera, zero_bubble_v (ZB-V), zero_bubble (ZB-H1), 1f1b, interleaved(chunks = V) "
-                      "or gpipe; a later version of parc generates it")
-
-
 @rule("PAR0263")
 def terapipe_slices(schedule, slices, seq_len):
     """terapipe(slices = S) cuts every sequence into S equal token slices."""
@@ -514,8 +499,8 @@ def build_terapipe(schedule, pp=None, sp=None, cp=None, experts=None, recompute=
     for name, words, unbuilt in TERAPIPE_UNBUILT:
         if unbuilt(values[name]):
             return _violation("PAR0264", (KEYS[name], "parallel.schedule"),
-                              f"{words} ({KEYS[name].split('.')[-1]} = {values[name]}) with schedule = "
-                              "terapipe is not supported yet by parc build",
+                              f"{words} with schedule = terapipe is not supported yet by parc build: "
+                              "a slice's keys and values are kept whole in each stage's attention",
                               f"use schedule = 1f1b with {words}, or terapipe without it")
     return None
 
