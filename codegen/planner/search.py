@@ -48,7 +48,8 @@ from .cost.memory import memory
 from ..spec_values import spec_values
 
 EXACT_TOP = 3
-SCHEDULE_ORDER = {"1f1b": 0, "interleaved": 1, "gpipe": 2, "zero_bubble": 3}
+SCHEDULE_ORDER = {"1f1b": 0, "interleaved": 1, "gpipe": 2, "zero_bubble": 3, "zero_bubble_v": 4, "chimera": 5,
+                  "terapipe": 6}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +96,7 @@ TIE_BREAKS = (
     ("exact gradients (no compression)", lambda layout: layout.compress != "none"),
     ("the simpler schedule", lambda layout: SCHEDULE_ORDER[layout.schedule]),
     ("fewer chunks", lambda layout: layout.chunks),
+    ("fewer token slices", lambda layout: layout.slices),
     ("a larger micro_batch", lambda layout: -layout.micro_batch),
 )
 """Between the coarse and the exact peak memory of ``tie_key``: what each rule prefers."""
@@ -183,6 +185,7 @@ def fixed_layout(spec: Spec) -> Layout | None:
         ep=par.ep,
         schedule=par.schedule.value if par.pp > 1 else "1f1b",
         chunks=chunks_for(par.schedule.value, par.chunks) if par.pp > 1 else 1,
+        slices=par.slices if par.pp > 1 and par.schedule is PipelineSchedule.TERAPIPE else 1,
         micro_batch=spec.train.micro_batch, compress=par.compress,
         **{entry.name: par.setting(entry.name) for entry in SETTINGS},
     )
@@ -196,7 +199,8 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
         parallel=replace(
             spec.parallel,
             dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, sp=layout.sp, zero=layout.zero, ep=layout.ep,
-            schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks, compress=layout.compress,
+            schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks, slices=layout.slices,
+            compress=layout.compress,
         ).with_settings({entry.name: layout.setting(entry.name) for entry in SETTINGS}),
     )
 
