@@ -48,12 +48,13 @@ those dividing seq_len)."""
 
 
 def schedules(layers: int, pp: int) -> list[tuple[str, int, int]]:
-    """The pipeline schedules to try, before the rules, as (kind, chunks, slices)
-    (``gpipe`` with one stage is ``1f1b``)."""
+    """The pipeline schedules to try, before the rules, as (kind, chunks, slices) in the
+    spec's values (``chunks``: interleaved's, else 1; ``schedule.chunks_for`` gives the
+    chunks a rank runs) (``gpipe`` with one stage is ``1f1b``)."""
     if pp == 1:
         return [("1f1b", 1, 1)]
     return ([("1f1b", 1, 1), ("gpipe", 1, 1)] + [("interleaved", v, 1) for v in divisors(layers) if v > 1]
-            + [("zero_bubble", 1, 1), ("zero_bubble_v", 2, 1), ("chimera", 2, 1)]
+            + [("zero_bubble", 1, 1), ("zero_bubble_v", 1, 1), ("chimera", 1, 1)]
             + [("terapipe", 1, s) for s in TERAPIPE_SLICES])
 
 

@@ -72,7 +72,9 @@ def candidates(spec: Spec) -> list[Layout]:
     """Every valid layout agreeing with the spec's fixed keys (Note [the search space] in
     ``runtime/layouts.py``), as the cost model's ``Layout``."""
     return [
-        Layout(**{name: values[name] for name in LAYOUT_FIELDS}) for values in layouts(spec_values(spec))
+        Layout(**{name: values[name] for name in LAYOUT_FIELDS}
+               | {"chunks": chunks_for(values["schedule"], values["chunks"]) if values["pp"] > 1 else 1})
+        for values in layouts(spec_values(spec))
     ]
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from parc.codegen.planner.cost import Accounting, Layout, estimate, hardware_for
+from parc.codegen.planner.cost.estimate import buildable
 from parc.codegen.planner.cost.bubble import _simulate, makespan
 from parc.codegen.planner.cost.calibration import predicted_tflops
 from parc.codegen.build import build_to
@@ -28,7 +29,20 @@ CALIBRATION = Path(__file__).parent / "data" / "megatron_sc21_calibration.json"
 
 def _key(layout: Layout):
     return (layout.dp, layout.tp, layout.pp, layout.sp, layout.zero, layout.schedule, layout.chunks,
-            layout.recompute, layout.overlap)
+            layout.slices, layout.recompute, layout.overlap)
+
+
+def _schedule_text(kind: str, chunks: int, slices: int) -> str:
+    """The spec's spelling of a (kind, chunks, slices) schedule."""
+    if kind == "interleaved":
+        return f"interleaved(chunks = {chunks})"
+    return f"terapipe(slices = {slices})" if kind == "terapipe" else kind
+
+
+SCHEDULES = (("1f1b", 1, 1), ("gpipe", 1, 1), ("interleaved", 2, 1), ("interleaved", 4, 1), ("zero_bubble", 1, 1),
+             ("zero_bubble_v", 2, 1), ("chimera", 2, 1), ("terapipe", 1, 2), ("terapipe", 1, 4), ("terapipe", 1, 8))
+"""What ``schedule = auto`` tries (runtime/layouts.schedules), interleaved up to 4 chunks, as
+(kind, the chunks a rank runs, slices)."""
 
 
 def _accepted_by_validator(path: str, base: list[str]) -> set:
@@ -36,12 +50,12 @@ def _accepted_by_validator(path: str, base: list[str]) -> set:
     accepted = set()
     grid = itertools.product(
         (1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8), (False, True), (0, 1),
-        (("1f1b", 1), ("gpipe", 1), ("interleaved", 2), ("interleaved", 4)), (1, 2),
+        SCHEDULES, (1, 2),
     )
-    for dp, tp, pp, sp, zero, (kind, chunks), subs in grid:
+    for dp, tp, pp, sp, zero, (kind, chunks, slices), subs in grid:
         if dp * tp * pp != 8:
             continue  # the world: PAR0201 (the candidates fill the mesh by construction)
-        schedule = f"interleaved(chunks = {chunks})" if kind == "interleaved" else kind
+        schedule = _schedule_text(kind, chunks, slices)
         sets = base + [
             f"parallel.dp={dp}", f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.sp={str(sp).lower()}",
             f"parallel.zero={zero}", f"parallel.schedule={schedule}", "parallel.recompute=none",
@@ -57,7 +71,7 @@ def _accepted_by_validator(path: str, base: list[str]) -> set:
         # Same program as a listed layout (Note [the search space]): not enumerated.
         if (zero and dp == 1) or (subs > 1 and tp == 1) or (kind != "1f1b" and pp == 1):
             continue
-        accepted.add((dp, tp, pp, sp, zero, kind, chunks, "none", subs))
+        accepted.add((dp, tp, pp, sp, zero, kind, chunks, slices, "none", subs))
     return accepted
 
 
@@ -65,7 +79,8 @@ def test_candidates_are_the_validators_layouts():
     base = ["parallel=auto", "parallel.recompute=none", "mesh.devices_per_node=8", "train.global_batch=32",
             "train.micro_batch=2"]
     spec = load("examples/tiny.par", base)
-    found = {_key(layout) for layout in candidates(spec) if layout.zero <= 1}
+    # the build rules do not filter candidates (the search marks them unbuildable); parc check refuses them
+    found = {_key(layout) for layout in candidates(spec) if layout.zero <= 1 and buildable(spec, layout)}
     assert found == _accepted_by_validator("examples/tiny.par", base)
     assert len(found) > 50
 
@@ -79,12 +94,14 @@ def test_micro_batch_auto_searches_every_divisor_the_validator_accepts():
     # dp·pp = 4; micro_batch divides 16 / dp with at least pp micro-batches
     assert found == {(4, 1, 1), (4, 1, 2), (4, 1, 4), (2, 2, 1), (2, 2, 2), (2, 2, 4),
                      (1, 4, 1), (1, 4, 2), (1, 4, 4)}
-    for lay in layouts:  # each one is a spec the language accepts
+    for lay in layouts:  # each buildable one is a spec the language accepts
+        if not buildable(spec, lay):
+            continue
         load("examples/tiny.par", [
             f"parallel.dp={lay.dp}", f"parallel.tp={lay.tp}", f"parallel.pp={lay.pp}",
             f"parallel.sp={str(lay.sp).lower()}", "parallel.recompute=none", "parallel.zero=0",
             f"parallel.overlap={'none' if lay.overlap == 1 else f'sub_batch({lay.overlap})'}",
-            f"parallel.schedule={'interleaved(chunks = %d)' % lay.chunks if lay.chunks > 1 else lay.schedule}",
+            f"parallel.schedule={_schedule_text(lay.schedule, lay.chunks, lay.slices)}",
             f"train.micro_batch={lay.micro_batch}", "mesh.devices_per_node=4", "train.global_batch=16",
         ])
     winner = search(spec, hardware_for(spec)).winner.layout
