@@ -16,6 +16,7 @@ from parc.codegen.planner.cost.bubble import _simulate, makespan
 from parc.codegen.planner.cost.calibration import predicted_tflops
 from parc.codegen.build import build_to
 from parc.codegen.lower import lower
+from parc.codegen.planner.why import why
 from parc.codegen.planner.search import EXACT_TOP, TIE_TOLERANCE, candidates, rank, search, tie_memory_unit, tie_rule
 from parc.dsl import load
 from parc.dsl.diagnostics import Diagnostics
@@ -208,6 +209,45 @@ def test_closed_form_is_the_simulated_schedule_without_comm(kind, stages, micro_
     fast = makespan(kind, stages=stages, micro_batches=micro_batches, chunks=chunks,
                     forward=1.0, backward=backward, comm=0.0, exact=False)
     assert fast == pytest.approx(timeline.makespan, rel=1e-12)
+
+
+@pytest.mark.parametrize("kind,stages,micro_batches,slices", [
+    # chimera: each micro-batch through one of a rank's two chunks, (p-2)·B idle when p divides M
+    ("chimera", 2, 4, 1), ("chimera", 4, 8, 1), ("chimera", 8, 16, 1),
+    # terapipe: F, B of one slice; 1F1B's form over M·S slices
+    ("terapipe", 2, 4, 2), ("terapipe", 4, 8, 4), ("terapipe", 8, 5, 8),
+])
+def test_chimera_and_terapipe_closed_forms_are_their_simulated_schedules(kind, stages, micro_batches, slices):
+    chunks = 2 if kind == "chimera" else 1
+    schedule = build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks, slices=slices)
+    timeline = simulate(schedule, forward_time=1.0 / slices, backward_time=2.0 / slices)
+    fast = makespan(kind, stages=stages, micro_batches=micro_batches, chunks=chunks, slices=slices,
+                    forward=1.0 / slices, backward=2.0 / slices, comm=0.0, exact=False)
+    assert fast == pytest.approx(timeline.makespan, rel=1e-12)
+    exact = makespan(kind, stages=stages, micro_batches=micro_batches, chunks=chunks, slices=slices,
+                     forward=1.0 / slices, backward=2.0 / slices, comm=0.0, exact=True)
+    assert exact == pytest.approx(timeline.makespan, rel=1e-12)
+
+
+def test_schedule_auto_tries_every_schedule_and_says_why_the_winner_won():
+    spec = load("examples/tiny.par", ["parallel.dp=1", "parallel.pp=2", "parallel.schedule=auto"])
+    kinds = {(layout.schedule, layout.chunks, layout.slices) for layout in candidates(spec)}
+    assert kinds == {("1f1b", 1, 1), ("gpipe", 1, 1), ("interleaved", 2, 1), ("zero_bubble", 1, 1),
+                     ("zero_bubble_v", 2, 1), ("chimera", 2, 1), ("terapipe", 1, 2), ("terapipe", 1, 4),
+                     ("terapipe", 1, 8)}  # seq_len 64: every S of layouts.TERAPIPE_SLICES divides it
+    hw = hardware_for(spec)
+    result = search(spec, hw)
+    by_schedule = {}
+    for item in result.estimates:
+        by_schedule.setdefault(item.layout.schedule_words, item)
+    # the same simulator as the runtime's lists: every schedule of the same degrees has
+    # the same busy time but chimera (two replicas) and terapipe (S smaller pieces)
+    assert by_schedule["zero_bubble"].time.bubble < by_schedule["1f1b"].time.bubble
+    assert by_schedule["terapipe(8)"].time.bubble < by_schedule["terapipe(2)"].time.bubble
+    winner = result.winner.layout
+    lines = why(spec, result, hw)
+    assert winner.schedule != "1f1b" and winner.schedule_words in lines[0]
+    assert "schedule" in lines[0] or "slices" in lines[0]
 
 
 @pytest.mark.parametrize("kind,stages,micro_batches,chunks,comm", [
