@@ -539,14 +539,15 @@ def chimera_pipelines(schedule, pp):
 
 @rule("PAR0262", BUILD)
 def build_chimera_zero(schedule, zero):
-    """Chimera's replica sum runs on whole gradients after backward; a sharded optimizer
-    (ZeRO ≥ 1) is not built with it yet."""
-    if schedule != "chimera" or zero == 0:
+    """Chimera's replica sum runs on whole gradients after backward: ZeRO-1 and 2 keep
+    them whole until then (every chimera parameter is a late gradient, dp.py Note [late
+    gradients]); ZeRO-3's units reduce-scatter each block's gradient during backward."""
+    if schedule != "chimera" or zero != 3:
         return None
     return _violation("PAR0262", ("parallel.schedule", "parallel.zero"),
                       f"zero = {zero} with schedule = chimera is not supported yet by parc build: "
-                      "the sum of each stage's two replicas' gradients is built for zero = 0 only",
-                      "use zero = 0 with chimera, or schedule = 1f1b with ZeRO")
+                      "ZeRO-3 reduce-scatters each block's gradient before the two replicas' sum",
+                      "use zero = 1 or 2 with chimera, or schedule = 1f1b with zero = 3")
 
 
 @rule("PAR0212")
