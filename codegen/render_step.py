@@ -139,7 +139,9 @@ def executor_lines(plan: Plan) -> list[str]:
     return [
         "",
         "# ---- pipeline -----------------------------------------------------------",
-        "# This rank's ordered actions (forward/backward of micro-batch m, chunk c; send/recv).",
+        "# This rank's ordered actions (forward/backward of micro-batch m, chunk c; send/recv)."
+        + (" Under terapipe" if sliced(plan) else ""),
+        *(["# an action's micro-batch is a slice: m·SLICES + j is slice j of micro-batch m."] if sliced(plan) else []),
         "actions = schedule.build_schedule(",
         "    SCHEDULE, stages=PP, micro_batches=GRAD_ACCUM, chunks=CHUNKS" + (", slices=SLICES" if sliced(plan) else ""),
         ')[grid.index("pp")]',
