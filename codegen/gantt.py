@@ -3,7 +3,7 @@
 Takes: a ``Timeline`` (``runtime/schedule_sim.simulate``), the chunks per rank and a
 title. Gives: ``svg(...) -> str``: one row per pipeline rank, time along x, one box per
 forward/backward with its micro-batch number inside (``micro.chunk`` and a shade per
-chunk when interleaved), forward and backward in two colours (a split backward's B and
+chunk when interleaved; ``micro.slice`` and a shade per token slice under terapipe), forward and backward in two colours (a split backward's B and
 W in two: backward and weight gradient), idle time left grey, a
 legend and axis labels. Hand-written SVG, no dependency; the same input gives the same
 bytes (no timestamps, fixed number formats). Before: ``explain`` builds the timeline.
@@ -57,8 +57,9 @@ def _tick_step(unit_px: float) -> int:
     return 10000
 
 
-def svg(timeline, *, chunks: int, title: str, subtitle: str, time_label: str) -> str:
-    """The chart of ``timeline`` (times in forward units) as a complete SVG document."""
+def svg(timeline, *, chunks: int, title: str, subtitle: str, time_label: str, part: str = "chunk") -> str:
+    """The chart of ``timeline`` (times in forward units) as a complete SVG document.
+    ``part``: what an event's ``chunk`` is (``"slice"``: terapipe's token slice)."""
     ranks = len(timeline.ranks)
     makespan = max(timeline.makespan, 1.0)
     widest = max((len(label(e.op, e.micro, e.chunk, chunks)) for r in timeline.ranks for e in r), default=2)
@@ -70,7 +71,7 @@ def svg(timeline, *, chunks: int, title: str, subtitle: str, time_label: str) ->
     legend_y = TOP + plot_h + 64
     width = LEFT + plot_w + RIGHT
     split = any(e.op is Op.WEIGHT for events in timeline.ranks for e in events)
-    width = max(width, LEFT + len(time_label) * CHAR + RIGHT, LEFT + _legend_width(chunks, split) + RIGHT)
+    width = max(width, LEFT + len(time_label) * CHAR + RIGHT, LEFT + _legend_width(chunks, split, part) + RIGHT)
     height = legend_y + 30
     out = [
         '<?xml version="1.0" encoding="UTF-8"?>',
@@ -96,7 +97,7 @@ def svg(timeline, *, chunks: int, title: str, subtitle: str, time_label: str) ->
                 f'<rect class="event {kind}" x="{number(x)}" y="{number(box_y)}" width="{number(w)}" height="{BOX}" '
                 f'fill="{colour(event.op, event.chunk, chunks)}"{stroke}>'
                 f"<title>rank {rank} {kind} micro-batch {event.micro}"
-                f"{f' chunk {event.chunk}' if chunks > 1 else ''}: {number(event.start)} to {number(event.end)}</title></rect>"
+                f"{f' {part} {event.chunk}' if chunks > 1 else ''}: {number(event.start)} to {number(event.end)}</title></rect>"
             )
             if len(name) * CHAR + 4 <= w:
                 out.append(f'<text x="{number(x + w / 2)}" y="{number(box_y + BOX / 2 + 4)}" '
@@ -115,7 +116,7 @@ def svg(timeline, *, chunks: int, title: str, subtitle: str, time_label: str) ->
     out.append(f'<text x="{LEFT - 8}" y="{TOP - 6}" text-anchor="end" fill="#333333">pp rank</text>')
     # ---- legend
     x = float(LEFT)
-    for fill, text in _legend(chunks, split):
+    for fill, text in _legend(chunks, split, part):
         if fill is None:
             out.append(f'<text x="{number(x)}" y="{legend_y}" fill="#333333">{text}</text>')
             continue
@@ -127,7 +128,7 @@ def svg(timeline, *, chunks: int, title: str, subtitle: str, time_label: str) ->
     return "\n".join(out) + "\n"
 
 
-def _legend(chunks: int, split: bool = False) -> list[tuple[str | None, str]]:
+def _legend(chunks: int, split: bool = False, part: str = "chunk") -> list[tuple[str | None, str]]:
     """(fill, text) of each legend entry; fill None for a plain note."""
     entries: list[tuple[str | None, str]] = []
     shown = [(Op.FORWARD, "forward"), (Op.BACKWARD, "backward")]
@@ -137,11 +138,12 @@ def _legend(chunks: int, split: bool = False) -> list[tuple[str | None, str]]:
         if chunks == 1:
             entries.append((colour(op, 0, 1), name))
         else:
-            entries += [(colour(op, c, chunks), f"{name} chunk {c}") for c in range(chunks)]
+            entries += [(colour(op, c, chunks), f"{name} {part} {c}") for c in range(chunks)]
     entries.append((IDLE, "idle (bubble)"))
-    entries.append((None, "box: micro-batch.chunk" if chunks > 1 else "box: micro-batch"))
+    entries.append((None, f"box: micro-batch.{part}" if chunks > 1 else "box: micro-batch"))
     return entries
 
 
-def _legend_width(chunks: int, split: bool = False) -> float:
-    return sum(19 + len(text) * CHAR + 18 if fill else len(text) * CHAR for fill, text in _legend(chunks, split))
+def _legend_width(chunks: int, split: bool = False, part: str = "chunk") -> float:
+    return sum(19 + len(text) * CHAR + 18 if fill else len(text) * CHAR
+               for fill, text in _legend(chunks, split, part))

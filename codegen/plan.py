@@ -184,6 +184,8 @@ class PipelinePlan:
     """``gpipe``, ``1f1b`` or ``interleaved`` (runtime/schedule.py)."""
     chunks: int
     """Model chunks (virtual stages) per pipeline rank; > 1 only when interleaved."""
+    slices: int = 1
+    """Token slices per sequence (terapipe, runtime/schedule_terapipe.py); 1 otherwise."""
     micro_batches: int
     """Micro-batches per optimizer step on each pipeline (= grad_accum)."""
     stage_layers: tuple[tuple[int, int], ...]

@@ -250,7 +250,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             f"# {cite(plan.train.zero.span)}: ZeRO-{zero_stage}, {zero_words(plan)}: each {over} rank",
             "# owns one slice of a flat fp32 parameter buffer and its Adam moments",
             f"optimizer = zero.ShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
-            f"stage=ZERO, {hyper}{pp_arg}, accumulations=GRAD_ACCUM{render_moe.zero_args(plan)})",
+            f"stage=ZERO, {hyper}{pp_arg}, accumulations={render_step.backward_passes(plan)}{render_moe.zero_args(plan)})",
         ]
         reduce_words = (
             "buckets all-reduced while backward runs; keep our slice"
@@ -280,7 +280,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             plan) else [
             f"# each bucket of gradients is all-reduced over {over} as soon as backward has",
             "# produced it (on the last micro-batch), while backward goes on",
-            f"grad_sync = dp.GradientBuckets(net, {reduce_group}, overlap=True, accumulations=GRAD_ACCUM)",
+            f"grad_sync = dp.GradientBuckets(net, {reduce_group}, overlap=True, accumulations={render_step.backward_passes(plan)})",
         ]
         if plan.train.grad_reduce is not None:  # train.grad_reduce = bf16
             optimizer_extra[-1] = optimizer_extra[-1][:-1] + ", reduce_dtype=torch.bfloat16)"
@@ -440,7 +440,7 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
         replicate = ""
     optimizer_lines.append(
         f"optimizer = fsdp.FullyShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
-        f"{hyper}{pp_arg}{replicate}, accumulations=GRAD_ACCUM, prefetch=ZERO_PREFETCH)"
+        f"{hyper}{pp_arg}{replicate}, accumulations={render_step.backward_passes(plan)}, prefetch=ZERO_PREFETCH)"
     )
     step_lines = [
         f"# mean gradient over {over} (each block's reduce-scattered as backward finished it); the norm is global",

@@ -25,7 +25,19 @@ SCHEDULE_WORDS = {
     "zero_bubble": "ZB-H1: backward split into B (input grad) and W (weight grad), Ws fill the bubble",
     "zero_bubble_v": "ZB-V: two chunks per rank in a V, backward split into B and W, Ws fill the bubble",
     "chimera": "Chimera: two 1F1B pipelines in opposite directions, even micro-batches down, odd up",
+    "terapipe": "TeraPipe: each sequence in SLICES token slices, 1F1B over the slices, backwards in reverse",
 }
+
+
+def sliced(plan: Plan) -> bool:
+    """terapipe: each micro-batch's sequences run as ``SLICES`` token slices."""
+    return has_pipeline(plan) and plan.pipeline.slices > 1
+
+
+def backward_passes(plan: Plan) -> str:
+    """How many backwards add to each gradient in a step (the gradient reducers'
+    ``accumulations``): one per micro-batch, or per slice of one under terapipe."""
+    return "GRAD_ACCUM * SLICES" if sliced(plan) else "GRAD_ACCUM"
 
 PLACEMENT_WORDS = {
     "v": ("chunk 0 of pipeline", "rank r is stage r, chunk 1 stage 2·PP-1-r (a V)"),
@@ -65,6 +77,8 @@ def config_lines(plan: Plan) -> list[str]:
         f"PP = {pipe.size!r}  # {cite(pipe.span)}: pipeline stages",
         f"SCHEDULE = {pipe.schedule!r}  # {cite(pipe.schedule_span)}: {SCHEDULE_WORDS[pipe.schedule]}",
         f"CHUNKS = {pipe.chunks!r}  # model chunks (virtual stages) per pipeline rank",
+        *([f"SLICES = {pipe.slices!r}  # {cite(pipe.schedule_span)}: token slices of each sequence "
+           "(runtime/terapipe.py)"] if sliced(plan) else []),
         *([f"PLACEMENT = {placement_kind(plan)!r}  # which stage each chunk runs (runtime/placement.py)"] if v else []),
         f"# layers [start, stop) of each virtual stage ({split}); {where[0]}",
         f"# {where[1]}. Under this schedule a rank idles {100 * pipe.bubble_fraction:.1f}% of the step",
@@ -127,9 +141,11 @@ def executor_lines(plan: Plan) -> list[str]:
     return [
         "",
         "# ---- pipeline -----------------------------------------------------------",
-        "# This rank's ordered actions (forward/backward of micro-batch m, chunk c; send/recv).",
+        "# This rank's ordered actions (forward/backward of micro-batch m, chunk c; send/recv)."
+        + (" Under terapipe" if sliced(plan) else ""),
+        *(["# an action's micro-batch is a slice: m·SLICES + j is slice j of micro-batch m."] if sliced(plan) else []),
         "actions = schedule.build_schedule(",
-        "    SCHEDULE, stages=PP, micro_batches=GRAD_ACCUM, chunks=CHUNKS",
+        "    SCHEDULE, stages=PP, micro_batches=GRAD_ACCUM, chunks=CHUNKS" + (", slices=SLICES" if sliced(plan) else ""),
         ')[grid.index("pp")]',
         "runner = pipeline.PipelineExecutor(",
         "    net,",
@@ -144,6 +160,7 @@ def executor_lines(plan: Plan) -> list[str]:
         f"    autocast_dtype={autocast},",
         *("    " + line for line in render_compress.executor_args(plan, f"(MICRO_BATCH, {tokens}, HIDDEN)")),
         *("    " + line for line in placement_lines(plan)),
+        *(["    slices=(SEQ_LEN // SLICES,) * SLICES,  # tokens of each slice"] if sliced(plan) else []),
         ")",
     ]
 

@@ -162,6 +162,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         zero_shard="dp" if auto_all else parallel.get("zero_shard", "dp"),
         schedule=None if schedule is None else PipelineSchedule(schedule["kind"]),
         chunks=1 if schedule is None else schedule.get("chunks", 1),
+        slices=1 if schedule is None else schedule.get("slices", 1),
         recompute=_per_layer(degree("recompute", "none"), Recompute),
         overlap=_per_layer(overlap, setting("overlap").read),
         stage_layers=None if stage_layers is None else tuple(stage_layers),
@@ -284,7 +285,8 @@ def spec_document(spec: Spec) -> dict:
         "sp": auto(parallel.sp),
         "zero": auto(parallel.zero),
         "schedule": "auto" if schedule is None else {"kind": schedule.value}
-        | ({"chunks": parallel.chunks} if schedule is PipelineSchedule.INTERLEAVED else {}),
+        | ({"chunks": parallel.chunks} if schedule is PipelineSchedule.INTERLEAVED else {})
+        | ({"slices": parallel.slices} if schedule is PipelineSchedule.TERAPIPE else {}),
         **{entry.name: _per_layer_doc(parallel.setting(entry.name), entry.write) for entry in SETTINGS},
     }
     if parallel.cp != 1:  # context parallel: written only when used, as a spec writes it

@@ -355,7 +355,7 @@ PARALLEL = BlockDef(
                 CallDef(name="chimera", doc="two pipelines in opposite directions over the stages, pp even"),
                 CallDef(
                     name="terapipe",
-                    doc="each sequence pipelined in token slices (causal models; not built yet)",
+                    doc="each sequence pipelined in S token slices (causal models), 1f1b over the slices",
                     params=(_int("slices", "token slices per sequence", minimum=2, required=True),),
                 ),
             ),

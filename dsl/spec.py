@@ -159,6 +159,8 @@ class ParallelSpec:
     schedule: PipelineSchedule | None = PipelineSchedule.ONE_F_ONE_B
     chunks: int = 1
     """Virtual stages per rank (``interleaved(chunks = v)``); 1 otherwise."""
+    slices: int = 1
+    """Token slices per sequence (``terapipe(slices = S)``); 1 otherwise."""
     recompute: Recompute | tuple[Recompute, ...] | None = Recompute.NONE
     """One mode for every block, or a tuple with one per block (Note [per-layer values])."""
     overlap: int | tuple[int, ...] | None = 1

@@ -73,6 +73,7 @@ KEYS = {
     "zero_shard": "parallel.zero_shard",
     "schedule": "parallel.schedule",
     "chunks": "parallel.schedule",
+    "slices": "parallel.schedule",
     "recompute": "parallel.recompute",
     "overlap": "parallel.overlap",
     "stage_layers": "parallel.stage_layers",
@@ -470,21 +471,51 @@ def ring_dropout(cp, cp_kind, dropout):
 # ---- the pipeline -------------------------------------------------------------------
 
 
-SCHEDULES_NOT_BUILT = {
-    "terapipe": "TeraPipe (token slices of each sequence pipelined)",
-}
-"""Schedules the language names (issue 20) that ``runtime/schedule.py`` cannot run yet:
-the change that builds one deletes its entry."""
-
-
-@rule("PAR0825")
-def schedule_built(schedule):
-    if schedule not in SCHEDULES_NOT_BUILT:
+@rule("PAR0263")
+def terapipe_slices(schedule, slices, seq_len):
+    """terapipe(slices = S) cuts every sequence into S equal token slices."""
+    if schedule != "terapipe" or seq_len % slices == 0:
         return None
-    return _violation("PAR0825", "parallel.schedule",
-                      f"schedule = {schedule}: {SCHEDULES_NOT_BUILT[schedule]} is not supported yet by parc build",
-                      "use schedule = chimera, zero_bubble_v (ZB-V), zero_bubble (ZB-H1), 1f1b, interleaved(chunks = V) "
-                      "or gpipe; a later version of parc generates it")
+    fits = [n for n in range(2, min(seq_len, 16) + 1) if seq_len % n == 0]
+    return _violation("PAR0263", ("parallel.schedule", "model.seq_len"),
+                      f"schedule = terapipe(slices = {slices}) cuts each sequence into equal token slices, "
+                      f"but seq_len = {seq_len} is not divisible by {slices}",
+                      f"use slices = {', '.join(map(str, fits[:4])) or 'a divisor of seq_len'}")
+
+
+TERAPIPE_UNBUILT = (
+    ("sp", "sequence parallelism", lambda v: bool(v)),
+    ("cp", "context parallelism", lambda v: v not in (None, 1)),
+    ("experts", "a mixture of experts", lambda v: bool(v)),
+    ("recompute", "activation recomputation", lambda v: any(e not in (None, "none") for e in entries(v))),
+    ("overlap", "sub-batch overlap", lambda v: any(e not in (None, 1) for e in entries(v))),
+    ("compress_pp", "compressed pipeline gradients", lambda v: v not in (None, "none")),
+    ("zero", "ZeRO-3", lambda v: v == 3),
+    ("layer_tp", "per-layer tp lists", lambda v: v is not None),
+    ("layer_dp", "per-layer dp lists", lambda v: v is not None),
+    ("tp_shape", "2D tensor parallelism", lambda v: tp_2d(v)),
+)
+"""What a TeraPipe slice does not meet yet (runtime/terapipe.py): a slice's keys and values
+are kept per stage in the model's attention, outside the sequence shards (sp, cp), the
+experts' token routing, recomputed blocks, sub-batches, the pp codec, ZeRO-3's units and
+the 2D layers' attention (runtime/layers2d.py)."""
+
+
+@rule("PAR0264", BUILD)
+def build_terapipe(schedule, pp=None, sp=None, cp=None, experts=None, recompute=None, overlap=None,
+                   compress_pp=None, zero=None, layer_tp=None, layer_dp=None, tp_shape=None):
+    if schedule != "terapipe" or pp == 1:
+        return None
+    values = {"sp": sp, "cp": cp, "experts": experts, "recompute": recompute, "overlap": overlap,
+              "compress_pp": compress_pp, "zero": zero, "layer_tp": layer_tp, "layer_dp": layer_dp,
+              "tp_shape": tp_shape}
+    for name, words, unbuilt in TERAPIPE_UNBUILT:
+        if unbuilt(values[name]):
+            return _violation("PAR0264", (KEYS[name], "parallel.schedule"),
+                              f"{words} with schedule = terapipe is not supported yet by parc build: "
+                              "a slice's keys and values are kept whole in each stage's attention",
+                              f"use schedule = 1f1b with {words}, or terapipe without it")
+    return None
 
 
 @rule("PAR0260")
@@ -521,14 +552,15 @@ def chimera_pipelines(schedule, pp):
 
 @rule("PAR0262", BUILD)
 def build_chimera_zero(schedule, zero):
-    """Chimera's replica sum runs on whole gradients after backward; a sharded optimizer
-    (ZeRO ≥ 1) is not built with it yet."""
-    if schedule != "chimera" or zero == 0:
+    """Chimera's replica sum runs on whole gradients after backward: ZeRO-1 and 2 keep
+    them whole until then (every chimera parameter is a late gradient, dp.py Note [late
+    gradients]); ZeRO-3's units reduce-scatter each block's gradient during backward."""
+    if schedule != "chimera" or zero != 3:
         return None
     return _violation("PAR0262", ("parallel.schedule", "parallel.zero"),
                       f"zero = {zero} with schedule = chimera is not supported yet by parc build: "
-                      "the sum of each stage's two replicas' gradients is built for zero = 0 only",
-                      "use zero = 0 with chimera, or schedule = 1f1b with ZeRO")
+                      "ZeRO-3 reduce-scatters each block's gradient before the two replicas' sum",
+                      "use zero = 1 or 2 with chimera, or schedule = 1f1b with zero = 3")
 
 
 @rule("PAR0212")

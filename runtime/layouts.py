@@ -42,17 +42,27 @@ def _allowed(fixed, options: list) -> list:
     return [fixed] if fixed is not None else options
 
 
-def schedules(layers: int, pp: int) -> list[tuple[str, int]]:
-    """The pipeline schedules to try, before the rules (``gpipe`` with one stage is ``1f1b``)."""
+TERAPIPE_SLICES = (2, 4, 8)
+"""The token slices per sequence ``schedule = auto`` tries under terapipe (the rules keep
+those dividing seq_len)."""
+
+
+def schedules(layers: int, pp: int) -> list[tuple[str, int, int]]:
+    """The pipeline schedules to try, before the rules, as (kind, chunks, slices) in the
+    spec's values (``chunks``: interleaved's, else 1; ``schedule.chunks_for`` gives the
+    chunks a rank runs) (``gpipe`` with one stage is ``1f1b``)."""
     if pp == 1:
-        return [("1f1b", 1)]
-    return [("1f1b", 1), ("gpipe", 1)] + [("interleaved", v) for v in divisors(layers) if v > 1]
+        return [("1f1b", 1, 1)]
+    return ([("1f1b", 1, 1), ("gpipe", 1, 1)] + [("interleaved", v, 1) for v in divisors(layers) if v > 1]
+            + [("zero_bubble", 1, 1), ("zero_bubble_v", 1, 1), ("chimera", 1, 1)]
+            + [("terapipe", 1, s) for s in TERAPIPE_SLICES])
 
 
 def layouts(values: Mapping[str, object]) -> Iterator[dict]:
     """Each legal layout agreeing with the fixed values, as ``values`` completed."""
     world = values["nodes"] * values["devices_per_node"]
-    fixed_schedule = None if values.get("schedule") is None else [(values["schedule"], values["chunks"])]
+    fixed_schedule = (None if values.get("schedule") is None
+                      else [(values["schedule"], values["chunks"], values.get("slices") or 1)])
     for cp in _allowed(values.get("cp"), divisors(world)):
         with_cp = {**values, "cp": cp}
         if legal(with_cp, touching=("cp",)):
@@ -82,9 +92,9 @@ def _batches(degrees: dict, fixed_schedule) -> Iterator[dict]:
         batch = {**degrees, "micro_batch": micro_batch}
         if not legal(batch, touching=("micro_batch",)):
             continue
-        for schedule, chunks in fixed_schedule or schedules(degrees["layers"], degrees["pp"]):
-            timed = {**batch, "schedule": schedule, "chunks": chunks}
-            if legal(timed, touching=("schedule", "chunks")):
+        for schedule, chunks, slices in fixed_schedule or schedules(degrees["layers"], degrees["pp"]):
+            timed = {**batch, "schedule": schedule, "chunks": chunks, "slices": slices}
+            if legal(timed, touching=("schedule", "chunks", "slices")):
                 yield from _leaves(timed)
 
 

@@ -143,6 +143,7 @@ class Attention(nn.Module):
         self.dropout = config.dropout
         self.selective = False  # set by Transformer for recompute = "selective"
         self.context = None  # context.ContextParallel under cp > 1, set by Transformer
+        self.slices = None  # terapipe.SliceState under schedule = terapipe, set by the executor
 
     def core(self, q, k, v):
         """softmax(q kᵀ / √D) v: the part selective recompute drops and redoes.
@@ -150,6 +151,8 @@ class Attention(nn.Module):
         Under cp = ring or allgather, q, k, v hold this rank's T/cp tokens: they are
         rotated at their global positions (``context.spans``), then ring attention runs or
         k and v are gathered (Note [context-parallel attention])."""
+        if self.slices is not None and self.slices.current is not None:
+            return self.slices.attend(self, q, k, v)  # a token slice (terapipe.py)
         kind = None if self.context is None else self.context.kind
         spans = self.context.spans(q.shape[-2]) if kind in ("ring", "allgather") else ((0, q.shape[-2]),)
         if self.llama:
@@ -343,6 +346,7 @@ class Transformer(nn.Module):
             raise ValueError(f"stage layers [{start}, {stop}) are outside 0..{config.layers}")
         self.config, self.tp_group, self.sp = config, tp_group, bool(sequence_parallel)
         self.context = None  # Note [context-parallel attention]: this rank's T/cp tokens
+        self.slices = None  # terapipe.SliceState under schedule = terapipe, set by the executor
         if group_size(cp_group) > 1:
             from .context import ContextParallel  # only a build with cp > 1 ships context.py
 
@@ -496,6 +500,8 @@ class Transformer(nn.Module):
         if self.config.arch == "gpt":
             T = x.shape[1]
             offset = group_rank(self.tp_group) * T if self.sp else 0  # this shard's positions
+            if self.slices is not None:
+                offset += self.slices.start  # a token slice under terapipe (terapipe.py)
             if self.context is None:
                 x = x + self.pos_embed.weight[offset : offset + T]
             else:  # this cp rank's tokens (its spans of seq_len), this tp shard of them under SP

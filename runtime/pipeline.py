@@ -32,6 +32,8 @@ from .mesh import axis_ranks
 from .p2p import p2p_steps, post_batch
 from .placement import Placement
 from .schedule import Op
+from .schedule_terapipe import split_unit
+from .terapipe import SliceState
 from .split_backward import backward_input, backward_weight
 from .traffic import comm_bytes
 
@@ -41,9 +43,11 @@ _ACT, _GRAD = 0, 1
 class PipelineExecutor:
     def __init__(
         self, chunks, *, actions, pp_group, pp_ranks, pp_rank, micro_batches,
-        activation_shape, device, autocast_dtype=None, grad_codec=None, placement="interleaved",
+        activation_shape, device, autocast_dtype=None, grad_codec=None, placement="interleaved", slices=None,
     ):
         """``pp_ranks``: the global ranks of this rank's pipeline group, by pipeline index.
+        ``slices``: the token counts of each micro-batch's slices under terapipe (the
+        actions' ``micro`` is then a unit, schedule_terapipe Note [slices as units]), else None.
         ``grad_codec``: a ``compress_pp.LowRankBackprop`` (``compress_pp = lowrank``) or None.
         ``placement``: which stage each chunk runs (``placement.py``; the schedule's
         ``placement_for``)."""
@@ -53,6 +57,11 @@ class PipelineExecutor:
         self.placement = Placement(placement, self.stages, len(self.chunks))
         self.virtual_stages = self.placement.virtual_stages
         self.micro_batches = micro_batches
+        # terapipe.py: each micro-batch in token slices, attending to the earlier ones' keys
+        self.sliced = None if slices is None else SliceState(slices)
+        if self.sliced is not None:
+            self.sliced.attach(self.chunks)
+        self.units = micro_batches * (1 if slices is None else len(slices))
         self.shape, self.device, self.autocast_dtype = tuple(activation_shape), device, autocast_dtype
         # schedule.py, Note [B and W]: B computes the input gradient only, W the weights'
         self.split_backward = any(action.op is Op.WEIGHT for action in self.actions)
@@ -73,7 +82,16 @@ class PipelineExecutor:
         return self.grad_codec is not None and self.grad_codec.compresses(sender)
 
     def _tag(self, kind: int, micro: int, consumer: int) -> int:
-        return (kind * self.micro_batches + micro) * self.virtual_stages + consumer
+        return (kind * self.units + micro) * self.virtual_stages + consumer
+
+    def _slice(self, unit: int) -> tuple[int, int | None]:
+        """(micro-batch, slice) of an action's ``micro``: (micro, None) unless sliced."""
+        return (unit, None) if self.sliced is None else split_unit(unit, len(self.sliced.lengths))
+
+    def _shape(self, unit: int) -> tuple[int, ...]:
+        """What travels for ``unit``: the activation shape, over the slice's tokens when sliced."""
+        _, j = self._slice(unit)
+        return self.shape if j is None else (self.shape[0], self.sliced.lengths[j], *self.shape[2:])
 
     def _forward_context(self):
         if self.autocast_dtype is None:
@@ -87,11 +105,21 @@ class PipelineExecutor:
         v = self._vstage(c)
         last = v == self.virtual_stages - 1
         if op is Op.FORWARD:
-            tokens, targets = batches[m]
+            micro, j = self._slice(m)
+            tokens, targets = batches[micro]
+            scale = self.micro_batches
+            if j is not None:  # terapipe: this slice's tokens; its loss weighs by its share of them
+                start, length = self.sliced.starts[j], self.sliced.lengths[j]
+                tokens, targets = tokens[:, start : start + length], targets[:, start : start + length]
+                scale = self.micro_batches * sum(self.sliced.lengths) / length
             x = tokens.to(self.device) if v == 0 else received.pop((_ACT, m, c))[1].requires_grad_(True)
-            with self._forward_context():
-                y = self.chunks[c](x, targets.to(self.device) if last else None)
-            inputs[(m, c)], outputs[(m, c)] = x, y / self.micro_batches if last else y
+
+            def run():
+                with self._forward_context():
+                    return self.chunks[c](x, targets.to(self.device) if last else None)
+
+            y = run() if j is None else self.sliced.forward(micro, j, run)
+            inputs[(m, c)], outputs[(m, c)] = x, y / scale if last else y
             following = self._local(self.placement.following(self.pp_rank, c))
             if following is not None:  # as sent: detached, in fp32
                 received[(_ACT, m, following)] = (None, y.detach().to(torch.float32))
@@ -106,6 +134,9 @@ class PipelineExecutor:
                 grad = torch.full_like(y, self.loss_scale)  # d(scale · loss)/d(loss)
             if self.split_backward:
                 x_grad, owed[(m, c)] = backward_input(y, grad, x, self.chunks[c].parameters())
+            elif self.sliced is not None:  # with the gradients later slices left on its keys and values
+                self.sliced.backward(*self._slice(m), y, grad)
+                x_grad = x.grad
             else:
                 torch.autograd.backward(y, grad_tensors=grad)
                 x_grad = x.grad
@@ -152,7 +183,7 @@ class PipelineExecutor:
                     comm_bytes.add("pp_backward", tensor)
                 else:
                     kind = _ACT if op is Op.RECV_ACT else _GRAD
-                    shape = (self.grad_codec.wire_numel(),) if kind == _GRAD and self._compressed(v + 1) else self.shape
+                    shape = (self.grad_codec.wire_numel(),) if kind == _GRAD and self._compressed(v + 1) else self._shape(m)
                     tensor = torch.empty(shape, dtype=torch.float32, device=self.device)
                     messages.append((False, tensor, peer, self._tag(kind, m, v)))
                     keys.append((kind, m, c))
@@ -170,7 +201,7 @@ class PipelineExecutor:
         with exposed():
             for posted, _ in sent:
                 posted.wait()
-        if inputs or outputs or received or input_grads or owed:
+        if inputs or outputs or received or input_grads or owed or not (self.sliced is None or self.sliced.idle()):
             raise RuntimeError(
                 "internal error in the pipeline executor: the schedule left work undone "
                 f"({sorted(inputs)} {sorted(received)} {sorted(input_grads)})"

@@ -38,14 +38,18 @@ from .placement import Placement, placement_for
 from .schedule_zb import zero_bubble_bound, zero_bubble_orders
 from .schedule_chimera import chimera_bound, chimera_orders
 from .schedule_zbv import zero_bubble_v_bound, zero_bubble_v_orders
+from .schedule_terapipe import terapipe_bound, terapipe_orders
 
-KINDS = ("gpipe", "1f1b", "interleaved", "zero_bubble", "zero_bubble_v", "chimera")
+KINDS = ("gpipe", "1f1b", "interleaved", "zero_bubble", "zero_bubble_v", "chimera", "terapipe")
 SPLIT_BACKWARD = ("zero_bubble", "zero_bubble_v")
 """Kinds whose backward is two actions: B (input gradient) then W (weight gradient);
 elsewhere B is the whole backward (Note [B and W])."""
 FIXED_CHUNKS = {"zero_bubble_v": 2, "chimera": 2}
 """Kinds that run a fixed number of model chunks per rank (ZB-V: two, in a V; chimera:
 a stage of each of its two pipelines)."""
+SLICED = ("terapipe",)
+"""Kinds that pipeline token slices of each micro-batch: their actions' ``micro`` is a
+unit, slice j of micro-batch m being m·S + j (``schedule_terapipe``, Note [slices as units])."""
 
 
 def chunks_for(kind: str, chunks: int = 1) -> int:
@@ -104,9 +108,13 @@ def message_key(action: Action, rank: int, placement: Placement | int) -> tuple[
     raise ValueError(f"{action.op.name} is not a send or a receive")
 
 
-def _validate(kind: str, stages: int, micro_batches: int, chunks: int) -> None:
+def _validate(kind: str, stages: int, micro_batches: int, chunks: int, slices: int = 1) -> None:
     if kind not in KINDS:
         raise ValueError(f"unknown pipeline schedule {kind!r}; expected one of {', '.join(KINDS)}")
+    if kind in SLICED and slices < 1:
+        raise ValueError(f"{kind} needs slices >= 1, got slices = {slices}")
+    if kind not in SLICED and slices != 1:
+        raise ValueError(f"{kind} runs whole sequences, got slices = {slices}; use terapipe for token slices")
     if stages < 1:
         raise ValueError(f"a pipeline needs stages >= 1, got stages = {stages}")
     if micro_batches < 1:
@@ -141,14 +149,16 @@ class Schedule(tuple):
     chunk is."""
 
     placement: Placement
+    slices: int
+    """Token slices per micro-batch (terapipe; else 1): an action's ``micro`` is a unit."""
 
-    def __new__(cls, ranks, placement: Placement):
+    def __new__(cls, ranks, placement: Placement, slices: int = 1):
         self = super().__new__(cls, ranks)
-        self.placement = placement
+        self.placement, self.slices = placement, slices
         return self
 
 
-def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 1) -> Schedule:
+def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 1, slices: int = 1) -> Schedule:
     """For every pipeline rank 0..stages-1, its ordered actions. kind: "gpipe" | "1f1b" | "interleaved".
 
     gpipe: all forwards in micro order, then all backwards in micro order 0..M-1 (as
@@ -158,9 +168,19 @@ def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 
     zero_bubble: ZB-H1 of Qi et al. 2023 (``schedule_zb``), with W actions.
     zero_bubble_v: ZB-V (``schedule_zbv``), chunks = 2 in the V placement (``placement``).
     chimera: two 1F1B pipelines in opposite directions (``schedule_chimera``), chunks = 2.
+    terapipe: 1F1B over the ``slices`` token slices of every micro-batch (``schedule_terapipe``);
+    an action's ``micro`` is then a unit m·S + j.
     Raises ValueError on sizes the kind cannot run (see ``_validate``).
     """
-    _validate(kind, stages, micro_batches, chunks)
+    _validate(kind, stages, micro_batches, chunks, slices)
+    if kind in SLICED:
+        placement = placement_for(kind, stages, chunks)
+        orders = terapipe_orders(stages, micro_batches, slices)
+        return Schedule(
+            (tuple(_with_communication([(_ZB_OPS[op], u, 0) for op, u in orders[rank]], rank, placement))
+             for rank in range(stages)),
+            placement, slices,
+        )
     order = {"gpipe": _gpipe_order, "1f1b": _one_f_one_b_order, "interleaved": _interleaved_order,
              "zero_bubble": _zero_bubble_order, "zero_bubble_v": _zero_bubble_v_order,
              "chimera": _chimera_order}[kind]
@@ -172,7 +192,8 @@ def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 
     )
 
 
-def in_flight_bound(kind: str, *, stages: int, rank: int, micro_batches: int, chunks: int = 1) -> int:
+def in_flight_bound(kind: str, *, stages: int, rank: int, micro_batches: int, chunks: int = 1,
+                    slices: int = 1) -> int:
     """The most micro-batch-chunks whose forward ran but whose backward has not, on ``rank``
     (the activations it holds at once). gpipe: M·v. 1f1b: min(stages - rank, M).
     interleaved: Megatron's warm-up plus the first steady forward,
@@ -180,8 +201,9 @@ def in_flight_bound(kind: str, *, stages: int, rank: int, micro_batches: int, ch
     (Megatron then runs every forward first). zero_bubble: min(stages, M) on every rank,
     counted from F to W (Note [B and W]). zero_bubble_v: 2·min(stages, M) micro-batch-chunks
     (half a stage each: 1F1B's memory). chimera: each pipeline's 1F1B bound at the stage
-    the rank holds of it, summed. The bound is reached by every schedule."""
-    _validate(kind, stages, micro_batches, chunks)
+    the rank holds of it, summed. terapipe: in slices, min(stages - rank + S - 1, M·S).
+    The bound is reached by every schedule."""
+    _validate(kind, stages, micro_batches, chunks, slices)
     if not 0 <= rank < stages:
         raise ValueError(f"rank {rank} is not in 0..{stages - 1}")
     total = micro_batches * chunks
@@ -195,6 +217,8 @@ def in_flight_bound(kind: str, *, stages: int, rank: int, micro_batches: int, ch
         return zero_bubble_v_bound(stages, micro_batches)
     if kind == "chimera":
         return chimera_bound(stages, rank, micro_batches)
+    if kind in SLICED:
+        return terapipe_bound(stages, rank, micro_batches, slices)
     return min(_interleaved_warmup(rank, stages, micro_batches, chunks) + 1, total)
 
 

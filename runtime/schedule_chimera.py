@@ -18,9 +18,17 @@ first the two pipelines' steady states collide and the bubble grows with M). A c
 it needs has *finished* by the rank's clock, so the lists are a valid execution and
 deadlock-free under any timing (schedule.py, Note [the execution model]). While one
 pipeline fills (its first stage on rank 0), the other's first stage on rank p-1
-fills from the other end: for even M >= p each rank idles between the paper's
-(p-2)(F+B)/2 and 2(p-2) time units, against 1F1B's (p-1)(F+B)
-(tests/runtime/test_schedule_chimera.py).
+fills from the other end.
+
+Note [Chimera's bubble]: Li & Hoefler's bubble ratio (D-2)/(2N+D-2) is (p-2)(F+B)/2 idle
+per rank; the paper derives it counting forward and backward slots of equal length. Run
+with F = B, these lists idle exactly that at every even M >= p. With B > F (B = 2F in
+practice, and in the order above) each of the p-2 slots in which a rank waits is a
+*backward* of the other direction, not half an F+B: the lists idle (p-2)·B when M is a
+multiple of p and never more at even M >= p (less at some, e.g. p = 4, M = 6, where the
+two pipelines' steady states interleave without a gap); 1F1B idles (p-1)(F+B).
+``chimera_idle`` is that closed form, equal to the paper's when F = B
+(tests/runtime/test_schedule_chimera.py pins both).
 """
 
 from __future__ import annotations
@@ -35,6 +43,13 @@ FORWARD, BACKWARD = "F", "B"
 def _per_pipeline(micro_batches: int) -> tuple[int, int]:
     """Micro-batches of the down (even) and the up (odd) pipeline."""
     return (micro_batches + 1) // 2, micro_batches // 2
+
+
+def chimera_idle(stages: int, forward: float, backward: float) -> float:
+    """Idle time of each rank per step for even M >= p (exact when M is a multiple of p),
+    per-micro-batch times ``forward`` <= ``backward``: (p-2)·B (Note [Chimera's bubble]);
+    the paper's (p-2)(F+B)/2 when F = B."""
+    return (stages - 2) * max(backward, (forward + backward) / 2)
 
 
 def chimera_bound(stages: int, rank: int, micro_batches: int) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .placement import Placement
 from .schedule import COMPUTE, RECVS, SENDS, Op, describe, message_key, remote
+from .schedule_terapipe import slice_order_problems
 
 
 class Deadlock(RuntimeError):
@@ -138,8 +139,13 @@ def check_schedule(schedule, *, micro_batches: int, chunks: int = 1,
     virtual stage), with the right peer; every send has exactly one matching receive on
     its peer and the reverse; a neighbour on the same rank (``placement``, Note
     [placements]) has no message, and its compute runs first on the rank; and the lists
-    run to the end without deadlock."""
+    run to the end without deadlock. A sliced schedule (terapipe: ``micro_batches``
+    micro-batches of ``schedule.slices`` units each) also runs each micro-batch's
+    forwards in slice order and its backwards in reverse (schedule_terapipe, Note
+    [slices as units])."""
     stages = len(schedule)
+    slices = getattr(schedule, "slices", 1)
+    micro_batches *= slices
     placement = placement or default_placement(schedule, chunks)
     last = placement.virtual_stages - 1
     problems: list[str] = []
@@ -148,6 +154,8 @@ def check_schedule(schedule, *, micro_batches: int, chunks: int = 1,
     sends: Counter = Counter()
     recvs: Counter = Counter()
     for rank, actions in enumerate(schedule):
+        if slices > 1:
+            problems += [f"rank {rank}: {problem}" for problem in slice_order_problems(actions, slices)]
         done: dict[tuple[Op, int, int], int] = {}  # (op, micro, chunk) -> position in the list
         for index, action in enumerate(actions):
             where = f"rank {rank} #{index} {action}"

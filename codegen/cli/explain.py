@@ -23,7 +23,8 @@ from parc.dsl.diagnostics import Diagnostics
 from parc.dsl.spec import Spec
 from parc.runtime.paths import UnwritablePath, check_target
 from parc.runtime.schedule import Action, build_schedule, chunks_for, in_flight_bound
-from parc.runtime.schedule_sim import Timeline, bubble_fraction, describe_rank, simulate, splits_backward
+from parc.runtime.schedule_sim import Event, Timeline, bubble_fraction, describe_rank, simulate, splits_backward
+from parc.runtime.schedule_terapipe import split_unit
 
 from .. import gantt
 from ..errors import BAD_VALUE, error, fail
@@ -61,6 +62,16 @@ class Explanation:
     bubble: float
     in_flight: tuple[int, ...]  # per rank, in_flight_bound
     planned: bool = False  # the spec left the layout (some of it) auto: the planner's winner
+    slices: int = 1  # terapipe: token slices per micro-batch; the timeline's events are then (micro, slice)
+
+    @property
+    def parts(self) -> int:
+        """What the chart shades and numbers after the micro-batch: slices, else chunks."""
+        return self.slices if self.slices > 1 else self.chunks
+
+    @property
+    def part(self) -> str:
+        return "slice" if self.slices > 1 else "chunk"
 
     @property
     def split(self) -> bool:
@@ -69,6 +80,8 @@ class Explanation:
 
     @property
     def schedule_text(self) -> str:
+        if self.slices > 1:
+            return f"terapipe(slices = {self.slices})"
         return f"interleaved(chunks = {self.chunks})" if self.kind == "interleaved" else self.kind
 
     @property
@@ -97,16 +110,21 @@ def explain(spec: Spec) -> Explanation:
     kind = par.schedule.value
     stages, chunks = par.pp, chunks_for(kind, par.chunks)
     micro_batches = train.global_batch // (train.micro_batch * par.dp)
+    slices = par.slices if kind == "terapipe" else 1
     try:
-        schedule = build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks)
+        schedule = build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks, slices=slices)
         bounds = tuple(in_flight_bound(kind, stages=stages, rank=rank, micro_batches=micro_batches,
-                                       chunks=chunks) for rank in range(stages))
+                                       chunks=chunks, slices=slices) for rank in range(stages))
     except ValueError as exc:  # the front end rejects these sizes; a Spec built by hand may not
         fail([error(spec, "parallel.schedule", BAD_VALUE, f"cannot schedule this pipeline: {exc}")])
     timeline = simulate(schedule, forward_time=FORWARD_TIME, backward_time=BACKWARD_TIME)
+    bubble = bubble_fraction(timeline)
+    if slices > 1:  # each event as (micro-batch, slice) of its unit (schedule_terapipe, Note [slices as units])
+        timeline = Timeline(tuple(tuple(Event(e.op, *split_unit(e.micro, slices), e.start, e.end) for e in events)
+                                  for events in timeline.ranks), timeline.makespan)
     return Explanation(spec=spec, kind=kind, stages=stages, micro_batches=micro_batches, chunks=chunks,
-                       schedule=schedule, timeline=timeline, bubble=bubble_fraction(timeline),
-                       in_flight=bounds, planned=planned)
+                       schedule=schedule, timeline=timeline, bubble=bubble,
+                       in_flight=bounds, planned=planned, slices=slices)
 
 
 def _placement_text(ex: Explanation) -> str:
@@ -123,7 +141,7 @@ def _placement_text(ex: Explanation) -> str:
 def text(ex: Explanation) -> str:
     """What ``parc explain`` prints."""
     par, train = ex.spec.parallel, ex.spec.train
-    unit = "micro-batch-chunk" if ex.chunks > 1 else "micro-batch"
+    unit = "slice" if ex.slices > 1 else "micro-batch-chunk" if ex.chunks > 1 else "micro-batch"
     idle = ex.bubble * ex.stages * ex.timeline.makespan
     planned = f"  planner        chose the auto values, as parc build would (parc plan {ex.spec.source} ranks them)"
     lines = [
@@ -137,7 +155,7 @@ def text(ex: Explanation) -> str:
         f"(micro_batch {train.micro_batch} · dp {par.dp})",
         f"  chunks         {ex.chunks} per rank" + _placement_text(ex),
         f"  bubble         {ex.bubble:.1%}: {gantt.number(idle)} of {ex.stages} × {gantt.number(ex.timeline.makespan)} "
-        f"time units idle (forward = 1, backward = 2 per chunk{SPLIT_TIMES if ex.split else ''}, "
+        f"time units idle (forward = 1, backward = 2 per {ex.part}{SPLIT_TIMES if ex.split else ''}, "
         "communication free)",
         "  in flight      at most " + ", ".join(f"rank {r}: {n}" for r, n in enumerate(ex.in_flight))
         + f" {plural(max(ex.in_flight), unit)} (forward done, {'W' if ex.split else 'backward'} not yet)",
@@ -145,7 +163,8 @@ def text(ex: Explanation) -> str:
         *timeline_section(ex),
         "",
         "actions (ra/sa: receive/send activation, rg/sg: receive/send gradient; <r from rank r, >r to rank r"
-        + ("; B input gradient, W weight gradient)" if ex.split else ")"),
+        + ("; B input gradient, W weight gradient)" if ex.split
+           else f"; F5 = unit 5 = micro-batch 5 // {ex.slices}, slice 5 % {ex.slices})" if ex.slices > 1 else ")"),
         *(line for rank, actions in enumerate(ex.schedule)
           for line in wrapped(f"rank {rank} | ", describe_rank(actions, ex.chunks))),
     ]
@@ -187,14 +206,14 @@ a longer one is summarized (its drawing is in schedule.svg)."""
 def timeline_section(ex: Explanation) -> list[str]:
     """The timeline drawn one column per time unit, in bands of at most ``WIDTH``
     columns; when that takes more than ``BANDS`` bands, each rank's busy and idle time."""
-    prefix, cell, rows = timeline_rows(ex.timeline, ex.chunks)
+    prefix, cell, rows = timeline_rows(ex.timeline, ex.parts)
     per_band = max(5, (WIDTH - prefix) // cell // 5 * 5)  # time units a band shows: the ruler's 5s stay whole
     units = round(ex.timeline.makespan / FORWARD_TIME)
     bands = -(-units // per_band)
     if bands <= BANDS:
         out = ["timeline (one column per forward time unit; F forward, B backward, "
                + ("W weight gradient, " if ex.split else "") + ". idle"
-               + ("; F3.1 = micro-batch 3, chunk 1)" if ex.chunks > 1 else ")")]
+               + (f"; F3.1 = micro-batch 3, {ex.part} 1)" if ex.parts > 1 else ")")]
         for band in range(bands):
             start, stop = prefix + band * per_band * cell, prefix + (band + 1) * per_band * cell
             out += [""] if band else []
@@ -238,9 +257,10 @@ def chart(ex: Explanation) -> str:
     title = (f"{ex.spec.source}: {ex.schedule_text}, {ex.micro_batches} {plural(ex.micro_batches, 'micro-batch')}, "
              f"bubble {ex.bubble:.1%}")
     subtitle = (f"{ex.spec.model.name}: {ex.layout_text}; {ex.stages} pipeline rank"
-                f"{'s' if ex.stages > 1 else ''}, {ex.chunks} chunk{'s' if ex.chunks > 1 else ''} each")
-    return gantt.svg(ex.timeline, chunks=ex.chunks, title=title, subtitle=subtitle,
-                     time_label=f"time (forward = 1, backward = 2 per chunk{SPLIT_TIMES if ex.split else ''}; "
+                f"{'s' if ex.stages > 1 else ''}, {ex.chunks} chunk{'s' if ex.chunks > 1 else ''} each"
+                + (f", each sequence in {ex.slices} token slices" if ex.slices > 1 else ""))
+    return gantt.svg(ex.timeline, chunks=ex.parts, title=title, subtitle=subtitle, part=ex.part,
+                     time_label=f"time (forward = 1, backward = 2 per {ex.part}{SPLIT_TIMES if ex.split else ''}; "
                      "communication not counted)")
 
 

@@ -104,7 +104,7 @@ def settings(layout) -> str:
     if layout.ep > 1:
         parts.append(f"ep{layout.ep}")
     if layout.pp > 1:
-        parts.append(f"interleaved({layout.chunks})" if layout.schedule == "interleaved" else layout.schedule)
+        parts.append(layout.schedule_words)
     if layout.sp:
         parts.append("sp")
     if layout.zero:

@@ -40,16 +40,18 @@ def run(spec: Spec, draft: Draft) -> Draft:
     chunks = chunks_for(schedule.value, spec.parallel.chunks) if pp > 1 else 1
     micro_batches = draft.batch.grad_accum
     kind = schedule.value if pp > 1 else "1f1b"
+    slices = spec.parallel.slices if kind == "terapipe" else 1
     counts = layer_counts(spec, pp, chunks, kind)  # enough micro-batches: constraints.batch_divides
     bounds, start = [], 0
     for n in counts:
         bounds.append((start, start + n))
         start += n
-    timeline = simulate(build_schedule(kind, stages=pp, micro_batches=micro_batches, chunks=chunks))
+    timeline = simulate(build_schedule(kind, stages=pp, micro_batches=micro_batches, chunks=chunks, slices=slices))
     plan = PipelinePlan(
         size=pp,
         schedule=schedule.value,
         chunks=chunks,
+        slices=slices,
         micro_batches=micro_batches,
         stage_layers=tuple(bounds),
         bubble_fraction=round(bubble_fraction(timeline), 6),

@@ -48,7 +48,8 @@ from .layer_search import per_layer_candidates
 from ..spec_values import spec_values
 
 EXACT_TOP = 3
-SCHEDULE_ORDER = {"1f1b": 0, "interleaved": 1, "gpipe": 2, "zero_bubble": 3}
+SCHEDULE_ORDER = {"1f1b": 0, "interleaved": 1, "gpipe": 2, "zero_bubble": 3, "zero_bubble_v": 4, "chimera": 5,
+                  "terapipe": 6}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,7 +81,9 @@ def candidates(spec: Spec) -> list[Layout]:
     """Every valid layout agreeing with the spec's fixed keys (Note [the search space] in
     ``runtime/layouts.py``), as the cost model's ``Layout``."""
     return [
-        Layout(**{name: values[name] for name in LAYOUT_FIELDS}) for values in layouts(spec_values(spec))
+        Layout(**{name: values[name] for name in LAYOUT_FIELDS}
+               | {"chunks": chunks_for(values["schedule"], values["chunks"]) if values["pp"] > 1 else 1})
+        for values in layouts(spec_values(spec))
     ]
 
 
@@ -105,6 +108,7 @@ TIE_BREAKS = (
     ("exact gradients (no compression)", lambda layout: layout.compress != "none"),
     ("the simpler schedule", lambda layout: SCHEDULE_ORDER[layout.schedule]),
     ("fewer chunks", lambda layout: layout.chunks),
+    ("fewer token slices", lambda layout: layout.slices),
     ("a larger micro_batch", lambda layout: -layout.micro_batch),
 )
 """Between the coarse and the exact peak memory of ``tie_key``: what each rule prefers."""
@@ -194,6 +198,7 @@ def fixed_layout(spec: Spec) -> Layout | None:
         ep=par.ep,
         schedule=par.schedule.value if par.pp > 1 else "1f1b",
         chunks=chunks_for(par.schedule.value, par.chunks) if par.pp > 1 else 1,
+        slices=par.slices if par.pp > 1 and par.schedule is PipelineSchedule.TERAPIPE else 1,
         micro_batch=spec.train.micro_batch, compress=par.compress, layer_tp=par.layer_tp,
         tp_shape=par.tp_shape if par.tp_shape is not None and par.tp_shape[0] > 1 else None,
         **{entry.name: par.setting(entry.name) for entry in SETTINGS},
@@ -208,8 +213,8 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
         parallel=replace(
             spec.parallel,
             dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, sp=layout.sp, zero=layout.zero, ep=layout.ep,
-            schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks, compress=layout.compress,
-            layer_tp=layout.layer_tp, layer_dp=layout.layer_dp,
+            schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks, slices=layout.slices,
+            compress=layout.compress, layer_tp=layout.layer_tp, layer_dp=layout.layer_dp,
             tp_shape=layout.tp_shape if layout.tp_shape is not None else spec.parallel.tp_shape,
             tp_shape_auto=False,
         ).with_settings({entry.name: layout.setting(entry.name) for entry in SETTINGS}),

@@ -23,7 +23,7 @@ from .search import TIE_TOLERANCE, SearchResult, tie_memory_unit, tie_rule
 
 KEYS = (
     ("dp", "dp"), ("cp", "cp"), ("tp", "tp"), ("pp", "pp"), ("ep", "ep"), ("sp", "sp"), ("zero", "zero"),
-    ("tp_shape", "tp_shape"), ("schedule", "schedule"), ("chunks", "chunks"), ("compress", "compress"),
+    ("tp_shape", "tp_shape"), ("schedule", "schedule"), ("chunks", "chunks"), ("slices", "slices"), ("compress", "compress"),
     *((entry.name, entry.name) for entry in SETTINGS), ("micro_batch", "micro_batch"),
 )
 
@@ -55,7 +55,9 @@ REASONS = {
     "bubble": {
         "pp": "fewer pipeline stages leave less idle time at the ends of the step",
         "chunks": "interleaving shrinks the bubble by the number of chunks",
-        "schedule": "the schedule's order changes the idle time",
+        "schedule": "the schedule's order changes the idle time (zero_bubble fills it with weight "
+                    "gradients, chimera fills it from both ends, terapipe fills it with token slices)",
+        "slices": "more token slices fill the pipeline sooner: terapipe idles (p-1)(F+B)/S",
         "dp": "more micro-batches per pipeline dilute the bubble",
         "micro_batch": "smaller micro-batches mean more of them per pipeline, diluting the bubble",
     },
@@ -100,7 +102,7 @@ def _describe(item: Estimate) -> str:
     text = f"dp {dp}{cp} · tp {tp}{grid} · pp {lay.pp}{ep}"
     extras = []
     if lay.pp > 1:
-        extras.append(f"interleaved({lay.chunks})" if lay.schedule == "interleaved" else lay.schedule)
+        extras.append(lay.schedule_words)
     extras += ["sp"] if lay.sp else []
     extras += [f"zero {lay.zero}"] if lay.zero else []
     extras += [f"compress {lay.compress}"] if lay.compress != "none" else []

@@ -223,3 +223,20 @@ def test_explain_zero_bubble_v_names_the_v():
     ex = explain(load("examples/tiny.par", ["parallel.dp=1", "parallel.pp=2", "parallel.schedule=zero_bubble_v"]))
     assert (ex.kind, ex.chunks, ex.schedule.placement.kind) == ("zero_bubble_v", 2, "v")
     assert "in a V" in text(ex) and ex.in_flight == (4, 4)
+
+
+def test_explain_draws_terapipe_slices(tmp_path):
+    sets = ["parallel.dp=1", "parallel.pp=2", "parallel.schedule=terapipe(slices = 2)"]
+    ex = explain(load("examples/tiny.par", sets))
+    assert (ex.kind, ex.slices, ex.schedule_text) == ("terapipe", 2, "terapipe(slices = 2)")
+    assert ex.in_flight == (3, 2)  # 1F1B's p - r plus S - 1 slices
+    words = text(ex)
+    assert "F0.1" in words and "2 slices (forward done" in words
+    # per slice F = 1, B = 2: each rank idles (p-1)(F+B) = 3 units, as 1F1B over slices
+    assert ex.timeline.makespan == 3 * 8 * 2 + 3
+    # every micro-batch's slice 1 runs backward before its slice 0, on every rank
+    for events in ex.timeline.ranks:
+        backwards = [(e.micro, e.chunk) for e in events if e.op.value == "B"]
+        assert backwards == [(m, j) for m in range(8) for j in (1, 0)]
+    assert main(["explain", "examples/tiny.par", *[a for s in sets for a in ("--set", s)], "-o", str(tmp_path)]) == 0
+    assert {"forward slice 0", "backward slice 1", "box: micro-batch.slice"} <= set(texts(tmp_path / "schedule.svg"))

@@ -78,6 +78,15 @@ LAYOUTS = {
     "pp4-chimera": dict(pp=4, parallel__schedule="chimera", model__layers=4),
     "pp2-dp2-chimera": dict(pp=2, dp=2, parallel__schedule="chimera"),
     "pp2-tp2-chimera": dict(pp=2, tp=2, parallel__schedule="chimera"),
+    "pp2-dp2-zero1-chimera": dict(pp=2, dp=2, parallel__zero=1, parallel__schedule="chimera"),
+    "pp2-dp2-zero2-chimera": dict(pp=2, dp=2, parallel__zero=2, parallel__schedule="chimera"),
+    # terapipe: each sequence in token slices, a slice attending to the earlier ones' keys
+    # and values kept on its stage, backwards in reverse slice order (runtime/terapipe.py)
+    "pp2-terapipe2": dict(pp=2, parallel__schedule="terapipe(slices = 2)"),
+    "pp2-terapipe4": dict(pp=2, parallel__schedule="terapipe(slices = 4)"),
+    "pp2-dp2-terapipe2": dict(pp=2, dp=2, parallel__schedule="terapipe(slices = 2)"),
+    "pp2-tp2-terapipe2": dict(pp=2, tp=2, parallel__schedule="terapipe(slices = 2)"),
+    "pp2-dp2-zero2-terapipe2": dict(pp=2, dp=2, parallel__zero=2, parallel__schedule="terapipe(slices = 2)"),
     # Oases sub-batch overlap (runtime/overlap.py); dp > 1 layouts overlap gradients always
     "tp2-overlap2": dict(tp=2, parallel__overlap="sub_batch(2)"),
     "tp2-sp-overlap2": dict(tp=2, sp=True, parallel__overlap="sub_batch(2)"),

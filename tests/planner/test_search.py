@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from parc.codegen.planner.cost import Accounting, Layout, estimate, hardware_for
+from parc.codegen.planner.cost.estimate import buildable
 from parc.codegen.planner.cost.bubble import _simulate, makespan
 from parc.codegen.planner.cost.calibration import predicted_tflops
 from parc.codegen.build import build_to
 from parc.codegen.lower import lower
+from parc.codegen.planner.why import why
 from parc.codegen.planner.search import EXACT_TOP, TIE_TOLERANCE, candidates, rank, search, tie_memory_unit, tie_rule
 from parc.dsl import load
 from parc.dsl.diagnostics import Diagnostics
@@ -28,7 +30,20 @@ CALIBRATION = Path(__file__).parent / "data" / "megatron_sc21_calibration.json"
 
 def _key(layout: Layout):
     return (layout.dp, layout.tp, layout.pp, layout.sp, layout.zero, layout.schedule, layout.chunks,
-            layout.recompute, layout.overlap)
+            layout.slices, layout.recompute, layout.overlap)
+
+
+def _schedule_text(kind: str, chunks: int, slices: int) -> str:
+    """The spec's spelling of a (kind, chunks, slices) schedule."""
+    if kind == "interleaved":
+        return f"interleaved(chunks = {chunks})"
+    return f"terapipe(slices = {slices})" if kind == "terapipe" else kind
+
+
+SCHEDULES = (("1f1b", 1, 1), ("gpipe", 1, 1), ("interleaved", 2, 1), ("interleaved", 4, 1), ("zero_bubble", 1, 1),
+             ("zero_bubble_v", 2, 1), ("chimera", 2, 1), ("terapipe", 1, 2), ("terapipe", 1, 4), ("terapipe", 1, 8))
+"""What ``schedule = auto`` tries (runtime/layouts.schedules), interleaved up to 4 chunks, as
+(kind, the chunks a rank runs, slices)."""
 
 
 def _accepted_by_validator(path: str, base: list[str]) -> set:
@@ -36,12 +51,12 @@ def _accepted_by_validator(path: str, base: list[str]) -> set:
     accepted = set()
     grid = itertools.product(
         (1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8), (False, True), (0, 1),
-        (("1f1b", 1), ("gpipe", 1), ("interleaved", 2), ("interleaved", 4)), (1, 2),
+        SCHEDULES, (1, 2),
     )
-    for dp, tp, pp, sp, zero, (kind, chunks), subs in grid:
+    for dp, tp, pp, sp, zero, (kind, chunks, slices), subs in grid:
         if dp * tp * pp != 8:
             continue  # the world: PAR0201 (the candidates fill the mesh by construction)
-        schedule = f"interleaved(chunks = {chunks})" if kind == "interleaved" else kind
+        schedule = _schedule_text(kind, chunks, slices)
         sets = base + [
             f"parallel.dp={dp}", f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.sp={str(sp).lower()}",
             f"parallel.zero={zero}", f"parallel.schedule={schedule}", "parallel.recompute=none",
@@ -57,7 +72,7 @@ def _accepted_by_validator(path: str, base: list[str]) -> set:
         # Same program as a listed layout (Note [the search space]): not enumerated.
         if (zero and dp == 1) or (subs > 1 and tp == 1) or (kind != "1f1b" and pp == 1):
             continue
-        accepted.add((dp, tp, pp, sp, zero, kind, chunks, "none", subs))
+        accepted.add((dp, tp, pp, sp, zero, kind, chunks, slices, "none", subs))
     return accepted
 
 
@@ -65,7 +80,8 @@ def test_candidates_are_the_validators_layouts():
     base = ["parallel=auto", "parallel.recompute=none", "mesh.devices_per_node=8", "train.global_batch=32",
             "train.micro_batch=2"]
     spec = load("examples/tiny.par", base)
-    found = {_key(layout) for layout in candidates(spec) if layout.zero <= 1}
+    # the build rules do not filter candidates (the search marks them unbuildable); parc check refuses them
+    found = {_key(layout) for layout in candidates(spec) if layout.zero <= 1 and buildable(spec, layout)}
     assert found == _accepted_by_validator("examples/tiny.par", base)
     assert len(found) > 50
 
@@ -79,12 +95,14 @@ def test_micro_batch_auto_searches_every_divisor_the_validator_accepts():
     # dp·pp = 4; micro_batch divides 16 / dp with at least pp micro-batches
     assert found == {(4, 1, 1), (4, 1, 2), (4, 1, 4), (2, 2, 1), (2, 2, 2), (2, 2, 4),
                      (1, 4, 1), (1, 4, 2), (1, 4, 4)}
-    for lay in layouts:  # each one is a spec the language accepts
+    for lay in layouts:  # each buildable one is a spec the language accepts
+        if not buildable(spec, lay):
+            continue
         load("examples/tiny.par", [
             f"parallel.dp={lay.dp}", f"parallel.tp={lay.tp}", f"parallel.pp={lay.pp}",
             f"parallel.sp={str(lay.sp).lower()}", "parallel.recompute=none", "parallel.zero=0",
             f"parallel.overlap={'none' if lay.overlap == 1 else f'sub_batch({lay.overlap})'}",
-            f"parallel.schedule={'interleaved(chunks = %d)' % lay.chunks if lay.chunks > 1 else lay.schedule}",
+            f"parallel.schedule={_schedule_text(lay.schedule, lay.chunks, lay.slices)}",
             f"train.micro_batch={lay.micro_batch}", "mesh.devices_per_node=4", "train.global_batch=16",
         ])
     winner = search(spec, hardware_for(spec)).winner.layout
@@ -191,6 +209,45 @@ def test_closed_form_is_the_simulated_schedule_without_comm(kind, stages, micro_
     fast = makespan(kind, stages=stages, micro_batches=micro_batches, chunks=chunks,
                     forward=1.0, backward=backward, comm=0.0, exact=False)
     assert fast == pytest.approx(timeline.makespan, rel=1e-12)
+
+
+@pytest.mark.parametrize("kind,stages,micro_batches,slices", [
+    # chimera: each micro-batch through one of a rank's two chunks, (p-2)·B idle when p divides M
+    ("chimera", 2, 4, 1), ("chimera", 4, 8, 1), ("chimera", 8, 16, 1),
+    # terapipe: F, B of one slice; 1F1B's form over M·S slices
+    ("terapipe", 2, 4, 2), ("terapipe", 4, 8, 4), ("terapipe", 8, 5, 8),
+])
+def test_chimera_and_terapipe_closed_forms_are_their_simulated_schedules(kind, stages, micro_batches, slices):
+    chunks = 2 if kind == "chimera" else 1
+    schedule = build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks, slices=slices)
+    timeline = simulate(schedule, forward_time=1.0 / slices, backward_time=2.0 / slices)
+    fast = makespan(kind, stages=stages, micro_batches=micro_batches, chunks=chunks, slices=slices,
+                    forward=1.0 / slices, backward=2.0 / slices, comm=0.0, exact=False)
+    assert fast == pytest.approx(timeline.makespan, rel=1e-12)
+    exact = makespan(kind, stages=stages, micro_batches=micro_batches, chunks=chunks, slices=slices,
+                     forward=1.0 / slices, backward=2.0 / slices, comm=0.0, exact=True)
+    assert exact == pytest.approx(timeline.makespan, rel=1e-12)
+
+
+def test_schedule_auto_tries_every_schedule_and_says_why_the_winner_won():
+    spec = load("examples/tiny.par", ["parallel.dp=1", "parallel.pp=2", "parallel.schedule=auto"])
+    kinds = {(layout.schedule, layout.chunks, layout.slices) for layout in candidates(spec)}
+    assert kinds == {("1f1b", 1, 1), ("gpipe", 1, 1), ("interleaved", 2, 1), ("zero_bubble", 1, 1),
+                     ("zero_bubble_v", 2, 1), ("chimera", 2, 1), ("terapipe", 1, 2), ("terapipe", 1, 4),
+                     ("terapipe", 1, 8)}  # seq_len 64: every S of layouts.TERAPIPE_SLICES divides it
+    hw = hardware_for(spec)
+    result = search(spec, hw)
+    by_schedule = {}
+    for item in result.estimates:
+        by_schedule.setdefault(item.layout.schedule_words, item)
+    # the same simulator as the runtime's lists: every schedule of the same degrees has
+    # the same busy time but chimera (two replicas) and terapipe (S smaller pieces)
+    assert by_schedule["zero_bubble"].time.bubble < by_schedule["1f1b"].time.bubble
+    assert by_schedule["terapipe(8)"].time.bubble < by_schedule["terapipe(2)"].time.bubble
+    winner = result.winner.layout
+    lines = why(spec, result, hw)
+    assert winner.schedule != "1f1b" and winner.schedule_words in lines[0]
+    assert "schedule" in lines[0] or "slices" in lines[0]
 
 
 @pytest.mark.parametrize("kind,stages,micro_batches,chunks,comm", [

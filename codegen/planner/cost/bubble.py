@@ -20,6 +20,13 @@ weight-gradient half of a backward: the closed form is 1F1B's less (p − 1)·2W
 ``schedule_sim.weight_share`` of the backward. The simulated lists meet it for M ≥ p and
 B = W ≤ F (tests/runtime, tests/planner); otherwise the exact simulation decides.
 
+Note [the chimera and terapipe closed forms]: a chimera micro-batch runs through one of
+a rank's two chunks (placement ``carries``), so the busy time is M·(F + B), not
+2M·(F + B), and each rank idles ``schedule_chimera.chimera_idle`` (Note [Chimera's
+bubble]); messages as 1F1B's. terapipe's F, B and comm are a slice's: its lists are
+1F1B's over M·S slices (``schedule_terapipe``, Note [slices as units]), so the 1F1B
+form over M·S units holds (tests/planner).
+
 Note [steady state]: after warm-up, every schedule here repeats a period of p
 micro-batches, so the makespan is affine in M; a long schedule (M > 4p) is simulated
 at 2p, 3p and 4p micro-batches and, when those three points lie on one line, extended
@@ -31,41 +38,49 @@ from __future__ import annotations
 
 import functools
 
-from parc.runtime.schedule import SPLIT_BACKWARD, build_schedule
+from parc.runtime.schedule import SLICED, SPLIT_BACKWARD, build_schedule
+from parc.runtime.schedule_chimera import chimera_idle
 from parc.runtime.schedule_sim import simulate, weight_share
 
 
 def makespan(
     kind: str, *, stages: int, micro_batches: int, chunks: int,
-    forward: float, backward: float, comm: float, exact: bool,
+    forward: float, backward: float, comm: float, exact: bool, slices: int = 1,
 ) -> float:
-    """Seconds from the first forward to the last backward of a step on the pipeline."""
-    units = micro_batches * chunks
+    """Seconds from the first forward to the last backward of a step on the pipeline.
+    ``slices`` > 1 (terapipe): ``forward``, ``backward`` and ``comm`` are one slice's."""
+    units = micro_batches * chunks * slices
     if stages == 1:
-        return micro_batches * (forward + backward)
+        return units * (forward + backward)
     if not exact or forward <= 0:
+        if kind == "chimera":  # Note [the chimera and terapipe closed forms]
+            return (micro_batches * (forward + backward) + chimera_idle(stages, forward, backward)
+                    + 2.0 * comm * (micro_batches + stages - 1))
         closed = (units + stages - 1) * (forward + backward)
         if kind in SPLIT_BACKWARD:  # the W passes fill the drain: Note [the zero-bubble closed form]
             closed -= (stages - 1) * 2 * weight_share(backward)
         return closed + 2.0 * comm * (units + stages - 1) / chunks
     ratio_b = round(backward / forward, 3)
     ratio_c = round(comm / forward, 4)
-    return forward * _unit_makespan(kind, stages, micro_batches, chunks, ratio_b, ratio_c)
+    return forward * _unit_makespan(kind, stages, micro_batches, chunks, ratio_b, ratio_c, slices)
 
 
 @functools.lru_cache(maxsize=512)
-def _unit_makespan(kind: str, stages: int, micro_batches: int, chunks: int, backward: float, comm: float) -> float:
+def _unit_makespan(kind: str, stages: int, micro_batches: int, chunks: int, backward: float, comm: float,
+                   slices: int = 1) -> float:
     """Note [steady state]: long schedules are simulated at 2p, 3p and 4p micro-batches and
     extended along the line, when the three points are on one line; else in full."""
     p = stages
     if micro_batches > 4 * p:
-        a, b, c = (_simulate(kind, p, n * p, chunks, backward, comm) for n in (2, 3, 4))
+        a, b, c = (_simulate(kind, p, n * p, chunks, backward, comm, slices) for n in (2, 3, 4))
         if abs((c - b) - (b - a)) <= 1e-9 * c:
             return a + (micro_batches - 2 * p) * (b - a) / p
-    return _simulate(kind, p, micro_batches, chunks, backward, comm)
+    return _simulate(kind, p, micro_batches, chunks, backward, comm, slices)
 
 
 @functools.lru_cache(maxsize=512)
-def _simulate(kind: str, stages: int, micro_batches: int, chunks: int, backward: float, comm: float) -> float:
-    schedule = build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks)
+def _simulate(kind: str, stages: int, micro_batches: int, chunks: int, backward: float, comm: float,
+              slices: int = 1) -> float:
+    schedule = build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks,
+                              slices=slices if kind in SLICED else 1)
     return simulate(schedule, forward_time=1.0, backward_time=backward, comm_time=comm).makespan

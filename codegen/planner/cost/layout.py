@@ -58,7 +58,7 @@ class Layout:
     schedule: str
     """``gpipe``, ``1f1b`` or ``interleaved``."""
     chunks: int
-    """Model chunks per pipeline rank (> 1 only when interleaved)."""
+    """Model chunks per pipeline rank (> 1 when interleaved, zero_bubble_v, chimera)."""
     micro_batch: int
     recompute: str | tuple[str, ...] = "none"
     """``none``, ``selective`` or ``full``; or one per block (Note [per-layer costs])."""
@@ -88,6 +88,16 @@ class Layout:
     def tp_grid(self) -> tuple[int, int]:
         """(R, C): the grid's rows and columns; ``(1, tp)`` for 1D."""
         return tuple(self.tp_shape) if self.tp_shape is not None else (1, self.tp)
+
+    slices: int = 1
+    """Token slices per sequence under terapipe (``runtime/schedule_terapipe.py``); else 1."""
+
+    @property
+    def schedule_words(self) -> str:
+        """The schedule in the DSL's words: ``interleaved(2)``, ``terapipe(4)``, ``chimera``."""
+        if self.schedule == "interleaved":
+            return f"interleaved({self.chunks})"
+        return f"terapipe({self.slices})" if self.schedule == "terapipe" else self.schedule
 
     def tokens(self, seq_len: int) -> int:
         """Tokens of one micro-batch on one rank: micro_batch · seq_len / cp."""
@@ -133,9 +143,7 @@ class Layout:
         if self.ep > 1:
             parts.append(f"ep {self.ep}")
         if self.pp > 1:
-            parts.append(
-                f"interleaved({self.chunks})" if self.schedule == "interleaved" else self.schedule
-            )
+            parts.append(self.schedule_words)
         return " ".join(parts)
 
 

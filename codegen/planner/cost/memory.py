@@ -129,9 +129,13 @@ def parc_head_elements(model: ModelSpec, *, tp: int, sp: bool, compiled: bool = 
 
 
 @functools.lru_cache(maxsize=4096)
-def _in_flight(kind: str, stages: int, rank: int, micro_batches: int, chunks: int) -> int:
+def _in_flight(kind: str, stages: int, rank: int, micro_batches: int, chunks: int, slices: int = 1) -> float:
+    """Micro-batch(-chunk)s in flight; under terapipe, slices in flight as a share of
+    micro-batches (each slice saves 1/S of a micro-batch's activations)."""
     if stages == 1:
         return 1
+    if slices > 1:
+        return in_flight_bound(kind, stages=stages, rank=rank, micro_batches=micro_batches, slices=slices) / slices
     return in_flight_bound(kind, stages=stages, rank=rank, micro_batches=micro_batches, chunks=chunks)
 
 
@@ -146,7 +150,7 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
     model = spec.model
     contents = stage_contents(model, layout, rank, stage_layers)
     micro_batches = layout.grad_accum(spec.train.global_batch)
-    in_flight = _in_flight(layout.schedule, layout.pp, rank, micro_batches, layout.chunks)
+    in_flight = _in_flight(layout.schedule, layout.pp, rank, micro_batches, layout.chunks, layout.slices)
     tokens = layout.tokens(model.seq_len)  # this rank's: seq_len / cp of each sequence
     modes = _rank_recompute(model, layout, rank, stage_layers)  # Note [per-layer costs]
     if accounting is Accounting.MEGATRON:

@@ -215,9 +215,12 @@ def step_time(
     chunk_backward = layers_per_chunk * (backward + exposed_backward)
     message = tokens * m.hidden * size / (t if layout.sp else rows)
     p2p = collective_time(hw, "send_recv", message, size=2, stride=t * layout.cp * d) if p > 1 else 0.0
+    s = layout.slices  # terapipe: a slice's share of the compute, and its own smaller messages
+    if s > 1:
+        p2p = collective_time(hw, "send_recv", message / s, size=2, stride=t * layout.cp * d)
     span = makespan(
         layout.schedule, stages=p, micro_batches=micro_batches, chunks=v,
-        forward=chunk_forward, backward=chunk_backward, comm=p2p, exact=exact,
+        forward=chunk_forward / s, backward=chunk_backward / s, comm=p2p, exact=exact, slices=s,
     )
     busy_layers = micro_batches * passes * (chunk_forward + chunk_backward)
     pipeline = span + micro_batches * head
@@ -299,8 +302,10 @@ def block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting
     per_collective = sum(collective_time(hw, kind, activations, size=t, stride=1) for kind in kinds)
     latency = sum(collective_latency(hw, kind, size=t, stride=1) for kind in kinds)
     recompute, k = (dict(zip(SETTING_NAMES, key))[name] for name in ("recompute", "overlap"))
-    sub_forward, sub_core = _block_forward(spec, layout, hw, accounting, tokens / k)
-    forward, core = k * sub_forward * slow, k * sub_core * slow
+    # k sub-batches (overlap), or S token slices (terapipe): as many smaller GEMMs and op dispatches
+    pieces = k * layout.slices
+    sub_forward, sub_core = _block_forward(spec, layout, hw, accounting, tokens / pieces)
+    forward, core = pieces * sub_forward * slow, pieces * sub_core * slow
     experts = moe_block(spec, layout, hw, tokens=tokens, k=k, size=size)  # Note [MoE costs]
     forward += experts.forward
     backward = 2.0 * forward

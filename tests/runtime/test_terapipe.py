@@ -1,0 +1,58 @@
+"""TeraPipe in the model (runtime/terapipe.py): a whole model run as one stage through
+the executor in token slices (even and uneven) gives the loss and every gradient of the
+unsliced forward and backward, in float64, for GPT (learned positions) and Llama
+(rotary, grouped-query heads); and the slice lengths' checks."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from runtime_loop import CONFIGS  # noqa: E402
+
+from parc.runtime import model  # noqa: E402
+from parc.runtime.pipeline import PipelineExecutor  # noqa: E402
+from parc.runtime.schedule import build_schedule  # noqa: E402
+from parc.runtime.terapipe import slice_lengths  # noqa: E402
+
+MICRO, B = 2, 2
+
+
+def _build(arch):
+    return model.build_model(CONFIGS[arch], tp_group=None, sequence_parallel=False, tp_plan={}, seed=5,
+                             device=torch.device("cpu"), kernels="eager").double()
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+@pytest.mark.parametrize("slices", [2, 4, "uneven"])
+def test_sliced_step_equals_whole_sequences(arch, slices):
+    config = CONFIGS[arch]
+    T = config.seq_len
+    lengths = slice_lengths(T, slices if slices != "uneven" else (T // 2, T // 4, T - T // 2 - T // 4))
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randint(0, config.vocab, (B, T), generator=gen),
+                torch.randint(0, config.vocab, (B, T), generator=gen)) for _ in range(MICRO)]
+    reference = _build(arch)
+    expected = sum(reference(x, y) / MICRO for x, y in batches)
+    expected.backward()
+    net = _build(arch)
+    actions = build_schedule("terapipe", stages=1, micro_batches=MICRO, slices=len(lengths))[0]
+    runner = PipelineExecutor([net], actions=actions, pp_group=None, pp_ranks=[0], pp_rank=0,
+                              micro_batches=MICRO, activation_shape=(B, T, config.hidden),
+                              device=torch.device("cpu"), slices=lengths)
+    loss = runner.step(batches)
+    assert loss == pytest.approx(expected.item(), rel=1e-12)
+    for (name, p), q in zip(net.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12, msg=name)
+    assert runner.sliced.idle()
+
+
+def test_slice_lengths():
+    assert slice_lengths(16, 4) == (4, 4, 4, 4)
+    assert slice_lengths(16, [8, 5, 3]) == (8, 5, 3)
+    with pytest.raises(ValueError, match="equal slices"):
+        slice_lengths(16, 3)
+    with pytest.raises(ValueError, match="sum to seq_len"):
+        slice_lengths(16, [8, 4])
