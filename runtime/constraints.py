@@ -856,16 +856,13 @@ def build_grad_reduce(grad_reduce, zero):
 
 @rule("PAR0810", BUILD)
 def build_expert_parallel(ep, etp, cp=None):
-    """Expert parallelism folds dp·tp (cp = 1); expert tensor parallelism is a later slice."""
-    if etp > 1:
-        return _violation("PAR0810", ("parallel.etp",),
-                          f"expert tensor parallelism (etp = {etp}) is not supported yet by parc build",
-                          "write etp = 1 (each expert whole on its rank); a later version of parc generates it")
-    if ep == 1 or (cp or 1) == 1:
+    """Expert parallelism (ep, etp) folds dp·tp (cp = 1): expert layers over cp are a later slice."""
+    if ep * etp == 1 or (cp or 1) == 1:
         return None
-    return _violation("PAR0810", ("parallel.ep", "parallel.cp"),
-                      f"expert parallelism (ep = {ep}) with cp = {cp} is not supported yet by parc build",
-                      "write cp = 1 with ep > 1, or ep = 1")
+    what = " × ".join(f"{name} = {value}" for name, value in (("ep", ep), ("etp", etp)) if value > 1)
+    return _violation("PAR0810", ("parallel.ep" if ep > 1 else "parallel.etp", "parallel.cp"),
+                      f"expert parallelism ({what}) with cp = {cp} is not supported yet by parc build",
+                      "write cp = 1 with ep > 1 or etp > 1, or ep = etp = 1")
 
 
 @rule("PAR0813", BUILD)

@@ -268,9 +268,10 @@ class ModelDesc:
         """Parameters of one tp rank of a pipeline stage holding blocks ``layers = (start,
         stop)`` (all by default), the embedding when ``first``, the final norm and head
         when ``last``. ``sharded``: the module names tp splits, when not parc's table;
-        ``ep``: the expert-parallel ranks that split each MoE block's experts."""
+        ``ep``: the ranks that split each MoE block's experts (ep·etp: an expert-parallel rank
+        holds experts / ep of them, an expert-tensor-parallel rank 1 / etp of each)."""
         start, stop = (0, len(self.blocks)) if layers is None else layers
-        if ep > 1:  # each expert-parallel rank holds experts / ep of every MoE block's experts
+        if ep > 1:  # each rank holds 1 / (ep·etp) of every MoE block's expert weights
             whole = self.stage_params(tp, layers=(start, stop), first=first, last=last, sharded=sharded)
             grouped = sum(m.numel() for b in self.blocks[start:stop] for m in b.modules if m.layer == GROUPED)
             return ParamCount(elements=whole.elements - grouped + grouped // ep, tensors=whole.tensors)

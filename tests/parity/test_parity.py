@@ -187,6 +187,13 @@ MOE_LAYOUTS = {
     # Note [experts under ZeRO]: the experts' flat buffer is sharded over edp, the rest over dp
     "ep2-zero1": dict(dp=2, parallel__ep=2, parallel__zero=1),
     "ep2-dp4-zero2": dict(dp=4, parallel__ep=2, parallel__zero=2),  # edp 2: expert slices too
+    # Note [expert tensor parallelism]: each expert's ffn split over etp, rows gathered and
+    # partial outputs reduce-scattered over the etp group
+    "etp2-tp2": dict(tp=2, parallel__etp=2),
+    "ep2-etp2-dp2-tp2": dict(dp=2, tp=2, parallel__ep=2, parallel__etp=2),
+    "etp2-dp2": dict(dp=2, parallel__etp=2),  # etp across dp ranks: different tokens, gathered
+    "ep2-etp2-dp2-tp2-zero1-overlap2": dict(dp=2, tp=2, parallel__ep=2, parallel__etp=2, parallel__zero=1,
+                                            parallel__overlap="sub_batch(2)"),
 }
 """Every step's loss, aux_loss (z_loss) and expert_tokens, and the first grad norm, vs one rank."""
 
