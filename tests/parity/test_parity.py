@@ -190,12 +190,14 @@ MOE_LAYOUTS = {
     # Note [expert tensor parallelism]: each expert's ffn split over etp, rows gathered and
     # partial outputs reduce-scattered over the etp group
     "etp2-tp2": dict(tp=2, parallel__etp=2),
+    "gpt-etp2-tp2": dict(arch="gpt", tp=2, parallel__etp=2),  # gelu experts, one up/down pair
     "ep2-etp2-dp2-tp2": dict(dp=2, tp=2, parallel__ep=2, parallel__etp=2),
     "etp2-dp2": dict(dp=2, parallel__etp=2),  # etp across dp ranks: different tokens, gathered
     "ep2-etp2-dp2-tp2-zero1-overlap2": dict(dp=2, tp=2, parallel__ep=2, parallel__etp=2, parallel__zero=1,
                                             parallel__overlap="sub_batch(2)"),
 }
-"""Every step's loss, aux_loss (z_loss) and expert_tokens, and the first grad norm, vs one rank."""
+"""Every step's loss, aux_loss (z_loss) and expert_tokens, and the first grad norm, vs one rank
+(the tiny llama unless a row says ``arch="gpt"``)."""
 
 
 def model_overrides(degrees: dict) -> dict:
@@ -220,16 +222,23 @@ def reference_case(arch: str, model: dict | None = None) -> Case:
     return Case(f"{arch}-single{words}", f"{arch}.par", tuple(layout_overrides(**model)), 1, ("--steps", str(STEPS)))
 
 
-def moe_case(layout: str) -> Case:
+def moe_row(layout: str) -> tuple[str, dict]:
+    """The spec file and the ``--set`` degrees of a MOE_LAYOUTS row."""
     degrees = {**MOE, **MOE_LAYOUTS[layout]}
+    return f"{degrees.pop('arch', 'llama')}.par", degrees
+
+
+def moe_case(layout: str) -> Case:
+    spec, degrees = moe_row(layout)
     overrides = tuple(layout_overrides(**degrees))
-    return Case(f"llama-moe-{layout}", "llama.par", overrides, nproc_of(degrees), ("--steps", str(STEPS)))
+    return Case(f"{spec[:-4]}-moe-{layout}", spec, overrides, nproc_of(degrees), ("--steps", str(STEPS)))
 
 
 def moe_reference_case(layout: str) -> Case:
-    model = model_overrides({**MOE, **MOE_LAYOUTS[layout]})
+    spec, degrees = moe_row(layout)
+    model = model_overrides(degrees)
     words = "".join(f"-{key.removeprefix('model__')}{value}" for key, value in sorted(model.items()))
-    return Case(f"llama-moe-single{words}", "llama.par", tuple(layout_overrides(**model)), 1,
+    return Case(f"{spec[:-4]}-moe-single{words}", spec, tuple(layout_overrides(**model)), 1,
                 ("--steps", str(STEPS)))
 
 
