@@ -115,10 +115,12 @@ def metric_lines(plan: Plan) -> list[str]:
     """After the step: aux_loss, z_loss and expert_tokens summed over every rank (every rank calls it)."""
     if not has_experts(plan):
         return []
+    # tp ranks route the same tokens, or under sp each its own shard (Note [MoE under sequence parallelism])
+    replicas = "1" if plan.sequence_parallel.enabled else "TP"
     return [
         "# the aux losses (mean over micro-batches and dp) and each expert's tokens, all ranks",
         "moe_metrics = moe.step_metrics(",
-        "    net, config, micro_batches=GRAD_ACCUM, stage_ranks=DP * TP, replicas=TP, device=dist.device",
+        f"    net, config, micro_batches=GRAD_ACCUM, stage_ranks=DP * TP, replicas={replicas}, device=dist.device",
         ")",
     ]
 

@@ -54,6 +54,7 @@ KEYS = {
     "experts": "model.experts",
     "top_k": "model.top_k",
     "expert_ffn": "model.expert_ffn",
+    "capacity_factor": "model.capacity_factor",
     "ep": "parallel.ep",
     "etp": "parallel.etp",
     "dropout": "model.dropout",
@@ -878,15 +879,25 @@ def build_expert_parallel_zero(ep, zero):
 
 
 @rule("PAR0811", BUILD)
-def build_moe_sequence_split(experts, sp=None, cp=None):
-    """The router's load-balancing statistics are taken over a rank's tokens: with the
-    sequence split (sp, cp) they would need a reduction parc does not build yet."""
-    split = [w for w, on in (("sp = true", sp is True), (f"cp = {cp}", (cp or 1) > 1)) if on]
-    if experts == 0 or not split:
+def build_moe_context_parallel(experts, cp=None):
+    """Context parallelism splits each sequence over cp ranks, whose tokens are routed
+    apart: the aux losses (and the expert folding over cp) are not built for that yet."""
+    if experts == 0 or (cp or 1) == 1:
         return None
-    return _violation("PAR0811", ("parallel.sp" if sp is True else "parallel.cp", "model.experts"),
-                      f"a mixture-of-experts model with {_and(split)} is not supported yet by parc build",
-                      "write sp = false and cp = 1 with experts > 0; a later version of parc generates it")
+    return _violation("PAR0811", ("parallel.cp", "model.experts"),
+                      f"a mixture-of-experts model with cp = {cp} is not supported yet by parc build",
+                      "write cp = 1 with experts > 0 (sp = true splits the sequence over tp instead)")
+
+
+@rule("PAR0830", BUILD)
+def build_moe_sp_capacity(capacity_factor, sp):
+    """A capacity keeps each expert's best tokens of the micro-batch; under sp a rank routes
+    a sequence shard, and the drop ranking over the whole micro-batch is not built."""
+    if sp is not True:  # capacity_factor = none (dropless) is None: the rule does not run
+        return None
+    return _violation("PAR0830", ("model.capacity_factor", "parallel.sp"),
+                      f"capacity_factor = {capacity_factor} with sp = true is not supported yet by parc build",
+                      "write capacity_factor = none (dropless) with sp = true, or sp = false")
 
 
 @rule("PAR0812", BUILD)

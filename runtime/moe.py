@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from .comm import (
     _issued, all_to_all_rows, copy_to_group, exposed, gather_rows_from_group, gather_rows_summed, group_rank,
-    group_size, scatter_rows_summed,
+    group_size, reduce_from_group, scatter_rows_summed,
 )
 from .zero import mean_of_group
 
@@ -158,8 +158,10 @@ class MoEMLP(nn.Module):
         C, E, F_e = config.hidden, config.experts, config.expert_hidden
         self.ep_group, ep_size, ep_rank = ep_group, group_size(ep_group), group_rank(ep_group)
         self.etp_group = etp_group  # Note [expert tensor parallelism]
+        # Note [MoE under sequence parallelism]: the tp ranks hold different tokens
+        self.seq_group = build.group if build.sp else None
         # Note [expert dispatch under tp]: with ep·etp > 1 the tp ranks (same tokens) each send a share
-        self.tp_group = build.group if ep_size * group_size(etp_group) > 1 else None
+        self.tp_group = build.group if ep_size * group_size(etp_group) > 1 and not build.sp else None
         grouped = dict(ep_size=ep_size, ep_rank=ep_rank, etp_size=group_size(etp_group), etp_rank=group_rank(etp_group))
         self.llama, self.experts_count = config.arch == "llama", E
         self.top_k, self.router_kind, self.capacity = config.top_k, config.router, config.capacity_factor
@@ -174,6 +176,9 @@ class MoEMLP(nn.Module):
         if config.shared_experts:
             self.shared_experts = dense_mlp(config, f"{prefix}.shared_experts", build,
                                             ffn=config.shared_experts * F_e)
+        if build.sp:  # replicated over tp but seeing a sequence shard: grads summed over tp
+            for p in self.parameters():  # the router, shared experts, experts unless split (then: edp)
+                p.sequence_parallel = not getattr(p, "expert_parallel", False)
         self.loss_scale = 1.0  # 1 / micro-batches of a step (set_loss_scale)
         self.splits = 1  # overlap of k sub-batches under ep > 1: Note [expert all-to-all overlap]
         self.reset_metrics()
@@ -228,7 +233,7 @@ class MoEMLP(nn.Module):
             y, order = gather_rows_from_group(y, self.tp_group), torch.cat(order_of)
         out = self.combine(y, slot_token[order], slot_weight[order], tokens)
         if self.shared_experts is not None:
-            out = out + self.shared_experts(tokens)
+            out = out + self.shared_experts(x).reshape(out.shape)  # (B, T, C): under sp it gathers T
         out = out.view(shape)
         aux = self.aux_losses(logits, probs, experts)
         self.record(aux, every)
@@ -330,13 +335,30 @@ class MoEMLP(nn.Module):
                             back=back.to(counts.device), local_counts=got.sum(0))
 
     def aux_losses(self, logits, probs, experts):
-        """(load-balancing loss, z-loss), each times its coefficient; None when both are off."""
+        """(load-balancing loss, z-loss), each times its coefficient; None when both are off.
+
+        Note [MoE under sequence parallelism]: under sp a tp rank routes only its sequence
+        shard of the micro-batch, but the aux losses are the whole micro-batch's, as one
+        rank takes them: the routed counts and token count are summed over tp, the
+        probabilities' and squared log-sum-exps' sums too (forward all-reduce, backward
+        identity: each rank's tokens get their share of the gradient, and every tp rank
+        holds the same loss, which ``step_metrics`` averages)."""
         if self.aux_coeff == 0 and self.z_coeff == 0:
             return None
         N, E = probs.shape
         routed = torch.bincount(experts.reshape(-1), minlength=E).to(probs.dtype)  # before any drop
-        balance = self.aux_coeff * E * torch.sum(routed / (N * self.top_k) * probs.mean(0))
-        z = self.z_coeff * torch.logsumexp(logits.float(), -1).square().mean()
+        if self.seq_group is None:
+            balance = self.aux_coeff * E * torch.sum(routed / (N * self.top_k) * probs.mean(0))
+            z = self.z_coeff * torch.logsumexp(logits.float(), -1).square().mean()
+            return balance, z
+        counted = torch.cat([routed, routed.new_tensor([N])]).detach()
+        with exposed():
+            dist.all_reduce(counted, group=self.seq_group)
+        routed, total = counted[:E], counted[E]
+        sums = reduce_from_group(torch.cat([probs.sum(0), torch.logsumexp(logits.float(), -1).square().sum()[None]]),
+                                 self.seq_group)
+        balance = self.aux_coeff * E * torch.sum(routed / (total * self.top_k) * (sums[:E] / total))
+        z = self.z_coeff * sums[E] / total
         return balance, z
 
     def record(self, aux, counts):

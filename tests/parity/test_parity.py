@@ -195,6 +195,13 @@ MOE_LAYOUTS = {
     "etp2-dp2": dict(dp=2, parallel__etp=2),  # etp across dp ranks: different tokens, gathered
     "ep2-etp2-dp2-tp2-zero1-overlap2": dict(dp=2, tp=2, parallel__ep=2, parallel__etp=2, parallel__zero=1,
                                             parallel__overlap="sub_batch(2)"),
+    # Note [MoE under sequence parallelism]: each tp rank routes its sequence shard; the aux
+    # and z losses are the micro-batch's (z on, so its reduction is checked too)
+    "tp2-sp-zloss": dict(tp=2, sp=True, model__z_loss=0.001),
+    "ep2-tp2-sp": dict(tp=2, sp=True, parallel__ep=2),
+    "ep2-etp2-dp2-tp2-sp-shared1": dict(dp=2, tp=2, sp=True, parallel__ep=2, parallel__etp=2,
+                                        model__shared_experts=1),
+    "gpt-tp2-sp-zero1": dict(arch="gpt", dp=2, tp=2, sp=True, parallel__zero=1),
 }
 """Every step's loss, aux_loss (z_loss) and expert_tokens, and the first grad norm, vs one rank
 (the tiny llama unless a row says ``arch="gpt"``)."""
