@@ -367,10 +367,12 @@ def _block(config: ModelConfig, index: int) -> BlockDesc:
                      head_dim=D, ffn=F)
 
 
-def _replicated(name, kind, out_features, in_features, bias):
-    params = [ParamDesc(name="weight", shape=(out_features, in_features))]
+def _replicated(name, kind, out_features, in_features, bias, *, sp=False):
+    """``sp``: under sequence parallelism it sees a sequence shard (moe.py: the router and
+    the shared experts), so its gradients are partial until summed over tp."""
+    params = [ParamDesc(name="weight", shape=(out_features, in_features), sequence_parallel=sp)]
     if bias:
-        params.append(ParamDesc(name="bias", shape=(out_features,)))
+        params.append(ParamDesc(name="bias", shape=(out_features,), sequence_parallel=sp))
     return ModuleDesc(name=name, kind=kind, layer=LINEAR, style=None, params=tuple(params))
 
 
@@ -382,7 +384,7 @@ def _moe_modules(config: ModelConfig, prefix: str) -> list[ModuleDesc]:
     llama = config.arch == "llama"
     names = (("gate_proj", (E, F, C)),) if llama else ()
     names += (("up_proj", (E, F, C)), ("down_proj", (E, C, F)))
-    modules = [_replicated(prefix + "mlp.router", "mlp.router", E, C, False)]
+    modules = [_replicated(prefix + "mlp.router", "mlp.router", E, C, False, sp=True)]
     modules += [
         ModuleDesc(name=f"{prefix}mlp.experts.{n}", kind=f"mlp.experts.{n}", layer=GROUPED, style=None,
                    params=(ParamDesc(name="weight", shape=shape),))
@@ -392,7 +394,7 @@ def _moe_modules(config: ModelConfig, prefix: str) -> list[ModuleDesc]:
         S = config.shared_experts * F
         shared = (("gate_proj", S, C),) if llama else ()
         shared += (("up_proj", S, C), ("down_proj", C, S))
-        modules += [_replicated(f"{prefix}mlp.shared_experts.{n}", f"mlp.shared_experts.{n}", o, i, not llama)
+        modules += [_replicated(f"{prefix}mlp.shared_experts.{n}", f"mlp.shared_experts.{n}", o, i, not llama, sp=True)
                     for n, o, i in shared]
     return modules
 
