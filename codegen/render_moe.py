@@ -86,7 +86,7 @@ def clip_arg(plan: Plan) -> str:
 
 def zero_args(plan: Plan) -> str:
     """ZeRO 1/2 keep the experts in a flat buffer of their own over edp (zero.py,
-    Note [experts under ZeRO])."""
+    Note [experts under ZeRO]); ZeRO-3 in units of their own (fsdp.py, Note [experts as units])."""
     if not folds_experts(plan):
         return ""
     return f", {_groups(plan)}, edp_group=edp_group, data_ranks=DP"

@@ -867,15 +867,17 @@ def build_expert_parallel(ep, etp, cp=None):
 
 
 @rule("PAR0813", BUILD)
-def build_expert_parallel_zero(ep, zero):
+def build_expert_parallel_zero(ep, zero, etp=1, zero_shard=None):
     """ZeRO 1/2 keep the experts in a flat buffer of their own over edp (zero.py, Note
-    [experts under ZeRO]); ZeRO-3's units (fsdp.py) shard every parameter over dp, and
-    experts differ between dp ranks."""
-    if ep == 1 or zero != 3:
+    [experts under ZeRO]), ZeRO-3 in units of their own over edp (fsdp.py, Note [experts
+    as units]); HSDP (``zero_shard = node``) would replicate those units over nodes, which
+    is not built."""
+    if ep * (etp or 1) == 1 or zero != 3 or zero_shard != "node":
         return None
-    return _violation("PAR0813", ("parallel.zero", "parallel.ep"),
-                      f"zero = {zero} with expert parallelism (ep = {ep}) is not supported yet by parc build",
-                      "write zero = 1 or 2 with ep > 1, or ep = 1; a later version of parc generates it")
+    return _violation("PAR0813", ("parallel.zero_shard", "parallel.ep"),
+                      f"zero_shard = node with expert parallelism (ep = {ep}, etp = {etp or 1}) "
+                      "is not supported yet by parc build",
+                      "write zero_shard = dp with ep > 1 (the experts' units shard over their edp ranks), or ep = 1")
 
 
 @rule("PAR0811", BUILD)

@@ -202,6 +202,11 @@ MOE_LAYOUTS = {
     "ep2-etp2-dp2-tp2-sp-shared1": dict(dp=2, tp=2, sp=True, parallel__ep=2, parallel__etp=2,
                                         model__shared_experts=1),
     "gpt-tp2-sp-zero1": dict(arch="gpt", dp=2, tp=2, sp=True, parallel__zero=1),
+    # Note [experts as units] (fsdp.py): under ZeRO-3 the experts are units of their own over edp
+    "ep2-zero3": dict(dp=2, parallel__ep=2, parallel__zero=3),
+    "ep2-dp4-zero3": dict(dp=4, parallel__ep=2, parallel__zero=3),  # edp 2: expert shards too
+    "ep2-etp2-dp2-tp2-sp-zero3-recompute-full": dict(dp=2, tp=2, sp=True, parallel__ep=2, parallel__etp=2,
+                                                     parallel__zero=3, parallel__recompute="full"),
 }
 """Every step's loss, aux_loss (z_loss) and expert_tokens, and the first grad norm, vs one rank
 (the tiny llama unless a row says ``arch="gpt"``)."""
