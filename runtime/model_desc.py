@@ -308,12 +308,13 @@ class ModelDesc:
 
     def block_saved_elements(
         self, index: int, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True,
-        ep: int = 1, imbalance: float = 1.0,
+        ep: int = 1, imbalance: float = 1.0, etp: int = 1,
     ) -> float:
         """Elements saved per token by block ``index`` (saved_elements.py, Note [what parc's
         trainer saves]); ``ep``, ``imbalance``: a MoE block's expert parallelism and routing."""
         return block_saved_elements(self.config, self.blocks[index], tp=tp, sp=sp, recompute=recompute,
-                                    micro_batch=micro_batch, compiled=compiled, ep=ep, imbalance=imbalance)
+                                    micro_batch=micro_batch, compiled=compiled, ep=ep, imbalance=imbalance,
+                                    etp=etp)
 
     def head_saved_elements(self, *, tp: int, sp: bool, compiled: bool = True) -> float:
         """Elements saved per token by the final norm, the head and the loss (last stage)."""

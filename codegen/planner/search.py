@@ -180,7 +180,7 @@ def fixed_layout(spec: Spec) -> Layout | None:
         return None
     return Layout(
         dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, cp_kind=par.cp_kind, sp=bool(par.sp), zero=par.zero,
-        ep=par.ep,
+        ep=par.ep, etp=par.etp,
         schedule=par.schedule.value if par.pp > 1 else "1f1b",
         chunks=chunks_for(par.schedule.value, par.chunks) if par.pp > 1 else 1,
         micro_batch=spec.train.micro_batch, compress=par.compress,
@@ -196,7 +196,7 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
         parallel=replace(
             spec.parallel,
             dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, sp=layout.sp, zero=layout.zero, ep=layout.ep,
-            schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks, compress=layout.compress,
+            etp=layout.etp, schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks, compress=layout.compress,
         ).with_settings({entry.name: layout.setting(entry.name) for entry in SETTINGS}),
     )
 

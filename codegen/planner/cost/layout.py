@@ -72,6 +72,13 @@ class Layout:
     """``parallel.compress``: ``none``, ``powersgd`` or ``topk`` (``cost/compress.py``)."""
     ep: int = 1
     """Expert-parallel ranks: each holds experts / ep of every MoE block (``cost/experts.py``)."""
+    etp: int = 1
+    """Expert-tensor-parallel ranks: each holds 1 / etp of each of its experts' ffn."""
+
+    @property
+    def expert_folds(self) -> int:
+        """ep·etp: the ranks among which a MoE block's expert weights are split."""
+        return self.ep * self.etp
 
     def tokens(self, seq_len: int) -> int:
         """Tokens of one micro-batch on one rank: micro_batch · seq_len / cp."""
@@ -111,6 +118,8 @@ class Layout:
             parts.insert(1, f"cp {self.cp} ({self.cp_kind})")
         if self.ep > 1:
             parts.append(f"ep {self.ep}")
+        if self.etp > 1:
+            parts.append(f"etp {self.etp}")
         if self.pp > 1:
             parts.append(
                 f"interleaved({self.chunks})" if self.schedule == "interleaved" else self.schedule
@@ -167,7 +176,7 @@ def rank_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) 
     """(elements, tensors) of pipeline rank ``rank``'s parameters on one tp rank: the sum
     of its chunks' ``ModelDesc.stage_params`` (runtime/model_desc.py)."""
     count = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers),
-                         placement_kind(layout), layout.ep)
+                         placement_kind(layout), layout.expert_folds)
     return count.elements, count.tensors
 
 
@@ -175,18 +184,19 @@ def rank_expert_params(model: ModelSpec, layout: Layout, rank: int, stage_layers
     """Elements of pipeline rank ``rank``'s experts split over ep (0 when ep = 1: then they
     are replicated like any parameter): their gradients reduce over edp, ZeRO shards them
     over edp (runtime/zero.py, Note [experts under ZeRO])."""
-    if layout.ep == 1:
+    folds = layout.expert_folds
+    if folds == 1:
         return 0
     kind = placement_kind(layout)
-    whole = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers), kind, ep=layout.ep)
+    whole = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers), kind, ep=folds)
     dense = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers), kind, ep=1)
-    grouped = dense.elements - whole.elements  # the (ep − 1)/ep of the experts a rank lacks
-    return grouped // (layout.ep - 1)
+    grouped = dense.elements - whole.elements  # the (ep·etp − 1)/(ep·etp) of the experts a rank lacks
+    return grouped // (folds - 1)
 
 
 def expert_data_ranks(layout: Layout) -> int:
-    """edp: the ranks holding the same experts (expert layers fold dp·tp as edp·ep)."""
-    return layout.dp * layout.tp // layout.ep
+    """edp: the ranks holding the same experts (expert layers fold dp·tp as edp·ep·etp)."""
+    return layout.dp * layout.tp // layout.expert_folds
 
 
 def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> int:
