@@ -193,6 +193,7 @@ MOE_LAYOUTS = {
     "gpt-etp2-tp2": dict(arch="gpt", tp=2, parallel__etp=2),  # gelu experts, one up/down pair
     "ep2-etp2-dp2-tp2": dict(dp=2, tp=2, parallel__ep=2, parallel__etp=2),
     "etp2-dp2": dict(dp=2, parallel__etp=2),  # etp across dp ranks: different tokens, gathered
+    "etp2-tp2-pp2": dict(tp=2, pp=2, parallel__etp=2),  # each stage its own expert groups
     "ep2-etp2-dp2-tp2-zero1-overlap2": dict(dp=2, tp=2, parallel__ep=2, parallel__etp=2, parallel__zero=1,
                                             parallel__overlap="sub_batch(2)"),
     # Note [MoE under sequence parallelism]: each tp rank routes its sequence shard; the aux

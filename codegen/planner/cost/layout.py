@@ -219,9 +219,26 @@ def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_laye
     for (start, stop), first, last in _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers),
                                               placement_kind(layout)):
         root = desc.stage_params(layout.tp, layers=(start, start), first=first, last=last).elements
-        block = desc.stage_params(layout.tp, layers=(start, start + 1), first=False, last=False).elements
-        total += math.ceil(root / layout.dp) + (stop - start) * math.ceil(block / layout.dp)
+        total += math.ceil(root / layout.dp)
+        if layout.expert_folds == 1:
+            block = desc.stage_params(layout.tp, layers=(start, start + 1), first=False, last=False).elements
+            total += (stop - start) * math.ceil(block / layout.dp)
+        else:  # Note [experts as units] (fsdp.py): a MoE block's experts sharded over edp
+            total += sum(_zero3_block(desc, layout, i) for i in range(start, stop))
     return total
+
+
+def _zero3_block(desc, layout: Layout, index: int) -> int:
+    """One block's ZeRO-3 shard under ep·etp > 1: its dense unit over dp, its experts'
+    unit (1/(ep·etp) of them) over edp."""
+    whole = desc.stage_params(layout.tp, layers=(index, index + 1), first=False, last=False).elements
+    if not desc.blocks[index].experts:
+        return math.ceil(whole / layout.dp)
+    folds = layout.expert_folds
+    folded = desc.stage_params(layout.tp, layers=(index, index + 1), first=False, last=False, ep=folds).elements
+    mine = (whole - folded) // (folds - 1)  # this rank's 1/(ep·etp) of the block's experts
+    dense = folded - mine
+    return math.ceil(dense / layout.dp) + math.ceil(mine / expert_data_ranks(layout))
 
 
 def total_params(model: ModelSpec) -> int:
