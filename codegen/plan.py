@@ -299,6 +299,9 @@ class ModelPlan:
     expert_parallel: Setting | None = None
     """EP: the ranks that split each MoE block's experts (runtime/moe.py); None for a
     dense model (plan.json leaves it out)."""
+    expert_tensor_parallel: Setting | None = None
+    """ETP: the ranks that split each expert's ffn (Note [expert tensor parallelism]); None
+    unless the model has experts and etp > 1 (plan.json leaves it out)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -74,6 +74,8 @@ def plan_to_json(plan) -> str:
         data["train"].pop("compress", None)  # only a compressing layout has it
     if data["model"].get("expert_parallel", 0) is None:
         del data["model"]["expert_parallel"]  # only a model with experts has it
+    if data["model"].get("expert_tensor_parallel", 0) is None:
+        del data["model"]["expert_tensor_parallel"]  # only experts with etp > 1
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

@@ -440,7 +440,8 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
         replicate = ""
     optimizer_lines.append(
         f"optimizer = fsdp.FullyShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
-        f"{hyper}{pp_arg}{replicate}, accumulations={render_step.backward_passes(plan)}, prefetch=ZERO_PREFETCH)"
+        f"{hyper}{pp_arg}{replicate}, accumulations={render_step.backward_passes(plan)}, prefetch=ZERO_PREFETCH"
+        f"{render_moe.zero_args(plan)})"
     )
     step_lines = [
         f"# mean gradient over {over} (each block's reduce-scattered as backward finished it); the norm is global",

@@ -34,41 +34,66 @@ def expert_parallel(plan: Plan) -> int:
     return 1 if ep is None else ep.value
 
 
+def expert_tensor_parallel(plan: Plan) -> int:
+    """ETP: the ranks that split each expert's ffn (Note [expert tensor parallelism])."""
+    etp = plan.model.expert_tensor_parallel
+    return 1 if etp is None else etp.value
+
+
+def folds_experts(plan: Plan) -> bool:
+    """Whether expert layers refold the ranks (ep·etp > 1): their own groups and gradients."""
+    return expert_parallel(plan) * expert_tensor_parallel(plan) > 1
+
+
 def overlaps_experts(plan: Plan) -> bool:
     """Whether some MoE block's expert all-to-alls overlap its sub-batches (moe_overlap.py)."""
     return expert_parallel(plan) > 1 and any(k > 1 for k in plan.per_block("overlap"))
 
 
 def group_lines(plan: Plan) -> list[str]:
-    if expert_parallel(plan) == 1:
+    if not folds_experts(plan):
         return []
-    ep = plan.model.expert_parallel
-    return [
+    ep, etp = plan.model.expert_parallel, plan.model.expert_tensor_parallel
+    lines = [
         "# Note [parallel folding] (mesh.py): expert layers re-read the dp·tp ranks as",
         "# edp·ep·etp; tokens go to their experts' ranks over ep_group (all-to-all), and",
         "# the experts' gradients reduce over edp_group",
-        f"ep_group, edp_group = grid.expert_groups({ep.value!r})  # {cite(ep.span)}: expert-parallel ranks",
+    ]
+    if etp is None:
+        return lines + [
+            f"ep_group, edp_group, _ = grid.expert_groups({ep.value!r})  # {cite(ep.span)}: expert-parallel ranks"
+        ]
+    return lines + [
+        "# (Note [expert tensor parallelism], moe.py: etp_group splits each expert's ffn)",
+        f"ep_group, edp_group, etp_group = grid.expert_groups({ep.value!r}, {etp.value!r})"
+        f"  # {cite(ep.span)}, {cite(etp.span)}",
     ]
 
 
+def _groups(plan: Plan) -> str:
+    if not folds_experts(plan):
+        return ""
+    return "ep_group=ep_group" + (", etp_group=etp_group" if expert_tensor_parallel(plan) > 1 else "")
+
+
 def model_args(plan: Plan) -> list[str]:
-    return ["ep_group=ep_group,"] if expert_parallel(plan) > 1 else []
+    return [_groups(plan) + ","] if folds_experts(plan) else []
 
 
 def clip_arg(plan: Plan) -> str:
-    return ", ep_group=ep_group" if expert_parallel(plan) > 1 else ""
+    return ", " + _groups(plan) if folds_experts(plan) else ""
 
 
 def zero_args(plan: Plan) -> str:
     """ZeRO 1/2 keep the experts in a flat buffer of their own over edp (zero.py,
-    Note [experts under ZeRO])."""
-    if expert_parallel(plan) == 1:
+    Note [experts under ZeRO]); ZeRO-3 in units of their own (fsdp.py, Note [experts as units])."""
+    if not folds_experts(plan):
         return ""
-    return ", ep_group=ep_group, edp_group=edp_group, data_ranks=DP"
+    return f", {_groups(plan)}, edp_group=edp_group, data_ranks=DP"
 
 
 def after_backward_lines(plan: Plan) -> list[str]:
-    if expert_parallel(plan) == 1:
+    if not folds_experts(plan):
         return []
     return [
         "# each expert's grad holds its ep group's tokens: sum over edp, mean over dp\n"
@@ -90,10 +115,12 @@ def metric_lines(plan: Plan) -> list[str]:
     """After the step: aux_loss, z_loss and expert_tokens summed over every rank (every rank calls it)."""
     if not has_experts(plan):
         return []
+    # tp ranks route the same tokens, or under sp each its own shard (Note [MoE under sequence parallelism])
+    replicas = "1" if plan.sequence_parallel.enabled else "TP"
     return [
         "# the aux losses (mean over micro-batches and dp) and each expert's tokens, all ranks",
         "moe_metrics = moe.step_metrics(",
-        "    net, config, micro_batches=GRAD_ACCUM, stage_ranks=DP * TP, replicas=TP, device=dist.device",
+        f"    net, config, micro_batches=GRAD_ACCUM, stage_ranks=DP * TP, replicas={replicas}, device=dist.device",
         ")",
     ]
 

@@ -26,7 +26,8 @@ def spec_values(spec: Spec) -> dict:
     return {
         "name": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
         "kv_heads": m.kv_heads if kv_written else None,  # the default (= heads) adds nothing to check
-        "experts": m.experts, "top_k": m.top_k, "expert_ffn": m.expert_ffn, "ep": par.ep, "etp": par.etp,
+        "experts": m.experts, "top_k": m.top_k, "expert_ffn": m.expert_ffn,
+        "capacity_factor": m.capacity_factor, "ep": par.ep, "etp": par.etp,
         "ffn": m.ffn, "vocab": m.vocab, "pad_vocab_to": m.pad_vocab_to, "seq_len": m.seq_len, "dropout": m.dropout,
         "tie_embeddings": m.tie_embeddings,
         "nodes": mesh.nodes, "devices_per_node": mesh.devices_per_node,

@@ -155,7 +155,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         cp=1 if auto_all else _auto(parallel.get("cp", 1)),
         cp_kind="ring" if auto_all else parallel.get("cp_kind", "ring"),
         ep=1 if auto_all else _auto(parallel.get("ep", 1)),
-        etp=1 if auto_all else parallel.get("etp", 1),
+        etp=1 if auto_all else _auto(parallel.get("etp", 1)),
         sp=degree("sp", False),
         zero=degree("zero", 0),
         zero_prefetch=1 if auto_all else parallel.get("zero_prefetch", 1),
@@ -296,7 +296,7 @@ def spec_document(spec: Spec) -> dict:
     if parallel.ep != 1:  # expert parallel, likewise
         parallel_doc["ep"] = auto(parallel.ep)
     if parallel.etp != 1:
-        parallel_doc["etp"] = parallel.etp
+        parallel_doc["etp"] = auto(parallel.etp)
     if parallel.stage_layers is not None:
         parallel_doc["stage_layers"] = list(parallel.stage_layers)
     if parallel.tp_shape is not None:

@@ -293,7 +293,9 @@ PARALLEL = BlockDef(
         ),
         _int("ep", "expert-parallel degree: ranks that split each MoE layer's experts; auto lets the "
              "planner choose it (parallel = auto leaves it 1)", default="1", auto=True, whole_auto=False),
-        _int("etp", "expert tensor-parallel degree: ranks that split each expert's ffn", default="1"),
+        _int("etp", "expert tensor-parallel degree: ranks that split each expert's ffn; auto lets the "
+             "planner choose it among the divisors of tp (parallel = auto leaves it 1)", default="1", auto=True,
+             whole_auto=False),
         Param(
             name="cp_kind",
             type="enum",

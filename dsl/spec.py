@@ -148,7 +148,7 @@ class ParallelSpec:
     """How attention sees the whole sequence: ``ring``, ``ulysses`` or ``allgather``."""
     ep: int | None = 1
     """Expert-parallel ranks (MoE layers fold dp·cp·tp as edp·ep·etp; None: auto)."""
-    etp: int = 1
+    etp: int | None = 1
     """Expert tensor-parallel ranks."""
     sp: bool | None = False
     zero: int | None = 0
@@ -230,6 +230,7 @@ class ParallelSpec:
             self.pp,
             self.cp,
             self.ep,
+            self.etp,
             self.sp,
             self.zero,
             self.schedule,

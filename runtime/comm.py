@@ -306,6 +306,52 @@ class _GatherRows(torch.autograd.Function):
         return grad[ctx.start : ctx.start + ctx.rows].contiguous(), None
 
 
+def _gather_rows_known(x: torch.Tensor, group, rows: list[int]) -> torch.Tensor:
+    """Every rank's rows of ``x`` (rank i has ``rows[i]``), concatenated in rank order: one
+    all-to-all that sends this rank's rows to every rank (the adjoint of ``_sum_scatter_rows``)."""
+    size = group_size(group)
+    out = x.new_empty((sum(rows), *x.shape[1:]))
+    _issued()
+    with exposed():
+        dist.all_to_all_single(out, x.contiguous().repeat(size, *([1] * (x.dim() - 1))),
+                               output_split_sizes=list(rows), input_split_sizes=[x.shape[0]] * size, group=group)
+    return out
+
+
+def _sum_scatter_rows(x: torch.Tensor, group, rows: list[int]) -> torch.Tensor:
+    """``x`` holds every rank's ``rows[i]`` rows in rank order; each rank gets its own rows
+    summed over the group (in rank order): a reduce-scatter of variable row counts."""
+    size, mine = group_size(group), rows[group_rank(group)]
+    out = x.new_empty((size * mine, *x.shape[1:]))
+    _issued()
+    with exposed():
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=[mine] * size, input_split_sizes=list(rows),
+                               group=group)
+    return out.view(size, mine, *x.shape[1:]).sum(0)
+
+
+class _GatherRowsSummed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, rows):
+        ctx.group, ctx.rows = group, rows
+        return _gather_rows_known(x, group, rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _sum_scatter_rows(grad, ctx.group, ctx.rows), None, None
+
+
+class _ScatterRowsSummed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, rows):
+        ctx.group, ctx.rows = group, rows
+        return _sum_scatter_rows(x, group, rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_rows_known(grad, ctx.group, ctx.rows), None, None
+
+
 # ---- public wrappers --------------------------------------------------------------
 
 
@@ -355,6 +401,19 @@ def gather_rows_from_group(x, group):
     """Forward: every rank's rows of ``x`` (as many as each has), in rank order. Backward:
     this rank's rows of the gradient (moe.py: the tp ranks' shares of the routed tokens)."""
     return x if group_size(group) == 1 else _GatherRows.apply(x, group)
+
+
+def gather_rows_summed(x, group, rows):
+    """Forward: every rank's rows of ``x`` (``rows[i]`` on rank i), in rank order.
+    Backward: this rank's rows of the gradient summed over the group (moe.py, Note [expert
+    tensor parallelism]: each rank's gradient is a partial sum)."""
+    return x if group_size(group) == 1 else _GatherRowsSummed.apply(x, group, list(rows))
+
+
+def scatter_rows_summed(x, group, rows):
+    """Forward: this rank's ``rows[rank]`` of ``x`` (every rank's rows in rank order),
+    summed over the group. Backward: every rank's rows of the gradient, gathered."""
+    return x if group_size(group) == 1 else _ScatterRowsSummed.apply(x, group, list(rows))
 
 
 # ---- asynchronous launches (for overlap.py) ---------------------------------------

@@ -54,6 +54,7 @@ KEYS = {
     "experts": "model.experts",
     "top_k": "model.top_k",
     "expert_ffn": "model.expert_ffn",
+    "capacity_factor": "model.capacity_factor",
     "ep": "parallel.ep",
     "etp": "parallel.etp",
     "dropout": "model.dropout",
@@ -898,40 +899,49 @@ def build_grad_reduce(grad_reduce, zero):
 
 @rule("PAR0810", BUILD)
 def build_expert_parallel(ep, etp, cp=None):
-    """Expert parallelism folds dp·tp (cp = 1); expert tensor parallelism is a later slice."""
-    if etp > 1:
-        return _violation("PAR0810", ("parallel.etp",),
-                          f"expert tensor parallelism (etp = {etp}) is not supported yet by parc build",
-                          "write etp = 1 (each expert whole on its rank); a later version of parc generates it")
-    if ep == 1 or (cp or 1) == 1:
+    """Expert parallelism (ep, etp) folds dp·tp (cp = 1): expert layers over cp are a later slice."""
+    if ep * etp == 1 or (cp or 1) == 1:
         return None
-    return _violation("PAR0810", ("parallel.ep", "parallel.cp"),
-                      f"expert parallelism (ep = {ep}) with cp = {cp} is not supported yet by parc build",
-                      "write cp = 1 with ep > 1, or ep = 1")
+    what = " × ".join(f"{name} = {value}" for name, value in (("ep", ep), ("etp", etp)) if value > 1)
+    return _violation("PAR0810", ("parallel.ep" if ep > 1 else "parallel.etp", "parallel.cp"),
+                      f"expert parallelism ({what}) with cp = {cp} is not supported yet by parc build",
+                      "write cp = 1 with ep > 1 or etp > 1, or ep = etp = 1")
 
 
 @rule("PAR0813", BUILD)
-def build_expert_parallel_zero(ep, zero):
+def build_expert_parallel_zero(ep, zero, etp=1, zero_shard=None):
     """ZeRO 1/2 keep the experts in a flat buffer of their own over edp (zero.py, Note
-    [experts under ZeRO]); ZeRO-3's units (fsdp.py) shard every parameter over dp, and
-    experts differ between dp ranks."""
-    if ep == 1 or zero != 3:
+    [experts under ZeRO]), ZeRO-3 in units of their own over edp (fsdp.py, Note [experts
+    as units]); HSDP (``zero_shard = node``) would replicate those units over nodes, which
+    is not built."""
+    if ep * (etp or 1) == 1 or zero != 3 or zero_shard != "node":
         return None
-    return _violation("PAR0813", ("parallel.zero", "parallel.ep"),
-                      f"zero = {zero} with expert parallelism (ep = {ep}) is not supported yet by parc build",
-                      "write zero = 1 or 2 with ep > 1, or ep = 1; a later version of parc generates it")
+    return _violation("PAR0813", ("parallel.zero_shard", "parallel.ep"),
+                      f"zero_shard = node with expert parallelism (ep = {ep}, etp = {etp or 1}) "
+                      "is not supported yet by parc build",
+                      "write zero_shard = dp with ep > 1 (the experts' units shard over their edp ranks), or ep = 1")
 
 
 @rule("PAR0811", BUILD)
-def build_moe_sequence_split(experts, sp=None, cp=None):
-    """The router's load-balancing statistics are taken over a rank's tokens: with the
-    sequence split (sp, cp) they would need a reduction parc does not build yet."""
-    split = [w for w, on in (("sp = true", sp is True), (f"cp = {cp}", (cp or 1) > 1)) if on]
-    if experts == 0 or not split:
+def build_moe_context_parallel(experts, cp=None):
+    """Context parallelism splits each sequence over cp ranks, whose tokens are routed
+    apart: the aux losses (and the expert folding over cp) are not built for that yet."""
+    if experts == 0 or (cp or 1) == 1:
         return None
-    return _violation("PAR0811", ("parallel.sp" if sp is True else "parallel.cp", "model.experts"),
-                      f"a mixture-of-experts model with {_and(split)} is not supported yet by parc build",
-                      "write sp = false and cp = 1 with experts > 0; a later version of parc generates it")
+    return _violation("PAR0811", ("parallel.cp", "model.experts"),
+                      f"a mixture-of-experts model with cp = {cp} is not supported yet by parc build",
+                      "write cp = 1 with experts > 0 (sp = true splits the sequence over tp instead)")
+
+
+@rule("PAR0830", BUILD)
+def build_moe_sp_capacity(capacity_factor, sp):
+    """A capacity keeps each expert's best tokens of the micro-batch; under sp a rank routes
+    a sequence shard, and the drop ranking over the whole micro-batch is not built."""
+    if sp is not True:  # capacity_factor = none (dropless) is None: the rule does not run
+        return None
+    return _violation("PAR0830", ("model.capacity_factor", "parallel.sp"),
+                      f"capacity_factor = {capacity_factor} with sp = true is not supported yet by parc build",
+                      "write capacity_factor = none (dropless) with sp = true, or sp = false")
 
 
 @rule("PAR0812", BUILD)

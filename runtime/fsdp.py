@@ -29,6 +29,15 @@ backward (``recompute = full``'s rerun) finds its unit gathered and leaves it so
 Every use checks the unit is gathered, so a prefetch that a pipeline schedule does not
 consume is only wasted, never wrong.
 
+Note [experts as units]: under expert parallelism (ep·etp > 1) a MoE block's experts
+differ between the dp ranks, so they are a unit of their own (``layers.i.experts``),
+sharded over the ranks that hold the same experts (edp, mesh.py's Note [parallel
+folding]) and gathered and freed with the block's dense unit. Their gradients, already
+summed over the ep group's tokens by the combine's backward, are reduce-scattered over
+edp and divided by the dp ranks whose mean loss the step takes (as
+``moe.reduce_expert_grads``); the global norm adds their squares summed over edp, ep and
+etp. Not with ``zero_shard = node`` (no replicas of a shard over edp).
+
 Note [prefetch]: gathering a unit first waits its all-gather, then launches the
 asynchronous all-gathers of the next ``prefetch`` units in the order they will run
 (forward: the following blocks; backward: the preceding ones), so they travel while
@@ -53,7 +62,8 @@ import torch.nn as nn
 
 from .comm import exposed, group_rank, group_size, on_gradient
 from .fsdp_units import Unit, materialize_meta, node_groups  # noqa: F401  (node_groups: train.py's, under zero_shard = node)
-from .zero import adamw_, clip_global_norm_
+from .optim import clip_to_norm_
+from .zero import adamw_, clip_global_norm_, global_squares
 
 
 def _in_backward() -> bool:
@@ -64,8 +74,11 @@ def _in_backward() -> bool:
 class FullyShardedAdamW:
     def __init__(
         self, model, *, dp_group, tp_group, lr, betas, weight_decay, eps, pp_group=None,
-        replicate_group=None, accumulations=1, prefetch=1,
+        replicate_group=None, accumulations=1, prefetch=1, ep_group=None, edp_group=None, etp_group=None,
+        data_ranks=None,
     ):
+        """``ep_group``, ``edp_group``, ``etp_group``, ``data_ranks``: expert parallelism's
+        groups and the ranks the loss is a mean over (Note [experts as units])."""
         if int(accumulations) < 1 or int(prefetch) < 0:
             raise ValueError(f"accumulations must be >= 1 and prefetch >= 0, not {accumulations!r}, {prefetch!r}")
         self.dp_group, self.replicate_group = dp_group, replicate_group
@@ -75,6 +88,7 @@ class FullyShardedAdamW:
         self.eps, self.weight_decay = float(eps), float(weight_decay)
         self.param_groups = [{"lr": float(lr)}]
         self.data_parallel = group_size(dp_group) * group_size(replicate_group)  # the mean's divisor
+        self.expert_groups = tuple(g for g in (edp_group, ep_group, etp_group) if group_size(g) > 1)
         chunks = list(model) if isinstance(model, nn.ModuleList) else [model]
         # Note [counter-based init]: a model built on the meta device gets its values here,
         # each rank generating only its slices
@@ -85,20 +99,30 @@ class FullyShardedAdamW:
             root = [p for p in chunk.parameters() if id(p) not in in_blocks and p.requires_grad]
             if root:
                 plan.append((f"chunk{index}.root", root))
-            plan += [(f"layers.{key}", [p for p in block.parameters() if p.requires_grad])
-                     for key, block in chunk.layers.items()]
-        size = group_size(dp_group)
-        total = sum(-(-sum(p.numel() for p in params) // size) for _, params in plan)
+            for key, block in chunk.layers.items():
+                params = [p for p in block.parameters() if p.requires_grad]
+                experts = [p for p in params if getattr(p, "expert_parallel", False)]
+                plan.append((f"layers.{key}", [p for p in params if not getattr(p, "expert_parallel", False)]))
+                if experts:  # Note [experts as units]
+                    if data_ranks is None or group_size(replicate_group) > 1:
+                        raise ValueError("expert-parallel parameters under ZeRO-3 need data_ranks and "
+                                         "no replicate group (zero_shard = node)")
+                    plan.append((f"layers.{key}.experts", experts))
+        group_of = {name: edp_group if name.endswith(".experts") else dp_group for name, _ in plan}
+        total = sum(-(-sum(p.numel() for p in params) // group_size(group_of[name])) for name, params in plan)
         device = getattr(chunks[0], "init_device", None) or plan[0][1][0].device
         self.flat = torch.zeros(total, dtype=torch.float32, device=device)  # this rank's shards
         self.units, offset = [], 0
         for name, params in plan:
-            self.units.append(Unit(name, params, shard_group=dp_group, offset=offset, flat=self.flat, init=init))
+            self.units.append(Unit(name, params, shard_group=group_of[name], offset=offset, flat=self.flat,
+                                   init=init))
+            self.units[-1].divisor = int(data_ranks) if name.endswith(".experts") else self.data_parallel
             offset += self.units[-1].shard_numel
-        self.decay, self.tp_mask, self.counted = (self._mask(rule) for rule in (
+        self.decay, self.tp_mask, self.counted, self.expert_mask = (self._mask(rule) for rule in (
             lambda p: p.dim() >= 2,
             lambda p: bool(getattr(p, "tensor_parallel", False)),
             lambda p: not getattr(p, "pipeline_duplicate", False),
+            lambda p: bool(getattr(p, "expert_parallel", False)),
         ))
         self.state = {
             "step": 0,
@@ -127,48 +151,55 @@ class FullyShardedAdamW:
     # ---- Note [when a unit is gathered] ---------------------------------------------
 
     def _hook(self, chunks) -> None:
+        """Each block's units (one, or its dense part and its experts: Note [experts as
+        units]) are gathered and freed together by its hooks; each frees itself, and
+        reduces its gradients, once its own parameters have accumulated."""
         by_name = {unit.name: unit for unit in self.units}
         for index, chunk in enumerate(chunks):
-            blocks = [by_name[f"layers.{key}"] for key in chunk.layers]
+            blocks = [[by_name[name] for name in (f"layers.{key}", f"layers.{key}.experts") if name in by_name]
+                      for key in chunk.layers]
             root = by_name.get(f"chunk{index}.root")
-            for position, (block, unit) in enumerate(zip(chunk.layers.values(), blocks)):
+            for position, (block, units) in enumerate(zip(chunk.layers.values(), blocks)):
                 after, before = blocks[position + 1 :], blocks[:position][::-1]
-                block.register_forward_pre_hook(self._pre_forward(unit, after))
-                block.register_forward_hook(self._post_forward(unit, before, keep=False))
+                block.register_forward_pre_hook(self._pre_forward(units, after))
+                block.register_forward_hook(self._post_forward(units, before, keep=False))
             if root is not None:
-                chunk.register_forward_pre_hook(self._pre_forward(root, blocks))
-                chunk.register_forward_hook(self._post_forward(root, blocks[::-1], keep=False))
-            for unit in blocks + ([root] if root is not None else []):
+                chunk.register_forward_pre_hook(self._pre_forward([root], blocks))
+                chunk.register_forward_hook(self._post_forward([root], blocks[::-1], keep=False))
+            for unit in [u for units in blocks for u in units] + ([root] if root is not None else []):
                 for p in unit.params:
                     on_gradient(p, self._accumulated, self.units.index(unit))
 
-    def _use(self, unit: Unit, upcoming: list) -> None:
-        """Gather ``unit`` (waiting its all-gather) and launch the next ones' (Note [prefetch])."""
-        unit.wait()
+    def _use(self, units: list, upcoming: list) -> None:
+        """Gather ``units`` (waiting their all-gathers) and launch the next blocks' (Note [prefetch])."""
+        for unit in units:
+            unit.wait()
         for following in upcoming[: self.prefetch]:
-            following.launch()
+            for unit in following:
+                unit.launch()
         self._peak = max(self._peak, self.gathered_param_bytes())
 
-    def _pre_forward(self, unit, after):
+    def _pre_forward(self, units, after):
         def hook(module, args):
-            self._use(unit, [] if _in_backward() else after)
+            self._use(units, [] if _in_backward() else after)
         return hook
 
-    def _post_forward(self, unit, before, keep):
+    def _post_forward(self, units, before, keep):
         def hook(module, args, output):
             if _in_backward():  # a recompute inside backward: the unit stays gathered
                 return None
-            unit.free()
+            for unit in units:
+                unit.free()
             outputs = output if isinstance(output, tuple) else (output,)
             for tensor in outputs:
                 if torch.is_tensor(tensor) and tensor.requires_grad:
-                    tensor.register_hook(self._pre_backward(unit, before))
+                    tensor.register_hook(self._pre_backward(units, before))
             return None
         return hook
 
-    def _pre_backward(self, unit, before):
+    def _pre_backward(self, units, before):
         def hook(grad):
-            self._use(unit, before)
+            self._use(units, before)
             return grad
         return hook
 
@@ -219,7 +250,7 @@ class FullyShardedAdamW:
                 work.wait()
             if group_size(self.replicate_group) > 1:  # HSDP: the other nodes' copies
                 dist.all_reduce(mine, group=self.replicate_group)
-        mine.div_(self.data_parallel)
+        mine.div_(unit.divisor)  # dp (× replicas); experts: the dp ranks whose mean loss it is
         self.grad[unit.offset : unit.offset + unit.shard_numel].copy_(mine)
 
     @torch.no_grad()
@@ -235,10 +266,25 @@ class FullyShardedAdamW:
             unit.pending, unit.passes = len(unit.params), 0
         self._reduced = set()
         self.gathered_peak_bytes, self._peak = self._peak, 0
-        return clip_global_norm_(
-            self.grad, counted=self.counted, tp_mask=self.tp_mask, max_norm=max_norm,
-            tp_group=self.tp_group, dp_group=self.dp_group, pp_group=self.pp_group, grad_scale=grad_scale,
-        )
+        if not bool(self.expert_mask.any()):
+            return clip_global_norm_(
+                self.grad, counted=self.counted, tp_mask=self.tp_mask, max_norm=max_norm,
+                tp_group=self.tp_group, dp_group=self.dp_group, pp_group=self.pp_group, grad_scale=grad_scale,
+            )
+        # Note [experts as units]: the dense shards' squares over tp and dp, the experts'
+        # over edp (their shards), ep and etp (each rank's experts, its slices of them)
+        if grad_scale != 1.0:
+            self.grad.mul_(1.0 / grad_scale)
+        total_sq = global_squares(self.grad, counted=self.counted & ~self.expert_mask, tp_mask=self.tp_mask,
+                                  tp_group=self.tp_group, dp_group=self.dp_group)
+        expert_sq = self.grad[self.expert_mask].pow(2).sum()
+        with exposed():
+            for group in self.expert_groups:
+                dist.all_reduce(expert_sq, group=group)
+            total_sq = total_sq + expert_sq
+            if group_size(self.pp_group) > 1:
+                dist.all_reduce(total_sq, group=self.pp_group)  # every stage's squares
+        return clip_to_norm_([self.grad], float(total_sq.sqrt()), max_norm)
 
     @torch.no_grad()
     def step(self) -> None:

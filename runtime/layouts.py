@@ -22,7 +22,8 @@ options each one passes alone is legal. The context-parallel degree ``cp`` is se
 among the divisors of the world when the spec writes ``cp = auto`` (its kind is the
 spec's, ``ring`` by default); otherwise it is the spec's (1 unless given). dp fills what
 tp·pp·cp leave. The expert-parallel degree ``ep`` (``ep = auto``) is searched among the
-divisors of the experts, once dp and tp are known (the rules keep those dividing dp·tp).
+divisors of the experts, once dp and tp are known (the rules keep those dividing dp·tp),
+and the expert-tensor-parallel degree ``etp`` (``etp = auto``) among the divisors of tp.
 """
 
 from __future__ import annotations
@@ -82,9 +83,11 @@ def _with_cp(values: dict, world: int, fixed_schedule) -> Iterator[dict]:
                 continue
             experts = values.get("experts") or 0
             for ep in _allowed(values.get("ep", 1), divisors(experts) if experts else [1]):
-                folded = {**degrees, "ep": ep}
-                if legal(folded, touching=("ep",)):
-                    yield from _batches(folded, fixed_schedule)
+                # etp within a tp group (one node), as Megatron-Core keeps it
+                for etp in _allowed(values.get("etp", 1), divisors(tp) if experts else [1]):
+                    folded = {**degrees, "ep": ep, "etp": etp}
+                    if legal(folded, touching=("ep", "etp")):
+                        yield from _batches(folded, fixed_schedule)
 
 
 def _batches(degrees: dict, fixed_schedule) -> Iterator[dict]:
@@ -133,7 +136,7 @@ def _tp_shapes(values: dict) -> list:
             if legal({**values, "tp_shape": shape}, touching=("tp_shape",))]
 
 
-SEARCHED = ("dp", "cp", "tp", "pp", "ep", "micro_batch", "schedule", *LEAF_NAMES)
+SEARCHED = ("dp", "cp", "tp", "pp", "ep", "etp", "micro_batch", "schedule", *LEAF_NAMES)
 """The values ``layouts`` fills in when they are ``auto``."""
 
 def no_layout(values: Mapping[str, object]) -> Violation | None:

@@ -135,15 +135,19 @@ class Mesh:
         """Note [parallel folding]: expert layers re-read the dp·cp·tp ranks of a pipeline
         stage (in rank order, j) as edp·ep·etp, etp innermost: the ep group holds the ranks
         with the same j // (ep·etp) and j % etp, the edp group those with the same
-        (j // etp) % ep and j % etp. Returns (ep_group, edp_group), None for a group of one.
-        Every rank calls it, in the same order (new_group is collective)."""
+        (j // etp) % ep and j % etp, the etp group those with the same j // etp (so with
+        etp ≤ tp it lies inside a tp group, on one node). Returns (ep_group, edp_group,
+        etp_group), None for a group of one. Every rank calls it, in the same order
+        (new_group is collective)."""
         folds = tuple(name for name, _ in self.axes if name in ("dp", "cp", "tp"))
         stages = sorted({tuple(axis_ranks(r, self.axes, *folds)) for r in range(dist.get_world_size())})
         folded = len(stages[0])
         if folded % (ep * etp):
             raise ValueError(f"ep·etp = {ep}·{etp} does not divide the {folded} dp·cp·tp ranks of a stage")
         mine = {}
-        for kind, key in (("ep", lambda j: (j // (ep * etp), j % etp)), ("edp", lambda j: ((j // etp) % ep, j % etp))):
+        keys = (("ep", lambda j: (j // (ep * etp), j % etp)), ("edp", lambda j: ((j // etp) % ep, j % etp)),
+                ("etp", lambda j: j // etp))
+        for kind, key in keys:
             for stage in stages:
                 by_key = {}
                 for j, rank in enumerate(stage):
@@ -152,7 +156,7 @@ class Mesh:
                     group = dist.new_group(ranks) if len(ranks) > 1 else None
                     if self.rank in ranks:
                         mine[kind] = group
-        return mine["ep"], mine["edp"]
+        return mine["ep"], mine["edp"], mine["etp"]
 
     def tp_grid(self, tp_shape):
         """Note [2D tensor parallelism] (layers2d.py): this rank's place on the R × C grid of

@@ -278,7 +278,7 @@ class Region:
 
 
 class Block(nn.Module):
-    def __init__(self, config, index, build, sp, recompute="none", sub_batches=1, ep_group=None):
+    def __init__(self, config, index, build, sp, recompute="none", sub_batches=1, ep_group=None, etp_group=None):
         super().__init__()
         prefix, rms = f"layers.{index}", config.arch == "llama"
         self.attn_norm = build.norm(config.hidden, rms=rms, eps=config.norm_eps)
@@ -288,7 +288,7 @@ class Block(nn.Module):
         if self.moe:  # Note [deterministic dropless routing]
             from .moe import MoEMLP  # only a build with experts ships moe.py
 
-            self.mlp = MoEMLP(config, f"{prefix}.mlp", build, MLP, ep_group=ep_group)
+            self.mlp = MoEMLP(config, f"{prefix}.mlp", build, MLP, ep_group=ep_group, etp_group=etp_group)
             self.mlp.splits = sub_batches  # the expert all-to-alls overlap per sub-batch
         else:
             self.mlp = MLP(config, f"{prefix}.mlp", build)
@@ -331,7 +331,7 @@ class Transformer(nn.Module):
 
     def __init__(
         self, config, *, tp_group, sequence_parallel, tp_plan, recompute="none",
-        layers=None, first=True, last=True, sub_batches=1, cp_group=None, cp_kind=None, ep_group=None,
+        layers=None, first=True, last=True, sub_batches=1, cp_group=None, cp_kind=None, ep_group=None, etp_group=None,
         layouts=None, tp_grid=None,
     ):
         super().__init__()
@@ -401,7 +401,8 @@ class Transformer(nn.Module):
                 self.pos_embed = nn.Embedding(config.seq_len, C)
                 self.pos_embed.weight.sequence_parallel = self.sp
         self.layers = nn.ModuleDict({
-            str(i): Block(config, i, builders[self.block_tp[i]], self.sp, recompute[i], int(sub_batches[i]), ep_group)
+            str(i): Block(config, i, builders[self.block_tp[i]], self.sp, recompute[i], int(sub_batches[i]), ep_group,
+                etp_group)
             for i in range(start, stop)
         })
         for block in self.layers.values():
@@ -429,7 +430,7 @@ class Transformer(nn.Module):
                     self.head.tp_group = self.head_group  # where its shard starts (checkpoint_shards.py)
         if self.first and not self.last and config.tie_embeddings:
             self.embed.weight.tied_across_stages = True  # its grad is summed with the head copy's
-        self.ep_group = ep_group  # moe.py's expert-parallel ranks (Note [expert dispatch])
+        self.ep_group, self.etp_group = ep_group, etp_group  # moe.py's expert-parallel ranks (Note [expert dispatch])
         if layouts is not None:
             self._tag_layouts()
         check_parameter_count(self, sharded=plan.styles, layers=(start, stop))
@@ -555,7 +556,7 @@ def check_parameter_count(model: Transformer, *, sharded, layers) -> None:
     """Raise unless this stage holds exactly the parameters model_desc.py describes for it
     (``sharded``: the modules split over tp), so the model and its description cannot drift."""
     tp = group_size(model.tp_group)
-    desc, ep = describe(model.config), group_size(model.ep_group)
+    desc, ep = describe(model.config), group_size(model.ep_group) * group_size(model.etp_group)
     if model.tp_grid is not None:  # Note [2D tensor parallelism]: each value counted once over the grid
         expected = desc.stage_params(1, layers=layers, first=model.first, last=model.last, sharded={}, ep=ep)
         params = list(model.parameters())
@@ -612,7 +613,7 @@ def use_kernels(model: nn.Module, kernels: str, device) -> nn.Module:
 
 def build_model(
     config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none", sub_batches=1,
-    kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None, materialize=True, tp_grid=None,
+    kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, etp_group=None, layouts=None, materialize=True, tp_grid=None,
 ):
     """The model for this rank: built from the plan, initialized per Note [counter-based init].
 
@@ -631,7 +632,7 @@ def build_model(
     with contextlib.nullcontext() if materialize else torch.device("meta"):
         model = Transformer(
             config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
-            recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
+            recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group, etp_group=etp_group,
             layouts=layouts, tp_grid=tp_grid,
         )
     return _initialized(model, seed, device, kernels, materialize)
@@ -655,7 +656,7 @@ def _initialized(model, seed, device, kernels, materialize):
 
 def build_stages(
     config, *, stages, pp_rank, pp_size, tp_group, sequence_parallel, tp_plan, seed, device,
-    recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None,
+    recompute="none", sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, etp_group=None, layouts=None,
     placement="interleaved", materialize=True, tp_grid=None,
 ):
     """This pipeline rank's model chunks, one ``Transformer`` stage per chunk.
@@ -686,7 +687,7 @@ def build_stages(
         stage = build_stage(config, stages=stages, index=v, tp_group=tp_group, sequence_parallel=sequence_parallel,
                             tp_plan=tp_plan, seed=seed, device=device, recompute=recompute,
                             sub_batches=sub_batches, kernels=kernels, cp_group=cp_group, cp_kind=cp_kind,
-                            ep_group=ep_group, layouts=layouts, materialize=materialize, tp_grid=tp_grid)
+                            ep_group=ep_group, etp_group=etp_group, layouts=layouts, materialize=materialize, tp_grid=tp_grid)
         stage.stage_index = v
         if placement == "chimera":  # Note [chimera's replicas]
             for param in stage.parameters():
@@ -698,13 +699,13 @@ def build_stages(
 
 
 def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute,
-                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None,
+                sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, etp_group=None, layouts=None,
                 materialize=True, tp_grid=None):
     with contextlib.nullcontext() if materialize else torch.device("meta"):
         model = Transformer(
             config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
             recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,
-            sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
+            sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group, etp_group=etp_group,
             layouts=layouts, tp_grid=tp_grid,
         )
     return _initialized(model, seed, device, kernels, materialize)

@@ -268,9 +268,10 @@ class ModelDesc:
         """Parameters of one tp rank of a pipeline stage holding blocks ``layers = (start,
         stop)`` (all by default), the embedding when ``first``, the final norm and head
         when ``last``. ``sharded``: the module names tp splits, when not parc's table;
-        ``ep``: the expert-parallel ranks that split each MoE block's experts."""
+        ``ep``: the ranks that split each MoE block's experts (ep·etp: an expert-parallel rank
+        holds experts / ep of them, an expert-tensor-parallel rank 1 / etp of each)."""
         start, stop = (0, len(self.blocks)) if layers is None else layers
-        if ep > 1:  # each expert-parallel rank holds experts / ep of every MoE block's experts
+        if ep > 1:  # each rank holds 1 / (ep·etp) of every MoE block's expert weights
             whole = self.stage_params(tp, layers=(start, stop), first=first, last=last, sharded=sharded)
             grouped = sum(m.numel() for b in self.blocks[start:stop] for m in b.modules if m.layer == GROUPED)
             return ParamCount(elements=whole.elements - grouped + grouped // ep, tensors=whole.tensors)
@@ -307,12 +308,13 @@ class ModelDesc:
 
     def block_saved_elements(
         self, index: int, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True,
-        ep: int = 1, imbalance: float = 1.0,
+        ep: int = 1, imbalance: float = 1.0, etp: int = 1,
     ) -> float:
         """Elements saved per token by block ``index`` (saved_elements.py, Note [what parc's
         trainer saves]); ``ep``, ``imbalance``: a MoE block's expert parallelism and routing."""
         return block_saved_elements(self.config, self.blocks[index], tp=tp, sp=sp, recompute=recompute,
-                                    micro_batch=micro_batch, compiled=compiled, ep=ep, imbalance=imbalance)
+                                    micro_batch=micro_batch, compiled=compiled, ep=ep, imbalance=imbalance,
+                                    etp=etp)
 
     def head_saved_elements(self, *, tp: int, sp: bool, compiled: bool = True) -> float:
         """Elements saved per token by the final norm, the head and the loss (last stage)."""
@@ -366,10 +368,12 @@ def _block(config: ModelConfig, index: int) -> BlockDesc:
                      head_dim=D, ffn=F)
 
 
-def _replicated(name, kind, out_features, in_features, bias):
-    params = [ParamDesc(name="weight", shape=(out_features, in_features))]
+def _replicated(name, kind, out_features, in_features, bias, *, sp=False):
+    """``sp``: under sequence parallelism it sees a sequence shard (moe.py: the router and
+    the shared experts), so its gradients are partial until summed over tp."""
+    params = [ParamDesc(name="weight", shape=(out_features, in_features), sequence_parallel=sp)]
     if bias:
-        params.append(ParamDesc(name="bias", shape=(out_features,)))
+        params.append(ParamDesc(name="bias", shape=(out_features,), sequence_parallel=sp))
     return ModuleDesc(name=name, kind=kind, layer=LINEAR, style=None, params=tuple(params))
 
 
@@ -381,7 +385,7 @@ def _moe_modules(config: ModelConfig, prefix: str) -> list[ModuleDesc]:
     llama = config.arch == "llama"
     names = (("gate_proj", (E, F, C)),) if llama else ()
     names += (("up_proj", (E, F, C)), ("down_proj", (E, C, F)))
-    modules = [_replicated(prefix + "mlp.router", "mlp.router", E, C, False)]
+    modules = [_replicated(prefix + "mlp.router", "mlp.router", E, C, False, sp=True)]
     modules += [
         ModuleDesc(name=f"{prefix}mlp.experts.{n}", kind=f"mlp.experts.{n}", layer=GROUPED, style=None,
                    params=(ParamDesc(name="weight", shape=shape),))
@@ -391,7 +395,7 @@ def _moe_modules(config: ModelConfig, prefix: str) -> list[ModuleDesc]:
         S = config.shared_experts * F
         shared = (("gate_proj", S, C),) if llama else ()
         shared += (("up_proj", S, C), ("down_proj", C, S))
-        modules += [_replicated(f"{prefix}mlp.shared_experts.{n}", f"mlp.shared_experts.{n}", o, i, not llama)
+        modules += [_replicated(f"{prefix}mlp.shared_experts.{n}", f"mlp.shared_experts.{n}", o, i, not llama, sp=True)
                     for n, o, i in shared]
     return modules
 

@@ -37,27 +37,39 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .comm import all_to_all_rows, copy_to_group, exposed, gather_rows_from_group, group_rank, group_size
+from .comm import (
+    _issued, all_to_all_rows, copy_to_group, exposed, gather_rows_from_group, gather_rows_summed, group_rank,
+    group_size, reduce_from_group, scatter_rows_summed,
+)
 from .zero import mean_of_group
 
 
 class GroupedLinear(nn.Module):
     """E experts' linear layers as one (E, out, in) weight, no bias; under expert
-    parallelism this rank's E/ep of them, experts ``first`` .. ``first + E/ep − 1``."""
+    parallelism this rank's E/ep of them, experts ``first`` .. ``first + E/ep − 1``; under
+    expert tensor parallelism (etp > 1) this rank's 1/etp of each along ``split`` (1:
+    ``out``, column-parallel gate/up; 2: ``in``, row-parallel down: Note [expert tensor
+    parallelism])."""
 
-    def __init__(self, experts: int, in_features: int, out_features: int, *, ep_size: int = 1, ep_rank: int = 0):
+    def __init__(self, experts: int, in_features: int, out_features: int, *, ep_size: int = 1, ep_rank: int = 0,
+                 etp_size: int = 1, etp_rank: int = 0, split: int = 1):
         super().__init__()
         local = experts // ep_size
         self.first = ep_rank * local
-        self.weight = nn.Parameter(torch.empty(local, out_features, in_features))
+        shape, offsets = [local, out_features, in_features], [self.first, 0, 0]
+        shape[split] //= etp_size
+        offsets[split] = etp_rank * shape[split]
+        self.weight = nn.Parameter(torch.empty(*shape))
         self.full_shape = (experts, out_features, in_features)  # param_init fills this rank's experts only
-        self.weight.expert_parallel = ep_size > 1  # its gradient reduces over edp (reduce_expert_grads)
-        self.shard_offsets = (self.first, 0, 0)  # where this rank's experts sit in the whole (checkpoints)
+        # its gradient reduces over edp, not dp (reduce_expert_grads)
+        self.weight.expert_parallel = ep_size * etp_size > 1
+        self.shard_offsets = tuple(offsets)  # where this rank's box sits in the whole (checkpoints)
 
     @torch.no_grad()
     def load_full_(self, weight, bias=None):
-        """Keep this rank's experts of the whole (E, out, in) ``weight`` (tests; initialization fills only this rank's experts: Note [counter-based init])."""
-        self.weight.copy_(weight[self.first : self.first + self.weight.shape[0]])
+        """Keep this rank's box of the whole (E, out, in) ``weight`` (tests; initialization fills only this rank's experts: Note [counter-based init])."""
+        box = tuple(slice(o, o + n) for o, n in zip(self.shard_offsets, self.weight.shape))
+        self.weight.copy_(weight[box])
 
     fused = None  # the compiled ops (kernels.select, set by model.use_kernels); None: eager
     uses_kernels = True
@@ -141,26 +153,32 @@ class ExchangePlan:
 class MoEMLP(nn.Module):
     """Router → top_k experts (grouped) → weighted sum, plus the shared experts; (B, T, C) → (B, T, C)."""
 
-    def __init__(self, config, prefix, build, dense_mlp, ep_group=None):
+    def __init__(self, config, prefix, build, dense_mlp, ep_group=None, etp_group=None):
         super().__init__()
         C, E, F_e = config.hidden, config.experts, config.expert_hidden
         self.ep_group, ep_size, ep_rank = ep_group, group_size(ep_group), group_rank(ep_group)
-        # Note [expert dispatch under tp]: with ep > 1 the tp ranks (same tokens) each send a share
-        self.tp_group = build.group if ep_size > 1 else None
-        grouped = dict(ep_size=ep_size, ep_rank=ep_rank)
+        self.etp_group = etp_group  # Note [expert tensor parallelism]
+        # Note [MoE under sequence parallelism]: the tp ranks hold different tokens
+        self.seq_group = build.group if build.sp else None
+        # Note [expert dispatch under tp]: with ep·etp > 1 the tp ranks (same tokens) each send a share
+        self.tp_group = build.group if ep_size * group_size(etp_group) > 1 and not build.sp else None
+        grouped = dict(ep_size=ep_size, ep_rank=ep_rank, etp_size=group_size(etp_group), etp_rank=group_rank(etp_group))
         self.llama, self.experts_count = config.arch == "llama", E
         self.top_k, self.router_kind, self.capacity = config.top_k, config.router, config.capacity_factor
         self.aux_coeff, self.z_coeff = config.aux_loss, config.z_loss
         self.router = build.linear(f"{prefix}.router", C, E, False)
         self.experts = nn.Module()
         if self.llama:
-            self.experts.gate_proj = GroupedLinear(E, C, F_e, **grouped)
-        self.experts.up_proj = GroupedLinear(E, C, F_e, **grouped)
-        self.experts.down_proj = GroupedLinear(E, F_e, C, **grouped)
+            self.experts.gate_proj = GroupedLinear(E, C, F_e, split=1, **grouped)
+        self.experts.up_proj = GroupedLinear(E, C, F_e, split=1, **grouped)
+        self.experts.down_proj = GroupedLinear(E, F_e, C, split=2, **grouped)
         self.shared_experts = None
         if config.shared_experts:
             self.shared_experts = dense_mlp(config, f"{prefix}.shared_experts", build,
                                             ffn=config.shared_experts * F_e)
+        if build.sp:  # replicated over tp but seeing a sequence shard: grads summed over tp
+            for p in self.parameters():  # the router, shared experts, experts unless split (then: edp)
+                p.sequence_parallel = not getattr(p, "expert_parallel", False)
         self.loss_scale = 1.0  # 1 / micro-batches of a step (set_loss_scale)
         self.splits = 1  # overlap of k sub-batches under ep > 1: Note [expert all-to-all overlap]
         self.reset_metrics()
@@ -215,7 +233,7 @@ class MoEMLP(nn.Module):
             y, order = gather_rows_from_group(y, self.tp_group), torch.cat(order_of)
         out = self.combine(y, slot_token[order], slot_weight[order], tokens)
         if self.shared_experts is not None:
-            out = out + self.shared_experts(tokens)
+            out = out + self.shared_experts(x).reshape(out.shape)  # (B, T, C): under sp it gathers T
         out = out.view(shape)
         aux = self.aux_losses(logits, probs, experts)
         self.record(aux, every)
@@ -251,11 +269,35 @@ class MoEMLP(nn.Module):
         rank then local expert, are regrouped by local expert for the grouped op, and go
         back the same way (combine). Both all-to-alls are paired autograd functions."""
         if group_size(self.ep_group) == 1:
-            return self.run_experts(x, counts)
+            return self.run_local(x, counts)
         plan = self.exchange_plan(counts)
         arrived = all_to_all_rows(x, self.ep_group, plan.send, plan.receive)  # dispatch: by source, then expert
-        y = self.run_experts(arrived[plan.regroup], plan.local_counts)
+        y = self.run_local(arrived[plan.regroup], plan.local_counts)
         return all_to_all_rows(y[plan.back], self.ep_group, plan.receive, plan.send)  # combine
+
+    def run_local(self, x, counts):
+        """Rows sorted by local expert (``counts[e]`` for local expert e) → their outputs.
+
+        Note [expert tensor parallelism]: under etp > 1 (Megatron-Core's expert tensor
+        parallel) each rank of the etp group holds 1/etp of each of its experts' FFN
+        (gate/up split along their output, down along its input). The group's ranks
+        gather each other's rows (all-gather of variable row counts), regroup them by
+        local expert, run their slices, and reduce-scatter the partial outputs back to
+        the ranks the rows came from (summed over etp, as a row-parallel projection's
+        outputs are). Backward swaps the two: the input gradient is summed over etp
+        and scattered, the output gradient gathered."""
+        if group_size(self.etp_group) == 1:
+            return self.run_experts(x, counts)
+        every = [torch.empty_like(counts) for _ in range(group_size(self.etp_group))]
+        _issued()
+        with exposed():
+            dist.all_gather(every, counts.contiguous(), group=self.etp_group)
+        sizes = torch.stack(every)  # (etp rank, local expert)
+        rows = sizes.sum(1).tolist()
+        regroup, back = expert_major(sizes)
+        gathered = gather_rows_summed(x, self.etp_group, rows)  # by etp rank, then local expert
+        partial = self.run_experts(gathered[regroup.to(x.device)], sizes.sum(0))
+        return scatter_rows_summed(partial[back.to(x.device)], self.etp_group, rows)
 
     def tp_shares(self, order, tokens_of, N):
         """Note [expert dispatch under tp]: tp ranks hold the same tokens; under ep > 1 rank r
@@ -288,23 +330,35 @@ class MoEMLP(nn.Module):
         got = torch.empty_like(sent)  # (source rank, my local expert)
         with exposed():
             dist.all_to_all_single(got, sent.contiguous(), group=self.ep_group)
-        starts = (torch.cumsum(got.reshape(-1), 0) - got.reshape(-1)).view(ep, local).tolist()
-        sizes = got.tolist()
-        regroup = torch.cat([torch.arange(starts[i][e], starts[i][e] + sizes[i][e])
-                             for e in range(local) for i in range(ep)]).to(counts.device)
-        back = torch.empty_like(regroup)
-        back[regroup] = torch.arange(regroup.numel(), device=counts.device)
-        return ExchangePlan(send=sent.sum(1).tolist(), receive=got.sum(1).tolist(), regroup=regroup, back=back,
-                            local_counts=got.sum(0))
+        regroup, back = expert_major(got)
+        return ExchangePlan(send=sent.sum(1).tolist(), receive=got.sum(1).tolist(), regroup=regroup.to(counts.device),
+                            back=back.to(counts.device), local_counts=got.sum(0))
 
     def aux_losses(self, logits, probs, experts):
-        """(load-balancing loss, z-loss), each times its coefficient; None when both are off."""
+        """(load-balancing loss, z-loss), each times its coefficient; None when both are off.
+
+        Note [MoE under sequence parallelism]: under sp a tp rank routes only its sequence
+        shard of the micro-batch, but the aux losses are the whole micro-batch's, as one
+        rank takes them: the routed counts and token count are summed over tp, the
+        probabilities' and squared log-sum-exps' sums too (forward all-reduce, backward
+        identity: each rank's tokens get their share of the gradient, and every tp rank
+        holds the same loss, which ``step_metrics`` averages)."""
         if self.aux_coeff == 0 and self.z_coeff == 0:
             return None
         N, E = probs.shape
         routed = torch.bincount(experts.reshape(-1), minlength=E).to(probs.dtype)  # before any drop
-        balance = self.aux_coeff * E * torch.sum(routed / (N * self.top_k) * probs.mean(0))
-        z = self.z_coeff * torch.logsumexp(logits.float(), -1).square().mean()
+        if self.seq_group is None:
+            balance = self.aux_coeff * E * torch.sum(routed / (N * self.top_k) * probs.mean(0))
+            z = self.z_coeff * torch.logsumexp(logits.float(), -1).square().mean()
+            return balance, z
+        counted = torch.cat([routed, routed.new_tensor([N])]).detach()
+        with exposed():
+            dist.all_reduce(counted, group=self.seq_group)
+        routed, total = counted[:E], counted[E]
+        sums = reduce_from_group(torch.cat([probs.sum(0), torch.logsumexp(logits.float(), -1).square().sum()[None]]),
+                                 self.seq_group)
+        balance = self.aux_coeff * E * torch.sum(routed / (total * self.top_k) * (sums[:E] / total))
+        z = self.z_coeff * sums[E] / total
         return balance, z
 
     def record(self, aux, counts):
@@ -316,6 +370,20 @@ class MoEMLP(nn.Module):
         if aux is not None:
             self.aux_sum += float(aux[0].detach())
             self.z_sum += float(aux[1].detach())
+
+
+def expert_major(sizes) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows that arrive by source then expert (``sizes[i][e]`` from source i for expert e)
+    → the permutation that orders them by expert then source, and its inverse."""
+    sources, local = sizes.shape
+    flat = sizes.reshape(-1).cpu()
+    starts = (torch.cumsum(flat, 0) - flat).view(sources, local).tolist()
+    counts = sizes.tolist()
+    regroup = torch.cat([torch.arange(starts[i][e], starts[i][e] + counts[i][e])
+                         for e in range(local) for i in range(sources)] or [torch.zeros(0, dtype=torch.int64)])
+    back = torch.empty_like(regroup)
+    back[regroup] = torch.arange(regroup.numel())
+    return regroup, back
 
 
 def reduce_expert_grads(model: nn.Module, edp_group, *, data_ranks: int) -> None:

@@ -106,6 +106,6 @@ def run_overlapped(layer, rows: list, counts: list) -> list:
         if i + 1 < len(plans):
             dispatch[i + 1].start(rows[i + 1])  # runs while sub-batch i's experts compute
         arrived = dispatch[i].finish()
-        y = layer.run_experts(arrived[plan.regroup], plan.local_counts)
+        y = layer.run_local(arrived[plan.regroup], plan.local_counts)  # etp: its gather and scatter
         combine[i].start(y[plan.back])  # runs while sub-batch i+1's experts compute
     return [exchange.finish() for exchange in combine]

@@ -51,14 +51,17 @@ def set_lr(optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None, ep_group=None, grad_scale: float = 1.0) -> float:
+def clip_grad_norm_(
+    model, max_norm, *, tp_group, pp_group=None, ep_group=None, etp_group=None, grad_scale: float = 1.0
+) -> float:
     """Scale gradients so their global norm is at most ``max_norm``; return the norm.
 
     Tensor-parallel shards (``param.tensor_parallel``) contribute their squares summed
     over the tp group; replicated parameters, identical on every tp rank, count once;
     pipeline stages' squares are summed over ``pp_group``, and a stage's copy of a
     tied embedding (``param.pipeline_duplicate``) is not counted again. Experts split
-    over expert-parallel ranks (``param.expert_parallel``) sum their squares over ``ep_group``.
+    over expert-parallel ranks (``param.expert_parallel``) sum their squares over ``ep_group``
+    and ``etp_group`` (each rank's slices of its experts, Note [expert tensor parallelism]).
     ``max_norm == 0`` only measures. ``grad_scale``: the gradients are of the loss times
     it (fp16, loss_scale.py); they are divided by it first.
     """
@@ -91,6 +94,9 @@ def clip_grad_norm_(model, max_norm, *, tp_group, pp_group=None, ep_group=None, 
         if group_size(ep_group) > 1:
             with exposed():
                 dist.all_reduce(expert_sq, group=ep_group)
+        if group_size(etp_group) > 1:
+            with exposed():
+                dist.all_reduce(expert_sq, group=etp_group)
         total_sq = total_sq + expert_sq
     if group_size(pp_group) > 1:
         with exposed():

@@ -42,15 +42,15 @@ from __future__ import annotations
 
 def block_saved_elements(
     config, block, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True,
-    ep: int = 1, imbalance: float = 1.0,
+    ep: int = 1, imbalance: float = 1.0, etp: int = 1,
 ) -> float:
-    """Elements saved per token by one block (Note [what parc's trainer saves]); ``ep`` and
-    ``imbalance`` matter to a MoE block only."""
+    """Elements saved per token by one block (Note [what parc's trainer saves]); ``ep``,
+    ``etp`` and ``imbalance`` matter to a MoE block only."""
     dense = _dense_block(config, block, tp=tp, sp=sp, recompute=recompute, micro_batch=micro_batch,
                          compiled=compiled)
     if block.experts and recompute != "full":
         return dense - _dense_mlp(config, block, tp, compiled) + moe_saved_elements(
-            config, block, tp=tp, ep=ep, imbalance=imbalance)
+            config, block, tp=tp, ep=ep, imbalance=imbalance, etp=etp)
     return dense
 
 
@@ -88,13 +88,14 @@ def _dense_mlp(config, block, tp: int, compiled: bool) -> float:
     return (3 if compiled else 4) * block.ffn / tp
 
 
-def moe_saved_elements(config, block, *, tp: int, ep: int, imbalance: float = 1.0) -> float:
+def moe_saved_elements(config, block, *, tp: int, ep: int, imbalance: float = 1.0, etp: int = 1) -> float:
     """Elements per token a MoE block's router, experts and combine save (Note [what parc's
     trainer saves], MoE block); eager ops (the experts' activation is not a fused kernel)."""
     h, F, K, E = config.hidden, block.ffn, block.top_k, block.experts
     per_row = 4 * F if config.arch == "llama" else 2 * F
-    rows = K / tp if ep > 1 else K  # Note [expert dispatch under tp] (moe.py)
-    routed = rows * imbalance * (h + per_row)
+    rows = K / tp if ep * etp > 1 else K  # Note [expert dispatch under tp] (moe.py)
+    # Note [expert tensor parallelism]: the etp group's rows gathered, each with 1/etp of the ffn
+    routed = rows * etp * imbalance * (h + per_row / etp)
     combine = K * (h + 1)  # the experts' rows before weighting, and the weights
     router = E + 2 * K + K  # softmax probabilities, the chosen experts (int64), their scores
     shared = config.shared_experts * per_row  # a dense MLP of S·F_e, replicated over tp

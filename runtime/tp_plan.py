@@ -85,7 +85,8 @@ class TensorParallelPlan:
                         f"tp plan: layers.{i}.{part} is half sharded ({', '.join(sharded)}); "
                         f"shard all of {', '.join(projections)} or none"
                     )
-                if sequence_parallel and self.tp > 1 and not sharded:
+                # a MoE block's routed experts have no pair: they route the shard (moe.py)
+                if sequence_parallel and self.tp > 1 and names and not sharded:
                     raise ValueError(
                         f"tp plan: with sequence parallelism layers.{i}.{part} must be sharded "
                         "(its input is a sequence shard)"

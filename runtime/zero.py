@@ -62,9 +62,9 @@ class ShardedAdamW:
     def __init__(
         self, model, *, dp_group, tp_group, stage, lr, betas, weight_decay, eps, pp_group=None,
         accumulations=1, bucket_bytes=25 * 2**20, ep_group=None, edp_group=None, data_ranks=None,
-        params=None,
+        params=None, etp_group=None,
     ):
-        """``ep_group``, ``edp_group``, ``data_ranks``: expert parallelism's groups and the
+        """``ep_group``, ``edp_group``, ``etp_group``, ``data_ranks``: expert parallelism's groups and the
         ranks the loss is a mean over (Note [experts under ZeRO]). ``params``: the
         parameters this optimizer owns (default: all but the expert-parallel ones)."""
         if stage not in (1, 2):
@@ -79,7 +79,7 @@ class ShardedAdamW:
         self.params = list(params)
         # the divisor of the summed gradients: dp for dense parameters, dp·cp for experts
         self.mean_over = group_size(dp_group) if data_ranks is None or not owned else int(data_ranks)
-        self.ep_group, self.experts = ep_group, None
+        self.ep_group, self.etp_group, self.experts = ep_group, etp_group, None
         experts = [] if owned else [p for p in model.parameters() if getattr(p, "expert_parallel", False)]
         if experts:  # Note [experts under ZeRO]
             if data_ranks is None:
@@ -255,6 +255,9 @@ class ShardedAdamW:
             if group_size(self.ep_group) > 1:
                 with exposed():
                     dist.all_reduce(expert_sq, group=self.ep_group)  # each ep rank's own experts
+            if group_size(self.etp_group) > 1:
+                with exposed():
+                    dist.all_reduce(expert_sq, group=self.etp_group)  # each etp rank's slices of them
             total_sq = total_sq + expert_sq
             self.experts.grad = expert_grad
             slices.append(expert_grad)

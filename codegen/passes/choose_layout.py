@@ -82,6 +82,7 @@ PLANNED_KEYS = {
     "parallel.pp": lambda spec: spec.parallel.pp,
     "parallel.cp": lambda spec: spec.parallel.cp,
     "parallel.ep": lambda spec: spec.parallel.ep,
+    "parallel.etp": lambda spec: spec.parallel.etp,
     "parallel.sp": lambda spec: spec.parallel.sp,
     "parallel.zero": lambda spec: spec.parallel.zero,
     "parallel.schedule": lambda spec: spec.parallel.schedule,

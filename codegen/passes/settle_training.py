@@ -69,6 +69,9 @@ def run(spec: Spec, draft: Draft) -> Draft:
         parameters=model_desc(m).parameters,  # runtime/model_desc.py
         expert_parallel=setting(spec, "EP", "parallel.ep", spec.parallel.ep, "expert-parallel ranks")
         if c.experts else None,
+        expert_tensor_parallel=setting(spec, "ETP", "parallel.etp", spec.parallel.etp,
+                                       "expert-tensor-parallel ranks")
+        if c.experts and spec.parallel.etp > 1 else None,
     )
     o, s = t.optimizer, t.lr_schedule
     train = TrainPlan(

@@ -195,7 +195,7 @@ def fixed_layout(spec: Spec) -> Layout | None:
         return None
     return Layout(
         dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, cp_kind=par.cp_kind, sp=bool(par.sp), zero=par.zero,
-        ep=par.ep,
+        ep=par.ep, etp=par.etp,
         schedule=par.schedule.value if par.pp > 1 else "1f1b",
         chunks=chunks_for(par.schedule.value, par.chunks) if par.pp > 1 else 1,
         slices=par.slices if par.pp > 1 and par.schedule is PipelineSchedule.TERAPIPE else 1,
@@ -213,7 +213,7 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
         parallel=replace(
             spec.parallel,
             dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, sp=layout.sp, zero=layout.zero, ep=layout.ep,
-            schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks, slices=layout.slices,
+            etp=layout.etp, schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks, slices=layout.slices,
             compress=layout.compress, layer_tp=layout.layer_tp, layer_dp=layout.layer_dp,
             tp_shape=layout.tp_shape if layout.tp_shape is not None else spec.parallel.tp_shape,
             tp_shape_auto=False,

@@ -23,6 +23,7 @@ from .trainer import LAYOUTS, RESHARD_WORKER, build, run
 CASES = [  # (spec, layout, the one-rank layout it must equal)
     ("gpt.par", "tp2", "one"), ("gpt.par", "pp2", "one"), ("gpt.par", "zero3_dp2", "one"),
     ("gpt.par", "cp2_ring", "one"), ("gpt.par", "moe_ep2", "moe_one"), ("gpt.par", "moe_tp2", "moe_one"),
+    ("gpt.par", "moe_etp2_dp2_zero1", "moe_one"),
     ("llama.par", "tp2", "one"), ("llama.par", "pp2", "one"), ("llama.par", "zero3_dp2", "one"),
 ]
 

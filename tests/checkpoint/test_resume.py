@@ -48,6 +48,7 @@ def test_resume_equivalence(layout, straight, tmp_path):
         ("dp2", "tp2"), ("dp2", "pp2"), ("zero1_dp2", "tp2"), ("cp2_zero1_dp2", "tp2"),
         ("zero3_dp2", "tp2"), ("tp2", "zero3_dp2"),  # zero 3 ⇄ zero 0 with tp
         ("moe_ep2", "moe_one"), ("moe_ep2", "moe_tp2"), ("moe_ep2_zero1", "moe_one"), ("cp2_ring", "one"),
+        ("moe_etp2_dp2_zero1", "moe_ep2"), ("moe_ep2_dp4_zero3", "moe_tp2"),  # each expert's ffn halves → whole experts split over ep
         ("cp2_ring", "tp2"),
         ("dp2", "hetero_tp21"), ("hetero_tp21", "dp2"),  # checkpoints stay layout-free
         ("pp2_chimera", "dp2"), ("dp2", "pp2_chimera"),  # chimera's replicas: saved once, both loaded

@@ -43,6 +43,11 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     "moe_tp2": ([*MOE, "parallel.tp=2"], 2),
     # ZeRO-1 with ep: the experts' moments live in a flat buffer of their own (zero.py)
     "moe_ep2_zero1": ([*MOE, "parallel.dp=2", "parallel.ep=2", "parallel.zero=1"], 2),
+    # expert tensor parallel (Note [expert tensor parallelism]): each rank half of every
+    # expert's ffn, its moments in the experts' own flat buffer
+    # ZeRO-3 with ep: the experts' units are sharded over edp (fsdp.py, Note [experts as units])
+    "moe_ep2_dp4_zero3": ([*MOE, "parallel.dp=4", "parallel.ep=2", "parallel.zero=3"], 4),
+    "moe_etp2_dp2_zero1": ([*MOE, "parallel.dp=2", "parallel.etp=2", "parallel.zero=1"], 2),
     # ring attention: each rank's tokens are two load-balanced chunks; the checkpoint is layout-free
     "cp2_ring": (["parallel.cp=2", "parallel.cp_kind=ring"], 2),
     # heterogeneous layout (runtime/hetero.py): block 0 tp 2 × dp 1, block 1 tp 1 × dp 2

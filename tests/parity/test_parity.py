@@ -205,8 +205,30 @@ MOE_LAYOUTS = {
     # Note [experts under ZeRO]: the experts' flat buffer is sharded over edp, the rest over dp
     "ep2-zero1": dict(dp=2, parallel__ep=2, parallel__zero=1),
     "ep2-dp4-zero2": dict(dp=4, parallel__ep=2, parallel__zero=2),  # edp 2: expert slices too
+    # Note [expert tensor parallelism]: each expert's ffn split over etp, rows gathered and
+    # partial outputs reduce-scattered over the etp group
+    "etp2-tp2": dict(tp=2, parallel__etp=2),
+    "gpt-etp2-tp2": dict(arch="gpt", tp=2, parallel__etp=2),  # gelu experts, one up/down pair
+    "ep2-etp2-dp2-tp2": dict(dp=2, tp=2, parallel__ep=2, parallel__etp=2),
+    "etp2-dp2": dict(dp=2, parallel__etp=2),  # etp across dp ranks: different tokens, gathered
+    "etp2-tp2-pp2": dict(tp=2, pp=2, parallel__etp=2),  # each stage its own expert groups
+    "ep2-etp2-dp2-tp2-zero1-overlap2": dict(dp=2, tp=2, parallel__ep=2, parallel__etp=2, parallel__zero=1,
+                                            parallel__overlap="sub_batch(2)"),
+    # Note [MoE under sequence parallelism]: each tp rank routes its sequence shard; the aux
+    # and z losses are the micro-batch's (z on, so its reduction is checked too)
+    "tp2-sp-zloss": dict(tp=2, sp=True, model__z_loss=0.001),
+    "ep2-tp2-sp": dict(tp=2, sp=True, parallel__ep=2),
+    "ep2-etp2-dp2-tp2-sp-shared1": dict(dp=2, tp=2, sp=True, parallel__ep=2, parallel__etp=2,
+                                        model__shared_experts=1),
+    "gpt-tp2-sp-zero1": dict(arch="gpt", dp=2, tp=2, sp=True, parallel__zero=1),
+    # Note [experts as units] (fsdp.py): under ZeRO-3 the experts are units of their own over edp
+    "ep2-zero3": dict(dp=2, parallel__ep=2, parallel__zero=3),
+    "ep2-dp4-zero3": dict(dp=4, parallel__ep=2, parallel__zero=3),  # edp 2: expert shards too
+    "ep2-etp2-dp2-tp2-sp-zero3-recompute-full": dict(dp=2, tp=2, sp=True, parallel__ep=2, parallel__etp=2,
+                                                     parallel__zero=3, parallel__recompute="full"),
 }
-"""Every step's loss, aux_loss (z_loss) and expert_tokens, and the first grad norm, vs one rank."""
+"""Every step's loss, aux_loss (z_loss) and expert_tokens, and the first grad norm, vs one rank
+(the tiny llama unless a row says ``arch="gpt"``)."""
 
 
 def model_overrides(degrees: dict) -> dict:
@@ -231,16 +253,23 @@ def reference_case(arch: str, model: dict | None = None) -> Case:
     return Case(f"{arch}-single{words}", f"{arch}.par", tuple(layout_overrides(**model)), 1, ("--steps", str(STEPS)))
 
 
-def moe_case(layout: str) -> Case:
+def moe_row(layout: str) -> tuple[str, dict]:
+    """The spec file and the ``--set`` degrees of a MOE_LAYOUTS row."""
     degrees = {**MOE, **MOE_LAYOUTS[layout]}
+    return f"{degrees.pop('arch', 'llama')}.par", degrees
+
+
+def moe_case(layout: str) -> Case:
+    spec, degrees = moe_row(layout)
     overrides = tuple(layout_overrides(**degrees))
-    return Case(f"llama-moe-{layout}", "llama.par", overrides, nproc_of(degrees), ("--steps", str(STEPS)))
+    return Case(f"{spec[:-4]}-moe-{layout}", spec, overrides, nproc_of(degrees), ("--steps", str(STEPS)))
 
 
 def moe_reference_case(layout: str) -> Case:
-    model = model_overrides({**MOE, **MOE_LAYOUTS[layout]})
+    spec, degrees = moe_row(layout)
+    model = model_overrides(degrees)
     words = "".join(f"-{key.removeprefix('model__')}{value}" for key, value in sorted(model.items()))
-    return Case(f"llama-moe-single{words}", "llama.par", tuple(layout_overrides(**model)), 1,
+    return Case(f"{spec[:-4]}-moe-single{words}", spec, tuple(layout_overrides(**model)), 1,
                 ("--steps", str(STEPS)))
 
 

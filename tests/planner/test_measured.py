@@ -45,6 +45,10 @@ CASES = {
     # ep4 on dp4: one ep group holds every token, so the step's expert_tokens give each rank's share
     "llama moe dp4 ep4 zero2": ("llama.par", dict(dp=4, ep=4, zero=2, experts=4)),
     "llama moe dp2 zero0 every2 shared1": ("llama.par", dict(dp=2, experts=4, moe_every=2, shared_experts=1)),
+    # ZeRO-3 with ep: the experts' units sharded over edp (runtime/fsdp.py, Note [experts as units])
+    "llama moe dp4 ep2 zero3": ("llama.par", dict(dp=4, ep=2, zero=3, experts=4)),
+    # etp: each rank 1/etp of its experts' ffn, running its etp group's rows (Note [expert tensor parallelism])
+    "llama moe dp2·tp2 ep2 etp2": ("llama.par", dict(dp=2, tp=2, ep=2, etp=2, experts=4)),
 }
 
 
@@ -57,7 +61,7 @@ def _overrides(degrees: dict) -> list[str]:
         f"parallel.schedule={degrees.get('schedule', '1f1b')}",
     ] + ([f"train.precision={degrees['precision']}"] if "precision" in degrees else []) + [
         f"model.{key}={degrees[key]}" for key in ("experts", "moe_every", "shared_experts") if key in degrees
-    ] + ([f"parallel.ep={degrees['ep']}"] if "ep" in degrees else [])
+    ] + [f"parallel.{key}={degrees[key]}" for key in ("ep", "etp") if key in degrees]
 
 
 def measured_case(case: str) -> Case:
@@ -98,7 +102,8 @@ def test_predicted_bytes_equal_measured(case, trainers):
         pipeline_rank = rank // (layout.dp * layout.tp)  # mesh order pp, dp, tp (runtime/axes.py)
         want = predicted[pipeline_rank]
         if layout.ep > 1:  # this rank's experts' share of the routed tokens: the planner's imbalance
-            imbalance = routed_share(records[-1]["expert_tokens"], rank % (layout.dp * layout.tp) % layout.ep, layout.ep)
+            ep_rank = rank % (layout.dp * layout.tp) // layout.etp % layout.ep  # mesh.py's Note [parallel folding]
+            imbalance = routed_share(records[-1]["expert_tokens"], ep_rank, layout.ep)
             skewed = replace(spec, model=replace(spec.model, routing_imbalance=imbalance))
             want = memory(skewed, layout).per_rank[pipeline_rank]
         got = (row["param_bytes"], row["grad_bytes"], row["optim_bytes"])

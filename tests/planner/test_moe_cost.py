@@ -90,10 +90,15 @@ def test_mixtral_plans_ep_layouts_and_explains_the_winner():
     assert {1, 2, 4, 8} <= ranked
     lines = why(spec, result, hw)
     assert any(line.startswith(f"ep {result.estimates[0].layout.ep} over replicated experts") for line in lines)
-    # the winner's layout with the experts whole on every rank (ep 1) holds more and does not fit
+    # the winner's layout with the experts whole on every rank (ep 1) does not fit; without
+    # ZeRO-3 (whose units shard the experts over every rank either way) it also holds more
     replicated = estimate(spec, replace(winner.layout, ep=1), hw)
     states = lambda item: item.memory.params + item.memory.grads + item.memory.optimizer  # noqa: E731
-    assert states(replicated) > 2 * states(winner) and not replicated.fits
+    assert not replicated.fits
+    if winner.layout.zero == 3:
+        assert states(replicated) == pytest.approx(states(winner), rel=1e-3)  # Note [experts as units]
+    else:
+        assert states(replicated) > 2 * states(winner)
 
 
 @pytest.mark.parametrize("ep", [1, 2, 8])

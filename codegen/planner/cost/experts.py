@@ -72,16 +72,18 @@ def moe_share(spec: Spec) -> float:
 
 
 def routed_rows(spec: Spec, layout: Layout, tokens: float) -> float:
-    """Rows this rank's experts run per MoE block and micro-batch (Note [MoE costs])."""
+    """Rows this rank dispatches (and its experts receive over ep) per MoE block and
+    micro-batch (Note [MoE costs]); under etp its experts run etp times as many."""
     m = spec.model
-    dispatched = tokens / layout.tp if layout.ep > 1 else tokens
+    shares = layout.expert_folds > 1 and not layout.sp  # under sp each tp rank has its own tokens
+    dispatched = tokens / layout.tp if shares else tokens
     return dispatched * m.top_k * m.routing_imbalance
 
 
 def _expert_forward(spec: Spec, layout: Layout, hw: Hardware, tokens: float) -> float:
     m = spec.model
-    C, F = m.hidden, m.expert_ffn or m.ffn
-    rows = routed_rows(spec, layout, tokens)
+    C, F = m.hidden, (m.expert_ffn or m.ffn) / layout.etp  # this rank's slice of each expert
+    rows = routed_rows(spec, layout, tokens) * layout.etp  # the etp group's rows, gathered
     local = m.experts // layout.ep
     projections = 3 if m.arch is Arch.LLAMA else 2
     per_expert = max(1.0, rows / local)
@@ -118,23 +120,31 @@ def moe_block(spec: Spec, layout: Layout, hw: Hardware, *, tokens: float, k: int
         return NO_EXPERTS
     forward = share * _expert_forward(spec, layout, hw, tokens)
     forward += (1 - share) * _dense_mlp_forward(spec, layout, hw, tokens)
-    if layout.ep == 1:
+    if layout.expert_folds == 1:
         return MoEBlock(forward * hw.contention, 0.0, 0.0, 0.0)
     forward *= hw.contention
     rows = routed_rows(spec, layout, tokens)
     splits = k if k > 1 else 1
-    a = collective_time(hw, "all_gather", rows / splits * m.hidden * size, size=layout.ep, stride=1)
-    gather = collective_time(hw, "all_gather", tokens * m.top_k * m.hidden * size, size=layout.tp, stride=1)
+    a = 0.0
+    if layout.ep > 1:
+        a = collective_time(hw, "all_gather", rows / splits * m.hidden * size, size=layout.ep, stride=1)
+    gather = 0.0 if layout.sp else collective_time(
+        hw, "all_gather", tokens * m.top_k * m.hidden * size, size=layout.tp, stride=1)
+    # Note [expert tensor parallelism]: the etp group's rows gathered, partial outputs reduce-scattered
+    rows_in = rows * layout.etp  # the etp group's (every sub-batch's) rows
+    etp = 0.0 if layout.etp == 1 else (
+        collective_time(hw, "all_gather", rows_in * m.hidden * size, size=layout.etp, stride=1)
+        + collective_time(hw, "reduce_scatter", rows_in * m.hidden * size, size=layout.etp, stride=1))
     compute = forward / share  # one MoE block's experts
-    exposed_forward = share * (_exposed(a, compute, splits, hw.comm_on_cores) + gather)
-    exposed_backward = share * (_exposed(a, 2 * compute, splits, hw.comm_on_cores) + gather)
-    moved = share * (4 * a * splits + 2 * gather)
+    exposed_forward = share * (_exposed(a, compute, splits, hw.comm_on_cores) + gather + etp)
+    exposed_backward = share * (_exposed(a, 2 * compute, splits, hw.comm_on_cores) + gather + etp)
+    moved = share * (4 * a * splits + 2 * gather + 2 * etp)
     return MoEBlock(forward, exposed_forward, exposed_backward, moved)
 
 
 def expert_reduce(hw: Hardware, layout: Layout, expert_elements: float, grad_size: float) -> float:
     """Seconds of the experts' gradient all-reduce over edp (hidden like dp's buckets)."""
     edp = expert_data_ranks(layout)
-    if layout.ep == 1 or edp == 1:
+    if layout.expert_folds == 1 or edp == 1:
         return 0.0
-    return collective_time(hw, "all_reduce", expert_elements * grad_size, size=edp, stride=layout.ep)
+    return collective_time(hw, "all_reduce", expert_elements * grad_size, size=edp, stride=layout.expert_folds)

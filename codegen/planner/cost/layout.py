@@ -99,6 +99,14 @@ class Layout:
             return f"interleaved({self.chunks})"
         return f"terapipe({self.slices})" if self.schedule == "terapipe" else self.schedule
 
+    etp: int = 1
+    """Expert-tensor-parallel ranks: each holds 1 / etp of each of its experts' ffn."""
+
+    @property
+    def expert_folds(self) -> int:
+        """ep·etp: the ranks among which a MoE block's expert weights are split."""
+        return self.ep * self.etp
+
     def tokens(self, seq_len: int) -> int:
         """Tokens of one micro-batch on one rank: micro_batch · seq_len / cp."""
         return self.micro_batch * seq_len // self.cp
@@ -142,6 +150,8 @@ class Layout:
             parts[1] += f" ({self.tp_shape[0]}×{self.tp_shape[1]})"
         if self.ep > 1:
             parts.append(f"ep {self.ep}")
+        if self.etp > 1:
+            parts.append(f"etp {self.etp}")
         if self.pp > 1:
             parts.append(self.schedule_words)
         return " ".join(parts)
@@ -196,7 +206,7 @@ def rank_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) 
     """(elements, tensors) of pipeline rank ``rank``'s parameters on one tp rank: the sum
     of its chunks' ``ModelDesc.stage_params`` (runtime/model_desc.py)."""
     count = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers),
-                         placement_kind(layout), layout.ep)
+                         placement_kind(layout), layout.expert_folds)
     return count.elements, count.tensors
 
 
@@ -204,18 +214,19 @@ def rank_expert_params(model: ModelSpec, layout: Layout, rank: int, stage_layers
     """Elements of pipeline rank ``rank``'s experts split over ep (0 when ep = 1: then they
     are replicated like any parameter): their gradients reduce over edp, ZeRO shards them
     over edp (runtime/zero.py, Note [experts under ZeRO])."""
-    if layout.ep == 1:
+    folds = layout.expert_folds
+    if folds == 1:
         return 0
     kind = placement_kind(layout)
-    whole = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers), kind, ep=layout.ep)
+    whole = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers), kind, ep=folds)
     dense = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers), kind, ep=1)
-    grouped = dense.elements - whole.elements  # the (ep − 1)/ep of the experts a rank lacks
-    return grouped // (layout.ep - 1)
+    grouped = dense.elements - whole.elements  # the (ep·etp − 1)/(ep·etp) of the experts a rank lacks
+    return grouped // (folds - 1)
 
 
 def expert_data_ranks(layout: Layout) -> int:
-    """edp: the ranks holding the same experts (expert layers fold dp·tp as edp·ep)."""
-    return layout.dp * layout.tp // layout.ep
+    """edp: the ranks holding the same experts (expert layers fold dp·tp as edp·ep·etp)."""
+    return layout.dp * layout.tp // layout.expert_folds
 
 
 def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> int:
@@ -238,9 +249,26 @@ def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_laye
     for (start, stop), first, last in _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers),
                                               placement_kind(layout)):
         root = desc.stage_params(layout.tp, layers=(start, start), first=first, last=last).elements
-        block = desc.stage_params(layout.tp, layers=(start, start + 1), first=False, last=False).elements
-        total += math.ceil(root / layout.dp) + (stop - start) * math.ceil(block / layout.dp)
+        total += math.ceil(root / layout.dp)
+        if layout.expert_folds == 1:
+            block = desc.stage_params(layout.tp, layers=(start, start + 1), first=False, last=False).elements
+            total += (stop - start) * math.ceil(block / layout.dp)
+        else:  # Note [experts as units] (fsdp.py): a MoE block's experts sharded over edp
+            total += sum(_zero3_block(desc, layout, i) for i in range(start, stop))
     return total
+
+
+def _zero3_block(desc, layout: Layout, index: int) -> int:
+    """One block's ZeRO-3 shard under ep·etp > 1: its dense unit over dp, its experts'
+    unit (1/(ep·etp) of them) over edp."""
+    whole = desc.stage_params(layout.tp, layers=(index, index + 1), first=False, last=False).elements
+    if not desc.blocks[index].experts:
+        return math.ceil(whole / layout.dp)
+    folds = layout.expert_folds
+    folded = desc.stage_params(layout.tp, layers=(index, index + 1), first=False, last=False, ep=folds).elements
+    mine = (whole - folded) // (folds - 1)  # this rank's 1/(ep·etp) of the block's experts
+    dense = folded - mine
+    return math.ceil(dense / layout.dp) + math.ceil(mine / expert_data_ranks(layout))
 
 
 def total_params(model: ModelSpec) -> int:

@@ -169,7 +169,7 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
         layers = sum(
             count * (model_desc(model).block_saved_elements(
                 index, tp=layout.tp, sp=layout.sp, recompute=mode, micro_batch=layout.micro_batch,
-                compiled=compiled, ep=layout.ep, imbalance=model.routing_imbalance,
+                compiled=compiled, ep=layout.ep, imbalance=model.routing_imbalance, etp=layout.etp,
             ) + (extra if mode != "full" else 0.0))
             for (index, mode), count in _rank_block_kinds(model, layout, rank, stage_layers)
         )

@@ -243,7 +243,7 @@ def step_time(
     reduce += expert_reduce(hw, layout, expert_params, grad_size)
     if 1 <= layout.zero <= 2 and expert_params:  # the experts' slices gathered over edp
         gather += collective_time(hw, "all_gather", expert_params * 4.0, size=expert_data_ranks(layout),
-                                  stride=layout.ep)
+                                  stride=layout.expert_folds)
     zero3 = zero3_gathers(hw, layout, params, layers_per_chunk * v, forward, backward, accounting) if d > 1 else None
     gathered = 0.0 if zero3 is None else micro_batches * zero3.total
     dp_comm = reduce + gather + gathered
