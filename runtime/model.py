@@ -112,7 +112,8 @@ def rotary(x, theta, start=0):
     angles = torch.outer(torch.arange(start, start + T, dtype=torch.float32, device=x.device), inv)
     cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)  # (T, D)
     first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-second, first), dim=-1) * sin
+    rotated = x * cos + torch.cat((-second, first), dim=-1) * sin  # fp32 (cos, sin are)
+    return rotated.to(x.dtype)  # bf16/fp16 parameters: back to the compute dtype
 
 
 class Attention(nn.Module):
@@ -312,6 +313,7 @@ class Transformer(nn.Module):
     """
 
     fused = None  # see Norm: the loss's cross-entropy kernels
+    compute_dtype = None  # bf16/fp16 parameters (master.py, Note [master weights]); None: fp32
 
     def __init__(
         self, config, *, tp_group, sequence_parallel, tp_plan, recompute="none",
@@ -496,6 +498,8 @@ class Transformer(nn.Module):
                 x = self.layouts.split_inputs(x, self.embed_tp)
         if self.first:
             x = self.embed_tokens(x)
+        elif self.compute_dtype is not None:
+            x = x.to(self.compute_dtype)  # a stage's input arrives in fp32 (pipeline.py)
         x = self.run_blocks(x)
         if not self.last:
             return x
