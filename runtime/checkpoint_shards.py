@@ -107,12 +107,27 @@ def local_parameters(model, tp_group) -> list[LocalParameter]:
     return out
 
 
-def model_pieces(params: list[LocalParameter], *, saving: bool) -> list[Piece]:
+def stored(optimizer, param):
+    """The tensor a checkpoint holds for ``param``: its fp32 master under bf16/fp16
+    compute weights (master.py's ``master_of``; Note [master weights]), else the parameter."""
+    masters = getattr(optimizer, "master_of", None)
+    return param if masters is None else masters[id(param)]
+
+
+def model_pieces(params: list[LocalParameter], *, saving: bool, optimizer=None) -> list[Piece]:
     return [
-        Piece(f"model.{p.name}", p.full_shape, p.offsets, p.param.detach())
+        Piece(f"model.{p.name}", p.full_shape, p.offsets, stored(optimizer, p.param).detach())
         for p in params
         if not (saving and p.duplicate)
     ]
+
+
+def loaded(optimizer) -> None:
+    """After a load into the fp32 masters (``stored``, ``master_shards``): the compute
+    weights get their rounded values."""
+    copy = getattr(optimizer, "copy_to_model", None)
+    if copy is not None:
+        copy()
 
 
 def _boxes(shape: tuple[int, ...], start: int, stop: int):
@@ -212,7 +227,7 @@ def optimizer_pieces(params: list[LocalParameter], optimizer, *, saving: bool) -
     for info in params:
         if saving and info.duplicate:
             continue
-        state = optimizer.state.get(info.param)
+        state = optimizer.state.get(stored(optimizer, info.param))
         if not state:
             continue  # never stepped (no gradient yet)
         for moment in MOMENTS:
