@@ -232,9 +232,10 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         dp_arg = reduce_group if reducing else "None"
         optimizer_lines = [
             f"# {cite(plan.train.zero.span)}: ZeRO-{zero_stage}, {zero_words(plan)}: each {over} rank",
-            "# owns one slice of a flat fp32 parameter buffer and its Adam moments",
+            "# owns one slice of a flat fp32 parameter buffer and its Adam moments" if compute is None else
+            f"# owns one slice of a flat {plan.train.precision.value} parameter buffer, its fp32 master and Adam moments",
             f"optimizer = zero.ShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
-            f"stage=ZERO, {hyper}{pp_arg}, accumulations=GRAD_ACCUM{render_moe.zero_args(plan)})",
+            f"stage=ZERO, {hyper}{pp_arg}, accumulations=GRAD_ACCUM{render_moe.zero_args(plan)}{compute_arg(plan)})",
         ]
         reduce_words = (
             "buckets all-reduced while backward runs; keep our slice"
@@ -429,7 +430,10 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
     axes_arg = '("dp",)' if plan.mesh.size("cp") == 1 else '("dp", "cp")'
     optimizer_lines = [
         f"# {cite(train.zero.span)}: ZeRO-3, {zero_words(plan)}: each block (and the embeddings",
-        f"# and head) is one flat fp32 buffer; each {over} rank keeps its share of it and the",
+        f"# and head) is one flat fp32 buffer; each {over} rank keeps its share of it and the"
+        if render_step.compute_dtype(plan) is None else
+        f"# and head) is one flat fp32 buffer (the master weights; gathered as {plan.train.precision.value}); "
+        f"each {over} rank keeps its share of it and the",
         "# share's Adam moments, all-gathers a block before its forward and again before its",
         "# backward (ZERO_PREFETCH blocks ahead), frees it after; gradients reduce-scattered",
     ]
@@ -443,7 +447,7 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
         replicate = ""
     optimizer_lines.append(
         f"optimizer = fsdp.FullyShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
-        f"{hyper}{pp_arg}{replicate}, accumulations=GRAD_ACCUM, prefetch=ZERO_PREFETCH)"
+        f"{hyper}{pp_arg}{replicate}, accumulations=GRAD_ACCUM, prefetch=ZERO_PREFETCH{compute_arg(plan)})"
     )
     step_lines = [
         f"# mean gradient over {over} (each block's reduce-scattered as backward finished it); the norm is global",
@@ -452,6 +456,12 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
         "optimizer.zero_grad()",
     ]
     return optimizer_lines, step_lines
+
+
+def compute_arg(plan: Plan) -> str:
+    """ZeRO's optimizers under bf16/fp16: the parameters' dtype (the fp32 master is the shard)."""
+    compute = render_step.compute_dtype(plan)
+    return "" if compute is None else f", compute_dtype={compute}"
 
 
 def train_imports(plan: Plan) -> list[str]:

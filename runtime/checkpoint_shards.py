@@ -125,9 +125,8 @@ def model_pieces(params: list[LocalParameter], *, saving: bool, optimizer=None) 
 def loaded(optimizer) -> None:
     """After a load into the fp32 masters (``stored``, ``master_shards``): the compute
     weights get their rounded values."""
-    copy = getattr(optimizer, "copy_to_model", None)
-    if copy is not None:
-        copy()
+    if getattr(optimizer, "master_of", None) is not None or has_master_slices(optimizer):
+        optimizer.copy_to_model()  # ZeRO 1/2: all-gathered over dp too (every rank loads)
 
 
 def _boxes(shape: tuple[int, ...], start: int, stop: int):
@@ -214,6 +213,18 @@ def _flat_pieces(params: list[LocalParameter], optimizer, buffers, *, saving: bo
 def sharded_model_pieces(params: list[LocalParameter], optimizer, *, saving: bool) -> list[Piece]:
     """``model_pieces`` under ZeRO-3: the parameters' boxes are views of the rank's shards."""
     return _flat_pieces(params, optimizer, [("model", "", optimizer.flat)], saving=saving)
+
+
+def has_master_slices(optimizer) -> bool:
+    """ZeRO 1/2 with bf16/fp16 parameters: each slice's fp32 master (zero.py, Note [ZeRO
+    with master weights]) is what a checkpoint holds of the parameters."""
+    return is_zero(optimizer) and getattr(optimizer, "master", None) is not None
+
+
+def master_slice_pieces(params: list[LocalParameter], optimizer, *, saving: bool) -> list[Piece]:
+    """``model_pieces`` from the fp32 master slices (``has_master_slices``)."""
+    return [piece for part in _parts(optimizer)
+            for piece in _flat_pieces(params, part, [("model", "", part.master)], saving=saving)]
 
 
 def optimizer_pieces(params: list[LocalParameter], optimizer, *, saving: bool) -> list[Piece]:

@@ -53,6 +53,7 @@ import torch.nn as nn
 
 from .comm import exposed, group_rank, group_size, on_gradient
 from .fsdp_units import Unit, materialize_meta, node_groups  # noqa: F401  (node_groups: train.py's, under zero_shard = node)
+from .master import mark_compute_dtype
 from .zero import adamw_, clip_global_norm_
 
 
@@ -64,8 +65,10 @@ def _in_backward() -> bool:
 class FullyShardedAdamW:
     def __init__(
         self, model, *, dp_group, tp_group, lr, betas, weight_decay, eps, pp_group=None,
-        replicate_group=None, accumulations=1, prefetch=1,
+        replicate_group=None, accumulations=1, prefetch=1, compute_dtype=None,
     ):
+        """``compute_dtype`` (bf16/fp16, master.py's Note [master weights]): the gathered
+        parameters' dtype; the shards stay fp32, the master weights."""
         if int(accumulations) < 1 or int(prefetch) < 0:
             raise ValueError(f"accumulations must be >= 1 and prefetch >= 0, not {accumulations!r}, {prefetch!r}")
         self.dp_group, self.replicate_group = dp_group, replicate_group
@@ -93,7 +96,8 @@ class FullyShardedAdamW:
         self.flat = torch.zeros(total, dtype=torch.float32, device=device)  # this rank's shards
         self.units, offset = [], 0
         for name, params in plan:
-            self.units.append(Unit(name, params, shard_group=dp_group, offset=offset, flat=self.flat, init=init))
+            self.units.append(Unit(name, params, shard_group=dp_group, offset=offset, flat=self.flat, init=init,
+                                   dtype=compute_dtype or torch.float32))
             offset += self.units[-1].shard_numel
         self.decay, self.tp_mask, self.counted = (self._mask(rule) for rule in (
             lambda p: p.dim() >= 2,
@@ -108,6 +112,8 @@ class FullyShardedAdamW:
         self.grad, self._inflight, self._reduced = None, None, set()
         self._peak = self.gathered_peak_bytes = 0  # this step's, and the last step's
         self._hook(chunks)
+        if compute_dtype is not None:
+            mark_compute_dtype(chunks, compute_dtype)
 
     def _mask(self, rule) -> torch.Tensor:
         """A per-element flag of this rank's shards (False on padding)."""

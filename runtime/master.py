@@ -36,7 +36,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _chunks(model) -> list[nn.Module]:
-    return list(model) if isinstance(model, nn.ModuleList) else [model]
+    return list(model) if isinstance(model, (nn.ModuleList, list, tuple)) else [model]
 
 
 def unique_parameters(model) -> list[nn.Parameter]:
@@ -55,9 +55,15 @@ def to_compute_dtype(model, dtype) -> list[torch.Tensor]:
     masters = [p.detach().to(torch.float32, copy=True) for p in params]
     for p in params:
         p.data = p.data.to(dtype)
+    mark_compute_dtype(model, dtype)
+    return masters
+
+
+def mark_compute_dtype(model, dtype) -> None:
+    """Record on each chunk the dtype its parameters compute in (``Transformer.compute_dtype``:
+    a pipeline stage casts what it receives); ZeRO calls it for the buffers it casts itself."""
     for chunk in _chunks(model):
         chunk.compute_dtype = dtype
-    return masters
 
 
 def compute_dtype_of(model):
