@@ -12,6 +12,7 @@ Before: ``codegen/render.py`` calls these. After: the template places the lines.
 
 from __future__ import annotations
 
+from parc.runtime.constraints import master_weights
 from parc.runtime.placement import placement_for
 
 from . import render_compress, render_hetero
@@ -119,9 +120,11 @@ def autocast_dtype(plan: Plan) -> str | None:
     """The torch dtype the forward autocasts to over fp32 weights: only for the layouts
     whose gradient code has no low-precision compute weights yet (per-layer tp/dp,
     compressed dp gradients: they keep fp32 parameters); None otherwise."""
-    if render_hetero.enabled(plan) or render_compress.enabled(plan) or render_compress.pipeline_enabled(plan):
-        return LOW_PRECISION.get(plan.train.precision.value)
-    return None
+    precision = plan.train.precision.value
+    compressed = render_compress.enabled(plan) or render_compress.pipeline_enabled(plan)
+    if master_weights(precision, per_layer_tp=render_hetero.enabled(plan), compressed=compressed):
+        return None
+    return LOW_PRECISION.get(precision)
 
 
 def executor_lines(plan: Plan) -> list[str]:

@@ -1,6 +1,6 @@
 """train.precision end to end, through the generated trainer (``parc build`` + ``train.py``).
 
-- fp16 (autocast over fp32 master weights, dynamic loss scaling, loss_scale.py): a
+- fp16 (fp16 parameters, fp32 master weights, dynamic loss scaling, loss_scale.py): a
   forced overflow step (``PARC_OVERFLOW_AT_STEP``: that step's loss is scaled by 1e30,
   so its fp16 gradients overflow for real) is skipped on every rank, logged, the
   scale backs off to half and training goes on — under ``on_nonfinite = stop``, so
@@ -86,3 +86,24 @@ def test_fp16_resume_restores_the_loss_scale(layout, tmp_path):
         (r["loss"], r["loss_scale"], r["skipped_overflow_steps"]) for r in want
     ]
     assert got[-1]["loss_scale"] == 32768.0 and got[-1]["skipped_overflow_steps"] == 1
+
+
+@pytest.mark.parametrize("layout", ["one", "zero1_dp2"])
+def test_fp32_checkpoint_resumes_under_bf16_master_weights(layout, tmp_path):
+    """A checkpoint of fp32 parameters (an fp32 run's, or one the autocast path of earlier
+    parc versions wrote: the same tensors) loads into bf16 parameters with fp32 masters
+    (runtime/master.py): the masters read it exactly, the parameters get it rounded, and
+    the next step's loss is the fp32 run's within bf16's 2e-2."""
+    from parc.runtime.checkpoint import step_dir_name
+
+    ranks = LAYOUTS[layout][1]
+    fp32, bf16 = build(layout, tmp_path / "fp32"), build(layout, tmp_path / "bf16", extra=("train.precision=bf16",))
+    straight, resumed, ck = tmp_path / "straight.jsonl", tmp_path / "resumed.jsonl", tmp_path / "ck"
+    run(fp32, ranks, ["--steps", "3", "--checkpoint-dir", str(ck), "--checkpoint-every", "2",
+                      "--metrics-jsonl", str(straight)])
+    done = run(bf16, ranks, ["--steps", "3", "--resume", str(ck / step_dir_name(2)),
+                             "--metrics-jsonl", str(resumed)])
+    assert "resumed from" in done.stdout
+    (want,), got = [r for r in records(straight) if r["step"] == 3], records(resumed)
+    assert [r["step"] for r in got] == [3]
+    assert abs(got[0]["loss"] - want["loss"]) <= 2e-2 * abs(want["loss"]), (got[0], want)
