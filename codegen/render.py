@@ -233,7 +233,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         optimizer_lines = [
             f"# {cite(plan.train.zero.span)}: ZeRO-{zero_stage}, {zero_words(plan)}: each {over} rank",
             "# owns one slice of a flat fp32 parameter buffer and its Adam moments" if compute is None else
-            f"# owns one slice of a flat {plan.train.precision.value} parameter buffer, its fp32 master and Adam moments",
+            f"# owns one slice of a flat {plan.train.precision.value} parameter buffer "
+            f"({cite(plan.train.precision.span)}), its fp32 master and Adam moments",
             f"optimizer = zero.ShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
             f"stage=ZERO, {hyper}{pp_arg}, accumulations=GRAD_ACCUM{render_moe.zero_args(plan)}{compute_arg(plan)})",
         ]
