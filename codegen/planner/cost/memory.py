@@ -7,7 +7,12 @@ and the formulas on their own (``model_state_bytes``, ``korthikanti_layer_bytes`
 ``cost/estimate.py``.
 
 Note [what parc's trainer holds]: the PARC accounting predicts exactly what the
-trainer logs (``runtime/memory.py``): ``param_bytes`` = 4 bytes × this rank's
+trainer logs (``runtime/memory.py``). Under bf16/fp16 with fp32 master weights
+(``uses_master_weights``; runtime/master.py) the parameters and ``param.grad`` take 2
+bytes an element, the optimizer 12 (master + moments; of the slice under ZeRO 1/2),
+ZeRO-2's gradient slice and ZeRO-3's shards stay fp32, gathered ZeRO-3 blocks are 2
+bytes, and activations (the loss's logits too) are 2 bytes with no autocast weight
+copies (re-measured: the parity gpt within 1.2%). In fp32: ``param_bytes`` = 4 bytes × this rank's
 elements (``rank_params``: the model description's count); ``grad_bytes`` = the same
 for zero 0/1, 4·ceil(Ψ/dp) for zero 2; ``optim_bytes`` = two fp32 moments per element
 plus torch's 4-byte ``step`` per tensor (zero 0), or the moments of the rank's slice,
@@ -187,7 +192,8 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
     if contents.head:
         head_in_flight = micro_batches if layout.schedule == "gpipe" and layout.pp > 1 else 1
         head = parc_head_elements(model, tp=layout.tp, sp=layout.sp, compiled=compiled)
-        total += head_in_flight * head * tokens * 4.0
+        # fp32 logits saved by the loss, under fp32 and autocast; bf16/fp16 parameters: the head's dtype
+        total += head_in_flight * head * tokens * (element if uses_master_weights(spec) else 4.0)
     if element == 2.0 and not uses_master_weights(spec):  # Note [autocast's weight copies]
         kept = sum(count for mode, count in modes.items() if mode != "full")
         total += 2.0 * in_flight * kept / layout.chunks * autocast_block_weights(model, layout.tp)
