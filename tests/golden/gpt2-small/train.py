@@ -198,7 +198,7 @@ def main() -> None:
 
     # ---- optimizer ------------------------------------------------------------
     # gpt2-small.par:26: ZeRO-1, AdamW state sharded over dp: each dp rank
-    # owns one slice of a flat bf16 parameter buffer, its fp32 master and Adam moments
+    # owns one slice of a flat bf16 parameter buffer (gpt2-small.par:36), its fp32 master and Adam moments
     optimizer = zero.ShardedAdamW(
         net,
         dp_group=dp_group,

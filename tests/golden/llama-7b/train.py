@@ -217,7 +217,7 @@ def main() -> None:
 
     # ---- optimizer ------------------------------------------------------------
     # llama-7b.par:29: ZeRO-1, AdamW state sharded over dp: each dp rank
-    # owns one slice of a flat bf16 parameter buffer, its fp32 master and Adam moments
+    # owns one slice of a flat bf16 parameter buffer (llama-7b.par:41), its fp32 master and Adam moments
     optimizer = zero.ShardedAdamW(
         net,
         dp_group=dp_group,
