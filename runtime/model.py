@@ -55,7 +55,7 @@ from .layers import (
 from .constraints import per_layer
 from .kernels import select as select_kernels
 from .model_desc import ModelConfig, describe  # noqa: F401  (ModelConfig: re-exported for train.py)
-from .param_init import initialize
+from .param_init import initialize, materialize_on
 from .placement import chunk_stages
 from .tp_plan import TensorParallelPlan
 
@@ -561,6 +561,7 @@ def use_kernels(model: nn.Module, kernels: str, device) -> nn.Module:
 def build_model(
     config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none", sub_batches=1,
     kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None, materialize=True,
+    init_on_device=None,
 ):
     """The model for this rank: built from the plan, initialized per Note [counter-based init].
 
@@ -574,29 +575,44 @@ def build_model(
     ``materialize=False`` (ZeRO-3): the parameters stay on the meta device, without
     values, until ``fsdp.FullyShardedAdamW`` generates each rank's slice of them.
     """
-    with contextlib.nullcontext() if materialize else torch.device("meta"):
+    on_meta = not materialize or _generate_on(device, init_on_device)
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
         model = Transformer(
             config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
             recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group,
             layouts=layouts,
         )
-    return _initialized(model, seed, device, kernels, materialize)
+    return _initialized(model, seed, device, kernels, materialize, init_on_device)
 
 
-def _initialized(model, seed, device, kernels, materialize):
-    """Note [counter-based init]: this rank's shard generated now, or (ZeRO-3) the seed
-    and device kept for the optimizer that generates its slices."""
-    if materialize:
+def _generate_on(device, init_on_device) -> bool:
+    """Generate the initial values on ``device`` itself (param_init.materialize_on): by
+    default on CUDA; ``init_on_device`` forces it either way (the CPU tests run it)."""
+    return torch.device(device).type == "cuda" if init_on_device is None else bool(init_on_device)
+
+
+def _initialized(model, seed, device, kernels, materialize, init_on_device=None):
+    """Note [counter-based init]: this rank's shard generated now (on ``device`` itself
+    where ``_generate_on`` says so), or (ZeRO-3) the seed and device kept for the
+    optimizer that generates its slices."""
+    if materialize and _generate_on(device, init_on_device):
+        _check_meta_attributes(model)
+        materialize_on(model, seed, device)
+    elif materialize:
         initialize(model, seed)
         model = model.to(device)
     else:
         model.init_seed, model.init_device = seed, torch.device(device)
-        for module in model.modules():  # only parameters may wait on the meta device for their values
-            for attr, value in vars(module).items():
-                if isinstance(value, torch.Tensor) and value.is_meta:
-                    raise RuntimeError(f"internal error in parc (runtime model): {type(module).__name__}.{attr} "
-                                       "was built on the meta device (materialize=False); make it on its device")
+        _check_meta_attributes(model)
     return use_kernels(model, kernels, device)
+
+
+def _check_meta_attributes(model) -> None:
+    for module in model.modules():  # only parameters may wait on the meta device for their values
+        for attr, value in vars(module).items():
+            if isinstance(value, torch.Tensor) and value.is_meta:
+                raise RuntimeError(f"internal error in parc (runtime model): {type(module).__name__}.{attr} "
+                                   "was built on the meta device; make it on its device")
 
 
 def build_stages(
@@ -646,7 +662,8 @@ def build_stages(
 def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute,
                 sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, layouts=None,
                 materialize=True):
-    with contextlib.nullcontext() if materialize else torch.device("meta"):
+    on_meta = not materialize or _generate_on(device, None)
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
         model = Transformer(
             config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
             recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,
