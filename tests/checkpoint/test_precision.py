@@ -97,7 +97,7 @@ def test_fp16_resume_restores_the_loss_scale(layout, tmp_path):
     assert got[-1]["skipped_overflow_steps"] >= 1 and got[-1]["loss_scale"] == 65536.0 / 2 ** got[-1]["skipped_overflow_steps"]
 
 
-@pytest.mark.parametrize("layout", ["one", "zero1_dp2"])
+@pytest.mark.parametrize("layout", ["one"])  # ZeRO's master slices load in the fp16 resume test
 def test_fp32_checkpoint_resumes_under_bf16_master_weights(layout, tmp_path):
     """A checkpoint of fp32 parameters (an fp32 run's, or one the autocast path of earlier
     parc versions wrote: the same tensors) loads into bf16 parameters with fp32 masters
