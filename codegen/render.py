@@ -242,15 +242,19 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             "model.allreduce_sequence_parallel_grads(net, tp_group)"
         ))
     hyper = "lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, eps=EPS"
+    compute = render_step.compute_dtype(plan)  # bf16/fp16 parameters with fp32 masters, or None
     if zero_stage == 3:
         optimizer_lines, step_lines = fsdp_lines(plan, reduce_group if reducing else "None", tp_arg, hyper, pp_arg, over)
     elif zero_stage:
         dp_arg = reduce_group if reducing else "None"
         optimizer_lines = [
             f"# {cite(plan.train.zero.span)}: ZeRO-{zero_stage}, {zero_words(plan)}: each {over} rank",
-            "# owns one slice of a flat fp32 parameter buffer and its Adam moments",
+            "# owns one slice of a flat fp32 parameter buffer and its Adam moments" if compute is None else
+            f"# owns one slice of a flat {plan.train.precision.value} parameter buffer "
+            f"({cite(plan.train.precision.span)}), its fp32 master and Adam moments",
             f"optimizer = zero.ShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
-            f"stage=ZERO, {hyper}{pp_arg}, accumulations={render_step.backward_passes(plan)}{render_moe.zero_args(plan)})",
+            f"stage=ZERO, {hyper}{pp_arg}, accumulations={render_step.backward_passes(plan)}"
+            f"{render_moe.zero_args(plan)}{compute_arg(plan)})",
         ]
         reduce_words = (
             "buckets all-reduced while backward runs; keep our slice"
@@ -261,6 +265,19 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             f"# mean gradient over {over} ({reduce_words}); the norm is global",
             "grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP)",
             "optimizer.step()  # AdamW on our slice, then all-gather the parameters over dp",
+            "optimizer.zero_grad()",
+        ]
+    elif compute is not None:  # runtime/master.py, Note [master weights]
+        optimizer_lines = [
+            f"# {cite(plan.train.precision.span)}: {plan.train.precision.value} parameters, used as they are; "
+            "the optimizer keeps",
+            "# their fp32 master copy and Adam moments and writes the rounded values back after each step",
+            f"optimizer = master.MasterAdamW(net, dtype={compute}, {hyper})",
+        ]
+        step_lines = [
+            "# the gradients to fp32 (the masters'), unscaled and clipped there; the norm is global",
+            f"grad_norm = optimizer.unscale_and_clip(GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)})",
+            "optimizer.step()  # AdamW on the fp32 masters, rounded into the parameters",
             "optimizer.zero_grad()",
         ]
     else:
@@ -286,6 +303,10 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             optimizer_extra[-1] = optimizer_extra[-1][:-1] + ", reduce_dtype=torch.bfloat16)"
             optimizer_extra.insert(-1, f"# {cite(plan.train.grad_reduce.span)}: summed over {over} in bf16, "
                                    "divided back in fp32")
+        elif compute is not None and not render_compress.enabled(plan):  # train.grad_reduce = fp32
+            optimizer_extra[-1] = optimizer_extra[-1][:-1] + ", reduce_dtype=torch.float32)"
+            optimizer_extra.insert(-1, f"# the {plan.train.precision.value} gradients summed over {over} in fp32 "
+                                   "(train.grad_reduce) and divided there")
         # first: the lines below change grads, and finish() writes the dp means back
         after_backward.insert(0, f"grad_sync.finish()  # compressed mean gradient over the {over} ranks"
                               if render_compress.enabled(plan) else
@@ -316,8 +337,9 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     forward = "loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM"
     std_imports = ["import argparse", *(["import os"] if data.kind == "tokens" else []), "import time"]
     low = render_step.autocast_dtype(plan)
-    if low is not None or plan.train.grad_reduce is not None:
+    if low is not None or compute is not None or plan.train.grad_reduce is not None:
         std_imports += ["", "import torch"]
+    if low is not None:
         forward_lines = [
             f"# {cite(plan.train.precision.span)}: {plan.train.precision.value} autocast; "
             "weights, grads and Adam stay fp32",
@@ -334,7 +356,9 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         step_lines = [_scaled_clip(line) for line in step_lines]
         optimizer_extra += [
             f"# {cite(plan.train.precision.span)}: fp16: dynamic loss scaling (grow/backoff, overflow steps skipped)",
-            "scaler = loss_scale.DynamicLossScale(rank=dist.rank)",
+            "# each rank scales its share of the global loss (Note [the scale of one rank's backward])",
+            "scaler = loss_scale.DynamicLossScale(rank=dist.rank"
+            + (f", data_ranks={'DP * CP' if cp_size > 1 else 'DP'})" if reducing else ")"),
         ]
     build_function, model_comment_lines, pipeline_args = render_step.model_lines(plan)
     model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
@@ -426,7 +450,10 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
     axes_arg = '("dp",)' if plan.mesh.size("cp") == 1 else '("dp", "cp")'
     optimizer_lines = [
         f"# {cite(train.zero.span)}: ZeRO-3, {zero_words(plan)}: each block (and the embeddings",
-        f"# and head) is one flat fp32 buffer; each {over} rank keeps its share of it and the",
+        f"# and head) is one flat fp32 buffer; each {over} rank keeps its share of it and the"
+        if render_step.compute_dtype(plan) is None else
+        f"# and head) is one flat fp32 buffer (the master weights; gathered as {plan.train.precision.value}); "
+        f"each {over} rank keeps its share of it and the",
         "# share's Adam moments, all-gathers a block before its forward and again before its",
         "# backward (ZERO_PREFETCH blocks ahead), frees it after; gradients reduce-scattered",
     ]
@@ -441,7 +468,7 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
     optimizer_lines.append(
         f"optimizer = fsdp.FullyShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
         f"{hyper}{pp_arg}{replicate}, accumulations={render_step.backward_passes(plan)}, prefetch=ZERO_PREFETCH"
-        f"{render_moe.zero_args(plan)})"
+        f"{render_moe.zero_args(plan)}{compute_arg(plan)})"
     )
     step_lines = [
         f"# mean gradient over {over} (each block's reduce-scattered as backward finished it); the norm is global",
@@ -450,6 +477,12 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
         "optimizer.zero_grad()",
     ]
     return optimizer_lines, step_lines
+
+
+def compute_arg(plan: Plan) -> str:
+    """ZeRO's optimizers under bf16/fp16: the parameters' dtype (the fp32 master is the shard)."""
+    compute = render_step.compute_dtype(plan)
+    return "" if compute is None else f", compute_dtype={compute}"
 
 
 def train_imports(plan: Plan) -> list[str]:
@@ -461,6 +494,7 @@ def train_imports(plan: Plan) -> list[str]:
     imports += ["moe"] if render_moe.has_experts(plan) else []
     imports += ["evaluate"] if render_eval.enabled(plan) else []
     imports += ["loss_scale"] if plan.train.precision.value == "fp16" else []
+    imports += ["master"] if render_step.compute_dtype(plan) and not plan.train.zero.value else []
     imports += ["compress"] if render_compress.enabled(plan) else []
     imports += ["compress_pp"] if render_compress.pipeline_enabled(plan) else []
     imports += ["hetero", "dp"] if render_hetero.enabled(plan) else []  # hetero.py imports dp.py

@@ -12,6 +12,7 @@ Before: ``codegen/render.py`` builds the other lines. After: the template places
 
 from __future__ import annotations
 
+from . import render_step
 from .plan import Plan
 from .plan_text import cite
 
@@ -72,7 +73,7 @@ def setup_lines(plan: Plan, *, reduce_group: str | None, pipelined: bool) -> lis
     else:
         val = TOKEN_FILE.format(path="args.data", part=", part=data.VAL_PART") + "  # the held-out tail"
     cp = plan.mesh.size("cp") > 1
-    bf16 = plan.train.precision.value == "bf16"
+    low = render_step.autocast_dtype(plan)  # else fp32, or bf16/fp16 parameters used as they are
     return [
         "",
         f"# ---- evaluation ({cite(plan.train.eval_every.span)}): val_loss, the same mean in every layout --",
@@ -89,7 +90,7 @@ def setup_lines(plan: Plan, *, reduce_group: str | None, pipelined: bool) -> lis
         f"    reduce_group={reduce_group or 'None'},",
         *(['    cp_rank=grid.index("cp"),', "    cp_size=CP,", "    cp_kind=CP_KIND,"] if cp else []),
         *(["    runner=runner,", "    pp_group=pp_group,"] if pipelined else []),
-        *(["    autocast_dtype=torch.bfloat16,"] if bf16 and not pipelined else []),
+        *([f"    autocast_dtype={low},"] if low is not None and not pipelined else []),
         ")",
     ]
 

@@ -12,9 +12,10 @@ Before: ``codegen/render.py`` calls these. After: the template places the lines.
 
 from __future__ import annotations
 
+from parc.runtime.constraints import master_weights
 from parc.runtime.placement import placement_for
 
-from . import render_compress
+from . import render_compress, render_hetero
 from .plan import Plan
 from .plan_text import cite
 
@@ -116,9 +117,28 @@ def model_lines(plan: Plan) -> tuple[str, list[str], list[str]]:
     )
 
 
+LOW_PRECISION = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+"""``train.precision`` → the torch dtype of its compute (fp32: none)."""
+
+
+def compute_dtype(plan: Plan) -> str | None:
+    """The dtype the parameters are held and used in, with fp32 master weights in the
+    optimizer (runtime/master.py, Note [master weights]); None for fp32 and where the
+    forward autocasts instead (``autocast_dtype``)."""
+    if autocast_dtype(plan) is not None:
+        return None
+    return LOW_PRECISION.get(plan.train.precision.value)
+
+
 def autocast_dtype(plan: Plan) -> str | None:
-    """The torch dtype the forward autocasts to (``train.precision``), None for fp32."""
-    return {"bf16": "torch.bfloat16", "fp16": "torch.float16"}.get(plan.train.precision.value)
+    """The torch dtype the forward autocasts to over fp32 weights: only for the layouts
+    whose gradient code has no low-precision compute weights yet (per-layer tp/dp,
+    compressed dp gradients: they keep fp32 parameters); None otherwise."""
+    precision = plan.train.precision.value
+    compressed = render_compress.enabled(plan) or render_compress.pipeline_enabled(plan)
+    if master_weights(precision, per_layer_tp=render_hetero.enabled(plan), compressed=compressed):
+        return None
+    return LOW_PRECISION.get(precision)
 
 
 def executor_lines(plan: Plan) -> list[str]:

@@ -110,12 +110,26 @@ def local_parameters(model, tp_group) -> list[LocalParameter]:
     return out
 
 
-def model_pieces(params: list[LocalParameter], *, saving: bool) -> list[Piece]:
+def stored(optimizer, param):
+    """The tensor a checkpoint holds for ``param``: its fp32 master under bf16/fp16
+    compute weights (master.py's ``master_of``; Note [master weights]), else the parameter."""
+    masters = getattr(optimizer, "master_of", None)
+    return param if masters is None else masters[id(param)]
+
+
+def model_pieces(params: list[LocalParameter], *, saving: bool, optimizer=None) -> list[Piece]:
     return [
-        Piece(f"model.{p.name}", p.full_shape, p.offsets, p.param.detach())
+        Piece(f"model.{p.name}", p.full_shape, p.offsets, stored(optimizer, p.param).detach())
         for p in params
         if not (saving and p.duplicate)
     ]
+
+
+def loaded(optimizer) -> None:
+    """After a load into the fp32 masters (``stored``, ``master_shards``): the compute
+    weights get their rounded values."""
+    if getattr(optimizer, "master_of", None) is not None or has_master_slices(optimizer):
+        optimizer.copy_to_model()  # ZeRO 1/2: all-gathered over dp too (every rank loads)
 
 
 def _boxes(shape: tuple[int, ...], start: int, stop: int):
@@ -204,6 +218,18 @@ def sharded_model_pieces(params: list[LocalParameter], optimizer, *, saving: boo
     return _flat_pieces(params, optimizer, [("model", "", optimizer.flat)], saving=saving)
 
 
+def has_master_slices(optimizer) -> bool:
+    """ZeRO 1/2 with bf16/fp16 parameters: each slice's fp32 master (zero.py, Note [ZeRO
+    with master weights]) is what a checkpoint holds of the parameters."""
+    return is_zero(optimizer) and getattr(optimizer, "master", None) is not None
+
+
+def master_slice_pieces(params: list[LocalParameter], optimizer, *, saving: bool) -> list[Piece]:
+    """``model_pieces`` from the fp32 master slices (``has_master_slices``)."""
+    return [piece for part in _parts(optimizer)
+            for piece in _flat_pieces(params, part, [("model", "", part.master)], saving=saving)]
+
+
 def optimizer_pieces(params: list[LocalParameter], optimizer, *, saving: bool) -> list[Piece]:
     """The AdamW moments of this rank as logical boxes (``prepare_state`` first when loading)."""
     pieces = []
@@ -215,7 +241,7 @@ def optimizer_pieces(params: list[LocalParameter], optimizer, *, saving: bool) -
     for info in params:
         if saving and info.duplicate:
             continue
-        state = optimizer.state.get(info.param)
+        state = optimizer.state.get(stored(optimizer, info.param))
         if not state:
             continue  # never stepped (no gradient yet)
         for moment in MOMENTS:

@@ -1249,3 +1249,12 @@ def hetero_stage_boundaries(layer_tp, layers, pp, stage_layers=None, tie_embeddi
                       f"per-layer tp across pipeline stages is built only where every stage boundary has one "
                       f"degree on both sides: {pairs}",
                       "give the layers on both sides of each boundary the same tp (one for all boundaries)")
+
+
+def master_weights(precision: str, *, per_layer_tp: bool, compressed: bool) -> bool:
+    """Whether ``train.precision`` bf16/fp16 holds the parameters in that dtype with fp32
+    master weights in the optimizer (runtime/master.py, Note [master weights]). Per-layer
+    tp/dp layouts and compressed gradients (dp or pipeline) keep fp32 parameters and
+    autocast the forward over them: their gradient code has no low-precision weights
+    yet. The renderer and the planner's memory model both ask here."""
+    return precision in ("bf16", "fp16") and not per_layer_tp and not compressed

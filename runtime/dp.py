@@ -69,7 +69,8 @@ class GradientBuckets:
         """``divisor``: what the summed gradients are divided by (default the dp size; a
         heterogeneous layout's layers divide by the coarse dp, Note [heterogeneous layouts]).
         ``reduce_dtype`` (``train.grad_reduce = bf16``): each bucket is summed over dp in
-        that dtype (half the bytes of fp32 on the wire) and divided back in fp32."""
+        that dtype (half the bytes of fp32 on the wire) and divided back in fp32; fp32 with
+        bf16/fp16 parameters (master.py): summed in fp32, the mean rounded once into ``.grad``."""
         if accumulations < 1:
             raise ValueError(f"accumulations must be at least 1, not {accumulations!r}")
         self.group, self.size = dp_group, group_size(dp_group)
@@ -142,13 +143,14 @@ class GradientBuckets:
         return flat if self.reduce_dtype is None else flat.to(self.reduce_dtype)
 
     def _write_back(self, bucket, flat) -> None:
-        flat = flat.to(bucket[0].dtype) if self.reduce_dtype is not None else flat  # the sum, back to fp32
+        # the sum divided in fp32, then (bf16/fp16 parameters, master.py) rounded once into .grad
+        flat = flat.to(torch.float32) if flat.dtype != torch.float32 else flat
         flat.div_(self.divisor)
         offset = 0
         for p in bucket:
             view = flat[offset : offset + p.numel()].view_as(p)
             if p.grad is None:
-                p.grad = view.clone()
+                p.grad = view.to(p.dtype, copy=True)
             else:
                 p.grad.copy_(view)
             offset += p.numel()

@@ -62,6 +62,7 @@ import torch.nn as nn
 
 from .comm import exposed, group_rank, group_size, on_gradient
 from .fsdp_units import Unit, materialize_meta, node_groups  # noqa: F401  (node_groups: train.py's, under zero_shard = node)
+from .master import mark_compute_dtype
 from .optim import clip_to_norm_
 from .zero import adamw_, clip_global_norm_, global_squares
 
@@ -75,10 +76,12 @@ class FullyShardedAdamW:
     def __init__(
         self, model, *, dp_group, tp_group, lr, betas, weight_decay, eps, pp_group=None,
         replicate_group=None, accumulations=1, prefetch=1, ep_group=None, edp_group=None, etp_group=None,
-        data_ranks=None,
+        data_ranks=None, compute_dtype=None,
     ):
         """``ep_group``, ``edp_group``, ``etp_group``, ``data_ranks``: expert parallelism's
-        groups and the ranks the loss is a mean over (Note [experts as units])."""
+        groups and the ranks the loss is a mean over (Note [experts as units]).
+        ``compute_dtype`` (bf16/fp16, master.py's Note [master weights]): the gathered
+        parameters' dtype; the shards stay fp32, the master weights."""
         if int(accumulations) < 1 or int(prefetch) < 0:
             raise ValueError(f"accumulations must be >= 1 and prefetch >= 0, not {accumulations!r}, {prefetch!r}")
         self.dp_group, self.replicate_group = dp_group, replicate_group
@@ -115,7 +118,7 @@ class FullyShardedAdamW:
         self.units, offset = [], 0
         for name, params in plan:
             self.units.append(Unit(name, params, shard_group=group_of[name], offset=offset, flat=self.flat,
-                                   init=init))
+                                   init=init, dtype=compute_dtype or torch.float32))
             self.units[-1].divisor = int(data_ranks) if name.endswith(".experts") else self.data_parallel
             offset += self.units[-1].shard_numel
         self.decay, self.tp_mask, self.counted, self.expert_mask = (self._mask(rule) for rule in (
@@ -132,6 +135,8 @@ class FullyShardedAdamW:
         self.grad, self._inflight, self._reduced = None, None, set()
         self._peak = self.gathered_peak_bytes = 0  # this step's, and the last step's
         self._hook(chunks)
+        if compute_dtype is not None:
+            mark_compute_dtype(chunks, compute_dtype)
 
     def _mask(self, rule) -> torch.Tensor:
         """A per-element flag of this rank's shards (False on padding)."""

@@ -68,11 +68,14 @@ def node_groups(grid, axes: tuple[str, ...], devices_per_node: int):
 class Unit:
     """One group of parameters gathered and freed together (fsdp.py, Note [units])."""
 
-    def __init__(self, name: str, params: list, *, shard_group, offset: int, flat: torch.Tensor, init=None):
+    def __init__(self, name: str, params: list, *, shard_group, offset: int, flat: torch.Tensor, init=None,
+                 dtype=torch.float32):
         """``init`` (a model built on the meta device): ``(pieces, layers, seed)`` of
         param_init — this rank's slice is generated (Note [counter-based init]) and the
-        parameters' own (placeholder) values are never read."""
-        self.name, self.params, self.group = name, params, shard_group
+        parameters' own (placeholder) values are never read. ``dtype``: the gathered
+        parameters' (bf16/fp16 compute weights: the fp32 shard is their master, and the
+        all-gather carries the rounded shard, half the bytes; master.py)."""
+        self.name, self.params, self.group, self.dtype = name, params, shard_group, dtype
         self.size, rank = group_size(shard_group), group_rank(shard_group)
         self.numel = sum(p.numel() for p in params)
         self.shard_numel = -(-self.numel // self.size)
@@ -90,8 +93,8 @@ class Unit:
                 for p in params:
                     full[at : at + p.numel()].copy_(p.reshape(-1))
                     at += p.numel()
-            self._adopt(full)
-            self.shard.copy_(self.full[rank * self.shard_numel : (rank + 1) * self.shard_numel])
+            self.shard.copy_(full[rank * self.shard_numel : (rank + 1) * self.shard_numel])
+            self._adopt(full.to(dtype))
         else:  # the parameters become views of the flat buffer at its first gather (``launch``)
             pieces, layers, seed = init
             fill_flat_(self.shard, [pieces[id(p)] for p in params], rank * self.shard_numel, layers=layers, seed=seed)
@@ -101,7 +104,7 @@ class Unit:
         self.free()
 
     def nbytes(self) -> int:
-        return self.padded * self.shard.element_size()
+        return self.padded * self.dtype.itemsize
 
     @torch.no_grad()
     def _adopt(self, full: torch.Tensor) -> None:
@@ -117,7 +120,7 @@ class Unit:
         if self.gathered:
             return
         if self.full is None:  # a unit generated in place (``init``): its first gather
-            self._adopt(torch.empty(self.padded, dtype=torch.float32, device=self.shard.device))
+            self._adopt(torch.empty(self.padded, dtype=self.dtype, device=self.shard.device))
         else:
             self.full.untyped_storage().resize_(self.nbytes())
         self.gathered = True
@@ -125,10 +128,11 @@ class Unit:
         if self.size == 1:
             self.full.copy_(self.shard)
             return
+        mine = self.shard if self.dtype == self.shard.dtype else self.shard.to(self.dtype)  # rounded: sent so
         if dist.get_backend(self.group) == "nccl":
-            self.work = dist.all_gather_into_tensor(self.full, self.shard, group=self.group, async_op=True)
+            self.work = dist.all_gather_into_tensor(self.full, mine, group=self.group, async_op=True)
         else:
-            self.work = dist.all_gather(list(self.full.chunk(self.size)), self.shard, group=self.group, async_op=True)
+            self.work = dist.all_gather(list(self.full.chunk(self.size)), mine, group=self.group, async_op=True)
 
     def wait(self) -> None:
         self.launch()

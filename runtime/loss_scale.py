@@ -12,6 +12,18 @@ divided by it before clipping (``grad_scale`` of the clip functions). A step who
 scaled gradients overflowed (non-finite norm) is skipped, logged, and the scale
 halved (backoff); after ``growth_interval`` finite steps in a row it doubles (grow).
 torch.amp.GradScaler's policy and defaults, for parc's sharded gradients.
+
+Note [the scale of one rank's backward]: ``scale`` multiplies the *global* loss, the
+mean over every micro-batch of every data-parallel rank. A rank's backward runs on its
+micro-batch's loss divided by GRAD_ACCUM (the micro-batches it accumulates), and the dp
+reduction then divides the sum by the ``data_ranks`` (dp, or dp·cp); so the rank's share
+of the global loss is loss / (GRAD_ACCUM · data_ranks), and ``begin`` returns
+``scale / data_ranks``: every layout's fp16 backward then sees the numbers the one-rank
+run does (whose GRAD_ACCUM is data_ranks times larger). Multiplying by the whole
+``scale`` instead made each rank's fp16 gradients data_ranks times those of one rank,
+so at dp 4 a step overflowed (step 4 of the parity spec) that one rank takes. The
+gradients after the dp mean are of the global loss times ``scale / data_ranks``, which
+is what the clip divides by (``grad_scale = scaled_by``).
 """
 
 from __future__ import annotations
@@ -23,22 +35,24 @@ from .faults import _env_step
 
 class DynamicLossScale:
     def __init__(self, *, init: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                 growth_interval: int = 2000, rank: int = 0):
+                 growth_interval: int = 2000, rank: int = 0, data_ranks: int = 1):
         if not (init > 0 and growth_factor > 1 and 0 < backoff_factor < 1 and growth_interval >= 1):
             raise ValueError("loss scale: init > 0, growth_factor > 1, 0 < backoff_factor < 1, growth_interval >= 1")
         self.scale = float(init)
         self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
         self.growth_interval, self.rank = growth_interval, rank
+        self.data_ranks = int(data_ranks)  # the ranks the loss is a mean over (Note [the scale of one rank's backward])
         self.step_scale = self.scale  # what this step's loss was multiplied by
         self.good_steps = 0  # finite steps since the last backoff or growth
         self.skipped = 0  # overflow steps skipped so far
 
     def begin(self, step: int) -> float:
-        """The scale for ``step``'s backward. ``PARC_OVERFLOW_AT_STEP=k`` (tests only):
-        step k's scale is 1e30, so its fp16 gradients overflow for real."""
+        """What this rank multiplies its loss by for ``step``'s backward: the scale over the
+        data ranks (Note [the scale of one rank's backward]). ``PARC_OVERFLOW_AT_STEP=k``
+        (tests only): step k's scale is 1e30, so its fp16 gradients overflow for real."""
         forced = _env_step("PARC_OVERFLOW_AT_STEP") == step
         self.step_scale = 1e30 if forced else self.scale
-        return self.step_scale
+        return self.step_scale / self.data_ranks
 
     def update(self, step: int, grad_norm: float) -> bool:
         """Whether the optimizer takes ``step`` (Note [dynamic loss scaling])."""

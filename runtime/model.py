@@ -56,7 +56,7 @@ from .layers import (
 from .constraints import per_layer
 from .kernels import select as select_kernels
 from .model_desc import ModelConfig, describe  # noqa: F401  (ModelConfig: re-exported for train.py)
-from .param_init import initialize
+from .param_init import initialize, materialize_on
 from .placement import chunk_stages
 from .tp_plan import TensorParallelPlan
 
@@ -125,7 +125,8 @@ def rotary(x, theta, start=0):
     angles = torch.outer(torch.arange(start, start + T, dtype=torch.float32, device=x.device), inv)
     cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)  # (T, D)
     first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-second, first), dim=-1) * sin
+    rotated = x * cos + torch.cat((-second, first), dim=-1) * sin  # fp32 (cos, sin are)
+    return rotated.to(x.dtype)  # bf16/fp16 parameters: back to the compute dtype
 
 
 class Attention(nn.Module):
@@ -328,6 +329,7 @@ class Transformer(nn.Module):
     """
 
     fused = None  # see Norm: the loss's cross-entropy kernels
+    compute_dtype = None  # bf16/fp16 parameters (master.py, Note [master weights]); None: fp32
 
     def __init__(
         self, config, *, tp_group, sequence_parallel, tp_plan, recompute="none",
@@ -542,6 +544,8 @@ class Transformer(nn.Module):
                 x = self.layouts.split_inputs(x, self.embed_tp)
         if self.first:
             x = self.embed_tokens(x)
+        elif self.compute_dtype is not None:
+            x = x.to(self.compute_dtype)  # a stage's input arrives in fp32 (pipeline.py)
         x = self.run_blocks(x)
         if not self.last:
             return x
@@ -613,7 +617,8 @@ def use_kernels(model: nn.Module, kernels: str, device) -> nn.Module:
 
 def build_model(
     config, *, tp_group, sequence_parallel, tp_plan, seed, device, recompute="none", sub_batches=1,
-    kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, etp_group=None, layouts=None, materialize=True, tp_grid=None,
+    kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, etp_group=None, layouts=None, materialize=True,
+    tp_grid=None, init_on_device=None,
 ):
     """The model for this rank: built from the plan, initialized per Note [counter-based init].
 
@@ -629,29 +634,44 @@ def build_model(
     ``tp_grid``: the R × C grid of the tp ranks under 2D tensor parallelism (``Mesh.tp_grid``,
     Note [2D tensor parallelism] in layers2d.py); None: 1D.
     """
-    with contextlib.nullcontext() if materialize else torch.device("meta"):
+    on_meta = not materialize or _generate_on(device, init_on_device)
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
         model = Transformer(
             config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
             recompute=recompute, sub_batches=sub_batches, cp_group=cp_group, cp_kind=cp_kind, ep_group=ep_group, etp_group=etp_group,
             layouts=layouts, tp_grid=tp_grid,
         )
-    return _initialized(model, seed, device, kernels, materialize)
+    return _initialized(model, seed, device, kernels, materialize, init_on_device)
 
 
-def _initialized(model, seed, device, kernels, materialize):
-    """Note [counter-based init]: this rank's shard generated now, or (ZeRO-3) the seed
-    and device kept for the optimizer that generates its slices."""
-    if materialize:
+def _generate_on(device, init_on_device) -> bool:
+    """Generate the initial values on ``device`` itself (param_init.materialize_on): by
+    default on CUDA; ``init_on_device`` forces it either way (the CPU tests run it)."""
+    return torch.device(device).type == "cuda" if init_on_device is None else bool(init_on_device)
+
+
+def _initialized(model, seed, device, kernels, materialize, init_on_device=None):
+    """Note [counter-based init]: this rank's shard generated now (on ``device`` itself
+    where ``_generate_on`` says so), or (ZeRO-3) the seed and device kept for the
+    optimizer that generates its slices."""
+    if materialize and _generate_on(device, init_on_device):
+        _check_meta_attributes(model)
+        materialize_on(model, seed, device)
+    elif materialize:
         initialize(model, seed)
         model = model.to(device)
     else:
         model.init_seed, model.init_device = seed, torch.device(device)
-        for module in model.modules():  # only parameters may wait on the meta device for their values
-            for attr, value in vars(module).items():
-                if isinstance(value, torch.Tensor) and value.is_meta:
-                    raise RuntimeError(f"internal error in parc (runtime model): {type(module).__name__}.{attr} "
-                                       "was built on the meta device (materialize=False); make it on its device")
+        _check_meta_attributes(model)
     return use_kernels(model, kernels, device)
+
+
+def _check_meta_attributes(model) -> None:
+    for module in model.modules():  # only parameters may wait on the meta device for their values
+        for attr, value in vars(module).items():
+            if isinstance(value, torch.Tensor) and value.is_meta:
+                raise RuntimeError(f"internal error in parc (runtime model): {type(module).__name__}.{attr} "
+                                   "was built on the meta device; make it on its device")
 
 
 def build_stages(
@@ -701,7 +721,8 @@ def build_stages(
 def build_stage(config, *, stages, index, tp_group, sequence_parallel, tp_plan, seed, device, recompute,
                 sub_batches=1, kernels="compiled", cp_group=None, cp_kind=None, ep_group=None, etp_group=None, layouts=None,
                 materialize=True, tp_grid=None):
-    with contextlib.nullcontext() if materialize else torch.device("meta"):
+    on_meta = not materialize or _generate_on(device, None)
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
         model = Transformer(
             config, tp_group=tp_group, sequence_parallel=sequence_parallel, tp_plan=tp_plan,
             recompute=recompute, layers=stages[index], first=index == 0, last=index == len(stages) - 1,

@@ -17,8 +17,11 @@ parameter's value does not depend on which others exist, in what order they are
 built, nor on how it is split. Temporaries are bounded by ``CHUNK`` elements. ``fill_``
 also takes a flat range of a box (``start``): under ZeRO-3 the model is built on the
 meta device and each rank generates only its slice of each flat buffer (``fill_flat_``,
-called by ``fsdp_units.Unit``). Values are generated on the CPU, then moved (CUDA
-generation is planned). (float64 ``log``/``cos`` may differ by one float64 ulp between ATen's vector and
+called by ``fsdp_units.Unit``). Without ZeRO-3, a model for a CUDA device is built on
+the meta device too and ``materialize_on`` allocates each parameter on the device and
+generates its shard there (no CPU copy, no torch default init first); on the CPU it is
+built and filled in place (``initialize``). Both give the same numbers, bit for bit
+(tests/runtime/test_param_init.py runs the device path on the CPU; not yet run on a GPU). (float64 ``log``/``cos`` may differ by one float64 ulp between ATen's vector and
 scalar paths; that changes the float32 result with probability ~2⁻²⁹ per element,
 never seen on the tiny models, which the tests compare bit for bit.)
 
@@ -204,3 +207,24 @@ def initialize(model: nn.Module, seed: int) -> None:
     for module, attr, name, full, offsets in list(boxes(model)):
         param = getattr(module, attr)
         fill_(param, name, full, layers=layers, seed=seed, offsets=offsets, shape=tuple(param.shape))
+
+
+@torch.no_grad()
+def materialize_on(model: nn.Module, seed: int, device) -> None:
+    """A model built on the meta device: every parameter allocated on ``device`` (the
+    same new tensor in every module holding it: ties kept; tags such as
+    ``tensor_parallel`` copied) and generated there, each rank its shard only
+    (Note [counter-based init]); norms get their 1s and 0s from ``_rule``."""
+    found, layers, replaced = pieces(model), model.config.layers, {}
+    for module in model.modules():
+        for attr, param in list(module._parameters.items()):
+            if param is None or not param.is_meta:
+                continue
+            if id(param) not in replaced:
+                new = nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=device),
+                                   requires_grad=param.requires_grad)
+                new.__dict__.update(param.__dict__)
+                name, full, offsets, shape = found[id(param)]
+                fill_(new, name, full, layers=layers, seed=seed, offsets=offsets, shape=shape)
+                replaced[id(param)] = new
+            module._parameters[attr] = replaced[id(param)]

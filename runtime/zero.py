@@ -44,6 +44,14 @@ slices, moments and all-gather. Their gradients are summed over edp and divided 
 ``reduce_expert_grads``) — at stage 1 after backward, at stage 2 bucket by bucket during
 it. The global norm adds the experts' squares, summed over edp (slices) and ep, to the
 dense ones before the pipeline sum, and both parts are clipped by the same factor.
+
+Note [ZeRO with master weights]: under bf16/fp16 (``compute_dtype``) the flat buffer,
+and so every parameter, is in the compute dtype; the rank's slice has an fp32 master
+copy (``master``) that AdamW steps, and the rounded slice is what the all-gather
+carries (half of fp32's bytes). Gradients arrive in the compute dtype and are summed
+in fp32: stage 1's buckets (dp.py, ``reduce_dtype``), stage 2's packed buckets; the
+gradient slice is fp32. Checkpoints read and write the masters
+(checkpoint_shards.py); master.py's Note [master weights] says what stays fp32.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ import torch.distributed as dist
 
 from .comm import exposed, group_rank, group_size, on_gradient
 from .dp import GradientBuckets, gradient_buckets
+from .master import mark_compute_dtype
 from .optim import clip_to_norm_
 
 
@@ -62,11 +71,13 @@ class ShardedAdamW:
     def __init__(
         self, model, *, dp_group, tp_group, stage, lr, betas, weight_decay, eps, pp_group=None,
         accumulations=1, bucket_bytes=25 * 2**20, ep_group=None, edp_group=None, data_ranks=None,
-        params=None, etp_group=None,
+        params=None, etp_group=None, compute_dtype=None,
     ):
         """``ep_group``, ``edp_group``, ``etp_group``, ``data_ranks``: expert parallelism's groups and the
         ranks the loss is a mean over (Note [experts under ZeRO]). ``params``: the
-        parameters this optimizer owns (default: all but the expert-parallel ones)."""
+        parameters this optimizer owns (default: all but the expert-parallel ones).
+        ``compute_dtype`` (bf16/fp16, Note [ZeRO with master weights]): the flat buffer's
+        and so the parameters' dtype; the fp32 master of the slice is ``self.master``."""
         if stage not in (1, 2):
             raise ValueError(f"ZeRO stage must be 1 or 2, not {stage!r}")
         self.stage, self.dp_group, self.tp_group, self.pp_group = stage, dp_group, tp_group, pp_group
@@ -87,7 +98,7 @@ class ShardedAdamW:
             self.experts = ShardedAdamW(
                 model, dp_group=edp_group, tp_group=None, stage=stage, lr=lr, betas=betas,
                 weight_decay=weight_decay, eps=eps, accumulations=accumulations, bucket_bytes=bucket_bytes,
-                data_ranks=data_ranks, params=experts,
+                data_ranks=data_ranks, params=experts, compute_dtype=compute_dtype,
             )
         dp_size, dp_rank = group_size(dp_group), group_rank(dp_group)
         total = sum(p.numel() for p in self.params)
@@ -112,8 +123,18 @@ class ShardedAdamW:
                 counted[offset : offset + n] = not getattr(p, "pipeline_duplicate", False)
                 share[offset : offset + n] = 1.0 / int(getattr(p, "tp_copies", 1))  # Note [2D tensor parallelism]
                 offset += n
-        self.flat = flat
         self.lo, self.hi = dp_rank * self.shard, (dp_rank + 1) * self.shard
+        self.master = None  # Note [ZeRO with master weights]
+        if compute_dtype is not None:
+            self.master = flat[self.lo : self.hi].clone()
+            flat = flat.to(compute_dtype)
+            offset = 0
+            for p in self.params:
+                p.data = flat[offset : offset + p.numel()].view_as(p)
+                offset += p.numel()
+            if not owned:
+                mark_compute_dtype(model, compute_dtype)
+        self.flat = flat
         self.decay = decay[self.lo : self.hi].clone()
         self.tp_mask = tp_mask[self.lo : self.hi].clone()
         self.counted = counted[self.lo : self.hi].clone()
@@ -131,7 +152,8 @@ class ShardedAdamW:
             self._prepare_buckets(int(accumulations), int(bucket_bytes))
         elif not owned:  # stage 1: whole gradients, all-reduced during backward
             self._grad_sync = GradientBuckets(
-                model, dp_group, bucket_bytes=bucket_bytes, overlap=True, accumulations=accumulations
+                model, dp_group, bucket_bytes=bucket_bytes, overlap=True, accumulations=accumulations,
+                reduce_dtype=None if compute_dtype is None else torch.float32,  # summed in fp32
             )
 
     # ---- stage 2: gradients reduced bucket by bucket during backward -------------
@@ -172,8 +194,8 @@ class ShardedAdamW:
         if self.grad is None:  # this step's gradient slice: all the gradient a rank keeps
             self.grad = torch.zeros(self.shard, dtype=torch.float32, device=self.flat.device)
         bucket = self.buckets[index]
-        packed = torch.cat([
-            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p, _ in bucket
+        packed = torch.cat([  # fp32: low-precision gradients are summed in fp32 (train.grad_reduce)
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(torch.float32) for p, _ in bucket
         ])
         for p, _ in bucket:
             p.grad = None  # the packed copy replaces it
@@ -217,12 +239,17 @@ class ShardedAdamW:
         """This rank's slice of the flat parameter buffer (a view)."""
         return self.flat[self.lo : self.hi]
 
+    @property
+    def master_slice(self) -> torch.Tensor:
+        """The fp32 values AdamW steps: the slice itself, or its master copy (bf16/fp16)."""
+        return self.param_slice if self.master is None else self.master
+
     @torch.no_grad()
     def _slice_grad(self) -> torch.Tensor:
         """This rank's slice of the flat gradient, copied from each parameter's overlap with
         [lo, hi) only: no full-size flat gradient is made and copied first
         (ZeRO-1 after backward; ``_drain`` does the same per bucket for ZeRO-2)."""
-        grad = torch.zeros(self.shard, dtype=self.flat.dtype, device=self.flat.device)
+        grad = torch.zeros(self.shard, dtype=torch.float32, device=self.flat.device)
         offset = 0
         for p in self.params:
             n = p.numel()
@@ -285,13 +312,23 @@ class ShardedAdamW:
         if self.grad is None:
             raise RuntimeError("call reduce_gradients_and_clip() before step()")
         adamw_(
-            self.param_slice, self.grad, self.state, decay=self.decay, lr=self.param_groups[0]["lr"],
+            self.master_slice, self.grad, self.state, decay=self.decay, lr=self.param_groups[0]["lr"],
             betas=(self.beta1, self.beta2), eps=self.eps, weight_decay=self.weight_decay,
         )
-        self._all_gather()
+        self.copy_to_model(experts=False)
         if self.experts is not None:
             self.experts.param_groups[0]["lr"] = self.param_groups[0]["lr"]  # optim.set_lr sets ours
             self.experts.step()
+
+    @torch.no_grad()
+    def copy_to_model(self, experts: bool = True) -> None:
+        """The slice (rounded from its master, bf16/fp16) all-gathered into every rank's
+        parameters; after a step, or a checkpoint load into the slices."""
+        if self.master is not None:
+            self.param_slice.copy_(self.master)
+        self._all_gather()
+        if experts and self.experts is not None:
+            self.experts.copy_to_model()
 
     def _all_gather(self) -> None:
         size = group_size(self.dp_group)
@@ -323,7 +360,7 @@ class ShardedAdamW:
     def state_bytes(self) -> int:
         """Bytes of optimizer state (moments) this rank holds."""
         return sum(t.numel() * t.element_size() for part in self.parts()
-                   for t in part.state.values() if torch.is_tensor(t))
+                   for t in [*part.state.values(), part.master] if torch.is_tensor(t))
 
 
 @torch.no_grad()

@@ -282,7 +282,8 @@ _rotary.register_autograd(_rotary_backward, setup_context=_rotary_setup)
 def rotary(q: Tensor, k: Tensor, theta: float, start: int = 0) -> tuple[Tensor, Tensor]:
     """Rotary positions start..start+T-1 on q and k, each (B, heads, T, D) (model.py's rotary())."""
     cos, sin = rotary_tables(q.shape[-2], q.shape[-1], theta, q.device, start)
-    return _rotary(q, cos, sin, 1.0), _rotary(k, cos, sin, 1.0)
+    # computed in fp32, rounded to the inputs' dtype (bf16/fp16 compute weights, as model.py's)
+    return _rotary(q, cos, sin, 1.0).to(q.dtype), _rotary(k, cos, sin, 1.0).to(k.dtype)
 
 
 # ---- cross-entropy ----------------------------------------------------------------

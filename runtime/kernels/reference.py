@@ -51,14 +51,15 @@ def rotary_tables(T, D, theta, device, start=0):
 def rotary_one(x, theta, start=0):
     """Rotate (B, heads, T, D) by position (pairs of halves, Llama style).
 
-    A bf16 x gives fp32, as x · (fp32 cos) does in model.py; its gradient is formed
-    in fp32 and rounded once (model.py's rounds each of the two terms).
+    A bf16 x is rotated in fp32 and the result rounded back to bf16, as model.py's
+    rotary() does (bf16/fp16 compute weights: q and k stay in the compute dtype); its
+    gradient is formed in fp32 and rounded once (model.py's rounds each of the two terms).
     """
-    x = _up(x)
+    dtype, x = x.dtype, _up(x)
     cos, sin = rotary_tables(x.shape[-2], x.shape[-1], theta, x.device, start)
     cos, sin = cos.repeat(1, 2), sin.repeat(1, 2)  # (T, D)
     first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-second, first), dim=-1) * sin
+    return (x * cos + torch.cat((-second, first), dim=-1) * sin).to(dtype)
 
 
 def rotary(q, k, theta, start=0):

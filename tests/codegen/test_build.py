@@ -213,10 +213,15 @@ def test_unsupported_features_point_at_the_spec(sets, code, words):
 
 
 @pytest.mark.parametrize("sets", [[], ["parallel.dp=4", "parallel.tp=1"], ["parallel.pp=2", "parallel.tp=1"]])
-def test_fp16_builds_autocast_with_dynamic_loss_scaling(sets):
+def test_fp16_builds_fp16_parameters_with_dynamic_loss_scaling(sets):
     files = generate(load("examples/tiny.par", ["train.precision=fp16", *sets]))
     text = files["train.py"].decode()
-    assert "scaler = loss_scale.DynamicLossScale(rank=dist.rank)" in text
+    # the scale multiplies the global loss: each rank's backward runs on its share of it
+    assert "scaler = loss_scale.DynamicLossScale(rank=dist.rank, data_ranks=DP)" in text  # tiny: dp 2 or 4
+    # fp16 parameters with fp32 masters (runtime/master.py), not autocast over fp32 weights
+    assert "optimizer = master.MasterAdamW(" in text and "dtype=torch.float16" in text
+    assert "torch.autocast" not in text and "parc_runtime/master.py" in files
+    assert "optimizer.unscale_and_clip(" in text
     assert "scaled_by = scaler.begin(step)" in text and "grad_scale=scaled_by" in text
     assert "stepping = scaler.update(step, grad_norm)" in text and '"loss_scale": scaler.scale' in text
     assert "torch.float16" in text and "parc_runtime/loss_scale.py" in files

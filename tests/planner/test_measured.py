@@ -32,12 +32,12 @@ CASES = {
     # ZeRO-3: shards padded per unit (runtime/fsdp.py); gathered parameters are not activations
     "gpt dp4 zero3": ("gpt.par", dict(dp=4, zero=3)),
     "llama dp2·pp2 zero3": ("llama.par", dict(dp=2, pp=2, zero=3)),
-    # bf16 autocast: the bf16 copies of the matmul weights are saved for backward too
+    # bf16 parameters with fp32 masters (runtime/master.py): 2-byte activations, no weight copies
     "gpt dp2 bf16": ("gpt.par", dict(dp=2, precision="bf16")),
-    # low precision with sharded optimizers and pipelines: the copies per micro-batch in flight
+    # low precision with sharded optimizers: fp32 master slices and shards
     "gpt dp2 zero3 bf16": ("gpt.par", dict(dp=2, zero=3, precision="bf16")),
     "llama dp2 zero1 bf16": ("llama.par", dict(dp=2, zero=1, precision="bf16")),
-    # fp16 autocast keeps the same 2-byte copies (the loss scale costs no bytes)
+    # fp16 the same (the loss scale costs no bytes)
     "gpt dp2 fp16": ("gpt.par", dict(dp=2, precision="fp16")),
     # mixture of experts (cost/experts.py): routed rows' activations; experts split over ep,
     # sharded over edp under ZeRO (runtime/zero.py, Note [experts under ZeRO])

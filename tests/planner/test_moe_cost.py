@@ -42,10 +42,11 @@ def test_experts_split_over_ep_and_their_states_over_edp():
     experts = rank_expert_params(spec.model, two, 0)
     assert rank_expert_params(spec.model, one, 0) == 0  # replicated experts are plain parameters
     assert whole - split == experts  # half of the experts leave each rank
-    # ZeRO-1: the dense part's moments over dp 8, the experts' over edp = 8/2 = 4
+    # ZeRO-1: the dense part's moments (and, bf16, fp32 masters) over dp 8, the experts' over edp = 8/2 = 4
     mem = memory(spec, two).per_rank[0]
     dense = split - experts
-    assert mem.optimizer == 8.0 * (-(-dense // 8) + -(-experts // 4))
+    per_element = 12.0 if spec.train.precision.value in ("bf16", "fp16") else 8.0
+    assert mem.optimizer == per_element * (-(-dense // 8) + -(-experts // 4))
 
 
 def test_all_to_all_costs_more_when_the_ep_group_leaves_the_node():

@@ -52,3 +52,23 @@ def test_out_of_range_boxes_are_refused():
         init_values(Q, (4, 4), layers=2, seed=1, offsets=(2, 0), shape=(3, 4))
     with pytest.raises(ValueError, match="outside the box"):
         fill_(torch.empty(5), Q, (4, 4), layers=2, seed=1, start=12)
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_generated_on_the_device_equals_the_cpu_init(arch):
+    """model.build_model(init_on_device=True): built on the meta device, each parameter
+    allocated and generated on the device (param_init.materialize_on; on CUDA the default,
+    here forced on the CPU) — the same numbers as the in-place CPU init, bit for bit, ties kept."""
+    from parc.runtime import model
+
+    config = model.ModelConfig(
+        arch=arch, layers=2, hidden=32, heads=4, kv_heads=4 if arch == "gpt" else 2, ffn=64, vocab=128,
+        padded_vocab=128, seq_len=16, dropout=0.0, norm_eps=1e-5, rope_theta=1e4, tie_embeddings=arch == "gpt",
+    )
+    built = [model.build_model(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=5, device="cpu",
+                               kernels="eager", init_on_device=flag) for flag in (False, True)]
+    cpu, device = (dict(m.named_parameters()) for m in built)
+    assert cpu.keys() == device.keys()
+    for name in cpu:
+        assert not device[name].is_meta and torch.equal(cpu[name], device[name]), name
+    assert len(list(built[1].parameters())) == len(list(built[0].parameters()))  # tied once in both

@@ -7,7 +7,12 @@ and the formulas on their own (``model_state_bytes``, ``korthikanti_layer_bytes`
 ``cost/estimate.py``.
 
 Note [what parc's trainer holds]: the PARC accounting predicts exactly what the
-trainer logs (``runtime/memory.py``): ``param_bytes`` = 4 bytes × this rank's
+trainer logs (``runtime/memory.py``). Under bf16/fp16 with fp32 master weights
+(``uses_master_weights``; runtime/master.py) the parameters and ``param.grad`` take 2
+bytes an element, the optimizer 12 (master + moments; of the slice under ZeRO 1/2),
+ZeRO-2's gradient slice and ZeRO-3's shards stay fp32, gathered ZeRO-3 blocks are 2
+bytes, and activations (the loss's logits too) are 2 bytes with no autocast weight
+copies (re-measured: the parity gpt within 1.2%). In fp32: ``param_bytes`` = 4 bytes × this rank's
 elements (``rank_params``: the model description's count); ``grad_bytes`` = the same
 for zero 0/1, 4·ceil(Ψ/dp) for zero 2; ``optim_bytes`` = two fp32 moments per element
 plus torch's 4-byte ``step`` per tensor (zero 0), or the moments of the rank's slice,
@@ -29,7 +34,7 @@ import math
 from dataclasses import dataclass
 
 from parc.dsl.spec import ModelSpec, Precision, Spec
-from parc.runtime.constraints import per_layer
+from parc.runtime.constraints import master_weights, per_layer
 from parc.runtime.model_desc import LINEAR
 from parc.runtime.schedule import in_flight_bound
 
@@ -75,13 +80,15 @@ class MemoryEstimate:
 
 
 def model_state_bytes(
-    params: int, tensors: int, *, dp: int, zero: int, accounting: Accounting
+    params: int, tensors: int, *, dp: int, zero: int, accounting: Accounting, low: bool = False
 ) -> tuple[float, float, float]:
     """(parameter, gradient, optimizer) bytes of a rank holding ``params`` elements.
 
     MEGATRON: the ZeRO paper's 2 + 2 + 12 bytes per parameter, with stage 1 sharding
     the 12, stage 2 also the gradients' 2, stage 3 everything. PARC: Note [what parc's
-    trainer holds] (stage 3 shards the fp32 parameters too).
+    trainer holds] (stage 3 shards the fp32 parameters too). ``low``: bf16/fp16
+    parameters with fp32 master weights (runtime/master.py): 2-byte parameters and
+    gradients (stage 2's slice: fp32), the fp32 master with the moments in the optimizer.
     """
     shard = math.ceil(params / dp)
     if accounting is Accounting.MEGATRON:
@@ -90,6 +97,9 @@ def model_state_bytes(
             2.0 * (params / dp if zero >= 2 else params),
             12.0 * (params / dp if zero >= 1 else params),
         )
+    if low and zero < 3:  # Note [what parc's trainer holds]
+        return 2.0 * params, 4.0 * shard if zero == 2 else 2.0 * params, (
+            12.0 * shard if zero >= 1 else 12.0 * params + 4.0 * tensors)
     param_bytes = 4.0 * (shard if zero >= 3 else params)
     grad_bytes = 4.0 * (shard if zero >= 2 else params)
     optim_bytes = 8.0 * shard if zero >= 1 else 8.0 * params + 4.0 * tensors
@@ -186,13 +196,20 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
     if contents.head:
         head_in_flight = micro_batches if layout.schedule == "gpipe" and layout.pp > 1 else 1
         head = parc_head_elements(model, tp=layout.tp, sp=layout.sp, compiled=compiled)
-        total += head_in_flight * head * tokens * 4.0
-    if element == 2.0:  # Note [autocast's weight copies]
+        # fp32 logits saved by the loss, under fp32 and autocast; bf16/fp16 parameters: the head's dtype
+        total += head_in_flight * head * tokens * (element if uses_master_weights(spec) else 4.0)
+    if element == 2.0 and not uses_master_weights(spec):  # Note [autocast's weight copies]
         kept = sum(count for mode, count in modes.items() if mode != "full")
         total += 2.0 * in_flight * kept / layout.chunks * autocast_block_weights(model, layout.tp)
         if contents.head:
             total += 2.0 * head_in_flight * model_desc(model).head[-1].weight.numel(layout.tp)
     return total
+
+
+def uses_master_weights(spec: Spec) -> bool:
+    """bf16/fp16 parameters with fp32 masters (else fp32, or autocast over fp32 weights)."""
+    compressed = spec.parallel.compress not in (None, "none") or spec.parallel.compress_pp not in (None, "none")
+    return master_weights(spec.train.precision.value, per_layer_tp=False, compressed=compressed)
 
 
 def autocast_block_weights(model: ModelSpec, tp: int) -> int:
@@ -244,23 +261,25 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
     rows = {}
     for rank in ranks:
         params, tensors = rank_params(model, layout, rank, stage_layers)
+        low = uses_master_weights(spec)
         param_b, grad_b, optim_b = model_state_bytes(
-            params, tensors, dp=layout.dp, zero=layout.zero, accounting=accounting
+            params, tensors, dp=layout.dp, zero=layout.zero, accounting=accounting, low=low
         )
+        grad_element = 2.0 if low else 4.0  # param.grad: the parameters' dtype
         experts = rank_expert_params(model, layout, rank, stage_layers)
         if accounting is Accounting.PARC and experts and layout.zero in (1, 2):  # Note [experts under ZeRO]
             shard = math.ceil((params - experts) / layout.dp) + math.ceil(experts / expert_data_ranks(layout))
-            optim_b = 8.0 * shard
+            optim_b = (12.0 if low else 8.0) * shard
             grad_b = 4.0 * shard if layout.zero == 2 else grad_b
         if accounting is Accounting.PARC and layout.zero == 2 and layout.dp > 1:
             # Partial sp gradients wait, whole, for their sum over tp when backward ends.
-            grad_b += 4.0 * sequence_parallel_params(model, layout, rank, stage_layers)
+            grad_b += grad_element * sequence_parallel_params(model, layout, rank, stage_layers)
         if accounting is Accounting.PARC and layout.zero == 3 and layout.dp > 1:
             shard = zero3_shard_elements(model, layout, rank, stage_layers)  # padded per unit
             param_b, grad_b, optim_b = 4.0 * shard, 4.0 * shard, 8.0 * shard
         if accounting is Accounting.PARC and layout.zero == 3 and layout.dp > 1 and layout.sp and layout.tp > 1:
             # every unit holds a sequence-parallel norm: its whole gradients wait for the tp sum
-            grad_b += 4.0 * params
+            grad_b += grad_element * params
         acts = activation_bytes(spec, layout, rank, accounting, stage_layers)
         rows[rank] = MemoryBreakdown(
             params=param_b,
@@ -281,13 +300,14 @@ def zero3_working_set(spec: Spec, layout: Layout, params: int, accounting: Accou
     copy being reduce-scattered (PARC: fp32; MEGATRON: bf16 parameters and gradients).
     Blocks are taken as equal, the root as what the rank holds beyond its blocks."""
     model = spec.model
-    element = 2.0 if accounting is Accounting.MEGATRON else 4.0
+    element = 2.0 if accounting is Accounting.MEGATRON or uses_master_weights(spec) else 4.0  # gathered
+    packed = 2.0 if accounting is Accounting.MEGATRON else 4.0  # the reduce-scattered copy: fp32 in parc
     block = model_desc(model).stage_params(
         layout.tp, layers=(0, 1), first=False, last=False, sharded=None
     ).elements if model.layers else 0
     root = max(0, params - block * layout_blocks(model, layout))
     prefetch = int(getattr(spec.parallel, "zero_prefetch", 1))
-    return element * (root + (1 + prefetch) * block + 2 * block)
+    return element * (root + (1 + prefetch) * block + block) + packed * block
 
 
 def layout_blocks(model, layout: Layout) -> int:

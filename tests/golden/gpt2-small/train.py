@@ -198,7 +198,7 @@ def main() -> None:
 
     # ---- optimizer ------------------------------------------------------------
     # gpt2-small.par:26: ZeRO-1, AdamW state sharded over dp: each dp rank
-    # owns one slice of a flat fp32 parameter buffer and its Adam moments
+    # owns one slice of a flat bf16 parameter buffer (gpt2-small.par:36), its fp32 master and Adam moments
     optimizer = zero.ShardedAdamW(
         net,
         dp_group=dp_group,
@@ -209,6 +209,7 @@ def main() -> None:
         weight_decay=WEIGHT_DECAY,
         eps=EPS,
         accumulations=GRAD_ACCUM,
+        compute_dtype=torch.bfloat16,
     )
     activations = memory.SavedActivations(net)  # peak bytes saved for backward
     logger = metrics.MetricsLogger(
@@ -289,12 +290,7 @@ def main() -> None:
                     dp_size=DP,
                 )
                 inputs, targets = dataset.batch(indices)  # (B, T) token ids each
-                # gpt2-small.par:36: bf16 autocast; weights, grads and Adam stay fp32
-                with torch.autocast(device_type=dist.device.type, dtype=torch.bfloat16):
-                    loss = (
-                        net(inputs.to(dist.device), targets.to(dist.device))
-                        / GRAD_ACCUM
-                    )
+                loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM
                 loss.backward()
                 # summed on the device: one wait for it a step (below), not one a micro-batch
                 loss_sum += loss.detach()

@@ -217,7 +217,7 @@ def main() -> None:
 
     # ---- optimizer ------------------------------------------------------------
     # llama-7b.par:29: ZeRO-1, AdamW state sharded over dp: each dp rank
-    # owns one slice of a flat fp32 parameter buffer and its Adam moments
+    # owns one slice of a flat bf16 parameter buffer (llama-7b.par:41), its fp32 master and Adam moments
     optimizer = zero.ShardedAdamW(
         net,
         dp_group=dp_group,
@@ -229,6 +229,7 @@ def main() -> None:
         eps=EPS,
         pp_group=pp_group,
         accumulations=GRAD_ACCUM,
+        compute_dtype=torch.bfloat16,
     )
     activations = memory.SavedActivations(net)  # peak bytes saved for backward
 
@@ -247,7 +248,7 @@ def main() -> None:
         # what travels between stages: (micro-batch, tokens, hidden), fp32
         activation_shape=(MICRO_BATCH, SEQ_LEN // TP, HIDDEN),
         device=dist.device,
-        autocast_dtype=torch.bfloat16,
+        autocast_dtype=None,
     )
     logger = metrics.MetricsLogger(
         args.metrics_jsonl, enabled=dist.rank == 0, tensorboard=args.tensorboard

@@ -1,0 +1,137 @@
+"""Low-precision compute weights with fp32 master weights (``train.precision = bf16 | fp16``).
+
+Takes: the model (or a pipeline rank's chunks) built and initialized in fp32, the
+compute dtype and AdamW's hyper-parameters. Gives: ``to_compute_dtype`` (the model's
+parameters cast in place, the fp32 values returned) and ``MasterAdamW``, the
+optimizer of ``zero = 0`` under bf16/fp16: used like ``zero.ShardedAdamW`` — after
+backward (and dp.py's bucket reduction) ``unscale_and_clip(max_norm, ...)`` returns the
+global gradient norm, then ``step()`` and ``zero_grad()``. ZeRO keeps its own fp32
+shards (zero.py, fsdp.py) and uses only ``to_compute_dtype`` / ``compute_dtype_of``.
+
+Note [master weights]: the model's parameters are held in the compute dtype and used
+as they are (no autocast copies: one bf16 copy of the weights, not one per use per
+micro-batch). The optimizer keeps the fp32 master copy of every parameter and its
+Adam moments; after each step the master values, rounded to the compute dtype, are
+written back into the parameters. Gradients arrive in the compute dtype, are summed
+over dp per ``train.grad_reduce`` (fp32: dp.py converts each bucket and divides in
+fp32, rounding once), then copied to fp32 and there unscaled (fp16's loss scale) and
+clipped: the optimizer's arithmetic is all fp32. Kept in fp32 whatever the compute
+dtype: the norms' statistics and the softmax of attention (the kernels compute low-
+precision inputs in fp32, kernels/reference.py), the cross-entropy (layers.py), the
+activations a pipeline stage sends (pipeline.py) and the gradient norm.
+A checkpoint holds the fp32 masters under the parameters' names (layout-free, as an
+fp32 or autocast run's: checkpoint_shards.py), so a resume is exact and an fp32
+checkpoint loads.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .optim import build_optimizer, clip_grad_norm_
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""``train.precision`` → the compute dtype (fp32: none, the parameters stay fp32)."""
+
+
+def _chunks(model) -> list[nn.Module]:
+    return list(model) if isinstance(model, (nn.ModuleList, list, tuple)) else [model]
+
+
+def unique_parameters(model) -> list[nn.Parameter]:
+    seen = {}
+    for p in model.parameters():
+        seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+@torch.no_grad()
+def to_compute_dtype(model, dtype) -> list[torch.Tensor]:
+    """Cast every parameter of ``model`` to ``dtype`` in place (Note [master weights]) and
+    return their fp32 values, in ``unique_parameters`` order. Each chunk records the
+    dtype (``Transformer.compute_dtype``: a pipeline stage casts what it receives)."""
+    params = unique_parameters(model)
+    masters = [p.detach().to(torch.float32, copy=True) for p in params]
+    for p in params:
+        p.data = p.data.to(dtype)
+    mark_compute_dtype(model, dtype)
+    return masters
+
+
+def mark_compute_dtype(model, dtype) -> None:
+    """Record on each chunk the dtype its parameters compute in (``Transformer.compute_dtype``:
+    a pipeline stage casts what it receives); ZeRO calls it for the buffers it casts itself."""
+    for chunk in _chunks(model):
+        chunk.compute_dtype = dtype
+
+
+def compute_dtype_of(model):
+    """The dtype the parameters compute in (``to_compute_dtype``), None for fp32."""
+    return getattr(_chunks(model)[0], "compute_dtype", None)
+
+
+class MasterAdamW:
+    """AdamW on fp32 masters of a low-precision model (Note [master weights])."""
+
+    def __init__(self, model, *, dtype, lr, betas, weight_decay, eps):
+        self.model_params = unique_parameters(model)
+        values = to_compute_dtype(model, dtype)
+        self.masters = []
+        for p, value in zip(self.model_params, values):
+            master = nn.Parameter(value, requires_grad=p.requires_grad)
+            master.__dict__.update(p.__dict__)  # tensor_parallel, pipeline_duplicate, ...: the norm's tags
+            self.masters.append(master)
+        self.master_of = {id(p): m for p, m in zip(self.model_params, self.masters)}
+        self.optimizer = build_optimizer(self, lr=lr, betas=betas, weight_decay=weight_decay, eps=eps)
+
+    def parameters(self):
+        """The fp32 masters (what ``optim.build_optimizer`` and ``clip_grad_norm_`` walk)."""
+        return iter(self.masters)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @torch.no_grad()
+    def unscale_and_clip(self, max_norm, *, tp_group, pp_group=None, ep_group=None, grad_scale: float = 1.0) -> float:
+        """The model's gradients (dp means, compute dtype) into the masters' fp32 ``.grad``
+        (the model's freed), divided by ``grad_scale`` and clipped to ``max_norm`` there;
+        returns the global norm (``optim.clip_grad_norm_``)."""
+        for p, master in zip(self.model_params, self.masters):
+            master.grad = None if p.grad is None else p.grad.to(torch.float32)
+            p.grad = None
+        return clip_grad_norm_(self, max_norm, tp_group=tp_group, pp_group=pp_group, ep_group=ep_group,
+                               grad_scale=grad_scale)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """AdamW on the masters, then their values rounded into the compute weights."""
+        self.optimizer.step()
+        self.copy_to_model()
+
+    @torch.no_grad()
+    def copy_to_model(self) -> None:
+        """The masters rounded into the model's parameters (after a step or a checkpoint load)."""
+        for p, master in zip(self.model_params, self.masters):
+            p.copy_(master)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        for p in self.model_params:
+            p.grad = None
+
+    def held_grad_bytes(self) -> int:
+        """Bytes of the fp32 gradients the masters hold (after ``unscale_and_clip``)."""
+        return sum(m.grad.numel() * m.grad.element_size() for m in self.masters if m.grad is not None)
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state: the fp32 masters and the Adam moments (and ``step``)."""
+        total = sum(m.numel() * m.element_size() for m in self.masters)
+        for state in self.optimizer.state.values():
+            total += sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v))
+        return total

@@ -1,0 +1,64 @@
+"""runtime/master.py on one process: bf16/fp16 compute weights with fp32 masters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from parc.runtime import master, model, optim
+
+
+def _tiny(arch="gpt"):
+    config = model.ModelConfig(
+        arch=arch, layers=2, hidden=32, heads=4, kv_heads=4 if arch == "gpt" else 2, ffn=64, vocab=128,
+        padded_vocab=128, seq_len=16, dropout=0.0, norm_eps=1e-5, rope_theta=1e4, tie_embeddings=arch == "gpt",
+    )
+    return model.build_model(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=3, device="cpu",
+                             kernels="eager")
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_master_adamw_steps_fp32_masters_and_rounds_them_into_the_parameters(arch, dtype):
+    reference, net = _tiny(arch), _tiny(arch)
+    fp32 = {name: p.detach().clone() for name, p in reference.named_parameters()}
+    opt = master.MasterAdamW(net, dtype=dtype, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
+    params = dict(net.named_parameters())
+    assert {p.dtype for p in params.values()} == {dtype}
+    for name, p in params.items():  # the masters start as the fp32 init, exactly
+        assert torch.equal(opt.master_of[id(p)], fp32[name])
+    tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    loss = net(tokens, tokens)
+    assert loss.dtype == torch.float32  # the cross-entropy stays fp32
+    loss.backward()
+    assert {p.grad.dtype for p in params.values()} == {dtype}
+    norm = opt.unscale_and_clip(1.0, tp_group=None, grad_scale=4.0)
+    assert all(p.grad is None for p in params.values())
+    assert {m.grad.dtype for m in opt.masters} == {torch.float32}
+    assert 0 < norm < float("inf")
+    opt.step()
+    for name, p in params.items():
+        m = opt.master_of[id(p)]
+        assert m.dtype == torch.float32 and not torch.equal(m, fp32[name])  # stepped in fp32
+        assert torch.equal(p.detach(), m.to(dtype))  # the parameter is its master, rounded
+    elements = sum(p.numel() for p in params.values())
+    # fp32 master + two fp32 moments per element, and torch's 4-byte step per tensor
+    assert opt.state_bytes() == 12 * elements + 4 * len(params)
+
+
+def test_master_adamw_matches_fp32_adamw_when_the_values_are_representable():
+    """With gradients and weights exactly representable in bf16, the masters' AdamW is
+    torch's fp32 AdamW (optim.build_optimizer) to the bit."""
+    a = torch.nn.Linear(4, 4, bias=False)
+    with torch.no_grad():
+        a.weight.copy_(torch.arange(16.0).view(4, 4) / 8)
+    b = torch.nn.Linear(4, 4, bias=False)
+    b.load_state_dict(a.state_dict())
+    plain = optim.build_optimizer(a, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
+    opt = master.MasterAdamW(b, dtype=torch.bfloat16, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
+    grad = torch.full((4, 4), 0.5)
+    a.weight.grad, b.weight.grad = grad.clone(), grad.to(torch.bfloat16)
+    plain.step()
+    opt.unscale_and_clip(0.0, tp_group=None)
+    opt.step()
+    assert torch.equal(opt.masters[0].detach(), a.weight.detach())
