@@ -26,7 +26,8 @@ def _sum_of(X, R, start, cols, C, ACC: tl.constexpr):
     mask = start + cols < C
     x = tl.load(X + start + cols, mask=mask, other=0.0).to(ACC)
     r = tl.load(R + start + cols, mask=mask, other=0.0).to(ACC)
-    return (x + r).to(X.dtype.element_ty).to(ACC), mask
+    # nearest even, as torch rounds the sum (Triton's interpreter rounds toward zero regardless)
+    return (x + r).to(X.dtype.element_ty, fp_downcast_rounding="rtne").to(ACC), mask
 
 
 @triton.jit

@@ -116,10 +116,14 @@ def test_block_attention(case, dtype):
         torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5, msg=name)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES if ON_GPU else [torch.float32])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_add_norms(shape, dtype):
-    """The residual add fused into each norm (triton_add_norm.py): y and h, gradients into both."""
+    """The residual add fused into each norm (triton_add_norm.py): y and h, gradients into both.
+
+    bf16 on a GPU only: the interpreter rounds the fp32 → bf16 cast of h toward zero
+    (fp_downcast_rounding is not emulated), so its h is one bf16 step off torch's
+    nearest-even sum here and again."""
     C = shape[-1]
     x, r = on(randn(*shape, dtype=dtype, scale=2.0, seed=3), randn(*shape, dtype=dtype, scale=3.0, seed=4) + 1.5)
     w, b = on(randn(C, dtype=dtype, seed=1), randn(C, dtype=dtype, seed=2))
