@@ -322,15 +322,13 @@ class Block(nn.Module):
         dispatch, experts and combine inside ``moe.MoEMLP``)."""
         return (Region(self.attn_norm, self.attn, self.attn.o_proj), Region(self.mlp_norm, self.mlp, getattr(self.mlp, "down_proj", None)))
 
-    def forward(self, x):  # (B, T, C), or (B, T/tp, C) under sequence parallelism
-        return settle(*self.run(x))
-
-    def run(self, h, delta=None):
-        """The block on the residual stream ``h`` plus a pending ``delta`` (Note [pending
-        residual]): gives the new stream and the MLP's output, not added yet."""
+    def forward(self, x, delta=None, pending=False):  # (B, T, C), or (B, T/tp, C) under SP
+        """The block on the residual stream ``x`` plus a pending ``delta`` (Note [pending
+        residual]); ``pending``: give the new stream and the MLP's output not added yet,
+        else their sum. Called as a module either way, so block hooks (ZeRO-3) run."""
         for region in self.regions:
-            h, delta = region.run(h, delta, self.dropout, self.training)
-        return h, delta
+            x, delta = region.run(x, delta, self.dropout, self.training)
+        return (x, delta) if pending else settle(x, delta)
 
 
 class Transformer(nn.Module):
@@ -478,9 +476,9 @@ class Transformer(nn.Module):
                         # Keep only the block's input; rerun the block (its collectives too) in backward.
                         x, delta = checkpoint(layer, self.reshard(settle(x, delta), layer), use_reentrant=False), None
                     elif self.layouts is not None:  # the stream is resharded whole
-                        x, delta = layer.run(self.reshard(settle(x, delta), layer))
+                        x, delta = layer(self.reshard(settle(x, delta), layer), pending=True)
                     else:
-                        x, delta = layer.run(x, delta)
+                        x, delta = layer(x, delta, pending=True)
             start = stop
         return x, delta
 
