@@ -215,14 +215,14 @@ def _load(triple):
 
 
 def _header():
-    return (f"{'op':<14}{'shape':<12}{'direction':<18}{'eager ms':>10}{'compile ms':>12}{'parc ms':>10}"
+    return (f"{'op':<16}{'shape':<12}{'direction':<18}{'eager ms':>10}{'compile ms':>12}{'parc ms':>10}"
             f"{'vs eager':>10}{'vs compile':>12}{'parc GB/s':>11}{'machine':>9}{'of copy':>9}")
 
 
 def _row(r):
     compile_ms = "-" if r["compile_ms"] is None else f"{r['compile_ms']:.2f}"
     vs_compile = "-" if r["compile_ms"] is None else f"{r['compile_ms'] / r['parc_ms']:.2f}x"
-    return (f"{r['op']:<14}{r['shape']:<12}{r['direction']:<18}{r['eager_ms']:>10.2f}{compile_ms:>12}"
+    return (f"{r['op']:<16}{r['shape']:<12}{r['direction']:<18}{r['eager_ms']:>10.2f}{compile_ms:>12}"
             f"{r['parc_ms']:>10.2f}{r['eager_ms'] / r['parc_ms']:>9.2f}x{vs_compile:>12}"
             f"{r['parc_gbps']:>11.1f}{r['machine_gbps']:>9.1f}{r['parc_gbps'] / r['machine_gbps']:>9.0%}")
 
