@@ -11,6 +11,7 @@ parc GB/s = the bytes the op must move at least (each input read once, each outp
 written once, element size s, per-row statistics and weights left out) / parc time:
 
     layer_norm, rms_norm, bias_gelu   (N × C)  fwd 2·N·C·s        fwd+bwd 5·N·C·s
+    add_layer_norm, add_rms_norm      (N × C)  fwd 4·N·C·s        fwd+bwd 8·N·C·s
     swiglu                            (N × C)  fwd 3·N·C·s        fwd+bwd 8·N·C·s
     rotary  q and k, each (B, H, T, D) = N·C   fwd 4·N·C·s        fwd+bwd 8·N·C·s
     cross_entropy                     (N × V)  fwd 1·N·V·s        fwd+bwd 3·N·V·s
@@ -21,9 +22,16 @@ written once, element size s, per-row statistics and weights left out) / parc ti
 The MoE ops route each of N tokens to 2 of 8 experts (top-2, uneven counts; one
 expert empty).
 
+add_layer_norm and add_rms_norm are the residual add fused into the norm (y, h =
+norm(x + residual), x + residual); their eager baseline is the add and then the norm,
+and backward gets a gradient for both y and h.
+
 The rotary shape for rows × cols is (B, H, T, D) = (rows/1024, cols/64, 1024, 64),
 the same element count. machine GB/s = 2 · bytes of a 512 MiB tensor / best copy
-time (read + write). A benchmark, not a test: figures compare only within one run.
+time (read + write); "of copy" is parc GB/s as a share of it (the goal at shapes
+larger than the caches: ≥ 60%). The load average is printed before and after (a busy
+machine slows every column, not the ratios alone). A benchmark, not a test: figures
+compare only within one run.
 
     python bench/kernels.py [--shapes 4096x1024 8192x4096] [--ce-shapes 1024x32000 4096x32000]
                             [--ops layer_norm ...] [--repeats 5] [--no-compile] [--json]
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -44,10 +53,11 @@ sys.path.insert(0, str(ROOT))
 
 from parc.runtime.kernels import reference, select  # noqa: E402
 
-OPS = ("layer_norm", "rms_norm", "bias_gelu", "swiglu", "rotary", "cross_entropy",
+OPS = ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_gelu", "swiglu", "rotary", "cross_entropy",
        "permute_rows", "combine_rows", "grouped_mm")
 TRAFFIC = {  # (fwd, fwd+bwd) bytes in units of elements·s
     "layer_norm": (2, 5), "rms_norm": (2, 5), "bias_gelu": (2, 5),
+    "add_layer_norm": (4, 8), "add_rms_norm": (4, 8),
     "swiglu": (3, 8), "rotary": (4, 8), "cross_entropy": (1, 3),
     "permute_rows": (4, 7), "combine_rows": (3, 9), "grouped_mm": (4, 12),
 }
@@ -66,6 +76,11 @@ def make_case(op, rows, cols, dtype, device):
         return (lambda m, x, w, b: m.layer_norm(x, w, b, 1e-5)), (randn(rows, cols), randn(cols), randn(cols))
     if op == "rms_norm":
         return (lambda m, x, w: m.rms_norm(x, w, 1e-5)), (randn(rows, cols), randn(cols))
+    if op == "add_layer_norm":
+        return ((lambda m, x, r, w, b: m.add_layer_norm(x, r, w, b, 1e-5)),
+                (randn(rows, cols), randn(rows, cols), randn(cols), randn(cols)))
+    if op == "add_rms_norm":
+        return (lambda m, x, r, w: m.add_rms_norm(x, r, w, 1e-5)), (randn(rows, cols), randn(rows, cols), randn(cols))
     if op == "bias_gelu":
         return (lambda m, x, b: m.bias_gelu(x, b)), (randn(rows, cols), randn(cols))
     if op == "swiglu":
@@ -161,6 +176,7 @@ def main(argv=None):
     ops = select("compiled", args.device)
     if ops is None:
         sys.exit("bench/kernels.py: the compiled kernels are unavailable (see the line above)")
+    load_before = os.getloadavg()
     bandwidth = machine_gbps(args.device)
     rows_out = []
     for op in args.ops:
@@ -180,6 +196,7 @@ def main(argv=None):
                     op=op, shape=f"{rows}x{cols}", direction=direction, eager_ms=round(eager_ms, 3),
                     compile_ms=None if compile_ms is None else round(compile_ms, 3), parc_ms=round(parc_ms, 3),
                     parc_gbps=round(moved / parc_ms / 1e6, 2), machine_gbps=round(bandwidth, 2),
+                    load=round(os.getloadavg()[0], 2),
                 ))
                 if not args.json:
                     if len(rows_out) == 1:
@@ -188,20 +205,26 @@ def main(argv=None):
     if args.json:
         print(json.dumps(rows_out, indent=1))
     else:
-        print(f"\n{torch.get_num_threads()} threads, {args.dtype}, device {args.device}; machine copy bandwidth {bandwidth:.1f} GB/s")
+        print(f"\n{torch.get_num_threads()} threads, {args.dtype}, device {args.device}; machine copy bandwidth "
+              f"{bandwidth:.1f} GB/s; load average (1, 5, 15 min) {_load(load_before)} before, "
+              f"{_load(os.getloadavg())} after, on {os.cpu_count()} CPUs")
+
+
+def _load(triple):
+    return "/".join(f"{v:.2f}" for v in triple)
 
 
 def _header():
-    return (f"{'op':<14}{'shape':<12}{'direction':<18}{'eager ms':>10}{'compile ms':>12}{'parc ms':>10}"
-            f"{'vs eager':>10}{'vs compile':>12}{'parc GB/s':>11}{'machine':>9}")
+    return (f"{'op':<16}{'shape':<12}{'direction':<18}{'eager ms':>10}{'compile ms':>12}{'parc ms':>10}"
+            f"{'vs eager':>10}{'vs compile':>12}{'parc GB/s':>11}{'machine':>9}{'of copy':>9}")
 
 
 def _row(r):
     compile_ms = "-" if r["compile_ms"] is None else f"{r['compile_ms']:.2f}"
     vs_compile = "-" if r["compile_ms"] is None else f"{r['compile_ms'] / r['parc_ms']:.2f}x"
-    return (f"{r['op']:<14}{r['shape']:<12}{r['direction']:<18}{r['eager_ms']:>10.2f}{compile_ms:>12}"
+    return (f"{r['op']:<16}{r['shape']:<12}{r['direction']:<18}{r['eager_ms']:>10.2f}{compile_ms:>12}"
             f"{r['parc_ms']:>10.2f}{r['eager_ms'] / r['parc_ms']:>9.2f}x{vs_compile:>12}"
-            f"{r['parc_gbps']:>11.1f}{r['machine_gbps']:>9.1f}")
+            f"{r['parc_gbps']:>11.1f}{r['machine_gbps']:>9.1f}{r['parc_gbps'] / r['machine_gbps']:>9.0%}")
 
 
 if __name__ == "__main__":

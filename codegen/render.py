@@ -41,7 +41,7 @@ CP_KIND_WORDS = {
     "allgather": "K/V all-gathered over cp, queries stay local",
 }
 KERNELS_WORDS = {
-    "compiled": "fused ops from parc_runtime/kernels (eager if they cannot be built)",
+    "compiled": "fused ops from parc_runtime/kernels, residual adds inside the norms (eager if they cannot be built)",
     "eager": "fused ops in plain PyTorch",
 }
 

@@ -171,3 +171,9 @@ class Norm2D(nn.Module):
         centered = x - self._row_sum(x) / self.hidden
         variance = self._row_sum(centered * centered) / self.hidden
         return centered * torch.rsqrt(variance + self.eps) * self.weight + self.bias
+
+    def add_norm(self, x, residual):
+        """(norm(h), h) with h = residual + x, as ``model.Norm.add_norm`` gives: here the add,
+        then the eager 2D norm (Note [pending residual] in model.py)."""
+        h = residual + x
+        return self(h), h

@@ -22,6 +22,17 @@ tagged ``sequence_parallel`` and ``allreduce_sequence_parallel_grads`` sums them
 Every other gradient is whole: column-parallel layers and the head all-gather their
 input over T (backward: reduce-scatter), and a replicated embedding's output is
 split over T (backward: all-gather).
+
+Note [pending residual]: a region's output (after the row-parallel reduction, or its
+reduce-scatter under SP) is not added to the residual stream at once: it travels as
+``delta`` beside the stream ``h`` to the next norm, which adds it and normalizes in
+one kernel (``Norm.add_norm``; Note [fused residual norm] in kernels/add_norm.py):
+the block's MLP norm, the next block's attention norm, the final norm. The add is
+elementwise per row, so a sequence shard (SP) fuses the same way. The stream is
+settled (``settle``: the add alone) where it leaves the plain walk: the output of a
+pipeline stage, the input of a block under ``recompute = full`` (it keeps one tensor)
+or of the sub-batch wavefront (overlap.py adds its own residuals), a reshard between
+tp degrees (hetero.py). Fused or not, the floats are the same (tested).
 """
 
 from __future__ import annotations
@@ -99,6 +110,7 @@ class Norm(nn.Module):
     """LayerNorm (gpt, with bias) or RMSNorm (llama); replicated over tp."""
 
     fused = None  # the compiled ops (kernels.select), set by use_kernels; None: plain PyTorch
+    fuse_residual = True  # with ``fused``: the residual add before the norm in one kernel (add_norm)
 
     def __init__(self, hidden, *, rms, eps, sequence_parallel):
         super().__init__()
@@ -116,6 +128,22 @@ class Norm(nn.Module):
         if self.rms:
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+    def add_norm(self, x, residual):
+        """(norm(h), h) with h = residual + x, the new residual stream: one kernel with the
+        compiled ops (Note [fused residual norm] in kernels/add_norm.py), else the add and
+        the norm. Elementwise per row, so it runs as well on a sequence shard (SP)."""
+        if self.fused is not None and self.fuse_residual:
+            if self.rms:
+                return self.fused.add_rms_norm(x, residual, self.weight, self.eps)
+            return self.fused.add_layer_norm(x, residual, self.weight, self.bias, self.eps)
+        h = residual + x
+        return self(h), h
+
+
+def settle(h, delta):
+    """The residual stream with a pending branch output added (Note [pending residual])."""
+    return h if delta is None else h + delta
 
 
 def rotary(x, theta, start=0):
@@ -277,6 +305,13 @@ class Region:
     def forward(self, x, dropout: float, training: bool):
         return x + F.dropout(self.body(self.norm(x)), dropout, training)
 
+    def run(self, h, delta, dropout: float, training: bool):
+        """Note [pending residual]: the region on residual stream ``h`` whose previous
+        region's output ``delta`` is not added yet (None: it is); gives the new stream and
+        this region's output, not added either: the next norm adds it (``Norm.add_norm``)."""
+        y, h = (self.norm(h), h) if delta is None else self.norm.add_norm(delta, h)
+        return h, F.dropout(self.body(y), dropout, training)
+
 
 class Block(nn.Module):
     def __init__(self, config, index, build, sp, recompute="none", sub_batches=1, ep_group=None, etp_group=None):
@@ -304,10 +339,13 @@ class Block(nn.Module):
         dispatch, experts and combine inside ``moe.MoEMLP``)."""
         return (Region(self.attn_norm, self.attn, self.attn.o_proj), Region(self.mlp_norm, self.mlp, getattr(self.mlp, "down_proj", None)))
 
-    def forward(self, x):  # (B, T, C), or (B, T/tp, C) under sequence parallelism
+    def forward(self, x, delta=None, pending=False):  # (B, T, C), or (B, T/tp, C) under SP
+        """The block on the residual stream ``x`` plus a pending ``delta`` (Note [pending
+        residual]); ``pending``: give the new stream and the MLP's output not added yet,
+        else their sum. Called as a module either way, so block hooks (ZeRO-3) run."""
         for region in self.regions:
-            x = region.forward(x, self.dropout, self.training)
-        return x
+            x, delta = region.run(x, delta, self.dropout, self.training)
+        return (x, delta) if pending else settle(x, delta)
 
 
 class Transformer(nn.Module):
@@ -451,7 +489,13 @@ class Transformer(nn.Module):
         """The transformer blocks of this model (or pipeline stage), in order, each with its
         own layout: runs of neighbouring blocks with the same sub-batches k > 1 go through
         ``overlap.run_blocks`` together (Note [the sub-batch schedule]); the others one by one."""
+        return settle(*self.walk_blocks(x))
+
+    def walk_blocks(self, x):
+        """``run_blocks`` but giving (stream, pending delta), Note [pending residual]: the
+        last block's MLP output is left for the final norm to add."""
         blocks = list(self.layers.values())
+        delta = None
         split = group_size(self.tp_group) > 1
         # a MoE block splits its own sub-batches, for the expert all-to-alls (moe_overlap.py)
         walked = [block.sub_batches if split and not block.moe else 1 for block in blocks]
@@ -464,17 +508,18 @@ class Transformer(nn.Module):
             if k > 1:
                 from . import overlap  # only a build that overlaps ships overlap.py
 
-                x = overlap.run_blocks(self, x, k, blocks[start:stop])
+                x, delta = overlap.run_blocks(self, settle(x, delta), k, blocks[start:stop]), None
             else:
                 for layer in blocks[start:stop]:
-                    x = self.reshard(x, layer)
                     if layer.recompute == "full" and torch.is_grad_enabled():
                         # Keep only the block's input; rerun the block (its collectives too) in backward.
-                        x = checkpoint(layer, x, use_reentrant=False)
+                        x, delta = checkpoint(layer, self.reshard(settle(x, delta), layer), use_reentrant=False), None
+                    elif self.layouts is not None:  # the stream is resharded whole
+                        x, delta = layer(self.reshard(settle(x, delta), layer), pending=True)
                     else:
-                        x = layer(x)
+                        x, delta = layer(x, delta, pending=True)
             start = stop
-        return x
+        return x, delta
 
     def reshard(self, x, layer=None):
         """Activations into ``layer``'s layout (the head's when None), from the previous one's."""
@@ -512,8 +557,9 @@ class Transformer(nn.Module):
                 x = x + self.pos_embed.weight[positions]
         return F.dropout(x, self.config.dropout, self.training)
 
-    def loss(self, x, targets):
-        x = self.final_norm(x)
+    def loss(self, x, targets, delta=None):
+        """Mean loss of the stream ``x`` plus the last block's pending ``delta`` (Note [pending residual])."""
+        x = self.final_norm(x) if delta is None else self.final_norm.add_norm(delta, x)[0]
         if self.tp_grid is not None:  # Note [2D tensor parallelism]: a colwise head, the loss over a row
             grid = self.tp_grid
             x = copy_to_group(x, grid.row_group)  # (B, T, C/R)
@@ -546,12 +592,12 @@ class Transformer(nn.Module):
             x = self.embed_tokens(x)
         elif self.compute_dtype is not None:
             x = x.to(self.compute_dtype)  # a stage's input arrives in fp32 (pipeline.py)
-        x = self.run_blocks(x)
+        x, delta = self.walk_blocks(x)
         if not self.last:
-            return x
+            return settle(x, delta)
         if self.layouts is None:
-            return self.loss(x, targets)
-        x = self.reshard(x)
+            return self.loss(x, targets, delta)
+        x = self.reshard(settle(x, delta))
         loss = self.loss(x, self.layouts.split_inputs(targets, self.head_tp))
         return self.layouts.coarse_loss(loss, self.head_tp)
 
@@ -599,16 +645,20 @@ def check_parameter_count(model: Transformer, *, sharded, layers) -> None:
         )
 
 
-def use_kernels(model: nn.Module, kernels: str, device) -> nn.Module:
+def use_kernels(model: nn.Module, kernels: str, device, fuse_residual: bool = True) -> nn.Module:
     """Route the norms, MLP activations, rotary, loss and the experts' permutation, combine
     and grouped GEMM (moe.py) to ``kernels``: "compiled" or "eager".
 
     "compiled" uses runtime/kernels' fused ops for ``device`` (C++ on CPU, Triton on
     CUDA) unless they cannot be had, in which case one line on stderr says so and the
-    model stays eager. "eager" keeps plain PyTorch.
+    model stays eager; each residual add then runs inside the norm after it
+    (``Norm.add_norm``) unless ``fuse_residual`` is False (a test compares the two).
+    "eager" keeps plain PyTorch.
     """
     fused = select_kernels(kernels, device)
     for module in model.modules():
+        if isinstance(module, Norm):
+            module.fuse_residual = fuse_residual
         # moe.py's modules say so themselves (a dense build does not ship moe.py)
         if isinstance(module, (Norm, Attention, MLP, Transformer)) or getattr(module, "uses_kernels", False):
             module.fused = fused

@@ -6,6 +6,7 @@ below, or None after one notice on stderr when the kernels for that device canno
 had (no compiler, a build error, no triton). The ops themselves (``ops.py``):
 
     layer_norm(x, weight, bias, eps)          rms_norm(x, weight, eps)
+    add_layer_norm(x, residual, weight, bias, eps) -> (y, h)   add_rms_norm(x, residual, weight, eps) -> (y, h)
     bias_gelu(x, bias=None)                   swiglu(gate, up)
     rotary(q, k, theta, start=0) -> (q, k)    cross_entropy(logits, targets, *, vocab_size, tp_group=None)
     permute_rows(x, index)                    combine_rows(rows, index, weight, tokens)

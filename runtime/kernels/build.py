@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("cpu/norms.cpp", "cpu/pointwise.cpp", "cpu/cross_entropy.cpp", "cpu/block_attention.cpp", "cpu/moe.cpp", "cpu/bindings.cpp")
-HEADERS = ("cpu/common.h", "cpu/math.h")
+SOURCES = ("cpu/norms.cpp", "cpu/add_norm.cpp", "cpu/pointwise.cpp", "cpu/cross_entropy.cpp", "cpu/block_attention.cpp", "cpu/moe.cpp", "cpu/bindings.cpp")
+HEADERS = ("cpu/common.h", "cpu/math.h", "cpu/norm_rows.h")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math")
 LDFLAGS = ("-fopenmp",)  # torch's own libgomp.so.1 is already loaded and is reused
 

@@ -516,3 +516,8 @@ def grouped_mm(x: Tensor, weight: Tensor, counts: Tensor) -> Tensor:
     elif x.dtype != weight.dtype:
         x = x.to(weight.dtype)
     return grouped_mm_fwd(x, weight, counts)
+
+
+# ---- residual add + norm (add_norm.py) ----------------------------------------------
+
+from .add_norm import add_layer_norm, add_rms_norm  # noqa: E402,F401  (after _backend: it imports it)

@@ -29,6 +29,18 @@ def rms_norm(x, weight, eps):
     return F.rms_norm(_up(x), (x.shape[-1],), _up(weight), eps).to(x.dtype)
 
 
+def add_layer_norm(x, residual, weight, bias, eps):
+    """(LayerNorm(h), h) with h = x + residual: the residual add before a norm."""
+    h = x + residual
+    return layer_norm(h, weight, bias, eps), h
+
+
+def add_rms_norm(x, residual, weight, eps):
+    """(RMSNorm(h), h) with h = x + residual."""
+    h = x + residual
+    return rms_norm(h, weight, eps), h
+
+
 def bias_gelu(x, bias=None):
     """GeLU (tanh approximation, GPT-2) of ``x + bias``."""
     v = _up(x) if bias is None else _up(x) + _up(bias)

@@ -500,3 +500,13 @@ def block_attention_bwd(grad, q, k, v, out, lse, causal, scale):
     _attn_bwd_dkv[(triton.cdiv(Tk, ATTN_BLOCK), B * HKV)](
         q, k, v, grad, lse, delta, dk, dv, H, HKV, Tq, Tk, D, scale, **common)
     return dq, dk, dv
+
+
+# ---- residual add + norm (triton_add_norm.py) ---------------------------------------
+
+from .triton_add_norm import (  # noqa: E402,F401  (after the helpers it imports)
+    add_layer_norm_bwd,
+    add_layer_norm_fwd,
+    add_rms_norm_bwd,
+    add_rms_norm_fwd,
+)

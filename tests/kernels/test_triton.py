@@ -114,3 +114,32 @@ def test_block_attention(case, dtype):
     want = reference.block_attention_backward(grad, q, k, v, want_out, want_lse, causal, scale)
     for name, a, b in zip(("dq", "dk", "dv"), got, want):
         torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5, msg=name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES if ON_GPU else [torch.float32])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_add_norms(shape, dtype):
+    """The residual add fused into each norm (triton_add_norm.py): y and h, gradients into both.
+
+    bf16 on a GPU only: the interpreter rounds the fp32 → bf16 cast of h toward zero
+    (fp_downcast_rounding is not emulated), so its h is one bf16 step off torch's
+    nearest-even sum here and again."""
+    C = shape[-1]
+    x, r = on(randn(*shape, dtype=dtype, scale=2.0, seed=3), randn(*shape, dtype=dtype, scale=3.0, seed=4) + 1.5)
+    w, b = on(randn(C, dtype=dtype, seed=1), randn(C, dtype=dtype, seed=2))
+    compare(lambda x, r, w, b: ops.add_layer_norm(x, r, w, b, 1e-5),
+            lambda x, r, w, b: reference.add_layer_norm(x, r, w, b, 1e-5), (x, r, w, b))
+    compare(lambda x, r, w: ops.add_rms_norm(x, r, w, 1e-6), lambda x, r, w: reference.add_rms_norm(x, r, w, 1e-6),
+            (x, r, w))
+    compare(lambda x, r, w: ops.add_rms_norm(x, r, w, 1e-6)[0],  # h unused: no gradient of it
+            lambda x, r, w: reference.add_rms_norm(x, r, w, 1e-6)[0], (x, r, w))
+
+
+def test_add_norm_gradcheck():
+    d = dict(dtype=torch.float64)
+    x, r, w, b = on(randn(2, 7, **d), randn(2, 7, **d, seed=3), randn(7, **d, seed=1), randn(7, **d, seed=2))
+    for fn, inputs in [
+        (lambda x, r, w, b: ops.add_layer_norm(x, r, w, b, 1e-5), (x, r, w, b)),
+        (lambda x, r, w: ops.add_rms_norm(x, r, w, 1e-5), (x, r, w)),
+    ]:
+        assert torch.autograd.gradcheck(fn, leaves(*inputs), fast_mode=True)

@@ -8,6 +8,13 @@ std::vector<at::Tensor> layer_norm_bwd(const at::Tensor&, const at::Tensor&, con
 std::vector<at::Tensor> rms_norm_fwd(const at::Tensor&, const at::Tensor&, double);
 std::vector<at::Tensor> rms_norm_bwd(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                      const at::Tensor&);
+std::vector<at::Tensor> add_layer_norm_fwd(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                           const at::Tensor&, double);
+std::vector<at::Tensor> add_layer_norm_bwd(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                           const at::Tensor&, const at::Tensor&, const at::Tensor&);
+std::vector<at::Tensor> add_rms_norm_fwd(const at::Tensor&, const at::Tensor&, const at::Tensor&, double);
+std::vector<at::Tensor> add_rms_norm_bwd(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, const at::Tensor&);
 at::Tensor bias_gelu_fwd(const at::Tensor&, const at::Tensor&);
 std::vector<at::Tensor> bias_gelu_bwd(const at::Tensor&, const at::Tensor&, const at::Tensor&);
 at::Tensor swiglu_fwd(const at::Tensor&, const at::Tensor&);
@@ -33,6 +40,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layer_norm_bwd", &parc::layer_norm_bwd);
   m.def("rms_norm_fwd", &parc::rms_norm_fwd);
   m.def("rms_norm_bwd", &parc::rms_norm_bwd);
+  m.def("add_layer_norm_fwd", &parc::add_layer_norm_fwd);
+  m.def("add_layer_norm_bwd", &parc::add_layer_norm_bwd);
+  m.def("add_rms_norm_fwd", &parc::add_rms_norm_fwd);
+  m.def("add_rms_norm_bwd", &parc::add_rms_norm_bwd);
   m.def("bias_gelu_fwd", &parc::bias_gelu_fwd);
   m.def("bias_gelu_bwd", &parc::bias_gelu_bwd);
   m.def("swiglu_fwd", &parc::swiglu_fwd);

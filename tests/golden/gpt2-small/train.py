@@ -77,7 +77,7 @@ DP = 4  # gpt2-small.par:22: data-parallel ranks
 TP = 2  # gpt2-small.par:23: tensor-parallel ranks
 SEQUENCE_PARALLEL = True  # gpt2-small.par:25: norms run on T/tp
 ZERO = 1  # gpt2-small.par:26: AdamW state sharded over dp
-KERNELS = "compiled"  # default: fused ops from parc_runtime/kernels (eager if they cannot be built)
+KERNELS = "compiled"  # default: fused ops from parc_runtime/kernels, residual adds inside the norms (eager if they cannot be built)
 # mesh axes, outermost first: tp ranks are neighbours (one node)
 MESH_AXES = (("dp", DP), ("tp", TP))
 

@@ -70,7 +70,7 @@ TIE_EMBEDDINGS = True  # default
 # layout
 DP = 2  # tiny.par:21: data-parallel ranks
 TP = 2  # tiny.par:22: tensor-parallel ranks
-KERNELS = "compiled"  # default: fused ops from parc_runtime/kernels (eager if they cannot be built)
+KERNELS = "compiled"  # default: fused ops from parc_runtime/kernels, residual adds inside the norms (eager if they cannot be built)
 # mesh axes, outermost first: tp ranks are neighbours (one node)
 MESH_AXES = (("dp", DP), ("tp", TP))
 
