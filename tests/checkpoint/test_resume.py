@@ -50,6 +50,7 @@ def test_resume_equivalence(layout, straight, tmp_path):
         ("moe_ep2", "moe_one"), ("moe_ep2", "moe_tp2"), ("moe_ep2_zero1", "moe_one"), ("cp2_ring", "one"),
         ("cp2_ring", "tp2"),
         ("dp2", "hetero_tp21"), ("hetero_tp21", "dp2"),  # checkpoints stay layout-free
+        ("zero1_dp2", "hetero_tp21_zero1"), ("hetero_tp21_zero1", "zero1_dp2"),  # ZeRO-1 slices per layer
         ("pp2_chimera", "dp2"), ("dp2", "pp2_chimera"),  # chimera's replicas: saved once, both loaded
     ]
 )

@@ -47,6 +47,8 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     "cp2_ring": (["parallel.cp=2", "parallel.cp_kind=ring"], 2),
     # heterogeneous layout (runtime/hetero.py): block 0 tp 2 × dp 1, block 1 tp 1 × dp 2
     "hetero_tp21": (["parallel.tp=[2, 1]", "parallel.dp=[1, 2]"], 2),
+    # ... with ZeRO-1: block 0's moments whole on each tp rank, block 1's sliced over its dp 2
+    "hetero_tp21_zero1": (["parallel.tp=[2, 1]", "parallel.dp=[1, 2]", "parallel.zero=1"], 2),
 }
 
 

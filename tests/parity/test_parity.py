@@ -150,6 +150,9 @@ LAYOUTS = {
     "hetero-pp2-tp1221-sp": dict(tp=2, pp=2, sp=True, model__layers=4, parallel__tp="[1, 2, 2, 1]",
                                  parallel__dp="[2, 1, 1, 2]"),
     "hetero-dp2-tp2112": dict(dp=2, tp=2, model__layers=4, parallel__tp="[2, 1, 1, 2]", parallel__dp="[2, 4, 4, 2]"),
+    # ZeRO-1 (hetero.ShardedAdamW): each layer's moments sliced over its own dp group
+    "hetero-tp2211-zero1": dict(tp=2, model__layers=4, parallel__tp="[2, 2, 1, 1]", parallel__dp="[1, 1, 2, 2]",
+                                parallel__zero=1),
 }
 ARCHS = ("gpt", "llama")
 
