@@ -153,6 +153,9 @@ LAYOUTS = {
     # ZeRO-1 (hetero.ShardedAdamW): each layer's moments sliced over its own dp group
     "hetero-tp2211-zero1": dict(tp=2, model__layers=4, parallel__tp="[2, 2, 1, 1]", parallel__dp="[1, 1, 2, 2]",
                                 parallel__zero=1),
+    # ... under a pipeline with sp: the tied table's stage copy and the sp-summed norms in the slices
+    "hetero-pp2-tp1221-sp-zero1": dict(tp=2, pp=2, sp=True, model__layers=4, parallel__tp="[1, 2, 2, 1]",
+                                       parallel__dp="[2, 1, 1, 2]", parallel__zero=1),
 }
 ARCHS = ("gpt", "llama")
 
