@@ -228,7 +228,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     if zero_stage == 3:
         optimizer_lines, step_lines = fsdp_lines(plan, reduce_group if reducing else "None", tp_arg, hyper, pp_arg, over)
     elif zero_stage and hetero:  # Note [ZeRO over per-layer layouts]
-        optimizer_lines, step_lines = render_hetero.zero_lines(cite(plan.train.zero.span), hyper, pp_arg)
+        optimizer_lines, step_lines = render_hetero.zero_lines(cite(plan.train.zero.span), zero_stage, hyper, pp_arg)
     elif zero_stage:
         dp_arg = reduce_group if reducing else "None"
         optimizer_lines = [
@@ -256,7 +256,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             "optimizer.step()",
             "optimizer.zero_grad(set_to_none=True)",
         ]
-    if hetero:
+    if hetero and zero_stage != 2:  # ZeRO-2 reduces each layer's buckets into its slices itself
         optimizer_extra += render_hetero.grad_sync_lines()
         after_backward.insert(0, "grad_sync.finish()  # wait the buckets: each layer's mean gradient")
     elif reducing and not zero_stage:

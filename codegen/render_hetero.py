@@ -75,15 +75,18 @@ def clip_line(pp_arg: str) -> str:
     return f"grad_norm = hetero.clip_grad_norm_(net, GRAD_CLIP, layouts=layouts, stage_group=stage_group{pp_arg})"
 
 
-def zero_lines(where: str, hyper: str, pp_arg: str) -> tuple[list[str], list[str]]:
-    """ZeRO-1 over per-layer layouts: the optimizer's lines and the step's."""
+def zero_lines(where: str, stage: int, hyper: str, pp_arg: str) -> tuple[list[str], list[str]]:
+    """ZeRO-1/2 over per-layer layouts: the optimizer's lines and the step's."""
+    what = "AdamW state" if stage == 1 else "AdamW state and gradients"
     optimizer = [
-        f"# {where}: ZeRO-1, AdamW state sharded over each layer's own dp group: one flat fp32",
+        f"# {where}: ZeRO-{stage}, {what} sharded over each layer's own dp group: one flat fp32",
         "# buffer per tp degree, each dp rank of a layer owning one slice of it and its Adam moments",
-        f"optimizer = hetero.ShardedAdamW(net, layouts, stage=ZERO, {hyper}, stage_group=stage_group{pp_arg})",
+        f"optimizer = hetero.ShardedAdamW(net, layouts, stage=ZERO, {hyper}, stage_group=stage_group{pp_arg}"
+        + (", accumulations=GRAD_ACCUM)" if stage == 2 else ")"),
     ]
     step = [
-        "# our slices of each layer's mean gradient; the norm is global",
+        "# our slices of each layer's mean gradient; the norm is global" if stage == 1 else
+        "# each layer's buckets reduced over its dp group as backward produced them, into our slices",
         "grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP)",
         "optimizer.step()  # AdamW on our slices, then all-gather each over its layers' dp group",
         "optimizer.zero_grad()",

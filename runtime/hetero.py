@@ -5,7 +5,7 @@ fewest data-parallel ranks of any layer) and ``LAYER_TP``, one tensor-parallel d
 per block. Gives: ``StageLayouts`` (every layer's tp and dp groups, and the groups a
 reshard uses), ``reshard`` (activations from one layer's layout to the next's),
 ``HeteroGradients`` (each parameter's gradient reduced over its own layer's dp group),
-``clip_grad_norm_`` and ``ShardedAdamW`` (ZeRO-1, Note [ZeRO over per-layer layouts]).
+``clip_grad_norm_`` and ``ShardedAdamW`` (ZeRO-1/2, Note [ZeRO over per-layer layouts]).
 
 Note [heterogeneous layouts]: a stage's S ranks (in rank order, s = 0..S-1) run layer i
 as dp_i × tp_i with dp_i · tp_i = S, tp innermost: layer i's tp group holds the ranks
@@ -212,7 +212,7 @@ def _by_layer_tp(model) -> dict[int, list]:
 
 
 class ShardedAdamW:
-    """ZeRO-1 for a heterogeneous stage (Note [ZeRO over per-layer layouts]): the
+    """ZeRO-1/2 for a heterogeneous stage (Note [ZeRO over per-layer layouts]): the
     ``zero.ShardedAdamW`` interface (``reduce_gradients_and_clip``, ``step``,
     ``zero_grad``, ``param_groups``, ``parts``) over one ``zero.ShardedAdamW`` per
     distinct tp degree, each sharding its layers' parameters and moments over that
@@ -222,24 +222,29 @@ class ShardedAdamW:
     buffer of their own, sliced over its dp group (S / t ranks with the same tp index,
     hence the same shapes; a layer at dp 1 keeps its whole buffer). The gradients are
     reduced by ``HeteroGradients`` as without ZeRO (each layer over its own dp group,
-    during backward), so a part only takes its slice of them. For the norm, an element of
+    during backward), so a part only takes its slice of them; at stage 2 each part's
+    buckets are reduced over its dp group into its slice during backward (zero.py, Note
+    [ZeRO-2 during backward]), divided by the coarse dp as ``HeteroGradients`` divides. For the norm, an element of
     a slice is held once in the stage if it is a tp shard, and by the t dp groups (one per
     tp index) if its parameter is replicated: each rank adds its squares divided by that,
     and one sum over the stage (and the pipeline) gives the one-rank norm, as
     ``clip_grad_norm_`` does without ZeRO."""
 
     def __init__(self, model, layouts: StageLayouts, *, stage, lr, betas, weight_decay, eps, stage_group,
-                 pp_group=None):
-        if stage != 1:
-            raise ValueError(f"per-layer layouts are built with ZeRO stage 1 only, not {stage!r}")
+                 pp_group=None, accumulations=1):
+        if stage not in (1, 2):
+            raise ValueError(f"per-layer layouts are built with ZeRO stage 1 or 2, not {stage!r}")
         self.stage, self.stage_group, self.pp_group = stage, stage_group, pp_group
         self.param_groups = [{"lr": float(lr)}]
         self.degrees, self._parts = [], []
         for t, params in sorted(_by_layer_tp(model).items()):
             self.degrees.append(t)
+            # stage 1: HeteroGradients reduces; stage 2: the part's buckets, summed over the
+            # layer's dp group and divided by the coarse dp (as HeteroGradients divides)
             self._parts.append(zero.ShardedAdamW(
-                model, dp_group=layouts.dp_group(t), tp_group=layouts.tp_group(t), stage=1, lr=lr, betas=betas,
-                weight_decay=weight_decay, eps=eps, params=params, reduced=True,
+                model, dp_group=layouts.dp_group(t), tp_group=layouts.tp_group(t), stage=stage, lr=lr, betas=betas,
+                weight_decay=weight_decay, eps=eps, params=params, reduced=stage == 1, accumulations=accumulations,
+                data_ranks=layouts.dp if stage == 2 else None,
             ))
 
     def parts(self) -> list:

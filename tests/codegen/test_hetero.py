@@ -49,9 +49,10 @@ def test_train_py_shows_the_table_and_uses_the_hetero_runtime():
     assert "tp 2 × dp 1 (layers.0-1), tp 1 × dp 2 (layers.2-3)" in text.splitlines()[0]
 
 
-def test_zero1_with_lists_shards_over_each_layers_dp_group():
-    """Note [ZeRO over per-layer layouts]: ZeRO-1 is hetero.ShardedAdamW over the layouts,
-    the gradients still reduced by HeteroGradients; ZeRO-2 with lists stays PAR0254."""
+def test_zero_with_lists_shards_over_each_layers_dp_group():
+    """Note [ZeRO over per-layer layouts]: ZeRO-1/2 are hetero.ShardedAdamW over the layouts;
+    at stage 1 HeteroGradients still reduces the gradients, at stage 2 the optimizer's own
+    buckets do. ZeRO-3 with lists stays PAR0254."""
     from parc.codegen.spec_values import rule_errors
 
     spec = load(TINY, TWO + ["parallel.zero=1"])
@@ -60,8 +61,13 @@ def test_zero1_with_lists_shards_over_each_layers_dp_group():
     assert "optimizer = hetero.ShardedAdamW(" in text and "stage_group=stage_group" in text
     assert "hetero.HeteroGradients(" in text and "optimizer.reduce_gradients_and_clip(GRAD_CLIP)" in text
     assert "zero.ShardedAdamW" not in text and "hetero.clip_grad_norm_(" not in text
+    spec = load(TINY, TWO + ["parallel.zero=2"])
+    assert rule_errors(spec) == []
+    text = generate(spec)["train.py"].decode()
+    assert "optimizer = hetero.ShardedAdamW(" in text and "accumulations=GRAD_ACCUM" in text
+    assert "HeteroGradients" not in text and "grad_sync" not in text
     with pytest.raises(Diagnostics) as caught:
-        load(TINY, TWO + ["parallel.zero=2"])
+        load(TINY, TWO + ["parallel.zero=3"])
     assert [e.code for e in caught.value.errors] == ["PAR0254"]
 
 

@@ -113,11 +113,11 @@ def test_pp2_stages_hold_their_layers(trainers):
 
 
 def test_hetero_zero1_shards_each_layer_over_its_own_dp(trainers):
-    """Block 1 and the final norm (tp 1, dp 2) are whole on each rank and their moments
-    halved over the two dp ranks; the tp-2 part (block 0's shard, the embedding's,
-    positions) has dp 1: its moments whole, as its parameters."""
+    """Block 1 (tp 1, dp 2) is whole on each rank and its moments halved over the two dp
+    ranks; the tp-2 part (block 0's shard, the embedding's, positions, and the final norm
+    with the head tied to the embedding) has dp 1: its moments whole, as its parameters."""
     ranks = per_rank(trainers, HETERO_ZERO1)
-    one = LAYER + FINAL_NORM  # the tp-1 part's buffer, sliced over dp 2
+    one = LAYER  # the tp-1 part's buffer, sliced over dp 2
     for rank, row in enumerate(ranks):
         local = row["param_bytes"] // FP32
         two = local - one  # this rank's tp-2 part: its own buffer, one dp rank

@@ -156,6 +156,9 @@ LAYOUTS = {
     # ... under a pipeline with sp: the tied table's stage copy and the sp-summed norms in the slices
     "hetero-pp2-tp1221-sp-zero1": dict(tp=2, pp=2, sp=True, model__layers=4, parallel__tp="[1, 2, 2, 1]",
                                        parallel__dp="[2, 1, 1, 2]", parallel__zero=1),
+    # ZeRO-2: each layer's buckets into its slices; dp groups of 2 and 4, divided by the coarse dp 2
+    "hetero-dp2-tp2112-zero2": dict(dp=2, tp=2, model__layers=4, parallel__tp="[2, 1, 1, 2]",
+                                    parallel__dp="[2, 4, 4, 2]", parallel__zero=2),
 }
 ARCHS = ("gpt", "llama")
 
