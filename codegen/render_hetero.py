@@ -79,8 +79,9 @@ def zero_lines(where: str, stage: int, hyper: str, pp_arg: str) -> tuple[list[st
     """ZeRO-1/2 over per-layer layouts: the optimizer's lines and the step's."""
     what = "AdamW state" if stage == 1 else "AdamW state and gradients"
     optimizer = [
-        f"# {where}: ZeRO-{stage}, {what} sharded over each layer's own dp group: one flat fp32",
-        "# buffer per tp degree, each dp rank of a layer owning one slice of it and its Adam moments",
+        f"# {where}: ZeRO-{stage}, {what} sharded over each layer's own dp group:",
+        "# one flat fp32 buffer per tp degree, each dp rank of a layer owning one slice of it",
+        "# and its Adam moments" + (" (and its gradient)" if stage == 2 else ""),
         f"optimizer = hetero.ShardedAdamW(net, layouts, stage=ZERO, {hyper}, stage_group=stage_group{pp_arg}"
         + (", accumulations=GRAD_ACCUM)" if stage == 2 else ")"),
     ]
