@@ -220,15 +220,15 @@ class ShardedAdamW:
 
     Note [ZeRO over per-layer layouts]: a layer at tp t has its parameters in a flat
     buffer of their own, sliced over its dp group (S / t ranks with the same tp index,
-    hence the same shapes; a layer at dp 1 keeps its whole buffer). The gradients are
-    reduced by ``HeteroGradients`` as without ZeRO (each layer over its own dp group,
-    during backward), so a part only takes its slice of them; at stage 2 each part's
-    buckets are reduced over its dp group into its slice during backward (zero.py, Note
-    [ZeRO-2 during backward]), divided by the coarse dp as ``HeteroGradients`` divides. For the norm, an element of
-    a slice is held once in the stage if it is a tp shard, and by the t dp groups (one per
-    tp index) if its parameter is replicated: each rank adds its squares divided by that,
-    and one sum over the stage (and the pipeline) gives the one-rank norm, as
-    ``clip_grad_norm_`` does without ZeRO."""
+    hence the same shapes; a layer at dp 1 keeps its whole buffer). At stage 1 the
+    gradients are reduced by ``HeteroGradients`` as without ZeRO (each layer over its own
+    dp group, during backward), so a part only takes its slice of them; at stage 2 each
+    part's buckets are reduced over its dp group into its slice during backward (zero.py,
+    Note [ZeRO-2 during backward]), divided by the coarse dp as ``HeteroGradients``
+    divides. For the norm, an element of a slice is held once in the stage if it is a tp
+    shard, and by the t dp groups (one per tp index) if its parameter is replicated: each
+    rank adds its squares divided by that, and one sum over the stage (and the pipeline)
+    gives the one-rank norm, as ``clip_grad_norm_`` does without ZeRO."""
 
     def __init__(self, model, layouts: StageLayouts, *, stage, lr, betas, weight_decay, eps, stage_group,
                  pp_group=None, accumulations=1):
@@ -257,7 +257,7 @@ class ShardedAdamW:
 
     @torch.no_grad()
     def reduce_gradients_and_clip(self, max_norm: float, grad_scale: float = 1.0) -> float:
-        """Each part's slice of the (already reduced) gradients, clipped by the global norm."""
+        """Each part's slice of its layers' mean gradients, clipped by the global norm; the norm."""
         total, slices = None, []
         for t, part in zip(self.degrees, self._parts):
             grad = part.mean_slice()
