@@ -245,6 +245,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     compute = render_step.compute_dtype(plan)  # bf16/fp16 parameters with fp32 masters, or None
     if zero_stage == 3:
         optimizer_lines, step_lines = fsdp_lines(plan, reduce_group if reducing else "None", tp_arg, hyper, pp_arg, over)
+    elif zero_stage and hetero:  # Note [ZeRO over per-layer layouts]
+        optimizer_lines, step_lines = render_hetero.zero_lines(cite(plan.train.zero.span), zero_stage, hyper, pp_arg)
     elif zero_stage:
         dp_arg = reduce_group if reducing else "None"
         optimizer_lines = [
@@ -288,7 +290,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             "optimizer.step()",
             "optimizer.zero_grad(set_to_none=True)",
         ]
-    if hetero:
+    if hetero and zero_stage != 2:  # ZeRO-2 reduces each layer's buckets into its slices itself
         optimizer_extra += render_hetero.grad_sync_lines()
         after_backward.insert(0, "grad_sync.finish()  # wait the buckets: each layer's mean gradient")
     elif reducing and not zero_stage:
@@ -490,7 +492,9 @@ def train_imports(plan: Plan) -> list[str]:
     imports = ["checkpoint", "comm", "data", "faults", "memory", "mesh", "metrics", "model", "observe", "optim", "traffic"]
     imports += ["dp"] if plan.mesh.size("dp") * plan.mesh.size("cp") > 1 else []
     imports += ["pipeline", "schedule"] if render_step.has_pipeline(plan) else []
-    imports += ["fsdp"] if plan.train.zero.value == 3 else ["zero"] if plan.train.zero.value else []
+    zero = plan.train.zero.value
+    # per-layer layouts: hetero.ShardedAdamW (hetero.py imports zero.py)
+    imports += ["fsdp"] if zero == 3 else ["zero"] if zero and not render_hetero.enabled(plan) else []
     imports += ["moe"] if render_moe.has_experts(plan) else []
     imports += ["evaluate"] if render_eval.enabled(plan) else []
     imports += ["loss_scale"] if plan.train.precision.value == "fp16" else []

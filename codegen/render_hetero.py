@@ -4,7 +4,7 @@ Takes: the Plan. Gives: ``enabled(plan)`` (the blocks' tp degrees differ), the p
 table (``LAYER_TP``: one degree per block, folded into runs of equal layers with the
 dp each run leaves, the embedding and head's rows said in words), and the lines that
 replace the uniform program's: the layouts' groups, the gradient sums over each
-layer's own dp group, the gradient norm, the sequence-parallel sums.
+layer's own dp group, the gradient norm, the sequence-parallel sums, ZeRO-1's optimizer.
 
 Note [heterogeneous layouts] is in runtime/hetero.py; ``MESH_AXES`` (DP, TP) is the
 coarse split of a stage (the largest tp), the one the data is read in.
@@ -73,6 +73,26 @@ def sp_line() -> str:
 
 def clip_line(pp_arg: str) -> str:
     return f"grad_norm = hetero.clip_grad_norm_(net, GRAD_CLIP, layouts=layouts, stage_group=stage_group{pp_arg})"
+
+
+def zero_lines(where: str, stage: int, hyper: str, pp_arg: str) -> tuple[list[str], list[str]]:
+    """ZeRO-1/2 over per-layer layouts: the optimizer's lines and the step's."""
+    what = "AdamW state" if stage == 1 else "AdamW state and gradients"
+    optimizer = [
+        f"# {where}: ZeRO-{stage}, {what} sharded over each layer's own dp group:",
+        "# one flat fp32 buffer per tp degree, each dp rank of a layer owning one slice of it",
+        "# and its Adam moments" + (" (and its gradient)" if stage == 2 else ""),
+        f"optimizer = hetero.ShardedAdamW(net, layouts, stage=ZERO, {hyper}, stage_group=stage_group{pp_arg}"
+        + (", accumulations=GRAD_ACCUM)" if stage == 2 else ")"),
+    ]
+    step = [
+        "# our slices of each layer's mean gradient; the norm is global" if stage == 1 else
+        "# each layer's buckets reduced over its dp group as backward produced them, into our slices",
+        "grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP)",
+        "optimizer.step()  # AdamW on our slices, then all-gather each over its layers' dp group",
+        "optimizer.zero_grad()",
+    ]
+    return optimizer, step
 
 
 def layout_words(plan: Plan) -> str:

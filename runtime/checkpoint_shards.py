@@ -160,8 +160,9 @@ def _boxes(shape: tuple[int, ...], start: int, stop: int):
 
 
 def is_zero(optimizer) -> bool:
-    """ZeRO (any stage): the optimizer holds this rank's slices in one flat buffer ``flat``."""
-    return hasattr(optimizer, "flat")
+    """ZeRO (any stage): the optimizer holds this rank's slices in one flat buffer ``flat``,
+    or in several (``parts``: hetero.ShardedAdamW, one per layer layout)."""
+    return hasattr(optimizer, "flat") or hasattr(optimizer, "parts")
 
 
 def is_fully_sharded(optimizer) -> bool:
@@ -171,7 +172,8 @@ def is_fully_sharded(optimizer) -> bool:
 
 def _parts(optimizer) -> list:
     """ZeRO 1/2's flat buffers: the dense parameters', and under ep the experts' own
-    (Note [experts under ZeRO] in zero.py); ZeRO-3's one optimizer."""
+    (Note [experts under ZeRO] in zero.py), or one per layer layout (Note [ZeRO over
+    per-layer layouts] in hetero.py); ZeRO-3's one optimizer."""
     parts = getattr(optimizer, "parts", None)
     return parts() if parts is not None else [optimizer]
 
@@ -252,7 +254,7 @@ def optimizer_pieces(params: list[LocalParameter], optimizer, *, saving: bool) -
 def optimizer_step(optimizer) -> int:
     """AdamW's step count (the bias correction's t), which skipped steps do not advance."""
     if is_zero(optimizer):
-        return int(optimizer.state["step"])
+        return int(_parts(optimizer)[0].state["step"])
     for state in optimizer.state.values():
         return int(state["step"])
     return 0

@@ -1194,8 +1194,8 @@ def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto, sc
         reason = ("parallel.schedule", f"pp = {pp} and schedule = {schedule}", "use schedule = 1f1b or gpipe")
     elif cp is not None and cp > 1:
         reason = ("parallel.cp", f"cp = {cp}", "set cp = 1")
-    elif zero is not None and zero > 0:
-        reason = ("parallel.zero", f"zero = {zero}", "set zero = 0")
+    elif zero is not None and zero > 2:  # ZeRO-1/2: hetero.ShardedAdamW
+        reason = ("parallel.zero", f"zero = {zero}", "set zero = 0, 1 or 2")
     elif experts:
         reason = ("model.experts", "experts (MoE)", "use a dense model (experts = 0)")
     elif overlap is not None and any(k is not None and k > 1 for k in entries(overlap)):

@@ -4,8 +4,8 @@ Takes: the mesh (``mesh.Mesh``; its dp × tp is the stage's *coarse* split, dp t
 fewest data-parallel ranks of any layer) and ``LAYER_TP``, one tensor-parallel degree
 per block. Gives: ``StageLayouts`` (every layer's tp and dp groups, and the groups a
 reshard uses), ``reshard`` (activations from one layer's layout to the next's),
-``HeteroGradients`` (each parameter's gradient reduced over its own layer's dp group)
-and ``clip_grad_norm_``.
+``HeteroGradients`` (each parameter's gradient reduced over its own layer's dp group),
+``clip_grad_norm_`` and ``ShardedAdamW`` (ZeRO-1/2, Note [ZeRO over per-layer layouts]).
 
 Note [heterogeneous layouts]: a stage's S ranks (in rank order, s = 0..S-1) run layer i
 as dp_i × tp_i with dp_i · tp_i = S, tp innermost: layer i's tp group holds the ranks
@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import exposed, gather_from_group, group_size, reduce_from_group, scatter_to_group
+from . import zero
 from .dp import GradientBuckets
 from .optim import clip_to_norm_
 from .reshard import reshard_steps
@@ -137,10 +138,7 @@ class HeteroGradients:
     per layout, each overlapping backward as ``dp.GradientBuckets`` does."""
 
     def __init__(self, model, layouts: StageLayouts, *, overlap=True, accumulations=1):
-        by_tp: dict[int, list] = {}
-        for p in model.parameters():
-            if p.requires_grad:
-                by_tp.setdefault(int(p.layer_tp), []).append(p)
+        by_tp = _by_layer_tp(model)
         self.syncs = [
             GradientBuckets(_Params(params), layouts.dp_group(t), overlap=overlap, accumulations=accumulations,
                             divisor=layouts.dp)
@@ -188,10 +186,103 @@ def clip_grad_norm_(model, max_norm, *, layouts: StageLayouts, stage_group, pp_g
         grads.append(p.grad)
         sq = p.grad.float().pow(2).sum() / copies
         total = sq if total is None else total + sq
+    return clip_to_norm_(grads, _stage_norm(total, device, stage_group, pp_group), max_norm)
+
+
+def _stage_norm(total, device, stage_group, pp_group) -> float:
+    """The global norm from this rank's share of the squares (each gradient element's square
+    divided by the number of the stage's ranks holding it): summed over the stage and the
+    pipeline."""
     if total is None:
         total = torch.zeros((), dtype=torch.float32, device=device or "cpu")
     for group in (stage_group, pp_group):
         if group_size(group) > 1:
             with exposed():
                 dist.all_reduce(total, group=group)
-    return clip_to_norm_(grads, float(total.sqrt()), max_norm)
+    return float(total.sqrt())
+
+
+def _by_layer_tp(model) -> dict[int, list]:
+    """The trainable parameters by their layer's tp degree, in model order."""
+    by_tp: dict[int, list] = {}
+    for p in model.parameters():
+        if p.requires_grad:
+            by_tp.setdefault(int(p.layer_tp), []).append(p)
+    return by_tp
+
+
+class ShardedAdamW:
+    """ZeRO-1/2 for a heterogeneous stage (Note [ZeRO over per-layer layouts]): the
+    ``zero.ShardedAdamW`` interface (``reduce_gradients_and_clip``, ``step``,
+    ``zero_grad``, ``param_groups``, ``parts``) over one ``zero.ShardedAdamW`` per
+    distinct tp degree, each sharding its layers' parameters and moments over that
+    layer's own dp group.
+
+    Note [ZeRO over per-layer layouts]: a layer at tp t has its parameters in a flat
+    buffer of their own, sliced over its dp group (S / t ranks with the same tp index,
+    hence the same shapes; a layer at dp 1 keeps its whole buffer). At stage 1 the
+    gradients are reduced by ``HeteroGradients`` as without ZeRO (each layer over its own
+    dp group, during backward), so a part only takes its slice of them; at stage 2 each
+    part's buckets are reduced over its dp group into its slice during backward (zero.py,
+    Note [ZeRO-2 during backward]), divided by the coarse dp as ``HeteroGradients``
+    divides. For the norm, an element of a slice is held once in the stage if it is a tp
+    shard, and by the t dp groups (one per tp index) if its parameter is replicated: each
+    rank adds its squares divided by that, and one sum over the stage (and the pipeline)
+    gives the one-rank norm, as ``clip_grad_norm_`` does without ZeRO."""
+
+    def __init__(self, model, layouts: StageLayouts, *, stage, lr, betas, weight_decay, eps, stage_group,
+                 pp_group=None, accumulations=1):
+        if stage not in (1, 2):
+            raise ValueError(f"per-layer layouts are built with ZeRO stage 1 or 2, not {stage!r}")
+        self.stage, self.stage_group, self.pp_group = stage, stage_group, pp_group
+        self.param_groups = [{"lr": float(lr)}]
+        self.degrees, self._parts = [], []
+        for t, params in sorted(_by_layer_tp(model).items()):
+            self.degrees.append(t)
+            # stage 1: HeteroGradients reduces; stage 2: the part's buckets, summed over the
+            # layer's dp group and divided by the coarse dp (as HeteroGradients divides)
+            self._parts.append(zero.ShardedAdamW(
+                model, dp_group=layouts.dp_group(t), tp_group=layouts.tp_group(t), stage=stage, lr=lr, betas=betas,
+                weight_decay=weight_decay, eps=eps, params=params, reduced=stage == 1, accumulations=accumulations,
+                data_ranks=layouts.dp if stage == 2 else None,
+            ))
+
+    def parts(self) -> list:
+        return list(self._parts)
+
+    @property
+    def state(self) -> dict:
+        """The step count (and the first part's moments): every part steps together."""
+        return self._parts[0].state
+
+    @torch.no_grad()
+    def reduce_gradients_and_clip(self, max_norm: float, grad_scale: float = 1.0) -> float:
+        """Each part's slice of its layers' mean gradients, clipped by the global norm; the norm."""
+        total, slices = None, []
+        for t, part in zip(self.degrees, self._parts):
+            grad = part.mean_slice()
+            if grad_scale != 1.0:
+                grad.mul_(1.0 / grad_scale)
+            squares = grad.pow(2).masked_fill(~part.counted, 0.0)
+            sq = squares[part.tp_mask].sum() + squares[~part.tp_mask].sum() / t
+            total = sq if total is None else total + sq
+            part.grad = grad
+            slices.append(grad)
+        norm = _stage_norm(total, None, self.stage_group, self.pp_group)
+        return clip_to_norm_(slices, norm, max_norm)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for part in self._parts:
+            part.param_groups[0]["lr"] = self.param_groups[0]["lr"]  # optim.set_lr sets ours
+            part.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self._parts:
+            part.zero_grad()
+
+    def held_grad_bytes(self) -> int:
+        return sum(part.held_grad_bytes() for part in self._parts)
+
+    def state_bytes(self) -> int:
+        return sum(part.state_bytes() for part in self._parts)

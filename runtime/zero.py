@@ -71,15 +71,20 @@ class ShardedAdamW:
     def __init__(
         self, model, *, dp_group, tp_group, stage, lr, betas, weight_decay, eps, pp_group=None,
         accumulations=1, bucket_bytes=25 * 2**20, ep_group=None, edp_group=None, data_ranks=None,
-        params=None, etp_group=None, compute_dtype=None,
+        params=None, etp_group=None, compute_dtype=None, reduced=False,
     ):
         """``ep_group``, ``edp_group``, ``etp_group``, ``data_ranks``: expert parallelism's groups and the
         ranks the loss is a mean over (Note [experts under ZeRO]). ``params``: the
         parameters this optimizer owns (default: all but the expert-parallel ones).
         ``compute_dtype`` (bf16/fp16, Note [ZeRO with master weights]): the flat buffer's
-        and so the parameters' dtype; the fp32 master of the slice is ``self.master``."""
+        and so the parameters' dtype; the fp32 master of the slice is ``self.master``.
+        ``reduced`` (stage 1 with ``params``): their gradients arrive as means already,
+        reduced by someone else (hetero.HeteroGradients: each layer over its own dp group)."""
         if stage not in (1, 2):
             raise ValueError(f"ZeRO stage must be 1 or 2, not {stage!r}")
+        if reduced and (stage != 1 or params is None):
+            raise ValueError("reduced gradients are for stage 1 with the parameters given")
+        self.reduced = bool(reduced)
         self.stage, self.dp_group, self.tp_group, self.pp_group = stage, dp_group, tp_group, pp_group
         self.beta1, self.beta2 = (float(b) for b in betas)
         self.eps, self.weight_decay = float(eps), float(weight_decay)
@@ -267,14 +272,14 @@ class ShardedAdamW:
         The norm is global: squares of tp shards summed over tp, replicated
         parameters counted once, then the dp slices summed. ``max_norm == 0`` only measures.
         """
-        grad = self._mean_slice()
+        grad = self.mean_slice()
         if grad_scale != 1.0:
             grad.mul_(1.0 / grad_scale)
         slices = [grad]
         total_sq = global_squares(grad, counted=self.counted, tp_mask=self.tp_mask,
                                   tp_group=self.tp_group, dp_group=self.dp_group, tp_share=self.tp_share)
         if self.experts is not None:  # Note [experts under ZeRO]
-            expert_grad = self.experts._mean_slice()
+            expert_grad = self.experts.mean_slice()
             if grad_scale != 1.0:
                 expert_grad.mul_(1.0 / grad_scale)
             expert_sq = global_squares(expert_grad, counted=self.experts.counted, tp_mask=self.experts.tp_mask,
@@ -296,8 +301,11 @@ class ShardedAdamW:
         return norm
 
     @torch.no_grad()
-    def _mean_slice(self) -> torch.Tensor:
-        """This rank's slice of the gradient, summed over the group and divided by ``mean_over``."""
+    def mean_slice(self) -> torch.Tensor:
+        """This rank's slice of the gradient, summed over the group and divided by ``mean_over``
+        (``reduced``: the gradients are the means already; only the slice is taken)."""
+        if self.reduced:
+            return self._slice_grad()
         if self.stage == 2:
             return self._reduced_slice()  # Note [ZeRO-2 during backward]
         if self._grad_sync is not None:

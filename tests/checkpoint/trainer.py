@@ -55,6 +55,8 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     # 2D tensor parallelism (runtime/layers2d.py): weights split on an R × C grid of the tp ranks
     "tp2_2x1": (["parallel.tp=2", "parallel.tp_shape=(2, 1)"], 2),
     "tp4_2x2": (["parallel.tp=4", "parallel.tp_shape=(2, 2)"], 4),
+    # ... with ZeRO-1: block 0's moments whole on each tp rank, block 1's sliced over its dp 2
+    "hetero_tp21_zero1": (["parallel.tp=[2, 1]", "parallel.dp=[1, 2]", "parallel.zero=1"], 2),
 }
 
 

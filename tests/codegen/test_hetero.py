@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from parc.codegen.build import generate
 from parc.codegen.lower import lower
 from parc.dsl import load
+from parc.dsl.diagnostics import Diagnostics
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "examples" / "tiny.par")
@@ -44,6 +47,28 @@ def test_train_py_shows_the_table_and_uses_the_hetero_runtime():
     assert "hetero.HeteroGradients(" in text and "hetero.clip_grad_norm_(" in text
     assert "layouts=layouts," in text
     assert "tp 2 × dp 1 (layers.0-1), tp 1 × dp 2 (layers.2-3)" in text.splitlines()[0]
+
+
+def test_zero_with_lists_shards_over_each_layers_dp_group():
+    """Note [ZeRO over per-layer layouts]: ZeRO-1/2 are hetero.ShardedAdamW over the layouts;
+    at stage 1 HeteroGradients still reduces the gradients, at stage 2 the optimizer's own
+    buckets do. ZeRO-3 with lists stays PAR0254."""
+    from parc.codegen.spec_values import rule_errors
+
+    spec = load(TINY, TWO + ["parallel.zero=1"])
+    assert rule_errors(spec) == []
+    text = generate(spec)["train.py"].decode()
+    assert "optimizer = hetero.ShardedAdamW(" in text and "stage_group=stage_group" in text
+    assert "hetero.HeteroGradients(" in text and "optimizer.reduce_gradients_and_clip(GRAD_CLIP)" in text
+    assert "zero.ShardedAdamW" not in text and "hetero.clip_grad_norm_(" not in text
+    spec = load(TINY, TWO + ["parallel.zero=2"])
+    assert rule_errors(spec) == []
+    text = generate(spec)["train.py"].decode()
+    assert "optimizer = hetero.ShardedAdamW(" in text and "accumulations=GRAD_ACCUM" in text
+    assert "HeteroGradients" not in text and "grad_sync" not in text
+    with pytest.raises(Diagnostics) as caught:
+        load(TINY, TWO + ["parallel.zero=3"])
+    assert [e.code for e in caught.value.errors] == ["PAR0254"]
 
 
 def test_equal_lists_are_the_uniform_program():
@@ -78,7 +103,7 @@ def test_an_auto_spec_whose_plan_is_heterogeneous_builds_it():
 
 def test_zero_and_recompute_auto_with_lists_are_filled_by_per_layer_costs():
     """check ⇔ build: with a tp list, `zero = auto` and `recompute = auto` are accepted and the
-    build fills them (ZeRO 0: per-layer degrees with ZeRO are PAR0254)."""
+    build fills them (ZeRO 0: the per-layer cost model covers ZeRO 0 only)."""
     from parc.codegen.spec_values import rule_errors
 
     import json

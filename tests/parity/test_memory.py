@@ -43,6 +43,9 @@ def memory_case(name: str, nproc: int, **degrees) -> Case:
 ZERO = {zero: memory_case(f"dp2-zero{zero}", 2, dp=2, parallel__zero=zero) for zero in (0, 1, 2)}
 PIPELINE = memory_case("pp2", 2, pp=2)
 ZERO3 = memory_case("dp4-zero3", 4, dp=4, parallel__zero=3)
+# Note [ZeRO over per-layer layouts]: block 0 (and the tied table) tp 2 × dp 1, block 1 tp 1 × dp 2
+HETERO_ZERO1 = memory_case("hetero-tp21-zero1", 2, tp=2, parallel__tp="[2, 1]", parallel__dp="[1, 2]",
+                           parallel__zero=1)
 RECOMPUTE = {mode: memory_case(f"recompute-{mode}", 1, parallel__recompute=mode) for mode in ("none", "selective", "full")}
 
 
@@ -54,6 +57,8 @@ def cases_of(item) -> list[Case]:
         return [ZERO3]
     if item.originalname == "test_pp2_stages_hold_their_layers":
         return [PIPELINE]
+    if item.originalname == "test_hetero_zero1_shards_each_layer_over_its_own_dp":
+        return [HETERO_ZERO1]
     if item.originalname == "test_saved_activations_fall_with_recompute":
         return list(RECOMPUTE.values())
     return []
@@ -105,6 +110,20 @@ def test_pp2_stages_hold_their_layers(trainers):
         assert row["param_bytes"] == psi * FP32, row
         assert row["grad_bytes"] == psi * FP32, row
         assert row["optim_bytes"] == 2 * psi * FP32 + tensors * FP32, row
+
+
+def test_hetero_zero1_shards_each_layer_over_its_own_dp(trainers):
+    """Block 1 (tp 1, dp 2) is whole on each rank and its moments halved over the two dp
+    ranks; the tp-2 part (block 0's shard, the embedding's, positions, and the final norm
+    with the head tied to the embedding) has dp 1: its moments whole, as its parameters."""
+    ranks = per_rank(trainers, HETERO_ZERO1)
+    one = LAYER  # the tp-1 part's buffer, sliced over dp 2
+    for rank, row in enumerate(ranks):
+        local = row["param_bytes"] // FP32
+        two = local - one  # this rank's tp-2 part: its own buffer, one dp rank
+        assert EMBED // 2 + POS < two < EMBED + POS + LAYER, f"rank {rank}: {row}"
+        assert row["optim_bytes"] == 2 * (two + math.ceil(one / 2)) * FP32, f"rank {rank}: {row}"
+        assert row["grad_bytes"] == local * FP32, f"rank {rank}: {row}"  # ZeRO-1 keeps whole gradients
 
 
 def test_saved_activations_fall_with_recompute(trainers):

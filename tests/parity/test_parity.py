@@ -168,6 +168,15 @@ LAYOUTS = {
     # the 8-rank rows: the 2 × 2 grid with dp 2 and with pp 2
     "dp2-tp4-shape2x2": dict(dp=2, tp=4, parallel__tp_shape="(2, 2)"),
     "pp2-tp4-shape2x2": dict(pp=2, tp=4, parallel__tp_shape="(2, 2)"),
+    # ZeRO-1 (hetero.ShardedAdamW): each layer's moments sliced over its own dp group
+    "hetero-tp2211-zero1": dict(tp=2, model__layers=4, parallel__tp="[2, 2, 1, 1]", parallel__dp="[1, 1, 2, 2]",
+                                parallel__zero=1),
+    # ... under a pipeline with sp: the tied table's stage copy and the sp-summed norms in the slices
+    "hetero-pp2-tp1221-sp-zero1": dict(tp=2, pp=2, sp=True, model__layers=4, parallel__tp="[1, 2, 2, 1]",
+                                       parallel__dp="[2, 1, 1, 2]", parallel__zero=1),
+    # ZeRO-2: each layer's buckets into its slices; dp groups of 2 and 4, divided by the coarse dp 2
+    "hetero-dp2-tp2112-zero2": dict(dp=2, tp=2, model__layers=4, parallel__tp="[2, 1, 1, 2]",
+                                    parallel__dp="[2, 4, 4, 2]", parallel__zero=2),
 }
 ARCHS = ("gpt", "llama")
 
