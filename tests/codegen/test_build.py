@@ -308,7 +308,7 @@ def test_steps_help_says_the_lr_schedule_keeps_its_length(tmp_path):
     out = tmp_path / "b"
     assert main(["build", str(EXAMPLES / "tiny.par"), "-o", str(out)]) == 0
     done = subprocess.run([sys.executable, str(out / "train.py"), "--help"], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=600)
     assert done.returncode == 0, done.stderr
     assert " ".join(done.stdout.split()).count(
         "--steps STEPS optimizer steps to run (default 20); the LR schedule keeps the spec's length, STEPS: "

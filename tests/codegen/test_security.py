@@ -513,7 +513,7 @@ def _run(tmp_path, text, file, overrides, *, make_tokens=True):
         (np.arange(4096) % spec.model.vocab).astype(np.uint16).tofile(target)
     done = subprocess.run(
         [sys.executable, str(out / "train.py"), "--steps", "1"],
-        cwd=cwd, capture_output=True, text=True, timeout=120,
+        cwd=cwd, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
     )
     for folder in (cwd, out, tmp_path):

@@ -34,14 +34,14 @@ def test_prepared_text_trains(tmp_path, capsys):
     assert "DATA_PATH = \"../../project/data/corpus.bin\"  # --set 4: from this file's folder" in train
     assert str(tmp_path) not in train and "SyntheticTokens" not in train
     done = subprocess.run([sys.executable, "train.py", "--steps", "3", "--metrics-jsonl", "m.jsonl"],
-                          cwd=out, capture_output=True, text=True, timeout=180)
+                          cwd=out, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     losses = [json.loads(line)["loss"] for line in (out / "m.jsonl").read_text().splitlines()]
     assert len(losses) == 3 and losses[-1] < losses[0]
     # --data overrides the spec's path, and is from the cwd.
     tokens.rename(tmp_path / "moved.bin")
     done = subprocess.run([sys.executable, str(out / "train.py"), "--steps", "1", "--data", "moved.bin"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=180)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -55,7 +55,7 @@ def test_a_missing_token_file_is_one_message_from_rank_0(tmp_path, capsys):
     assert "warning[PAR0219]: no token file at" in capsys.readouterr().err
     torchrun = Path(sys.executable).parent / "torchrun"
     done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "train.py"],
-                          cwd=out, capture_output=True, text=True, timeout=180)
+                          cwd=out, capture_output=True, text=True, timeout=600)
     assert done.returncode != 0
     said = [line for line in done.stderr.splitlines() if line.startswith("train.py:")]
     assert said == [f"train.py: --data {tmp_path}/build/../nope.bin: no such file"], done.stderr[-3000:]

@@ -91,14 +91,15 @@ def test_mixtral_plans_ep_layouts_and_explains_the_winner():
     assert {1, 2, 4, 8} <= ranked
     lines = why(spec, result, hw)
     assert any(line.startswith(f"ep {result.estimates[0].layout.ep} over replicated experts") for line in lines)
-    # the winner's layout with the experts whole on every rank (ep 1) does not fit; without
-    # ZeRO-3 (whose units shard the experts over every rank either way) it also holds more
+    # the winner's layout with the experts whole on every rank (ep 1): without ZeRO-3 it does
+    # not fit; under ZeRO-3 (whose units shard the experts over every rank either way) it
+    # holds the same states (with bf16 parameters and fp32 masters, master.py, it then fits)
     replicated = estimate(spec, replace(winner.layout, ep=1), hw)
     states = lambda item: item.memory.params + item.memory.grads + item.memory.optimizer  # noqa: E731
-    assert not replicated.fits
     if winner.layout.zero == 3:
         assert states(replicated) == pytest.approx(states(winner), rel=1e-3)  # Note [experts as units]
     else:
+        assert not replicated.fits
         assert states(replicated) > 2 * states(winner)
 
 
