@@ -231,9 +231,9 @@ def main() -> int:
           f"of {shapes.seq_len} a step (micro-batch {shapes.micro_batch}), fp32, CPU gloo; medians of "
           f"{args.repeat} alternating runs x {args.steps} steps after {WARMUP} warm-up")
     print(f"## before: {start_load}; after: {load()}")
-    print(f"{'layout':<9} {'parc tok/s':>11} {'titan tok/s':>12} {'parc/titan':>11} {'titan params/rank':>18}")
+    print(f"{'layout':<9} {'parc tok/s':>11} {'titan tok/s':>12} {'parc/titan':>11} {'titan params':>13}")
     for name, parc, titan, params in rows:
-        print(f"{name:<9} {parc:>11.0f} {titan:>12.0f} {parc / titan:>10.2f}x {params:>18,}")
+        print(f"{name:<9} {parc:>11.0f} {titan:>12.0f} {parc / titan:>10.2f}x {params:>13,}")
     print(f"MLP width {shapes.ffn} = torchtitan's rounding of int(2/3*4*{shapes.hidden}) = "
           f"{int(8 * shapes.hidden / 3)} up to multiple_of {shapes.multiple_of}; given to both exactly.")
     print(DIFFERENCES)
