@@ -181,9 +181,9 @@ def main() -> None:
                                 dtype="float32", mixed_precision_param="float32"),
         parallelism=ParallelismConfig(data_parallel_shard_degree=shard, data_parallel_replicate_degree=replicate,
                                       tensor_parallel_degree=args.tp, enable_sequence_parallel=False,
-                                      # the default, spmd_types, hands FSDP plain parameters after
-                                      # tp on CPU and FSDP refuses them; DTensor for tp as before 0.3
-                                      spmd_backend="partial_dtensor" if args.tp > 1 else "spmd_types"),
+                                      # the default, spmd_types, hands FSDP (dp > 1) plain parameters
+                                      # on CPU and FSDP refuses them; DTensor for tp as before 0.3
+                                      spmd_backend="partial_dtensor" if world > 1 else "spmd_types"),
         metrics=MetricsProcessor.Config(log_freq=1),
         activation_checkpoint=None,
     )
