@@ -15,8 +15,12 @@ tiny example's shapes, fp32, CPU):
   rank's slice cloned out of it (before) vs each parameter's overlap with the slice
   copied straight into it (``ShardedAdamW._slice_grad``, after), dp = 2, on a larger
   model (8 layers × 512) where the copy shows.
+- custom-op dispatch of the fused ops on small shapes: a norm's forward and backward
+  at 128×128 (and SwiGLU at 128×512) entered as the ``torch.library.custom_op``
+  (before) vs ``kernels.dispatch.call``'s direct path (after; Note [custom-op
+  dispatch]), with eager PyTorch as a third column.
 
-    python bench/overheads.py [--steps 20] [--repeat 9]
+    python bench/overheads.py [--steps 20] [--repeat 9] [--only dispatch]
 
 Prints the machine's load (1-minute average) with each table: the machine is shared.
 """
@@ -201,15 +205,66 @@ def bench_zero1(repeat: int) -> None:
     print(f"{'flat copy + slice / slice copied directly':<44} {b:>10.2f} {a:>10.2f} {a / b:>13.3f}")
 
 
+def bench_dispatch(repeat: int) -> None:
+    from parc.runtime import kernels
+    from parc.runtime.kernels import ops
+
+    if kernels.select("compiled", "cpu") is None:
+        print("\n## fused-op dispatch: no compiled CPU kernels here (see the notice above); skipped")
+        return
+    rows, C = 128, 128
+    x = torch.randn(rows, C, requires_grad=True)
+    w, b = torch.ones(C, requires_grad=True), torch.zeros(C, requires_grad=True)
+    gate, up = (torch.randn(rows, 4 * C, requires_grad=True) for _ in range(2))
+    g, g4 = torch.randn(rows, C), torch.randn(rows, 4 * C)
+    cases = {  # (before: the custom op, after: ops' public function, eager)
+        "layer_norm fwd+bwd 128x128": (
+            lambda: ops.layer_norm_fwd(x, w, b, 1e-5)[0].backward(g),
+            lambda: ops.layer_norm(x, w, b, 1e-5).backward(g),
+            lambda: torch.nn.functional.layer_norm(x, (C,), w, b, 1e-5).backward(g)),
+        "rms_norm fwd+bwd 128x128": (
+            lambda: ops.rms_norm_fwd(x, w, 1e-5)[0].backward(g),
+            lambda: ops.rms_norm(x, w, 1e-5).backward(g),
+            lambda: torch.nn.functional.rms_norm(x, (C,), w, 1e-5).backward(g)),
+        "swiglu fwd+bwd 128x512": (
+            lambda: ops._swiglu(gate, up).backward(g4),
+            lambda: ops.swiglu(gate, up).backward(g4),
+            lambda: (torch.nn.functional.silu(gate) * up).backward(g4)),
+    }
+
+    def micros(fn, n=50):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - start) / n * 1e6
+
+    for fns in cases.values():  # warm-up
+        for fn in fns:
+            micros(fn, 10)
+    times = {name: ([], [], []) for name in cases}
+    for _ in range(max(repeat, 7)):
+        for name, fns in cases.items():  # alternating
+            for samples, fn in zip(times[name], fns):
+                samples.append(micros(fn))
+    print(f"\n## fused-op dispatch on small shapes (custom op / direct, eager for reference); {load()}")
+    print(f"{'overhead (µs per call)':<44} {'before':>10} {'after':>10} {'after/before':>13} {'eager':>8}")
+    for name, (before, after, eager) in times.items():
+        bm, am, em = (statistics.median(s) for s in (before, after, eager))
+        print(f"{name:<44} {bm:>10.1f} {am:>10.1f} {am / bm:>13.3f} {em:>8.1f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="steps a run has, for the policy's mean")
     parser.add_argument("--repeat", type=int, default=9, help="alternating samples of each variant")
+    parser.add_argument("--only", choices=("steps", "gather", "zero1", "dispatch"), help="one table")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    bench_steps(args.repeat, args.steps)
-    bench_gather(args.repeat, args.steps)
-    bench_zero1(args.repeat)
+    tables = {"steps": lambda: bench_steps(args.repeat, args.steps), "gather": lambda: bench_gather(args.repeat, args.steps),
+              "zero1": lambda: bench_zero1(args.repeat), "dispatch": lambda: bench_dispatch(args.repeat)}
+    for name, table in tables.items():
+        if args.only in (None, name):
+            table()
     return 0
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .dispatch import call
 from .ops import _DEVICES, _backend, _row_stats
 
 
@@ -67,7 +68,7 @@ def _add_layer_norm_setup(ctx, inputs, output):
 
 def _add_layer_norm_backward(ctx, grad_y, grad_h, _grad_mean, _grad_rstd):
     h, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = add_layer_norm_bwd(grad_y, _grad_h(grad_h, h), h, weight, mean, rstd)
+    dx, dw, db = call(add_layer_norm_bwd, grad_y, _grad_h(grad_h, h), h, weight, mean, rstd)
     return dx, dx, dw.to(weight.dtype), db.to(ctx.bias_dtype), None
 
 
@@ -106,7 +107,7 @@ def _add_rms_norm_setup(ctx, inputs, output):
 
 def _add_rms_norm_backward(ctx, grad_y, grad_h, _grad_rstd):
     h, weight, rstd = ctx.saved_tensors
-    dx, dw = add_rms_norm_bwd(grad_y, _grad_h(grad_h, h), h, weight, rstd)
+    dx, dw = call(add_rms_norm_bwd, grad_y, _grad_h(grad_h, h), h, weight, rstd)
     return dx, dx, dw.to(weight.dtype), None
 
 
@@ -123,11 +124,11 @@ def _promoted(x: Tensor, residual: Tensor):
 
 def add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """(LayerNorm(h), h) with h = x + residual, one pass; Note [fused residual norm]."""
-    y, h, _, _ = add_layer_norm_fwd(*_promoted(x, residual), weight, bias, eps)
+    y, h, _, _ = call(add_layer_norm_fwd, *_promoted(x, residual), weight, bias, eps)
     return y, h
 
 
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """(RMSNorm(h), h) with h = x + residual, one pass; Note [fused residual norm]."""
-    y, h, _ = add_rms_norm_fwd(*_promoted(x, residual), weight, eps)
+    y, h, _ = call(add_rms_norm_fwd, *_promoted(x, residual), weight, eps)
     return y, h

@@ -8,6 +8,8 @@ reference), and the public functions ``layer_norm``, ``rms_norm``, ``bias_gelu``
 ``swiglu``, ``rotary``, ``cross_entropy`` and ``block_attention`` (with its backward,
 called by ring attention's own autograd Function, ``ring.py``).
 
+Each call enters its op through ``dispatch.call`` (Note [custom-op dispatch]).
+
 Dispatch: CPU tensors run the C++ kernels, CUDA tensors the Triton ones. Setting
 ``PARC_TRITON_ON_CPU=1`` (with ``TRITON_INTERPRET=1``) sends CPU tensors to Triton's
 interpreter: the Triton tests use it, nothing else should.
@@ -31,6 +33,7 @@ from torch import Tensor
 
 from ..comm import _all_reduce, group_rank
 from .build import load_cpu
+from .dispatch import call
 from .reference import rotary_tables
 
 import torch.distributed as dist
@@ -101,7 +104,7 @@ def _layer_norm_setup(ctx, inputs, output):
 
 def _layer_norm_backward(ctx, grad, _grad_mean, _grad_rstd):
     x, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = layer_norm_bwd(grad, x, weight, mean, rstd)
+    dx, dw, db = call(layer_norm_bwd, grad, x, weight, mean, rstd)
     return dx, dw.to(weight.dtype), db.to(ctx.bias_dtype), None
 
 
@@ -110,7 +113,7 @@ layer_norm_fwd.register_autograd(_layer_norm_backward, setup_context=_layer_norm
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
     """LayerNorm over the last dimension, with weight and bias."""
-    return layer_norm_fwd(x, weight, bias, eps)[0]
+    return call(layer_norm_fwd, x, weight, bias, eps)[0]
 
 
 # ---- RMSNorm ----------------------------------------------------------------------
@@ -145,7 +148,7 @@ def _rms_norm_setup(ctx, inputs, output):
 
 def _rms_norm_backward(ctx, grad, _grad_rstd):
     x, weight, rstd = ctx.saved_tensors
-    dx, dw = rms_norm_bwd(grad, x, weight, rstd)
+    dx, dw = call(rms_norm_bwd, grad, x, weight, rstd)
     return dx, dw.to(weight.dtype), None
 
 
@@ -154,7 +157,7 @@ rms_norm_fwd.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm over the last dimension: x · rsqrt(mean(x²) + eps) · weight."""
-    return rms_norm_fwd(x, weight, eps)[0]
+    return call(rms_norm_fwd, x, weight, eps)[0]
 
 
 # ---- bias + GeLU ------------------------------------------------------------------
@@ -188,7 +191,7 @@ def _bias_gelu_setup(ctx, inputs, output):
 
 def _bias_gelu_backward(ctx, grad):
     x, bias = ctx.saved_tensors
-    grads = bias_gelu_bwd(grad, x, bias)
+    grads = call(bias_gelu_bwd, grad, x, bias)
     return grads[0], (None if bias is None else grads[1].to(bias.dtype))
 
 
@@ -197,7 +200,7 @@ _bias_gelu.register_autograd(_bias_gelu_backward, setup_context=_bias_gelu_setup
 
 def bias_gelu(x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """GeLU (tanh approximation, as GPT-2) of ``x + bias`` (bias over the last dim, optional)."""
-    return _bias_gelu(x, bias)
+    return call(_bias_gelu, x, bias)
 
 
 # ---- SwiGLU -----------------------------------------------------------------------
@@ -231,7 +234,7 @@ def _swiglu_setup(ctx, inputs, output):
 
 def _swiglu_backward(ctx, grad):
     gate, up = ctx.saved_tensors
-    dgate, dup = swiglu_bwd(grad, gate, up)
+    dgate, dup = call(swiglu_bwd, grad, gate, up)
     return dgate, dup.to(up.dtype)
 
 
@@ -240,7 +243,7 @@ _swiglu.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
 
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     """silu(gate) · up, one pass."""
-    return _swiglu(gate, up)
+    return call(_swiglu, gate, up)
 
 
 # ---- rotary -----------------------------------------------------------------------
@@ -272,7 +275,7 @@ def _rotary_setup(ctx, inputs, output):
 
 def _rotary_backward(ctx, grad):
     cos, sin = ctx.saved_tensors
-    dx = _rotary(grad, cos, sin, -ctx.sign)  # a rotation's inverse is its transpose
+    dx = call(_rotary, grad, cos, sin, -ctx.sign)  # a rotation's inverse is its transpose
     return dx.to(ctx.input_dtype), None, None, None
 
 
@@ -283,7 +286,7 @@ def rotary(q: Tensor, k: Tensor, theta: float, start: int = 0) -> tuple[Tensor, 
     """Rotary positions start..start+T-1 on q and k, each (B, heads, T, D) (model.py's rotary())."""
     cos, sin = rotary_tables(q.shape[-2], q.shape[-1], theta, q.device, start)
     # computed in fp32, rounded to the inputs' dtype (bf16/fp16 compute weights, as model.py's)
-    return _rotary(q, cos, sin, 1.0).to(q.dtype), _rotary(k, cos, sin, 1.0).to(k.dtype)
+    return call(_rotary, q, cos, sin, 1.0).to(q.dtype), call(_rotary, k, cos, sin, 1.0).to(k.dtype)
 
 
 # ---- cross-entropy ----------------------------------------------------------------
@@ -318,7 +321,7 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, group, vocab_size):
         start = group_rank(group) * logits.shape[-1]
-        row_max, sum_exp, picked = cross_entropy_stats(logits, targets, start, vocab_size)
+        row_max, sum_exp, picked = call(cross_entropy_stats, logits, targets, start, vocab_size)
         peak = _all_reduce(row_max, group, op=dist.ReduceOp.MAX)
         total = _all_reduce(sum_exp * (row_max - peak).exp(), group)
         picked = _all_reduce(picked, group)
@@ -330,7 +333,7 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         logits, targets, lse = ctx.saved_tensors
-        dlogits = cross_entropy_grad(logits, targets, lse, grad, ctx.start, ctx.vocab_size)
+        dlogits = call(cross_entropy_grad, logits, targets, lse, grad, ctx.start, ctx.vocab_size)
         return dlogits, None, None, None
 
 

@@ -1,0 +1,244 @@
+"""Tokens/s of a parc trainer vs torchtitan 0.3.0 on the same Llama, side by side.
+
+One Llama-style model (RMSNorm, rotary, grouped-query attention, SwiGLU; fp32, CPU,
+gloo) in four layouts: 1 rank, dp2, tp2 and dp2×tp2. parc's side is the trainer
+``parc build`` writes from a spec this bench writes; torchtitan's is its own Trainer
+driven on CPU by bench/peer_titan.py. Runs alternate (parc, torchtitan, parc, ...),
+each run reports the median step after warm-up, and the table gives the median of
+those per side, the ratio, and the machine's load before and after.
+
+torchtitan is an optional bench dependency that must not touch the project's pinned
+torch: ``--setup`` installs it (``pip install --no-deps --target``) with the few light
+packages its Trainer imports into bench/.peer/site (git-ignored), and the torchtitan
+runs see it through PYTHONPATH only.
+
+    python bench/peer.py --setup          # once
+    python bench/peer.py [--repeat 3] [--steps 6] [--layouts 1,dp2,tp2,dp2xtp2]
+
+What differs between the two models is printed with the table (``DIFFERENCES``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SITE = ROOT / "bench" / ".peer" / "site"
+BIN = Path(sys.executable).parent
+# torchtitan 0.3.0 and what its Trainer imports, without their dependency trees
+# (torch, numpy, tokenizers, tensorboard come from the project's venv).
+PACKAGES = ["torchtitan==0.3.0", "spmd_types==0.2.3", "tyro", "docstring-parser", "typeguard", "einops",
+            "torchdata", "torch_checkpointing", "datasets>=3.6,<4.8", "pyarrow", "dill", "multiprocess",
+            "xxhash", "fsspec", "huggingface_hub", "pandas", "httpx", "requests", "urllib3", "certifi"]
+LAYOUTS = {"1": (1, 1), "dp2": (2, 1), "tp2": (1, 2), "dp2xtp2": (2, 2)}
+WARMUP = 2
+
+
+@dataclass(frozen=True)
+class Shapes:
+    layers: int = 4
+    hidden: int = 128
+    heads: int = 4
+    kv_heads: int = 4
+    vocab: int = 512
+    seq_len: int = 64
+    micro_batch: int = 2
+    global_batch: int = 16
+    multiple_of: int = 256  # torchtitan's debug model's MLP rounding
+    ffn_multiplier: float | None = None
+
+    @property
+    def ffn(self) -> int:
+        return titan_ffn(self.hidden, self.multiple_of, self.ffn_multiplier)
+
+
+def titan_ffn(hidden: int, multiple_of: int, multiplier: float | None = None) -> int:
+    """torchtitan's SwiGLU width (models/common/feed_forward.compute_ffn_hidden_dim):
+    2/3 of 4·hidden, times the multiplier, rounded up to ``multiple_of``. Both sides
+    get this width exactly: parc's spec states it, torchtitan's config is given it."""
+    width = int(2 * 4 * hidden / 3)
+    if multiplier is not None:
+        width = int(multiplier * width)
+    return multiple_of * -(-width // multiple_of)
+
+
+def spec_text(shapes: Shapes, dp: int, tp: int, steps: int) -> str:
+    """The parc spec of one layout: the shapes, synthetic data, no clipping differences."""
+    return f"""# bench/peer.py: the Llama both sides train (written by the bench).
+model peer_llama {{
+  arch = llama
+  layers = {shapes.layers}
+  hidden = {shapes.hidden}
+  heads = {shapes.heads}
+  kv_heads = {shapes.kv_heads}
+  ffn = {shapes.ffn}
+  vocab = {shapes.vocab}
+  seq_len = {shapes.seq_len}
+  tie_embeddings = false
+}}
+
+mesh {{
+  nodes = 1
+  devices_per_node = {dp * tp}
+  device = cpu
+}}
+
+parallel {{
+  dp = {dp}
+  tp = {tp}
+  pp = 1
+  sp = false
+}}
+
+train {{
+  global_batch = {shapes.global_batch}
+  micro_batch = {shapes.micro_batch}
+  steps = {steps}
+  optimizer = adamw(lr = 3e-4)
+  schedule = cosine(warmup = 2)
+  grad_clip = 1.0
+  precision = fp32
+  seed = 1
+  data = synthetic
+}}
+"""
+
+
+DIFFERENCES = """\
+What differs (same shapes, parameter counts printed above):
+- dp: parc all-reduces gradients (bucketed, overlapped with backward); torchtitan
+  shards parameters with FSDP2 (its default, data_parallel_shard_degree).
+- init: torchtitan truncated-normal 0.02, depth-scaled for wo/w2/w3, embedding N(0,1),
+  head std hidden^-0.5; parc its own (runtime/param_init.py). Timing only, no parity.
+- rotary: torchtitan rotates interleaved pairs (complex), parc halves; same cost.
+- loss: torchtitan sums and divides by the global token count; parc means per
+  micro-batch; the same arithmetic per token.
+- attention: both SDPA is_causal (torchtitan's LM default is FlexAttention with
+  document masks, which needs torch.compile off GPU); q/k/v unfused in both.
+- MLP width: torchtitan rounds 2/3·4·hidden up to multiple_of; the bench computes
+  that width once and gives it to both exactly (no rounding differs)."""
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load {one:.2f} (1 min), {five:.2f} (5 min), {os.cpu_count()} CPUs"
+
+
+def setup() -> int:
+    """Install torchtitan into bench/.peer/site without touching the project's venv."""
+    SITE.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(SITE), *PACKAGES]
+    print("bench/peer.py: " + " ".join(command))
+    done = subprocess.run(command)
+    if done.returncode != 0:
+        print(f"bench/peer.py: could not install torchtitan into {SITE} (pip exit {done.returncode}); "
+              "the package index must offer torchtitan 0.3.0 and the packages above", file=sys.stderr)
+        return 1
+    check = subprocess.run([sys.executable, "-c", "import torch, torchtitan.trainer; print(torch.__version__)"],
+                           env=titan_env(1), capture_output=True, text=True)
+    if check.returncode != 0:
+        print(f"bench/peer.py: torchtitan installed but its Trainer does not import:\n{check.stderr[-2000:]}",
+              file=sys.stderr)
+        return 1
+    print(f"bench/peer.py: torchtitan ready in {SITE} (torch {check.stdout.strip()}, unchanged)")
+    return 0
+
+
+def titan_env(nproc: int) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // nproc)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def torchrun(nproc: int, argv: list[str], env: dict) -> str:
+    command = [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", *argv]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(command)}\n{done.stdout[-1500:]}\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def build_parc(shapes: Shapes, dp: int, tp: int, steps: int, workdir: Path) -> Path:
+    spec = workdir / f"peer-dp{dp}-tp{tp}.par"
+    spec.write_text(spec_text(shapes, dp, tp, steps))
+    out = workdir / f"parc-dp{dp}-tp{tp}"
+    subprocess.run([str(BIN / "parc"), "build", str(spec), "-o", str(out)], check=True, capture_output=True)
+    return out
+
+
+def run_parc(build: Path, dp: int, tp: int, steps: int) -> float:
+    metrics = build / "metrics.jsonl"
+    metrics.unlink(missing_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // (dp * tp))))
+    torchrun(dp * tp, [str(build / "train.py"), "--steps", str(WARMUP + steps), "--metrics-jsonl", str(metrics)],
+             env)
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    return statistics.median(r["tokens_per_s"] for r in records[WARMUP:])
+
+
+def run_titan(shapes: Shapes, dp: int, tp: int, steps: int, workdir: Path) -> dict:
+    argv = [str(ROOT / "bench" / "peer_titan.py"), f"--dp={dp}", f"--tp={tp}", f"--steps={steps}",
+            f"--warmup={WARMUP}", f"--ffn={shapes.ffn}", f"--dump={workdir / 'titan'}"]
+    for name in ("layers", "hidden", "heads", "kv_heads", "vocab", "seq_len", "micro_batch", "global_batch"):
+        argv.append(f"--{name.replace('_', '-')}={getattr(shapes, name)}")
+    lines = [line for line in torchrun(dp * tp, argv, titan_env(dp * tp)).splitlines() if line.startswith("{")]
+    return json.loads(lines[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--setup", action="store_true", help=f"install torchtitan into {SITE.relative_to(ROOT)}")
+    parser.add_argument("--repeat", type=int, default=3, help="alternating runs of each side per layout")
+    parser.add_argument("--steps", type=int, default=6, help=f"timed steps per run (after {WARMUP} warm-up)")
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated: " + ", ".join(LAYOUTS))
+    args = parser.parse_args()
+    if args.setup:
+        return setup()
+    if not (SITE / "torchtitan").is_dir():
+        print(f"bench/peer.py: torchtitan is not installed for the bench; run: python bench/peer.py --setup",
+              file=sys.stderr)
+        return 1
+    shapes = Shapes()
+    layouts = [name.strip() for name in args.layouts.split(",")]
+    unknown = [name for name in layouts if name not in LAYOUTS]
+    if unknown:
+        parser.error(f"unknown layouts {unknown}; choose from {', '.join(LAYOUTS)}")
+    start_load = load()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in layouts:
+            dp, tp = LAYOUTS[name]
+            build = build_parc(shapes, dp, tp, WARMUP + args.steps, Path(tmp))
+            parc, titan, params = [], [], None
+            for _ in range(args.repeat):  # alternating
+                parc.append(run_parc(build, dp, tp, args.steps))
+                result = run_titan(shapes, dp, tp, args.steps, Path(tmp))
+                titan.append(result["tokens_per_s"])
+                params = result["local_parameters"]
+                print(f"  ... {name}: parc {parc[-1]:.0f} tok/s, torchtitan {titan[-1]:.0f} tok/s; {load()}",
+                      file=sys.stderr, flush=True)
+            rows.append((name, statistics.median(parc), statistics.median(titan), params))
+    print(f"## parc vs torchtitan 0.3.0: llama {shapes.layers}x{shapes.hidden}, {shapes.heads} heads "
+          f"({shapes.kv_heads} kv), ffn {shapes.ffn}, vocab {shapes.vocab}, {shapes.global_batch} sequences "
+          f"of {shapes.seq_len} a step (micro-batch {shapes.micro_batch}), fp32, CPU gloo; medians of "
+          f"{args.repeat} alternating runs x {args.steps} steps after {WARMUP} warm-up")
+    print(f"## before: {start_load}; after: {load()}")
+    print(f"{'layout':<9} {'parc tok/s':>11} {'titan tok/s':>12} {'parc/titan':>11} {'titan params':>13}")
+    for name, parc, titan, params in rows:
+        print(f"{name:<9} {parc:>11.0f} {titan:>12.0f} {parc / titan:>10.2f}x {params:>13,}")
+    print(f"MLP width {shapes.ffn} = torchtitan's rounding of int(2/3*4*{shapes.hidden}) = "
+          f"{int(8 * shapes.hidden / 3)} up to multiple_of {shapes.multiple_of}; given to both exactly.")
+    print(DIFFERENCES)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""bench/peer.py's torchtitan side: torchtitan 0.3.0's own Trainer on CPU, gloo.
+
+Run by bench/peer.py under torchrun with torchtitan on PYTHONPATH (bench/.peer/site,
+made by ``python bench/peer.py --setup``); not importable from the project's venv.
+Builds a ``Trainer.Config`` in Python, as torchtitan's config registry does
+(models/llama3/config_registry.py), with:
+
+- a Llama3 model of the given shapes from torchtitan's own building blocks
+  (``_build_llama3_layers``: RMSNorm, GQA attention with rotary, SwiGLU FeedForward),
+  the MLP width passed exactly (``hidden_dim = --ffn``, no ``multiple_of`` rounding),
+  un-fused q/k/v like parc's, SDPA (``is_causal``) as inner attention like parc's
+  (torchtitan's language-model default is FlexAttention with document masks);
+- synthetic tokens (a loader of random ids, as parc's ``data = synthetic``) and a
+  tokenizer stand-in: the Trainer builds both, and neither may read files here;
+- no activation checkpointing, no checkpoints, no validation, no compile, fp32;
+- dp through torchtitan's FSDP2 (``data_parallel_shard_degree``, its default) or
+  replication (``--dp-kind replicate``), tp through its DTensor plan (sp off).
+
+Trainer.train_step is timed per step (after a barrier); rank 0 prints one JSON line
+{"tokens_per_s": median over steps after warm-up, ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+
+class _CpuDevice:
+    """torch.cpu with the memory calls torchtitan's metrics make of a device module
+    (components/metrics.DeviceMemoryMonitor): CPU has no allocator statistics."""
+
+    def __getattr__(self, name):
+        import torch
+
+        return getattr(torch.cpu, name)
+
+    @staticmethod
+    def get_device_name(device=None):
+        return "cpu"
+
+    @staticmethod
+    def get_device_properties(device=None):
+        import types
+
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return types.SimpleNamespace(total_memory=pages, name="cpu")
+
+    @staticmethod
+    def current_device():
+        return 0  # an index, as barrier(device_ids=...) takes (distributed/utils.set_pg_timeouts)
+
+    @staticmethod
+    def memory_stats(device=None):
+        return {}
+
+    @staticmethod
+    def reset_peak_memory_stats(device=None):
+        pass
+
+    @staticmethod
+    def empty_cache():
+        pass
+
+
+def _cpu_device() -> None:
+    """torchtitan picks ``cuda`` when no accelerator is found (tools/utils.get_device_info);
+    bind ``cpu`` before any module copies the name."""
+    import torchtitan.tools.utils as titan_utils
+
+    titan_utils.device_type, titan_utils.device_module = "cpu", _CpuDevice()
+    import torchtitan.distributed.utils as titan_dist
+
+    # After step 1 the Trainer shortens the groups' timeouts through
+    # torch.distributed.set_timeout, which torch 2.13 does not have: timeouts only.
+    titan_dist.set_pg_timeouts = lambda **_: None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name, default in [("layers", 4), ("hidden", 128), ("heads", 4), ("kv_heads", 4), ("ffn", 512),
+                          ("vocab", 512), ("seq_len", 64), ("micro_batch", 2), ("global_batch", 16),
+                          ("dp", 1), ("tp", 1), ("steps", 8), ("warmup", 2)]:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+    parser.add_argument("--rope-theta", type=float, default=10000.0)
+    parser.add_argument("--norm-eps", type=float, default=1e-5)
+    parser.add_argument("--dp-kind", choices=("shard", "replicate"), default="shard")
+    parser.add_argument("--dump", default="/tmp/parc-peer-titan")
+    args = parser.parse_args()
+    _cpu_device()
+
+    import torch
+    import torch.distributed as dist
+    from torchtitan.components.dataloader import BaseDataLoader
+    from torchtitan.components.loss import CrossEntropyLoss
+    from torchtitan.components.metrics import MetricsProcessor
+    from torchtitan.components.optimizer import default_adamw
+    from torchtitan.components.tokenizer import BaseTokenizer
+    from torchtitan.config import ParallelismConfig, TrainingConfig
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import _build_llama3_layers, model_registry
+    from torchtitan.models.llama3.model import Llama3Model
+    from torchtitan.trainer import Trainer
+
+    class SyntheticTokens(BaseDataLoader):
+        """Random token ids, (B, T) inputs and their (B, T) next-token labels."""
+
+        @dataclass(kw_only=True, slots=True)
+        class Config(BaseDataLoader.Config):
+            vocab: int = 512
+
+        def __init__(self, config, *, dp_rank, local_batch_size, seq_len, **_):
+            self.vocab, self.shape = config.vocab, (local_batch_size, seq_len + 1)
+            self.gen = torch.Generator().manual_seed(1 + dp_rank)
+
+        def __iter__(self):
+            while True:
+                tokens = torch.randint(0, self.vocab, self.shape, generator=self.gen)
+                yield {"input": tokens[:, :-1]}, tokens[:, 1:]
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state_dict):
+            pass
+
+    class NoTokenizer(BaseTokenizer):
+        """The Trainer builds a tokenizer; synthetic tokens need none."""
+
+        @dataclass(kw_only=True, slots=True)
+        class Config(BaseTokenizer.Config):
+            vocab: int = 512
+
+        def __init__(self, config, **_):
+            super().__init__()
+            self.vocab = config.vocab
+
+        def encode(self, *args, **kwargs):
+            raise NotImplementedError
+
+        def decode(self, *args, **kwargs):
+            raise NotImplementedError
+
+        def get_vocab_size(self):
+            return self.vocab
+
+    D = args.hidden // args.heads
+    layers = _build_llama3_layers(
+        fuse_qkv=False, n_layers=args.layers, dim=args.hidden, n_heads=args.heads, n_kv_heads=args.kv_heads,
+        hidden_dim=args.ffn,  # exact: no compute_ffn_hidden_dim rounding
+        rope=ComplexRoPE.Config(dim=D, max_seq_len=args.seq_len, theta=args.rope_theta, scaling="none"),
+        attn_backend="flex")
+    for layer in layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+        layer.attention_norm.eps = layer.ffn_norm.eps = args.norm_eps
+    model = Llama3Model.Config(
+        dim=args.hidden, vocab_size=args.vocab,
+        tok_embeddings=Embedding.Config(num_embeddings=args.vocab, embedding_dim=args.hidden),
+        norm=RMSNorm.Config(normalized_shape=args.hidden, eps=args.norm_eps),
+        lm_head=Linear.Config(in_features=args.hidden, out_features=args.vocab),
+        layers=layers)
+    spec = model_registry("debugmodel", attn_backend="flex")
+    spec.model, spec.flavor = model, "parc-peer"
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    shard, replicate = (args.dp, 1) if args.dp_kind == "shard" else (1, args.dp)
+    config = Trainer.Config(
+        model_spec=spec,
+        dump_folder=args.dump,
+        loss=CrossEntropyLoss.Config(global_vocab_size=args.vocab),
+        tokenizer=NoTokenizer.Config(vocab=args.vocab),
+        dataloader=SyntheticTokens.Config(vocab=args.vocab),
+        optimizer=default_adamw(lr=3e-4),
+        training=TrainingConfig(local_batch_size=args.micro_batch, global_batch_size=args.global_batch,
+                                seq_len=args.seq_len, steps=args.warmup + args.steps, max_norm=1.0,
+                                dtype="float32", mixed_precision_param="float32"),
+        parallelism=ParallelismConfig(data_parallel_shard_degree=shard, data_parallel_replicate_degree=replicate,
+                                      tensor_parallel_degree=args.tp, enable_sequence_parallel=False,
+                                      # the default, spmd_types, hands FSDP (dp > 1) plain parameters
+                                      # on CPU and FSDP refuses them; DTensor for tp as before 0.3
+                                      spmd_backend="partial_dtensor" if world > 1 else "spmd_types"),
+        metrics=MetricsProcessor.Config(log_freq=1),
+        activation_checkpoint=None,
+    )
+    assert shard * replicate * args.tp == world, (shard, replicate, args.tp, world)
+    trainer = config.build()
+    times = []
+    step = trainer.train_step
+
+    def timed_step(data_iterator):
+        if dist.is_initialized():
+            dist.barrier()
+        start = time.perf_counter()
+        step(data_iterator)
+        if dist.is_initialized():
+            dist.barrier()
+        times.append(time.perf_counter() - start)
+
+    trainer.train_step = timed_step
+    params = sum(p.numel() for p in trainer.model_parts[0].parameters())
+    trainer.train()
+    trainer.close()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0:
+        median = statistics.median(times[args.warmup:])
+        print(json.dumps({"tokens_per_s": args.global_batch * args.seq_len / median, "step_time_s": median,
+                          "local_parameters": params}), flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
