@@ -7,7 +7,7 @@ re-exports for ``ops._backend``. One program per row, in column blocks as
 ``triton_ops._norm_fwd``. Forward: the first sweep reads x and residual and writes h
 (rounded to the dtype); the later sweeps recompute h from x and residual instead of
 reading h back (a program's own stores need not be visible to its other threads
-without a barrier; the re-reads hit the cache). Backward: ``triton_ops._norm_bwd``'s
+without a barrier; the re-reads hit the cache). Backward: ``triton_ops._norm_bwd`` itself (HAS_DH):
 formula on h, plus dh (rounded apart, as cpu/add_norm.cpp does), into one dx.
 Written and run under the interpreter here; untested on a GPU.
 """
@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_ops import ROW_GROUPS, _acc, _block, _rows, _stats_dtype
+from .triton_ops import ROW_GROUPS, _acc, _block, _norm_bwd, _rows, _stats_dtype
 
 
 @triton.jit
@@ -65,52 +65,6 @@ def _add_norm_fwd(X, R, H, W, B, Y, MEAN, RSTD, C, eps, RMS: tl.constexpr, HAS_B
     tl.store(RSTD + row, rstd)
 
 
-@triton.jit
-def _add_norm_bwd(DY, DH, H, W, MEAN, RSTD, DX, DW_PART, DB_PART, N, C, ROWS_PER_PROGRAM,
-                  RMS: tl.constexpr, HAS_DH: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr):
-    program = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    DW_PART += program * C
-    DB_PART += program * C
-    first = program * ROWS_PER_PROGRAM
-    for row in range(first, tl.minimum(first + ROWS_PER_PROGRAM, N)):
-        mean = 0.0
-        if not RMS:
-            mean = tl.load(MEAN + row)
-        rstd = tl.load(RSTD + row)
-        sg = tl.zeros([BLOCK], dtype=ACC)
-        sgx = tl.zeros([BLOCK], dtype=ACC)
-        for start in range(0, C, BLOCK):
-            mask = start + cols < C
-            h = tl.load(H + row * C + start + cols, mask=mask, other=0.0).to(ACC)
-            dy = tl.load(DY + row * C + start + cols, mask=mask, other=0.0).to(ACC)
-            w = tl.load(W + start + cols, mask=mask, other=0.0).to(ACC)
-            g = dy * w
-            sg += g
-            sgx += g * tl.where(mask, (h - mean) * rstd, 0.0)
-        mg = tl.sum(sg, axis=0) / C
-        mgx = tl.sum(sgx, axis=0) / C
-        for start in range(0, C, BLOCK):
-            mask = start + cols < C
-            h = tl.load(H + row * C + start + cols, mask=mask, other=0.0).to(ACC)
-            dy = tl.load(DY + row * C + start + cols, mask=mask, other=0.0).to(ACC)
-            w = tl.load(W + start + cols, mask=mask, other=0.0).to(ACC)
-            hhat = (h - mean) * rstd
-            if RMS:
-                dx = rstd * (dy * w - hhat * mgx)
-            else:
-                dx = rstd * (dy * w - mg - hhat * mgx)
-            if HAS_DH:
-                dh = tl.load(DH + row * C + start + cols, mask=mask, other=0.0).to(ACC)
-                dx = dx.to(DX.dtype.element_ty).to(ACC) + dh
-            tl.store(DX + row * C + start + cols, dx.to(DX.dtype.element_ty), mask=mask)
-            dw = tl.load(DW_PART + start + cols, mask=mask, other=0.0)
-            tl.store(DW_PART + start + cols, dw + dy * hhat, mask=mask)
-            if not RMS:
-                db = tl.load(DB_PART + start + cols, mask=mask, other=0.0)
-                tl.store(DB_PART + start + cols, db + dy, mask=mask)
-
-
 def _forward(x, residual, weight, bias, eps, rms):
     if x.shape != residual.shape or x.dtype != residual.dtype:
         raise ValueError("parc add_norm: x and residual must have one shape and dtype")
@@ -135,9 +89,9 @@ def _backward(grad_y, grad_h, h, weight, mean, rstd, rms):
     per = triton.cdiv(N, programs)
     parts = torch.zeros(2, programs, C, dtype=_stats_dtype(h), device=h.device)
     dx = torch.empty_like(rows)
-    _add_norm_bwd[(programs,)](dy, dh, rows, weight.to(h.dtype).contiguous(), mean.contiguous(),
-                               rstd.contiguous(), dx, parts[0], parts[1], N, C, per, RMS=rms, HAS_DH=has_dh,
-                               ACC=_acc(h), BLOCK=_block(C))
+    _norm_bwd[(programs,)](dy, dh, rows, weight.to(h.dtype).contiguous(), mean.contiguous(),
+                           rstd.contiguous(), dx, parts[0], parts[1], N, C, per, RMS=rms, HAS_DH=has_dh,
+                           ACC=_acc(h), BLOCK=_block(C))
     return dx.view(h.shape), parts[0].sum(0).to(h.dtype), parts[1].sum(0).to(h.dtype)
 
 

@@ -73,8 +73,11 @@ def _norm_fwd(X, W, B, Y, MEAN, RSTD, C, eps, RMS: tl.constexpr, HAS_BIAS: tl.co
 
 
 @triton.jit
-def _norm_bwd(DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, N, C, ROWS_PER_PROGRAM,
-              RMS: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr):
+def _norm_bwd(DY, DH, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, N, C, ROWS_PER_PROGRAM,
+              RMS: tl.constexpr, HAS_DH: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    """Rows' input gradient and per-program weight/bias partial sums; with ``HAS_DH`` the
+    fused residual norm's (triton_add_norm.py): X is h, and DH (the gradient of h itself)
+    is added to the input gradient after its rounding, as the C++ kernel does."""
     program = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     DW_PART += program * C
@@ -107,6 +110,9 @@ def _norm_bwd(DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART, N, C, ROWS_PER_PROGRAM
                 dx = rstd * (dy * w - xhat * mgx)
             else:
                 dx = rstd * (dy * w - mg - xhat * mgx)
+            if HAS_DH:
+                dh = tl.load(DH + row * C + start + cols, mask=mask, other=0.0).to(ACC)
+                dx = dx.to(DX.dtype.element_ty).to(ACC) + dh
             tl.store(DX + row * C + start + cols, dx.to(DX.dtype.element_ty), mask=mask)
             dw = tl.load(DW_PART + start + cols, mask=mask, other=0.0)
             tl.store(DW_PART + start + cols, dw + dy * xhat, mask=mask)
@@ -135,8 +141,8 @@ def _norm_backward(grad, x, weight, mean, rstd, rms):
     per = triton.cdiv(N, programs)
     parts = torch.zeros(2, programs, C, dtype=_stats_dtype(x), device=x.device)
     dx = torch.empty_like(rows)
-    _norm_bwd[(programs,)](dy, rows, weight.to(x.dtype).contiguous(), mean.contiguous(), rstd.contiguous(),
-                           dx, parts[0], parts[1], N, C, per, RMS=rms, ACC=_acc(x), BLOCK=_block(C))
+    _norm_bwd[(programs,)](dy, dy, rows, weight.to(x.dtype).contiguous(), mean.contiguous(), rstd.contiguous(),
+                           dx, parts[0], parts[1], N, C, per, RMS=rms, HAS_DH=False, ACC=_acc(x), BLOCK=_block(C))
     return dx.view(x.shape), parts[0].sum(0).to(x.dtype), parts[1].sum(0).to(x.dtype)
 
 
