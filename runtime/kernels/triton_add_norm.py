@@ -7,8 +7,8 @@ re-exports for ``ops._backend``. One program per row, in column blocks as
 ``triton_ops._norm_fwd``. Forward: the first sweep reads x and residual and writes h
 (rounded to the dtype); the later sweeps recompute h from x and residual instead of
 reading h back (a program's own stores need not be visible to its other threads
-without a barrier; the re-reads hit the cache). Backward: ``triton_ops._norm_bwd`` itself (HAS_DH):
-formula on h, plus dh (rounded apart, as cpu/add_norm.cpp does), into one dx.
+without a barrier; the re-reads hit the cache). Backward: ``triton_ops._norm_bwd`` itself on h,
+whose ``HAS_DH`` adds dh (rounded apart, as cpu/add_norm.cpp does) into one dx.
 Written and run under the interpreter here; untested on a GPU.
 """
 
