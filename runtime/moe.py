@@ -75,7 +75,7 @@ class GroupedLinear(nn.Module):
     uses_kernels = True
 
     def forward(self, x, counts):
-        if self.fused is not None and x.device.type == "cpu":  # one grouped GEMM op (kernels/cpu/moe.cpp)
+        if self.fused is not None:  # one grouped GEMM op (kernels: cpu/moe.cpp, triton_moe.py on CUDA)
             return self.fused.grouped_mm(x, self.weight, counts)
         return grouped_linear(x, self.weight, counts)
 
@@ -246,13 +246,13 @@ class MoEMLP(nn.Module):
 
     def permute(self, tokens, index):
         """Rows ``tokens[index]``: each kept slot's token, by expert (a fused gather when kernels are on)."""
-        if self.fused is not None and tokens.device.type == "cpu":
+        if self.fused is not None:
             return self.fused.permute_rows(tokens, index)
         return tokens[index]
 
     def combine(self, y, index, weight, tokens):
         """(N, C) like ``tokens``: each token's expert rows ``y`` times their weights, summed in row order."""
-        if self.fused is not None and y.device.type == "cpu":
+        if self.fused is not None:
             return self.fused.combine_rows(y, index, weight.to(y.dtype), tokens.shape[0]).to(tokens.dtype)
         # as the kernel does: weighted and summed in fp32, rounded to the rows' dtype (bf16
         # under autocast), then the residual stream's

@@ -10,7 +10,7 @@ had (no compiler, a build error, no triton). The ops themselves (``ops.py``):
     bias_gelu(x, bias=None)                   swiglu(gate, up)
     rotary(q, k, theta, start=0) -> (q, k)    cross_entropy(logits, targets, *, vocab_size, tp_group=None)
     permute_rows(x, index)                    combine_rows(rows, index, weight, tokens)
-    grouped_mm(x, weight, counts)             (mixture of experts, CPU only: cpu/moe.cpp)
+    grouped_mm(x, weight, counts)             (mixture of experts: cpu/moe.cpp, triton_moe.py)
 
 ``reference`` holds the eager references the tests and the bench compare against.
 """

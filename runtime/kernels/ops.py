@@ -392,10 +392,10 @@ def block_attention_backward(grad, q, k, v, out, lse, causal: bool, scale: float
     return block_attention_bwd(grad, q, k, v, out, lse, causal, scale)
 
 
-# ---- mixture of experts: permutation, combine, grouped GEMM (cpu/moe.cpp) ---------------
+# ---- mixture of experts: permutation, combine, grouped GEMM (cpu/moe.cpp, triton_moe.py) ----
 
 
-@torch.library.custom_op("parc::permute_rows_fwd", mutates_args=(), device_types=("cpu",))
+@torch.library.custom_op("parc::permute_rows_fwd", mutates_args=(), device_types=_DEVICES)
 def permute_rows_fwd(x: Tensor, index: Tensor) -> Tensor:
     return _backend(x).permute_rows_fwd(x, index)
 
@@ -405,7 +405,7 @@ def _(x, index):
     return x.new_empty(index.shape[0], x.shape[1])
 
 
-@torch.library.custom_op("parc::permute_rows_bwd", mutates_args=(), device_types=("cpu",))
+@torch.library.custom_op("parc::permute_rows_bwd", mutates_args=(), device_types=_DEVICES)
 def permute_rows_bwd(grad: Tensor, index: Tensor, rows: int) -> Tensor:
     return _backend(grad).permute_rows_bwd(grad, index, rows)
 
@@ -429,7 +429,7 @@ def _permute_backward(ctx, grad):
 permute_rows_fwd.register_autograd(_permute_backward, setup_context=_permute_setup)
 
 
-@torch.library.custom_op("parc::combine_rows_fwd", mutates_args=(), device_types=("cpu",))
+@torch.library.custom_op("parc::combine_rows_fwd", mutates_args=(), device_types=_DEVICES)
 def combine_rows_fwd(rows: Tensor, index: Tensor, weight: Tensor, tokens: int) -> Tensor:
     return _backend(rows).combine_rows_fwd(rows, index, weight, tokens)
 
@@ -439,7 +439,7 @@ def _(rows, index, weight, tokens):
     return rows.new_empty(tokens, rows.shape[1])
 
 
-@torch.library.custom_op("parc::combine_rows_bwd", mutates_args=(), device_types=("cpu",))
+@torch.library.custom_op("parc::combine_rows_bwd", mutates_args=(), device_types=_DEVICES)
 def combine_rows_bwd(grad: Tensor, rows: Tensor, index: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
     dy, dw = _backend(rows).combine_rows_bwd(grad, rows, index, weight)
     return dy, dw
@@ -465,7 +465,7 @@ def _combine_backward(ctx, grad):
 combine_rows_fwd.register_autograd(_combine_backward, setup_context=_combine_setup)
 
 
-@torch.library.custom_op("parc::grouped_mm_fwd", mutates_args=(), device_types=("cpu",))
+@torch.library.custom_op("parc::grouped_mm_fwd", mutates_args=(), device_types=_DEVICES)
 def grouped_mm_fwd(x: Tensor, weight: Tensor, counts: Tensor) -> Tensor:
     return _backend(x).grouped_mm_fwd(x, weight, counts)
 
@@ -475,7 +475,7 @@ def _(x, weight, counts):
     return x.new_empty(x.shape[0], weight.shape[1])
 
 
-@torch.library.custom_op("parc::grouped_mm_bwd", mutates_args=(), device_types=("cpu",))
+@torch.library.custom_op("parc::grouped_mm_bwd", mutates_args=(), device_types=_DEVICES)
 def grouped_mm_bwd(grad: Tensor, x: Tensor, weight: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
     dx, dw = _backend(x).grouped_mm_bwd(grad, x, weight, counts)
     return dx, dw

@@ -516,3 +516,15 @@ from .triton_add_norm import (  # noqa: E402,F401  (after the helpers it imports
     add_rms_norm_bwd,
     add_rms_norm_fwd,
 )
+
+
+# ---- mixture of experts: permutation, combine, grouped GEMM (triton_moe.py) ------------
+
+from .triton_moe import (  # noqa: E402,F401  (after the helpers it imports)
+    combine_rows_bwd,
+    combine_rows_fwd,
+    grouped_mm_bwd,
+    grouped_mm_fwd,
+    permute_rows_bwd,
+    permute_rows_fwd,
+)

@@ -143,3 +143,59 @@ def test_add_norm_gradcheck():
         (lambda x, r, w: ops.add_rms_norm(x, r, w, 1e-5), (x, r, w)),
     ]:
         assert torch.autograd.gradcheck(fn, leaves(*inputs), fast_mode=True)
+
+
+def _routing(tokens, experts=4, top_k=2, seed=0):
+    """test_moe_ops.routing on DEVICE: expert ``experts - 1`` gets no rows."""
+    from test_moe_ops import routing
+
+    index, counts = routing(tokens, experts, top_k, seed)
+    return index.to(DEVICE), counts.to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [7, 1024 + 5])  # the last: two column blocks and a tail
+def test_moe_permute_and_combine(dtype, width):
+    """triton_moe.py's gather and segment sums, forward and every gradient (rows and weights);
+    bf16 rounds once, from the fp32 sum, as the reference does."""
+    index, _ = _routing(5)
+    x, rows, weight = on(randn(5, width, dtype=dtype), randn(index.numel(), width, dtype=dtype, seed=1),
+                         torch.rand(index.numel(), generator=torch.Generator().manual_seed(2)).to(dtype))
+    compare(lambda t: ops.permute_rows(t, index), lambda t: reference.permute_rows(t, index), (x,))
+    compare(lambda r, w: ops.combine_rows(r, index, w, 5), lambda r, w: reference.combine_rows(r, index, w, 5),
+            (rows, weight))
+    # a token no slot chose (row 5 of 6) gets zero rows back, and a zero gradient
+    compare(lambda r, w: ops.combine_rows(r, index, w, 6), lambda r, w: reference.combine_rows(r, index, w, 6),
+            (rows, weight))
+
+
+def test_moe_combine_is_deterministic_and_in_row_order():
+    index, _ = _routing(5)
+    rows, weight = on(randn(index.numel(), 40, seed=1), torch.rand(index.numel()))
+    eager = torch.zeros(5, 40, device=DEVICE).index_add_(0, index, rows * weight.unsqueeze(1))
+    out = ops.combine_rows(rows, index, weight, 5)
+    torch.testing.assert_close(out, eager)
+    assert torch.equal(out, ops.combine_rows(rows, index, weight, 5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_moe_grouped_mm(dtype):
+    """Note [grouped GEMM on CUDA]: bf16 on a GPU goes through torch's grouped GEMM, the rest
+    one mm per expert; an expert with no rows gets a zero weight gradient."""
+    _, counts = _routing(5)
+    x, weight = on(randn(int(counts.sum()), 16, dtype=dtype), randn(4, 24, 16, dtype=dtype, seed=1, scale=0.2))
+    compare(lambda a, w: ops.grouped_mm(a, w, counts), lambda a, w: reference.grouped_mm(a, w, counts), (x, weight))
+
+
+def test_moe_gradcheck():
+    """float64 (the interpreter computes the sums in fp64)."""
+    index, counts = _routing(4, experts=3, seed=1)
+    d = dict(dtype=torch.float64)
+    x, rows, weight = on(randn(4, 6, **d), randn(index.numel(), 6, **d, seed=1), randn(index.numel(), **d, seed=2))
+    a, w = on(randn(int(counts.sum()), 4, **d, seed=3), randn(3, 5, 4, **d, seed=4))
+    for fn, inputs in [
+        (lambda t: ops.permute_rows(t, index), (x,)),
+        (lambda r, w: ops.combine_rows(r, index, w, 4), (rows, weight)),
+        (lambda p, q: ops.grouped_mm(p, q, counts), (a, w)),
+    ]:
+        assert torch.autograd.gradcheck(fn, leaves(*inputs), fast_mode=True)
