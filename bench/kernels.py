@@ -2,7 +2,7 @@
 
 For each op and shape it times the eager reference (runtime/kernels/reference.py),
 the same reference under ``torch.compile`` (compile time excluded: warmed up first)
-and parc's compiled op (C++ on CPU), forward alone and forward + backward, and
+and parc's compiled op (C++ on CPU, Triton on CUDA), forward alone and forward + backward, and
 prints the best of ``--repeats`` runs in ms (the best, not the median: on a shared
 machine the other processes only ever add time), parc's speed-up over both, and parc's
 achieved bandwidth next to the machine's, measured here as a large ``copy_``.
@@ -20,7 +20,8 @@ written once, element size s, per-row statistics and weights left out) / parc ti
     grouped_mm    2N rows, 8 experts of (C × C): rows in and out only (compute-bound)
 
 The MoE ops route each of N tokens to 2 of 8 experts (top-2, uneven counts; one
-expert empty).
+expert empty). On CUDA grouped_mm is torch's grouped GEMM for bf16 and one mm per
+expert otherwise (Note [grouped GEMM on CUDA] in runtime/kernels/triton_moe.py).
 
 add_layer_norm and add_rms_norm are the residual add fused into the norm (y, h =
 norm(x + residual), x + residual); their eager baseline is the add and then the norm,
@@ -33,7 +34,7 @@ larger than the caches: ≥ 60%). The load average is printed before and after (
 machine slows every column, not the ratios alone). A benchmark, not a test: figures
 compare only within one run.
 
-    python bench/kernels.py [--shapes 4096x1024 8192x4096] [--ce-shapes 1024x32000 4096x32000]
+    python bench/kernels.py [--shapes 4096x1024 8192x4096] [--ce-shapes 1024x32000 4096x32000] [--moe-shapes 4096x1024]
                             [--ops layer_norm ...] [--repeats 5] [--no-compile] [--json]
 """
 
@@ -165,6 +166,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["4096x1024", "8192x4096"])
     parser.add_argument("--ce-shapes", nargs="+", default=["1024x32000", "4096x32000"])
+    parser.add_argument("--moe-shapes", nargs="+", default=MOE_SHAPES, help="tokens x hidden of the MoE ops")
     parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -180,7 +182,7 @@ def main(argv=None):
     bandwidth = machine_gbps(args.device)
     rows_out = []
     for op in args.ops:
-        shapes = args.ce_shapes if op == "cross_entropy" else MOE_SHAPES if op in MOE_OPS else args.shapes
+        shapes = args.ce_shapes if op == "cross_entropy" else args.moe_shapes if op in MOE_OPS else args.shapes
         for shape in shapes:
             rows, cols = parse_shape(shape)
             fn, inputs = make_case(op, rows, cols, dtype, args.device)
