@@ -52,6 +52,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
         schedule=schedule.value,
         chunks=chunks,
         slices=slices,
+        slice_lengths=spec.parallel.slice_lengths if kind == "terapipe" else None,
         micro_batches=micro_batches,
         stage_layers=tuple(bounds),
         bubble_fraction=round(bubble_fraction(timeline), 6),
