@@ -364,7 +364,7 @@ PARALLEL = BlockDef(
                     params=(
                         _int("slices", "token slices per sequence; or a list of each slice's tokens, "
                              "summing to seq_len (uneven slices, as the paper's)", minimum=2, required=True,
-                             or_list=_int("slice", "tokens of one slice")),
+                             or_list=_int("slice", "the tokens of one slice")),
                     ),
                 ),
             ),

@@ -156,9 +156,11 @@ def _map(error, norm: Normalized) -> list[tuple[tuple, ParcError]]:
         bound = _number(error.validator_value)
         if param.type in UNIT_TYPES and error.validator_value:
             bound = units.describe(param.type, error.validator_value)
+        entry = path and isinstance(path[-1], int) and _or_list_value(path[:-1], norm)
         return report(
             "PAR0109",
             f"`{name}` = {shown} is out of range: it must be {_RANGE_WORDS[kind]} {bound}",
+            f"each entry of the list is {param.doc}, at least {bound}" if entry else None,
         )
     if kind in ("minItems", "maxItems"):
         count = len(error.instance)
