@@ -35,8 +35,8 @@ def spec_values(spec: Spec) -> dict:
         "zero_prefetch": par.zero_prefetch, "zero_shard": par.zero_shard,
         "schedule": schedule.value if schedule is not None else None,
         "chunks": None if schedule is None else par.chunks if schedule is PipelineSchedule.INTERLEAVED else 1,
-        "slices": None if schedule is None else (list(par.slice_lengths or ()) or par.slices)
-        if schedule is PipelineSchedule.TERAPIPE else 1,  # a count, or each slice's tokens
+        "slices": None if schedule is None else par.slices if schedule is PipelineSchedule.TERAPIPE else 1,
+        "slice_lengths": par.slice_lengths if schedule is PipelineSchedule.TERAPIPE else None,  # uneven slices
         **{entry.name: par.setting(entry.name) for entry in SETTINGS},  # Note [per-layer values]
         "stage_layers": par.stage_layers, "compress": par.compress, "tp_shape": par.tp_shape,
         "tp_shape_auto": par.tp_shape_auto, "compress_pp": par.compress_pp,

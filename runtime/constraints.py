@@ -75,6 +75,7 @@ KEYS = {
     "schedule": "parallel.schedule",
     "chunks": "parallel.schedule",
     "slices": "parallel.schedule",
+    "slice_lengths": "parallel.schedule",
     "recompute": "parallel.recompute",
     "overlap": "parallel.overlap",
     "stage_layers": "parallel.stage_layers",
@@ -473,9 +474,9 @@ def ring_dropout(cp, cp_kind, dropout):
 
 
 @rule("PAR0263")
-def terapipe_slices(schedule, slices, seq_len):
+def terapipe_slices(schedule, slices, seq_len, slice_lengths=None):
     """terapipe(slices = S) cuts every sequence into S equal token slices."""
-    if schedule != "terapipe" or not isinstance(slices, int) or seq_len % slices == 0:
+    if schedule != "terapipe" or slice_lengths is not None or seq_len % slices == 0:
         return None
     fits = [n for n in range(2, min(seq_len, 16) + 1) if seq_len % n == 0]
     return _violation("PAR0263", ("parallel.schedule", "model.seq_len"),
@@ -485,11 +486,13 @@ def terapipe_slices(schedule, slices, seq_len):
 
 
 @rule("PAR0265")
-def terapipe_slice_lengths(schedule, slices, seq_len):
+def terapipe_slice_lengths(schedule, slice_lengths, seq_len):
     """terapipe(slices = [n0, n1, ...]) cuts every sequence into slices of those token
-    lengths (uneven, as the paper's); each is at least 1 (the key table's element)."""
-    if schedule != "terapipe" or isinstance(slices, int) or sum(slices) == seq_len:
+    lengths (uneven, as the paper's; ``slices`` is their count); each is at least 1 (the
+    key table's element)."""
+    if schedule != "terapipe" or sum(slice_lengths) == seq_len:
         return None
+    slices = list(slice_lengths)
     written = "[" + ", ".join(map(str, slices)) + "]"
     last = seq_len - sum(slices[:-1])
     fix = [*slices[:-1], last] if last >= 1 else None
