@@ -46,6 +46,7 @@ def slice_count(plan: Plan) -> str:
     or, where the spec lists them (uneven slices), each slice's tokens."""
     return "len(SLICES)" if plan.pipeline.slice_lengths else "SLICES"
 
+
 PLACEMENT_WORDS = {
     "v": ("chunk 0 of pipeline", "rank r is stage r, chunk 1 stage 2·PP-1-r (a V)"),
     "chimera": ("chunk 0 of pipeline", "rank r is stage r of the down pipeline, chunk 1 stage PP-1-r of the up one"),
