@@ -186,6 +186,8 @@ class PipelinePlan:
     """Model chunks (virtual stages) per pipeline rank; > 1 only when interleaved."""
     slices: int = 1
     """Token slices per sequence (terapipe, runtime/schedule_terapipe.py); 1 otherwise."""
+    slice_lengths: tuple[int, ...] | None = None
+    """Tokens of each slice where the spec lists them (uneven slices); None: equal."""
     micro_batches: int
     """Micro-batches per optimizer step on each pipeline (= grad_accum)."""
     stage_layers: tuple[tuple[int, int], ...]

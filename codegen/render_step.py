@@ -38,7 +38,14 @@ def sliced(plan: Plan) -> bool:
 def backward_passes(plan: Plan) -> str:
     """How many backwards add to each gradient in a step (the gradient reducers'
     ``accumulations``): one per micro-batch, or per slice of one under terapipe."""
-    return "GRAD_ACCUM * SLICES" if sliced(plan) else "GRAD_ACCUM"
+    return f"GRAD_ACCUM * {slice_count(plan)}" if sliced(plan) else "GRAD_ACCUM"
+
+
+def slice_count(plan: Plan) -> str:
+    """The generated expression for the slices per sequence: ``SLICES`` holds their count,
+    or, where the spec lists them (uneven slices), each slice's tokens."""
+    return "len(SLICES)" if plan.pipeline.slice_lengths else "SLICES"
+
 
 PLACEMENT_WORDS = {
     "v": ("chunk 0 of pipeline", "rank r is stage r, chunk 1 stage 2·PP-1-r (a V)"),
@@ -79,7 +86,9 @@ def config_lines(plan: Plan) -> list[str]:
         f"SCHEDULE = {pipe.schedule!r}  # {cite(pipe.schedule_span)}: {SCHEDULE_WORDS[pipe.schedule]}",
         f"CHUNKS = {pipe.chunks!r}  # model chunks (virtual stages) per pipeline rank",
         *([f"SLICES = {pipe.slices!r}  # {cite(pipe.schedule_span)}: token slices of each sequence "
-           "(runtime/terapipe.py)"] if sliced(plan) else []),
+           "(runtime/terapipe.py)"] if sliced(plan) and not pipe.slice_lengths else []),
+        *([f"# {cite(pipe.schedule_span)}: tokens of each slice of a sequence, uneven (runtime/terapipe.py)",
+           f"SLICES = {list(pipe.slice_lengths)!r}"] if sliced(plan) and pipe.slice_lengths else []),
         *([f"PLACEMENT = {placement_kind(plan)!r}  # which stage each chunk runs (runtime/placement.py)"] if v else []),
         f"# layers [start, stop) of each virtual stage ({split}); {where[0]}",
         f"# {where[1]}. Under this schedule a rank idles {100 * pipe.bubble_fraction:.1f}% of the step",
@@ -163,9 +172,10 @@ def executor_lines(plan: Plan) -> list[str]:
         "# ---- pipeline -----------------------------------------------------------",
         "# This rank's ordered actions (forward/backward of micro-batch m, chunk c; send/recv)."
         + (" Under terapipe" if sliced(plan) else ""),
-        *(["# an action's micro-batch is a slice: m·SLICES + j is slice j of micro-batch m."] if sliced(plan) else []),
+        *([f"# an action's micro-batch is a slice: m·{slice_count(plan)} + j is slice j of micro-batch m."]
+          if sliced(plan) else []),
         "actions = schedule.build_schedule(",
-        "    SCHEDULE, stages=PP, micro_batches=GRAD_ACCUM, chunks=CHUNKS" + (", slices=SLICES" if sliced(plan) else ""),
+        "    SCHEDULE, stages=PP, micro_batches=GRAD_ACCUM, chunks=CHUNKS" + (f", slices={slice_count(plan)}" if sliced(plan) else ""),
         ')[grid.index("pp")]',
         "runner = pipeline.PipelineExecutor(",
         "    net,",
@@ -180,7 +190,8 @@ def executor_lines(plan: Plan) -> list[str]:
         f"    autocast_dtype={autocast},",
         *("    " + line for line in render_compress.executor_args(plan, f"(MICRO_BATCH, {tokens}, HIDDEN)")),
         *("    " + line for line in placement_lines(plan)),
-        *(["    slices=(SEQ_LEN // SLICES,) * SLICES,  # tokens of each slice"] if sliced(plan) else []),
+        *([("    slices=tuple(SLICES)," if plan.pipeline.slice_lengths else
+            "    slices=(SEQ_LEN // SLICES,) * SLICES,") + "  # tokens of each slice"] if sliced(plan) else []),
         ")",
     ]
 

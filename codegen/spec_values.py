@@ -36,6 +36,7 @@ def spec_values(spec: Spec) -> dict:
         "schedule": schedule.value if schedule is not None else None,
         "chunks": None if schedule is None else par.chunks if schedule is PipelineSchedule.INTERLEAVED else 1,
         "slices": None if schedule is None else par.slices if schedule is PipelineSchedule.TERAPIPE else 1,
+        "slice_lengths": par.slice_lengths if schedule is PipelineSchedule.TERAPIPE else None,  # uneven slices
         **{entry.name: par.setting(entry.name) for entry in SETTINGS},  # Note [per-layer values]
         "stage_layers": par.stage_layers, "compress": par.compress, "tp_shape": par.tp_shape,
         "tp_shape_auto": par.tp_shape_auto, "compress_pp": par.compress_pp,

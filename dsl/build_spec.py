@@ -58,6 +58,15 @@ def _float(value) -> float | None:
     return None if value is None else float(value)
 
 
+def _slices(schedule: dict | None) -> dict:
+    """``slices`` (their count) and ``slice_lengths`` (tokens of each, where written as a
+    list: ``terapipe(slices = [16, 8, 8])``) of the schedule."""
+    slices = 1 if schedule is None else schedule.get("slices", 1)
+    if isinstance(slices, list):
+        return {"slices": len(slices), "slice_lengths": tuple(slices)}
+    return {"slices": slices, "slice_lengths": None}
+
+
 def _compress(parallel: dict) -> dict:
     """``compress``, ``error_feedback`` and ``compress_pp`` as ``ParallelSpec`` fields."""
     compress = parallel.get("compress", {"kind": "none"})
@@ -162,7 +171,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         zero_shard="dp" if auto_all else parallel.get("zero_shard", "dp"),
         schedule=None if schedule is None else PipelineSchedule(schedule["kind"]),
         chunks=1 if schedule is None else schedule.get("chunks", 1),
-        slices=1 if schedule is None else schedule.get("slices", 1),
+        **_slices(schedule),
         recompute=_per_layer(degree("recompute", "none"), Recompute),
         overlap=_per_layer(overlap, setting("overlap").read),
         stage_layers=None if stage_layers is None else tuple(stage_layers),
@@ -286,7 +295,8 @@ def spec_document(spec: Spec) -> dict:
         "zero": auto(parallel.zero),
         "schedule": "auto" if schedule is None else {"kind": schedule.value}
         | ({"chunks": parallel.chunks} if schedule is PipelineSchedule.INTERLEAVED else {})
-        | ({"slices": parallel.slices} if schedule is PipelineSchedule.TERAPIPE else {}),
+        | ({"slices": list(parallel.slice_lengths) if parallel.slice_lengths else parallel.slices}
+           if schedule is PipelineSchedule.TERAPIPE else {}),
         **{entry.name: _per_layer_doc(parallel.setting(entry.name), entry.write) for entry in SETTINGS},
     }
     if parallel.cp != 1:  # context parallel: written only when used, as a spec writes it

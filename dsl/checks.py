@@ -87,7 +87,9 @@ def plain_values(v: _Values) -> dict:
     schedule = out.pop("schedule")
     out["schedule"] = schedule.get("kind") if isinstance(schedule, dict) else None
     out["chunks"] = schedule.get("chunks", 1) if isinstance(schedule, dict) else None
-    out["slices"] = schedule.get("slices", 1) if isinstance(schedule, dict) else None
+    slices = schedule.get("slices", 1) if isinstance(schedule, dict) else None
+    out["slices"] = len(slices) if isinstance(slices, list) else slices  # uneven: a list of their tokens
+    out["slice_lengths"] = tuple(slices) if isinstance(slices, list) else None
     for entry in SETTINGS:  # Note [per-layer values]: a list holds one entry per block
         plain = None if out[entry.name] is None else read_value(entry.name, out[entry.name])
         out[entry.name] = None if plain is None or None in constraints.entries(plain) else plain

@@ -50,6 +50,9 @@ class Param:
     """Also takes a list with one value per transformer block (``[full, none, ...]``)."""
     or_none: bool = False
     """The word ``none`` is also allowed (``capacity_factor = none``: no limit)."""
+    or_list: "Param | None" = None
+    """Also takes a list of two or more of these elements (``terapipe(slices = [16, 8, 8])``:
+    the slices' token lengths instead of their count)."""
 
     def __post_init__(self) -> None:
         # Every number has an upper bound (NUMBER_MAX, units.LARGEST) unless given one.
@@ -358,7 +361,11 @@ PARALLEL = BlockDef(
                 CallDef(
                     name="terapipe",
                     doc="each sequence pipelined in S token slices (causal models), 1f1b over the slices",
-                    params=(_int("slices", "token slices per sequence", minimum=2, required=True),),
+                    params=(
+                        _int("slices", "token slices per sequence; or a list of each slice's tokens, "
+                             "summing to seq_len (uneven slices, as the paper's)", minimum=2, required=True,
+                             or_list=_int("slice", "the tokens of one slice")),
+                    ),
                 ),
             ),
         ),
@@ -708,4 +715,6 @@ def expected_words(param: Param) -> str:
         words += " or none"
     if param.per_layer:
         words += ", or a list of those with one per layer"
+    if param.or_list is not None:
+        words += ", or a list of integers such as [16, 8, 8]"
     return words + " or auto" if param.auto else words

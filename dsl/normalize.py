@@ -301,7 +301,7 @@ def normalize_value(
         items = [normalize_value(out, path + (i,), one, item, None) for i, item in enumerate(value.items)]
         return _BAD if any(item is _BAD for item in items) else items
     if isinstance(value, (ast.ListValue, ast.TupleValue)):
-        element = ELEMENT.get(param.type) if param is not None else None
+        element = None if param is None else param.or_list or ELEMENT.get(param.type)
         items = [
             normalize_value(out, path + (i,), element, item, None)
             for i, item in enumerate(value.items)

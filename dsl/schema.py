@@ -64,7 +64,7 @@ def _call_schema(calls: tuple[CallDef, ...]) -> dict:
     for call in calls:
         properties: dict = {"kind": {"const": call.name}}
         for param in call.params:
-            properties[param.name] = _annotate(_plain(param), param)
+            properties[param.name] = _annotate(_or_list(param, _plain(param)), param)
         branches.append(
             {
                 "if": {"properties": {"kind": {"const": call.name}}, "required": ["kind"]},
@@ -83,8 +83,15 @@ def _call_schema(calls: tuple[CallDef, ...]) -> dict:
     }
 
 
+def _or_list(param: Param, plain: dict) -> dict:
+    """``plain``, or also a list of two or more of ``param.or_list`` where it takes one."""
+    if param.or_list is None:
+        return plain
+    return {"anyOf": [plain, {"type": "array", "items": _plain(param.or_list), "minItems": 2}]}
+
+
 def _value(param: Param) -> dict:
-    plain = _plain(param)
+    plain = _or_list(param, _plain(param))
     if param.per_layer:  # one value, or one per transformer block
         plain = {"anyOf": [plain, {"type": "array", "items": _plain(param), "minItems": 1}]}
     if param.or_none:

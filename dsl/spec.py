@@ -161,6 +161,9 @@ class ParallelSpec:
     """Virtual stages per rank (``interleaved(chunks = v)``); 1 otherwise."""
     slices: int = 1
     """Token slices per sequence (``terapipe(slices = S)``); 1 otherwise."""
+    slice_lengths: tuple[int, ...] | None = None
+    """Tokens of each slice when written as a list (``terapipe(slices = [16, 8, 8])``,
+    uneven slices; ``slices`` is then their count); None: ``slices`` equal parts."""
     recompute: Recompute | tuple[Recompute, ...] | None = Recompute.NONE
     """One mode for every block, or a tuple with one per block (Note [per-layer values])."""
     overlap: int | tuple[int, ...] | None = 1

@@ -64,7 +64,7 @@ def param_at(path: tuple, doc: dict) -> Param | None:
     while param is not None and rest:
         part, rest = rest[0], rest[1:]
         if isinstance(part, int):
-            param = ELEMENT.get(param.type)
+            param = param.or_list or ELEMENT.get(param.type)
         elif param.type == "call":
             value = (
                 doc.get(path[0], {}).get(path[1]) if isinstance(doc.get(path[0]), dict) else None
@@ -74,6 +74,12 @@ def param_at(path: tuple, doc: dict) -> Param | None:
         else:
             return None
     return param
+
+
+def _or_list_value(path: tuple, norm: Normalized) -> bool:
+    """The value at ``path`` takes one value or a list of them (``Param.or_list``)."""
+    param = param_at(path, norm.doc) if len(path) >= 2 else None
+    return param is not None and param.or_list is not None
 
 
 def _origin(norm: Normalized, path: tuple) -> Origin:
@@ -107,6 +113,8 @@ def _map(error, norm: Normalized) -> list[tuple[tuple, ParcError]]:
         # The first branch of an auto-able value is {"const": "auto"}: its failure says
         # nothing useful, the other branch's errors do.
         inner = [e for e in error.context if e.relative_schema_path[0] != 0]
+        if _or_list_value(path, norm):  # an integer or a list: the branch of the value's own type speaks
+            inner = [e for e in error.context if e.validator != "type"] or inner
         return [pair for e in inner for pair in _map(e, norm)]
     origin = _origin(norm, path)
     shown = origin.text if path in norm.origins and origin.text else json.dumps(error.instance)
@@ -148,13 +156,16 @@ def _map(error, norm: Normalized) -> list[tuple[tuple, ParcError]]:
         bound = _number(error.validator_value)
         if param.type in UNIT_TYPES and error.validator_value:
             bound = units.describe(param.type, error.validator_value)
+        entry = path and isinstance(path[-1], int) and _or_list_value(path[:-1], norm)
         return report(
             "PAR0109",
             f"`{name}` = {shown} is out of range: it must be {_RANGE_WORDS[kind]} {bound}",
+            f"each entry of the list is {param.doc}, at least {bound}" if entry else None,
         )
     if kind in ("minItems", "maxItems"):
         count = len(error.instance)
-        need = "exactly 2 numbers" if param.type in ("pair", "int_pair") else "at least one stage"
+        need = ("exactly 2 numbers" if param.type in ("pair", "int_pair") else
+                f"at least {error.validator_value} values" if param.or_list is not None else "at least one stage")
         return report(
             "PAR0116", f"`{name}` needs {need}, got {count}", f"e.g. {expected_words(param)}"
         )

@@ -75,6 +75,7 @@ KEYS = {
     "schedule": "parallel.schedule",
     "chunks": "parallel.schedule",
     "slices": "parallel.schedule",
+    "slice_lengths": "parallel.schedule",
     "recompute": "parallel.recompute",
     "overlap": "parallel.overlap",
     "stage_layers": "parallel.stage_layers",
@@ -473,15 +474,33 @@ def ring_dropout(cp, cp_kind, dropout):
 
 
 @rule("PAR0263")
-def terapipe_slices(schedule, slices, seq_len):
+def terapipe_slices(schedule, slices, seq_len, slice_lengths=None):
     """terapipe(slices = S) cuts every sequence into S equal token slices."""
-    if schedule != "terapipe" or seq_len % slices == 0:
+    if schedule != "terapipe" or slice_lengths is not None or seq_len % slices == 0:
         return None
     fits = [n for n in range(2, min(seq_len, 16) + 1) if seq_len % n == 0]
     return _violation("PAR0263", ("parallel.schedule", "model.seq_len"),
                       f"schedule = terapipe(slices = {slices}) cuts each sequence into equal token slices, "
                       f"but seq_len = {seq_len} is not divisible by {slices}",
                       f"use slices = {', '.join(map(str, fits[:4])) or 'a divisor of seq_len'}")
+
+
+@rule("PAR0265")
+def terapipe_slice_lengths(schedule, slice_lengths, seq_len):
+    """terapipe(slices = [n0, n1, ...]) cuts every sequence into slices of those token
+    lengths (uneven, as the paper's; ``slices`` is their count); each is at least 1 (the
+    key table's element)."""
+    if schedule != "terapipe" or sum(slice_lengths) == seq_len:
+        return None
+    slices = list(slice_lengths)
+    written = "[" + ", ".join(map(str, slices)) + "]"
+    last = seq_len - sum(slices[:-1])
+    fix = [*slices[:-1], last] if last >= 1 else None
+    hint = (f"make the last slice {last} tokens: slices = [{', '.join(map(str, fix))}]" if fix else
+            f"use lengths that add up to {seq_len}, or slices = S for S equal slices")
+    return _violation("PAR0265", ("parallel.schedule", "model.seq_len"),
+                      f"schedule = terapipe(slices = {written}) cuts each sequence into slices of these token "
+                      f"lengths, but they sum to {sum(slices)}, not seq_len = {seq_len}", hint)
 
 
 TERAPIPE_UNBUILT = (

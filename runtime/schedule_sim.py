@@ -59,14 +59,16 @@ def default_placement(schedule, chunks: int | None = None) -> Placement:
 
 def simulate(schedule, *, forward_time: float = 1.0, backward_time: float = 2.0,
              weight_time: float | None = None, comm_time: float = 0.0,
-             placement: Placement | None = None) -> Timeline:
+             placement: Placement | None = None, slice_scale: tuple[float, ...] = ()) -> Timeline:
     """Run every rank's list in order: F takes ``forward_time`` per chunk and a whole
     backward ``backward_time``; when the schedule splits it (Note [B and W]), W takes
     ``weight_time`` of it (default half, as F = B = W of Qi et al.) and B the rest. A send
     takes no time on its rank and never waits, a receive completes at max(its rank's
     clock, the matching send's time + ``comm_time``). Raises ``Deadlock`` when the ranks
     cannot all finish (naming where each one waits). ``placement``: the schedule's
-    (``placement.placement_for``); Megatron's by default."""
+    (``placement.placement_for``); Megatron's by default. ``slice_scale`` (terapipe with
+    uneven slices): each slice's tokens over the mean slice's, scaling its unit's F, B
+    and W (unit u is slice u % S, schedule_terapipe Note [slices as units])."""
     stages = len(schedule)
     placement = placement or default_placement(schedule)
     weight = weight_share(backward_time) if weight_time is None else weight_time
@@ -95,7 +97,8 @@ def simulate(schedule, *, forward_time: float = 1.0, backward_time: float = 2.0,
                     sent[key] = clock[rank]
                 else:
                     start = clock[rank]
-                    clock[rank] += duration[action.op]
+                    clock[rank] += duration[action.op] * (slice_scale[action.micro % len(slice_scale)]
+                                                          if slice_scale else 1.0)
                     events[rank].append(Event(action.op, action.micro, action.chunk, start, clock[rank]))
                 position[rank] += 1
                 progress = True

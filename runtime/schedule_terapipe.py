@@ -30,6 +30,13 @@ import functools
 FORWARD, BACKWARD = "F", "B"
 
 
+def slice_scale(lengths) -> tuple[float, ...]:
+    """Each slice's tokens over the mean slice's: the factor on its compute time that
+    ``schedule_sim.simulate`` takes (linear in tokens; attention's share grows faster)."""
+    lengths = tuple(lengths)
+    return tuple(n * len(lengths) / sum(lengths) for n in lengths)
+
+
 def unit(micro: int, slice_: int, slices: int) -> int:
     """The unit number of slice ``slice_`` of micro-batch ``micro`` (Note [slices as units])."""
     return micro * slices + slice_

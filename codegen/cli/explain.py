@@ -24,7 +24,7 @@ from parc.dsl.spec import Spec
 from parc.runtime.paths import UnwritablePath, check_target
 from parc.runtime.schedule import Action, build_schedule, chunks_for, in_flight_bound
 from parc.runtime.schedule_sim import Event, Timeline, bubble_fraction, describe_rank, simulate, splits_backward
-from parc.runtime.schedule_terapipe import split_unit
+from parc.runtime.schedule_terapipe import slice_scale, split_unit
 
 from .. import gantt
 from ..errors import BAD_VALUE, error, fail
@@ -81,7 +81,8 @@ class Explanation:
     @property
     def schedule_text(self) -> str:
         if self.slices > 1:
-            return f"terapipe(slices = {self.slices})"
+            lengths = self.spec.parallel.slice_lengths
+            return f"terapipe(slices = {list(lengths) if lengths else self.slices})"
         return f"interleaved(chunks = {self.chunks})" if self.kind == "interleaved" else self.kind
 
     @property
@@ -117,7 +118,9 @@ def explain(spec: Spec) -> Explanation:
                                        chunks=chunks, slices=slices) for rank in range(stages))
     except ValueError as exc:  # the front end rejects these sizes; a Spec built by hand may not
         fail([error(spec, "parallel.schedule", BAD_VALUE, f"cannot schedule this pipeline: {exc}")])
-    timeline = simulate(schedule, forward_time=FORWARD_TIME, backward_time=BACKWARD_TIME)
+    lengths = par.slice_lengths if slices > 1 else None  # uneven slices: each drawn as long as its tokens
+    timeline = simulate(schedule, forward_time=FORWARD_TIME, backward_time=BACKWARD_TIME,
+                        slice_scale=slice_scale(lengths) if lengths else ())
     bubble = bubble_fraction(timeline)
     if slices > 1:  # each event as (micro-batch, slice) of its unit (schedule_terapipe, Note [slices as units])
         timeline = Timeline(tuple(tuple(Event(e.op, *split_unit(e.micro, slices), e.start, e.end) for e in events)
@@ -155,7 +158,9 @@ def text(ex: Explanation) -> str:
         f"(micro_batch {train.micro_batch} · dp {par.dp})",
         f"  chunks         {ex.chunks} per rank" + _placement_text(ex),
         f"  bubble         {ex.bubble:.1%}: {gantt.number(idle)} of {ex.stages} × {gantt.number(ex.timeline.makespan)} "
-        f"time units idle (forward = 1, backward = 2 per {ex.part}{SPLIT_TIMES if ex.split else ''}, "
+        f"time units idle (forward = 1, backward = 2 per {ex.part}{SPLIT_TIMES if ex.split else ''}"
+        + (", a slice's times scaled by its tokens over the mean slice's" if par.slice_lengths and ex.slices > 1
+           else "") + ", "
         "communication free)",
         "  in flight      at most " + ", ".join(f"rank {r}: {n}" for r, n in enumerate(ex.in_flight))
         + f" {plural(max(ex.in_flight), unit)} (forward done, {'W' if ex.split else 'backward'} not yet)",

@@ -19,6 +19,7 @@ from parc.dsl.spec import PipelineSchedule, Spec
 from parc.runtime.placement import placement_for
 from parc.runtime.schedule import build_schedule, chunks_for
 from parc.runtime.schedule_sim import bubble_fraction, simulate
+from parc.runtime.schedule_terapipe import slice_scale
 
 from ..plan import PipelinePlan
 from .draft import Draft
@@ -46,12 +47,15 @@ def run(spec: Spec, draft: Draft) -> Draft:
     for n in counts:
         bounds.append((start, start + n))
         start += n
-    timeline = simulate(build_schedule(kind, stages=pp, micro_batches=micro_batches, chunks=chunks, slices=slices))
+    lengths = spec.parallel.slice_lengths if kind == "terapipe" else None  # uneven: each as long as its tokens
+    timeline = simulate(build_schedule(kind, stages=pp, micro_batches=micro_batches, chunks=chunks, slices=slices),
+                        slice_scale=slice_scale(lengths) if lengths else ())
     plan = PipelinePlan(
         size=pp,
         schedule=schedule.value,
         chunks=chunks,
         slices=slices,
+        slice_lengths=spec.parallel.slice_lengths if kind == "terapipe" else None,
         micro_batches=micro_batches,
         stage_layers=tuple(bounds),
         bubble_fraction=round(bubble_fraction(timeline), 6),

@@ -214,11 +214,20 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
             spec.parallel,
             dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, sp=layout.sp, zero=layout.zero, ep=layout.ep,
             etp=layout.etp, schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks, slices=layout.slices,
+            slice_lengths=_slice_lengths(spec, layout),
             compress=layout.compress, layer_tp=layout.layer_tp, layer_dp=layout.layer_dp,
             tp_shape=layout.tp_shape if layout.tp_shape is not None else spec.parallel.tp_shape,
             tp_shape_auto=False,
         ).with_settings({entry.name: layout.setting(entry.name) for entry in SETTINGS}),
     )
+
+
+def _slice_lengths(spec: Spec, layout: Layout) -> tuple[int, ...] | None:
+    """The spec's uneven slice lengths where the layout keeps its terapipe and their count
+    (the cost model prices a layout's slices by their mean length: docs/planner.md)."""
+    lengths = spec.parallel.slice_lengths
+    keep = lengths is not None and layout.schedule == "terapipe" and layout.slices == len(lengths)
+    return lengths if keep else None
 
 
 def mixed_recompute(spec: Spec, scored: list[Estimate], hw: Hardware, accounting: Accounting) -> list[Estimate]:

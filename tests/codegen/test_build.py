@@ -345,3 +345,15 @@ def test_the_loss_is_awaited_once_a_step_not_once_a_micro_batch(sets):
     source = inspect.getsource(pipeline.PipelineExecutor.step)
     step = ast.parse(__import__("textwrap").dedent(source))
     assert _waits_in_loops(step, lambda it: it == "self.actions") == []
+
+
+def test_uneven_terapipe_slices_are_written_as_their_lengths():
+    """terapipe(slices = [n0, n1, ...]): the trainer lists the slices' tokens, schedules
+    len(SLICES) of them and counts a backward per slice in the gradient reducers."""
+    sets = ["parallel.dp=2", "parallel.tp=1", "parallel.pp=2", "parallel.schedule=terapipe(slices = [32, 16, 16])"]
+    text = generate(load("examples/tiny.par", sets))["train.py"].decode()
+    assert "\nSLICES = [32, 16, 16]\n" in text
+    assert "slices=len(SLICES)" in text and "slices=tuple(SLICES),  # tokens of each slice" in text
+    assert "accumulations=GRAD_ACCUM * len(SLICES)" in text and "SEQ_LEN // SLICES" not in text
+    even = generate(load("examples/tiny.par", [*sets[:3], "parallel.schedule=terapipe(slices = 2)"]))["train.py"]
+    assert b"\nSLICES = 2  #" in even and b"slices=(SEQ_LEN // SLICES,) * SLICES," in even

@@ -240,3 +240,13 @@ def test_explain_draws_terapipe_slices(tmp_path):
         assert backwards == [(m, j) for m in range(8) for j in (1, 0)]
     assert main(["explain", "examples/tiny.par", *[a for s in sets for a in ("--set", s)], "-o", str(tmp_path)]) == 0
     assert {"forward slice 0", "backward slice 1", "box: micro-batch.slice"} <= set(texts(tmp_path / "schedule.svg"))
+
+
+def test_explain_draws_uneven_terapipe_slices_by_their_tokens():
+    sets = ["parallel.dp=1", "parallel.pp=2", "parallel.schedule=terapipe(slices = [32, 16, 16])"]
+    ex = explain(load("examples/tiny.par", sets))
+    assert (ex.slices, ex.schedule_text) == (3, "terapipe(slices = [32, 16, 16])")
+    for events in ex.timeline.ranks:  # slice 0 holds half the tokens: 1.5 mean slices' time
+        forwards = {e.chunk: e.end - e.start for e in events if e.op.value == "F" and e.micro == 0}
+        assert forwards == pytest.approx({0: 1.5, 1: 0.75, 2: 0.75})
+    assert "scaled by its tokens" in text(ex)

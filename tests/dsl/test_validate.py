@@ -201,6 +201,7 @@ ROUND_TRIP = [
     ("parallel=auto",),
     ("parallel.tp=auto", "train.micro_batch=auto"),
     ("parallel.dp=1", "parallel.pp=2", "parallel.schedule=interleaved(chunks = 2)"),
+    ("parallel.tp=1", "parallel.pp=2", "parallel.schedule=terapipe(slices = [32, 16, 16])"),
     ("parallel.recompute=[full, none, selective, none]", "parallel.overlap=[sub_batch(2), none, none, none]"),
     ("parallel.dp=1", "parallel.pp=2", "parallel.stage_layers=[1, 3]"),
     ('train.data=tokens("d/x.bin", dtype = uint32)', 'train.checkpoint=every(5, dir = "ck")'),
@@ -273,3 +274,26 @@ def test_an_unknown_device_is_suggested_by_meaning(device, hint) -> None:
         load(str(TINY), [f"mesh.device={device}"])
     (error,) = caught.value.errors
     assert error.code == "PAR0108" and error.hint.startswith(hint), error.hint
+
+
+def test_uneven_terapipe_slices_are_their_lengths() -> None:
+    """`terapipe(slices = [n0, n1, ...])`: the slices' tokens (the paper's uneven slices);
+    `slices` is their count. Written as the issue's --set, and in the file, formatted."""
+    sets = ["parallel.tp=1", "parallel.pp=2", "parallel.schedule=terapipe(slices = [32, 16, 16])"]
+    spec = load(str(TINY), sets)
+    assert spec.parallel.schedule is PipelineSchedule.TERAPIPE
+    assert (spec.parallel.slices, spec.parallel.slice_lengths) == (3, (32, 16, 16))
+    even = load(str(TINY), [*sets[:2], "parallel.schedule=terapipe(slices = 4)"])
+    assert (even.parallel.slices, even.parallel.slice_lengths) == (4, None)
+    text = tiny(("tp = 2", "tp = 1"), ("pp = 1", "pp = 2\n  schedule = terapipe(slices = [32,16,16])"))
+    assert load_text(text, "t.par").parallel.slice_lengths == (32, 16, 16)
+    from parc.dsl import format_document
+
+    assert "schedule = terapipe(slices = [32, 16, 16])" in format_document(parse(text, "t.par"))
+
+
+@pytest.mark.parametrize("slices,code", [("[32, 16, 8]", "PAR0265"), ("[64, 0]", "PAR0109"),
+                                         ("[64]", "PAR0116"), ("[32, 32.5]", "PAR0107")])
+def test_uneven_terapipe_slices_refused(slices, code) -> None:
+    sets = ["parallel.tp=1", "parallel.pp=2", f"parallel.schedule=terapipe(slices = {slices})"]
+    assert codes(tiny(), sets) == [code]

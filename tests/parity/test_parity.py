@@ -87,6 +87,10 @@ LAYOUTS = {
     "pp2-dp2-terapipe2": dict(pp=2, dp=2, parallel__schedule="terapipe(slices = 2)"),
     "pp2-tp2-terapipe2": dict(pp=2, tp=2, parallel__schedule="terapipe(slices = 2)"),
     "pp2-dp2-zero2-terapipe2": dict(pp=2, dp=2, parallel__zero=2, parallel__schedule="terapipe(slices = 2)"),
+    # uneven slices, as the paper's (seq_len 32): the kept keys and values of unequal slices
+    "pp2-terapipe-uneven": dict(pp=2, parallel__schedule="terapipe(slices = [16, 8, 8])"),
+    "pp2-dp2-terapipe-uneven": dict(pp=2, dp=2, parallel__schedule="terapipe(slices = [8, 16, 8])"),
+    "pp2-tp2-terapipe-uneven": dict(pp=2, tp=2, parallel__schedule="terapipe(slices = [4, 12, 16])"),
     # Oases sub-batch overlap (runtime/overlap.py); dp > 1 layouts overlap gradients always
     "tp2-overlap2": dict(tp=2, parallel__overlap="sub_batch(2)"),
     "tp2-sp-overlap2": dict(tp=2, sp=True, parallel__overlap="sub_batch(2)"),

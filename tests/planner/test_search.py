@@ -318,3 +318,20 @@ def test_candidates_with_stage_layers_match_its_length():
     spec = load("examples/tiny.par", ["parallel=auto", "parallel.stage_layers=[1, 3]", "mesh.devices_per_node=8"])
     layouts = candidates(spec)
     assert layouts and {layout.pp for layout in layouts} == {2}
+
+
+def test_uneven_terapipe_slices_are_costed_by_their_lengths():
+    """The exact re-scoring runs each slice as long as its tokens (docs/planner.md): a
+    first slice of half the sequence stalls the warm-up; nearly equal slices cost less."""
+    exact = makespan("terapipe", stages=2, micro_batches=4, chunks=1, slices=3, forward=1.0, backward=2.0,
+                     comm=0.0, exact=True, slice_scale=(1.5, 0.75, 0.75))
+    assert exact > makespan("terapipe", stages=2, micro_batches=4, chunks=1, slices=3, forward=1.0,
+                            backward=2.0, comm=0.0, exact=True)
+    tokens_per_s = {}
+    for slices in ("[32, 16, 16]", "[22, 21, 21]"):
+        spec = load("examples/tiny.par", ["parallel.dp=2", "parallel.tp=1", "parallel.pp=2",
+                                          f"parallel.schedule=terapipe(slices = {slices})"])
+        (item,) = search(spec, hardware_for(spec)).estimates
+        assert item.layout.slices == 3
+        tokens_per_s[slices] = item.tokens_per_s
+    assert tokens_per_s["[32, 16, 16]"] < tokens_per_s["[22, 21, 21]"]

@@ -7,7 +7,7 @@ import pytest
 
 from parc.runtime.schedule import Op, build_schedule, in_flight_bound
 from parc.runtime.schedule_sim import check_schedule, describe_rank, max_in_flight, simulate
-from parc.runtime.schedule_terapipe import terapipe_idle
+from parc.runtime.schedule_terapipe import slice_scale, terapipe_idle
 
 SIZES = [(p, m, s) for p in range(2, 9) for m in range(1, 17) for s in (2, 4)]
 
@@ -49,3 +49,19 @@ def test_check_catches_slices_out_of_order():
 def test_slices_only_for_terapipe():
     with pytest.raises(ValueError, match="whole sequences"):
         build_schedule("1f1b", stages=2, micro_batches=2, slices=2)
+
+
+def test_uneven_slices_take_their_tokens_time():
+    """terapipe(slices = [3, 1]) on pp 2, one micro-batch, F 1 and B 2 per mean slice:
+    rank 1 runs F0 1.5..3, F1 3..3.5, B1 3.5..4.5, B0 4.5..7.5; rank 0 B1 4.5..5.5 and
+    B0 7.5..10.5, where equal slices end at 9."""
+    schedule = build_schedule("terapipe", stages=2, micro_batches=1, slices=2)
+    assert slice_scale([3, 1]) == (1.5, 0.5)
+    assert simulate(schedule, slice_scale=slice_scale([3, 1])).makespan == pytest.approx(10.5)
+    assert simulate(schedule, slice_scale=slice_scale([2, 2])).makespan == pytest.approx(9.0)
+    assert simulate(schedule).makespan == pytest.approx(9.0)
+    # the same work, spread unevenly: every rank is busy as long as with equal slices
+    uneven = simulate(build_schedule("terapipe", stages=4, micro_batches=8, slices=3),
+                      slice_scale=slice_scale([16, 8, 8]))
+    for events in uneven.ranks:
+        assert sum(e.end - e.start for e in events) == pytest.approx(8 * 3 * (1 + 2))  # units × (F + B)

@@ -46,9 +46,12 @@ from parc.runtime.schedule_sim import simulate, weight_share
 def makespan(
     kind: str, *, stages: int, micro_batches: int, chunks: int,
     forward: float, backward: float, comm: float, exact: bool, slices: int = 1,
+    slice_scale: tuple[float, ...] = (),
 ) -> float:
     """Seconds from the first forward to the last backward of a step on the pipeline.
-    ``slices`` > 1 (terapipe): ``forward``, ``backward`` and ``comm`` are one slice's."""
+    ``slices`` > 1 (terapipe): ``forward``, ``backward`` and ``comm`` are the mean slice's;
+    ``slice_scale`` (uneven slices): each slice's tokens over the mean's, which the exact
+    simulation scales its compute by (the closed form takes the mean slice)."""
     units = micro_batches * chunks * slices
     if stages == 1:
         return units * (forward + backward)
@@ -62,25 +65,27 @@ def makespan(
         return closed + 2.0 * comm * (units + stages - 1) / chunks
     ratio_b = round(backward / forward, 3)
     ratio_c = round(comm / forward, 4)
-    return forward * _unit_makespan(kind, stages, micro_batches, chunks, ratio_b, ratio_c, slices)
+    return forward * _unit_makespan(kind, stages, micro_batches, chunks, ratio_b, ratio_c, slices,
+                                    tuple(round(x, 4) for x in slice_scale))
 
 
 @functools.lru_cache(maxsize=512)
 def _unit_makespan(kind: str, stages: int, micro_batches: int, chunks: int, backward: float, comm: float,
-                   slices: int = 1) -> float:
+                   slices: int = 1, scale: tuple[float, ...] = ()) -> float:
     """Note [steady state]: long schedules are simulated at 2p, 3p and 4p micro-batches and
     extended along the line, when the three points are on one line; else in full."""
     p = stages
     if micro_batches > 4 * p:
-        a, b, c = (_simulate(kind, p, n * p, chunks, backward, comm, slices) for n in (2, 3, 4))
+        a, b, c = (_simulate(kind, p, n * p, chunks, backward, comm, slices, scale) for n in (2, 3, 4))
         if abs((c - b) - (b - a)) <= 1e-9 * c:
             return a + (micro_batches - 2 * p) * (b - a) / p
-    return _simulate(kind, p, micro_batches, chunks, backward, comm, slices)
+    return _simulate(kind, p, micro_batches, chunks, backward, comm, slices, scale)
 
 
 @functools.lru_cache(maxsize=512)
 def _simulate(kind: str, stages: int, micro_batches: int, chunks: int, backward: float, comm: float,
-              slices: int = 1) -> float:
+              slices: int = 1, scale: tuple[float, ...] = ()) -> float:
     schedule = build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks,
                               slices=slices if kind in SLICED else 1)
-    return simulate(schedule, forward_time=1.0, backward_time=backward, comm_time=comm).makespan
+    return simulate(schedule, forward_time=1.0, backward_time=backward, comm_time=comm,
+                    slice_scale=scale if kind in SLICED else ()).makespan

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from parc.dsl.spec import Arch, ModelSpec, Precision, Spec
 from parc.runtime.model_desc import LINEAR
 from parc.runtime.placement import placement_for
+from parc.runtime.schedule_terapipe import slice_scale
 
 from ...model_config import model_desc
 
@@ -166,6 +167,13 @@ def _activation_size(spec: Spec, accounting: Accounting) -> float:
     return 4.0
 
 
+def _slice_scale(spec: Spec, slices: int) -> tuple[float, ...]:
+    """terapipe's uneven slices (``terapipe(slices = [n0, n1, ...])``), where the layout keeps
+    their count: each slice's tokens over the mean's; () for equal slices."""
+    lengths = spec.parallel.slice_lengths
+    return slice_scale(lengths) if slices > 1 and lengths and len(lengths) == slices else ()
+
+
 def step_time(
     spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC, *, exact: bool = True
 ) -> TimeBreakdown:
@@ -221,6 +229,7 @@ def step_time(
     span = makespan(
         layout.schedule, stages=p, micro_batches=micro_batches, chunks=v,
         forward=chunk_forward / s, backward=chunk_backward / s, comm=p2p, exact=exact, slices=s,
+        slice_scale=_slice_scale(spec, s),
     )
     busy_layers = micro_batches * passes * (chunk_forward + chunk_backward)
     pipeline = span + micro_batches * head
