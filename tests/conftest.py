@@ -15,6 +15,14 @@ is in one group, so its launches are shared as above and made once.
 
 from __future__ import annotations
 
+import os
+
+if os.environ.get("PARC_TRITON_TESTS_ON_GPU") != "1":
+    # Triton runs on CPU only in its interpreter, which must be chosen before anything
+    # imports triton (tests/kernels/test_triton.py): a module collected earlier that
+    # pulls triton in (through torch) would otherwise leave its kernels compiled for a GPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 
 from parity.batch import Batches  # tests/ is on sys.path for this file (no __init__.py)
