@@ -94,7 +94,8 @@ def zero3(dp: int) -> None:
             optimizer = fsdp.FullyShardedAdamW(net, dp_group=dp_group, tp_group=tp_group, lr=1e-4, betas=(0.9, 0.95),
                                                weight_decay=0.1, eps=1e-8, pp_group=pp_group)
         seconds = time.perf_counter() - start
-        kept = [optimizer.flat, *optimizer.state.values(), optimizer.decay, optimizer.tp_mask, optimizer.counted]
+        kept = [optimizer.flat, *optimizer.state.values(), optimizer.decay, optimizer.tp_mask, optimizer.counted,
+                optimizer.expert_mask]  # the masks: one bool per element of the shard
         unit = optimizer.units[0]  # the embedding's unit: this rank's slice of its tp rows
         embed = init_values("embed.weight", (config.padded_vocab, config.hidden), layers=config.layers, seed=1,
                             offsets=(config.padded_vocab // tp, 0), shape=(config.padded_vocab // tp, config.hidden))
