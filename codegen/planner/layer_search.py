@@ -42,7 +42,7 @@ from .cost import Accounting, Estimate, Hardware, Layout, estimate
 from .cost.estimate import USABLE_MEMORY, layout_values
 from .cost.layout import SETTING_NAMES
 from .cost.per_layer import (
-    Stage, embedding_cost, ends, head_cost, hetero_supported, layer_cost, transition_cost, working_set,
+    Stage, embedding_cost, ends, head_cost, hetero_supported, layer_cost, stage_of, transition_cost, working_set,
 )
 
 BUCKETS = 64
@@ -174,17 +174,20 @@ def per_layer_candidates(spec: Spec, scored: list[Estimate], hw: Hardware, accou
     par, layers = spec.parallel, spec.model.layers
     if par.tp is not None or par.layer_tp is not None or layers < 2 or accounting is not Accounting.PARC:
         return []
+    from .layer_pipeline import pipeline_family  # it builds on this module's program
+
     budget = None if hw.memory is None else hw.memory * USABLE_MEMORY
     seen, out = set(), []
     for item in scored:
         base = item.layout
-        if base.tp < 2 or base.per_layer or not hetero_supported(spec, base, accounting) or base.schedule != "1f1b":
+        if base.tp < 2 or base.per_layer or not hetero_supported(spec, base, accounting):
             continue
-        stage = Stage(ranks=base.dp * base.tp, tp=base.tp, micro_batch=base.micro_batch, sp=base.sp)
+        stage = stage_of(base)
         if stage in seen:
             continue
         seen.add(stage)
-        found = _family(spec, base, stage, hw, budget)
+        found = _family(spec, base, stage, hw, budget) if base.pp == 1 else pipeline_family(
+            spec, base, stage, hw, budget, _options(spec, base))
         if found is not None:
             out.append(estimate(spec, found, hw, accounting, exact=False))
     return out
@@ -192,20 +195,28 @@ def per_layer_candidates(spec: Spec, scored: list[Estimate], hw: Hardware, accou
 
 def _options(spec: Spec, base: Layout) -> list[tuple[int, tuple]]:
     """Each (tp, settings) a layer of ``base``'s family may take that the rules allow
-    (probed as one layer at that option among layers at the coarse tp)."""
+    (probed as block 0 at that option among blocks at the coarse tp; with tied embeddings
+    under a pipeline the last block too, PAR0255). A setting left to the planner tries its
+    ``order``, or its ``options`` for the layer's tp and micro-batch piece (overlap)."""
     layers = spec.model.layers
     par = spec.parallel
-    values = []
-    for entry in SETTINGS:
-        given = par.setting(entry.name)
-        if isinstance(given, tuple):
-            return []  # a per-layer list given: not searched
-        values.append(entry.order if given is None else (given,))
+    ends = 2 if base.pp > 1 and spec.model.tie_embeddings else 1
     out = []
     for t in tp_chain(base.tp):
+        piece = base.micro_batch * t // base.tp
+        values = []
+        for entry in SETTINGS:
+            given = par.setting(entry.name)
+            if isinstance(given, tuple):
+                return []  # a per-layer list given: not searched
+            if given is not None:
+                values.append((given,))
+            else:
+                values.append(entry.order or tuple(entry.options({"tp": t, "micro_batch": piece})))
         for settings in _product(values):
-            probe = replace(base, layer_tp=(t,) + (base.tp,) * (layers - 1), **dict(zip(SETTING_NAMES, settings)))
-            uniform = replace(base, tp=t, dp=base.dp * base.tp // t, micro_batch=base.micro_batch * t // base.tp,
+            probe_tp = (t,) + (base.tp,) * (layers - 2) + ((t,) if ends == 2 else (base.tp,))
+            probe = replace(base, layer_tp=probe_tp, **dict(zip(SETTING_NAMES, settings)))
+            uniform = replace(base, tp=t, dp=base.dp * base.tp // t, micro_batch=piece,
                               sp=base.sp and t > 1, **dict(zip(SETTING_NAMES, settings)))
             if legal(layout_values(spec, probe), (LAYOUT, BUILD)) and legal(layout_values(spec, uniform), (LAYOUT,)):
                 out.append((t, settings))
