@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 from parc.dsl.spec import Spec
 
@@ -118,14 +119,11 @@ def pipeline_family(spec: Spec, base: Layout, stage: Stage, hw: Hardware, budget
 
 
 def _priced(spec, base, stage, hw, chosen, layout_of):
-    """(step seconds, peak bytes, layout) of one assignment; None when it is uniform."""
+    """(step seconds, peak bytes, layout) of one assignment, priced per stage (its degrees
+    written out even when they agree); None when it is uniform."""
     layout = layout_of(base, stage, chosen)
     if layout is None:
         return None
-    time, mem = pipeline_time_memory(spec, layout, hw) if layout.layer_tp is not None else (None, None)
-    if time is None:  # per-layer settings on one degree: the uniform model prices it
-        from .cost import estimate
-
-        item = estimate(spec, layout, hw, exact=False)
-        return item.time.step, item.memory.total, layout
+    degrees = tuple(t for t, _ in chosen)
+    time, mem = pipeline_time_memory(spec, replace(layout, layer_tp=degrees), hw)
     return time.step, mem.peak.total, layout
