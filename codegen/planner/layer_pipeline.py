@@ -49,8 +49,8 @@ def pipeline_family(spec: Spec, base: Layout, stage: Stage, hw: Hardware, budget
     if not options or any(stop - start < 2 for start, stop in bounds):
         return None  # a one-block stage has both its ends at the boundary degree
     classes = sorted({t for t, _ in options})
-    if len(classes) < 2 and len(options) < 2:
-        return None
+    if len(classes) < 2:
+        return None  # one degree: search.mixed_recompute's mixes (Note [per-layer recompute])
     steps = micro_batches(spec, stage)
     must = base.tp if spec.train.micro_batch is not None else None
     last_rank = stage.pp - 1

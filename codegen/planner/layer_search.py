@@ -186,8 +186,12 @@ def per_layer_candidates(spec: Spec, scored: list[Estimate], hw: Hardware, accou
         if stage in seen:
             continue
         seen.add(stage)
-        found = _family(spec, base, stage, hw, budget) if base.pp == 1 else pipeline_family(
-            spec, base, stage, hw, budget, _options(spec, base))
+        if base.pp == 1:
+            found = _family(spec, base, stage, hw, budget)
+        elif base.micro_batch % (base.tp // tp_chain(base.tp)[1]):
+            continue  # no layer can take a smaller degree (PAR0253): one degree, nothing to search
+        else:
+            found = pipeline_family(spec, base, stage, hw, budget, _options(spec, base))
         if found is not None:
             out.append(estimate(spec, found, hw, accounting, exact=False))
     return out
