@@ -13,8 +13,10 @@ alike), and the table shows, for each: the median measured step time, the planne
 prediction, their ratio, the measured and predicted bytes per rank (parameters,
 gradients, optimizer state, saved activations; the trainer's meter), and the speedup
 of the per-layer layout over the uniform one, measured and predicted. The machine's
-load is printed before and after. A benchmark, not a test: only figures from one run
-on one machine compare.
+load is printed before and after. Then the same model under pp = 2 (2 stages of 2 ranks,
+recompute left to the planner too), predicted only: the per-stage search's choice
+(codegen/planner/layer_pipeline.py) against the best uniform pipelined layout. A
+benchmark, not a test: only figures from one run on one machine compare.
 
     python bench/heterogeneous.py [--steps 6] [--repeats 2] [--profile FILE]
 """
@@ -41,13 +43,16 @@ MODEL = dict(layers=6, hidden=128, heads=2, ffn=512, seq_len=64, vocab=16384)
 BATCH = dict(micro_batch="auto", global_batch=16)
 FIXED = ["parallel.pp=1", "parallel.sp=false", "parallel.zero=0", "parallel.recompute=none",
          "parallel.overlap=none", "mesh.devices_per_node=2"]
+PIPELINED = ["parallel.pp=2", "parallel.schedule=1f1b", "parallel.sp=false", "parallel.zero=0",
+             "parallel.recompute=auto", "parallel.overlap=none", "mesh.devices_per_node=4"]
+"""The pipelined case: 2 stages of 2 ranks, recompute left to the planner too."""
 WARMUP = 2
 
 
-def sets(profile: Path, memory: float | None, layout: list[str]) -> list[str]:
+def sets(profile: Path, memory: float | None, layout: list[str], fixed: list[str] = FIXED) -> list[str]:
     out = [f"model.{key}={value}" for key, value in MODEL.items()]
     out += [f"train.{key}={value}" for key, value in BATCH.items()]
-    out += FIXED + [f'mesh.profile="{profile}"']
+    out += fixed + [f'mesh.profile="{profile}"']
     out += [f"mesh.device_memory={int(memory)} B"] if memory else []
     return out + layout
 
@@ -65,8 +70,34 @@ def with_sets(command: list[str], items: list[str]) -> list[str]:
     return command
 
 
-def plan(profile: Path, memory: float | None, layout: list[str]) -> dict:
-    return json.loads(parc(*with_sets(["plan", str(SPEC), "--json", "--top", "0"], sets(profile, memory, layout))))
+def plan(profile: Path, memory: float | None, layout: list[str], fixed: list[str] = FIXED) -> dict:
+    command = ["plan", str(SPEC), "--json", "--top", "0"]
+    return json.loads(parc(*with_sets(command, sets(profile, memory, layout, fixed))))
+
+
+def pipelined_prediction(profile: Path) -> list[str]:
+    """The planner's per-stage choice under pp = 2 (cost/per_stage.py) against the best
+    uniform pipelined layout, predicted only: memory set halfway between uniform dp 2 and
+    tp 2 per stage as above. The profile is of 2 ranks; 4 ranks on its cores would contend
+    more (the figures compare the two layouts, not this machine)."""
+    auto = ["parallel.tp=auto", "parallel.dp=auto"]
+    free = plan(profile, None, auto, PIPELINED)["layouts"]
+    dp2 = next(x for x in free if x["tp"] == 1 and x["dp"] == 2 and x["fits"])
+    tp2 = next(x for x in free if x["tp"] == 2 and x["dp"] == 1 and x["fits"])
+    memory = (dp2["peak_mem_bytes"] + tp2["peak_mem_bytes"]) / 2 / 0.95
+    result = plan(profile, memory, auto, PIPELINED)
+    chosen = result["layouts"][result["winner"]]
+    best = result["best_uniform_step_time_s"]
+    uniform = next(x for x in result["layouts"] if x["fits"] and x["buildable"] and not isinstance(x["tp"], list)
+                   and not isinstance(x["recompute"], list) and x["step_time_s"] == best)
+    lines = [f"pipelined, predicted only: pp 2 × 2 ranks, recompute = auto, mesh.device_memory = "
+             f"{memory / 2**20:.1f} MiB"]
+    for name, item in (("planner's choice", chosen), ("best uniform", uniform)):
+        recompute = item["recompute"] if isinstance(item["recompute"], str) else "[" + ", ".join(item["recompute"]) + "]"
+        lines.append(f"  {name:<17} {words(item) + ' rc ' + recompute:<60} {item['step_time_s'] * 1e3:8.1f} ms "
+                     f"{item['peak_mem_bytes'] / 2**20:7.1f} MiB")
+    lines.append(f"  predicted speedup of the per-stage choice: {uniform['step_time_s'] / chosen['step_time_s']:.2f}×")
+    return lines
 
 
 def state_and_activations(item: dict) -> float:
@@ -116,6 +147,7 @@ def main() -> None:
             parc("profile", "--ranks", "2", "--quick", "-o", str(profile), timeout=1200)
             print(f"profiled this machine (2 ranks, --quick) in {time.time() - start:.0f} s", file=sys.stderr)
         profile = profile.resolve()
+        pipelined = pipelined_prediction(profile)
         auto = ["parallel.tp=auto", "parallel.dp=auto"]
         free = plan(profile, None, auto)["layouts"]
         dp2 = next(x for x in free if x["tp"] == 1 and x["dp"] == 2)  # the fastest of each (any micro_batch)
@@ -154,6 +186,7 @@ def main() -> None:
           f"predicted {predicted_speedup:.2f}×")
     print(f"uniform dp 2 (does not fit {memory / 2**20:.1f} MiB): predicted {dp2['step_time_s'] * 1e3:.1f} ms, "
           f"{dp2['peak_mem_bytes'] / 2**20:.1f} MiB")
+    print("\n".join(pipelined))
 
 
 if __name__ == "__main__":

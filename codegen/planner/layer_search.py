@@ -1,10 +1,10 @@
 """The per-layer search: each block's tensor-parallel degree and settings, by dynamic programming.
 
 Takes: a ``Spec`` with ``tp = auto``, the uniform layouts the search scored, ``Hardware``.
-Gives: ``per_layer_candidates(...)`` — for each one-stage uniform layout family (the
-stage's ranks, its coarse tp, micro_batch, sp), the heterogeneous layout the dynamic
-program finds best, when it differs from a uniform one — and ``cheapest(...)``, the
-dynamic program itself. Before: ``cost/per_layer.py``. After: ``search.py``.
+Gives: ``per_layer_candidates(...)`` — for each uniform layout family (the stage's
+ranks, its coarse tp, micro_batch, sp, ZeRO stage, and the pipeline's pp and schedule),
+the heterogeneous layout the dynamic program finds best, when it differs from a uniform
+one — and ``cheapest(...)``, the dynamic program itself. Before: ``cost/per_layer.py``. After: ``search.py``.
 
 Note [the per-layer dynamic program]: as Galvatron's, over the layers of a stage. Each
 layer picks an option o = (tp, recompute, overlap) with cost time(o) and memory(o)
@@ -26,7 +26,13 @@ per-layer assignment.
 
 Only layouts the runtime builds are offered: each option is probed against
 ``runtime/constraints.py`` (PAR0250–PAR0255 and every other BUILD rule) and so is the
-result; the cost model covers one stage (pp = 1) and the PARC accounting.
+result, so options the runtime learns to build (overlap, ZeRO-3 with per-layer degrees)
+join the search as the rules accept them. The cost model is the PARC accounting's; a
+pipeline (1f1b, gpipe) runs the program once per stage (``layer_pipeline.py``, Note
+[the per-layer program over a pipeline]). Under a pipeline a family whose layers can
+take one degree only (a micro_batch that does not split) is left to
+``search.mixed_recompute``: the program would only mix recompute, and a 96-layer
+model's families would cost seconds.
 """
 
 from __future__ import annotations

@@ -22,8 +22,21 @@ activations (``memory.block_bytes``). A change of degree adds the all-gathers of
 else — the head at the head's degree, the embedding, the scalars — is the uniform
 layout U(t_head)'s step less its blocks (``ends``), with the untied embedding's state
 at its own degree (block 0's). A heterogeneous layout all of whose layers agree is
-thus costed exactly as the uniform one. The cost model here covers one stage (pp = 1):
-the planner searches per-layer degrees only there (docs/planner.md).
+thus costed exactly as the uniform one. The model here is one stage's; under a pipeline
+``cost/per_stage.py`` composes the stages (Note [per-layer layouts over a pipeline]).
+
+Note [per-layer ZeRO]: the runtime keeps one ZeRO part per degree, each sharding its
+layers' flat buffer over that degree's dp group (runtime/hetero.py, Note [ZeRO over
+per-layer layouts]; ZeRO-3 in runtime/fsdp.py as it lands). So layer i at tp t, dp_i =
+S/t, holds under ZeRO 1 its moments' slice 8·⌈n/dp_i⌉, under 2 also its gradients'
+4·⌈n/dp_i⌉, under 3 its parameters' 4·⌈n/dp_i⌉ too (``memory.model_state_bytes`` per
+layer); in time its optimizer pass streams the slice, ZeRO 1/2 add the all-gather of the
+updated slice over dp_i (exposed), ZeRO 3 reduce-scatters the gradient over dp_i and
+gathers the block for every micro-batch's forward and backward, the gather hidden behind
+the previous block's compute as far as it goes (exposed max(0, g − c) a pass; all of it
+when gloo runs on the compute cores). What is the rank's, not a layer's — ZeRO-2's two
+buckets in flight, ZeRO-3's gathered working set, the first gather of each pass, the
+padding of each part — is U(t)'s, in the ends: agreeing layers cost the uniform layout.
 """
 
 from __future__ import annotations
