@@ -40,7 +40,7 @@ from .per_layer import (
     Cost, Stage, _memo, _uniform_estimate, embedding_cost, layer_cost, micro_batches, stage_of, transition_cost,
     uniform, working_set,
 )
-from .time import TimeBreakdown, _activation_size
+from .time import _activation_size
 
 PLAIN = ("none", 1)
 """A block with no per-layer setting (U(t)'s blocks)."""
@@ -166,6 +166,3 @@ def pipeline_time_memory(spec: Spec, layout: Layout, hw: Hardware, *, exact: boo
     peak = max(range(layout.pp), key=lambda r: (rows[r].total, -r))
     return time, MemoryEstimate(per_rank=tuple(rows), peak_rank=peak)
 
-
-__all__ = ["TimeBreakdown", "pipeline_time_memory", "stage_bounds", "boundary_comm", "first_stage_ends",
-           "last_stage_ends", "stage_cost", "reshard", "PLAIN"]
