@@ -54,7 +54,6 @@ def _brute(spec, base, hw):
 
 
 @pytest.mark.parametrize("extra", [
-    ["mesh.device_memory=100 MiB"],
     ["mesh.device_memory=110 MiB"],
     ["mesh.device_memory=120 MiB"],
     ["mesh.device_memory=200 MiB", "model.tie_embeddings=false"],
@@ -122,3 +121,17 @@ def test_per_layer_zero_shards_over_each_layers_dp_group():
         assert b.optimizer == pytest.approx(a.optimizer / (4 // t), rel=1e-3)  # less torch's step counts
     four = layer_cost(spec, sharded, hw, 4, ("none", 1)).memory
     assert four.optimizer == layer_cost(spec, plain, hw, 4, ("none", 1)).memory.optimizer  # dp 1: nothing to shard
+
+
+def test_parallel_auto_offers_per_layer_options():
+    """With ``parallel = auto`` every per-layer setting is the planner's: a layer's options
+    come from each setting's own values (overlap: sub-batch counts of the layer's piece of
+    the micro-batch) as far as the build rules accept them with per-layer degrees."""
+    spec = load(str(ROOT / "examples" / "tiny.par"),
+                ["parallel=auto", "model.vocab=32000", "model.seq_len=256", "train.micro_batch=4",
+                 "mesh.device=h100-80gb"])
+    base = uniform(Stage(ranks=4, tp=4, micro_batch=4, sp=False), 4)
+    options = layer_search._options(spec, base)
+    assert {t for t, _ in options} == {4, 2, 1}
+    assert {s[0] for _, s in options} == {"none", "selective", "full"}
+    assert all((4 * t // 4) % k == 0 for t, (_, k) in options)
