@@ -225,8 +225,9 @@ def rank_expert_params(model: ModelSpec, layout: Layout, rank: int, stage_layers
 
 
 def expert_data_ranks(layout: Layout) -> int:
-    """edp: the ranks holding the same experts (expert layers fold dp·tp as edp·ep·etp)."""
-    return layout.dp * layout.tp // layout.expert_folds
+    """edp: the ranks holding the same experts (expert layers fold dp·cp·tp as edp·ep·etp;
+    mesh.py's Note [parallel folding])."""
+    return layout.dp * layout.cp * layout.tp // layout.expert_folds
 
 
 def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> int:
