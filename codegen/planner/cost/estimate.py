@@ -52,12 +52,23 @@ def buildable(spec: Spec, layout: Layout) -> bool:
 
 def layout_values(spec: Spec, layout: Layout) -> dict:
     """``spec``'s values (``constraints.KEYS``) with ``layout`` written in, per-layer degrees too."""
-    from ...spec_values import spec_values  # codegen/spec_values.py imports nothing of cost/
-
-    values = spec_values(spec)
+    values = dict(_spec_values(spec))
     values.update((name, getattr(layout, name)) for name in Layout.__slots__ if name in values)
     values["layer_dp"] = layout.layer_dp
     return values
+
+
+_LAST_VALUES: list = [None, None]
+"""The last spec ``layout_values`` read and its values: the search asks for one spec's
+thousands of times (held, so its ``id`` is not reused)."""
+
+
+def _spec_values(spec: Spec) -> dict:
+    from ...spec_values import spec_values  # codegen/spec_values.py imports nothing of cost/
+
+    if _LAST_VALUES[0] is not spec:
+        _LAST_VALUES[:] = [spec, spec_values(spec)]
+    return _LAST_VALUES[1]
 
 
 def layout_memory(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC) -> MemoryEstimate:
