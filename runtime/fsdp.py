@@ -62,7 +62,7 @@ import torch.nn as nn
 
 from .comm import exposed, group_rank, group_size, on_gradient
 from .fsdp_units import Unit, materialize_meta, node_groups  # noqa: F401  (node_groups: train.py's, under zero_shard = node)
-from .master import mark_compute_dtype
+from .master import Fp32Accumulation, mark_compute_dtype
 from .optim import clip_to_norm_
 from .zero import adamw_, clip_global_norm_, global_squares
 
@@ -133,6 +133,8 @@ class FullyShardedAdamW:
             "exp_avg_sq": torch.zeros_like(self.flat),
         }
         self.grad, self._inflight, self._reduced = None, None, set()
+        # master.py, Note [fp32 accumulation]: before this optimizer's own gradient hooks
+        self.accumulation = Fp32Accumulation([p for unit in self.units for p in unit.params], self.accumulations)
         self._peak = self.gathered_peak_bytes = 0  # this step's, and the last step's
         self._hook(chunks)
         if compute_dtype is not None:

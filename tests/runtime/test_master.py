@@ -62,3 +62,54 @@ def test_master_adamw_matches_fp32_adamw_when_the_values_are_representable():
     opt.unscale_and_clip(0.0, tp_group=None)
     opt.step()
     assert torch.equal(opt.masters[0].detach(), a.weight.detach())
+
+
+def _accumulated_grads(accumulations: int, micro_batches: int = 4):
+    """The bf16 gradients after ``micro_batches`` backwards, and each backward's own gradient
+    summed in fp64 (the fp32-accumulated reference, free of the accumulation's rounding)."""
+    net = _tiny("llama")
+    opt = master.MasterAdamW(net, dtype=torch.bfloat16, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8,
+                             accumulations=accumulations)
+    params = dict(net.named_parameters())
+    alone = _tiny("llama")  # the same bf16 weights, without the accumulation's hooks
+    master.MasterAdamW(alone, dtype=torch.bfloat16, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
+    terms = dict(alone.named_parameters())
+    reference = {name: torch.zeros(p.shape, dtype=torch.float64) for name, p in params.items()}
+    generator = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 128, (2, 16), generator=generator) for _ in range(micro_batches)]
+    for tokens in batches:  # each backward alone, on fresh gradients: the reference's terms
+        alone(tokens, tokens).backward()
+        for name, p in terms.items():
+            reference[name] += p.grad.double()
+            p.grad = None
+    for tokens in batches:  # the step as the trainer runs it
+        net(tokens, tokens).backward()
+    grads = {name: p.grad.double() for name, p in params.items()}
+    return grads, reference, opt
+
+
+@pytest.mark.parametrize("micro_batches", [4, 8])
+def test_micro_batches_accumulate_in_fp32_and_round_once(micro_batches):
+    """Note [fp32 accumulation]: the bf16 gradient after several micro-batches is their
+    fp32 sum rounded once: every element within half a bf16 ulp (2^-8 relative) of the
+    exact sum (u = 2^-8), which autograd's bf16 accumulation (the old path, accumulations = 1), rounding
+    every partial sum, is not; and closer to it overall."""
+    new, reference, opt = _accumulated_grads(micro_batches, micro_batches)
+    old, reference_old, _ = _accumulated_grads(1, micro_batches)
+    for name in reference:
+        assert torch.equal(reference[name], reference_old[name])  # the same terms
+
+    def error(grads):
+        num = sum(float((grads[n] - reference[n]).pow(2).sum()) for n in reference)
+        return (num / sum(float(reference[n].pow(2).sum()) for n in reference)) ** 0.5
+
+    def beyond_one_rounding(grads):
+        return sum(int(((grads[n] - ref).abs() > ref.abs() * 2.0**-8).sum()) for n, ref in reference.items())
+
+    elements = sum(ref.numel() for ref in reference.values())
+    print(f"\n{micro_batches} micro-batches, relative error vs the fp32-accumulated sum: fp32 accumulation "
+          f"{error(new):.3e} ({beyond_one_rounding(new)} of {elements} elements beyond one rounding), "
+          f"bf16 accumulation {error(old):.3e} ({beyond_one_rounding(old)})")
+    assert beyond_one_rounding(new) == 0 < beyond_one_rounding(old)
+    assert error(new) < error(old)
+    assert opt.accumulation.held_bytes() == 0  # the sums live from a step's first backward to its last
