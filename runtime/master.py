@@ -33,7 +33,8 @@ frees it) but the last one's, which it adds in and writes back rounded once into
 ``.grad`` for the reducers (dp.py, zero.py, fsdp.py: they too read ``.grad``, and sum
 over dp in fp32). ``MasterAdamW``, ``zero.ShardedAdamW`` and ``fsdp.FullyShardedAdamW``
 set it up before registering their own hooks (hooks run in the order registered); a
-parameter gets it once. Memory: 4 bytes per compute element from the first backward
+parameter gets it once; it counts the step's backwards as dp.py does, so chimera's
+stage replicas (each sees half the micro-batches) keep autograd's accumulation. Memory: 4 bytes per compute element from the first backward
 of a step to the last (the planner's ``buffers``, cost/memory.py).
 """
 
@@ -96,6 +97,8 @@ class Fp32Accumulation:
         if self.accumulations < 2:
             return
         for p in params:
+            if getattr(p, "pipeline_replica", False):
+                continue  # chimera: each replica sees half the micro-batches (kept in the compute dtype)
             if p.requires_grad and p.dtype in DTYPES.values() and not getattr(p, "fp32_accumulation", False):
                 p.fp32_accumulation = True
                 on_gradient(p, self._accumulated)
