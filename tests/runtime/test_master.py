@@ -113,3 +113,44 @@ def test_micro_batches_accumulate_in_fp32_and_round_once(micro_batches):
     assert beyond_one_rounding(new) == 0 < beyond_one_rounding(old)
     assert error(new) < error(old)
     assert opt.accumulation.held_bytes() == 0  # the sums live from a step's first backward to its last
+
+
+@pytest.mark.parametrize("zero_stage", [1, 2, 3])
+def test_sharded_optimizers_accumulate_in_fp32(zero_stage):
+    """Note [fp32 accumulation] under ZeRO 1/2 (zero.ShardedAdamW) and 3
+    (fsdp.FullyShardedAdamW), one rank: the fp32 gradient each keeps after 4 bf16
+    micro-batches is within one bf16 rounding of the exact sum of their gradients."""
+    from parc.runtime import fsdp, zero
+
+    micro_batches, hyper = 4, dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
+    alone = _tiny("llama")  # the terms, each backward on its own
+    master.MasterAdamW(alone, dtype=torch.bfloat16, **hyper)
+    net = _tiny("llama")
+    if zero_stage == 3:
+        opt = fsdp.FullyShardedAdamW(net, dp_group=None, tp_group=None, accumulations=micro_batches,
+                                     compute_dtype=torch.bfloat16, **hyper)
+        order = [p for unit in opt.units for p in unit.params]  # one rank: no padding
+    else:
+        opt = zero.ShardedAdamW(net, dp_group=None, tp_group=None, stage=zero_stage, accumulations=micro_batches,
+                                compute_dtype=torch.bfloat16, **hyper)
+        order = list(opt.params)
+    names = {id(p): name for name, p in net.named_parameters()}
+    terms = dict(alone.named_parameters())
+    reference = {name: torch.zeros(p.shape, dtype=torch.float64) for name, p in terms.items()}
+    generator = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 128, (2, 16), generator=generator) for _ in range(micro_batches)]
+    for tokens in batches:
+        alone(tokens, tokens).backward()
+        for name, p in terms.items():
+            reference[name] += p.grad.double()
+            p.grad = None
+    for tokens in batches:
+        net(tokens, tokens).backward()
+    opt.reduce_gradients_and_clip(1e6)
+    at = 0
+    for p in order:
+        got = opt.grad[at : at + p.numel()].double().view(p.shape)
+        ref = reference[names[id(p)]]
+        assert torch.all((got - ref).abs() <= ref.abs() * 2.0**-8), names[id(p)]
+        at += p.numel()
+    assert at == sum(p.numel() for p in order)
