@@ -34,8 +34,9 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   and backward, unit by unit, the next unit's gather hidden behind this one's compute
   (Note [ZeRO-3 gathers] at ``zero3_gathers``), and reduce-scatters each unit's
   gradient on the same link during backward (parc's: the last micro-batch's only; no
-  gather after the step), at what ZeRO-3 reaches across nodes. ``compress = powersgd`` replaces the reduction by its factors'
-  all-reduces plus the compression's compute, both exposed (Note [powersgd cost]).
+  gather after the step), at what ZeRO-3 reaches across nodes. ``compress =
+  powersgd`` replaces the reduction by its factors' all-reduces plus the
+  compression's compute, both exposed (Note [powersgd cost]).
 - pipeline: a (b, s, h) message per chunk boundary; the makespan of the runtime's
   schedule (``cost/bubble.py``); bubble = makespan − the busy time.
 - mixture of experts: the experts' compute and the ep all-to-alls (``cost/experts.py``,
