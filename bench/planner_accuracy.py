@@ -11,7 +11,7 @@ it beside the planner's prediction for the same layout (and the predicted vs mea
 per-rank bytes). Goal: within ±25%. A benchmark, not a test: the figures only mean
 something side by side, from one run on one machine.
 
-    python bench/planner_accuracy.py [--steps 8] [--json]
+    python bench/planner_accuracy.py [--steps 8] [--json] [--only "dp 2, zero 3"]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ CASES = (
     ("examples/tiny.par", "pp 2", dict(pp=2)),
     ("examples/tiny.par", "dp 2 · tp 2", dict(dp=2, tp=2)),
     ("examples/tiny.par", "dp 2, zero 1", dict(dp=2, zero=1)),
+    ("examples/tiny.par", "dp 2, zero 3", dict(dp=2, zero=3)),
     ("bench/specs/small.par", "one rank", dict()),
     ("bench/specs/small.par", "dp 2", dict(dp=2)),
     ("bench/specs/small.par", "tp 2, sp", dict(tp=2, sp="true")),
@@ -83,12 +84,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--only", action="append", default=[], metavar="LAYOUT",
+                        help="run only the cases of this layout label (repeatable)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="parc-planner-accuracy-"))
     folder = work
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     rows = []
     for index, (spec_path, label, degrees) in enumerate(CASES):
+        if args.only and label not in args.only:
+            continue
         world = degrees.get("dp", 1) * degrees.get("tp", 1) * degrees.get("pp", 1)
         def predict(when: str):
             profile = folder / f"profile-{index}-{when}.json"

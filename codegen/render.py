@@ -274,7 +274,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             f"# {cite(plan.train.precision.span)}: {plan.train.precision.value} parameters, used as they are; "
             "the optimizer keeps",
             "# their fp32 master copy and Adam moments and writes the rounded values back after each step",
-            f"optimizer = master.MasterAdamW(net, dtype={compute}, {hyper})",
+            f"optimizer = master.MasterAdamW(net, dtype={compute}, {hyper}, "
+            f"accumulations={render_step.backward_passes(plan)})",
         ]
         step_lines = [
             "# the gradients to fp32 (the masters'), unscaled and clipped there; the norm is global",

@@ -62,7 +62,7 @@ import torch.nn as nn
 
 from .comm import exposed, group_rank, group_size, on_gradient
 from .fsdp_units import Unit, materialize_meta, node_groups  # noqa: F401  (node_groups: train.py's, under zero_shard = node)
-from .master import mark_compute_dtype
+from .master import Fp32Accumulation, mark_compute_dtype
 from .optim import clip_to_norm_
 from .zero import adamw_, clip_global_norm_, global_squares
 
@@ -121,18 +121,23 @@ class FullyShardedAdamW:
                                    init=init, dtype=compute_dtype or torch.float32))
             self.units[-1].divisor = int(data_ranks) if name.endswith(".experts") else self.data_parallel
             offset += self.units[-1].shard_numel
-        self.decay, self.tp_mask, self.counted, self.expert_mask = (self._mask(rule) for rule in (
+        self.decay, self.tp_mask, self.counted = (self._mask(rule) for rule in (
             lambda p: p.dim() >= 2,
             lambda p: bool(getattr(p, "tensor_parallel", False)),
             lambda p: not getattr(p, "pipeline_duplicate", False),
-            lambda p: bool(getattr(p, "expert_parallel", False)),
         ))
+        # Note [experts as units]: which shard elements are experts' (None: a dense model,
+        # no bool per element kept for nothing)
+        experts = any(unit.name.endswith(".experts") for unit in self.units)
+        self.expert_mask = self._mask(lambda p: bool(getattr(p, "expert_parallel", False))) if experts else None
         self.state = {
             "step": 0,
             "exp_avg": torch.zeros_like(self.flat),
             "exp_avg_sq": torch.zeros_like(self.flat),
         }
         self.grad, self._inflight, self._reduced = None, None, set()
+        # master.py, Note [fp32 accumulation]: before this optimizer's own gradient hooks
+        self.accumulation = Fp32Accumulation([p for unit in self.units for p in unit.params], self.accumulations)
         self._peak = self.gathered_peak_bytes = 0  # this step's, and the last step's
         self._hook(chunks)
         if compute_dtype is not None:
@@ -271,7 +276,7 @@ class FullyShardedAdamW:
             unit.pending, unit.passes = len(unit.params), 0
         self._reduced = set()
         self.gathered_peak_bytes, self._peak = self._peak, 0
-        if not bool(self.expert_mask.any()):
+        if self.expert_mask is None:
             return clip_global_norm_(
                 self.grad, counted=self.counted, tp_mask=self.tp_mask, max_norm=max_norm,
                 tp_group=self.tp_group, dp_group=self.dp_group, pp_group=self.pp_group, grad_scale=grad_scale,

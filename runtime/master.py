@@ -19,9 +19,23 @@ clipped: the optimizer's arithmetic is all fp32. Kept in fp32 whatever the compu
 dtype: the norms' statistics and the softmax of attention (the kernels compute low-
 precision inputs in fp32, kernels/reference.py), the cross-entropy (layers.py), the
 activations a pipeline stage sends (pipeline.py) and the gradient norm.
+Micro-batches accumulate in fp32 (Note [fp32 accumulation]).
 A checkpoint holds the fp32 masters under the parameters' names (layout-free, as an
 fp32 or autocast run's: checkpoint_shards.py), so a resume is exact and an fp32
 checkpoint loads.
+
+Note [fp32 accumulation]: with several micro-batches (or terapipe slices) per step,
+autograd would add each backward's low-precision gradient into the low-precision
+``.grad``, rounding the running sum every time. As Megatron's ``main_grad`` and FSDP2's
+fp32 ``reduce_dtype``, each parameter's gradients are instead summed in an fp32 buffer
+of its own: a post-accumulate-grad hook moves every backward's ``.grad`` into it (and
+frees it) but the last one's, which it adds in and writes back rounded once into
+``.grad`` for the reducers (dp.py, zero.py, fsdp.py: they too read ``.grad``, and sum
+over dp in fp32). ``MasterAdamW``, ``zero.ShardedAdamW`` and ``fsdp.FullyShardedAdamW``
+set it up before registering their own hooks (hooks run in the order registered); a
+parameter gets it once; it counts the step's backwards as dp.py does, so chimera's
+stage replicas (each sees half the micro-batches) keep autograd's accumulation. Memory: 4 bytes per compute element from the first backward
+of a step to the last (the planner's ``buffers``, cost/memory.py).
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from .comm import on_gradient
 from .optim import build_optimizer, clip_grad_norm_
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -71,12 +86,57 @@ def compute_dtype_of(model):
     return getattr(_chunks(model)[0], "compute_dtype", None)
 
 
+class Fp32Accumulation:
+    """Note [fp32 accumulation] for ``params`` (the low-precision ones that need a
+    gradient and have no accumulation yet), over ``accumulations`` backwards a step."""
+
+    def __init__(self, params, accumulations: int):
+        self.accumulations = int(accumulations)
+        self.sums: dict[int, torch.Tensor] = {}  # id(param) → this step's fp32 sum so far
+        self.count: dict[int, int] = {}
+        if self.accumulations < 2:
+            return
+        for p in params:
+            if getattr(p, "pipeline_replica", False):
+                continue  # chimera: each replica sees half the micro-batches (kept in the compute dtype)
+            if p.requires_grad and p.dtype in DTYPES.values() and not getattr(p, "fp32_accumulation", False):
+                p.fp32_accumulation = True
+                on_gradient(p, self._accumulated)
+
+    @torch.no_grad()
+    def _accumulated(self, param) -> None:
+        key, grad = id(param), param.grad
+        if grad is None:
+            return
+        n = self.count.get(key, 0) + 1
+        total = self.sums.get(key)
+        if n < self.accumulations:  # into the fp32 sum; autograd's next gradient starts afresh
+            if total is None:
+                self.sums[key] = grad.to(torch.float32, copy=True)
+            else:
+                total.add_(grad)
+            param.grad = None
+            self.count[key] = n
+            return
+        if total is not None:  # the last backward of the step: the sum rounded once
+            total.add_(grad)
+            grad.copy_(total)
+            del self.sums[key]
+        self.count[key] = 0
+
+    def held_bytes(self) -> int:
+        """Bytes of the fp32 sums alive now (between a step's first and last backward)."""
+        return sum(t.numel() * t.element_size() for t in self.sums.values())
+
+
 class MasterAdamW:
     """AdamW on fp32 masters of a low-precision model (Note [master weights])."""
 
-    def __init__(self, model, *, dtype, lr, betas, weight_decay, eps):
+    def __init__(self, model, *, dtype, lr, betas, weight_decay, eps, accumulations=1):
+        """``accumulations``: backwards per step (Note [fp32 accumulation])."""
         self.model_params = unique_parameters(model)
         values = to_compute_dtype(model, dtype)
+        self.accumulation = Fp32Accumulation(self.model_params, accumulations)
         self.masters = []
         for p, value in zip(self.model_params, values):
             master = nn.Parameter(value, requires_grad=p.requires_grad)

@@ -63,7 +63,7 @@ import torch.distributed as dist
 
 from .comm import exposed, group_rank, group_size, on_gradient
 from .dp import GradientBuckets, gradient_buckets
-from .master import mark_compute_dtype
+from .master import Fp32Accumulation, mark_compute_dtype
 from .optim import clip_to_norm_
 
 
@@ -153,6 +153,8 @@ class ShardedAdamW:
         }
         self.grad = None  # this rank's gradient slice, set by reduce_gradients_and_clip
         self._grad_sync = None
+        # master.py, Note [fp32 accumulation]: before this optimizer's own gradient hooks
+        self.accumulation = Fp32Accumulation(self.params, int(accumulations))
         if stage == 2:  # Note [ZeRO-2 during backward]
             self._prepare_buckets(int(accumulations), int(bucket_bytes))
         elif not owned:  # stage 1: whole gradients, all-reduced during backward

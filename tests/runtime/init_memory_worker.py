@@ -95,7 +95,7 @@ def zero3(dp: int) -> None:
                                                weight_decay=0.1, eps=1e-8, pp_group=pp_group)
         seconds = time.perf_counter() - start
         kept = [optimizer.flat, *optimizer.state.values(), optimizer.decay, optimizer.tp_mask, optimizer.counted,
-                optimizer.expert_mask]  # the masks: one bool per element of the shard
+                optimizer.expert_mask]  # the masks: one bool per element of the shard (experts: None if dense)
         unit = optimizer.units[0]  # the embedding's unit: this rank's slice of its tp rows
         embed = init_values("embed.weight", (config.padded_vocab, config.hidden), layers=config.layers, seed=1,
                             offsets=(config.padded_vocab // tp, 0), shape=(config.padded_vocab // tp, config.hidden))

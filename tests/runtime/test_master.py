@@ -62,3 +62,95 @@ def test_master_adamw_matches_fp32_adamw_when_the_values_are_representable():
     opt.unscale_and_clip(0.0, tp_group=None)
     opt.step()
     assert torch.equal(opt.masters[0].detach(), a.weight.detach())
+
+
+def _accumulated_grads(accumulations: int, micro_batches: int = 4):
+    """The bf16 gradients after ``micro_batches`` backwards, and each backward's own gradient
+    summed in fp64 (the fp32-accumulated reference, free of the accumulation's rounding)."""
+    net = _tiny("llama")
+    opt = master.MasterAdamW(net, dtype=torch.bfloat16, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8,
+                             accumulations=accumulations)
+    params = dict(net.named_parameters())
+    alone = _tiny("llama")  # the same bf16 weights, without the accumulation's hooks
+    master.MasterAdamW(alone, dtype=torch.bfloat16, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
+    terms = dict(alone.named_parameters())
+    reference = {name: torch.zeros(p.shape, dtype=torch.float64) for name, p in params.items()}
+    generator = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 128, (2, 16), generator=generator) for _ in range(micro_batches)]
+    for tokens in batches:  # each backward alone, on fresh gradients: the reference's terms
+        alone(tokens, tokens).backward()
+        for name, p in terms.items():
+            reference[name] += p.grad.double()
+            p.grad = None
+    for tokens in batches:  # the step as the trainer runs it
+        net(tokens, tokens).backward()
+    grads = {name: p.grad.double() for name, p in params.items()}
+    return grads, reference, opt
+
+
+@pytest.mark.parametrize("micro_batches", [4])
+def test_micro_batches_accumulate_in_fp32_and_round_once(micro_batches):
+    """Note [fp32 accumulation]: the bf16 gradient after several micro-batches is their
+    fp32 sum rounded once: every element within half a bf16 ulp (2^-8 relative) of the
+    exact sum (u = 2^-8), which autograd's bf16 accumulation (the old path, accumulations = 1), rounding
+    every partial sum, is not; and closer to it overall."""
+    new, reference, opt = _accumulated_grads(micro_batches, micro_batches)
+    old, reference_old, _ = _accumulated_grads(1, micro_batches)
+    for name in reference:
+        assert torch.equal(reference[name], reference_old[name])  # the same terms
+
+    def error(grads):
+        num = sum(float((grads[n] - reference[n]).pow(2).sum()) for n in reference)
+        return (num / sum(float(reference[n].pow(2).sum()) for n in reference)) ** 0.5
+
+    def beyond_one_rounding(grads):
+        return sum(int(((grads[n] - ref).abs() > ref.abs() * 2.0**-8).sum()) for n, ref in reference.items())
+
+    elements = sum(ref.numel() for ref in reference.values())
+    print(f"\n{micro_batches} micro-batches, relative error vs the fp32-accumulated sum: fp32 accumulation "
+          f"{error(new):.3e} ({beyond_one_rounding(new)} of {elements} elements beyond one rounding), "
+          f"bf16 accumulation {error(old):.3e} ({beyond_one_rounding(old)})")
+    assert beyond_one_rounding(new) == 0 < beyond_one_rounding(old)
+    assert error(new) < error(old)
+    assert opt.accumulation.held_bytes() == 0  # the sums live from a step's first backward to its last
+
+
+@pytest.mark.parametrize("zero_stage", [1, 2, 3])
+def test_sharded_optimizers_accumulate_in_fp32(zero_stage):
+    """Note [fp32 accumulation] under ZeRO 1/2 (zero.ShardedAdamW) and 3
+    (fsdp.FullyShardedAdamW), one rank: the fp32 gradient each keeps after 4 bf16
+    micro-batches is within one bf16 rounding of the exact sum of their gradients."""
+    from parc.runtime import fsdp, zero
+
+    micro_batches, hyper = 4, dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
+    alone = _tiny("llama")  # the terms, each backward on its own
+    master.MasterAdamW(alone, dtype=torch.bfloat16, **hyper)
+    net = _tiny("llama")
+    if zero_stage == 3:
+        opt = fsdp.FullyShardedAdamW(net, dp_group=None, tp_group=None, accumulations=micro_batches,
+                                     compute_dtype=torch.bfloat16, **hyper)
+        order = [p for unit in opt.units for p in unit.params]  # one rank: no padding
+    else:
+        opt = zero.ShardedAdamW(net, dp_group=None, tp_group=None, stage=zero_stage, accumulations=micro_batches,
+                                compute_dtype=torch.bfloat16, **hyper)
+        order = list(opt.params)
+    names = {id(p): name for name, p in net.named_parameters()}
+    terms = dict(alone.named_parameters())
+    reference = {name: torch.zeros(p.shape, dtype=torch.float64) for name, p in terms.items()}
+    generator = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 128, (2, 16), generator=generator) for _ in range(micro_batches)]
+    for tokens in batches:
+        alone(tokens, tokens).backward()
+        for name, p in terms.items():
+            reference[name] += p.grad.double()
+            p.grad = None
+    for tokens in batches:
+        net(tokens, tokens).backward()
+    opt.reduce_gradients_and_clip(1e6)
+    at = 0
+    for p in order:
+        got = opt.grad[at : at + p.numel()].double().view(p.shape)
+        ref = reference[names[id(p)]]
+        assert torch.all((got - ref).abs() <= ref.abs() * 2.0**-8), names[id(p)]
+        at += p.numel()
+    assert at == sum(p.numel() for p in order)

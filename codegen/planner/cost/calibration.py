@@ -38,6 +38,7 @@ parallel {{
   dp = {dp}
   tp = {tp}
   pp = {pp}
+  zero = {zero}
   recompute = full
   schedule = {schedule}
 }}
@@ -64,11 +65,11 @@ def _row_spec(items: tuple):
         label=row["model_label"].replace(".", "_"), layers=row["layers"], hidden=row["hidden"],
         heads=row["heads"], ffn=4 * row["hidden"], vocab=row["vocab"], seq_len=row["seq_len"],
         nodes=row["gpus"] // 8, dp=row["dp"], tp=row["tp"], pp=row["pp"], schedule=schedule,
-        global_batch=row["global_batch"], micro_batch=row["micro_batch"],
+        global_batch=row["global_batch"], micro_batch=row["micro_batch"], zero=row.get("zero", 0),
     )
     spec = load_text(text, f"megatron-{row['model_label']}.par", buildable=False)  # Megatron's fp16
     layout = Layout(
-        dp=row["dp"], tp=row["tp"], pp=row["pp"], sp=False, zero=0,
+        dp=row["dp"], tp=row["tp"], pp=row["pp"], sp=False, zero=row.get("zero", 0),
         schedule="interleaved" if chunks > 1 else "1f1b", chunks=chunks, recompute="full",
         micro_batch=row["micro_batch"],
     )
@@ -99,4 +100,18 @@ def fit(rows: list[dict]) -> tuple[float, float, float]:
             worst = max(abs(predicted_tflops(row, hw) / row["tflops_per_gpu"] - 1) for row in rows)
             if best is None or worst < best[2] - 1e-12:
                 best = (eff_max, float(n_half), worst)
+    return best
+
+
+def fit_zero3(rows: list[dict], hw: Hardware | None = None) -> tuple[float, float, float]:
+    """(zero3_network, zero3_overlap, worst relative error) of Note [ZeRO-3 gathers]
+    minimizing the worst error over ZeRO-3 ``rows``, the GEMM efficiency held as it is."""
+    base = hw or from_mesh(row_spec(rows[0])[0].mesh)
+    best = None
+    for network_step in range(10, 101):
+        for overlap_step in range(0, 101, 2):
+            hw = replace(base, zero3_network=network_step / 100, zero3_overlap=overlap_step / 100)
+            worst = max(abs(predicted_tflops(row, hw) / row["tflops_per_gpu"] - 1) for row in rows)
+            if best is None or worst < best[2] - 1e-12:
+                best = (network_step / 100, overlap_step / 100, worst)
     return best

@@ -31,6 +31,11 @@ from ...json_input import InputError, load_checked
 # Note [size-dependent efficiency]: the fit of bench/planner_calibration.py on the
 # three SC21 rows (DGX A100, Megatron-LM 2021: fused kernels, no flash attention).
 GPU_EFFICIENCY = {"eff_max": 0.70, "n_half": 10.0}
+ZERO3_NETWORK = {"zero3_network": 0.77, "zero3_overlap": 0.60}
+"""Note [ZeRO-3 gathers] (cost/time.py): the share of one port per GPU that ZeRO-3's
+per-unit collectives reach across nodes, and the share of a block's compute that runs at
+full speed under them; fitted on the published ZeRO-3 rows of 175B
+(``bench/planner_calibration.py --zero3``; the 530B rows held out)."""
 GPU_OP_OVERHEAD = 4e-6
 """Seconds per kernel launch (CUDA launch latency, a few µs)."""
 HBM_BANDWIDTH = {
@@ -79,6 +84,9 @@ class Hardware:
     """Seconds per op dispatched (forward or backward), beyond its arithmetic."""
     eff_max: float = GPU_EFFICIENCY["eff_max"]
     n_half: float = GPU_EFFICIENCY["n_half"]
+    zero3_network: float = ZERO3_NETWORK["zero3_network"]
+    zero3_overlap: float = ZERO3_NETWORK["zero3_overlap"]
+    """Note [ZeRO-3 gathers]: ``ZERO3_NETWORK``."""
     matmul_table: tuple[tuple[float, float], ...] = ()
     """Measured (n, FLOP/s) of n×n×n matmuls, ascending n; empty: use eff_max, n_half."""
     collectives: tuple[tuple[str, Collective], ...] = ()

@@ -11,8 +11,9 @@ trainer logs (``runtime/memory.py``). Under bf16/fp16 with fp32 master weights
 (``uses_master_weights``; runtime/master.py) the parameters and ``param.grad`` take 2
 bytes an element, the optimizer 12 (master + moments; of the slice under ZeRO 1/2),
 ZeRO-2's gradient slice and ZeRO-3's shards stay fp32, gathered ZeRO-3 blocks are 2
-bytes, and activations (the loss's logits too) are 2 bytes with no autocast weight
-copies (re-measured: the parity gpt within 1.2%). In fp32: ``param_bytes`` = 4 bytes × this rank's
+bytes, with more than one backward a step the gradients' fp32 sums add 4 bytes an
+element of the rank's parameters to ``buffers`` (``fp32_accumulation``), and
+activations (the loss's logits too) are 2 bytes with no autocast weight copies (re-measured: the parity gpt within 1.2%). In fp32: ``param_bytes`` = 4 bytes × this rank's
 elements (``rank_params``: the model description's count); ``grad_bytes`` = the same
 for zero 0/1, 4·ceil(Ψ/dp) for zero 2; ``optim_bytes`` = two fp32 moments per element
 plus torch's 4-byte ``step`` per tensor (zero 0), or the moments of the rank's slice,
@@ -212,6 +213,13 @@ def uses_master_weights(spec: Spec) -> bool:
     return master_weights(spec.train.precision.value, per_layer_tp=False, compressed=compressed)
 
 
+def fp32_accumulation(spec: Spec, layout: Layout) -> bool:
+    """Low-precision parameters summing more than one backward a step (micro-batches, or
+    terapipe's slices): their gradients accumulate in fp32 sums, 4 bytes an element from a
+    step's first backward to its last (runtime/master.py, Note [fp32 accumulation])."""
+    return uses_master_weights(spec) and layout.grad_accum(spec.train.global_batch) * layout.slices > 1
+
+
 def autocast_block_weights(model: ModelSpec, tp: int) -> int:
     """Note [autocast's weight copies]: under bf16 autocast every matmul casts its fp32
     weight to a bf16 copy, which autograd saves for backward: one copy per weight and per
@@ -327,6 +335,8 @@ def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting, fu
             total += 4.0 * params
         if layout.compress != "none":  # runtime/compress.py: the error feedback's fp32 copy of the gradients
             total += 4.0 * params
+    if accounting is Accounting.PARC and fp32_accumulation(spec, layout):
+        total += 4.0 * params  # runtime/master.py, Note [fp32 accumulation]: one fp32 sum per element
     if full_recompute:  # one block's tensors rebuilt during its backward
         element = 2.0 if accounting is Accounting.MEGATRON else 4.0
         working = parc_layer_elements(model, tp=layout.tp, sp=layout.sp, recompute="none",

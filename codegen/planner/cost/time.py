@@ -32,10 +32,11 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   of 2021 reduces after the pipeline flush (nothing hidden), zero 2 as a
   reduce-scatter; zero 3 also gathers the parameters for every micro-batch's forward
   and backward, unit by unit, the next unit's gather hidden behind this one's compute
-  (Note [ZeRO-3 gathers] at ``zero3_gathers``); parc's zero 3 reduce-scatters each
-  unit's gradient during the last backward (hidden as zero 0-2's buckets) and has no
-  gather after the step. ``compress = powersgd`` replaces the reduction by its factors'
-  all-reduces plus the compression's compute, both exposed (Note [powersgd cost]).
+  (Note [ZeRO-3 gathers] at ``zero3_gathers``), and reduce-scatters each unit's
+  gradient on the same link during backward (parc's: the last micro-batch's only; no
+  gather after the step), at what ZeRO-3 reaches across nodes. ``compress =
+  powersgd`` replaces the reduction by its factors' all-reduces plus the
+  compression's compute, both exposed (Note [powersgd cost]).
 - pipeline: a (b, s, h) message per chunk boundary; the makespan of the runtime's
   schedule (``cost/bubble.py``); bubble = makespan − the busy time.
 - mixture of experts: the experts' compute and the ep all-to-alls (``cost/experts.py``,
@@ -60,11 +61,12 @@ from ...model_config import model_desc
 from .bubble import makespan
 from .context import cp_comm
 from .tp2d import grid_block_comm, grid_head_comm
-from .comm import collective_latency, collective_time
+from .comm import collective_latency, collective_time, ring_time
 from .compress import RANK, powersgd_cost
 from .experts import expert_reduce, moe_block
-from .hardware import Hardware, gemm_time
+from .hardware import Hardware, Link, gemm_time
 from .layout import SETTING_NAMES, Accounting, Layout, expert_data_ranks, rank_expert_params, rank_params
+from .memory import uses_master_weights
 from .overlap import Exposure, exposed_tp
 
 OVERLAP_BLOCKS = 4
@@ -167,6 +169,20 @@ def _activation_size(spec: Spec, accounting: Accounting) -> float:
     return 4.0
 
 
+def _zero3_gather_element(spec: Spec, accounting: Accounting) -> float:
+    """Bytes of a gathered ZeRO-3 element: Megatron's fp16; parc's compute dtype (bf16/fp16
+    parameters with fp32 masters: 2; else 4; runtime/fsdp.py)."""
+    if accounting is Accounting.MEGATRON:
+        return 2.0
+    return 2.0 if uses_master_weights(spec) else 4.0
+
+
+def _zero3_grad_element(spec: Spec, accounting: Accounting) -> float:
+    """Bytes of a reduce-scattered ZeRO-3 gradient element: Megatron's fp16; parc packs fp32
+    (runtime/fsdp.py; ``grad_reduce = bf16`` is zero 0's only, PAR0820)."""
+    return 2.0 if accounting is Accounting.MEGATRON else 4.0
+
+
 def _slice_scale(spec: Spec, slices: int) -> tuple[float, ...]:
     """terapipe's uneven slices (``terapipe(slices = [n0, n1, ...])``), where the layout keeps
     their count: each slice's tokens over the mean's; () for equal slices."""
@@ -253,9 +269,13 @@ def step_time(
     if 1 <= layout.zero <= 2 and expert_params:  # the experts' slices gathered over edp
         gather += collective_time(hw, "all_gather", expert_params * 4.0, size=expert_data_ranks(layout),
                                   stride=layout.expert_folds)
-    zero3 = zero3_gathers(hw, layout, params, layers_per_chunk * v, forward, backward, accounting) if d > 1 else None
-    gathered = 0.0 if zero3 is None else micro_batches * zero3.total
-    dp_comm = reduce + gather + gathered
+    zero3 = zero3_gathers(
+        hw, layout, params, layers_per_chunk * v, forward, backward, accounting, micro_batches=micro_batches,
+        gather_element=_zero3_gather_element(spec, accounting), grad_element=_zero3_grad_element(spec, accounting),
+    )
+    if zero3 is not None:  # Note [ZeRO-3 gathers]: the reduce-scatters are among its collectives
+        reduce = 0.0
+    dp_comm = reduce + gather + (0.0 if zero3 is None else zero3.total)
     last_backward = layers_per_chunk * passes * backward
     # Megatron 2021 reduces after the flush; gloo on CPU cores takes the cores backward runs on
     overlapped = accounting is Accounting.PARC and layout.zero <= 3 and not hw.comm_on_cores
@@ -266,7 +286,7 @@ def step_time(
         reduce = dp_comm = cost.comm_s
         compression = cost.compute_s
         dp_exposed = reduce + compression + gather  # after backward, not behind it
-    dp_exposed += 0.0 if zero3 is None else micro_batches * zero3.exposed
+    dp_exposed += 0.0 if zero3 is None else zero3.exposed
     optimizer = _optimizer_time(hw, accounting, params, tensors, layout, expert_params) * slow
     world = d * layout.cp * t * p
     # the step's two scalar all-reduces: the loss over dp, the finite check over every rank
@@ -378,30 +398,65 @@ def powersgd_compression(spec: Spec, layout: Layout, params: int, hw: Hardware):
 
 @dataclass(frozen=True, slots=True)
 class Zero3Gathers:
-    """One micro-batch's parameter all-gathers under ZeRO-3 (Note [ZeRO-3 gathers])."""
+    """One step's parameter all-gathers and gradient reduce-scatters under ZeRO-3 (Note
+    [ZeRO-3 gathers])."""
 
     total: float
+    """Seconds on the link, hidden or not."""
     exposed: float
+    """Seconds nothing hides."""
 
 
-def zero3_gathers(hw, layout, params: float, blocks: float, forward: float, backward: float,
-                  accounting) -> Zero3Gathers | None:
-    """Note [ZeRO-3 gathers]: every micro-batch gathers each of the rank's units (a block's
-    parameters; the embeddings and head are spread over them) once for forward and once for
-    backward: 2·B all-gathers of Ψ_rank/B elements (fp32 in parc's trainer, bf16 in
-    Megatron's accounting) over dp. Prefetch launches unit i+1's gather when unit i starts,
-    so all but the first of each pass hide behind a block's compute: exposed per pass
-    g + (B − 1)·max(0, g − c), c the block's forward (or backward) time; with gloo on the
-    CPU cores (``comm_on_cores``) nothing hides: 2·B·g."""
-    if layout.zero < 3:
+def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, forward: float, backward: float,
+                  accounting: Accounting, *, micro_batches: int, gather_element: float, grad_element: float,
+                  ) -> Zero3Gathers | None:
+    """Note [ZeRO-3 gathers]: every micro-batch gathers each of the rank's B units (a block's
+    parameters; the embeddings and head are spread over them) once for forward and once
+    for backward (a full recompute's rerun finds its unit gathered): all-gathers of
+    g = Ψ_rank/B elements of ``gather_element`` bytes over dp; backward also
+    reduce-scatters each unit's gradient (``grad_element`` bytes) — every micro-batch in
+    Megatron/DeepSpeed's program, only the last one's in parc's (the others accumulate
+    into ``.grad``). Prefetch launches unit i+1's gather when unit i starts, so the link
+    carries one unit's traffic L (forward: its gather; backward: its gather and the
+    previous unit's reduce-scatter) while one unit computes (c: a block's forward, or its
+    backward with the recompute): per pass the first gather and the last reduce-scatter
+    are exposed, and each of the other B − 1 units exposes max(0, L − φ·c), φ =
+    ``hw.zero3_overlap`` the share of a block's compute that runs under a collective at
+    full speed (``zero3_link``: the link ZeRO-3's collectives cross). With gloo on the
+    CPU cores (``comm_on_cores``) nothing hides."""
+    if layout.zero < 3 or layout.dp <= 1:
         return None
     units = max(1.0, blocks)
-    element = 2.0 if accounting is Accounting.MEGATRON else 4.0
-    g = collective_time(hw, "all_gather", params * element / units, size=layout.dp, stride=layout.tp)
+    g = zero3_collective(hw, layout, "all_gather", params * gather_element / units)
+    r = zero3_collective(hw, layout, "reduce_scatter", params * grad_element / units)
+    scattering = micro_batches if accounting is Accounting.MEGATRON else 1  # micro-batches that reduce-scatter
+    total = micro_batches * 2 * units * g + scattering * units * r
     if hw.comm_on_cores:
-        return Zero3Gathers(total=2 * units * g, exposed=2 * units * g)
-    exposed = sum(g + (units - 1) * max(0.0, g - compute) for compute in (forward, backward))
-    return Zero3Gathers(total=2 * units * g, exposed=exposed)
+        return Zero3Gathers(total=total, exposed=total)
+    phi = hw.zero3_overlap
+
+    def micro_batch(scatter: float) -> float:
+        ahead = g + (units - 1) * max(0.0, g - phi * forward)
+        back = g + (units - 1) * max(0.0, g + scatter - phi * backward) + scatter
+        return ahead + back
+
+    exposed = (micro_batches - scattering) * micro_batch(0.0) + scattering * micro_batch(r)
+    return Zero3Gathers(total=total, exposed=exposed)
+
+
+def zero3_collective(hw: Hardware, layout: Layout, kind: str, nbytes: float) -> float:
+    """Seconds of one ZeRO-3 all-gather or reduce-scatter of a unit (``nbytes`` whole)
+    over the dp group (Note [ZeRO-3 gathers]). Within a node: ``collective_time``. Across
+    nodes each rank's share travels at ``hw.zero3_network`` × its own port's bandwidth:
+    the published ZeRO-3 throughput (tests/planner/data/zero3_sc21_table2.json) shows
+    the per-unit collectives of a dp group spread over nodes reach a fraction of one
+    port per GPU, far from the ring's ideal of every port of the node at once
+    (``comm.link_for``)."""
+    size, stride = layout.dp * layout.cp, layout.tp
+    if size * stride <= hw.devices_per_node or hw.comm_on_cores:
+        return collective_time(hw, kind, nbytes, size=size, stride=stride)
+    link = Link(bandwidth=hw.zero3_network * hw.inter.bandwidth, latency=hw.inter.latency)
+    return ring_time(kind, nbytes, ranks=size, link=link)
 
 
 def _optimizer_time(hw: Hardware, accounting: Accounting, params: int, tensors: int, layout: Layout,
