@@ -1203,7 +1203,7 @@ def hetero_micro_batch(layer_tp, tp, micro_batch):
                       f"make micro_batch a multiple of {k}")
 
 
-def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto, schedule):
+def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto, schedule, zero_shard=None):
     reason = None
     if auto:
         reason = (f"parallel.{auto[0]}" if auto[0] != "micro_batch" else "train.micro_batch", f"{auto[0]} = auto",
@@ -1213,8 +1213,9 @@ def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto, sc
         reason = ("parallel.schedule", f"pp = {pp} and schedule = {schedule}", "use schedule = 1f1b or gpipe")
     elif cp is not None and cp > 1:
         reason = ("parallel.cp", f"cp = {cp}", "set cp = 1")
-    elif zero is not None and zero > 2:  # ZeRO-1/2: hetero.ShardedAdamW
-        reason = ("parallel.zero", f"zero = {zero}", "set zero = 0, 1 or 2")
+    elif zero == 3 and zero_shard == "node":  # ZeRO-1/2: hetero.ShardedAdamW; 3: fsdp over each layer's dp
+        reason = ("parallel.zero_shard", "zero = 3 and zero_shard = node",
+                  "use zero_shard = dp (each layer's units shard over its own dp group)")
     elif experts:
         reason = ("model.experts", "experts (MoE)", "use a dense model (experts = 0)")
     elif overlap is not None and any(k is not None and k > 1 for k in entries(overlap)):
@@ -1229,13 +1230,13 @@ def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto, sc
 
 @rule("PAR0254", BUILD)
 def hetero_unbuilt(layer_tp, layer_dp=None, pp=None, cp=None, zero=None, experts=None, overlap=None, sp=None,
-                   micro_batch=None, schedule=None, compress="none", compress_pp="none"):
+                   micro_batch=None, schedule=None, compress="none", compress_pp="none", zero_shard=None):
     """What a heterogeneous layout cannot be combined with yet (Note [heterogeneous layouts]),
     ``auto`` values included: the planner would fill them for the coarse split alone."""
     # None: auto (these have a default or are required; an unwritten zero or recompute is None too)
     values = dict(pp=pp, sp=sp, micro_batch=micro_batch, overlap=overlap)
     auto = [name for name, value in values.items() if value is None or None in entries(value)]
-    reason = _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto, schedule)
+    reason = _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto, schedule, zero_shard)
     if reason is None and (compress != "none" or compress_pp != "none"):  # None: compress = auto
         key = "compress" if compress != "none" else "compress_pp"
         value = {"compress": compress, "compress_pp": compress_pp}[key] or "auto"
