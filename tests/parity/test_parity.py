@@ -181,9 +181,13 @@ LAYOUTS = {
     # ZeRO-2: each layer's buckets into its slices; dp groups of 2 and 4, divided by the coarse dp 2
     "hetero-dp2-tp2112-zero2": dict(dp=2, tp=2, model__layers=4, parallel__tp="[2, 1, 1, 2]",
                                     parallel__dp="[2, 4, 4, 2]", parallel__zero=2),
-    # ZeRO-3 (fsdp.py, Note [ZeRO-3 over per-layer layouts]): each block's unit over its own layer's dp group
-    "hetero-tp2211-zero3": dict(tp=2, model__layers=4, parallel__tp="[2, 2, 1, 1]", parallel__dp="[1, 1, 2, 2]",
-                                parallel__zero=3),
+    # ZeRO-3 (fsdp.py, Note [ZeRO-3 over per-layer layouts]): each block's unit over its own layer's dp group;
+    # untied, the embedding (tp 2) and the head (tp 1) are two root units over two dp groups
+    "hetero-tp2211-zero3-untied": dict(tp=2, model__layers=4, model__tie_embeddings="false",
+                                       parallel__tp="[2, 2, 1, 1]", parallel__dp="[1, 1, 2, 2]", parallel__zero=3),
+    # ... under a pipeline (2 layers a stage): the tied head's stage copy a root unit of its own degree
+    "hetero-pp2-tp2112-zero3": dict(tp=2, pp=2, model__layers=4, parallel__tp="[2, 1, 1, 2]",
+                                    parallel__dp="[1, 2, 2, 1]", parallel__zero=3),
 }
 ARCHS = ("gpt", "llama")
 
