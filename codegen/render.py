@@ -246,7 +246,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     if zero_stage == 3:
         optimizer_lines, step_lines = fsdp_lines(plan, reduce_group if reducing else "None", tp_arg, hyper, pp_arg, over)
         if hetero:  # Note [ZeRO-3 over per-layer layouts] (fsdp.py)
-            optimizer_lines = render_hetero.fsdp_lines(optimizer_lines)
+            optimizer_lines = render_hetero.fsdp_lines(cite(plan.train.zero.span), optimizer_lines)
     elif zero_stage and hetero:  # Note [ZeRO over per-layer layouts]
         optimizer_lines, step_lines = render_hetero.zero_lines(cite(plan.train.zero.span), zero_stage, hyper, pp_arg)
     elif zero_stage:

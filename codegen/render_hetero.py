@@ -95,13 +95,16 @@ def zero_lines(where: str, stage: int, hyper: str, pp_arg: str) -> tuple[list[st
     return optimizer, step
 
 
-def fsdp_lines(lines: list[str]) -> list[str]:
+def fsdp_lines(where: str, lines: list[str]) -> list[str]:
     """ZeRO-3's optimizer over per-layer layouts (fsdp.py, Note [ZeRO-3 over per-layer
-    layouts]): each block's unit sharded over its own layer's dp group."""
-    *comments, call = lines
-    return comments + [
-        "# per-layer layouts: each block's unit (and the embedding's and head's) sharded over its",
-        "# own layer's dp group, its gradients reduced there and divided by DP; the norm over the stage",
+    layouts]): the uniform call given the layouts, each unit over its own layer's dp group."""
+    call = lines[-1]
+    return [
+        f"# {where}: ZeRO-3 over each layer's own dp group: every block (and the embedding and",
+        "# head, by their degree) is one flat fp32 buffer sharded over the ranks of its layer's",
+        "# dp group; each keeps its share and the share's Adam moments, all-gathers a block",
+        "# before its forward and again before its backward (ZERO_PREFETCH blocks ahead), frees",
+        "# it after; gradients reduced over that group and divided by DP; the norm over the stage",
         call[:-1] + ", layouts=layouts, stage_group=stage_group)",
     ]
 
