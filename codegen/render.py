@@ -170,7 +170,7 @@ def setting_lines(plan: Plan) -> list[str]:
     its constant, one value or one per block (Note [per-layer layout]), with the
     setting's own comment under the spec line it came from."""
     lines = []
-    facts = {"sp": plan.sequence_parallel.enabled}
+    facts = {"sp": plan.sequence_parallel.enabled, "block_tp": tuple(block.tp for block in plan.blocks)}
     for entry in plan.used_settings():
         where = cite(plan.blocks[0].span(entry.name))
         first, *rest = entry.comment(plan.per_block(entry.name), facts)
