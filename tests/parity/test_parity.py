@@ -191,6 +191,9 @@ LAYOUTS = {
     # sub-batch overlap (overlap.py) on the tp-2 blocks, their own tp group; the tp-1 blocks run unsplit
     "hetero-tp2211-overlap2": dict(tp=2, model__layers=4, parallel__tp="[2, 2, 1, 1]", parallel__dp="[1, 1, 2, 2]",
                                    parallel__overlap="sub_batch(2)"),
+    # ... per layer, under sp: the embedding at tp 1, so the run's tp group is not the model's
+    "hetero-tp1221-sp-overlap": dict(tp=2, sp=True, model__layers=4, parallel__tp="[1, 2, 2, 1]",
+                                     parallel__dp="[2, 1, 1, 2]", parallel__overlap="[none, sub_batch(2), sub_batch(2), none]"),
 }
 ARCHS = ("gpt", "llama")
 
