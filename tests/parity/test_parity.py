@@ -185,9 +185,10 @@ LAYOUTS = {
     # untied, the embedding (tp 2) and the head (tp 1) are two root units over two dp groups
     "hetero-tp2211-zero3-untied": dict(tp=2, model__layers=4, model__tie_embeddings="false",
                                        parallel__tp="[2, 2, 1, 1]", parallel__dp="[1, 1, 2, 2]", parallel__zero=3),
-    # ... under a pipeline (2 layers a stage): the tied head's stage copy a root unit of its own degree
-    "hetero-pp2-tp2112-zero3": dict(tp=2, pp=2, model__layers=4, parallel__tp="[2, 1, 1, 2]",
-                                    parallel__dp="[1, 2, 2, 1]", parallel__zero=3),
+    # ... under a pipeline (2 layers a stage) with sp: the tied head's stage copy, the sp-summed norms'
+    # late units (reduced after their sum over each layer's tp group)
+    "hetero-pp2-tp2112-sp-zero3": dict(tp=2, pp=2, sp=True, model__layers=4, parallel__tp="[2, 1, 1, 2]",
+                                       parallel__dp="[1, 2, 2, 1]", parallel__zero=3),
     # sub-batch overlap (overlap.py) on the tp-2 blocks, their own tp group; the tp-1 blocks run unsplit
     "hetero-tp2211-overlap2": dict(tp=2, model__layers=4, parallel__tp="[2, 2, 1, 1]", parallel__dp="[1, 1, 2, 2]",
                                    parallel__overlap="sub_batch(2)"),
