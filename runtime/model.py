@@ -425,7 +425,8 @@ class Transformer(nn.Module):
         self._styles = {t: p.styles for t, p in plans.items()}  # check_parameter_count's, by degree
         V, C = config.padded_vocab, config.hidden
         self.vocab_parallel_embed = build.style("embed") == "vocab"
-        self.vocab_parallel = build.style("head") == "vocab_head"
+        # the head's own degree's plan (per-layer layouts: an untied head at tp 2 after an embedding at tp 1)
+        self.vocab_parallel = builders[self.head_tp].style("head") == "vocab_head"
         if self.first and tp_grid is not None:
             from .layers2d import Embedding2D, Positions2D
 
