@@ -182,7 +182,10 @@ LAYOUTS = {
     "hetero-dp2-tp2112-zero2": dict(dp=2, tp=2, model__layers=4, parallel__tp="[2, 1, 1, 2]",
                                     parallel__dp="[2, 4, 4, 2]", parallel__zero=2),
     # ZeRO-3 (fsdp.py, Note [ZeRO-3 over per-layer layouts]): each block's unit over its own layer's dp group;
-    # untied, the embedding (tp 1) and the head (tp 2, vocab-parallel) are two root units over two dp groups
+    # untied, the embedding (tp 2) and the head (tp 1) are two root units over two dp groups
+    "hetero-tp2211-zero3-untied": dict(tp=2, model__layers=4, model__tie_embeddings="false",
+                                       parallel__tp="[2, 2, 1, 1]", parallel__dp="[1, 1, 2, 2]", parallel__zero=3),
+    # ... the other way round: the head at tp 2 is vocab-parallel by its own degree's plan
     "hetero-tp1122-zero3-untied": dict(tp=2, model__layers=4, model__tie_embeddings="false",
                                        parallel__tp="[1, 1, 2, 2]", parallel__dp="[2, 2, 1, 1]", parallel__zero=3),
     # ... under a pipeline (2 layers a stage) with sp: the tied head's stage copy, the sp-summed norms'
