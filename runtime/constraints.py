@@ -1181,8 +1181,9 @@ def hetero_products(layers, tp, dp, layer_tp=None, layer_dp=None):
 @rule("PAR0252")
 def hetero_degrees_divide(layer_tp):
     """Neighbouring degrees divide one another: a change of degree splits or gathers the batch."""
-    for t in layer_tp:
-        for u in layer_tp:
+    degrees = sorted(set(layer_tp))  # each pair once: a 96-layer list has few degrees
+    for t in degrees:
+        for u in degrees:
             if max(t, u) % min(t, u):
                 return _violation("PAR0252", "parallel.tp",
                                   f"tp degrees {t} and {u} in one stage do not divide one another",

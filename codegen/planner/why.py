@@ -121,8 +121,8 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
     layer_tp = getattr(spec.parallel, "layer_tp", None)
     if layer_tp and not hetero_supported(spec, best.layout, Accounting.PARC):  # cost/per_layer.py: one stage
         lines.append(f"per-layer tp {list(layer_tp)}: predicted as the coarse split tp {spec.parallel.tp} · "
-                     f"dp {spec.parallel.dp} for every layer (the per-layer cost model covers one stage, "
-                     "pp = 1, without cp, ZeRO, experts or compression).")
+                     f"dp {spec.parallel.dp} for every layer (the per-layer cost model covers one stage "
+                     "or a pipeline of 1f1b or gpipe, without cp, experts or compression).")
     fitting = [item for item in items if item.fits]
     if not fitting:
         smallest = min(items, key=lambda item: item.memory.total)

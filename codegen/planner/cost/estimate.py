@@ -64,7 +64,7 @@ def layout_memory(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounti
     """``memory(...)``, or for a heterogeneous layout the per-layer model's (Note [per-layer
     layout costs]; its coarse split where that model does not reach)."""
     if layout.layer_tp is not None and hetero_supported(spec, layout, accounting):
-        return MemoryEstimate(per_rank=(hetero_time_memory(spec, layout, hw)[1],), peak_rank=0)
+        return hetero_time_memory(spec, layout, hw)[1]
     return memory(spec, layout if layout.layer_tp is None else replace(layout, layer_tp=None), accounting)
 
 
@@ -72,8 +72,7 @@ def estimate(
     spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC, *, exact: bool = True
 ) -> Estimate:
     if layout.layer_tp is not None and hetero_supported(spec, layout, accounting):
-        time, peak = hetero_time_memory(spec, layout, hw)  # Note [per-layer layout costs]
-        mem = MemoryEstimate(per_rank=(peak,), peak_rank=0)
+        time, mem = hetero_time_memory(spec, layout, hw, exact)  # Note [per-layer layout costs]
     else:  # a heterogeneous layout the per-layer model does not cover: its coarse split
         coarse = layout if layout.layer_tp is None else replace(layout, layer_tp=None)
         time = step_time(spec, coarse, hw, accounting, exact=exact)
