@@ -170,7 +170,7 @@ def setting_lines(plan: Plan) -> list[str]:
     its constant, one value or one per block (Note [per-layer layout]), with the
     setting's own comment under the spec line it came from."""
     lines = []
-    facts = {"sp": plan.sequence_parallel.enabled}
+    facts = {"sp": plan.sequence_parallel.enabled, "block_tp": tuple(block.tp for block in plan.blocks)}
     for entry in plan.used_settings():
         where = cite(plan.blocks[0].span(entry.name))
         first, *rest = entry.comment(plan.per_block(entry.name), facts)
@@ -245,6 +245,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     compute = render_step.compute_dtype(plan)  # bf16/fp16 parameters with fp32 masters, or None
     if zero_stage == 3:
         optimizer_lines, step_lines = fsdp_lines(plan, reduce_group if reducing else "None", tp_arg, hyper, pp_arg, over)
+        if hetero:  # Note [ZeRO-3 over per-layer layouts] (fsdp.py)
+            optimizer_lines = render_hetero.fsdp_lines(cite(plan.train.zero.span), optimizer_lines)
     elif zero_stage and hetero:  # Note [ZeRO over per-layer layouts]
         optimizer_lines, step_lines = render_hetero.zero_lines(cite(plan.train.zero.span), zero_stage, hyper, pp_arg)
     elif zero_stage:
@@ -291,7 +293,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             "optimizer.step()",
             "optimizer.zero_grad(set_to_none=True)",
         ]
-    if hetero and zero_stage != 2:  # ZeRO-2 reduces each layer's buckets into its slices itself
+    if hetero and zero_stage not in (2, 3):  # ZeRO-2/3 reduce each layer's gradients into its slices themselves
         optimizer_extra += render_hetero.grad_sync_lines()
         after_backward.insert(0, "grad_sync.finish()  # wait the buckets: each layer's mean gradient")
     elif reducing and not zero_stage:

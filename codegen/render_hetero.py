@@ -4,7 +4,7 @@ Takes: the Plan. Gives: ``enabled(plan)`` (the blocks' tp degrees differ), the p
 table (``LAYER_TP``: one degree per block, folded into runs of equal layers with the
 dp each run leaves, the embedding and head's rows said in words), and the lines that
 replace the uniform program's: the layouts' groups, the gradient sums over each
-layer's own dp group, the gradient norm, the sequence-parallel sums, ZeRO-1's optimizer.
+layer's own dp group, the gradient norm, the sequence-parallel sums, ZeRO-1/2's optimizer, ZeRO-3's arguments.
 
 Note [heterogeneous layouts] is in runtime/hetero.py; ``MESH_AXES`` (DP, TP) is the
 coarse split of a stage (the largest tp), the one the data is read in.
@@ -93,6 +93,20 @@ def zero_lines(where: str, stage: int, hyper: str, pp_arg: str) -> tuple[list[st
         "optimizer.zero_grad()",
     ]
     return optimizer, step
+
+
+def fsdp_lines(where: str, lines: list[str]) -> list[str]:
+    """ZeRO-3's optimizer over per-layer layouts (fsdp.py, Note [ZeRO-3 over per-layer
+    layouts]): the uniform call given the layouts, each unit over its own layer's dp group."""
+    call = lines[-1]
+    return [
+        f"# {where}: ZeRO-3 over each layer's own dp group: every block (and the embedding and",
+        "# head, by their degree) is one flat fp32 buffer sharded over the ranks of its layer's",
+        "# dp group; each keeps its share and the share's Adam moments, all-gathers a block",
+        "# before its forward and again before its backward (ZERO_PREFETCH blocks ahead), frees",
+        "# it after; gradients reduced over that group and divided by DP; the norm over the stage",
+        call[:-1] + ", layouts=layouts, stage_group=stage_group)",
+    ]
 
 
 def layout_words(plan: Plan) -> str:

@@ -1200,7 +1200,7 @@ def hetero_micro_batch(layer_tp, tp, micro_batch):
                       f"make micro_batch a multiple of {k}")
 
 
-def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto, schedule):
+def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, auto, schedule, zero_shard=None):
     reason = None
     if auto:
         reason = (f"parallel.{auto[0]}" if auto[0] != "micro_batch" else "train.micro_batch", f"{auto[0]} = auto",
@@ -1210,12 +1210,11 @@ def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto, sc
         reason = ("parallel.schedule", f"pp = {pp} and schedule = {schedule}", "use schedule = 1f1b or gpipe")
     elif cp is not None and cp > 1:
         reason = ("parallel.cp", f"cp = {cp}", "set cp = 1")
-    elif zero is not None and zero > 2:  # ZeRO-1/2: hetero.ShardedAdamW
-        reason = ("parallel.zero", f"zero = {zero}", "set zero = 0, 1 or 2")
+    elif zero == 3 and zero_shard == "node":  # ZeRO-1/2: hetero.ShardedAdamW; 3: fsdp over each layer's dp
+        reason = ("parallel.zero_shard", "zero = 3 and zero_shard = node",
+                  "use zero_shard = dp (each layer's units shard over its own dp group)")
     elif experts:
         reason = ("model.experts", "experts (MoE)", "use a dense model (experts = 0)")
-    elif overlap is not None and any(k is not None and k > 1 for k in entries(overlap)):
-        reason = ("parallel.overlap", "overlap = sub_batch(...)", "set overlap = none")
     if reason is None:
         return None
     key, what, hint = reason
@@ -1224,15 +1223,52 @@ def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto, sc
                       f"{hint}, or give tp and dp one value for all layers")
 
 
+@rule("PAR0256")
+def hetero_overlap_needs_tp(layer_tp, overlap):
+    """Sub-batches hide a layer's tensor-parallel collectives (overlap.py): under per-layer tp one
+    ``overlap`` value applies to the layers at tp > 1 (those at tp 1 run unsplit), and a list
+    that gives ``sub_batch(k)`` to a layer at tp 1 asks for what cannot be (as PAR0215)."""
+    if not isinstance(overlap, (tuple, list)) or len(overlap) != len(layer_tp):
+        return None  # one value, or the list's length is PAR0250's kind of error
+    for i, (k, t) in enumerate(zip(overlap, layer_tp)):
+        if k is not None and k > 1 and t == 1:
+            return _violation("PAR0256", ("parallel.overlap", "parallel.tp"),
+                              f"overlap[{i}] = sub_batch({k}) but layer {i} runs at tp[{i}] = 1: it has no "
+                              "tensor-parallel communication to overlap",
+                              f"write none for overlap[{i}] (one overlap value for all layers applies only to "
+                              "the layers at tp > 1)")
+    return None
+
+
+@rule("PAR0257")
+def hetero_sub_batches_divide(layer_tp, tp, micro_batch, overlap):
+    """A layer at tp t < tp holds micro_batch · t / tp sequences (Note [heterogeneous layouts]):
+    its sub-batches split that piece, not the coarse micro-batch."""
+    if isinstance(overlap, (tuple, list)) and len(overlap) != len(layer_tp):
+        return None
+    for i, (k, t) in enumerate(zip(per_layer(overlap, len(layer_tp)), layer_tp)):
+        if k is None or k < 2 or t < 2 or t >= tp or micro_batch % (tp // t):
+            continue  # unsplit; at the coarse degree PAR0211; an uneven piece PAR0253
+        piece = micro_batch * t // tp
+        if piece % k:
+            choices = [d for d in divisors(piece) if d >= 2]
+            return _violation("PAR0257", ("parallel.overlap", "train.micro_batch"),
+                              f"sub_batch({k}) does not divide layer {i}'s piece of the micro-batch: at tp[{i}] = "
+                              f"{t} of tp = {tp} it holds micro_batch · {t} / {tp} = {piece} sequences",
+                              (f"use sub_batch({choices[-1]}) there, or " if choices else "")
+                              + f"a micro_batch that is a multiple of {k * tp // t}")
+    return None
+
+
 @rule("PAR0254", BUILD)
 def hetero_unbuilt(layer_tp, layer_dp=None, pp=None, cp=None, zero=None, experts=None, overlap=None, sp=None,
-                   micro_batch=None, schedule=None, compress="none", compress_pp="none"):
+                   micro_batch=None, schedule=None, compress="none", compress_pp="none", zero_shard=None):
     """What a heterogeneous layout cannot be combined with yet (Note [heterogeneous layouts]),
     ``auto`` values included: the planner would fill them for the coarse split alone."""
     # None: auto (these have a default or are required; an unwritten zero or recompute is None too)
     values = dict(pp=pp, sp=sp, micro_batch=micro_batch, overlap=overlap)
     auto = [name for name, value in values.items() if value is None or None in entries(value)]
-    reason = _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, overlap, auto, schedule)
+    reason = _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, auto, schedule, zero_shard)
     if reason is None and (compress != "none" or compress_pp != "none"):  # None: compress = auto
         key = "compress" if compress != "none" else "compress_pp"
         value = {"compress": compress, "compress_pp": compress_pp}[key] or "auto"

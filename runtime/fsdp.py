@@ -38,6 +38,17 @@ edp and divided by the dp ranks whose mean loss the step takes (as
 ``moe.reduce_expert_grads``); the global norm adds their squares summed over edp, ep and
 etp. Not with ``zero_shard = node`` (no replicas of a shard over edp).
 
+Note [ZeRO-3 over per-layer layouts]: in a heterogeneous stage (hetero.py, Note
+[heterogeneous layouts]) a block at tp t is a unit sharded over its own layer's dp group
+(the S / t ranks with its tp index, which hold the same tp shard of it); the chunk's
+root is one unit per degree among the embedding and the head (``chunk0.root.tp2``),
+each over its own layer's dp group. A unit's gradients are reduced over that group and
+divided by the coarse dp, as ``hetero.HeteroGradients`` divides. In the norm a shard
+element of a tp-sharded parameter is held once in the stage, one of a replicated
+parameter by the t dp groups of its layer: each rank adds its squares (the latter
+divided by t), and one sum over the stage (and the pipeline) gives the one-rank norm.
+Checkpoints see only units with groups (checkpoint_shards.py), so they stay layout-free.
+
 Note [prefetch]: gathering a unit first waits its all-gather, then launches the
 asynchronous all-gathers of the next ``prefetch`` units in the order they will run
 (forward: the following blocks; backward: the preceding ones), so they travel while
@@ -76,12 +87,13 @@ class FullyShardedAdamW:
     def __init__(
         self, model, *, dp_group, tp_group, lr, betas, weight_decay, eps, pp_group=None,
         replicate_group=None, accumulations=1, prefetch=1, ep_group=None, edp_group=None, etp_group=None,
-        data_ranks=None, compute_dtype=None,
+        data_ranks=None, compute_dtype=None, layouts=None, stage_group=None,
     ):
         """``ep_group``, ``edp_group``, ``etp_group``, ``data_ranks``: expert parallelism's
         groups and the ranks the loss is a mean over (Note [experts as units]).
         ``compute_dtype`` (bf16/fp16, master.py's Note [master weights]): the gathered
-        parameters' dtype; the shards stay fp32, the master weights."""
+        parameters' dtype; the shards stay fp32, the master weights. ``layouts``,
+        ``stage_group``: a heterogeneous stage's (Note [ZeRO-3 over per-layer layouts])."""
         if int(accumulations) < 1 or int(prefetch) < 0:
             raise ValueError(f"accumulations must be >= 1 and prefetch >= 0, not {accumulations!r}, {prefetch!r}")
         self.dp_group, self.replicate_group = dp_group, replicate_group
@@ -92,6 +104,11 @@ class FullyShardedAdamW:
         self.param_groups = [{"lr": float(lr)}]
         self.data_parallel = group_size(dp_group) * group_size(replicate_group)  # the mean's divisor
         self.expert_groups = tuple(g for g in (edp_group, ep_group, etp_group) if group_size(g) > 1)
+        self.layouts, self.stage_group = layouts, stage_group
+        if layouts is not None:
+            if group_size(replicate_group) > 1 or group_size(edp_group) > 1 or group_size(ep_group) > 1:
+                raise ValueError("ZeRO-3 over per-layer layouts is built without zero_shard = node and experts")
+            self.data_parallel = layouts.dp  # each layer's sum over its dp group / the coarse replicas
         chunks = list(model) if isinstance(model, nn.ModuleList) else [model]
         # Note [counter-based init]: a model built on the meta device gets its values here,
         # each rank generating only its slices
@@ -100,8 +117,8 @@ class FullyShardedAdamW:
         for index, chunk in enumerate(chunks):
             in_blocks = {id(p) for block in chunk.layers.values() for p in block.parameters()}
             root = [p for p in chunk.parameters() if id(p) not in in_blocks and p.requires_grad]
-            if root:
-                plan.append((f"chunk{index}.root", root))
+            for suffix, params in _roots(root, layouts):
+                plan.append((f"chunk{index}.root{suffix}", params))
             for key, block in chunk.layers.items():
                 params = [p for p in block.parameters() if p.requires_grad]
                 experts = [p for p in params if getattr(p, "expert_parallel", False)]
@@ -112,6 +129,8 @@ class FullyShardedAdamW:
                                          "no replicate group (zero_shard = node)")
                     plan.append((f"layers.{key}.experts", experts))
         group_of = {name: edp_group if name.endswith(".experts") else dp_group for name, _ in plan}
+        if layouts is not None:  # Note [ZeRO-3 over per-layer layouts]: each unit over its layer's dp group
+            group_of = {name: layouts.dp_group(int(params[0].layer_tp)) for name, params in plan}
         total = sum(-(-sum(p.numel() for p in params) // group_size(group_of[name])) for name, params in plan)
         device = getattr(chunks[0], "init_device", None) or plan[0][1][0].device
         self.flat = torch.zeros(total, dtype=torch.float32, device=device)  # this rank's shards
@@ -168,15 +187,16 @@ class FullyShardedAdamW:
         for index, chunk in enumerate(chunks):
             blocks = [[by_name[name] for name in (f"layers.{key}", f"layers.{key}.experts") if name in by_name]
                       for key in chunk.layers]
-            root = by_name.get(f"chunk{index}.root")
+            # one root unit, or one per degree of a heterogeneous stage's embedding and head
+            roots = [unit for unit in self.units if unit.name.split(".")[:2] == [f"chunk{index}", "root"]]
             for position, (block, units) in enumerate(zip(chunk.layers.values(), blocks)):
                 after, before = blocks[position + 1 :], blocks[:position][::-1]
                 block.register_forward_pre_hook(self._pre_forward(units, after))
                 block.register_forward_hook(self._post_forward(units, before, keep=False))
-            if root is not None:
-                chunk.register_forward_pre_hook(self._pre_forward([root], blocks))
-                chunk.register_forward_hook(self._post_forward([root], blocks[::-1], keep=False))
-            for unit in [u for units in blocks for u in units] + ([root] if root is not None else []):
+            if roots:
+                chunk.register_forward_pre_hook(self._pre_forward(roots, blocks))
+                chunk.register_forward_hook(self._post_forward(roots, blocks[::-1], keep=False))
+            for unit in [u for units in blocks for u in units] + roots:
                 for p in unit.params:
                     on_gradient(p, self._accumulated, self.units.index(unit))
 
@@ -276,6 +296,8 @@ class FullyShardedAdamW:
             unit.pending, unit.passes = len(unit.params), 0
         self._reduced = set()
         self.gathered_peak_bytes, self._peak = self._peak, 0
+        if self.layouts is not None:
+            return self._stage_clip(max_norm, grad_scale)
         if self.expert_mask is None:
             return clip_global_norm_(
                 self.grad, counted=self.counted, tp_mask=self.tp_mask, max_norm=max_norm,
@@ -295,6 +317,24 @@ class FullyShardedAdamW:
             if group_size(self.pp_group) > 1:
                 dist.all_reduce(total_sq, group=self.pp_group)  # every stage's squares
         return clip_to_norm_([self.grad], float(total_sq.sqrt()), max_norm)
+
+    @torch.no_grad()
+    def _stage_clip(self, max_norm: float, grad_scale: float) -> float:
+        """Note [ZeRO-3 over per-layer layouts]: the global norm from each unit's squares,
+        a replicated element's divided by its unit's tp (its copies in the stage)."""
+        if grad_scale != 1.0:
+            self.grad.mul_(1.0 / grad_scale)
+        squares = self.grad.pow(2).masked_fill(~self.counted, 0.0)
+        total = torch.zeros((), dtype=torch.float32, device=self.grad.device)
+        for unit in self.units:
+            part = slice(unit.offset, unit.offset + unit.shard_numel)
+            mine, sharded = squares[part], self.tp_mask[part]
+            total += mine[sharded].sum() + mine[~sharded].sum() / int(unit.params[0].layer_tp)
+        with exposed():
+            for group in (self.stage_group, self.pp_group):
+                if group_size(group) > 1:
+                    dist.all_reduce(total, group=group)
+        return clip_to_norm_([self.grad], float(total.sqrt()), max_norm)
 
     @torch.no_grad()
     def step(self) -> None:
@@ -327,3 +367,17 @@ class FullyShardedAdamW:
     def gathered_param_bytes(self) -> int:
         """Bytes of units gathered right now."""
         return sum(unit.nbytes() for unit in self.units if unit.gathered)
+
+
+def _roots(params: list, layouts) -> list[tuple[str, list]]:
+    """A chunk's parameters outside its blocks as units: one (``""``), or under per-layer
+    layouts one per degree (``".tp2"``), the embedding's and the head's, each sharded
+    over its own layer's dp group."""
+    if not params:
+        return []
+    if layouts is None:
+        return [("", params)]
+    degrees = sorted({int(p.layer_tp) for p in params})
+    if len(degrees) == 1:
+        return [("", params)]
+    return [(f".tp{t}", [p for p in params if int(p.layer_tp) == t]) for t in degrees]

@@ -44,7 +44,7 @@ class LayerSetting:
     argument: str
     """The keyword of ``build_model`` / ``build_stages`` that takes the constant."""
     comment: Callable[[tuple, Mapping], tuple[str, ...]]
-    """(each block's value, the layout's facts: ``sp``) → the constant's comment lines."""
+    """(each block's value, the layout's facts: ``sp``, ``block_tp``) → the constant's comment lines."""
     module: str | None = None
     """The runtime module a build ships only when some block uses the setting."""
     options: Callable[[Mapping], list] | None = None
@@ -118,7 +118,12 @@ def _overlap_comment(values: tuple, facts: Mapping) -> tuple[str, ...]:
         runs = f"each micro-batch runs as {values[0]} sub-batches (Oases)"
     else:
         runs = "each block's sub-batches, layers.0 first (1: not split; Oases)"
-    return (f"{runs}: sub-batch i's", f"tensor-parallel {what} runs while sub-batch i+1 computes (runtime/overlap.py)")
+    lines = (f"{runs}: sub-batch i's", f"tensor-parallel {what} runs while sub-batch i+1 computes (runtime/overlap.py)")
+    plain = [i for i, t in enumerate(facts.get("block_tp", ())) if t == 1 and values[min(i, len(values) - 1)] > 1]
+    if plain:  # per-layer tp (constraints PAR0256): nothing to hide at tp 1
+        lines += (f"the blocks at tp 1 ({', '.join(f'layers.{i}' for i in plain)}) have no tp collective and run "
+                  "unsplit",)
+    return lines
 
 
 def _overlap_options(values: Mapping) -> list[int]:

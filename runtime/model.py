@@ -425,7 +425,8 @@ class Transformer(nn.Module):
         self._styles = {t: p.styles for t, p in plans.items()}  # check_parameter_count's, by degree
         V, C = config.padded_vocab, config.hidden
         self.vocab_parallel_embed = build.style("embed") == "vocab"
-        self.vocab_parallel = build.style("head") == "vocab_head"
+        # the head's own degree's plan (per-layer layouts: an untied head at tp 2 after an embedding at tp 1)
+        self.vocab_parallel = builders[self.head_tp].style("head") == "vocab_head"
         if self.first and tp_grid is not None:
             from .layers2d import Embedding2D, Positions2D
 
@@ -498,19 +499,24 @@ class Transformer(nn.Module):
         last block's MLP output is left for the final norm to add."""
         blocks = list(self.layers.values())
         delta = None
-        split = group_size(self.tp_group) > 1
+        # each block's tp degree: a block at tp 1 has no tp collective to hide and runs unsplit
+        # (Note [heterogeneous layouts]: its own degree under per-layer layouts)
+        degrees = [group_size(self.tp_group) if self.layouts is None else self.block_tp[int(block.index)]
+                   for block in blocks]
         # a MoE block splits its own sub-batches, for the expert all-to-alls (moe_overlap.py)
-        walked = [block.sub_batches if split and not block.moe else 1 for block in blocks]
+        walked = [(block.sub_batches if t > 1 and not block.moe else 1, t) for block, t in zip(blocks, degrees)]
         start = 0
         while start < len(blocks):
-            k = walked[start]
+            k, t = walked[start]
             stop = start + 1
-            while stop < len(blocks) and walked[stop] == k:
+            while stop < len(blocks) and walked[stop] == (k, t):
                 stop += 1
             if k > 1:
                 from . import overlap  # only a build that overlaps ships overlap.py
 
-                x, delta = overlap.run_blocks(self, settle(x, delta), k, blocks[start:stop]), None
+                group = self.tp_group if self.layouts is None else self.layouts.tp_group(t)
+                x = self.reshard(settle(x, delta), blocks[start])  # the run's layout (hetero.py)
+                x, delta = overlap.run_blocks(self, x, k, blocks[start:stop], group=group), None
             else:
                 for layer in blocks[start:stop]:
                     if layer.recompute == "full" and torch.is_grad_enabled():

@@ -197,12 +197,13 @@ def _body(region):
 # ---- the wavefront ----------------------------------------------------------------
 
 
-def run_blocks(model, x, sub_batches: int, blocks=None):
+def run_blocks(model, x, sub_batches: int, blocks=None, *, group=None):
     """``blocks`` (default: all of ``model``'s) on ``x`` with k = ``sub_batches``; Note [the
-    sub-batch schedule]. Each block's own ``recompute`` applies to its regions."""
+    sub-batch schedule]. Each block's own ``recompute`` applies to its regions. ``group``:
+    the blocks' tp group (default the model's; under per-layer layouts the run's degree's)."""
     if x.shape[0] % sub_batches:
         raise ValueError(f"sub_batch({sub_batches}) does not divide the micro-batch of {x.shape[0]}")
-    group, sp, training = model.tp_group, model.sp, model.training
+    group, sp, training = model.tp_group if group is None else group, model.sp, model.training
     dropout = model.config.dropout
     blocks = list(model.layers.values()) if blocks is None else list(blocks)
 

@@ -52,6 +52,7 @@ def test_resume_equivalence(layout, straight, tmp_path):
         ("cp2_ring", "tp2"),
         ("dp2", "hetero_tp21"), ("hetero_tp21", "dp2"),  # checkpoints stay layout-free
         ("zero1_dp2", "hetero_tp21_zero1"), ("hetero_tp21_zero1", "zero1_dp2"),  # ZeRO-1 slices per layer
+        ("zero3_dp2", "hetero_tp21_zero3"), ("hetero_tp21_zero3", "zero3_dp2"),  # ZeRO-3 units per layer
         ("pp2_chimera", "dp2"), ("dp2", "pp2_chimera"),  # chimera's replicas: saved once, both loaded
         ("tp2", "tp4_2x2"), ("tp2_2x1", "tp2"),  # 1D tp ⇄ 2D tp: the same logical tensors
     ]

@@ -57,6 +57,8 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     "tp4_2x2": (["parallel.tp=4", "parallel.tp_shape=(2, 2)"], 4),
     # ... with ZeRO-1: block 0's moments whole on each tp rank, block 1's sliced over its dp 2
     "hetero_tp21_zero1": (["parallel.tp=[2, 1]", "parallel.dp=[1, 2]", "parallel.zero=1"], 2),
+    # ... with ZeRO-3: block 0's unit whole on each tp rank, block 1's sharded over its dp 2
+    "hetero_tp21_zero3": (["parallel.tp=[2, 1]", "parallel.dp=[1, 2]", "parallel.zero=3"], 2),
 }
 
 

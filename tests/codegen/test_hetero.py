@@ -52,7 +52,8 @@ def test_train_py_shows_the_table_and_uses_the_hetero_runtime():
 def test_zero_with_lists_shards_over_each_layers_dp_group():
     """Note [ZeRO over per-layer layouts]: ZeRO-1/2 are hetero.ShardedAdamW over the layouts;
     at stage 1 HeteroGradients still reduces the gradients, at stage 2 the optimizer's own
-    buckets do. ZeRO-3 with lists stays PAR0254."""
+    buckets do. ZeRO-3 is fsdp.FullyShardedAdamW given the layouts (Note [ZeRO-3 over
+    per-layer layouts]); with zero_shard = node it stays PAR0254."""
     from parc.codegen.spec_values import rule_errors
 
     spec = load(TINY, TWO + ["parallel.zero=1"])
@@ -66,8 +67,14 @@ def test_zero_with_lists_shards_over_each_layers_dp_group():
     text = generate(spec)["train.py"].decode()
     assert "optimizer = hetero.ShardedAdamW(" in text and "accumulations=GRAD_ACCUM" in text
     assert "HeteroGradients" not in text and "grad_sync" not in text
+    spec = load(TINY, TWO + ["parallel.zero=3"])
+    assert rule_errors(spec) == []
+    text = generate(spec)["train.py"].decode()
+    assert "optimizer = fsdp.FullyShardedAdamW(" in text and "ZeRO-3 over each layer's own dp group" in text
+    assert "layouts=layouts,\n        stage_group=stage_group,\n    )" in text
+    assert "HeteroGradients" not in text and "grad_sync" not in text and "hetero.clip_grad_norm_(" not in text
     with pytest.raises(Diagnostics) as caught:
-        load(TINY, TWO + ["parallel.zero=3"])
+        load(TINY, TWO + ["parallel.zero=3", "parallel.zero_shard=node"])
     assert [e.code for e in caught.value.errors] == ["PAR0254"]
 
 

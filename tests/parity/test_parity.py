@@ -181,6 +181,23 @@ LAYOUTS = {
     # ZeRO-2: each layer's buckets into its slices; dp groups of 2 and 4, divided by the coarse dp 2
     "hetero-dp2-tp2112-zero2": dict(dp=2, tp=2, model__layers=4, parallel__tp="[2, 1, 1, 2]",
                                     parallel__dp="[2, 4, 4, 2]", parallel__zero=2),
+    # ZeRO-3 (fsdp.py, Note [ZeRO-3 over per-layer layouts]): each block's unit over its own layer's dp group;
+    # untied, the embedding (tp 2) and the head (tp 1) are two root units over two dp groups
+    "hetero-tp2211-zero3-untied": dict(tp=2, model__layers=4, model__tie_embeddings="false",
+                                       parallel__tp="[2, 2, 1, 1]", parallel__dp="[1, 1, 2, 2]", parallel__zero=3),
+    # ... the other way round: the head at tp 2 is vocab-parallel by its own degree's plan
+    "hetero-tp1122-zero3-untied": dict(tp=2, model__layers=4, model__tie_embeddings="false",
+                                       parallel__tp="[1, 1, 2, 2]", parallel__dp="[2, 2, 1, 1]", parallel__zero=3),
+    # ... under a pipeline (2 layers a stage) with sp: the tied head's stage copy, the sp-summed norms'
+    # late units (reduced after their sum over each layer's tp group)
+    "hetero-pp2-tp2112-sp-zero3": dict(tp=2, pp=2, sp=True, model__layers=4, parallel__tp="[2, 1, 1, 2]",
+                                       parallel__dp="[1, 2, 2, 1]", parallel__zero=3),
+    # sub-batch overlap (overlap.py) on the tp-2 blocks, their own tp group; the tp-1 blocks run unsplit
+    "hetero-tp2211-overlap2": dict(tp=2, model__layers=4, parallel__tp="[2, 2, 1, 1]", parallel__dp="[1, 1, 2, 2]",
+                                   parallel__overlap="sub_batch(2)"),
+    # ... per layer, under sp: the embedding at tp 1, so the run's tp group is not the model's
+    "hetero-tp1221-sp-overlap": dict(tp=2, sp=True, model__layers=4, parallel__tp="[1, 2, 2, 1]",
+                                     parallel__dp="[2, 1, 1, 2]", parallel__overlap="[none, sub_batch(2), sub_batch(2), none]"),
 }
 ARCHS = ("gpt", "llama")
 

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from runtime_loop import CONFIGS, tp_plan  # noqa: E402
 
-from parc.runtime import comm, data, dp, mesh, model  # noqa: E402
+from parc.runtime import comm, data, dp, hetero, mesh, model  # noqa: E402
 
 MICRO_BATCH = 4
 
@@ -119,6 +119,47 @@ def check_schedule(group, arch, sp):
             assert any(kind == "launch" for kind, _ in between), f"collective {n} waited at once: {events}"
 
 
+def check_hetero(dist_info, arch, sp):
+    """Per-layer tp (Note [heterogeneous layouts]): block 0 at tp 1 (the embedding with it, so
+    the model's tp group is none), block 1 at tp 2. ``sub_batches = 2`` splits only block 1,
+    whose collectives run over its own tp group, and gives the unsplit run's numbers."""
+    config = CONFIGS[arch]
+    grid = mesh.Mesh((("dp", 1), ("tp", 2)), dist_info)
+    layouts = hetero.StageLayouts(grid, (1, 2))
+    runs, groups = [], []
+    original = comm.launch_all_reduce if not sp else comm.launch_reduce_scatter
+    name = "launch_all_reduce" if not sp else "launch_reduce_scatter"
+    from parc.runtime import overlap
+
+    def recording(tensor, group, *args, **kwargs):
+        groups.append(group)
+        return original(tensor, group, *args, **kwargs)
+
+    for sub_batches in (1, 2):
+        net = model.build_model(config, tp_group=layouts.tp_group(2), sequence_parallel=sp, tp_plan=tp_plan(arch),
+                                seed=11, device=torch.device("cpu"), sub_batches=sub_batches,
+                                layouts=layouts).double()
+        assert model.group_size(net.tp_group) == 1, "the embedding's layout is tp 1"
+        setattr(overlap, name, recording)
+        try:
+            loss = net(*batch(config, 0))
+            loss.backward()
+        finally:
+            setattr(overlap, name, original)
+        if sp:
+            hetero.allreduce_sequence_parallel_grads(net, layouts)
+        runs.append((loss.item(), {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}))
+    # block 1's 2 regions × 2 sub-batches, forward (row) and backward (column input grads),
+    # all over the tp-2 group; block 0 unsplit
+    assert len(groups) == 8, len(groups)
+    assert all(g is layouts.tp_group(2) for g in groups), groups
+    (loss, grads), (got_loss, got_grads) = runs
+    torch.testing.assert_close(torch.tensor(got_loss), torch.tensor(loss), rtol=1e-12, atol=0)
+    assert got_grads.keys() == grads.keys()
+    for n in grads:
+        torch.testing.assert_close(got_grads[n], grads[n], rtol=1e-10, atol=1e-12, msg=lambda m, n=n: f"{n}: {m}")
+
+
 def check_gradient_overlap(group, arch, accumulations):
     config = CONFIGS[arch]
     results = []
@@ -162,6 +203,8 @@ def main(out_dir: Path) -> None:
                         recompute)
             attempt(f"recompute collectives {arch} sp={sp}", check_recompute_collectives, group, arch, sp)
             attempt(f"schedule {arch} sp={sp}", check_schedule, group, arch, sp)
+        for sp in (False, True):
+            attempt(f"hetero {arch} sp={sp}", check_hetero, dist_info, arch, sp)
         for accumulations in (1, 2):
             attempt(f"gradient overlap {arch} accumulations={accumulations}", check_gradient_overlap, group,
                     arch, accumulations)

@@ -3,7 +3,8 @@
 Sub-batched blocks (``sub_batches = 2``) give the unsplit run's loss and gradients
 (float64, to 1e-10) for GPT and Llama, with and without sequence parallelism, with
 each recompute; recompute = full under sub-batches issues no extra collective; each
-forward collective but the last is waited only after a later one was launched;
+forward collective but the last is waited only after a later one was launched; under
+per-layer tp only the blocks at tp > 1 split, over their own tp group;
 overlapped gradient buckets give the blocking ones' means.
 """
 
@@ -33,7 +34,7 @@ CHECKS = [
     f"schedule {arch} sp={sp}" for arch in ("gpt", "llama") for sp in (False, True)
 ] + [
     f"gradient overlap {arch} accumulations={n}" for arch in ("gpt", "llama") for n in (1, 2)
-]
+] + [f"hetero {arch} sp={sp}" for arch in ("gpt", "llama") for sp in (False, True)]
 
 
 @pytest.fixture(scope="module")
