@@ -978,14 +978,16 @@ def build_moe_overlap(experts, overlap, ep=None):
 
 @rule("PAR0270", BUILD)
 def build_compress_zero(compress, zero):
-    """PowerSGD and top-k replace the dp all-reduce of whole gradients (compress.py); ZeRO
-    reduce-scatters them into the optimizer's shards instead, which has no compressed form yet."""
-    if compress == "none" or zero == 0:
+    """PowerSGD and top-k replace the dp all-reduce of whole gradients (compress.py); under
+    ZeRO 1/2 each rank then keeps its slice of the decompressed mean (zero.py, Note
+    [compression under ZeRO]). ZeRO-3's gradients leave backward reduce-scattered, unit by
+    unit, and have no compressed form yet."""
+    if compress == "none" or zero != 3:
         return None
     return _violation("PAR0270", ("parallel.compress", "parallel.zero"),
-                      f"compress = {compress} with zero = {zero} is not supported yet by parc build: "
-                      "ZeRO reduce-scatters whole gradients into the optimizer's shards",
-                      f"use zero = 0 with compress = {compress}, or compress = none with zero = {zero}")
+                      f"compress = {compress} with zero = 3 is not supported yet by parc build: "
+                      "ZeRO-3 reduce-scatters whole gradients into the shards as backward produces them",
+                      f"use zero = 1 or 2 with compress = {compress}, or compress = none with zero = 3")
 
 
 @rule("PAR0271")
