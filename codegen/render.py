@@ -318,7 +318,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             optimizer_extra.insert(-1, "# the tied embedding's copies: summed over tied_group (both stages × dp), "
                                    "in one all-reduce")
         # first: the lines below change grads, and finish() writes the dp means back
-        after_backward.insert(0, f"grad_sync.finish()  # compressed mean gradient over the {over} ranks"
+        scale_arg = "scaled_by" if plan.train.precision.value == "fp16" else ""  # Note [compression under fp16]
+        after_backward.insert(0, f"grad_sync.finish({scale_arg})  # compressed mean gradient over the {over} ranks"
                               if render_compress.enabled(plan) else
                               f"grad_sync.finish()  # wait the buckets: mean gradient over the {over} ranks")
     if not zero_stage:  # under ZeRO the optimizer reduces the experts' grads (Note [experts under ZeRO])

@@ -1045,19 +1045,6 @@ def build_compress_schedule(schedule, compress="none", compress_pp="none", pp=1)
                       f"use schedule = 1f1b (or gpipe) with {key}, or {key} = none")
 
 
-@rule("PAR0272", BUILD)
-def build_compress_fp16(precision, compress=None, compress_pp=None):
-    """fp16's loss scale changes between steps, and the error feedback would carry one
-    step's scaled residual into a step of another scale."""
-    key, value = ("compress", compress) if compress not in (None, "none") else ("compress_pp", compress_pp)
-    if value in (None, "none") or precision != "fp16":
-        return None
-    return _violation("PAR0272", (f"parallel.{key}", "train.precision"),
-                      f"{key} = {value} with precision = fp16 is not supported yet by parc build: "
-                      "the error feedback would mix gradients of different loss scales",
-                      f"use precision = bf16 (or fp32) with {key} = {value}")
-
-
 @rule("PAR0274")
 def tp_shape_product(tp_shape, tp):
     """2D tensor parallelism arranges the tp ranks as an R × C mesh: R·C = tp."""

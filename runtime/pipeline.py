@@ -177,7 +177,7 @@ class PipelineExecutor:
                 elif op is Op.SEND_GRAD:
                     tensor = input_grads.pop((m, c))
                     if self._compressed(v):  # compress_pp.py, Note [compressed backpropagation]
-                        tensor = self.grad_codec.encode(v, tensor)
+                        tensor = self.grad_codec.encode(v, tensor, scale=self.loss_scale)
                     tensor = tensor.to(torch.float32).contiguous()
                     messages.append((True, tensor, peer, self._tag(_GRAD, m, v - 1)))
                     keys.append(None)

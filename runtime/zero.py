@@ -280,7 +280,7 @@ class ShardedAdamW:
         The norm is global: squares of tp shards summed over tp, replicated
         parameters counted once, then the dp slices summed. ``max_norm == 0`` only measures.
         """
-        grad = self.mean_slice()
+        grad = self.mean_slice(grad_scale)
         if grad_scale != 1.0:
             grad.mul_(1.0 / grad_scale)
         slices = [grad]
@@ -309,15 +309,18 @@ class ShardedAdamW:
         return norm
 
     @torch.no_grad()
-    def mean_slice(self) -> torch.Tensor:
+    def mean_slice(self, grad_scale: float = 1.0) -> torch.Tensor:
         """This rank's slice of the gradient, summed over the group and divided by ``mean_over``
-        (``reduced``: the gradients are the means already; only the slice is taken)."""
+        (``reduced``: the gradients are the means already; only the slice is taken).
+        ``grad_scale`` (fp16): for a compressing ``grad_sync`` (compress.py, Note [compression under fp16])."""
         if self.reduced:
             return self._slice_grad()
         if self.stage == 2 and self._grad_sync is None:
             return self._reduced_slice()  # Note [ZeRO-2 during backward]
-        if self._grad_sync is not None:
+        if isinstance(self._grad_sync, GradientBuckets):
             self._grad_sync.finish()  # the dp means, in place of each param.grad
+        elif self._grad_sync is not None:  # Note [compression under ZeRO]
+            self._grad_sync.finish(grad_scale)
         else:  # the experts' part at stage 1 (Note [experts under ZeRO])
             mean_of_group(self.params, self.dp_group, self.mean_over)
         return self._slice_grad()  # each rank keeps only its slice
