@@ -164,4 +164,4 @@ def test_powersgd_under_fp16_converges(trainers):
     assert gap < 0.02, (final_loss(fp16), final_loss(powersgd))
     assert final_loss(fp16) < 0.8 * fp16[0]["loss"]  # it learned
     sent = [r["comm_bytes"]["dp"] for r in fp16]
-    assert max(sent) == bytes_per_step(powersgd, "dp") + 4, sent  # an overflowed step sends only the first
+    assert max(sent) == bytes_per_step(powersgd, "dp") + 4 * 2, sent  # 2 ranks; an overflowed step sends less
