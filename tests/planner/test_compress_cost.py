@@ -38,7 +38,7 @@ def test_compression_is_searched_only_when_allowed():
     for overrides in (["parallel.compress=none"], ["parallel=auto"]):
         spec = load(COMMODITY, overrides)
         assert {layout.compress for layout in candidates(spec)} == {"none"}, overrides
-    assert {layout.compress for layout in candidates(load(COMMODITY))} == {"none", "powersgd"}
+    assert {layout.compress for layout in candidates(load(COMMODITY))} == {"none", "powersgd", "topk"}
 
 
 def test_topk_is_searched_and_priced_under_auto():
