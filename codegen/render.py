@@ -265,6 +265,10 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             if zero_stage == 1
             else "each bucket reduced as backward produced it, into our slice"
         )
+        if render_compress.enabled(plan):  # Note [compression under ZeRO] (runtime/zero.py)
+            optimizer_lines = render_compress.grad_sync_lines(plan, dp_arg, over) + optimizer_lines
+            optimizer_lines[-1] = optimizer_lines[-1][:-1] + ", grad_sync=grad_sync)"
+            reduce_words = "compressed after backward, then our slice of it kept"
         step_lines = [
             f"# mean gradient over {over} ({reduce_words}); the norm is global",
             "grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP)",
@@ -312,8 +316,13 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             optimizer_extra[-1] = optimizer_extra[-1][:-1] + ", reduce_dtype=torch.float32)"
             optimizer_extra.insert(-1, f"# the {plan.train.precision.value} gradients summed over {over} in fp32 "
                                    "(train.grad_reduce) and divided there")
+        if render_step.fused_embedding_sync(plan):  # Note [fused embedding synchronization]
+            optimizer_extra[-1] = optimizer_extra[-1][:-1] + ", tied_group=tied_group)"
+            optimizer_extra.insert(-1, "# the tied embedding's copies: summed over tied_group (both stages × dp), "
+                                   "in one all-reduce")
         # first: the lines below change grads, and finish() writes the dp means back
-        after_backward.insert(0, f"grad_sync.finish()  # compressed mean gradient over the {over} ranks"
+        scale_arg = "scaled_by" if plan.train.precision.value == "fp16" else ""  # Note [compression under fp16]
+        after_backward.insert(0, f"grad_sync.finish({scale_arg})  # compressed mean gradient over the {over} ranks"
                               if render_compress.enabled(plan) else
                               f"grad_sync.finish()  # wait the buckets: mean gradient over the {over} ranks")
     if not zero_stage:  # under ZeRO the optimizer reduces the experts' grads (Note [experts under ZeRO])

@@ -42,11 +42,14 @@ def grad_sync_lines(plan: Plan, reduce_group: str, over: str) -> list[str]:
     keyword = "rank" if argument.name == "COMPRESS_RANK" else "ratio"
     words = (f"rank-{argument.value} PowerSGD (P·Qᵀ, Q warm-started)" if kind.value == "powersgd"
              else f"the top {argument.value:g} of the entries")
+    fp16 = plan.train.precision.value == "fp16"
     return [
         f"# {cite(kind.span)}: gradients averaged over {over} as {words}, with error feedback if",
         "# ERROR_FEEDBACK; not the exact mean (Note [compression changes numerics] in compress.py)",
+        *(["# fp16: compressed unscaled, an overflow skips the step and leaves the error as it was",
+           "# (Note [compression under fp16])"] if fp16 else []),
         f"grad_sync = compress.{CLASSES[kind.value]}(net, {reduce_group}, {keyword}=COMPRESS_{keyword.upper()}, "
-        "error_feedback=ERROR_FEEDBACK)",
+        "error_feedback=ERROR_FEEDBACK" + (", loss_scaled=True)" if fp16 else ")"),
     ]
 
 

@@ -73,6 +73,17 @@ def tied_embeddings(plan: Plan) -> bool:
     return any(s.name == "TIE_EMBEDDINGS" and s.value for s in plan.model.settings)
 
 
+def fused_embedding_sync(plan: Plan) -> bool:
+    """Is the tied embedding's sum over its first and last stage copies folded into the dp
+    all-reduce (Note [fused embedding synchronization] in runtime/pipeline.py)? Wherever its
+    gradient goes through ``dp.GradientBuckets``: a pipeline of the default placement, dp·cp > 1,
+    no ZeRO (reduce-scattered into shards), no compression, one layout for every block."""
+    mesh = plan.mesh
+    return (tied_embeddings(plan) and has_pipeline(plan) and placement_kind(plan) == "interleaved"
+            and mesh.size("dp") * mesh.size("cp") > 1 and not plan.train.zero.value
+            and not render_compress.enabled(plan) and not render_hetero.enabled(plan))
+
+
 def config_lines(plan: Plan) -> list[str]:
     """``PP``, ``SCHEDULE``, ``CHUNKS`` and ``PIPELINE_STAGES``; empty without a pipeline."""
     pipe = plan.pipeline
@@ -105,7 +116,13 @@ def group_lines(plan: Plan) -> list[str]:
     if placement_kind(plan) == "chimera":
         lines.append("# this rank and the one holding the same two stages the other way round")
         lines.append("replica_group = pipeline.replica_group(grid)")
-    if tied_embeddings(plan):
+    if fused_embedding_sync(plan):
+        reduce_axes = '"dp"' if plan.mesh.size("cp") == 1 else '"dp", "cp"'
+        lines.append("# the first and last stage's ranks over dp: the tied embedding table's copies,")
+        lines.append("# summed over both and averaged over dp in one all-reduce (Note [fused embedding")
+        lines.append("# synchronization] in pipeline.py)")
+        lines.append(f"tied_group = pipeline.embedding_group(grid, {reduce_axes})")
+    elif tied_embeddings(plan):
         lines.append("# first and last stage, which both hold the tied embedding table")
         lines.append("tied_group = pipeline.tied_embedding_group(grid)")
     return lines
@@ -265,7 +282,7 @@ def after_backward_lines(plan: Plan) -> list[str]:
     if placement_kind(plan) == "chimera":
         lines += ["# each stage's two replicas (down and up pipeline) get the sum of their grads",
                   "pipeline.allreduce_replica_grads(net, replica_group)"]
-    if tied_embeddings(plan):
+    if tied_embeddings(plan) and not fused_embedding_sync(plan):  # fused: grad_sync.finish() sums them
         lines += ["# the embedding's two copies (first and last stage) get the sum of their grads",
                   "pipeline.allreduce_tied_grads(net, tied_group)"]
     return lines

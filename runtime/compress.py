@@ -21,6 +21,17 @@ kept between steps (warm start): one power iteration per step then tracks the
 gradient's top subspace. Vectors (biases, norms) and matrices too small to gain
 (n·m ≤ r·(n + m)) are all-reduced whole. Bytes per matrix: r·(n + m) instead of n·m.
 
+Note [compression under fp16]: with ``train.precision = fp16`` the gradients are of the
+loss times the step's scale (loss_scale.py), which changes between steps. ``finish(grad_scale)``
+divides them by it first, so what is compressed, and the error kept for the next step, is
+in the loss's own units whatever the scale, and writes the mean back times the scale (the
+clip divides by it, as without compression; a power of two: exact). A step whose scaled
+gradients overflowed on any rank must leave no trace: each rank's count of non-finite
+entries travels in the first collective (one number more: ``loss_scaled``), and on an
+overflow every rank sets its gradients to inf (the global norm is then non-finite
+everywhere and the scaler skips the step) and keeps its error feedback and warm-start Q
+as they were.
+
 Note [topk]: each step sends the k = ⌈ratio·N⌉ entries of largest magnitude of the
 flat gradient (plus its error) as (value, int32 index) pairs, all-gathered; the mean is
 their scattered sum over ranks / dp. The error keeps what this rank did not send.
@@ -56,6 +67,21 @@ def _all_reduce(flat: torch.Tensor, group, axis: str) -> None:
         dist.all_reduce(flat, group=group)
 
 
+def _nonfinite(tensors) -> torch.Tensor:
+    """How many entries of ``tensors`` are inf or NaN (a 1-element float tensor)."""
+    count = sum(int((~torch.isfinite(t)).sum()) for t in tensors)
+    return torch.tensor([float(count)], device=tensors[0].device if tensors else None)
+
+
+def _overflowed(params) -> None:
+    """Note [compression under fp16]: every rank's norm becomes non-finite; the step is skipped."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.full_like(p, float("inf"))
+        else:
+            p.grad.fill_(float("inf"))
+
+
 def _set_grad(p, value: torch.Tensor) -> None:
     if p.grad is None:
         p.grad = value.reshape(p.shape).clone()
@@ -73,9 +99,11 @@ def powersgd_pays(shape, rank: int) -> bool:
 
 
 class PowerSGDGradients:
-    def __init__(self, model, dp_group, *, rank: int, error_feedback: bool = True, axis: str = "dp"):
+    def __init__(self, model, dp_group, *, rank: int, error_feedback: bool = True, axis: str = "dp",
+                 loss_scaled: bool = False):
+        """``loss_scaled`` (fp16): ``finish(grad_scale)``, Note [compression under fp16]."""
         self.group, self.size, self.axis = dp_group, group_size(dp_group), axis
-        self.error_feedback = bool(error_feedback)
+        self.error_feedback, self.loss_scaled = bool(error_feedback), bool(loss_scaled)
         params = _reduced_params(model)
         self.low_rank = [p for p in params if powersgd_pays(p.shape, rank)]
         chosen = {id(p) for p in self.low_rank}
@@ -90,21 +118,28 @@ class PowerSGDGradients:
                       for p in self.low_rank] if self.error_feedback else []
 
     @torch.no_grad()
-    def finish(self) -> None:
-        """Replace every gradient by (an approximation of) its mean over the group (Note [powersgd])."""
+    def finish(self, grad_scale: float = 1.0) -> None:
+        """Replace every gradient by (an approximation of) its mean over the group (Note
+        [powersgd]); ``grad_scale``: what the loss was multiplied by (Note [compression under fp16])."""
         if self.size == 1:
             return
-        if self.whole:
-            flat = torch.cat([_grad(p).reshape(-1) for p in self.whole])
+        unscale = 1.0 / grad_scale
+        if self.whole or self.loss_scaled:
+            parts = [_grad(p).reshape(-1) * unscale for p in self.whole]
+            if self.loss_scaled:  # the ranks' non-finite entries, summed with the vectors
+                parts.append(_nonfinite([_grad(p) for p in self.whole + self.low_rank]))
+            flat = torch.cat(parts)
             _all_reduce(flat, self.group, self.axis)
-            flat.div_(self.size)
+            if self.loss_scaled and flat[-1].item() > 0:
+                return _overflowed(self.whole + self.low_rank)  # error and Q untouched
+            flat.div_(self.size).mul_(grad_scale)
             offset = 0
             for p in self.whole:
                 _set_grad(p, flat[offset : offset + p.numel()])
                 offset += p.numel()
         if not self.low_rank:
             return
-        matrices = [_grad(p).reshape(p.shape[0], -1) for p in self.low_rank]  # (n, m)
+        matrices = [_grad(p).reshape(p.shape[0], -1) * unscale for p in self.low_rank]  # (n, m)
         if self.error_feedback:
             matrices = [m + e for m, e in zip(matrices, self.error)]
         ps = [m @ q for m, q in zip(matrices, self.q)]  # (n, r)
@@ -117,7 +152,7 @@ class PowerSGDGradients:
             if self.error_feedback:
                 self.error[index] = m - mean
             self.q[index] = q  # warm start
-            _set_grad(param, mean)
+            _set_grad(param, mean * grad_scale)
 
     def _reduced(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """The sums over the group of ``tensors``, in one all-reduce."""
@@ -131,8 +166,11 @@ class PowerSGDGradients:
 
 
 class TopKGradients:
-    def __init__(self, model, dp_group, *, ratio: float, error_feedback: bool = True, axis: str = "dp"):
+    def __init__(self, model, dp_group, *, ratio: float, error_feedback: bool = True, axis: str = "dp",
+                 loss_scaled: bool = False):
+        """``loss_scaled`` (fp16): ``finish(grad_scale)``, Note [compression under fp16]."""
         self.group, self.size, self.axis = dp_group, group_size(dp_group), axis
+        self.loss_scaled = bool(loss_scaled)
         self.params = _reduced_params(model)
         self.total = sum(p.numel() for p in self.params)
         self.k = max(1, math.ceil(ratio * self.total))
@@ -140,19 +178,19 @@ class TopKGradients:
         self.error_feedback = bool(error_feedback)
 
     @torch.no_grad()
-    def finish(self) -> None:
-        """Replace every gradient by the mean of the ranks' top-k entries (Note [topk])."""
+    def finish(self, grad_scale: float = 1.0) -> None:
+        """Replace every gradient by the mean of the ranks' top-k entries (Note [topk]);
+        ``grad_scale``: what the loss was multiplied by (Note [compression under fp16])."""
         if self.size == 1:
             return
-        flat = torch.cat([_grad(p).reshape(-1) for p in self.params])
+        flat = torch.cat([_grad(p).reshape(-1) for p in self.params]) * (1.0 / grad_scale)
         if self.error is not None:
             flat += self.error
         index = flat.abs().topk(self.k, sorted=False).indices
         values = flat[index]
         index = index.to(torch.int32)  # 4 bytes an entry on the wire, not 8
-        if self.error_feedback:
-            flat[index] = 0
-            self.error = flat  # what this rank left out
+        if self.loss_scaled:  # the rank's non-finite entries travel as one value more
+            values = torch.cat([values, _nonfinite([flat])])
         all_values = [torch.empty_like(values) for _ in range(self.size)]
         all_index = [torch.empty_like(index) for _ in range(self.size)]
         for mine, parts in ((values, all_values), (index, all_index)):
@@ -160,10 +198,17 @@ class TopKGradients:
             _issued()
             with exposed():
                 dist.all_gather(parts, mine, group=self.group)
-        mean = torch.zeros(self.total, device=values.device, dtype=values.dtype)
+        if self.loss_scaled:
+            if sum(float(part[-1]) for part in all_values) > 0:
+                return _overflowed(self.params)  # the error untouched
+            all_values = [part[:-1] for part in all_values]
+        if self.error_feedback:
+            flat[index.long()] = 0
+            self.error = flat  # what this rank left out
+        mean = torch.zeros(self.total, device=flat.device, dtype=flat.dtype)
         for part_values, part_index in zip(all_values, all_index):
             mean.index_add_(0, part_index, part_values)
-        mean.div_(self.size)
+        mean.div_(self.size).mul_(grad_scale)
         offset = 0
         for p in self.params:
             _set_grad(p, mean[offset : offset + p.numel()])

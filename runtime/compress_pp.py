@@ -56,11 +56,20 @@ class LowRankBackprop:
         return self.rank * (self.rows + self.cols)
 
     @torch.no_grad()
-    def encode(self, sender_stage: int, grad: torch.Tensor) -> torch.Tensor:
-        """P and Q of ``grad`` (plus the error carried at this boundary), flat, fp32."""
+    def encode(self, sender_stage: int, grad: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """P and Q of ``grad`` (plus the error carried at this boundary), flat, fp32.
+
+        ``scale`` (fp16): what the loss was multiplied by this step. The carried error is kept
+        in the loss's own units (multiplied back in here), so a step of another scale reads
+        it right; a gradient that overflowed is sent as it is (inf/NaN: the receiving stage's
+        gradients, hence the global norm, are then non-finite and the step is skipped) and
+        leaves the warm-start Q and the error as they were (compress.py, Note [compression
+        under fp16])."""
         matrix = grad.detach().to(torch.float32).reshape(self.rows, self.cols)
+        if not bool(torch.isfinite(matrix).all()):
+            return torch.full((self.wire_numel(),), float("nan"), device=matrix.device)
         if self.lazy_error and sender_stage in self._error:
-            matrix = matrix + self._error[sender_stage]
+            matrix = matrix + self._error[sender_stage] * scale
         q = self._q.get(sender_stage)
         if q is None:
             generator = torch.Generator().manual_seed(Q_SEED + sender_stage)
@@ -68,8 +77,8 @@ class LowRankBackprop:
         p = torch.linalg.qr(matrix @ q, mode="reduced").Q  # (rows, r), orthonormal columns
         q = matrix.t() @ p  # (cols, r): P·Qᵀ is M's projection on span(P)
         self._q[sender_stage] = q  # warm start for the next micro-batch
-        if self.lazy_error:
-            self._error[sender_stage] = matrix - p @ q.t()  # Note [compressed backpropagation]: lazy
+        if self.lazy_error:  # Note [compressed backpropagation]: lazy; in the loss's units
+            self._error[sender_stage] = (matrix - p @ q.t()) * (1.0 / scale)
         return torch.cat([p.reshape(-1), q.reshape(-1)]).contiguous()
 
     def decode(self, flat: torch.Tensor) -> torch.Tensor:

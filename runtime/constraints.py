@@ -974,14 +974,16 @@ def build_moe_overlap(experts, overlap, ep=None):
 
 @rule("PAR0270", BUILD)
 def build_compress_zero(compress, zero):
-    """PowerSGD and top-k replace the dp all-reduce of whole gradients (compress.py); ZeRO
-    reduce-scatters them into the optimizer's shards instead, which has no compressed form yet."""
-    if compress == "none" or zero == 0:
+    """PowerSGD and top-k replace the dp all-reduce of whole gradients (compress.py); under
+    ZeRO 1/2 each rank then keeps its slice of the decompressed mean (zero.py, Note
+    [compression under ZeRO]). ZeRO-3's gradients leave backward reduce-scattered, unit by
+    unit, and have no compressed form yet."""
+    if compress == "none" or zero != 3:
         return None
     return _violation("PAR0270", ("parallel.compress", "parallel.zero"),
-                      f"compress = {compress} with zero = {zero} is not supported yet by parc build: "
-                      "ZeRO reduce-scatters whole gradients into the optimizer's shards",
-                      f"use zero = 0 with compress = {compress}, or compress = none with zero = {zero}")
+                      f"compress = {compress} with zero = 3 is not supported yet by parc build: "
+                      "ZeRO-3 reduce-scatters whole gradients into the shards as backward produces them",
+                      f"use zero = 1 or 2 with compress = {compress}, or compress = none with zero = 3")
 
 
 @rule("PAR0271")
@@ -1037,19 +1039,6 @@ def build_compress_schedule(schedule, compress="none", compress_pp="none", pp=1)
     return _violation("PAR0276", (f"parallel.{key}", "parallel.schedule"),
                       f"{key} = {value} with schedule = {schedule} is not supported yet by parc build",
                       f"use schedule = 1f1b (or gpipe) with {key}, or {key} = none")
-
-
-@rule("PAR0272", BUILD)
-def build_compress_fp16(precision, compress=None, compress_pp=None):
-    """fp16's loss scale changes between steps, and the error feedback would carry one
-    step's scaled residual into a step of another scale."""
-    key, value = ("compress", compress) if compress not in (None, "none") else ("compress_pp", compress_pp)
-    if value in (None, "none") or precision != "fp16":
-        return None
-    return _violation("PAR0272", (f"parallel.{key}", "train.precision"),
-                      f"{key} = {value} with precision = fp16 is not supported yet by parc build: "
-                      "the error feedback would mix gradients of different loss scales",
-                      f"use precision = bf16 (or fp32) with {key} = {value}")
 
 
 @rule("PAR0274")

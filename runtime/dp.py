@@ -65,9 +65,13 @@ def gradient_buckets(params, bucket_bytes: int) -> tuple[list[list], int]:
 
 class GradientBuckets:
     def __init__(self, model, dp_group, *, bucket_bytes=25 * 2**20, overlap=False, accumulations=1,
-                 reduce_dtype=None, divisor=None):
+                 reduce_dtype=None, divisor=None, tied_group=None):
         """``divisor``: what the summed gradients are divided by (default the dp size; a
         heterogeneous layout's layers divide by the coarse dp, Note [heterogeneous layouts]).
+        ``tied_group`` (``pipeline.embedding_group``): the tied embedding's stage copies
+        (``tied_across_stages``) are summed over it, dp and both copies in one all-reduce,
+        after the buckets (Note [fused embedding synchronization] in pipeline.py); the
+        trainer then calls no ``pipeline.allreduce_tied_grads``.
         ``reduce_dtype`` (``train.grad_reduce = bf16``): each bucket is summed over dp in
         that dtype (half the bytes of fp32 on the wire) and divided back in fp32; fp32 with
         bf16/fp16 parameters (master.py): summed in fp32, the mean rounded once into ``.grad``."""
@@ -79,6 +83,9 @@ class GradientBuckets:
         self.overlap, self.accumulations = bool(overlap) and self.size > 1, int(accumulations)
         # experts split over ep reduce over their own edp group (moe.reduce_expert_grads)
         params = [p for p in model.parameters() if p.requires_grad and not getattr(p, "expert_parallel", False)]
+        self.tied_group = tied_group
+        self.tied = [p for p in params if getattr(p, "tied_across_stages", False)] if tied_group is not None else []
+        params = [p for p in params if not any(p is t for t in self.tied)]
         self.buckets, early = gradient_buckets(params, bucket_bytes)
         self._inflight = {}  # bucket index → (flat grads, Pending)
         if self.overlap:  # Note [gradient overlap]
@@ -124,6 +131,7 @@ class GradientBuckets:
             flat, pending = self._inflight.pop(index)
             self._write_back(bucket, pending.wait())
         self._reset_counts()
+        self._reduce_tied()
 
     @torch.no_grad()
     def all_reduce(self) -> None:
@@ -137,6 +145,18 @@ class GradientBuckets:
             with exposed():
                 dist.all_reduce(flat, group=self.group)
             self._write_back(bucket, flat)
+        self._reduce_tied()
+
+    def _reduce_tied(self) -> None:
+        """The tied table's copies: summed over dp and the two stages at once, / the dp size."""
+        if not self.tied:
+            return
+        flat = self._flat(self.tied)
+        comm_bytes.add("dp", flat)  # the dp all-reduce's: no pp_embedding bytes (traffic.py)
+        _issued()
+        with exposed():
+            dist.all_reduce(flat, group=self.tied_group)
+        self._write_back(self.tied, flat)
 
     def _flat(self, bucket) -> torch.Tensor:
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])

@@ -106,8 +106,9 @@ def _leaves(values: dict) -> Iterator[dict]:
     proposals = {
         "zero": _allowed(values.get("zero"), [0, 1, 2, 3] if values["dp"] > 1 else [0]),
         "sp": _allowed(values.get("sp"), [False, True]),
-        # compress = auto: PowerSGD is offered where there is a dp reduction to compress
-        "compress": _allowed(values.get("compress"), ["none", "powersgd"] if values["dp"] * values["cp"] > 1 else ["none"]),
+        # compress = auto: PowerSGD and top-k are offered where there is a dp reduction to compress
+        "compress": _allowed(values.get("compress"),
+                             ["none", "powersgd", "topk"] if values["dp"] * values["cp"] > 1 else ["none"]),
         **{
             entry.name: _allowed(values.get(entry.name), list(entry.order) if entry.order else entry.options(values))
             for entry in SETTINGS

@@ -5,7 +5,8 @@ Takes: the rank's chunks (``model.build_stages``), its list of actions from
 which runs every micro-batch's forward and backward of one optimizer step in the
 schedule's order, exchanging activations and gradients with point-to-point messages;
 ``tied_embedding_group`` and ``allreduce_tied_grads`` for an embedding tied across the
-first and last stage; ``loss_over_pipeline`` to bring the last stage's loss to all.
+first and last stage (or ``embedding_group``, whose one all-reduce ``dp.GradientBuckets``
+folds that sum into: Note [fused embedding synchronization]); ``loss_over_pipeline`` to bring the last stage's loss to all.
 
 Note [point-to-point on gloo]: sends are ``isend`` (they never block; the tensor is
 kept alive until the step ends), receives are ``irecv`` posted ahead and waited on
@@ -27,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import exposed, scalar_device
-from .axes import coordinates
+from .axes import coordinates, partition
 from .mesh import axis_ranks
 from .p2p import p2p_steps, post_batch
 from .placement import Placement
@@ -176,7 +177,7 @@ class PipelineExecutor:
                 elif op is Op.SEND_GRAD:
                     tensor = input_grads.pop((m, c))
                     if self._compressed(v):  # compress_pp.py, Note [compressed backpropagation]
-                        tensor = self.grad_codec.encode(v, tensor)
+                        tensor = self.grad_codec.encode(v, tensor, scale=self.loss_scale)
                     tensor = tensor.to(torch.float32).contiguous()
                     messages.append((True, tensor, peer, self._tag(_GRAD, m, v - 1)))
                     keys.append(None)
@@ -272,6 +273,36 @@ def tied_embedding_group(grid):
     return mine
 
 
+def embedding_group(grid, *reduce_axes):
+    """The first and the last stage's ranks over ``reduce_axes`` (dp, or dp and cp) that
+    share this rank's other coordinates (tp): 2·dp ranks, each holding a copy of the
+    tied embedding table's same shard. None off those two stages or without a pipeline.
+
+    Note [fused embedding synchronization]: Optimus-CC's. The tied table's gradient
+    wants two sums: over dp (the mean of the batch's shards, each stage's copy apart)
+    and over its two copies (first and last stage). Done apart, that is the table in the
+    dp all-reduce and again in ``allreduce_tied_grads``: two collectives moving it twice.
+    Sums commute, so one all-reduce over the union, this group, divided by the dp size,
+    gives the same mean (exact, up to the order of the additions: the parity rows hold it
+    to 1e-5): ``dp.GradientBuckets(tied_group=...)`` reduces the copies there instead of
+    in its dp buckets, and the separate sum is not emitted. Default wherever the tied
+    gradient goes through those buckets (render_step.fused_embedding_sync); ZeRO's
+    reduce-scatter into shards, the compressed reductions, heterogeneous layouts and the
+    chimera / ZB-V placements (a rank holding both copies) keep the separate sum.
+    Every rank creates every group in the same order (``new_group`` is collective).
+    """
+    stages = grid.size("pp")
+    if stages == 1:
+        return None
+    mine = None
+    for ranks in partition(grid.axes, ("pp", *reduce_axes)):
+        ends = [r for r in ranks if coordinates(r, grid.axes)["pp"] in (0, stages - 1)]
+        group = dist.new_group(ends)
+        if grid.rank in ends:
+            mine = group
+    return mine
+
+
 def _pipelines(grid):
     """Every pipeline's global ranks (by pipeline index), in the order every rank meets
     them: the groups made over them are created in the same order everywhere."""
@@ -340,6 +371,7 @@ def allreduce_tied_grads(chunks, group) -> None:
             weight.grad.copy_(total)
         return
     for weight in weights:
+        comm_bytes.add("pp_embedding", weight.grad)  # Note [fused embedding synchronization]
         with exposed():
             dist.all_reduce(weight.grad, group=group)
 

@@ -1,7 +1,7 @@
 """Bytes handed to communication per step, by axis, summed over ranks (``comm_bytes`` in the log).
 
 Takes: the tensors the data-parallel gradient reduction (``dp.py``, ``compress.py``)
-and the pipeline's sends (``pipeline.py``) give to a collective or a send. Gives:
+and the pipeline's sends and tied-embedding sum (``pipeline.py``) give to a collective or a send. Gives:
 ``comm_bytes``, one counter per process: ``add(axis, tensor)``, ``reset()`` at the start of
 a step, ``by_axis()`` for the step's record. Before: nothing (leaf module). After:
 train.py logs ``"comm_bytes": traffic.comm_bytes.by_axis()`` each logged step.
@@ -17,9 +17,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-AXES = ("dp", "pp_forward", "pp_backward")
+AXES = ("dp", "pp_forward", "pp_backward", "pp_embedding")
 """What is counted: the dp gradient reduction, the pipeline's activations (forward) and
-input gradients (backward: the part ``compress_pp`` compresses)."""
+input gradients (backward: the part ``compress_pp`` compresses), and the tied embedding's
+separate sum over its first and last stage copies (``pipeline.allreduce_tied_grads``;
+none when that sum is fused into the dp all-reduce: Note [fused embedding synchronization]
+in pipeline.py)."""
 
 
 class Traffic:

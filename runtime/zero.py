@@ -35,6 +35,13 @@ in buckets of their own, reduced then, after their sums over tp or stages. The A
 ``torch.optim.AdamW``'s (foreach=False), weight decay on matrices only, as in
 ``optim.build_optimizer``.
 
+Note [compression under ZeRO]: with ``parallel.compress`` (``grad_sync``, compress.py) the
+dp mean is the compressor's: after backward (and the late sums) it compresses each whole
+gradient, all-reduces the low-rank factors (or all-gathers the top-k entries),
+decompresses into every ``.grad``, and the rank keeps its slice as at stage 1. The factors
+need whole gradient matrices, so stage 2 then holds them until backward ends, as stage 1
+does: it still shards the Adam moments and keeps only the gradient slice between steps.
+
 Note [experts under ZeRO]: with expert parallelism (ep > 1) the experts of a rank are not
 those of every dp rank, so they cannot share the dense parameters' flat buffer. They get
 a second ``ShardedAdamW`` (``self.experts``) over their own ``edp_group`` (the ranks
@@ -71,7 +78,7 @@ class ShardedAdamW:
     def __init__(
         self, model, *, dp_group, tp_group, stage, lr, betas, weight_decay, eps, pp_group=None,
         accumulations=1, bucket_bytes=25 * 2**20, ep_group=None, edp_group=None, data_ranks=None,
-        params=None, etp_group=None, compute_dtype=None, reduced=False,
+        params=None, etp_group=None, compute_dtype=None, reduced=False, grad_sync=None,
     ):
         """``ep_group``, ``edp_group``, ``etp_group``, ``data_ranks``: expert parallelism's groups and the
         ranks the loss is a mean over (Note [experts under ZeRO]). ``params``: the
@@ -79,7 +86,8 @@ class ShardedAdamW:
         ``compute_dtype`` (bf16/fp16, Note [ZeRO with master weights]): the flat buffer's
         and so the parameters' dtype; the fp32 master of the slice is ``self.master``.
         ``reduced`` (stage 1 with ``params``): their gradients arrive as means already,
-        reduced by someone else (hetero.HeteroGradients: each layer over its own dp group)."""
+        reduced by someone else (hetero.HeteroGradients: each layer over its own dp group).
+        ``grad_sync`` (compress.PowerSGDGradients or TopKGradients): Note [compression under ZeRO]."""
         if stage not in (1, 2):
             raise ValueError(f"ZeRO stage must be 1 or 2, not {stage!r}")
         if reduced and (stage != 1 or params is None):
@@ -152,12 +160,12 @@ class ShardedAdamW:
             "exp_avg_sq": torch.zeros(self.shard, dtype=torch.float32, device=device),
         }
         self.grad = None  # this rank's gradient slice, set by reduce_gradients_and_clip
-        self._grad_sync = None
+        self._grad_sync = grad_sync  # Note [compression under ZeRO]
         # master.py, Note [fp32 accumulation]: before this optimizer's own gradient hooks
         self.accumulation = Fp32Accumulation(self.params, int(accumulations))
-        if stage == 2:  # Note [ZeRO-2 during backward]
+        if stage == 2 and grad_sync is None:  # Note [ZeRO-2 during backward]
             self._prepare_buckets(int(accumulations), int(bucket_bytes))
-        elif not owned:  # stage 1: whole gradients, all-reduced during backward
+        elif not owned and grad_sync is None:  # stage 1: whole gradients, all-reduced during backward
             self._grad_sync = GradientBuckets(
                 model, dp_group, bucket_bytes=bucket_bytes, overlap=True, accumulations=accumulations,
                 reduce_dtype=None if compute_dtype is None else torch.float32,  # summed in fp32
@@ -274,7 +282,7 @@ class ShardedAdamW:
         The norm is global: squares of tp shards summed over tp, replicated
         parameters counted once, then the dp slices summed. ``max_norm == 0`` only measures.
         """
-        grad = self.mean_slice()
+        grad = self.mean_slice(grad_scale)
         if grad_scale != 1.0:
             grad.mul_(1.0 / grad_scale)
         slices = [grad]
@@ -303,15 +311,18 @@ class ShardedAdamW:
         return norm
 
     @torch.no_grad()
-    def mean_slice(self) -> torch.Tensor:
+    def mean_slice(self, grad_scale: float = 1.0) -> torch.Tensor:
         """This rank's slice of the gradient, summed over the group and divided by ``mean_over``
-        (``reduced``: the gradients are the means already; only the slice is taken)."""
+        (``reduced``: the gradients are the means already; only the slice is taken).
+        ``grad_scale`` (fp16): for a compressing ``grad_sync`` (compress.py, Note [compression under fp16])."""
         if self.reduced:
             return self._slice_grad()
-        if self.stage == 2:
+        if self.stage == 2 and self._grad_sync is None:
             return self._reduced_slice()  # Note [ZeRO-2 during backward]
-        if self._grad_sync is not None:
+        if isinstance(self._grad_sync, GradientBuckets):
             self._grad_sync.finish()  # the dp means, in place of each param.grad
+        elif self._grad_sync is not None:  # Note [compression under ZeRO]
+            self._grad_sync.finish(grad_scale)
         else:  # the experts' part at stage 1 (Note [experts under ZeRO])
             mean_of_group(self.params, self.dp_group, self.mean_over)
         return self._slice_grad()  # each rank keeps only its slice

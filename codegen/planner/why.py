@@ -18,7 +18,7 @@ from dataclasses import replace
 from .cost import Accounting, Estimate, Hardware, estimate
 from .cost.per_layer import hetero_supported
 from .cost.layout import rank_params
-from .cost.time import powersgd_compression
+from .cost.time import compression_cost
 from .search import TIE_TOLERANCE, SearchResult, tie_memory_unit, tie_rule
 
 KEYS = (
@@ -47,8 +47,8 @@ REASONS = {
         "dp": "the gradient reduction is over a different number of ranks",
         "zero": "ZeRO's reduce + gather after backward is not hidden, zero 0's bucketed all-reduce is",
         "sp": "sequence parallelism moves the same volume as reduce-scatter + all-gather",
-        "compress": "PowerSGD sends the gradients as low-rank factors, far fewer bytes over the dp links, "
-                    "but after backward instead of behind it",
+        "compress": "PowerSGD sends the gradients as low-rank factors (top-k its largest entries), far fewer "
+                    "bytes over the dp links, but after backward instead of behind it",
         "ep": "expert parallelism sends every routed token to its expert's rank and back by all-to-all, "
               "over the links its ep group spans; the experts' gradients reduce over edp only",
     },
@@ -213,9 +213,11 @@ def _compression(spec, best: Estimate, index: int, hw: Hardware) -> list[str]:
     if best.layout.compress == "none":
         return []
     exact = estimate(spec, replace(best.layout, compress="none"), hw, exact=True)
-    cost = powersgd_compression(spec, best.layout, rank_params(spec.model, best.layout, 0)[0], hw)
+    cost = compression_cost(spec, best.layout, rank_params(spec.model, best.layout, 0)[0], hw)
+    call = (f"topk(ratio = {spec.parallel.compress_ratio:g})" if best.layout.compress == "topk"
+            else f"powersgd(rank = {spec.parallel.compress_rank})")
     return [
-        f"#{index} compresses the dp gradients (compress = powersgd(rank = {spec.parallel.compress_rank})): "
+        f"#{index} compresses the dp gradients (compress = {call}): "
         f"{_gib(cost.exact_bytes)} → {_gib(cost.compressed_bytes)} per rank per step over dp "
         f"({cost.exact_bytes / cost.compressed_bytes:.1f}× fewer bytes, {_seconds(cost.compute_s)[1:]} of compression "
         f"compute), a predicted {exact.time.step / best.time.step:.2f}× speedup over the same layout exact "

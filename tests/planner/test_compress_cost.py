@@ -38,4 +38,24 @@ def test_compression_is_searched_only_when_allowed():
     for overrides in (["parallel.compress=none"], ["parallel=auto"]):
         spec = load(COMMODITY, overrides)
         assert {layout.compress for layout in candidates(spec)} == {"none"}, overrides
-    assert {layout.compress for layout in candidates(load(COMMODITY))} == {"none", "powersgd"}
+    assert {layout.compress for layout in candidates(load(COMMODITY))} == {"none", "powersgd", "topk"}
+
+
+def test_topk_is_searched_and_priced_under_auto():
+    """compress = auto offers top-k too (cost/compress.py, Note [topk cost]): on two single-device
+    nodes over the slow link, top-k's two all-gathers of 1% of the entries beat the exact
+    all-reduce of the same layout, and its bytes are the k (value, index) pairs."""
+    from dataclasses import replace
+
+    from parc.codegen.planner.cost import estimate
+    from parc.codegen.planner.cost.compress import topk_cost
+
+    spec = load(COMMODITY, ["mesh.devices_per_node=1", "parallel.tp=1", "parallel.pp=1"])
+    hw = hardware_for(spec)
+    assert {layout.compress for layout in candidates(spec)} == {"none", "powersgd", "topk"}
+    result = search(spec, hw)
+    topk = next(item for item in result.estimates if item.layout.compress == "topk" and item.fits)
+    exact = estimate(spec, replace(topk.layout, compress="none"), hw, exact=True)
+    assert topk.time.step < exact.time.step
+    cost = topk_cost(hw, params=1_000_000, ratio=0.01, size=2, stride=1)
+    assert cost.compressed_bytes == 8.0 * 10_000 and cost.exact_bytes == 4.0 * 1_000_000

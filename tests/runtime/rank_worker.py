@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
+from embedding_sync_check import check_embedding_sync  # noqa: E402
 from runtime_loop import LAYOUTS, train  # noqa: E402
 
 from parc.runtime import comm, layers, mesh, model  # noqa: E402
@@ -181,6 +182,8 @@ def main(out_dir: Path, layouts: list[str]) -> None:
         attempt(f"row-sp{int(sp)}", check_linear, group, "row", sp)
         attempt(f"embedding-sp{int(sp)}", check_embedding, group, sp)
     attempt("cross-entropy", check_cross_entropy, group)
+    if dist_info.world_size == 4:
+        attempt("embedding-sync", check_embedding_sync, dist_info)
     for layout in layouts:
         dp_size, tp_size, sp, ends = LAYOUTS[layout]
         result["layouts"][layout] = {

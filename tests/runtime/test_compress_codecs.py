@@ -3,8 +3,10 @@ what error feedback restores. The trainers' convergence is tests/parity/test_com
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from parc.runtime import compress
 from parc.runtime.compress import powersgd_pays
 from parc.runtime.compress_pp import LowRankBackprop
 
@@ -45,3 +47,75 @@ def test_powersgd_factors_only_matrices_that_gain():
     assert not powersgd_pays((64,), 4)  # a bias goes whole
     assert not powersgd_pays((8, 8), 4)  # 4·16 = 64: nothing saved
     assert powersgd_pays((16, 4, 8), 2)  # read as 16 × 32
+
+
+# fp16 (compress.py, Note [compression under fp16]): two identical ranks, simulated: the
+# all-reduce doubles the buffer and the all-gather repeats this rank's part, so a
+# collective-free process runs the reductions' arithmetic
+
+
+class _TwoIdenticalRanks:
+    """Stands in for torch.distributed inside compress.py."""
+
+    @staticmethod
+    def all_reduce(tensor, group=None):
+        tensor.mul_(2)
+
+    @staticmethod
+    def all_gather(parts, mine, group=None):
+        for part in parts:
+            part.copy_(mine)
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 24), torch.nn.Linear(24, 16))
+
+
+def _grads(model, step: int, scale: float, overflow: bool = False):
+    generator = torch.Generator().manual_seed(step)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=generator) * scale
+    if overflow:
+        next(model.parameters()).grad[0, 0] = float("inf")
+
+
+def _compressor(kind, model):
+    if kind == "powersgd":
+        reducer = compress.PowerSGDGradients(model, None, rank=2, loss_scaled=True)
+    else:
+        reducer = compress.TopKGradients(model, None, ratio=0.2, loss_scaled=True)
+    reducer.size = 2
+    return reducer
+
+
+@pytest.mark.parametrize("kind", ["powersgd", "topk"])
+def test_fp16_overflow_skips_the_error_feedback(kind, monkeypatch):
+    """Steps at scales 2^10 then 2^4, with an overflowed step between them, give the
+    gradients (over the scale) of the same steps at scale 1 without the overflow: the error
+    is kept in the loss's units and the overflowed step leaves no trace."""
+    monkeypatch.setattr(compress, "dist", _TwoIdenticalRanks)
+    plain, scaled = _model(), _model()
+    plain_reducer, scaled_reducer = _compressor(kind, plain), _compressor(kind, scaled)
+    for step, scale in ((1, 2.0**10), (2, 2.0**4)):
+        _grads(scaled, 99, 2.0**10, overflow=True)  # skipped: every gradient becomes inf
+        scaled_reducer.finish(2.0**10)
+        assert all(torch.isinf(p.grad).all() for p in scaled.parameters())
+        _grads(plain, step, 1.0)
+        plain_reducer.finish()
+        _grads(scaled, step, scale)
+        scaled_reducer.finish(scale)
+        for p, q in zip(plain.parameters(), scaled.parameters()):
+            torch.testing.assert_close(q.grad / scale, p.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_lazy_error_is_kept_unscaled_and_overflow_leaves_the_codec():
+    grads = [torch.randn(SHAPE, generator=torch.Generator().manual_seed(k)) for k in range(3)]
+    plain = LowRankBackprop(SHAPE, rank=2, stages=(1,), lazy_error=True)
+    scaled = LowRankBackprop(SHAPE, rank=2, stages=(1,), lazy_error=True)
+    for grad, scale in zip(grads, (2.0**12, 2.0**3, 2.0**7)):
+        overflowed = scaled.encode(1, torch.full(SHAPE, float("inf")), scale=scale)
+        assert torch.isnan(overflowed).all()
+        want = plain.decode(plain.encode(1, grad))
+        got = scaled.decode(scaled.encode(1, grad * scale, scale=scale)) / scale
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -72,6 +72,12 @@ def test_layers_match_plain_modules(runs, world, check):
         assert result["checks"][check] == "ok", f"tp{world} rank {rank}:\n{result['checks'][check]}"
 
 
+def test_fused_embedding_sync(runs):
+    """tests/runtime/embedding_sync_check.py: pp 2 × dp 2, fused equals separate, one collective less."""
+    for rank, result in enumerate(runs[4]):
+        assert result["checks"]["embedding-sync"] == "ok", f"rank {rank}:\n{result['checks']['embedding-sync']}"
+
+
 @pytest.mark.parametrize("arch", ["gpt", "llama"])
 @pytest.mark.parametrize("layout", list(loop.LAYOUTS))
 def test_layout_matches_single_rank(runs, reference, layout, arch):

@@ -1,8 +1,8 @@
-"""The cost of ``parallel.compress = powersgd``: the dp reduction's bytes and the compression's compute.
+"""The cost of ``parallel.compress = powersgd`` or ``topk``: the dp reduction's bytes and the compression's compute.
 
 Takes: ``Hardware``, the weight matrices one rank reduces (each block's linear weights
 on one tp rank, the embedding) and its parameter count, the rank r, the dp group.
-Gives: ``powersgd_cost``, seconds of communication and of compute and the bytes before
+Gives: ``powersgd_cost`` and ``topk_cost``, seconds of communication and of compute and the bytes before
 and after. Before: ``cost/comm.py``. After: ``cost/time.py`` (the dp term) and
 ``planner/why.py`` (the line saying what compression buys and that numerics change).
 
@@ -15,9 +15,19 @@ overlapped with backward: the reduction runs after the last micro-batch (unlike 
 0's buckets, which hide behind backward), so a compressed layout wins only where the
 network is slow enough that the bytes saved outweigh that exposed time: typically
 dp spanning nodes over commodity links.
+
+Note [topk cost]: runtime/compress.py (Note [topk]) sends k = ⌈ratio·Ψ⌉ (value fp32,
+index int32) pairs of the rank's flat gradient in two all-gathers: each rank receives
+every rank's k pairs, so what moves grows with dp (dp·8k bytes in, against the 2·4Ψ of
+an exact ring all-reduce): top-k gains most over few, slow dp ranks. Its compute is
+memory bound: reading the gradient and the error, the selection over |g + e|, writing
+the error back, the scatter of dp·k entries and the mean into the gradients (about six
+passes over 4Ψ bytes). Exposed, after backward, as PowerSGD's.
 """
 
 from __future__ import annotations
+
+import math
 
 from dataclasses import dataclass
 
@@ -51,4 +61,18 @@ def powersgd_cost(hw: Hardware, matrices, *, params: int, rank: int, size: int, 
     return CompressionCost(
         comm_s=comm, compute_s=compute * hw.contention, exact_bytes=4.0 * params,
         compressed_bytes=4.0 * (p_elements + q_elements + whole),
+    )
+
+
+TOPK_PASSES = 6
+"""Memory passes over the rank's fp32 gradient that top-k's compression makes (Note [topk cost])."""
+
+
+def topk_cost(hw: Hardware, *, params: int, ratio: float, size: int, stride: int) -> CompressionCost:
+    """Top-k of ``params`` gradient elements over ``size`` dp ranks; Note [topk cost]."""
+    k = max(1, math.ceil(ratio * params))
+    comm = 2 * collective_time(hw, "all_gather", 4.0 * k * size, size=size, stride=stride)  # values, indices
+    compute = (TOPK_PASSES * 4.0 * params + 8.0 * k * size) / hw.memory_bandwidth
+    return CompressionCost(
+        comm_s=comm, compute_s=compute * hw.contention, exact_bytes=4.0 * params, compressed_bytes=8.0 * k,
     )

@@ -279,7 +279,10 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
             shard = math.ceil((params - experts) / layout.dp) + math.ceil(experts / expert_data_ranks(layout))
             optim_b = (12.0 if low else 8.0) * shard
             grad_b = 4.0 * shard if layout.zero == 2 else grad_b
-        if accounting is Accounting.PARC and layout.zero == 2 and layout.dp > 1:
+        if accounting is Accounting.PARC and layout.zero == 2 and layout.dp > 1 and layout.compress != "none":
+            # the compressor needs whole gradients (runtime/zero.py, Note [compression under ZeRO])
+            grad_b += grad_element * params
+        elif accounting is Accounting.PARC and layout.zero == 2 and layout.dp > 1:
             # Partial sp gradients wait, whole, for their sum over tp when backward ends.
             grad_b += grad_element * sequence_parallel_params(model, layout, rank, stage_layers)
         if accounting is Accounting.PARC and layout.zero == 3 and layout.dp > 1:

@@ -36,7 +36,8 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   gradient on the same link during backward (parc's: the last micro-batch's only; no
   gather after the step), at what ZeRO-3 reaches across nodes. ``compress =
   powersgd`` replaces the reduction by its factors' all-reduces plus the
-  compression's compute, both exposed (Note [powersgd cost]).
+  compression's compute, both exposed (Note [powersgd cost]); ``topk`` by its two
+  all-gathers and its selection (Note [topk cost]).
 - pipeline: a (b, s, h) message per chunk boundary; the makespan of the runtime's
   schedule (``cost/bubble.py``); bubble = makespan − the busy time.
 - mixture of experts: the experts' compute and the ep all-to-alls (``cost/experts.py``,
@@ -62,7 +63,7 @@ from .bubble import makespan
 from .context import cp_comm
 from .tp2d import grid_block_comm, grid_head_comm
 from .comm import collective_latency, collective_time, ring_time
-from .compress import RANK, powersgd_cost
+from .compress import RANK, powersgd_cost, topk_cost
 from .experts import expert_reduce, moe_block
 from .hardware import Hardware, Link, gemm_time
 from .layout import SETTING_NAMES, Accounting, Layout, expert_data_ranks, rank_expert_params, rank_params
@@ -281,8 +282,8 @@ def step_time(
     overlapped = accounting is Accounting.PARC and layout.zero <= 3 and not hw.comm_on_cores
     dp_exposed = (max(0.0, reduce - last_backward) if overlapped else reduce) + gather
     compression = 0.0
-    if layout.compress == "powersgd" and reducing > 1:  # cost/compress.py, Note [powersgd cost]
-        cost = powersgd_compression(spec, layout, params, hw)
+    if layout.compress != "none" and reducing > 1:  # cost/compress.py, Note [powersgd cost], [topk cost]
+        cost = compression_cost(spec, layout, params, hw)
         reduce = dp_comm = cost.comm_s
         compression = cost.compute_s
         dp_exposed = reduce + compression + gather  # after backward, not behind it
@@ -383,6 +384,14 @@ def block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting
     return (forward, backward, tp_forward, tp_backward,
             block.forward_s + cp_forward + experts.exposed_forward,
             exposed_backward + cp_backward + recomputed + experts.exposed_backward, experts.moved)
+
+
+def compression_cost(spec: Spec, layout: Layout, params: int, hw: Hardware):
+    """``cost/compress.py``'s figures for ``layout.compress`` (powersgd or topk) on pipeline rank 0."""
+    if layout.compress == "topk":
+        ratio = spec.parallel.compress_ratio  # the key's default under compress = auto
+        return topk_cost(hw, params=params, ratio=ratio, size=layout.dp * layout.cp, stride=layout.tp)
+    return powersgd_compression(spec, layout, params, hw)
 
 
 def powersgd_compression(spec: Spec, layout: Layout, params: int, hw: Hardware):
