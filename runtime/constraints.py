@@ -1084,7 +1084,6 @@ def tp_2d(tp_shape) -> bool:
 _NOT_WITH_2D = (
     # (value name, is it on?, the spec key, what to write instead)
     ("cp", lambda v: v > 1, "parallel.cp", "cp = 1"),
-    ("zero", lambda v: v > 2, "parallel.zero", "zero = 1 or 2"),
     ("experts", lambda v: v > 0, "model.experts", "a dense model"),
     ("layer_tp", lambda v: v is not None, "parallel.tp", "one tp for every layer"),
     ("overlap", lambda v: any(k is not None and k > 1 for k in entries(v)), "parallel.overlap", "overlap = none"),
@@ -1094,7 +1093,7 @@ _NOT_WITH_2D = (
 
 
 @rule("PAR0277", BUILD)
-def build_tp_2d_with(tp_shape, cp=None, zero=None, experts=None, layer_tp=None, overlap=None,
+def build_tp_2d_with(tp_shape, cp=None, experts=None, layer_tp=None, overlap=None,
                      compress=None, compress_pp=None):
     """2D tensor parallelism is built for dense models with dp, pp, sp (over a row: Note [2D
     sequence parallelism]), ZeRO 1/2, recompute and any precision; the features below shard
@@ -1102,7 +1101,7 @@ def build_tp_2d_with(tp_shape, cp=None, zero=None, experts=None, layer_tp=None, 
     units; expert dispatch; per-layer tp; sub-batch overlap; the compressed dp and pp paths)."""
     if not tp_2d(tp_shape):
         return None
-    values = dict(cp=cp, zero=zero, experts=experts, layer_tp=layer_tp, overlap=overlap,
+    values = dict(cp=cp, experts=experts, layer_tp=layer_tp, overlap=overlap,
                   compress=compress, compress_pp=compress_pp)
     for name, on, key, instead in _NOT_WITH_2D:
         value = values[name]

@@ -54,6 +54,7 @@ CASES = {
     "gpt tp4 2x2": ("gpt.par", dict(tp=4, tp_shape="(2, 2)")),
     "llama tp4 2x2 sp": ("llama.par", dict(tp=4, sp="true", tp_shape="(2, 2)")),
     "gpt dp2·tp2 2x1 sp zero2": ("gpt.par", dict(dp=2, tp=2, sp="true", zero=2, tp_shape="(2, 1)")),
+    "gpt dp2·tp2 2x1 zero3": ("gpt.par", dict(dp=2, tp=2, zero=3, tp_shape="(2, 1)")),
 }
 
 

@@ -255,10 +255,11 @@ def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_laye
     total = 0
     for (start, stop), first, last in _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers),
                                               placement_kind(layout)):
-        root = desc.stage_params(layout.tp, layers=(start, start), first=first, last=last).elements
+        root = desc.stage_params(layout.tp, layers=(start, start), first=first, last=last, grid=layout.grid).elements
         total += math.ceil(root / layout.dp)
         if layout.expert_folds == 1:
-            block = desc.stage_params(layout.tp, layers=(start, start + 1), first=False, last=False).elements
+            block = desc.stage_params(layout.tp, layers=(start, start + 1), first=False, last=False,
+                                      grid=layout.grid).elements
             total += (stop - start) * math.ceil(block / layout.dp)
         else:  # Note [experts as units] (fsdp.py): a MoE block's experts sharded over edp
             total += sum(_zero3_block(desc, layout, i) for i in range(start, stop))

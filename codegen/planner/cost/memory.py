@@ -307,7 +307,7 @@ def zero3_working_set(spec: Spec, layout: Layout, params: int, accounting: Accou
     element = 2.0 if accounting is Accounting.MEGATRON or uses_master_weights(spec) else 4.0  # gathered
     packed = 2.0 if accounting is Accounting.MEGATRON else 4.0  # the reduce-scattered copy: fp32 in parc
     block = model_desc(model).stage_params(
-        layout.tp, layers=(0, 1), first=False, last=False, sharded=None
+        layout.tp, layers=(0, 1), first=False, last=False, sharded=None, grid=layout.grid
     ).elements if model.layers else 0
     root = max(0, params - block * layout_blocks(model, layout))
     prefetch = int(getattr(spec.parallel, "zero_prefetch", 1))
