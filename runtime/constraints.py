@@ -1096,9 +1096,9 @@ _NOT_WITH_2D = (
 def build_tp_2d_with(tp_shape, cp=None, experts=None, layer_tp=None, overlap=None,
                      compress=None, compress_pp=None):
     """2D tensor parallelism is built for dense models with dp, pp, sp (over a row: Note [2D
-    sequence parallelism]), ZeRO 1/2, recompute and any precision; the features below shard
-    or move the hidden state in ways the 2D layers do not meet yet (cp; ZeRO-3's gathered
-    units; expert dispatch; per-layer tp; sub-batch overlap; the compressed dp and pp paths)."""
+    sequence parallelism]), ZeRO 1/2/3, recompute and any precision; the features below shard
+    or move the hidden state in ways the 2D layers do not meet yet (cp; expert dispatch;
+    per-layer tp; sub-batch overlap; the compressed dp and pp paths)."""
     if not tp_2d(tp_shape):
         return None
     values = dict(cp=cp, experts=experts, layer_tp=layer_tp, overlap=overlap,
