@@ -3,18 +3,20 @@
 A GPT with a large vocabulary and few, small blocks (``bench/specs/small.par`` with
 ``--set``) on 2 CPU ranks, ``tp``, ``dp`` and ``micro_batch`` left to the planner, this machine measured
 first (``parc profile --ranks 2 --quick``, unless ``--profile`` names a file). A memory
-limit is then set with ``mesh.device_memory`` halfway between the planner's peak of
-uniform dp 2 (fast on a CPU: no tensor-parallel collectives, but every rank holds the
-whole vocabulary) and of uniform tp 2, so that dp 2 does not fit; the per-layer search
-(codegen/planner/layer_search.py) predicts that blocks at tp 1 with the embedding and
-head layers at tp 2 win. ``parc build`` builds the planner's winner (the auto spec) and
+limit is then set with ``mesh.device_memory``: of 11 limits between the least and the
+most any uniform layout needs, the one where the per-layer search
+(codegen/planner/layer_search.py) predicts a per-layer layout to win by the most (dp 2 is
+fast on a CPU: no tensor-parallel collectives, but every rank holds the whole
+vocabulary; tp 2 halves it). ``parc build`` builds the planner's winner (the auto spec) and
 the best uniform layout that fits (written out), the runs alternate (drift hits both
 alike), and the table shows, for each: the median measured step time, the planner's
 prediction, their ratio, the measured and predicted bytes per rank (parameters,
 gradients, optimizer state, saved activations; the trainer's meter), and the speedup
 of the per-layer layout over the uniform one, measured and predicted. The machine's
-load is printed before and after. A benchmark, not a test: only figures from one run
-on one machine compare.
+load is printed before and after. Then the same model under pp = 2 (2 stages of 2 ranks,
+recompute left to the planner too), predicted only: the per-stage search's choice
+(codegen/planner/layer_pipeline.py) against the best uniform pipelined layout. A
+benchmark, not a test: only figures from one run on one machine compare.
 
     python bench/heterogeneous.py [--steps 6] [--repeats 2] [--profile FILE]
 """
@@ -41,13 +43,16 @@ MODEL = dict(layers=6, hidden=128, heads=2, ffn=512, seq_len=64, vocab=16384)
 BATCH = dict(micro_batch="auto", global_batch=16)
 FIXED = ["parallel.pp=1", "parallel.sp=false", "parallel.zero=0", "parallel.recompute=none",
          "parallel.overlap=none", "mesh.devices_per_node=2"]
+PIPELINED = ["parallel.pp=2", "parallel.schedule=1f1b", "parallel.sp=false", "parallel.zero=0",
+             "parallel.recompute=auto", "parallel.overlap=none", "mesh.devices_per_node=4"]
+"""The pipelined case: 2 stages of 2 ranks, recompute left to the planner too."""
 WARMUP = 2
 
 
-def sets(profile: Path, memory: float | None, layout: list[str]) -> list[str]:
+def sets(profile: Path, memory: float | None, layout: list[str], fixed: list[str] = FIXED) -> list[str]:
     out = [f"model.{key}={value}" for key, value in MODEL.items()]
     out += [f"train.{key}={value}" for key, value in BATCH.items()]
-    out += FIXED + [f'mesh.profile="{profile}"']
+    out += fixed + [f'mesh.profile="{profile}"']
     out += [f"mesh.device_memory={int(memory)} B"] if memory else []
     return out + layout
 
@@ -65,8 +70,57 @@ def with_sets(command: list[str], items: list[str]) -> list[str]:
     return command
 
 
-def plan(profile: Path, memory: float | None, layout: list[str]) -> dict:
-    return json.loads(parc(*with_sets(["plan", str(SPEC), "--json", "--top", "0"], sets(profile, memory, layout))))
+def plan(profile: Path, memory: float | None, layout: list[str], fixed: list[str] = FIXED) -> dict:
+    command = ["plan", str(SPEC), "--json", "--top", "0"]
+    return json.loads(parc(*with_sets(command, sets(profile, memory, layout, fixed))))
+
+
+def scan(profile: Path, fixed: list[str], points: int = 12):
+    """(predicted speedup, memory limit, winner, best uniform) at the limit, among ``points``
+    - 1 steps between the least and the most any uniform layout needs, where a per-layer
+    layout (degrees or settings) wins by the most; None if none wins."""
+    from parc.codegen.planner.cost import hardware_for
+    from parc.codegen.planner.search import search
+    from parc.dsl import load
+
+    auto = ["parallel.tp=auto", "parallel.dp=auto"]
+
+    def planned(memory):
+        spec = load(str(SPEC), sets(profile, memory, auto, fixed))
+        return search(spec, hardware_for(spec))
+
+    peaks = [item.memory.total for item in planned(None).estimates if item.buildable]
+    low, high = min(peaks), max(peaks)
+    found = None
+    for k in range(1, points):
+        memory = (low + (high - low) * k / points) / 0.95  # 95% is usable
+        result = planned(memory)
+        chosen, uniform = result.winner, result.best_uniform
+        if chosen is None or uniform is None or not (chosen.layout.layer_tp or chosen.layout.per_layer):
+            continue
+        gain = uniform.time.step / chosen.time.step
+        if found is None or gain > found[0]:
+            found = (gain, memory, chosen, uniform)
+    return found
+
+
+def pipelined_prediction(profile: Path, points: int = 12) -> list[str]:
+    """The planner's per-stage choice under pp = 2 (cost/per_stage.py, layer_pipeline.py)
+    against the best uniform pipelined layout, predicted only, at the scanned limit where a
+    per-layer layout wins by the most. The profile is of 2 ranks; 4 ranks on its cores
+    would contend more (the figures compare the two layouts, not this machine)."""
+    found = scan(profile, PIPELINED, points)
+    if found is None:
+        return [f"pipelined, predicted only: no per-layer layout wins at any of {points - 1} memory limits"]
+    gain, memory, chosen, uniform = found
+    lines = [f"pipelined, predicted only: pp 2 × 2 ranks, recompute = auto, mesh.device_memory = "
+             f"{memory / 2**20:.1f} MiB (the best of {points - 1} limits scanned)"]
+    for name, item in (("planner's choice", chosen), ("best uniform", uniform)):
+        layout = item.layout
+        words = " ".join([layout.describe(), f"mb {layout.micro_batch}", *layout.settings_words()])
+        lines.append(f"  {name:<17} {words:<72} {item.time.step * 1e3:8.1f} ms {item.memory.total / 2**20:6.1f} MiB")
+    lines.append(f"  predicted speedup of the per-stage choice: {gain:.2f}×")
+    return lines
 
 
 def state_and_activations(item: dict) -> float:
@@ -116,11 +170,14 @@ def main() -> None:
             parc("profile", "--ranks", "2", "--quick", "-o", str(profile), timeout=1200)
             print(f"profiled this machine (2 ranks, --quick) in {time.time() - start:.0f} s", file=sys.stderr)
         profile = profile.resolve()
+        pipelined = pipelined_prediction(profile)
         auto = ["parallel.tp=auto", "parallel.dp=auto"]
         free = plan(profile, None, auto)["layouts"]
         dp2 = next(x for x in free if x["tp"] == 1 and x["dp"] == 2)  # the fastest of each (any micro_batch)
-        tp2 = next(x for x in free if x["tp"] == 2 and x["dp"] == 1)
-        memory = (dp2["peak_mem_bytes"] + tp2["peak_mem_bytes"]) / 2 / 0.95  # 95% is usable
+        found = scan(profile, FIXED)
+        if found is None:
+            raise SystemExit("no memory limit makes a per-layer layout win on this profile")
+        memory = found[1]
         result = plan(profile, memory, auto)
         chosen = result["layouts"][result["winner"]]
         uniform = next(x for x in result["layouts"] if x["fits"] and x["buildable"]
@@ -140,7 +197,8 @@ def main() -> None:
     step = {name: statistics.median(r["step_time_s"] for r in rows[WARMUP:] if "step_time_s" in r)
             for name, rows in records.items()}
     print(f"model {MODEL}, {BATCH}, 2 CPU ranks (gloo), {args.repeats} × {args.steps} steps each; "
-          f"mesh.device_memory = {memory / 2**20:.1f} MiB (halfway between uniform dp 2 and tp 2)")
+          f"mesh.device_memory = {memory / 2**20:.1f} MiB (of 11 limits scanned, where a per-layer layout "
+          "is predicted to win by the most)")
     print(f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
           f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
     print(f"{'layout':<17} {'':<34} {'step ms':>8} {'pred ms':>8} {'meas/pred':>9} {'MiB':>7} {'pred MiB':>8}")
@@ -154,6 +212,7 @@ def main() -> None:
           f"predicted {predicted_speedup:.2f}×")
     print(f"uniform dp 2 (does not fit {memory / 2**20:.1f} MiB): predicted {dp2['step_time_s'] * 1e3:.1f} ms, "
           f"{dp2['peak_mem_bytes'] / 2**20:.1f} MiB")
+    print("\n".join(pipelined))
 
 
 if __name__ == "__main__":

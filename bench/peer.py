@@ -115,7 +115,8 @@ train {{
 DIFFERENCES = """\
 What differs (same shapes, parameter counts printed above):
 - dp: parc all-reduces gradients (bucketed, overlapped with backward); torchtitan
-  shards parameters with FSDP2 (its default, data_parallel_shard_degree).
+  replicates (data_parallel_replicate_degree, DDP) unless --titan-dp shard: its FSDP2
+  default reduce-scatters with PREMUL_SUM, which gloo does not have.
 - init: torchtitan truncated-normal 0.02, depth-scaled for wo/w2/w3, embedding N(0,1),
   head std hidden^-0.5; parc its own (runtime/param_init.py). Timing only, no parity.
 - rotary: torchtitan rotates interleaved pairs (complex), parc halves; same cost.
@@ -184,8 +185,8 @@ def run_parc(build: Path, dp: int, tp: int, steps: int) -> float:
     return statistics.median(r["tokens_per_s"] for r in records[WARMUP:])
 
 
-def run_titan(shapes: Shapes, dp: int, tp: int, steps: int, workdir: Path) -> dict:
-    argv = [str(ROOT / "bench" / "peer_titan.py"), f"--dp={dp}", f"--tp={tp}", f"--steps={steps}",
+def run_titan(shapes: Shapes, dp: int, tp: int, steps: int, workdir: Path, dp_kind: str) -> dict:
+    argv = [str(ROOT / "bench" / "peer_titan.py"), f"--dp={dp}", f"--tp={tp}", f"--steps={steps}", f"--dp-kind={dp_kind}",
             f"--warmup={WARMUP}", f"--ffn={shapes.ffn}", f"--dump={workdir / 'titan'}"]
     for name in ("layers", "hidden", "heads", "kv_heads", "vocab", "seq_len", "micro_batch", "global_batch"):
         argv.append(f"--{name.replace('_', '-')}={getattr(shapes, name)}")
@@ -199,6 +200,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="alternating runs of each side per layout")
     parser.add_argument("--steps", type=int, default=6, help=f"timed steps per run (after {WARMUP} warm-up)")
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated: " + ", ".join(LAYOUTS))
+    parser.add_argument("--titan-dp", choices=("replicate", "shard"), default="replicate",
+                        help="torchtitan's dp: replicated parameters with all-reduced gradients (DDP, like parc's "
+                        "dp; the default) or FSDP2 sharding, whose reduce-scatter needs PREMUL_SUM, which gloo lacks")
     args = parser.parse_args()
     if args.setup:
         return setup()
@@ -220,7 +224,7 @@ def main() -> int:
             parc, titan, params = [], [], None
             for _ in range(args.repeat):  # alternating
                 parc.append(run_parc(build, dp, tp, args.steps))
-                result = run_titan(shapes, dp, tp, args.steps, Path(tmp))
+                result = run_titan(shapes, dp, tp, args.steps, Path(tmp), args.titan_dp)
                 titan.append(result["tokens_per_s"])
                 params = result["local_parameters"]
                 print(f"  ... {name}: parc {parc[-1]:.0f} tok/s, torchtitan {titan[-1]:.0f} tok/s; {load()}",

@@ -57,6 +57,10 @@ def _tick_step(unit_px: float) -> int:
     return 10000
 
 
+MARK = "<!-- written by parc explain -->"
+"""The chart's second line: ``explain`` replaces a ``schedule.svg`` only when it starts so."""
+
+
 def svg(timeline, *, chunks: int, title: str, subtitle: str, time_label: str, part: str = "chunk") -> str:
     """The chart of ``timeline`` (times in forward units) as a complete SVG document.
     ``part``: what an event's ``chunk`` is (``"slice"``: terapipe's token slice)."""
@@ -75,6 +79,7 @@ def svg(timeline, *, chunks: int, title: str, subtitle: str, time_label: str, pa
     height = legend_y + 30
     out = [
         '<?xml version="1.0" encoding="UTF-8"?>',
+        MARK,
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{number(width)}" height="{number(height)}" '
         f'viewBox="0 0 {number(width)} {number(height)}" font-family="{FONT}" font-size="11">',
         f'<rect x="0" y="0" width="{number(width)}" height="{number(height)}" fill="#ffffff"/>',

@@ -50,12 +50,18 @@ def overlaps_experts(plan: Plan) -> bool:
     return expert_parallel(plan) > 1 and any(k > 1 for k in plan.per_block("overlap"))
 
 
+def data_ranks(plan: Plan) -> str:
+    """The ranks whose mean loss a step takes (dp, × cp: Note [MoE under context parallelism])."""
+    return "DP * CP" if plan.mesh.size("cp") > 1 else "DP"
+
+
 def group_lines(plan: Plan) -> list[str]:
     if not folds_experts(plan):
         return []
     ep, etp = plan.model.expert_parallel, plan.model.expert_tensor_parallel
+    folded = "dp·cp·tp" if plan.mesh.size("cp") > 1 else "dp·tp"
     lines = [
-        "# Note [parallel folding] (mesh.py): expert layers re-read the dp·tp ranks as",
+        f"# Note [parallel folding] (mesh.py): expert layers re-read the {folded} ranks as",
         "# edp·ep·etp; tokens go to their experts' ranks over ep_group (all-to-all), and",
         "# the experts' gradients reduce over edp_group",
     ]
@@ -89,15 +95,16 @@ def zero_args(plan: Plan) -> str:
     Note [experts under ZeRO]); ZeRO-3 in units of their own (fsdp.py, Note [experts as units])."""
     if not folds_experts(plan):
         return ""
-    return f", {_groups(plan)}, edp_group=edp_group, data_ranks=DP"
+    return f", {_groups(plan)}, edp_group=edp_group, data_ranks={data_ranks(plan)}"
 
 
 def after_backward_lines(plan: Plan) -> list[str]:
     if not folds_experts(plan):
         return []
+    over = "dp × cp" if plan.mesh.size("cp") > 1 else "dp"
     return [
-        "# each expert's grad holds its ep group's tokens: sum over edp, mean over dp\n"
-        "moe.reduce_expert_grads(net, edp_group, data_ranks=DP)"
+        f"# each expert's grad holds its ep group's tokens: sum over edp, mean over {over}\n"
+        f"moe.reduce_expert_grads(net, edp_group, data_ranks={data_ranks(plan)})"
     ]
 
 
@@ -117,10 +124,12 @@ def metric_lines(plan: Plan) -> list[str]:
         return []
     # tp ranks route the same tokens, or under sp each its own shard (Note [MoE under sequence parallelism])
     replicas = "1" if plan.sequence_parallel.enabled else "TP"
+    over = "dp × cp" if plan.mesh.size("cp") > 1 else "dp"
     return [
-        "# the aux losses (mean over micro-batches and dp) and each expert's tokens, all ranks",
+        f"# the aux losses (mean over micro-batches and {over}) and each expert's tokens, all ranks",
         "moe_metrics = moe.step_metrics(",
-        f"    net, config, micro_batches=GRAD_ACCUM, stage_ranks=DP * TP, replicas={replicas}, device=dist.device",
+        f"    net, config, micro_batches=GRAD_ACCUM, stage_ranks={data_ranks(plan)} * TP, replicas={replicas},"
+        " device=dist.device",
         ")",
     ]
 

@@ -924,17 +924,6 @@ def build_grad_reduce(grad_reduce, zero):
                       "use grad_reduce = fp32 (the default) with zero >= 1, or zero = 0 with grad_reduce = bf16")
 
 
-@rule("PAR0810", BUILD)
-def build_expert_parallel(ep, etp, cp=None):
-    """Expert parallelism (ep, etp) folds dp·tp (cp = 1): expert layers over cp are a later slice."""
-    if ep * etp == 1 or (cp or 1) == 1:
-        return None
-    what = " × ".join(f"{name} = {value}" for name, value in (("ep", ep), ("etp", etp)) if value > 1)
-    return _violation("PAR0810", ("parallel.ep" if ep > 1 else "parallel.etp", "parallel.cp"),
-                      f"expert parallelism ({what}) with cp = {cp} is not supported yet by parc build",
-                      "write cp = 1 with ep > 1 or etp > 1, or ep = etp = 1")
-
-
 @rule("PAR0813", BUILD)
 def build_expert_parallel_zero(ep, zero, etp=1, zero_shard=None):
     """ZeRO 1/2 keep the experts in a flat buffer of their own over edp (zero.py, Note
@@ -949,22 +938,29 @@ def build_expert_parallel_zero(ep, zero, etp=1, zero_shard=None):
                       "write zero_shard = dp with ep > 1 (the experts' units shard over their edp ranks), or ep = 1")
 
 
+def _drops(capacity_factor) -> bool:
+    """Whether a capacity drops tokens: ``none`` (dropless, the default) is the word as
+    written at check time and None in a built ``Spec``."""
+    return capacity_factor not in (None, "none")
+
+
 @rule("PAR0811", BUILD)
-def build_moe_context_parallel(experts, cp=None):
-    """Context parallelism splits each sequence over cp ranks, whose tokens are routed
-    apart: the aux losses (and the expert folding over cp) are not built for that yet."""
-    if experts == 0 or (cp or 1) == 1:
+def build_moe_context_capacity(capacity_factor, cp=None):
+    """A capacity keeps each expert's best tokens of the micro-batch; under cp a rank routes
+    a chunk of each sequence, and the drop ranking over the whole micro-batch is not built
+    (Note [MoE under context parallelism]: dropless routing is)."""
+    if not _drops(capacity_factor) or (cp or 1) == 1:
         return None
-    return _violation("PAR0811", ("parallel.cp", "model.experts"),
-                      f"a mixture-of-experts model with cp = {cp} is not supported yet by parc build",
-                      "write cp = 1 with experts > 0 (sp = true splits the sequence over tp instead)")
+    return _violation("PAR0811", ("model.capacity_factor", "parallel.cp"),
+                      f"capacity_factor = {capacity_factor} with cp = {cp} is not supported yet by parc build",
+                      "write capacity_factor = none (dropless) with cp > 1, or cp = 1")
 
 
 @rule("PAR0830", BUILD)
 def build_moe_sp_capacity(capacity_factor, sp):
     """A capacity keeps each expert's best tokens of the micro-batch; under sp a rank routes
     a sequence shard, and the drop ranking over the whole micro-batch is not built."""
-    if sp is not True:  # capacity_factor = none (dropless) is None: the rule does not run
+    if not _drops(capacity_factor) or sp is not True:
         return None
     return _violation("PAR0830", ("model.capacity_factor", "parallel.sp"),
                       f"capacity_factor = {capacity_factor} with sp = true is not supported yet by parc build",
@@ -1187,8 +1183,9 @@ def hetero_products(layers, tp, dp, layer_tp=None, layer_dp=None):
 @rule("PAR0252")
 def hetero_degrees_divide(layer_tp):
     """Neighbouring degrees divide one another: a change of degree splits or gathers the batch."""
-    for t in layer_tp:
-        for u in layer_tp:
+    degrees = sorted(set(layer_tp))  # each pair once: a 96-layer list has few degrees
+    for t in degrees:
+        for u in degrees:
             if max(t, u) % min(t, u):
                 return _violation("PAR0252", "parallel.tp",
                                   f"tp degrees {t} and {u} in one stage do not divide one another",

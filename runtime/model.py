@@ -448,6 +448,8 @@ class Transformer(nn.Module):
         })
         for block in self.layers.values():
             block.attn.context = self.context
+            if block.moe and self.context is not None:  # Note [MoE under context parallelism] (moe.py)
+                block.mlp.context_group = self.context.group
         if self.last:
             self.final_norm = build.norm(C, rms=config.arch == "llama", eps=config.norm_eps)
             if tp_grid is not None and (not config.tie_embeddings or not self.first):

@@ -25,6 +25,22 @@ train.py gives each micro-batch's mean loss), as Megatron's ``MoEAuxLossAutoScal
 the objective is the LM loss plus the aux losses on every pipeline stage without the
 stages handing losses to each other. The logged ``loss`` stays the LM loss; ``aux_loss``
 and ``z_loss`` are logged beside it (``step_metrics``).
+
+Note [MoE under context parallelism]: each cp rank holds T/cp tokens of every sequence
+of the micro-batch (``data.context_chunk``); routing, dispatch and the experts are per
+token, so a cp rank routes its own chunk as a dp rank routes its own sequences, and the
+expert folding re-reads the stage's dp·cp·tp ranks (mesh.py, Note [parallel folding]):
+an ep group may span cp ranks, and the edp group holds the cp ranks whose experts are
+the same. Two things differ from dp. The aux losses are the whole micro-batch's, as
+one rank takes them: the routed counts, token count and the probabilities' sums are
+summed over cp (after tp under sp: ``aux_losses``), so every cp rank holds the same
+loss. And the gradients of replicated parameters are averaged over dp·cp (the LM loss
+is each cp rank's mean over its T/cp tokens, the mean of those the micro-batch's),
+while each cp rank's share of the aux loss's gradient is a part of a sum: the aux
+losses' backward gives ``loss_scale · cp``, so the average over cp is that sum. Expert
+gradients are summed over edp and divided by dp·cp (``reduce_expert_grads``), as the
+dense ones. A capacity (drop ranking over the micro-batch) is not built with cp
+(PAR0811).
 """
 
 from __future__ import annotations
@@ -160,6 +176,8 @@ class MoEMLP(nn.Module):
         self.etp_group = etp_group  # Note [expert tensor parallelism]
         # Note [MoE under sequence parallelism]: the tp ranks hold different tokens
         self.seq_group = build.group if build.sp else None
+        # Note [MoE under context parallelism]: so do the cp ranks (set by model.Transformer)
+        self.context_group = None
         # Note [expert dispatch under tp]: with ep·etp > 1 the tp ranks (same tokens) each send a share
         self.tp_group = build.group if ep_size * group_size(etp_group) > 1 and not build.sp else None
         grouped = dict(ep_size=ep_size, ep_rank=ep_rank, etp_size=group_size(etp_group), etp_rank=group_rank(etp_group))
@@ -238,7 +256,8 @@ class MoEMLP(nn.Module):
         aux = self.aux_losses(logits, probs, experts)
         self.record(aux, every)
         if aux is not None and torch.is_grad_enabled():
-            out = _AuxLoss.apply(out, aux[0] + aux[1], self.loss_scale)
+            # Note [MoE under context parallelism]: the router's grad is averaged over cp too
+            out = _AuxLoss.apply(out, aux[0] + aux[1], self.loss_scale * group_size(self.context_group))
         return out
 
     fused = None  # the compiled ops (kernels.select, set by model.use_kernels); None: eager
@@ -342,21 +361,24 @@ class MoEMLP(nn.Module):
         rank takes them: the routed counts and token count are summed over tp, the
         probabilities' and squared log-sum-exps' sums too (forward all-reduce, backward
         identity: each rank's tokens get their share of the gradient, and every tp rank
-        holds the same loss, which ``step_metrics`` averages)."""
+        holds the same loss, which ``step_metrics`` averages). Under context parallelism
+        the cp ranks' sums join them (Note [MoE under context parallelism])."""
         if self.aux_coeff == 0 and self.z_coeff == 0:
             return None
         N, E = probs.shape
         routed = torch.bincount(experts.reshape(-1), minlength=E).to(probs.dtype)  # before any drop
-        if self.seq_group is None:
+        groups = [g for g in (self.seq_group, self.context_group) if group_size(g) > 1]
+        if not groups:
             balance = self.aux_coeff * E * torch.sum(routed / (N * self.top_k) * probs.mean(0))
             z = self.z_coeff * torch.logsumexp(logits.float(), -1).square().mean()
             return balance, z
         counted = torch.cat([routed, routed.new_tensor([N])]).detach()
-        with exposed():
-            dist.all_reduce(counted, group=self.seq_group)
+        sums = torch.cat([probs.sum(0), torch.logsumexp(logits.float(), -1).square().sum()[None]])
+        for group in groups:  # over tp (sp), then cp: the micro-batch's tokens
+            with exposed():
+                dist.all_reduce(counted, group=group)
+            sums = reduce_from_group(sums, group)
         routed, total = counted[:E], counted[E]
-        sums = reduce_from_group(torch.cat([probs.sum(0), torch.logsumexp(logits.float(), -1).square().sum()[None]]),
-                                 self.seq_group)
         balance = self.aux_coeff * E * torch.sum(routed / (total * self.top_k) * (sums[:E] / total))
         z = self.z_coeff * sums[E] / total
         return balance, z
@@ -409,7 +431,7 @@ def step_metrics(model: nn.Module, config, *, micro_batches: int, stage_ranks: i
     """This step's ``aux_loss`` (and ``z_loss`` when on): for each MoE layer the mean over
     micro-batches and data-parallel ranks, summed over the layers; ``expert_tokens``: for
     each MoE layer (``layers.i``) the tokens each expert got, summed over ranks.
-    ``stage_ranks``: the ranks that hold a layer (dp·tp of its pipeline stage);
+    ``stage_ranks``: the ranks that hold a layer (dp·cp·tp of its pipeline stage);
     ``replicas``: those of them that route the same tokens (tp), whose copies count once.
     One sum over the world, so every pipeline stage's layers are in it: every rank calls
     it. Resets the counters."""

@@ -25,11 +25,17 @@ k = kv_heads·head_dim, t = tp):
                (h, or h/t under sp).
   MoE block:   the dense MLP's F terms are replaced by the routed rows' (runtime/moe.py):
                r rows per token on this rank (top_k; /t under ep > 1, where each tp rank
-               dispatches a share; times the routing imbalance on the busiest rank), each
-               saving its gathered input h and 4F_e (llama: gate, up, silu, product) or
-               2F_e (gpt: up, gelu), plus every token's top_k combined rows h and their
-               weights, the router's probabilities E and its chosen experts (int64, 2 each)
-               and scores; shared experts as a dense MLP of S·F_e (eager: 4 or 2 per F).
+               dispatches a share, and under sp; times the routing imbalance on the
+               busiest rank), each saving its gathered input h and 4F_e (llama: gate,
+               up, silu, product) or 2F_e (gpt: up, gelu) and its int64 indices (2
+               each: the permutation's; ep's regroup and return, etp's too), plus every
+               token's top_k combined rows h (eager: 2h), their weights and two int64
+               indices, the router's probabilities E, sort indices 2E (the top-k slice
+               keeps the whole int64 storage), chosen scores K and their sum, the
+               z-loss's logits E and log-sum-exp (the router's terms and the combine's
+               /t under sp, where a tp rank routes its own shard and no column linear
+               gathers the MLP's input); shared experts as a dense MLP of S·F_e (eager:
+               4 or 2 per F).
 
   2D grid:     (R, C) = tp_shape (Note [2D tensor parallelism] in layers2d.py): the
                stream and the norms hold h/R features, the column linears' outputs
@@ -65,7 +71,7 @@ def block_saved_elements(
                          compiled=compiled)
     if block.experts and recompute != "full":
         return dense - _dense_mlp(config, block, tp, compiled) + moe_saved_elements(
-            config, block, tp=tp, ep=ep, imbalance=imbalance, etp=etp)
+            config, block, tp=tp, ep=ep, imbalance=imbalance, etp=etp, sp=sp, compiled=compiled)
     return dense
 
 
@@ -134,18 +140,30 @@ def _dense_mlp(config, block, tp: int, compiled: bool) -> float:
     return (3 if compiled else 4) * block.ffn / tp
 
 
-def moe_saved_elements(config, block, *, tp: int, ep: int, imbalance: float = 1.0, etp: int = 1) -> float:
+def moe_saved_elements(config, block, *, tp: int, ep: int, imbalance: float = 1.0, etp: int = 1, sp: bool = False,
+                       compiled: bool = True) -> float:
     """Elements per token a MoE block's router, experts and combine save (Note [what parc's
-    trainer saves], MoE block); eager ops (the experts' activation is not a fused kernel)."""
+    trainer saves], MoE block); the experts' activation is eager either way."""
     h, F, K, E = config.hidden, block.ffn, block.top_k, block.experts
     per_row = 4 * F if config.arch == "llama" else 2 * F
-    rows = K / tp if ep * etp > 1 else K  # Note [expert dispatch under tp] (moe.py)
+    own = 1 / tp if sp else 1  # Note [MoE under sequence parallelism]: a tp rank routes its shard
+    rows = K / tp if ep * etp > 1 or sp else K  # Note [expert dispatch under tp] (moe.py)
     # Note [expert tensor parallelism]: the etp group's rows gathered, each with 1/etp of the ffn
     routed = rows * etp * imbalance * (h + per_row / etp)
-    combine = K * (h + 1)  # the experts' rows before weighting, and the weights
-    router = E + 2 * K + K  # softmax probabilities, the chosen experts (int64), their scores
+    # int64 indices (2 elements a row): the permutation's, and where the ep exchange and the
+    # etp gather regroup the rows arrived and send them back (moe.exchange_plan, run_local)
+    indices = 2 * rows + (4 * rows * imbalance if ep > 1 else 0) + (4 * rows * etp * imbalance if etp > 1 else 0)
+    # each token's top_k rows before weighting (the eager combine also keeps them weighted),
+    # their weights, and two int64 indices of them (the weights' gather, the scatter-add's)
+    combine = own * K * ((h if compiled else 2 * h) + 1 + 2 + 2)
+    # the softmax's probabilities, the sort's int64 indices (the top-k slice keeps all E),
+    # the chosen scores and their sum, the logits and log-sum-exp of the z-loss
+    router = own * (E + 2 * E + K + 1 + E + 1)
     shared = config.shared_experts * per_row  # a dense MLP of S·F_e, replicated over tp
-    return routed + combine + router + shared
+    # under sp without shared experts no column linear gathers the MLP's input: the
+    # router keeps the norm's shard, not the whole input _dense_block counts
+    ungathered = (h / tp - h) if sp and tp > 1 and not config.shared_experts else 0.0
+    return routed + indices + combine + router + shared + ungathered
 
 
 def head_saved_elements(config, *, tp: int, sp: bool, compiled: bool = True, grid=None) -> float:

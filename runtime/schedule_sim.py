@@ -59,7 +59,8 @@ def default_placement(schedule, chunks: int | None = None) -> Placement:
 
 def simulate(schedule, *, forward_time: float = 1.0, backward_time: float = 2.0,
              weight_time: float | None = None, comm_time: float = 0.0,
-             placement: Placement | None = None, slice_scale: tuple[float, ...] = ()) -> Timeline:
+             placement: Placement | None = None, slice_scale: tuple[float, ...] = (),
+             rank_times: tuple[tuple[float, float], ...] = ()) -> Timeline:
     """Run every rank's list in order: F takes ``forward_time`` per chunk and a whole
     backward ``backward_time``; when the schedule splits it (Note [B and W]), W takes
     ``weight_time`` of it (default half, as F = B = W of Qi et al.) and B the rest. A send
@@ -68,17 +69,23 @@ def simulate(schedule, *, forward_time: float = 1.0, backward_time: float = 2.0,
     cannot all finish (naming where each one waits). ``placement``: the schedule's
     (``placement.placement_for``); Megatron's by default. ``slice_scale`` (terapipe with
     uneven slices): each slice's tokens over the mean slice's, scaling its unit's F, B
-    and W (unit u is slice u % S, schedule_terapipe Note [slices as units])."""
+    and W (unit u is slice u % S, schedule_terapipe Note [slices as units]). ``rank_times``:
+    each pipeline rank's own (forward, backward) in place of the two (a heterogeneous
+    layout's stages differ: planner ``cost/per_stage.py``)."""
     stages = len(schedule)
     placement = placement or default_placement(schedule)
-    weight = weight_share(backward_time) if weight_time is None else weight_time
-    split = splits_backward(schedule)
     sent: dict[tuple, float] = {}
     clock = [0.0] * stages
     position = [0] * stages
     events: list[list[Event]] = [[] for _ in range(stages)]
-    duration = {Op.FORWARD: forward_time, Op.BACKWARD: backward_time - weight if split else backward_time,
-                Op.WEIGHT: weight}
+
+    def durations(forward: float, backward: float) -> dict:
+        weight = weight_share(backward) if weight_time is None else weight_time
+        return {Op.FORWARD: forward, Op.BACKWARD: backward - weight if split else backward, Op.WEIGHT: weight}
+
+    split = splits_backward(schedule)
+    duration = durations(forward_time, backward_time)
+    by_rank = [durations(*times) for times in rank_times] if rank_times else [duration] * stages
     progress = True
     while progress:
         progress = False
@@ -97,7 +104,7 @@ def simulate(schedule, *, forward_time: float = 1.0, backward_time: float = 2.0,
                     sent[key] = clock[rank]
                 else:
                     start = clock[rank]
-                    clock[rank] += duration[action.op] * (slice_scale[action.micro % len(slice_scale)]
+                    clock[rank] += by_rank[rank][action.op] * (slice_scale[action.micro % len(slice_scale)]
                                                           if slice_scale else 1.0)
                     events[rank].append(Event(action.op, action.micro, action.chunk, start, clock[rank]))
                 position[rank] += 1

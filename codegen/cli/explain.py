@@ -4,6 +4,7 @@ Takes: argv (SPEC, --set, -o DIR). Gives: on stdout the layout, the schedule, it
 fraction (forward = 1, backward = 2 time units per chunk, communication free), each
 rank's bound on micro-batches in flight, each rank's timeline as text and its action
 list; and ``DIR/schedule.svg`` (default: the current folder), the only file it writes.
+It replaces a ``schedule.svg`` it wrote before, never one of anybody else's.
 A layout left ``auto`` is explained as the planner's winner (the one ``parc build``
 generates). Exit status: 0 done, 1 spec errors (or no layout for the ``auto`` values),
 2 usage error.
@@ -32,6 +33,18 @@ from ..errors import BAD_VALUE, error, fail
 SVG_NAME = "schedule.svg"
 FORWARD_TIME, BACKWARD_TIME = 1.0, 2.0
 SPLIT_TIMES = " as B 1 + W 1"  # a split backward (schedule.py, Note [B and W]): simulate's default halves
+
+
+def _ours(target: Path) -> bool:
+    """Whether ``target`` may be replaced: it does not exist, or an earlier ``explain`` wrote it."""
+    try:
+        with open(target, "rb") as f:
+            head = f.read(200).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return head.splitlines()[1:2] == [gantt.MARK]
 
 
 def register(subparsers) -> None:
@@ -288,6 +301,10 @@ def run_explain(args: argparse.Namespace) -> int:
         check_target(target, folder=False)
     except UnwritablePath as exc:
         print(f"parc explain: {exc}", file=sys.stderr)
+        return 1
+    if not _ours(target):
+        print(f"parc explain: {target} exists and was not written by parc explain; it is left as it is\n"
+              f"  hint: move it, or write the chart elsewhere with -o DIR", file=sys.stderr)
         return 1
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,10 @@
 """The per-layer search: each block's tensor-parallel degree and settings, by dynamic programming.
 
 Takes: a ``Spec`` with ``tp = auto``, the uniform layouts the search scored, ``Hardware``.
-Gives: ``per_layer_candidates(...)`` — for each one-stage uniform layout family (the
-stage's ranks, its coarse tp, micro_batch, sp), the heterogeneous layout the dynamic
-program finds best, when it differs from a uniform one — and ``cheapest(...)``, the
-dynamic program itself. Before: ``cost/per_layer.py``. After: ``search.py``.
+Gives: ``per_layer_candidates(...)`` — for each uniform layout family (the stage's
+ranks, its coarse tp, micro_batch, sp, ZeRO stage, and the pipeline's pp and schedule),
+the heterogeneous layout the dynamic program finds best, when it differs from a uniform
+one — and ``cheapest(...)``, the dynamic program itself. Before: ``cost/per_layer.py``. After: ``search.py``.
 
 Note [the per-layer dynamic program]: as Galvatron's, over the layers of a stage. Each
 layer picks an option o = (tp, recompute, overlap) with cost time(o) and memory(o)
@@ -26,7 +26,13 @@ per-layer assignment.
 
 Only layouts the runtime builds are offered: each option is probed against
 ``runtime/constraints.py`` (PAR0250–PAR0255 and every other BUILD rule) and so is the
-result; the cost model covers one stage (pp = 1) and the PARC accounting.
+result, so options the runtime learns to build (overlap, ZeRO-3 with per-layer degrees)
+join the search as the rules accept them. The cost model is the PARC accounting's; a
+pipeline (1f1b, gpipe) runs the program once per stage (``layer_pipeline.py``, Note
+[the per-layer program over a pipeline]). Under a pipeline a family whose layers can
+take one degree only (a micro_batch that does not split) is left to
+``search.mixed_recompute``: the program would only mix recompute, and a 96-layer
+model's families would cost seconds.
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ from .cost import Accounting, Estimate, Hardware, Layout, estimate
 from .cost.estimate import USABLE_MEMORY, layout_values
 from .cost.layout import SETTING_NAMES
 from .cost.per_layer import (
-    Stage, embedding_cost, ends, head_cost, hetero_supported, layer_cost, transition_cost, working_set,
+    Stage, embedding_cost, ends, head_cost, hetero_supported, layer_cost, micro_batches, stage_of, transition_cost,
+    working_set,
 )
 
 BUCKETS = 64
@@ -174,40 +181,67 @@ def per_layer_candidates(spec: Spec, scored: list[Estimate], hw: Hardware, accou
     par, layers = spec.parallel, spec.model.layers
     if par.tp is not None or par.layer_tp is not None or layers < 2 or accounting is not Accounting.PARC:
         return []
+    from .layer_pipeline import pipeline_family  # it builds on this module's program
+
     budget = None if hw.memory is None else hw.memory * USABLE_MEMORY
+    best = min((item.time.step for item in scored if item.fits and item.buildable), default=INF)
     seen, out = set(), []
     for item in scored:
         base = item.layout
-        if base.tp < 2 or base.per_layer or not hetero_supported(spec, base, accounting) or base.schedule != "1f1b":
+        if base.tp < 2 or base.per_layer or not hetero_supported(spec, base, accounting):
             continue
-        stage = Stage(ranks=base.dp * base.tp, tp=base.tp, micro_batch=base.micro_batch, sp=base.sp)
+        stage = stage_of(base)
         if stage in seen:
             continue
         seen.add(stage)
-        found = _family(spec, base, stage, hw, budget)
+        if base.pp > 1 and base.micro_batch % (base.tp // tp_chain(base.tp)[1]):
+            continue  # no layer can take a smaller degree (PAR0253): one degree, nothing to search
+        unprobed = _options(spec, base, probe=False)
+        if not unprobed or bound(spec, stage, hw, unprobed) >= best:
+            continue  # Note [the per-layer dynamic program]: no layout of the family beats the best that fits
+        options = _options(spec, base)
+        if base.pp == 1:
+            found = _family(spec, base, stage, hw, budget, options)
+        else:
+            found = pipeline_family(spec, base, stage, hw, budget, options)
         if found is not None:
             out.append(estimate(spec, found, hw, accounting, exact=False))
     return out
 
 
-def _options(spec: Spec, base: Layout) -> list[tuple[int, tuple]]:
+def _options(spec: Spec, base: Layout, probe: bool = True) -> list[tuple[int, tuple]]:
     """Each (tp, settings) a layer of ``base``'s family may take that the rules allow
-    (probed as one layer at that option among layers at the coarse tp)."""
+    (probed as block 0 at that option among blocks at the coarse tp; with tied embeddings
+    under a pipeline the last block too, PAR0255). A setting left to the planner tries its
+    ``order``, or its ``options`` for the layer's tp and micro-batch piece (overlap).
+    ``probe = False``: before the rules, only the degrees whose piece of the micro-batch is
+    whole (a superset, for ``bound``)."""
     layers = spec.model.layers
     par = spec.parallel
-    values = []
-    for entry in SETTINGS:
-        given = par.setting(entry.name)
-        if isinstance(given, tuple):
-            return []  # a per-layer list given: not searched
-        values.append(entry.order if given is None else (given,))
+    ends = 2 if base.pp > 1 and spec.model.tie_embeddings else 1
     out = []
     for t in tp_chain(base.tp):
+        piece, rest = divmod(base.micro_batch * t, base.tp)
+        if rest or not piece:
+            continue  # PAR0253
+        values = []
+        for entry in SETTINGS:
+            given = par.setting(entry.name)
+            if isinstance(given, tuple):
+                return []  # a per-layer list given: not searched
+            if given is not None:
+                values.append((given,))
+            else:
+                values.append(entry.order or tuple(entry.options({"tp": t, "micro_batch": piece})))
         for settings in _product(values):
-            probe = replace(base, layer_tp=(t,) + (base.tp,) * (layers - 1), **dict(zip(SETTING_NAMES, settings)))
-            uniform = replace(base, tp=t, dp=base.dp * base.tp // t, micro_batch=base.micro_batch * t // base.tp,
+            if not probe:
+                out.append((t, settings))
+                continue
+            probe_tp = (t,) + (base.tp,) * (layers - 2) + ((t,) if ends == 2 else (base.tp,))
+            trial = replace(base, layer_tp=probe_tp, **dict(zip(SETTING_NAMES, settings)))
+            uniform = replace(base, tp=t, dp=base.dp * base.tp // t, micro_batch=piece,
                               sp=base.sp and t > 1, **dict(zip(SETTING_NAMES, settings)))
-            if legal(layout_values(spec, probe), (LAYOUT, BUILD)) and legal(layout_values(spec, uniform), (LAYOUT,)):
+            if legal(layout_values(spec, trial), (LAYOUT, BUILD)) and legal(layout_values(spec, uniform), (LAYOUT,)):
                 out.append((t, settings))
     return out
 
@@ -219,8 +253,30 @@ def _product(values: list) -> list[tuple]:
     return out
 
 
-def _family(spec: Spec, base: Layout, stage: Stage, hw: Hardware, budget) -> Layout | None:
-    options = _options(spec, base)
+def bound(spec: Spec, stage: Stage, hw: Hardware, options) -> float:
+    """A step time no layout of the family goes below (Note [the per-layer dynamic program]):
+    every layer at its fastest option, no reshards, no memory limit, the cheapest ends; under
+    a pipeline each stage's micro-batch at its fastest, through the makespan's closed form."""
+    classes = sorted({t for t, _ in options})
+    if stage.pp == 1:
+        fastest = min(layer_cost(spec, stage, hw, t, s).time for t, s in options)
+        if spec.model.tie_embeddings:
+            ends_time = min(head_cost(spec, stage, hw, c).time for c in classes)
+        else:
+            tables = [embedding_cost(spec, stage, hw, c).time for c in classes]
+            ends_time = min(head_cost(spec, stage, hw, c).time for c in classes) + min(tables) - max(tables)
+        return spec.model.layers * fastest + ends_time
+    from .cost.per_stage import last_stage_ends, stage_bounds
+
+    steps = micro_batches(spec, stage)
+    each = min(layer_cost(spec, stage, hw, t, s).forward + layer_cost(spec, stage, hw, t, s).backward
+               for t, s in options)
+    times = [(stop - start) * each for start, stop in stage_bounds(spec, stage.pp)]
+    return sum(times) + (steps - 1) * max(times) + min(last_stage_ends(spec, stage, hw, c)[0] for c in classes)
+
+
+def _family(spec: Spec, base: Layout, stage: Stage, hw: Hardware, budget, options=None) -> Layout | None:
+    options = _options(spec, base) if options is None else options
     if len({t for t, _ in options}) < 2 and len(options) < 2:
         return None
     common = dict(

@@ -121,8 +121,8 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
     layer_tp = getattr(spec.parallel, "layer_tp", None)
     if layer_tp and not hetero_supported(spec, best.layout, Accounting.PARC):  # cost/per_layer.py: one stage
         lines.append(f"per-layer tp {list(layer_tp)}: predicted as the coarse split tp {spec.parallel.tp} · "
-                     f"dp {spec.parallel.dp} for every layer (the per-layer cost model covers one stage, "
-                     "pp = 1, without cp, ZeRO, experts or compression).")
+                     f"dp {spec.parallel.dp} for every layer (the per-layer cost model covers one stage "
+                     "or a pipeline of 1f1b or gpipe, without cp, experts or compression).")
     fitting = [item for item in items if item.fits]
     if not fitting:
         smallest = min(items, key=lambda item: item.memory.total)
@@ -261,6 +261,18 @@ def _ep_over_replicated(best: Estimate, index: int, items) -> list[str]:
     j = items.index(alone) + 1
     fits = "" if alone.fits else ", and does not fit in memory"
     states = lambda item: item.memory.params + item.memory.grads + item.memory.optimizer  # noqa: E731
+    if best.layout.zero == 3 and alone.layout.zero == 3:  # Note [experts as units] (fsdp.py)
+        return [
+            f"ep {best.layout.ep} over replicated experts under ZeRO-3: ZeRO-3 already shards replicated experts "
+            f"over every rank (states {_gib(states(best))} vs {_gib(states(alone))}), so ep buys communication "
+            f"and compute, not memory: each rank gathers experts/{best.layout.ep} of every MoE layer over edp "
+            f"instead of all of them (data-parallel traffic {_seconds(best.time.dp_comm)[1:]} vs "
+            f"{_seconds(alone.time.dp_comm)[1:]} per step) and runs them on the rows sent to it "
+            f"(compute {_seconds(best.time.compute)[1:]} vs {_seconds(alone.time.compute)[1:]}), for "
+            f"{_seconds(best.time.ep_comm)[1:]} of expert all-to-all per step; the best ep 1 layout, #{j} "
+            f"({_describe(alone)}), takes {_seconds(alone.time.step - best.time.step)[1:]} "
+            f"{'more' if alone.time.step >= best.time.step else 'less'} per step{fits}."
+        ]
     return [
         f"ep {best.layout.ep} over replicated experts: each rank holds experts/{best.layout.ep} of every MoE "
         f"layer, so its weights, gradients and optimizer state are {_gib(states(best))} vs {_gib(states(alone))}, "

@@ -109,14 +109,20 @@ def test_svg_bytes_are_deterministic(capsys, tmp_path):
     assert str(tmp_path).encode() not in first  # no absolute paths
 
 
-def test_default_folder_is_the_current_one_and_overwrites_only_schedule_svg(capsys, tmp_path, monkeypatch):
+def test_default_folder_is_the_current_one_and_replaces_only_its_own_chart(capsys, tmp_path, monkeypatch):
     spec = tmp_path / "tiny.par"
     spec.write_bytes((ROOT / "examples" / "tiny.par").read_bytes())
     (tmp_path / "schedule.svg").write_text("old")
     (tmp_path / "notes.txt").write_text("mine")
     monkeypatch.chdir(tmp_path)
-    status, out, _ = run(capsys, "tiny.par")
-    assert status == 0 and out.endswith("\nwrote schedule.svg\n")
+    status, out, err = run(capsys, "tiny.par")  # a schedule.svg of somebody else's: kept
+    assert status == 1 and out == "" and "schedule.svg exists and was not written by parc explain" in err
+    assert "hint: move it, or write the chart elsewhere with -o DIR" in err
+    assert (tmp_path / "schedule.svg").read_text() == "old"
+    (tmp_path / "schedule.svg").unlink()
+    for _ in range(2):  # written, then replaced: it is its own
+        status, out, _ = run(capsys, "tiny.par")
+        assert status == 0 and out.endswith("\nwrote schedule.svg\n")
     assert (tmp_path / "schedule.svg").read_text().startswith("<?xml")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "schedule.svg", "tiny.par"]
     assert (tmp_path / "notes.txt").read_text() == "mine"

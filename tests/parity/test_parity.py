@@ -248,6 +248,12 @@ MOE_LAYOUTS = {
     "ep2-dp4-zero3": dict(dp=4, parallel__ep=2, parallel__zero=3),  # edp 2: expert shards too
     "ep2-etp2-dp2-tp2-sp-zero3-recompute-full": dict(dp=2, tp=2, sp=True, parallel__ep=2, parallel__etp=2,
                                                      parallel__zero=3, parallel__recompute="full"),
+    # Note [MoE under context parallelism] (moe.py): each cp rank routes its chunk, the aux
+    # and z losses are the micro-batch's (summed over cp), ep and edp fold dp·cp·tp
+    "cp2-ring-zloss": dict(cp=2, parallel__cp_kind="ring", model__z_loss=0.001),
+    "gpt-cp2-ulysses-ep2": dict(arch="gpt", cp=2, parallel__cp_kind="ulysses", parallel__ep=2),
+    "dp2-cp2-ep2-zero1": dict(dp=2, cp=2, parallel__cp_kind="allgather", parallel__ep=2, parallel__zero=1),
+    "cp2-tp2-sp-ep2-etp2": dict(cp=2, tp=2, sp=True, parallel__cp_kind="ring", parallel__ep=2, parallel__etp=2),
 }
 """Every step's loss, aux_loss (z_loss) and expert_tokens, and the first grad norm, vs one rank
 (the tiny llama unless a row says ``arch="gpt"``)."""

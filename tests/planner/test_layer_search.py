@@ -195,9 +195,9 @@ def test_reshard_cost_follows_the_runtime_steps():
     assert with_sp > transition_cost(spec, stage, hw, 4, 2).time
 
 
-def test_a_written_list_is_predicted_per_layer_in_one_stage():
-    """``parc plan`` of a spec giving ``tp = [2, 2, 1, 1]``: costed per layer (pp = 1); under
-    pp = 2 the per-layer model does not reach and the why lines say the coarse split is used."""
+def test_a_written_list_is_predicted_per_layer():
+    """``parc plan`` of a spec giving ``tp = [2, 2, 1, 1]``: costed per layer (pp = 1), and
+    per stage under pp = 2 (cost/per_stage.py): no why line about the coarse split."""
     from parc.codegen.cli.plan import plan
     from parc.codegen.planner.why import why
 
@@ -211,4 +211,7 @@ def test_a_written_list_is_predicted_per_layer_in_one_stage():
     assert not any("coarse split" in line for line in why(spec, plan(spec), hw))
     piped = load(str(ROOT / "examples" / "tiny.par"),
                  ["parallel.tp=[2, 1, 1, 2]", "parallel.dp=[1, 2, 2, 1]", "mesh.devices_per_node=4", "parallel.pp=2"])
-    assert any("coarse split" in line for line in why(piped, plan(piped), hardware_for(piped)))
+    item = plan(piped).estimates[0]
+    coarse = estimate(piped, replace(item.layout, layer_tp=None), hardware_for(piped))
+    assert item.time.step != coarse.time.step and item.memory.total != coarse.memory.total
+    assert not any("coarse split" in line for line in why(piped, plan(piped), hardware_for(piped)))

@@ -49,6 +49,10 @@ CASES = {
     "llama moe dp4 ep2 zero3": ("llama.par", dict(dp=4, ep=2, zero=3, experts=4)),
     # etp: each rank 1/etp of its experts' ffn, running its etp group's rows (Note [expert tensor parallelism])
     "llama moe dp2·tp2 ep2 etp2": ("llama.par", dict(dp=2, tp=2, ep=2, etp=2, experts=4)),
+    # ep over tp (Note [expert dispatch under tp]): each tp rank dispatches a share, rows gathered back
+    "llama moe dp2·tp2 ep4": ("llama.par", dict(dp=2, tp=2, ep=4, experts=4)),
+    # under sp each tp rank routes its own shard: the router's and the combine's tensors per shard
+    "llama moe dp2·tp2 ep2 sp": ("llama.par", dict(dp=2, tp=2, ep=2, sp="true", experts=4)),
     # 2D tensor parallelism (Note [2D tensor parallelism]): the attention repeated on a
     # column's R ranks, the eager 2D norms; with sp the stream's T/C tokens (saved_elements.py)
     "gpt tp4 2x2": ("gpt.par", dict(tp=4, tp_shape="(2, 2)")),

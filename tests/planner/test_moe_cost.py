@@ -98,6 +98,9 @@ def test_mixtral_plans_ep_layouts_and_explains_the_winner():
     states = lambda item: item.memory.params + item.memory.grads + item.memory.optimizer  # noqa: E731
     if winner.layout.zero == 3:
         assert states(replicated) == pytest.approx(states(winner), rel=1e-3)  # Note [experts as units]
+        # so the why line says what ep buys there: communication and compute, not states
+        line = next(line for line in lines if " over replicated experts" in line)
+        assert "under ZeRO-3" in line and "not memory" in line and "data-parallel traffic" in line
     else:
         assert not replicated.fits
         assert states(replicated) > 2 * states(winner)
@@ -109,3 +112,27 @@ def test_the_mean_block_counts_every_expert_flop_once(ep):
     spec = fixed(ep)
     est = estimate(spec, fixed_layout(spec), hardware_for(spec))
     assert est.time.compute > 0 and 0 < est.mfu < 1
+
+
+def test_context_parallel_joins_the_experts_data_parallel_side():
+    # Note [MoE under context parallelism]: expert layers fold dp·cp·tp as edp·ep·etp, so
+    # the cp ranks join edp (the experts' gradient reduction, their ZeRO shards)
+    from parc.codegen.planner.cost.estimate import buildable
+    from parc.codegen.planner.cost.experts import expert_reduce
+    from parc.codegen.planner.cost.layout import expert_data_ranks
+
+    spec = load(MIXTRAL, ["parallel.cp=auto", "parallel.ep=2", "parallel.zero=0", "parallel.recompute=full",
+                          "train.micro_batch=1", "parallel.pp=8"])
+    with_cp = [layout for layout in candidates(spec) if layout.cp > 1]
+    assert with_cp and all(buildable(spec, layout) for layout in with_cp)  # PAR0810/PAR0811 lifted
+    layout = next(layout for layout in with_cp if layout.cp == 2 and layout.tp == 1)
+    assert expert_data_ranks(layout) == layout.dp * 2 // 2
+    hw = hardware_for(spec)
+    flat = replace(layout, cp=1, dp=layout.dp * 2)  # the same ranks as dp: the same edp, the same reduction
+    assert expert_data_ranks(flat) == expert_data_ranks(layout)
+    assert expert_reduce(hw, layout, 1e9, 4.0) == expert_reduce(hw, flat, 1e9, 4.0) > 0
+    # a cp rank routes its chunk: half the rows of the whole sequence per rank
+    tokens = layout.micro_batch * spec.model.seq_len
+    whole = moe_block(spec, flat, hw, tokens=tokens, k=1, size=2.0)
+    chunk = moe_block(spec, layout, hw, tokens=tokens / 2, k=1, size=2.0)
+    assert chunk.forward < whole.forward and chunk.moved < whole.moved

@@ -10,6 +10,7 @@ import pytest
 from parc.codegen.cli import main
 from parc.codegen.planner.cost import hardware_for
 from parc.codegen.planner.cost.comm import collective_time
+from parc.codegen.planner.cost.estimate import estimate
 from parc.codegen.planner.cost.fit import fitted, reference_spec
 from parc.codegen.planner.cost.hardware import from_mesh
 from parc.codegen.planner.cost.time import step_time
@@ -31,7 +32,7 @@ def test_profile_one_rank_is_read_by_the_planner(tmp_path, capsys):
     spec = load(str(spec_file), ['mesh.profile="machine.json"'])  # relative to the spec
     hw = hardware_for(spec)
     assert hw.profile == "machine.json" and hw.matmul_table and hw.elementwise_cost("eager", "gelu") > 0
-    assert hw.peak_flops == max(flops for _, flops in hw.matmul_table)
+    assert hw.peak_flops == pytest.approx(max(flops for _, flops in hw.matmul_table) / min(1.0, hw.gemm_scale))
     assert [ref["hidden"] for ref in data["reference_steps"]] == [ref["hidden"] for ref in REFERENCE_MODELS]
     assert all(ref["step_s"] > 0 for ref in data["reference_steps"])
     assert hw.reference_steps and hw.gemm_scale > 0 and hw.op_overhead > 0  # fitted to them
@@ -55,6 +56,29 @@ def test_fit_recovers_the_figures_the_reference_steps_were_made_with(tmp_path):
     assert result.gemm_scale == pytest.approx(1 / 0.6, rel=1e-6)
     assert result.op_overhead == pytest.approx(40e-6, rel=1e-6)
     assert fitted(base) is base  # no reference steps: nothing to fit
+
+
+def test_a_fit_faster_than_the_table_raises_the_peak_so_mfu_stays_below_one():
+    """A machine whose training GEMMs ran at 1/0.7 of its best square product: the fitted
+    gemm_scale is 0.7, and MFU, which divided by the table's best rate, stayed above 100%
+    (114.8% in one bench case) until the peak rose with the fit."""
+    spec = load("examples/tiny.par")
+    table = tuple((float(n), 50e9 * n / (n + 64)) for n in (32, 64, 128, 256, 512, 1024))
+    base = replace(from_mesh(spec.mesh), matmul_table=table, peak_flops=table[-1][1], cores=2, profiled_ranks=1)
+    truth = replace(base, op_overhead=40e-6, gemm_scale=0.7)
+    steps = []
+    for ref in REFERENCE_MODELS:
+        ref_spec, layout = reference_spec(ref)
+        steps.append({**ref, "kernels": "compiled",
+                      "step_s": step_time(ref_spec, layout, replace(truth, devices_per_node=1)).step})
+    result = fitted(replace(base, op_overhead=3e-6, reference_steps=tuple(steps)))
+    assert result.gemm_scale == pytest.approx(0.7, rel=1e-3)
+    assert result.peak_flops == pytest.approx(table[-1][1] / result.gemm_scale)
+    ref_spec, layout = reference_spec(REFERENCE_MODELS[-1])
+    big = replace(result, devices_per_node=1)
+    assert estimate(ref_spec, layout, big).mfu <= 1.0
+    given = fitted(replace(base, peak_flops=1e12, op_overhead=3e-6, reference_steps=tuple(steps)))
+    assert given.peak_flops == 1e12  # a peak the spec gave is kept
 
 
 def test_fit_and_measured_collectives():

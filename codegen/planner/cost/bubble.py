@@ -89,3 +89,36 @@ def _simulate(kind: str, stages: int, micro_batches: int, chunks: int, backward:
                               slices=slices if kind in SLICED else 1)
     return simulate(schedule, forward_time=1.0, backward_time=backward, comm_time=comm,
                     slice_scale=scale if kind in SLICED else ()).makespan
+
+
+def stage_makespan(kind: str, *, micro_batches: int, times: tuple[tuple[float, float], ...], comm: float,
+                   exact: bool) -> float:
+    """``makespan`` of a one-chunk pipeline (1f1b, gpipe) whose stages differ: ``times`` is each
+    stage's (forward, backward) of one micro-batch. Fast: Σ_p (F_p + B_p) + (M − 1)·max_p (F_p +
+    B_p) + 2·comm per crossing — the bottleneck stage sets the pace, the others fill and drain;
+    equal stages give ``makespan``'s closed form. Exact: the schedule simulated with each
+    rank's times (Note [steady state] as ``makespan``)."""
+    p, m = len(times), micro_batches
+    if p == 1:
+        return m * sum(times[0])
+    if not exact or min(f for f, _ in times) <= 0:
+        whole = [f + b for f, b in times]
+        return sum(whole) + (m - 1) * max(whole) + 2.0 * comm * (m + p - 1)
+    unit = times[0][0]
+    scaled = tuple((round(f / unit, 4), round(b / unit, 3)) for f, b in times)  # as ``makespan`` rounds
+    return unit * _stage_unit_makespan(kind, m, scaled, round(comm / unit, 4))
+
+
+@functools.lru_cache(maxsize=512)
+def _stage_unit_makespan(kind: str, micro_batches: int, times: tuple, comm: float) -> float:
+    p = len(times)
+    if micro_batches > 4 * p:
+        a, b, c = (_simulate_stages(kind, n * p, times, comm) for n in (2, 3, 4))
+        if abs((c - b) - (b - a)) <= 1e-9 * c:
+            return a + (micro_batches - 2 * p) * (b - a) / p
+    return _simulate_stages(kind, micro_batches, times, comm)
+
+
+def _simulate_stages(kind: str, micro_batches: int, times: tuple, comm: float) -> float:
+    schedule = build_schedule(kind, stages=len(times), micro_batches=micro_batches, chunks=1)
+    return simulate(schedule, comm_time=comm, rank_times=times).makespan

@@ -52,19 +52,30 @@ def buildable(spec: Spec, layout: Layout) -> bool:
 
 def layout_values(spec: Spec, layout: Layout) -> dict:
     """``spec``'s values (``constraints.KEYS``) with ``layout`` written in, per-layer degrees too."""
-    from ...spec_values import spec_values  # codegen/spec_values.py imports nothing of cost/
-
-    values = spec_values(spec)
+    values = dict(_spec_values(spec))
     values.update((name, getattr(layout, name)) for name in Layout.__slots__ if name in values)
     values["layer_dp"] = layout.layer_dp
     return values
+
+
+_LAST_VALUES: list = [None, None]
+"""The last spec ``layout_values`` read and its values: the search asks for one spec's
+thousands of times (held, so its ``id`` is not reused)."""
+
+
+def _spec_values(spec: Spec) -> dict:
+    from ...spec_values import spec_values  # codegen/spec_values.py imports nothing of cost/
+
+    if _LAST_VALUES[0] is not spec:
+        _LAST_VALUES[:] = [spec, spec_values(spec)]
+    return _LAST_VALUES[1]
 
 
 def layout_memory(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC) -> MemoryEstimate:
     """``memory(...)``, or for a heterogeneous layout the per-layer model's (Note [per-layer
     layout costs]; its coarse split where that model does not reach)."""
     if layout.layer_tp is not None and hetero_supported(spec, layout, accounting):
-        return MemoryEstimate(per_rank=(hetero_time_memory(spec, layout, hw)[1],), peak_rank=0)
+        return hetero_time_memory(spec, layout, hw)[1]
     return memory(spec, layout if layout.layer_tp is None else replace(layout, layer_tp=None), accounting)
 
 
@@ -72,8 +83,7 @@ def estimate(
     spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC, *, exact: bool = True
 ) -> Estimate:
     if layout.layer_tp is not None and hetero_supported(spec, layout, accounting):
-        time, peak = hetero_time_memory(spec, layout, hw)  # Note [per-layer layout costs]
-        mem = MemoryEstimate(per_rank=(peak,), peak_rank=0)
+        time, mem = hetero_time_memory(spec, layout, hw, exact)  # Note [per-layer layout costs]
     else:  # a heterogeneous layout the per-layer model does not cover: its coarse split
         coarse = layout if layout.layer_tp is None else replace(layout, layer_tp=None)
         time = step_time(spec, coarse, hw, accounting, exact=exact)

@@ -11,16 +11,17 @@ Before: ``cost/layout.py``, ``cost/comm.py``. After: ``cost/time.py``.
 Note [MoE costs] (runtime/moe.py), per MoE block and micro-batch on one rank of n local
 tokens, K = top_k, C hidden, F = expert_ffn, ι = ``model.routing_imbalance`` (the busiest
 ep rank's routed rows over the mean, 1.0 when dropless and balanced):
-- rows: the rank dispatches n·K rows (n/tp under ep > 1 with tp: each tp rank sends a
-  share of the replicated tokens, Note [expert dispatch under tp]); its experts receive
-  as many, times ι on the busiest rank, which the others wait for.
+- rows: the rank dispatches n·K rows, n = micro_batch·seq_len/cp (a cp rank routes its
+  own chunk: Note [MoE under context parallelism]), n/tp under ep > 1 with tp (each tp
+  rank sends a share of the replicated tokens, Note [expert dispatch under tp]); its
+  experts receive as many, times ι on the busiest rank, which the others wait for.
 - compute: the grouped GEMM of each projection (3 for llama, 2 for gpt), 2·rows·C·F FLOPs
   each, at the matmul rate of the per-expert row count (Note [size-dependent efficiency])
   times ``GROUPED_GEMM_EFFICIENCY``; the activation and the permutations (gather,
   scatter, weighting) stream their bytes; each local expert's projection is one dispatch.
   Backward twice the forward.
-- all-to-all over ep (α–β over the links the ep group spans: ep consecutive ranks of the
-  stage's dp·tp, stride 1, ``cost/comm.py``): dispatch and combine each move the rows'
+- all-to-all over ep (α–β over the links the ep group spans: ep ranks etp apart among the
+  stage's dp·cp·tp, ``cost/comm.py``): dispatch and combine each move the rows'
   (ep − 1)/ep leaving the rank, as an all-gather's ring does; backward the same two. Under
   tp the experts' rows are gathered back over tp (forward), their gradient split back.
 - sub-batch overlap (k sub-batches) with ep > 1 (Note [expert all-to-all overlap]): sub-batch i+1's
@@ -127,7 +128,7 @@ def moe_block(spec: Spec, layout: Layout, hw: Hardware, *, tokens: float, k: int
     splits = k if k > 1 else 1
     a = 0.0
     if layout.ep > 1:
-        a = collective_time(hw, "all_gather", rows / splits * m.hidden * size, size=layout.ep, stride=1)
+        a = collective_time(hw, "all_gather", rows / splits * m.hidden * size, size=layout.ep, stride=layout.etp)
     gather = 0.0 if layout.sp else collective_time(
         hw, "all_gather", tokens * m.top_k * m.hidden * size, size=layout.tp, stride=1)
     # Note [expert tensor parallelism]: the etp group's rows gathered, partial outputs reduce-scattered

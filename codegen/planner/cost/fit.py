@@ -19,7 +19,11 @@ relative error of each reference step. The reference models are chosen so that o
 dominated by op dispatch and another by GEMMs; a solve that would make either figure
 non-positive keeps the measured op cost and fits ``gemm_scale`` alone. The fitted
 figures then hold for every layout: tensor parallelism changes the GEMM shapes and the
-op counts, not the rates.
+op counts, not the rates. A fitted ``gemm_scale`` below 1 says the training GEMMs ran
+faster than the table's best square product, so the table's best rate is no longer the
+CPU's peak: the peak (what MFU divides by) rises to that best rate over ``gemm_scale``,
+the fastest rate the model lets a GEMM run at, and MFU stays at most 100%. A peak the
+spec gave (``mesh.device_flops``) is kept.
 """
 
 from __future__ import annotations
@@ -56,7 +60,11 @@ def fitted(hw: Hardware) -> Hardware:
         rows.append((predict(1.0, 0.0) - base, (predict(0.0, 1e-6) - base) / 1e-6, base, float(ref["step_s"])))
     gemm_scale, op_overhead = _solve(rows, hw.op_overhead)
     low, high = GEMM_SCALE_RANGE
-    return replace(hw, gemm_scale=min(high, max(low, gemm_scale)), op_overhead=op_overhead)
+    gemm_scale = min(high, max(low, gemm_scale))
+    peak = hw.peak_flops
+    if hw.matmul_table and peak == max(flops for _, flops in hw.matmul_table) and gemm_scale < 1:
+        peak /= gemm_scale  # the table's best rate was the peak; a faster GEMM raises it
+    return replace(hw, gemm_scale=gemm_scale, op_overhead=op_overhead, peak_flops=peak)
 
 
 def _solve(rows, measured_op_overhead: float) -> tuple[float, float]:

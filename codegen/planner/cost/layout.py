@@ -231,8 +231,9 @@ def rank_expert_params(model: ModelSpec, layout: Layout, rank: int, stage_layers
 
 
 def expert_data_ranks(layout: Layout) -> int:
-    """edp: the ranks holding the same experts (expert layers fold dp·tp as edp·ep·etp)."""
-    return layout.dp * layout.tp // layout.expert_folds
+    """edp: the ranks holding the same experts (expert layers fold dp·cp·tp as edp·ep·etp;
+    mesh.py's Note [parallel folding])."""
+    return layout.dp * layout.cp * layout.tp // layout.expert_folds
 
 
 def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> int:
@@ -261,22 +262,29 @@ def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_laye
             block = desc.stage_params(layout.tp, layers=(start, start + 1), first=False, last=False,
                                       grid=layout.grid).elements
             total += (stop - start) * math.ceil(block / layout.dp)
-        else:  # Note [experts as units] (fsdp.py): a MoE block's experts sharded over edp
-            total += sum(_zero3_block(desc, layout, i) for i in range(start, stop))
+        else:  # Note [experts as units] (fsdp.py): a MoE block's dense unit over dp, its experts' over edp
+            edp = expert_data_ranks(layout)
+            total += sum(math.ceil(dense / layout.dp) + math.ceil(mine / edp)
+                         for dense, mine in _block_units(model, layout.tp, layout.expert_folds)[start:stop])
     return total
 
 
-def _zero3_block(desc, layout: Layout, index: int) -> int:
-    """One block's ZeRO-3 shard under ep·etp > 1: its dense unit over dp, its experts'
-    unit (1/(ep·etp) of them) over edp."""
-    whole = desc.stage_params(layout.tp, layers=(index, index + 1), first=False, last=False).elements
-    if not desc.blocks[index].experts:
-        return math.ceil(whole / layout.dp)
-    folds = layout.expert_folds
-    folded = desc.stage_params(layout.tp, layers=(index, index + 1), first=False, last=False, ep=folds).elements
-    mine = (whole - folded) // (folds - 1)  # this rank's 1/(ep·etp) of the block's experts
-    dense = folded - mine
-    return math.ceil(dense / layout.dp) + math.ceil(mine / expert_data_ranks(layout))
+@functools.lru_cache(maxsize=1024)
+def _block_units(model: ModelSpec, tp: int, folds: int) -> tuple[tuple[int, int], ...]:
+    """Each block's (dense elements, this rank's experts' elements) on a tp rank with the
+    experts folded over ``folds`` = ep·etp ranks (0 experts for a dense block). Cached: the
+    search asks for them with every layout, and they depend on none of dp, pp or the settings."""
+    desc = model_desc(model)
+    units = []
+    for index, block in enumerate(desc.blocks):
+        whole = desc.stage_params(tp, layers=(index, index + 1), first=False, last=False).elements
+        if not block.experts:
+            units.append((whole, 0))
+            continue
+        folded = desc.stage_params(tp, layers=(index, index + 1), first=False, last=False, ep=folds).elements
+        mine = (whole - folded) // (folds - 1)  # this rank's 1/(ep·etp) of the block's experts
+        units.append((folded - mine, mine))
+    return tuple(units)
 
 
 def total_params(model: ModelSpec) -> int:

@@ -19,7 +19,7 @@ plus torch's 4-byte ``step`` per tensor (zero 0), or the moments of the rank's s
 8·ceil(Ψ/dp) (zero 1/2); under sp, zero 2 also holds the partial sequence-parallel
 gradients (norms, row biases, positions) whole when backward ends, until their sum
 over tp. Under ep > 1 a rank holds experts / ep of each MoE block (``rank_params``) and
-ZeRO shards them over edp = dp·tp/ep in a buffer of their own (runtime/zero.py, Note
+ZeRO shards them over edp = dp·cp·tp/(ep·etp) in a buffer of their own (runtime/zero.py, Note
 [experts under ZeRO]): ceil(dense/dp) + ceil(experts/edp) elements. Its activations are the tensors autograd saves in ``runtime/model.py``,
 counted per token from the model's shapes in ``runtime/saved_elements.py`` (Note
 [what parc's trainer saves]; checked against the trainer's measurement in

@@ -22,8 +22,21 @@ activations (``memory.block_bytes``). A change of degree adds the all-gathers of
 else — the head at the head's degree, the embedding, the scalars — is the uniform
 layout U(t_head)'s step less its blocks (``ends``), with the untied embedding's state
 at its own degree (block 0's). A heterogeneous layout all of whose layers agree is
-thus costed exactly as the uniform one. The cost model here covers one stage (pp = 1):
-the planner searches per-layer degrees only there (docs/planner.md).
+thus costed exactly as the uniform one. The model here is one stage's; under a pipeline
+``cost/per_stage.py`` composes the stages (Note [per-layer layouts over a pipeline]).
+
+Note [per-layer ZeRO]: the runtime keeps one ZeRO part per degree, each sharding its
+layers' flat buffer over that degree's dp group (runtime/hetero.py, Note [ZeRO over
+per-layer layouts]; ZeRO-3 in runtime/fsdp.py as it lands). So layer i at tp t, dp_i =
+S/t, holds under ZeRO 1 its moments' slice 8·⌈n/dp_i⌉, under 2 also its gradients'
+4·⌈n/dp_i⌉, under 3 its parameters' 4·⌈n/dp_i⌉ too (``memory.model_state_bytes`` per
+layer); in time its optimizer pass streams the slice, ZeRO 1/2 add the all-gather of the
+updated slice over dp_i (exposed), ZeRO 3 reduce-scatters the gradient over dp_i and
+gathers the block for every micro-batch's forward and backward, the gather hidden behind
+the previous block's compute as far as it goes (exposed max(0, g − c) a pass; all of it
+when gloo runs on the compute cores). What is the rank's, not a layer's — ZeRO-2's two
+buckets in flight, ZeRO-3's gathered working set, the first gather of each pass, the
+padding of each part — is U(t)'s, in the ends: agreeing layers cost the uniform layout.
 """
 
 from __future__ import annotations
@@ -38,8 +51,11 @@ from ...model_config import model_desc
 from .comm import collective_time
 from .hardware import Hardware
 from .layout import SETTING_NAMES, Accounting, Layout
-from .memory import MemoryBreakdown, autocast_block_weights, compiled_kernels, memory, parc_layer_elements
-from .time import TimeBreakdown, _activation_size, _optimizer_time, block_costs, step_time
+from .memory import (
+    MemoryBreakdown, MemoryEstimate, _in_flight, autocast_block_weights, compiled_kernels, memory, model_state_bytes,
+    parc_layer_elements,
+)
+from .time import TimeBreakdown, _activation_size, _optimizer_time, block_costs, step_time, zero3_gathers
 
 
 def _memo(fn):
@@ -71,6 +87,11 @@ class Stage:
     micro_batch: int
     """Sequences of one coarse replica's micro-batch."""
     sp: bool
+    zero: int = 0
+    """The ZeRO stage every layer uses, each over its own dp group (Note [per-layer ZeRO])."""
+    pp: int = 1
+    schedule: str = "1f1b"
+    """The pipeline's (``1f1b`` or ``gpipe``; one chunk a rank): ``cost/per_stage.py``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +103,19 @@ class Cost:
     tp_comm: float = 0.0
     dp_comm: float = 0.0
     memory: MemoryBreakdown = MemoryBreakdown(params=0.0, grads=0.0, optimizer=0.0, activations=0.0, buffers=0.0)
+    forward: float = 0.0
+    backward: float = 0.0
+    """Seconds of one micro-batch's forward and backward on the critical path (compute and
+    exposed tp collectives, reshards): what a pipeline stage's schedule runs (``per_stage.py``)."""
 
     @property
     def time(self) -> float:
         return self.compute + self.exposed
+
+    def post(self, steps: int) -> float:
+        """Seconds per step outside the micro-batches' critical path: the gradient
+        reduction's exposed part, ZeRO's gathers, the optimizer pass."""
+        return self.time - steps * (self.forward + self.backward)
 
     def __add__(self, other: "Cost") -> "Cost":
         m, n = self.memory, other.memory
@@ -94,20 +124,23 @@ class Cost:
             self.dp_comm + other.dp_comm,
             MemoryBreakdown(params=m.params + n.params, grads=m.grads + n.grads, optimizer=m.optimizer + n.optimizer,
                             activations=m.activations + n.activations, buffers=m.buffers + n.buffers),
+            self.forward + other.forward, self.backward + other.backward,
         )
 
     def scaled(self, k: float) -> "Cost":
         m = self.memory
         return Cost(self.compute * k, self.exposed * k, self.tp_comm * k, self.dp_comm * k,
                     MemoryBreakdown(params=m.params * k, grads=m.grads * k, optimizer=m.optimizer * k,
-                                    activations=m.activations * k, buffers=m.buffers * k))
+                                    activations=m.activations * k, buffers=m.buffers * k),
+                    self.forward * k, self.backward * k)
 
 
 def uniform(stage: Stage, t: int, settings: tuple = ("none", 1)) -> Layout:
     """U(t): the uniform layout whose one block costs what a layer at tp ``t`` does."""
     values = dict(zip(SETTING_NAMES, settings))
-    return Layout(dp=stage.ranks // t, tp=t, pp=1, sp=stage.sp and t > 1, zero=0, schedule="1f1b", chunks=1,
-                  micro_batch=stage.micro_batch * t // stage.tp, **values)
+    dp = stage.ranks // t
+    return Layout(dp=dp, tp=t, pp=stage.pp, sp=stage.sp and t > 1, zero=stage.zero if dp > 1 else 0,
+                  schedule=stage.schedule, chunks=1, micro_batch=stage.micro_batch * t // stage.tp, **values)
 
 
 def micro_batches(spec: Spec, stage: Stage) -> int:
@@ -115,31 +148,48 @@ def micro_batches(spec: Spec, stage: Stage) -> int:
 
 
 @_memo
-def layer_cost(spec: Spec, stage: Stage, hw: Hardware, t: int, settings: tuple) -> Cost:
+def layer_cost(spec: Spec, stage: Stage, hw: Hardware, t: int, settings: tuple, rank: int = 0) -> Cost:
     """Note [per-layer layout costs]: one block at tp ``t`` with per-layer ``settings``
-    (``SETTING_NAMES`` order), per step. Its memory leaves out the working set of a fully
-    recomputed block, which only the largest one needs (``working_set``)."""
+    (``SETTING_NAMES`` order), per step, on pipeline rank ``rank`` (its micro-batches in
+    flight). Its memory leaves out the working set of a fully recomputed block, which only
+    the largest one needs (``working_set``). Note [per-layer ZeRO]."""
     layout = uniform(stage, t, settings)
     m = spec.model
     forward, backward, tp_f, tp_b, exp_f, exp_b, _ = block_costs(
-        spec, layout, hw, Accounting.PARC, settings, layers_per_chunk=m.layers)
+        spec, layout, hw, Accounting.PARC, settings, layers_per_chunk=m.layers // stage.pp)
     steps = micro_batches(spec, stage)
     block = model_desc(m).stage_params(t, layers=(0, 1), first=False, last=False)
-    reduce = collective_time(hw, "all_reduce", 4.0 * block.elements, size=layout.dp, stride=t)
+    dp, zero, n = layout.dp, layout.zero, block.elements
+    reduce = collective_time(hw, "reduce_scatter" if zero >= 3 else "all_reduce", 4.0 * n, size=dp, stride=t)
     hidden = 0.0 if hw.comm_on_cores else backward  # the last micro-batch's backward hides it
-    optimizer = _optimizer_time(hw, Accounting.PARC, block.elements, block.tensors, layout) * hw.contention
+    gather = collective_time(hw, "all_gather", 4.0 * n, size=dp, stride=t) if 1 <= zero <= 2 else 0.0
+    gathers = zero3_gathers(hw, layout, n, 1.0, forward, backward, Accounting.PARC) if zero >= 3 else None
+    # one unit of many: prefetch hides its gathers behind the previous block (the first one of
+    # a pass, never hidden, is what the uniform layout's ends keep: Note [per-layer ZeRO])
+    unit = 0.0 if gathers is None else (gathers.total if hw.comm_on_cores else sum(
+        max(0.0, gathers.total / 2 - c) for c in (forward, backward)))
+    optimizer = _optimizer_time(hw, Accounting.PARC, n, block.tensors, layout) * hw.contention
+    mode = dict(zip(SETTING_NAMES, settings))["recompute"]
     return Cost(
         compute=steps * (forward + backward) + optimizer,
-        exposed=steps * (exp_f + exp_b) + max(0.0, reduce - hidden),
+        exposed=steps * (exp_f + exp_b + unit) + max(0.0, reduce - hidden) + gather,
         tp_comm=steps * (tp_f + tp_b),
-        dp_comm=reduce,
-        memory=block_bytes(spec, layout, block.elements, block.tensors, dict(zip(SETTING_NAMES, settings))["recompute"]),
+        dp_comm=reduce + gather + (0.0 if gathers is None else steps * gathers.total),
+        memory=block_bytes(spec, layout, n, block.tensors, mode, in_flight(spec, stage, rank)),
+        forward=forward + exp_f, backward=backward + exp_b,
     )
 
 
-def block_bytes(spec: Spec, layout: Layout, elements: int, tensors: int, recompute: str) -> MemoryBreakdown:
-    """One block's share of a rank's memory under ``layout`` (PARC accounting, zero 0, one
-    micro-batch in flight): Note [what parc's trainer holds] in ``cost/memory.py``."""
+def in_flight(spec: Spec, stage: Stage, rank: int) -> float:
+    """Micro-batches whose activations pipeline rank ``rank`` holds at once (1 without a pipeline)."""
+    return _in_flight(stage.schedule, stage.pp, rank, micro_batches(spec, stage), 1)
+
+
+def block_bytes(spec: Spec, layout: Layout, elements: int, tensors: int, recompute: str,
+                flight: float = 1.0) -> MemoryBreakdown:
+    """One block's share of a rank's memory under ``layout`` (PARC accounting, ``flight``
+    micro-batches in flight): Note [what parc's trainer holds] in ``cost/memory.py``; under
+    ZeRO its state sharded over the layer's own dp group (Note [per-layer ZeRO])."""
     m = spec.model
     element = 4.0 if spec.train.precision is Precision.FP32 else 2.0
     saved = parc_layer_elements(m, tp=layout.tp, sp=layout.sp, recompute=recompute, micro_batch=layout.micro_batch,
@@ -147,8 +197,13 @@ def block_bytes(spec: Spec, layout: Layout, elements: int, tensors: int, recompu
     activations = saved * layout.tokens(m.seq_len) * element
     if element == 2.0 and recompute != "full":  # Note [autocast's weight copies]
         activations += 2.0 * autocast_block_weights(m, layout.tp)
-    return MemoryBreakdown(params=4.0 * elements, grads=4.0 * elements, optimizer=8.0 * elements + 4.0 * tensors,
-                           activations=activations, buffers=4.0 * elements if layout.dp > 1 else 0.0)
+    params, grads, optimizer = model_state_bytes(elements, tensors, dp=layout.dp, zero=layout.zero,
+                                                 accounting=Accounting.PARC)
+    # zero 0's packed buckets and zero 1's flat gradient per element; zero 2's two buckets
+    # and zero 3's gathered units are the rank's, not a layer's: its ends keep them
+    flat = 4.0 * elements if layout.dp > 1 and layout.zero <= 1 else 0.0
+    return MemoryBreakdown(params=params, grads=grads, optimizer=optimizer, activations=activations * flight,
+                           buffers=flat)
 
 
 def working_set(spec: Spec, stage: Stage, t: int) -> float:
@@ -208,10 +263,12 @@ def embedding_cost(spec: Spec, stage: Stage, hw: Hardware, t: int) -> Cost:
     desc = model_desc(m)
     table = desc.stage_params(t, layers=(0, 0), first=True, last=False)
     layout = uniform(stage, t)
-    reduce = collective_time(hw, "all_reduce", 4.0 * table.elements, size=layout.dp, stride=t)
-    optimizer = _optimizer_time(hw, Accounting.PARC, table.elements, table.tensors, layout) * hw.contention
-    mem = block_bytes(spec, replace(layout, micro_batch=0), table.elements, table.tensors, "full")
-    return Cost(compute=optimizer, exposed=reduce if hw.comm_on_cores else 0.0, dp_comm=reduce,
+    n, zero = table.elements, layout.zero
+    reduce = collective_time(hw, "reduce_scatter" if zero >= 3 else "all_reduce", 4.0 * n, size=layout.dp, stride=t)
+    gather = collective_time(hw, "all_gather", 4.0 * n, size=layout.dp, stride=t) if 1 <= zero <= 2 else 0.0
+    optimizer = _optimizer_time(hw, Accounting.PARC, n, table.tensors, layout) * hw.contention
+    mem = block_bytes(spec, replace(layout, micro_batch=0), n, table.tensors, "full")
+    return Cost(compute=optimizer, exposed=(reduce if hw.comm_on_cores else 0.0) + gather, dp_comm=reduce + gather,
                 memory=replace(mem, activations=0.0))
 
 
@@ -226,7 +283,8 @@ def ends(spec: Spec, stage: Stage, hw: Hardware, first: int, last: int) -> Cost:
 
 
 def stage_of(layout: Layout) -> Stage:
-    return Stage(ranks=layout.dp * layout.tp, tp=layout.tp, micro_batch=layout.micro_batch, sp=layout.sp)
+    return Stage(ranks=layout.dp * layout.tp, tp=layout.tp, micro_batch=layout.micro_batch, sp=layout.sp,
+                 zero=layout.zero, pp=layout.pp, schedule=layout.schedule if layout.pp > 1 else "1f1b")
 
 
 def layout_cost(spec: Spec, layout: Layout, hw: Hardware) -> Cost:
@@ -247,16 +305,26 @@ def layout_cost(spec: Spec, layout: Layout, hw: Hardware) -> Cost:
                                                buffers=largest))
 
 
-def hetero_time_memory(spec: Spec, layout: Layout, hw: Hardware) -> tuple[TimeBreakdown, MemoryBreakdown]:
-    """``layout_cost`` as the breakdowns an ``Estimate`` carries (pp = 1: no bubble)."""
+def hetero_time_memory(spec: Spec, layout: Layout, hw: Hardware, exact: bool = False):
+    """``layout_cost`` as the time breakdown and memory an ``Estimate`` carries (pp = 1: no
+    bubble); under a pipeline ``per_stage.pipeline_time_memory``'s."""
+    if layout.pp > 1:
+        from .per_stage import pipeline_time_memory  # it builds on this module
+
+        return pipeline_time_memory(spec, layout, hw, exact=exact)
     cost = layout_cost(spec, layout, hw)
     reference, _ = _uniform_estimate(spec, stage_of(layout), hw, layout.tp)
     step = cost.time
     return replace(reference, step=step, compute=cost.compute, exposed_comm=cost.exposed, bubble=0.0,
-                   tp_comm=cost.tp_comm, dp_comm=cost.dp_comm), cost.memory
+                   tp_comm=cost.tp_comm, dp_comm=cost.dp_comm), MemoryEstimate(per_rank=(cost.memory,), peak_rank=0)
 
 
 def hetero_supported(spec: Spec, layout: Layout, accounting: Accounting) -> bool:
-    """What this cost model covers: one stage, PARC accounting, none of cp, ep, ZeRO, compression."""
-    return (accounting is Accounting.PARC and layout.pp == 1 and layout.cp == 1 and layout.ep == 1
-            and layout.zero == 0 and layout.compress == "none" and not spec.model.experts)
+    """What this cost model covers: PARC accounting, one stage or a pipeline of one chunk a
+    rank (1f1b, gpipe: ``per_stage.py``), any ZeRO stage, none of cp, ep, compression."""
+    return (accounting is Accounting.PARC and layout.cp == 1 and layout.ep == 1 and layout.compress == "none"
+            and not spec.model.experts and (layout.pp == 1 or (layout.chunks == 1 and layout.schedule in PIPELINED)))
+
+
+PIPELINED = ("1f1b", "gpipe")
+"""The schedules a heterogeneous pipeline runs (runtime/constraints.py, PAR0254)."""

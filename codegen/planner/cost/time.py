@@ -197,7 +197,7 @@ def step_time(
     activations = tokens * m.hidden * size
     per_collective = sum(collective_time(hw, kind, activations, size=t, stride=1) for kind in kinds)
     settings = layout.block_settings(m.layers)
-    costs = {key: block_costs(spec, layout, hw, accounting, key, layers_per_chunk=layers_per_chunk)
+    costs = {key: _shared_block_costs(spec, layout, hw, accounting, key, layers_per_chunk)
              for key in sorted(set(settings))}
     if len(costs) == 1:
         forward, backward, tp_forward, tp_backward, exposed_forward, exposed_backward, ep_moved = costs.popitem()[1]
@@ -293,6 +293,28 @@ def step_time(
         ep_comm=micro_batches * v * layers_per_chunk * ep_moved,
         model_flops=model_flops_per_token(spec) * spec.train.global_batch * m.seq_len,
     )
+
+
+_BLOCK_MEMO: dict = {"owner": (None, None, None), "costs": {}}
+"""``block_costs`` of the last (spec, hardware, accounting), by what they read of a layout."""
+
+
+def _shared_block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, key: tuple,
+                        layers_per_chunk: float) -> tuple:
+    """``block_costs``, computed once for the layouts that agree on what it reads (tp, sp,
+    cp, the micro-batch, slices, the tp grid, ep, etp, the block's settings, the blocks a
+    chunk holds): a search's layouts differing only in dp, ZeRO, the schedule or etp's
+    neighbours share them. The spec and hardware are held, so their ``id`` is not reused."""
+    owner = _BLOCK_MEMO["owner"]
+    if owner[0] is not spec or owner[1] is not hw or owner[2] is not accounting:
+        _BLOCK_MEMO["owner"], _BLOCK_MEMO["costs"] = (spec, hw, accounting), {}
+    reads = (key, layers_per_chunk, layout.tp, layout.sp, layout.micro_batch, layout.cp, layout.cp_kind,
+             layout.slices, layout.tp_shape, layout.layer_tp, layout.ep, layout.etp)
+    costs = _BLOCK_MEMO["costs"].get(reads)
+    if costs is None:
+        costs = _BLOCK_MEMO["costs"][reads] = block_costs(spec, layout, hw, accounting, key,
+                                                          layers_per_chunk=layers_per_chunk)
+    return costs
 
 
 def block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, key: tuple, *,
