@@ -100,7 +100,8 @@ def config_lines(plan: Plan) -> list[str]:
             kind = mesh.cp_kind
             lines.append(constant(kind.name, kind.value, f"{cite(kind.span)}: {CP_KIND_WORDS[kind.value]}"))
     if sp.enabled:
-        lines.append(constant("SEQUENCE_PARALLEL", True, cite(sp.span) + ": norms run on T/tp"))
+        where = "T/tp" if mesh.tp_shape is None else "T/C of hidden/R (Note [2D sequence parallelism])"
+        lines.append(constant("SEQUENCE_PARALLEL", True, cite(sp.span) + f": norms run on {where}"))
     lines += setting_lines(plan)
     zero = plan.train.zero
     if zero.value:
@@ -240,6 +241,10 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         after_backward.append(render_hetero.sp_line() if hetero else (
             "# norms saw only their sequence shard: sum their grads over tp\n"
             "model.allreduce_sequence_parallel_grads(net, tp_group)"
+        ) if mesh.tp_shape is None else (
+            "# Note [2D sequence parallelism]: norms saw only their row's T/C tokens: sum their grads\n"
+            "# over the row's C ranks\n"
+            "model.allreduce_sequence_parallel_grads(net, tp_grid.row_group)"
         ))
     hyper = "lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, eps=EPS"
     compute = render_step.compute_dtype(plan)  # bf16/fp16 parameters with fp32 masters, or None

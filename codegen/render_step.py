@@ -172,7 +172,7 @@ def executor_lines(plan: Plan) -> list[str]:
         return []
     # this rank's tokens of a sequence: T, over cp, and over tp under SP
     tokens = "SEQ_LEN" + (" // CP" if plan.mesh.size("cp") > 1 else "") + (
-        " // TP" if plan.sequence_parallel.enabled else ""
+        (" // TP" if plan.mesh.tp_shape is None else " // TP_SHAPE[1]") if plan.sequence_parallel.enabled else ""
     )
     autocast = autocast_dtype(plan) or "None"
     rows = "MICRO_BATCH"

@@ -676,13 +676,21 @@ def batch_divides(global_batch, micro_batch, dp=None, pp=None, schedule=None):
 
 
 @rule("PAR0209")
-def sequence_parallel(sp, tp, seq_len=None):
+def sequence_parallel(sp, tp, seq_len=None, tp_shape=None):
+    """sp splits the sequence over tp; on a 2D grid over a row's C ranks (Note [2D sequence
+    parallelism] in layers2d.py), so there C must divide seq_len."""
     if sp is not True:
         return None
     if tp < 2:
         return _violation("PAR0209", "parallel.sp", f"sp = true needs tp > 1, but tp = {tp}",
                           "sequence parallelism splits along the tp axis: set tp ≥ 2, or sp = false")
-    if seq_len is not None and seq_len % tp:
+    if seq_len is not None and tp_2d(tp_shape) and seq_len % tp_shape[1]:
+        rows, cols = tp_shape
+        return _violation("PAR0210", ("model.seq_len", "parallel.tp_shape"),
+                          f"seq_len = {seq_len} is not divisible by C = {cols} (sp = true with tp_shape = "
+                          f"({rows}, {cols}) splits the sequence over a row's C ranks)",
+                          f"make seq_len a multiple of {cols}, or set sp = false")
+    if seq_len is not None and not tp_2d(tp_shape) and seq_len % tp:
         return _violation("PAR0210", "model.seq_len",
                           f"seq_len = {seq_len} is not divisible by tp = {tp} (sp = true splits the sequence over tp)",
                           f"make seq_len a multiple of {tp}, or set sp = false")
@@ -1060,9 +1068,7 @@ def tp_2d(tp_shape) -> bool:
 
 _NOT_WITH_2D = (
     # (value name, is it on?, the spec key, what to write instead)
-    ("sp", lambda v: bool(v), "parallel.sp", "sp = false"),
     ("cp", lambda v: v > 1, "parallel.cp", "cp = 1"),
-    ("zero", lambda v: v > 2, "parallel.zero", "zero = 1 or 2"),
     ("experts", lambda v: v > 0, "model.experts", "a dense model"),
     ("layer_tp", lambda v: v is not None, "parallel.tp", "one tp for every layer"),
     ("overlap", lambda v: any(k is not None and k > 1 for k in entries(v)), "parallel.overlap", "overlap = none"),
@@ -1072,15 +1078,15 @@ _NOT_WITH_2D = (
 
 
 @rule("PAR0277", BUILD)
-def build_tp_2d_with(tp_shape, sp=None, cp=None, zero=None, experts=None, layer_tp=None, overlap=None,
+def build_tp_2d_with(tp_shape, cp=None, experts=None, layer_tp=None, overlap=None,
                      compress=None, compress_pp=None):
-    """2D tensor parallelism is built for dense models with dp, pp, ZeRO 1/2, recompute and
-    any precision; the features below shard or move the hidden state in ways the 2D layers
-    do not meet yet (the sequence split of sp, cp; ZeRO-3's gathered units; expert dispatch; per-layer tp; sub-batch
-    overlap; the compressed dp and pp paths)."""
+    """2D tensor parallelism is built for dense models with dp, pp, sp (over a row: Note [2D
+    sequence parallelism]), ZeRO 1/2/3, recompute and any precision; the features below shard
+    or move the hidden state in ways the 2D layers do not meet yet (cp; expert dispatch;
+    per-layer tp; sub-batch overlap; the compressed dp and pp paths)."""
     if not tp_2d(tp_shape):
         return None
-    values = dict(sp=sp, cp=cp, zero=zero, experts=experts, layer_tp=layer_tp, overlap=overlap,
+    values = dict(cp=cp, experts=experts, layer_tp=layer_tp, overlap=overlap,
                   compress=compress, compress_pp=compress_pp)
     for name, on, key, instead in _NOT_WITH_2D:
         value = values[name]

@@ -149,6 +149,10 @@ class FullyShardedAdamW:
         # no bool per element kept for nothing)
         experts = any(unit.name.endswith(".experts") for unit in self.units)
         self.expert_mask = self._mask(lambda p: bool(getattr(p, "expert_parallel", False))) if experts else None
+        # a value held by k ranks of a 2D tp grid counts 1/k on each (layers2d.py); None: 1D
+        copied = any(int(getattr(p, "tp_copies", 1)) != 1 for unit in self.units for p in unit.params)
+        self.tp_share = (self._mask(lambda p: 1.0 / int(getattr(p, "tp_copies", 1)), dtype=torch.float32)
+                         if copied else None)
         self.state = {
             "step": 0,
             "exp_avg": torch.zeros_like(self.flat),
@@ -162,11 +166,11 @@ class FullyShardedAdamW:
         if compute_dtype is not None:
             mark_compute_dtype(chunks, compute_dtype)
 
-    def _mask(self, rule) -> torch.Tensor:
-        """A per-element flag of this rank's shards (False on padding)."""
-        mask = torch.zeros(self.flat.numel(), dtype=torch.bool, device=self.flat.device)
+    def _mask(self, rule, dtype=torch.bool) -> torch.Tensor:
+        """A per-element flag (or, with ``dtype``, value) of this rank's shards (False or 0 on padding)."""
+        mask = torch.zeros(self.flat.numel(), dtype=dtype, device=self.flat.device)
         for unit in self.units:
-            whole = torch.zeros(unit.padded, dtype=torch.bool, device=self.flat.device)
+            whole = torch.zeros(unit.padded, dtype=dtype, device=self.flat.device)
             at = 0
             for p in unit.params:
                 whole[at : at + p.numel()] = rule(p)
@@ -302,6 +306,7 @@ class FullyShardedAdamW:
             return clip_global_norm_(
                 self.grad, counted=self.counted, tp_mask=self.tp_mask, max_norm=max_norm,
                 tp_group=self.tp_group, dp_group=self.dp_group, pp_group=self.pp_group, grad_scale=grad_scale,
+                tp_share=self.tp_share,
             )
         # Note [experts as units]: the dense shards' squares over tp and dp, the experts'
         # over edp (their shards), ep and etp (each rank's experts, its slices of them)

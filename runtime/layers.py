@@ -107,17 +107,22 @@ class ColumnParallelLinear(nn.Module):
 def project(x, linears):
     """Each of ``linears`` applied to ``x``. Column-parallel ones sharing a group enter
     it once, as Megatron's fused QKV does: one all-gather under SP instead of one per
-    linear, and one all-reduce of the summed input gradient in backward."""
-    first = linears[0]
-    if len(linears) > 1 and all(
-        type(m) is ColumnParallelLinear
-        and m.tp_group is first.tp_group
-        and m.sequence_parallel == first.sequence_parallel
-        for m in linears
-    ):
-        x = first.enter(x)
+    linear, and one all-reduce of the summed input gradient in backward (the 2D colwise
+    linears of layers2d.py alike, over their row group)."""
+    first = _entry(linears[0])
+    if len(linears) > 1 and first is not None and all(_entry(m) == first for m in linears):
+        x = linears[0].enter(x)
         return [m.local(x) for m in linears]
     return [m(x) for m in linears]
+
+
+def _entry(linear):
+    """(kind, group, sequence parallel) of how a column linear's input enters its region
+    (``enter``), or None for a module that enters it in its own forward. 2D linears say
+    theirs (``layers2d.Linear2D.entry``: over the row group of the grid)."""
+    if type(linear) is ColumnParallelLinear:
+        return ("1d", linear.tp_group, linear.sequence_parallel)
+    return getattr(linear, "entry", None)
 
 
 class RowParallelLinear(nn.Module):

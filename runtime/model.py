@@ -85,7 +85,7 @@ class _Builder:
         if self.grid is not None:
             from .layers2d import Norm2D  # only a 2D build ships layers2d.py
 
-            return Norm2D(hidden, rms=rms, eps=eps, grid=self.grid)
+            return Norm2D(hidden, rms=rms, eps=eps, grid=self.grid, sequence_parallel=self.sp)
         return Norm(hidden, rms=rms, eps=eps, sequence_parallel=self.sp)
 
     def style(self, name):
@@ -97,7 +97,8 @@ class _Builder:
         if self.grid is not None and style in ("colwise", "rowwise"):
             from .layers2d import Linear2D
 
-            return Linear2D(in_features, out_features, bias=bias, grid=self.grid, style=style)
+            return Linear2D(in_features, out_features, bias=bias, grid=self.grid, style=style,
+                            sequence_parallel=self.sp)
         if style == "colwise":
             return ColumnParallelLinear(in_features, out_features, bias=bias, tp_group=self.group,
                                         sequence_parallel=self.sp, head_rows=head_rows)
@@ -430,9 +431,9 @@ class Transformer(nn.Module):
         if self.first and tp_grid is not None:
             from .layers2d import Embedding2D, Positions2D
 
-            self.embed = Embedding2D(V, C, grid=tp_grid)
+            self.embed = Embedding2D(V, C, grid=tp_grid, sequence_parallel=self.sp)
             if config.arch == "gpt":
-                self.pos_embed = Positions2D(config.seq_len, C, grid=tp_grid)
+                self.pos_embed = Positions2D(config.seq_len, C, grid=tp_grid, sequence_parallel=self.sp)
         elif self.first:
             if self.vocab_parallel_embed:
                 self.embed = VocabParallelEmbedding(V, C, tp_group=tp_group, sequence_parallel=self.sp)
@@ -455,7 +456,8 @@ class Transformer(nn.Module):
             if tp_grid is not None and (not config.tie_embeddings or not self.first):
                 from .layers2d import Linear2D
 
-                self.head = Linear2D(C, V, bias=False, grid=tp_grid, style="colwise")  # logits (B, T, V/C)
+                self.head = Linear2D(C, V, bias=False, grid=tp_grid, style="colwise",  # logits (B, T, V/C)
+                                     sequence_parallel=self.sp)
                 if config.tie_embeddings:  # Note [tied embeddings across stages]
                     self.head.init_name = "embed"
                     self.head.weight.pipeline_duplicate = True
@@ -538,6 +540,11 @@ class Transformer(nn.Module):
         self._current_tp = t
         return x
 
+    def sequence_rank(self) -> int:
+        """Which T/tp shard of the sequence this rank holds under sp: its tp rank, or on a
+        2D grid its column c (Note [2D sequence parallelism] in layers2d.py)."""
+        return group_rank(self.tp_group) if self.tp_grid is None else self.tp_grid.col
+
     def head_weight(self):
         return self.embed.weight if self.config.tie_embeddings and self.first else self.head.weight
 
@@ -555,7 +562,7 @@ class Transformer(nn.Module):
             x = scatter_to_group(x, self.tp_group, 1)  # replicated table: keep our shard of T
         if self.config.arch == "gpt":
             T = x.shape[1]
-            offset = group_rank(self.tp_group) * T if self.sp else 0  # this shard's positions
+            offset = self.sequence_rank() * T if self.sp else 0  # this shard's positions
             if self.slices is not None:
                 offset += self.slices.start  # a token slice under terapipe (terapipe.py)
             if self.context is None:
@@ -569,8 +576,10 @@ class Transformer(nn.Module):
         """Mean loss of the stream ``x`` plus the last block's pending ``delta`` (Note [pending residual])."""
         x = self.final_norm(x) if delta is None else self.final_norm.add_norm(delta, x)[0]
         if self.tp_grid is not None:  # Note [2D tensor parallelism]: a colwise head, the loss over a row
+            from .layers2d import enter_row
+
             grid = self.tp_grid
-            x = copy_to_group(x, grid.row_group)  # (B, T, C/R)
+            x = enter_row(x, grid, self.sp)  # (B, T, C/R); under sp gathered over the row (Note [2D sequence parallelism])
             logits = reduce_from_group(F.linear(x, self.head_weight()), grid.column_group)  # (B, T, V/C)
             loss = vocab_parallel_cross_entropy(
                 logits, targets, tp_group=grid.row_group, vocab_size=self.config.vocab, kernels=self.fused

@@ -140,6 +140,24 @@ class ModuleDesc:
         """Elements on one rank when the module is split over ``tp`` ranks (1: whole)."""
         return sum(p.numel(tp) for p in self.params)
 
+    def grid_shape(self, param: ParamDesc, grid) -> tuple[int, ...]:
+        """``param``'s shard on one rank of an R × C tp grid (Note [2D tensor parallelism] in
+        layers2d.py): colwise linears, the embedding and the head (out/C, in/R), their
+        biases out/C; rowwise ones (out/R, in/C), biases out/R; norms and positions split
+        their features over R."""
+        rows, cols = grid
+        if self.style in ("colwise", "vocab", "vocab_head"):
+            split = (cols, rows)
+        elif self.style == "rowwise":
+            split = (rows, cols)
+        else:
+            return param.shape[:-1] + (param.shape[-1] // rows,)
+        return tuple(n // parts for n, parts in zip(param.shape, split))
+
+    def grid_numel(self, grid) -> int:
+        """Elements on one rank of an R × C tp grid (``grid_shape``)."""
+        return sum(math.prod(self.grid_shape(p, grid)) for p in self.params)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BlockDesc:
@@ -200,13 +218,14 @@ class ParamCount:
 NONE = ParamCount(elements=0, tensors=0)
 
 
-def _count(modules, tp: int, sharded=None) -> ParamCount:
+def _count(modules, tp: int, sharded=None, grid=None) -> ParamCount:
     """Parameters of ``modules`` on one rank; ``sharded``: the names tp splits (None: every
-    module with a style, as parc's TP table does when tp > 1)."""
+    module with a style, as parc's TP table does when tp > 1); ``grid``: (R, C) under 2D
+    tensor parallelism, which splits every module (``ModuleDesc.grid_shape``)."""
     elements = tensors = 0
     for module in modules:
         split = module.style is not None if sharded is None else module.name in sharded
-        elements += module.numel(tp if split else 1)
+        elements += module.grid_numel(grid) if grid is not None else module.numel(tp if split else 1)
         tensors += len(module.params)
     return ParamCount(elements=elements, tensors=tensors)
 
@@ -263,14 +282,20 @@ class ModelDesc:
 
     def stage_params(
         self, tp: int = 1, *, layers: tuple[int, int] | None = None, first: bool = True, last: bool = True,
-        sharded=None, ep: int = 1,
+        sharded=None, ep: int = 1, grid=None,
     ) -> ParamCount:
         """Parameters of one tp rank of a pipeline stage holding blocks ``layers = (start,
         stop)`` (all by default), the embedding when ``first``, the final norm and head
         when ``last``. ``sharded``: the module names tp splits, when not parc's table;
         ``ep``: the ranks that split each MoE block's experts (ep·etp: an expert-parallel rank
-        holds experts / ep of them, an expert-tensor-parallel rank 1 / etp of each)."""
+        holds experts / ep of them, an expert-tensor-parallel rank 1 / etp of each);
+        ``grid``: (R, C) under 2D tensor parallelism with R > 1 (dense models only)."""
         start, stop = (0, len(self.blocks)) if layers is None else layers
+        if grid is not None:
+            modules = (self.embed if first else ()) + tuple(m for b in self.blocks[start:stop] for m in b.modules)
+            if last:
+                modules += self.head if self.has_head_weight(first=first) else self.head[:-1]
+            return _count(modules, 1, grid=grid)
         if ep > 1:  # each rank holds 1 / (ep·etp) of every MoE block's expert weights
             whole = self.stage_params(tp, layers=(start, stop), first=first, last=last, sharded=sharded)
             grouped = sum(m.numel() for b in self.blocks[start:stop] for m in b.modules if m.layer == GROUPED)
@@ -291,11 +316,16 @@ class ModelDesc:
         return total
 
     def sequence_parallel_params(
-        self, *, layers: tuple[int, int] | None = None, first: bool = True, last: bool = True
+        self, *, layers: tuple[int, int] | None = None, first: bool = True, last: bool = True, grid=None,
     ) -> int:
         """Elements of a stage whose gradients are partial under sp (norms, row-parallel
-        biases, gpt's positions); the caller decides whether sp is on."""
+        biases, gpt's positions); the caller decides whether sp is on. ``grid``: (R, C)
+        under 2D tensor parallelism, where a rank holds their h/R features."""
         start, stop = (0, len(self.blocks)) if layers is None else layers
+        if grid is not None:
+            modules = (self.embed if first else ()) + tuple(m for b in self.blocks[start:stop] for m in b.modules)
+            modules += self.head if last else ()
+            return sum(math.prod(m.grid_shape(p, grid)) for m in modules for p in m.params if p.sequence_parallel)
         counts = _counts(self.config, 1)
         total = counts.sp_prefix[stop] - counts.sp_prefix[start]
         return total + (counts.sp_embed if first else 0) + (counts.sp_head if last else 0)
@@ -308,17 +338,18 @@ class ModelDesc:
 
     def block_saved_elements(
         self, index: int, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True,
-        ep: int = 1, imbalance: float = 1.0, etp: int = 1,
+        ep: int = 1, imbalance: float = 1.0, etp: int = 1, grid=None,
     ) -> float:
         """Elements saved per token by block ``index`` (saved_elements.py, Note [what parc's
-        trainer saves]); ``ep``, ``imbalance``: a MoE block's expert parallelism and routing."""
+        trainer saves]); ``ep``, ``imbalance``: a MoE block's expert parallelism and routing;
+        ``grid``: (R, C) under 2D tensor parallelism, else None."""
         return block_saved_elements(self.config, self.blocks[index], tp=tp, sp=sp, recompute=recompute,
                                     micro_batch=micro_batch, compiled=compiled, ep=ep, imbalance=imbalance,
-                                    etp=etp)
+                                    etp=etp, grid=grid)
 
-    def head_saved_elements(self, *, tp: int, sp: bool, compiled: bool = True) -> float:
+    def head_saved_elements(self, *, tp: int, sp: bool, compiled: bool = True, grid=None) -> float:
         """Elements saved per token by the final norm, the head and the loss (last stage)."""
-        return head_saved_elements(self.config, tp=tp, sp=sp, compiled=compiled)
+        return head_saved_elements(self.config, tp=tp, sp=sp, compiled=compiled, grid=grid)
 
 
 # ---- building it -------------------------------------------------------------------

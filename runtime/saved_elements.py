@@ -37,6 +37,17 @@ k = kv_heads·head_dim, t = tp):
                gathers the MLP's input); shared experts as a dense MLP of S·F_e (eager:
                4 or 2 per F).
 
+  2D grid:     (R, C) = tp_shape (Note [2D tensor parallelism] in layers2d.py): the
+               stream and the norms hold h/R features, the column linears' outputs
+               and the attention core out/C and heads/C, the same on the R ranks of a
+               column (the attention's repeated copies). The 2D norm is eager whatever
+               the kernels: it saves two tensors of h/R (LayerNorm: x − mean and the
+               normalized x; RMSNorm: x and x·rstd) and one statistic, and its output is
+               the column linears' input (h/R): 6h/R + 2, plus sharded/C, lse a/C and
+               llama's tables as in 1D. Under sp (Note [2D sequence parallelism]) the
+               norms run on T/C tokens: 4h/(R·C) + 2/C, and each region's all-gathered
+               input is kept whole, 2h/R; full recompute keeps h/R (h/(R·C) under sp).
+
 Those were read off ``saved_tensors_hooks`` on CPU and are checked against the
 trainer's measurement in tests/planner. The working set of a recomputed layer and the
 gradient flat buffers are real memory but not saved activations (cost/memory.py's
@@ -48,10 +59,14 @@ from __future__ import annotations
 
 def block_saved_elements(
     config, block, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True,
-    ep: int = 1, imbalance: float = 1.0, etp: int = 1,
+    ep: int = 1, imbalance: float = 1.0, etp: int = 1, grid=None,
 ) -> float:
     """Elements saved per token by one block (Note [what parc's trainer saves]); ``ep``,
-    ``etp`` and ``imbalance`` matter to a MoE block only."""
+    ``etp`` and ``imbalance`` matter to a MoE block only; ``grid``: (R, C) under 2D tensor
+    parallelism with R > 1 (dense blocks only: experts are refused there), else None."""
+    if grid is not None:
+        return _grid_block(config, block, grid=grid, sp=sp, recompute=recompute, micro_batch=micro_batch,
+                           compiled=compiled)
     dense = _dense_block(config, block, tp=tp, sp=sp, recompute=recompute, micro_batch=micro_batch,
                          compiled=compiled)
     if block.experts and recompute != "full":
@@ -87,6 +102,37 @@ def _dense_block(config, block, *, tp: int, sp: bool, recompute: str, micro_batc
     return whole + stats + sharded / t + core_extra
 
 
+def _sharded_and_core(config, block, *, recompute: str, micro_batch: int, compiled: bool) -> tuple[float, float]:
+    """(the tensors split over the tp ranks that hold different heads and ffn columns, per
+    token before that split; the attention core's extras on one rank of C = 1)."""
+    h, F, a = config.hidden, block.ffn, block.heads
+    k = block.kv_heads * block.head_dim
+    core = float(a)
+    if config.arch == "gpt":
+        sharded = 2 * h + 2 * k + 2 * F
+    elif compiled:
+        sharded = 2 * h + 2 * k + 3 * F
+    else:
+        sharded = 2 * h + 2 * k + 4 * F
+    return sharded, 0.0 if recompute == "selective" else core
+
+
+def _grid_block(config, block, *, grid, sp: bool, recompute: str, micro_batch: int, compiled: bool) -> float:
+    """A dense block on an R × C grid (Note [what parc's trainer saves], 2D grid)."""
+    rows, cols = grid
+    h = config.hidden
+    if recompute == "full":
+        return h / (rows * cols) if sp else h / rows
+    sharded, core = _sharded_and_core(config, block, recompute=recompute, micro_batch=micro_batch, compiled=compiled)
+    tables = 0.0
+    if config.arch == "llama" and recompute != "selective":  # rotary's cos and sin, per micro-batch
+        tables = (1 if compiled else 4) * block.head_dim / micro_batch
+    heads_part = sharded / cols + core / cols + tables
+    if sp:
+        return 4 * h / (rows * cols) + 2 / cols + 2 * h / rows + heads_part
+    return 6 * h / rows + 2 + heads_part
+
+
 def _dense_mlp(config, block, tp: int, compiled: bool) -> float:
     """The F terms of a dense block's MLP per token on a tp rank (see above)."""
     if config.arch == "gpt":
@@ -120,14 +166,19 @@ def moe_saved_elements(config, block, *, tp: int, ep: int, imbalance: float = 1.
     return routed + indices + combine + router + shared + ungathered
 
 
-def head_saved_elements(config, *, tp: int, sp: bool, compiled: bool = True) -> float:
-    """Elements saved per token by the final norm, the head and the loss (last stage)."""
+def head_saved_elements(config, *, tp: int, sp: bool, compiled: bool = True, grid=None) -> float:
+    """Elements saved per token by the final norm, the head and the loss (last stage);
+    ``grid``: (R, C) under 2D tensor parallelism (the eager 2D norm, the logits' V/C)."""
     h, t = config.hidden, tp
+    loss = 1.0 if compiled else 2.25  # int64 targets and the loss's statistics
+    if grid is not None:
+        rows, cols = grid
+        norm = 2 * h / (rows * cols) + 1 / cols + h / rows if sp else 3 * h / rows + 1
+        return norm + config.padded_vocab / cols + loss
     if config.arch == "gpt":
         norm = 2 * h + 2  # x and the output; mean and rstd
     else:
         norm = (2 * h if compiled else 3 * h) + 1  # x, (x·rstd), the output; rstd
     if sp:
         norm = h + (norm - h) / t  # the norm runs on a shard; the head keeps the gathered input
-    loss = 1.0 if compiled else 2.25  # int64 targets and the loss's statistics
     return norm + config.padded_vocab / t + loss

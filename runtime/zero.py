@@ -386,17 +386,19 @@ class ShardedAdamW:
 
 @torch.no_grad()
 def clip_global_norm_(grad, *, counted, tp_mask, max_norm, tp_group, dp_group, pp_group=None,
-                      grad_scale: float = 1.0) -> float:
+                      grad_scale: float = 1.0, tp_share=None) -> float:
     """The global norm of a gradient held as one slice per rank, and ``grad`` clipped to
     ``max_norm`` in place (``max_norm == 0`` only measures).
 
     Squares of tp shards (``tp_mask``) are summed over tp, replicated parameters counted
     once (``counted`` false on a tied copy and on padding), then the dp slices summed,
     then the pipeline stages. Shared by ZeRO 1/2 and ZeRO-3 (``fsdp.py``). ``grad``
-    is first divided by ``grad_scale`` (fp16's loss scale, loss_scale.py)."""
+    is first divided by ``grad_scale`` (fp16's loss scale, loss_scale.py). ``tp_share``:
+    as ``global_squares``'s (2D tensor parallelism), or None."""
     if grad_scale != 1.0:
         grad.mul_(1.0 / grad_scale)
-    total_sq = global_squares(grad, counted=counted, tp_mask=tp_mask, tp_group=tp_group, dp_group=dp_group)
+    total_sq = global_squares(grad, counted=counted, tp_mask=tp_mask, tp_group=tp_group, dp_group=dp_group,
+                              tp_share=tp_share)
     if group_size(pp_group) > 1:
         with exposed():
             dist.all_reduce(total_sq, group=pp_group)  # every stage's squares

@@ -6,7 +6,8 @@ between tensor-parallel blocks — norms, residual adds, dropout — runs on T/t
 sequence: the all-reduce after each row-parallel layer (and the embedding) becomes a
 reduce-scatter along T, and the next column-parallel layer all-gathers T first
 (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models").
-seq_len then divides by tp (``constraints.sequence_parallel``).
+seq_len then divides by tp (``constraints.sequence_parallel``). On a 2D grid (R, C) the
+sequence splits over a row's C ranks and the features over R: (B, T/C, hidden/R).
 
 Before: ``partition_layers``. After: ``plan_batches``.
 """
@@ -29,9 +30,12 @@ def run(spec: Spec, draft: Draft) -> Draft:
         plan = SequenceParallelPlan(enabled=False, local_shape=(), span=span)
         return replace(draft, sequence_parallel=plan)
     seq_len = spec.model.seq_len
+    # Note [2D sequence parallelism] (runtime/layers2d.py): on an R × C grid the sequence is
+    # split over a row's C ranks, the features over a column's R
+    rows, cols = draft.mesh.tp_shape.value if draft.mesh.tp_shape is not None else (1, tp)
     plan = SequenceParallelPlan(
         enabled=True,
-        local_shape=(spec.train.micro_batch, seq_len // tp, spec.model.hidden),
+        local_shape=(spec.train.micro_batch, seq_len // cols, spec.model.hidden // rows),
         span=span,
     )
     return replace(draft, sequence_parallel=plan)

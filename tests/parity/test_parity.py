@@ -172,6 +172,15 @@ LAYOUTS = {
     # the 8-rank rows: the 2 × 2 grid with dp 2 and with pp 2
     "dp2-tp4-shape2x2": dict(dp=2, tp=4, parallel__tp_shape="(2, 2)"),
     "pp2-tp4-shape2x2": dict(pp=2, tp=4, parallel__tp_shape="(2, 2)"),
+    # Note [2D sequence parallelism]: the stream (B, T/C, hidden/R), reduce-scattered and
+    # all-gathered over a row; (2, 1) splits no tokens, (1, 2) is 1D sp
+    "tp4-shape2x2-sp": dict(tp=4, sp=True, parallel__tp_shape="(2, 2)"),
+    "tp2-shape2x1-sp": dict(tp=2, sp=True, parallel__tp_shape="(2, 1)"),
+    "tp2-shape1x2-sp": dict(tp=2, sp=True, parallel__tp_shape="(1, 2)"),
+    # stages hand each other (B, T/C, hidden/R): the only row that splits tokens at a boundary
+    "pp2-tp4-shape2x2-sp": dict(pp=2, tp=4, sp=True, parallel__tp_shape="(2, 2)"),
+    # ZeRO-3 over the 2D shards: units of the grid's boxes, partly replicated values 1/k in the norm
+    "dp2-tp2-shape2x1-zero3": dict(dp=2, tp=2, parallel__tp_shape="(2, 1)", parallel__zero=3),
     # ZeRO-1 (hetero.ShardedAdamW): each layer's moments sliced over its own dp group
     "hetero-tp2211-zero1": dict(tp=2, model__layers=4, parallel__tp="[2, 2, 1, 1]", parallel__dp="[1, 1, 2, 2]",
                                 parallel__zero=1),

@@ -4,7 +4,7 @@ metrics JSONL's ``memory_per_rank`` (runtime/memory.py's definitions).
 Parameters, gradients and optimizer state must be equal to the byte; the peak of saved
 activations within 10%, on every rank. Four 4-rank runs (one step each) cover dp 2
 with zero 0, 1 and 2, tp 2 with sp, pp 2 (both stages: embedding, head, tied copy),
-gpt and llama, selective recompute, and pp 2 under zero_bubble. The runs share the parity suite's launch of
+gpt and llama, selective recompute, pp 2 under zero_bubble, and 2D tp grids. The runs share the parity suite's launch of
 their world size (tests/conftest.py's ``trainers``).
 """
 
@@ -53,6 +53,12 @@ CASES = {
     "llama moe dp2·tp2 ep4": ("llama.par", dict(dp=2, tp=2, ep=4, experts=4)),
     # under sp each tp rank routes its own shard: the router's and the combine's tensors per shard
     "llama moe dp2·tp2 ep2 sp": ("llama.par", dict(dp=2, tp=2, ep=2, sp="true", experts=4)),
+    # 2D tensor parallelism (Note [2D tensor parallelism]): the attention repeated on a
+    # column's R ranks, the eager 2D norms; with sp the stream's T/C tokens (saved_elements.py)
+    "gpt tp4 2x2": ("gpt.par", dict(tp=4, tp_shape="(2, 2)")),
+    "llama tp4 2x2 sp": ("llama.par", dict(tp=4, sp="true", tp_shape="(2, 2)")),
+    "gpt dp2·tp2 2x1 sp zero2": ("gpt.par", dict(dp=2, tp=2, sp="true", zero=2, tp_shape="(2, 1)")),
+    "gpt dp2·tp2 2x1 zero3": ("gpt.par", dict(dp=2, tp=2, zero=3, tp_shape="(2, 1)")),
 }
 
 
@@ -65,7 +71,7 @@ def _overrides(degrees: dict) -> list[str]:
         f"parallel.schedule={degrees.get('schedule', '1f1b')}",
     ] + ([f"train.precision={degrees['precision']}"] if "precision" in degrees else []) + [
         f"model.{key}={degrees[key]}" for key in ("experts", "moe_every", "shared_experts") if key in degrees
-    ] + [f"parallel.{key}={degrees[key]}" for key in ("ep", "etp") if key in degrees]
+    ] + [f"parallel.{key}={degrees[key]}" for key in ("ep", "etp", "tp_shape") if key in degrees]
 
 
 def measured_case(case: str) -> Case:

@@ -89,6 +89,12 @@ class Layout:
         """(R, C): the grid's rows and columns; ``(1, tp)`` for 1D."""
         return tuple(self.tp_shape) if self.tp_shape is not None else (1, self.tp)
 
+    @property
+    def grid(self) -> tuple[int, int] | None:
+        """(R, C) when the tp ranks form a 2D grid (R > 1), else None: what the model
+        description's shard and activation counts take (``model_desc``, saved_elements.py)."""
+        return tuple(self.tp_shape) if self.tp_shape is not None and self.tp_shape[0] > 1 else None
+
     slices: int = 1
     """Token slices per sequence under terapipe (``runtime/schedule_terapipe.py``); else 1."""
 
@@ -206,7 +212,7 @@ def rank_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) 
     """(elements, tensors) of pipeline rank ``rank``'s parameters on one tp rank: the sum
     of its chunks' ``ModelDesc.stage_params`` (runtime/model_desc.py)."""
     count = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers),
-                         placement_kind(layout), layout.expert_folds)
+                         placement_kind(layout), layout.expert_folds, layout.grid)
     return count.elements, count.tensors
 
 
@@ -238,7 +244,8 @@ def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_
         return 0
     desc = model_desc(model)
     mine = _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers), placement_kind(layout))
-    return sum(desc.sequence_parallel_params(layers=layers, first=first, last=last) for layers, first, last in mine)
+    return sum(desc.sequence_parallel_params(layers=layers, first=first, last=last, grid=layout.grid)
+               for layers, first, last in mine)
 
 
 def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> int:
@@ -249,10 +256,11 @@ def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_laye
     total = 0
     for (start, stop), first, last in _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers),
                                               placement_kind(layout)):
-        root = desc.stage_params(layout.tp, layers=(start, start), first=first, last=last).elements
+        root = desc.stage_params(layout.tp, layers=(start, start), first=first, last=last, grid=layout.grid).elements
         total += math.ceil(root / layout.dp)
         if layout.expert_folds == 1:
-            block = desc.stage_params(layout.tp, layers=(start, start + 1), first=False, last=False).elements
+            block = desc.stage_params(layout.tp, layers=(start, start + 1), first=False, last=False,
+                                      grid=layout.grid).elements
             total += (stop - start) * math.ceil(block / layout.dp)
         else:  # Note [experts as units] (fsdp.py): a MoE block's dense unit over dp, its experts' over edp
             edp = expert_data_ranks(layout)
@@ -303,9 +311,9 @@ def _chunks(layers: int, pp: int, chunks: int, rank: int, stage_layers, kind: st
 
 @functools.lru_cache(maxsize=4096)
 def _rank_params(model: ModelSpec, tp: int, pp: int, chunks: int, rank: int, stage_layers,
-                 kind: str = "interleaved", ep: int = 1) -> ParamCount:
+                 kind: str = "interleaved", ep: int = 1, grid=None) -> ParamCount:
     desc = model_desc(model)
     total = NONE
     for layers, first, last in _chunks(model.layers, pp, chunks, rank, stage_layers, kind):
-        total += desc.stage_params(tp, layers=layers, first=first, last=last, ep=ep)
+        total += desc.stage_params(tp, layers=layers, first=first, last=last, ep=ep, grid=grid)
     return total

@@ -124,19 +124,22 @@ def korthikanti_layer_bytes(
 
 
 def parc_layer_elements(
-    model: ModelSpec, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True, ep: int = 1
+    model: ModelSpec, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True, ep: int = 1,
+    grid=None,
 ) -> float:
     """Elements saved per token by one block (the first: a MoE one in a MoE model) of parc's
-    trainer: the model description's (runtime/saved_elements.py, Note [what parc's trainer saves])."""
+    trainer: the model description's (runtime/saved_elements.py, Note [what parc's trainer saves]);
+    ``grid``: (R, C) under 2D tensor parallelism (``Layout.grid``), whose attention is repeated
+    on the R ranks of a column."""
     return model_desc(model).block_saved_elements(
         0, tp=tp, sp=sp, recompute=recompute, micro_batch=micro_batch, compiled=compiled, ep=ep,
-        imbalance=model.routing_imbalance,
+        imbalance=model.routing_imbalance, grid=grid,
     )
 
 
-def parc_head_elements(model: ModelSpec, *, tp: int, sp: bool, compiled: bool = True) -> float:
+def parc_head_elements(model: ModelSpec, *, tp: int, sp: bool, compiled: bool = True, grid=None) -> float:
     """Elements saved per token by the final norm, the head and the loss (last stage)."""
-    return model_desc(model).head_saved_elements(tp=tp, sp=sp, compiled=compiled)
+    return model_desc(model).head_saved_elements(tp=tp, sp=sp, compiled=compiled, grid=grid)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -188,6 +191,7 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
         layers = sum(
             count * (parc_layer_elements(
                 model, tp=layout.tp, sp=layout.sp, recompute=mode, micro_batch=layout.micro_batch, compiled=compiled,
+                grid=layout.grid,
             ) + (extra if mode != "full" else 0.0))
             for mode, count in modes.items()
         )
@@ -196,7 +200,7 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
         total += min(in_flight, micro_batches) * tokens * 8.0  # the int64 token ids
     if contents.head:
         head_in_flight = micro_batches if layout.schedule == "gpipe" and layout.pp > 1 else 1
-        head = parc_head_elements(model, tp=layout.tp, sp=layout.sp, compiled=compiled)
+        head = parc_head_elements(model, tp=layout.tp, sp=layout.sp, compiled=compiled, grid=layout.grid)
         # fp32 logits saved by the loss, under fp32 and autocast; bf16/fp16 parameters: the head's dtype
         total += head_in_flight * head * tokens * (element if uses_master_weights(spec) else 4.0)
     if element == 2.0 and not uses_master_weights(spec):  # Note [autocast's weight copies]
@@ -314,7 +318,7 @@ def zero3_working_set(spec: Spec, layout: Layout, params: int, accounting: Accou
     element = 2.0 if accounting is Accounting.MEGATRON or uses_master_weights(spec) else 4.0  # gathered
     packed = 2.0 if accounting is Accounting.MEGATRON else 4.0  # the reduce-scattered copy: fp32 in parc
     block = model_desc(model).stage_params(
-        layout.tp, layers=(0, 1), first=False, last=False, sharded=None
+        layout.tp, layers=(0, 1), first=False, last=False, sharded=None, grid=layout.grid
     ).elements if model.layers else 0
     root = max(0, params - block * layout_blocks(model, layout))
     prefetch = int(getattr(spec.parallel, "zero_prefetch", 1))
@@ -343,6 +347,6 @@ def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting, fu
     if full_recompute:  # one block's tensors rebuilt during its backward
         element = 2.0 if accounting is Accounting.MEGATRON else 4.0
         working = parc_layer_elements(model, tp=layout.tp, sp=layout.sp, recompute="none",
-                                      micro_batch=layout.micro_batch, ep=layout.ep)
+                                      micro_batch=layout.micro_batch, ep=layout.ep, grid=layout.grid)
         total += working * tokens * element
     return total

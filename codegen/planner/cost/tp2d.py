@@ -16,6 +16,9 @@ mirrors it: a colwise linear's input gradient (tokens, hidden/R) over the row, a
 one's (tokens, out/C) over the column, the norms' statistics again. Compared with 1D's
 (tokens, hidden) over all tp ranks, the slow column ring carries 1/C of the projections'
 outputs, which is ATP's point when tp spans nodes; inside one node 2D moves more.
+Under sp (Note [2D sequence parallelism]) each all-reduce over a row becomes a
+reduce-scatter plus an all-gather of the same tensor, the two halves of a ring all-reduce:
+the same seconds, so the sums above stand for both.
 """
 
 from __future__ import annotations
