@@ -1,16 +1,19 @@
-"""Generated trainers' runs shared by the whole session: one torchrun launch per world size.
+"""Generated trainers' runs shared by the tests that read them: one torchrun launch per world size and unit.
 
 A test module says which runs a test of it reads with ``cases_of(item) -> list[Case]``
-(tests/parity/batch.py); the session's ``trainers`` holds every selected test's runs,
-so ``-k`` launches only what the selected tests read, and the runs of
-tests/parity/ (layouts, memory, the planned build) and tests/planner/test_measured.py
-that need the same world size share a launch.
+(tests/parity/batch.py); ``trainers`` holds the runs of every selected test of the
+same *unit* (``unit_of``), so ``-k`` launches only what the selected tests read, and
+the runs of a unit that need the same world size share a launch.
 
 ``make test`` runs the suite in two pytest processes (pytest-xdist, ``-n 2``):
 the trainers' launches use about half of two cores on their own (ranks wait on each
-other, processes start), so another process's tests fill the rest. Each test file is
-one group, so a module's fixtures are made once; every module that reads ``trainers``
-is in one group, so its launches are shared as above and made once.
+other, processes start), so another process's tests fill the rest. A unit runs whole
+in one process, so a module's fixtures are made once. The modules that read
+``trainers`` (SHARED) form three units, so the two processes share the trainers' runs
+too: the dense parity layouts of gpt, those of llama, and every other module that
+reads them (MoE layouts, memory, precision, compression, eval, the planner's
+measurements). A case two units read (a one-rank reference) runs once per process
+that needs it. Every other test file is a unit of its own.
 """
 
 from __future__ import annotations
@@ -33,36 +36,60 @@ SHARED = (
     "tests/parity/test_parity.py", "tests/parity/test_parity_precision.py", "tests/parity/test_planned.py",
     "tests/planner/test_context_memory.py", "tests/planner/test_measured.py",
 )
-"""The modules that read ``trainers`` (those defining ``cases_of``): one pytest-xdist unit."""
+"""The modules that read ``trainers`` (those defining ``cases_of``)."""
+PARITY_LAYOUTS = "tests/parity/test_parity.py::test_layout_matches_single_rank["
+SHARED_UNITS = ("trainers-gpt", "trainers-llama", "trainers")
+"""The SHARED units, longest first (xdist hands them out in this order)."""
+
+
+def unit_of(nodeid: str) -> str:
+    """The pytest-xdist unit of a test: its file, or one of SHARED_UNITS."""
+    path = nodeid.split("::")[0]
+    if path not in SHARED:
+        return path
+    if nodeid.startswith(PARITY_LAYOUTS):  # ...[tp2-sp-gpt]: split by the model
+        return f"trainers-{nodeid.rstrip(']').rsplit('-', 1)[1]}"
+    return "trainers"
 
 
 def pytest_collection_modifyitems(config, items):
-    """The shared modules' tests first (the longest unit starts first); SHARED checked."""
+    """The SHARED units' tests first, longest unit first; SHARED checked."""
     reading = {item.nodeid.split("::")[0] for item in items if hasattr(getattr(item, "module", None), "cases_of")}
     if not reading <= set(SHARED):
         raise pytest.UsageError(f"tests/conftest.py: add {sorted(reading - set(SHARED))} to SHARED")
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in SHARED)  # stable
+    order = {unit: rank for rank, unit in enumerate(SHARED_UNITS)}
+    items.sort(key=lambda item: order.get(unit_of(item.nodeid), len(order)))  # stable
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Work units for pytest-xdist: each test file, and the SHARED modules as one."""
+    """Work units for pytest-xdist: ``unit_of`` each test."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::")[0]
-            return "trainers" if path in SHARED else path
+            return unit_of(nodeid)
 
     return ByFile(config, log)
 
 
 @pytest.fixture(scope="session")
-def trainers(request, tmp_path_factory):
-    """``trainers.run(case)`` / ``trainers.records(case)``, made on first use (Note [one launch, many trainers])."""
-    wanted = []
-    for item in request.session.items:
-        cases_of = getattr(getattr(item, "module", None), "cases_of", None)
-        if cases_of is not None:
-            wanted += cases_of(item)
-    return Batches(tmp_path_factory, wanted)
+def _units(tmp_path_factory):
+    """This process's ``Batches`` by unit, sharing one table of results."""
+    return {}, {}
+
+
+@pytest.fixture
+def trainers(request, tmp_path_factory, _units):
+    """``trainers.run(case)`` / ``trainers.records(case)`` for the test's unit, made on
+    first use (Note [one launch, many trainers])."""
+    batches, results = _units
+    unit = unit_of(request.node.nodeid)
+    if unit not in batches:
+        wanted = []
+        for item in request.session.items:
+            cases_of = getattr(getattr(item, "module", None), "cases_of", None)
+            if cases_of is not None and unit_of(item.nodeid) == unit:
+                wanted += cases_of(item)
+        batches[unit] = Batches(tmp_path_factory, wanted, results)
+    return batches[unit]

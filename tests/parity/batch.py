@@ -4,8 +4,9 @@ Takes: ``Case``s (a spec of ``specs/``, its ``--set`` overrides, the trainer's f
 the ranks it needs). Gives: ``Batches``, whose ``run(case)`` is the case's build
 folder and JSONL records; the first case asked for runs every wanted case of its
 world size, in one ``torchrun`` launch of ``batch_worker.py`` (Note [one launch,
-many trainers] there). tests/conftest.py makes one ``Batches`` for the session from
-what each test module's ``cases_of(item)`` says its selected tests read.
+many trainers] there). tests/conftest.py makes one ``Batches`` for each unit of tests
+from what each test module's ``cases_of(item)`` says its selected tests read; the
+units of one process share their results.
 Each case keeps its own result: a build that fails, a trainer that fails or stalls
 is that case's failure, with its own logs, and the cases after it are launched again
 without it.
@@ -52,10 +53,11 @@ class Result:
 class Batches:
     """The runs of ``wanted`` cases, made on first use, one launch per world size."""
 
-    def __init__(self, tmp_path_factory, wanted: list[Case]):
+    def __init__(self, tmp_path_factory, wanted: list[Case], results: dict | None = None):
         self.tmp_path_factory = tmp_path_factory
         self.wanted = list({case.name: case for case in wanted}.values())
-        self.results: dict[str, Result] = {}
+        self.results: dict[str, Result] = {} if results is None else results
+        """By case name; shared by the ``Batches`` of one process (a case already run is not run again)."""
 
     def run(self, case: Case) -> Result:
         """The case's build and records; a failed case raises ``AssertionError`` with its logs."""

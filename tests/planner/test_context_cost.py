@@ -67,3 +67,15 @@ def test_llama3_8b_32k_plans_fast_and_picks_cp():
     lines = why(spec, result, hardware_for(spec))
     assert any(line.startswith(f"cp {winner.layout.cp} (ring) over tp alone: each rank holds seq_len/") for line in lines)
     assert any(line.startswith("against tp alone (cp 1)") for line in lines)
+
+
+def test_zero_shards_over_dp_times_cp():
+    """The trainer's ZeRO shards over ``grad_group`` (dp × cp) when cp > 1, so the model's
+    states per rank under dp 4 · cp 2 are those of dp 8 (they were dp 4's)."""
+    for zero in (1, 2, 3):
+        cp2 = fixed(2, tp=2, **{"parallel.zero": zero, "train.precision": "fp32"})
+        layout = fixed_layout(cp2)
+        assert (layout.dp, layout.cp, layout.shard_ranks) == (4, 2, 8)
+        states = memory(cp2, layout).per_rank[0]
+        dp8 = memory(cp2, replace(layout, dp=8, cp=1)).per_rank[0]
+        assert (states.params, states.grads, states.optimizer) == (dp8.params, dp8.grads, dp8.optimizer)

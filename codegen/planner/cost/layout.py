@@ -109,6 +109,13 @@ class Layout:
     """Expert-tensor-parallel ranks: each holds 1 / etp of each of its experts' ffn."""
 
     @property
+    def shard_ranks(self) -> int:
+        """dp·cp: the ranks that hold the same parameters, average their gradients and, under
+        ZeRO, shard their states (runtime/zero.py, fsdp.py: the generated trainer's
+        ``grad_group`` when cp > 1)."""
+        return self.dp * self.cp
+
+    @property
     def expert_folds(self) -> int:
         """ep·etp: the ranks among which a MoE block's expert weights are split."""
         return self.ep * self.etp
@@ -257,14 +264,14 @@ def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_laye
     for (start, stop), first, last in _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers),
                                               placement_kind(layout)):
         root = desc.stage_params(layout.tp, layers=(start, start), first=first, last=last, grid=layout.grid).elements
-        total += math.ceil(root / layout.dp)
+        total += math.ceil(root / layout.shard_ranks)
         if layout.expert_folds == 1:
             block = desc.stage_params(layout.tp, layers=(start, start + 1), first=False, last=False,
                                       grid=layout.grid).elements
-            total += (stop - start) * math.ceil(block / layout.dp)
+            total += (stop - start) * math.ceil(block / layout.shard_ranks)
         else:  # Note [experts as units] (fsdp.py): a MoE block's dense unit over dp, its experts' over edp
             edp = expert_data_ranks(layout)
-            total += sum(math.ceil(dense / layout.dp) + math.ceil(mine / edp)
+            total += sum(math.ceil(dense / layout.shard_ranks) + math.ceil(mine / edp)
                          for dense, mine in _block_units(model, layout.tp, layout.expert_folds)[start:stop])
     return total
 

@@ -275,24 +275,24 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
         params, tensors = rank_params(model, layout, rank, stage_layers)
         low = uses_master_weights(spec)
         param_b, grad_b, optim_b = model_state_bytes(
-            params, tensors, dp=layout.dp, zero=layout.zero, accounting=accounting, low=low
+            params, tensors, dp=layout.shard_ranks, zero=layout.zero, accounting=accounting, low=low
         )
         grad_element = 2.0 if low else 4.0  # param.grad: the parameters' dtype
         experts = rank_expert_params(model, layout, rank, stage_layers)
         if accounting is Accounting.PARC and experts and layout.zero in (1, 2):  # Note [experts under ZeRO]
-            shard = math.ceil((params - experts) / layout.dp) + math.ceil(experts / expert_data_ranks(layout))
+            shard = math.ceil((params - experts) / layout.shard_ranks) + math.ceil(experts / expert_data_ranks(layout))
             optim_b = (12.0 if low else 8.0) * shard
             grad_b = 4.0 * shard if layout.zero == 2 else grad_b
-        if accounting is Accounting.PARC and layout.zero == 2 and layout.dp > 1 and layout.compress != "none":
+        if accounting is Accounting.PARC and layout.zero == 2 and layout.shard_ranks > 1 and layout.compress != "none":
             # the compressor needs whole gradients (runtime/zero.py, Note [compression under ZeRO])
             grad_b += grad_element * params
-        elif accounting is Accounting.PARC and layout.zero == 2 and layout.dp > 1:
+        elif accounting is Accounting.PARC and layout.zero == 2 and layout.shard_ranks > 1:
             # Partial sp gradients wait, whole, for their sum over tp when backward ends.
             grad_b += grad_element * sequence_parallel_params(model, layout, rank, stage_layers)
-        if accounting is Accounting.PARC and layout.zero == 3 and layout.dp > 1:
+        if accounting is Accounting.PARC and layout.zero == 3 and layout.shard_ranks > 1:
             shard = zero3_shard_elements(model, layout, rank, stage_layers)  # padded per unit
             param_b, grad_b, optim_b = 4.0 * shard, 4.0 * shard, 8.0 * shard
-        if accounting is Accounting.PARC and layout.zero == 3 and layout.dp > 1 and layout.sp and layout.tp > 1:
+        if accounting is Accounting.PARC and layout.zero == 3 and layout.shard_ranks > 1 and layout.sp and layout.tp > 1:
             # every unit holds a sequence-parallel norm: its whole gradients wait for the tp sum
             grad_b += grad_element * params
         acts = activation_bytes(spec, layout, rank, accounting, stage_layers)
@@ -333,9 +333,9 @@ def layout_blocks(model, layout: Layout) -> int:
 def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting, full_recompute: bool) -> float:
     model, tokens = spec.model, layout.tokens(spec.model.seq_len)
     total = 0.0
-    if layout.zero >= 3 and layout.dp > 1:
+    if layout.zero >= 3 and layout.shard_ranks > 1:
         total += zero3_working_set(spec, layout, params, accounting)
-    elif accounting is Accounting.PARC and layout.dp > 1:
+    elif accounting is Accounting.PARC and layout.shard_ranks > 1:
         if layout.zero == 2:  # Note [ZeRO-2 during backward]: two buckets alive at most
             total += 2 * min(BUCKET_BYTES, 4.0 * params)
         else:  # zero 0's packed buckets, zero 1's flat gradient: one fp32 copy in flight

@@ -55,7 +55,7 @@ from .memory import (
     MemoryBreakdown, MemoryEstimate, _in_flight, autocast_block_weights, compiled_kernels, memory, model_state_bytes,
     parc_layer_elements,
 )
-from .time import TimeBreakdown, _activation_size, _optimizer_time, block_costs, step_time, zero3_gathers
+from .time import TimeBreakdown, _activation_size, _optimizer_time, _zero3_gather_element, block_costs, step_time, zero3_gathers
 
 
 def _memo(fn):
@@ -163,7 +163,10 @@ def layer_cost(spec: Spec, stage: Stage, hw: Hardware, t: int, settings: tuple, 
     reduce = collective_time(hw, "reduce_scatter" if zero >= 3 else "all_reduce", 4.0 * n, size=dp, stride=t)
     hidden = 0.0 if hw.comm_on_cores else backward  # the last micro-batch's backward hides it
     gather = collective_time(hw, "all_gather", 4.0 * n, size=dp, stride=t) if 1 <= zero <= 2 else 0.0
-    gathers = zero3_gathers(hw, layout, n, 1.0, forward, backward, Accounting.PARC) if zero >= 3 else None
+    # one micro-batch's gathers of this unit (its reduce-scatter is ``reduce`` above)
+    gathers = zero3_gathers(hw, layout, n, 1.0, forward, backward, Accounting.PARC, micro_batches=1,
+                            gather_element=_zero3_gather_element(spec, Accounting.PARC),
+                            grad_element=0.0) if zero >= 3 else None
     # one unit of many: prefetch hides its gathers behind the previous block (the first one of
     # a pass, never hidden, is what the uniform layout's ends keep: Note [per-layer ZeRO])
     unit = 0.0 if gathers is None else (gathers.total if hw.comm_on_cores else sum(

@@ -265,7 +265,7 @@ def step_time(
         scatter = layout.zero >= 3 or (layout.zero == 2 and accounting is Accounting.MEGATRON)
         reduce = collective_time(hw, "reduce_scatter" if scatter else "all_reduce", grads, size=reducing, stride=t)
         if 1 <= layout.zero <= 2:
-            gather = collective_time(hw, "all_gather", dense_params * 4.0, size=d, stride=t)
+            gather = collective_time(hw, "all_gather", dense_params * 4.0, size=reducing, stride=t)
     reduce += expert_reduce(hw, layout, expert_params, grad_size)
     if 1 <= layout.zero <= 2 and expert_params:  # the experts' slices gathered over edp
         gather += collective_time(hw, "all_gather", expert_params * 4.0, size=expert_data_ranks(layout),
@@ -433,7 +433,7 @@ def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, fo
     ``hw.zero3_overlap`` the share of a block's compute that runs under a collective at
     full speed (``zero3_link``: the link ZeRO-3's collectives cross). With gloo on the
     CPU cores (``comm_on_cores``) nothing hides."""
-    if layout.zero < 3 or layout.dp <= 1:
+    if layout.zero < 3 or layout.shard_ranks <= 1:
         return None
     units = max(1.0, blocks)
     g = zero3_collective(hw, layout, "all_gather", params * gather_element / units)
@@ -461,7 +461,7 @@ def zero3_collective(hw: Hardware, layout: Layout, kind: str, nbytes: float) -> 
     the per-unit collectives of a dp group spread over nodes reach a fraction of one
     port per GPU, far from the ring's ideal of every port of the node at once
     (``comm.link_for``)."""
-    size, stride = layout.dp * layout.cp, layout.tp
+    size, stride = layout.shard_ranks, layout.tp
     if size * stride <= hw.devices_per_node or hw.comm_on_cores:
         return collective_time(hw, kind, nbytes, size=size, stride=stride)
     link = Link(bandwidth=hw.zero3_network * hw.inter.bandwidth, latency=hw.inter.latency)
@@ -472,7 +472,7 @@ def _optimizer_time(hw: Hardware, accounting: Accounting, params: int, tensors: 
                     expert_params: int = 0) -> float:
     elements = params
     if layout.zero >= 1:  # experts split over ep are sharded over edp (runtime/zero.py)
-        elements = math.ceil((params - expert_params) / layout.dp)
+        elements = math.ceil((params - expert_params) / layout.shard_ranks)
         if expert_params:
             elements += math.ceil(expert_params / expert_data_ranks(layout))
     if accounting is Accounting.MEGATRON:
