@@ -30,9 +30,10 @@ one kernel (``Norm.add_norm``; Note [fused residual norm] in kernels/add_norm.py
 the block's MLP norm, the next block's attention norm, the final norm. The add is
 elementwise per row, so a sequence shard (SP) fuses the same way. The stream is
 settled (``settle``: the add alone) where it leaves the plain walk: the output of a
-pipeline stage, the input of a block under ``recompute = full`` (it keeps one tensor)
-or of the sub-batch wavefront (overlap.py adds its own residuals), a reshard between
-tp degrees (hetero.py). Fused or not, the floats are the same (tested).
+pipeline stage, the input of a block under ``recompute = full`` (it keeps one tensor),
+a reshard between tp degrees (hetero.py). The sub-batch wavefront (overlap.py) carries
+one pending delta per sub-batch the same way. Fused or not, the floats are the same
+(tested).
 """
 
 from __future__ import annotations
@@ -508,7 +509,7 @@ class Transformer(nn.Module):
             if k > 1:
                 from . import overlap  # only a build that overlaps ships overlap.py
 
-                x, delta = overlap.run_blocks(self, settle(x, delta), k, blocks[start:stop]), None
+                x, delta = overlap.run_blocks(self, x, k, blocks[start:stop], delta)
             else:
                 for layer in blocks[start:stop]:
                     if layer.recompute == "full" and torch.is_grad_enabled():
