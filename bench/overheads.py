@@ -269,6 +269,30 @@ def bench_small(repeat: int) -> None:
     if ops is None:
         print("\n## eager vs compiled at small shapes: no compiled CPU kernels here; skipped")
         return
+    nets = {}
+    for label, below in (("everywhere", "0"), ("by size", None), ("eager", None)):
+        saved = os.environ.pop("PARC_KERNELS_EAGER_BELOW", None)
+        if below is not None:
+            os.environ["PARC_KERNELS_EAGER_BELOW"] = below
+        net = build()
+        nets[label] = model.use_kernels(net, "eager" if label == "eager" else "compiled", "cpu")
+        os.environ.pop("PARC_KERNELS_EAGER_BELOW", None)
+        if saved is not None:
+            os.environ["PARC_KERNELS_EAGER_BELOW"] = saved
+    data = batches()
+    activations = {label: memory.SavedActivations(net) for label, net in nets.items()}
+    times = {label: [] for label in nets}
+    for label, net in nets.items():  # warm-up
+        step(net, data, activations[label], hooks=False, item_per_micro=False)
+    for _ in range(max(repeat, 5)):
+        for label, net in nets.items():
+            times[label].append(step(net, data, activations[label], hooks=False, item_per_micro=False))
+    b, a, e = (median_ms(times[k]) for k in ("everywhere", "by size", "eager"))
+    chosen = sorted({type(m).__name__ for m in nets["by size"].modules() if getattr(m, "fused", None) is not None})
+    print(f"\n## small Llama step ({CONFIG.layers}×{CONFIG.hidden}, seq {CONFIG.seq_len}, {ACCUM} micro-batches of "
+          f"{MICRO}): kernels everywhere / by size (compiled in {', '.join(chosen) or 'none'}); {load()}")
+    print(f"{'step ms':<44} {'before':>10} {'after':>10} {'after/before':>13} {'eager':>8}")
+    print(f"{'kernels everywhere / chosen by size':<44} {b:>10.2f} {a:>10.2f} {a / b:>13.3f} {e:>8.2f}")
     sizes = (64, 128, 256, 512)
     print(f"\n## eager / parc µs of forward+backward, per size (rows = cols); {load()}")
     print(f"{'op':<16}" + "".join(f"{f'{n}x{n}':>10}" for n in sizes) + f"{'eager below':>14}")
@@ -290,34 +314,11 @@ def bench_small(repeat: int) -> None:
             for _ in range(max(repeat, 5)):  # alternating
                 for m, times in samples.items():
                     start = time.perf_counter()
-                    for _ in range(20):
+                    for _ in range(10):
                         run(m)
                     times.append(time.perf_counter() - start)
             cells.append(statistics.median(samples[reference]) / statistics.median(samples[ops]))
         print(f"{name:<16}" + "".join(f"{c:>10.2f}" for c in cells) + f"{dispatch.EAGER_BELOW[kind]:>14,}")
-    nets = {}
-    for label, below in (("everywhere", "0"), ("by size", None), ("eager", None)):
-        saved = os.environ.pop("PARC_KERNELS_EAGER_BELOW", None)
-        if below is not None:
-            os.environ["PARC_KERNELS_EAGER_BELOW"] = below
-        net = build()
-        nets[label] = model.use_kernels(net, "eager" if label == "eager" else "compiled", "cpu")
-        os.environ.pop("PARC_KERNELS_EAGER_BELOW", None)
-        if saved is not None:
-            os.environ["PARC_KERNELS_EAGER_BELOW"] = saved
-    data, activations = batches(), memory.SavedActivations()
-    times = {label: [] for label in nets}
-    for net in nets.values():  # warm-up
-        step(net, data, activations, hooks=False, item_per_micro=False)
-    for _ in range(max(repeat, 5)):
-        for label, net in nets.items():
-            times[label].append(step(net, data, activations, hooks=False, item_per_micro=False))
-    b, a, e = (median_ms(times[k]) for k in ("everywhere", "by size", "eager"))
-    chosen = sorted({type(m).__name__ for m in nets["by size"].modules() if getattr(m, "fused", None) is not None})
-    print(f"\n## small Llama step ({CONFIG.layers}×{CONFIG.hidden}, seq {CONFIG.seq_len}, {ACCUM} micro-batches of "
-          f"{MICRO}): kernels everywhere / by size (compiled in {', '.join(chosen) or 'none'}); {load()}")
-    print(f"{'step ms':<44} {'before':>10} {'after':>10} {'after/before':>13} {'eager':>8}")
-    print(f"{'kernels everywhere / chosen by size':<44} {b:>10.2f} {a:>10.2f} {a / b:>13.3f} {e:>8.2f}")
 
 
 def main() -> int:
