@@ -20,7 +20,12 @@ tiny example's shapes, fp32, CPU):
   (before) vs ``kernels.dispatch.call``'s direct path (after; Note [custom-op
   dispatch]), with eager PyTorch as a third column.
 
-    python bench/overheads.py [--steps 20] [--repeat 9] [--only dispatch]
+- eager vs compiled at small shapes (Note [eager at small shapes]): per kind of fused
+  op and size, eager / parc of a forward and backward (above 1: the kernel pays), and a
+  training step of the small Llama with the kernels everywhere (before) vs the kinds
+  ``model.use_kernels`` picks at its size (after), eager PyTorch as a third column.
+
+    python bench/overheads.py [--steps 20] [--repeat 9] [--only dispatch|small]
 
 Prints the machine's load (1-minute average) with each table: the machine is shared.
 """
@@ -253,15 +258,79 @@ def bench_dispatch(repeat: int) -> None:
         print(f"{name:<44} {bm:>10.1f} {am:>10.1f} {am / bm:>13.3f} {em:>8.1f}")
 
 
+def bench_small(repeat: int) -> None:
+    from parc.runtime import kernels
+    from parc.runtime.kernels import dispatch, reference
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from kernels import make_case  # bench/kernels.py
+
+    ops = kernels.select("compiled", "cpu")
+    if ops is None:
+        print("\n## eager vs compiled at small shapes: no compiled CPU kernels here; skipped")
+        return
+    nets = {}
+    for label, below in (("everywhere", "0"), ("by size", None), ("eager", None)):
+        saved = os.environ.pop("PARC_KERNELS_EAGER_BELOW", None)
+        if below is not None:
+            os.environ["PARC_KERNELS_EAGER_BELOW"] = below
+        net = build()
+        nets[label] = model.use_kernels(net, "eager" if label == "eager" else "compiled", "cpu")
+        os.environ.pop("PARC_KERNELS_EAGER_BELOW", None)
+        if saved is not None:
+            os.environ["PARC_KERNELS_EAGER_BELOW"] = saved
+    data = batches()
+    activations = {label: memory.SavedActivations(net) for label, net in nets.items()}
+    times = {label: [] for label in nets}
+    for label, net in nets.items():  # warm-up
+        step(net, data, activations[label], hooks=False, item_per_micro=False)
+    for _ in range(max(repeat, 5)):
+        for label, net in nets.items():
+            times[label].append(step(net, data, activations[label], hooks=False, item_per_micro=False))
+    b, a, e = (median_ms(times[k]) for k in ("everywhere", "by size", "eager"))
+    chosen = sorted({type(m).__name__ for m in nets["by size"].modules() if getattr(m, "fused", None) is not None})
+    print(f"\n## small Llama step ({CONFIG.layers}×{CONFIG.hidden}, seq {CONFIG.seq_len}, {ACCUM} micro-batches of "
+          f"{MICRO}): kernels everywhere / by size (compiled in {', '.join(chosen) or 'none'}); {load()}")
+    print(f"{'step ms':<44} {'before':>10} {'after':>10} {'after/before':>13} {'eager':>8}")
+    print(f"{'kernels everywhere / chosen by size':<44} {b:>10.2f} {a:>10.2f} {a / b:>13.3f} {e:>8.2f}")
+    sizes = (64, 128, 256, 512)
+    print(f"\n## eager / parc µs of forward+backward, per size (rows = cols); {load()}")
+    print(f"{'op':<16}" + "".join(f"{f'{n}x{n}':>10}" for n in sizes) + f"{'eager below':>14}")
+    kinds = {"layer_norm": "norm", "rms_norm": "norm", "add_layer_norm": "add_norm", "add_rms_norm": "add_norm",
+             "swiglu": "activation", "rotary": "rotary"}
+    for name, kind in kinds.items():
+        cells = []
+        for n in sizes:
+            fn, inputs = make_case(name, n, n, torch.float32, "cpu")
+            out = fn(reference, *inputs)
+            grads = [torch.randn_like(o) for o in (out if isinstance(out, tuple) else (out,))]
+            leaves = [t for t in inputs if t.requires_grad]
+
+            def run(m):
+                outs = fn(m, *inputs)
+                torch.autograd.grad(outs if isinstance(outs, tuple) else (outs,), leaves, grads)
+
+            samples = {m: [] for m in (ops, reference)}
+            for _ in range(max(repeat, 5)):  # alternating
+                for m, times in samples.items():
+                    start = time.perf_counter()
+                    for _ in range(10):
+                        run(m)
+                    times.append(time.perf_counter() - start)
+            cells.append(statistics.median(samples[reference]) / statistics.median(samples[ops]))
+        print(f"{name:<16}" + "".join(f"{c:>10.2f}" for c in cells) + f"{dispatch.EAGER_BELOW[kind]:>14,}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="steps a run has, for the policy's mean")
     parser.add_argument("--repeat", type=int, default=9, help="alternating samples of each variant")
-    parser.add_argument("--only", choices=("steps", "gather", "zero1", "dispatch"), help="one table")
+    parser.add_argument("--only", choices=("steps", "gather", "zero1", "dispatch", "small"), help="one table")
     args = parser.parse_args()
     torch.set_num_threads(1)
     tables = {"steps": lambda: bench_steps(args.repeat, args.steps), "gather": lambda: bench_gather(args.repeat, args.steps),
-              "zero1": lambda: bench_zero1(args.repeat), "dispatch": lambda: bench_dispatch(args.repeat)}
+              "zero1": lambda: bench_zero1(args.repeat), "dispatch": lambda: bench_dispatch(args.repeat),
+              "small": lambda: bench_small(args.repeat)}
     for name, table in tables.items():
         if args.only in (None, name):
             table()

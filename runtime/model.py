@@ -30,9 +30,10 @@ one kernel (``Norm.add_norm``; Note [fused residual norm] in kernels/add_norm.py
 the block's MLP norm, the next block's attention norm, the final norm. The add is
 elementwise per row, so a sequence shard (SP) fuses the same way. The stream is
 settled (``settle``: the add alone) where it leaves the plain walk: the output of a
-pipeline stage, the input of a block under ``recompute = full`` (it keeps one tensor)
-or of the sub-batch wavefront (overlap.py adds its own residuals), a reshard between
-tp degrees (hetero.py). Fused or not, the floats are the same (tested).
+pipeline stage, the input of a block under ``recompute = full`` (it keeps one tensor),
+a reshard between tp degrees (hetero.py). The sub-batch wavefront (overlap.py) carries
+one pending delta per sub-batch the same way. Fused or not, the floats are the same
+(tested).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from .layers import (
 )
 from .constraints import per_layer
 from .kernels import select as select_kernels
+from .kernels.dispatch import compiled_pays
 from .model_desc import ModelConfig, describe  # noqa: F401  (ModelConfig: re-exported for train.py)
 from .param_init import initialize, materialize_on
 from .placement import chunk_stages
@@ -111,7 +113,7 @@ class Norm(nn.Module):
     """LayerNorm (gpt, with bias) or RMSNorm (llama); replicated over tp."""
 
     fused = None  # the compiled ops (kernels.select), set by use_kernels; None: plain PyTorch
-    fuse_residual = True  # with ``fused``: the residual add before the norm in one kernel (add_norm)
+    fused_add = None  # the same for the residual add before the norm in one kernel (add_norm)
 
     def __init__(self, hidden, *, rms, eps, sequence_parallel):
         super().__init__()
@@ -134,10 +136,10 @@ class Norm(nn.Module):
         """(norm(h), h) with h = residual + x, the new residual stream: one kernel with the
         compiled ops (Note [fused residual norm] in kernels/add_norm.py), else the add and
         the norm. Elementwise per row, so it runs as well on a sequence shard (SP)."""
-        if self.fused is not None and self.fuse_residual:
+        if self.fused_add is not None:
             if self.rms:
-                return self.fused.add_rms_norm(x, residual, self.weight, self.eps)
-            return self.fused.add_layer_norm(x, residual, self.weight, self.bias, self.eps)
+                return self.fused_add.add_rms_norm(x, residual, self.weight, self.eps)
+            return self.fused_add.add_layer_norm(x, residual, self.weight, self.bias, self.eps)
         h = residual + x
         return self(h), h
 
@@ -517,8 +519,9 @@ class Transformer(nn.Module):
                 from . import overlap  # only a build that overlaps ships overlap.py
 
                 group = self.tp_group if self.layouts is None else self.layouts.tp_group(t)
-                x = self.reshard(settle(x, delta), blocks[start])  # the run's layout (hetero.py)
-                x, delta = overlap.run_blocks(self, x, k, blocks[start:stop], group=group), None
+                if self.layouts is not None:  # into the run's layout (hetero.py): the stream whole
+                    x, delta = self.reshard(settle(x, delta), blocks[start]), None
+                x, delta = overlap.run_blocks(self, x, k, blocks[start:stop], delta, group=group)
             else:
                 for layer in blocks[start:stop]:
                     if layer.recompute == "full" and torch.is_grad_enabled():
@@ -670,14 +673,29 @@ def use_kernels(model: nn.Module, kernels: str, device, fuse_residual: bool = Tr
     CUDA) unless they cannot be had, in which case one line on stderr says so and the
     model stays eager; each residual add then runs inside the norm after it
     (``Norm.add_norm``) unless ``fuse_residual`` is False (a test compares the two).
-    "eager" keeps plain PyTorch.
+    The norms, the residual norms, the activation and rotary each take the kernels only
+    where they beat eager PyTorch at the model's size, chosen once here from its global
+    shapes (Note [eager at small shapes] in kernels/dispatch.py). "eager" keeps plain
+    PyTorch.
     """
     fused = select_kernels(kernels, device)
+    config = next((m.config for m in model.modules() if isinstance(m, Transformer)), None)
+
+    def paying(kind, width):  # the ops if they pay at this model's size, else None (eager)
+        if fused is None or config is None:
+            return fused
+        return fused if compiled_pays(kind, config.seq_len * width, device) else None
+
     for module in model.modules():
         if isinstance(module, Norm):
-            module.fuse_residual = fuse_residual
+            module.fused = paying("norm", config.hidden if config else 0)
+            module.fused_add = paying("add_norm", config.hidden if config else 0) if fuse_residual else None
+        elif isinstance(module, MLP):
+            module.fused = paying("activation", config.ffn if config else 0)
+        elif isinstance(module, Attention) and module.context is None:  # ring attention keeps its kernel
+            module.fused = paying("rotary", config.hidden if config else 0)
         # moe.py's modules say so themselves (a dense build does not ship moe.py)
-        if isinstance(module, (Norm, Attention, MLP, Transformer)) or getattr(module, "uses_kernels", False):
+        elif isinstance(module, (Attention, Transformer)) or getattr(module, "uses_kernels", False):
             module.fused = fused
     return model
 

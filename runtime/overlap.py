@@ -57,6 +57,7 @@ from .comm import (
     launch_reduce_scatter,
 )
 from .layers import ColumnParallelLinear, RowParallelLinear
+from .model import settle
 
 
 class _ColumnLinears(torch.autograd.Function):
@@ -154,18 +155,22 @@ def overlappable(block) -> bool:
 # ---- the compute of one region, between its collectives ---------------------------
 
 
-def _residual(x, inflight, dropout, training):
-    """Close a sub-batch's previous region: wait its collective, add it to the residual.
-
-    Outside any checkpoint: an add keeps nothing for backward, and its output is the
-    next region's input, the one tensor a recomputed region keeps.
-    """
+def _delta(inflight, dropout, training):
+    """Close a sub-batch's previous region: wait its collective and give its output, not
+    yet added to the residual stream (Note [pending residual] in model.py): the next
+    region's norm adds it in one kernel with its own normalization (``Norm.add_norm``).
+    None when no region is open."""
     if inflight is None:
-        return x
+        return None
     reduced = inflight.wait()
     if inflight.bias is not None:
         reduced = reduced + inflight.bias
-    return x + F.dropout(reduced, dropout, training)
+    return F.dropout(reduced, dropout, training)
+
+
+def _add_norm(norm, x, delta):
+    """(norm(x + delta), x + delta): the fused residual add and norm, as ``Region.run``."""
+    return (norm(x), x) if delta is None else norm.add_norm(delta, x)
 
 
 def _partial(region, h, full):
@@ -197,10 +202,14 @@ def _body(region):
 # ---- the wavefront ----------------------------------------------------------------
 
 
-def run_blocks(model, x, sub_batches: int, blocks=None, *, group=None):
-    """``blocks`` (default: all of ``model``'s) on ``x`` with k = ``sub_batches``; Note [the
-    sub-batch schedule]. Each block's own ``recompute`` applies to its regions. ``group``:
-    the blocks' tp group (default the model's; under per-layer layouts the run's degree's)."""
+def run_blocks(model, x, sub_batches: int, blocks=None, delta=None, *, group=None):
+    """``blocks`` (default: all of ``model``'s) on the residual stream ``x`` plus its pending
+    ``delta`` (None: none) with k = ``sub_batches``; Note [the sub-batch schedule]. Each
+    block's own ``recompute`` applies to its regions. ``group``: the blocks' tp group
+    (default the model's; under per-layer layouts the run's degree's). Gives (stream,
+    pending delta) as ``Transformer.walk_blocks`` does (Note [pending residual] in
+    model.py): each residual add of the wavefront runs inside the norm after it, the last
+    one is left to the caller."""
     if x.shape[0] % sub_batches:
         raise ValueError(f"sub_batch({sub_batches}) does not divide the micro-batch of {x.shape[0]}")
     group, sp, training = model.tp_group if group is None else group, model.sp, model.training
@@ -211,13 +220,22 @@ def run_blocks(model, x, sub_batches: int, blocks=None, *, group=None):
         return checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args)
 
     xs = list(x.chunk(sub_batches, dim=0))  # the residual stream of each sub-batch
+    deltas = [None] * sub_batches if delta is None else list(delta.chunk(sub_batches, dim=0))
     inflight = [None] * sub_batches  # each sub-batch's last collective, not yet waited
+
+    def pending(i):  # sub-batch i's output not yet added to its stream (waits its collective)
+        if inflight[i] is not None:
+            deltas[i], inflight[i] = _delta(inflight[i], dropout, training), None
+        return deltas[i]
+
     for block in blocks:
         recompute = block.recompute == "full" and torch.is_grad_enabled()
         if not overlappable(block):
             for i in range(sub_batches):  # a replicated projection: run the block unsplit
-                xs[i], inflight[i] = _residual(xs[i], inflight[i], dropout, training), None
-                xs[i] = checkpoint(block, xs[i], use_reentrant=False) if recompute else block(xs[i])
+                if recompute:
+                    xs[i], deltas[i] = checkpoint(block, settle(xs[i], pending(i)), use_reentrant=False), None
+                else:
+                    xs[i], deltas[i] = block(xs[i], pending(i), pending=True)
             continue
         for region in block.regions:
             if not sp:
@@ -225,27 +243,33 @@ def run_blocks(model, x, sub_batches: int, blocks=None, *, group=None):
                     # Sub-batch i's previous all-reduce ran behind sub-batch i+1's work
                     # (the last sub-batch's behind sub-batch 0's next region): wait it,
                     # add it, then compute this region up to the row-parallel partial sums.
-                    xs[i] = _residual(xs[i], inflight[i], dropout, training)  # (b, T, C)
-                    partial = compute(recompute, _norm_and_body(region), xs[i])
+                    if recompute:  # the add outside the checkpoint: it keeps the stream alone
+                        xs[i], deltas[i] = settle(xs[i], pending(i)), None
+                        partial = compute(True, _norm_and_body(region), xs[i])
+                    else:  # the add fused into the norm (b, T, C)
+                        h, xs[i] = _add_norm(region.norm, xs[i], pending(i))
+                        deltas[i] = None
+                        partial = _partial(region, h, None)
                     # Launch sub-batch i's all-reduce; it runs while sub-batch i+1 computes.
-                    result, pending = _launch_reduce(partial, group, False)
-                    inflight[i] = _Inflight(result, pending, region.row.bias, False)
+                    result, launched = _launch_reduce(partial, group, False)
+                    inflight[i] = _Inflight(result, launched, region.row.bias, False)
             else:
                 shards, gathers = [None] * sub_batches, [None] * sub_batches
                 for i in range(sub_batches):
-                    # Residual add and norm on sub-batch i's sequence shard (b, T/tp, C),
-                    # then launch its all-gather along T; it runs while sub-batch i+1's
-                    # norm and sub-batch 0's matmuls compute.
-                    xs[i] = _residual(xs[i], inflight[i], dropout, training)
-                    shards[i] = region.norm(xs[i])
+                    # Residual add and norm in one kernel on sub-batch i's sequence shard
+                    # (b, T/tp, C), then launch its all-gather along T; it runs while
+                    # sub-batch i+1's norm and sub-batch 0's matmuls compute.
+                    shards[i], xs[i] = _add_norm(region.norm, xs[i], pending(i))
+                    deltas[i] = None
                     gathers[i] = launch_all_gather(shards[i].detach(), group, dim=1)
                 for i in range(sub_batches):
                     # Sub-batch i computes on the whole sequence (its gather is waited
                     # here); its reduce-scatter runs while sub-batch i+1 computes.
                     full = gathers[i].wait()  # (b, T, C), kept: recompute reuses it
                     partial = compute(recompute, _body(region), shards[i], full)
-                    result, pending = _launch_reduce(partial, group, True)
-                    inflight[i] = _Inflight(result, pending, region.row.bias, True)
-    for i in range(sub_batches):
-        xs[i] = _residual(xs[i], inflight[i], dropout, training)
-    return torch.cat(xs, dim=0)
+                    result, launched = _launch_reduce(partial, group, True)
+                    inflight[i] = _Inflight(result, launched, region.row.bias, True)
+    rest = [pending(i) for i in range(sub_batches)]
+    if any(d is None for d in rest):  # no region ran for some sub-batch: nothing pending
+        return torch.cat([settle(x, d) for x, d in zip(xs, rest)], dim=0), None
+    return torch.cat(xs, dim=0), torch.cat(rest, dim=0)

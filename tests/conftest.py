@@ -26,6 +26,10 @@ if os.environ.get("PARC_TRITON_TESTS_ON_GPU") != "1":
     # pulls triton in (through torch) would otherwise leave its kernels compiled for a GPU
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Note [eager at small shapes] (runtime/kernels/dispatch.py): the tests' models are tiny,
+# and would run eager PyTorch where the kernels do not pay; the tests check the kernels
+os.environ.setdefault("PARC_KERNELS_EAGER_BELOW", "0")
+
 import pytest
 
 from parity.batch import Batches  # tests/ is on sys.path for this file (no __init__.py)

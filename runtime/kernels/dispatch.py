@@ -16,9 +16,25 @@ The op itself runs whenever the direct path could differ: under ``torch.compile`
 any ``__torch_dispatch__`` mode (FakeTensorMode, the planner's tracing), on tensors
 that are subclasses or on the meta device, and for an op without autograd when a
 gradient through it is asked for (the op raises the error that explains it).
+
+Note [eager at small shapes]: even the direct path costs a Python ``autograd.Function``
+per call, more than eager PyTorch's C++ autograd node; below some size the kernel's
+saving does not pay for it (LayerNorm forward and backward at 128×128: 60 µs direct,
+45 µs eager). ``compiled_pays(kind, elements, device)`` says, once per model
+(``model.use_kernels``), whether a kind of fused op is worth its call at the model's
+size: ``elements`` is the model's global, layout-independent size of one sequence's
+tensor for that op (seq_len × hidden, or × ffn for the activation). Local shapes
+would differ by layout (tp, sp, cp shard them) and so would the choice, and with it
+the floats: one build must pick the same path on every rank and in every layout.
+``EAGER_BELOW`` holds the measured sizes (bench/overheads.py --only small); CUDA
+always takes the kernels (Triton, not measured here). ``PARC_KERNELS_EAGER_BELOW``
+replaces every size (0: always the kernels; the tests use it so their tiny models
+run the kernels they check).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -27,6 +43,25 @@ _FUNCTIONS: dict = {}
 """custom op → the ``autograd.Function`` made from it (``_as_function``), built once."""
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+EAGER_BELOW = {  # elements of one sequence's tensor (Note [eager at small shapes]), CPU
+    # rms_norm fwd+bwd, eager/parc on 2 threads: 0.09 and 0.16 at 64² and 128², 6.2 at
+    # 256² and more above (load ~17); layer_norm 0.8–1.3 at every size up to 1024²
+    "norm": 1 << 16,
+    # not measured to lose to eager at any size yet: the kernels everywhere
+    "add_norm": 0,  # the residual add fused into the norm (its eager baseline is two ops)
+    "activation": 0,  # swiglu, bias_gelu: seq_len × ffn
+    "rotary": 0,
+}
+
+
+def compiled_pays(kind: str, elements: int, device) -> bool:
+    """Whether the fused ``kind`` of op beats eager PyTorch at ``elements`` (Note [eager at
+    small shapes]); decided once per model from its global shapes."""
+    if torch.device(device).type != "cpu":
+        return True
+    below = os.environ.get("PARC_KERNELS_EAGER_BELOW")
+    return elements >= (EAGER_BELOW[kind] if below is None else int(below))
 
 
 def call(op, *args):

@@ -41,7 +41,7 @@ std::vector<at::Tensor> forward(const at::Tensor& input, const at::Tensor& resid
   TORCH_CHECK(weight.numel() == C && (RMS || bias.numel() == C), "parc add_norm: weight/bias size");
   auto w = weight.contiguous().to(input.scalar_type());
   auto b = RMS ? w : bias.contiguous().to(input.scalar_type());
-  auto y = at::empty_like(x), h = at::empty_like(x);
+  auto y = empty_output(x), h = empty_output(x);
   auto mean = norm_stats_like(input), rstd = norm_stats_like(input);
   PARC_DISPATCH(input.scalar_type(), "parc_add_norm_fwd", [&] {
     using A = acc_t<scalar_t>;
@@ -72,7 +72,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_y, const at::Tensor& gra
   const int64_t N = h.size(0), C = h.size(1);
   auto w = weight.contiguous().to(h_in.scalar_type());
   auto mean_c = mean.contiguous(), rstd_c = rstd.contiguous();
-  auto dx = at::empty_like(h);
+  auto dx = empty_output(h);
   const int64_t rpb = rows_per_block(N), blocks = (N + rpb - 1) / rpb;
   auto dw = at::empty({C}, weight.options().dtype(h_in.scalar_type()));
   auto db = at::empty({C}, weight.options().dtype(h_in.scalar_type()));

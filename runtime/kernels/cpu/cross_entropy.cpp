@@ -54,7 +54,7 @@ at::Tensor cross_entropy_grad(const at::Tensor& logits_in, const at::Tensor& tar
   auto stats_dtype = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   auto lse = lse_in.contiguous().view({-1}).to(stats_dtype);
   auto grad = grad_in.contiguous().view({-1}).to(stats_dtype);
-  auto out = at::empty_like(logits);
+  auto out = empty_output(logits);
   PARC_DISPATCH(logits.scalar_type(), "parc_cross_entropy_grad", [&] {
     using A = acc_t<scalar_t>;
     const scalar_t* L = logits.data_ptr<scalar_t>();

@@ -18,7 +18,7 @@ std::vector<at::Tensor> forward(const at::Tensor& input, const at::Tensor& weigh
   TORCH_CHECK(weight.numel() == C && (RMS || bias.numel() == C), "parc norm: weight/bias size");
   auto w = weight.contiguous().to(input.scalar_type());
   auto b = RMS ? w : bias.contiguous().to(input.scalar_type());
-  auto y = at::empty_like(x);
+  auto y = empty_output(x);
   auto mean = norm_stats_like(input), rstd = norm_stats_like(input);
   PARC_DISPATCH(input.scalar_type(), "parc_norm_fwd", [&] {
     using A = acc_t<scalar_t>;
@@ -42,7 +42,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& input
   const int64_t N = x.size(0), C = x.size(1);
   auto w = weight.contiguous().to(input.scalar_type());
   auto mean_c = mean.contiguous(), rstd_c = rstd.contiguous();
-  auto dx = at::empty_like(x);
+  auto dx = empty_output(x);
   const int64_t rpb = rows_per_block(N), blocks = (N + rpb - 1) / rpb;
   auto dw = at::empty({C}, weight.options().dtype(input.scalar_type()));
   auto db = at::empty({C}, weight.options().dtype(input.scalar_type()));

@@ -24,7 +24,7 @@ at::Tensor bias_gelu_fwd(const at::Tensor& input, const at::Tensor& bias) {
   TORCH_CHECK(!has_bias || bias.numel() == C, "bias_gelu: bias size");
   // No bias: a zero one, so the inner loop has no branch and vectorizes.
   auto b = has_bias ? bias.contiguous().to(input.scalar_type()) : at::zeros({C}, x.options());
-  auto y = at::empty_like(x);
+  auto y = empty_output(x);
   PARC_DISPATCH(input.scalar_type(), "parc_bias_gelu_fwd", [&] {
     using A = acc_t<scalar_t>;
     const scalar_t *X = x.data_ptr<scalar_t>(), *B = b.data_ptr<scalar_t>();
@@ -51,7 +51,7 @@ std::vector<at::Tensor> bias_gelu_bwd(const at::Tensor& grad, const at::Tensor& 
   const int64_t N = x.size(0), C = x.size(1);
   const bool has_bias = bias.defined() && bias.numel() > 0;
   auto b = has_bias ? bias.contiguous().to(input.scalar_type()) : at::zeros({C}, x.options());
-  auto dx = at::empty_like(x);
+  auto dx = empty_output(x);
   at::Tensor db;
   PARC_DISPATCH(input.scalar_type(), "parc_bias_gelu_bwd", [&] {
     using A = acc_t<scalar_t>;
@@ -89,7 +89,7 @@ at::Tensor swiglu_fwd(const at::Tensor& gate_in, const at::Tensor& up_in) {
   auto gate = rows_view(gate_in);
   auto up = rows_view(up_in.to(gate_in.scalar_type()));
   const int64_t N = gate.size(0), C = gate.size(1);
-  auto y = at::empty_like(gate);
+  auto y = empty_output(gate);
   PARC_DISPATCH(gate_in.scalar_type(), "parc_swiglu_fwd", [&] {
     using A = acc_t<scalar_t>;
     const scalar_t *G = gate.data_ptr<scalar_t>(), *U = up.data_ptr<scalar_t>();
@@ -112,7 +112,7 @@ std::vector<at::Tensor> swiglu_bwd(const at::Tensor& grad, const at::Tensor& gat
   auto gate = rows_view(gate_in);
   auto up = rows_view(up_in.to(gate_in.scalar_type()));
   auto dy = rows_view(grad.to(gate_in.scalar_type()));
-  auto dgate = at::empty_like(gate), dup = at::empty_like(gate);
+  auto dgate = empty_output(gate), dup = empty_output(gate);
   PARC_DISPATCH(gate_in.scalar_type(), "parc_swiglu_bwd", [&] {
     using A = acc_t<scalar_t>;
     const scalar_t *G = gate.data_ptr<scalar_t>(), *U = up.data_ptr<scalar_t>();
@@ -144,9 +144,15 @@ void rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, a
   out_t* O = out.data_ptr<out_t>();
   const float *CS = cos.data_ptr<float>(), *SN = sin.data_ptr<float>();
   const auto xs = x.strides(), os = out.strides();
+  // Rows in memory order: q and k arrive as (B, T, H, D) buffers viewed as (B, H, T, D),
+  // so heads are adjacent in memory and positions H·D apart. Walking t innermost there
+  // jumps H·D elements a row (a new page every row at H·D ≥ 1024), which defeats the
+  // hardware prefetcher; heads innermost reads the buffer front to back.
+  const bool heads_inner = xs[1] <= xs[2];
   at::parallel_for(0, x.size(0) * H * T, row_grain(D), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t t = r % T, h = (r / T) % H, b = r / (T * H);
+      const int64_t b = r / (T * H);
+      const int64_t h = heads_inner ? r % H : (r / T) % H, t = heads_inner ? (r / H) % T : r % T;
       const in_t* xr = X + b * xs[0] + h * xs[1] + t * xs[2];
       out_t* orow = O + b * os[0] + h * os[1] + t * os[2];
       const float *c = CS + t * half, *s = SN + t * half;
@@ -169,6 +175,7 @@ void rotary_apply(const at::Tensor& x_in, const at::Tensor& cos, const at::Tenso
   TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous(),
               "rotary: tables must be contiguous fp32");
   auto x = x_in.stride(3) == 1 ? x_in : x_in.contiguous();
+  advise_huge(out);  // fresh from torch.empty_like in ops.py, not yet touched
   const auto in = x.scalar_type(), o = out.scalar_type();
   if (in == o) {
     PARC_DISPATCH(in, "parc_rotary", [&] { rotate<scalar_t, scalar_t>(x, cos, sin, out, sign); });
