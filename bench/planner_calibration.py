@@ -58,10 +58,8 @@ def zero3(as_json: bool) -> int:
     print(f"{'model':<6} {'gpus':>5} {'mb':>3} {'role':<9} {'published':>9}  {'committed':>14}  {'fitted':>14}  "
           f"{'before':>14}")
     for r in out:
-        def cell(value):
-            return f"{value:6.1f} ({100 * (value / r['published'] - 1):+5.1f}%)"
         print(f"{r['model']:<6} {r['gpus']:>5} {r['micro_batch']:>3} {r['role']:<9} {r['published']:>9.0f}  "
-              f"{cell(r['committed'])}  {cell(r['fitted'])}  {cell(r['before'])}")
+              f"{cell(r, 'committed')}  {cell(r, 'fitted')}  {cell(r, 'before')}")
     for model in ("175B", "530B"):
         mine = [r for r in out if r["model"] == model]
         ratio = {key: mine[0][key] / mine[-1][key] for key in ("published", "committed", "before")}
@@ -70,6 +68,11 @@ def zero3(as_json: bool) -> int:
     print("(TFLOP/s per GPU, SC21 eq. 3 FLOPs incl. the recompute forward; DGX A100 80 GB; "
           "rows transcribed from memory of the paper)")
     return 0
+
+
+def cell(row: dict, key: str) -> str:
+    """A predicted figure of ``row`` and its error against the published one."""
+    return f"{row[key]:6.1f} ({100 * (row[key] / row['published'] - 1):+5.1f}%)"
 
 
 def main() -> int:
@@ -99,10 +102,8 @@ def main() -> int:
     print(f"{'model':<6} {'tp':>3} {'pp':>3} {'dp':>3}  {'published':>9}  {'committed':>14}  "
           f"{'fitted':>14}  {'uncalibrated':>16}")
     for r in out:
-        def cell(value):
-            return f"{value:6.1f} ({100 * (value / r['published'] - 1):+5.1f}%)"
         print(f"{r['model']:<6} {r['tp']:>3} {r['pp']:>3} {r['dp']:>3}  {r['published']:>9.0f}  "
-              f"{cell(r['committed'])}  {cell(r['fitted'])}  {cell(r['uncalibrated']):>16}")
+              f"{cell(r, 'committed')}  {cell(r, 'fitted')}  {cell(r, 'uncalibrated'):>16}")
     print("(TFLOP/s per GPU, SC21 eq. 3 FLOPs incl. the recompute forward; DGX A100 80 GB)")
     return 0
 
