@@ -59,3 +59,23 @@ def test_topk_is_searched_and_priced_under_auto():
     assert topk.time.step < exact.time.step
     cost = topk_cost(hw, params=1_000_000, ratio=0.01, size=2, stride=1)
     assert cost.compressed_bytes == 8.0 * 10_000 and cost.exact_bytes == 4.0 * 1_000_000
+
+
+def test_compressed_backprop_is_priced_on_the_slow_pipeline_link():
+    """Note [compress_pp cost]: pp 2 across the two nodes (tp 8 inside each), so every
+    stage boundary crosses the 1.25 Gb/s link. Compressing the backward messages (rank 4)
+    sends 4·r·(rows + cols) bytes instead of rows·cols: the pipeline's exposed
+    communication and the step fall (the forward messages keep the exact price)."""
+    from parc.codegen.planner.cost import estimate
+    from parc.codegen.planner.cost.compress import lowrank_backprop_cost
+    from parc.codegen.planner.search import fixed_layout
+
+    fixed = ["parallel.dp=1", "parallel.tp=8", "parallel.pp=2", "parallel.compress=none", "train.micro_batch=1"]
+    exact = load(COMMODITY, fixed)
+    low = load(COMMODITY, fixed + ["parallel.compress_pp=lowrank(rank = 4)"])
+    hw = hardware_for(exact)
+    step = {name: estimate(spec, fixed_layout(spec), hw).time.step for name, spec in (("exact", exact), ("low", low))}
+    assert step["low"] < 0.75 * step["exact"]
+    cost = lowrank_backprop_cost(hw, rows=2048, cols=2048, rank=4, lazy_error=False, stride=8)
+    assert cost.compressed_bytes == 4.0 * 4 * (2048 + 2048) and cost.exact_bytes == 4.0 * 2048 * 2048
+    assert cost.compute_s > 0 and cost.comm_s > 0

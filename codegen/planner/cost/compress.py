@@ -1,8 +1,8 @@
-"""The cost of ``parallel.compress = powersgd`` or ``topk``: the dp reduction's bytes and the compression's compute.
+"""The cost of ``parallel.compress = powersgd`` or ``topk`` and of ``compress_pp = lowrank``: the bytes and the compute.
 
 Takes: ``Hardware``, the weight matrices one rank reduces (each block's linear weights
 on one tp rank, the embedding) and its parameter count, the rank r, the dp group.
-Gives: ``powersgd_cost`` and ``topk_cost``, seconds of communication and of compute and the bytes before
+Gives: ``powersgd_cost``, ``topk_cost`` and ``lowrank_backprop_cost``, seconds of communication and of compute and the bytes before
 and after. Before: ``cost/comm.py``. After: ``cost/time.py`` (the dp term) and
 ``planner/why.py`` (the line saying what compression buys and that numerics change).
 
@@ -23,6 +23,17 @@ an exact ring all-reduce): top-k gains most over few, slow dp ranks. Its compute
 memory bound: reading the gradient and the error, the selection over |g + e|, writing
 the error back, the scatter of dp·k entries and the mean into the gradients (about six
 passes over 4Ψ bytes). Exposed, after backward, as PowerSGD's.
+
+Note [compress_pp cost]: runtime/compress_pp.py (Note [compressed backpropagation])
+sends a compressing stage's input gradient, M of rows = micro_batch·T (this rank's
+tokens) by cols = hidden, as P (rows × r) and Q (cols × r) in fp32: 4·r·(rows + cols)
+bytes instead of rows·cols elements. Its compute is the sender's M·Q and Mᵀ·P, the
+receiver's P·Qᵀ (2·rows·cols·r flops each; lazy error adds the sender's P·Qᵀ), a QR
+of M·Q, and two memory passes over M; it lies on the backward's critical path, so it
+is added to the backward of a chunk. The forward messages stay exact. The schedule
+model (``cost/bubble.py``) takes one message time for both directions, the mean of
+the forward's and the backward's (its closed form counts one of each per unit), over
+the boundaries ``compress_stages`` selects (default: all).
 """
 
 from __future__ import annotations
@@ -75,4 +86,18 @@ def topk_cost(hw: Hardware, *, params: int, ratio: float, size: int, stride: int
     compute = (TOPK_PASSES * 4.0 * params + 8.0 * k * size) / hw.memory_bandwidth
     return CompressionCost(
         comm_s=comm, compute_s=compute * hw.contention, exact_bytes=4.0 * params, compressed_bytes=8.0 * k,
+    )
+
+
+def lowrank_backprop_cost(hw: Hardware, *, rows: int, cols: int, rank: int, lazy_error: bool,
+                          stride: int) -> CompressionCost:
+    """One backward message of ``rows`` × ``cols`` (a stage's input gradient) sent as
+    Optimus-CC's low rank; Note [compress_pp cost]."""
+    matmuls = 3 + (1 if lazy_error else 0)  # M·Q, Mᵀ·P, the receiver's P·Qᵀ (and the error's)
+    flops = matmuls * 2.0 * rows * cols * rank + 2.0 * rows * rank * rank  # + the QR of M·Q
+    compute = flops / hw.matmul_flops(rank) * hw.gemm_scale + 2 * 4.0 * rows * cols / hw.memory_bandwidth
+    compressed = 4.0 * rank * (rows + cols)  # P and Q, fp32
+    return CompressionCost(
+        comm_s=collective_time(hw, "send_recv", compressed, size=2, stride=stride),
+        compute_s=compute * hw.contention, exact_bytes=4.0 * rows * cols, compressed_bytes=compressed,
     )

@@ -39,7 +39,9 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   compression's compute, both exposed (Note [powersgd cost]); ``topk`` by its two
   all-gathers and its selection (Note [topk cost]).
 - pipeline: a (b, s, h) message per chunk boundary; the makespan of the runtime's
-  schedule (``cost/bubble.py``); bubble = makespan − the busy time.
+  schedule (``cost/bubble.py``); bubble = makespan − the busy time. ``compress_pp =
+  lowrank`` shrinks the backward messages and adds their compression to the backward
+  (Note [compress_pp cost]).
 - mixture of experts: the experts' compute and the ep all-to-alls (``cost/experts.py``,
   Note [MoE costs]) join the block's forward, backward and exposed time; expert
   gradients reduce over edp, the rest over dp.
@@ -63,7 +65,7 @@ from .bubble import makespan
 from .context import cp_comm
 from .tp2d import grid_block_comm, grid_head_comm
 from .comm import collective_latency, collective_time, ring_time
-from .compress import RANK, powersgd_cost, topk_cost
+from .compress import RANK, lowrank_backprop_cost, powersgd_cost, topk_cost
 from .experts import expert_reduce, moe_block
 from .hardware import Hardware, Link, gemm_time
 from .layout import SETTING_NAMES, Accounting, Layout, expert_data_ranks, rank_expert_params, rank_params
@@ -238,11 +240,17 @@ def step_time(
     # ---- the pipeline -------------------------------------------------------------
     chunk_forward = layers_per_chunk * (forward + exposed_forward)
     chunk_backward = layers_per_chunk * (backward + exposed_backward)
-    message = tokens * m.hidden * size / (t if layout.sp else rows)
-    p2p = collective_time(hw, "send_recv", message, size=2, stride=t * layout.cp * d) if p > 1 else 0.0
     s = layout.slices  # terapipe: a slice's share of the compute, and its own smaller messages
-    if s > 1:
-        p2p = collective_time(hw, "send_recv", message / s, size=2, stride=t * layout.cp * d)
+    message = tokens * m.hidden * size / (t if layout.sp else rows) / s
+    p2p = collective_time(hw, "send_recv", message, size=2, stride=t * layout.cp * d) if p > 1 else 0.0
+    par = spec.parallel
+    if p > 1 and par.compress_pp != "none":  # Note [compress_pp cost]
+        lowrank = lowrank_backprop_cost(
+            hw, rows=round(message / size / m.hidden), cols=m.hidden, rank=par.compress_pp_rank,
+            lazy_error=par.compress_pp_lazy_error, stride=t * layout.cp * d)
+        share = len(par.compress_stages or range(1, p)) / (p - 1)  # the boundaries that compress
+        p2p = (p2p + share * lowrank.comm_s + (1 - share) * p2p) / 2
+        chunk_backward += share * lowrank.compute_s * s
     span = makespan(
         layout.schedule, stages=p, micro_batches=micro_batches, chunks=v,
         forward=chunk_forward / s, backward=chunk_backward / s, comm=p2p, exact=exact, slices=s,
