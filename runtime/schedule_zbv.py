@@ -59,10 +59,10 @@ def zero_bubble_v_orders(stages: int, micro_batches: int) -> tuple[tuple[tuple[s
         for op, todo in ((BACKWARD, backwards[rank]), (FORWARD, forwards[rank])):
             if op == FORWARD and in_flight[rank] >= cap:
                 continue
-            ready = [(m, c) for m, c in todo if (t := arrival(op, m, rank, c)) is not None and t <= now]
-            if ready:
-                m, c = min(ready, key=lambda mc: (mc[0], -mc[1]))
-                return op, m, c
+            # ``todo`` is in (micro, -chunk) order: the first ready entry is the oldest micro-batch's
+            for m, c in todo:
+                if (t := arrival(op, m, rank, c)) is not None and t <= now:
+                    return op, m, c
         if owed[rank]:
             return (WEIGHT, *owed[rank][0])
         return None
