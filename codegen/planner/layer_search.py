@@ -174,14 +174,16 @@ def tp_chain(top: int) -> list[int]:
     return chain
 
 
-def per_layer_candidates(spec: Spec, scored: list[Estimate], hw: Hardware, accounting: Accounting) -> list[Estimate]:
+def per_layer_candidates(spec: Spec, scored: list[Estimate], hw: Hardware, accounting: Accounting, *,
+                         pipeline_family) -> list[Estimate]:
     """Note [the per-layer dynamic program]: the per-layer search is used when the spec
     leaves ``tp`` to the planner (``tp = auto`` or ``parallel = auto``) and gives no lists.
-    One candidate per one-stage family, when the program's best is not uniform."""
+    One candidate per one-stage family, when the program's best is not uniform.
+    ``pipeline_family``: ``layer_pipeline``'s program for pp > 1 families (that module
+    builds on this one, so the caller hands it in)."""
     par, layers = spec.parallel, spec.model.layers
     if par.tp is not None or par.layer_tp is not None or layers < 2 or accounting is not Accounting.PARC:
         return []
-    from .layer_pipeline import pipeline_family  # it builds on this module's program
 
     budget = None if hw.memory is None else hw.memory * USABLE_MEMORY
     best = min((item.time.step for item in scored if item.fits and item.buildable), default=INF)

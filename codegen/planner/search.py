@@ -44,6 +44,7 @@ from parc.runtime.layer_settings import SETTINGS
 
 from .cost import Accounting, Estimate, Hardware, Layout, estimate
 from .cost.estimate import USABLE_MEMORY, layout_memory
+from .layer_pipeline import pipeline_family
 from .layer_search import per_layer_candidates
 from ..spec_values import spec_values
 
@@ -171,7 +172,8 @@ def search(spec: Spec, hw: Hardware, accounting: Accounting = Accounting.PARC) -
     scored = [estimate(spec, layout, hw, accounting, exact=False) for layout in layouts]
     if spec.parallel.recompute is None:
         scored += mixed_recompute(spec, scored, hw, accounting)
-    scored += per_layer_candidates(spec, scored, hw, accounting)  # Note [the per-layer dynamic program]
+    # Note [the per-layer dynamic program]
+    scored += per_layer_candidates(spec, scored, hw, accounting, pipeline_family=pipeline_family)
     fast = rank(scored, unit)
     head = [estimate(spec, item.layout, hw, accounting, exact=True) for item in fast[:EXACT_TOP]]
     # The build winner must be exact too, even when zero-3 layouts crowd the top.

@@ -18,6 +18,7 @@ from .hardware import Hardware
 from .layout import Accounting, Layout
 from .memory import MemoryBreakdown, MemoryEstimate, memory
 from .per_layer import hetero_supported, hetero_time_memory
+from .per_stage import pipeline_time_memory
 from .time import TimeBreakdown, step_time
 
 USABLE_MEMORY = 0.95
@@ -71,11 +72,18 @@ def _spec_values(spec: Spec) -> dict:
     return _LAST_VALUES[1]
 
 
+def _hetero(spec: Spec, layout: Layout, hw: Hardware, exact: bool = False):
+    """A heterogeneous layout's time breakdown and memory: one stage's program, or the pipeline's."""
+    if layout.pp > 1:
+        return pipeline_time_memory(spec, layout, hw, exact=exact)
+    return hetero_time_memory(spec, layout, hw)
+
+
 def layout_memory(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC) -> MemoryEstimate:
     """``memory(...)``, or for a heterogeneous layout the per-layer model's (Note [per-layer
     layout costs]; its coarse split where that model does not reach)."""
     if layout.layer_tp is not None and hetero_supported(spec, layout, accounting):
-        return hetero_time_memory(spec, layout, hw)[1]
+        return _hetero(spec, layout, hw)[1]
     return memory(spec, layout if layout.layer_tp is None else replace(layout, layer_tp=None), accounting)
 
 
@@ -83,7 +91,7 @@ def estimate(
     spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC, *, exact: bool = True
 ) -> Estimate:
     if layout.layer_tp is not None and hetero_supported(spec, layout, accounting):
-        time, mem = hetero_time_memory(spec, layout, hw, exact)  # Note [per-layer layout costs]
+        time, mem = _hetero(spec, layout, hw, exact)  # Note [per-layer layout costs]
     else:  # a heterogeneous layout the per-layer model does not cover: its coarse split
         coarse = layout if layout.layer_tp is None else replace(layout, layer_tp=None)
         time = step_time(spec, coarse, hw, accounting, exact=exact)

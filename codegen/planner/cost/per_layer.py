@@ -308,13 +308,10 @@ def layout_cost(spec: Spec, layout: Layout, hw: Hardware) -> Cost:
                                                buffers=largest))
 
 
-def hetero_time_memory(spec: Spec, layout: Layout, hw: Hardware, exact: bool = False):
+def hetero_time_memory(spec: Spec, layout: Layout, hw: Hardware):
     """``layout_cost`` as the time breakdown and memory an ``Estimate`` carries (pp = 1: no
-    bubble); under a pipeline ``per_stage.pipeline_time_memory``'s."""
-    if layout.pp > 1:
-        from .per_stage import pipeline_time_memory  # it builds on this module
-
-        return pipeline_time_memory(spec, layout, hw, exact=exact)
+    bubble; under a pipeline ``estimate`` asks ``per_stage.pipeline_time_memory``, which
+    builds on this module)."""
     cost = layout_cost(spec, layout, hw)
     reference, _ = _uniform_estimate(spec, stage_of(layout), hw, layout.tp)
     step = cost.time
