@@ -43,7 +43,7 @@ INF = math.inf
 
 def pipeline_family(spec: Spec, base: Layout, stage: Stage, hw: Hardware, budget, options) -> Layout | None:
     """Note [the per-layer program over a pipeline]."""
-    from .layer_search import BUCKETS, cheapest, layout_of
+    from .layer_search import BUCKETS, cheapest, layout_of  # at call time: BUCKETS may be set (tests)
 
     bounds = stage_bounds(spec, stage.pp)
     if not options or any(stop - start < 2 for start, stop in bounds):

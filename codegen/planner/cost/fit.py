@@ -62,7 +62,7 @@ def fitted(hw: Hardware) -> Hardware:
     low, high = GEMM_SCALE_RANGE
     gemm_scale = min(high, max(low, gemm_scale))
     peak = hw.peak_flops
-    if hw.matmul_table and peak == max(flops for _, flops in hw.matmul_table) and gemm_scale < 1:
+    if hw.peak_from_table and gemm_scale < 1:
         peak /= gemm_scale  # the table's best rate was the peak; a faster GEMM raises it
     return replace(hw, gemm_scale=gemm_scale, op_overhead=op_overhead, peak_flops=peak)
 

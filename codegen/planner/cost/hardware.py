@@ -93,6 +93,9 @@ class Hardware:
     """Measured collectives by name (all_reduce, all_gather, reduce_scatter, send_recv)."""
     profile: str | None = None
     """The profile file the figures came from, as the spec named it."""
+    peak_from_table: bool = False
+    """``peak_flops`` is the matmul table's best rate (a profile, no ``mesh.device_flops``):
+    the fit may raise it (``cost/fit.py``, Note [fitting the reference steps])."""
     cores: int | None = None
     """CPU cores the ranks of a node share (a profiled CPU); None: a device per rank."""
     profiled_ranks: int = 1
@@ -259,6 +262,7 @@ def from_profile(mesh: MeshSpec, path: str, *, named: str) -> Hardware:
     return Hardware(
         name=mesh.device,
         peak_flops=float(mesh.device_flops or peak),
+        peak_from_table=not mesh.device_flops,
         memory=memory,
         memory_bandwidth=float(data["memory_bandwidth"]),
         devices_per_node=mesh.devices_per_node,
