@@ -1,7 +1,8 @@
 """Compressed communication (issue 23): bytes, loss and step time next to the exact layout.
 
 Each row is one build of the parity GPT (tests/parity/specs/gpt.par: 2 layers, hidden
-64, seq 32) on real text (docs/DESIGN.md through ``parc data prepare``), 2 gloo ranks,
+64, seq 32) on real text (tests/data/notes-on-bread.txt through ``parc data prepare``, the
+text tests/parity/test_compress.py trains on: it does not change with the docs), 2 gloo ranks,
 run as a user runs it (torchrun). Baselines in the same run: dp 2 exact for the dp
 rows, pp 2 exact for the pp rows. Printed per row: the final loss (mean of the last 10
 steps) and its gap to the baseline, the bytes per step on the compressed axis (the
@@ -23,6 +24,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+TEXT = ROOT / "tests" / "data" / "notes-on-bread.txt"
+"""The text tests/parity/test_compress.py trains on (docs/DESIGN.md was, until every docs edit moved the losses)."""
 PARC = [sys.executable, "-m", "parc.codegen.cli"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 COMMON = ["model.vocab=257", "train.micro_batch=4", "mesh.devices_per_node=2", 'train.data=tokens(path = "t.bin")']
@@ -62,7 +65,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         data = tmp / "t.bin"
-        subprocess.run(PARC + ["data", "prepare", str(ROOT / "docs" / "DESIGN.md"), "-o", str(data)], check=True,
+        subprocess.run(PARC + ["data", "prepare", str(TEXT), "-o", str(data)], check=True,
                        stdout=subprocess.DEVNULL)
         print(f"{'layout':<24} {'final loss':>10} {'vs base':>8} {'bytes/step':>11} {'base/this':>9} {'time ratio':>10}")
         for name, axis, base, sets in ROWS:
