@@ -5,6 +5,7 @@ reached and never exceeded, and a bubble below ZB-H1's at the same memory."""
 import pytest
 
 from parc.runtime.placement import Placement, placement_for
+from parc.runtime.schedule_zbv import zero_bubble_v_bound, zero_bubble_v_orders
 from parc.runtime.schedule import Op, build_schedule, in_flight_bound
 from parc.runtime.schedule_sim import check_schedule, describe_rank, max_in_flight, simulate
 
@@ -89,3 +90,60 @@ def test_sizes_are_refused():
         build_schedule("zero_bubble_v", stages=1, micro_batches=4, chunks=2)
     with pytest.raises(ValueError, match="runs 2 model chunks per rank"):
         build_schedule("zero_bubble_v", stages=2, micro_batches=4, chunks=1)
+
+
+def plain_greedy(p: int, micro_batches: int) -> tuple:
+    """Note [ZB-V on paper] as written: each decision scans the rank's remaining lists for
+    the first entry whose input has arrived. The reference ``zero_bubble_v_orders`` (Note
+    [ZB-V ready queues]) must give exactly."""
+    cap, last, place = zero_bubble_v_bound(p, micro_batches), 2 * p - 1, Placement("v", p, 2)
+    finished, clock, in_flight = {}, [0] * p, [0] * p
+    owed = [[] for _ in range(p)]
+    todo = {op: [[(m, c) for m in range(micro_batches) for c in (1, 0)] for _ in range(p)] for op in "FB"}
+    orders = [[] for _ in range(p)]
+
+    def arrival(op, m, rank, c):
+        stage = place.stage(rank, c)
+        if op == "F":
+            return 0 if stage == 0 else finished.get(("F", m, stage - 1))
+        return finished.get(("F", m, stage) if stage == last else ("B", m, stage + 1))
+
+    def choice(rank, now):
+        for op in "BF":
+            if op == "F" and in_flight[rank] >= cap:
+                continue
+            for m, c in todo[op][rank]:
+                if (t := arrival(op, m, rank, c)) is not None and t <= now:
+                    return op, m, c
+        return ("W", *owed[rank][0]) if owed[rank] else None
+
+    unfinished = lambda: [r for r in range(p) if len(orders[r]) < 6 * micro_batches]  # noqa: E731
+    while unfinished():
+        rank = min(unfinished(), key=lambda r: (clock[r], r))
+        step = choice(rank, clock[rank])
+        if step is None:
+            times = [t for op in "BF" for m, c in todo[op][rank]
+                     if (t := arrival(op, m, rank, c)) is not None and t > clock[rank]]
+            others = [clock[r] for r in unfinished() if r != rank]
+            clock[rank] = min(times) if times else min(others) + 1 if others else clock[rank] + 1
+            continue
+        op, m, c = step
+        if op == "W":
+            owed[rank].pop(0)
+            in_flight[rank] -= 1
+        else:
+            todo[op][rank].remove((m, c))
+            in_flight[rank] += op == "F"
+            if op == "B":
+                owed[rank].append((m, c))
+        clock[rank] += 1
+        finished[(op, m, place.stage(rank, c))] = clock[rank]
+        orders[rank].append(step)
+    return tuple(tuple(order) for order in orders)
+
+
+@pytest.mark.parametrize("stages", range(2, 9))
+def test_ready_queues_are_the_plain_greedy(stages):
+    """Note [ZB-V ready queues]: the same lists as the greedy that scans, p ≤ 8, M ≤ 32."""
+    for micro_batches in range(1, 33):
+        assert zero_bubble_v_orders(stages, micro_batches) == plain_greedy(stages, micro_batches), micro_batches

@@ -31,7 +31,9 @@ Note [steady state]: after warm-up, every schedule here repeats a period of p
 micro-batches, so the makespan is affine in M; a long schedule (M > 4p) is simulated
 at 2p, 3p and 4p micro-batches and, when those three points lie on one line, extended
 along it (tests/planner compares that with the full simulation); otherwise the full
-schedule is simulated.
+schedule is simulated. The lists of one (kind, p, M, chunks) are built once and simulated
+with each layout's times (``_schedule``), and ZB-V's greedy keeps its inputs in ready
+queues (runtime/schedule_zbv.py, Note [ZB-V ready queues]).
 """
 
 from __future__ import annotations
@@ -85,8 +87,7 @@ def _unit_makespan(kind: str, stages: int, micro_batches: int, chunks: int, back
 @functools.lru_cache(maxsize=512)
 def _simulate(kind: str, stages: int, micro_batches: int, chunks: int, backward: float, comm: float,
               slices: int = 1, scale: tuple[float, ...] = ()) -> float:
-    schedule = build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks,
-                              slices=slices if kind in SLICED else 1)
+    schedule = _schedule(kind, stages, micro_batches, chunks, slices if kind in SLICED else 1)
     return simulate(schedule, forward_time=1.0, backward_time=backward, comm_time=comm,
                     slice_scale=scale if kind in SLICED else ()).makespan
 
@@ -120,5 +121,12 @@ def _stage_unit_makespan(kind: str, micro_batches: int, times: tuple, comm: floa
 
 
 def _simulate_stages(kind: str, micro_batches: int, times: tuple, comm: float) -> float:
-    schedule = build_schedule(kind, stages=len(times), micro_batches=micro_batches, chunks=1)
-    return simulate(schedule, comm_time=comm, rank_times=times).makespan
+    return simulate(_schedule(kind, len(times), micro_batches, 1, 1), comm_time=comm, rank_times=times).makespan
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule(kind: str, stages: int, micro_batches: int, chunks: int, slices: int):
+    """The lists of ``build_schedule``, built once for every layout that shares them: layouts
+    of one (kind, p, M, chunks) differ only in the times ``simulate`` gives their actions
+    (Note [steady state])."""
+    return build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks, slices=slices)
