@@ -51,9 +51,9 @@ def zero_bubble_v_orders(stages: int, micro_batches: int) -> tuple[tuple[tuple[s
     order the Note picks in. A rank's clock never goes back, so ready stays ready; the
     pending heap's top is the next arrival an idle rank waits for. Same orders as the
     plain greedy that scans every rank's remaining list (tests/runtime compares the two
-    for p ≤ 8, M ≤ 32), in O(p·M·log M) instead of O(p·M·(M + p)): ``parc plan`` of
-    gpt3-175b builds them for pipelines up to 96 stages (Note [steady state] in
-    codegen/planner/cost/bubble.py).
+    for p ≤ 8, M ≤ 32), in O(p·M·log M) instead of O(p·M·(M + p)) per decision pass:
+    ``parc plan`` builds them for its best layouts' exact bubbles (gpt3-175b: p = 16 at
+    M = 32, 48 and 64, Note [steady state] in codegen/planner/cost/bubble.py).
     """
     p, cap, runs = stages, zero_bubble_v_bound(stages, micro_batches), 6 * micro_batches
     place = Placement("v", p, 2)
