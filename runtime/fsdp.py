@@ -75,6 +75,7 @@ from .comm import exposed, group_rank, group_size, on_gradient
 from .fsdp_units import Unit, materialize_meta, node_groups  # noqa: F401  (node_groups: train.py's, under zero_shard = node)
 from .master import Fp32Accumulation, mark_compute_dtype
 from .optim import clip_to_norm_
+from .traffic import comm_bytes
 from .zero import adamw_, clip_global_norm_, global_squares
 
 
@@ -263,6 +264,8 @@ class FullyShardedAdamW:
             p.grad = None  # the packed copy replaces it
             at += p.numel()
         work, mine = None, packed
+        if unit.size > 1:
+            comm_bytes.add("dp", packed)  # a reduce-scatter's input, as an all-reduce's (Note [comm bytes])
         if unit.size > 1 and dist.get_backend(unit.group) == "nccl":
             mine = torch.empty(unit.shard_numel, dtype=torch.float32, device=packed.device)
             work = dist.reduce_scatter_tensor(mine, packed, group=unit.group, async_op=True)
@@ -283,6 +286,7 @@ class FullyShardedAdamW:
             if work is not None:
                 work.wait()
             if group_size(self.replicate_group) > 1:  # HSDP: the other nodes' copies
+                comm_bytes.add("dp", mine)
                 dist.all_reduce(mine, group=self.replicate_group)
         mine.div_(unit.divisor)  # dp (× replicas); experts: the dp ranks whose mean loss it is
         self.grad[unit.offset : unit.offset + unit.shard_numel].copy_(mine)

@@ -14,6 +14,7 @@ from .comm import exposed, group_rank, group_size
 from .dp import finished_after_backward
 from .memory import GATHERED_PARAMETERS
 from .param_init import fill_flat_, pieces as parameter_pieces
+from .traffic import comm_bytes
 
 
 def materialize_meta(chunks: list, device) -> tuple | None:
@@ -129,6 +130,7 @@ class Unit:
             self.full.copy_(self.shard)
             return
         mine = self.shard if self.dtype == self.shard.dtype else self.shard.to(self.dtype)  # rounded: sent so
+        comm_bytes.add("dp_params", mine)  # this rank's part, at every gather (Note [comm bytes])
         if dist.get_backend(self.group) == "nccl":
             self.work = dist.all_gather_into_tensor(self.full, mine, group=self.group, async_op=True)
         else:

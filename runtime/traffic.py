@@ -1,6 +1,7 @@
 """Bytes handed to communication per step, by axis, summed over ranks (``comm_bytes`` in the log).
 
-Takes: the tensors the data-parallel gradient reduction (``dp.py``, ``compress.py``)
+Takes: the tensors the data-parallel gradient reduction (``dp.py``, ``compress.py``, ZeRO's
+``zero.py`` and ``fsdp.py``), ZeRO's parameter all-gathers (``zero.py``, ``fsdp_units.py``)
 and the pipeline's sends and tied-embedding sum (``pipeline.py``) give to a collective or a send. Gives:
 ``comm_bytes``, one counter per process: ``add(axis, tensor)``, ``reset()`` at the start of
 a step, ``by_axis()`` for the step's record. Before: nothing (leaf module). After:
@@ -10,6 +11,10 @@ Note [comm bytes]: the figure is the payload each rank passes to the collective 
 all-reduce's buffer, an all-gather's own part, a send's tensor), not the bytes a
 ring algorithm puts on the wire (2·(n-1)/n of an all-reduce's buffer): the same
 measure for a compressed and an uncompressed layout, so their ratio is the saving.
+A reduce-scatter counts its input (the whole buffer each rank hands in, as an
+all-reduce does), so in fp32 ZeRO-2's ``dp`` bytes are zero 0's, and ZeRO-3's those plus
+its units' padding; the parameters ZeRO all-gathers back are ``dp_params``, apart, so
+``dp`` stays the gradient reduction that compression shrinks.
 """
 
 from __future__ import annotations
@@ -17,8 +22,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-AXES = ("dp", "pp_forward", "pp_backward", "pp_embedding")
-"""What is counted: the dp gradient reduction, the pipeline's activations (forward) and
+AXES = ("dp", "dp_params", "pp_forward", "pp_backward", "pp_embedding")
+"""What is counted: the dp gradient reduction (the experts' over edp too, and under
+``zero_shard = node`` the shards' sum over the other nodes), ZeRO's parameter all-gathers
+over the shard group (stages 1 and 2: each rank's slice after the step; stage 3: each
+unit's shard at every gather, forward and backward), the pipeline's activations (forward) and
 input gradients (backward: the part ``compress_pp`` compresses), and the tied embedding's
 separate sum over its first and last stage copies (``pipeline.allreduce_tied_grads``;
 none when that sum is fused into the dp all-reduce: Note [fused embedding synchronization]

@@ -72,6 +72,7 @@ from .comm import exposed, group_rank, group_size, on_gradient
 from .dp import GradientBuckets, gradient_buckets
 from .master import Fp32Accumulation, mark_compute_dtype
 from .optim import clip_to_norm_
+from .traffic import comm_bytes
 
 
 class ShardedAdamW:
@@ -216,6 +217,7 @@ class ShardedAdamW:
             p.grad = None  # the packed copy replaces it
         work = None
         if group_size(self.dp_group) > 1:
+            comm_bytes.add("dp", packed)  # Note [comm bytes] (traffic.py)
             work = dist.all_reduce(packed, group=self.dp_group, async_op=True)
         if self.mean_over != 1 and work is None:
             packed.div_(self.mean_over)  # nothing to sum (edp of one): the mean only
@@ -356,6 +358,7 @@ class ShardedAdamW:
         if size == 1:
             return
         mine = self.param_slice.clone()
+        comm_bytes.add("dp_params", mine)  # this rank's part (Note [comm bytes])
         with exposed():
             if dist.get_backend(self.dp_group) == "nccl":
                 dist.all_gather_into_tensor(self.flat, mine, group=self.dp_group)
@@ -439,6 +442,7 @@ def mean_of_group(params, group, divisor: int) -> None:
         return
     if group_size(group) > 1:
         flat = torch.cat([g.reshape(-1) for g in grads])
+        comm_bytes.add("dp", flat)  # the experts' dp reduction (Note [comm bytes])
         with exposed():
             dist.all_reduce(flat, group=group)
         offset = 0

@@ -13,7 +13,9 @@ loss while the dp bytes it hands to communication fall at least 4×; without err
 feedback the gap is larger; top-k (10%) with error feedback trains at ≥ 4× fewer bytes.
 pp 2 with compressed backpropagation (rank 8) ends within 3% of exact with the backward
 pipeline bytes down ≥ 4×. PowerSGD under ZeRO-1 ends within 3% of exact (ZeRO-2 steps as
-zero 0's PowerSGD does, 6 steps, 1e-5); under fp16 it ends within 2% of fp32's PowerSGD. Measured on this text (2 cores): exact 2.513 (dp 2; pp 2 is
+zero 0's PowerSGD does, 6 steps, 1e-5); under fp16 it ends within 2% of fp32's PowerSGD.
+Exact ZeRO 1, 2 and 3 (2 steps each) count exactly the gradient and parameter bytes their
+collectives take (``comm_bytes``: ``dp``, ``dp_params``). Measured on this text (2 cores): exact 2.513 (dp 2; pp 2 is
 the same run), PowerSGD 2.578 (+2.6%, 8.6× fewer dp bytes), without error feedback 2.677
 (+6.5%), top-k 2.755 (+9.6%, 5.0× fewer), compressed backprop rank 8 2.538 (+1.0%, 5.3×
 fewer backward bytes; rank 4 ended +3.6% here at 10.7× fewer, and −2.6% on the old
@@ -40,6 +42,8 @@ PP_EXACT_STEPS = 4
 ZERO2_STEPS = 6
 """ZeRO-2 with PowerSGD runs this many steps: the same reduction as zero 1's, so it is checked
 step by step against the compressed zero 0 run (the optimizers agree to 1e-5), not again for 200."""
+ZERO_BYTES_STEPS = 2
+"""The exact ZeRO runs stop after this many steps: they are here for their bytes, the same every step."""
 TAIL = 10
 """The final loss: the mean of the last TAIL steps' losses (each run sees the same batches)."""
 
@@ -82,12 +86,30 @@ def cases() -> dict[str, Case]:
         "powersgd-zero2": case("powersgd-zero2", powersgd, "parallel.zero=2", run=ZERO2_STEPS),
         # fp16: compressed unscaled (compress.py, Note [compression under fp16])
         "powersgd-fp16": case("powersgd-fp16", powersgd, "train.precision=fp16"),
+        # exact under each ZeRO stage, run only long enough to count its bytes a step (Note [comm bytes])
+        **{f"exact-zero{stage}": case(f"exact-zero{stage}", f"parallel.zero={stage}", run=ZERO_BYTES_STEPS)
+           for stage in (1, 2, 3)},
     }
+
+
+READS = {
+    "test_powersgd_converges_and_sends_less": ("exact", "powersgd"),
+    "test_error_feedback_narrows_the_gap": ("exact", "powersgd", "powersgd-no-ef"),
+    "test_topk_trains_and_sends_less": ("exact", "topk"),
+    "test_compressed_backprop_converges_and_sends_less": ("exact", "pp-exact", "pp-lowrank"),
+    "test_zero_counts_its_collectives": ("exact", "exact-zero1", "exact-zero2", "exact-zero3"),
+    "test_powersgd_under_zero_converges": ("exact", "powersgd", "powersgd-zero1", "powersgd-zero2"),
+    "test_powersgd_under_fp16_converges": ("exact", "powersgd", "powersgd-fp16"),
+}
+"""The cases each test reads, so ``-k`` runs only those (a case a test reads that is missing
+here still runs, in a launch of its own)."""
 
 
 def cases_of(item) -> list[Case]:
     """The runs a selected test of this module reads (tests/conftest.py's ``trainers``)."""
-    return list(cases().values()) if item.module.__name__.endswith("test_compress") else []
+    if not item.module.__name__.endswith("test_compress"):
+        return []
+    return [cases()[key] for key in READS.get(item.originalname, cases())]
 
 
 def bytes_per_step(records, axis: str) -> int:
@@ -139,6 +161,25 @@ def test_compressed_backprop_converges_and_sends_less(trainers):
     assert sent >= 4 * compressed, (sent, compressed)
     assert bytes_per_step(lowrank, "pp_forward") == bytes_per_step(pp_exact, "pp_forward")  # activations go whole
 
+
+
+def test_zero_counts_its_collectives(trainers):
+    """Note [comm bytes] under ZeRO (dp 2, fp32, one micro-batch a step: global 8 = 4 · dp 2).
+    Gradients: ZeRO-1's bucket all-reduces, ZeRO-2's and ZeRO-3's reduce-scatters hand in
+    what zero 0's all-reduces do, every fp32 gradient once a rank (ZeRO-3 pads each unit to
+    a multiple of 2 elements; every unit of this GPT has an even count, so none). Parameters
+    (``dp_params``, none at zero 0): at stages 1 and 2 each rank all-gathers its half of the
+    flat buffer after the step; at stage 3 each unit's half at its forward gather and again
+    at its backward one."""
+    exact = trainers.records(cases()["exact"])
+    gradients = bytes_per_step(exact, "dp")  # 2 ranks × 4 bytes × every parameter
+    numel = gradients // (2 * 4)
+    assert all("dp_params" not in r["comm_bytes"] for r in exact)
+    for stage, gathers in ((1, 1), (2, 1), (3, 2)):
+        records = trainers.records(cases()[f"exact-zero{stage}"])
+        assert len(records) == ZERO_BYTES_STEPS
+        assert bytes_per_step(records, "dp") == gradients, stage
+        assert bytes_per_step(records, "dp_params") == gathers * 2 * -(-numel // 2) * 4, stage
 
 
 def test_powersgd_under_zero_converges(trainers):
