@@ -183,24 +183,13 @@ def setting_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def grid_shard(style: str, full_shape, tp_shape) -> tuple:
-    """A weight's shard on an R × C tp grid (Note [2D tensor parallelism], runtime/layers2d.py):
-    a colwise or head weight's rows over C and columns over R; a rowwise one's the other way."""
-    rows, cols = tp_shape
-    out, inner = full_shape[0], full_shape[1] if len(full_shape) > 1 else None
-    split = (rows, cols) if style == "rowwise" else (cols, rows)
-    return (out // split[0],) if inner is None else (out // split[0], inner // split[1])
-
-
 def tp_plan_lines(plan: Plan) -> list[str]:
     tp = plan.tensor_parallel
     if tp.size == 1:
         return []
     lines = []
-    grid = plan.mesh.tp_shape
-    for rule in tp.sharded:
-        local = tuple(rule.local_shape) if grid is None else grid_shard(rule.style.value, rule.full_shape, grid.value)
-        shapes = f"{tuple(rule.full_shape)} -> {local}"
+    for rule in tp.sharded:  # under 2D the shard on one rank of the grid (partition_layers)
+        shapes = f"{tuple(rule.full_shape)} -> {tuple(rule.local_shape)}"
         tied = f", tied to {rule.tied_to}" if rule.tied_to else ""
         lines.append(f"{rule.pattern!r}: {rule.style.value!r},  # {shapes}{tied}")
     return lines

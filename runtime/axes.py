@@ -123,15 +123,17 @@ def partition(axes: tuple[tuple[str, int], ...], names) -> tuple[tuple[int, ...]
 
 TP_SIDES: tuple[Axis, ...] = (
     Axis("tpr", "the tp ranks' rows of the 2D grid (tp_shape's R, strided: the slow links)",
-         "rows of the tensor-parallel grid"),
+         "rows of the tensor-parallel grid", divides=("hidden",)),
     Axis("tpc", "the tp ranks' columns of the 2D grid (tp_shape's C, consecutive ranks)",
-         "columns of the tensor-parallel grid"),
+         "columns of the tensor-parallel grid", divides=("heads", "ffn", "padded_vocab")),  # kv_heads: PAR0278
 )
 """Note [2D tensor parallelism] (runtime/layers2d.py): under ``tp_shape = (R, C)`` the tp
 axis is read as two sub-axes, ``tpr`` (R, outer) then ``tpc`` (C, inner, the fastest
 digit): tp rank t = r·C + c. ``tpr`` groups (the R ranks of one column, strided C apart)
 carry the colwise linears' sums; ``tpc`` groups (C consecutive ranks) the rowwise ones.
-They refine tp, they add no factor to the world."""
+They refine tp, they add no factor to the world. Their ``divides`` stand in for tp's on a
+grid: C splits the heads, the ffn and the vocab (the colwise outputs), R the hidden
+features (``constraints.tp_grid_fits``, PAR0203)."""
 
 
 def split_tp(axes: tuple[tuple[str, int], ...], tp_shape) -> tuple[tuple[str, int], ...]:

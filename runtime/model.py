@@ -402,7 +402,7 @@ class Transformer(nn.Module):
         builders, plans = {}, {}
         for t in sorted(set(self.block_tp.values()) | {block_tp[start if start < stop else 0]}):
             group = tp_group if layouts is None else layouts.tp_group(t)
-            plans[t] = TensorParallelPlan(tp_plan, config, tp_group=group, sequence_parallel=self.sp)
+            plans[t] = TensorParallelPlan(tp_plan, config, tp_group=group, sequence_parallel=self.sp, grid=tp_grid)
             builders[t] = _Builder(plans[t], group, self.sp, tp_grid)
         # the embedding follows block 0, the head the last block (the embedding, when tied to it)
         self.embed_tp = block_tp[0]

@@ -2,11 +2,11 @@
 
 Takes: the literal ``TP_PLAN`` table (module-name pattern → style, ``*`` standing
 for the layer index), the model config, the tp group and whether sequence
-parallelism is on. Gives: ``TensorParallelPlan.style(name)``, the style of each
+parallelism is on (and, under 2D tensor parallelism, the grid). Gives: ``TensorParallelPlan.style(name)``, the style of each
 module (None: replicated), for ``model.py`` to build its layers from. Every problem
 with a table is a ValueError naming the pattern or module, raised before any layer
 is built: an unknown style, a pattern that matches no module, a style a module
-cannot take, an attention or MLP half-sharded, sizes tp does not divide.
+cannot take, an attention or MLP half-sharded, sizes tp (on a 2D grid, C) does not divide.
 """
 
 from __future__ import annotations
@@ -35,8 +35,11 @@ def _compile(pattern: str) -> re.Pattern:
 
 
 class TensorParallelPlan:
-    def __init__(self, table, config, *, tp_group, sequence_parallel):
+    def __init__(self, table, config, *, tp_group, sequence_parallel, grid=None):
+        """``grid``: the ``layers2d.TensorGrid`` under 2D tensor parallelism, whose C ranks of
+        a row split what tp splits in 1D (Note [2D tensor parallelism]); None: 1D."""
         self.tp = group_size(tp_group)
+        self.grid = grid
         table = dict(table or {})
         for pattern, style in table.items():
             if style not in STYLES:
@@ -95,8 +98,12 @@ class TensorParallelPlan:
             raise ValueError("tp plan: a tied head and embedding must both be vocab-parallel or neither")
 
     def _check_sizes(self, config) -> None:
-        if "attn.k_proj" in {_kind(name) for name in self.styles} and not kv_replicas(config.kv_heads, self.tp):
-            raise ValueError(f"tp plan: tp = {self.tp} neither divides kv_heads = {config.kv_heads} nor is a "
+        """The sizes each sharded module splits: over tp, or on a 2D grid over C (its hidden
+        features over R: ``layers2d``'s own check), which never replicates kv heads."""
+        split, who = (self.tp, "tp") if self.grid is None else (self.grid.cols, "C of the 2D grid")
+        replicas = kv_replicas(config.kv_heads, split) if self.grid is None else int(config.kv_heads % split == 0)
+        if "attn.k_proj" in {_kind(name) for name in self.styles} and not replicas:
+            raise ValueError(f"tp plan: {who} = {split} neither divides kv_heads = {config.kv_heads} nor is a "
                              "multiple of it (attn.k_proj)")
         sizes = {
             "attn.q_proj": ("heads", config.heads),
@@ -107,5 +114,5 @@ class TensorParallelPlan:
         }
         for name in self.styles:
             what, value = sizes.get(_kind(name), (None, 0))
-            if what and value % self.tp:
-                raise ValueError(f"tp plan: tp = {self.tp} does not divide {what} = {value} ({name})")
+            if what and value % split:
+                raise ValueError(f"tp plan: {who} = {split} does not divide {what} = {value} ({name})")

@@ -115,6 +115,13 @@ def variants() -> list[tuple[str, tuple[str, ...]]]:
         out.append(("examples/tiny.par", (f"parallel.tp={tps}", f"parallel.dp={dps}", f"parallel.sp={sp}", *extra)))
     out += [("examples/tiny.par", ("parallel.dp=[2, 2, 4, 4]",)),
             ("examples/tiny.par", ("parallel.tp=[2, 2, 2, 2]", "parallel.dp=[2, 2, 2, 2]"))]
+    # 2D tensor parallelism on the tiny GPT's 4 ranks: C splits the heads, R the hidden size
+    # (PAR0203 on a grid), heads that tp does and does not divide
+    for shape, heads, hidden in itertools.product(("(2, 2)", "(4, 1)", "(2, 1)", "(1, 4)"), (2, 3, 4), (90, 128)):
+        rows, cols = (int(n) for n in shape.strip("()").split(", "))
+        out.append(("examples/tiny.par", (f"parallel.tp={rows * cols}", f"parallel.dp={4 // (rows * cols)}",
+                                          f"parallel.tp_shape={shape}", f"model.heads={heads}",
+                                          f"model.hidden={hidden}")))
     return out
 
 

@@ -7,7 +7,8 @@ are column-parallel, their consumers o_proj and down_proj row-parallel, so each
 block needs one all-reduce in forward; the embedding is split by vocab rows and the
 head produces vocab-parallel logits for the vocab-parallel cross-entropy. Norms and
 the position embedding are replicated. With tp = 1 every module is replicated. tp divides every split size
-(``runtime/constraints.py``, checked by ``check_buildable``).
+(``runtime/constraints.py``, checked by ``check_buildable``); on a 2D grid ``tp_shape = (R, C)``
+the local shape is one rank's box of it (``ModuleDesc.grid_shape``: C and R divide instead).
 
 Module names, shapes and split dims are the model description's
 (``runtime/model_desc.py``, which ``model.py`` is checked against), ``*`` the layer index.
@@ -46,12 +47,13 @@ def model_modules(spec: Spec) -> tuple[ModuleDesc, ...]:
 
 def run(spec: Spec, draft: Draft) -> Draft:
     tp = draft.mesh.size("tp")
+    grid = None if draft.mesh.tp_shape is None else draft.mesh.tp_shape.value  # Note [2D tensor parallelism]
     rules = []
     for module in model_modules(spec):
         weight = module.weight
         style = REPLICATE if tp == 1 or module.style is None else ShardStyle(module.style)
         dim = None if style is REPLICATE else weight.split_dim
-        local = weight.shape if dim is None else weight.local_shape(tp)
+        local = weight.shape if dim is None else weight.local_shape(tp) if grid is None else module.grid_shape(weight, grid)
         rules.append(
             ShardRule(
                 pattern=module.pattern, style=style, dim=dim, full_shape=weight.shape, local_shape=local,

@@ -172,6 +172,8 @@ LAYOUTS = {
     # the 8-rank rows: the 2 × 2 grid with dp 2 and with pp 2
     "dp2-tp4-shape2x2": dict(dp=2, tp=4, parallel__tp_shape="(2, 2)"),
     "pp2-tp4-shape2x2": dict(pp=2, tp=4, parallel__tp_shape="(2, 2)"),
+    # the grid's C, not tp, splits the heads (PAR0203): gpt's 4 heads over C = 2, tp 8 does not divide them
+    "tp8-shape4x2": dict(tp=8, parallel__tp_shape="(4, 2)"),
     # Note [2D sequence parallelism]: the stream (B, T/C, hidden/R), reduce-scattered and
     # all-gathered over a row; (2, 1) splits no tokens, (1, 2) is 1D sp
     "tp4-shape2x2-sp": dict(tp=4, sp=True, parallel__tp_shape="(2, 2)"),

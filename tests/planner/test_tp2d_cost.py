@@ -10,7 +10,8 @@ from pathlib import Path
 from parc.codegen.planner.cost import estimate, hardware_for
 from parc.codegen.planner.search import candidates, search
 from parc.codegen.planner.why import why
-from parc.dsl import load
+from parc.dsl import Diagnostics, load
+from parc.dsl.diagnostics import render_all
 
 COMMODITY_TP = str(Path(__file__).parent / "specs" / "commodity_tp.par")
 
@@ -52,3 +53,23 @@ def test_tp_shape_is_searched_only_when_auto():
     assert {layout.tp_shape for layout in candidates(inside)} == {None, (2, 8), (4, 4), (8, 2), (16, 1)}
     fixed = load(COMMODITY_TP, ["mesh.nodes=1", "mesh.devices_per_node=16", "parallel.tp_shape=(1, 16)"])
     assert {layout.tp_shape for layout in candidates(fixed)} == {None}
+
+
+def test_a_tp_only_grids_fit_is_searched_over_those_grids():
+    """PAR0203 on a grid (Note [2D tensor parallelism]): C splits the heads, R the hidden size.
+    With 4 heads no 1D tp of 16 fits, and under ``tp_shape = auto`` the search offers the grids
+    that do (C among 1, 2, 4; R = 16 / C divides hidden = 256); a written grid is held to its
+    own sides, at its own line."""
+    inside = ["mesh.nodes=1", "mesh.devices_per_node=16", "model.heads=4"]
+    assert {layout.tp_shape for layout in candidates(load(COMMODITY_TP, inside))} == {(4, 4), (8, 2), (16, 1)}
+    load(COMMODITY_TP, [*inside, "parallel.tp_shape=(4, 4)"])  # accepted
+    for shape, words in (("(1, 16)", "error[PAR0203]: tp = 16 does not divide heads = 4"),
+                         ("(2, 8)", "error[PAR0203]: tp_shape = (2, 8) splits the heads, the ffn and the padded vocab over "
+                                    "C = 8 ranks, but C does not divide heads = 4"),
+                         ("(2, 8)", "hint: tp_shape must be one of (4, 4), (8, 2), (16, 1)")):
+        try:
+            load(COMMODITY_TP, [*inside, f"parallel.tp_shape={shape}"])
+        except Diagnostics as exc:
+            assert words in render_all(exc.errors, exc.sources), (shape, render_all(exc.errors, exc.sources))
+        else:
+            raise AssertionError(f"tp_shape = {shape} with 4 heads was accepted")
