@@ -160,7 +160,7 @@ def test_fp32_gradient_sums_by_zero_stage(zero):
     from parc.dsl import load
 
     def row(global_batch):
-        spec = load("examples/tiny.par", [f"parallel.dp=2", "parallel.tp=1", "parallel.pp=1", f"parallel.zero={zero}",
+        spec = load("examples/tiny.par", ["parallel.dp=2", "parallel.tp=2", "parallel.pp=1", f"parallel.zero={zero}",
                                           "train.precision=bf16", "train.micro_batch=1",
                                           f"train.global_batch={global_batch}"])
         layout = fixed_layout(spec)

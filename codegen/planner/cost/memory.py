@@ -316,7 +316,7 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
             grad_b += grad_element * params
         late = sequence_parallel_params(model, layout, rank, stage_layers)
         sums = fp32_sum_elements(spec, layout, params, experts=experts, late=late)
-        if accounting is Accounting.PARC and layout.zero <= 1 and sums < params:
+        if accounting is Accounting.PARC and layout.zero <= 1 and fp32_accumulation(spec, layout):
             grad_b += 2.0 * (params - sums)  # handed over: 4 bytes, not 2 (runtime/master.py)
         acts = activation_bytes(spec, layout, rank, accounting, stage_layers)
         rows[rank] = MemoryBreakdown(
