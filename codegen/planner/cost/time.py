@@ -301,7 +301,8 @@ def step_time(
         compression = cost.compute_s
         dp_exposed = reduce + compression + gather  # after backward, not behind it
     dp_exposed += 0.0 if zero3 is None else zero3.exposed
-    optimizer = _optimizer_time(hw, accounting, params, tensors, layout, expert_params) * slow
+    shard = zero3_shard_group(hw, layout, spec.parallel.zero_shard == "node") if layout.zero >= 3 else None
+    optimizer = _optimizer_time(hw, accounting, params, tensors, layout, expert_params, shard=shard) * slow
     world = d * layout.cp * t * p
     # the step's two scalar all-reduces: the loss over dp, the finite check over every rank
     scalars = 2 * collective_latency(hw, "all_reduce", size=min(world, hw.devices_per_node), stride=1)
@@ -489,10 +490,11 @@ def zero3_collective(hw: Hardware, layout: Layout, kind: str, nbytes: float, *, 
 
 
 def _optimizer_time(hw: Hardware, accounting: Accounting, params: int, tensors: int, layout: Layout,
-                    expert_params: int = 0) -> float:
+                    expert_params: int = 0, *, shard: int | None = None) -> float:
+    """``shard``: the ranks ZeRO shards the dense elements over (default dp·cp; HSDP's node)."""
     elements = params
     if layout.zero >= 1:  # experts split over ep are sharded over edp (runtime/zero.py)
-        elements = math.ceil((params - expert_params) / layout.shard_ranks)
+        elements = math.ceil((params - expert_params) / (shard or layout.shard_ranks))
         if expert_params:
             elements += math.ceil(expert_params / expert_data_ranks(layout))
     if accounting is Accounting.MEGATRON:
