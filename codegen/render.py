@@ -464,6 +464,7 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
         f"each {over} rank keeps its share of it and the",
         "# share's Adam moments, all-gathers a block before its forward and again before its",
         "# backward (ZERO_PREFETCH blocks ahead), frees it after; gradients reduce-scattered",
+        "# into fp32 shards after every micro-batch's backward (runtime/fsdp.py)",
     ]
     if hybrid:
         optimizer_lines += [
@@ -479,7 +480,7 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
         f"{render_moe.zero_args(plan)}{compute_arg(plan)})"
     )
     step_lines = [
-        f"# mean gradient over {over} (each block's reduce-scattered as backward finished it); the norm is global",
+        f"# mean gradient over {over} (each block's summed into our shards pass by pass); the norm is global",
         "grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP)",
         "optimizer.step()  # AdamW on our shards: the next forward gathers the new parameters",
         "optimizer.zero_grad()",

@@ -32,6 +32,20 @@ def finished_after_backward(param) -> bool:
                 or getattr(param, "pipeline_replica", False))
 
 
+def gradient_of(param):
+    """What a reducer sums: the step's fp32 gradient sum that ``master.Fp32Accumulation``
+    hands over (``param.main_grad``: Note [fp32 accumulation]), else ``param.grad``."""
+    main = getattr(param, "main_grad", None)
+    return param.grad if main is None else main
+
+
+def drop_gradient(param) -> None:
+    """Free ``param``'s gradient, ``.grad`` and a handed-over fp32 sum alike."""
+    param.grad = None
+    if getattr(param, "main_grad", None) is not None:
+        param.main_grad = None
+
+
 def gradient_buckets(params, bucket_bytes: int) -> tuple[list[list], int]:
     """Buckets of ``params`` in the order backward produces them, and how many come first.
 
@@ -74,7 +88,8 @@ class GradientBuckets:
         trainer then calls no ``pipeline.allreduce_tied_grads``.
         ``reduce_dtype`` (``train.grad_reduce = bf16``): each bucket is summed over dp in
         that dtype (half the bytes of fp32 on the wire) and divided back in fp32; fp32 with
-        bf16/fp16 parameters (master.py): summed in fp32, the mean rounded once into ``.grad``."""
+        bf16/fp16 parameters (master.py): summed in fp32, the mean rounded once into ``.grad``, or
+        kept fp32 in ``main_grad`` where the step's fp32 sum was handed over."""
         if accumulations < 1:
             raise ValueError(f"accumulations must be at least 1, not {accumulations!r}")
         self.group, self.size = dp_group, group_size(dp_group)
@@ -159,17 +174,22 @@ class GradientBuckets:
         self._write_back(self.tied, flat)
 
     def _flat(self, bucket) -> torch.Tensor:
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
+        grads = [gradient_of(p) for p in bucket]  # an fp32 sum where master.py handed one over
+        flat = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for p, g in zip(bucket, grads)])
         return flat if self.reduce_dtype is None else flat.to(self.reduce_dtype)
 
     def _write_back(self, bucket, flat) -> None:
-        # the sum divided in fp32, then (bf16/fp16 parameters, master.py) rounded once into .grad
+        # the sum divided in fp32, then (bf16/fp16 parameters, master.py) rounded once into
+        # .grad, or kept fp32 where the step's fp32 sum was handed over (Note [fp32 accumulation])
         flat = flat.to(torch.float32) if flat.dtype != torch.float32 else flat
         flat.div_(self.divisor)
         offset = 0
         for p in bucket:
             view = flat[offset : offset + p.numel()].view_as(p)
-            if p.grad is None:
+            main = getattr(p, "main_grad", None)
+            if main is not None:
+                main.copy_(view)
+            elif p.grad is None:
                 p.grad = view.to(p.dtype, copy=True)
             else:
                 p.grad.copy_(view)

@@ -6,7 +6,8 @@ parallel, or the dp ranks of one node under ``zero_shard = node``), the group th
 replicated over (the other nodes' copies, HSDP; None otherwise), the tp and pp groups,
 AdamW's hyper-parameters, the micro-batches per step and the prefetch depth.
 Gives: ``FullyShardedAdamW``, used like ``zero.ShardedAdamW``: after the last
-micro-batch's backward ``reduce_gradients_and_clip(max_norm)`` (the global gradient
+micro-batch's backward (each pass has reduce-scattered its gradients already: Note
+[gradients of a unit]) ``reduce_gradients_and_clip(max_norm)`` (the global gradient
 norm), then ``step()`` and ``zero_grad()``.
 
 Note [units]: as FSDP2's per-module groups, every transformer block is one unit, and
@@ -54,15 +55,34 @@ asynchronous all-gathers of the next ``prefetch`` units in the order they will r
 (forward: the following blocks; backward: the preceding ones), so they travel while
 this unit computes. At most 1 + prefetch blocks are gathered at once.
 
-Note [gradients of a unit]: on the last micro-batch's backward, once a unit's
-parameters have all accumulated, their gradients are packed into the unit's padded
-layout, ``.grad`` is freed, and the pack is reduce-scattered (nccl; all-reduced and
-sliced on gloo, which has no reduce-scatter) over the shard group, asynchronously:
-the next unit's launch (or ``reduce_gradients_and_clip``) waits it and keeps this
-rank's shard, divided by the data-parallel size, then summed over the replicas
-(HSDP). A unit with a gradient that is still partial when backward ends (dp.py,
-Note [late gradients]) is reduced only then. The AdamW arithmetic and the global norm
-are ``zero.adamw_`` and ``zero.clip_global_norm_``.
+Note [gradients of a unit]: as FSDP2 and DeepSpeed's ZeRO-3, every backward pass of a
+unit (each micro-batch's, each terapipe slice's: a pass ends once every parameter of
+the unit has accumulated, whatever the schedule interleaves between passes) packs the
+unit's gradients into its padded fp32 layout, frees ``.grad``, and reduce-scatters the
+pack (nccl; all-reduced and sliced on gloo, which has no reduce-scatter) over the shard
+group, asynchronously: the next unit's launch (or ``reduce_gradients_and_clip``) waits
+it and adds this rank's shard, divided by the data-parallel size, into the step's fp32
+sharded accumulator ``self.grad``. So no rank holds a whole gradient between
+micro-batches (Ψ, fp32 sums under bf16/fp16 parameters: 4Ψ bytes, what ZeRO-3 exists to
+avoid); only the pack in flight (one unit's) is whole. Under bf16/fp16 the pack is fp32,
+so the step's sum never rounds (master.py's ``Fp32Accumulation`` is left to the late
+gradients). Parameters whose gradient is still partial when backward ends (dp.py, Note
+[late gradients]: sequence-parallel replicated ones, a stage's tied embedding copy) keep
+accumulating in ``.grad`` (fp32 sums under bf16: ``Fp32Accumulation``); a unit holding
+some is reduced pass by pass but for its last pass, whose gradients wait in ``.grad``
+with the late ones until the trainer has summed those, and go in one reduce-scatter at
+the step's end: M reduce-scatters a step, as every unit's, the last pass's gradient
+whole until then (under sp every block holds a norm: FSDP2 sums such gradients over tp
+inside backward, DTensor's Partial; parc's trainer after it). A unit mostly late (a
+stage's tied embedding copy) waits whole, as does what a partial pass left (a parameter
+that got no gradient in some pass). HSDP (``zero_shard = node``): the shards are summed over the replicas once a
+step, one all-reduce of ``self.grad`` across nodes after the last drain (as FSDP2's
+``set_requires_all_reduce(False)`` on all but the last micro-batch): the sum is linear,
+so once is exact, and it is the slow link's traffic that it divides by the micro-batches.
+No switch keeps the old once-a-step reduce-scatter: that trade (Ψ of gradients held
+across micro-batches for M× fewer reduce-scatters) is ``zero = 2``'s, which the planner
+already weighs against ZeRO-3. The AdamW arithmetic and the global norm are
+``zero.adamw_`` and ``zero.clip_global_norm_``.
 """
 
 from __future__ import annotations
@@ -159,9 +179,11 @@ class FullyShardedAdamW:
             "exp_avg": torch.zeros_like(self.flat),
             "exp_avg_sq": torch.zeros_like(self.flat),
         }
-        self.grad, self._inflight, self._reduced = None, None, set()
-        # master.py, Note [fp32 accumulation]: before this optimizer's own gradient hooks
-        self.accumulation = Fp32Accumulation([p for unit in self.units for p in unit.params], self.accumulations)
+        self.grad, self._inflight = None, None
+        # master.py, Note [fp32 accumulation], for the late gradients only (Note [gradients
+        # of a unit]): before this optimizer's own gradient hooks
+        late = [p for unit in self.units for p, early in zip(unit.params, unit.early) if not early]
+        self.accumulation = Fp32Accumulation(late, self.accumulations)
         self._peak = self.gathered_peak_bytes = 0  # this step's, and the last step's
         self._hook(chunks)
         if compute_dtype is not None:
@@ -246,22 +268,22 @@ class FullyShardedAdamW:
         unit.pending = len(unit.params)  # this backward pass is done with the unit
         unit.passes += 1
         unit.free()
-        if unit.passes == self.accumulations and not unit.late:
-            self._launch(unit)  # Note [gradients of a unit]
+        if any(unit.early) and not (unit.late and unit.passes == self.accumulations):
+            self._launch(unit, late=False)  # Note [gradients of a unit]
 
     # ---- Note [gradients of a unit] -------------------------------------------------
 
     @torch.no_grad()
-    def _launch(self, unit: Unit) -> None:
+    def _launch(self, unit: Unit, *, late: bool) -> None:
+        """Pack the unit's gradients (``late``: all it still holds; else all but the late
+        ones), free them, and start their reduce-scatter."""
         self._drain()
-        if self.grad is None:
-            self.grad = torch.zeros_like(self.flat)
         packed = torch.zeros(unit.padded, dtype=torch.float32, device=self.flat.device)
         at = 0
-        for p in unit.params:
-            if p.grad is not None:
+        for p, early in zip(unit.params, unit.early):
+            if p.grad is not None and (late or early):
                 packed[at : at + p.numel()].copy_(p.grad.reshape(-1))
-            p.grad = None  # the packed copy replaces it
+                p.grad = None  # the packed copy replaces it
             at += p.numel()
         work, mine = None, packed
         if unit.size > 1:
@@ -273,8 +295,13 @@ class FullyShardedAdamW:
             work = dist.all_reduce(packed, group=unit.group, async_op=True)
             rank = group_rank(unit.group)
             mine = packed[rank * unit.shard_numel : (rank + 1) * unit.shard_numel]
-        self._reduced.add(unit.name)
         self._inflight = (unit, mine, work)
+
+    def _accumulator(self) -> torch.Tensor:
+        """This step's fp32 gradient shards (Note [gradients of a unit]), zero at first."""
+        if self.grad is None:
+            self.grad = torch.zeros_like(self.flat)
+        return self.grad
 
     @torch.no_grad()
     def _drain(self) -> None:
@@ -282,14 +309,11 @@ class FullyShardedAdamW:
             return
         unit, mine, work = self._inflight
         self._inflight = None
-        with exposed():
-            if work is not None:
+        if work is not None:
+            with exposed():
                 work.wait()
-            if group_size(self.replicate_group) > 1:  # HSDP: the other nodes' copies
-                comm_bytes.add("dp", mine)
-                dist.all_reduce(mine, group=self.replicate_group)
         mine.div_(unit.divisor)  # dp (× replicas); experts: the dp ranks whose mean loss it is
-        self.grad[unit.offset : unit.offset + unit.shard_numel].copy_(mine)
+        self._accumulator()[unit.offset : unit.offset + unit.shard_numel].add_(mine)
 
     @torch.no_grad()
     def reduce_gradients_and_clip(self, max_norm: float, grad_scale: float = 1.0) -> float:
@@ -297,12 +321,15 @@ class FullyShardedAdamW:
         ``max_norm``; returns the global norm (``zero.clip_global_norm_``)."""
         for unit in self.units:
             unit.free()
-            if unit.name not in self._reduced:
-                self._launch(unit)  # late gradients, or parameters that got none
-        self._drain()
-        for unit in self.units:
+            if unit.late or unit.pending != len(unit.params):
+                self._launch(unit, late=True)  # late gradients, or what a partial pass left
             unit.pending, unit.passes = len(unit.params), 0
-        self._reduced = set()
+        self._drain()
+        self._accumulator()
+        if group_size(self.replicate_group) > 1:  # HSDP: the other nodes' copies, once a step
+            comm_bytes.add("dp", self.grad)
+            with exposed():
+                dist.all_reduce(self.grad, group=self.replicate_group)
         self.gathered_peak_bytes, self._peak = self._peak, 0
         if self.layouts is not None:
             return self._stage_clip(max_norm, grad_scale)

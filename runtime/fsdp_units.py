@@ -82,7 +82,12 @@ class Unit:
         self.shard_numel = -(-self.numel // self.size)
         self.padded = self.shard_numel * self.size
         self.offset = offset  # where this unit's shard sits in the optimizer's flat shards
-        self.late = any(finished_after_backward(p) for p in params)
+        # fsdp.py, Note [gradients of a unit]: which parameters' gradients are reduced pass by
+        # pass; a unit mostly late (a stage's tied embedding copy) waits whole for the step's end
+        self.early = [not finished_after_backward(p) for p in params]
+        if 2 * sum(p.numel() for p, early in zip(params, self.early) if not early) > self.numel:
+            self.early = [False] * len(params)
+        self.late = not all(self.early)
         for p in params:
             if p.dtype != torch.float32:
                 raise ValueError(f"ZeRO-3 keeps fp32 parameters; got {p.dtype}")

@@ -14,7 +14,8 @@ micro-batch). The optimizer keeps the fp32 master copy of every parameter and it
 Adam moments; after each step the master values, rounded to the compute dtype, are
 written back into the parameters. Gradients arrive in the compute dtype, are summed
 over dp per ``train.grad_reduce`` (fp32: dp.py converts each bucket and divides in
-fp32, rounding once), then copied to fp32 and there unscaled (fp16's loss scale) and
+fp32; with several backwards a step it sums the step's fp32 sum and the mean stays fp32,
+Note [fp32 accumulation]), then copied to fp32 and there unscaled (fp16's loss scale) and
 clipped: the optimizer's arithmetic is all fp32. Kept in fp32 whatever the compute
 dtype: the norms' statistics and the softmax of attention (the kernels compute low-
 precision inputs in fp32, kernels/reference.py), the cross-entropy (layers.py), the
@@ -29,13 +30,24 @@ autograd would add each backward's low-precision gradient into the low-precision
 ``.grad``, rounding the running sum every time. As Megatron's ``main_grad`` and FSDP2's
 fp32 ``reduce_dtype``, each parameter's gradients are instead summed in an fp32 buffer
 of its own: a post-accumulate-grad hook moves every backward's ``.grad`` into it (and
-frees it) but the last one's, which it adds in and writes back rounded once into
-``.grad`` for the reducers (dp.py, zero.py, fsdp.py: they too read ``.grad``, and sum
-over dp in fp32). ``MasterAdamW``, ``zero.ShardedAdamW`` and ``fsdp.FullyShardedAdamW``
-set it up before registering their own hooks (hooks run in the order registered); a
-parameter gets it once; it counts the step's backwards as dp.py does, so chimera's
-stage replicas (each sees half the micro-batches) keep autograd's accumulation. Memory: 4 bytes per compute element from the first backward
-of a step to the last (the planner's ``buffers``, cost/memory.py).
+frees it). On the step's last backward the sum is handed to the reducers as it is: it
+becomes ``param.main_grad`` (fp32) and ``.grad`` is freed, and dp.py's buckets, ZeRO-1's
+slice, ZeRO-2's buckets (zero.py) and ``MasterAdamW`` read it there (``dp.gradient_of``),
+sum it over dp in fp32 and keep the mean in fp32: the step's gradient is never rounded
+to the compute dtype. Not handed over, but rounded once into ``.grad`` as before, are the
+gradients other code still sums in place in ``.grad`` after backward — the late ones
+(dp.py, Note [late gradients]: the tp sum of sequence-parallel gradients, the stages'
+tied embedding copies), the experts' (moe.py's ``reduce_expert_grads``, ZeRO's expert
+part) — and every gradient of an owner that does not ask for it (``hand_over``).
+ZeRO-3 needs neither: each pass reduce-scatters into fp32 shards (fsdp.py, Note
+[gradients of a unit]); it keeps this accumulation for its late gradients only.
+``MasterAdamW``, ``zero.ShardedAdamW`` and ``fsdp.FullyShardedAdamW`` set it up before
+registering their own hooks (hooks run in the order registered); a parameter gets it
+once; it counts the step's backwards as dp.py does, so chimera's stage replicas (each
+sees half the micro-batches) keep autograd's accumulation. Memory: 4 bytes per compute
+element from the first backward of a step to the last (the planner's ``buffers``,
+cost/memory.py), and then, handed over, the gradient itself (4 bytes, not 2: its
+``grads``) until the optimizer takes it.
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ import torch
 import torch.nn as nn
 
 from .comm import on_gradient
+from .dp import drop_gradient, finished_after_backward, gradient_of
 from .optim import build_optimizer, clip_grad_norm_
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -86,12 +99,21 @@ def compute_dtype_of(model):
     return getattr(_chunks(model)[0], "compute_dtype", None)
 
 
+def hands_over(param) -> bool:
+    """Whether the step's fp32 sum goes to the reducers as ``main_grad`` (Note [fp32
+    accumulation]): not for gradients summed in ``.grad`` after backward by others."""
+    return not finished_after_backward(param) and not getattr(param, "expert_parallel", False)
+
+
 class Fp32Accumulation:
     """Note [fp32 accumulation] for ``params`` (the low-precision ones that need a
-    gradient and have no accumulation yet), over ``accumulations`` backwards a step."""
+    gradient and have no accumulation yet), over ``accumulations`` backwards a step.
+    ``hand_over``: the owner's reducers read ``dp.gradient_of`` (``hands_over``' parameters
+    get ``main_grad``)."""
 
-    def __init__(self, params, accumulations: int):
+    def __init__(self, params, accumulations: int, *, hand_over: bool = False):
         self.accumulations = int(accumulations)
+        self.hand_over = bool(hand_over)
         self.sums: dict[int, torch.Tensor] = {}  # id(param) → this step's fp32 sum so far
         self.count: dict[int, int] = {}
         if self.accumulations < 2:
@@ -118,10 +140,13 @@ class Fp32Accumulation:
             param.grad = None
             self.count[key] = n
             return
-        if total is not None:  # the last backward of the step: the sum rounded once
+        if total is not None:  # the last backward of the step
             total.add_(grad)
-            grad.copy_(total)
             del self.sums[key]
+            if self.hand_over and hands_over(param):
+                param.main_grad, param.grad = total, None  # the fp32 sum, to the reducers
+            else:
+                grad.copy_(total)  # rounded once
         self.count[key] = 0
 
     def held_bytes(self) -> int:
@@ -136,7 +161,7 @@ class MasterAdamW:
         """``accumulations``: backwards per step (Note [fp32 accumulation])."""
         self.model_params = unique_parameters(model)
         values = to_compute_dtype(model, dtype)
-        self.accumulation = Fp32Accumulation(self.model_params, accumulations)
+        self.accumulation = Fp32Accumulation(self.model_params, accumulations, hand_over=True)
         self.masters = []
         for p, value in zip(self.model_params, values):
             master = nn.Parameter(value, requires_grad=p.requires_grad)
@@ -159,12 +184,13 @@ class MasterAdamW:
 
     @torch.no_grad()
     def unscale_and_clip(self, max_norm, *, tp_group, pp_group=None, ep_group=None, grad_scale: float = 1.0) -> float:
-        """The model's gradients (dp means, compute dtype) into the masters' fp32 ``.grad``
+        """The model's gradients (dp means; fp32 or the compute dtype) into the masters' fp32 ``.grad``
         (the model's freed), divided by ``grad_scale`` and clipped to ``max_norm`` there;
         returns the global norm (``optim.clip_grad_norm_``)."""
         for p, master in zip(self.model_params, self.masters):
-            master.grad = None if p.grad is None else p.grad.to(torch.float32)
-            p.grad = None
+            grad = gradient_of(p)  # fp32 where the step's sum was handed over (Note [fp32 accumulation])
+            master.grad = None if grad is None else grad.to(torch.float32)
+            drop_gradient(p)
         return clip_grad_norm_(self, max_norm, tp_group=tp_group, pp_group=pp_group, ep_group=ep_group,
                                grad_scale=grad_scale)
 
@@ -183,7 +209,7 @@ class MasterAdamW:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         for p in self.model_params:
-            p.grad = None
+            drop_gradient(p)
 
     def held_grad_bytes(self) -> int:
         """Bytes of the fp32 gradients the masters hold (after ``unscale_and_clip``)."""

@@ -11,7 +11,8 @@ memory model (codegen) can be checked against measurement. The definitions:
   flat buffer does not: it is not a parameter). Under ZeRO-3 the resident shards
   (fsdp.py: Σ over units of 4·⌈n_unit/s⌉, padding included: the rank holds it), and
   apart ``param_gathered_peak_bytes``, the most bytes of gathered units alive at once.
-- ``grad_bytes``: gradient bytes held when backward ends: every ``param.grad`` plus
+- ``grad_bytes``: gradient bytes held when backward ends: every ``param.grad`` (and
+  ``main_grad``, the step's fp32 sum that master.py hands to the reducers) plus
   any gradient the optimizer keeps itself (ZeRO-2's reduce-scattered slice).
 - ``optim_bytes``: every tensor of the optimizer's state (AdamW: two moments per
   element, and torch's 4-byte ``step`` tensor per parameter; ZeRO: the moments of
@@ -60,7 +61,8 @@ def param_bytes(model) -> int:
 
 
 def grad_bytes(model, optimizer=None) -> int:
-    held = sum(p.grad.numel() * p.grad.element_size() for p in _unique_params(model) if p.grad is not None)
+    held = sum(g.numel() * g.element_size() for p in _unique_params(model)
+               for g in (p.grad, getattr(p, "main_grad", None)) if g is not None)  # main_grad: master.py's fp32 sum
     kept = getattr(optimizer, "held_grad_bytes", None)
     return held + (kept() if kept is not None else 0)
 

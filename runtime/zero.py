@@ -57,7 +57,8 @@ and so every parameter, is in the compute dtype; the rank's slice has an fp32 ma
 copy (``master``) that AdamW steps, and the rounded slice is what the all-gather
 carries (half of fp32's bytes). Gradients arrive in the compute dtype and are summed
 in fp32: stage 1's buckets (dp.py, ``reduce_dtype``), stage 2's packed buckets; the
-gradient slice is fp32. Checkpoints read and write the masters
+gradient slice is fp32. With several backwards a step they sum the step's fp32 gradient
+itself, never rounded to the compute dtype (master.py, Note [fp32 accumulation]). Checkpoints read and write the masters
 (checkpoint_shards.py); master.py's Note [master weights] says what stays fp32.
 """
 
@@ -69,7 +70,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import exposed, group_rank, group_size, on_gradient
-from .dp import GradientBuckets, gradient_buckets
+from .dp import GradientBuckets, drop_gradient, gradient_buckets, gradient_of
 from .master import Fp32Accumulation, mark_compute_dtype
 from .optim import clip_to_norm_
 from .traffic import comm_bytes
@@ -163,7 +164,7 @@ class ShardedAdamW:
         self.grad = None  # this rank's gradient slice, set by reduce_gradients_and_clip
         self._grad_sync = grad_sync  # Note [compression under ZeRO]
         # master.py, Note [fp32 accumulation]: before this optimizer's own gradient hooks
-        self.accumulation = Fp32Accumulation(self.params, int(accumulations))
+        self.accumulation = Fp32Accumulation(self.params, int(accumulations), hand_over=True)
         if stage == 2 and grad_sync is None:  # Note [ZeRO-2 during backward]
             self._prepare_buckets(int(accumulations), int(bucket_bytes))
         elif not owned and grad_sync is None:  # stage 1: whole gradients, all-reduced during backward
@@ -210,11 +211,12 @@ class ShardedAdamW:
         if self.grad is None:  # this step's gradient slice: all the gradient a rank keeps
             self.grad = torch.zeros(self.shard, dtype=torch.float32, device=self.flat.device)
         bucket = self.buckets[index]
+        grads = [gradient_of(p) for p, _ in bucket]  # fp32 sums where handed over (master.py)
         packed = torch.cat([  # fp32: low-precision gradients are summed in fp32 (train.grad_reduce)
-            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(torch.float32) for p, _ in bucket
+            (g if g is not None else torch.zeros_like(p)).reshape(-1).to(torch.float32) for (p, _), g in zip(bucket, grads)
         ])
         for p, _ in bucket:
-            p.grad = None  # the packed copy replaces it
+            drop_gradient(p)  # the packed copy replaces it
         work = None
         if group_size(self.dp_group) > 1:
             comm_bytes.add("dp", packed)  # Note [comm bytes] (traffic.py)
@@ -271,9 +273,10 @@ class ShardedAdamW:
         for p in self.params:
             n = p.numel()
             lo, hi = max(offset, self.lo), min(offset + n, self.hi)
-            if lo < hi and p.grad is not None:
-                grad[lo - self.lo : hi - self.lo].copy_(p.grad.reshape(-1)[lo - offset : hi - offset])
-            p.grad = None  # the slice replaces it
+            whole = gradient_of(p)  # the fp32 mean where the step's sum was handed over (master.py)
+            if lo < hi and whole is not None:
+                grad[lo - self.lo : hi - self.lo].copy_(whole.reshape(-1)[lo - offset : hi - offset])
+            drop_gradient(p)  # the slice replaces it
             offset += n
         return grad
 
@@ -368,7 +371,7 @@ class ShardedAdamW:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.grad = None
         for p in self.params:
-            p.grad = None
+            drop_gradient(p)
         if self.experts is not None:
             self.experts.zero_grad()
 

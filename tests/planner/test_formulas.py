@@ -146,3 +146,28 @@ def test_model_flops_are_the_trainers(arch):
     matmul += m.vocab * m.hidden if m.tie_embeddings else m.vocab * m.hidden - m.padded_vocab * m.hidden
     expected = 6.0 * matmul + 12.0 * m.layers * m.heads * m.head_dim * m.seq_len
     assert model_flops_per_token(spec) == flops_per_token(model.config) == expected
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_fp32_gradient_sums_by_zero_stage(zero):
+    """runtime/master.py, Note [fp32 accumulation], with bf16 parameters and 2 micro-batches
+    against 1: zero 0/1 hand the fp32 sums over as the gradients (4 bytes an element, no
+    sums beside them); zero 2 keeps them beside its buckets (4 bytes in buffers); zero 3
+    reduce-scatters every pass into its fp32 shards (runtime/fsdp.py, Note [gradients of
+    a unit]): neither."""
+    from parc.codegen.planner.cost.memory import memory
+    from parc.codegen.planner.search import fixed_layout
+    from parc.dsl import load
+
+    def row(global_batch):
+        spec = load("examples/tiny.par", ["parallel.dp=2", "parallel.tp=2", "parallel.pp=1", f"parallel.zero={zero}",
+                                          "train.precision=bf16", "train.micro_batch=1",
+                                          f"train.global_batch={global_batch}"])
+        layout = fixed_layout(spec)
+        return memory(spec, layout).per_rank[0], rank_params(spec.model, layout, 0)[0]
+
+    (one, params), (two, _) = row(2), row(4)
+    assert two.params == one.params and two.optimizer == one.optimizer
+    grads, buffers = two.grads - one.grads, two.buffers - one.buffers
+    assert (grads, buffers) == {0: (2.0 * params, 0.0), 1: (2.0 * params, 0.0), 2: (0.0, 4.0 * params),
+                                3: (0.0, 0.0)}[zero]

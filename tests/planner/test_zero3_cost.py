@@ -87,3 +87,52 @@ def test_gpt3_175b_zero3_fits_on_384_a100_with_micro_batch_4_and_full_recompute(
         assert result.fits, (accounting, result.memory)
         whole = 2.0 * total_params(spec.model)  # the model gathered in bf16
         assert result.memory.buffers < 0.15 * whole, (accounting, result.memory.buffers)
+
+
+def test_hybrid_sharding_gathers_within_a_node_and_syncs_replicas_once_a_step():
+    """``zero_shard = node`` (HSDP, Note [ZeRO-3 gathers]): each micro-batch's gathers and
+    reduce-scatters run over the 8 ranks of a node, on its links, and once a step the 48
+    replicas all-reduce the rank's fp32 gradient shard across nodes — a term that does
+    not grow with the micro-batches, where every gather of dp-wide sharding crosses the
+    network."""
+    from parc.codegen.planner.cost.comm import collective_time
+    from parc.codegen.planner.cost.layout import rank_params
+    from parc.codegen.planner.cost.time import zero3_gathers, zero3_shard_group
+
+    spec, layout = row_spec(_rows("175B")[0])  # dp 384 over 48 nodes of 8
+    hw = from_mesh(spec.mesh)
+    assert zero3_shard_group(hw, layout, by_node=True) == 8 and zero3_shard_group(hw, layout, by_node=False) == 384
+    params, _ = rank_params(spec.model, layout, 0)
+    units = spec.model.layers
+
+    def gathers(micro_batches, by_node):
+        return zero3_gathers(hw, layout, params, units, 1e-3, 2e-3, Accounting.MEGATRON, micro_batches=micro_batches,
+                             gather_element=2.0, grad_element=2.0, by_node=by_node)
+
+    sync = collective_time(hw, "all_reduce", -(-params // 8) * 2.0, size=48, stride=8)
+    per_micro_batch = gathers(2, True).total - gathers(1, True).total
+    assert gathers(1, True).total == pytest.approx(per_micro_batch + sync)  # one sync a step
+    assert gathers(2, True).exposed - gathers(1, True).exposed == pytest.approx(
+        gathers(3, True).exposed - gathers(2, True).exposed)
+    assert gathers(1, True).exposed >= sync
+    # a node's links carry the per-micro-batch traffic: far faster than dp-wide over the network
+    assert per_micro_batch < 0.5 * (gathers(2, False).total - gathers(1, False).total)
+    node = replace(spec, parallel=replace(spec.parallel, zero_shard="node"))
+    hybrid, flat = step_time(node, layout, hw, Accounting.MEGATRON), step_time(spec, layout, hw, Accounting.MEGATRON)
+    assert hybrid.exposed_comm < flat.exposed_comm
+    one_node = replace(layout, dp=8)  # one node: the shard group is the dp group, no replicas
+    assert step_time(node, one_node, hw, Accounting.MEGATRON) == step_time(spec, one_node, hw, Accounting.MEGATRON)
+
+
+def test_hybrid_sharding_holds_a_node_share_of_every_unit():
+    """Under ``zero_shard = node`` a rank keeps 1/8 of every unit (the 8 dp ranks of its
+    node), not 1/384: parameters, fp32 gradient shards and moments alike."""
+    from parc.codegen.planner.cost.layout import zero3_shard_elements
+    from parc.codegen.planner.cost.memory import memory
+
+    spec, layout = row_spec(_rows("175B")[0])
+    node = replace(spec, parallel=replace(spec.parallel, zero_shard="node"))
+    shard = zero3_shard_elements(spec.model, layout, 0, shard=8)
+    hybrid, flat = memory(node, layout).per_rank[0], memory(spec, layout).per_rank[0]
+    assert (hybrid.params, hybrid.grads, hybrid.optimizer) == (4.0 * shard, 4.0 * shard, 8.0 * shard)
+    assert hybrid.params > 40 * flat.params

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parc.runtime import master, model, optim
+from parc.runtime import dp, master, model, optim
 
 
 def _tiny(arch="gpt"):
@@ -84,20 +84,23 @@ def _accumulated_grads(accumulations: int, micro_batches: int = 4):
             p.grad = None
     for tokens in batches:  # the step as the trainer runs it
         net(tokens, tokens).backward()
-    grads = {name: p.grad.double() for name, p in params.items()}
+    grads = {name: dp.gradient_of(p).double() for name, p in params.items()}  # what the reducers read
     return grads, reference, opt
 
 
 @pytest.mark.parametrize("micro_batches", [4])
-def test_micro_batches_accumulate_in_fp32_and_round_once(micro_batches):
-    """Note [fp32 accumulation]: the bf16 gradient after several micro-batches is their
-    fp32 sum rounded once: every element within half a bf16 ulp (2^-8 relative) of the
-    exact sum (u = 2^-8), which autograd's bf16 accumulation (the old path, accumulations = 1), rounding
-    every partial sum, is not; and closer to it overall."""
+def test_micro_batches_accumulate_in_fp32_and_reach_the_reducers_unrounded(micro_batches):
+    """Note [fp32 accumulation]: after several micro-batches the reducers get the fp32 sum
+    itself (``main_grad``), within fp32's rounding of the exact sum (relative error
+    under 1e-6 overall); rounded once to bf16, as the reducers got it before, every element
+    is within half a bf16 ulp (2^-8 relative) of it, which autograd's bf16 accumulation
+    (accumulations = 1), rounding every partial sum, is not."""
     new, reference, opt = _accumulated_grads(micro_batches, micro_batches)
     old, reference_old, _ = _accumulated_grads(1, micro_batches)
     for name in reference:
         assert torch.equal(reference[name], reference_old[name])  # the same terms
+    assert all(p.grad is None and p.main_grad.dtype == torch.float32 for p in opt.model_params)
+    once = {name: g.to(torch.bfloat16).double() for name, g in new.items()}  # the old hand-over
 
     def error(grads):
         num = sum(float((grads[n] - reference[n]).pow(2).sum()) for n in reference)
@@ -107,19 +110,24 @@ def test_micro_batches_accumulate_in_fp32_and_round_once(micro_batches):
         return sum(int(((grads[n] - ref).abs() > ref.abs() * 2.0**-8).sum()) for n, ref in reference.items())
 
     elements = sum(ref.numel() for ref in reference.values())
-    print(f"\n{micro_batches} micro-batches, relative error vs the fp32-accumulated sum: fp32 accumulation "
-          f"{error(new):.3e} ({beyond_one_rounding(new)} of {elements} elements beyond one rounding), "
-          f"bf16 accumulation {error(old):.3e} ({beyond_one_rounding(old)})")
-    assert beyond_one_rounding(new) == 0 < beyond_one_rounding(old)
-    assert error(new) < error(old)
+    print(f"\n{micro_batches} micro-batches, relative error vs the exact sum: fp32 sum handed over "
+          f"{error(new):.3e}, rounded once to bf16 {error(once):.3e} ({beyond_one_rounding(once)} of {elements} "
+          f"elements beyond one rounding), bf16 accumulation {error(old):.3e} ({beyond_one_rounding(old)})")
+    assert error(new) < 1e-6 < error(once) < error(old)
+    assert beyond_one_rounding(new) == beyond_one_rounding(once) == 0 < beyond_one_rounding(old)
     assert opt.accumulation.held_bytes() == 0  # the sums live from a step's first backward to its last
+    squares = sum(float(g.pow(2).sum()) for g in new.values())
+    opt.unscale_and_clip(0.0, tp_group=None)  # the masters take the fp32 sums as they are
+    assert all(p.main_grad is None and p.grad is None for p in opt.model_params)
+    assert sum(float(m.grad.double().pow(2).sum()) for m in opt.masters) == pytest.approx(squares, rel=1e-12)
 
 
 @pytest.mark.parametrize("zero_stage", [1, 2, 3])
 def test_sharded_optimizers_accumulate_in_fp32(zero_stage):
-    """Note [fp32 accumulation] under ZeRO 1/2 (zero.ShardedAdamW) and 3
-    (fsdp.FullyShardedAdamW), one rank: the fp32 gradient each keeps after 4 bf16
-    micro-batches is within one bf16 rounding of the exact sum of their gradients."""
+    """Note [fp32 accumulation] under ZeRO 1/2 (zero.ShardedAdamW: the fp32 sums handed
+    over) and 3 (fsdp.FullyShardedAdamW: each pass reduce-scattered into fp32 shards), one
+    rank: the fp32 gradient each keeps after 4 bf16 micro-batches is the exact sum of
+    their gradients to fp32's rounding (under 1e-6 relative overall), not bf16's."""
     from parc.runtime import fsdp, zero
 
     micro_batches, hyper = 4, dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
@@ -147,10 +155,13 @@ def test_sharded_optimizers_accumulate_in_fp32(zero_stage):
     for tokens in batches:
         net(tokens, tokens).backward()
     opt.reduce_gradients_and_clip(1e6)
-    at = 0
+    at, num, den = 0, 0.0, 0.0
     for p in order:
         got = opt.grad[at : at + p.numel()].double().view(p.shape)
         ref = reference[names[id(p)]]
         assert torch.all((got - ref).abs() <= ref.abs() * 2.0**-8), names[id(p)]
+        num, den = num + float((got - ref).pow(2).sum()), den + float(ref.pow(2).sum())
         at += p.numel()
     assert at == sum(p.numel() for p in order)
+    assert (num / den) ** 0.5 < 1e-6
+    assert all(p.grad is None and getattr(p, "main_grad", None) is None for p in order)

@@ -255,23 +255,33 @@ def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_
                for layers, first, last in mine)
 
 
-def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> int:
+def zero3_shard_ranks(layout: Layout, *, by_node: bool, devices_per_node: int) -> int:
+    """Ranks a ZeRO-3 unit is sharded over: dp·cp, or under ``zero_shard = node`` (HSDP,
+    ``by_node``) those of them on one node (runtime/fsdp_units.py's ``node_groups``; tp
+    innermost, so devices_per_node / tp of them)."""
+    if not by_node:
+        return layout.shard_ranks
+    return max(1, min(layout.shard_ranks, devices_per_node // layout.tp))
+
+
+def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_layers=None, shard: int | None = None) -> int:
     """Elements pipeline rank ``rank`` keeps under ZeRO-3 (runtime/fsdp.py, Note [units]):
     Σ over its units (each block; each chunk's embeddings, final norm and head) of
-    ⌈n_unit / dp⌉, the padding included."""
+    ⌈n_unit / s⌉, the padding included; s = ``shard`` ranks (``zero3_shard_ranks``), dp·cp
+    by default."""
     desc = model_desc(model)
-    total = 0
+    total, shard = 0, layout.shard_ranks if shard is None else shard
     for (start, stop), first, last in _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers),
                                               placement_kind(layout)):
         root = desc.stage_params(layout.tp, layers=(start, start), first=first, last=last, grid=layout.grid).elements
-        total += math.ceil(root / layout.shard_ranks)
+        total += math.ceil(root / shard)
         if layout.expert_folds == 1:
             block = desc.stage_params(layout.tp, layers=(start, start + 1), first=False, last=False,
                                       grid=layout.grid).elements
-            total += (stop - start) * math.ceil(block / layout.shard_ranks)
+            total += (stop - start) * math.ceil(block / shard)
         else:  # Note [experts as units] (fsdp.py): a MoE block's dense unit over dp, its experts' over edp
             edp = expert_data_ranks(layout)
-            total += sum(math.ceil(dense / layout.shard_ranks) + math.ceil(mine / edp)
+            total += sum(math.ceil(dense / shard) + math.ceil(mine / edp)
                          for dense, mine in _block_units(model, layout.tp, layout.expert_folds)[start:stop])
     return total
 

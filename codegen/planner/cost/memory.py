@@ -12,7 +12,9 @@ trainer logs (``runtime/memory.py``). Under bf16/fp16 with fp32 master weights
 bytes an element, the optimizer 12 (master + moments; of the slice under ZeRO 1/2),
 ZeRO-2's gradient slice and ZeRO-3's shards stay fp32, gathered ZeRO-3 blocks are 2
 bytes, with more than one backward a step the gradients' fp32 sums add 4 bytes an
-element of the rank's parameters to ``buffers`` (``fp32_accumulation``), and
+element of the rank's parameters to ``buffers`` (``fp32_accumulation``; which elements:
+``fp32_sum_elements`` — zero 0/1 hand the sums over as the gradients, 4 bytes an element
+in ``grads``, ZeRO-3 reduce-scatters every pass into its fp32 shards), and
 activations (the loss's logits too) are 2 bytes with no autocast weight copies (re-measured: the parity gpt within 1.2%). In fp32: ``param_bytes`` = 4 bytes × this rank's
 elements (``rank_params``: the model description's count); ``grad_bytes`` = the same
 for zero 0/1, 4·ceil(Ψ/dp) for zero 2; ``optim_bytes`` = two fp32 moments per element
@@ -44,7 +46,7 @@ from .context import cp_saved_elements
 from .layout import (
     SETTING_NAMES, Accounting, Layout, blocks_of, expert_data_ranks, placement_kind, rank_blocks, rank_expert_params,
     rank_params,
-    sequence_parallel_params, stage_contents, zero3_shard_elements,
+    sequence_parallel_params, stage_contents, zero3_shard_elements, zero3_shard_ranks,
 )
 
 
@@ -224,6 +226,21 @@ def fp32_accumulation(spec: Spec, layout: Layout) -> bool:
     return uses_master_weights(spec) and layout.grad_accum(spec.train.global_batch) * layout.slices > 1
 
 
+def fp32_sum_elements(spec: Spec, layout: Layout, params: int, *, experts: int, late: int) -> int:
+    """Elements whose fp32 gradient sums (runtime/master.py, Note [fp32 accumulation]) are
+    ``buffers`` beyond the gradients: none without ``fp32_accumulation``; under ZeRO-3
+    only the ``late`` (sequence-parallel) ones, each pass reduce-scattering the rest into
+    the fp32 shards (runtime/fsdp.py, Note [gradients of a unit]); under ZeRO-2 all, its
+    buckets taking the sums at the last backward; under zero 0/1 the ``experts`` and the
+    ``late`` ones, the others' sums being handed over as the gradients themselves
+    (``grads``: 4 bytes an element)."""
+    if not fp32_accumulation(spec, layout):
+        return 0
+    if layout.zero >= 3:
+        return late
+    return params if layout.zero == 2 else experts + late
+
+
 def autocast_block_weights(model: ModelSpec, tp: int) -> int:
     """Note [autocast's weight copies]: under bf16 autocast every matmul casts its fp32
     weight to a bf16 copy, which autograd saves for backward: one copy per weight and per
@@ -290,18 +307,25 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
             # Partial sp gradients wait, whole, for their sum over tp when backward ends.
             grad_b += grad_element * sequence_parallel_params(model, layout, rank, stage_layers)
         if accounting is Accounting.PARC and layout.zero == 3 and layout.shard_ranks > 1:
-            shard = zero3_shard_elements(model, layout, rank, stage_layers)  # padded per unit
+            shard = zero3_shard_elements(model, layout, rank, stage_layers, zero3_shard_ranks(  # padded per unit
+                layout, by_node=spec.parallel.zero_shard == "node", devices_per_node=spec.mesh.devices_per_node))
             param_b, grad_b, optim_b = 4.0 * shard, 4.0 * shard, 8.0 * shard
         if accounting is Accounting.PARC and layout.zero == 3 and layout.shard_ranks > 1 and layout.sp and layout.tp > 1:
-            # every unit holds a sequence-parallel norm: its whole gradients wait for the tp sum
+            # every unit holds a sequence-parallel norm: its last pass's gradients wait, whole,
+            # with the partial ones for their sum over tp (runtime/fsdp.py, Note [gradients of a unit])
             grad_b += grad_element * params
+        late = sequence_parallel_params(model, layout, rank, stage_layers)
+        sums = fp32_sum_elements(spec, layout, params, experts=experts, late=late)
+        if accounting is Accounting.PARC and layout.zero <= 1 and fp32_accumulation(spec, layout):
+            grad_b += 2.0 * (params - sums)  # handed over: 4 bytes, not 2 (runtime/master.py)
         acts = activation_bytes(spec, layout, rank, accounting, stage_layers)
         rows[rank] = MemoryBreakdown(
             params=param_b,
             grads=grad_b,
             optimizer=optim_b,
             activations=acts,
-            buffers=_buffers(spec, layout, params, accounting, "full" in _rank_recompute(model, layout, rank, stage_layers)),
+            buffers=_buffers(spec, layout, params, accounting, "full" in _rank_recompute(model, layout, rank, stage_layers),
+                             fp32_sums=sums),
         )
     per_rank = tuple(rows.get(rank, rows[0]) for rank in range(layout.pp))
     peak_rank = max(range(layout.pp), key=lambda r: (per_rank[r].total, -r))
@@ -330,7 +354,9 @@ def layout_blocks(model, layout: Layout) -> int:
     return math.ceil(model.layers / layout.pp)
 
 
-def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting, full_recompute: bool) -> float:
+def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting, full_recompute: bool,
+             fp32_sums: int = 0) -> float:
+    """``fp32_sums``: ``fp32_sum_elements``."""
     model, tokens = spec.model, layout.tokens(spec.model.seq_len)
     total = 0.0
     if layout.zero >= 3 and layout.shard_ranks > 1:
@@ -342,8 +368,8 @@ def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting, fu
             total += 4.0 * params
         if layout.compress != "none":  # runtime/compress.py: the error feedback's fp32 copy of the gradients
             total += 4.0 * params
-    if accounting is Accounting.PARC and fp32_accumulation(spec, layout):
-        total += 4.0 * params  # runtime/master.py, Note [fp32 accumulation]: one fp32 sum per element
+    if accounting is Accounting.PARC:
+        total += 4.0 * fp32_sums  # runtime/master.py, Note [fp32 accumulation]
     if full_recompute:  # one block's tensors rebuilt during its backward
         element = 2.0 if accounting is Accounting.MEGATRON else 4.0
         working = parc_layer_elements(model, tp=layout.tp, sp=layout.sp, recompute="none",

@@ -31,8 +31,8 @@ per-layer layouts]; ZeRO-3 in runtime/fsdp.py as it lands). So layer i at tp t, 
 S/t, holds under ZeRO 1 its moments' slice 8·⌈n/dp_i⌉, under 2 also its gradients'
 4·⌈n/dp_i⌉, under 3 its parameters' 4·⌈n/dp_i⌉ too (``memory.model_state_bytes`` per
 layer); in time its optimizer pass streams the slice, ZeRO 1/2 add the all-gather of the
-updated slice over dp_i (exposed), ZeRO 3 reduce-scatters the gradient over dp_i and
-gathers the block for every micro-batch's forward and backward, the gather hidden behind
+updated slice over dp_i (exposed), ZeRO 3 reduce-scatters the gradient over dp_i every
+micro-batch (each behind that micro-batch's backward) and gathers the block for every micro-batch's forward and backward, the gather hidden behind
 the previous block's compute as far as it goes (exposed max(0, g − c) a pass; all of it
 when gloo runs on the compute cores). What is the rank's, not a layer's — ZeRO-2's two
 buckets in flight, ZeRO-3's gathered working set, the first gather of each pass, the
@@ -162,6 +162,8 @@ def layer_cost(spec: Spec, stage: Stage, hw: Hardware, t: int, settings: tuple, 
     dp, zero, n = layout.dp, layout.zero, block.elements
     reduce = collective_time(hw, "reduce_scatter" if zero >= 3 else "all_reduce", 4.0 * n, size=dp, stride=t)
     hidden = 0.0 if hw.comm_on_cores else backward  # the last micro-batch's backward hides it
+    if zero >= 3:  # every micro-batch's, each behind its own backward (runtime/fsdp.py, Note [gradients of a unit])
+        reduce, hidden = steps * reduce, steps * hidden
     gather = collective_time(hw, "all_gather", 4.0 * n, size=dp, stride=t) if 1 <= zero <= 2 else 0.0
     # one micro-batch's gathers of this unit (its reduce-scatter is ``reduce`` above)
     gathers = zero3_gathers(hw, layout, n, 1.0, forward, backward, Accounting.PARC, micro_batches=1,

@@ -33,8 +33,10 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   reduce-scatter; zero 3 also gathers the parameters for every micro-batch's forward
   and backward, unit by unit, the next unit's gather hidden behind this one's compute
   (Note [ZeRO-3 gathers] at ``zero3_gathers``), and reduce-scatters each unit's
-  gradient on the same link during backward (parc's: the last micro-batch's only; no
-  gather after the step), at what ZeRO-3 reaches across nodes. ``compress =
+  gradient on the same link during backward (every micro-batch, in both programs; parc
+  gathers nothing after the step), at what ZeRO-3 reaches across nodes; under
+  ``zero_shard = node`` (HSDP) within a node, the replicas' shards all-reduced across
+  nodes once a step. ``compress =
   powersgd`` replaces the reduction by its factors' all-reduces plus the
   compression's compute, both exposed (Note [powersgd cost]); ``topk`` by its two
   all-gathers and its selection (Note [topk cost]).
@@ -68,7 +70,9 @@ from .comm import collective_latency, collective_time, ring_time
 from .compress import RANK, lowrank_backprop_cost, powersgd_cost, topk_cost
 from .experts import expert_reduce, moe_block
 from .hardware import Hardware, Link, gemm_time
-from .layout import SETTING_NAMES, Accounting, Layout, expert_data_ranks, rank_expert_params, rank_params
+from .layout import (
+    SETTING_NAMES, Accounting, Layout, expert_data_ranks, rank_expert_params, rank_params, zero3_shard_ranks,
+)
 from .memory import uses_master_weights
 from .overlap import Exposure, exposed_tp
 
@@ -281,6 +285,7 @@ def step_time(
     zero3 = zero3_gathers(
         hw, layout, params, layers_per_chunk * v, forward, backward, accounting, micro_batches=micro_batches,
         gather_element=_zero3_gather_element(spec, accounting), grad_element=_zero3_grad_element(spec, accounting),
+        by_node=spec.parallel.zero_shard == "node",
     )
     if zero3 is not None:  # Note [ZeRO-3 gathers]: the reduce-scatters are among its collectives
         reduce = 0.0
@@ -296,7 +301,8 @@ def step_time(
         compression = cost.compute_s
         dp_exposed = reduce + compression + gather  # after backward, not behind it
     dp_exposed += 0.0 if zero3 is None else zero3.exposed
-    optimizer = _optimizer_time(hw, accounting, params, tensors, layout, expert_params) * slow
+    shard = zero3_shard_group(hw, layout, spec.parallel.zero_shard == "node") if layout.zero >= 3 else None
+    optimizer = _optimizer_time(hw, accounting, params, tensors, layout, expert_params, shard=shard) * slow
     world = d * layout.cp * t * p
     # the step's two scalar all-reduces: the loss over dp, the finite check over every rank
     scalars = 2 * collective_latency(hw, "all_reduce", size=min(world, hw.devices_per_node), stride=1)
@@ -426,50 +432,57 @@ class Zero3Gathers:
 
 def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, forward: float, backward: float,
                   accounting: Accounting, *, micro_batches: int, gather_element: float, grad_element: float,
-                  ) -> Zero3Gathers | None:
+                  by_node: bool = False) -> Zero3Gathers | None:
     """Note [ZeRO-3 gathers]: every micro-batch gathers each of the rank's B units (a block's
     parameters; the embeddings and head are spread over them) once for forward and once
     for backward (a full recompute's rerun finds its unit gathered): all-gathers of
-    g = Ψ_rank/B elements of ``gather_element`` bytes over dp; backward also
-    reduce-scatters each unit's gradient (``grad_element`` bytes) — every micro-batch in
-    Megatron/DeepSpeed's program, only the last one's in parc's (the others accumulate
-    into ``.grad``). Prefetch launches unit i+1's gather when unit i starts, so the link
-    carries one unit's traffic L (forward: its gather; backward: its gather and the
-    previous unit's reduce-scatter) while one unit computes (c: a block's forward, or its
-    backward with the recompute): per pass the first gather and the last reduce-scatter
-    are exposed, and each of the other B − 1 units exposes max(0, L − φ·c), φ =
-    ``hw.zero3_overlap`` the share of a block's compute that runs under a collective at
-    full speed (``zero3_link``: the link ZeRO-3's collectives cross). With gloo on the
-    CPU cores (``comm_on_cores``) nothing hides."""
+    g = Ψ_rank/B elements of ``gather_element`` bytes over the shard group; backward also
+    reduce-scatters each unit's gradient (``grad_element`` bytes), every micro-batch, as
+    Megatron/DeepSpeed's program and parc's (runtime/fsdp.py, Note [gradients of a unit]).
+    Prefetch launches unit i+1's gather when unit i starts, so the link carries one unit's
+    traffic L (forward: its gather; backward: its gather and the previous unit's
+    reduce-scatter) while one unit computes (c: a block's forward, or its backward with the
+    recompute): per pass the first gather and the last reduce-scatter are exposed, and each
+    of the other B − 1 units exposes max(0, L − φ·c), φ = ``hw.zero3_overlap`` the share of
+    a block's compute that runs under a collective at full speed (``zero3_link``: the link
+    ZeRO-3's collectives cross). ``by_node`` (``zero_shard = node``, HSDP): the shard group
+    is the dp·cp ranks of one node (``layout.zero3_shard_ranks``), so g and r cross the node's own
+    links, and once a step the replicas (one per node) all-reduce the rank's fp32 gradient
+    shard, ⌈Ψ_rank/S⌉ elements, across nodes after backward, exposed whole. With gloo on
+    the CPU cores (``comm_on_cores``) nothing hides."""
     if layout.zero < 3 or layout.shard_ranks <= 1:
         return None
     units = max(1.0, blocks)
-    g = zero3_collective(hw, layout, "all_gather", params * gather_element / units)
-    r = zero3_collective(hw, layout, "reduce_scatter", params * grad_element / units)
-    scattering = micro_batches if accounting is Accounting.MEGATRON else 1  # micro-batches that reduce-scatter
-    total = micro_batches * 2 * units * g + scattering * units * r
+    shard = zero3_shard_group(hw, layout, by_node)
+    g = zero3_collective(hw, layout, "all_gather", params * gather_element / units, size=shard)
+    r = zero3_collective(hw, layout, "reduce_scatter", params * grad_element / units, size=shard)
+    replicas = layout.shard_ranks // shard
+    sync = collective_time(hw, "all_reduce", math.ceil(params / shard) * grad_element, size=replicas,
+                           stride=shard * layout.tp) if replicas > 1 else 0.0
+    total = micro_batches * units * (2 * g + r) + sync
     if hw.comm_on_cores:
         return Zero3Gathers(total=total, exposed=total)
     phi = hw.zero3_overlap
-
-    def micro_batch(scatter: float) -> float:
-        ahead = g + (units - 1) * max(0.0, g - phi * forward)
-        back = g + (units - 1) * max(0.0, g + scatter - phi * backward) + scatter
-        return ahead + back
-
-    exposed = (micro_batches - scattering) * micro_batch(0.0) + scattering * micro_batch(r)
-    return Zero3Gathers(total=total, exposed=exposed)
+    ahead = g + (units - 1) * max(0.0, g - phi * forward)
+    back = g + (units - 1) * max(0.0, g + r - phi * backward) + r
+    return Zero3Gathers(total=total, exposed=micro_batches * (ahead + back) + sync)
 
 
-def zero3_collective(hw: Hardware, layout: Layout, kind: str, nbytes: float) -> float:
+def zero3_shard_group(hw: Hardware, layout: Layout, by_node: bool) -> int:
+    """``layout.zero3_shard_ranks`` on ``hw``'s nodes."""
+    return zero3_shard_ranks(layout, by_node=by_node, devices_per_node=hw.devices_per_node)
+
+
+def zero3_collective(hw: Hardware, layout: Layout, kind: str, nbytes: float, *, size: int | None = None) -> float:
     """Seconds of one ZeRO-3 all-gather or reduce-scatter of a unit (``nbytes`` whole)
-    over the dp group (Note [ZeRO-3 gathers]). Within a node: ``collective_time``. Across
+    over the shard group (``size`` ranks, default dp·cp; Note [ZeRO-3 gathers]). Within a
+    node: ``collective_time``. Across
     nodes each rank's share travels at ``hw.zero3_network`` × its own port's bandwidth:
     the published ZeRO-3 throughput (tests/planner/data/zero3_sc21_table2.json) shows
     the per-unit collectives of a dp group spread over nodes reach a fraction of one
     port per GPU, far from the ring's ideal of every port of the node at once
     (``comm.link_for``)."""
-    size, stride = layout.shard_ranks, layout.tp
+    size, stride = layout.shard_ranks if size is None else size, layout.tp
     if size * stride <= hw.devices_per_node or hw.comm_on_cores:
         return collective_time(hw, kind, nbytes, size=size, stride=stride)
     link = Link(bandwidth=hw.zero3_network * hw.inter.bandwidth, latency=hw.inter.latency)
@@ -477,10 +490,11 @@ def zero3_collective(hw: Hardware, layout: Layout, kind: str, nbytes: float) -> 
 
 
 def _optimizer_time(hw: Hardware, accounting: Accounting, params: int, tensors: int, layout: Layout,
-                    expert_params: int = 0) -> float:
+                    expert_params: int = 0, *, shard: int | None = None) -> float:
+    """``shard``: the ranks ZeRO shards the dense elements over (default dp·cp; HSDP's node)."""
     elements = params
     if layout.zero >= 1:  # experts split over ep are sharded over edp (runtime/zero.py)
-        elements = math.ceil((params - expert_params) / layout.shard_ranks)
+        elements = math.ceil((params - expert_params) / (shard or layout.shard_ranks))
         if expert_params:
             elements += math.ceil(expert_params / expert_data_ranks(layout))
     if accounting is Accounting.MEGATRON:
