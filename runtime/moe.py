@@ -248,7 +248,8 @@ class MoEMLP(nn.Module):
         else:
             # Note [etp counts in flight]: without ep the etp counts are known now, gathered behind the permutation
             sizes = self.launch_sizes(counts) if group_size(self.ep_group) == 1 else None
-            y = self.dispatch_and_run(self.permute(routed_in, slot_token[order]), counts, sizes)  # (kept slots, C), by expert
+            # (kept slots, C), by expert
+            y = self.dispatch_and_run(self.permute(routed_in, slot_token[order]), counts, sizes)
         if group_size(self.tp_group) > 1:  # every tp rank weighs and sums every token's rows
             y, order = gather_rows_from_group(y, self.tp_group), torch.cat(order_of)
         out = self.combine(y, slot_token[order], slot_weight[order], tokens)

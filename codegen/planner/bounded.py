@@ -4,9 +4,9 @@ without scoring every layout's time.
 Takes: a ``Spec``, ``Hardware`` and an ``Accounting``. Gives: ``bounded_search(...)`` → a
 ``SearchResult`` whose ``estimates`` are the first places of ``search.search``'s ranking
 (``complete`` False when it stops short; ``unfit``, the first places of the layouts
-that do not fit, which follow the ``fitting`` ones), and ``Incomplete``, raised by a
-reader (``why.py``, ``cli/plan.py``) that needs a place beyond them; the reader then asks
-``search.search``. Before: ``search.py``, ``cost/time.py``. After: ``cli/plan.py``.
+that do not fit, which follow the ``fitting`` ones). A reader (``why.py``, ``cli/plan.py``)
+that needs a place beyond them raises ``search.Incomplete`` and asks ``search.search``.
+Before: ``search.py``, ``cost/time.py``. After: ``cli/plan.py``.
 
 Note [the bounded search]: every candidate's memory is computed (whether it fits
 decides its group, and ``parc plan`` counts those that fit), but its step time only when
@@ -40,7 +40,7 @@ from .cost.estimate import USABLE_MEMORY, layout_memory
 from .cost.per_layer import hetero_supported
 from .cost.time import pipeline_bound
 from .search import (
-    EXACT_TOP, TIE_TOLERANCE, Incomplete, SearchResult, candidates, mixed_recompute, rank, search, tie_key,
+    EXACT_TOP, TIE_TOLERANCE, SearchResult, candidates, mixed_recompute, rank, search, tie_key,
     tie_memory_unit,
 )
 
@@ -75,9 +75,9 @@ def bounded_search(spec: Spec, hw: Hardware, accounting: Accounting = Accounting
     pool = [scored[i] for i in sorted(scored)] + extra  # the exhaustive search's order
     groups = {group: _placed([item for item in pool if item.fits == group], unit, least_left[group])
               for group in (True, False)}
-    complete = {group: len(groups[group][0]) == sum(1 for item in pool if item.fits == group)
+    complete = {group: len(groups[group]) == sum(1 for item in pool if item.fits == group)
                 and least_left[group] == math.inf for group in (True, False)}
-    fast = groups[True][0] + (groups[False][0] if complete[True] else [])
+    fast = groups[True] + (groups[False] if complete[True] else [])
     if len(fast) < EXACT_TOP + 1 and not (complete[True] and complete[False]):
         return search(spec, hw, accounting)
     head = [estimate(spec, item.layout, hw, accounting, exact=True) for item in fast[:EXACT_TOP]]
@@ -92,11 +92,11 @@ def bounded_search(spec: Spec, hw: Hardware, accounting: Accounting = Accounting
     whole = complete[True] and complete[False]
     return SearchResult(
         estimates=ranked, considered=len(layouts) + len(extra), fitting=fitting, complete=whole,
-        unfit=None if complete[True] else tuple(groups[False][0]),
+        unfit=None if complete[True] else tuple(groups[False]),
     )
 
 
-def _placed(group: list[Estimate], unit: float | None, least_left: float) -> tuple[list[Estimate], bool]:
+def _placed(group: list[Estimate], unit: float | None, least_left: float) -> list[Estimate]:
     """Note [the bounded search]: the places of ``search.rank`` over one group that are the
     exhaustive ranking's, when every layout not in ``group`` takes at least ``least_left``."""
     group = sorted(group, key=lambda item: item.time.step)
@@ -114,7 +114,7 @@ def _placed(group: list[Estimate], unit: float | None, least_left: float) -> tup
         _, index = heapq.heappop(window)
         placed[index] = True
         out.append(group[index])
-    return out, len(out) == len(group)
+    return out
 
 
 def _per_layer_applies(spec: Spec, layouts: list[Layout], accounting: Accounting) -> bool:

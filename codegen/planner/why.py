@@ -136,7 +136,7 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
         return lines
     best = fitting[0]
     index = items.index(best) + 1
-    if len(fitting) < min(2, result.fitting):
+    if not result.complete and len(fitting) < min(2, result.fitting):
         raise Incomplete
     runner = fitting[1] if len(fitting) > 1 else None
     if runner is not None:
@@ -144,7 +144,7 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
         lines.append(_compare(best, index, runner, items.index(runner) + 1, unit))
         degrees = _degrees(best)
         other = next((item for item in fitting if _degrees(item) != degrees), None)
-        if other is None and len(fitting) < result.fitting:
+        if other is None and not result.complete and len(fitting) < result.fitting:
             raise Incomplete
         if other is not None and other is not runner:
             lines.append(_compare(best, index, other, items.index(other) + 1, unit, title="against other degrees"))

@@ -12,8 +12,8 @@ optimizer state do not read the micro-batch or the recompute mode, its activatio
 the ZeRO stage, a block's compute not dp. Each such part is computed once per distinct
 value of the fields it reads (its key) and reused by every layout that shares them,
 exactly as computed (the same floating-point operations on the same inputs: a layout's
-figures are bit-identical with or without the tables; tests/planner/test_search.py
-compares the whole ranking with the tables cleared before every layout). A table
+figures are bit-identical with or without the tables; tests/planner/test_bounded.py
+compares layouts' estimates with the tables cleared before each). A table
 belongs to one owner — the objects its parts read besides the layout, compared by
 identity and held so their ``id`` is not reused — and starts empty when another owner
 asks. The key must name every field the part reads: a field left out would hand one

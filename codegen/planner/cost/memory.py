@@ -274,7 +274,8 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
     stage_layers = list(spec.parallel.stage_layers) if spec.parallel.stage_layers else None
     ranks = range(layout.pp) if stage_layers else sorted({0, layout.pp - 1})
     owner = (spec, accounting)
-    placed = (layout.tp, layout.pp, layout.chunks, layout.schedule, layout.ep, layout.etp, layout.tp_shape, layout.layer_tp)
+    placed = (layout.tp, layout.pp, layout.chunks, layout.schedule, layout.ep, layout.etp, layout.tp_shape,
+              layout.layer_tp)
     rows = {}
     for rank in ranks:
         # reads: the placement, the degrees the states split over, ZeRO, sp, compression
@@ -291,7 +292,8 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
             grads=grad_b,
             optimizer=optim_b,
             activations=acts,
-            buffers=_buffers(spec, layout, params, accounting, "full" in _rank_recompute(model, layout, rank, stage_layers)),
+            buffers=_buffers(spec, layout, params, accounting,
+                             "full" in _rank_recompute(model, layout, rank, stage_layers)),
         )
     per_rank = tuple(rows.get(rank, rows[0]) for rank in range(layout.pp))
     peak_rank = max(range(layout.pp), key=lambda r: (per_rank[r].total, -r))
