@@ -167,22 +167,38 @@ def legal(
     return next(_results(values, tuple(kinds), touching), None) is None
 
 
+def rules_of(kinds: Iterable[str]) -> tuple[Rule, ...]:
+    """The rules of ``kinds``, in ``RULES`` order (the planner memoizes ``holds`` per rule,
+    keyed on what each reads: codegen/planner/cost/estimate.py's ``buildable``)."""
+    return _selected(tuple(kinds), None)
+
+
+def holds(values: Mapping[str, object], entry: Rule) -> bool:
+    """``entry`` is not violated (skipped, so holding, while a value it requires is unknown)."""
+    result = _run(entry, values)
+    return result is None or result == ()
+
+
 def _results(values: Mapping[str, object], kinds: tuple, touching: Iterable[str] | None):
     """(rule, what it returned) for each rule that ran and failed."""
-    get = values.get
     for entry in _selected(kinds, None if touching is None else tuple(touching)):
-        args = {}
-        for name in entry.needs:
-            value = get(name) if name != "padded_vocab" else _padded_vocab(values)
-            if value is None:
-                break
-            args[name] = value
-        else:
-            for name in entry.optional:
-                args[name] = get(name) if name != "padded_vocab" else _padded_vocab(values)
-            result = entry.check(**args)
-            if result is not None and result != ():
-                yield entry, result
+        result = _run(entry, values)
+        if result is not None and result != ():
+            yield entry, result
+
+
+def _run(entry: Rule, values: Mapping[str, object]):
+    """What ``entry``'s check returns for ``values``; None when a value it requires is unknown."""
+    get = values.get
+    args = {}
+    for name in entry.needs:
+        value = get(name) if name != "padded_vocab" else _padded_vocab(values)
+        if value is None:
+            return None
+        args[name] = value
+    for name in entry.optional:
+        args[name] = get(name) if name != "padded_vocab" else _padded_vocab(values)
+    return entry.check(**args)
 
 
 def _padded_vocab(values: Mapping[str, object]):

@@ -54,8 +54,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .comm import (
-    _issued, all_to_all_rows, copy_to_group, exposed, gather_rows_from_group, gather_rows_summed, group_rank,
-    group_size, reduce_from_group, scatter_rows_summed,
+    Pending, all_to_all_rows, copy_to_group, exposed, gather_rows_from_group, gather_rows_summed, group_rank,
+    group_size, launch_all_gather, reduce_from_group, scatter_rows_summed,
 )
 from .zero import mean_of_group
 
@@ -246,7 +246,10 @@ class MoEMLP(nn.Module):
             order_of = [torch.cat(share) for share in shares]
             order = order_of[group_rank(self.tp_group)]  # y's rows: sub-batch by sub-batch
         else:
-            y = self.dispatch_and_run(self.permute(routed_in, slot_token[order]), counts)  # (kept slots, C), by expert
+            # Note [etp counts in flight]: without ep the etp counts are known now, gathered behind the permutation
+            sizes = self.launch_sizes(counts) if group_size(self.ep_group) == 1 else None
+            # (kept slots, C), by expert
+            y = self.dispatch_and_run(self.permute(routed_in, slot_token[order]), counts, sizes)
         if group_size(self.tp_group) > 1:  # every tp rank weighs and sums every token's rows
             y, order = gather_rows_from_group(y, self.tp_group), torch.cat(order_of)
         out = self.combine(y, slot_token[order], slot_weight[order], tokens)
@@ -280,21 +283,31 @@ class MoEMLP(nn.Module):
         out = torch.zeros(tokens.shape[0], y.shape[1], dtype=acc, device=y.device)
         return out.index_add_(0, index, weighted).to(y.dtype).to(tokens.dtype)
 
-    def dispatch_and_run(self, x, counts):
-        """Rows of ``x`` sorted by expert (``counts[e]`` for expert e) → their experts' outputs, same order.
+    def dispatch_and_run(self, x, counts, sizes=None):
+        """Rows of ``x`` sorted by expert (``counts[e]`` for expert e) → their experts' outputs, same order
+        (``sizes``: without ep, the etp counts' gather already started, Note [etp counts in flight]).
 
         Note [expert dispatch]: under expert parallelism rank r holds experts r·E/ep ..;
         the rows go to their experts' ranks by all-to-all (dispatch), arrive by source
         rank then local expert, are regrouped by local expert for the grouped op, and go
         back the same way (combine). Both all-to-alls are paired autograd functions."""
         if group_size(self.ep_group) == 1:
-            return self.run_local(x, counts)
+            return self.run_local(x, counts, sizes)
         plan = self.exchange_plan(counts)
+        sizes = self.launch_sizes(plan.local_counts)  # Note [etp counts in flight]: behind the dispatch
         arrived = all_to_all_rows(x, self.ep_group, plan.send, plan.receive)  # dispatch: by source, then expert
-        y = self.run_local(arrived[plan.regroup], plan.local_counts)
+        y = self.run_local(arrived[plan.regroup], plan.local_counts, sizes)
         return all_to_all_rows(y[plan.back], self.ep_group, plan.receive, plan.send)  # combine
 
-    def run_local(self, x, counts):
+    def launch_sizes(self, counts) -> Pending | None:
+        """Start gathering every etp rank's per-local-expert ``counts`` (a (splits, local)
+        stack for sub-batches, else (local,)): ``run_local`` waits for them (Note [etp counts
+        in flight]); None without etp."""
+        if group_size(self.etp_group) == 1:
+            return None
+        return launch_all_gather(counts.reshape(-1, counts.shape[-1]), self.etp_group, 0)
+
+    def run_local(self, x, counts, sizes: Pending | torch.Tensor | None = None):
         """Rows sorted by local expert (``counts[e]`` for local expert e) → their outputs.
 
         Note [expert tensor parallelism]: under etp > 1 (Megatron-Core's expert tensor
@@ -304,14 +317,21 @@ class MoEMLP(nn.Module):
         local expert, run their slices, and reduce-scatter the partial outputs back to
         the ranks the rows came from (summed over etp, as a row-parallel projection's
         outputs are). Backward swaps the two: the input gradient is summed over etp
-        and scattered, the output gradient gathered."""
+        and scattered, the output gradient gathered.
+
+        Note [etp counts in flight]: the gather needs every etp rank's row counts, which
+        each rank knows only once its rows are routed (after the ep dispatch's count
+        exchange). ``launch_sizes`` starts their all-gather asynchronously as soon as they
+        are known: before the dispatch all-to-all (ep > 1; it runs behind that exchange),
+        before the rows' permutation (ep = 1), and once for all k sub-batches before the
+        first dispatch (``moe_overlap.run_overlapped``). ``sizes``: that ``Pending`` (or
+        its result, the (etp rank, local expert) table); None gathers them here, blocking."""
         if group_size(self.etp_group) == 1:
             return self.run_experts(x, counts)
-        every = [torch.empty_like(counts) for _ in range(group_size(self.etp_group))]
-        _issued()
-        with exposed():
-            dist.all_gather(every, counts.contiguous(), group=self.etp_group)
-        sizes = torch.stack(every)  # (etp rank, local expert)
+        if sizes is None:
+            sizes = self.launch_sizes(counts)
+        if isinstance(sizes, Pending):
+            sizes = sizes.wait()  # (etp rank, local expert)
         rows = sizes.sum(1).tolist()
         regroup, back = expert_major(sizes)
         gathered = gather_rows_summed(x, self.etp_group, rows)  # by etp rank, then local expert

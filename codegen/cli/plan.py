@@ -26,7 +26,8 @@ from ..planner.cost.hardware import ProfileError
 from ..planner.cost.layout import total_params
 from ..errors import profile_error
 from ..planner.why import why
-from ..planner.search import SearchResult, fixed_layout, search
+from ..planner.bounded import bounded_search
+from ..planner.search import Incomplete, SearchResult, fixed_layout, search
 
 
 def register(subparsers) -> None:
@@ -54,14 +55,15 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run_plan)
 
 
-def plan(spec: Spec, accounting: Accounting = Accounting.PARC) -> SearchResult:
-    """The search result for ``spec`` (one estimate when the spec fixes the layout)."""
+def plan(spec: Spec, accounting: Accounting = Accounting.PARC, *, bounded: bool = False) -> SearchResult:
+    """The search result for ``spec`` (one estimate when the spec fixes the layout);
+    ``bounded``: its first places only, where it can stop short (Note [the bounded search])."""
     hw = hardware_for(spec)
     layout = fixed_layout(spec)
     if layout is not None:
         item = estimate_layout(spec, layout, hw, accounting)
         return SearchResult(estimates=(item,), considered=1, fitting=int(item.fits))
-    return search(spec, hw, accounting)
+    return (bounded_search if bounded else search)(spec, hw, accounting)
 
 
 # ---- text -------------------------------------------------------------------------
@@ -251,17 +253,26 @@ def run_plan(args: argparse.Namespace) -> int:
         return 1
     accounting = Accounting(args.accounting)
     try:
-        result = plan(spec, accounting)
+        result = plan(spec, accounting, bounded=args.top > 0)  # --top 0 shows every layout
     except ProfileError as exc:  # quoted at the spec's mesh.profile, as parc build does
         return report_stage_errors(Diagnostics([profile_error(spec, exc)]), args.spec, args.overrides)
     if not result.estimates:
         print(f"parc plan {spec.source}: no valid layout for this mesh and batch "
               "(check that global_batch and the mesh leave a dp·cp·tp·pp split)", file=sys.stderr)
         return 1
-    rows = result.estimates if args.top == 0 else result.estimates[: args.top]
-    if args.json:
-        json.dump(to_json(spec, result, rows, accounting), sys.stdout, indent=1, sort_keys=True)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(table(spec, result, rows, accounting))
+    try:
+        text = _output(spec, result, accounting, args)
+    except Incomplete:  # Note [the bounded search]: it stopped short of what the output reads
+        text = _output(spec, plan(spec, accounting), accounting, args)
+    sys.stdout.write(text)
     return 0
+
+
+def _output(spec: Spec, result: SearchResult, accounting, args) -> str:
+    """The table or the JSON of ``result``'s first ``--top`` layouts."""
+    rows = result.estimates if args.top == 0 else result.estimates[: args.top]
+    if len(rows) < args.top and not result.complete:
+        raise Incomplete
+    if args.json:
+        return json.dumps(to_json(spec, result, rows, accounting), indent=1, sort_keys=True) + "\n"
+    return table(spec, result, rows, accounting)

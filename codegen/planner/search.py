@@ -53,29 +53,42 @@ SCHEDULE_ORDER = {"1f1b": 0, "interleaved": 1, "gpipe": 2, "zero_bubble": 3, "ze
                   "terapipe": 6}
 
 
+class Incomplete(Exception):
+    """A reader of a bounded search's result needs a place it stopped short of
+    (``bounded.py``, Note [the bounded search]): ask ``search`` instead."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SearchResult:
     estimates: tuple[Estimate, ...]
-    """Every layout considered, best first (Note [ranking and ties])."""
+    """Every layout considered, best first (Note [ranking and ties]); a bounded search's
+    (``complete`` False): the first places of that ranking only."""
     considered: int
     fitting: int
+    complete: bool = True
+    """``estimates`` holds every layout considered."""
+    unfit: tuple[Estimate, ...] | None = None
+    """A bounded search's whose ``estimates`` stop among the layouts that fit: the first
+    places of those that do not (place ``fitting`` + i), else None."""
+
+    def first(self, test) -> Estimate | None:
+        """The first of ``estimates`` passing ``test``, or None (Incomplete: not among the places known)."""
+        found = next((item for item in self.estimates if test(item)), None)
+        if found is None and not self.complete:
+            raise Incomplete
+        return found
 
     @property
     def winner(self) -> Estimate | None:
         """The best layout ``parc build`` can generate and that fits, or None."""
-        for item in self.estimates:
-            if item.fits and item.buildable:
-                return item
-        return None
+        return self.first(lambda item: item.fits and item.buildable)
 
     @property
     def best_uniform(self) -> Estimate | None:
         """The best buildable layout that fits giving every layer the same degrees and
         settings (the baseline of a per-layer winner's gain), or None."""
-        for item in self.estimates:
-            if item.fits and item.buildable and item.layout.layer_tp is None and not item.layout.per_layer:
-                return item
-        return None
+        return self.first(lambda item: item.fits and item.buildable and item.layout.layer_tp is None
+                          and not item.layout.per_layer)
 
 
 def candidates(spec: Spec) -> list[Layout]:
@@ -232,7 +245,8 @@ def _slice_lengths(spec: Spec, layout: Layout) -> tuple[int, ...] | None:
     return lengths if keep else None
 
 
-def mixed_recompute(spec: Spec, scored: list[Estimate], hw: Hardware, accounting: Accounting) -> list[Estimate]:
+def mixed_recompute(spec: Spec, scored: list[Estimate], hw: Hardware, accounting: Accounting, *,
+                    best: float | None = None) -> list[Estimate]:
     """Note [per-layer recompute]: Korthikanti's trade, layer by layer. Where a layout
     fits with ``recompute = full`` but not with a lighter mode, the fewest full blocks
     (the first ones: under 1F1B the first stage holds the most micro-batches in
@@ -243,7 +257,8 @@ def mixed_recompute(spec: Spec, scored: list[Estimate], hw: Hardware, accounting
         return []  # the memory is unknown: every layout fits, nothing to trade
     limit = hw.memory * USABLE_MEMORY
     by_layout = {item.layout: item for item in scored}
-    best = min((item.time.step for item in scored if item.fits), default=math.inf)
+    if best is None:  # the fastest that fits (the bounded search knows it without reading every time)
+        best = min((item.time.step for item in scored if item.fits), default=math.inf)
     out = []
     for item in scored:
         layout = item.layout

@@ -19,7 +19,7 @@ from .cost import Accounting, Estimate, Hardware, estimate
 from .cost.per_layer import hetero_supported
 from .cost.layout import rank_params
 from .cost.time import compression_cost
-from .search import TIE_TOLERANCE, SearchResult, tie_memory_unit, tie_rule
+from .search import EXACT_TOP, TIE_TOLERANCE, Incomplete, SearchResult, tie_memory_unit, tie_rule
 
 KEYS = (
     ("dp", "dp"), ("cp", "cp"), ("tp", "tp"), ("pp", "pp"), ("ep", "ep"), ("sp", "sp"), ("zero", "zero"),
@@ -123,8 +123,10 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
         lines.append(f"per-layer tp {list(layer_tp)}: predicted as the coarse split tp {spec.parallel.tp} · "
                      f"dp {spec.parallel.dp} for every layer (the per-layer cost model covers one stage "
                      "or a pipeline of 1f1b or gpipe, without cp, experts or compression).")
-    fitting = [item for item in items if item.fits]
+    fitting = [item for item in items if item.fits]  # a bounded search's: the first of them (Incomplete past)
     if not fitting:
+        if not result.complete:
+            raise Incomplete
         smallest = min(items, key=lambda item: item.memory.total)
         limit = "?" if hw.memory is None else f"{hw.memory / 1e9:g} GB"
         lines.append(
@@ -134,21 +136,24 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
         return lines
     best = fitting[0]
     index = items.index(best) + 1
+    if not result.complete and len(fitting) < min(2, result.fitting):
+        raise Incomplete
     runner = fitting[1] if len(fitting) > 1 else None
     if runner is not None:
         unit = tie_memory_unit(hw)
         lines.append(_compare(best, index, runner, items.index(runner) + 1, unit))
         degrees = _degrees(best)
         other = next((item for item in fitting if _degrees(item) != degrees), None)
+        if other is None and not result.complete and len(fitting) < result.fitting:
+            raise Incomplete
         if other is not None and other is not runner:
             lines.append(_compare(best, index, other, items.index(other) + 1, unit, title="against other degrees"))
-        lines += _cp_over_tp(best, index, items, unit)
-        lines += _ep_over_replicated(best, index, items)
+        lines += _cp_over_tp(best, index, result, unit)
+        lines += _ep_over_replicated(best, index, result)
     elif result.considered > 1:
         lines.append(f"#{index} is the only layout that fits.")
-    too_big = [item for item in items if not item.fits and item.time.step < best.time.step]
-    if too_big:
-        fast = too_big[0]
+    fast = _faster_unfit(result, best)
+    if fast is not None:
         limit = "" if hw.memory is None else f" > {hw.memory / 1e9:g} GB"
         lines.append(
             f"faster but out of memory: {_describe(fast)} would save "
@@ -165,6 +170,24 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
             f"#{items.index(winner) + 1} ({_describe(winner)})."
         )
     return lines
+
+
+def _faster_unfit(result: SearchResult, best: Estimate) -> Estimate | None:
+    """The first layout in the ranking that does not fit and is faster than ``best``, or None.
+    A bounded search's places stop somewhere: a layout placed after one of step time t
+    takes at least t / (1 + TIE_TOLERANCE) (Note [ranking and ties]), so once the places
+    reach best · (1 + TIE_TOLERANCE) none can follow (else Incomplete)."""
+    unfit = result.unfit if result.unfit is not None else [item for item in result.estimates if not item.fits]
+    if result.complete:
+        return next((item for item in unfit if item.time.step < best.time.step), None)
+    if result.unfit is None and result.fitting < EXACT_TOP:
+        raise Incomplete  # some of them were re-scored exactly (search.py): the bound below is the fast ranking's
+    for item in unfit:
+        if item.time.step < best.time.step:
+            return item
+        if item.time.step >= best.time.step * (1 + TIE_TOLERANCE):
+            return None
+    raise Incomplete
 
 
 def _per_layer_gain(best: Estimate, index: int, result: SearchResult) -> list[str]:
@@ -231,12 +254,13 @@ def _degrees(item: Estimate) -> tuple[int, ...]:
     return item.layout.dp, item.layout.cp, item.layout.tp, item.layout.pp
 
 
-def _cp_over_tp(best: Estimate, index: int, items, unit: float | None) -> list[str]:
+def _cp_over_tp(best: Estimate, index: int, result: SearchResult, unit: float | None) -> list[str]:
     """What the winner's cp buys over tensor parallelism alone: the best layout with cp = 1
     (fitting or not), its step time and its activation memory per rank."""
     if best.layout.cp == 1:
         return []
-    alone = next((item for item in items if item.layout.cp == 1), None)
+    items = result.estimates
+    alone = result.first(lambda item: item.layout.cp == 1)
     if alone is None:
         return [f"cp {best.layout.cp}: no layout without cp passes the rules on this mesh."]
     j = items.index(alone) + 1
@@ -252,12 +276,13 @@ def _cp_over_tp(best: Estimate, index: int, items, unit: float | None) -> list[s
     ]
 
 
-def _ep_over_replicated(best: Estimate, index: int, items) -> list[str]:
+def _ep_over_replicated(best: Estimate, index: int, result: SearchResult) -> list[str]:
     """What the winner's ep buys over experts replicated on every rank: the best layout
     with ep = 1 (fitting or not), its step time, its memory and exposed communication."""
     if best.layout.ep == 1:
         return []
-    alone = next((item for item in items if item.layout.ep == 1), None)
+    items = result.estimates
+    alone = result.first(lambda item: item.layout.ep == 1)
     if alone is None:
         return [f"ep {best.layout.ep}: no layout with the experts replicated (ep 1) passes the rules on this mesh."]
     j = items.index(alone) + 1

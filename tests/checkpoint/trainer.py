@@ -48,6 +48,9 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     # ZeRO-3 with ep: the experts' units are sharded over edp (fsdp.py, Note [experts as units])
     "moe_ep2_dp4_zero3": ([*MOE, "parallel.dp=4", "parallel.ep=2", "parallel.zero=3"], 4),
     "moe_etp2_dp2_zero1": ([*MOE, "parallel.dp=2", "parallel.etp=2", "parallel.zero=1"], 2),
+    # context parallel with ep (moe.py, Note [MoE under context parallelism]): the ep group is
+    # the two cp ranks, each holding 2 of the 4 experts and routing its own chunk of every sequence
+    "moe_cp2_ep2": ([*MOE, "parallel.cp=2", "parallel.cp_kind=ring", "parallel.ep=2"], 2),
     # ring attention: each rank's tokens are two load-balanced chunks; the checkpoint is layout-free
     "cp2_ring": (["parallel.cp=2", "parallel.cp_kind=ring"], 2),
     # heterogeneous layout (runtime/hetero.py): block 0 tp 2 × dp 1, block 1 tp 1 × dp 2

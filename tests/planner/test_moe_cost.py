@@ -23,8 +23,9 @@ MIXTRAL = "examples/mixtral-8x7b.par"
 def fixed(ep, dp=8, tp=1, **sets):
     """Mixtral on one 8-GPU node's worth of ranks per layout choice (pp 8 to fit)."""
     extra = [f"{key}={value}" for key, value in sets.items()]
-    return load(MIXTRAL, [f"parallel.ep={ep}", f"parallel.dp={dp}", f"parallel.tp={tp}", f"parallel.pp={64 // (dp * tp)}",
-                          "parallel.zero=1", "parallel.recompute=full", "train.micro_batch=1", *extra])
+    return load(MIXTRAL, [f"parallel.ep={ep}", "parallel.etp=1", f"parallel.dp={dp}", f"parallel.tp={tp}",
+                          f"parallel.pp={64 // (dp * tp)}", "parallel.zero=1", "parallel.recompute=full",
+                          "train.micro_batch=1", *extra])
 
 
 def test_ep_auto_is_searched_among_the_divisors_of_the_experts():

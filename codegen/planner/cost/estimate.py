@@ -9,13 +9,15 @@ Before: ``cost/memory.py``, ``cost/time.py``. After: ``codegen/planner/search.py
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from parc.dsl.spec import Spec
-from parc.runtime.constraints import BUILD, legal
+from parc.runtime.constraints import BUILD, holds, rules_of
 
 from .hardware import Hardware
 from .layout import Accounting, Layout
+from .memo import shared
 from .memory import MemoryBreakdown, MemoryEstimate, memory
 from .per_layer import hetero_supported, hetero_time_memory
 from .per_stage import pipeline_time_memory
@@ -47,8 +49,32 @@ class Estimate:
 
 def buildable(spec: Spec, layout: Layout) -> bool:
     """``parc build`` can generate ``spec`` with ``layout``: no BUILD rule of
-    ``runtime/constraints.py`` fails (zero 3 is predicted, not built yet)."""
-    return legal(layout_values(spec, layout), (BUILD,))
+    ``runtime/constraints.py`` fails (zero 3 is predicted, not built yet). Each rule's
+    verdict is shared by the layouts that agree on the fields it reads (Note [planner caches])."""
+    values = []  # the layout's values, made on the first rule not yet decided for its fields
+
+    def check(entry) -> bool:
+        if not values:
+            values.append(layout_values(spec, layout))
+        return holds(values[0], entry)
+
+    for entry, names in _build_rules():
+        key = tuple(getattr(layout, name) for name in names)
+        if not shared((spec,), f"buildable.{entry.name}", key, lambda: check(entry)):
+            return False
+    return True
+
+
+@functools.cache
+def _build_rules() -> tuple:
+    """Each BUILD rule with the ``Layout`` fields it reads (``layer_dp``: dp, tp and layer_tp, its makings)."""
+    out = []
+    for entry in rules_of((BUILD,)):
+        names = {*entry.needs, *entry.optional}
+        if "layer_dp" in names:
+            names |= {"dp", "tp", "layer_tp"}
+        out.append((entry, tuple(name for name in Layout.__slots__ if name in names)))
+    return tuple(out)
 
 
 def layout_values(spec: Spec, layout: Layout) -> dict:

@@ -43,6 +43,7 @@ from parc.runtime.schedule import in_flight_bound
 
 from ...model_config import model_desc
 from .context import cp_saved_elements
+from .memo import shared
 from .layout import (
     SETTING_NAMES, Accounting, Layout, blocks_of, expert_data_ranks, placement_kind, rank_blocks, rank_expert_params,
     rank_params,
@@ -283,42 +284,28 @@ def _rank_recompute(model: ModelSpec, layout: Layout, rank: int, stage_layers=No
 
 def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC) -> MemoryEstimate:
     """Peak bytes per pipeline rank, with the breakdown (ranks 0 and pp−1 bound the others
-    under an even split, so only they are evaluated then; explicit stage_layers: all)."""
+    under an even split, so only they are evaluated then; explicit stage_layers: all).
+    Each rank's states and activations are shared by the layouts that agree on what they
+    read (Note [planner caches])."""
     model = spec.model
     stage_layers = list(spec.parallel.stage_layers) if spec.parallel.stage_layers else None
     ranks = range(layout.pp) if stage_layers else sorted({0, layout.pp - 1})
+    owner = (spec, accounting)
+    placed = (layout.tp, layout.pp, layout.chunks, layout.schedule, layout.ep, layout.etp, layout.tp_shape,
+              layout.layer_tp)
     rows = {}
     for rank in ranks:
-        params, tensors = rank_params(model, layout, rank, stage_layers)
-        low = uses_master_weights(spec)
-        param_b, grad_b, optim_b = model_state_bytes(
-            params, tensors, dp=layout.shard_ranks, zero=layout.zero, accounting=accounting, low=low
-        )
-        grad_element = 2.0 if low else 4.0  # param.grad: the parameters' dtype
-        experts = rank_expert_params(model, layout, rank, stage_layers)
-        if accounting is Accounting.PARC and experts and layout.zero in (1, 2):  # Note [experts under ZeRO]
-            shard = math.ceil((params - experts) / layout.shard_ranks) + math.ceil(experts / expert_data_ranks(layout))
-            optim_b = (12.0 if low else 8.0) * shard
-            grad_b = 4.0 * shard if layout.zero == 2 else grad_b
-        if accounting is Accounting.PARC and layout.zero == 2 and layout.shard_ranks > 1 and layout.compress != "none":
-            # the compressor needs whole gradients (runtime/zero.py, Note [compression under ZeRO])
-            grad_b += grad_element * params
-        elif accounting is Accounting.PARC and layout.zero == 2 and layout.shard_ranks > 1:
-            # Partial sp gradients wait, whole, for their sum over tp when backward ends.
-            grad_b += grad_element * sequence_parallel_params(model, layout, rank, stage_layers)
-        if accounting is Accounting.PARC and layout.zero == 3 and layout.shard_ranks > 1:
-            shard = zero3_shard_elements(model, layout, rank, stage_layers, zero3_shard_ranks(  # padded per unit
-                layout, by_node=spec.parallel.zero_shard == "node", devices_per_node=spec.mesh.devices_per_node))
-            param_b, grad_b, optim_b = 4.0 * shard, 4.0 * shard, 8.0 * shard
-        if accounting is Accounting.PARC and layout.zero == 3 and layout.shard_ranks > 1 and layout.sp and layout.tp > 1:
-            # every unit holds a sequence-parallel norm: its last pass's gradients wait, whole,
-            # with the partial ones for their sum over tp (runtime/fsdp.py, Note [gradients of a unit])
-            grad_b += grad_element * params
-        late = sequence_parallel_params(model, layout, rank, stage_layers)
-        sums = fp32_sum_elements(spec, layout, params, experts=experts, late=late)
-        if accounting is Accounting.PARC and layout.zero <= 1 and fp32_accumulation(spec, layout):
-            grad_b += 2.0 * (params - sums)  # handed over: 4 bytes, not 2 (runtime/master.py)
-        acts = activation_bytes(spec, layout, rank, accounting, stage_layers)
+        # reads: the placement, the degrees the states split over, ZeRO, sp, compression, and
+        # the backwards a step (fp32 gradient sums: fp32_sum_elements)
+        params, param_b, grad_b, optim_b, sums = shared(
+            owner, "memory.states", (rank, *placed, layout.dp, layout.cp, layout.zero, layout.sp, layout.compress,
+                                     layout.micro_batch, layout.slices),
+            lambda: _states(spec, layout, rank, stage_layers, accounting))
+        # reads: the placement, the tokens and micro-batches in flight, recompute, sp, cp
+        acts = shared(
+            owner, "memory.activations", (rank, *placed, layout.dp, layout.cp, layout.cp_kind, layout.sp,
+                                          layout.micro_batch, layout.slices, layout.recompute),
+            lambda: activation_bytes(spec, layout, rank, accounting, stage_layers))
         rows[rank] = MemoryBreakdown(
             params=param_b,
             grads=grad_b,
@@ -330,6 +317,41 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
     per_rank = tuple(rows.get(rank, rows[0]) for rank in range(layout.pp))
     peak_rank = max(range(layout.pp), key=lambda r: (per_rank[r].total, -r))
     return MemoryEstimate(per_rank=per_rank, peak_rank=peak_rank)
+
+
+def _states(spec: Spec, layout: Layout, rank: int, stage_layers, accounting: Accounting) -> tuple:
+    """(elements, parameter, gradient, optimizer bytes, fp32-sum elements) of pipeline rank ``rank`` (``memory``)."""
+    model = spec.model
+    params, tensors = rank_params(model, layout, rank, stage_layers)
+    low = uses_master_weights(spec)
+    param_b, grad_b, optim_b = model_state_bytes(
+        params, tensors, dp=layout.shard_ranks, zero=layout.zero, accounting=accounting, low=low
+    )
+    grad_element = 2.0 if low else 4.0  # param.grad: the parameters' dtype
+    experts = rank_expert_params(model, layout, rank, stage_layers)
+    if accounting is Accounting.PARC and experts and layout.zero in (1, 2):  # Note [experts under ZeRO]
+        shard = math.ceil((params - experts) / layout.shard_ranks) + math.ceil(experts / expert_data_ranks(layout))
+        optim_b = (12.0 if low else 8.0) * shard
+        grad_b = 4.0 * shard if layout.zero == 2 else grad_b
+    if accounting is Accounting.PARC and layout.zero == 2 and layout.shard_ranks > 1 and layout.compress != "none":
+        # the compressor needs whole gradients (runtime/zero.py, Note [compression under ZeRO])
+        grad_b += grad_element * params
+    elif accounting is Accounting.PARC and layout.zero == 2 and layout.shard_ranks > 1:
+        # Partial sp gradients wait, whole, for their sum over tp when backward ends.
+        grad_b += grad_element * sequence_parallel_params(model, layout, rank, stage_layers)
+    if accounting is Accounting.PARC and layout.zero == 3 and layout.shard_ranks > 1:
+        shard = zero3_shard_elements(model, layout, rank, stage_layers, zero3_shard_ranks(  # padded per unit
+            layout, by_node=spec.parallel.zero_shard == "node", devices_per_node=spec.mesh.devices_per_node))
+        param_b, grad_b, optim_b = 4.0 * shard, 4.0 * shard, 8.0 * shard
+    if accounting is Accounting.PARC and layout.zero == 3 and layout.shard_ranks > 1 and layout.sp and layout.tp > 1:
+        # every unit holds a sequence-parallel norm: its last pass's gradients wait, whole,
+        # with the partial ones for their sum over tp (runtime/fsdp.py, Note [gradients of a unit])
+        grad_b += grad_element * params
+    late = sequence_parallel_params(model, layout, rank, stage_layers)
+    sums = fp32_sum_elements(spec, layout, params, experts=experts, late=late)
+    if accounting is Accounting.PARC and layout.zero <= 1 and fp32_accumulation(spec, layout):
+        grad_b += 2.0 * (params - sums)  # handed over: 4 bytes, not 2 (runtime/master.py)
+    return params, param_b, grad_b, optim_b, sums
 
 
 def zero3_working_set(spec: Spec, layout: Layout, params: int, accounting: Accounting) -> float:

@@ -70,6 +70,7 @@ from .comm import collective_latency, collective_time, ring_time
 from .compress import RANK, lowrank_backprop_cost, powersgd_cost, topk_cost
 from .experts import expert_reduce, moe_block
 from .hardware import Hardware, Link, gemm_time
+from .memo import shared
 from .layout import (
     SETTING_NAMES, Accounting, Layout, expert_data_ranks, rank_expert_params, rank_params, zero3_shard_ranks,
 )
@@ -203,6 +204,90 @@ def step_time(
     """Note [the time model]. ``exact``: the bubble from the simulated schedule (else closed form)."""
     m = spec.model
     t, d, p, v = layout.tp, layout.dp, layout.pp, layout.chunks
+    (micro_batches, layers_per_chunk, passes, forward, backward, tp_forward, tp_backward, exposed_forward,
+     exposed_backward, ep_moved, head_forward, head_comm, span, busy_layers, p2p, pipeline) = _shared_pipeline(
+        spec, layout, hw, accounting, exact)
+    slow = hw.contention  # ranks sharing a CPU core
+
+    # ---- data parallel and the optimizer ----------------------------------------
+    # reads: the placement, the degrees the gradients reduce over, ZeRO (Note [planner caches])
+    params, tensors, expert_params, reduce, gather = shared(
+        (spec, hw, accounting), "time.reduction",
+        (t, p, v, layout.schedule, d, layout.cp, layout.zero, layout.ep, layout.etp, layout.tp_shape, layout.layer_tp),
+        lambda: _reduction(spec, layout, hw, accounting))
+    reducing = d * layout.cp  # replicated parameters' gradients average over dp × cp
+    zero3 = zero3_gathers(
+        hw, layout, params, layers_per_chunk * v, forward, backward, accounting, micro_batches=micro_batches,
+        gather_element=_zero3_gather_element(spec, accounting), grad_element=_zero3_grad_element(spec, accounting),
+        by_node=spec.parallel.zero_shard == "node",
+    )
+    if zero3 is not None:  # Note [ZeRO-3 gathers]: the reduce-scatters are among its collectives
+        reduce = 0.0
+    dp_comm = reduce + gather + (0.0 if zero3 is None else zero3.total)
+    last_backward = layers_per_chunk * passes * backward
+    # Megatron 2021 reduces after the flush; gloo on CPU cores takes the cores backward runs on
+    overlapped = accounting is Accounting.PARC and layout.zero <= 3 and not hw.comm_on_cores
+    dp_exposed = (max(0.0, reduce - last_backward) if overlapped else reduce) + gather
+    compression = 0.0
+    if layout.compress != "none" and reducing > 1:  # cost/compress.py, Note [powersgd cost], [topk cost]
+        cost = compression_cost(spec, layout, params, hw)
+        reduce = dp_comm = cost.comm_s
+        compression = cost.compute_s
+        dp_exposed = reduce + compression + gather  # after backward, not behind it
+    dp_exposed += 0.0 if zero3 is None else zero3.exposed
+    shard = zero3_shard_group(hw, layout, spec.parallel.zero_shard == "node") if layout.zero >= 3 else None
+    optimizer = _optimizer_time(hw, accounting, params, tensors, layout, expert_params, shard=shard) * slow
+    world = d * layout.cp * t * p
+    # the step's two scalar all-reduces: the loss over dp, the finite check over every rank
+    scalars = 2 * collective_latency(hw, "all_reduce", size=min(world, hw.devices_per_node), stride=1)
+    dp_exposed += scalars if accounting is Accounting.PARC else 0.0
+
+    step = pipeline + dp_exposed + optimizer
+    compute = micro_batches * (passes * layers_per_chunk * (forward + backward) + 3.0 * head_forward) + optimizer
+    compute += compression
+    tp_total = micro_batches * (passes * layers_per_chunk * (tp_forward + tp_backward) + head_comm)
+    exposed = (
+        micro_batches * (passes * layers_per_chunk * (exposed_forward + exposed_backward) + head_comm)
+        + dp_exposed
+    )
+    bubble = max(0.0, span - busy_layers)
+    return TimeBreakdown(
+        step=step,
+        compute=compute,
+        exposed_comm=exposed,
+        bubble=bubble,
+        tp_comm=tp_total,
+        dp_comm=dp_comm,
+        pp_comm=2 * micro_batches * v * p2p if p > 1 else 0.0,
+        ep_comm=micro_batches * v * layers_per_chunk * ep_moved,
+        model_flops=model_flops_per_token(spec) * spec.train.global_batch * m.seq_len,
+    )
+
+
+def pipeline_bound(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC) -> float:
+    """A step time the fast ``step_time`` of ``layout`` never goes below: its pipeline (the
+    blocks, head and makespan; the step adds the exposed data-parallel time and the
+    optimizer, neither negative). The bounded search (``planner/bounded.py``) scores a
+    layout in full only when this can beat what it must rank."""
+    return _shared_pipeline(spec, layout, hw, accounting, False)[-1]
+
+
+def _shared_pipeline(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, exact: bool) -> tuple:
+    """``_pipeline``, shared by the layouts that agree on every field but ZeRO and
+    compression (Note [planner caches])."""
+    return shared(
+        (spec, hw, accounting), "time.pipeline",
+        (exact, layout.tp, layout.dp, layout.pp, layout.chunks, layout.schedule, layout.sp, layout.micro_batch,
+         layout.cp, layout.cp_kind, layout.slices, layout.tp_shape, layout.layer_tp, layout.ep, layout.etp,
+         layout.recompute, layout.overlap),
+        lambda: _pipeline(spec, layout, hw, accounting, exact))
+
+
+def _pipeline(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, exact: bool) -> tuple:
+    """``step_time``'s blocks, head and pipeline: what it reads of them, before the
+    data-parallel side (neither ZeRO nor compression enters here)."""
+    m = spec.model
+    t, d, p, v = layout.tp, layout.dp, layout.pp, layout.chunks
     micro_batches = layout.grad_accum(spec.train.global_batch)
     tokens = layout.tokens(m.seq_len)  # this rank's: seq_len / cp of each sequence
     # runtime/placement.py: the model stages (chimera: p, each held twice) and the
@@ -262,8 +347,14 @@ def step_time(
     )
     busy_layers = micro_batches * passes * (chunk_forward + chunk_backward)
     pipeline = span + micro_batches * head
+    return (micro_batches, layers_per_chunk, passes, forward, backward, tp_forward, tp_backward, exposed_forward,
+            exposed_backward, ep_moved, head_forward, head_comm, span, busy_layers, p2p, pipeline)
 
-    # ---- data parallel and the optimizer ----------------------------------------
+
+def _reduction(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting) -> tuple:
+    """Pipeline rank 0's (elements, tensors, expert elements) and its gradient reduction and
+    ZeRO 1/2 gather, seconds, before ZeRO-3 or compression replace them (``step_time``)."""
+    m, t, d = spec.model, layout.tp, layout.dp
     params, tensors = rank_params(m, layout, 0)
     expert_params = rank_expert_params(m, layout, 0)  # split over ep: reduced over edp
     dense_params = params - expert_params
@@ -282,56 +373,7 @@ def step_time(
     if 1 <= layout.zero <= 2 and expert_params:  # the experts' slices gathered over edp
         gather += collective_time(hw, "all_gather", expert_params * 4.0, size=expert_data_ranks(layout),
                                   stride=layout.expert_folds)
-    zero3 = zero3_gathers(
-        hw, layout, params, layers_per_chunk * v, forward, backward, accounting, micro_batches=micro_batches,
-        gather_element=_zero3_gather_element(spec, accounting), grad_element=_zero3_grad_element(spec, accounting),
-        by_node=spec.parallel.zero_shard == "node",
-    )
-    if zero3 is not None:  # Note [ZeRO-3 gathers]: the reduce-scatters are among its collectives
-        reduce = 0.0
-    dp_comm = reduce + gather + (0.0 if zero3 is None else zero3.total)
-    last_backward = layers_per_chunk * passes * backward
-    # Megatron 2021 reduces after the flush; gloo on CPU cores takes the cores backward runs on
-    overlapped = accounting is Accounting.PARC and layout.zero <= 3 and not hw.comm_on_cores
-    dp_exposed = (max(0.0, reduce - last_backward) if overlapped else reduce) + gather
-    compression = 0.0
-    if layout.compress != "none" and reducing > 1:  # cost/compress.py, Note [powersgd cost], [topk cost]
-        cost = compression_cost(spec, layout, params, hw)
-        reduce = dp_comm = cost.comm_s
-        compression = cost.compute_s
-        dp_exposed = reduce + compression + gather  # after backward, not behind it
-    dp_exposed += 0.0 if zero3 is None else zero3.exposed
-    shard = zero3_shard_group(hw, layout, spec.parallel.zero_shard == "node") if layout.zero >= 3 else None
-    optimizer = _optimizer_time(hw, accounting, params, tensors, layout, expert_params, shard=shard) * slow
-    world = d * layout.cp * t * p
-    # the step's two scalar all-reduces: the loss over dp, the finite check over every rank
-    scalars = 2 * collective_latency(hw, "all_reduce", size=min(world, hw.devices_per_node), stride=1)
-    dp_exposed += scalars if accounting is Accounting.PARC else 0.0
-
-    step = pipeline + dp_exposed + optimizer
-    compute = micro_batches * (passes * layers_per_chunk * (forward + backward) + 3.0 * head_forward) + optimizer
-    compute += compression
-    tp_total = micro_batches * (passes * layers_per_chunk * (tp_forward + tp_backward) + head_comm)
-    exposed = (
-        micro_batches * (passes * layers_per_chunk * (exposed_forward + exposed_backward) + head_comm)
-        + dp_exposed
-    )
-    bubble = max(0.0, span - busy_layers)
-    return TimeBreakdown(
-        step=step,
-        compute=compute,
-        exposed_comm=exposed,
-        bubble=bubble,
-        tp_comm=tp_total,
-        dp_comm=dp_comm,
-        pp_comm=2 * micro_batches * v * p2p if p > 1 else 0.0,
-        ep_comm=micro_batches * v * layers_per_chunk * ep_moved,
-        model_flops=model_flops_per_token(spec) * spec.train.global_batch * m.seq_len,
-    )
-
-
-_BLOCK_MEMO: dict = {"owner": (None, None, None), "costs": {}}
-"""``block_costs`` of the last (spec, hardware, accounting), by what they read of a layout."""
+    return params, tensors, expert_params, reduce, gather
 
 
 def _shared_block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, key: tuple,
@@ -339,17 +381,11 @@ def _shared_block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Ac
     """``block_costs``, computed once for the layouts that agree on what it reads (tp, sp,
     cp, the micro-batch, slices, the tp grid, ep, etp, the block's settings, the blocks a
     chunk holds): a search's layouts differing only in dp, ZeRO, the schedule or etp's
-    neighbours share them. The spec and hardware are held, so their ``id`` is not reused."""
-    owner = _BLOCK_MEMO["owner"]
-    if owner[0] is not spec or owner[1] is not hw or owner[2] is not accounting:
-        _BLOCK_MEMO["owner"], _BLOCK_MEMO["costs"] = (spec, hw, accounting), {}
+    neighbours share them (Note [planner caches])."""
     reads = (key, layers_per_chunk, layout.tp, layout.sp, layout.micro_batch, layout.cp, layout.cp_kind,
              layout.slices, layout.tp_shape, layout.layer_tp, layout.ep, layout.etp)
-    costs = _BLOCK_MEMO["costs"].get(reads)
-    if costs is None:
-        costs = _BLOCK_MEMO["costs"][reads] = block_costs(spec, layout, hw, accounting, key,
-                                                          layers_per_chunk=layers_per_chunk)
-    return costs
+    return shared((spec, hw, accounting), "time.block", reads,
+                  lambda: block_costs(spec, layout, hw, accounting, key, layers_per_chunk=layers_per_chunk))
 
 
 def block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, key: tuple, *,
