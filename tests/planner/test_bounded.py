@@ -57,7 +57,9 @@ def test_the_bounded_search_stops_short_on_mixtral():
 
 
 def test_a_place_the_bounded_search_does_not_hold_is_asked_for_not_guessed(monkeypatch):
-    monkeypatch.setattr(bounded, "SCORED", 16)  # a few places: not the best ep 1 layout (#31) the why lines name
+    # a few places: not the best ep 1 layout (#31) the why lines name (with 32 or fewer the
+    # fastest fitting layout may be unscored, and the bounded search hands over to the whole)
+    monkeypatch.setattr(bounded, "SCORED", 64)
     spec = load(MIXTRAL)
     hw = hardware_for(spec)
     part = bounded_search(spec, hw)
