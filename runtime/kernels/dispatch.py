@@ -45,12 +45,12 @@ _FUNCTIONS: dict = {}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 EAGER_BELOW = {  # elements of one sequence's tensor (Note [eager at small shapes]), CPU
-    # rms_norm fwd+bwd, eager/parc on 2 threads: 0.09 and 0.16 at 64² and 128², 6.2 at
-    # 256² and more above (load ~17); layer_norm 0.8–1.3 at every size up to 1024²
-    "norm": 1 << 16,
-    # not measured to lose to eager at any size yet: the kernels everywhere
-    "add_norm": 0,  # the residual add fused into the norm (its eager baseline is two ops)
-    "activation": 0,  # swiglu, bias_gelu: seq_len × ffn
+    "layer_norm": 1 << 16,
+    "rms_norm": 1 << 16,
+    "add_layer_norm": 0,
+    "add_rms_norm": 0,
+    "swiglu": 0,  # seq_len × ffn
+    "bias_gelu": 0,  # seq_len × ffn
     "rotary": 0,
 }
 
@@ -69,9 +69,10 @@ def call(op, *args):
     gives the same result (Note [custom-op dispatch])."""
     if not _direct(args):
         return op(*args)
+    needs_grad = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
     if op._backward_fn is None:
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            return op(*args)
+        return op(*args) if needs_grad else op._init_fn(*args)
+    if not needs_grad:  # as the op's own autograd kernel: the body, no graph
         return op._init_fn(*args)
     function = _FUNCTIONS.get(op)
     if function is None:
@@ -89,16 +90,18 @@ def _direct(args) -> bool:
 
 
 def _as_function(op):
+    # The op's own autograd kernel (torch/_library/autograd.py) is such a Function: its
+    # forward runs the body and then setup_context. Written the same way (setup inside
+    # forward, no ``setup_context`` staticmethod), ``apply`` skips the
+    # ``inspect.signature`` bind it does on every call of a Function that has one.
     body, setup, backward = op._init_fn, op._setup_context_fn, op._backward_fn
 
     class Direct(torch.autograd.Function):
         @staticmethod
-        def forward(*args):
-            return body(*args)
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            setup(ctx, inputs, output)
+        def forward(ctx, *args):
+            output = body(*args)
+            setup(ctx, args, output)
+            return output
 
         @staticmethod
         def backward(ctx, *grads):

@@ -21,7 +21,7 @@ inline at::Tensor norm_stats_like(const at::Tensor& x) {
 // dst[c] = sum over blocks of parts[block][c], blocks in order.
 template <typename scalar_t, typename A>
 void sum_blocks(const A* parts, int64_t blocks, int64_t cols, scalar_t* dst) {
-  at::parallel_for(0, cols, 4096, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, cols, grain_for(blocks), [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       A total = 0;
       for (int64_t b = 0; b < blocks; ++b) total += parts[b * cols + c];
@@ -63,10 +63,17 @@ __attribute__((noinline)) void norm_grad_rows(
     const scalar_t *xr = X + i * C, *dyr = DY + i * C;
     scalar_t* __restrict dxr = DX + i * C;
     const A m = RMS ? A(0) : M[i], rs = R[i];
-    const A mg = RMS ? A(0) : lane_sum<A>(C, [&](int64_t j) { return A(dyr[j]) * A(W[j]); }) / A(C);
-    const A mgx = lane_sum<A>(C, [&](int64_t j) {
-      return A(dyr[j]) * A(W[j]) * ((A(xr[j]) - m) * rs);
-    }) / A(C);
+    A mg = 0, mgx = 0;  // means of g·w and of g·w·x̂ over the row, one sweep for both
+    if (RMS) {
+      mgx = lane_sum<A>(C, [&](int64_t j) { return A(dyr[j]) * A(W[j]) * (A(xr[j]) * rs); }) / A(C);
+    } else {
+      lane_sum2<A>(C, [&](int64_t j, A& gw, A& gwx) {
+        gw = A(dyr[j]) * A(W[j]);
+        gwx = gw * ((A(xr[j]) - m) * rs);
+      }, mg, mgx);
+      mg /= A(C);
+      mgx /= A(C);
+    }
     for (int64_t j = 0; j < C; ++j) {
       const A xhat = (A(xr[j]) - m) * rs, g = A(dyr[j]);
       dxr[j] = scalar_t(rs * (g * A(W[j]) - mg - xhat * mgx));
