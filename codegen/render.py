@@ -514,8 +514,8 @@ def cpu_allocator_lines(plan: Plan) -> list[str]:
     outputs] in runtime/kernels/cpu/common.h)."""
     return [
         "",
-        f"# {cite(plan.mesh.device_span)}: CPU tensors of 2 MiB and more on transparent huge pages "
-        "(fewer page faults); read at torch's first allocation, so set before it is imported",
+        f"# {cite(plan.mesh.device_span)}: torch's CPU tensors of 2 MiB and more on transparent huge pages",
+        "# (fewer page faults); torch reads this at its first allocation, so before it is imported",
         'os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")',
     ]
 
