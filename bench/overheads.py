@@ -21,7 +21,8 @@ tiny example's shapes, fp32, CPU):
   dispatch]), with eager PyTorch as a third column.
 
 - eager vs compiled at small shapes (Note [eager at small shapes]): per kind of fused
-  op and size, eager / parc of a forward and backward (above 1: the kernel pays), and a
+  op and size, eager / parc of a forward and backward (above 1: the kernel pays; the best
+  of the repeats of each, as bench/kernels.py), and a
   training step of the small Llama with the kernels everywhere (before) vs the kinds
   ``model.use_kernels`` picks at its size (after), eager PyTorch as a third column.
 
@@ -316,7 +317,8 @@ def bench_small(repeat: int) -> None:
                     for _ in range(10):
                         run(m)
                     times.append(time.perf_counter() - start)
-            cells.append(statistics.median(samples[reference]) / statistics.median(samples[ops]))
+            # the best of the repeats, as bench/kernels.py: other processes only ever add time
+            cells.append(min(samples[reference]) / min(samples[ops]))
         print(f"{name:<16}" + "".join(f"{c:>10.2f}" for c in cells) + f"{dispatch.EAGER_BELOW[name]:>14,}")
 
 

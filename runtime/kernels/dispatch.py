@@ -18,15 +18,20 @@ that are subclasses or on the meta device, and for an op without autograd when a
 gradient through it is asked for (the op raises the error that explains it).
 
 Note [eager at small shapes]: even the direct path costs a Python ``autograd.Function``
-per call, more than eager PyTorch's C++ autograd node; below some size the kernel's
-saving does not pay for it (LayerNorm forward and backward at 128×128: 60 µs direct,
-45 µs eager). ``compiled_pays(kind, elements, device)`` says, once per model
-(``model.use_kernels``), whether a kind of fused op is worth its call at the model's
-size: ``elements`` is the model's global, layout-independent size of one sequence's
-tensor for that op (seq_len × hidden, or × ffn for the activation). Local shapes
-would differ by layout (tp, sp, cp shard them) and so would the choice, and with it
-the floats: one build must pick the same path on every rank and in every layout.
-``EAGER_BELOW`` holds the measured sizes (bench/overheads.py --only small); CUDA
+per call, more than eager PyTorch's C++ autograd node: about 20 µs more per forward
+and backward on this machine (LayerNorm at 64×64: the kernels alone take 3.6 + 4.1
+µs against eager's 4.7 + 7.1, the whole step 52 µs against 32). Below some size the
+kernel's saving does not pay for it. ``compiled_pays(kind, elements, device)`` says,
+once per model (``model.use_kernels``), whether a kind of fused op is worth its call
+at the model's size: ``elements`` is the model's global, layout-independent size of
+one sequence's tensor for that op (seq_len × hidden; seq_len × the MLP's own width
+for swiglu and bias_gelu, which for the shared experts is shared_experts ·
+expert_ffn). Local shapes would differ by layout (tp, sp, cp shard them) and so would
+the choice, and with it the floats: one build must pick the same path on every rank
+and in every layout. Each kind has its own size in ``EAGER_BELOW``, the smallest
+measured size from which it beats eager (bench/overheads.py --only small, forward +
+backward, eager / parc, 1 thread as a rank of a multi-rank run has; the figures in
+the comments are from one run, load 7–8, and 2 threads gave the same choices); CUDA
 always takes the kernels (Triton, not measured here). ``PARC_KERNELS_EAGER_BELOW``
 replaces every size (0: always the kernels; the tests use it so their tiny models
 run the kernels they check).
@@ -45,13 +50,16 @@ _FUNCTIONS: dict = {}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 EAGER_BELOW = {  # elements of one sequence's tensor (Note [eager at small shapes]), CPU
-    "layer_norm": 1 << 16,
-    "rms_norm": 1 << 16,
-    "add_layer_norm": 0,
-    "add_rms_norm": 0,
-    "swiglu": 0,  # seq_len × ffn
-    "bias_gelu": 0,  # seq_len × ffn
-    "rotary": 0,
+    # eager / parc at 64², 128², 256², 512², 1024²: 0.60 0.74 0.90 1.07 1.88; eager CPU
+    # LayerNorm is one fused kernel each way, and ours are faster only by less than the
+    # Function's cost until 512² (bench/kernels.py: 2.99x eager at 8192×4096)
+    "layer_norm": 1 << 18,
+    "rms_norm": 0,  # 1.54 1.97 2.89 23 18: eager RMSNorm is several ops each way
+    "add_layer_norm": 1 << 18,  # 0.68 0.81 0.98 1.26 0.93 (3.76x at 8192×4096)
+    "add_rms_norm": 0,  # 1.35 1.67 2.37 10 10
+    "swiglu": 1 << 16,  # seq_len × width: 0.75 0.86 1.12 1.25 3.24
+    "bias_gelu": 1 << 14,  # seq_len × width: 0.95 1.44 2.29 5.9 2.4
+    "rotary": 0,  # 1.91 2.21 2.38 3.77 5.73
 }
 
 
