@@ -29,9 +29,10 @@ for swiglu and bias_gelu, which for the shared experts is shared_experts ·
 expert_ffn). Local shapes would differ by layout (tp, sp, cp shard them) and so would
 the choice, and with it the floats: one build must pick the same path on every rank
 and in every layout. Each kind has its own size in ``EAGER_BELOW``, the smallest
-measured size from which it beats eager (bench/overheads.py --only small, forward +
-backward, eager / parc, 1 thread as a rank of a multi-rank run has; the figures in
-the comments are from one run, load 7–8, and 2 threads gave the same choices); CUDA
+measured size from which it clearly beats eager (bench/overheads.py --only small,
+forward + backward, eager / parc, best of 9, 1 thread as a rank of a multi-rank run
+has; the figures in the comments are from one run at load 1.8; 2 threads, at load 7,
+gave the same choices); CUDA
 always takes the kernels (Triton, not measured here). ``PARC_KERNELS_EAGER_BELOW``
 replaces every size (0: always the kernels; the tests use it so their tiny models
 run the kernels they check).
@@ -50,16 +51,17 @@ _FUNCTIONS: dict = {}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 EAGER_BELOW = {  # elements of one sequence's tensor (Note [eager at small shapes]), CPU
-    # eager / parc at 64², 128², 256², 512², 1024²: 0.60 0.74 0.90 1.07 1.88; eager CPU
-    # LayerNorm is one fused kernel each way, and ours are faster only by less than the
-    # Function's cost until 512² (bench/kernels.py: 2.99x eager at 8192×4096)
-    "layer_norm": 1 << 18,
-    "rms_norm": 0,  # 1.54 1.97 2.89 23 18: eager RMSNorm is several ops each way
-    "add_layer_norm": 1 << 18,  # 0.68 0.81 0.98 1.26 0.93 (3.76x at 8192×4096)
-    "add_rms_norm": 0,  # 1.35 1.67 2.37 10 10
-    "swiglu": 1 << 16,  # seq_len × width: 0.75 0.86 1.12 1.25 3.24
-    "bias_gelu": 1 << 14,  # seq_len × width: 0.95 1.44 2.29 5.9 2.4
-    "rotary": 0,  # 1.91 2.21 2.38 3.77 5.73
+    # eager / parc at 64², 128², 256², 512², 1024²: 0.64 0.76 0.94 0.95 1.89 (512²: 1.07
+    # and 1.01 in two runs under load); eager CPU LayerNorm is one fused kernel each way,
+    # ours are faster (3.6 + 4.1 µs against 4.7 + 7.1 at 64²) by less than the Function
+    # costs until about 512² (bench/kernels.py: 2.99x eager at 8192×4096)
+    "layer_norm": 1 << 20,
+    "rms_norm": 0,  # 1.63 2.03 2.84 6.36 13.5: eager RMSNorm is several ops each way
+    "add_layer_norm": 1 << 18,  # 0.69 0.81 1.01 1.20 1.65 (3.76x at 8192×4096)
+    "add_rms_norm": 0,  # 1.41 1.67 2.31 9.94 13.1
+    "swiglu": 1 << 16,  # seq_len × width: 0.78 0.88 1.12 1.29 3.07
+    "bias_gelu": 1 << 14,  # seq_len × width: 0.95 1.48 2.39 3.10 3.73
+    "rotary": 0,  # 1.95 2.27 2.41 2.74 5.76
 }
 
 
