@@ -257,6 +257,7 @@ class MLP(nn.Module):
         super().__init__()
         self.llama = config.arch == "llama"
         bias, ffn = not self.llama, ffn or config.ffn  # ffn: the shared experts' (moe.py)
+        self.width = ffn  # global (unsharded): use_kernels decides by it
         if self.llama:
             self.gate_proj = build.linear(f"{prefix}.gate_proj", config.hidden, ffn, bias)
         self.up_proj = build.linear(f"{prefix}.up_proj", config.hidden, ffn, bias)
@@ -688,10 +689,11 @@ def use_kernels(model: nn.Module, kernels: str, device, fuse_residual: bool = Tr
 
     for module in model.modules():
         if isinstance(module, Norm):
-            module.fused = paying("norm", config.hidden if config else 0)
-            module.fused_add = paying("add_norm", config.hidden if config else 0) if fuse_residual else None
-        elif isinstance(module, MLP):
-            module.fused = paying("activation", config.ffn if config else 0)
+            norm = "rms_norm" if module.rms else "layer_norm"
+            module.fused = paying(norm, config.hidden if config else 0)
+            module.fused_add = paying(f"add_{norm}", config.hidden if config else 0) if fuse_residual else None
+        elif isinstance(module, MLP):  # a dense MLP, or the shared experts (shared_experts · expert_ffn wide)
+            module.fused = paying("swiglu" if module.llama else "bias_gelu", module.width)
         elif isinstance(module, Attention) and module.context is None:  # ring attention keeps its kernel
             module.fused = paying("rotary", config.hidden if config else 0)
         # moe.py's modules say so themselves (a dense build does not ship moe.py)

@@ -18,15 +18,21 @@ that are subclasses or on the meta device, and for an op without autograd when a
 gradient through it is asked for (the op raises the error that explains it).
 
 Note [eager at small shapes]: even the direct path costs a Python ``autograd.Function``
-per call, more than eager PyTorch's C++ autograd node; below some size the kernel's
-saving does not pay for it (LayerNorm forward and backward at 128×128: 60 µs direct,
-45 µs eager). ``compiled_pays(kind, elements, device)`` says, once per model
-(``model.use_kernels``), whether a kind of fused op is worth its call at the model's
-size: ``elements`` is the model's global, layout-independent size of one sequence's
-tensor for that op (seq_len × hidden, or × ffn for the activation). Local shapes
-would differ by layout (tp, sp, cp shard them) and so would the choice, and with it
-the floats: one build must pick the same path on every rank and in every layout.
-``EAGER_BELOW`` holds the measured sizes (bench/overheads.py --only small); CUDA
+per call, more than eager PyTorch's C++ autograd node: about 20 µs more per forward
+and backward on this machine (LayerNorm at 64×64: the kernels alone take 3.6 + 4.1
+µs against eager's 4.7 + 7.1, the whole step 52 µs against 32). Below some size the
+kernel's saving does not pay for it. ``compiled_pays(kind, elements, device)`` says,
+once per model (``model.use_kernels``), whether a kind of fused op is worth its call
+at the model's size: ``elements`` is the model's global, layout-independent size of
+one sequence's tensor for that op (seq_len × hidden; seq_len × the MLP's own width
+for swiglu and bias_gelu, which for the shared experts is shared_experts ·
+expert_ffn). Local shapes would differ by layout (tp, sp, cp shard them) and so would
+the choice, and with it the floats: one build must pick the same path on every rank
+and in every layout. Each kind has its own size in ``EAGER_BELOW``, the smallest
+measured size from which it clearly beats eager (bench/overheads.py --only small,
+forward + backward, eager / parc, best of 9, 1 thread as a rank of a multi-rank run
+has; the figures in the comments are from one run at load 1.8; 2 threads, at load 7,
+gave the same choices); CUDA
 always takes the kernels (Triton, not measured here). ``PARC_KERNELS_EAGER_BELOW``
 replaces every size (0: always the kernels; the tests use it so their tiny models
 run the kernels they check).
@@ -45,13 +51,17 @@ _FUNCTIONS: dict = {}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 EAGER_BELOW = {  # elements of one sequence's tensor (Note [eager at small shapes]), CPU
-    # rms_norm fwd+bwd, eager/parc on 2 threads: 0.09 and 0.16 at 64² and 128², 6.2 at
-    # 256² and more above (load ~17); layer_norm 0.8–1.3 at every size up to 1024²
-    "norm": 1 << 16,
-    # not measured to lose to eager at any size yet: the kernels everywhere
-    "add_norm": 0,  # the residual add fused into the norm (its eager baseline is two ops)
-    "activation": 0,  # swiglu, bias_gelu: seq_len × ffn
-    "rotary": 0,
+    # eager / parc at 64², 128², 256², 512², 1024²: 0.64 0.76 0.94 0.95 1.89 (512²: 1.07
+    # and 1.01 in two runs under load); eager CPU LayerNorm is one fused kernel each way,
+    # ours are faster (3.6 + 4.1 µs against 4.7 + 7.1 at 64²) by less than the Function
+    # costs until about 512² (bench/kernels.py: 2.99x eager at 8192×4096)
+    "layer_norm": 1 << 20,
+    "rms_norm": 0,  # 1.63 2.03 2.84 6.36 13.5: eager RMSNorm is several ops each way
+    "add_layer_norm": 1 << 18,  # 0.69 0.81 1.01 1.20 1.65 (3.76x at 8192×4096)
+    "add_rms_norm": 0,  # 1.41 1.67 2.31 9.94 13.1
+    "swiglu": 1 << 16,  # seq_len × width: 0.78 0.88 1.12 1.29 3.07
+    "bias_gelu": 1 << 14,  # seq_len × width: 0.95 1.48 2.39 3.10 3.73
+    "rotary": 0,  # 1.95 2.27 2.41 2.74 5.76
 }
 
 
@@ -69,9 +79,10 @@ def call(op, *args):
     gives the same result (Note [custom-op dispatch])."""
     if not _direct(args):
         return op(*args)
+    needs_grad = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
     if op._backward_fn is None:
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            return op(*args)
+        return op(*args) if needs_grad else op._init_fn(*args)
+    if not needs_grad:  # as the op's own autograd kernel: the body, no graph
         return op._init_fn(*args)
     function = _FUNCTIONS.get(op)
     if function is None:
@@ -89,16 +100,18 @@ def _direct(args) -> bool:
 
 
 def _as_function(op):
+    # The op's own autograd kernel (torch/_library/autograd.py) is such a Function: its
+    # forward runs the body and then setup_context. Written the same way (setup inside
+    # forward, no ``setup_context`` staticmethod), ``apply`` skips the
+    # ``inspect.signature`` bind it does on every call of a Function that has one.
     body, setup, backward = op._init_fn, op._setup_context_fn, op._backward_fn
 
     class Direct(torch.autograd.Function):
         @staticmethod
-        def forward(*args):
-            return body(*args)
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            setup(ctx, inputs, output)
+        def forward(ctx, *args):
+            output = body(*args)
+            setup(ctx, args, output)
+            return output
 
         @staticmethod
         def backward(ctx, *grads):

@@ -42,3 +42,52 @@ def test_fake_tensors_take_the_custom_op():
         x, w = torch.empty(4, 8), torch.empty(8)
         y = ops.rms_norm(x, w, 1e-5)
     assert y.shape == (4, 8)
+
+
+def _kinds_taken(config, thresholds, monkeypatch):
+    """A model built (use_kernels included) with ``thresholds`` as dispatch.EAGER_BELOW."""
+    from parc.runtime import model
+    from parc.runtime.kernels import dispatch
+
+    monkeypatch.delenv("PARC_KERNELS_EAGER_BELOW", raising=False)
+    monkeypatch.setattr(dispatch, "EAGER_BELOW", thresholds)
+    net = model.build_model(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=1, device="cpu")
+    return net
+
+
+def test_each_kind_of_op_takes_its_own_threshold(monkeypatch):
+    """Note [eager at small shapes]: LayerNorm and RMSNorm, their residual forms, SwiGLU and
+    GeLU decide apart, each from the model's global size (seq_len × hidden, × ffn)."""
+    from parc.runtime import model
+
+    seq, hidden, ffn = 8, 32, 64
+    for arch in ("gpt", "llama"):
+        config = model.ModelConfig(arch=arch, layers=1, hidden=hidden, heads=4, kv_heads=4, ffn=ffn, vocab=64,
+                                   padded_vocab=64, seq_len=seq)
+        norm, act = ("rms_norm", "swiglu") if arch == "llama" else ("layer_norm", "bias_gelu")
+        # each kind pays exactly at its size: the plain norm and the activation, not the add + norm
+        thresholds = {kind: 1 << 30 for kind in ("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm",
+                                                 "swiglu", "bias_gelu", "rotary")}
+        thresholds.update({norm: seq * hidden, act: seq * ffn})
+        net = _kinds_taken(config, thresholds, monkeypatch)
+        norms = [m for m in net.modules() if isinstance(m, model.Norm)]
+        assert norms and all(m.fused is ops and m.fused_add is None for m in norms)
+        assert all(m.fused is ops for m in net.modules() if isinstance(m, model.MLP))
+        assert all(m.fused is None for m in net.modules() if isinstance(m, model.Attention))
+        thresholds.update({norm: seq * hidden + 1, act: seq * ffn + 1, f"add_{norm}": 0})
+        net = _kinds_taken(config, thresholds, monkeypatch)
+        assert all(m.fused is None and m.fused_add is ops for m in net.modules() if isinstance(m, model.Norm))
+        assert all(m.fused is None for m in net.modules() if isinstance(m, model.MLP))
+
+
+def test_shared_experts_decide_by_their_own_width(monkeypatch):
+    """The shared experts' MLP is shared_experts · expert_ffn wide, not ffn."""
+    from parc.runtime import model
+
+    config = model.ModelConfig(arch="llama", layers=1, hidden=32, heads=4, kv_heads=4, ffn=64, vocab=64,
+                               padded_vocab=64, seq_len=8, experts=4, top_k=2, expert_ffn=16, shared_experts=2)
+    thresholds = dict.fromkeys(("layer_norm", "rms_norm", "add_layer_norm", "add_rms_norm", "bias_gelu", "rotary"), 0)
+    for below, pays in ((8 * 2 * 16, True), (8 * 2 * 16 + 1, False)):  # seq · shared_experts · expert_ffn
+        net = _kinds_taken(config, {**thresholds, "swiglu": below}, monkeypatch)
+        (shared,) = [m for m in net.modules() if isinstance(m, model.MLP)]
+        assert shared.width == 32 and (shared.fused is ops) == pays

@@ -73,7 +73,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_y, const at::Tensor& gra
   auto w = weight.contiguous().to(h_in.scalar_type());
   auto mean_c = mean.contiguous(), rstd_c = rstd.contiguous();
   auto dx = empty_output(h);
-  const int64_t rpb = rows_per_block(N), blocks = (N + rpb - 1) / rpb;
+  const int64_t rpb = rows_per_block(N, C), blocks = (N + rpb - 1) / rpb;
   auto dw = at::empty({C}, weight.options().dtype(h_in.scalar_type()));
   auto db = at::empty({C}, weight.options().dtype(h_in.scalar_type()));
   PARC_DISPATCH(h_in.scalar_type(), "parc_add_norm_bwd", [&] {
@@ -85,7 +85,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_y, const at::Tensor& gra
     const scalar_t* DH = dh.data_ptr<scalar_t>();
     const A *M = mean_c.data_ptr<A>(), *R = rstd_c.data_ptr<A>();
     scalar_t* DX = dx.data_ptr<scalar_t>();
-    at::parallel_for(0, blocks, 1, [&](int64_t bbegin, int64_t bend) {
+    at::parallel_for(0, blocks, 1, [&](int64_t bbegin, int64_t bend) {  // a block is a grain (rows_per_block)
       for (int64_t blk = bbegin; blk < bend; ++blk) {
         for (int64_t i = blk * rpb, stop = std::min(N, (blk + 1) * rpb); i < stop; ++i) {
           norm_grad_rows<scalar_t, RMS>(H, DY, W, M, R, DX, DWP + blk * C, DBP + blk * C, i, i + 1, C);

@@ -25,17 +25,32 @@ template <typename T> using acc_t = typename AccType<T>::type;
 
 constexpr int64_t kLanes = 16;
 
-// Rows per parallel task: about 64 KiB of input per task.
-inline int64_t row_grain(int64_t cols) {
-  return std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(cols, 1));
+// Note [grain of the thread pool]: at::parallel_for splits its range over the threads
+// only where the range holds more than its grain, and each task gets at least a grain.
+// Waking the pool costs a few microseconds on an idle machine and far more on a busy
+// one (a task waits for a core), more than a small tensor's whole pass: at 128 × 128 a
+// norm's forward and backward ran slower with grain 1 than eager PyTorch on one thread.
+// So every task holds at least kGrainElements elements (128 KiB of fp32), and a
+// tensor smaller than that runs on the calling thread alone.
+constexpr int64_t kGrainElements = int64_t{1} << 15;
+
+// Grain of a loop over items of `per_item` elements each.
+inline int64_t grain_for(int64_t per_item) {
+  return std::max<int64_t>(1, kGrainElements / std::max<int64_t>(per_item, 1));
 }
 
-// Rows per block when per-column sums (a weight's gradient) are reduced over rows.
-// It depends on the row count only, never on the thread count, so the sums come out
+// Rows per parallel task (Note [grain of the thread pool]).
+inline int64_t row_grain(int64_t cols) { return grain_for(cols); }
+
+// Rows per block when per-column sums (a weight's gradient) are reduced over rows: at
+// most kReduceBlocks blocks, each of at least kGrainElements elements (or all rows), so
+// one block is one task's worth (the blocks run with grain 1) and a small tensor is
+// one block, summed in one pass without a partial-sum buffer as large as itself. It
+// depends on the shape only, never on the thread count, so the sums come out
 // bit-identical however many threads run.
 constexpr int64_t kReduceBlocks = 64;
-inline int64_t rows_per_block(int64_t rows) {
-  return std::max<int64_t>(1, (rows + kReduceBlocks - 1) / kReduceBlocks);
+inline int64_t rows_per_block(int64_t rows, int64_t cols) {
+  return std::max<int64_t>({int64_t{1}, (rows + kReduceBlocks - 1) / kReduceBlocks, grain_for(cols)});
 }
 
 // Sum of f(j) for j in [0, n), with kLanes independent accumulators.

@@ -4,6 +4,10 @@
 // std::exp(float) stays scalar. exp_f32 is the Cephes range reduction + degree-6
 // polynomial (about 1 ulp on the normal range) in plain arithmetic, which gcc -O3
 // vectorizes. Doubles (gradcheck) use std::exp.
+//
+// Both are always inlined: a loop can be vectorized only if the call is inlined into
+// it, and gcc's heuristics left exp_f32 a call in swiglu_fwd (its own function, one
+// scalar call per element: 70 µs at 128 × 128 where eager silu · up takes 7 µs).
 #pragma once
 
 #include <cmath>
@@ -12,7 +16,7 @@
 
 namespace parc {
 
-inline float exp_f32(float x) {
+__attribute__((always_inline)) inline float exp_f32(float x) {
   const float hi = 88.0f, lo = -87.3365447505531f;  // 2^n stays a normal float
   const float clamped = std::min(std::max(x, lo), hi);
   const float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
@@ -32,7 +36,7 @@ inline float exp_f32(float x) {
   return x < lo ? 0.0f : (x > hi ? INFINITY : y);
 }
 
-inline float exp_acc(float x) { return exp_f32(x); }
-inline double exp_acc(double x) { return std::exp(x); }
+__attribute__((always_inline)) inline float exp_acc(float x) { return exp_f32(x); }
+__attribute__((always_inline)) inline double exp_acc(double x) { return std::exp(x); }
 
 }  // namespace parc

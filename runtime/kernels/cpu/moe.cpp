@@ -22,7 +22,7 @@ template <typename scalar_t, typename Scale>
 void scatter_rows(const scalar_t* src, const int64_t* index, int64_t rows, int64_t C, scalar_t* out,
                   int64_t N, const Scale& scale) {
   using A = acc_t<scalar_t>;
-  at::parallel_for(0, (C + kColumnBlock - 1) / kColumnBlock, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, (C + kColumnBlock - 1) / kColumnBlock, grain_for(rows * kColumnBlock), [&](int64_t begin, int64_t end) {
     std::vector<A> acc;
     for (int64_t block = begin; block < end; ++block) {
       const int64_t c0 = block * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock), w = c1 - c0;

@@ -21,7 +21,7 @@ inline at::Tensor norm_stats_like(const at::Tensor& x) {
 // dst[c] = sum over blocks of parts[block][c], blocks in order.
 template <typename scalar_t, typename A>
 void sum_blocks(const A* parts, int64_t blocks, int64_t cols, scalar_t* dst) {
-  at::parallel_for(0, cols, 4096, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, cols, grain_for(blocks), [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       A total = 0;
       for (int64_t b = 0; b < blocks; ++b) total += parts[b * cols + c];

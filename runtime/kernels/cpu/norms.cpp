@@ -43,7 +43,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& input
   auto w = weight.contiguous().to(input.scalar_type());
   auto mean_c = mean.contiguous(), rstd_c = rstd.contiguous();
   auto dx = empty_output(x);
-  const int64_t rpb = rows_per_block(N), blocks = (N + rpb - 1) / rpb;
+  const int64_t rpb = rows_per_block(N, C), blocks = (N + rpb - 1) / rpb;
   auto dw = at::empty({C}, weight.options().dtype(input.scalar_type()));
   auto db = at::empty({C}, weight.options().dtype(input.scalar_type()));
   PARC_DISPATCH(input.scalar_type(), "parc_norm_bwd", [&] {
@@ -54,7 +54,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad, const at::Tensor& input
     const scalar_t *X = x.data_ptr<scalar_t>(), *DY = dy.data_ptr<scalar_t>(), *W = w.data_ptr<scalar_t>();
     const A *M = mean_c.data_ptr<A>(), *R = rstd_c.data_ptr<A>();
     scalar_t* DX = dx.data_ptr<scalar_t>();
-    at::parallel_for(0, blocks, 1, [&](int64_t bbegin, int64_t bend) {
+    at::parallel_for(0, blocks, 1, [&](int64_t bbegin, int64_t bend) {  // a block is a grain (rows_per_block)
       for (int64_t blk = bbegin; blk < bend; ++blk) {
         norm_grad_rows<scalar_t, RMS>(X, DY, W, M, R, DX, DWP + blk * C, DBP + blk * C, blk * rpb,
                                       std::min(N, (blk + 1) * rpb), C);

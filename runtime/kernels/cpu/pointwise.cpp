@@ -71,10 +71,10 @@ std::vector<at::Tensor> bias_gelu_bwd(const at::Tensor& grad, const at::Tensor& 
         dbp[j] += g;
       }
     };
-    const int64_t rpb = rows_per_block(N), blocks = (N + rpb - 1) / rpb;
+    const int64_t rpb = rows_per_block(N, C), blocks = (N + rpb - 1) / rpb;
     auto parts = at::zeros({blocks, C}, x.options().dtype(c10::CppTypeToScalarType<A>::value));
     A* P = parts.data_ptr<A>();
-    at::parallel_for(0, blocks, 1, [&](int64_t bbegin, int64_t bend) {
+    at::parallel_for(0, blocks, 1, [&](int64_t bbegin, int64_t bend) {  // a block is a grain (rows_per_block)
       for (int64_t blk = bbegin; blk < bend; ++blk)
         for (int64_t i = blk * rpb; i < std::min(N, (blk + 1) * rpb); ++i) row(i, P + blk * C);
     });
@@ -95,7 +95,7 @@ at::Tensor swiglu_fwd(const at::Tensor& gate_in, const at::Tensor& up_in) {
     const scalar_t *G = gate.data_ptr<scalar_t>(), *U = up.data_ptr<scalar_t>();
     scalar_t* Y = y.data_ptr<scalar_t>();
     const int64_t total = N * C;
-    at::parallel_for(0, total, 1 << 14, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, total, kGrainElements, [&](int64_t begin, int64_t end) {
       const scalar_t *g = G + begin, *u = U + begin;
       scalar_t* y = Y + begin;
       for (int64_t k = 0; k < end - begin; ++k) {
@@ -118,7 +118,7 @@ std::vector<at::Tensor> swiglu_bwd(const at::Tensor& grad, const at::Tensor& gat
     const scalar_t *G = gate.data_ptr<scalar_t>(), *U = up.data_ptr<scalar_t>();
     const scalar_t* DY = dy.data_ptr<scalar_t>();
     scalar_t *DG = dgate.data_ptr<scalar_t>(), *DU = dup.data_ptr<scalar_t>();
-    at::parallel_for(0, gate.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, gate.numel(), kGrainElements, [&](int64_t begin, int64_t end) {
       const scalar_t *gp = G + begin, *up = U + begin, *dyp = DY + begin;
       scalar_t *dg = DG + begin, *du = DU + begin;
       for (int64_t k = 0; k < end - begin; ++k) {
