@@ -14,6 +14,15 @@ too: the dense parity layouts of gpt, those of llama, and every other module tha
 reads them (MoE layouts, memory, precision, compression, eval, the planner's
 measurements). A case two units read (a one-rank reference) runs once per process
 that needs it. Every other test file is a unit of its own.
+
+Note [one compile per run]: the compiled CPU kernels are built once for the whole
+run, into the one cache every process of the run reads (Note [kernel cache]:
+``$PARC_KERNEL_CACHE``, else the user's cache folder). Each pytest process loads
+them right after collection when a selected test may run them (``KERNEL_FREE``);
+with an empty cache the first process compiles and the others, and every trainer
+they launch later, wait on the cache's lock and load that build, however long it
+takes. Without this the first users would be the trainers of a parity launch,
+whose ranks would then sit through the compile inside ``batch.py``'s stall timeout.
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ SHARED = (
 PARITY_LAYOUTS = "tests/parity/test_parity.py::test_layout_matches_single_rank["
 SHARED_UNITS = ("trainers-gpt", "trainers-llama", "trainers")
 """The SHARED units, longest first (xdist hands them out in this order)."""
+KERNEL_FREE = ("tests/dsl/", "tests/test_")
+"""Test files that run no model, so never the compiled kernels (Note [one compile per run])."""
 
 
 def unit_of(nodeid: str) -> str:
@@ -63,6 +74,21 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"tests/conftest.py: add {sorted(reading - set(SHARED))} to SHARED")
     order = {unit: rank for rank, unit in enumerate(SHARED_UNITS)}
     items.sort(key=lambda item: order.get(unit_of(item.nodeid), len(order)))  # stable
+    if any(not item.nodeid.startswith(KERNEL_FREE) for item in items) and not config.option.collectonly:
+        load_kernels_once(config)
+
+
+def load_kernels_once(config) -> None:
+    """Load the compiled CPU kernels into this process, compiling them if no process
+    has yet (Note [one compile per run]); a failure is one line, and the kernel
+    tests fail on it (tests/kernels/conftest.py's ``ops``)."""
+    from parc.runtime.kernels import build
+
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"parc: loading the compiled CPU kernels from {build.cache_root()} "
+                            "(an empty cache compiles them once for the whole run: minutes)")
+    build.load_cpu()
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -1,9 +1,12 @@
-"""Shared set-up of the kernel tests: one compile of the CPU kernels per session.
+"""Shared set-up of the kernel tests: the run's one compile of the CPU kernels, and a race.
 
-The session starts two processes that load the kernels at the same time into an
-empty cache folder (the race of ranks on first use, Note [kernel cache]); the tests
-then use that folder, so the whole directory compiles once. ``first_use`` records
-what each racer saw for test_cache.py.
+``ops`` is the compiled CPU ops from the run's kernel cache, which tests/conftest.py
+filled once for the whole run (Note [one compile per run]); a compile that failed
+fails each kernel test with the one line that says why, not a traceback.
+``first_use`` is the race of ranks on first use (Note [kernel cache]) on a tiny
+extension of its own, so that it costs seconds, not a second compile of the kernels:
+two processes load it at the same moment from an empty cache folder, and it records
+what each of them saw for test_cache.py.
 """
 
 from __future__ import annotations
@@ -13,20 +16,45 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from parc.runtime.kernels import build
+
+RACE_SOURCE = r"""
+// The smallest module cpp_extension can build: no torch headers, so it compiles in a moment.
+#include <Python.h>
+#define PARC_JOIN(a, b) a##b
+#define PARC_INIT(name) PARC_JOIN(PyInit_, name)
+#define PARC_TEXT(name) PARC_QUOTE(name)
+#define PARC_QUOTE(name) #name
+static struct PyModuleDef race_module = {PyModuleDef_HEAD_INIT, PARC_TEXT(TORCH_EXTENSION_NAME), nullptr, -1, nullptr};
+PyMODINIT_FUNC PARC_INIT(TORCH_EXTENSION_NAME)(void) { return PyModule_Create(&race_module); }
+"""
+
 RACER = """
-import json, time
-from parc.runtime.kernels.build import load_cpu
-module = load_cpu()
+import json, os, sys, time
+from pathlib import Path
+from parc.runtime.kernels.build import Extension, load
+extension = Extension(name="parc_race", folder=Path(sys.argv[1]), sources=("race.cpp",), what="the race module")
+Path(sys.argv[2]).touch()  # ready; start together with the other racer
+while len(list(Path(sys.argv[2]).parent.glob("ready-*"))) < 2:
+    time.sleep(0.01)
+module = load(extension)
 print(json.dumps({"file": None if module is None else module.__file__}))
 """
+
+
+def race_extension(folder: Path) -> build.Extension:
+    """The racers' extension (RACER builds the same one)."""
+    return build.Extension(name="parc_race", folder=folder, sources=("race.cpp",), what="the race module")
 
 
 @dataclass(frozen=True)
 class FirstUse:
     cache: str
+    extension: build.Extension
     results: tuple  # (returncode, stdout json or None, stderr) per racer
 
 
@@ -37,32 +65,29 @@ def run_python(code, env_extra, timeout=600):
 
 @pytest.fixture(scope="session")
 def first_use(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("kernel-cache")
+    source = tmp_path_factory.mktemp("race-source")
+    (source / "race.cpp").write_text(RACE_SOURCE)
+    cache, barrier = tmp_path_factory.mktemp("race-cache"), tmp_path_factory.mktemp("race-barrier")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PARC_KERNEL_CACHE": str(cache)}
     racers = [
-        subprocess.Popen([sys.executable, "-c", RACER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        for _ in range(2)
+        subprocess.Popen([sys.executable, "-c", RACER, str(source), str(barrier / f"ready-{index}")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for index in range(2)
     ]
     results = []
     for racer in racers:
-        out, err = racer.communicate(timeout=900)
+        out, err = racer.communicate()  # no timeout: the loser waits on the lock as long as the compile takes
         parsed = json.loads(out.strip().splitlines()[-1]) if racer.returncode == 0 and out.strip() else None
         results.append((racer.returncode, parsed, err))
-    return FirstUse(cache=str(cache), results=tuple(results))
+    return FirstUse(cache=str(cache), extension=race_extension(source), results=tuple(results))
 
 
 @pytest.fixture(scope="session")
-def ops(first_use):
-    """The compiled ops, loaded from the session's cache folder."""
-    previous = os.environ.get("PARC_KERNEL_CACHE")
-    os.environ["PARC_KERNEL_CACHE"] = first_use.cache
+def ops():
+    """The compiled ops, loaded from the run's kernel cache (Note [one compile per run])."""
     from parc.runtime.kernels import select
 
     loaded = select("compiled", "cpu")
     if loaded is None:
-        pytest.fail("the CPU kernels did not build; see the notice above")
-    yield loaded
-    if previous is None:
-        os.environ.pop("PARC_KERNEL_CACHE", None)
-    else:
-        os.environ["PARC_KERNEL_CACHE"] = previous
+        pytest.fail(f"the CPU kernels did not build: {build.failure()}", pytrace=False)
+    return loaded

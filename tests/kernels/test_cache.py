@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from conftest import run_python
@@ -27,14 +29,16 @@ def test_two_ranks_racing_on_first_use_both_load_one_build(first_use):
     built = [r["file"] for _, r, _ in first_use.results if ".build-" in r["file"]]
     assert len(built) == 1  # one compiled, the other waited on the lock and loaded it
     cache = Path(first_use.cache)
-    assert [p.name for p in cache.glob("*/*.so")] == [f"parc_cpu_{build.cache_key()}.so"]
+    name = f"parc_race_{build.cache_key(first_use.extension)}"
+    assert [p.name for p in cache.glob("*/*.so")] == [f"{name}.so"]
+    assert [r["file"] for _, r, _ in first_use.results if ".build-" not in r["file"]] == [str(cache / name / f"{name}.so")]
     assert not list(cache.glob("*.build-*"))  # scratch folders are removed
 
 
-def test_second_load_reads_the_cache_without_compiling(first_use):
-    so = next(Path(first_use.cache).glob("*/*.so"))
+def test_second_load_reads_the_cache_without_compiling(ops):
+    so = build.cache_root() / f"parc_cpu_{build.cache_key()}" / f"parc_cpu_{build.cache_key()}.so"
     stamp = so.stat().st_mtime_ns
-    done = run_python(LOAD, {"PARC_KERNEL_CACHE": first_use.cache})
+    done = run_python(LOAD, {"PARC_KERNEL_CACHE": str(build.cache_root())})
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False", str(so)]
     assert done.stderr == ""
@@ -49,13 +53,25 @@ def test_cache_folder(monkeypatch, tmp_path):
     assert build.cache_root() == tmp_path / "xdg" / "parc" / "kernels"
 
 
-def test_key_follows_flags_and_compiler(monkeypatch):
+def test_key_follows_sources_headers_flags_and_compiler(monkeypatch, tmp_path):
     key = build.cache_key()
-    monkeypatch.setattr(build, "CFLAGS", build.CFLAGS + ("-DPARC_TEST",))
-    assert build.cache_key() != key
-    monkeypatch.undo()
+    assert build.cache_key(replace(build.CPU, cflags=build.CPU.cflags + ("-DPARC_TEST",))) != key
+    assert build.cache_key(replace(build.CPU, ldflags=())) != key
+    assert build.cache_key(replace(build.CPU, sources=build.CPU.sources[:-1])) != key
+    copy = tmp_path / "kernels"
+    shutil.copytree(build.CPU.folder / "cpu", copy / "cpu")
+    assert build.cache_key(replace(build.CPU, folder=copy)) == key
+    header = copy / build.CPU.headers[-1]
+    header.write_text(header.read_text() + "\n// a header edit is a new binary\n")
+    assert build.cache_key(replace(build.CPU, folder=copy)) != key
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     assert build.cache_key() != key
+
+
+def test_key_covers_every_source_file_of_the_kernels():
+    """A .cpp or .h of cpu/ that CPU does not list would change the binary but not the key."""
+    files = {f"cpu/{p.name}" for p in (build.CPU.folder / "cpu").iterdir() if p.suffix in (".cpp", ".h")}
+    assert files == set(build.CPU.sources) | set(build.CPU.headers)
 
 
 def test_missing_compiler_says_so_once_and_falls_back(tmp_path):

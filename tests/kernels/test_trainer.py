@@ -2,7 +2,7 @@
 
 Both archs, one rank, fp32: every step's loss within 1e-5 relative (the parity
 suite's tolerance), and the generated train.py names its choice. The trainers
-load the kernels from the session's cache folder (conftest.py).
+load the kernels from the run's one cache (Note [one compile per run], tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ RTOL = 1e-5
 
 
 @pytest.mark.parametrize("arch", ["gpt", "llama"])
-def test_compiled_kernels_train_like_eager(arch, tmp_path, ops):  # ops: the session's kernel cache
+def test_compiled_kernels_train_like_eager(arch, tmp_path, ops):  # ops: the run's kernels built
     losses = {}
     for mode in ("compiled", "eager"):
         out = tmp_path / mode
