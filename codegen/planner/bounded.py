@@ -30,7 +30,6 @@ time) the bounded search is the exhaustive one. tests/planner/test_search.py com
 
 from __future__ import annotations
 
-import heapq
 import math
 
 from parc.dsl.spec import Spec
@@ -40,7 +39,7 @@ from .cost.estimate import USABLE_MEMORY, layout_memory
 from .cost.per_layer import hetero_supported
 from .cost.time import pipeline_bound
 from .search import (
-    EXACT_TOP, TIE_TOLERANCE, SearchResult, candidates, mixed_recompute, rank, search, tie_key,
+    EXACT_TOP, TIE_TOLERANCE, SearchResult, break_ties, candidates, mixed_recompute, rank, search,
     tie_memory_unit,
 )
 
@@ -99,22 +98,7 @@ def bounded_search(spec: Spec, hw: Hardware, accounting: Accounting = Accounting
 def _placed(group: list[Estimate], unit: float | None, least_left: float) -> list[Estimate]:
     """Note [the bounded search]: the places of ``search.rank`` over one group that are the
     exhaustive ranking's, when every layout not in ``group`` takes at least ``least_left``."""
-    group = sorted(group, key=lambda item: item.time.step)
-    placed, window, out = [False] * len(group), [], []
-    fastest = admitted = 0
-    while len(out) < len(group):
-        while placed[fastest]:
-            fastest += 1
-        limit = group[fastest].time.step * (1.0 + TIE_TOLERANCE)
-        if limit >= least_left:
-            break  # an unscored layout could join this window
-        while admitted < len(group) and group[admitted].time.step <= limit:
-            heapq.heappush(window, (tie_key(group[admitted], unit), admitted))
-            admitted += 1
-        _, index = heapq.heappop(window)
-        placed[index] = True
-        out.append(group[index])
-    return out
+    return break_ties(sorted(group, key=lambda item: item.time.step), unit, least_left)
 
 
 def _per_layer_applies(spec: Spec, layouts: list[Layout], accounting: Accounting) -> bool:

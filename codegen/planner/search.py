@@ -156,19 +156,23 @@ def rank(items, memory_unit: float | None) -> list[Estimate]:
     items, ranked = list(items), []
     for fits in (True, False):
         group = sorted((item for item in items if item.fits == fits), key=lambda item: item.time.step)
-        ranked += _break_ties(group, memory_unit)
+        ranked += break_ties(group, memory_unit)
     return ranked
 
 
-def _break_ties(group: list[Estimate], memory_unit: float | None) -> list[Estimate]:
+def break_ties(group: list[Estimate], memory_unit: float | None, least_left: float = math.inf) -> list[Estimate]:
     """``group`` sorted by step time; each place goes to the least ``tie_key`` among the
-    layouts within ``TIE_TOLERANCE`` of the fastest one not yet placed."""
+    layouts within ``TIE_TOLERANCE`` of the fastest one not yet placed. ``least_left``: a
+    step time no layout outside ``group`` goes below (the bounded search's, Note [the
+    bounded search]); the places stop where such a layout could join the window."""
     placed, window, out = [False] * len(group), [], []
     fastest = admitted = 0
     while len(out) < len(group):
         while placed[fastest]:
             fastest += 1
         limit = group[fastest].time.step * (1.0 + TIE_TOLERANCE)
+        if limit >= least_left:
+            break  # a layout outside the group could join this window
         while admitted < len(group) and group[admitted].time.step <= limit:
             heapq.heappush(window, (tie_key(group[admitted], memory_unit), admitted))
             admitted += 1
