@@ -67,6 +67,7 @@ from .layers import (
 )
 from .constraints import per_layer
 from .kernels import select as select_kernels
+from .kernel_sizes import kinds_that_pay
 from .kernels.dispatch import compiled_pays
 from .model_desc import ModelConfig, describe  # noqa: F401  (ModelConfig: re-exported for train.py)
 from .param_init import initialize, materialize_on
@@ -682,20 +683,25 @@ def use_kernels(model: nn.Module, kernels: str, device, fuse_residual: bool = Tr
     fused = select_kernels(kernels, device)
     config = next((m.config for m in model.modules() if isinstance(m, Transformer)), None)
 
-    def paying(kind, width):  # the ops if they pay at this model's size, else None (eager)
+    # the kinds that pay at this model's global size (kernel_sizes.py: the planner reads the same)
+    taken = None if config is None else kinds_that_pay(config, cpu=torch.device(device).type == "cpu")
+
+    def paying(kind, width=None):  # the ops if they pay at this model's size, else None (eager)
         if fused is None or config is None:
             return fused
+        if width is None:
+            return fused if kind in taken else None
         return fused if compiled_pays(kind, config.seq_len * width, device) else None
 
     for module in model.modules():
         if isinstance(module, Norm):
             norm = "rms_norm" if module.rms else "layer_norm"
-            module.fused = paying(norm, config.hidden if config else 0)
-            module.fused_add = paying(f"add_{norm}", config.hidden if config else 0) if fuse_residual else None
+            module.fused = paying(norm)
+            module.fused_add = paying(f"add_{norm}") if fuse_residual else None
         elif isinstance(module, MLP):  # a dense MLP, or the shared experts (shared_experts · expert_ffn wide)
             module.fused = paying("swiglu" if module.llama else "bias_gelu", module.width)
         elif isinstance(module, Attention) and module.context is None:  # ring attention keeps its kernel
-            module.fused = paying("rotary", config.hidden if config else 0)
+            module.fused = paying("rotary")
         # moe.py's modules say so themselves (a dense build does not ship moe.py)
         elif isinstance(module, (Attention, Transformer)) or getattr(module, "uses_kernels", False):
             module.fused = fused

@@ -1,7 +1,8 @@
 """The tensors parc's trainer saves for backward, in elements per token, from the shapes.
 
 Takes: a ``ModelConfig`` and a block's description (``model_desc.BlockDesc``: heads,
-kv heads, head dim, ffn) and the layout's tp, sp, recompute, micro-batch and kernels.
+kv heads, head dim, ffn) and the layout's tp, sp, recompute, micro-batch and kernels
+(``compiled``: True, False, or the kinds of fused op that run, runtime/kernel_sizes.py).
 Gives: ``block_saved_elements`` and ``head_saved_elements``, which ``model_desc``
 hands out (``ModelDesc.block_saved_elements``) and the planner's memory model
 (``codegen/planner/cost/memory.py``) multiplies by tokens and bytes. Pure Python, no torch.
@@ -57,6 +58,12 @@ gradient flat buffers are real memory but not saved activations (cost/memory.py'
 from __future__ import annotations
 
 
+def _takes(compiled, kind: str) -> bool:
+    """Whether the fused ``kind`` of op runs: ``compiled`` is True (every kind), False
+    (eager) or the kinds that pay at the model's size (``kernel_sizes.kinds_that_pay``)."""
+    return compiled if isinstance(compiled, bool) else kind in compiled
+
+
 def block_saved_elements(
     config, block, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True,
     ep: int = 1, imbalance: float = 1.0, etp: int = 1, grid=None,
@@ -84,14 +91,10 @@ def _dense_block(config, block, *, tp: int, sp: bool, recompute: str, micro_batc
     if config.arch == "gpt":
         whole, stats = 4 * h, 4.0
         sharded = 2 * h + 2 * k + 2 * F
-    elif compiled:  # fused RMSNorm (saves x, rstd), rotary, SwiGLU (saves gate, up)
-        whole, stats = 4 * h, 2.0
-        sharded = 2 * h + 2 * k + 3 * F
-        core_extra += block.head_dim / micro_batch  # the cos and sin tables, (T, D/2) each
-    else:
-        whole, stats = 6 * h, 2.0
-        sharded = 2 * h + 2 * k + 4 * F
-        core_extra += 4 * block.head_dim / micro_batch  # cos and sin, (T, D) each, for q and k
+    else:  # the fused RMSNorm saves x and rstd, SwiGLU gate and up, rotary its (T, D/2) tables
+        whole, stats = (4 * h if _takes(compiled, "rms_norm") else 6 * h), 2.0
+        sharded = 2 * h + 2 * k + (3 if _takes(compiled, "swiglu") else 4) * F
+        core_extra += (1 if _takes(compiled, "rotary") else 4) * block.head_dim / micro_batch  # eager: (T, D) for q and k
     if recompute == "selective":
         core_extra = 0.0
     if sp:
@@ -110,10 +113,8 @@ def _sharded_and_core(config, block, *, recompute: str, micro_batch: int, compil
     core = float(a)
     if config.arch == "gpt":
         sharded = 2 * h + 2 * k + 2 * F
-    elif compiled:
-        sharded = 2 * h + 2 * k + 3 * F
     else:
-        sharded = 2 * h + 2 * k + 4 * F
+        sharded = 2 * h + 2 * k + (3 if _takes(compiled, "swiglu") else 4) * F
     return sharded, 0.0 if recompute == "selective" else core
 
 
@@ -126,7 +127,7 @@ def _grid_block(config, block, *, grid, sp: bool, recompute: str, micro_batch: i
     sharded, core = _sharded_and_core(config, block, recompute=recompute, micro_batch=micro_batch, compiled=compiled)
     tables = 0.0
     if config.arch == "llama" and recompute != "selective":  # rotary's cos and sin, per micro-batch
-        tables = (1 if compiled else 4) * block.head_dim / micro_batch
+        tables = (1 if _takes(compiled, "rotary") else 4) * block.head_dim / micro_batch
     heads_part = sharded / cols + core / cols + tables
     if sp:
         return 4 * h / (rows * cols) + 2 / cols + 2 * h / rows + heads_part
@@ -137,7 +138,7 @@ def _dense_mlp(config, block, tp: int, compiled: bool) -> float:
     """The F terms of a dense block's MLP per token on a tp rank (see above)."""
     if config.arch == "gpt":
         return 2 * block.ffn / tp
-    return (3 if compiled else 4) * block.ffn / tp
+    return (3 if _takes(compiled, "swiglu") else 4) * block.ffn / tp
 
 
 def moe_saved_elements(config, block, *, tp: int, ep: int, imbalance: float = 1.0, etp: int = 1, sp: bool = False,
@@ -155,7 +156,7 @@ def moe_saved_elements(config, block, *, tp: int, ep: int, imbalance: float = 1.
     indices = 2 * rows + (4 * rows * imbalance if ep > 1 else 0) + (4 * rows * etp * imbalance if etp > 1 else 0)
     # each token's top_k rows before weighting (the eager combine also keeps them weighted),
     # their weights, and two int64 indices of them (the weights' gather, the scatter-add's)
-    combine = own * K * ((h if compiled else 2 * h) + 1 + 2 + 2)
+    combine = own * K * ((h if _takes(compiled, "moe") else 2 * h) + 1 + 2 + 2)
     # the softmax's probabilities, the sort's int64 indices (the top-k slice keeps all E),
     # the chosen scores and their sum, the logits and log-sum-exp of the z-loss
     router = own * (E + 2 * E + K + 1 + E + 1)
@@ -170,7 +171,7 @@ def head_saved_elements(config, *, tp: int, sp: bool, compiled: bool = True, gri
     """Elements saved per token by the final norm, the head and the loss (last stage);
     ``grid``: (R, C) under 2D tensor parallelism (the eager 2D norm, the logits' V/C)."""
     h, t = config.hidden, tp
-    loss = 1.0 if compiled else 2.25  # int64 targets and the loss's statistics
+    loss = 1.0 if _takes(compiled, "cross_entropy") else 2.25  # int64 targets and the loss's statistics
     if grid is not None:
         rows, cols = grid
         norm = 2 * h / (rows * cols) + 1 / cols + h / rows if sp else 3 * h / rows + 1
@@ -178,7 +179,7 @@ def head_saved_elements(config, *, tp: int, sp: bool, compiled: bool = True, gri
     if config.arch == "gpt":
         norm = 2 * h + 2  # x and the output; mean and rstd
     else:
-        norm = (2 * h if compiled else 3 * h) + 1  # x, (x·rstd), the output; rstd
+        norm = (2 * h if _takes(compiled, "rms_norm") else 3 * h) + 1  # x, (x·rstd), the output; rstd
     if sp:
         norm = h + (norm - h) / t  # the norm runs on a shard; the head keeps the gathered input
     return norm + config.padded_vocab / t + loss

@@ -40,38 +40,21 @@ run the kernels they check).
 
 from __future__ import annotations
 
-import os
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from ..kernel_sizes import EAGER_BELOW, pays  # noqa: F401  (EAGER_BELOW: bench/overheads.py's rows)
 
 _FUNCTIONS: dict = {}
 """custom op → the ``autograd.Function`` made from it (``_as_function``), built once."""
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
-EAGER_BELOW = {  # elements of one sequence's tensor (Note [eager at small shapes]), CPU
-    # eager / parc at 64², 128², 256², 512², 1024²: 0.64 0.76 0.94 0.95 1.89 (512²: 1.07
-    # and 1.01 in two runs under load); eager CPU LayerNorm is one fused kernel each way,
-    # ours are faster (3.6 + 4.1 µs against 4.7 + 7.1 at 64²) by less than the Function
-    # costs until about 512² (bench/kernels.py: 2.99x eager at 8192×4096)
-    "layer_norm": 1 << 20,
-    "rms_norm": 0,  # 1.63 2.03 2.84 6.36 13.5: eager RMSNorm is several ops each way
-    "add_layer_norm": 1 << 18,  # 0.69 0.81 1.01 1.20 1.65 (3.76x at 8192×4096)
-    "add_rms_norm": 0,  # 1.41 1.67 2.31 9.94 13.1
-    "swiglu": 1 << 16,  # seq_len × width: 0.78 0.88 1.12 1.29 3.07
-    "bias_gelu": 1 << 14,  # seq_len × width: 0.95 1.48 2.39 3.10 3.73
-    "rotary": 0,  # 1.95 2.27 2.41 2.74 5.76
-}
-
-
 def compiled_pays(kind: str, elements: int, device) -> bool:
     """Whether the fused ``kind`` of op beats eager PyTorch at ``elements`` (Note [eager at
-    small shapes]); decided once per model from its global shapes."""
-    if torch.device(device).type != "cpu":
-        return True
-    below = os.environ.get("PARC_KERNELS_EAGER_BELOW")
-    return elements >= (EAGER_BELOW[kind] if below is None else int(below))
+    small shapes]); decided once per model from its global shapes (``kernel_sizes.pays``)."""
+    return pays(kind, elements, cpu=torch.device(device).type == "cpu")
 
 
 def call(op, *args):

@@ -45,12 +45,11 @@ def test_fake_tensors_take_the_custom_op():
 
 
 def _kinds_taken(config, thresholds, monkeypatch):
-    """A model built (use_kernels included) with ``thresholds`` as dispatch.EAGER_BELOW."""
-    from parc.runtime import model
-    from parc.runtime.kernels import dispatch
+    """A model built (use_kernels included) with ``thresholds`` as kernel_sizes.EAGER_BELOW."""
+    from parc.runtime import kernel_sizes, model
 
     monkeypatch.delenv("PARC_KERNELS_EAGER_BELOW", raising=False)
-    monkeypatch.setattr(dispatch, "EAGER_BELOW", thresholds)
+    monkeypatch.setattr(kernel_sizes, "EAGER_BELOW", thresholds)
     net = model.build_model(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=1, device="cpu")
     return net
 
@@ -91,3 +90,27 @@ def test_shared_experts_decide_by_their_own_width(monkeypatch):
         net = _kinds_taken(config, {**thresholds, "swiglu": below}, monkeypatch)
         (shared,) = [m for m in net.modules() if isinstance(m, model.MLP)]
         assert shared.width == 32 and (shared.fused is ops) == pays
+
+
+def test_the_planner_reads_the_kinds_the_model_takes(monkeypatch):
+    """runtime/kernel_sizes.py: ``kinds_that_pay`` names exactly the kinds ``use_kernels``
+    gave the norms, the dense MLP and rotary, and the saved-tensor model follows it (an
+    eager SwiGLU saves silu too: 4 per ffn element, not 3)."""
+    from parc.runtime import kernel_sizes, model
+    from parc.runtime.model_desc import describe
+
+    config = model.ModelConfig(arch="llama", layers=1, hidden=32, heads=4, kv_heads=4, ffn=64, vocab=64,
+                               padded_vocab=64, seq_len=8)
+    for swiglu_below in (0, 8 * 64 + 1):
+        thresholds = {kind: 0 for kind in kernel_sizes.EAGER_BELOW} | {"swiglu": swiglu_below}
+        net = _kinds_taken(config, thresholds, monkeypatch)
+        kinds = kernel_sizes.kinds_that_pay(config, cpu=True)
+        (mlp,) = [m for m in net.modules() if isinstance(m, model.MLP)]
+        norms = [m for m in net.modules() if isinstance(m, model.Norm)]
+        (attention,) = [m for m in net.modules() if isinstance(m, model.Attention)]
+        assert ("swiglu" in kinds) == (mlp.fused is ops) == (swiglu_below == 0)
+        assert "rms_norm" in kinds and all(m.fused is ops for m in norms) and attention.fused is ops
+        desc = describe(config)
+        every = desc.block_saved_elements(0, tp=1, sp=False, recompute="none", micro_batch=1)
+        chosen = desc.block_saved_elements(0, tp=1, sp=False, recompute="none", micro_batch=1, compiled=kinds)
+        assert chosen - every == (0 if swiglu_below == 0 else config.ffn)

@@ -40,6 +40,7 @@ from parc.dsl.spec import ModelSpec, Precision, Spec
 from parc.runtime.constraints import master_weights, per_layer
 from parc.runtime.model_desc import LINEAR
 from parc.runtime.schedule import in_flight_bound
+from parc.runtime.kernel_sizes import kinds_that_pay
 
 from ...model_config import model_desc
 from .context import cp_saved_elements
@@ -156,10 +157,14 @@ def _in_flight(kind: str, stages: int, rank: int, micro_batches: int, chunks: in
     return in_flight_bound(kind, stages=stages, rank=rank, micro_batches=micro_batches, chunks=chunks)
 
 
-def compiled_kernels(spec: Spec) -> bool:
-    """The trainer runs runtime/kernels' fused ops (``train.kernels = compiled``, the default)."""
+def compiled_kernels(spec: Spec) -> frozenset[str]:
+    """The kinds of fused op the trainer runs (runtime/kernel_sizes.py, Note [eager at small
+    shapes]): none under ``train.kernels = eager``; under ``compiled`` (the default) those
+    that pay at the model's global size on the spec's device."""
     kernels = getattr(spec.train, "kernels", None)
-    return kernels is None or getattr(kernels, "value", kernels) == "compiled"
+    if not (kernels is None or getattr(kernels, "value", kernels) == "compiled"):
+        return frozenset()
+    return kinds_that_pay(model_desc(spec.model).config, cpu=spec.mesh.device == "cpu")
 
 
 def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounting, stage_layers=None) -> float:
