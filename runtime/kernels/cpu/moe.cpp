@@ -57,6 +57,7 @@ at::Tensor permute_rows_fwd(const at::Tensor& input, const at::Tensor& index) {
   const int64_t N = x.size(0), C = x.size(1), R = idx.numel();
   check_index(idx, R, N, "permute_rows");
   auto out = at::empty({R, C}, x.options());
+  advise_huge(out);  // Note [huge-page outputs]
   PARC_DISPATCH(x.scalar_type(), "parc_permute_rows_fwd", [&] {
     const scalar_t* X = x.data_ptr<scalar_t>();
     scalar_t* Y = out.data_ptr<scalar_t>();
@@ -74,6 +75,7 @@ at::Tensor permute_rows_bwd(const at::Tensor& grad, const at::Tensor& index, int
   const int64_t R = g.size(0), C = g.size(1);
   check_index(idx, R, rows, "permute_rows_bwd");
   auto dx = at::empty({rows, C}, g.options());
+  advise_huge(dx);
   PARC_DISPATCH(g.scalar_type(), "parc_permute_rows_bwd", [&] {
     scatter_rows<scalar_t>(g.data_ptr<scalar_t>(), idx.data_ptr<int64_t>(), R, C, dx.data_ptr<scalar_t>(), rows,
                            [](int64_t) { return acc_t<scalar_t>(1); });
@@ -90,6 +92,7 @@ at::Tensor combine_rows_fwd(const at::Tensor& rows_in, const at::Tensor& index, 
   check_index(idx, R, tokens, "combine_rows");
   TORCH_CHECK(w.numel() == R, "combine_rows: one weight per row");
   auto out = at::empty({tokens, C}, y.options());
+  advise_huge(out);
   PARC_DISPATCH(y.scalar_type(), "parc_combine_rows_fwd", [&] {
     const scalar_t* W = w.data_ptr<scalar_t>();
     scatter_rows<scalar_t>(y.data_ptr<scalar_t>(), idx.data_ptr<int64_t>(), R, C, out.data_ptr<scalar_t>(), tokens,
@@ -106,7 +109,7 @@ std::vector<at::Tensor> combine_rows_bwd(const at::Tensor& grad, const at::Tenso
   auto w = weight.contiguous().to(y.scalar_type());
   const int64_t R = y.size(0), C = y.size(1);
   check_index(idx, R, g.size(0), "combine_rows_bwd");
-  auto dy = at::empty_like(y);
+  auto dy = empty_output(y);
   auto dw = at::empty({R}, y.options());
   PARC_DISPATCH(y.scalar_type(), "parc_combine_rows_bwd", [&] {
     using A = acc_t<scalar_t>;
