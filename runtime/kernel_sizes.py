@@ -38,12 +38,11 @@ def pays(kind: str, elements: int, *, cpu: bool) -> bool:
 
 
 def kinds_that_pay(config, *, cpu: bool) -> frozenset[str]:
-    """The kinds of fused op a model with ``config`` (arch, seq_len, hidden, ffn) takes
+    """The kinds of fused op a model with ``config`` (a ``ModelConfig``) takes
     the kernels for, as ``model.use_kernels`` chooses them for its norms (and the residual
     adds fused into them), its dense MLP's activation and rotary; with the kinds that
     have no size rule (the loss, the MoE permutation and combine) always."""
-    llama = str(getattr(config.arch, "value", config.arch)) == "llama"
-    norm, mlp = ("rms_norm", "swiglu") if llama else ("layer_norm", "bias_gelu")
+    norm, mlp = ("rms_norm", "swiglu") if config.arch == "llama" else ("layer_norm", "bias_gelu")
     widths = {norm: config.hidden, f"add_{norm}": config.hidden, mlp: config.ffn, "rotary": config.hidden}
     sized = {kind for kind, width in widths.items() if pays(kind, config.seq_len * width, cpu=cpu)}
     return frozenset(sized | {"cross_entropy", "moe"})
