@@ -9,23 +9,8 @@ vocab padding rows dropped and the names and layouts of ``transformers``' GPT2LM
 checkpoint (``runtime/checkpoint_files.py``) or an OUT that cannot be written is one
 line, exit 1, with nothing written; an existing export is replaced only with ``--force``.
 
-Note [Hugging Face layouts]: GPT-2's checkpoints use Conv1D, whose weight is the
-transpose of nn.Linear's, (in, out); and one fused ``c_attn`` of (C, 3C) holding q, k, v
-side by side, so parc's q_proj/k_proj/v_proj weights are concatenated along the output
-dim and transposed (biases concatenated). GPT-2 has no grouped-query attention: a gpt
-model with kv_heads < heads cannot be exported as gpt2. Llama keeps nn.Linear
-layouts and separate projections. parc's rotary (model.py ``rotary``) rotates pairs of
-*halves* of each head, which is Hugging Face's ``rotate_half``, so q_proj and k_proj
-are copied as they are (Meta's original checkpoints interleave pairs instead, and HF's
-conversion script permutes them; a parc checkpoint never needs that). A tied head is
-not written (both libraries tie ``lm_head`` to the embedding from the config).
-
-Note [Mixtral names]: a llama with experts (runtime/moe.py) is exported as transformers'
-MixtralForCausalLM: the router is ``block_sparse_moe.gate`` and expert j's gate, down and
-up projections are ``block_sparse_moe.experts.j.w1``, ``w2`` and ``w3`` (slices of parc's
-grouped (E, out, in) weights). Mixtral routes as parc's softmax router does (softmax, top-k,
-renormalized) and drops nothing; a model Mixtral cannot hold (gpt with experts, dense
-blocks between MoE ones, shared experts, a sigmoid router) is an ``ExportError``.
+The names and layouts are codegen/hf_names.py's (Note [Hugging Face layouts], Note
+[Mixtral names]), the table ``parc import`` reads the other way.
 """
 
 from __future__ import annotations
@@ -35,32 +20,10 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from parc.codegen import hf_names
+
 if TYPE_CHECKING:  # annotations only: torch loads when exporting
     import torch
-
-GPT2_BLOCK = {  # parc name -> (HF name, transposed: Conv1D)
-    "attn_norm.weight": ("ln_1.weight", False),
-    "attn_norm.bias": ("ln_1.bias", False),
-    "attn.o_proj.weight": ("attn.c_proj.weight", True),
-    "attn.o_proj.bias": ("attn.c_proj.bias", False),
-    "mlp_norm.weight": ("ln_2.weight", False),
-    "mlp_norm.bias": ("ln_2.bias", False),
-    "mlp.up_proj.weight": ("mlp.c_fc.weight", True),
-    "mlp.up_proj.bias": ("mlp.c_fc.bias", False),
-    "mlp.down_proj.weight": ("mlp.c_proj.weight", True),
-    "mlp.down_proj.bias": ("mlp.c_proj.bias", False),
-}
-LLAMA_BLOCK = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn.q_proj.weight": "self_attn.q_proj.weight",
-    "attn.k_proj.weight": "self_attn.k_proj.weight",
-    "attn.v_proj.weight": "self_attn.v_proj.weight",
-    "attn.o_proj.weight": "self_attn.o_proj.weight",
-    "mlp_norm.weight": "post_attention_layernorm.weight",
-    "mlp.gate_proj.weight": "mlp.gate_proj.weight",
-    "mlp.up_proj.weight": "mlp.up_proj.weight",
-    "mlp.down_proj.weight": "mlp.down_proj.weight",
-}
 
 
 class ExportError(Exception):
@@ -69,43 +32,14 @@ class ExportError(Exception):
 
 def hf_state_dict(weights: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
     """parc's full weights (logical names, padded vocab) → Hugging Face's, per Note [Hugging Face layouts]."""
-    import torch  # here, not at import: every parc command loads this module
-
-    vocab, layers = config["vocab"], config["layers"]
+    try:
+        links = hf_names.links(config)
+    except hf_names.NoHfNames as exc:
+        raise ExportError(str(exc)) from None
     out = {}
-    if config["arch"] == "gpt":
-        if config.get("experts", 0):
-            raise ExportError("gpt2 has no mixture of experts: a gpt with experts has no Hugging Face names")
-        if config["kv_heads"] != config["heads"]:
-            raise ExportError(f"gpt2 has no grouped-query attention: kv_heads = {config['kv_heads']} < heads")
-        out["transformer.wte.weight"] = weights["embed.weight"][:vocab]
-        out["transformer.wpe.weight"] = weights["pos_embed.weight"]
-        for i in range(layers):
-            src, dst = f"layers.{i}.", f"transformer.h.{i}."
-            qkv = [weights[f"{src}attn.{p}_proj.weight"] for p in "qkv"]
-            out[dst + "attn.c_attn.weight"] = torch.cat(qkv, dim=0).t()  # (C, 3C)
-            out[dst + "attn.c_attn.bias"] = torch.cat([weights[f"{src}attn.{p}_proj.bias"] for p in "qkv"])
-            for name, (hf_name, transposed) in GPT2_BLOCK.items():
-                tensor = weights[src + name]
-                out[dst + hf_name] = tensor.t() if transposed else tensor
-        out["transformer.ln_f.weight"] = weights["final_norm.weight"]
-        out["transformer.ln_f.bias"] = weights["final_norm.bias"]
-    elif config["arch"] == "llama":
-        out["model.embed_tokens.weight"] = weights["embed.weight"][:vocab]
-        experts = config.get("experts", 0)
-        if experts:
-            _check_mixtral(config)
-        for i in range(layers):
-            for name, hf_name in LLAMA_BLOCK.items():
-                if not (experts and name.startswith("mlp.")):
-                    out[f"model.layers.{i}.{hf_name}"] = weights[f"layers.{i}.{name}"]
-            if experts:
-                out.update(_mixtral_block(weights, i, experts))
-        out["model.norm.weight"] = weights["final_norm.weight"]
-    else:
-        raise ExportError(f"no Hugging Face names for arch {config['arch']!r}")
-    if not config["tie_embeddings"]:
-        out["lm_head.weight"] = weights["head.weight"][:vocab]
+    for link in links:
+        tensors = hf_names.to_hf(link, [weights[name] for name in link.parc], config["vocab"])
+        out.update(zip(link.hf, tensors))
     return {name: tensor.contiguous().clone() for name, tensor in out.items()}
 
 
@@ -117,59 +51,10 @@ warning on every load; llama: 1 and 2, ids that mean nothing here)."""
 
 def hf_config(config: dict) -> dict:
     """A ``config.json`` for transformers with the same model."""
-    return _hf_config(config) | NO_SPECIAL_TOKENS
-
-
-def _hf_config(config: dict) -> dict:
-    if config.get("experts", 0):  # Note [Mixtral names]
-        return _hf_config({**config, "experts": 0}) | {
-            "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
-            "intermediate_size": config["expert_ffn"] or config["ffn"],
-            "num_local_experts": config["experts"], "num_experts_per_tok": config["top_k"],
-            "router_aux_loss_coef": config["aux_loss"], "output_router_logits": False,
-        }
-    if config["arch"] == "gpt":
-        return {
-            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-            "vocab_size": config["vocab"], "n_positions": config["seq_len"], "n_embd": config["hidden"],
-            "n_layer": config["layers"], "n_head": config["heads"], "n_inner": config["ffn"],
-            "activation_function": "gelu_new", "layer_norm_epsilon": config["norm_eps"],
-            "resid_pdrop": config["dropout"], "embd_pdrop": config["dropout"], "attn_pdrop": config["dropout"],
-            "tie_word_embeddings": config["tie_embeddings"],
-        }
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": config["vocab"], "max_position_embeddings": config["seq_len"],
-        "hidden_size": config["hidden"], "intermediate_size": config["ffn"],
-        "num_hidden_layers": config["layers"], "num_attention_heads": config["heads"],
-        "num_key_value_heads": config["kv_heads"], "hidden_act": "silu", "rms_norm_eps": config["norm_eps"],
-        "rope_theta": config["rope_theta"], "attention_bias": False, "mlp_bias": False,
-        "tie_word_embeddings": config["tie_embeddings"], "torch_dtype": "float32",
-    }
-
-
-MIXTRAL_EXPERT = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
-"""parc's expert projection → Mixtral's (Note [Mixtral names])."""
-
-
-def _check_mixtral(config: dict) -> None:
-    unlike = [words for words, differs in (
-        (f"moe_every = {config.get('moe_every')}: dense blocks between MoE ones", config.get("moe_every", 1) != 1),
-        (f"shared_experts = {config.get('shared_experts')}", config.get("shared_experts", 0) != 0),
-        (f"router = {config.get('router')}", config.get("router", "softmax") != "softmax"),
-    ) if differs]
-    if unlike:
-        raise ExportError(f"Mixtral cannot hold this model ({'; '.join(unlike)}): no Hugging Face names for it")
-
-
-def _mixtral_block(weights: dict, i: int, experts: int) -> dict:
-    src, dst = f"layers.{i}.mlp.", f"model.layers.{i}.block_sparse_moe."
-    out = {dst + "gate.weight": weights[src + "router.weight"]}
-    for name, hf_name in MIXTRAL_EXPERT.items():
-        grouped = weights[f"{src}experts.{name}.weight"]  # (E, out, in)
-        for j in range(experts):
-            out[f"{dst}experts.{j}.{hf_name}.weight"] = grouped[j]
-    return out
+    try:
+        return hf_names.hf_config(config) | NO_SPECIAL_TOKENS
+    except hf_names.NoHfNames as exc:
+        raise ExportError(str(exc)) from None
 
 
 def check_out(out: str, *, force: bool) -> None:
