@@ -209,6 +209,8 @@ FIXED = {  # model_type -> {transformers config key: the one value parc's model 
     "mixtral": {"architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "attention_dropout": 0.0,
                 "router_jitter_noise": 0.0, "output_router_logits": False},
 }
+NOT_IMPORTED = {"output_router_logits"}
+"""FIXED keys that do not change the model (whether the forward returns the router's logits)."""
 ABSENT = {"tie_word_embeddings": True, "num_key_value_heads": None, "n_inner": None}
 """What a config.json without the key means (transformers' ``PretrainedConfig`` writes only
 the keys that differ from its own defaults: tied; kv heads = heads; GPT-2's n_inner = 4·n_embd)."""

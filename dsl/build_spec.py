@@ -214,6 +214,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         checkpoint_every=checkpoint["steps"] if every else 0,
         checkpoint_dir=checkpoint.get("dir", "checkpoints") if every else None,
         tensorboard_dir=train.get("log", {}).get("dir"),
+        init_from=train.get("init", {}).get("dir"),
         on_nonfinite=train.get("on_nonfinite", "stop"),
         kernels=Kernels(train.get("kernels", "compiled")),
     )
@@ -349,6 +350,7 @@ def spec_document(spec: Spec) -> dict:
         else {"kind": "every", "steps": train.checkpoint_every, "dir": train.checkpoint_dir},
         "log": {"kind": "stdout"} if train.tensorboard_dir is None
         else {"kind": "tensorboard", "dir": train.tensorboard_dir},
+        "init": {"kind": "none"} if train.init_from is None else {"kind": "checkpoint", "dir": train.init_from},
         "on_nonfinite": train.on_nonfinite,
         "kernels": train.kernels.value,
     }

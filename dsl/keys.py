@@ -667,6 +667,28 @@ TRAIN = BlockDef(
             ),
         ),
         Param(
+            name="init",
+            type="call",
+            default="none",
+            doc="the starting weights (the trainer's --init-from overrides it)",
+            calls=(
+                CallDef(name="none", doc="parc's own initialization from the seed"),
+                CallDef(
+                    name="checkpoint",
+                    doc="the weights of a parc checkpoint (parc import writes one), in any layout; a fresh "
+                    "optimizer from step 1",
+                    params=(
+                        Param(
+                            name="dir",
+                            type="string",
+                            required=True,
+                            doc="the checkpoint, or a folder of them (its latest), relative to the spec's folder",
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        Param(
             name="on_nonfinite",
             type="enum",
             choices=("skip", "stop"),

@@ -302,6 +302,9 @@ class TrainSpec:
     """B: global batches of validation sequences per evaluation (0 without eval)."""
     tensorboard_dir: str | None = None
     """``log = tensorboard(dir)``: the folder as written; None for ``stdout``."""
+    init_from: str | None = None
+    """``init = checkpoint(dir)``: the checkpoint's folder as written (relative to the spec's
+    folder); None for ``none`` (parc's own initialization)."""
     on_nonfinite: str = "stop"
     """``skip`` the optimizer step or ``stop`` the run on a non-finite loss or grad norm."""
     kernels: Kernels = Kernels.COMPILED

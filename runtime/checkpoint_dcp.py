@@ -117,10 +117,11 @@ def _one_process_quiet():
         yield
 
 
-def save(state: dict, folder: str, pieces) -> None:
-    """Write ``state`` and this rank's boxes ``pieces`` into ``folder`` (all ranks together)."""
+def save(state: dict, folder: str, pieces, *, planner=None) -> None:
+    """Write ``state`` and this rank's boxes ``pieces`` into ``folder`` (all ranks together);
+    ``planner``: a ``_SavePlanner`` of its own instead (parc import's, Note [import streams])."""
     with _one_process_quiet():
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(folder), planner=_SavePlanner(pieces))
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(folder), planner=planner or _SavePlanner(pieces))
 
 
 def tensor_shapes(path: str) -> dict[str, tuple[int, ...]]:

@@ -25,6 +25,7 @@ COMMANDS = (
     "parc.codegen.cli.data",  # data prepare
     "parc.codegen.cli.explain",  # explain
     "parc.codegen.cli.export",  # export
+    "parc.codegen.cli.import_",  # import
     "parc.codegen.cli.plan",  # plan
     "parc.codegen.cli.profile",  # profile
     "parc.codegen.cli.report",  # report
