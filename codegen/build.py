@@ -119,7 +119,7 @@ def generate(spec, plan=None) -> dict[str, bytes]:
 
 
 def seen_from(spec, out_dir):
-    """``spec`` with its token file's path as ``out_dir/train.py`` finds it.
+    """``spec`` with its token file's path (and ``train.init``'s checkpoint) as ``out_dir/train.py`` finds it.
 
     A relative path in a spec is relative to the spec's folder (``Spec.resolve``); the
     trainer resolves ``DATA_PATH`` against its own folder, so the build records the path
@@ -134,10 +134,11 @@ def seen_from(spec, out_dir):
             return path
         return Path(os.path.relpath(spec.resolve(path), out_dir)).as_posix()
 
-    if seen(data.path) == data.path and seen(data.val_path) == data.val_path:
+    init = spec.train.init_from  # train.init = checkpoint(dir): the same, resolved from train.py's folder
+    if seen(data.path) == data.path and seen(data.val_path) == data.val_path and seen(init) == init:
         return spec
     data = replace(data, path=seen(data.path), val_path=seen(data.val_path))
-    return replace(spec, train=replace(spec.train, data=data))
+    return replace(spec, train=replace(spec.train, data=data, init_from=seen(init)))
 
 
 def build_to(spec_path, out_dir, overrides=(), *, force: bool = True) -> Path:

@@ -347,6 +347,9 @@ class TrainPlan:
     """ON_NONFINITE: ``skip`` or ``stop`` on a non-finite loss or gradient norm."""
     kernels: Setting
     """KERNELS: the fused ops, "compiled" (runtime/kernels) or "eager"."""
+    init_from: Setting
+    """INIT_FROM: the checkpoint of ``init = checkpoint(dir)`` as ``train.py`` finds it (from
+    its folder), None for ``none`` (runtime/checkpoint_init.py)."""
     grad_reduce: Setting | None = None
     """GRAD_REDUCE when ``train.grad_reduce = bf16`` (runtime/dp.py's ``reduce_dtype``); None for fp32."""
     zero_prefetch: Setting | None = None

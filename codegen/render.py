@@ -326,7 +326,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     else:
         loss_lines.append("step_loss = loss_sum")
     step_lines = render_checkpoint.guarded_step_lines(step_lines, fp16=plan.train.precision.value == "fp16")
-    extra_args = render_checkpoint.flag_lines() + render_observe.flag_lines()
+    extra_args = render_checkpoint.flag_lines(plan) + render_observe.flag_lines()
     flag_docs = render_checkpoint.flag_docs(plan) + render_observe.flag_docs(plan) + render_eval.flag_docs(plan)
     extra_flag_docs = [docstring_text(line) for line in flag_docs]
     if data.kind == "tokens":
@@ -344,7 +344,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         dataset_line = "dataset = data.SyntheticTokens(VOCAB, SEQ_LEN, seed=args.seed)"
     forward = "loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM"
     cpu = plan.mesh.device == "cpu"
-    std_imports = ["import argparse", *(["import os"] if data.kind == "tokens" or cpu else []), "import time"]
+    uses_os = data.kind == "tokens" or cpu or plan.train.init_from.value
+    std_imports = ["import argparse", *(["import os"] if uses_os else []), "import time"]
     std_imports += cpu_allocator_lines(plan) if cpu else []
     low = render_step.autocast_dtype(plan)
     if low is not None or compute is not None or plan.train.grad_reduce is not None:
@@ -520,7 +521,7 @@ def compute_arg(plan: Plan) -> str:
 
 def train_imports(plan: Plan) -> list[str]:
     """The runtime modules ``train.py`` imports (``from parc_runtime import ...``)."""
-    imports = ["checkpoint", "comm", "data", "faults", "memory", "mesh", "metrics", "model", "observe", "optim", "traffic"]
+    imports = ["checkpoint", "checkpoint_init", "comm", "data", "faults", "memory", "mesh", "metrics", "model", "observe", "optim", "traffic"]
     imports += ["dp"] if plan.mesh.size("dp") * plan.mesh.size("cp") > 1 else []
     imports += ["pipeline", "schedule"] if render_step.has_pipeline(plan) else []
     zero = plan.train.zero.value

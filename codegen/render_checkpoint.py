@@ -2,7 +2,7 @@
 
 Takes: a ``Plan`` (``train.checkpoint_every``, ``checkpoint_dir``, ``on_nonfinite`` and
 the layout). Gives: the lines ``render.py`` places in train.py — the cited constants,
-the ``--checkpoint-dir`` / ``--checkpoint-every`` / ``--resume`` flags and their
+the ``--checkpoint-dir`` / ``--checkpoint-every`` / ``--resume`` / ``--init-from`` flags and their
 docstring lines, the set-up of ``faults.StepGuard`` and ``checkpoint.Checkpoints``
 with the resume (``done``: the last step already trained), the step's first line
 (a test-only injected fault), the optimizer step guarded against non-finite numbers,
@@ -21,21 +21,29 @@ RANK_ARGS = "rank=dist.rank, world_size=dist.world_size"
 
 def config_lines(plan: Plan) -> list[str]:
     t = plan.train
-    every, directory, policy = t.checkpoint_every, t.checkpoint_dir, t.on_nonfinite
+    every, directory, policy, init = t.checkpoint_every, t.checkpoint_dir, t.on_nonfinite, t.init_from
     where = cite(every.span)
     return [
         f"CHECKPOINT_EVERY = {every.value!r}  # {where}: steps between checkpoints (0: after the last step only)",
         f"CHECKPOINT_DIR = {directory.value!r}  # {where}: None: no checkpoints without --checkpoint-dir",
         f"ON_NONFINITE = {policy.value!r}  # {cite(policy.span)}: a NaN/inf loss or grad norm skips the step or stops",
+        f"INIT_FROM = {init.value!r}  # {cite(init.span)}: "
+        + ("the starting weights, from this file's folder" if init.value else "None: parc's own initialization"),
     ]
 
 
-def flag_lines() -> list[str]:
+def flag_lines(plan: Plan) -> list[str]:
+    init = ([
+        "# INIT_FROM is from this file's folder, so the run works from any cwd",
+        "init_from = os.path.join(os.path.dirname(os.path.abspath(__file__)), INIT_FROM)",
+        'parser.add_argument("--init-from", default=init_from, metavar="DIR")',
+    ] if plan.train.init_from.value else ['parser.add_argument("--init-from", default=INIT_FROM, metavar="DIR")'])
     return [
         'parser.add_argument("--checkpoint-dir", default=CHECKPOINT_DIR, metavar="DIR")',
         'parser.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY, metavar="N")',
         'parser.add_argument("--checkpoint-keep", type=int, default=0, metavar="K")',
         'parser.add_argument("--resume", default=None, metavar="DIR")',
+        *init,
     ]
 
 
@@ -47,6 +55,9 @@ def flag_docs(plan: Plan) -> list[str]:
         f"--checkpoint-every N   steps between checkpoints, 0: after the last only (default {t.checkpoint_every.value})",
         "--checkpoint-keep K    keep the newest K checkpoints, 0: all (default 0)",
         "--resume DIR           continue from a checkpoint, or a folder's latest one",
+        "--init-from DIR        start from a checkpoint's weights (parc import writes one) in this",
+        "                       layout, fresh optimizer, step 1 (default "
+        + ("INIT_FROM, from this file)" if t.init_from.value else "none)"),
         "SIGTERM finishes the step, saves a checkpoint and exits 0; under torchrun's",
         "--max-restarts a restarted trainer resumes from the latest checkpoint itself.",
     ]
@@ -82,6 +93,9 @@ def setup_lines(plan: Plan, layout: str) -> list[str]:
         "# the last step already trained: 0, or the checkpoint's (after a restart by",
         "# torchrun, the latest one in --checkpoint-dir)",
         "done = checkpoints.restore(args.resume, restarted=faults.restart_count() > 0)",
+        "# --init-from: a checkpoint's weights only, read into this layout; the optimizer",
+        "# fresh, the step 1 (runtime/checkpoint_init.py; not when resumed)",
+        "checkpoint_init.init_from(checkpoints, args.init_from, done=done)",
     ]
 
 

@@ -170,6 +170,8 @@ class Checkpoints:
                 )
             return 0
         info = read_info(path)
+        if info.get("weights_only"):  # parc import's: no moments, no step (checkpoint_init.py)
+            raise self._refuse(f"{path} holds weights only (parc import): start from it with --init-from {path}")
         optimizer_step = info["optimizer_step"]
         pieces = self._model_pieces(saving=False)
         if optimizer_step > 0:

@@ -103,6 +103,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
         tensorboard_dir=setting(spec, "TENSORBOARD_DIR", "train.log", t.tensorboard_dir),
         on_nonfinite=setting(spec, "ON_NONFINITE", "train.on_nonfinite", t.on_nonfinite),
         kernels=setting(spec, "KERNELS", "train.kernels", t.kernels.value),
+        init_from=setting(spec, "INIT_FROM", "train.init", t.init_from),
         **zero3_settings(spec),
         compress=compress_settings(spec),
         **({"grad_reduce": setting(spec, "GRAD_REDUCE", "train.grad_reduce", t.grad_reduce)}

@@ -21,6 +21,8 @@ Flags:
     --checkpoint-every N   steps between checkpoints, 0: after the last only (default 0)
     --checkpoint-keep K    keep the newest K checkpoints, 0: all (default 0)
     --resume DIR           continue from a checkpoint, or a folder's latest one
+    --init-from DIR        start from a checkpoint's weights (parc import writes one) in this
+                           layout, fresh optimizer, step 1 (default none)
     SIGTERM finishes the step, saves a checkpoint and exits 0; under torchrun's
     --max-restarts a restarted trainer resumes from the latest checkpoint itself.
     --tensorboard DIR      rank 0 writes every step metric as TensorBoard scalars (default none);
@@ -42,6 +44,7 @@ import torch
 
 from parc_runtime import (
     checkpoint,
+    checkpoint_init,
     comm,
     data,
     dp,
@@ -111,6 +114,7 @@ LOG_EVERY = 10  # llama-7b.par:44
 CHECKPOINT_EVERY = 0  # default: steps between checkpoints (0: after the last step only)
 CHECKPOINT_DIR = None  # default: None: no checkpoints without --checkpoint-dir
 ON_NONFINITE = "stop"  # default: a NaN/inf loss or grad norm skips the step or stops
+INIT_FROM = None  # default: None: parc's own initialization
 TENSORBOARD_DIR = None  # default: None: no TensorBoard without --tensorboard
 MEMORY_EVERY = 10  # steps between memory measurements (Note [memory on some steps])
 DATA_PATH = (
@@ -156,6 +160,7 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--checkpoint-keep", type=int, default=0, metavar="K")
     parser.add_argument("--resume", default=None, metavar="DIR")
+    parser.add_argument("--init-from", default=INIT_FROM, metavar="DIR")
     parser.add_argument("--tensorboard", default=TENSORBOARD_DIR, metavar="DIR")
     parser.add_argument("--profile", default=None, metavar="STEPS")
     parser.add_argument("--profile-dir", default="profile", metavar="DIR")
@@ -278,6 +283,9 @@ def main() -> None:
     # the last step already trained: 0, or the checkpoint's (after a restart by
     # torchrun, the latest one in --checkpoint-dir)
     done = checkpoints.restore(args.resume, restarted=faults.restart_count() > 0)
+    # --init-from: a checkpoint's weights only, read into this layout; the optimizer
+    # fresh, the step 1 (runtime/checkpoint_init.py; not when resumed)
+    checkpoint_init.init_from(checkpoints, args.init_from, done=done)
 
     # ---- what runs: a banner on rank 0, and the profiler of --profile -----------
     observe.banner(
