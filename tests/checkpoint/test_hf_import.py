@@ -26,9 +26,15 @@ from .hf_models import SEQ, VOCAB, hf_loss, write
 from .trainer import records, run
 
 KINDS = ("gpt2", "llama", "mixtral")
+TWO = "mesh.devices_per_node=2"
 LAYOUTS = {  # name -> (--set overrides, ranks)
     "one": ([], 1),
-    "tp2": (["parallel.tp=2", "mesh.devices_per_node=2"], 2),
+    "tp2": (["parallel.tp=2", TWO], 2),
+    # the same loader in the other layouts (Checkpoints' boxes: runtime/checkpoint_init.py)
+    "pp2": (["parallel.pp=2", TWO], 2),
+    "zero3_dp2": (["parallel.dp=2", "parallel.zero=3", TWO], 2),
+    "ep2_dp2": (["parallel.dp=2", "parallel.ep=2", TWO], 2),
+    "cp2_ring": (["parallel.cp=2", "parallel.cp_kind=ring", TWO], 2),
 }
 BATCH = ["train.global_batch=4", "train.micro_batch=2"]
 
@@ -88,8 +94,10 @@ def step_losses(spec, build_dir, layout: str, *args: str, extra=()) -> dict[int,
     return {row["step"]: row["loss"] for row in records(metrics)}
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind, layout", [
+    *[(kind, layout) for kind in KINDS for layout in ("one", "tp2")],
+    ("llama", "pp2"), ("gpt2", "zero3_dp2"), ("mixtral", "ep2_dp2"), ("llama", "cp2_ring"),
+])
 def test_step_one_loss_from_the_import_is_transformers_loss(kind, layout, imported, tmp_path):
     hf, out = imported(kind)
     spec = load(str(out / "model.par"), BATCH)
