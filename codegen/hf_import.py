@@ -116,11 +116,11 @@ def _defaulted(parc_key: str, value, rows: dict):
     return value
 
 
-KINDS = {"tie_embeddings": bool, "dropout": float, "norm_eps": float, "rope_theta": float, "aux_loss": float}
+VALUE_TYPES = {"tie_embeddings": bool, "dropout": float, "norm_eps": float, "rope_theta": float, "aux_loss": float}
 
 
 def _checked(hf_key: str, value, parc_key: str):
-    kind = KINDS.get(parc_key, int)
+    kind = VALUE_TYPES.get(parc_key, int)
     fine = isinstance(value, kind) if kind is not float else isinstance(value, (int, float))
     if not fine or (kind is not bool and isinstance(value, bool)):
         raise HfImportError(f'"{hf_key}" = {json.dumps(value)}: must be {kind.__name__}')
@@ -212,13 +212,18 @@ def weight_files(folder: str) -> dict[str, str]:
 class _Reader:
     """Tensors of a Hugging Face folder by name, each read when asked (Note [import streams])."""
 
-    def __init__(self, files: dict[str, str]):
-        self.files, self.open = files, {}
+    def __init__(self, files: dict[str, str], prefix: str):
+        self.files, self.prefix, self.open = files, prefix, {}
 
-    def handle(self, name: str):
+    def key(self, name: str) -> str | None:
+        """The file's name for tensor ``name``: as written, or without the base model's prefix."""
+        short = name.removeprefix(self.prefix)
+        return name if name in self.files else short if short in self.files else None
+
+    def handle(self, key: str):
         from safetensors import safe_open
 
-        path = self.files[name]
+        path = self.files[key]
         if path not in self.open:
             try:
                 self.open[path] = safe_open(path, "pt")
@@ -227,12 +232,14 @@ class _Reader:
         return self.open[path]
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.handle(name).get_slice(name).get_shape())
+        key = self.key(name)
+        return tuple(self.handle(key).get_slice(key).get_shape())
 
     def tensor(self, name: str):
         import torch
 
-        return self.handle(name).get_tensor(name).to(torch.float32)
+        key = self.key(name)
+        return self.handle(key).get_tensor(key).to(torch.float32)
 
 
 def plan_links(model_config, reader: _Reader) -> list[tuple[hf_names.Link, list[tuple[int, ...]]]]:
@@ -249,16 +256,18 @@ def plan_links(model_config, reader: _Reader) -> list[tuple[hf_names.Link, list[
     for link in hf_names.links(config):
         parc_shapes = [shapes.pop(name) for name in link.parc]
         for name, shape in zip(link.hf, hf_names.hf_shapes(link, parc_shapes, config["vocab"])):
-            if name not in reader.files:
+            if reader.key(name) is None:
                 raise HfImportError(f"the weights have no tensor {name}, which config.json's model has")
             if reader.shape(name) != shape:
                 raise HfImportError(f"{name} has shape {list(reader.shape(name))}, but config.json's model "
                                     f"has {list(shape)}")
-            used.add(name)
+            used.add(reader.key(name))
         found.append((link, parc_shapes))
     if shapes:
         raise RuntimeError(f"internal error in parc (import): no Hugging Face name for {sorted(shapes)}")
-    extra = sorted(set(reader.files) - used)
+    if config["tie_embeddings"]:  # a copy of the tied embedding some checkpoints keep: transformers ignores it too
+        used.add(reader.key("lm_head.weight"))
+    extra = sorted(name for name in set(reader.files) - used if not name.endswith(hf_names.NOT_WEIGHTS))
     if extra:
         raise HfImportError(f"the weights hold {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}, which "
                             "parc's model has no place for (biases or layers parc lacks)")
@@ -316,7 +325,7 @@ def import_folder(hf_dir: str, out: str, *, force: bool = False) -> str:
     if os.path.lexists(out) and not force:
         raise HfImportError(f"{out} exists: remove it, or pass --force to replace it")
     kind, rows = parc_model(read_config(hf_dir))
-    reader = _Reader(weight_files(hf_dir))
+    reader = _Reader(weight_files(hf_dir), hf_names.BASE_PREFIX[kind])
     source = os.path.basename(os.path.normpath(os.path.abspath(hf_dir)))
     temporary = os.path.normpath(out) + ".parc-tmp"
     shutil.rmtree(temporary, ignore_errors=True)

@@ -209,6 +209,12 @@ FIXED = {  # model_type -> {transformers config key: the one value parc's model 
     "mixtral": {"architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "attention_dropout": 0.0,
                 "router_jitter_noise": 0.0, "output_router_logits": False},
 }
+BASE_PREFIX = {"gpt2": "transformer.", "llama": "model.", "mixtral": "model."}
+"""The base model's prefix, which older checkpoints (the original gpt2 on the Hub) leave out of
+their names; transformers loads them either way, and so does ``parc import``."""
+NOT_WEIGHTS = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
+"""Buffers some checkpoints hold beside the weights (GPT-2's causal mask, old Llamas' rotary
+frequencies): derived from the config, not read."""
 NOT_IMPORTED = {"output_router_logits"}
 """FIXED keys that do not change the model (whether the forward returns the router's logits)."""
 ABSENT = {"tie_word_embeddings": True, "num_key_value_heads": None, "n_inner": None}

@@ -188,3 +188,39 @@ def test_resume_from_an_import_points_at_init_from(imported, tmp_path):
     ckpt = out / "checkpoint"
     assert done.stderr.strip().splitlines()[-1] == (
         f"train.py: {ckpt} holds weights only (parc import): start from it with --init-from {ckpt}")
+
+
+def test_names_without_the_base_prefix_and_buffers_import_as_transformers_loads_them(imported, tmp_path):
+    """The original gpt2 on the Hub: ``h.0...``, not ``transformer.h.0...``, with the causal-mask
+    buffers and a copy of the tied embedding as lm_head; all read as transformers reads them."""
+    from safetensors.torch import save_file
+
+    hf, _ = imported("gpt2")
+    original = load_file(hf / "model.safetensors")
+    old = {name.removeprefix("transformer."): tensor for name, tensor in original.items()}
+    old["h.0.attn.bias"] = torch.ones(1, 1, SEQ, SEQ).tril()
+    old["lm_head.weight"] = original["transformer.wte.weight"].clone()
+    folder = tmp_path / "old"
+    folder.mkdir()
+    shutil.copy(hf / "config.json", folder / "config.json")
+    save_file(old, folder / "model.safetensors")
+    assert parc_main(["import", str(folder), "-o", str(tmp_path / "parc")]) == 0
+    assert parc_main(["export", str(tmp_path / "parc" / "checkpoint"), "--to", "safetensors", str(tmp_path / "back")]) == 0
+    back = load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(back) == sorted(original) and all(torch.equal(back[n], original[n]) for n in original)
+
+
+def test_a_tensor_parc_has_no_place_for_is_refused_naming_it(imported, tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    hf, _ = imported("llama")
+    folder = tmp_path / "biased"
+    shutil.copytree(hf, folder)
+    weights = load_file(folder / "model.safetensors")
+    weights["model.layers.1.self_attn.q_proj.bias"] = torch.zeros(32)
+    save_file(weights, folder / "model.safetensors")
+    assert parc_main(["import", str(folder), "-o", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err == (
+        f"parc import: {folder}: the weights hold model.layers.1.self_attn.q_proj.bias, which parc's model has "
+        "no place for (biases or layers parc lacks)\n")
+    assert not (tmp_path / "out").exists()
