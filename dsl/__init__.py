@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import data_files
+from . import data_files, init_checkpoint
 from .ast import Document, strip_spans
 from .build_spec import spec_document, spec_to_dict
 from .diagnostics import Diagnostics, ParcError, SourceMap, Span
@@ -69,7 +69,7 @@ def check(path: str, overrides: Sequence[str] = (), *, buildable: bool = True) -
     text = read_text(path)
     sources = SourceMap()
     spec = load_text(text, path, overrides, buildable=buildable, sources=sources)
-    return spec, Diagnostics(data_files.warnings(spec), sources)
+    return spec, Diagnostics(data_files.warnings(spec) + init_checkpoint.warnings(spec), sources)
 
 
 def load_text(

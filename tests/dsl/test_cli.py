@@ -229,3 +229,14 @@ def test_no_traceback_reaches_the_user(tmp_path) -> None:
     assert "Traceback" not in done.stderr and "internal error" not in done.stderr
     assert "\x1b" not in done.stderr  # control characters in quoted lines are masked
     assert "error[PAR0001]" in done.stderr and "error[PAR0010]" in done.stderr
+
+
+def test_check_warns_of_a_missing_init_checkpoint_relative_to_the_spec(capsys, tmp_path) -> None:
+    status, out, err = run(capsys, "check", str(TINY), "--set", 'train.init=checkpoint("nope")')
+    assert (status, out) == (0, f"{TINY}: ok\n")
+    assert err.startswith(f"--set 1:1:12: warning[PAR0224]: nothing at {TINY.parent}/nope (a folder with "
+                          "parc.json, or step_* checkpoints)\n")
+    assert err.endswith("\n1 warning\n")
+    (tmp_path / "ck" / "step_000004").mkdir(parents=True)
+    status, out, err = run(capsys, "check", str(TINY), "--set", f'train.init=checkpoint("{tmp_path / "ck"}")')
+    assert (status, out, err) == (0, f"{TINY}: ok\n", "")
