@@ -12,13 +12,16 @@ The names, layouts and config keys are codegen/hf_names.py's (Note [Hugging Face
 layouts]), read the other way from ``parc export``.
 
 Note [import streams]: the checkpoint is written by torch.distributed.checkpoint in one
-process, with a save planner (``_StreamingPlanner``) whose tensors are placeholders of
+process, with a save planner (``_streaming_planner``) whose tensors are placeholders of
 the right shape on the meta device; DCP's writer asks for each tensor's bytes in turn
 (``lookup_object``), and only then is it read from the safetensors file (mmapped by
-``safe_open``), converted (``hf_names.from_hf``) and handed over, so at most one parc
-tensor and the Hugging Face tensors it is made of are in memory, whatever the model's
-size. Every tensor's name and shape is checked before anything is written; the output
-is made in ``OUT.parc-tmp`` and renamed into place last, so a failure leaves nothing.
+``safe_open``), converted (``parc_tensor``: ``hf_names.from_hf``) and written to a file
+of its own (DCP's writer keeps every tensor of a file until the file is closed). So at
+most two parc tensors (the one being made, the one DCP wrote last and still holds) and
+the Hugging Face tensors of one are in memory, whatever the model's size
+(bench/import_memory.py measures it). Every tensor's name and shape is checked before
+anything is written; the output is made in ``OUT.parc-tmp`` and renamed into place
+last, so a failure leaves nothing.
 Tensors are stored as float32 (parc's master weights); a bf16 or fp16 model is widened
 exactly, so its export holds the same values in float32.
 """
@@ -290,6 +293,12 @@ def write_checkpoint(folder: str, model_config, reader: _Reader, source: str) ->
         json.dump(info, file, indent=1, sort_keys=True)
 
 
+def parc_tensor(name: str, link: hf_names.Link, shapes, reader: _Reader):
+    """Parc tensor ``name`` of ``link``, read and converted now (Note [import streams])."""
+    tensors = hf_names.from_hf(link, [reader.tensor(hf) for hf in link.hf], shapes)
+    return tensors[link.parc.index(name)].clone()
+
+
 def _streaming_planner(links, reader):
     """DCP's save planner over placeholders; each tensor read when DCP writes it (Note [import streams])."""
     import torch
@@ -302,9 +311,7 @@ def _streaming_planner(links, reader):
     class StreamingPlanner(checkpoint_dcp._SavePlanner):
         def lookup_object(self, index):
             name = index.fqn.removeprefix("model.")
-            link, shapes = by_name[name]
-            tensors = hf_names.from_hf(link, [reader.tensor(hf) for hf in link.hf], shapes)
-            return tensors[link.parc.index(name)].clone()
+            return parc_tensor(name, *by_name[name], reader)
 
     return StreamingPlanner([
         Piece(f"model.{name}", shape, (0,) * len(shape), torch.empty(shape, device="meta"))

@@ -118,10 +118,14 @@ def _one_process_quiet():
 
 
 def save(state: dict, folder: str, pieces, *, planner=None) -> None:
-    """Write ``state`` and this rank's boxes ``pieces`` into ``folder`` (all ranks together);
-    ``planner``: a ``_SavePlanner`` of its own instead (parc import's, Note [import streams])."""
+    """Write ``state`` and this rank's boxes ``pieces`` into ``folder`` (all ranks together).
+
+    ``planner``: a ``_SavePlanner`` of its own instead, whose tensors are made as DCP asks
+    for them (parc import's, Note [import streams]): then each goes into a file of its own,
+    since DCP's writer holds every tensor of a file until the file is done."""
+    writer = dcp.FileSystemWriter(folder, single_file_per_rank=planner is None)
     with _one_process_quiet():
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(folder), planner=planner or _SavePlanner(pieces))
+        dcp.save(state, storage_writer=writer, planner=planner or _SavePlanner(pieces))
 
 
 def tensor_shapes(path: str) -> dict[str, tuple[int, ...]]:

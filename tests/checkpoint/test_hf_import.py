@@ -224,3 +224,28 @@ def test_a_tensor_parc_has_no_place_for_is_refused_naming_it(imported, tmp_path,
         f"parc import: {folder}: the weights hold model.layers.1.self_attn.q_proj.bias, which parc's model has "
         "no place for (biases or layers parc lacks)\n")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_import_holds_one_tensor_at_a_time(imported, tmp_path, monkeypatch):
+    """Note [import streams]: when DCP asks for a tensor, the memory of those before is freed."""
+    import gc
+    import weakref
+
+    from parc.codegen import hf_import
+
+    hf, _ = imported("mixtral")
+    made, alive_at_each = [], []
+    real = hf_import.parc_tensor
+
+    def watched(*args):
+        gc.collect()
+        alive_at_each.append(sum(ref() is not None for ref in made))
+        tensor = real(*args)
+        made.append(weakref.ref(tensor.untyped_storage()))  # alive while any view of it is
+        return tensor
+
+    monkeypatch.setattr(hf_import, "parc_tensor", watched)
+    assert parc_main(["import", str(hf), "-o", str(tmp_path / "out")]) == 0
+    # DCP's write loop still holds the tensor it wrote last while it asks for the next one:
+    # at most one alive; a writer keeping a file's tensors until it closes holds them all
+    assert len(alive_at_each) == 23 and max(alive_at_each) == 1, alive_at_each
