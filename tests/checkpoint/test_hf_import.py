@@ -64,6 +64,9 @@ def test_export_of_an_import_gives_back_every_tensor_bit_for_bit(kind, imported,
     assert [name for name in original if not torch.equal(original[name], back[name])] == []
     config = json.loads((tmp_path / "back" / "config.json").read_text())
     assert config["model_type"] == kind and config["vocab_size"] == VOCAB
+    # and its config.json is the same model to transformers (rope theta, norm eps, experts, ...)
+    inputs, targets = data.SyntheticTokens(VOCAB, SEQ, seed=5).batch(range(2))
+    assert hf_loss(tmp_path / "back", inputs, targets) == hf_loss(hf, inputs, targets)
 
 
 def test_the_spec_cites_each_config_key_and_is_canonical(imported, capsys):
