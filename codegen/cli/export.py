@@ -5,7 +5,8 @@ latest complete one), read through torch.distributed.checkpoint in one process, 
 its ``parc.json`` (the model config). Gives: ``OUT`` — a ``.safetensors`` file, or a
 folder holding ``model.safetensors`` and a Hugging Face ``config.json`` — with the
 vocab padding rows dropped and the names and layouts of ``transformers``' GPT2LMHeadModel
-(gpt) or LlamaForCausalLM (llama); ``hf_state_dict`` is the conversion itself. A bad
+(gpt), LlamaForCausalLM (llama) or MixtralForCausalLM (llama with experts);
+``hf_state_dict`` is the conversion itself. A bad
 checkpoint (``runtime/checkpoint_files.py``) or an OUT that cannot be written is one
 line, exit 1, with nothing written; an existing export is replaced only with ``--force``.
 
@@ -154,7 +155,8 @@ def register(subparsers) -> None:
         help="write a checkpoint's weights as safetensors with Hugging Face names",
         description=(
             "Gather the full weights of a checkpoint (any layout) into a safetensors file with "
-            "Hugging Face's names for gpt2 or llama, vocab padding dropped. OUT ending in "
+            "Hugging Face's names for gpt2, llama or Mixtral, vocab padding dropped (parc import reads "
+            "them back). OUT ending in "
             ".safetensors is that file; otherwise a folder with model.safetensors and config.json."
         ),
     )
