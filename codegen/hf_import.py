@@ -170,8 +170,9 @@ train {
 """
 
 
-def spec_text(kind: str, rows: list[tuple[str, object, str]], source: str) -> str:
-    """``model.par``: the model block from ``rows`` (each value citing its config key), and the rest."""
+def spec_text(kind: str, rows: list[tuple[str, object, str]], source: str, padded_vocab: int | None = None) -> str:
+    """``model.par``: the model block from ``rows`` (each value citing its config key), and the
+    rest; ``padded_vocab``: the embedding's rows, as the loaded spec says (a comment)."""
     lines = [
         f"# Imported by parc import from {source} (transformers' {kind}); edit the mesh,",
         "# parallel and train blocks, then parc build.",
@@ -180,9 +181,8 @@ def spec_text(kind: str, rows: list[tuple[str, object, str]], source: str) -> st
     for key, value, words in rows:
         text = ("true" if value else "false") if isinstance(value, bool) else str(value)  # arch: a bare word
         comment = f"config.json {words}"
-        if key == "vocab":
-            padded = -(-value // 128) * 128
-            comment += f"; parc pads the embedding to {padded} rows (pad_vocab_to = 128)"
+        if key == "vocab" and padded_vocab is not None:
+            comment += f"; parc pads the embedding to {padded_vocab} rows (pad_vocab_to)"
         lines.append(f"  {key} = {text}  # {comment}")
     return "\n".join(lines) + "\n}\n\n" + TRAIN_BLOCK
 
@@ -199,8 +199,8 @@ def weight_files(folder: str) -> dict[str, str]:
         if os.path.exists(index):
             content = read_json(inside(folder, "model.safetensors.index.json"))
             mapping = content.get("weight_map") if isinstance(content, dict) else None
-            if not isinstance(mapping, dict):
-                raise HfImportError(f"{index}: has no \"weight_map\" object")
+            if not isinstance(mapping, dict) or not all(isinstance(f, str) for f in mapping.values()):
+                raise HfImportError(f"{index}: has no \"weight_map\" object of file names")
             return {name: str(inside(folder, file)) for name, file in mapping.items()}
         single = inside(folder, "model.safetensors")
     except (UnreadableFile, UnsafePath) as exc:
@@ -208,8 +208,11 @@ def weight_files(folder: str) -> dict[str, str]:
     if not os.path.isfile(single):
         raise HfImportError(f"{folder}: no model.safetensors nor model.safetensors.index.json "
                             "(save the model with safe_serialization)")
-    with safe_open(single, "pt") as file:
-        return {name: str(single) for name in file.keys()}
+    try:
+        with safe_open(single, "pt") as file:
+            return {name: str(single) for name in file.keys()}
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own errors on a damaged file
+        raise HfImportError(f"{single}: not a readable safetensors file ({exc})") from None
 
 
 class _Reader:
@@ -345,6 +348,8 @@ def import_folder(hf_dir: str, out: str, *, force: bool = False) -> str:
             spec = load(spec_path)
         except Diagnostics as exc:  # a config whose model parc's rules refuse (kv heads, ...)
             raise HfImportError(f"config.json's model breaks parc's rules:\n{exc}") from None
+        with open(spec_path, "w", encoding="utf-8") as file:  # the same spec, its padding said
+            file.write(spec_text(kind, rows, source, padded_vocab=spec.model.padded_vocab))
         write_checkpoint(os.path.join(temporary, CHECKPOINT), model_config(spec.model), reader, source)
         if os.path.lexists(out):  # --force: the old folder goes only once the new one is whole
             shutil.rmtree(out) if os.path.isdir(out) and not os.path.islink(out) else os.remove(out)

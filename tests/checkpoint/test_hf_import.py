@@ -74,7 +74,7 @@ def test_the_spec_cites_each_config_key_and_is_canonical(imported, capsys):
     text = (out / "model.par").read_text()
     for line in (
         'kv_heads = 2  # config.json "num_key_value_heads"',
-        'vocab = 250  # config.json "vocab_size"; parc pads the embedding to 256 rows (pad_vocab_to = 128)',
+        'vocab = 250  # config.json "vocab_size"; parc pads the embedding to 256 rows (pad_vocab_to)',
         'norm_eps = 1e-06  # config.json "rms_norm_eps"',
         'tie_embeddings = false  # config.json "tie_word_embeddings"',
         'init = checkpoint("checkpoint")  # the imported weights, from this file\'s folder',
@@ -252,3 +252,14 @@ def test_the_import_holds_one_tensor_at_a_time(imported, tmp_path, monkeypatch):
     # DCP's write loop still holds the tensor it wrote last while it asks for the next one:
     # at most one alive; a writer keeping a file's tensors until it closes holds them all
     assert len(alive_at_each) == 23 and max(alive_at_each) == 1, alive_at_each
+
+
+def test_a_damaged_weights_file_is_one_line(imported, tmp_path, capsys):
+    hf, _ = imported("gpt2")
+    folder = tmp_path / "damaged"
+    shutil.copytree(hf, folder)
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    assert parc_main(["import", str(folder), "-o", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"parc import: {folder}: {folder / 'model.safetensors'}: not a readable safetensors file (")
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
