@@ -11,8 +11,6 @@ rebuild does to the user's edits is ``codegen/build_merge.py``. Before:
 
 from __future__ import annotations
 
-import ast
-import functools
 import json
 import os
 from importlib import resources
@@ -30,65 +28,15 @@ from .build_folder import (  # noqa: F401 - re-exported: callers know them as bu
 )
 from .build_merge import Resolve, apply, plan_rebuild
 from .lower import lower
+from . import runtime_tree
 from .render import render, runtime_modules
 
 
 def runtime_files(modules: set[str] | None = None) -> dict[str, bytes]:
-    """The source files of parc's runtime a build needs, as ``parc_runtime/...`` → bytes.
-
-    ``modules``: the top-level runtime modules the program uses (``render.runtime_modules``);
-    the modules they import at module level follow, and a package (``kernels``) travels
-    whole with its C++ sources. None: every file (the whole runtime).
-    """
-    root = resources.files("parc.runtime")
-    out: dict[str, bytes] = {}
-    wanted = None if modules is None else _closure(root, set(modules))
-
-    def walk(node, prefix, top):
-        for child in sorted(node.iterdir(), key=lambda c: c.name):
-            if child.is_dir():
-                if child.name != "__pycache__" and (top is not None or wanted is None or child.name in wanted):
-                    walk(child, f"{prefix}{child.name}/", child.name)
-            elif child.name.endswith((".py", ".cpp", ".h", ".cu")):
-                name = child.name[: -len(".py")]
-                if top is not None or wanted is None or name == "__init__" or name in wanted:
-                    out[f"{prefix}{child.name}"] = child.read_bytes()
-
-    walk(root, "parc_runtime/", None)
-    return out
-
-
-def _closure(root, modules: set[str]) -> set[str]:
-    """``modules`` and every runtime module they import at module level (``from .x``)."""
-    seen: set[str] = set()
-    todo = list(modules)
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        node = root.joinpath(name)
-        sources = [c for c in node.iterdir() if c.name.endswith(".py")] if node.is_dir() else [root.joinpath(f"{name}.py")]
-        for source in sources:
-            todo += _top_level_imports(source.read_text(encoding="utf-8"), 2 if node.is_dir() else 1)
-    return seen
-
-
-@functools.lru_cache(maxsize=None)
-def _top_level_imports(text: str, level: int) -> tuple[str, ...]:
-    """The runtime modules a source imports at module level with ``from`` + ``level`` dots.
-
-    Keyed by the text itself: every build parses the runtime once per process, and an
-    edited file is a new key.
-    """
-    names: list[str] = []
-    for statement in ast.parse(text).body:
-        if isinstance(statement, ast.ImportFrom) and statement.level == level:  # the runtime's own top level
-            if statement.module:
-                names.append(statement.module.split(".")[0])
-            else:
-                names.extend(alias.name for alias in statement.names)
-    return tuple(names)
+    """The source files of parc's runtime a build needs, as ``parc_runtime/...`` → bytes
+    (``runtime_tree.files``: the modules the program uses, by their own names
+    (``render.runtime_modules``), and what they import at module level; None: every file)."""
+    return runtime_tree.files(modules)
 
 
 def spec_hash(spec) -> str:

@@ -14,7 +14,7 @@ from importlib import resources
 import black
 import jinja2
 
-from parc.runtime import axes
+from parc.runtime.layout import axes
 
 from .plan import Plan, Setting
 from . import (
@@ -26,6 +26,7 @@ from . import (
     render_moe,
     render_observe,
     render_step,
+    runtime_tree,
 )
 from .plan_text import cite, layer_value
 
@@ -160,7 +161,7 @@ def zero3_config_lines(plan: Plan) -> list[str]:
 
 
 def mesh_axes_text(plan: Plan) -> str:
-    """``MESH_AXES``' entries: the registry's axes in mesh order (``runtime/axes.py``), each
+    """``MESH_AXES``' entries: the registry's axes in mesh order (``runtime/layout/axes.py``), each
     named by its constant; an axis that is not ``always`` shown appears only when used."""
     shown = [a.axis for a in plan.mesh.axes if axes.axis(a.axis).always or a.size > 1]
     return ", ".join(f'("{name}", {name.upper()})' for name in shown)
@@ -204,7 +205,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     if tp_size > 1:
         group_lines.append('tp_group = grid.group("tp")  # ranks that share one copy of the model')
     if mesh.tp_shape is not None:
-        group_lines.append("# Note [2D tensor parallelism] (parc_runtime/layers2d.py): the tp ranks as a grid")
+        group_lines.append("# Note [2D tensor parallelism] (parc_runtime/parallel/tensor/layers2d.py): the tp ranks as a grid")
         group_lines.append("tp_grid = grid.tp_grid(TP_SHAPE)")
     # Gradients and the loss are means over the ranks that saw different tokens: dp, and
     # under context parallel dp × cp (each cp rank holds T/cp tokens of every sequence).
@@ -259,7 +260,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             if zero_stage == 1
             else "each bucket reduced as backward produced it, into our slice"
         )
-        if render_compress.enabled(plan):  # Note [compression under ZeRO] (runtime/zero.py)
+        if render_compress.enabled(plan):  # Note [compression under ZeRO] (runtime/parallel/data/zero.py)
             optimizer_lines = render_compress.grad_sync_lines(plan, dp_arg, over) + optimizer_lines
             optimizer_lines[-1] = optimizer_lines[-1][:-1] + ", grad_sync=grad_sync)"
             reduce_words = "compressed after backward, then our slice of it kept"
@@ -269,7 +270,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             "optimizer.step()  # AdamW on our slice, then all-gather the parameters over dp",
             "optimizer.zero_grad()",
         ]
-    elif compute is not None:  # runtime/master.py, Note [master weights]
+    elif compute is not None:  # runtime/optimizers/master.py, Note [master weights]
         optimizer_lines = [
             f"# {cite(plan.train.precision.span)}: {plan.train.precision.value} parameters, used as they are; "
             "the optimizer keeps",
@@ -295,7 +296,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         optimizer_extra += render_hetero.grad_sync_lines()
         after_backward.insert(0, "grad_sync.finish()  # wait the buckets: each layer's mean gradient")
     elif reducing and not zero_stage:
-        # Note [gradient overlap] (runtime/dp.py): always on with dp > 1
+        # Note [gradient overlap] (runtime/parallel/data/dp.py): always on with dp > 1
         optimizer_extra += render_compress.grad_sync_lines(plan, reduce_group, over) if render_compress.enabled(
             plan) else [
             f"# each bucket of gradients is all-reduced over {over} as soon as backward has",
@@ -386,7 +387,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         extra_flag_docs=extra_flag_docs,
         header=header(plan),
         std_imports=std_imports,
-        runtime_imports=", ".join(sorted(imports)),
+        runtime_imports=runtime_tree.import_lines(imports),
         config_lines=config_lines(plan) + render_hetero.table_lines(plan, cite(mesh.axis("tp").span)),
         tp_plan_lines=tp_plan_lines(plan),
         description=repr(f"Train {plan.model.name} ({layout})."),
@@ -454,7 +455,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
 
 
 def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, over: str) -> tuple[list[str], list[str]]:
-    """ZeRO-3's optimizer and step lines (runtime/fsdp.py)."""
+    """ZeRO-3's optimizer and step lines (runtime/parallel/data/fsdp.py)."""
     train = plan.train
     hybrid = train.zero_shard.value == "node"
     axes_arg = '("dp",)' if plan.mesh.size("cp") == 1 else '("dp", "cp")'
@@ -466,7 +467,7 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
         f"each {over} rank keeps its share of it and the",
         "# share's Adam moments, all-gathers a block before its forward and again before its",
         "# backward (ZERO_PREFETCH blocks ahead), frees it after; gradients reduce-scattered",
-        "# into fp32 shards after every micro-batch's backward (runtime/fsdp.py)",
+        "# into fp32 shards after every micro-batch's backward (runtime/parallel/data/fsdp.py)",
     ]
     if hybrid:
         optimizer_lines += [

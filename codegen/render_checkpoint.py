@@ -7,7 +7,7 @@ docstring lines, the set-up of ``faults.StepGuard`` and ``checkpoint.Checkpoints
 with the resume (``done``: the last step already trained), the step's first line
 (a test-only injected fault), the optimizer step guarded against non-finite numbers,
 and the end of a step (save when due or on SIGTERM). The runtime side is
-``runtime/checkpoint.py`` and ``runtime/faults.py``.
+``runtime/checkpoints/checkpoint.py`` and ``runtime/train/faults.py``.
 Before: ``codegen/render.py`` builds the other lines. After: the template places these.
 """
 
@@ -60,7 +60,7 @@ def setup_lines(plan: Plan, layout: str) -> list[str]:
         "",
         "# ---- checkpoints, SIGTERM and bad numbers ------------------------------------",
         "# Checkpoints hold every tensor under its logical name and full shape (DCP), so",
-        "# any layout of this model resumes from them (runtime/checkpoint.py).",
+        "# any layout of this model resumes from them (runtime/checkpoints/checkpoint.py).",
         f"guard = faults.StepGuard(ON_NONFINITE, {RANK_ARGS}, device=dist.device"
         + (f", where={where!r})" if where else ")"),
         "checkpoints = checkpoint.Checkpoints(",

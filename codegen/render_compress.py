@@ -1,4 +1,4 @@
-"""train.py's lines for ``parallel.compress`` and ``compress_pp`` (runtime/compress.py, compress_pp.py).
+"""train.py's lines for ``parallel.compress`` and ``compress_pp`` (runtime/parallel/data/compress.py, compress_pp.py).
 
 Takes: a ``Plan`` whose ``train.compress`` holds the settings of what is compressed
 (COMPRESS, COMPRESS_RANK or COMPRESS_RATIO, ERROR_FEEDBACK; COMPRESS_PP_RANK,

@@ -5,7 +5,7 @@ Gives: the lines ``render.py`` places when the spec evaluates — nothing otherw
 so a trainer without ``eval`` is unchanged: the cited constants, the validation
 data (the ``val`` file with its ``--val-data`` flag, the token file's held-out tail,
 or synthetic data's own stream), the ``evaluate.Evaluator`` set-up and the step's
-``val_loss``. The runtime side is ``runtime/evaluate.py`` (Note [one meaning of
+``val_loss``. The runtime side is ``runtime/train/evaluate.py`` (Note [one meaning of
 val_loss]) and ``PipelineExecutor.evaluate``.
 Before: ``codegen/render.py`` builds the other lines. After: the template places these.
 """

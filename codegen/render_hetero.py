@@ -1,4 +1,4 @@
-"""What ``train.py`` says and does for a heterogeneous layout (runtime/hetero.py).
+"""What ``train.py`` says and does for a heterogeneous layout (runtime/parallel/data/hetero.py).
 
 Takes: the Plan. Gives: ``enabled(plan)`` (the blocks' tp degrees differ), the per-layer
 table (``LAYER_TP``: one degree per block, folded into runs of equal layers with the
@@ -6,13 +6,13 @@ dp each run leaves, the embedding and head's rows said in words), and the lines 
 replace the uniform program's: the layouts' groups, the gradient sums over each
 layer's own dp group, the gradient norm, the sequence-parallel sums, ZeRO-1/2's optimizer, ZeRO-3's arguments.
 
-Note [heterogeneous layouts] is in runtime/hetero.py; ``MESH_AXES`` (DP, TP) is the
+Note [heterogeneous layouts] is in runtime/parallel/data/hetero.py; ``MESH_AXES`` (DP, TP) is the
 coarse split of a stage (the largest tp), the one the data is read in.
 """
 
 from __future__ import annotations
 
-from parc.runtime.layer_settings import fold_runs
+from parc.runtime.layout.layer_settings import fold_runs
 
 from .plan import LayerKind, Plan
 
@@ -33,7 +33,7 @@ def table_lines(plan: Plan, where: str) -> list[str]:
         and head.tp != blocks[-1].tp else f"layers.{len(blocks) - 1}"
     lines = [
         "",
-        f"# ---- each layer's split of a stage's {ranks} ranks: tp × dp (parc_runtime/hetero.py) ----",
+        f"# ---- each layer's split of a stage's {ranks} ranks: tp × dp (parc_runtime/parallel/data/hetero.py) ----",
         f"# {where}: layer i runs tp LAYER_TP[i] × dp {ranks} // LAYER_TP[i]; between layers of",
         "# different degrees the batch is split or gathered. The data is read as dp DP × tp TP",
         f"# (the largest tp); embed runs tp {embed.tp} × dp {embed.dp} as layers.0, head tp {head.tp} × dp {head.dp}"

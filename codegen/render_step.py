@@ -12,8 +12,8 @@ Before: ``codegen/render.py`` calls these. After: the template places the lines.
 
 from __future__ import annotations
 
-from parc.runtime.constraints import master_weights
-from parc.runtime.placement import placement_for
+from parc.runtime.layout.constraints import master_weights
+from parc.runtime.layout.placement import placement_for
 
 from . import render_compress, render_hetero
 from .plan import Plan
@@ -55,7 +55,7 @@ PLACEMENT_WORDS = {
 
 
 def placement_kind(plan: Plan) -> str:
-    """Which stage each rank's chunk runs (``runtime/placement.py``)."""
+    """Which stage each rank's chunk runs (``runtime/layout/placement.py``)."""
     pipe = plan.pipeline
     return placement_for(pipe.schedule, pipe.size, pipe.chunks).kind
 
@@ -75,7 +75,7 @@ def tied_embeddings(plan: Plan) -> bool:
 
 def fused_embedding_sync(plan: Plan) -> bool:
     """Is the tied embedding's sum over its first and last stage copies folded into the dp
-    all-reduce (Note [fused embedding synchronization] in runtime/pipeline.py)? Wherever its
+    all-reduce (Note [fused embedding synchronization] in runtime/parallel/pipeline/pipeline.py)? Wherever its
     gradient goes through ``dp.GradientBuckets``: a pipeline of the default placement, dp·cp > 1,
     no ZeRO (reduce-scattered into shards), no compression, one layout for every block."""
     mesh = plan.mesh
@@ -97,10 +97,10 @@ def config_lines(plan: Plan) -> list[str]:
         f"SCHEDULE = {pipe.schedule!r}  # {cite(pipe.schedule_span)}: {SCHEDULE_WORDS[pipe.schedule]}",
         f"CHUNKS = {pipe.chunks!r}  # model chunks (virtual stages) per pipeline rank",
         *([f"SLICES = {pipe.slices!r}  # {cite(pipe.schedule_span)}: token slices of each sequence "
-           "(runtime/terapipe.py)"] if sliced(plan) and not pipe.slice_lengths else []),
-        *([f"# {cite(pipe.schedule_span)}: tokens of each slice of a sequence, uneven (runtime/terapipe.py)",
+           "(runtime/parallel/pipeline/terapipe.py)"] if sliced(plan) and not pipe.slice_lengths else []),
+        *([f"# {cite(pipe.schedule_span)}: tokens of each slice of a sequence, uneven (runtime/parallel/pipeline/terapipe.py)",
            f"SLICES = {list(pipe.slice_lengths)!r}"] if sliced(plan) and pipe.slice_lengths else []),
-        *([f"PLACEMENT = {placement_kind(plan)!r}  # which stage each chunk runs (runtime/placement.py)"] if v else []),
+        *([f"PLACEMENT = {placement_kind(plan)!r}  # which stage each chunk runs (runtime/layout/placement.py)"] if v else []),
         f"# layers [start, stop) of each virtual stage ({split}); {where[0]}",
         f"# {where[1]}. Under this schedule a rank idles {100 * pipe.bubble_fraction:.1f}% of the step",
         "# (forward 1, backward 2 time units); `parc explain` draws the timeline.",
@@ -149,7 +149,7 @@ LOW_PRECISION = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 
 def compute_dtype(plan: Plan) -> str | None:
     """The dtype the parameters are held and used in, with fp32 master weights in the
-    optimizer (runtime/master.py, Note [master weights]); None for fp32 and where the
+    optimizer (runtime/optimizers/master.py, Note [master weights]); None for fp32 and where the
     forward autocasts instead (``autocast_dtype``)."""
     if autocast_dtype(plan) is not None:
         return None

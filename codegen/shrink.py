@@ -8,7 +8,7 @@ in their order, stage by stage), kernels — on one node of ``dp·tp·pp`` CPU d
 fp32, on synthetic data; each override with the value it replaces and why; and the
 overrides of the one-rank reference (the same model with no parallelism at all).
 
-Every smaller value is the first candidate the rules of ``runtime/constraints.py``
+Every smaller value is the first candidate the rules of ``runtime/layout/constraints.py``
 accept (``constraints.smallest``): no divisibility rule is written here a second time.
 Before: ``parc.dsl.load``. After: ``codegen/verify.py`` builds both and runs them.
 
@@ -17,7 +17,7 @@ Note [what verify shrinks]:
   heads = kv_heads · the spec's heads/kv_heads; head_dim 8 (or the spec's, if smaller).
   kv_heads stays on the spec's side of tp: a spec whose tp divides kv_heads keeps
   kv_heads ≥ tp, one with tp > kv_heads keeps replicating (Note [KV replication] in
-  ``runtime/layers.py``), so the shrunk model runs the same attention code.
+  ``runtime/parallel/tensor/layers.py``), so the shrunk model runs the same attention code.
 - ffn: about twice the shrunk hidden; vocab: about 200, padded or not as the spec's is
   (a padded vocab exercises the masked rows of the vocab-parallel loss); seq_len 16.
 - layers: per (virtual) stage, one block for each run of equal per-layer settings in
@@ -39,8 +39,8 @@ import math
 from dataclasses import dataclass
 
 from parc.dsl.spec import PipelineSchedule, Recompute, Spec
-from parc.runtime import constraints
-from parc.runtime.layer_settings import SETTINGS, spec_text
+from parc.runtime.layout import constraints
+from parc.runtime.layout.layer_settings import SETTINGS, spec_text
 
 from .spec_values import spec_values
 

@@ -1,4 +1,4 @@
-"""A ``Spec`` as the plain values of ``runtime/constraints.py``, and its violations as errors.
+"""A ``Spec`` as the plain values of ``runtime/layout/constraints.py``, and its violations as errors.
 
 Takes: a ``Spec`` (``None`` where the spec says ``auto``). Gives: ``spec_values(spec)``,
 the values by the names of ``constraints.KEYS``, and ``rule_errors(spec, kinds)``, a
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from parc.dsl.diagnostics import ParcError
 from parc.dsl.spec import PipelineSchedule, Spec
-from parc.runtime import constraints
-from parc.runtime.layer_settings import SETTINGS
+from parc.runtime.layout import constraints
+from parc.runtime.layout.layer_settings import SETTINGS
 
 from .errors import span_of
 

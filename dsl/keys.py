@@ -161,7 +161,7 @@ MOE_KEYS = (
         "(1: dropless and balanced); scales its expert compute, all-to-all and activations",
     ),
 )
-"""The mixture-of-experts keys of ``model`` (runtime/moe.py)."""
+"""The mixture-of-experts keys of ``model`` (runtime/parallel/expert/moe.py)."""
 
 MODEL = BlockDef(
     name="model",

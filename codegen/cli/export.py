@@ -6,7 +6,7 @@ its ``parc.json`` (the model config). Gives: ``OUT`` — a ``.safetensors`` file
 folder holding ``model.safetensors`` and a Hugging Face ``config.json`` — with the
 vocab padding rows dropped and the names and layouts of ``transformers``' GPT2LMHeadModel
 (gpt) or LlamaForCausalLM (llama); ``hf_state_dict`` is the conversion itself. A bad
-checkpoint (``runtime/checkpoint_files.py``) or an OUT that cannot be written is one
+checkpoint (``runtime/checkpoints/checkpoint_files.py``) or an OUT that cannot be written is one
 line, exit 1, with nothing written; an existing export is replaced only with ``--force``.
 
 Note [Hugging Face layouts]: GPT-2's checkpoints use Conv1D, whose weight is the
@@ -20,7 +20,7 @@ are copied as they are (Meta's original checkpoints interleave pairs instead, an
 conversion script permutes them; a parc checkpoint never needs that). A tied head is
 not written (both libraries tie ``lm_head`` to the embedding from the config).
 
-Note [Mixtral names]: a llama with experts (runtime/moe.py) is exported as transformers'
+Note [Mixtral names]: a llama with experts (runtime/parallel/expert/moe.py) is exported as transformers'
 MixtralForCausalLM: the router is ``block_sparse_moe.gate`` and expert j's gate, down and
 up projections are ``block_sparse_moe.experts.j.w1``, ``w2`` and ``w3`` (slices of parc's
 grouped (E, out, in) weights). Mixtral routes as parc's softmax router does (softmax, top-k,
@@ -205,7 +205,7 @@ def export(ckpt: str, out: str, *, force: bool = False) -> str:
     Nothing is written until the checkpoint has been read; each file is written beside
     its place and renamed into it.
     """
-    from parc.runtime import checkpoint  # torch, only when exporting
+    from parc.runtime.checkpoints import checkpoint  # torch, only when exporting
 
     from safetensors.torch import save_file
 
@@ -243,7 +243,7 @@ def _umask() -> int:
 
 
 def run(args) -> int:
-    from parc.runtime.checkpoint_files import CheckpointError, NoCheckpoint
+    from parc.runtime.checkpoints.checkpoint_files import CheckpointError, NoCheckpoint
 
     if args.to != "safetensors":
         print(f"parc export: unknown format {args.to!r}: safetensors", file=sys.stderr)

@@ -7,10 +7,10 @@ Axes of size 1 stay in the mesh, so later axes slot in without renumbering ranks
 ``cp_kind`` travels with the mesh (``MeshPlan.cp_kind``). The layout fills the mesh
 exactly (dp · cp · tp · pp = nodes · devices_per_node) and a tp
 group stays on one node: ``check_buildable`` held the spec to those rules
-(``runtime/constraints.py``: ``world``, ``tp_within_node``).
+(``runtime/layout/constraints.py``: ``world``, ``tp_within_node``).
 
 Before: ``check_buildable``. After: ``partition_layers``. The ranks and groups follow
-from the axes (``MeshPlan.ranks``, ``runtime/axes.py``).
+from the axes (``MeshPlan.ranks``, ``runtime/layout/axes.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from parc.dsl.spec import Spec
-from parc.runtime.axes import NAMES
+from parc.runtime.layout.axes import NAMES
 
 from ..plan import MeshAxis, MeshPlan, Setting
 from .draft import Draft

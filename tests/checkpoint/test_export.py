@@ -19,7 +19,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from parc.codegen.cli import export as export_cmd
-from parc.runtime import checkpoint, data, model
+from parc.runtime.checkpoints import checkpoint
+from parc.runtime.train import data
+from parc.runtime.models import model
 
 from .trainer import build, run
 

@@ -199,7 +199,7 @@ def test_a_folder_is_checked_against_its_spec(tmp_path, capsys):
 
 
 def test_smallest_takes_the_first_candidate_the_rules_accept():
-    from parc.runtime import constraints
+    from parc.runtime.layout import constraints
 
     values = {"hidden": 64, "heads": 8, "tp": 4, "ffn": 256, "vocab": 256, "pad_vocab_to": 128}
     assert constraints.smallest(values, ({"heads": h} for h in range(1, 9))) == {"heads": 4}

@@ -278,12 +278,12 @@ def test_a_hostile_base_is_not_used(out, capsys, tmp_path):
 def test_a_file_parc_no_longer_makes(tmp_path, capsys):
     out = tmp_path / "tiny"
     assert main(["build", TINY, "-o", str(out), "--set", "parallel.zero=1"]) == 0
-    zero = out / "parc_runtime" / "zero.py"
+    zero = out / "parc_runtime" / "parallel" / "data" / "zero.py"
     zero.write_text(zero.read_text() + "# mine\n")
     capsys.readouterr()
     status, stdout, _ = run(capsys, *build(out=out))
-    assert status == 0 and f"{out}: left your parc_runtime/zero.py in place: parc no longer generates it, and it is yours now\n" in stdout
-    assert zero.read_text().endswith("# mine\n") and not (out / ".parc" / "base" / "parc_runtime" / "zero.py").exists()
+    assert status == 0 and f"{out}: left your parc_runtime/parallel/data/zero.py in place: parc no longer generates it, and it is yours now\n" in stdout
+    assert zero.read_text().endswith("# mine\n") and not (out / ".parc" / "base" / "parc_runtime" / "parallel" / "data" / "zero.py").exists()
     assert run(capsys, *build("--check", out=out))[0] == 0
 
 

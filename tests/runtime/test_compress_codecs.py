@@ -1,4 +1,4 @@
-"""The compression codecs alone (runtime/compress.py, compress_pp.py): what they send and
+"""The compression codecs alone (runtime/parallel/data/compress.py, compress_pp.py): what they send and
 what error feedback restores. The trainers' convergence is tests/parity/test_compress.py."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parc.runtime import compress
-from parc.runtime.compress import powersgd_pays
-from parc.runtime.compress_pp import LowRankBackprop
+from parc.runtime.parallel.data import compress
+from parc.runtime.parallel.data.compress import powersgd_pays
+from parc.runtime.parallel.pipeline.compress_pp import LowRankBackprop
 
 SHAPE = (2, 8, 16)  # (micro_batch, tokens, hidden): a 16 × 16 matrix
 

@@ -5,10 +5,10 @@ Takes: a ``Spec`` with experts > 0, a ``Layout`` (its ``ep``) and ``Hardware``. 
 compute does not hide), ``expert_reduce`` (the experts' gradient reduction over edp).
 The rest of a MoE block (attention, router, shared experts: linear modules) is
 ``cost/time.py``'s dense block, and memory is ``cost/memory.py``'s (experts sharded over
-ep by ``rank_params``; the routed rows' activations by ``runtime/saved_elements.py``).
+ep by ``rank_params``; the routed rows' activations by ``runtime/layout/saved_elements.py``).
 Before: ``cost/layout.py``, ``cost/comm.py``. After: ``cost/time.py``.
 
-Note [MoE costs] (runtime/moe.py), per MoE block and micro-batch on one rank of n local
+Note [MoE costs] (runtime/parallel/expert/moe.py), per MoE block and micro-batch on one rank of n local
 tokens, K = top_k, C hidden, F = expert_ffn, ι = ``model.routing_imbalance`` (the busiest
 ep rank's routed rows over the mean, 1.0 when dropless and balanced):
 - rows: the rank dispatches n·K rows, n = micro_batch·seq_len/cp (a cp rank routes its
@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parc.dsl.spec import Arch, Spec
-from parc.runtime.model_desc import LINEAR
+from parc.runtime.layout.model_desc import LINEAR
 
 from ...model_config import model_desc
 from .comm import collective_time

@@ -57,9 +57,9 @@ import math
 from dataclasses import dataclass
 
 from parc.dsl.spec import Arch, ModelSpec, Precision, Spec
-from parc.runtime.model_desc import LINEAR
-from parc.runtime.placement import placement_for
-from parc.runtime.schedule_terapipe import slice_scale
+from parc.runtime.layout.model_desc import LINEAR
+from parc.runtime.layout.placement import placement_for
+from parc.runtime.schedules.schedule_terapipe import slice_scale
 
 from ...model_config import model_desc
 
@@ -111,7 +111,7 @@ class TimeBreakdown:
 
 def model_flops_per_token(spec: Spec) -> float:
     """PaLM's 6·N + 12·L·H·Q·T, N the matmul weights: the model description's count
-    (``runtime/model_desc.py``), which the trainer's MFU uses too (``runtime/metrics.py``)."""
+    (``runtime/layout/model_desc.py``), which the trainer's MFU uses too (``runtime/train/metrics.py``)."""
     return model_desc(spec.model).flops_per_token()
 
 
@@ -179,7 +179,7 @@ def _activation_size(spec: Spec, accounting: Accounting) -> float:
 
 def _zero3_gather_element(spec: Spec, accounting: Accounting) -> float:
     """Bytes of a gathered ZeRO-3 element: Megatron's fp16; parc's compute dtype (bf16/fp16
-    parameters with fp32 masters: 2; else 4; runtime/fsdp.py)."""
+    parameters with fp32 masters: 2; else 4; runtime/parallel/data/fsdp.py)."""
     if accounting is Accounting.MEGATRON:
         return 2.0
     return 2.0 if uses_master_weights(spec) else 4.0
@@ -187,7 +187,7 @@ def _zero3_gather_element(spec: Spec, accounting: Accounting) -> float:
 
 def _zero3_grad_element(spec: Spec, accounting: Accounting) -> float:
     """Bytes of a reduce-scattered ZeRO-3 gradient element: Megatron's fp16; parc packs fp32
-    (runtime/fsdp.py; ``grad_reduce = bf16`` is zero 0's only, PAR0820)."""
+    (runtime/parallel/data/fsdp.py; ``grad_reduce = bf16`` is zero 0's only, PAR0820)."""
     return 2.0 if accounting is Accounting.MEGATRON else 4.0
 
 
@@ -290,7 +290,7 @@ def _pipeline(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, 
     t, d, p, v = layout.tp, layout.dp, layout.pp, layout.chunks
     micro_batches = layout.grad_accum(spec.train.global_batch)
     tokens = layout.tokens(m.seq_len)  # this rank's: seq_len / cp of each sequence
-    # runtime/placement.py: the model stages (chimera: p, each held twice) and the
+    # runtime/layout/placement.py: the model stages (chimera: p, each held twice) and the
     # chunks of a rank each micro-batch runs through (chimera: one of its two)
     place = placement_for(layout.schedule, p, v) if p > 1 else None
     layers_per_chunk = m.layers / (place.virtual_stages if place else p * v)
@@ -474,7 +474,7 @@ def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, fo
     for backward (a full recompute's rerun finds its unit gathered): all-gathers of
     g = Ψ_rank/B elements of ``gather_element`` bytes over the shard group; backward also
     reduce-scatters each unit's gradient (``grad_element`` bytes), every micro-batch, as
-    Megatron/DeepSpeed's program and parc's (runtime/fsdp.py, Note [gradients of a unit]).
+    Megatron/DeepSpeed's program and parc's (runtime/parallel/data/fsdp.py, Note [gradients of a unit]).
     Prefetch launches unit i+1's gather when unit i starts, so the link carries one unit's
     traffic L (forward: its gather; backward: its gather and the previous unit's
     reduce-scatter) while one unit computes (c: a block's forward, or its backward with the
@@ -529,7 +529,7 @@ def _optimizer_time(hw: Hardware, accounting: Accounting, params: int, tensors: 
                     expert_params: int = 0, *, shard: int | None = None) -> float:
     """``shard``: the ranks ZeRO shards the dense elements over (default dp·cp; HSDP's node)."""
     elements = params
-    if layout.zero >= 1:  # experts split over ep are sharded over edp (runtime/zero.py)
+    if layout.zero >= 1:  # experts split over ep are sharded over edp (runtime/parallel/data/zero.py)
         elements = math.ceil((params - expert_params) / (shard or layout.shard_ranks))
         if expert_params:
             elements += math.ceil(expert_params / expert_data_ranks(layout))

@@ -40,21 +40,12 @@ import time
 
 import torch
 
-from parc_runtime import (
-    checkpoint,
-    comm,
-    data,
-    dp,
-    faults,
-    memory,
-    mesh,
-    metrics,
-    model,
-    observe,
-    optim,
-    traffic,
-    zero,
-)
+from parc_runtime.checkpoints import checkpoint
+from parc_runtime.distributed import comm, mesh, traffic
+from parc_runtime.models import model
+from parc_runtime.optimizers import optim
+from parc_runtime.parallel.data import dp, zero
+from parc_runtime.train import data, faults, memory, metrics, observe
 
 # ---- configuration (from gpt2-small.par) ------------------------------------------
 # model
@@ -219,7 +210,7 @@ def main() -> None:
 
     # ---- checkpoints, SIGTERM and bad numbers ------------------------------------
     # Checkpoints hold every tensor under its logical name and full shape (DCP), so
-    # any layout of this model resumes from them (runtime/checkpoint.py).
+    # any layout of this model resumes from them (runtime/checkpoints/checkpoint.py).
     guard = faults.StepGuard(
         ON_NONFINITE, rank=dist.rank, world_size=dist.world_size, device=dist.device
     )
@@ -343,4 +334,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    mesh.shutdown()  # after main's objects are gone (Note in parc_runtime/mesh.py)
+    mesh.shutdown()  # after main's objects are gone (Note in parc_runtime/distributed/mesh.py)
