@@ -15,6 +15,7 @@ import black
 import jinja2
 
 from parc.runtime.layout import axes
+from parc.runtime.schedules import schedule
 
 from .plan import Plan, Setting
 from . import (
@@ -554,7 +555,16 @@ def runtime_modules(plan: Plan) -> set[str]:
     modules |= {"context"} if plan.mesh.size("cp") > 1 else set()  # model.py imports it for cp > 1
     modules |= {"layers2d"} if plan.mesh.tp_shape is not None else set()  # model.py and mesh.py import it
     modules |= {"moe_overlap"} if render_moe.overlaps_experts(plan) else set()  # moe.py imports it
+    modules |= pipeline_modules(plan.pipeline.schedule) if render_step.has_pipeline(plan) else set()
     return modules | {entry.module for entry in plan.used_settings() if entry.module}
+
+
+def pipeline_modules(kind: str) -> set[str]:
+    """What a pipeline of schedule ``kind`` imports only when it runs: the kind's orders
+    (``schedule.MODULES``), split backward (zero-bubble kinds), TeraPipe's slices."""
+    modules = {schedule.MODULES[kind]} if kind in schedule.MODULES else set()
+    modules |= {"split_backward"} if kind in schedule.SPLIT_BACKWARD else set()
+    return modules | ({"terapipe"} if kind in schedule.SLICED else set())
 
 
 def layout_words(plan: Plan) -> str:

@@ -97,8 +97,8 @@ def config_lines(plan: Plan) -> list[str]:
         f"SCHEDULE = {pipe.schedule!r}  # {cite(pipe.schedule_span)}: {SCHEDULE_WORDS[pipe.schedule]}",
         f"CHUNKS = {pipe.chunks!r}  # model chunks (virtual stages) per pipeline rank",
         *([f"SLICES = {pipe.slices!r}  # {cite(pipe.schedule_span)}: token slices of each sequence "
-           "(runtime/parallel/pipeline/terapipe.py)"] if sliced(plan) and not pipe.slice_lengths else []),
-        *([f"# {cite(pipe.schedule_span)}: tokens of each slice of a sequence, uneven (runtime/parallel/pipeline/terapipe.py)",
+           "(terapipe.py)"] if sliced(plan) and not pipe.slice_lengths else []),
+        *([f"# {cite(pipe.schedule_span)}: tokens of each slice of a sequence, uneven (terapipe.py)",
            f"SLICES = {list(pipe.slice_lengths)!r}"] if sliced(plan) and pipe.slice_lengths else []),
         *([f"PLACEMENT = {placement_kind(plan)!r}  # which stage each chunk runs (runtime/layout/placement.py)"] if v else []),
         f"# layers [start, stop) of each virtual stage ({split}); {where[0]}",

@@ -32,13 +32,10 @@ sends to rank 0 chunk c+1.
 from __future__ import annotations
 
 import enum
+import importlib
 from dataclasses import dataclass
 
 from ..layout.placement import Placement, placement_for
-from .schedule_zb import zero_bubble_bound, zero_bubble_orders
-from .schedule_chimera import chimera_bound, chimera_orders
-from .schedule_zbv import zero_bubble_v_bound, zero_bubble_v_orders
-from .schedule_terapipe import terapipe_bound, terapipe_orders
 
 KINDS = ("gpipe", "1f1b", "interleaved", "zero_bubble", "zero_bubble_v", "chimera", "terapipe")
 SPLIT_BACKWARD = ("zero_bubble", "zero_bubble_v")
@@ -47,9 +44,21 @@ elsewhere B is the whole backward (Note [B and W])."""
 FIXED_CHUNKS = {"zero_bubble_v": 2, "chimera": 2}
 """Kinds that run a fixed number of model chunks per rank (ZB-V: two, in a V; chimera:
 a stage of each of its two pipelines)."""
+MODULES = {
+    "zero_bubble": "schedule_zb", "zero_bubble_v": "schedule_zbv", "chimera": "schedule_chimera",
+    "terapipe": "schedule_terapipe",
+}
+"""The module of this package that holds a kind's orders and bound (gpipe, 1f1b and
+interleaved live here); imported when the kind is asked for, so a build ships only its
+own kind's (``codegen/render.py`` ``runtime_modules`` reads this table)."""
 SLICED = ("terapipe",)
 """Kinds that pipeline token slices of each micro-batch: their actions' ``micro`` is a
 unit, slice j of micro-batch m being m·S + j (``schedule_terapipe``, Note [slices as units])."""
+
+
+def kind_module(kind: str):
+    """The module holding ``kind``'s orders and in-flight bound (``MODULES``)."""
+    return importlib.import_module(f"{__package__}.{MODULES[kind]}")
 
 
 def chunks_for(kind: str, chunks: int = 1) -> int:
@@ -175,7 +184,7 @@ def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 
     _validate(kind, stages, micro_batches, chunks, slices)
     if kind in SLICED:
         placement = placement_for(kind, stages, chunks)
-        orders = terapipe_orders(stages, micro_batches, slices)
+        orders = kind_module(kind).terapipe_orders(stages, micro_batches, slices)
         return Schedule(
             (tuple(_with_communication([(_ZB_OPS[op], u, 0) for op, u in orders[rank]], rank, placement))
              for rank in range(stages)),
@@ -212,13 +221,13 @@ def in_flight_bound(kind: str, *, stages: int, rank: int, micro_batches: int, ch
     if kind == "1f1b":
         return min(stages - rank, micro_batches)
     if kind == "zero_bubble":
-        return zero_bubble_bound(stages, micro_batches)
+        return kind_module(kind).zero_bubble_bound(stages, micro_batches)
     if kind == "zero_bubble_v":
-        return zero_bubble_v_bound(stages, micro_batches)
+        return kind_module(kind).zero_bubble_v_bound(stages, micro_batches)
     if kind == "chimera":
-        return chimera_bound(stages, rank, micro_batches)
+        return kind_module(kind).chimera_bound(stages, rank, micro_batches)
     if kind in SLICED:
-        return terapipe_bound(stages, rank, micro_batches, slices)
+        return kind_module(kind).terapipe_bound(stages, rank, micro_batches, slices)
     return min(_interleaved_warmup(rank, stages, micro_batches, chunks) + 1, total)
 
 
@@ -246,15 +255,15 @@ _ZB_OPS = {"F": Op.FORWARD, "B": Op.BACKWARD, "W": Op.WEIGHT}
 
 
 def _zero_bubble_order(rank, stages, micro_batches, chunks):
-    return [(_ZB_OPS[op], m, 0) for op, m in zero_bubble_orders(stages, micro_batches)[rank]]
+    return [(_ZB_OPS[op], m, 0) for op, m in kind_module("zero_bubble").zero_bubble_orders(stages, micro_batches)[rank]]
 
 
 def _zero_bubble_v_order(rank, stages, micro_batches, chunks):
-    return [(_ZB_OPS[op], m, c) for op, m, c in zero_bubble_v_orders(stages, micro_batches)[rank]]
+    return [(_ZB_OPS[op], m, c) for op, m, c in kind_module("zero_bubble_v").zero_bubble_v_orders(stages, micro_batches)[rank]]
 
 
 def _chimera_order(rank, stages, micro_batches, chunks):
-    return [(_ZB_OPS[op], m, c) for op, m, c in chimera_orders(stages, micro_batches)[rank]]
+    return [(_ZB_OPS[op], m, c) for op, m, c in kind_module("chimera").chimera_orders(stages, micro_batches)[rank]]
 
 
 def _interleaved_warmup(rank, stages, micro_batches, chunks):

@@ -33,9 +33,6 @@ from ...distributed.mesh import axis_ranks
 from .p2p import p2p_steps, post_batch
 from ...layout.placement import Placement
 from ...schedules.schedule import Op
-from ...schedules.schedule_terapipe import split_unit
-from .terapipe import SliceState
-from .split_backward import backward_input, backward_weight
 from ...distributed.traffic import comm_bytes
 
 _ACT, _GRAD = 0, 1
@@ -59,13 +56,20 @@ class PipelineExecutor:
         self.virtual_stages = self.placement.virtual_stages
         self.micro_batches = micro_batches
         # terapipe.py: each micro-batch in token slices, attending to the earlier ones' keys
-        self.sliced = None if slices is None else SliceState(slices)
-        if self.sliced is not None:
+        self.sliced = None
+        if slices is not None:  # only a TeraPipe build ships terapipe.py
+            from .terapipe import SliceState
+
+            self.sliced = SliceState(slices)
             self.sliced.attach(self.chunks)
         self.units = micro_batches * (1 if slices is None else len(slices))
         self.shape, self.device, self.autocast_dtype = tuple(activation_shape), device, autocast_dtype
         # schedule.py, Note [B and W]: B computes the input gradient only, W the weights'
         self.split_backward = any(action.op is Op.WEIGHT for action in self.actions)
+        if self.split_backward:  # only a zero-bubble build ships split_backward.py
+            from .split_backward import backward_input, backward_weight
+
+            self._backward_input, self._backward_weight = backward_input, backward_weight
         self.steps = p2p_steps(self.actions)
         self.grad_codec = grad_codec
         self.loss_scale = 1.0  # fp16: the last stage's backward starts from it (loss_scale.py)
@@ -87,7 +91,11 @@ class PipelineExecutor:
 
     def _slice(self, unit: int) -> tuple[int, int | None]:
         """(micro-batch, slice) of an action's ``micro``: (micro, None) unless sliced."""
-        return (unit, None) if self.sliced is None else split_unit(unit, len(self.sliced.lengths))
+        if self.sliced is None:
+            return (unit, None)
+        from ...schedules.schedule_terapipe import split_unit  # a TeraPipe build ships it
+
+        return split_unit(unit, len(self.sliced.lengths))
 
     def _shape(self, unit: int) -> tuple[int, ...]:
         """What travels for ``unit``: the activation shape, over the slice's tokens when sliced."""
@@ -134,7 +142,7 @@ class PipelineExecutor:
             if last and self.loss_scale != 1.0:
                 grad = torch.full_like(y, self.loss_scale)  # d(scale · loss)/d(loss)
             if self.split_backward:
-                x_grad, owed[(m, c)] = backward_input(y, grad, x, self.chunks[c].parameters())
+                x_grad, owed[(m, c)] = self._backward_input(y, grad, x, self.chunks[c].parameters())
             elif self.sliced is not None:  # with the gradients later slices left on its keys and values
                 self.sliced.backward(*self._slice(m), y, grad)
                 x_grad = x.grad
@@ -148,7 +156,7 @@ class PipelineExecutor:
                 input_grads[(m, c)] = x_grad
             return 0.0
         if op is Op.WEIGHT:
-            backward_weight(owed.pop((m, c)))
+            self._backward_weight(owed.pop((m, c)))
             return 0.0
         raise ValueError(f"unknown pipeline action {action!r}")
 
