@@ -141,6 +141,42 @@ def test_write_conflicts_leaves_markers_that_check_and_build_refuse(out, capsys)
         0, f"{out}: up to date\n{out}: edited, merges cleanly: train.py\n", "")
 
 
+@pytest.mark.parametrize("left", [
+    "<<<<<<< yours\nSTEPS = 100  # mine\n",  # the rest of the block deleted
+    "STEPS = 100  # mine\n>>>>>>> new generation\n",
+    "<<<<<<<\nSTEPS = 100  # mine\n",  # a bare marker
+], ids=["lone-start", "lone-end", "bare-start"])
+def test_a_conflict_half_resolved_is_not_up_to_date(out, capsys, left):
+    """One marker left alone (the rest of the block removed) is still a conflict not resolved:
+    train.py no longer parses, so --check cannot call it up to date and a rebuild stops."""
+    edit(out / "train.py", "STEPS = 20  # tiny.par:29\n", left)
+    marker = STEPS if left[0] == "<" else STEPS + 1
+    status, _, err = run(capsys, *build("--check", out=out))
+    assert status == 3 and err.startswith(f"{out}: unresolved conflict markers: train.py (line {marker})\n")
+    before = snapshot(out)
+    for flag in ((), ("--accept",), ("--write-conflicts",)):
+        status, _, err = run(capsys, *build(*flag, out=out))
+        assert status == 3 and err.startswith(f"parc build: {out}/train.py still holds conflict markers "
+                                              f"(line {marker}); resolve them first\n")
+        assert snapshot(out) == before
+
+
+def test_a_train_py_that_no_longer_parses_is_not_up_to_date(out, capsys):
+    """No marker, but an edit that breaks the syntax: the same stop, saying where it breaks."""
+    edit(out / "train.py", "STEPS = 20  # tiny.par:29\n", "STEPS = (20  # tiny.par:29\n")
+    status, _, err = run(capsys, *build("--check", out=out))
+    assert status == 3
+    assert err.startswith(f"{out}: edited, no longer parses: train.py (line {STEPS}: ")
+    before = snapshot(out)
+    status, _, err = run(capsys, *build("--accept", out=out))
+    assert status == 3 and err.startswith(f"parc build: {out}/train.py no longer parses as Python (line {STEPS}: ")
+    assert f"hint: fix the file by hand (or run `parc build {TINY} -o {out}` with --force" in err
+    assert snapshot(out) == before
+    status, stdout, _ = run(capsys, *build("--force", out=out))
+    assert status == 0 and f"saved your train.py as train.py.orig" in stdout
+    assert run(capsys, *build("--check", out=out))[0] == 0
+
+
 def test_force_saves_yours_first(out, capsys):
     train = out / "train.py"
     mine = edit(train, "STEPS = 20  # tiny.par:29\n", "STEPS = 100  # mine\n")
