@@ -21,6 +21,7 @@ from . import (
     render_checkpoint,
     render_compress,
     render_eval,
+    render_flags,
     render_hetero,
     render_launch,
     render_moe,
@@ -326,17 +327,11 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     else:
         loss_lines.append("step_loss = loss_sum")
     step_lines = render_checkpoint.guarded_step_lines(step_lines, fp16=plan.train.precision.value == "fp16")
-    extra_args = render_checkpoint.flag_lines() + render_observe.flag_lines()
     flag_docs = render_checkpoint.flag_docs(plan) + render_observe.flag_docs(plan) + render_eval.flag_docs(plan)
     extra_flag_docs = [docstring_text(line) for line in flag_docs]
     if data.kind == "tokens":
         dataset_line = render_eval.TOKEN_FILE.format(path="args.data", part=render_eval.dataset_part(plan))
         dataset_line = "dataset = " + dataset_line
-        extra_args += [
-            "# DATA_PATH is from this file's folder, so the run works from any cwd",
-            'data_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), DATA_PATH)',
-            'parser.add_argument("--data", default=data_path, metavar="PATH")',
-        ] + render_eval.flag_lines(plan)
         extra_flag_docs.append(
             docstring_text("--data PATH            token file, from the cwd (default DATA_PATH, from this file's folder)")
         )
@@ -389,7 +384,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         config_lines=config_lines(plan) + render_hetero.table_lines(plan, cite(mesh.axis("tp").span)),
         tp_plan_lines=tp_plan_lines(plan),
         description=repr(f"Train {plan.model.name} ({layout})."),
-        extra_args=extra_args,
+        flag_lines=render_flags.flag_lines(plan),
         group_lines=group_lines,
         model_config_args=model_args,
         tp_group_arg=tp_arg,
@@ -531,7 +526,8 @@ def compute_arg(plan: Plan) -> str:
 
 def train_imports(plan: Plan) -> list[str]:
     """The runtime modules ``train.py`` imports (``from parc_runtime import ...``)."""
-    imports = ["checkpoint", "comm", "data", "faults", "memory", "mesh", "metrics", "model", "observe", "optim", "traffic"]
+    imports = ["checkpoint", "comm", "data", "faults", "flags", "memory", "mesh", "metrics", "model", "observe", "optim",
+               "traffic"]
     imports += ["dp"] if plan.mesh.size("dp") * plan.mesh.size("cp") > 1 else []
     imports += ["pipeline", "schedule"] if render_step.has_pipeline(plan) else []
     zero = plan.train.zero.value
