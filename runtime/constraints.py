@@ -598,6 +598,7 @@ def pipeline_units(global_batch, micro_batch, dp, pp, chunks=None, slices=None, 
         return None  # no pipeline, or PAR0208
     grad_accum = global_batch // (micro_batch * dp)
     per_slice = slices if schedule == "terapipe" and slices else 1
+    chunks = 2 if schedule == "zero_bubble_v" else chunks  # the V's two chunks a rank (schedule.FIXED_CHUNKS)
     units = grad_accum * (chunks or 1) * per_slice
     if units <= PIPELINE_UNITS:
         return None
