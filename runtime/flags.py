@@ -46,13 +46,23 @@ def path(text: str) -> str:
     return text
 
 
-def step_range(text: str) -> str:
-    """``--profile``: ``N`` (one step) or ``A-B`` (steps A to B, 1 <= A <= B)."""
+def steps_of(text: str) -> tuple[int, int]:
+    """``--profile STEPS``: ``N`` (one step) or ``A-B`` (steps A to B, both included);
+    ``ValueError`` with the message otherwise."""
     first, dash, last = text.partition("-")
     try:
         a, b = int(first), int(last if dash else first)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a step N or a range A-B such as 3-5") from None
+        raise ValueError(f"{text!r}: expected a step N or a range A-B such as 3-5") from None
     if a < 1 or b < a:
-        raise argparse.ArgumentTypeError(f"{text!r}: steps are counted from 1 and A-B needs A <= B")
+        raise ValueError(f"{text!r}: steps are counted from 1 and A-B needs A <= B")
+    return a, b
+
+
+def step_range(text: str) -> str:
+    """``--profile``'s type: the text, once ``steps_of`` reads it."""
+    try:
+        steps_of(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
