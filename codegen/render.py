@@ -22,6 +22,7 @@ from . import (
     render_checkpoint,
     render_compress,
     render_eval,
+    render_flags,
     render_hetero,
     render_launch,
     render_moe,
@@ -239,12 +240,14 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ))
     hyper = "lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, eps=EPS"
     compute = render_step.compute_dtype(plan)  # bf16/fp16 parameters with fp32 masters, or None
+    scale = render_step.grad_scale_arg(plan)  # fp16: every clip divides by the loss scale first
     if zero_stage == 3:
         optimizer_lines, step_lines = fsdp_lines(plan, reduce_group if reducing else "None", tp_arg, hyper, pp_arg, over)
         if hetero:  # Note [ZeRO-3 over per-layer layouts] (fsdp.py)
             optimizer_lines = render_hetero.fsdp_lines(cite(plan.train.zero.span), optimizer_lines)
     elif zero_stage and hetero:  # Note [ZeRO over per-layer layouts]
-        optimizer_lines, step_lines = render_hetero.zero_lines(cite(plan.train.zero.span), zero_stage, hyper, pp_arg)
+        optimizer_lines, step_lines = render_hetero.zero_lines(cite(plan.train.zero.span), zero_stage, hyper, pp_arg,
+                                                               scale)
     elif zero_stage:
         dp_arg = reduce_group if reducing else "None"
         optimizer_lines = [
@@ -267,7 +270,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             reduce_words = "compressed after backward, then our slice of it kept"
         step_lines = [
             f"# mean gradient over {over} ({reduce_words}); the norm is global",
-            "grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP)",
+            f"grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP{scale})",
             "optimizer.step()  # AdamW on our slice, then all-gather the parameters over dp",
             "optimizer.zero_grad()",
         ]
@@ -281,34 +284,32 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ]
         step_lines = [
             "# the gradients to fp32 (the masters'), unscaled and clipped there; the norm is global",
-            f"grad_norm = optimizer.unscale_and_clip(GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)})",
+            f"grad_norm = optimizer.unscale_and_clip(GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)}"
+            f"{scale})",
             "optimizer.step()  # AdamW on the fp32 masters, rounded into the parameters",
             "optimizer.zero_grad()",
         ]
     else:
         optimizer_lines = [f"optimizer = optim.build_optimizer(net, {hyper})"]
         step_lines = [
-            render_hetero.clip_line(pp_arg) if hetero else
-            f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)})",
+            render_hetero.clip_line(pp_arg, scale) if hetero else
+            f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)}"
+            f"{scale})",
             "optimizer.step()",
             "optimizer.zero_grad(set_to_none=True)",
         ]
     if hetero and zero_stage not in (2, 3):  # ZeRO-2/3 reduce each layer's gradients into its slices themselves
-        optimizer_extra += render_hetero.grad_sync_lines()
+        optimizer_extra += _reduced_in_bf16(plan, render_hetero.grad_sync_lines(), "each layer's dp group")
         after_backward.insert(0, "grad_sync.finish()  # wait the buckets: each layer's mean gradient")
     elif reducing and not zero_stage:
         # Note [gradient overlap] (runtime/parallel/data/dp.py): always on with dp > 1
-        optimizer_extra += render_compress.grad_sync_lines(plan, reduce_group, over) if render_compress.enabled(
-            plan) else [
+        optimizer_extra += _reduced_in_bf16(plan, render_compress.grad_sync_lines(
+            plan, reduce_group, over) if render_compress.enabled(plan) else [
             f"# each bucket of gradients is all-reduced over {over} as soon as backward has",
             "# produced it (on the last micro-batch), while backward goes on",
             f"grad_sync = dp.GradientBuckets(net, {reduce_group}, overlap=True, accumulations={render_step.backward_passes(plan)})",
-        ]
-        if plan.train.grad_reduce is not None:  # train.grad_reduce = bf16
-            optimizer_extra[-1] = optimizer_extra[-1][:-1] + ", reduce_dtype=torch.bfloat16)"
-            optimizer_extra.insert(-1, f"# {cite(plan.train.grad_reduce.span)}: summed over {over} in bf16, "
-                                   "divided back in fp32")
-        elif compute is not None and not render_compress.enabled(plan):  # train.grad_reduce = fp32
+        ], over)
+        if plan.train.grad_reduce is None and compute is not None and not render_compress.enabled(plan):
             optimizer_extra[-1] = optimizer_extra[-1][:-1] + ", reduce_dtype=torch.float32)"
             optimizer_extra.insert(-1, f"# the {plan.train.precision.value} gradients summed over {over} in fp32 "
                                    "(train.grad_reduce) and divided there")
@@ -328,17 +329,11 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     else:
         loss_lines.append("step_loss = loss_sum")
     step_lines = render_checkpoint.guarded_step_lines(step_lines, fp16=plan.train.precision.value == "fp16")
-    extra_args = render_checkpoint.flag_lines() + render_observe.flag_lines()
     flag_docs = render_checkpoint.flag_docs(plan) + render_observe.flag_docs(plan) + render_eval.flag_docs(plan)
     extra_flag_docs = [docstring_text(line) for line in flag_docs]
     if data.kind == "tokens":
         dataset_line = render_eval.TOKEN_FILE.format(path="args.data", part=render_eval.dataset_part(plan))
         dataset_line = "dataset = " + dataset_line
-        extra_args += [
-            "# DATA_PATH is from this file's folder, so the run works from any cwd",
-            'data_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), DATA_PATH)',
-            'parser.add_argument("--data", default=data_path, metavar="PATH")',
-        ] + render_eval.flag_lines(plan)
         extra_flag_docs.append(
             docstring_text("--data PATH            token file, from the cwd (default DATA_PATH, from this file's folder)")
         )
@@ -365,7 +360,6 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         forward_lines = []  # the executor runs each stage's forward under autocast
     fp16 = plan.train.precision.value == "fp16"
     if fp16:
-        step_lines = [_scaled_clip(line) for line in step_lines]
         optimizer_extra += [
             f"# {cite(plan.train.precision.span)}: fp16: dynamic loss scaling (grow/backoff, overflow steps skipped)",
             "# each rank scales its share of the global loss (Note [the scale of one rank's backward])",
@@ -392,7 +386,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         config_lines=config_lines(plan) + render_hetero.table_lines(plan, cite(mesh.axis("tp").span)),
         tp_plan_lines=tp_plan_lines(plan),
         description=repr(f"Train {plan.model.name} ({layout})."),
-        extra_args=extra_args,
+        flag_lines=render_flags.flag_lines(plan),
         group_lines=group_lines,
         model_config_args=model_args,
         tp_group_arg=tp_arg,
@@ -485,11 +479,23 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
     )
     step_lines = [
         f"# mean gradient over {over} (each block's summed into our shards pass by pass); the norm is global",
-        "grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP)",
+        f"grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP{render_step.grad_scale_arg(plan)})",
         "optimizer.step()  # AdamW on our shards: the next forward gathers the new parameters",
         "optimizer.zero_grad()",
     ]
     return optimizer_lines, step_lines
+
+
+def _reduced_in_bf16(plan: Plan, lines: list[str], over: str) -> list[str]:
+    """``train.grad_reduce = bf16`` (built with zero 0 only, PAR0820): the gradient sync's call
+    (its last line: ``dp.GradientBuckets``, ``hetero.HeteroGradients`` or a compressing one of
+    compress.py, Note [bf16 on the wire]) reduces in bf16."""
+    if plan.train.grad_reduce is None:
+        return lines
+    words = render_compress.bf16_words(plan)
+    words = f"summed over {over} in bf16, divided back in fp32" if words is None else f"over {over}, {words}"
+    return [*lines[:-1], f"# {cite(plan.train.grad_reduce.span)}: {words}",
+            lines[-1][:-1] + ", reduce_dtype=torch.bfloat16)"]
 
 
 def cpu_allocator_lines(plan: Plan) -> list[str]:
@@ -522,7 +528,8 @@ def compute_arg(plan: Plan) -> str:
 
 def train_imports(plan: Plan) -> list[str]:
     """The runtime modules ``train.py`` imports (``from parc_runtime import ...``)."""
-    imports = ["checkpoint", "comm", "data", "faults", "memory", "mesh", "metrics", "model", "observe", "optim", "traffic"]
+    imports = ["checkpoint", "comm", "data", "faults", "flags", "memory", "mesh", "metrics", "model", "observe", "optim",
+               "traffic"]
     imports += ["dp"] if plan.mesh.size("dp") * plan.mesh.size("cp") > 1 else []
     imports += ["pipeline", "schedule"] if render_step.has_pipeline(plan) else []
     zero = plan.train.zero.value
@@ -536,13 +543,6 @@ def train_imports(plan: Plan) -> list[str]:
     imports += ["compress_pp"] if render_compress.pipeline_enabled(plan) else []
     imports += ["hetero", "dp"] if render_hetero.enabled(plan) else []  # hetero.py imports dp.py
     return sorted(set(imports))
-
-
-def _scaled_clip(line: str) -> str:
-    """fp16: the gradients are of the scaled loss; the clip divides them by the scale first."""
-    if line.startswith("grad_norm = ") and line.endswith(")"):
-        return line[:-1] + ", grad_scale=scaled_by)"
-    return line
 
 
 def runtime_modules(plan: Plan) -> set[str]:

@@ -30,15 +30,6 @@ def config_lines(plan: Plan) -> list[str]:
     ]
 
 
-def flag_lines() -> list[str]:
-    return [
-        'parser.add_argument("--checkpoint-dir", default=CHECKPOINT_DIR, metavar="DIR")',
-        'parser.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY, metavar="N")',
-        'parser.add_argument("--checkpoint-keep", type=int, default=0, metavar="K")',
-        'parser.add_argument("--resume", default=None, metavar="DIR")',
-    ]
-
-
 def flag_docs(plan: Plan) -> list[str]:
     t = plan.train
     directory = "none" if t.checkpoint_dir.value is None else repr(t.checkpoint_dir.value)

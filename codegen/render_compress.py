@@ -53,6 +53,17 @@ def grad_sync_lines(plan: Plan, reduce_group: str, over: str) -> list[str]:
     ]
 
 
+def bf16_words(plan: Plan) -> str | None:
+    """What ``train.grad_reduce = bf16`` does to the compressed reduction (Note [bf16 on the
+    wire] in compress.py); None without compression."""
+    kind = _setting(plan, "COMPRESS")
+    if kind is None:
+        return None
+    if kind.value == "powersgd":
+        return "P and Q summed in bf16, continued in fp32"
+    return "the top-k values gathered in bf16, summed in fp32"
+
+
 def executor_args(plan: Plan, activation_shape: str) -> list[str]:
     """``grad_codec=...`` of ``pipeline.PipelineExecutor`` under ``compress_pp``."""
     if not pipeline_enabled(plan):

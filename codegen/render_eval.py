@@ -42,15 +42,6 @@ def config_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def flag_lines(plan: Plan) -> list[str]:
-    if not (enabled(plan) and plan.train.data.val_path):
-        return []
-    return [
-        'val_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), VAL_DATA_PATH)',
-        'parser.add_argument("--val-data", default=val_path, metavar="PATH")',
-    ]
-
-
 def flag_docs(plan: Plan) -> list[str]:
     if not (enabled(plan) and plan.train.data.val_path):
         return []

@@ -71,11 +71,12 @@ def sp_line() -> str:
             "hetero.allreduce_sequence_parallel_grads(net, layouts)")
 
 
-def clip_line(pp_arg: str) -> str:
-    return f"grad_norm = hetero.clip_grad_norm_(net, GRAD_CLIP, layouts=layouts, stage_group=stage_group{pp_arg})"
+def clip_line(pp_arg: str, scale_arg: str) -> str:
+    return ("grad_norm = hetero.clip_grad_norm_(net, GRAD_CLIP, layouts=layouts, stage_group=stage_group"
+            f"{pp_arg}{scale_arg})")
 
 
-def zero_lines(where: str, stage: int, hyper: str, pp_arg: str) -> tuple[list[str], list[str]]:
+def zero_lines(where: str, stage: int, hyper: str, pp_arg: str, scale_arg: str) -> tuple[list[str], list[str]]:
     """ZeRO-1/2 over per-layer layouts: the optimizer's lines and the step's."""
     what = "AdamW state" if stage == 1 else "AdamW state and gradients"
     optimizer = [
@@ -88,7 +89,7 @@ def zero_lines(where: str, stage: int, hyper: str, pp_arg: str) -> tuple[list[st
     step = [
         "# our slices of each layer's mean gradient; the norm is global" if stage == 1 else
         "# each layer's buckets reduced over its dp group as backward produced them, into our slices",
-        "grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP)",
+        f"grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP{scale_arg})",
         "optimizer.step()  # AdamW on our slices, then all-gather each over its layers' dp group",
         "optimizer.zero_grad()",
     ]

@@ -28,15 +28,6 @@ def config_lines(plan: Plan) -> list[str]:
     ]
 
 
-def flag_lines() -> list[str]:
-    return [
-        'parser.add_argument("--tensorboard", default=TENSORBOARD_DIR, metavar="DIR")',
-        'parser.add_argument("--profile", default=None, metavar="STEPS")',
-        'parser.add_argument("--profile-dir", default="profile", metavar="DIR")',
-        'parser.add_argument("--memory-every", type=int, default=MEMORY_EVERY, metavar="N")',
-    ]
-
-
 def flag_docs(plan: Plan) -> list[str]:
     board = plan.train.tensorboard_dir.value
     default = "none" if board is None else repr(board)

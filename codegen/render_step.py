@@ -147,6 +147,13 @@ LOW_PRECISION = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 """``train.precision`` → the torch dtype of its compute (fp32: none)."""
 
 
+def grad_scale_arg(plan: Plan) -> str:
+    """The last argument of every gradient clip of the step (``optim.clip_grad_norm_``,
+    ``hetero.clip_grad_norm_``, ``unscale_and_clip``, ``reduce_gradients_and_clip``): under
+    fp16 the gradients are of the scaled loss, and each clip divides them by the scale first."""
+    return ", grad_scale=scaled_by" if plan.train.precision.value == "fp16" else ""
+
+
 def compute_dtype(plan: Plan) -> str | None:
     """The dtype the parameters are held and used in, with fp32 master weights in the
     optimizer (runtime/optimizers/master.py, Note [master weights]); None for fp32 and where the

@@ -15,11 +15,20 @@ from . import units
 
 INT_MAX = 2**31 - 1
 """Largest integer any key accepts (keeps later stages' arithmetic sane)."""
+LAYERS_MAX = 10_000
+"""Most transformer blocks a model may have: parc describes, plans and renders each block
+on its own (per-layer settings, the planner's per-layer costs), so its work and memory grow
+with the count; 2³¹ − 1 blocks would take gigabytes before anything else is checked. Deep
+models have a few hundred blocks."""
 NUMBER_MAX = 1e12
 """Largest plain number a key accepts where it names no tighter bound (``lr``,
 ``rope_theta``, ``grad_clip``, ...): every number is finite and of a sane size
 before it leaves the front end. Unit kinds have theirs in ``units.LARGEST``."""
 
+NO_CONTROL = "^[^\x00-\x1f\x7f]*$"
+"""Every string of a spec is a path (a token file, a folder, a profile): no control
+characters, which no file name of a portable program holds (a tab or a newline written
+as an escape in the spec would reach the file system otherwise). PAR0117."""
 UNIT_TYPES = (units.SIZE, units.BANDWIDTH, units.FLOPS, units.TIME)
 DEVICES = ("a100-40gb", "a100-80gb", "h100-80gb", "h200", "rtx3090", "cpu")
 
@@ -50,6 +59,8 @@ class Param:
     """Also takes a list with one value per transformer block (``[full, none, ...]``)."""
     or_none: bool = False
     """The word ``none`` is also allowed (``capacity_factor = none``: no limit)."""
+    limit: str | None = None
+    """Why ``maximum`` is what it is, where it is tighter than the type's (the hint of PAR0109)."""
     or_list: "Param | None" = None
     """Also takes a list of two or more of these elements (``terapipe(slices = [16, 8, 8])``:
     the slices' token lengths instead of their count)."""
@@ -175,7 +186,9 @@ MODEL = BlockDef(
             required=True,
             doc="gpt: LayerNorm, GELU MLP, learned positions; llama: RMSNorm, SwiGLU, rotary",
         ),
-        _int("layers", "transformer blocks", required=True),
+        _int("layers", "transformer blocks", required=True, maximum=LAYERS_MAX,
+             limit=f"parc plans and builds each block on its own, so it takes at most {LAYERS_MAX:,} "
+             "(deep models have a few hundred)"),
         _int("hidden", "model width", required=True),
         _int("heads", "attention heads", required=True),
         _int("kv_heads", "key/value heads (grouped-query attention)", default="heads"),

@@ -160,7 +160,15 @@ def _map(error, norm: Normalized) -> list[tuple[tuple, ParcError]]:
         return report(
             "PAR0109",
             f"`{name}` = {shown} is out of range: it must be {_RANGE_WORDS[kind]} {bound}",
-            f"each entry of the list is {param.doc}, at least {bound}" if entry else None,
+            f"each entry of the list is {param.doc}, at least {bound}" if entry else
+            param.limit if kind == "maximum" else None,
+        )
+    if kind == "pattern" and param.type == "string":  # keys.NO_CONTROL
+        char = next(c for c in error.instance if ord(c) < 0x20 or ord(c) == 0x7F)
+        return report(
+            "PAR0117",
+            f"`{name}` = {shown} holds the control character U+{ord(char):04X}",
+            "a path holds no control characters (tab, newline, ...): write the file's or folder's real name",
         )
     if kind in ("minItems", "maxItems"):
         count = len(error.instance)

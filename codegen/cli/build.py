@@ -167,7 +167,7 @@ def check(args, out_dir: Path, rebuild) -> int:
 
 def rebuild_folder(args, plan, out_dir: Path, rebuild) -> int:
     """Merge and write; stop with exit 3 (nothing written) on edits that do not merge."""
-    from ..build_merge import Kind, Resolve, apply
+    from ..build_merge import BY_HAND, Resolve, apply
     from ..render import command
     from .build_report import conflict_lines, plural, resolve_hint, summary_line
 
@@ -182,7 +182,7 @@ def rebuild_folder(args, plan, out_dir: Path, rebuild) -> int:
     if resolve == Resolve.NOTHING:
         stop = rebuild.blocked
     else:
-        stop = rebuild.of(Kind.MARKERS) if resolve != Resolve.FORCE else ()
+        stop = rebuild.of(*BY_HAND) if resolve != Resolve.FORCE else ()
     if stop:
         for outcome in stop:
             _say(conflict_lines(out_dir, outcome))

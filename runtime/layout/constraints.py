@@ -586,6 +586,31 @@ def terapipe_slice_lengths(schedule, slice_lengths, seq_len):
                       f"lengths, but they sum to {sum(slices)}, not seq_len = {seq_len}", hint)
 
 
+PIPELINE_UNITS = 65_536
+"""Most forward/backward units (micro-batch · chunk · slice) one pipeline rank's schedule may
+hold a step: ``parc build`` builds and simulates the whole schedule (the trainer builds it too),
+a list per unit, so 2³¹ micro-batches would never finish. Real pipelines run hundreds."""
+
+
+@rule("PAR0266")
+def pipeline_units(global_batch, micro_batch, dp, pp, chunks=None, slices=None, schedule=None):
+    if pp < 2 or global_batch % (micro_batch * dp):
+        return None  # no pipeline, or PAR0208
+    grad_accum = global_batch // (micro_batch * dp)
+    per_slice = slices if schedule == "terapipe" and slices else 1
+    chunks = 2 if schedule == "zero_bubble_v" else chunks  # the V's two chunks a rank (schedule.FIXED_CHUNKS)
+    units = grad_accum * (chunks or 1) * per_slice
+    if units <= PIPELINE_UNITS:
+        return None
+    sliced = per_slice > 1 and grad_accum * (chunks or 1) <= PIPELINE_UNITS
+    return _violation("PAR0266", ("parallel.schedule",) if sliced else ("train.global_batch", "train.micro_batch"),
+                      f"the pipeline schedule runs micro-batches · chunks · slices = {grad_accum}·{chunks or 1}·"
+                      f"{per_slice} = {units:,} forward and backward units per rank a step, but parc builds "
+                      f"schedules of at most {PIPELINE_UNITS:,}",
+                      "use fewer slices" if sliced else
+                      "raise micro_batch or dp (micro-batches = global_batch / (micro_batch·dp)), or lower global_batch")
+
+
 TERAPIPE_UNBUILT = (
     ("sp", "sequence parallelism", lambda v: bool(v)),
     ("cp", "context parallelism", lambda v: v not in (None, 1)),

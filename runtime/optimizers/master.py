@@ -183,7 +183,8 @@ class MasterAdamW:
         return self.optimizer.state
 
     @torch.no_grad()
-    def unscale_and_clip(self, max_norm, *, tp_group, pp_group=None, ep_group=None, grad_scale: float = 1.0) -> float:
+    def unscale_and_clip(self, max_norm, *, tp_group, pp_group=None, ep_group=None, etp_group=None,
+                         grad_scale: float = 1.0) -> float:
         """The model's gradients (dp means; fp32 or the compute dtype) into the masters' fp32 ``.grad``
         (the model's freed), divided by ``grad_scale`` and clipped to ``max_norm`` there;
         returns the global norm (``optim.clip_grad_norm_``)."""
@@ -192,7 +193,7 @@ class MasterAdamW:
             master.grad = None if grad is None else grad.to(torch.float32)
             drop_gradient(p)
         return clip_grad_norm_(self, max_norm, tp_group=tp_group, pp_group=pp_group, ep_group=ep_group,
-                               grad_scale=grad_scale)
+                               etp_group=etp_group, grad_scale=grad_scale)
 
     @torch.no_grad()
     def step(self) -> None:

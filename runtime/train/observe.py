@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from .flags import steps_of
 from ..paths import UnwritablePath, check_target
 
 MIB = 2**20
@@ -131,15 +132,12 @@ def scalars(record: dict, prefix: str = "") -> dict[str, float]:
 
 
 def parse_steps(text: str) -> tuple[int, int]:
-    """``--profile STEPS``: ``N`` (one step) or ``A-B`` (steps A to B, both included)."""
-    first, dash, last = text.partition("-")
+    """``--profile STEPS``: ``N`` (one step) or ``A-B`` (steps A to B, both included)
+    (``flags.steps_of``; the trainer's argparse has checked it already)."""
     try:
-        a, b = int(first), int(last if dash else first)
-    except ValueError:
-        raise SystemExit(f"train.py: --profile {text!r}: expected a step N or a range A-B such as 3-5") from None
-    if a < 1 or b < a:
-        raise SystemExit(f"train.py: --profile {text!r}: steps are counted from 1 and A-B needs A <= B")
-    return a, b
+        return steps_of(text)
+    except ValueError as exc:
+        raise SystemExit(f"train.py: --profile {exc}") from None
 
 
 class StepProfiler:

@@ -35,6 +35,13 @@ as they were.
 Note [topk]: each step sends the k = ⌈ratio·N⌉ entries of largest magnitude of the
 flat gradient (plus its error) as (value, int32 index) pairs, all-gathered; the mean is
 their scattered sum over ranks / dp. The error keeps what this rank did not send.
+
+Note [bf16 on the wire]: with ``train.grad_reduce = bf16`` (``reduce_dtype``) what crosses
+the wire is rounded to bf16, as ``dp.GradientBuckets`` does with whole gradients: PowerSGD's
+P and Q (and the whole vectors) are summed in bf16 and continue in fp32 (the QR, the error,
+the mean); top-k's values are gathered in bf16 (the int32 indices as they are) and summed in
+fp32. The error feedback stays what this rank computed in fp32; an fp16 overflow count
+(``loss_scaled``) is a positive whole number, still positive in bf16.
 """
 
 from __future__ import annotations
@@ -60,11 +67,15 @@ def _grad(p) -> torch.Tensor:
     return p.grad if p.grad is not None else torch.zeros_like(p)
 
 
-def _all_reduce(flat: torch.Tensor, group, axis: str) -> None:
-    comm_bytes.add(axis, flat)
+def _all_reduce(flat: torch.Tensor, group, axis: str, dtype=None) -> None:
+    """Sum ``flat`` over ``group`` in place; in ``dtype`` on the wire when given (Note [bf16 on the wire])."""
+    wire = flat if dtype is None or dtype == flat.dtype else flat.to(dtype)
+    comm_bytes.add(axis, wire)
     _issued()
     with exposed():
-        dist.all_reduce(flat, group=group)
+        dist.all_reduce(wire, group=group)
+    if wire is not flat:
+        flat.copy_(wire)
 
 
 def _nonfinite(tensors) -> torch.Tensor:
@@ -100,9 +111,11 @@ def powersgd_pays(shape, rank: int) -> bool:
 
 class PowerSGDGradients:
     def __init__(self, model, dp_group, *, rank: int, error_feedback: bool = True, axis: str = "dp",
-                 loss_scaled: bool = False):
-        """``loss_scaled`` (fp16): ``finish(grad_scale)``, Note [compression under fp16]."""
+                 loss_scaled: bool = False, reduce_dtype=None):
+        """``loss_scaled`` (fp16): ``finish(grad_scale)``, Note [compression under fp16];
+        ``reduce_dtype``: the sums' dtype on the wire, Note [bf16 on the wire]."""
         self.group, self.size, self.axis = dp_group, group_size(dp_group), axis
+        self.reduce_dtype = reduce_dtype
         self.error_feedback, self.loss_scaled = bool(error_feedback), bool(loss_scaled)
         params = _reduced_params(model)
         self.low_rank = [p for p in params if powersgd_pays(p.shape, rank)]
@@ -129,7 +142,7 @@ class PowerSGDGradients:
             if self.loss_scaled:  # the ranks' non-finite entries, summed with the vectors
                 parts.append(_nonfinite([_grad(p) for p in self.whole + self.low_rank]))
             flat = torch.cat(parts)
-            _all_reduce(flat, self.group, self.axis)
+            _all_reduce(flat, self.group, self.axis, self.reduce_dtype)
             if self.loss_scaled and flat[-1].item() > 0:
                 return _overflowed(self.whole + self.low_rank)  # error and Q untouched
             flat.div_(self.size).mul_(grad_scale)
@@ -157,7 +170,7 @@ class PowerSGDGradients:
     def _reduced(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """The sums over the group of ``tensors``, in one all-reduce."""
         flat = torch.cat([t.reshape(-1) for t in tensors])
-        _all_reduce(flat, self.group, self.axis)
+        _all_reduce(flat, self.group, self.axis, self.reduce_dtype)
         out, offset = [], 0
         for t in tensors:
             out.append(flat[offset : offset + t.numel()].view_as(t))
@@ -167,9 +180,11 @@ class PowerSGDGradients:
 
 class TopKGradients:
     def __init__(self, model, dp_group, *, ratio: float, error_feedback: bool = True, axis: str = "dp",
-                 loss_scaled: bool = False):
-        """``loss_scaled`` (fp16): ``finish(grad_scale)``, Note [compression under fp16]."""
+                 loss_scaled: bool = False, reduce_dtype=None):
+        """``loss_scaled`` (fp16): ``finish(grad_scale)``, Note [compression under fp16];
+        ``reduce_dtype``: the values' dtype on the wire, Note [bf16 on the wire]."""
         self.group, self.size, self.axis = dp_group, group_size(dp_group), axis
+        self.reduce_dtype = reduce_dtype
         self.loss_scaled = bool(loss_scaled)
         self.params = _reduced_params(model)
         self.total = sum(p.numel() for p in self.params)
@@ -191,6 +206,8 @@ class TopKGradients:
         index = index.to(torch.int32)  # 4 bytes an entry on the wire, not 8
         if self.loss_scaled:  # the rank's non-finite entries travel as one value more
             values = torch.cat([values, _nonfinite([flat])])
+        if self.reduce_dtype is not None:  # Note [bf16 on the wire]
+            values = values.to(self.reduce_dtype)
         all_values = [torch.empty_like(values) for _ in range(self.size)]
         all_index = [torch.empty_like(index) for _ in range(self.size)]
         for mine, parts in ((values, all_values), (index, all_index)):
@@ -207,7 +224,7 @@ class TopKGradients:
             self.error = flat  # what this rank left out
         mean = torch.zeros(self.total, device=flat.device, dtype=flat.dtype)
         for part_values, part_index in zip(all_values, all_index):
-            mean.index_add_(0, part_index, part_values)
+            mean.index_add_(0, part_index, part_values.to(mean.dtype))
         mean.div_(self.size).mul_(grad_scale)
         offset = 0
         for p in self.params:

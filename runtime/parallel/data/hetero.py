@@ -137,11 +137,12 @@ class HeteroGradients:
     number of coarse replicas (Note [heterogeneous layouts]); one ``GradientBuckets``
     per layout, each overlapping backward as ``dp.GradientBuckets`` does."""
 
-    def __init__(self, model, layouts: StageLayouts, *, overlap=True, accumulations=1):
+    def __init__(self, model, layouts: StageLayouts, *, overlap=True, accumulations=1, reduce_dtype=None):
+        """``reduce_dtype`` (``train.grad_reduce = bf16``): as ``dp.GradientBuckets``'."""
         by_tp = _by_layer_tp(model)
         self.syncs = [
             GradientBuckets(_Params(params), layouts.dp_group(t), overlap=overlap, accumulations=accumulations,
-                            divisor=layouts.dp)
+                            divisor=layouts.dp, reduce_dtype=reduce_dtype)
             for t, params in sorted(by_tp.items())
         ]
 
@@ -168,17 +169,21 @@ def allreduce_sequence_parallel_grads(model, layouts: StageLayouts) -> None:
             offset += g.numel()
 
 
-def clip_grad_norm_(model, max_norm, *, layouts: StageLayouts, stage_group, pp_group=None) -> float:
+def clip_grad_norm_(model, max_norm, *, layouts: StageLayouts, stage_group, pp_group=None,
+                    grad_scale: float = 1.0) -> float:
     """``optim.clip_grad_norm_`` for a heterogeneous stage: each distinct gradient counted once.
 
     A tp shard of layer i is held by dp_i ranks, a replicated parameter by all S = dp_i·tp_i
     ranks of the stage: each rank adds its squares divided by that count, and the sum over
-    the stage (and the pipeline) is the square of the one-rank norm."""
+    the stage (and the pipeline) is the square of the one-rank norm. ``grad_scale`` (fp16,
+    loss_scale.py): the gradients are of the loss times it; they are divided by it first."""
     grads, device = [], None
     total = None
     for p in model.parameters():
         if p.grad is None:
             continue
+        if grad_scale != 1.0:
+            p.grad.mul_(1.0 / grad_scale)
         device = p.grad.device
         copies = layouts.stage_size // int(p.layer_tp) if getattr(p, "tensor_parallel", False) else layouts.stage_size
         if getattr(p, "pipeline_duplicate", False):
