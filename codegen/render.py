@@ -462,8 +462,8 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
         f"# {cite(train.zero.span)}: ZeRO-3, {zero_words(plan)}: each block (and the embeddings",
         f"# and head) is one flat fp32 buffer; each {over} rank keeps its share of it and the"
         if render_step.compute_dtype(plan) is None else
-        f"# and head) is one flat fp32 buffer (the master weights; gathered as {plan.train.precision.value}); "
-        f"each {over} rank keeps its share of it and the",
+        f"# and head) is one flat fp32 buffer (the master weights; gathered as {plan.train.precision.value}: "
+        f"{cite(plan.train.precision.span)}); each {over} rank keeps its share of it and the",
         "# share's Adam moments, all-gathers a block before its forward and again before its",
         "# backward (ZERO_PREFETCH blocks ahead), frees it after; gradients reduce-scattered",
         "# into fp32 shards after every micro-batch's backward (runtime/fsdp.py)",
