@@ -111,7 +111,7 @@ def _int(name, doc, *, minimum=1, **kw) -> Param:
     )
 
 
-_WARMUP = _int("warmup", "steps of linear warmup from 0", minimum=0, default="0")
+_WARMUP = _int("warmup", "steps of linear warmup (step s at peak·s/warmup)", minimum=0, default="0")
 _MIN_LR = Param(
     name="min_lr_ratio",
     type="number",
