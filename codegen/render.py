@@ -139,7 +139,10 @@ def config_lines(plan: Plan) -> list[str]:
     lines += render_eval.config_lines(plan)
     lines += render_compress.config_lines(plan)
     flops_note = DEVICE_FLOPS_NOTE if mesh.device_flops else "unknown for this device: no MFU"
-    lines.append(constant("DEVICE_FLOPS", mesh.device_flops, f"{cite(mesh.device_span)}: {flops_note}"))
+    flops_span = mesh.device_span
+    if mesh.device_flops_from_profile is not None:
+        flops_span, flops_note = mesh.device_flops_from_profile, "the profile's best matmul rate, for MFU"
+    lines.append(constant("DEVICE_FLOPS", mesh.device_flops, f"{cite(flops_span)}: {flops_note}"))
     return lines
 
 
