@@ -47,11 +47,19 @@ def spec_hash(spec) -> str:
     return sha256(json.dumps(values, sort_keys=True).encode())
 
 
-def generate(spec, plan=None) -> dict[str, bytes]:
+# Note [the build records its --set]: a build made with ``--set`` values records them in
+# its manifest (``"set"``, in order; absent without any), beside the hash of the spec they
+# made. ``parc build --check`` / ``--diff`` and ``parc verify DIR`` given no ``--set`` of
+# their own apply the recorded ones, so a folder is judged against the layout it was built
+# with, not the planner's; their hints repeat them.
+
+
+def generate(spec, plan=None, overrides=()) -> dict[str, bytes]:
     """Everything a build folder holds, path → bytes (the manifest included; the base
     texts are these same bytes, added by ``with_bases`` when written).
 
-    ``plan``: the spec's lowered ``Plan`` when the caller has it already (lowered once)."""
+    ``plan``: the spec's lowered ``Plan`` when the caller has it already (lowered once);
+    ``overrides``: the ``--set`` values ``spec`` was loaded with (Note [the build records its --set])."""
     plan = lower(spec) if plan is None else plan
     files = {path: text.encode() for path, text in render(plan).items()}
     files.update(runtime_files(runtime_modules(plan)))
@@ -62,6 +70,8 @@ def generate(spec, plan=None) -> dict[str, bytes]:
         "spec_sha256": spec_hash(spec),
         "files": {path: sha256(data) for path, data in sorted(files.items())},
     }
+    if overrides:
+        manifest["set"] = list(overrides)
     files[MANIFEST] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     return dict(sorted(files.items()))
 
@@ -88,17 +98,24 @@ def seen_from(spec, out_dir):
     return replace(spec, train=replace(spec.train, data=data))
 
 
+def load_built(spec_path, overrides, out_dir):
+    """The spec as ``parc build SPEC -o OUT_DIR --set ...`` builds it (the token file's
+    path seen from ``out_dir``, ``seen_from``): what its manifest's hash is of, for the
+    build, ``build_to`` and ``parc verify DIR`` alike. Raises ``Diagnostics``."""
+    from parc.dsl import load
+
+    return seen_from(load(str(spec_path), list(overrides)), Path(out_dir))
+
+
 def build_to(spec_path, out_dir, overrides=(), *, force: bool = True) -> Path:
     """Load, lower, render and write a build; for tests and benchmarks.
 
     Raises ``Diagnostics`` on spec errors. ``force`` (default on here) replaces edits
     that do not merge (saving them as ``.orig``); without it they raise ``FileExistsError``.
     """
-    from parc.dsl import load
-
     out_dir = Path(out_dir)
-    spec = seen_from(load(str(spec_path), list(overrides)), out_dir)
-    rebuild = plan_rebuild(out_dir, generate(spec))
+    spec = load_built(spec_path, overrides, out_dir)
+    rebuild = plan_rebuild(out_dir, generate(spec, overrides=tuple(overrides)))
     if not force and (rebuild.blocked or rebuild.unmanaged):
         raise FileExistsError(f"{out_dir}: edits that do not merge: {[f.path for f in rebuild.blocked]}")
     apply(out_dir, rebuild, Resolve.FORCE)

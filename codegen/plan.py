@@ -79,7 +79,11 @@ class MeshPlan:
     device: str
     """Device preset name (``cpu``, ``h100-80gb``, ...)."""
     device_flops: float | None
-    """Dense peak FLOP/s of one device, for MFU; None when unknown (cpu)."""
+    """Dense peak FLOP/s of one device, for MFU: ``mesh.device_flops`` (a preset's or
+    written), else the best matmul rate of the ``mesh.profile`` file (the planner's peak,
+    ``cost/hardware.profile_peak_flops``); None when unknown (cpu without a profile)."""
+    device_flops_from_profile: Span | None = None
+    """Where ``mesh.profile`` is written, when ``device_flops`` came from it."""
     nodes_span: Span | None
     devices_span: Span | None
     device_span: Span | None

@@ -142,7 +142,10 @@ def config_lines(plan: Plan) -> list[str]:
     lines += render_eval.config_lines(plan)
     lines += render_compress.config_lines(plan)
     flops_note = DEVICE_FLOPS_NOTE if mesh.device_flops else "unknown for this device: no MFU"
-    lines.append(constant("DEVICE_FLOPS", mesh.device_flops, f"{cite(mesh.device_span)}: {flops_note}"))
+    flops_span = mesh.device_span
+    if mesh.device_flops_from_profile is not None:
+        flops_span, flops_note = mesh.device_flops_from_profile, "the profile's best matmul rate, for MFU"
+    lines.append(constant("DEVICE_FLOPS", mesh.device_flops, f"{cite(flops_span)}: {flops_note}"))
     return lines
 
 
@@ -458,8 +461,8 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
         f"# {cite(train.zero.span)}: ZeRO-3, {zero_words(plan)}: each block (and the embeddings",
         f"# and head) is one flat fp32 buffer; each {over} rank keeps its share of it and the"
         if render_step.compute_dtype(plan) is None else
-        f"# and head) is one flat fp32 buffer (the master weights; gathered as {plan.train.precision.value}); "
-        f"each {over} rank keeps its share of it and the",
+        f"# and head) is one flat fp32 buffer (the master weights; gathered as {plan.train.precision.value}: "
+        f"{cite(plan.train.precision.span)}); each {over} rank keeps its share of it and the",
         "# share's Adam moments, all-gathers a block before its forward and again before its",
         "# backward (ZERO_PREFETCH blocks ahead), frees it after; gradients reduce-scattered",
         "# into fp32 shards after every micro-batch's backward (runtime/parallel/data/fsdp.py)",

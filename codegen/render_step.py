@@ -211,6 +211,8 @@ def executor_lines(plan: Plan) -> list[str]:
         "    # what travels between stages: (micro-batch, tokens, hidden), fp32",
         f"    activation_shape=({rows}, {tokens}, {hidden}),",
         "    device=dist.device,",
+        *([f"    # {cite(plan.train.precision.span)}: {plan.train.precision.value} autocast in each stage's "
+           "forward; weights, grads and Adam stay fp32"] if autocast != "None" else []),
         f"    autocast_dtype={autocast},",
         *("    " + line for line in render_compress.executor_args(plan, f"(MICRO_BATCH, {tokens}, HIDDEN)")),
         *("    " + line for line in placement_lines(plan)),

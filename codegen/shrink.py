@@ -38,6 +38,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from parc.dsl.keys import PARALLEL
 from parc.dsl.spec import PipelineSchedule, Recompute, Spec
 from parc.runtime.layout import constraints
 from parc.runtime.layout.layer_settings import SETTINGS, spec_text
@@ -304,12 +305,29 @@ def _mesh(spec: Spec, world: int) -> list[Change]:
 
 
 def _reference(values: dict) -> tuple[str, ...]:
-    """The one-rank program: no dp, tp, pp, sp, ZeRO, schedule, recompute or overlap
+    """The one-rank program: every key of the language's parallel block
+    (``dsl/keys.py``) at its one-rank value (``_one_rank``), so no axis or option of a
+    layout — ep, etp, a 2D tp_shape, cp_kind, compress, ... — reaches the reference
     (recompute and overlap change no number: dropping them puts them under test too)."""
-    sets = [f"{a.key}=1" for a in constraints.AXES] + [
-        "parallel.sp=false", "parallel.zero=0", "parallel.schedule=1f1b", "parallel.recompute=none",
-        "parallel.overlap=none", "mesh.devices_per_node=1",
-    ]
-    if values.get("stage_layers") is not None:
-        sets.append(f"parallel.stage_layers=[{values['layers']}]")
-    return tuple(sets)
+    sets = [f"parallel.{param.name}={value}" for param in PARALLEL.keys
+            if (value := _one_rank(param, values)) is not None]
+    return (*sets, "mesh.devices_per_node=1")
+
+
+_WORLD = {a.key for a in constraints.AXES}
+
+
+def _one_rank(param, values: dict) -> str | None:
+    """What one rank writes for ``param``: 1 for an axis of the world, else the key's
+    default; those whose default is a rule rather than a value (``stage_layers``: an
+    even split, ``tp_shape``: (1, tp)) written as that rule gives at one rank; None: leave
+    the key as it is (``compress_stages``, which only a ``compress_pp`` spec writes)."""
+    if f"parallel.{param.name}" in _WORLD:
+        return "1"
+    if param.name == "tp_shape":
+        return "(1, 1)"
+    if param.name == "stage_layers":
+        return None if values.get("stage_layers") is None else f"[{values['layers']}]"
+    if param.name == "compress_stages":
+        return None
+    return param.default

@@ -21,6 +21,7 @@ from parc.runtime.layout import constraints, layouts
 from parc.runtime.layout.layer_settings import SETTINGS, read_value
 
 from .diagnostics import ParcError, Span
+from .keys import MOE_KEYS
 from .normalize import Normalized
 
 _DEFAULTS = {
@@ -83,6 +84,7 @@ def plain_values(v: _Values) -> dict:
     """The document's values by the names of ``constraints.KEYS`` (None: unknown)."""
     out = {name: v.get(*key.split(".")) for name, key in constraints.KEYS.items() if key.count(".") == 1}
     out.pop("padded_vocab")  # the rules compute it from vocab and pad_vocab_to
+    out["moe_written"] = tuple(key.name for key in MOE_KEYS[1:] if v.written("model", key.name))
     constraints.layer_degrees(out)  # per-layer tp/dp lists → the coarse split and the lists
     schedule = out.pop("schedule")
     out["schedule"] = schedule.get("kind") if isinstance(schedule, dict) else None

@@ -9,7 +9,7 @@ docs/language.md describes the same keys (a test keeps them in step).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import units
 
@@ -122,7 +122,7 @@ def _int(name, doc, *, minimum=1, **kw) -> Param:
     )
 
 
-_WARMUP = _int("warmup", "steps of linear warmup from 0", minimum=0, default="0")
+_WARMUP = _int("warmup", "steps of linear warmup (step s at peak·s/warmup)", minimum=0, default="0")
 _MIN_LR = Param(
     name="min_lr_ratio",
     type="number",
@@ -704,6 +704,15 @@ ELEMENT = {
     "int_pair": _int("tp_shape", "ranks along one side of the tensor-parallel mesh"),
 }
 """The element of a list-valued type."""
+
+
+def list_element(param: Param) -> Param | None:
+    """What each item of a list written for ``param`` is: for a per-layer key, the key's
+    own single value (``recompute = [full, none]``; Note [per-layer values] in
+    ``dsl/normalize.py``), else its ``or_list`` element or ``ELEMENT`` of its type."""
+    if param.per_layer:
+        return replace(param, per_layer=False, auto=False)
+    return param.or_list or ELEMENT.get(param.type)
 
 
 def expected_words(param: Param) -> str:

@@ -17,12 +17,12 @@ and ``dsl/checks.py`` checks that the list has ``model.layers`` items.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from . import ast, units
 from .diagnostics import ParcError, Span, clip, did_you_mean
 from .fmt import format_value
-from .keys import BLOCKS, ELEMENT, LAYERS_MAX, UNIT_TYPES, BlockDef, Param, expected_words
+from .keys import BLOCKS, LAYERS_MAX, UNIT_TYPES, BlockDef, Param, expected_words, list_element
 
 Path = tuple  # ("train", "optimizer", "lr"), ("parallel", "stage_layers", 0)
 
@@ -325,11 +325,11 @@ def normalize_value(
     if isinstance(value, ast.Name):
         return value.name
     if isinstance(value, ast.ListValue) and param is not None and param.per_layer:
-        one = replace(param, per_layer=False)  # Note [per-layer values]: [v0, v1, ...]
+        one = list_element(param)  # Note [per-layer values]: [v0, v1, ...]
         items = [normalize_value(out, path + (i,), one, item, None) for i, item in enumerate(value.items)]
         return _BAD if any(item is _BAD for item in items) else items
     if isinstance(value, (ast.ListValue, ast.TupleValue)):
-        element = None if param is None else param.or_list or ELEMENT.get(param.type)
+        element = None if param is None else list_element(param)
         items = [
             normalize_value(out, path + (i,), element, item, None)
             for i, item in enumerate(value.items)

@@ -257,7 +257,7 @@ class OptimizerSpec:
 class LrScheduleSpec:
     kind: LrScheduleKind = LrScheduleKind.COSINE
     warmup: int = 0
-    """Steps of linear warmup from 0."""
+    """Steps of linear warmup: step s ≤ warmup runs at peak·s/warmup (step 1 at peak/warmup)."""
     min_lr_ratio: float = 0.1
     """Final LR as a fraction of the peak (cosine, linear)."""
 

@@ -25,7 +25,19 @@ MixtralForCausalLM: the router is ``block_sparse_moe.gate`` and expert j's gate,
 up projections are ``block_sparse_moe.experts.j.w1``, ``w2`` and ``w3`` (slices of parc's
 grouped (E, out, in) weights). Mixtral routes as parc's softmax router does (softmax, top-k,
 renormalized) and drops nothing; a model Mixtral cannot hold (gpt with experts, dense
-blocks between MoE ones, shared experts, a sigmoid router) is an ``ExportError``.
+blocks between MoE ones, shared experts, a sigmoid router) is an ``ExportError``. So is a
+model trained with ``capacity_factor`` (each expert dropped the tokens past its capacity:
+Mixtral, computing every token, would be another model) unless ``--as-dropless`` asks for
+it anyway, with a warning.
+
+Note [Mixtral's aux loss]: parc adds, in each MoE layer, ``aux_loss · E · Σ_e f_e · P_e``
+with ``f_e`` the layer's tokens routed to e over ``N·top_k`` (runtime/moe.py); transformers'
+Mixtral computes one term for the whole model, the routed fractions and mean probabilities
+pooled over every layer's tokens, with ``f_e`` over ``N`` (not ``N·top_k``), times
+``router_aux_loss_coef``. The export writes ``router_aux_loss_coef = aux_loss · layers /
+top_k``: the same loss for one MoE layer, and for several when their routing statistics
+agree; pooling (a product of means, not a mean of products) makes them differ otherwise.
+It matters only to whoever trains the export further with ``output_router_logits = true``.
 """
 
 from __future__ import annotations
@@ -126,7 +138,9 @@ def _hf_config(config: dict) -> dict:
             "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
             "intermediate_size": config["expert_ffn"] or config["ffn"],
             "num_local_experts": config["experts"], "num_experts_per_tok": config["top_k"],
-            "router_aux_loss_coef": config["aux_loss"], "output_router_logits": False,
+            # Note [Mixtral's aux loss]: parc's coefficient per layer → HF's pooled term
+            "router_aux_loss_coef": config["aux_loss"] * config["layers"] / config["top_k"],
+            "output_router_logits": False,
         }
     if config["arch"] == "gpt":
         return {
@@ -199,11 +213,22 @@ FOLDER_FILES = ("model.safetensors", "config.json")
 """What an export into a folder writes (other files there are left alone)."""
 
 
-def export(ckpt: str, out: str, *, force: bool = False) -> str:
+def dropped_tokens(config: dict) -> str | None:
+    """Why Mixtral would compute another model than the one trained: the capacity that
+    dropped tokens (Note [Mixtral names]); None for a dropless or dense model."""
+    capacity = config.get("capacity_factor")
+    if not config.get("experts", 0) or capacity is None:
+        return None
+    return (f"the model was trained with capacity_factor = {capacity:g} (each expert dropped the tokens "
+            "past its capacity), but Mixtral drops none: the export would compute another model")
+
+
+def export(ckpt: str, out: str, *, force: bool = False, as_dropless: bool = False) -> str:
     """Write the export of checkpoint ``ckpt`` to ``out``; the safetensors file written.
 
     Nothing is written until the checkpoint has been read; each file is written beside
-    its place and renamed into it.
+    its place and renamed into it. ``as_dropless``: export a model trained with a capacity
+    anyway (``dropped_tokens``); else that is an ``ExportError``.
     """
     from parc.runtime.checkpoints import checkpoint  # torch, only when exporting
 
@@ -212,6 +237,8 @@ def export(ckpt: str, out: str, *, force: bool = False) -> str:
     check_out(out, force=force)
     path = checkpoint.resolve(ckpt)
     info = checkpoint.read_info(path)
+    if (drops := dropped_tokens(info["model"])) and not as_dropless:
+        raise ExportError(f"{path}: {drops}; pass --as-dropless to export it as a dropless Mixtral anyway")
     weights = {name[len("model."):]: t for name, t in checkpoint.read_full(path, "model.").items()}
     try:
         tensors = hf_state_dict(weights, info["model"])
@@ -252,13 +279,18 @@ def run(args) -> int:
         print(f"parc export: {args.checkpoint}: no such checkpoint folder", file=sys.stderr)
         return 2
     try:
-        target = export(args.checkpoint, args.out, force=args.force)
+        target = export(args.checkpoint, args.out, force=args.force, as_dropless=args.as_dropless)
     except (ExportError, CheckpointError) as exc:
         print(f"parc export: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, NoCheckpoint) else 1
     except OSError as exc:  # the disk filled, the folder vanished while writing
         print(f"parc export: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    if args.as_dropless:
+        from parc.runtime import checkpoint
+
+        if drops := dropped_tokens(checkpoint.read_info(checkpoint.resolve(args.checkpoint))["model"]):
+            print(f"parc export: warning: {drops} (--as-dropless)", file=sys.stderr)
     print(f"wrote {target}")
     return 0
 
@@ -277,4 +309,7 @@ def register(subparsers) -> None:
     parser.add_argument("--to", required=True, choices=["safetensors"], help="output format")
     parser.add_argument("out", metavar="OUT")
     parser.add_argument("--force", action="store_true", help="overwrite an export already at OUT")
+    parser.add_argument("--as-dropless", action="store_true",
+                        help="export a mixture of experts trained with capacity_factor as Mixtral, which drops "
+                        "no tokens (a different model: warned)")
     parser.set_defaults(func=run)

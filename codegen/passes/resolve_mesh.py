@@ -33,7 +33,9 @@ def run(spec: Spec, draft: Draft) -> Draft:
         nodes=mesh.nodes,
         devices_per_node=mesh.devices_per_node,
         device=mesh.device,
-        device_flops=float(mesh.device_flops) if mesh.device_flops is not None else None,
+        device_flops=float(mesh.device_flops) if mesh.device_flops is not None else _profile_flops(spec),
+        device_flops_from_profile=spec.span("mesh.profile") if mesh.device_flops is None and _profile_flops(spec)
+        else None,
         nodes_span=spec.span("mesh.nodes"),
         devices_span=spec.span("mesh.devices_per_node"),
         device_span=spec.span("mesh.device"),
@@ -41,6 +43,19 @@ def run(spec: Spec, draft: Draft) -> Draft:
         tp_shape=tp_shape(spec),
     )
     return replace(draft, mesh=plan)
+
+
+def _profile_flops(spec: Spec) -> float | None:
+    """The ``mesh.profile`` file's peak FLOP/s, for MFU; None without a readable one (a
+    profile the planner must read and cannot is its error, PAR0804)."""
+    from ..planner.cost.hardware import ProfileError, profile_peak_flops, read_profile
+
+    if spec.mesh.profile is None:
+        return None
+    try:
+        return profile_peak_flops(read_profile(spec.resolve(spec.mesh.profile)))
+    except ProfileError:
+        return None
 
 
 def tp_shape(spec: Spec) -> Setting | None:

@@ -49,7 +49,8 @@ class Axis:
 AXES: tuple[Axis, ...] = (
     Axis("pp", "layers into pipeline stages (1: not used)", "pipeline stages", code="PAR0205"),
     Axis("dp", "the batch; gradients are averaged", "data-parallel ranks", always=True),
-    Axis("cp", "each sequence into contiguous chunks (context parallel)", "context-parallel ranks", code="PAR0220"),
+    Axis("cp", "each sequence (context parallel: ring in 2·cp chunks, rank r holding r and 2·cp−1−r; "
+         "ulysses and allgather in contiguous ones)", "context-parallel ranks", code="PAR0220"),
     Axis(
         "tp", "each layer's weights (tensor parallel)", "tensor-parallel ranks", always=True,
         divides=("heads", "ffn", "padded_vocab"),  # kv_heads: constraints.tp_kv_heads (it may replicate them)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping
 
 from .axes import TP_SIDES, WORLD_ORDER, Axis, axis
-from .layer_settings import SETTINGS
+from .layer_settings import SETTINGS, spec_text
 
 LAYOUT, BUILD = "layout", "build"
 """Rule kinds: what any program must satisfy; what ``parc build`` can generate today."""
@@ -55,6 +55,7 @@ KEYS = {
     "top_k": "model.top_k",
     "expert_ffn": "model.expert_ffn",
     "capacity_factor": "model.capacity_factor",
+    "moe_written": "model.experts",
     "ep": "parallel.ep",
     "etp": "parallel.etp",
     "dropout": "model.dropout",
@@ -98,7 +99,8 @@ KEYS = {
 ``gpipe`` or ``interleaved``; ``chunks``: 1 unless interleaved; ``tp``/``dp`` of a
 heterogeneous layout: the stage's coarse split (the largest tp, the fewest dp), the lists
 themselves ``layer_tp``/``layer_dp`` (``layer_degrees``; None when one value is given); the per-layer settings
-as ``layer_settings`` reads them (``overlap``: the sub-batches, 1 for ``none``); ``data``: ``synthetic`` or ``tokens``; ``optimizer``: its name; ``compress``, ``compress_pp``: the call's name)."""
+as ``layer_settings`` reads them (``overlap``: the sub-batches, 1 for ``none``); ``moe_written``: the
+mixture-of-experts keys other than ``experts`` the spec writes (``top_k``, ...; PAR0234); ``data``: ``synthetic`` or ``tokens``; ``optimizer``: its name; ``compress``, ``compress_pp``: the call's name)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -871,6 +873,20 @@ def top_k_within_experts(experts, top_k):
                       f"each token goes to top_k distinct experts: top_k must be at most {experts}")
 
 
+@rule("PAR0234")
+def moe_keys_need_experts(experts, moe_written):
+    """A mixture-of-experts key (``top_k``, ``capacity_factor``, ...) written for a dense
+    model does nothing: as ``ep`` on a dense model (PAR0231), it is refused."""
+    if experts > 0:
+        return ()
+    return tuple(
+        _violation("PAR0234", (f"model.{key}", "model.experts"),
+                   f"{key} is a mixture-of-experts setting, but the model is dense (experts = 0): it does nothing",
+                   f"remove {key}, or give the model routed experts (experts = N)")
+        for key in moe_written
+    )
+
+
 @rule("PAR0231")
 def ep_divides_experts(ep, experts):
     """Each expert-parallel rank holds experts / ep whole experts."""
@@ -977,6 +993,22 @@ def zero_options_need_zero3(zero, zero_prefetch, zero_shard):
     return _violation("PAR0241", (f"parallel.{key}", "parallel.zero"),
                       f"{key} = {value} needs zero = 3 (sharded parameters), but zero = {zero}",
                       f"set zero = 3, or remove {key}")
+
+
+@rule("PAR0243")
+def zero_needs_data_ranks(zero, dp, cp=None, tp=None, layer_dp=None, ep=None, etp=None):
+    """ZeRO shards over the data-parallel ranks (dp·cp; a per-layer dp list: its largest
+    degree); expert-parallel parameters over their edp = dp·cp·tp / (ep·etp) ranks (Note
+    [experts under ZeRO] in zero.py). With one such rank it shards nothing: as ``sp = true``
+    with tp = 1 (PAR0209), a setting that does nothing is refused."""
+    ranks = max(layer_dp or (dp,)) * (cp or 1)
+    expert_ranks = ranks * (tp or 1) // ((ep or 1) * (etp or 1)) if (ep or 1) > 1 else ranks
+    if zero == 0 or ranks > 1 or expert_ranks > 1:
+        return None
+    return _violation("PAR0243", ("parallel.zero", "parallel.dp"),
+                      f"zero = {zero} shards over the data-parallel ranks, but dp·cp = {dp}·{cp or 1} = 1: "
+                      "it does nothing",
+                      "remove zero (or zero = 0), or use more data-parallel ranks (dp > 1)")
 
 
 @rule("PAR0242")
@@ -1174,14 +1206,24 @@ def tp_2d(tp_shape) -> bool:
     return tp_shape is not None and tuple(tp_shape)[0] > 1
 
 
+def _setting_text(name: str) -> Callable:
+    entry = next(e for e in SETTINGS if e.name == name)
+    return lambda value: spec_text(entry, value)
+
+
+def _list_text(value) -> str:
+    return "[" + ", ".join(str(v) for v in value) + "]"
+
+
 _NOT_WITH_2D = (
-    # (value name, is it on?, the spec key, what to write instead)
-    ("cp", lambda v: v > 1, "parallel.cp", "cp = 1"),
-    ("experts", lambda v: v > 0, "model.experts", "a dense model"),
-    ("layer_tp", lambda v: v is not None, "parallel.tp", "one tp for every layer"),
-    ("overlap", lambda v: any(k is not None and k > 1 for k in entries(v)), "parallel.overlap", "overlap = none"),
-    ("compress", lambda v: v not in ("none", None), "parallel.compress", "compress = none"),
-    ("compress_pp", lambda v: v not in ("none", None), "parallel.compress_pp", "compress_pp = none"),
+    # (value name, is it on?, the spec key, what to write instead, the value as the spec writes it)
+    ("cp", lambda v: v > 1, "parallel.cp", "cp = 1", str),
+    ("experts", lambda v: v > 0, "model.experts", "a dense model", str),
+    ("layer_tp", lambda v: v is not None, "parallel.tp", "one tp for every layer", _list_text),
+    ("overlap", lambda v: any(k is not None and k > 1 for k in entries(v)), "parallel.overlap", "overlap = none",
+     _setting_text("overlap")),
+    ("compress", lambda v: v not in ("none", None), "parallel.compress", "compress = none", str),
+    ("compress_pp", lambda v: v not in ("none", None), "parallel.compress_pp", "compress_pp = none", str),
 )
 
 
@@ -1196,13 +1238,13 @@ def build_tp_2d_with(tp_shape, cp=None, experts=None, layer_tp=None, overlap=Non
         return None
     values = dict(cp=cp, experts=experts, layer_tp=layer_tp, overlap=overlap,
                   compress=compress, compress_pp=compress_pp)
-    for name, on, key, instead in _NOT_WITH_2D:
+    for name, on, key, instead, text in _NOT_WITH_2D:
         value = values[name]
         if value is not None and on(value):
-            rows, cols = tp_shape
-            shown = list(value) if isinstance(value, tuple) else str(value).lower() if isinstance(value, bool) else value
+            rows, cols = tp_shape  # the value as written: `overlap = sub_batch(2)`, `tp = [4, 4]`
             return _violation("PAR0277", (key, "parallel.tp_shape"),
-                              f"tp_shape = ({rows}, {cols}) (2D tensor parallelism) with {name} = {shown} "
+                              f"tp_shape = ({rows}, {cols}) (2D tensor parallelism) with "
+                              f"{key.split('.')[1]} = {text(value)} "
                               "is not supported yet by parc build",
                               f"use {instead} with tp_shape = ({rows}, {cols}), or tp_shape = (1, {rows * cols}) (1D)")
     return None

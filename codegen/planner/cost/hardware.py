@@ -238,6 +238,12 @@ def read_profile(path: str) -> dict:
     return data
 
 
+def profile_peak_flops(data: dict) -> float:
+    """A profile's peak FLOP/s: its best measured matmul rate (the planner's ``peak_flops``
+    without ``mesh.device_flops``, and the trainer's MFU denominator then)."""
+    return max(float(row["flops"]) for row in data["matmul"])
+
+
 def from_profile(mesh: MeshSpec, path: str, *, named: str) -> Hardware:
     """Hardware from a ``parc profile`` JSON file (docs/planner.md, "The profile")."""
     data = read_profile(path)
@@ -255,7 +261,7 @@ def from_profile(mesh: MeshSpec, path: str, *, named: str) -> Hardware:
             for name, row in data.get("collectives", {}).items()
         )
     )
-    peak = max(flops for _, flops in table)
+    peak = profile_peak_flops(data)
     memory = mesh.device_memory
     if memory is None and data.get("memory_bytes"):
         memory = float(data["memory_bytes"]) / mesh.devices_per_node
