@@ -79,3 +79,18 @@ def test_held_out_long_context_and_moe_rows_within_the_goal():
     errors = [published.predict(row)["tflops"] / row["tflops_per_gpu"] - 1 for row in ROWS.values()]
     assert sum(abs(e) for e in errors) / len(errors) <= 0.10
     assert abs(published.predict(ROWS[LONG])["tflops"] / ROWS[LONG]["tflops_per_gpu"] - 1) <= 0.10
+
+
+def test_megatron_accounting_keeps_its_own_attention():
+    """Megatron-LM 2021 (the SC21 calibration's program) ran no flash attention: its core,
+    softmax streaming and backward stay as they were whatever the preset's flash rates."""
+    from parc.codegen.planner.cost.calibration import row_spec
+    from parc.codegen.planner.cost.time import step_time
+
+    rows = json.loads((ROOT / "tests" / "planner" / "data" / "megatron_sc21_calibration.json").read_text())["rows"]
+    for row in rows:
+        spec, layout = row_spec(row)
+        hw = hardware_for(spec)
+        assert hw.attention is not None
+        assert step_time(spec, layout, hw, Accounting.MEGATRON).step == \
+            step_time(spec, layout, replace(hw, attention=None), Accounting.MEGATRON).step

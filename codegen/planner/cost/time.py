@@ -143,7 +143,7 @@ def _block_forward(spec: Spec, layout: Layout, hw: Hardware, accounting: Account
     batched = sequences * m.heads / t  # attention core: (s × D)·(D × s), then (s × s)·(s × D)
     causal = 0.5 if accounting is Accounting.PARC else 1.0  # flash skips the masked blocks
     core = causal * 2 * batched * _gemm(hw, s, D, s)
-    core_backward = 2.0 * core
+    core_backward = None  # twice the whole core (its softmax streaming too), unless flash
     if accounting is Accounting.PARC and hw.attention is not None:
         core, core_backward = hw.attention_time(causal * 2 * batched * 2.0 * s * D * s)
     if accounting is Accounting.MEGATRON:
@@ -159,10 +159,10 @@ def _block_forward(spec: Spec, layout: Layout, hw: Hardware, accounting: Account
             copies = (10 * C / t if layout.sp else 10 * C) + 4 * C / t  # residuals, views made whole
             elementwise = sum(measured) + tokens * copies * size / hw.memory_bandwidth
             ops = OPS_PER_LAYER[(accounting, m.arch)] * hw.op_overhead
-            return gemms + core + elementwise + ops, core, core_backward
+            return gemms + core + elementwise + ops, core, 2.0 * core if core_backward is None else core_backward
     elementwise = tokens * elements * size / hw.memory_bandwidth
     ops = OPS_PER_LAYER[(accounting, m.arch)] * hw.op_overhead
-    return gemms + core + elementwise + ops, core, core_backward
+    return gemms + core + elementwise + ops, core, 2.0 * core if core_backward is None else core_backward
 
 
 def _measured_elementwise(spec: Spec, layout: Layout, hw: Hardware, tokens: float):
