@@ -70,7 +70,7 @@ from .context import cp_comm
 from .tp2d import grid_block_comm, grid_head_comm
 from .comm import collective_latency, collective_time, ring_time
 from .compress import RANK, lowrank_backprop_cost, powersgd_cost, topk_cost
-from .experts import expert_reduce, moe_block
+from .experts import expert_reduce, moe_block, moe_share
 from .hardware import Hardware, Link, gemm_time
 from .memo import shared
 from .layout import (
@@ -137,7 +137,10 @@ def _block_forward(spec: Spec, layout: Layout, hw: Hardware, accounting: Account
     # Note [2D tp costs]: heads and ffn split over a row's C ranks, the hidden state over R
     # (every rank of a column repeats its heads' attention); 1D: R = 1, C = tp
     R, t = layout.tp_grid
-    C, D, F = m.hidden, m.head_dim, m.ffn / t
+    # a MoE block's MLP is its experts, streamed on their routed rows (cost/experts.py): the
+    # dense MLP's elementwise work is only the dense blocks' (moe_every > 1), never both
+    dense = 1.0 - moe_share(spec)
+    C, D, F = m.hidden, m.head_dim, m.ffn / t * dense
     gemms = sum(_gemm(hw, tokens, rows, columns) for rows, columns in _block_gemms(m, layout.tp))
     sequences, s = tokens / m.seq_len, m.seq_len
     batched = sequences * m.heads / t  # attention core: (s × D)·(D × s), then (s × s)·(s × D)
@@ -176,7 +179,8 @@ def _measured_elementwise(spec: Spec, layout: Layout, hw: Hardware, tokens: floa
     if norm is None or activation is None:
         return None
     norm_elements = 2 * m.hidden / (layout.tp if layout.sp else 1)
-    return tokens * norm_elements * norm / 3, tokens * m.ffn / layout.tp * activation / 3
+    dense = 1.0 - moe_share(spec)  # the experts' activation is cost/experts.py's
+    return tokens * norm_elements * norm / 3, dense * tokens * m.ffn / layout.tp * activation / 3
 
 
 def _activation_size(spec: Spec, accounting: Accounting) -> float:
