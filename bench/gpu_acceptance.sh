@@ -10,7 +10,7 @@
 #     bash bench/gpu_acceptance.sh [--dry-run] [--work DIR] [--json]
 #
 # --dry-run: the same steps on the CPU at a tiny size (no Triton tests, no torch.compile),
-# so CI keeps the script working (tests/test_gpu_acceptance.py); its figures mean nothing.
+# so CI keeps the script working (tests/observe/test_gpu_acceptance.py); its figures mean nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
