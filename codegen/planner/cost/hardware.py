@@ -46,7 +46,7 @@ ATTENTION_EFFICIENCY = {
 """Note [flash attention's rate]: (forward, backward) FLOP/s of the causal attention core
 over the device's peak, for parc's trainer on a GPU preset (``F.scaled_dot_product_attention``,
 whose CUDA flash backend is FlashAttention-2). Sources, read from memory of the papers'
-figures (causal, head dim 128, 8K–16K tokens), rounded down: Dao, "FlashAttention-2"
+figures (causal, head dim 128, 8K–16K tokens), rounded: Dao, "FlashAttention-2"
 (2023), A100: forward ≈ 200, backward ≈ 170 of 312 TFLOP/s; Shah et al.,
 "FlashAttention-3" (2024), H100: FlashAttention-2 reaches ≈ 35% of the bf16 peak forward
 and less backward (≈ 300 of 989 TFLOP/s), where FlashAttention-3 reaches ≈ 75% forward.
