@@ -40,22 +40,12 @@ import time
 
 import torch
 
-from parc_runtime import (
-    checkpoint,
-    comm,
-    data,
-    dp,
-    faults,
-    flags,
-    memory,
-    mesh,
-    metrics,
-    model,
-    observe,
-    optim,
-    traffic,
-    zero,
-)
+from parc_runtime.checkpoints import checkpoint
+from parc_runtime.distributed import comm, mesh, traffic
+from parc_runtime.models import model
+from parc_runtime.optimizers import optim
+from parc_runtime.parallel.data import dp, zero
+from parc_runtime.train import data, faults, flags, memory, metrics, observe
 
 # ---- configuration (from gpt2-small.par) ------------------------------------------
 # model

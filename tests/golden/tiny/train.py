@@ -41,21 +41,12 @@ import time
 # (fewer page faults); torch reads this at its first allocation, so before it is imported
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from parc_runtime import (
-    checkpoint,
-    comm,
-    data,
-    dp,
-    faults,
-    flags,
-    memory,
-    mesh,
-    metrics,
-    model,
-    observe,
-    optim,
-    traffic,
-)
+from parc_runtime.checkpoints import checkpoint
+from parc_runtime.distributed import comm, mesh, traffic
+from parc_runtime.models import model
+from parc_runtime.optimizers import optim
+from parc_runtime.parallel.data import dp
+from parc_runtime.train import data, faults, flags, memory, metrics, observe
 
 # ---- configuration (from tiny.par) ------------------------------------------
 # model
