@@ -36,12 +36,12 @@ def flag_lines(plan: Plan) -> list[str]:
         ")",
         f'parser.add_argument("--seed", type=flags.whole({_range("seed")}), default=SEED)',
         'parser.add_argument("--metrics-jsonl", type=flags.path, default=None, metavar="PATH")',
-        # checkpoints (runtime/checkpoint.py): 0 means after the last step only / keep all
+        # checkpoints (runtime/checkpoints/checkpoint.py): 0 means after the last step only / keep all
         'parser.add_argument("--checkpoint-dir", type=flags.path, default=CHECKPOINT_DIR, metavar="DIR")',
         'parser.add_argument("--checkpoint-every", type=flags.whole(0), default=CHECKPOINT_EVERY, metavar="N")',
         'parser.add_argument("--checkpoint-keep", type=flags.whole(0), default=0, metavar="K")',
         'parser.add_argument("--resume", type=flags.path, default=None, metavar="DIR")',
-        # what runs (runtime/observe.py, memory.py): 0 measures only the first steps and the last
+        # what runs (runtime/train/observe.py, memory.py): 0 measures only the first steps and the last
         'parser.add_argument("--tensorboard", type=flags.path, default=TENSORBOARD_DIR, metavar="DIR")',
         'parser.add_argument("--profile", type=flags.step_range, default=None, metavar="STEPS")',
         'parser.add_argument("--profile-dir", type=flags.path, default="profile", metavar="DIR")',

@@ -31,7 +31,7 @@ Mixtral, computing every token, would be another model) unless ``--as-dropless``
 it anyway, with a warning.
 
 Note [Mixtral's aux loss]: parc adds, in each MoE layer, ``aux_loss · E · Σ_e f_e · P_e``
-with ``f_e`` the layer's tokens routed to e over ``N·top_k`` (runtime/moe.py); transformers'
+with ``f_e`` the layer's tokens routed to e over ``N·top_k`` (runtime/parallel/expert/moe.py); transformers'
 Mixtral computes one term for the whole model, the routed fractions and mean probabilities
 pooled over every layer's tokens, with ``f_e`` over ``N`` (not ``N·top_k``), times
 ``router_aux_loss_coef``. The export writes ``router_aux_loss_coef = aux_loss · layers /

@@ -19,10 +19,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from parc.runtime import mesh, moe
-from parc.runtime.model import Transformer
-from parc.runtime.model_desc import ModelConfig
-from parc.runtime.param_init import initialize
+from parc.runtime.distributed import mesh
+from parc.runtime.parallel.expert import moe
+from parc.runtime.models.model import Transformer
+from parc.runtime.layout.model_desc import ModelConfig
+from parc.runtime.models.param_init import initialize
 
 CONFIG = dict(arch="llama", layers=1, hidden=16, heads=2, kv_heads=2, ffn=24, vocab=32, padded_vocab=32,
               seq_len=8, experts=4, top_k=2, tie_embeddings=False)

@@ -7,7 +7,8 @@ import types
 
 import torch
 
-from parc.runtime import hetero, optim
+from parc.runtime.optimizers import optim
+from parc.runtime.parallel.data import hetero
 
 
 def _model(scale: float):
