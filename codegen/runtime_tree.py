@@ -69,12 +69,19 @@ def _node(parts: list[str]):
     return _root().joinpath(*parts) if parts else _root()
 
 
-def _is_package(parts: list[str]) -> bool:
-    return _node(parts).joinpath("__init__.py").is_file()
-
-
 def _is_module(parts: list[str]) -> bool:
     return bool(parts) and _node(parts[:-1]).joinpath(parts[-1] + ".py").is_file()
+
+
+def _walk(node, prefix: str) -> list[tuple[str, object]]:
+    """Every source file under ``node``, as (path under the runtime, resource), sorted."""
+    found = []
+    for child in sorted(node.iterdir(), key=lambda c: c.name):
+        if child.is_dir() and child.name != "__pycache__":
+            found += _walk(child, f"{prefix}{child.name}/")
+        elif child.name.endswith(SOURCES):
+            found.append((prefix + child.name, child))
+    return found
 
 
 def _sources(parts: list[str]) -> list[tuple[str, object]]:
@@ -82,21 +89,10 @@ def _sources(parts: list[str]) -> list[tuple[str, object]]:
     package's ``__init__.py``, or every file of a package that travels whole."""
     if _is_module(parts):
         return [("/".join(parts) + ".py", _node(parts[:-1]).joinpath(parts[-1] + ".py"))]
-    found = []
-
-    def walk(node, prefix: str) -> None:
-        for child in sorted(node.iterdir(), key=lambda c: c.name):
-            if child.is_dir() and child.name != "__pycache__":
-                walk(child, f"{prefix}{child.name}/")
-            elif child.name.endswith(SOURCES):
-                found.append((prefix + child.name, child))
-
+    prefix = "/".join(parts) + "/" if parts else ""
     if parts and parts[0] in WHOLE:
-        walk(_node(parts), "/".join(parts) + "/")
-    else:
-        prefix = "/".join(parts) + "/" if parts else ""
-        found.append((prefix + "__init__.py", _node(parts).joinpath("__init__.py")))
-    return found
+        return _walk(_node(parts), prefix)
+    return [(prefix + "__init__.py", _node(parts).joinpath("__init__.py"))]
 
 
 @functools.lru_cache(maxsize=None)
@@ -126,7 +122,7 @@ def files(names=None) -> dict[str, bytes]:
     and the ``__init__.py`` of every package above it. None: every file (the whole runtime).
     """
     if names is None:
-        return {f"parc_runtime/{path}": node.read_bytes() for path, node in _sources_all()}
+        return {f"parc_runtime/{path}": node.read_bytes() for path, node in _walk(_root(), "")}
     out: dict[str, bytes] = {}
     seen: set[tuple[str, ...]] = set()
     todo = [tuple(dotted(name).split(".")) for name in names] + [()]
@@ -143,16 +139,3 @@ def files(names=None) -> dict[str, bytes]:
                 todo += [place for place in _imports(path, text.decode("utf-8")) if place not in seen]
     return dict(sorted(out.items()))
 
-
-def _sources_all() -> list[tuple[str, object]]:
-    found = []
-
-    def walk(node, prefix: str) -> None:
-        for child in sorted(node.iterdir(), key=lambda c: c.name):
-            if child.is_dir() and child.name != "__pycache__":
-                walk(child, f"{prefix}{child.name}/")
-            elif child.name.endswith(SOURCES):
-                found.append((prefix + child.name, child))
-
-    walk(_root(), "")
-    return found

@@ -55,7 +55,7 @@ LAYOUTS = {
     "pp2-recompute-selective": dict(pp=2, parallel__recompute="selective"),
     "pp2-recompute-full": dict(pp=2, parallel__recompute="full"),
     "pp2-dp2-zero2": dict(pp=2, dp=2, parallel__zero=2),
-    "pp2-tp2-zero1": dict(pp=2, tp=2, parallel__zero=1),
+    "pp2-dp2-zero1": dict(pp=2, dp=2, parallel__zero=1),
     # zero_bubble (ZB-H1): backward split into B and W (runtime/parallel/pipeline/split_backward.py)
     "pp2-zero_bubble": dict(pp=2, parallel__schedule="zero_bubble"),
     "pp4-zero_bubble": dict(pp=4, parallel__schedule="zero_bubble", model__layers=4),
@@ -146,7 +146,7 @@ LAYOUTS = {
     "cp2-tp2-overlap2-ring": dict(cp=2, tp=2, parallel__cp_kind="ring", parallel__overlap="sub_batch(2)"),
     # tp > kv_heads: each kv head replicated over tp / kv_heads ranks (Note [KV replication])
     "tp4-kv-heads2": dict(tp=4, model__kv_heads=2),
-    "tp4-sp-kv-heads2-zero1": dict(tp=4, sp=True, model__kv_heads=2, parallel__zero=1),
+    "tp4-sp-kv-heads2": dict(tp=4, sp=True, model__kv_heads=2),
     # where two features met at the merge: ring under ZeRO-3's gathers and zero_bubble's B/W split
     "dp2-cp2-ring-zero3": dict(dp=2, cp=2, parallel__cp_kind="ring", parallel__zero=3),
     "pp2-cp2-ring-zero_bubble": dict(pp=2, cp=2, parallel__cp_kind="ring", parallel__schedule="zero_bubble"),
