@@ -237,8 +237,10 @@ def export(ckpt: str, out: str, *, force: bool = False, as_dropless: bool = Fals
     check_out(out, force=force)
     path = checkpoint.resolve(ckpt)
     info = checkpoint.read_info(path)
-    if (drops := dropped_tokens(info["model"])) and not as_dropless:
-        raise ExportError(f"{path}: {drops}; pass --as-dropless to export it as a dropless Mixtral anyway")
+    if drops := dropped_tokens(info["model"]):
+        if not as_dropless:
+            raise ExportError(f"{path}: {drops}; pass --as-dropless to export it as a dropless Mixtral anyway")
+        print(f"parc export: warning: {drops} (--as-dropless)", file=sys.stderr)
     weights = {name[len("model."):]: t for name, t in checkpoint.read_full(path, "model.").items()}
     try:
         tensors = hf_state_dict(weights, info["model"])
@@ -286,11 +288,6 @@ def run(args) -> int:
     except OSError as exc:  # the disk filled, the folder vanished while writing
         print(f"parc export: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    if args.as_dropless:
-        from parc.runtime import checkpoint
-
-        if drops := dropped_tokens(checkpoint.read_info(checkpoint.resolve(args.checkpoint))["model"]):
-            print(f"parc export: warning: {drops} (--as-dropless)", file=sys.stderr)
     print(f"wrote {target}")
     return 0
 
