@@ -530,7 +530,8 @@ def compute_arg(plan: Plan) -> str:
 
 
 def train_imports(plan: Plan) -> list[str]:
-    """The runtime modules ``train.py`` imports (``from parc_runtime import ...``)."""
+    """The runtime modules ``train.py`` imports, by their own names (``runtime_tree.import_lines``
+    writes them as ``from parc_runtime.<package> import ...``)."""
     imports = ["checkpoint", "comm", "data", "faults", "flags", "memory", "mesh", "metrics", "model", "observe", "optim",
                "traffic"]
     imports += ["dp"] if plan.mesh.size("dp") * plan.mesh.size("cp") > 1 else []
