@@ -5,7 +5,7 @@ planner's predictions beside them.
 Each row builds the trainer (`parc build tests/parity/specs/llama.par --set ...`: 2
 layers, hidden 64, 8 heads over 4 kv heads, one sequence a step, fp32, no recompute),
 runs it with torchrun on CPU gloo for 3 steps, and reads the last step's
-``step_time_s`` and the largest ``activation_peak_bytes`` over ranks (runtime/memory.py)
+``step_time_s`` and the largest ``activation_peak_bytes`` over ranks (runtime/train/memory.py)
 from its metrics JSONL. Predicted: the cost model's step time and activations for the
 same layout (codegen/planner/cost). Activations fall ∝ 1/cp: the cp 2 column "×cp1"
 is the measured ratio to one rank's.

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from parc.runtime.param_init import fill_
+from parc.runtime.models.param_init import fill_
 
 NAME, SHAPE = "layers.0.mlp.up_proj.weight", (11008, 4096)
 

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from parc.runtime.param_init import fill_
+from parc.runtime.models.param_init import fill_
 
 TP, RANK, LAYERS = 4, 1, 32
 WEIGHTS = {  # name: (full shape, split dim: 0 rows (column-parallel), 1 columns (row-parallel))

@@ -3,7 +3,7 @@
 One llama with 8 experts top-2 (every block MoE) built from ``bench/specs/small.par``
 with ``--set``, on 2 gloo ranks (dp = 2): ``no ep`` keeps every expert on every rank
 and never moves a token (ep = 1); ``ep2`` splits the experts over the two ranks and
-moves tokens by all-to-all (Note [expert dispatch], runtime/moe.py); ``ep2 sub_batch(2)``
+moves tokens by all-to-all (Note [expert dispatch], runtime/parallel/expert/moe.py); ``ep2 sub_batch(2)``
 overlaps those all-to-alls with the experts (Note [expert all-to-all overlap]). Each runs
 several repetitions alternating the layouts; the table gives the median step time and
 the median exposed communication (``exposed_comm_s``: time blocked in collectives, the

@@ -44,8 +44,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from parc.runtime import memory, model  # noqa: E402
-from parc.runtime.model_desc import ModelConfig  # noqa: E402
+from parc.runtime.train import memory  # noqa: E402
+from parc.runtime.models import model  # noqa: E402
+from parc.runtime.layout.model_desc import ModelConfig  # noqa: E402
 
 CONFIG = ModelConfig(arch="llama", layers=4, hidden=128, heads=4, kv_heads=4, ffn=512, vocab=512,
                      padded_vocab=512, seq_len=64)
@@ -179,7 +180,7 @@ def flat_then_slice(shard: _Shard) -> torch.Tensor:
 
 
 def bench_zero1(repeat: int) -> None:
-    from parc.runtime.zero import ShardedAdamW
+    from parc.runtime.parallel.data.zero import ShardedAdamW
 
     big = ModelConfig(arch="llama", layers=8, hidden=512, heads=8, kv_heads=8, ffn=2048, vocab=512,
                       padded_vocab=512, seq_len=64)

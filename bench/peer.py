@@ -118,7 +118,7 @@ What differs (same shapes, parameter counts printed above):
   replicates (data_parallel_replicate_degree, DDP) unless --titan-dp shard: its FSDP2
   default reduce-scatters with PREMUL_SUM, which gloo does not have.
 - init: torchtitan truncated-normal 0.02, depth-scaled for wo/w2/w3, embedding N(0,1),
-  head std hidden^-0.5; parc its own (runtime/param_init.py). Timing only, no parity.
+  head std hidden^-0.5; parc its own (runtime/models/param_init.py). Timing only, no parity.
 - rotary: torchtitan rotates interleaved pairs (complex), parc halves; same cost.
 - loss: torchtitan sums and divides by the global token count; parc means per
   micro-batch; the same arithmetic per token.

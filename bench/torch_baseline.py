@@ -7,7 +7,16 @@ RowwiseParallel on q/k/v/o and the MLP (tp > 1), or ``DistributedDataParallel``
 row-sharded embedding to a column-sharded head. Run with torchrun; rank 0 prints
 one JSON line: {"tokens_per_s": median over the timed steps, ...}.
 
+``--arch llama`` is the plain PyTorch Llama of bench/gpu_acceptance.sh, one device:
+RMSNorm, rotary embeddings, grouped-query attention through
+``F.scaled_dot_product_attention`` (causal: flash attention on a GPU), SwiGLU, an untied
+head; ``--dtype bf16`` runs forward and backward under bf16 autocast over fp32 weights
+(as parc's bf16 trainer), ``--compile`` wraps the model in ``torch.compile``, ``--device
+cuda`` puts it on the GPU. The JSON line then also has ``peak_mem_bytes`` (CUDA: peak
+allocated; CPU: the process's peak resident set).
+
     torchrun --nproc-per-node 2 bench/torch_baseline.py --dp 2 --layers 6 ...
+    python bench/torch_baseline.py --arch llama --device cuda --dtype bf16 --compile --layers 16 ...
 """
 
 from __future__ import annotations
@@ -67,6 +76,84 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, hidden: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden))
+
+    def forward(self, x):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rotate(x, cos, sin):
+    """Rotary embedding on (B, H, T, D): the two halves of each head turned by the angles."""
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, ffn: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
+        self.attn_norm = RMSNorm(hidden)
+        self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=False)
+        self.mlp_norm = RMSNorm(hidden)
+        self.gate_proj = nn.Linear(hidden, ffn, bias=False)
+        self.up_proj = nn.Linear(hidden, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        h = self.attn_norm(x)
+        q = self.q_proj(h).view(B, T, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        groups = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+        h = self.mlp_norm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, *, layers, hidden, heads, kv_heads, ffn, vocab, seq_len, theta: float = 500000.0):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.layers = nn.ModuleList(LlamaBlock(hidden, heads, kv_heads, ffn) for _ in range(layers))
+        self.final_norm = RMSNorm(hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+        half = hidden // heads // 2
+        angles = torch.outer(torch.arange(seq_len).float(), theta ** (-torch.arange(half).float() / half))
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, tokens, targets):
+        T = tokens.shape[1]
+        cos, sin = self.cos[:T], self.sin[:T]
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        logits = self.head(self.final_norm(x))
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def peak_mem_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
 def clip_grad_norm(model: nn.Module, max_norm: float) -> None:
     """Global-norm clipping that works on a mix of DTensor shards and plain tensors."""
     from torch.distributed.tensor import DTensor
@@ -93,7 +180,14 @@ def main() -> None:
                           ("ffn", 512), ("vocab", 512), ("seq_len", 64), ("micro_batch", 2),
                           ("grad_accum", 1), ("steps", 8), ("warmup", 2)]:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+    parser.add_argument("--arch", choices=("gpt", "llama"), default="gpt")
+    parser.add_argument("--kv-heads", type=int, default=None, help="llama: grouped-query K/V heads (default: heads)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     args = parser.parse_args()
+    if args.arch == "llama":
+        return single_device_llama(args)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world > 1:
@@ -135,6 +229,40 @@ def main() -> None:
         print(json.dumps({"tokens_per_s": tokens_per_step / median, "step_time_s": median}))
     if world > 1:
         dist.destroy_process_group()
+
+
+def single_device_llama(args) -> None:
+    """``--arch llama``: one device, bf16 autocast or fp32, SDPA, optionally compiled."""
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    model = Llama(layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads or args.heads,
+                  ffn=args.ffn, vocab=args.vocab, seq_len=args.seq_len).to(device)
+    step_model = torch.compile(model) if args.compile else model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
+    gen = torch.Generator(device=device).manual_seed(0)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+    times = []
+    for step in range(args.warmup + args.steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(args.grad_accum):
+            tokens = torch.randint(0, args.vocab, (args.micro_batch, args.seq_len + 1), generator=gen, device=device)
+            with autocast:
+                loss = step_model(tokens[:, :-1], tokens[:, 1:]) / args.grad_accum
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss.item()  # as a trainer logging its loss: the step's work is done
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    print(json.dumps({"tokens_per_s": args.micro_batch * args.grad_accum * args.seq_len / median,
+                      "step_time_s": median, "peak_mem_bytes": peak_mem_bytes(device),
+                      "compiled": bool(args.compile), "dtype": args.dtype, "device": args.device}))
 
 
 if __name__ == "__main__":

@@ -11,8 +11,6 @@ rebuild does to the user's edits is ``codegen/build_merge.py``. Before:
 
 from __future__ import annotations
 
-import ast
-import functools
 import json
 import os
 from importlib import resources
@@ -30,65 +28,15 @@ from .build_folder import (  # noqa: F401 - re-exported: callers know them as bu
 )
 from .build_merge import Resolve, apply, plan_rebuild
 from .lower import lower
+from . import runtime_tree
 from .render import render, runtime_modules
 
 
 def runtime_files(modules: set[str] | None = None) -> dict[str, bytes]:
-    """The source files of parc's runtime a build needs, as ``parc_runtime/...`` → bytes.
-
-    ``modules``: the top-level runtime modules the program uses (``render.runtime_modules``);
-    the modules they import at module level follow, and a package (``kernels``) travels
-    whole with its C++ sources. None: every file (the whole runtime).
-    """
-    root = resources.files("parc.runtime")
-    out: dict[str, bytes] = {}
-    wanted = None if modules is None else _closure(root, set(modules))
-
-    def walk(node, prefix, top):
-        for child in sorted(node.iterdir(), key=lambda c: c.name):
-            if child.is_dir():
-                if child.name != "__pycache__" and (top is not None or wanted is None or child.name in wanted):
-                    walk(child, f"{prefix}{child.name}/", child.name)
-            elif child.name.endswith((".py", ".cpp", ".h", ".cu")):
-                name = child.name[: -len(".py")]
-                if top is not None or wanted is None or name == "__init__" or name in wanted:
-                    out[f"{prefix}{child.name}"] = child.read_bytes()
-
-    walk(root, "parc_runtime/", None)
-    return out
-
-
-def _closure(root, modules: set[str]) -> set[str]:
-    """``modules`` and every runtime module they import at module level (``from .x``)."""
-    seen: set[str] = set()
-    todo = list(modules)
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        node = root.joinpath(name)
-        sources = [c for c in node.iterdir() if c.name.endswith(".py")] if node.is_dir() else [root.joinpath(f"{name}.py")]
-        for source in sources:
-            todo += _top_level_imports(source.read_text(encoding="utf-8"), 2 if node.is_dir() else 1)
-    return seen
-
-
-@functools.lru_cache(maxsize=None)
-def _top_level_imports(text: str, level: int) -> tuple[str, ...]:
-    """The runtime modules a source imports at module level with ``from`` + ``level`` dots.
-
-    Keyed by the text itself: every build parses the runtime once per process, and an
-    edited file is a new key.
-    """
-    names: list[str] = []
-    for statement in ast.parse(text).body:
-        if isinstance(statement, ast.ImportFrom) and statement.level == level:  # the runtime's own top level
-            if statement.module:
-                names.append(statement.module.split(".")[0])
-            else:
-                names.extend(alias.name for alias in statement.names)
-    return tuple(names)
+    """The source files of parc's runtime a build needs, as ``parc_runtime/...`` → bytes
+    (``runtime_tree.files``: the modules the program uses, by their own names
+    (``render.runtime_modules``), and what they import at module level; None: every file)."""
+    return runtime_tree.files(modules)
 
 
 def spec_hash(spec) -> str:
@@ -99,11 +47,19 @@ def spec_hash(spec) -> str:
     return sha256(json.dumps(values, sort_keys=True).encode())
 
 
-def generate(spec, plan=None) -> dict[str, bytes]:
+# Note [the build records its --set]: a build made with ``--set`` values records them in
+# its manifest (``"set"``, in order; absent without any), beside the hash of the spec they
+# made. ``parc build --check`` / ``--diff`` and ``parc verify DIR`` given no ``--set`` of
+# their own apply the recorded ones, so a folder is judged against the layout it was built
+# with, not the planner's; their hints repeat them.
+
+
+def generate(spec, plan=None, overrides=()) -> dict[str, bytes]:
     """Everything a build folder holds, path → bytes (the manifest included; the base
     texts are these same bytes, added by ``with_bases`` when written).
 
-    ``plan``: the spec's lowered ``Plan`` when the caller has it already (lowered once)."""
+    ``plan``: the spec's lowered ``Plan`` when the caller has it already (lowered once);
+    ``overrides``: the ``--set`` values ``spec`` was loaded with (Note [the build records its --set])."""
     plan = lower(spec) if plan is None else plan
     files = {path: text.encode() for path, text in render(plan).items()}
     files.update(runtime_files(runtime_modules(plan)))
@@ -114,6 +70,8 @@ def generate(spec, plan=None) -> dict[str, bytes]:
         "spec_sha256": spec_hash(spec),
         "files": {path: sha256(data) for path, data in sorted(files.items())},
     }
+    if overrides:
+        manifest["set"] = list(overrides)
     files[MANIFEST] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     return dict(sorted(files.items()))
 
@@ -141,17 +99,24 @@ def seen_from(spec, out_dir):
     return replace(spec, train=replace(spec.train, data=data, init_from=seen(init)))
 
 
+def load_built(spec_path, overrides, out_dir):
+    """The spec as ``parc build SPEC -o OUT_DIR --set ...`` builds it (the token file's
+    path seen from ``out_dir``, ``seen_from``): what its manifest's hash is of, for the
+    build, ``build_to`` and ``parc verify DIR`` alike. Raises ``Diagnostics``."""
+    from parc.dsl import load
+
+    return seen_from(load(str(spec_path), list(overrides)), Path(out_dir))
+
+
 def build_to(spec_path, out_dir, overrides=(), *, force: bool = True) -> Path:
     """Load, lower, render and write a build; for tests and benchmarks.
 
     Raises ``Diagnostics`` on spec errors. ``force`` (default on here) replaces edits
     that do not merge (saving them as ``.orig``); without it they raise ``FileExistsError``.
     """
-    from parc.dsl import load
-
     out_dir = Path(out_dir)
-    spec = seen_from(load(str(spec_path), list(overrides)), out_dir)
-    rebuild = plan_rebuild(out_dir, generate(spec))
+    spec = load_built(spec_path, overrides, out_dir)
+    rebuild = plan_rebuild(out_dir, generate(spec, overrides=tuple(overrides)))
     if not force and (rebuild.blocked or rebuild.unmanaged):
         raise FileExistsError(f"{out_dir}: edits that do not merge: {[f.path for f in rebuild.blocked]}")
     apply(out_dir, rebuild, Resolve.FORCE)

@@ -55,6 +55,7 @@ MANIFEST_SCHEMA = {
         "parc_version": {"type": "string"},
         "spec": {"type": "string"},
         "spec_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "set": {"type": "array", "items": {"type": "string"}, "maxItems": 10000},
         "files": {
             "type": "object",
             "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
@@ -90,6 +91,8 @@ class Record:
     """path → sha256 of the text parc generated (the base)."""
     bases: bool
     """The folder keeps base texts (format 2); a manifest of format 1 has none."""
+    sets: tuple[str, ...] = ()
+    """The ``--set`` values it was built with, in order (Note [the build records its --set])."""
 
 
 def check_folder(out_dir: Path) -> None:
@@ -142,7 +145,8 @@ def read_record(out_dir: Path) -> Record | None:
                 inside(out_dir, BASES + name)
         except UnsafePath as exc:
             raise FolderError(f"{manifest_path} lists a file outside the build folder: {exc}", hint) from None
-    return Record(files=dict(sorted(document["files"].items())), bases=version >= 2)
+    return Record(files=dict(sorted(document["files"].items())), bases=version >= 2,
+                  sets=tuple(document.get("set", ())))
 
 
 def read_manifest(out_dir: Path) -> dict[str, str] | None:

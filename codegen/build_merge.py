@@ -59,14 +59,19 @@ class Kind(Enum):
     CONFLICT = "edited, conflicts with the new generation"
     NO_BASE = "edited, no base to merge against"
     MARKERS = "holds conflict markers"
+    UNPARSED = "edited, no longer parses"
+    """An edited Python file that does not compile (a conflict half resolved, a stray edit):
+    it cannot be up to date, and a merge into it would not run either."""
     DROPPED = "no longer generated"
     """Not edited, and parc no longer makes it: removed."""
     DROPPED_EDITED = "no longer generated, edited"
     """Edited, and parc no longer makes it: kept, and no longer parc's."""
 
 
-EDITED = {Kind.KEPT, Kind.MERGED, Kind.CONFLICT, Kind.NO_BASE, Kind.MARKERS, Kind.DROPPED_EDITED}
-BLOCKED = {Kind.CONFLICT, Kind.NO_BASE, Kind.MARKERS}
+EDITED = {Kind.KEPT, Kind.MERGED, Kind.CONFLICT, Kind.NO_BASE, Kind.MARKERS, Kind.UNPARSED, Kind.DROPPED_EDITED}
+BLOCKED = {Kind.CONFLICT, Kind.NO_BASE, Kind.MARKERS, Kind.UNPARSED}
+BY_HAND = (Kind.MARKERS, Kind.UNPARSED)
+"""Files only the user can mend: no resolution but ``--force`` (which backs them up) goes past them."""
 CHANGES = {Kind.STALE, Kind.MISSING, Kind.MERGED, Kind.DROPPED, Kind.DROPPED_EDITED}
 """The recorded base differs from the new generation (or the file is not on disk)."""
 
@@ -169,6 +174,8 @@ def _one(out_dir: Path, record: Record | None, path: str, new: bytes) -> FileMer
         return FileMerge(path=path, kind=Kind.FRESH, on_disk=on_disk, base=new, new=new)
     if marker := _marker_line(on_disk):
         return FileMerge(path=path, kind=Kind.MARKERS, on_disk=on_disk, new=new, reason=f"line {marker}")
+    if path.endswith(".py") and (broken := _syntax_error(on_disk)):
+        return FileMerge(path=path, kind=Kind.UNPARSED, on_disk=on_disk, new=new, reason=broken)
     if recorded == sha256(new):  # the generation did not change it (the base text is not needed)
         return FileMerge(path=path, kind=Kind.KEPT, on_disk=on_disk, base=new, new=new)
     if record is None:
@@ -188,11 +195,21 @@ def _base_or_none(out_dir: Path, record: Record, path: str) -> bytes | None:
 
 
 def _marker_line(text: bytes) -> int:
-    """The line of the first conflict marker when the text holds both kinds; else 0."""
-    found = {match.group(1)[:1]: match.start() for match in reversed(list(_MARKERS.finditer(text)))}
-    if len(found) < 2:
-        return 0
-    return text.count(b"\n", 0, min(found.values())) + 1
+    """The line of the first conflict marker (``<<<<<<<`` or ``>>>>>>>`` starting a line:
+    one left alone is a conflict half resolved); else 0."""
+    match = _MARKERS.search(text)
+    return 0 if match is None else text.count(b"\n", 0, match.start()) + 1
+
+
+def _syntax_error(text: bytes) -> str:
+    """Why a Python file does not compile ("line 12: invalid syntax"); "" when it does."""
+    try:
+        compile(text, "<edited>", "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return f"line {exc.lineno}: {exc.msg}" if exc.lineno else exc.msg
+    except ValueError as exc:  # a NUL byte
+        return str(exc)
+    return ""
 
 
 def _lines(text: bytes) -> list[bytes]:
@@ -277,11 +294,11 @@ def result(outcome: FileMerge, resolve: Resolve) -> bytes | None:
         return outcome.on_disk
     if kind == Kind.MERGED:
         return outcome.merge.text
-    if resolve == Resolve.ACCEPT and kind != Kind.MARKERS:
+    if resolve == Resolve.ACCEPT and kind not in BY_HAND:
         return outcome.on_disk
     if resolve == Resolve.FORCE:
         return outcome.new
-    if resolve == Resolve.MARKERS and kind != Kind.MARKERS:
+    if resolve == Resolve.MARKERS and kind not in BY_HAND:
         return outcome.merge.text
     raise FolderError(f"internal error in parc (build): {outcome.path} does not merge and {resolve.value} cannot resolve it", "report this bug")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape
 
-from parc.runtime.schedule import Op
+from parc.runtime.schedules.schedule import Op
 
 FONT = "DejaVu Sans, Arial, Helvetica, sans-serif"
 CHAR = 6.6  # width of one character at font-size 11, generously

@@ -105,6 +105,10 @@ def parc_model(config: dict) -> tuple[str, list[tuple[str, object, str]]]:
                                 f"one {parc_key} for both")
         rows.setdefault(parc_key, (_checked(hf_key, value, parc_key), f'"{hf_key}"' if '"' not in hf_key else hf_key))
     _check_shape_keys(kind, config, rows)
+    if kind == "mixtral":  # Note [Mixtral's aux loss]: one pooled term → parc's per-layer coefficient
+        coef = rows["aux_loss"][0]
+        rows["aux_loss"] = (hf_names.aux_loss(coef, rows["layers"][0], rows["top_k"][0]),
+                            '"router_aux_loss_coef" · "num_experts_per_tok" / "num_hidden_layers"')
     return kind, [(key, value, words) for key, (value, words) in rows.items()]
 
 
@@ -253,7 +257,7 @@ def plan_links(model_config, reader: _Reader) -> list[tuple[hf_names.Link, list[
     config implies (else ``HfImportError`` naming it), every HF tensor used."""
     import dataclasses
 
-    from parc.runtime.model_desc import describe
+    from parc.runtime.layout.model_desc import describe
 
     config = dataclasses.asdict(model_config)
     shapes = {f"{m.name}.{p.name}": p.shape for m in describe(model_config).modules if m.tied_to is None
@@ -284,8 +288,8 @@ def write_checkpoint(folder: str, model_config, reader: _Reader, source: str) ->
     """The weights-only checkpoint ``folder`` (Note [import streams])."""
     import dataclasses
 
-    from parc.runtime import checkpoint_dcp
-    from parc.runtime.checkpoint_files import FORMAT, INFO_FILE
+    from parc.runtime.checkpoints import checkpoint_dcp
+    from parc.runtime.checkpoints.checkpoint_files import FORMAT, INFO_FILE
 
     links = plan_links(model_config, reader)
     checkpoint_dcp.save({}, folder, [], planner=_streaming_planner(links, reader))
@@ -306,8 +310,8 @@ def _streaming_planner(links, reader):
     """DCP's save planner over placeholders; each tensor read when DCP writes it (Note [import streams])."""
     import torch
 
-    from parc.runtime import checkpoint_dcp
-    from parc.runtime.checkpoint_shards import Piece
+    from parc.runtime.checkpoints import checkpoint_dcp
+    from parc.runtime.checkpoints.checkpoint_shards import Piece
 
     by_name = {name: (link, shapes) for link, shapes in links for name in link.parc}
 

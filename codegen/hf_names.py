@@ -23,12 +23,22 @@ parc's embedding and untied head have ``padded_vocab`` rows (Note [logical check
 tensors]); Hugging Face's have ``vocab``: export drops the padding rows, import adds
 them as zeros (they never reach the loss, which masks logits past ``vocab``).
 
-Note [Mixtral names]: a llama with experts (runtime/moe.py) is transformers'
+Note [Mixtral names]: a llama with experts (runtime/parallel/expert/moe.py) is transformers'
 MixtralForCausalLM: the router is ``block_sparse_moe.gate`` and expert j's gate, down and
 up projections are ``block_sparse_moe.experts.j.w1``, ``w2`` and ``w3`` (slices of parc's
 grouped (E, out, in) weights). Mixtral routes as parc's softmax router does (softmax, top-k,
 renormalized) and drops nothing; a model Mixtral cannot hold (gpt with experts, dense
 blocks between MoE ones, shared experts, a sigmoid router) has no names (``NoHfNames``).
+
+Note [Mixtral's aux loss]: parc adds, in each MoE layer, ``aux_loss · E · Σ_e f_e · P_e``
+with ``f_e`` the layer's tokens routed to e over ``N·top_k`` (runtime/parallel/expert/moe.py);
+transformers' Mixtral computes one term for the whole model, the routed fractions and mean
+probabilities pooled over every layer's tokens, with ``f_e`` over ``N`` (not ``N·top_k``),
+times ``router_aux_loss_coef``. So ``router_aux_loss_coef = aux_loss · layers / top_k``
+(``aux_coef``; import reads it back with ``aux_loss``): the same loss for one MoE layer, and
+for several when their routing statistics agree; pooling (a product of means, not a mean of
+products) makes them differ otherwise. It matters only to whoever trains further with
+``output_router_logits = true``.
 """
 
 from __future__ import annotations
@@ -229,5 +239,17 @@ def hf_config(config: dict) -> dict:
     if kind == "mixtral":
         config = {**config, "ffn": config.get("expert_ffn") or config["ffn"]}
     keys = {hf_key: config[parc_key] for parc_key, hf_key in CONFIG_KEYS[kind]}
+    if kind == "mixtral":  # Note [Mixtral's aux loss]
+        keys["router_aux_loss_coef"] = aux_coef(config["aux_loss"], config["layers"], config["top_k"])
     extra = {"torch_dtype": "float32"} if kind != "gpt2" else {}
     return {"model_type": kind} | FIXED[kind] | keys | extra
+
+
+def aux_coef(aux_loss: float, layers: int, top_k: int) -> float:
+    """Mixtral's ``router_aux_loss_coef`` for parc's per-layer ``aux_loss`` (Note [Mixtral's aux loss])."""
+    return aux_loss * layers / top_k
+
+
+def aux_loss(coef: float, layers: int, top_k: int) -> float:
+    """parc's per-layer ``aux_loss`` for Mixtral's ``router_aux_loss_coef``: ``aux_coef`` undone."""
+    return coef * top_k / layers

@@ -2,7 +2,7 @@
 
 Takes: a ``ModelSpec`` (``spec.model``). Gives: ``model_config(model)``, the
 ``ModelConfig`` train.py builds (the same fields, in its order), and
-``model_desc(model)``, ``runtime/model_desc.py``'s description of it: module names
+``model_desc(model)``, ``runtime/layout/model_desc.py``'s description of it: module names
 and shapes, parameter counts, FLOPs and saved activations. Both are memoized, so the
 cost model can ask for every layout it scores. Used by ``settle_training`` (the
 parameter count in train.py's docstring), ``partition_layers`` (the TP table) and
@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 
 from parc.dsl.spec import ModelSpec
-from parc.runtime.model_desc import ModelConfig, ModelDesc, describe
+from parc.runtime.layout.model_desc import ModelConfig, ModelDesc, describe
 
 
 @functools.lru_cache(maxsize=256)

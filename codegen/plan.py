@@ -18,8 +18,8 @@ import enum
 from dataclasses import dataclass, field
 
 from parc.dsl.diagnostics import Span
-from parc.runtime.axes import coordinates, partition
-from parc.runtime.layer_settings import SETTINGS, LayerSetting
+from parc.runtime.layout.axes import coordinates, partition
+from parc.runtime.layout.layer_settings import SETTINGS, LayerSetting
 
 
 class ShardStyle(enum.Enum):
@@ -44,7 +44,7 @@ class ShardStyle(enum.Enum):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MeshAxis:
     axis: str
-    """Its name in the axis registry (``runtime/axes.py``: pp, dp, tp)."""
+    """Its name in the axis registry (``runtime/layout/axes.py``: pp, dp, tp)."""
     size: int
     """Ranks along this axis (1 when the layout does not use it)."""
     span: Span | None
@@ -73,22 +73,26 @@ class ProcessGroup:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MeshPlan:
     axes: tuple[MeshAxis, ...]
-    """Every axis of the registry (``runtime/axes.py``) in mesh order, size-1 axes included."""
+    """Every axis of the registry (``runtime/layout/axes.py``) in mesh order, size-1 axes included."""
     nodes: int
     devices_per_node: int
     device: str
     """Device preset name (``cpu``, ``h100-80gb``, ...)."""
     device_flops: float | None
-    """Dense peak FLOP/s of one device, for MFU; None when unknown (cpu)."""
+    """Dense peak FLOP/s of one device, for MFU: ``mesh.device_flops`` (a preset's or
+    written), else the best matmul rate of the ``mesh.profile`` file (the planner's peak,
+    ``cost/hardware.profile_peak_flops``); None when unknown (cpu without a profile)."""
+    device_flops_from_profile: Span | None = None
+    """Where ``mesh.profile`` is written, when ``device_flops`` came from it."""
     nodes_span: Span | None
     devices_span: Span | None
     device_span: Span | None
     cp_kind: Setting
     """CP_KIND: how attention sees the whole sequence under cp > 1 (``ulysses``,
-    ``allgather``; runtime/context.py). train.py names it only when cp > 1."""
+    ``allgather``; runtime/parallel/context/context.py). train.py names it only when cp > 1."""
     tp_shape: Setting | None = None
     """TP_SHAPE ``(R, C)``: the tp ranks as an R × C grid (Note [2D tensor parallelism],
-    runtime/layers2d.py); None for 1D, ``(1, tp)``."""
+    runtime/parallel/tensor/layers2d.py); None for 1D, ``(1, tp)``."""
 
     @property
     def world_size(self) -> int:
@@ -97,7 +101,7 @@ class MeshPlan:
     @property
     def ranks(self) -> tuple[RankPlacement, ...]:
         """One entry per global rank, ascending: derived from the axes, never stored (a
-        mesh of 100,000 ranks stays a few lines of plan.json; ``runtime/axes.py``)."""
+        mesh of 100,000 ranks stays a few lines of plan.json; ``runtime/layout/axes.py``)."""
         shape = tuple((axis.axis, axis.size) for axis in self.axes)
         return tuple(
             RankPlacement(
@@ -164,7 +168,7 @@ class TensorParallelPlan:
 class SequenceParallelPlan:
     enabled: bool
     """Norms, residual adds and dropout run on T/tp between the blocks' tp regions
-    (Note [blocks as regions] in runtime/model.py; Korthikanti et al.)."""
+    (Note [blocks as regions] in runtime/models/model.py; Korthikanti et al.)."""
     local_shape: tuple[int, ...]
     """Activation shape inside a region, (micro_batch, seq_len/tp, hidden); () when disabled."""
     span: Span | None
@@ -181,11 +185,11 @@ class PipelinePlan:
     size: int
     """pp degree; 1 means no pipeline (one stage holding every layer)."""
     schedule: str
-    """``gpipe``, ``1f1b`` or ``interleaved`` (runtime/schedule.py)."""
+    """``gpipe``, ``1f1b`` or ``interleaved`` (runtime/schedules/schedule.py)."""
     chunks: int
     """Model chunks (virtual stages) per pipeline rank; > 1 only when interleaved."""
     slices: int = 1
-    """Token slices per sequence (terapipe, runtime/schedule_terapipe.py); 1 otherwise."""
+    """Token slices per sequence (terapipe, runtime/schedules/schedule_terapipe.py); 1 otherwise."""
     slice_lengths: tuple[int, ...] | None = None
     """Tokens of each slice where the spec lists them (uneven slices); None: equal."""
     micro_batches: int
@@ -299,7 +303,7 @@ class ModelPlan:
     parameters: int
     """Parameters of the whole (unsharded) model."""
     expert_parallel: Setting | None = None
-    """EP: the ranks that split each MoE block's experts (runtime/moe.py); None for a
+    """EP: the ranks that split each MoE block's experts (runtime/parallel/expert/moe.py); None for a
     dense model (plan.json leaves it out)."""
     expert_tensor_parallel: Setting | None = None
     """ETP: the ranks that split each expert's ffn (Note [expert tensor parallelism]); None
@@ -349,17 +353,17 @@ class TrainPlan:
     """KERNELS: the fused ops, "compiled" (runtime/kernels) or "eager"."""
     init_from: Setting
     """INIT_FROM: the checkpoint of ``init = checkpoint(dir)`` as ``train.py`` finds it (from
-    its folder), None for ``none`` (runtime/checkpoint_init.py)."""
+    its folder), None for ``none`` (runtime/checkpoints/checkpoint_init.py)."""
     grad_reduce: Setting | None = None
-    """GRAD_REDUCE when ``train.grad_reduce = bf16`` (runtime/dp.py's ``reduce_dtype``); None for fp32."""
+    """GRAD_REDUCE when ``train.grad_reduce = bf16`` (runtime/parallel/data/dp.py's ``reduce_dtype``); None for fp32."""
     zero_prefetch: Setting | None = None
-    """ZERO_PREFETCH under zero = 3 (runtime/fsdp.py, Note [prefetch]); None otherwise."""
+    """ZERO_PREFETCH under zero = 3 (runtime/parallel/data/fsdp.py, Note [prefetch]); None otherwise."""
     zero_shard: Setting | None = None
     """ZERO_SHARD under zero = 3: ``dp`` or ``node`` (HSDP); None otherwise."""
     compress: tuple[Setting, ...] = ()
-    """COMPRESS, COMPRESS_RANK or COMPRESS_RATIO (``parallel.compress``, runtime/compress.py),
+    """COMPRESS, COMPRESS_RANK or COMPRESS_RATIO (``parallel.compress``, runtime/parallel/data/compress.py),
     ERROR_FEEDBACK; COMPRESS_PP_RANK, COMPRESS_STAGES, LAZY_ERROR (``compress_pp``,
-    runtime/compress_pp.py): those of what is compressed; empty when nothing is."""
+    runtime/parallel/pipeline/compress_pp.py): those of what is compressed; empty when nothing is."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,7 +13,7 @@ import json
 import re
 
 from parc.dsl.diagnostics import Span
-from parc.runtime.layer_settings import fold_runs
+from parc.runtime.layout.layer_settings import fold_runs
 
 
 def safe_file_name(path: str) -> str:

@@ -14,18 +14,21 @@ from importlib import resources
 import black
 import jinja2
 
-from parc.runtime import axes
+from parc.runtime.layout import axes
+from parc.runtime.schedules import schedule
 
 from .plan import Plan, Setting
 from . import (
     render_checkpoint,
     render_compress,
     render_eval,
+    render_flags,
     render_hetero,
     render_launch,
     render_moe,
     render_observe,
     render_step,
+    runtime_tree,
 )
 from .plan_text import cite, layer_value
 
@@ -139,7 +142,10 @@ def config_lines(plan: Plan) -> list[str]:
     lines += render_eval.config_lines(plan)
     lines += render_compress.config_lines(plan)
     flops_note = DEVICE_FLOPS_NOTE if mesh.device_flops else "unknown for this device: no MFU"
-    lines.append(constant("DEVICE_FLOPS", mesh.device_flops, f"{cite(mesh.device_span)}: {flops_note}"))
+    flops_span = mesh.device_span
+    if mesh.device_flops_from_profile is not None:
+        flops_span, flops_note = mesh.device_flops_from_profile, "the profile's best matmul rate, for MFU"
+    lines.append(constant("DEVICE_FLOPS", mesh.device_flops, f"{cite(flops_span)}: {flops_note}"))
     return lines
 
 
@@ -160,7 +166,7 @@ def zero3_config_lines(plan: Plan) -> list[str]:
 
 
 def mesh_axes_text(plan: Plan) -> str:
-    """``MESH_AXES``' entries: the registry's axes in mesh order (``runtime/axes.py``), each
+    """``MESH_AXES``' entries: the registry's axes in mesh order (``runtime/layout/axes.py``), each
     named by its constant; an axis that is not ``always`` shown appears only when used."""
     shown = [a.axis for a in plan.mesh.axes if axes.axis(a.axis).always or a.size > 1]
     return ", ".join(f'("{name}", {name.upper()})' for name in shown)
@@ -204,7 +210,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     if tp_size > 1:
         group_lines.append('tp_group = grid.group("tp")  # ranks that share one copy of the model')
     if mesh.tp_shape is not None:
-        group_lines.append("# Note [2D tensor parallelism] (parc_runtime/layers2d.py): the tp ranks as a grid")
+        group_lines.append("# Note [2D tensor parallelism] (parc_runtime/parallel/tensor/layers2d.py): the tp ranks as a grid")
         group_lines.append("tp_grid = grid.tp_grid(TP_SHAPE)")
     # Gradients and the loss are means over the ranks that saw different tokens: dp, and
     # under context parallel dp × cp (each cp rank holds T/cp tokens of every sequence).
@@ -237,12 +243,14 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ))
     hyper = "lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, eps=EPS"
     compute = render_step.compute_dtype(plan)  # bf16/fp16 parameters with fp32 masters, or None
+    scale = render_step.grad_scale_arg(plan)  # fp16: every clip divides by the loss scale first
     if zero_stage == 3:
         optimizer_lines, step_lines = fsdp_lines(plan, reduce_group if reducing else "None", tp_arg, hyper, pp_arg, over)
         if hetero:  # Note [ZeRO-3 over per-layer layouts] (fsdp.py)
             optimizer_lines = render_hetero.fsdp_lines(cite(plan.train.zero.span), optimizer_lines)
     elif zero_stage and hetero:  # Note [ZeRO over per-layer layouts]
-        optimizer_lines, step_lines = render_hetero.zero_lines(cite(plan.train.zero.span), zero_stage, hyper, pp_arg)
+        optimizer_lines, step_lines = render_hetero.zero_lines(cite(plan.train.zero.span), zero_stage, hyper, pp_arg,
+                                                               scale)
     elif zero_stage:
         dp_arg = reduce_group if reducing else "None"
         optimizer_lines = [
@@ -259,17 +267,17 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             if zero_stage == 1
             else "each bucket reduced as backward produced it, into our slice"
         )
-        if render_compress.enabled(plan):  # Note [compression under ZeRO] (runtime/zero.py)
+        if render_compress.enabled(plan):  # Note [compression under ZeRO] (runtime/parallel/data/zero.py)
             optimizer_lines = render_compress.grad_sync_lines(plan, dp_arg, over) + optimizer_lines
             optimizer_lines[-1] = optimizer_lines[-1][:-1] + ", grad_sync=grad_sync)"
             reduce_words = "compressed after backward, then our slice of it kept"
         step_lines = [
             f"# mean gradient over {over} ({reduce_words}); the norm is global",
-            "grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP)",
+            f"grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP{scale})",
             "optimizer.step()  # AdamW on our slice, then all-gather the parameters over dp",
             "optimizer.zero_grad()",
         ]
-    elif compute is not None:  # runtime/master.py, Note [master weights]
+    elif compute is not None:  # runtime/optimizers/master.py, Note [master weights]
         optimizer_lines = [
             f"# {cite(plan.train.precision.span)}: {plan.train.precision.value} parameters, used as they are; "
             "the optimizer keeps",
@@ -279,34 +287,32 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ]
         step_lines = [
             "# the gradients to fp32 (the masters'), unscaled and clipped there; the norm is global",
-            f"grad_norm = optimizer.unscale_and_clip(GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)})",
+            f"grad_norm = optimizer.unscale_and_clip(GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)}"
+            f"{scale})",
             "optimizer.step()  # AdamW on the fp32 masters, rounded into the parameters",
             "optimizer.zero_grad()",
         ]
     else:
         optimizer_lines = [f"optimizer = optim.build_optimizer(net, {hyper})"]
         step_lines = [
-            render_hetero.clip_line(pp_arg) if hetero else
-            f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)})",
+            render_hetero.clip_line(pp_arg, scale) if hetero else
+            f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)}"
+            f"{scale})",
             "optimizer.step()",
             "optimizer.zero_grad(set_to_none=True)",
         ]
     if hetero and zero_stage not in (2, 3):  # ZeRO-2/3 reduce each layer's gradients into its slices themselves
-        optimizer_extra += render_hetero.grad_sync_lines()
+        optimizer_extra += _reduced_in_bf16(plan, render_hetero.grad_sync_lines(), "each layer's dp group")
         after_backward.insert(0, "grad_sync.finish()  # wait the buckets: each layer's mean gradient")
     elif reducing and not zero_stage:
-        # Note [gradient overlap] (runtime/dp.py): always on with dp > 1
-        optimizer_extra += render_compress.grad_sync_lines(plan, reduce_group, over) if render_compress.enabled(
-            plan) else [
+        # Note [gradient overlap] (runtime/parallel/data/dp.py): always on with dp > 1
+        optimizer_extra += _reduced_in_bf16(plan, render_compress.grad_sync_lines(
+            plan, reduce_group, over) if render_compress.enabled(plan) else [
             f"# each bucket of gradients is all-reduced over {over} as soon as backward has",
             "# produced it (on the last micro-batch), while backward goes on",
             f"grad_sync = dp.GradientBuckets(net, {reduce_group}, overlap=True, accumulations={render_step.backward_passes(plan)})",
-        ]
-        if plan.train.grad_reduce is not None:  # train.grad_reduce = bf16
-            optimizer_extra[-1] = optimizer_extra[-1][:-1] + ", reduce_dtype=torch.bfloat16)"
-            optimizer_extra.insert(-1, f"# {cite(plan.train.grad_reduce.span)}: summed over {over} in bf16, "
-                                   "divided back in fp32")
-        elif compute is not None and not render_compress.enabled(plan):  # train.grad_reduce = fp32
+        ], over)
+        if plan.train.grad_reduce is None and compute is not None and not render_compress.enabled(plan):
             optimizer_extra[-1] = optimizer_extra[-1][:-1] + ", reduce_dtype=torch.float32)"
             optimizer_extra.insert(-1, f"# the {plan.train.precision.value} gradients summed over {over} in fp32 "
                                    "(train.grad_reduce) and divided there")
@@ -326,17 +332,11 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     else:
         loss_lines.append("step_loss = loss_sum")
     step_lines = render_checkpoint.guarded_step_lines(step_lines, fp16=plan.train.precision.value == "fp16")
-    extra_args = render_checkpoint.flag_lines(plan) + render_observe.flag_lines()
     flag_docs = render_checkpoint.flag_docs(plan) + render_observe.flag_docs(plan) + render_eval.flag_docs(plan)
     extra_flag_docs = [docstring_text(line) for line in flag_docs]
     if data.kind == "tokens":
         dataset_line = render_eval.TOKEN_FILE.format(path="args.data", part=render_eval.dataset_part(plan))
         dataset_line = "dataset = " + dataset_line
-        extra_args += [
-            "# DATA_PATH is from this file's folder, so the run works from any cwd",
-            'data_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), DATA_PATH)',
-            'parser.add_argument("--data", default=data_path, metavar="PATH")',
-        ] + render_eval.flag_lines(plan)
         extra_flag_docs.append(
             docstring_text("--data PATH            token file, from the cwd (default DATA_PATH, from this file's folder)")
         )
@@ -364,7 +364,6 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         forward_lines = []  # the executor runs each stage's forward under autocast
     fp16 = plan.train.precision.value == "fp16"
     if fp16:
-        step_lines = [_scaled_clip(line) for line in step_lines]
         optimizer_extra += [
             f"# {cite(plan.train.precision.span)}: fp16: dynamic loss scaling (grow/backoff, overflow steps skipped)",
             "# each rank scales its share of the global loss (Note [the scale of one rank's backward])",
@@ -387,11 +386,11 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         extra_flag_docs=extra_flag_docs,
         header=header(plan),
         std_imports=std_imports,
-        runtime_imports=", ".join(sorted(imports)),
+        runtime_imports=runtime_tree.import_lines(imports),
         config_lines=config_lines(plan) + render_hetero.table_lines(plan, cite(mesh.axis("tp").span)),
         tp_plan_lines=tp_plan_lines(plan),
         description=repr(f"Train {plan.model.name} ({layout})."),
-        extra_args=extra_args,
+        flag_lines=render_flags.flag_lines(plan),
         group_lines=group_lines,
         model_config_args=model_args,
         tp_group_arg=tp_arg,
@@ -455,7 +454,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
 
 
 def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, over: str) -> tuple[list[str], list[str]]:
-    """ZeRO-3's optimizer and step lines (runtime/fsdp.py)."""
+    """ZeRO-3's optimizer and step lines (runtime/parallel/data/fsdp.py)."""
     train = plan.train
     hybrid = train.zero_shard.value == "node"
     axes_arg = '("dp",)' if plan.mesh.size("cp") == 1 else '("dp", "cp")'
@@ -463,11 +462,11 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
         f"# {cite(train.zero.span)}: ZeRO-3, {zero_words(plan)}: each block (and the embeddings",
         f"# and head) is one flat fp32 buffer; each {over} rank keeps its share of it and the"
         if render_step.compute_dtype(plan) is None else
-        f"# and head) is one flat fp32 buffer (the master weights; gathered as {plan.train.precision.value}); "
-        f"each {over} rank keeps its share of it and the",
+        f"# and head) is one flat fp32 buffer (the master weights; gathered as {plan.train.precision.value}: "
+        f"{cite(plan.train.precision.span)}); each {over} rank keeps its share of it and the",
         "# share's Adam moments, all-gathers a block before its forward and again before its",
         "# backward (ZERO_PREFETCH blocks ahead), frees it after; gradients reduce-scattered",
-        "# into fp32 shards after every micro-batch's backward (runtime/fsdp.py)",
+        "# into fp32 shards after every micro-batch's backward (runtime/parallel/data/fsdp.py)",
     ]
     if hybrid:
         optimizer_lines += [
@@ -484,11 +483,23 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
     )
     step_lines = [
         f"# mean gradient over {over} (each block's summed into our shards pass by pass); the norm is global",
-        "grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP)",
+        f"grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP{render_step.grad_scale_arg(plan)})",
         "optimizer.step()  # AdamW on our shards: the next forward gathers the new parameters",
         "optimizer.zero_grad()",
     ]
     return optimizer_lines, step_lines
+
+
+def _reduced_in_bf16(plan: Plan, lines: list[str], over: str) -> list[str]:
+    """``train.grad_reduce = bf16`` (built with zero 0 only, PAR0820): the gradient sync's call
+    (its last line: ``dp.GradientBuckets``, ``hetero.HeteroGradients`` or a compressing one of
+    compress.py, Note [bf16 on the wire]) reduces in bf16."""
+    if plan.train.grad_reduce is None:
+        return lines
+    words = render_compress.bf16_words(plan)
+    words = f"summed over {over} in bf16, divided back in fp32" if words is None else f"over {over}, {words}"
+    return [*lines[:-1], f"# {cite(plan.train.grad_reduce.span)}: {words}",
+            lines[-1][:-1] + ", reduce_dtype=torch.bfloat16)"]
 
 
 def cpu_allocator_lines(plan: Plan) -> list[str]:
@@ -520,8 +531,10 @@ def compute_arg(plan: Plan) -> str:
 
 
 def train_imports(plan: Plan) -> list[str]:
-    """The runtime modules ``train.py`` imports (``from parc_runtime import ...``)."""
-    imports = ["checkpoint", "checkpoint_init", "comm", "data", "faults", "memory", "mesh", "metrics", "model", "observe", "optim", "traffic"]
+    """The runtime modules ``train.py`` imports, by their own names (``runtime_tree.import_lines``
+    writes them as ``from parc_runtime.<package> import ...``)."""
+    imports = ["checkpoint", "checkpoint_init", "comm", "data", "faults", "flags", "memory", "mesh", "metrics", "model",
+               "observe", "optim", "traffic"]
     imports += ["dp"] if plan.mesh.size("dp") * plan.mesh.size("cp") > 1 else []
     imports += ["pipeline", "schedule"] if render_step.has_pipeline(plan) else []
     zero = plan.train.zero.value
@@ -537,13 +550,6 @@ def train_imports(plan: Plan) -> list[str]:
     return sorted(set(imports))
 
 
-def _scaled_clip(line: str) -> str:
-    """fp16: the gradients are of the scaled loss; the clip divides them by the scale first."""
-    if line.startswith("grad_norm = ") and line.endswith(")"):
-        return line[:-1] + ", grad_scale=scaled_by)"
-    return line
-
-
 def runtime_modules(plan: Plan) -> set[str]:
     """The runtime modules the build's program needs before their own imports are
     followed (``build.runtime_files``): train.py's, and those the runtime imports only
@@ -554,7 +560,16 @@ def runtime_modules(plan: Plan) -> set[str]:
     modules |= {"context"} if plan.mesh.size("cp") > 1 else set()  # model.py imports it for cp > 1
     modules |= {"layers2d"} if plan.mesh.tp_shape is not None else set()  # model.py and mesh.py import it
     modules |= {"moe_overlap"} if render_moe.overlaps_experts(plan) else set()  # moe.py imports it
+    modules |= pipeline_modules(plan.pipeline.schedule) if render_step.has_pipeline(plan) else set()
     return modules | {entry.module for entry in plan.used_settings() if entry.module}
+
+
+def pipeline_modules(kind: str) -> set[str]:
+    """What a pipeline of schedule ``kind`` imports only when it runs: the kind's orders
+    (``schedule.MODULES``), split backward (zero-bubble kinds), TeraPipe's slices."""
+    modules = {schedule.MODULES[kind]} if kind in schedule.MODULES else set()
+    modules |= {"split_backward"} if kind in schedule.SPLIT_BACKWARD else set()
+    return modules | ({"terapipe"} if kind in schedule.SLICED else set())
 
 
 def layout_words(plan: Plan) -> str:

@@ -7,7 +7,7 @@ docstring lines, the set-up of ``faults.StepGuard`` and ``checkpoint.Checkpoints
 with the resume (``done``: the last step already trained), the step's first line
 (a test-only injected fault), the optimizer step guarded against non-finite numbers,
 and the end of a step (save when due or on SIGTERM). The runtime side is
-``runtime/checkpoint.py`` and ``runtime/faults.py``.
+``runtime/checkpoints/checkpoint.py`` and ``runtime/train/faults.py``.
 Before: ``codegen/render.py`` builds the other lines. After: the template places these.
 """
 
@@ -29,21 +29,6 @@ def config_lines(plan: Plan) -> list[str]:
         f"ON_NONFINITE = {policy.value!r}  # {cite(policy.span)}: a NaN/inf loss or grad norm skips the step or stops",
         f"INIT_FROM = {init.value!r}  # {cite(init.span)}: "
         + ("the starting weights, from this file's folder" if init.value else "None: parc's own initialization"),
-    ]
-
-
-def flag_lines(plan: Plan) -> list[str]:
-    init = ([
-        "# INIT_FROM is from this file's folder, so the run works from any cwd",
-        "init_from = os.path.join(os.path.dirname(os.path.abspath(__file__)), INIT_FROM)",
-        'parser.add_argument("--init-from", default=init_from, metavar="DIR")',
-    ] if plan.train.init_from.value else ['parser.add_argument("--init-from", default=INIT_FROM, metavar="DIR")'])
-    return [
-        'parser.add_argument("--checkpoint-dir", default=CHECKPOINT_DIR, metavar="DIR")',
-        'parser.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY, metavar="N")',
-        'parser.add_argument("--checkpoint-keep", type=int, default=0, metavar="K")',
-        'parser.add_argument("--resume", default=None, metavar="DIR")',
-        *init,
     ]
 
 
@@ -71,7 +56,7 @@ def setup_lines(plan: Plan, layout: str) -> list[str]:
         "",
         "# ---- checkpoints, SIGTERM and bad numbers ------------------------------------",
         "# Checkpoints hold every tensor under its logical name and full shape (DCP), so",
-        "# any layout of this model resumes from them (runtime/checkpoint.py).",
+        "# any layout of this model resumes from them (runtime/checkpoints/checkpoint.py).",
         f"guard = faults.StepGuard(ON_NONFINITE, {RANK_ARGS}, device=dist.device"
         + (f", where={where!r})" if where else ")"),
         "checkpoints = checkpoint.Checkpoints(",
@@ -94,7 +79,7 @@ def setup_lines(plan: Plan, layout: str) -> list[str]:
         "# torchrun, the latest one in --checkpoint-dir)",
         "done = checkpoints.restore(args.resume, restarted=faults.restart_count() > 0)",
         "# --init-from: a checkpoint's weights only, read into this layout; the optimizer",
-        "# fresh, the step 1 (runtime/checkpoint_init.py; not when resumed)",
+        "# fresh, the step 1 (runtime/checkpoints/checkpoint_init.py; not when resumed)",
         "checkpoint_init.init_from(checkpoints, args.init_from, done=done)",
     ]
 

@@ -1,4 +1,4 @@
-"""train.py's lines for ``parallel.compress`` and ``compress_pp`` (runtime/compress.py, compress_pp.py).
+"""train.py's lines for ``parallel.compress`` and ``compress_pp`` (runtime/parallel/data/compress.py, compress_pp.py).
 
 Takes: a ``Plan`` whose ``train.compress`` holds the settings of what is compressed
 (COMPRESS, COMPRESS_RANK or COMPRESS_RATIO, ERROR_FEEDBACK; COMPRESS_PP_RANK,
@@ -51,6 +51,17 @@ def grad_sync_lines(plan: Plan, reduce_group: str, over: str) -> list[str]:
         f"grad_sync = compress.{CLASSES[kind.value]}(net, {reduce_group}, {keyword}=COMPRESS_{keyword.upper()}, "
         "error_feedback=ERROR_FEEDBACK" + (", loss_scaled=True)" if fp16 else ")"),
     ]
+
+
+def bf16_words(plan: Plan) -> str | None:
+    """What ``train.grad_reduce = bf16`` does to the compressed reduction (Note [bf16 on the
+    wire] in compress.py); None without compression."""
+    kind = _setting(plan, "COMPRESS")
+    if kind is None:
+        return None
+    if kind.value == "powersgd":
+        return "P and Q summed in bf16, continued in fp32"
+    return "the top-k values gathered in bf16, summed in fp32"
 
 
 def executor_args(plan: Plan, activation_shape: str) -> list[str]:

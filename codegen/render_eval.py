@@ -5,7 +5,7 @@ Gives: the lines ``render.py`` places when the spec evaluates — nothing otherw
 so a trainer without ``eval`` is unchanged: the cited constants, the validation
 data (the ``val`` file with its ``--val-data`` flag, the token file's held-out tail,
 or synthetic data's own stream), the ``evaluate.Evaluator`` set-up and the step's
-``val_loss``. The runtime side is ``runtime/evaluate.py`` (Note [one meaning of
+``val_loss``. The runtime side is ``runtime/train/evaluate.py`` (Note [one meaning of
 val_loss]) and ``PipelineExecutor.evaluate``.
 Before: ``codegen/render.py`` builds the other lines. After: the template places these.
 """
@@ -40,15 +40,6 @@ def config_lines(plan: Plan) -> list[str]:
     if val:
         lines.append(f"VAL_DATA_PATH = {val!r}  # {cite(plan.train.data.span)}: from this file's folder")
     return lines
-
-
-def flag_lines(plan: Plan) -> list[str]:
-    if not (enabled(plan) and plan.train.data.val_path):
-        return []
-    return [
-        'val_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), VAL_DATA_PATH)',
-        'parser.add_argument("--val-data", default=val_path, metavar="PATH")',
-    ]
 
 
 def flag_docs(plan: Plan) -> list[str]:

@@ -1,4 +1,4 @@
-"""What ``train.py`` says and does for a heterogeneous layout (runtime/hetero.py).
+"""What ``train.py`` says and does for a heterogeneous layout (runtime/parallel/data/hetero.py).
 
 Takes: the Plan. Gives: ``enabled(plan)`` (the blocks' tp degrees differ), the per-layer
 table (``LAYER_TP``: one degree per block, folded into runs of equal layers with the
@@ -6,13 +6,13 @@ dp each run leaves, the embedding and head's rows said in words), and the lines 
 replace the uniform program's: the layouts' groups, the gradient sums over each
 layer's own dp group, the gradient norm, the sequence-parallel sums, ZeRO-1/2's optimizer, ZeRO-3's arguments.
 
-Note [heterogeneous layouts] is in runtime/hetero.py; ``MESH_AXES`` (DP, TP) is the
+Note [heterogeneous layouts] is in runtime/parallel/data/hetero.py; ``MESH_AXES`` (DP, TP) is the
 coarse split of a stage (the largest tp), the one the data is read in.
 """
 
 from __future__ import annotations
 
-from parc.runtime.layer_settings import fold_runs
+from parc.runtime.layout.layer_settings import fold_runs
 
 from .plan import LayerKind, Plan
 
@@ -33,7 +33,7 @@ def table_lines(plan: Plan, where: str) -> list[str]:
         and head.tp != blocks[-1].tp else f"layers.{len(blocks) - 1}"
     lines = [
         "",
-        f"# ---- each layer's split of a stage's {ranks} ranks: tp × dp (parc_runtime/hetero.py) ----",
+        f"# ---- each layer's split of a stage's {ranks} ranks: tp × dp (parc_runtime/parallel/data/hetero.py) ----",
         f"# {where}: layer i runs tp LAYER_TP[i] × dp {ranks} // LAYER_TP[i]; between layers of",
         "# different degrees the batch is split or gathered. The data is read as dp DP × tp TP",
         f"# (the largest tp); embed runs tp {embed.tp} × dp {embed.dp} as layers.0, head tp {head.tp} × dp {head.dp}"
@@ -71,11 +71,12 @@ def sp_line() -> str:
             "hetero.allreduce_sequence_parallel_grads(net, layouts)")
 
 
-def clip_line(pp_arg: str) -> str:
-    return f"grad_norm = hetero.clip_grad_norm_(net, GRAD_CLIP, layouts=layouts, stage_group=stage_group{pp_arg})"
+def clip_line(pp_arg: str, scale_arg: str) -> str:
+    return ("grad_norm = hetero.clip_grad_norm_(net, GRAD_CLIP, layouts=layouts, stage_group=stage_group"
+            f"{pp_arg}{scale_arg})")
 
 
-def zero_lines(where: str, stage: int, hyper: str, pp_arg: str) -> tuple[list[str], list[str]]:
+def zero_lines(where: str, stage: int, hyper: str, pp_arg: str, scale_arg: str) -> tuple[list[str], list[str]]:
     """ZeRO-1/2 over per-layer layouts: the optimizer's lines and the step's."""
     what = "AdamW state" if stage == 1 else "AdamW state and gradients"
     optimizer = [
@@ -88,7 +89,7 @@ def zero_lines(where: str, stage: int, hyper: str, pp_arg: str) -> tuple[list[st
     step = [
         "# our slices of each layer's mean gradient; the norm is global" if stage == 1 else
         "# each layer's buckets reduced over its dp group as backward produced them, into our slices",
-        "grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP)",
+        f"grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP{scale_arg})",
         "optimizer.step()  # AdamW on our slices, then all-gather each over its layers' dp group",
         "optimizer.zero_grad()",
     ]

@@ -7,7 +7,7 @@ with c10d rendezvous at ``HEAD_NODE:HEAD_PORT``; nnodes, node rank, head node an
 (one ``srun`` task per node running torchrun, the head node taken from the
 allocation, SIGTERM before the time limit so the trainer saves, requeue resuming
 from the latest checkpoint). Both rely on train.py resuming by itself after an
-elastic restart (``runtime/checkpoint.py``).
+elastic restart (``runtime/checkpoints/checkpoint.py``).
 Before: ``codegen/render.py`` calls these. After: the templates place the values.
 """
 

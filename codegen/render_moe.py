@@ -1,4 +1,4 @@
-"""Rendering of a mixture-of-experts model's lines of ``train.py`` (runtime/moe.py).
+"""Rendering of a mixture-of-experts model's lines of ``train.py`` (runtime/parallel/expert/moe.py).
 
 Takes: a ``Plan``. Gives: whether the model has experts (``has_experts``: its settings
 hold ``EXPERTS``, which ``settle_training`` writes only for experts > 0, so a dense
@@ -9,7 +9,7 @@ metrics. Before: ``settle_training``. After: ``render.py`` places the lines.
 
 from __future__ import annotations
 
-from parc.runtime.model_desc import ModelConfig, describe
+from parc.runtime.layout.model_desc import ModelConfig, describe
 
 from .plan import Plan
 from .plan_text import cite

@@ -4,8 +4,8 @@ Takes: a ``Plan`` (``train.tensorboard_dir``, the data, the planner's prediction
 the build recorded one). Gives: the lines ``render.py`` places in train.py — the cited
 ``TENSORBOARD_DIR`` constant, the ``--tensorboard`` / ``--profile`` / ``--profile-dir``
 flags and their docstring lines, the start-up banner and the profiler's set-up, and
-the calls that bracket each step. The runtime side is ``runtime/observe.py`` (and
-``runtime/metrics.py``, which writes the scalars).
+the calls that bracket each step. The runtime side is ``runtime/train/observe.py`` (and
+``runtime/train/metrics.py``, which writes the scalars).
 Before: ``codegen/render.py`` builds the other lines. After: the template places these.
 """
 
@@ -25,15 +25,6 @@ def config_lines(plan: Plan) -> list[str]:
     return [
         f"TENSORBOARD_DIR = {board.value!r}  # {cite(board.span)}: {note}",
         f"MEMORY_EVERY = {MEMORY_EVERY}  # steps between memory measurements (Note [memory on some steps])",
-    ]
-
-
-def flag_lines() -> list[str]:
-    return [
-        'parser.add_argument("--tensorboard", default=TENSORBOARD_DIR, metavar="DIR")',
-        'parser.add_argument("--profile", default=None, metavar="STEPS")',
-        'parser.add_argument("--profile-dir", default="profile", metavar="DIR")',
-        'parser.add_argument("--memory-every", type=int, default=MEMORY_EVERY, metavar="N")',
     ]
 
 

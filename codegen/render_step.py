@@ -12,8 +12,8 @@ Before: ``codegen/render.py`` calls these. After: the template places the lines.
 
 from __future__ import annotations
 
-from parc.runtime.constraints import master_weights
-from parc.runtime.placement import placement_for
+from parc.runtime.layout.constraints import master_weights
+from parc.runtime.layout.placement import placement_for
 
 from . import render_compress, render_hetero
 from .plan import Plan
@@ -55,7 +55,7 @@ PLACEMENT_WORDS = {
 
 
 def placement_kind(plan: Plan) -> str:
-    """Which stage each rank's chunk runs (``runtime/placement.py``)."""
+    """Which stage each rank's chunk runs (``runtime/layout/placement.py``)."""
     pipe = plan.pipeline
     return placement_for(pipe.schedule, pipe.size, pipe.chunks).kind
 
@@ -75,7 +75,7 @@ def tied_embeddings(plan: Plan) -> bool:
 
 def fused_embedding_sync(plan: Plan) -> bool:
     """Is the tied embedding's sum over its first and last stage copies folded into the dp
-    all-reduce (Note [fused embedding synchronization] in runtime/pipeline.py)? Wherever its
+    all-reduce (Note [fused embedding synchronization] in runtime/parallel/pipeline/pipeline.py)? Wherever its
     gradient goes through ``dp.GradientBuckets``: a pipeline of the default placement, dp·cp > 1,
     no ZeRO (reduce-scattered into shards), no compression, one layout for every block."""
     mesh = plan.mesh
@@ -97,10 +97,10 @@ def config_lines(plan: Plan) -> list[str]:
         f"SCHEDULE = {pipe.schedule!r}  # {cite(pipe.schedule_span)}: {SCHEDULE_WORDS[pipe.schedule]}",
         f"CHUNKS = {pipe.chunks!r}  # model chunks (virtual stages) per pipeline rank",
         *([f"SLICES = {pipe.slices!r}  # {cite(pipe.schedule_span)}: token slices of each sequence "
-           "(runtime/terapipe.py)"] if sliced(plan) and not pipe.slice_lengths else []),
-        *([f"# {cite(pipe.schedule_span)}: tokens of each slice of a sequence, uneven (runtime/terapipe.py)",
+           "(terapipe.py)"] if sliced(plan) and not pipe.slice_lengths else []),
+        *([f"# {cite(pipe.schedule_span)}: tokens of each slice of a sequence, uneven (terapipe.py)",
            f"SLICES = {list(pipe.slice_lengths)!r}"] if sliced(plan) and pipe.slice_lengths else []),
-        *([f"PLACEMENT = {placement_kind(plan)!r}  # which stage each chunk runs (runtime/placement.py)"] if v else []),
+        *([f"PLACEMENT = {placement_kind(plan)!r}  # which stage each chunk runs (runtime/layout/placement.py)"] if v else []),
         f"# layers [start, stop) of each virtual stage ({split}); {where[0]}",
         f"# {where[1]}. Under this schedule a rank idles {100 * pipe.bubble_fraction:.1f}% of the step",
         "# (forward 1, backward 2 time units); `parc explain` draws the timeline.",
@@ -147,9 +147,16 @@ LOW_PRECISION = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 """``train.precision`` → the torch dtype of its compute (fp32: none)."""
 
 
+def grad_scale_arg(plan: Plan) -> str:
+    """The last argument of every gradient clip of the step (``optim.clip_grad_norm_``,
+    ``hetero.clip_grad_norm_``, ``unscale_and_clip``, ``reduce_gradients_and_clip``): under
+    fp16 the gradients are of the scaled loss, and each clip divides them by the scale first."""
+    return ", grad_scale=scaled_by" if plan.train.precision.value == "fp16" else ""
+
+
 def compute_dtype(plan: Plan) -> str | None:
     """The dtype the parameters are held and used in, with fp32 master weights in the
-    optimizer (runtime/master.py, Note [master weights]); None for fp32 and where the
+    optimizer (runtime/optimizers/master.py, Note [master weights]); None for fp32 and where the
     forward autocasts instead (``autocast_dtype``)."""
     if autocast_dtype(plan) is not None:
         return None
@@ -204,6 +211,8 @@ def executor_lines(plan: Plan) -> list[str]:
         "    # what travels between stages: (micro-batch, tokens, hidden), fp32",
         f"    activation_shape=({rows}, {tokens}, {hidden}),",
         "    device=dist.device,",
+        *([f"    # {cite(plan.train.precision.span)}: {plan.train.precision.value} autocast in each stage's "
+           "forward; weights, grads and Adam stay fp32"] if autocast != "None" else []),
         f"    autocast_dtype={autocast},",
         *("    " + line for line in render_compress.executor_args(plan, f"(MICRO_BATCH, {tokens}, HIDDEN)")),
         *("    " + line for line in placement_lines(plan)),

@@ -1,6 +1,6 @@
 """``parc report``'s work: a run's metrics file read back and drawn as PNGs.
 
-Takes: the JSON lines a trainer wrote with ``--metrics-jsonl`` (``runtime/metrics.py``:
+Takes: the JSON lines a trainer wrote with ``--metrics-jsonl`` (``runtime/train/metrics.py``:
 one object per logged step, rank 0's). Gives: ``read_records`` (the records, or
 ``ReportError`` naming the file and line) and ``draw`` (``loss.png``, ``tokens_per_s.png``,
 ``exposed_comm.png``, ``memory_per_rank.png``, and ``val_loss`` on ``loss.png`` when the

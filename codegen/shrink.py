@@ -8,7 +8,7 @@ in their order, stage by stage), kernels — on one node of ``dp·tp·pp`` CPU d
 fp32, on synthetic data; each override with the value it replaces and why; and the
 overrides of the one-rank reference (the same model with no parallelism at all).
 
-Every smaller value is the first candidate the rules of ``runtime/constraints.py``
+Every smaller value is the first candidate the rules of ``runtime/layout/constraints.py``
 accept (``constraints.smallest``): no divisibility rule is written here a second time.
 Before: ``parc.dsl.load``. After: ``codegen/verify.py`` builds both and runs them.
 
@@ -17,7 +17,7 @@ Note [what verify shrinks]:
   heads = kv_heads · the spec's heads/kv_heads; head_dim 8 (or the spec's, if smaller).
   kv_heads stays on the spec's side of tp: a spec whose tp divides kv_heads keeps
   kv_heads ≥ tp, one with tp > kv_heads keeps replicating (Note [KV replication] in
-  ``runtime/layers.py``), so the shrunk model runs the same attention code.
+  ``runtime/parallel/tensor/layers.py``), so the shrunk model runs the same attention code.
 - ffn: about twice the shrunk hidden; vocab: about 200, padded or not as the spec's is
   (a padded vocab exercises the masked rows of the vocab-parallel loss); seq_len 16.
 - layers: per (virtual) stage, one block for each run of equal per-layer settings in
@@ -38,9 +38,10 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from parc.dsl.keys import PARALLEL
 from parc.dsl.spec import PipelineSchedule, Recompute, Spec
-from parc.runtime import constraints
-from parc.runtime.layer_settings import SETTINGS, spec_text
+from parc.runtime.layout import constraints
+from parc.runtime.layout.layer_settings import SETTINGS, spec_text
 
 from .spec_values import spec_values
 
@@ -304,12 +305,29 @@ def _mesh(spec: Spec, world: int) -> list[Change]:
 
 
 def _reference(values: dict) -> tuple[str, ...]:
-    """The one-rank program: no dp, tp, pp, sp, ZeRO, schedule, recompute or overlap
+    """The one-rank program: every key of the language's parallel block
+    (``dsl/keys.py``) at its one-rank value (``_one_rank``), so no axis or option of a
+    layout — ep, etp, a 2D tp_shape, cp_kind, compress, ... — reaches the reference
     (recompute and overlap change no number: dropping them puts them under test too)."""
-    sets = [f"{a.key}=1" for a in constraints.AXES] + [
-        "parallel.sp=false", "parallel.zero=0", "parallel.schedule=1f1b", "parallel.recompute=none",
-        "parallel.overlap=none", "mesh.devices_per_node=1",
-    ]
-    if values.get("stage_layers") is not None:
-        sets.append(f"parallel.stage_layers=[{values['layers']}]")
-    return tuple(sets)
+    sets = [f"parallel.{param.name}={value}" for param in PARALLEL.keys
+            if (value := _one_rank(param, values)) is not None]
+    return (*sets, "mesh.devices_per_node=1")
+
+
+_WORLD = {a.key for a in constraints.AXES}
+
+
+def _one_rank(param, values: dict) -> str | None:
+    """What one rank writes for ``param``: 1 for an axis of the world, else the key's
+    default; those whose default is a rule rather than a value (``stage_layers``: an
+    even split, ``tp_shape``: (1, tp)) written as that rule gives at one rank; None: leave
+    the key as it is (``compress_stages``, which only a ``compress_pp`` spec writes)."""
+    if f"parallel.{param.name}" in _WORLD:
+        return "1"
+    if param.name == "tp_shape":
+        return "(1, 1)"
+    if param.name == "stage_layers":
+        return None if values.get("stage_layers") is None else f"[{values['layers']}]"
+    if param.name == "compress_stages":
+        return None
+    return param.default

@@ -1,4 +1,4 @@
-"""A ``Spec`` as the plain values of ``runtime/constraints.py``, and its violations as errors.
+"""A ``Spec`` as the plain values of ``runtime/layout/constraints.py``, and its violations as errors.
 
 Takes: a ``Spec`` (``None`` where the spec says ``auto``). Gives: ``spec_values(spec)``,
 the values by the names of ``constraints.KEYS``, and ``rule_errors(spec, kinds)``, a
@@ -12,9 +12,10 @@ model's ``buildable``.
 from __future__ import annotations
 
 from parc.dsl.diagnostics import ParcError
+from parc.dsl.keys import MOE_KEYS
 from parc.dsl.spec import PipelineSchedule, Spec
-from parc.runtime import constraints
-from parc.runtime.layer_settings import SETTINGS
+from parc.runtime.layout import constraints
+from parc.runtime.layout.layer_settings import SETTINGS
 
 from .errors import span_of
 
@@ -27,6 +28,7 @@ def spec_values(spec: Spec) -> dict:
         "name": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
         "kv_heads": m.kv_heads if kv_written else None,  # the default (= heads) adds nothing to check
         "experts": m.experts, "top_k": m.top_k, "expert_ffn": m.expert_ffn,
+        "moe_written": tuple(k.name for k in MOE_KEYS[1:] if spec.span(f"model.{k.name}") is not None),
         "capacity_factor": m.capacity_factor, "ep": par.ep, "etp": par.etp,
         "ffn": m.ffn, "vocab": m.vocab, "pad_vocab_to": m.pad_vocab_to, "seq_len": m.seq_len, "dropout": m.dropout,
         "tie_embeddings": m.tie_embeddings,

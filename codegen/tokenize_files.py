@@ -5,7 +5,7 @@ file is the whole tokenizer), the end-of-text token (or the tokenizer's own), wh
 to separate documents and the dtype asked for (None: chosen). Gives:
 ``encode_with_tokenizer`` → the ids (an ``array``, little-endian) and the record
 written beside the ``.bin``: ``tokenizer`` (the file's name), ``vocab_size``,
-``separator`` (the end-of-text id), ``min_vocab`` (= ``vocab_size``: any id of the
+``separator`` (the end-of-text id), ``min_vocab`` (= ``vocab_size``, the largest id + 1: any id of the
 tokenizer may appear in a later file, so a model needs them all; ``dsl/data_files.py``
 refuses a smaller ``model.vocab``, PAR0120) and ``dtype``: uint32 when an id
 passes 65,535 (``uint16`` asked for such a vocabulary is an error, not a wrap-around).
@@ -22,6 +22,7 @@ from parc.runtime.paths import UnreadableFile, check_regular
 END_OF_TEXT = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>", "[SEP]")
 """End-of-text tokens of common tokenizers, in the order looked for."""
 UINT16_IDS = 65_536
+UINT32_IDS = 2**32
 
 
 class TokenizerError(ValueError):
@@ -62,15 +63,26 @@ def end_of_text_id(tokenizer, eot: str | None, path: str) -> int:
     )
 
 
+def id_bound(tokenizer) -> int:
+    """The tokenizer's largest id + 1: what an embedding must hold and what decides the
+    dtype. Not its entry count (``get_vocab_size``): a vocabulary's ids may have gaps
+    (a WordLevel or added tokens with ids of their own), and an id past the count is still
+    an id a file may hold."""
+    ids = tokenizer.get_vocab(with_added_tokens=True).values()
+    return max(ids, default=-1) + 1
+
+
 def encode_with_tokenizer(documents: list[bytes], path: str, *, eot: str | None, separator: bool,
                           dtype: str | None) -> tuple[array, dict]:
     tokenizer = load_tokenizer(path)
-    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    vocab_size = id_bound(tokenizer)
+    if vocab_size > UINT32_IDS:
+        raise TokenizerError(f"{path} has ids up to {vocab_size - 1:,}: a token file holds ids below 2**32")
     separator_id = end_of_text_id(tokenizer, eot, path) if separator else None
     needed = "uint32" if vocab_size > UINT16_IDS else "uint16"
     if dtype == "uint16" and needed == "uint32":
         raise TokenizerError(
-            f"--dtype uint16 holds ids below {UINT16_IDS:,}, but {path} has {vocab_size:,} tokens: "
+            f"--dtype uint16 holds ids below {UINT16_IDS:,}, but {path} has ids up to {vocab_size - 1:,}: "
             "use --dtype uint32 (or leave --dtype out)"
         )
     dtype = dtype or needed
@@ -79,7 +91,10 @@ def encode_with_tokenizer(documents: list[bytes], path: str, *, eot: str | None,
         ids = array("I" if dtype == "uint16" else "L")
     for document in documents:
         text = document.decode("utf-8", errors="replace")
-        ids.extend(tokenizer.encode(text, add_special_tokens=False).ids)
+        encoded = tokenizer.encode(text, add_special_tokens=False).ids
+        if encoded and max(encoded) >= vocab_size:  # pragma: no cover - an id outside get_vocab
+            raise TokenizerError(f"{path} gave id {max(encoded):,}, past its vocabulary's {vocab_size - 1:,}")
+        ids.extend(encoded)
         if separator_id is not None:
             ids.append(separator_id)
     if sys.byteorder != "little":

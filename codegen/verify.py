@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -133,8 +135,11 @@ def run_trainer(folder: Path, nproc: int, *, steps: int, timeout: float) -> list
     """Run ``folder/train.py`` on ``nproc`` CPU gloo ranks; the JSONL records of rank 0."""
     metrics = folder / "verify-metrics.jsonl"
     metrics.unlink(missing_ok=True)
+    logs = folder / "verify-logs"
+    shutil.rmtree(logs, ignore_errors=True)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        "--log-dir", str(logs), "--tee", "2",  # each rank's stderr in a file too: rank_error
         "train.py", "--metrics-jsonl", str(metrics), "--steps", str(steps),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0", CUDA_VISIBLE_DEVICES="")
@@ -145,12 +150,35 @@ def run_trainer(folder: Path, nproc: int, *, steps: int, timeout: float) -> list
         raise VerifyError(f"{folder / 'train.py'} on {nproc} rank(s) did not finish in {timeout:g} s",
                           "raise --timeout") from None
     if done.returncode != 0:
-        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-30:])
-        raise VerifyError(f"{folder / 'train.py'} on {nproc} rank(s) failed (exit {done.returncode})",
-                          None, tail)
+        rank, text = rank_error(logs, done.stderr or "")
+        tail = "\n".join((text or done.stderr or done.stdout).strip().splitlines()[-TAIL_LINES:])
+        which = f"rank {rank} of {nproc}" if rank is not None else f"{nproc} rank(s)"
+        raise VerifyError(f"{folder / 'train.py'} on {which} failed (exit {done.returncode})", None, tail)
     if not metrics.is_file():
         return []
     return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+
+
+TAIL_LINES = 30
+
+
+def rank_error(logs: Path, summary: str) -> tuple[int | None, str]:
+    """The failing rank and its own stderr (its exception), not torchrun's summary of the
+    ranks: the rank the summary names as the root cause, else the first whose stderr
+    holds a traceback or an error. (None, "") when no rank's log says anything."""
+    files = {}
+    for path in sorted(logs.glob("**/attempt_*/*/stderr.log")):
+        if path.parent.name.isdigit():
+            files.setdefault(int(path.parent.name), path)
+    texts = {rank: path.read_text(encoding="utf-8", errors="replace") for rank, path in sorted(files.items())}
+    cause = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", summary, flags=re.S)
+    named = int(cause.group(1)) if cause else None
+    if named is not None and texts.get(named, "").strip():
+        return named, texts[named]
+    for rank, text in texts.items():
+        if "Traceback" in text or "error" in text.lower():
+            return rank, text
+    return None, ""
 
 
 def compare(reference: list[dict], layout: list[dict], steps: int) -> tuple[Record, ...]:

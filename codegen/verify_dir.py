@@ -22,10 +22,9 @@ import shutil
 import time
 from pathlib import Path, PurePosixPath
 
-from parc import dsl
 from parc.runtime.paths import UnreadableFile, UnsafePath, check_regular, inside, read_json, read_limited
 
-from .build import generate, spec_hash
+from .build import generate, load_built, spec_hash
 from .build_folder import MANIFEST, MANIFEST_LIMIT, FolderError, read_manifest, sha256, write
 from .build_merge import Hunk, three_way
 from .verify import MAX_RANKS, STEPS, Verdict, VerifyError, build_into, compare, describe, prepare, run_pair
@@ -66,13 +65,13 @@ def _find_spec(folder: Path, given: str | None, manifest: dict) -> str:
 
 def _spec_of(folder: Path, spec_path: str, overrides: list[str], manifest: dict, files: dict):
     """The spec the folder was built from, and what parc wrote for it (checked against the manifest)."""
-    spec = dsl.load(spec_path, overrides)
+    spec = load_built(spec_path, overrides, folder)  # hashed as the build hashed it
     if manifest.get("spec_sha256") not in (None, spec_hash(spec)):
         raise VerifyError(
             f"{folder} was not built from {spec_path}" + (" with these --set values" if overrides else ""),
             "pass the spec and the --set values it was built with (`parc build --check` tells the same)",
         )
-    base = generate(spec)
+    base = generate(spec, overrides=tuple(overrides))
     if files.get("train.py") != sha256(base["train.py"]):
         raise VerifyError(
             f"{folder}/train.py was written by another version of parc (its manifest's record is not "
@@ -139,6 +138,8 @@ def verify_folder(folder: Path, spec_arg: str | None, overrides: list[str], work
     """``parc verify DIR`` (Note [shrinking an edited train.py])."""
     start = time.perf_counter()
     listed, manifest = _manifest(folder)
+    if not overrides and isinstance(manifest.get("set"), list):  # Note [the build records its --set]
+        overrides = [str(item) for item in manifest["set"]]
     spec_path = _find_spec(folder, spec_arg, manifest)
     base = _spec_of(folder, spec_path, overrides, manifest, listed)
     prepared = prepare(spec_path, overrides, steps=steps, max_ranks=max_ranks)

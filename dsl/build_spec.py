@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from parc.runtime import constraints
-from parc.runtime.layer_settings import SETTINGS, setting
+from parc.runtime.layout import constraints
+from parc.runtime.layout.layer_settings import SETTINGS, setting
 
 from .keys import MOE_KEYS
 from .normalize import Normalized, dotted

@@ -3,7 +3,7 @@
 Takes: the normalized document (``dsl/normalize.py``) and the paths already found
 bad. Gives: a list of (path, ParcError), each message the formula with its values
 filled in ("world size: dp·cp·tp·pp = 2·1·3·1 = 6 ..."). The rules themselves are those
-of ``runtime/constraints.py``, which ``parc build`` and the search call too; this
+of ``runtime/layout/constraints.py``, which ``parc build`` and the search call too; this
 module hands them the document's plain values and places each violation at the spec
 text it blames. A value that is ``auto``, missing or invalid is unknown to the rules,
 so a rule that needs it is skipped and one mistake gives one error. Defaults are
@@ -17,10 +17,11 @@ Before: the schema (``dsl/validate.py``). After: ``dsl/build_spec.py``.
 
 from __future__ import annotations
 
-from parc.runtime import constraints, layouts
-from parc.runtime.layer_settings import SETTINGS, read_value
+from parc.runtime.layout import constraints, layouts
+from parc.runtime.layout.layer_settings import SETTINGS, read_value
 
 from .diagnostics import ParcError, Span
+from .keys import MOE_KEYS
 from .normalize import Normalized
 
 _DEFAULTS = {
@@ -83,6 +84,7 @@ def plain_values(v: _Values) -> dict:
     """The document's values by the names of ``constraints.KEYS`` (None: unknown)."""
     out = {name: v.get(*key.split(".")) for name, key in constraints.KEYS.items() if key.count(".") == 1}
     out.pop("padded_vocab")  # the rules compute it from vocab and pad_vocab_to
+    out["moe_written"] = tuple(key.name for key in MOE_KEYS[1:] if v.written("model", key.name))
     constraints.layer_degrees(out)  # per-layer tp/dp lists → the coarse split and the lists
     schedule = out.pop("schedule")
     out["schedule"] = schedule.get("kind") if isinstance(schedule, dict) else None

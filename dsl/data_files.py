@@ -18,7 +18,7 @@ build`` both refuse the spec):
   a row for each of its ids is refused.
 
 Warnings, not errors: the file is not the spec, and may change before the run; the
-trainer checks every id against ``VOCAB`` at startup in any case (``runtime/data.py``).
+trainer checks every id against ``VOCAB`` at startup in any case (``runtime/train/data.py``).
 A record that cannot be read or lacks ``min_vocab`` says nothing. Paths in a spec are
 relative to the spec's folder (``Spec.resolve``). Before: ``validate``. After: the
 command prints them.

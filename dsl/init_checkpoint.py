@@ -5,7 +5,7 @@ Takes: a checked ``Spec``. Gives: ``warnings(spec)``: PAR0224 (a warning, Note
 spec's folder (``Spec.resolve``), holds no checkpoint: nothing there, or a folder with
 neither a ``parc.json`` nor ``step_*`` checkpoints in it. A warning, not an error: the
 checkpoint may be made before the run (``parc import``, another run), and the trainer
-checks it whole at startup (runtime/checkpoint_init.py: it refuses one of another
+checks it whole at startup (runtime/checkpoints/checkpoint_init.py: it refuses one of another
 model naming the tensors). Before: ``validate``. After: the command prints it.
 """
 

@@ -9,17 +9,26 @@ docs/language.md describes the same keys (a test keeps them in step).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import units
 
 INT_MAX = 2**31 - 1
 """Largest integer any key accepts (keeps later stages' arithmetic sane)."""
+LAYERS_MAX = 10_000
+"""Most transformer blocks a model may have: parc describes, plans and renders each block
+on its own (per-layer settings, the planner's per-layer costs), so its work and memory grow
+with the count; 2³¹ − 1 blocks would take gigabytes before anything else is checked. Deep
+models have a few hundred blocks."""
 NUMBER_MAX = 1e12
 """Largest plain number a key accepts where it names no tighter bound (``lr``,
 ``rope_theta``, ``grad_clip``, ...): every number is finite and of a sane size
 before it leaves the front end. Unit kinds have theirs in ``units.LARGEST``."""
 
+NO_CONTROL = "^[^\x00-\x1f\x7f]*$"
+"""Every string of a spec is a path (a token file, a folder, a profile): no control
+characters, which no file name of a portable program holds (a tab or a newline written
+as an escape in the spec would reach the file system otherwise). PAR0117."""
 UNIT_TYPES = (units.SIZE, units.BANDWIDTH, units.FLOPS, units.TIME)
 DEVICES = ("a100-40gb", "a100-80gb", "h100-80gb", "h200", "rtx3090", "cpu")
 
@@ -50,6 +59,8 @@ class Param:
     """Also takes a list with one value per transformer block (``[full, none, ...]``)."""
     or_none: bool = False
     """The word ``none`` is also allowed (``capacity_factor = none``: no limit)."""
+    limit: str | None = None
+    """Why ``maximum`` is what it is, where it is tighter than the type's (the hint of PAR0109)."""
     or_list: "Param | None" = None
     """Also takes a list of two or more of these elements (``terapipe(slices = [16, 8, 8])``:
     the slices' token lengths instead of their count)."""
@@ -111,7 +122,7 @@ def _int(name, doc, *, minimum=1, **kw) -> Param:
     )
 
 
-_WARMUP = _int("warmup", "steps of linear warmup from 0", minimum=0, default="0")
+_WARMUP = _int("warmup", "steps of linear warmup (step s at peak·s/warmup)", minimum=0, default="0")
 _MIN_LR = Param(
     name="min_lr_ratio",
     type="number",
@@ -161,7 +172,7 @@ MOE_KEYS = (
         "(1: dropless and balanced); scales its expert compute, all-to-all and activations",
     ),
 )
-"""The mixture-of-experts keys of ``model`` (runtime/moe.py)."""
+"""The mixture-of-experts keys of ``model`` (runtime/parallel/expert/moe.py)."""
 
 MODEL = BlockDef(
     name="model",
@@ -175,7 +186,9 @@ MODEL = BlockDef(
             required=True,
             doc="gpt: LayerNorm, GELU MLP, learned positions; llama: RMSNorm, SwiGLU, rotary",
         ),
-        _int("layers", "transformer blocks", required=True),
+        _int("layers", "transformer blocks", required=True, maximum=LAYERS_MAX,
+             limit=f"parc plans and builds each block on its own, so it takes at most {LAYERS_MAX:,} "
+             "(deep models have a few hundred)"),
         _int("hidden", "model width", required=True),
         _int("heads", "attention heads", required=True),
         _int("kv_heads", "key/value heads (grouped-query attention)", default="heads"),
@@ -713,6 +726,15 @@ ELEMENT = {
     "int_pair": _int("tp_shape", "ranks along one side of the tensor-parallel mesh"),
 }
 """The element of a list-valued type."""
+
+
+def list_element(param: Param) -> Param | None:
+    """What each item of a list written for ``param`` is: for a per-layer key, the key's
+    own single value (``recompute = [full, none]``; Note [per-layer values] in
+    ``dsl/normalize.py``), else its ``or_list`` element or ``ELEMENT`` of its type."""
+    if param.per_layer:
+        return replace(param, per_layer=False, auto=False)
+    return param.or_list or ELEMENT.get(param.type)
 
 
 def expected_words(param: Param) -> str:

@@ -17,12 +17,12 @@ and ``dsl/checks.py`` checks that the list has ``model.layers`` items.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from . import ast, units
 from .diagnostics import ParcError, Span, clip, did_you_mean
 from .fmt import format_value
-from .keys import BLOCKS, ELEMENT, UNIT_TYPES, BlockDef, Param, expected_words
+from .keys import BLOCKS, LAYERS_MAX, UNIT_TYPES, BlockDef, Param, expected_words, list_element
 
 Path = tuple  # ("train", "optimizer", "lr"), ("parallel", "stage_layers", 0)
 
@@ -68,6 +68,12 @@ class Normalized:
 
 
 _BAD = object()
+LIST_MAX = LAYERS_MAX
+"""Most values a list may hold: the longest list of the language is one value per layer
+(``stage_layers``, ``compress_stages`` and terapipe's slices are fewer, PAR0266). A longer
+one is refused before its values are read one by one (a million took seconds)."""
+DUPLICATES_SHOWN = 10
+"""Duplicates of one key reported one by one; the rest are counted in one more error."""
 """What ``normalize_value`` returns for a value it refused (and reported)."""
 
 
@@ -178,6 +184,7 @@ def _block(out: Normalized, block: BlockDef, item: ast.Block) -> None:
             f"write `{block.name} {{`",
         )
     seen: dict[str, ast.Entry] = {}
+    duplicates: dict[str, list[ast.Entry]] = {}
     for entry in item.entries:
         key = block.key(entry.key)
         if key is None:
@@ -200,16 +207,30 @@ def _block(out: Normalized, block: BlockDef, item: ast.Block) -> None:
             )
             continue
         if entry.key in seen:
-            out.error(
-                path + (entry.key, "#duplicate"),
-                entry.key_span,
-                "PAR0105",
-                f"duplicate key `{entry.key}` (first set on line {seen[entry.key].key_span.line})",
-                "remove one of them",
-            )
+            again = duplicates.setdefault(entry.key, [])
+            again.append(entry)
+            if len(again) <= DUPLICATES_SHOWN:
+                out.error(
+                    path + (entry.key, "#duplicate"),
+                    entry.key_span,
+                    "PAR0105",
+                    f"duplicate key `{entry.key}` (first set on line {seen[entry.key].key_span.line})",
+                    "remove one of them",
+                )
             continue
         seen[entry.key] = entry
         _put(out, path + (entry.key,), key, entry.value, entry.key_span)
+    for name, again in duplicates.items():
+        if len(again) > DUPLICATES_SHOWN:
+            rest = again[DUPLICATES_SHOWN:]
+            out.error(
+                path + (name, "#duplicate"),
+                rest[0].key_span,
+                "PAR0105",
+                f"duplicate key `{name}` set {len(rest):,} more times, on lines {rest[0].key_span.line} to "
+                f"{rest[-1].key_span.line} (first set on line {seen[name].key_span.line})",
+                f"remove them: a key is set once a block (the first {DUPLICATES_SHOWN} duplicates are shown above)",
+            )
     _quiet(out, suggested)
 
 
@@ -242,8 +263,15 @@ def normalize_value(
     out: Normalized, path: Path, param: Param | None, value: ast.Value, key_span: Span | None
 ):
     """The JSON form of ``value`` where ``param`` is expected (None: unknown)."""
-    out.origins[path] = Origin(span=value.span, key_span=key_span, text=format_value(value))
     name = dotted(path)
+    if isinstance(value, (ast.ListValue, ast.TupleValue)) and len(value.items) > LIST_MAX:
+        out.origins[path] = Origin(span=value.span, key_span=key_span, text=f"[{len(value.items):,} values]")
+        out.error(path, value.span, "PAR0116",
+                  f"`{name}` has {len(value.items):,} values, but a list holds at most {LIST_MAX:,}",
+                  "a per-layer list has one value per layer (model.layers is at most "
+                  f"{LAYERS_MAX:,}); give one value for all layers instead")
+        return _BAD
+    out.origins[path] = Origin(span=value.span, key_span=key_span, text=format_value(value))
     unit_kind = param.type if param is not None and param.type in UNIT_TYPES else None
     if isinstance(value, ast.Quantity):
         if value.unit not in units.UNITS:  # a semantic error: the file's other errors are reported too
@@ -297,11 +325,11 @@ def normalize_value(
     if isinstance(value, ast.Name):
         return value.name
     if isinstance(value, ast.ListValue) and param is not None and param.per_layer:
-        one = replace(param, per_layer=False)  # Note [per-layer values]: [v0, v1, ...]
+        one = list_element(param)  # Note [per-layer values]: [v0, v1, ...]
         items = [normalize_value(out, path + (i,), one, item, None) for i, item in enumerate(value.items)]
         return _BAD if any(item is _BAD for item in items) else items
     if isinstance(value, (ast.ListValue, ast.TupleValue)):
-        element = None if param is None else param.or_list or ELEMENT.get(param.type)
+        element = None if param is None else list_element(param)
         items = [
             normalize_value(out, path + (i,), element, item, None)
             for i, item in enumerate(value.items)

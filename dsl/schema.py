@@ -17,7 +17,7 @@ import functools
 
 import jsonschema
 
-from .keys import BLOCKS, ELEMENT, UNIT_TYPES, CallDef, Param
+from .keys import BLOCKS, ELEMENT, NO_CONTROL, UNIT_TYPES, CallDef, Param
 
 NAME_PATTERN = "^[A-Za-z_][A-Za-z0-9_]*$"
 
@@ -37,7 +37,7 @@ def _plain(param: Param) -> dict:
     elif kind == "bool":
         out = {"type": "boolean"}
     elif kind == "string":
-        out = {"type": "string", "minLength": 1}
+        out = {"type": "string", "minLength": 1, "pattern": NO_CONTROL}
     elif kind == "enum":
         out = {"enum": list(param.choices)}
     elif kind == "int_list":

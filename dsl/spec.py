@@ -15,7 +15,7 @@ import enum
 import os
 from dataclasses import dataclass, field, replace
 
-from parc.runtime.constraints import per_layer
+from parc.runtime.layout.constraints import per_layer
 
 from .diagnostics import Span
 
@@ -85,7 +85,7 @@ class ModelSpec:
     tie_embeddings: bool = True
     """Head shares the embedding's weight (default true for gpt, false for llama)."""
     experts: int = 0
-    """Routed experts of each MoE block (0: a dense model; runtime/moe.py)."""
+    """Routed experts of each MoE block (0: a dense model; runtime/parallel/expert/moe.py)."""
     top_k: int = 2
     expert_ffn: int | None = None
     """Hidden size of each expert; None: ``ffn``."""
@@ -175,7 +175,7 @@ class ParallelSpec:
     tp_shape_auto: bool = False
     """``tp_shape = auto``: the planner picks the grid (Note [2D tensor parallelism])."""
     compress: str | None = "none"
-    """Data-parallel gradient compression: ``none``, ``powersgd`` or ``topk`` (runtime/compress.py);
+    """Data-parallel gradient compression: ``none``, ``powersgd`` or ``topk`` (runtime/parallel/data/compress.py);
     None: ``auto``, the planner's choice of ``powersgd`` or ``none``."""
     compress_rank: int = 4
     """``powersgd(rank = r)``."""
@@ -183,7 +183,7 @@ class ParallelSpec:
     """``topk(ratio = x)``."""
     error_feedback: bool = True
     compress_pp: str = "none"
-    """Pipeline backward-gradient compression: ``none`` or ``lowrank`` (runtime/compress_pp.py)."""
+    """Pipeline backward-gradient compression: ``none`` or ``lowrank`` (runtime/parallel/pipeline/compress_pp.py)."""
     compress_pp_rank: int = 4
     """``lowrank(rank = r)``."""
     compress_pp_lazy_error: bool = False
@@ -257,7 +257,7 @@ class OptimizerSpec:
 class LrScheduleSpec:
     kind: LrScheduleKind = LrScheduleKind.COSINE
     warmup: int = 0
-    """Steps of linear warmup from 0."""
+    """Steps of linear warmup: step s ≤ warmup runs at peak·s/warmup (step 1 at peak/warmup)."""
     min_lr_ratio: float = 0.1
     """Final LR as a fraction of the peak (cosine, linear)."""
 

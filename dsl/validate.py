@@ -16,7 +16,7 @@ from . import checks
 from .build_spec import build_spec
 from .diagnostics import Diagnostics, ParcError, SourceMap, Span, clip, did_you_mean
 from . import units
-from .keys import BLOCKS, ELEMENT, UNIT_TYPES, Param, expected_words
+from .keys import BLOCKS, UNIT_TYPES, Param, expected_words, list_element
 from .normalize import Normalized, Origin, dotted
 from .schema import validator
 from .spec import Spec
@@ -56,30 +56,35 @@ def schema_errors(norm: Normalized) -> list[tuple[tuple, ParcError]]:
 
 
 def param_at(path: tuple, doc: dict) -> Param | None:
-    """The key table's entry for the value at ``path``, if it has one."""
+    """The key table's entry for the value at ``path``, if it has one: an item of a
+    per-layer list is the key's single value (Note [per-layer values]), an item of
+    another list its element (``list_element``), an argument of a call the call's."""
     if len(path) < 2 or path[0] not in BLOCKS:
         return None
     param = BLOCKS[path[0]].key(path[1])
-    rest = path[2:]
-    while param is not None and rest:
-        part, rest = rest[0], rest[1:]
+    value = doc.get(path[0], {}).get(path[1]) if isinstance(doc.get(path[0]), dict) else None
+    for part in path[2:]:
+        if param is None:
+            return None
         if isinstance(part, int):
-            param = param.or_list or ELEMENT.get(param.type)
+            param = list_element(param)
+            value = value[part] if isinstance(value, list) and part < len(value) else None
         elif param.type == "call":
-            value = (
-                doc.get(path[0], {}).get(path[1]) if isinstance(doc.get(path[0]), dict) else None
-            )
             call = param.call(value.get("kind")) if isinstance(value, dict) else None
             param = call.param(part) if call is not None else None
+            value = value.get(part) if isinstance(value, dict) else None
         else:
             return None
     return param
 
 
-def _or_list_value(path: tuple, norm: Normalized) -> bool:
-    """The value at ``path`` takes one value or a list of them (``Param.or_list``)."""
-    param = param_at(path, norm.doc) if len(path) >= 2 else None
-    return param is not None and param.or_list is not None
+def _list_item(path: tuple, norm: Normalized) -> bool:
+    """``path`` is an item of a list that stands for one value (a per-layer list,
+    ``terapipe(slices = [16, 8, 8])``), not of a list-valued type such as ``betas``."""
+    if len(path) < 3 or not isinstance(path[-1], int):
+        return False
+    param = param_at(path[:-1], norm.doc)
+    return param is not None and (param.per_layer or param.or_list is not None)
 
 
 def _origin(norm: Normalized, path: tuple) -> Origin:
@@ -110,12 +115,7 @@ def _map(error, norm: Normalized) -> list[tuple[tuple, ParcError]]:
         return []
     kind = error.validator
     if kind in ("anyOf", "oneOf"):
-        # The first branch of an auto-able value is {"const": "auto"}: its failure says
-        # nothing useful, the other branch's errors do.
-        inner = [e for e in error.context if e.relative_schema_path[0] != 0]
-        if _or_list_value(path, norm):  # an integer or a list: the branch of the value's own type speaks
-            inner = [e for e in error.context if e.validator != "type"] or inner
-        return [pair for e in inner for pair in _map(e, norm)]
+        return [pair for e in _branch_errors(error) for pair in _map(e, norm)]
     origin = _origin(norm, path)
     shown = origin.text if path in norm.origins and origin.text else json.dumps(error.instance)
     shown = clip(shown, 80)
@@ -141,13 +141,13 @@ def _map(error, norm: Normalized) -> list[tuple[tuple, ParcError]]:
             "a name is letters, digits and `_`, not starting with a digit",
         )
     param = param_at(path, norm.doc)
-    if path[-1] == "kind" and len(path) == 3:
-        call_param = param_at(path[:2], norm.doc)
+    if path[-1] == "kind" and len(path) >= 3:
+        call_param = param_at(path[:-1], norm.doc)
         choices = [c.name for c in call_param.calls] if call_param else []
         near = did_you_mean(str(error.instance), choices)
         return report(
             "PAR0108",
-            f"unknown `{dotted(path[:2])}` kind {shown}",
+            f"unknown `{dotted(path[:-1])}` kind {shown}",
             f'did you mean "{near}"?' if near else "expected one of " + ", ".join(choices),
         )
     if param is None:  # pragma: no cover - every schema path has a table entry
@@ -156,21 +156,36 @@ def _map(error, norm: Normalized) -> list[tuple[tuple, ParcError]]:
         bound = _number(error.validator_value)
         if param.type in UNIT_TYPES and error.validator_value:
             bound = units.describe(param.type, error.validator_value)
-        entry = path and isinstance(path[-1], int) and _or_list_value(path[:-1], norm)
+        hint = None
+        if _list_item(path, norm):
+            key = param_at(path[:-1], norm.doc)
+            hint = (f"the list gives each layer's `{key.name}`; each must be {_RANGE_WORDS[kind]} {bound}"
+                    if key.per_layer else f"each entry of the list is {param.doc}, {_RANGE_WORDS[kind]} {bound}")
         return report(
-            "PAR0109",
-            f"`{name}` = {shown} is out of range: it must be {_RANGE_WORDS[kind]} {bound}",
-            f"each entry of the list is {param.doc}, at least {bound}" if entry else None,
+            "PAR0109", f"`{name}` = {shown} is out of range: it must be {_RANGE_WORDS[kind]} {bound}",
+            hint or (param.limit if kind == "maximum" else None),
         )
+    if kind == "pattern" and param.type == "string":  # keys.NO_CONTROL
+        char = next(c for c in error.instance if ord(c) < 0x20 or ord(c) == 0x7F)
+        return report(
+            "PAR0117",
+            f"`{name}` = {shown} holds the control character U+{ord(char):04X}",
+            "a path holds no control characters (tab, newline, ...): write the file's or folder's real name",
+        )
+    if kind == "minLength":
+        return report("PAR0109", f"`{name}` is an empty string", "give a non-empty string: " + param.doc)
     if kind in ("minItems", "maxItems"):
         count = len(error.instance)
+        if param.per_layer and count == 0:
+            return report("PAR0116", f"`{name}` is an empty list",
+                          "give one value per layer, or a single value for all of them")
         need = ("exactly 2 numbers" if param.type in ("pair", "int_pair") else
                 f"at least {error.validator_value} values" if param.or_list is not None else "at least one stage")
         return report(
             "PAR0116", f"`{name}` needs {need}, got {count}", f"e.g. {expected_words(param)}"
         )
     if kind == "enum" and param.type == "enum":
-        near = did_you_mean(str(error.instance), param.choices)
+        near = did_you_mean(str(error.instance), param.choices + (("auto",) if param.auto else ()))
         hint = f"did you mean `{near}`? " if near else ""
         return report(
             "PAR0108",
@@ -180,7 +195,37 @@ def _map(error, norm: Normalized) -> list[tuple[tuple, ParcError]]:
     hint = None
     if param.type == "int" and isinstance(error.instance, float) and error.instance.is_integer():
         hint = f"write it as an integer: {_number(error.instance)}"
+    if param.auto and isinstance(error.instance, str) and did_you_mean(error.instance, ["auto"]):
+        hint = "did you mean `auto`?"
     return report("PAR0107", f"`{name}` expects {expected_words(param)}, got {shown}", hint)
+
+
+def _branch_errors(error) -> list:
+    """The errors of the alternatives the value was meant for. A value that may be
+    ``auto``, one value or a list (``tp = [2, 0]``) fails every branch: those it fails
+    only by its type or by not being ``"auto"`` were not meant, the branch of its own
+    type speaks (``tp = 0``: out of range, not "expects an integer"). When every branch
+    fails by type, the value is of no allowed type: any of them says so."""
+    by_branch: dict = {}
+    for inner in error.context:
+        by_branch.setdefault(inner.relative_schema_path[0], []).append(inner)
+    meant = [
+        errors
+        for errors in by_branch.values()
+        if not all(_other_type(e) for e in errors)
+    ]
+    chosen = meant or [errors for branch, errors in by_branch.items() if branch != 0] or list(by_branch.values())
+    return [e for errors in chosen for e in errors]
+
+
+def _other_type(error) -> bool:
+    """``error`` says only that the value is of another type than its branch takes (a
+    list where a word of an enum belongs, anything where ``"auto"`` is the branch)."""
+    if error.relative_path:
+        return False
+    if error.validator == "enum":
+        return not isinstance(error.instance, str)
+    return error.validator in ("type", "const")
 
 
 def _required(error, norm: Normalized, path: tuple, origin: Origin):

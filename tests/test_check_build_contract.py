@@ -105,7 +105,7 @@ def variants() -> list[tuple[str, tuple[str, ...]]]:
             ("examples/tiny.par", ("parallel.cp=auto", "parallel.cp_kind=ulysses", "parallel.dp=auto")),
             ("examples/tiny.par", ("parallel.cp=2", "parallel.cp_kind=ulysses", "parallel.dp=auto")),
             ("examples/tiny.par", ("parallel.cp=3", "parallel.cp_kind=allgather", "model.seq_len=63"))]
-    # heterogeneous layouts (runtime/hetero.py) on the tiny GPT's 4 ranks: lists that do and do
+    # heterogeneous layouts (runtime/parallel/data/hetero.py) on the tiny GPT's 4 ranks: lists that do and do
     # not fit, with each feature they are not built with yet, and a dp list alone
     for tps, sp, extra in itertools.product(
         ("[4, 4, 2, 1]", "[2, 2, 1, 1]", "[1, 2, 4, 2]", "[2, 2, 2]"), ("false", "true"),

@@ -94,16 +94,17 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def _package_imports_itself(graph: dict[str, set[str]], package: str) -> dict[str, set[str]]:
-    """A package's ``__init__`` re-exports its modules; a module importing the
-    package itself (``from . import ast``) means the submodule it names, not the
-    ``__init__``: edges to the package stand for the names imported from it."""
+    """A package's ``__init__`` re-exports its modules; a module importing a package
+    it sits in (``from . import ast``, ``from .. import comm``) means the submodule it
+    names, not the ``__init__``: edges to an enclosing package stand for the names
+    imported from it."""
     return {
-        name: {n for n in targets if n != package or name.count(".") == 0}
+        name: {n for n in targets if not name.startswith(n + ".")}
         for name, targets in graph.items()
     }
 
 
-@pytest.mark.parametrize("package", ["dsl", "codegen"])
+@pytest.mark.parametrize("package", ["dsl", "codegen", "runtime"])
 def test_no_import_cycles(package: str) -> None:
     graph = _package_imports_itself(_graph(package), package)
     cycle = find_cycle(graph)
@@ -124,3 +125,23 @@ def test_relative_imports_resolve_inside_functions_and_skip_type_checking() -> N
     names = _imported(tree, "dsl.tree", is_package=False)
     assert {"dsl.ast", "dsl.x", "dsl.x.y", "dsl.parse", "dsl.parse.parser"} <= names
     assert "dsl.spec" not in names and "dsl.spec.Spec" not in names
+
+
+def test_the_layout_and_the_schedules_import_no_torch() -> None:
+    """runtime/layout/, runtime/schedules/ and runtime/paths.py are what the compiler's passes
+    read (DESIGN §3): nothing they import, at any depth and inside functions too, is torch."""
+    graph = _graph("runtime")
+    modules = _modules("runtime")
+    torch_free = [name for name in modules if name.startswith(("runtime.layout", "runtime.schedules"))]
+    for start in [*torch_free, "runtime.paths"]:
+        seen, todo = set(), [start]
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            tree = ast.parse(modules[name].read_text(encoding="utf-8"))
+            imported = _imported(tree, name, modules[name].name == "__init__.py")
+            torch = sorted(n for n in imported if n.split(".")[0] == "torch")
+            assert not torch, f"{name} (reached from {start}) imports {torch[0]}"
+            todo += graph[name]

@@ -13,16 +13,16 @@ from pathlib import Path
 
 from parc.codegen.planner.cost.layout import Layout
 from parc.dsl import load
-from parc.runtime.layer_settings import SETTINGS, setting, shown, words
+from parc.runtime.layout.layer_settings import SETTINGS, setting, shown, words
 
 ROOT = Path(__file__).resolve().parents[1]
 
 OWNERS = {
     "dsl/keys.py",  # the language: overlap = sub_batch(k)
-    "runtime/layer_settings.py",  # the entry
-    "runtime/constraints.py",  # its rules (PAR0211, PAR0215)
-    "runtime/model.py",  # build_model(sub_batches=...) and the blocks' runs
-    "runtime/overlap.py",  # the Oases wavefront
+    "runtime/layout/layer_settings.py",  # the entry
+    "runtime/layout/constraints.py",  # its rules (PAR0211, PAR0215)
+    "runtime/models/model.py",  # build_model(sub_batches=...) and the blocks' runs
+    "runtime/parallel/tensor/overlap.py",  # the Oases wavefront
     "codegen/planner/cost/overlap.py",  # its cost term
 }
 

@@ -89,23 +89,37 @@ def run_build(args: argparse.Namespace) -> int:
     if problem := _usage(args):
         _say([f"parc build: error: {problem}"])
         return 2
+    out_dir = Path(args.output) if args.output else Path("build") / Path(args.spec).stem
+    if (args.check or args.diff) and not args.overrides:  # Note [the build records its --set]
+        args.overrides = recorded_sets(out_dir)
     spec = load_or_report(args.spec, args.overrides)
     if spec is None:
         return 1
     if args.emit == "spec":
         print(json.dumps(dsl.spec_document(spec), indent=2))  # a .json spec: parc check reads it
         return 0
-    out_dir = Path(args.output) if args.output else Path("build") / Path(args.spec).stem
-    spec = seen_from(spec, out_dir)  # the token file's path from the build folder
+    spec = seen_from(spec, out_dir)  # the token file's path from the build folder (build.load_built)
     try:
         plan = lower(spec)  # once: the files and the command below come from it
         if args.emit == "plan":
             print(plan, end="")
             return 0
-        files = generate(spec, plan)
+        files = generate(spec, plan, tuple(args.overrides))
     except Diagnostics as exc:
         return report_stage_errors(exc, args.spec, args.overrides)
     return build_folder(args, plan, files, out_dir)
+
+
+def recorded_sets(out_dir: Path) -> list[str]:
+    """The ``--set`` values the folder's manifest records (none when it has no readable
+    manifest: ``--check`` then says what is wrong with it)."""
+    from ..build_folder import FolderError, read_record
+
+    try:
+        record = read_record(out_dir) if out_dir.is_dir() else None
+    except FolderError:
+        return []
+    return [] if record is None else list(record.sets)
 
 
 def _command(args, out_dir: Path) -> str:
@@ -167,7 +181,7 @@ def check(args, out_dir: Path, rebuild) -> int:
 
 def rebuild_folder(args, plan, out_dir: Path, rebuild) -> int:
     """Merge and write; stop with exit 3 (nothing written) on edits that do not merge."""
-    from ..build_merge import Kind, Resolve, apply
+    from ..build_merge import BY_HAND, Resolve, apply
     from ..render import command
     from .build_report import conflict_lines, plural, resolve_hint, summary_line
 
@@ -182,7 +196,7 @@ def rebuild_folder(args, plan, out_dir: Path, rebuild) -> int:
     if resolve == Resolve.NOTHING:
         stop = rebuild.blocked
     else:
-        stop = rebuild.of(Kind.MARKERS) if resolve != Resolve.FORCE else ()
+        stop = rebuild.of(*BY_HAND) if resolve != Resolve.FORCE else ()
     if stop:
         for outcome in stop:
             _say(conflict_lines(out_dir, outcome))

@@ -40,6 +40,7 @@ def check_line(out_dir: Path, outcome: FileMerge) -> str:
         Kind.CONFLICT: f"edited, conflicts with the new generation: {path} ({_first_line(outcome)})",
         Kind.NO_BASE: f"edited, no base to merge against: {path} ({outcome.reason})",
         Kind.MARKERS: f"unresolved conflict markers: {path} ({outcome.reason})",
+        Kind.UNPARSED: f"edited, no longer parses: {path} ({outcome.reason})",
         Kind.DROPPED: f"stale: {path} (no longer generated)",
         Kind.DROPPED_EDITED: f"stale: {path} (no longer generated; edited, so a rebuild leaves it to you)",
     }[kind]
@@ -54,6 +55,9 @@ def resolve_hint(command: str, rebuild: Rebuild) -> str:
     """What to do when files do not merge."""
     if rebuild.of(Kind.MARKERS):
         return f"hint: resolve the <<<<<<< ... >>>>>>> markers by hand, then run `{command}` again"
+    if rebuild.of(Kind.UNPARSED):
+        return (f"hint: fix the file by hand (or run `{command}` with --force: yours saved as "
+                f"{rebuild.of(Kind.UNPARSED)[0].path}.orig, then replaced)")
     example = rebuild.blocked[0].path
     return (
         f"hint: edit your files so they merge, or run `{command}` with --write-conflicts "
@@ -88,6 +92,8 @@ def conflict_lines(out_dir: Path, outcome: FileMerge) -> list[str]:
     where = out_dir / outcome.path
     if outcome.kind == Kind.MARKERS:
         return [f"parc build: {where} still holds conflict markers ({outcome.reason}); resolve them first"]
+    if outcome.kind == Kind.UNPARSED:
+        return [f"parc build: {where} no longer parses as Python ({outcome.reason}); fix it first"]
     hunks = outcome.merge.hunks
     if outcome.kind == Kind.NO_BASE:
         head = f"parc build: {where} differs from the new generation and cannot be merged: {outcome.reason}"
@@ -143,6 +149,6 @@ def diff_text(out_dir: Path, rebuild: Rebuild) -> str:
                             f"{name if target is not None else '/dev/null'}\t(would be written)")
         elif outcome.kind == Kind.CONFLICT:
             chunks += _diff(outcome.on_disk, outcome.merge.text, f"{disk}\t(on disk)", f"{name}\t(--write-conflicts)")
-        elif outcome.kind in (Kind.NO_BASE, Kind.MARKERS):
+        elif outcome.kind in (Kind.NO_BASE, Kind.MARKERS, Kind.UNPARSED):
             chunks += _diff(outcome.on_disk, outcome.new, f"{disk}\t(on disk)", f"{name}\t(new generation, --force)")
     return "".join(chunks)

@@ -8,7 +8,7 @@ It replaces a ``schedule.svg`` it wrote before, never one of anybody else's.
 A layout left ``auto`` is explained as the planner's winner (the one ``parc build``
 generates). Exit status: 0 done, 1 spec errors (or no layout for the ``auto`` values),
 2 usage error.
-Before: ``parc.dsl.load``. After: nothing; the lists come from ``runtime/schedule.py``,
+Before: ``parc.dsl.load``. After: nothing; the lists come from ``runtime/schedules/schedule.py``,
 the very ones the pipeline executor runs.
 """
 
@@ -23,9 +23,9 @@ from pathlib import Path
 from parc.dsl.diagnostics import Diagnostics
 from parc.dsl.spec import Spec
 from parc.runtime.paths import UnwritablePath, check_target
-from parc.runtime.schedule import Action, build_schedule, chunks_for, in_flight_bound
-from parc.runtime.schedule_sim import Event, Timeline, bubble_fraction, describe_rank, simulate, splits_backward
-from parc.runtime.schedule_terapipe import slice_scale, split_unit
+from parc.runtime.schedules.schedule import Action, build_schedule, chunks_for, in_flight_bound
+from parc.runtime.schedules.schedule_sim import Event, Timeline, bubble_fraction, describe_rank, simulate, splits_backward
+from parc.runtime.schedules.schedule_terapipe import slice_scale, split_unit
 
 from .. import gantt
 from ..errors import BAD_VALUE, error, fail
@@ -144,7 +144,7 @@ def explain(spec: Spec) -> Explanation:
 
 
 def _placement_text(ex: Explanation) -> str:
-    """Where each chunk sits when it is not Megatron's c·p + r (runtime/placement.py)."""
+    """Where each chunk sits when it is not Megatron's c·p + r (runtime/layout/placement.py)."""
     placement = getattr(ex.schedule, "placement", None)
     if placement is not None and placement.kind == "chimera":
         return (", one per pipeline: chunk 0 of rank r is stage r of the down pipeline (even micro-batches, "

@@ -7,11 +7,14 @@ folder holding ``model.safetensors`` and a Hugging Face ``config.json`` — with
 vocab padding rows dropped and the names and layouts of ``transformers``' GPT2LMHeadModel
 (gpt), LlamaForCausalLM (llama) or MixtralForCausalLM (llama with experts);
 ``hf_state_dict`` is the conversion itself. A bad
-checkpoint (``runtime/checkpoint_files.py``) or an OUT that cannot be written is one
+checkpoint (``runtime/checkpoints/checkpoint_files.py``) or an OUT that cannot be written is one
 line, exit 1, with nothing written; an existing export is replaced only with ``--force``.
 
-The names and layouts are codegen/hf_names.py's (Note [Hugging Face layouts], Note
-[Mixtral names]), the table ``parc import`` reads the other way.
+The names, layouts and config keys are codegen/hf_names.py's (Note [Hugging Face layouts],
+Note [Mixtral names], Note [Mixtral's aux loss]), the table ``parc import`` reads the other
+way. A model trained with ``capacity_factor`` (each expert dropped the tokens past its
+capacity: Mixtral, computing every token, would be another model) is an ``ExportError``
+unless ``--as-dropless`` asks for it anyway, with a warning.
 """
 
 from __future__ import annotations
@@ -85,19 +88,34 @@ FOLDER_FILES = ("model.safetensors", "config.json")
 """What an export into a folder writes (other files there are left alone)."""
 
 
-def export(ckpt: str, out: str, *, force: bool = False) -> str:
+def dropped_tokens(config: dict) -> str | None:
+    """Why Mixtral would compute another model than the one trained: the capacity that
+    dropped tokens (Note [Mixtral names]); None for a dropless or dense model."""
+    capacity = config.get("capacity_factor")
+    if not config.get("experts", 0) or capacity is None:
+        return None
+    return (f"the model was trained with capacity_factor = {capacity:g} (each expert dropped the tokens "
+            "past its capacity), but Mixtral drops none: the export would compute another model")
+
+
+def export(ckpt: str, out: str, *, force: bool = False, as_dropless: bool = False) -> str:
     """Write the export of checkpoint ``ckpt`` to ``out``; the safetensors file written.
 
     Nothing is written until the checkpoint has been read; each file is written beside
-    its place and renamed into it.
+    its place and renamed into it. ``as_dropless``: export a model trained with a capacity
+    anyway (``dropped_tokens``); else that is an ``ExportError``.
     """
-    from parc.runtime import checkpoint  # torch, only when exporting
+    from parc.runtime.checkpoints import checkpoint  # torch, only when exporting
 
     from safetensors.torch import save_file
 
     check_out(out, force=force)
     path = checkpoint.resolve(ckpt)
     info = checkpoint.read_info(path)
+    if drops := dropped_tokens(info["model"]):
+        if not as_dropless:
+            raise ExportError(f"{path}: {drops}; pass --as-dropless to export it as a dropless Mixtral anyway")
+        print(f"parc export: warning: {drops} (--as-dropless)", file=sys.stderr)
     weights = {name[len("model."):]: t for name, t in checkpoint.read_full(path, "model.").items()}
     try:
         tensors = hf_state_dict(weights, info["model"])
@@ -129,7 +147,7 @@ def _umask() -> int:
 
 
 def run(args) -> int:
-    from parc.runtime.checkpoint_files import CheckpointError, NoCheckpoint
+    from parc.runtime.checkpoints.checkpoint_files import CheckpointError, NoCheckpoint
 
     if args.to != "safetensors":
         print(f"parc export: unknown format {args.to!r}: safetensors", file=sys.stderr)
@@ -138,7 +156,7 @@ def run(args) -> int:
         print(f"parc export: {args.checkpoint}: no such checkpoint folder", file=sys.stderr)
         return 2
     try:
-        target = export(args.checkpoint, args.out, force=args.force)
+        target = export(args.checkpoint, args.out, force=args.force, as_dropless=args.as_dropless)
     except (ExportError, CheckpointError) as exc:
         print(f"parc export: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, NoCheckpoint) else 1
@@ -164,4 +182,7 @@ def register(subparsers) -> None:
     parser.add_argument("--to", required=True, choices=["safetensors"], help="output format")
     parser.add_argument("out", metavar="OUT")
     parser.add_argument("--force", action="store_true", help="overwrite an export already at OUT")
+    parser.add_argument("--as-dropless", action="store_true",
+                        help="export a mixture of experts trained with capacity_factor as Mixtral, which drops "
+                        "no tokens (a different model: warned)")
     parser.set_defaults(func=run)

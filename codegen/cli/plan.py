@@ -17,7 +17,7 @@ import sys
 
 from parc.dsl.diagnostics import Diagnostics
 from parc.dsl.spec import Spec
-from parc.runtime.layer_settings import SETTINGS, folded
+from parc.runtime.layout.layer_settings import SETTINGS, folded
 
 from .build import report_stage_errors
 from ..planner.cost import Accounting, Estimate, hardware_for

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from parc.dsl.spec import Spec
-from parc.runtime.layer_settings import SETTINGS
-from parc.runtime.layouts import no_layout
+from parc.runtime.layout.layer_settings import SETTINGS
+from parc.runtime.layout.layouts import no_layout
 
 from ..planner.cost import Accounting, hardware_for
 from ..planner.cost.hardware import ProfileError

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from parc.dsl.spec import Spec
-from parc.runtime.layer_settings import SETTINGS
+from parc.runtime.layout.layer_settings import SETTINGS
 
 from ..plan import LayerKind, LayerLayout
 from .draft import Draft

@@ -7,11 +7,11 @@ are column-parallel, their consumers o_proj and down_proj row-parallel, so each
 block needs one all-reduce in forward; the embedding is split by vocab rows and the
 head produces vocab-parallel logits for the vocab-parallel cross-entropy. Norms and
 the position embedding are replicated. With tp = 1 every module is replicated. tp divides every split size
-(``runtime/constraints.py``, checked by ``check_buildable``); on a 2D grid ``tp_shape = (R, C)``
+(``runtime/layout/constraints.py``, checked by ``check_buildable``); on a 2D grid ``tp_shape = (R, C)``
 the local shape is one rank's box of it (``ModuleDesc.grid_shape``: C and R divide instead).
 
 Module names, shapes and split dims are the model description's
-(``runtime/model_desc.py``, which ``model.py`` is checked against), ``*`` the layer index.
+(``runtime/layout/model_desc.py``, which ``model.py`` is checked against), ``*`` the layer index.
 
 Before: ``resolve_mesh``. After: ``place_sequence_parallel``.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from parc.dsl.spec import Spec
-from parc.runtime.model_desc import ModuleDesc
+from parc.runtime.layout.model_desc import ModuleDesc
 
 from ..errors import InternalError
 from ..model_config import model_desc
@@ -33,7 +33,7 @@ REPLICATE = ShardStyle.REPLICATE
 
 def model_modules(spec: Spec) -> tuple[ModuleDesc, ...]:
     """One module per name pattern (``layers.*.attn.q_proj``), in model order, from the
-    model description (runtime/model_desc.py); every block must agree on the shapes."""
+    model description (runtime/layout/model_desc.py); every block must agree on the shapes."""
     rows: dict[str, ModuleDesc] = {}
     for module in model_desc(spec.model).modules:
         first = rows.setdefault(module.pattern, module)

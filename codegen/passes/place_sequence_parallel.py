@@ -30,7 +30,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
         plan = SequenceParallelPlan(enabled=False, local_shape=(), span=span)
         return replace(draft, sequence_parallel=plan)
     seq_len = spec.model.seq_len
-    # Note [2D sequence parallelism] (runtime/layers2d.py): on an R × C grid the sequence is
+    # Note [2D sequence parallelism] (runtime/parallel/tensor/layers2d.py): on an R × C grid the sequence is
     # split over a row's C ranks, the features over a column's R
     rows, cols = draft.mesh.tp_shape.value if draft.mesh.tp_shape is not None else (1, tp)
     plan = SequenceParallelPlan(

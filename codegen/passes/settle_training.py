@@ -66,7 +66,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
             setting(spec, "TIE_EMBEDDINGS", "model.tie_embeddings", c.tie_embeddings),
             *_moe_settings(spec, c),
         ),
-        parameters=model_desc(m).parameters,  # runtime/model_desc.py
+        parameters=model_desc(m).parameters,  # runtime/layout/model_desc.py
         expert_parallel=setting(spec, "EP", "parallel.ep", spec.parallel.ep, "expert-parallel ranks")
         if c.experts else None,
         expert_tensor_parallel=setting(spec, "ETP", "parallel.etp", spec.parallel.etp,
@@ -113,8 +113,8 @@ def run(spec: Spec, draft: Draft) -> Draft:
 
 
 def compress_settings(spec) -> tuple:
-    """COMPRESS, its argument and ERROR_FEEDBACK (runtime/compress.py); COMPRESS_PP_RANK,
-    COMPRESS_STAGES and LAZY_ERROR (runtime/compress_pp.py): those of what is compressed."""
+    """COMPRESS, its argument and ERROR_FEEDBACK (runtime/parallel/data/compress.py); COMPRESS_PP_RANK,
+    COMPRESS_STAGES and LAZY_ERROR (runtime/parallel/pipeline/compress_pp.py): those of what is compressed."""
     par = spec.parallel
     found = []
     if par.compress != "none":
@@ -137,7 +137,7 @@ def compress_settings(spec) -> tuple:
 
 
 def zero3_settings(spec) -> dict:
-    """ZERO_PREFETCH and ZERO_SHARD, only under zero = 3 (runtime/fsdp.py)."""
+    """ZERO_PREFETCH and ZERO_SHARD, only under zero = 3 (runtime/parallel/data/fsdp.py)."""
     if spec.parallel.zero != 3:
         return {}
     return {

@@ -4,7 +4,7 @@ Takes: a buildable ``Spec``, ``draft.mesh`` and ``draft.batch``. Gives:
 ``draft.pipeline``: the layers ``(start, stop)`` of each virtual stage (the spec's
 ``stage_layers`` counts, or an even split over pp · chunks), the schedule, the
 micro-batches per step (= grad_accum) and the bubble fraction of the schedule's own
-timeline (``runtime/schedule_sim.py``, forward 1 and backward 2 time units). The
+timeline (``runtime/schedules/schedule_sim.py``, forward 1 and backward 2 time units). The
 embedding sits on the first stage and the final norm and head on the last, so the
 runtime builds stage v from ``stage_layers[v]`` alone.
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from parc.dsl.spec import PipelineSchedule, Spec
-from parc.runtime.placement import placement_for
-from parc.runtime.schedule import build_schedule, chunks_for
-from parc.runtime.schedule_sim import bubble_fraction, simulate
-from parc.runtime.schedule_terapipe import slice_scale
+from parc.runtime.layout.placement import placement_for
+from parc.runtime.schedules.schedule import build_schedule, chunks_for
+from parc.runtime.schedules.schedule_sim import bubble_fraction, simulate
+from parc.runtime.schedules.schedule_terapipe import slice_scale
 
 from ..plan import PipelinePlan
 from .draft import Draft
@@ -27,7 +27,7 @@ from .draft import Draft
 
 def layer_counts(spec: Spec, pp: int, chunks: int, kind: str = "1f1b") -> list[int]:
     """Layers per virtual stage: the spec's ``stage_layers``, or an even split (the rules
-    ``stage_layers_fit`` and ``layers_split_evenly`` of ``runtime/constraints.py`` hold)
+    ``stage_layers_fit`` and ``layers_split_evenly`` of ``runtime/layout/constraints.py`` hold)
     over the placement's stages (chimera: p, held twice; else pp · chunks)."""
     if spec.parallel.stage_layers is not None:
         return list(spec.parallel.stage_layers)

@@ -25,7 +25,7 @@ tests/planner/test_layer_search.py checks it against a brute force over every
 per-layer assignment.
 
 Only layouts the runtime builds are offered: each option is probed against
-``runtime/constraints.py`` (PAR0250–PAR0255 and every other BUILD rule) and so is the
+``runtime/layout/constraints.py`` (PAR0250–PAR0255 and every other BUILD rule) and so is the
 result, so options the runtime learns to build (overlap, ZeRO-3 with per-layer degrees)
 join the search as the rules accept them. The cost model is the PARC accounting's; a
 pipeline (1f1b, gpipe) runs the program once per stage (``layer_pipeline.py``, Note
@@ -41,8 +41,8 @@ import math
 from dataclasses import replace
 
 from parc.dsl.spec import Spec
-from parc.runtime.constraints import BUILD, LAYOUT, divisors, legal
-from parc.runtime.layer_settings import SETTINGS
+from parc.runtime.layout.constraints import BUILD, LAYOUT, divisors, legal
+from parc.runtime.layout.layer_settings import SETTINGS
 
 from .cost import Accounting, Estimate, Hardware, Layout, estimate
 from .cost.estimate import USABLE_MEMORY, layout_values

@@ -6,7 +6,7 @@ document (docs/planner.md, "The profile"): fp32 matmul FLOP/s over sizes on one 
 large copy), the cost of one autograd op (dispatch, no arithmetic), the step time of a
 few small reference models (Note [reference steps]), the cores and memory of the
 machine, and for N ranks on the real backend (gloo, processes spawned here) the latency
-and bandwidth of all-reduce, all-gather, reduce-scatter (through ``runtime/comm.py``'s
+and bandwidth of all-reduce, all-gather, reduce-scatter (through ``runtime/distributed/comm.py``'s
 primitives, the ones the trainer calls) and send/recv, fitted as time = latency +
 bytes / bandwidth. Note [profiling under load] in ``profile``. ``cost/hardware.py``
 reads the document; the command is ``codegen/cli/profile.py``.
@@ -105,8 +105,9 @@ def measure_reference_steps(budget: float) -> list[dict]:
     step pays for rectangular and transposed GEMMs and for ops on real tensors."""
     import torch
 
-    from parc.runtime import memory, optim
-    from parc.runtime import model as runtime_model
+    from parc.runtime.train import memory
+    from parc.runtime.optimizers import optim
+    from parc.runtime.models import model as runtime_model
     from parc.runtime.kernels import select
 
     cpu = torch.device("cpu")
@@ -193,7 +194,7 @@ def _rank_main(rank: int, world: int, port: int, budget: float, out_path: str) -
     import torch
     import torch.distributed as dist
 
-    from parc.runtime.comm import _all_gather, _all_reduce, _reduce_scatter
+    from parc.runtime.distributed.comm import _all_gather, _all_reduce, _reduce_scatter
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

@@ -6,7 +6,7 @@ estimates best first, with how many layouts were considered and how many did not
 fit. ``candidates(spec)`` enumerates the layouts alone. Before: ``codegen/cost``.
 After: ``codegen/cli/plan.py``, ``codegen/passes/choose_layout.py``.
 
-The candidates are ``runtime/layouts.py``'s (Note [the search space] there): every
+The candidates are ``runtime/layout/layouts.py``'s (Note [the search space] there): every
 combination the validator accepts, the same enumeration ``parc check`` asks whether any
 layout exists at all (tests/planner checks the set against the validator).
 
@@ -38,9 +38,9 @@ import math
 from dataclasses import dataclass, fields, replace
 
 from parc.dsl.spec import PipelineSchedule, Spec
-from parc.runtime.schedule import chunks_for
-from parc.runtime.layouts import layouts
-from parc.runtime.layer_settings import SETTINGS
+from parc.runtime.schedules.schedule import chunks_for
+from parc.runtime.layout.layouts import layouts
+from parc.runtime.layout.layer_settings import SETTINGS
 
 from .cost import Accounting, Estimate, Hardware, Layout, estimate
 from .cost.estimate import USABLE_MEMORY, layout_memory
@@ -93,7 +93,7 @@ class SearchResult:
 
 def candidates(spec: Spec) -> list[Layout]:
     """Every valid layout agreeing with the spec's fixed keys (Note [the search space] in
-    ``runtime/layouts.py``), as the cost model's ``Layout``."""
+    ``runtime/layout/layouts.py``), as the cost model's ``Layout``."""
     return [
         Layout(**{name: values[name] for name in LAYOUT_FIELDS}
                | {"chunks": chunks_for(values["schedule"], values["chunks"]) if values["pp"] > 1 else 1})

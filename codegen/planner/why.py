@@ -10,8 +10,8 @@ Before: ``codegen/planner/search.py``. After: ``codegen/cli/plan.py`` (text and 
 
 from __future__ import annotations
 
-from parc.runtime.constraints import PER_LAYER
-from parc.runtime.layer_settings import SETTINGS, fold_runs, folded, setting
+from parc.runtime.layout.constraints import PER_LAYER
+from parc.runtime.layout.layer_settings import SETTINGS, fold_runs, folded, setting
 
 from dataclasses import replace
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .dispatch import call
-from .ops import _DEVICES, _backend, _row_stats
+from .backend import _DEVICES, _backend, _row_stats
 
 
 def _like(x):

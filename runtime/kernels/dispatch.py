@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from ..kernel_sizes import EAGER_BELOW, pays  # noqa: F401  (EAGER_BELOW: bench/overheads.py's rows)
+from ..layout.kernel_sizes import EAGER_BELOW, pays  # noqa: F401  (EAGER_BELOW: bench/overheads.py's rows)
 
 _FUNCTIONS: dict = {}
 """custom op → the ``autograd.Function`` made from it (``_as_function``), built once."""

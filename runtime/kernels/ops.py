@@ -25,51 +25,24 @@ inside that one pass.
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from ..comm import _all_reduce, group_rank
-from .build import load_cpu
+from ..distributed.comm import _all_reduce, group_rank
+from .backend import _DEVICES, _backend, _row_stats, _stats_dtype  # noqa: F401
 from .dispatch import call
 from .reference import rotary_tables
+from .add_norm import add_layer_norm, add_rms_norm  # noqa: F401  (re-exported: model.py's Norm.add_norm)
 
 import torch.distributed as dist
-
-
-_cpu_module = None
-"""The compiled CPU module once loaded: every kernel call asks for it, and ``load_cpu``
-resolves the cache folder (environment, home, paths) under a lock each time it runs."""
-
-
-def _backend(t: Tensor):
-    global _cpu_module
-    if t.device.type == "cuda" or os.environ.get("PARC_TRITON_ON_CPU") == "1":
-        from . import triton_ops
-
-        return triton_ops
-    if _cpu_module is None:
-        _cpu_module = load_cpu()
-        if _cpu_module is None:
-            raise RuntimeError("internal error in parc: compiled CPU kernels used while unavailable")
-    return _cpu_module
-
-
-def _stats_dtype(t: Tensor):
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
-def _row_stats(x: Tensor) -> Tensor:
-    return x.new_empty(x.shape[:-1], dtype=_stats_dtype(x))
 
 
 def _or_empty(bias, x):
     return x.new_empty(0) if bias is None else bias  # the kernels read no bias from an empty one
 
 
-_DEVICES = ("cpu", "cuda")
 
 # ---- LayerNorm --------------------------------------------------------------------
 
@@ -522,5 +495,3 @@ def grouped_mm(x: Tensor, weight: Tensor, counts: Tensor) -> Tensor:
 
 
 # ---- residual add + norm (add_norm.py) ----------------------------------------------
-
-from .add_norm import add_layer_norm, add_rms_norm  # noqa: E402,F401  (after _backend: it imports it)

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_ops import ROW_GROUPS, _acc, _block, _norm_bwd, _rows, _stats_dtype
+from .triton_common import ROW_GROUPS, _acc, _block, _norm_bwd, _rows, _stats_dtype
 
 
 @triton.jit

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_ops import _acc, _block
+from .triton_common import _acc, _block
 
 GATHER_BLOCK = 1024  # columns per program of the gathers and segment sums
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 build_dir = Path(sys.argv[1]).resolve()
 sys.path.insert(0, str(build_dir))
-from parc_runtime import checkpoint  # noqa: E402
+from parc_runtime.checkpoints import checkpoint  # noqa: E402
 
 _restore = checkpoint.Checkpoints.restore
 

@@ -19,7 +19,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from parc.codegen.cli import export as export_cmd
-from parc.runtime import checkpoint, data, model
+from parc.runtime.checkpoints import checkpoint
+from parc.runtime.train import data
+from parc.runtime.models import model
 
 from .trainer import build, run
 
@@ -188,3 +190,29 @@ def test_export_mixtral_from_an_expert_parallel_checkpoint(tmp_path):
 def test_export_of_a_folder_without_checkpoints_is_a_usage_error(tmp_path, capsys):
     assert parc(["export", str(tmp_path), "--to", "safetensors", str(tmp_path / "x")]) == 2
     assert "no complete checkpoint there" in capsys.readouterr().err
+
+
+def test_a_model_trained_with_a_capacity_is_not_exported_as_dropless_mixtral(tmp_path, capsys):
+    """Issue 31: Mixtral drops no tokens; a capacity-trained model is refused, or exported
+    with --as-dropless and a warning."""
+    build_dir = build("moe_ep2", tmp_path / "build", spec="llama.par", extra=("model.capacity_factor=1.25",))
+    ck = tmp_path / "ck"
+    run(build_dir, 2, ["--steps", "1", "--checkpoint-dir", str(ck)])
+    capsys.readouterr()
+    assert parc(["export", str(ck), "--to", "safetensors", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "trained with capacity_factor = 1.25" in err and "pass --as-dropless" in err
+    assert not (tmp_path / "out").exists()
+    assert parc(["export", str(ck), "--to", "safetensors", str(tmp_path / "out"), "--as-dropless"]) == 0
+    assert "parc export: warning: the model was trained with capacity_factor = 1.25" in capsys.readouterr().err
+
+
+def test_mixtral_aux_loss_coefficient_is_converted():
+    """Note [Mixtral's aux loss]: HF's pooled term is top_k × parc's per layer."""
+    config = {"arch": "llama", "experts": 4, "top_k": 2, "aux_loss": 0.01, "layers": 6, "expert_ffn": None,
+              "ffn": 64, "vocab": 100, "seq_len": 8, "hidden": 16, "heads": 2, "kv_heads": 2, "norm_eps": 1e-5,
+              "rope_theta": 1e4, "tie_embeddings": False, "capacity_factor": None}
+    assert abs(export_cmd.hf_config(config)["router_aux_loss_coef"] - 0.03) < 1e-12
+    assert export_cmd.dropped_tokens(config) is None
+    assert "capacity_factor = 1.5" in export_cmd.dropped_tokens({**config, "capacity_factor": 1.5})
+    assert export_cmd.dropped_tokens({**config, "experts": 0, "capacity_factor": 1.5}) is None

@@ -26,7 +26,7 @@ import time
 import pytest
 import torch
 
-from parc.runtime import checkpoint
+from parc.runtime.checkpoints import checkpoint
 
 from .trainer import TORCHRUN, build, command, env, losses, records, run
 

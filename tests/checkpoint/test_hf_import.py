@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from parc.codegen.build import build_to
 from parc.codegen.cli import main as parc_main
 from parc.dsl import load
-from parc.runtime import data
+from parc.runtime.train import data
 
 from .hf_models import SEQ, VOCAB, hf_loss, write
 from .trainer import records, run
@@ -30,7 +30,7 @@ TWO = "mesh.devices_per_node=2"
 LAYOUTS = {  # name -> (--set overrides, ranks)
     "one": ([], 1),
     "tp2": (["parallel.tp=2", TWO], 2),
-    # the same loader in the other layouts (Checkpoints' boxes: runtime/checkpoint_init.py)
+    # the same loader in the other layouts (Checkpoints' boxes: runtime/checkpoints/checkpoint_init.py)
     "pp2": (["parallel.pp=2", TWO], 2),
     "zero3_dp2": (["parallel.dp=2", "parallel.zero=3", TWO], 2),
     "ep2_dp2": (["parallel.dp=2", "parallel.ep=2", TWO], 2),

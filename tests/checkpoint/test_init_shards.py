@@ -1,6 +1,6 @@
 """Sharded initialization equals the one-rank initialization, bit for bit.
 
-Note [counter-based init] (runtime/param_init.py): each rank generates only the
+Note [counter-based init] (runtime/models/param_init.py): each rank generates only the
 elements of its own shard. Each layout's generated trainer saves its initial state
 (``reshard_worker.py``: the save right after ``restore``, which is step 0 on a fresh
 start); the checkpoint holds every parameter whole, so the layouts' initial models
@@ -15,8 +15,8 @@ import re
 import pytest
 import torch
 
-from parc.runtime import checkpoint
-from parc.runtime.param_init import full_init
+from parc.runtime.checkpoints import checkpoint
+from parc.runtime.models.param_init import full_init
 
 from .trainer import LAYOUTS, RESHARD_WORKER, build, run
 

@@ -101,9 +101,9 @@ def test_fp16_resume_restores_the_loss_scale(layout, tmp_path):
 def test_fp32_checkpoint_resumes_under_bf16_master_weights(layout, tmp_path):
     """A checkpoint of fp32 parameters (an fp32 run's, or one the autocast path of earlier
     parc versions wrote: the same tensors) loads into bf16 parameters with fp32 masters
-    (runtime/master.py): the masters read it exactly, the parameters get it rounded, and
+    (runtime/optimizers/master.py): the masters read it exactly, the parameters get it rounded, and
     the next step's loss is the fp32 run's within bf16's 2e-2."""
-    from parc.runtime.checkpoint import step_dir_name
+    from parc.runtime.checkpoints.checkpoint import step_dir_name
 
     ranks = LAYOUTS[layout][1]
     fp32, bf16 = build(layout, tmp_path / "fp32"), build(layout, tmp_path / "bf16", extra=("train.precision=bf16",))

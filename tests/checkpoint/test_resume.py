@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parc.runtime import checkpoint
+from parc.runtime.checkpoints import checkpoint
 
 from .trainer import LAYOUTS, RESHARD_WORKER, build, losses, records, run
 

@@ -35,9 +35,9 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     "zero1_dp2": (["parallel.dp=2", "parallel.zero=1"], 2),
     # context parallel: parameters replicated over cp, ZeRO-1 slices over dp × cp
     "cp2_zero1_dp2": (["parallel.dp=2", "parallel.cp=2", "parallel.cp_kind=allgather", "parallel.zero=1"], 4),
-    # ZeRO-3: parameters and moments only in each block's shards (runtime/fsdp.py)
+    # ZeRO-3: parameters and moments only in each block's shards (runtime/parallel/data/fsdp.py)
     "zero3_dp2": (["parallel.dp=2", "parallel.zero=3"], 2),
-    # mixture of experts (runtime/moe.py): under ep2 each rank holds 2 of the 4 experts
+    # mixture of experts (runtime/parallel/expert/moe.py): under ep2 each rank holds 2 of the 4 experts
     "moe_ep2": ([*MOE, "parallel.dp=2", "parallel.ep=2"], 2),
     "moe_one": (MOE, 1),
     "moe_tp2": ([*MOE, "parallel.tp=2"], 2),
@@ -53,9 +53,9 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     "moe_cp2_ep2": ([*MOE, "parallel.cp=2", "parallel.cp_kind=ring", "parallel.ep=2"], 2),
     # ring attention: each rank's tokens are two load-balanced chunks; the checkpoint is layout-free
     "cp2_ring": (["parallel.cp=2", "parallel.cp_kind=ring"], 2),
-    # heterogeneous layout (runtime/hetero.py): block 0 tp 2 × dp 1, block 1 tp 1 × dp 2
+    # heterogeneous layout (runtime/parallel/data/hetero.py): block 0 tp 2 × dp 1, block 1 tp 1 × dp 2
     "hetero_tp21": (["parallel.tp=[2, 1]", "parallel.dp=[1, 2]"], 2),
-    # 2D tensor parallelism (runtime/layers2d.py): weights split on an R × C grid of the tp ranks
+    # 2D tensor parallelism (runtime/parallel/tensor/layers2d.py): weights split on an R × C grid of the tp ranks
     "tp2_2x1": (["parallel.tp=2", "parallel.tp_shape=(2, 1)"], 2),
     "tp4_2x2": (["parallel.tp=4", "parallel.tp_shape=(2, 2)"], 4),
     # ... with ZeRO-1: block 0's moments whole on each tp rank, block 1's sliced over its dp 2

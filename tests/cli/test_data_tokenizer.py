@@ -87,6 +87,51 @@ def test_a_vocabulary_past_65535_is_uint32(tmp_path, capsys):
     assert "--dtype uint16 holds ids below 65,536, but" in capsys.readouterr().err
 
 
+def _sparse(tmp_path, ids: dict[str, int]) -> Path:
+    """A word-level tokenizer whose ids have gaps (the count of entries is not the largest id + 1)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel(ids, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "sparse.json"))
+    (tmp_path / "a.txt").write_text("a far b")
+    return tmp_path / "sparse.json"
+
+
+def test_sparse_ids_record_the_largest_id_plus_one(tmp_path, capsys):
+    path = _sparse(tmp_path, {"a": 0, "b": 1, "[UNK]": 2, "</s>": 3, "far": 900})
+    out = tmp_path / "t.bin"
+    assert main(["data", "prepare", str(tmp_path / "a.txt"), "-o", str(out), "--tokenizer", str(path)]) == 0
+    assert read_ids(out, "uint16") == [0, 900, 1, 3]
+    info = json.loads(out.with_suffix(".json").read_text())
+    assert (info["vocab_size"], info["min_vocab"]) == (901, 901)  # not 5 entries: id 900 needs a row
+    spec = tmp_path / "s.par"
+    spec.write_text((ROOT / "examples" / "tiny.par").read_text().replace(
+        "  data = synthetic\n", '  data = tokens("t.bin")\n'))  # vocab = 512 < 901
+    capsys.readouterr()
+    assert main(["check", str(spec)]) == 1
+    assert "tokenizer sparse.json of 901 tokens, but the model's vocab is 512" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", [None, "uint16"])
+def test_sparse_ids_past_65535_need_uint32(tmp_path, capsys, dtype):
+    """Five entries, one of them id 70,000: uint32 chosen, or uint16 refused in one line (no traceback,
+    no file written), as for a dense vocabulary of that size."""
+    path = _sparse(tmp_path, {"a": 0, "b": 1, "[UNK]": 2, "</s>": 3, "far": 70_000})
+    out = tmp_path / "t.bin"
+    args = ["data", "prepare", str(tmp_path / "a.txt"), "-o", str(out), "--tokenizer", str(path)]
+    if dtype is None:
+        assert main(args) == 0
+        assert read_ids(out, "uint32") == [0, 70_000, 1, 3]
+        assert json.loads(out.with_suffix(".json").read_text())["dtype"] == "uint32"
+        return
+    assert main(args + ["--dtype", dtype]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"parc data prepare: --dtype uint16 holds ids below 65,536, but {path} has ids up to 70,000: "
+                   "use --dtype uint32 (or leave --dtype out)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "sparse.json"]
+
+
 def test_a_smaller_vocab_is_refused_and_a_fitting_one_trains(bpe, tmp_path, capsys):
     path, tokenizer = bpe
     project = tmp_path / "project"

@@ -199,8 +199,59 @@ def test_a_folder_is_checked_against_its_spec(tmp_path, capsys):
 
 
 def test_smallest_takes_the_first_candidate_the_rules_accept():
-    from parc.runtime import constraints
+    from parc.runtime.layout import constraints
 
     values = {"hidden": 64, "heads": 8, "tp": 4, "ffn": 256, "vocab": 256, "pad_vocab_to": 128}
     assert constraints.smallest(values, ({"heads": h} for h in range(1, 9))) == {"heads": 4}
     assert constraints.smallest(values, ({"heads": h} for h in (1, 2, 3))) is None
+
+
+def test_a_failing_rank_shows_its_own_exception(tmp_path, capsys, shared_reference):
+    """Issue 31: torchrun's per-rank summary is not the error; the rank's own exception is."""
+    spec = tmp_path / "tiny.par"
+    spec.write_text(TINY.read_text())
+    folder = build_to(spec, tmp_path / "build", ["parallel.dp=1", "mesh.devices_per_node=2"])
+    train = folder / "train.py"
+    text = train.read_text()
+    forward = "loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM"
+    indent = text[: text.index(forward)].rsplit("\n", 1)[1]
+    train.write_text(text.replace(forward, forward + f'\n{indent}if grid.index("tp") == 1:\n'
+                                  f'{indent}    raise RuntimeError("hand edit broke rank one")'))
+    # no --set: the folder's manifest records the ones it was built with
+    assert main(["verify", str(folder), "--steps", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "train.py on rank 1 of 2 failed" in err
+    assert "RuntimeError: hand edit broke rank one" in err
+
+
+def test_rank_error_prefers_the_root_cause_rank(tmp_path):
+    from parc.codegen.verify import rank_error
+
+    for rank, text in ((0, "RuntimeError: Connection closed by peer\n"), (1, "Traceback ...\nValueError: mine\n")):
+        log = tmp_path / "run_x" / "attempt_0" / str(rank) / "stderr.log"
+        log.parent.mkdir(parents=True)
+        log.write_text(text)
+    summary = "Failures:\n  <NO_OTHER_FAILURES>\nRoot Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n"
+    assert rank_error(tmp_path, summary) == (1, "Traceback ...\nValueError: mine\n")
+    assert rank_error(tmp_path, "")[0] == 0  # no summary: the first rank whose log holds an error
+    assert rank_error(tmp_path / "none", summary) == (None, "")
+
+
+@pytest.mark.parametrize("sets", [
+    ["model.experts=4", "parallel.ep=2"],
+    ["model.experts=4", "parallel.etp=2"],
+    ["mesh.devices_per_node=4", "parallel.dp=1", "parallel.tp=4", "parallel.tp_shape=(2, 2)"],
+    ["parallel.cp=2", "parallel.dp=1", "parallel.cp_kind=ulysses"],
+], ids=["ep", "etp", "tp_shape-2d", "cp-ulysses"])
+def test_the_reference_resets_every_parallel_key(sets):
+    """Issue 31: ep, etp or a 2D tp_shape reached the one-rank reference and made it illegal."""
+    from parc.dsl.keys import PARALLEL
+
+    _, found, _, reference = shrunk(TINY, sets)
+    par = reference.parallel
+    assert (par.dp, par.tp, par.pp, par.cp, par.ep, par.etp, par.tp_shape, par.zero) == (1, 1, 1, 1, 1, 1, None, 0) or \
+        (par.dp, par.tp, par.pp, par.cp, par.ep, par.etp, par.tp_shape, par.zero) == (1, 1, 1, 1, 1, 1, (1, 1), 0)
+    written = {item.split("=")[0] for item in found.reference}
+    left = {f"parallel.{p.name}" for p in PARALLEL.keys} - written
+    assert left <= {"parallel.stage_layers", "parallel.compress_stages"}, left
+    assert "train.py" in generate(reference)

@@ -68,11 +68,19 @@ def test_runtime_copy_is_byte_identical():
 @pytest.mark.parametrize(
     "sets, ships, leaves",
     [
-        ((), {"model.py", "dp.py", "checkpoint_dcp.py", "kernels/cpu/norms.cpp"},
-         {"pipeline.py", "zero.py", "overlap.py", "schedule.py"}),
-        (("parallel.dp=1", "parallel.pp=2"), {"pipeline.py", "schedule.py"}, {"zero.py", "overlap.py", "dp.py"}),
-        (("parallel.zero=1",), {"zero.py", "dp.py"}, {"pipeline.py", "overlap.py"}),
-        (("parallel.overlap=sub_batch(2)",), {"overlap.py"}, {"pipeline.py", "zero.py"}),
+        ((), {"models/model.py", "parallel/data/dp.py", "checkpoints/checkpoint_dcp.py", "kernels/cpu/norms.cpp"},
+         {"parallel/pipeline/pipeline.py", "parallel/data/zero.py", "parallel/tensor/overlap.py", "schedules/schedule.py"}),
+        (("parallel.dp=1", "parallel.pp=2"), {"parallel/pipeline/pipeline.py", "schedules/schedule.py"},
+         {"parallel/data/zero.py", "parallel/tensor/overlap.py", "parallel/data/dp.py", "schedules/schedule_zb.py",
+          "schedules/schedule_zbv.py", "schedules/schedule_chimera.py", "schedules/schedule_terapipe.py",
+          "parallel/pipeline/split_backward.py", "parallel/pipeline/terapipe.py"}),
+        (("parallel.dp=1", "parallel.pp=2", "parallel.schedule=zero_bubble"),
+         {"schedules/schedule_zb.py", "parallel/pipeline/split_backward.py"},
+         {"schedules/schedule_zbv.py", "schedules/schedule_chimera.py", "schedules/schedule_terapipe.py"}),
+        (("parallel.zero=1",), {"parallel/data/zero.py", "parallel/data/dp.py"},
+         {"parallel/pipeline/pipeline.py", "parallel/tensor/overlap.py"}),
+        (("parallel.overlap=sub_batch(2)",), {"parallel/tensor/overlap.py"},
+         {"parallel/pipeline/pipeline.py", "parallel/data/zero.py"}),
     ],
 )
 def test_a_build_ships_only_the_runtime_it_uses(sets, ships, leaves, tmp_path, capsys):
@@ -83,13 +91,15 @@ def test_a_build_ships_only_the_runtime_it_uses(sets, ships, leaves, tmp_path, c
     out = tmp_path / "b"
     assert main(["build", str(EXAMPLES / "tiny.par"), "-o", str(out), *[a for s in sets for a in ("--set", s)]]) == 0
     code = "import sys; sys.path.insert(0, '.'); import parc_runtime." + ", parc_runtime.".join(
-        sorted({p.split("/")[0].removesuffix(".py") for p in copied if p != "__init__.py"})
+        sorted({p.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+                for p in copied if p.endswith(".py") and p != "__init__.py"})
     )
     subprocess.run([sys.executable, "-c", code], cwd=out, check=True)
     # a later build that needs fewer modules removes the ones it no longer ships, and --check is clean
     assert main(["build", str(EXAMPLES / "tiny.par"), "-o", str(out)]) == 0
     assert main(["build", str(EXAMPLES / "tiny.par"), "-o", str(out), "--check"]) == 0
-    assert not any((out / "parc_runtime" / name).exists() for name in {"pipeline.py", "zero.py", "overlap.py"})
+    assert not any((out / "parc_runtime" / name).exists()
+                   for name in {"parallel/pipeline/pipeline.py", "parallel/data/zero.py", "parallel/tensor/overlap.py"})
 
 
 def test_a_trainer_imports_dcp_only_to_save_or_resume(tmp_path):
@@ -99,7 +109,7 @@ def test_a_trainer_imports_dcp_only_to_save_or_resume(tmp_path):
     code = (
         "import sys; sys.path.insert(0, '.'); import train; "
         "assert 'torch.distributed.checkpoint' not in sys.modules, 'imported at start'; "
-        "from parc_runtime import checkpoint_dcp; assert 'torch.distributed.checkpoint' in sys.modules"
+        "from parc_runtime.checkpoints import checkpoint_dcp; assert 'torch.distributed.checkpoint' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], cwd=out, check=True)
 
@@ -218,13 +228,13 @@ def test_fp16_builds_fp16_parameters_with_dynamic_loss_scaling(sets):
     text = files["train.py"].decode()
     # the scale multiplies the global loss: each rank's backward runs on its share of it
     assert "scaler = loss_scale.DynamicLossScale(rank=dist.rank, data_ranks=DP)" in text  # tiny: dp 2 or 4
-    # fp16 parameters with fp32 masters (runtime/master.py), not autocast over fp32 weights
+    # fp16 parameters with fp32 masters (runtime/optimizers/master.py), not autocast over fp32 weights
     assert "optimizer = master.MasterAdamW(" in text and "dtype=torch.float16" in text
-    assert "torch.autocast" not in text and "parc_runtime/master.py" in files
+    assert "torch.autocast" not in text and "parc_runtime/optimizers/master.py" in files
     assert "optimizer.unscale_and_clip(" in text
     assert "scaled_by = scaler.begin(step)" in text and "grad_scale=scaled_by" in text
     assert "stepping = scaler.update(step, grad_norm)" in text and '"loss_scale": scaler.scale' in text
-    assert "torch.float16" in text and "parc_runtime/loss_scale.py" in files
+    assert "torch.float16" in text and "parc_runtime/optimizers/loss_scale.py" in files
     pipelined = "parallel.pp=2" in sets
     assert ("runner.loss_scale = scaled_by" in text) == pipelined
     assert ("(loss * scaled_by).backward()" in text) != pipelined
@@ -255,7 +265,7 @@ def test_zero3_builds_fsdp_with_its_settings():
     text = files["train.py"].decode()
     assert "fsdp.FullyShardedAdamW(" in text and "ShardedAdamW(net" not in text.replace("FullyShardedAdamW(net", "")
     assert "ZERO_PREFETCH = 1  # default" in text and 'ZERO_SHARD = "dp"' in text
-    assert "parc_runtime/fsdp.py" in files
+    assert "parc_runtime/parallel/data/fsdp.py" in files
 
 
 def test_auto_layout_builds_the_planners_winner(tmp_path, capsys):
@@ -337,7 +347,7 @@ def test_the_loss_is_awaited_once_a_step_not_once_a_micro_batch(sets):
     import ast
     import inspect
 
-    from parc.runtime import pipeline
+    from parc.runtime.parallel.pipeline import pipeline
 
     train = generate(load("examples/tiny.par", list(sets)))["train.py"].decode()
     assert _waits_in_loops(ast.parse(train), lambda it: it == "range(GRAD_ACCUM)") == []

@@ -88,7 +88,7 @@ def test_an_edit_survives_a_spec_change_on_other_lines(out, capsys):
     # The same rebuild again changes nothing and says the edit is kept.
     status, stdout, _ = run(capsys, *build("--set", "train.steps=7", out=out))
     assert status == 0 and stdout.startswith(f"{out}: kept your edits to train.py (the new generation does not change it)\n")
-    assert "(53 files, 0 changed)" in stdout
+    assert "(66 files, 0 changed)" in stdout
 
 
 def test_a_conflict_shows_the_hunk_and_writes_nothing(out, capsys):
@@ -118,7 +118,7 @@ def test_write_conflicts_leaves_markers_that_check_and_build_refuse(out, capsys)
     train = out / "train.py"
     edit(train, "STEPS = 20  # tiny.par:29\n", "STEPS = 100  # mine\n")
     status, stdout, err = run(capsys, *build("--set", "train.steps=7", "--write-conflicts", out=out))
-    assert status == 3 and f"wrote {out}/ (53 files, 2 changed)" in stdout
+    assert status == 3 and f"wrote {out}/ (66 files, 2 changed)" in stdout
     assert err == (f"{out}/train.py: wrote conflict markers\nhint: resolve the <<<<<<< ... >>>>>>> markers, "
                    f"then `parc build {TINY} -o {out} --set train.steps=7 --check` exits 0\n")
     assert (
@@ -139,6 +139,42 @@ def test_write_conflicts_leaves_markers_that_check_and_build_refuse(out, capsys)
     train.write_text(text[:start] + "STEPS = 70  # resolved\n" + text[end:])
     assert run(capsys, *build("--set", "train.steps=7", "--check", out=out)) == (
         0, f"{out}: up to date\n{out}: edited, merges cleanly: train.py\n", "")
+
+
+@pytest.mark.parametrize("left", [
+    "<<<<<<< yours\nSTEPS = 100  # mine\n",  # the rest of the block deleted
+    "STEPS = 100  # mine\n>>>>>>> new generation\n",
+    "<<<<<<<\nSTEPS = 100  # mine\n",  # a bare marker
+], ids=["lone-start", "lone-end", "bare-start"])
+def test_a_conflict_half_resolved_is_not_up_to_date(out, capsys, left):
+    """One marker left alone (the rest of the block removed) is still a conflict not resolved:
+    train.py no longer parses, so --check cannot call it up to date and a rebuild stops."""
+    edit(out / "train.py", "STEPS = 20  # tiny.par:29\n", left)
+    marker = STEPS if left[0] == "<" else STEPS + 1
+    status, _, err = run(capsys, *build("--check", out=out))
+    assert status == 3 and err.startswith(f"{out}: unresolved conflict markers: train.py (line {marker})\n")
+    before = snapshot(out)
+    for flag in ((), ("--accept",), ("--write-conflicts",)):
+        status, _, err = run(capsys, *build(*flag, out=out))
+        assert status == 3 and err.startswith(f"parc build: {out}/train.py still holds conflict markers "
+                                              f"(line {marker}); resolve them first\n")
+        assert snapshot(out) == before
+
+
+def test_a_train_py_that_no_longer_parses_is_not_up_to_date(out, capsys):
+    """No marker, but an edit that breaks the syntax: the same stop, saying where it breaks."""
+    edit(out / "train.py", "STEPS = 20  # tiny.par:29\n", "STEPS = (20  # tiny.par:29\n")
+    status, _, err = run(capsys, *build("--check", out=out))
+    assert status == 3
+    assert err.startswith(f"{out}: edited, no longer parses: train.py (line {STEPS}: ")
+    before = snapshot(out)
+    status, _, err = run(capsys, *build("--accept", out=out))
+    assert status == 3 and err.startswith(f"parc build: {out}/train.py no longer parses as Python (line {STEPS}: ")
+    assert f"hint: fix the file by hand (or run `parc build {TINY} -o {out}` with --force" in err
+    assert snapshot(out) == before
+    status, stdout, _ = run(capsys, *build("--force", out=out))
+    assert status == 0 and f"saved your train.py as train.py.orig" in stdout
+    assert run(capsys, *build("--check", out=out))[0] == 0
 
 
 def test_force_saves_yours_first(out, capsys):
@@ -278,12 +314,12 @@ def test_a_hostile_base_is_not_used(out, capsys, tmp_path):
 def test_a_file_parc_no_longer_makes(tmp_path, capsys):
     out = tmp_path / "tiny"
     assert main(["build", TINY, "-o", str(out), "--set", "parallel.zero=1"]) == 0
-    zero = out / "parc_runtime" / "zero.py"
+    zero = out / "parc_runtime" / "parallel" / "data" / "zero.py"
     zero.write_text(zero.read_text() + "# mine\n")
     capsys.readouterr()
     status, stdout, _ = run(capsys, *build(out=out))
-    assert status == 0 and f"{out}: left your parc_runtime/zero.py in place: parc no longer generates it, and it is yours now\n" in stdout
-    assert zero.read_text().endswith("# mine\n") and not (out / ".parc" / "base" / "parc_runtime" / "zero.py").exists()
+    assert status == 0 and f"{out}: left your parc_runtime/parallel/data/zero.py in place: parc no longer generates it, and it is yours now\n" in stdout
+    assert zero.read_text().endswith("# mine\n") and not (out / ".parc" / "base" / "parc_runtime" / "parallel" / "data" / "zero.py").exists()
     assert run(capsys, *build("--check", out=out))[0] == 0
 
 

@@ -40,7 +40,7 @@ def test_compressed_backprop_gives_the_executor_a_codec(tmp_path):
 
 
 def test_fused_embedding_sync_is_the_default_where_buckets_reduce(tmp_path):
-    """Note [fused embedding synchronization] (runtime/pipeline.py): pp 2 × dp 2 with the tied
+    """Note [fused embedding synchronization] (runtime/parallel/pipeline/pipeline.py): pp 2 × dp 2 with the tied
     table reduces its copies in the dp buckets' all-reduce; ZeRO keeps the separate sum."""
     text, _ = built(tmp_path, "parallel.pp=2", "parallel.dp=2", "mesh.devices_per_node=4")
     assert 'tied_group = pipeline.embedding_group(grid, "dp")' in text

@@ -28,7 +28,7 @@ def test_cp_is_cited_grouped_and_passed_to_the_model():
     assert "        cp_group=cp_group,\n        cp_kind=CP_KIND,\n" in train
     assert 'targets,\n                    cp_rank=grid.index("cp"),\n                    cp_size=CP,\n                    cp_kind=CP_KIND,\n' in train
     assert "step_loss = dp.all_reduce_mean(loss_sum, grad_group)  # global mean loss" in train
-    assert "parc_runtime/context.py" in files
+    assert "parc_runtime/parallel/context/context.py" in files
     assert "axes pp 1 × dp 2 × cp 2 × tp 1" in plan
     assert "  cp groups: [0,1] [2,3]\n" in plan
 
@@ -37,11 +37,11 @@ def test_cp_1_leaves_no_trace():
     files, _ = build("parallel.dp=2", "mesh.devices_per_node=2")
     train = files["train.py"].decode()
     assert "CP =" not in train and "CP_KIND" not in train and "cp_group" not in train and "context_chunk" not in train
-    assert "parc_runtime/context.py" not in files and "parc_runtime/ring.py" not in files
+    assert "parc_runtime/parallel/context/context.py" not in files and "parc_runtime/parallel/context/ring.py" not in files
 
 
 def test_ring_is_the_default_kind_and_ships_ring():
     files, _ = build("parallel.dp=2", "parallel.cp=2", "mesh.devices_per_node=4")
     train = files["train.py"].decode()
     assert "ring attention: K/V blocks passed around cp, load-balanced chunks" in train
-    assert "parc_runtime/ring.py" in files and "parc_runtime/context.py" in files
+    assert "parc_runtime/parallel/context/ring.py" in files and "parc_runtime/parallel/context/context.py" in files

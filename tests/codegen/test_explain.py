@@ -12,7 +12,7 @@ import pytest
 from parc.codegen.cli import main
 from parc.dsl import load
 from parc.codegen.cli.explain import explain, text
-from parc.runtime.schedule import build_schedule
+from parc.runtime.schedules.schedule import build_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 SVG = "{http://www.w3.org/2000/svg}"

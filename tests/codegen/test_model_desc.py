@@ -1,4 +1,4 @@
-"""One model description (runtime/model_desc.py): train.py's docstring, the cost model and
+"""One model description (runtime/layout/model_desc.py): train.py's docstring, the cost model and
 the runtime model count the same parameters, for every example and the parity models with
 grouped-query attention, on one rank and on every (tp, pipeline) rank of the layout."""
 
@@ -17,8 +17,9 @@ from parc.codegen.passes.partition_layers import model_modules
 from parc.codegen.render import render
 from parc.codegen.planner.search import fixed_layout
 from parc.dsl import load
-from parc.runtime import layers, model, tp_plan
-from parc.runtime.model_desc import ModelConfig, describe
+from parc.runtime.parallel.tensor import layers, tp_plan
+from parc.runtime.models import model
+from parc.runtime.layout.model_desc import ModelConfig, describe
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.par"))

@@ -19,7 +19,7 @@ from parc.codegen.planner.cost.time import step_time
 from parc.codegen.planner.cost import hardware_for
 from parc.codegen.lower import lower
 from parc.codegen.plan import LayerKind
-from parc.runtime.layer_settings import fold_runs
+from parc.runtime.layout.layer_settings import fold_runs
 from parc.dsl import load, load_text
 from parc.dsl.diagnostics import Diagnostics
 

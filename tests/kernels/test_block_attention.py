@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from parc.runtime import ring
+from parc.runtime.parallel.context import ring
 from parc.runtime.kernels import reference
 
 from test_ops import randn

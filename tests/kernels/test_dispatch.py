@@ -46,7 +46,8 @@ def test_fake_tensors_take_the_custom_op():
 
 def _kinds_taken(config, thresholds, monkeypatch):
     """A model built (use_kernels included) with ``thresholds`` as kernel_sizes.EAGER_BELOW."""
-    from parc.runtime import kernel_sizes, model
+    from parc.runtime.layout import kernel_sizes
+    from parc.runtime.models import model
 
     monkeypatch.delenv("PARC_KERNELS_EAGER_BELOW", raising=False)
     monkeypatch.setattr(kernel_sizes, "EAGER_BELOW", thresholds)
@@ -57,7 +58,7 @@ def _kinds_taken(config, thresholds, monkeypatch):
 def test_each_kind_of_op_takes_its_own_threshold(monkeypatch):
     """Note [eager at small shapes]: LayerNorm and RMSNorm, their residual forms, SwiGLU and
     GeLU decide apart, each from the model's global size (seq_len × hidden, × ffn)."""
-    from parc.runtime import model
+    from parc.runtime.models import model
 
     seq, hidden, ffn = 8, 32, 64
     for arch in ("gpt", "llama"):
@@ -81,7 +82,7 @@ def test_each_kind_of_op_takes_its_own_threshold(monkeypatch):
 
 def test_shared_experts_decide_by_their_own_width(monkeypatch):
     """The shared experts' MLP is shared_experts · expert_ffn wide, not ffn."""
-    from parc.runtime import model
+    from parc.runtime.models import model
 
     config = model.ModelConfig(arch="llama", layers=1, hidden=32, heads=4, kv_heads=4, ffn=64, vocab=64,
                                padded_vocab=64, seq_len=8, experts=4, top_k=2, expert_ffn=16, shared_experts=2)
@@ -93,11 +94,12 @@ def test_shared_experts_decide_by_their_own_width(monkeypatch):
 
 
 def test_the_planner_reads_the_kinds_the_model_takes(monkeypatch):
-    """runtime/kernel_sizes.py: ``kinds_that_pay`` names exactly the kinds ``use_kernels``
+    """runtime/layout/kernel_sizes.py: ``kinds_that_pay`` names exactly the kinds ``use_kernels``
     gave the norms, the dense MLP and rotary, and the saved-tensor model follows it (an
     eager SwiGLU saves silu too: 4 per ffn element, not 3)."""
-    from parc.runtime import kernel_sizes, model
-    from parc.runtime.model_desc import describe
+    from parc.runtime.layout import kernel_sizes
+    from parc.runtime.models import model
+    from parc.runtime.layout.model_desc import describe
 
     config = model.ModelConfig(arch="llama", layers=1, hidden=32, heads=4, kv_heads=4, ffn=64, vocab=64,
                                padded_vocab=64, seq_len=8)

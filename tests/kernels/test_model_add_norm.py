@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parc.runtime import data, model, optim
+from parc.runtime.train import data
+from parc.runtime.models import model
+from parc.runtime.optimizers import optim
 
 CONFIGS = {
     "gpt": model.ModelConfig(arch="gpt", layers=2, hidden=32, heads=4, kv_heads=4, ffn=64, vocab=60,

@@ -205,8 +205,9 @@ def test_moe_model_takes_the_triton_ops(monkeypatch):
     """A tiny llama with 4 experts, top-2, kernels = compiled on DEVICE (CUDA: Triton): its
     MoE layers call the three ops (no device gate left in moe.py), and its loss and every
     gradient match the eager build's."""
-    from parc.runtime import data, model
-    from parc.runtime.model_desc import ModelConfig
+    from parc.runtime.train import data
+    from parc.runtime.models import model
+    from parc.runtime.layout.model_desc import ModelConfig
 
     config = ModelConfig(arch="llama", layers=1, hidden=16, heads=2, kv_heads=2, ffn=24, vocab=32, padded_vocab=32,
                          seq_len=8, experts=4, top_k=2)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from parc.codegen.cli import main
-from parc.runtime import data
+from parc.runtime.train import data
 
 ROOT = Path(__file__).resolve().parents[2]
 ONE_RANK = ["--set", "parallel.dp=1", "--set", "parallel.tp=1", "--set", "mesh.devices_per_node=1",

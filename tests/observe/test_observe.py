@@ -17,7 +17,7 @@ import pytest
 
 from parc.codegen.build import build_to
 from parc.codegen.cli import main as parc_main
-from parc.runtime.observe import banner_lines, parse_steps, scalars
+from parc.runtime.train.observe import banner_lines, parse_steps, scalars
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
@@ -110,7 +110,7 @@ def test_missing_tensorboard_is_one_clear_line(tmp_path):
     """The trainer needs only torch: without the tensorboard package, --tensorboard says so."""
     code = (
         "import sys; sys.modules['tensorboard'] = None\n"
-        "from parc.runtime.metrics import MetricsLogger\n"
+        "from parc.runtime.train.metrics import MetricsLogger\n"
         f"MetricsLogger(None, enabled=True, tensorboard={str(tmp_path / 'tb')!r})\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -139,7 +139,7 @@ def test_profile_steps_parse():
 
 
 def test_memory_is_measured_on_first_every_nth_and_last_steps():
-    from parc.runtime.memory import measured
+    from parc.runtime.train.memory import measured
 
     steps = [s for s in range(1, 26) if measured(s, every=10, first=1, last=25)]
     assert steps == [1, 2, 10, 20, 25]

@@ -21,7 +21,7 @@ put back as a fresh one would be:
   it, so no key of an earlier process group is ever read again. The trainer itself
   destroys its process groups when it ends (``mesh.shutdown``), and this worker checks
   that their threads are gone (a group that outlives the trainer can abort the
-  process at exit: Note [groups die before Python does] in runtime/mesh.py).
+  process at exit: Note [groups die before Python does] in runtime/distributed/mesh.py).
 A run that raises ends this process with exit 1 after writing its traceback to its
 log; torchrun then stops the other ranks and ``batch.py`` launches the runs after it
 again.
@@ -109,7 +109,7 @@ def run_one(run: dict, rank: int, rng_state) -> None:
     try:
         runpy.run_path(run["train"], run_name="__main__")
         left = gloo_threads()
-        if left:  # Note [groups die before Python does] in runtime/mesh.py
+        if left:  # Note [groups die before Python does] in runtime/distributed/mesh.py
             raise RuntimeError(f"{left} gloo threads outlived the trainer: something still holds a process group")
     finally:
         signal.signal(signal.SIGTERM, sigterm)

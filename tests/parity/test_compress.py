@@ -1,7 +1,7 @@
 """Compressed data-parallel gradients converge like exact ones (issue 23).
 
 Compression is the one layout choice that is not bitwise comparable to one rank
-(runtime/compress.py, Note [compression changes numerics]), so these are convergence
+(runtime/parallel/data/compress.py, Note [compression changes numerics]), so these are convergence
 tests, kept as small as the claim allows: the parity GPT (2 layers, hidden 64, seq 32)
 on real text that does not change with the project (tests/data/notes-on-bread.txt
 through ``parc data prepare``; docs/DESIGN.md was the text before, and every docs edit

@@ -1,7 +1,7 @@
 """The trainer's measured memory equals the formulas for its layout (issue 4, DESIGN §8).
 
 Every rank reports ``param_bytes``, ``grad_bytes``, ``optim_bytes`` and
-``activation_peak_bytes`` (runtime/memory.py). Here the parity GPT is run in layouts
+``activation_peak_bytes`` (runtime/train/memory.py). Here the parity GPT is run in layouts
 whose bytes are known in closed form: parameters counted from the model's shapes by
 hand (not from the runtime), AdamW's two fp32 moments per element (plus torch's
 4-byte ``step`` tensor per parameter tensor), and ZeRO's sharding of the state (stage
@@ -82,7 +82,7 @@ def test_dp2_bytes_equal_the_zero_formulas(zero, trainers):
 
 
 def test_dp4_zero3_holds_a_quarter_of_every_unit(trainers):
-    """ZeRO-3 at dp 4 (runtime/fsdp.py, Note [units]): each block and the root (embeddings,
+    """ZeRO-3 at dp 4 (runtime/parallel/data/fsdp.py, Note [units]): each block and the root (embeddings,
     final norm) is padded to a multiple of 4 and every rank keeps a quarter: resident
     parameter bytes 4·Σ⌈n_unit/4⌉, which is 4·⌈Ψ/4⌉ up to < 4 elements of padding per unit;
     gradient shards and two moments alike. Gathered at once, at most: the root and two

@@ -55,8 +55,8 @@ LAYOUTS = {
     "pp2-recompute-selective": dict(pp=2, parallel__recompute="selective"),
     "pp2-recompute-full": dict(pp=2, parallel__recompute="full"),
     "pp2-dp2-zero2": dict(pp=2, dp=2, parallel__zero=2),
-    "pp2-tp2-zero1": dict(pp=2, tp=2, parallel__zero=1),
-    # zero_bubble (ZB-H1): backward split into B and W (runtime/split_backward.py)
+    "pp2-dp2-zero1": dict(pp=2, dp=2, parallel__zero=1),
+    # zero_bubble (ZB-H1): backward split into B and W (runtime/parallel/pipeline/split_backward.py)
     "pp2-zero_bubble": dict(pp=2, parallel__schedule="zero_bubble"),
     "pp4-zero_bubble": dict(pp=4, parallel__schedule="zero_bubble", model__layers=4),
     "pp2-dp2-zero_bubble": dict(pp=2, dp=2, parallel__schedule="zero_bubble"),
@@ -67,13 +67,13 @@ LAYOUTS = {
     "pp2-recompute-selective-zero_bubble": dict(pp=2, parallel__recompute="selective", parallel__schedule="zero_bubble"),
     "pp2-tp2-overlap2-zero_bubble": dict(pp=2, tp=2, parallel__overlap="sub_batch(2)", parallel__schedule="zero_bubble"),
     "pp2-cp2-ulysses-zero_bubble": dict(pp=2, cp=2, parallel__cp_kind="ulysses", parallel__schedule="zero_bubble"),
-    # zero_bubble_v (ZB-V): two chunks per rank in a V (runtime/placement.py), rank 0 holds
+    # zero_bubble_v (ZB-V): two chunks per rank in a V (runtime/layout/placement.py), rank 0 holds
     # the first and the last stage (the tied embedding's two copies summed in memory)
     "pp2-zero_bubble_v": dict(pp=2, parallel__schedule="zero_bubble_v", model__layers=4),
     "pp2-dp2-zero_bubble_v": dict(pp=2, dp=2, parallel__schedule="zero_bubble_v", model__layers=4),
     "pp2-tp2-zero_bubble_v": dict(pp=2, tp=2, parallel__schedule="zero_bubble_v", model__layers=4),
     # chimera: two pipelines in opposite directions, each stage held twice (ranks r and
-    # p-1-r) with the replicas' gradients summed (runtime/placement.py, model.py)
+    # p-1-r) with the replicas' gradients summed (runtime/layout/placement.py, model.py)
     "pp2-chimera": dict(pp=2, parallel__schedule="chimera"),
     "pp4-chimera": dict(pp=4, parallel__schedule="chimera", model__layers=4),
     "pp2-dp2-chimera": dict(pp=2, dp=2, parallel__schedule="chimera"),
@@ -81,7 +81,7 @@ LAYOUTS = {
     "pp2-dp2-zero1-chimera": dict(pp=2, dp=2, parallel__zero=1, parallel__schedule="chimera"),
     "pp2-dp2-zero2-chimera": dict(pp=2, dp=2, parallel__zero=2, parallel__schedule="chimera"),
     # terapipe: each sequence in token slices, a slice attending to the earlier ones' keys
-    # and values kept on its stage, backwards in reverse slice order (runtime/terapipe.py)
+    # and values kept on its stage, backwards in reverse slice order (runtime/parallel/pipeline/terapipe.py)
     "pp2-terapipe2": dict(pp=2, parallel__schedule="terapipe(slices = 2)"),
     "pp2-terapipe4": dict(pp=2, parallel__schedule="terapipe(slices = 4)"),
     "pp2-dp2-terapipe2": dict(pp=2, dp=2, parallel__schedule="terapipe(slices = 2)"),
@@ -91,7 +91,7 @@ LAYOUTS = {
     "pp2-terapipe-uneven": dict(pp=2, parallel__schedule="terapipe(slices = [16, 8, 8])"),
     "pp2-dp2-terapipe-uneven": dict(pp=2, dp=2, parallel__schedule="terapipe(slices = [8, 16, 8])"),
     "pp2-tp2-terapipe-uneven": dict(pp=2, tp=2, parallel__schedule="terapipe(slices = [4, 12, 16])"),
-    # Oases sub-batch overlap (runtime/overlap.py); dp > 1 layouts overlap gradients always
+    # Oases sub-batch overlap (runtime/parallel/tensor/overlap.py); dp > 1 layouts overlap gradients always
     "tp2-overlap2": dict(tp=2, parallel__overlap="sub_batch(2)"),
     "tp2-sp-overlap2": dict(tp=2, sp=True, parallel__overlap="sub_batch(2)"),
     "tp4-overlap2": dict(tp=4, parallel__overlap="sub_batch(2)"),
@@ -105,7 +105,7 @@ LAYOUTS = {
         parallel__recompute="[none, full, full, none]",
     ),
     "pp2-recompute-per-layer": dict(pp=2, model__layers=4, parallel__recompute="[full, selective, none, full]"),
-    # context parallel (runtime/context.py): each rank holds T/cp tokens of every sequence
+    # context parallel (runtime/parallel/context/context.py): each rank holds T/cp tokens of every sequence
     "cp2-ulysses": dict(cp=2, parallel__cp_kind="ulysses"),
     "cp2-allgather": dict(cp=2, parallel__cp_kind="allgather"),
     "cp2-tp2-ulysses": dict(cp=2, tp=2, parallel__cp_kind="ulysses"),
@@ -119,7 +119,7 @@ LAYOUTS = {
     "cp2-allgather-recompute-selective": dict(cp=2, parallel__cp_kind="allgather", parallel__recompute="selective"),
     # Oases sub-batches split B: each sub-batch's attention does its own cp exchange
     "cp2-tp2-overlap2-allgather": dict(cp=2, tp=2, parallel__cp_kind="allgather", parallel__overlap="sub_batch(2)"),
-    # ZeRO-3 (runtime/fsdp.py): blocks gathered before forward and backward, grads reduce-scattered
+    # ZeRO-3 (runtime/parallel/data/fsdp.py): blocks gathered before forward and backward, grads reduce-scattered
     "dp2-zero3": dict(dp=2, parallel__zero=3),
     "dp4-zero3": dict(dp=4, parallel__zero=3),
     "dp2-tp2-sp-zero3": dict(dp=2, tp=2, sp=True, parallel__zero=3),
@@ -134,7 +134,7 @@ LAYOUTS = {
     "pp2-dp2-interleaved2-zero3": dict(
         pp=2, dp=2, parallel__zero=3, parallel__schedule="interleaved(chunks = 2)", model__layers=4,
     ),
-    # ring attention (runtime/ring.py): load-balanced chunks r and 2·cp−1−r, K/V around the ring
+    # ring attention (runtime/parallel/context/ring.py): load-balanced chunks r and 2·cp−1−r, K/V around the ring
     "cp2-ring": dict(cp=2, parallel__cp_kind="ring"),
     "cp4-ring": dict(cp=4, parallel__cp_kind="ring"),
     "cp2-tp2-sp-ring": dict(cp=2, tp=2, sp=True, parallel__cp_kind="ring"),
@@ -146,11 +146,11 @@ LAYOUTS = {
     "cp2-tp2-overlap2-ring": dict(cp=2, tp=2, parallel__cp_kind="ring", parallel__overlap="sub_batch(2)"),
     # tp > kv_heads: each kv head replicated over tp / kv_heads ranks (Note [KV replication])
     "tp4-kv-heads2": dict(tp=4, model__kv_heads=2),
-    "tp4-sp-kv-heads2-zero1": dict(tp=4, sp=True, model__kv_heads=2, parallel__zero=1),
+    "tp4-sp-kv-heads2": dict(tp=4, sp=True, model__kv_heads=2),
     # where two features met at the merge: ring under ZeRO-3's gathers and zero_bubble's B/W split
     "dp2-cp2-ring-zero3": dict(dp=2, cp=2, parallel__cp_kind="ring", parallel__zero=3),
     "pp2-cp2-ring-zero_bubble": dict(pp=2, cp=2, parallel__cp_kind="ring", parallel__schedule="zero_bubble"),
-    # heterogeneous layouts (runtime/hetero.py): each block its own tp × dp over the same ranks;
+    # heterogeneous layouts (runtime/parallel/data/hetero.py): each block its own tp × dp over the same ranks;
     # tp/dp give the coarse split (the ranks), the lists after them each block's
     "hetero-tp2211": dict(tp=2, model__layers=4, parallel__tp="[2, 2, 1, 1]", parallel__dp="[1, 1, 2, 2]"),
     "hetero-tp1221-sp": dict(tp=2, sp=True, model__layers=4, parallel__tp="[1, 2, 2, 1]",
@@ -163,7 +163,7 @@ LAYOUTS = {
     "hetero-pp2-tp1221-sp": dict(tp=2, pp=2, sp=True, model__layers=4, parallel__tp="[1, 2, 2, 1]",
                                  parallel__dp="[2, 1, 1, 2]"),
     "hetero-dp2-tp2112": dict(dp=2, tp=2, model__layers=4, parallel__tp="[2, 1, 1, 2]", parallel__dp="[2, 4, 4, 2]"),
-    # 2D tensor parallelism (Note [2D tensor parallelism] in runtime/layers2d.py): weights on an R × C grid
+    # 2D tensor parallelism (Note [2D tensor parallelism] in runtime/parallel/tensor/layers2d.py): weights on an R × C grid
     "tp4-shape2x2": dict(tp=4, parallel__tp_shape="(2, 2)"),
     "tp2-shape2x1": dict(tp=2, parallel__tp_shape="(2, 1)"),
     "dp2-tp2-shape2x1-recompute-full": dict(dp=2, tp=2, parallel__tp_shape="(2, 1)", parallel__recompute="full"),
@@ -213,7 +213,7 @@ LAYOUTS = {
 ARCHS = ("gpt", "llama")
 
 MOE = dict(model__experts=4, model__top_k=2)
-"""A tiny llama with 4 experts, top-2 (runtime/moe.py), every block MoE unless a row says."""
+"""A tiny llama with 4 experts, top-2 (runtime/parallel/expert/moe.py), every block MoE unless a row says."""
 MOE_LAYOUTS = {
     # experts replicated (ep = 1): every layout routes each token as one rank does
     "dp2": dict(dp=2),

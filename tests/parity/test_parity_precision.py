@@ -1,7 +1,7 @@
 """Layouts under low precision train like one rank built the same way.
 
-bf16 (bf16 parameters with fp32 master weights, runtime/master.py) and fp16 (the
-same, with dynamic loss scaling, runtime/loss_scale.py): each layout's trainer against the single-rank build
+bf16 (bf16 parameters with fp32 master weights, runtime/optimizers/master.py) and fp16 (the
+same, with dynamic loss scaling, runtime/optimizers/loss_scale.py): each layout's trainer against the single-rank build
 of the same precision, every step's loss and the first step's gradient norm within
 1e-3 relative. Not 1e-5 as in fp32 (test_parity.py): a tp shard's matmul, a dp
 rank's half batch or a pipeline stage's micro-batch rounds its bf16/fp16 products
@@ -25,7 +25,7 @@ LAYOUTS = {
     "dp2-zero1": dict(dp=2, parallel__zero=1),
     "dp2-zero3": dict(dp=2, parallel__zero=3),
     "pp2": dict(pp=2),
-    # train.grad_reduce = bf16: the dp buckets summed in bf16 (runtime/dp.py's reduce_dtype)
+    # train.grad_reduce = bf16: the dp buckets summed in bf16 (runtime/parallel/data/dp.py's reduce_dtype)
     "dp2-grad-reduce-bf16": dict(dp=2, train__grad_reduce="bf16"),
     "dp4-grad-reduce-bf16": dict(dp=4, train__grad_reduce="bf16"),
 }

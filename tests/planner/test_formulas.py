@@ -13,8 +13,8 @@ from parc.codegen.planner.cost.memory import (
     model_state_bytes,
 )
 from parc.dsl import load_text
-from parc.runtime.memory import SavedActivations, param_bytes
-from parc.runtime.model import ModelConfig, build_model
+from parc.runtime.train.memory import SavedActivations, param_bytes
+from parc.runtime.models.model import ModelConfig, build_model
 
 
 @pytest.mark.parametrize("zero,gigabytes", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
@@ -137,7 +137,7 @@ def test_parameter_count_is_the_runtime_model(arch):
 @pytest.mark.parametrize("arch", ["gpt", "llama"])
 def test_model_flops_are_the_trainers(arch):
     from parc.codegen.planner.cost.time import model_flops_per_token
-    from parc.runtime.metrics import flops_per_token
+    from parc.runtime.train.metrics import flops_per_token
 
     spec, _, model, _ = _one_rank(arch, "none", "eager", layers=2)
     m = spec.model
@@ -150,10 +150,10 @@ def test_model_flops_are_the_trainers(arch):
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_fp32_gradient_sums_by_zero_stage(zero):
-    """runtime/master.py, Note [fp32 accumulation], with bf16 parameters and 2 micro-batches
+    """runtime/optimizers/master.py, Note [fp32 accumulation], with bf16 parameters and 2 micro-batches
     against 1: zero 0/1 hand the fp32 sums over as the gradients (4 bytes an element, no
     sums beside them); zero 2 keeps them beside its buckets (4 bytes in buffers); zero 3
-    reduce-scatters every pass into its fp32 shards (runtime/fsdp.py, Note [gradients of
+    reduce-scatters every pass into its fp32 shards (runtime/parallel/data/fsdp.py, Note [gradients of
     a unit]): neither."""
     from parc.codegen.planner.cost.memory import memory
     from parc.codegen.planner.search import fixed_layout

@@ -1,5 +1,5 @@
 """Predicted bytes against a real trainer's: ``parc build`` + torchrun on CPU gloo, the
-metrics JSONL's ``memory_per_rank`` (runtime/memory.py's definitions).
+metrics JSONL's ``memory_per_rank`` (runtime/train/memory.py's definitions).
 
 Parameters, gradients and optimizer state must be equal to the byte; the peak of saved
 activations within 10%, on every rank. Four 4-rank runs (one step each) cover dp 2
@@ -29,10 +29,10 @@ CASES = {
     "llama dp2·pp2 zero0 selective": ("llama.par", dict(dp=2, pp=2, zero=0, recompute="selective")),
     # zero_bubble keeps a micro-batch's graph from F to W: min(pp, M) in flight on every rank
     "gpt dp2·pp2 zero_bubble": ("gpt.par", dict(dp=2, pp=2, zero=0, schedule="zero_bubble")),
-    # ZeRO-3: shards padded per unit (runtime/fsdp.py); gathered parameters are not activations
+    # ZeRO-3: shards padded per unit (runtime/parallel/data/fsdp.py); gathered parameters are not activations
     "gpt dp4 zero3": ("gpt.par", dict(dp=4, zero=3)),
     "llama dp2·pp2 zero3": ("llama.par", dict(dp=2, pp=2, zero=3)),
-    # bf16 parameters with fp32 masters (runtime/master.py): 2-byte activations, no weight copies
+    # bf16 parameters with fp32 masters (runtime/optimizers/master.py): 2-byte activations, no weight copies
     "gpt dp2 bf16": ("gpt.par", dict(dp=2, precision="bf16")),
     # low precision with sharded optimizers: fp32 master slices and shards
     "gpt dp2 zero3 bf16": ("gpt.par", dict(dp=2, zero=3, precision="bf16")),
@@ -40,12 +40,12 @@ CASES = {
     # fp16 the same (the loss scale costs no bytes)
     "gpt dp2 fp16": ("gpt.par", dict(dp=2, precision="fp16")),
     # mixture of experts (cost/experts.py): routed rows' activations; experts split over ep,
-    # sharded over edp under ZeRO (runtime/zero.py, Note [experts under ZeRO])
+    # sharded over edp under ZeRO (runtime/parallel/data/zero.py, Note [experts under ZeRO])
     "llama moe dp2 ep2 zero1": ("llama.par", dict(dp=2, ep=2, zero=1, experts=4)),
     # ep4 on dp4: one ep group holds every token, so the step's expert_tokens give each rank's share
     "llama moe dp4 ep4 zero2": ("llama.par", dict(dp=4, ep=4, zero=2, experts=4)),
     "llama moe dp2 zero0 every2 shared1": ("llama.par", dict(dp=2, experts=4, moe_every=2, shared_experts=1)),
-    # ZeRO-3 with ep: the experts' units sharded over edp (runtime/fsdp.py, Note [experts as units])
+    # ZeRO-3 with ep: the experts' units sharded over edp (runtime/parallel/data/fsdp.py, Note [experts as units])
     "llama moe dp4 ep2 zero3": ("llama.par", dict(dp=4, ep=2, zero=3, experts=4)),
     # etp: each rank 1/etp of its experts' ffn, running its etp group's rows (Note [expert tensor parallelism])
     "llama moe dp2·tp2 ep2 etp2": ("llama.par", dict(dp=2, tp=2, ep=2, etp=2, experts=4)),
@@ -109,7 +109,7 @@ def test_predicted_bytes_equal_measured(case, trainers):
     ranks = records[-1]["memory_per_rank"]
     assert len(ranks) == layout.dp * layout.tp * layout.pp
     for rank, row in enumerate(ranks):
-        pipeline_rank = rank // (layout.dp * layout.tp)  # mesh order pp, dp, tp (runtime/axes.py)
+        pipeline_rank = rank // (layout.dp * layout.tp)  # mesh order pp, dp, tp (runtime/layout/axes.py)
         want = predicted[pipeline_rank]
         if layout.ep > 1:  # this rank's experts' share of the routed tokens: the planner's imbalance
             ep_rank = rank % (layout.dp * layout.tp) // layout.etp % layout.ep  # mesh.py's Note [parallel folding]

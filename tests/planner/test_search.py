@@ -20,8 +20,8 @@ from parc.codegen.planner.why import why
 from parc.codegen.planner.search import EXACT_TOP, TIE_TOLERANCE, candidates, rank, search, tie_memory_unit, tie_rule
 from parc.dsl import load
 from parc.dsl.diagnostics import Diagnostics
-from parc.runtime.schedule import build_schedule
-from parc.runtime.schedule_sim import simulate
+from parc.runtime.schedules.schedule import build_schedule
+from parc.runtime.schedules.schedule_sim import simulate
 
 # a copy of ../shared/reference/megatron_sc21_calibration.json (Megatron-LM SC21, Table 1),
 # kept in the repository so the test does not depend on what lies beside the clone
@@ -273,7 +273,7 @@ def test_megatron_rows_within_ten_percent():
 
 
 def test_zero3_is_built_and_zero3_with_overlap_predicted_but_never_the_winner():
-    spec = load("examples/gpt3-175b.par", ["parallel.zero=3"])  # runtime/fsdp.py builds it
+    spec = load("examples/gpt3-175b.par", ["parallel.zero=3"])  # runtime/parallel/data/fsdp.py builds it
     result = search(spec, hardware_for(spec))
     assert result.winner is not None and result.winner.layout.zero == 3
     unbuilt = ["parallel.zero=3", "parallel.overlap=sub_batch(2)", "train.micro_batch=2"]
@@ -297,7 +297,7 @@ def test_memory_prunes_and_accounting_differs():
     layout = only[0]
     parc = estimate(spec, layout, hw, Accounting.PARC).memory
     megatron = estimate(spec, layout, hw, Accounting.MEGATRON).memory
-    # bf16 parameters with fp32 masters in both (runtime/master.py): 2 + 2 + 12 bytes an element,
+    # bf16 parameters with fp32 masters in both (runtime/optimizers/master.py): 2 + 2 + 12 bytes an element,
     # plus torch's 4-byte AdamW step per tensor in parc's; activations counted differently. With
     # several micro-batches parc hands the step's fp32 gradient sums to the reducers (Note [fp32
     # accumulation]): 4-byte gradients, as Megatron-LM's own main_grad, not the paper's 2
@@ -309,8 +309,8 @@ def test_memory_prunes_and_accounting_differs():
 def test_no_layout_rule_reads_two_leaf_settings():
     """layouts._leaves filters ZeRO, sp and each per-layer setting one at a time: sound
     only while no layout rule reads two of them together."""
-    from parc.runtime.layouts import LEAF_NAMES
-    from parc.runtime.constraints import LAYOUT, RULES
+    from parc.runtime.layout.layouts import LEAF_NAMES
+    from parc.runtime.layout.constraints import LAYOUT, RULES
 
     for rule in RULES:
         if rule.kind == LAYOUT:

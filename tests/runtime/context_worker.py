@@ -29,7 +29,9 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).parent))
 from runtime_loop import CONFIGS  # noqa: E402
 
-from parc.runtime import data, mesh, model  # noqa: E402
+from parc.runtime.train import data  # noqa: E402
+from parc.runtime.distributed import mesh  # noqa: E402
+from parc.runtime.models import model  # noqa: E402
 
 B = 2
 
@@ -101,4 +103,4 @@ def main(out_dir: Path, kinds: tuple[str, ...]) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), tuple(sys.argv[2].split(",")) if len(sys.argv) > 2 else ("ring", "ulysses", "allgather"))
-    mesh.shutdown()  # after main's objects are gone (Note in runtime/mesh.py)
+    mesh.shutdown()  # after main's objects are gone (Note in runtime/distributed/mesh.py)

@@ -17,8 +17,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from parc.runtime import dp, mesh, pipeline
-from parc.runtime.traffic import comm_bytes
+from parc.runtime.parallel.data import dp
+from parc.runtime.distributed import mesh
+from parc.runtime.parallel.pipeline import pipeline
+from parc.runtime.distributed.traffic import comm_bytes
 
 VOCAB, HIDDEN, OWN = 12, 8, 5
 WORLD = 4

@@ -35,9 +35,10 @@ from torch.utils._pytree import tree_flatten
 from parc.codegen.lower import lower
 from parc.codegen.render import render
 from parc.dsl import load
-from parc.runtime import fsdp, model
-from parc.runtime.model_desc import ModelConfig
-from parc.runtime.param_init import init_values
+from parc.runtime.parallel.data import fsdp
+from parc.runtime.models import model
+from parc.runtime.layout.model_desc import ModelConfig
+from parc.runtime.models.param_init import init_values
 
 ROOT = Path(__file__).resolve().parents[2]
 

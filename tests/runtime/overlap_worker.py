@@ -23,7 +23,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from runtime_loop import CONFIGS, tp_plan  # noqa: E402
 
-from parc.runtime import comm, data, dp, hetero, mesh, model  # noqa: E402
+from parc.runtime.distributed import comm, mesh  # noqa: E402
+from parc.runtime.train import data  # noqa: E402
+from parc.runtime.parallel.data import dp, hetero  # noqa: E402
+from parc.runtime.models import model  # noqa: E402
 
 MICRO_BATCH = 4
 
@@ -97,7 +100,7 @@ def check_schedule(group, arch, sp):
             events.append(("wait", launches[id(pending)]))
         return original_wait(pending)
 
-    from parc.runtime import overlap
+    from parc.runtime.parallel.tensor import overlap
     try:
         for name in originals:
             setattr(overlap, name, recording(name))
@@ -129,7 +132,7 @@ def check_hetero(dist_info, arch, sp):
     runs, groups = [], []
     original = comm.launch_all_reduce if not sp else comm.launch_reduce_scatter
     name = "launch_all_reduce" if not sp else "launch_reduce_scatter"
-    from parc.runtime import overlap
+    from parc.runtime.parallel.tensor import overlap
 
     def recording(tensor, group, *args, **kwargs):
         groups.append(group)
@@ -213,4 +216,4 @@ def main(out_dir: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
-    mesh.shutdown()  # after main's objects are gone (Note in runtime/mesh.py)
+    mesh.shutdown()  # after main's objects are gone (Note in runtime/distributed/mesh.py)

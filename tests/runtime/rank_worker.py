@@ -26,7 +26,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from embedding_sync_check import check_embedding_sync  # noqa: E402
 from runtime_loop import LAYOUTS, train  # noqa: E402
 
-from parc.runtime import comm, layers, mesh, model  # noqa: E402
+from parc.runtime.distributed import comm, mesh  # noqa: E402
+from parc.runtime.parallel.tensor import layers  # noqa: E402
+from parc.runtime.models import model  # noqa: E402
 
 B, T, IN, OUT, VOCAB, PADDED = 2, 8, 12, 16, 13, 16
 
@@ -195,4 +197,4 @@ def main(out_dir: Path, layouts: list[str]) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), sys.argv[2:])
-    mesh.shutdown()  # after main's objects are gone (Note in runtime/mesh.py)
+    mesh.shutdown()  # after main's objects are gone (Note in runtime/distributed/mesh.py)

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from parc.runtime import data, dp, mesh, model, optim
+from parc.runtime.train import data
+from parc.runtime.parallel.data import dp
+from parc.runtime.distributed import mesh
+from parc.runtime.models import model
+from parc.runtime.optimizers import optim
 
 TINY = dict(layers=2, hidden=64, ffn=128, vocab=250, padded_vocab=256, seq_len=32)
 CONFIGS = {

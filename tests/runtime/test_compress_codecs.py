@@ -1,4 +1,4 @@
-"""The compression codecs alone (runtime/compress.py, compress_pp.py): what they send and
+"""The compression codecs alone (runtime/parallel/data/compress.py, compress_pp.py): what they send and
 what error feedback restores. The trainers' convergence is tests/parity/test_compress.py."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parc.runtime import compress
-from parc.runtime.compress import powersgd_pays
-from parc.runtime.compress_pp import LowRankBackprop
+from parc.runtime.parallel.data import compress
+from parc.runtime.parallel.data.compress import powersgd_pays
+from parc.runtime.parallel.pipeline.compress_pp import LowRankBackprop
 
 SHAPE = (2, 8, 16)  # (micro_batch, tokens, hidden): a 16 × 16 matrix
 
@@ -119,3 +119,46 @@ def test_lazy_error_is_kept_unscaled_and_overflow_leaves_the_codec():
         want = plain.decode(plain.encode(1, grad))
         got = scaled.decode(scaled.encode(1, grad * scale, scale=scale)) / scale
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+class _Recorded(_TwoIdenticalRanks):
+    """Two identical ranks, noting the dtype of every tensor that goes on the wire."""
+
+    sent: list = []
+
+    @classmethod
+    def all_reduce(cls, tensor, group=None):
+        cls.sent.append(tensor.dtype)
+        tensor.mul_(2)
+
+    @classmethod
+    def all_gather(cls, parts, mine, group=None):
+        cls.sent.append(mine.dtype)
+        for part in parts:
+            part.copy_(mine)
+
+
+@pytest.mark.parametrize("kind", ["powersgd", "topk"])
+def test_bf16_reduction_sends_bf16_and_keeps_fp32_gradients(kind, monkeypatch):
+    """``reduce_dtype`` (train.grad_reduce = bf16, Note [bf16 on the wire]): every float on the
+    wire is bf16, the gradients and the error feedback stay fp32, the mean is the fp32 run's
+    to bf16's rounding, and an fp16 overflow still skips the step."""
+    monkeypatch.setattr(compress, "dist", _Recorded)
+    plain, low = _model(), _model()
+    plain_reducer, low_reducer = _compressor(kind, plain), _compressor(kind, low)
+    low_reducer.reduce_dtype = torch.bfloat16
+    for step in (1, 2):
+        _grads(plain, step, 1.0)
+        plain_reducer.finish()
+        _grads(low, step, 1.0)
+        _Recorded.sent = []
+        low_reducer.finish()
+        assert {d for d in _Recorded.sent if d.is_floating_point} == {torch.bfloat16}, _Recorded.sent
+        for p, q in zip(plain.parameters(), low.parameters()):
+            assert q.grad.dtype == torch.float32
+            torch.testing.assert_close(q.grad, p.grad, rtol=2**-7, atol=2**-7 * float(p.grad.abs().max()))
+    error = low_reducer.error if kind == "topk" else low_reducer.error[0]
+    assert error.dtype == torch.float32
+    _grads(low, 3, 2.0**10, overflow=True)
+    low_reducer.finish(2.0**10)
+    assert all(torch.isinf(p.grad).all() for p in low.parameters())

@@ -1,4 +1,4 @@
-"""Context-parallel attention (runtime/context.py) on 2 and 4 CPU gloo ranks (context_worker.py).
+"""Context-parallel attention (runtime/parallel/context/context.py) on 2 and 4 CPU gloo ranks (context_worker.py).
 
 Ring, Ulysses and allgather attention on each rank's T/cp tokens equal full causal
 attention's rows of that rank, forward and backward (float64); the whole GPT and

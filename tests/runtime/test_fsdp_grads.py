@@ -1,4 +1,4 @@
-"""ZeRO-3's gradients (runtime/fsdp.py, Note [gradients of a unit]) on one process: every
+"""ZeRO-3's gradients (runtime/parallel/data/fsdp.py, Note [gradients of a unit]) on one process: every
 micro-batch's backward leaves no whole gradient behind, only the fp32 sharded accumulator,
 and the step's gradient is autograd's accumulation of the same micro-batches."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from parc.runtime import fsdp, model
+from parc.runtime.parallel.data import fsdp
+from parc.runtime.models import model
 
 HYPER = dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
 

@@ -1,4 +1,4 @@
-"""fp16's dynamic loss scaling (runtime/loss_scale.py, Note [dynamic loss scaling]).
+"""fp16's dynamic loss scaling (runtime/optimizers/loss_scale.py, Note [dynamic loss scaling]).
 
 - The policy: a finite step keeps the scale until ``growth_interval`` of them in a row
   double it; an overflow (non-finite norm) skips the step and halves it.
@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
-from parc.runtime import optim
-from parc.runtime.loss_scale import DynamicLossScale
+from parc.runtime.optimizers import optim
+from parc.runtime.optimizers.loss_scale import DynamicLossScale
 
 
 def test_grow_after_interval_and_backoff_on_overflow(capsys):

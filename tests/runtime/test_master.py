@@ -1,11 +1,13 @@
-"""runtime/master.py on one process: bf16/fp16 compute weights with fp32 masters."""
+"""runtime/optimizers/master.py on one process: bf16/fp16 compute weights with fp32 masters."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from parc.runtime import dp, master, model, optim
+from parc.runtime.parallel.data import dp
+from parc.runtime.optimizers import master, optim
+from parc.runtime.models import model
 
 
 def _tiny(arch="gpt"):
@@ -128,7 +130,7 @@ def test_sharded_optimizers_accumulate_in_fp32(zero_stage):
     over) and 3 (fsdp.FullyShardedAdamW: each pass reduce-scattered into fp32 shards), one
     rank: the fp32 gradient each keeps after 4 bf16 micro-batches is the exact sum of
     their gradients to fp32's rounding (under 1e-6 relative overall), not bf16's."""
-    from parc.runtime import fsdp, zero
+    from parc.runtime.parallel.data import fsdp, zero
 
     micro_batches, hyper = 4, dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
     alone = _tiny("llama")  # the terms, each backward on its own

@@ -1,4 +1,4 @@
-"""runtime/moe.py on one rank: routing, the grouped experts, the aux losses, the counts.
+"""runtime/parallel/expert/moe.py on one rank: routing, the grouped experts, the aux losses, the counts.
 
 Each against a plain reference written token by token here (Note [deterministic
 dropless routing]), so the vectorized permutation cannot drift from its meaning.
@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parc.runtime import moe
-from parc.runtime.model import Transformer
-from parc.runtime.model_desc import ModelConfig, describe
-from parc.runtime.param_init import initialize
+from parc.runtime.parallel.expert import moe
+from parc.runtime.models.model import Transformer
+from parc.runtime.layout.model_desc import ModelConfig, describe
+from parc.runtime.models.param_init import initialize
 
 
 def config(**moe_keys) -> ModelConfig:

@@ -1,11 +1,11 @@
-"""Pre-posted receives (runtime/p2p.py): the executor's steps keep every wait where the
+"""Pre-posted receives (runtime/parallel/pipeline/p2p.py): the executor's steps keep every wait where the
 schedule put its receive, post each receive at most LOOKAHEAD computes earlier, and
 carry every message exactly once."""
 
 import pytest
 
-from parc.runtime.p2p import LOOKAHEAD, p2p_steps
-from parc.runtime.schedule import COMPUTE, RECVS, SENDS, build_schedule, describe
+from parc.runtime.parallel.pipeline.p2p import LOOKAHEAD, p2p_steps
+from parc.runtime.schedules.schedule import COMPUTE, RECVS, SENDS, build_schedule, describe
 
 CASES = [("gpipe", 3, 5, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zero_bubble", 4, 8, 1),
          ("zero_bubble_v", 4, 8, 2),

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from parc.runtime import param_init
-from parc.runtime.param_init import fill_, full_init, init_values
+from parc.runtime.models import param_init
+from parc.runtime.models.param_init import fill_, full_init, init_values
 
 Q = "layers.0.attn.q_proj.weight"
 
@@ -59,7 +59,7 @@ def test_generated_on_the_device_equals_the_cpu_init(arch):
     """model.build_model(init_on_device=True): built on the meta device, each parameter
     allocated and generated on the device (param_init.materialize_on; on CUDA the default,
     here forced on the CPU) — the same numbers as the in-place CPU init, bit for bit, ties kept."""
-    from parc.runtime import model
+    from parc.runtime.models import model
 
     config = model.ModelConfig(
         arch=arch, layers=2, hidden=32, heads=4, kv_heads=4 if arch == "gpt" else 2, ffn=64, vocab=128,

@@ -2,14 +2,14 @@
 directions. Valid lists over even stages 2-8 and micro-batches 1-16 (each micro-batch
 through one pipeline only), the in-flight bound reached and never exceeded, and a
 bubble equal to the paper's formula with F = B, and to (p-2)·B with B > F
-(runtime/schedule_chimera.py, Note [Chimera's bubble])."""
+(runtime/schedules/schedule_chimera.py, Note [Chimera's bubble])."""
 
 import pytest
 
-from parc.runtime.placement import Placement
-from parc.runtime.schedule import Op, build_schedule, in_flight_bound
-from parc.runtime.schedule_chimera import chimera_idle
-from parc.runtime.schedule_sim import check_schedule, describe_rank, max_in_flight, simulate
+from parc.runtime.layout.placement import Placement
+from parc.runtime.schedules.schedule import Op, build_schedule, in_flight_bound
+from parc.runtime.schedules.schedule_chimera import chimera_idle
+from parc.runtime.schedules.schedule_sim import check_schedule, describe_rank, max_in_flight, simulate
 
 SIZES = [(stages, micro_batches) for stages in (2, 4, 6, 8) for micro_batches in range(1, 17)]
 

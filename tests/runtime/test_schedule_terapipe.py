@@ -1,13 +1,13 @@
 """terapipe (Li et al., ICML 2021): 1F1B over the token slices of every micro-batch
-(runtime/schedule_terapipe.py). Valid lists over stages 2-8, micro-batches 1-16 and
+(runtime/schedules/schedule_terapipe.py). Valid lists over stages 2-8, micro-batches 1-16 and
 slices 2 and 4 (forwards in slice order, backwards in reverse), the in-flight bound reached
 and never exceeded, and the simulated idle time equal to the closed form (p-1)(F+B)/S."""
 
 import pytest
 
-from parc.runtime.schedule import Op, build_schedule, in_flight_bound
-from parc.runtime.schedule_sim import check_schedule, describe_rank, max_in_flight, simulate
-from parc.runtime.schedule_terapipe import slice_scale, terapipe_idle
+from parc.runtime.schedules.schedule import Op, build_schedule, in_flight_bound
+from parc.runtime.schedules.schedule_sim import check_schedule, describe_rank, max_in_flight, simulate
+from parc.runtime.schedules.schedule_terapipe import slice_scale, terapipe_idle
 
 SIZES = [(p, m, s) for p in range(2, 9) for m in range(1, 17) for s in (2, 4)]
 

@@ -3,8 +3,8 @@
 
 import pytest
 
-from parc.runtime.schedule import Op, build_schedule, in_flight_bound
-from parc.runtime.schedule_sim import check_schedule, max_in_flight, simulate
+from parc.runtime.schedules.schedule import Op, build_schedule, in_flight_bound
+from parc.runtime.schedules.schedule_sim import check_schedule, max_in_flight, simulate
 
 SIZES = [(stages, micro_batches) for stages in range(2, 9) for micro_batches in range(1, 17)]
 
@@ -52,7 +52,7 @@ def test_b_and_w_take_their_own_times():
 
 def test_rank_lists():
     schedule = build_schedule("zero_bubble", stages=2, micro_batches=4)
-    from parc.runtime.schedule_sim import describe_rank
+    from parc.runtime.schedules.schedule_sim import describe_rank
 
     assert describe_rank(schedule[0]) == (
         "F0 sa0>1 F1 sa1>1 rg0<1 B0 W0 F2 sa2>1 rg1<1 B1 W1 F3 sa3>1 rg2<1 B2 W2 rg3<1 B3 W3")

@@ -4,10 +4,10 @@ reached and never exceeded, and a bubble below ZB-H1's at the same memory."""
 
 import pytest
 
-from parc.runtime.placement import Placement, placement_for
-from parc.runtime.schedule_zbv import zero_bubble_v_bound, zero_bubble_v_orders
-from parc.runtime.schedule import Op, build_schedule, in_flight_bound
-from parc.runtime.schedule_sim import check_schedule, describe_rank, max_in_flight, simulate
+from parc.runtime.layout.placement import Placement, placement_for
+from parc.runtime.schedules.schedule_zbv import zero_bubble_v_bound, zero_bubble_v_orders
+from parc.runtime.schedules.schedule import Op, build_schedule, in_flight_bound
+from parc.runtime.schedules.schedule_sim import check_schedule, describe_rank, max_in_flight, simulate
 
 SIZES = [(stages, micro_batches) for stages in range(2, 9) for micro_batches in range(1, 17)]
 

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from parc.runtime.schedule import (
+from parc.runtime.schedules.schedule import (
     Action,
     Op,
     build_schedule,
@@ -15,7 +15,7 @@ from parc.runtime.schedule import (
     message_key,
     virtual_stage,
 )
-from parc.runtime.schedule_sim import (
+from parc.runtime.schedules.schedule_sim import (
     Deadlock,
     bubble_fraction,
     check_schedule,

@@ -1,10 +1,10 @@
-"""B then W (runtime/split_backward.py) gives exactly the gradients of one backward;
+"""B then W (runtime/parallel/pipeline/split_backward.py) gives exactly the gradients of one backward;
 B touches no parameter's gradient, W fires the post-accumulate hooks dp relies on."""
 
 import pytest
 import torch
 
-from parc.runtime.split_backward import backward_input, backward_weight
+from parc.runtime.parallel.pipeline.split_backward import backward_input, backward_weight
 
 
 class Block(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""TeraPipe in the model (runtime/terapipe.py): a whole model run as one stage through
+"""TeraPipe in the model (runtime/parallel/pipeline/terapipe.py): a whole model run as one stage through
 the executor in token slices (even and uneven) gives the loss and every gradient of the
 unsliced forward and backward, in float64, for GPT (learned positions) and Llama
 (rotary, grouped-query heads); and the slice lengths' checks."""
@@ -12,10 +12,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from runtime_loop import CONFIGS  # noqa: E402
 
-from parc.runtime import model  # noqa: E402
-from parc.runtime.pipeline import PipelineExecutor  # noqa: E402
-from parc.runtime.schedule import build_schedule  # noqa: E402
-from parc.runtime.terapipe import slice_lengths  # noqa: E402
+from parc.runtime.models import model  # noqa: E402
+from parc.runtime.parallel.pipeline.pipeline import PipelineExecutor  # noqa: E402
+from parc.runtime.schedules.schedule import build_schedule  # noqa: E402
+from parc.runtime.parallel.pipeline.terapipe import slice_lengths  # noqa: E402
 
 MICRO, B = 2, 2
 

@@ -7,10 +7,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parc.runtime import axes as mesh_axes
-from parc.runtime import data, dp, mesh, metrics, model, optim, tp_plan
-from parc.runtime.layers import vocab_parallel_cross_entropy
-from parc.runtime.param_init import full_init
+from parc.runtime.layout import axes as mesh_axes
+from parc.runtime.train import data, metrics
+from parc.runtime.parallel.data import dp
+from parc.runtime.distributed import mesh
+from parc.runtime.models import model
+from parc.runtime.optimizers import optim
+from parc.runtime.parallel.tensor import tp_plan
+from parc.runtime.parallel.tensor.layers import vocab_parallel_cross_entropy
+from parc.runtime.models.param_init import full_init
 
 GPT = model.ModelConfig(arch="gpt", layers=2, hidden=32, heads=4, kv_heads=4, ffn=64, vocab=60,
                         padded_vocab=64, seq_len=8)

@@ -1,4 +1,4 @@
-"""ZeRO (runtime/zero.py): the optimizer state is really sharded, and the steps match AdamW.
+"""ZeRO (runtime/parallel/data/zero.py): the optimizer state is really sharded, and the steps match AdamW.
 
 Two gloo ranks (spawned here) split a batch, step ``ShardedAdamW`` and compare every
 parameter with one process running ``torch.optim.AdamW`` (``optim.build_optimizer``)
@@ -14,7 +14,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from parc.runtime import data, model, optim, zero
+from parc.runtime.train import data
+from parc.runtime.models import model
+from parc.runtime.optimizers import optim
+from parc.runtime.parallel.data import zero
 
 CONFIG = model.ModelConfig(arch="llama", layers=1, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=61,
                            padded_vocab=64, seq_len=8)

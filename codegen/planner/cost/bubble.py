@@ -4,8 +4,8 @@ Takes: the schedule (kind, stages, micro-batches, chunks) and the time of one
 forward and one backward of a chunk and of one stage-to-stage message. Gives:
 ``makespan(..., exact=)``. Before: ``cost/time.py``. After: nothing.
 
-Note [fast and exact bubbles]: the exact makespan runs ``runtime/schedule.py``'s
-``build_schedule`` through ``runtime/schedule_sim.py``'s ``simulate`` — the very
+Note [fast and exact bubbles]: the exact makespan runs ``runtime/schedules/schedule.py``'s
+``build_schedule`` through ``runtime/schedules/schedule_sim.py``'s ``simulate`` — the very
 action lists the trainer executes — memoized by (kind, stages, micro-batches, chunks,
 B/F, comm/F), since the timeline scales with F. That costs milliseconds, too slow for
 the thousands of layouts the search scores, so the search scores with the closed
@@ -33,16 +33,16 @@ at 2p, 3p and 4p micro-batches and, when those three points lie on one line, ext
 along it (tests/planner compares that with the full simulation); otherwise the full
 schedule is simulated. The lists of one (kind, p, M, chunks) are built once and simulated
 with each layout's times (``_schedule``), and ZB-V's greedy keeps its inputs in ready
-queues (runtime/schedule_zbv.py, Note [ZB-V ready queues]).
+queues (runtime/schedules/schedule_zbv.py, Note [ZB-V ready queues]).
 """
 
 from __future__ import annotations
 
 import functools
 
-from parc.runtime.schedule import SLICED, SPLIT_BACKWARD, build_schedule
-from parc.runtime.schedule_chimera import chimera_idle
-from parc.runtime.schedule_sim import simulate, weight_share
+from parc.runtime.schedules.schedule import SLICED, SPLIT_BACKWARD, build_schedule
+from parc.runtime.schedules.schedule_chimera import chimera_idle
+from parc.runtime.schedules.schedule_sim import simulate, weight_share
 
 
 def makespan(

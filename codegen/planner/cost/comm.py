@@ -7,7 +7,7 @@ part that does not shrink with the buffer; ``ring_time``: the α–β ring alone
 ``cost/overlap.py`` uses too). Before: ``cost/hardware.py``.
 After: ``cost/time.py``.
 
-Note [link levels]: ranks are numbered as ``runtime/axes.py`` does,
+Note [link levels]: ranks are numbered as ``runtime/layout/axes.py`` does,
 tp innermost, then dp, pp outermost, and node ``rank // devices_per_node``. A group
 of ``size`` ranks ``stride`` apart covers ``size·stride`` consecutive ranks; it stays
 on one node when that span fits in a node, else its ring crosses the network. With

@@ -6,7 +6,7 @@ Gives: ``powersgd_cost``, ``topk_cost`` and ``lowrank_backprop_cost``, seconds o
 and after. Before: ``cost/comm.py``. After: ``cost/time.py`` (the dp term) and
 ``planner/why.py`` (the line saying what compression buys and that numerics change).
 
-Note [powersgd cost]: runtime/compress.py (Note [powersgd]) sends, for each matrix of
+Note [powersgd cost]: runtime/parallel/data/compress.py (Note [powersgd]) sends, for each matrix of
 n × m that gains (r·(n + m) < n·m), P (n × r) and Q (m × r) in two all-reduces, and
 the rest (vectors) whole in a third; fp32. Its compute is two GEMMs per matrix (M·Q,
 Mᵀ·P: 2·n·m·r flops each) and the decompression P·Qᵀ (as many), plus a QR of P
@@ -16,7 +16,7 @@ overlapped with backward: the reduction runs after the last micro-batch (unlike 
 network is slow enough that the bytes saved outweigh that exposed time: typically
 dp spanning nodes over commodity links.
 
-Note [topk cost]: runtime/compress.py (Note [topk]) sends k = ⌈ratio·Ψ⌉ (value fp32,
+Note [topk cost]: runtime/parallel/data/compress.py (Note [topk]) sends k = ⌈ratio·Ψ⌉ (value fp32,
 index int32) pairs of the rank's flat gradient in two all-gathers: each rank receives
 every rank's k pairs, so what moves grows with dp (dp·8k bytes in, against the 2·4Ψ of
 an exact ring all-reduce): top-k gains most over few, slow dp ranks. Its compute is
@@ -24,7 +24,7 @@ memory bound: reading the gradient and the error, the selection over |g + e|, wr
 the error back, the scatter of dp·k entries and the mean into the gradients (about six
 passes over 4Ψ bytes). Exposed, after backward, as PowerSGD's.
 
-Note [compress_pp cost]: runtime/compress_pp.py (Note [compressed backpropagation])
+Note [compress_pp cost]: runtime/parallel/pipeline/compress_pp.py (Note [compressed backpropagation])
 sends a compressing stage's input gradient, M of rows = micro_batch·T (this rank's
 tokens) by cols = hidden, as P (rows × r) and Q (cols × r) in fp32: 4·r·(rows + cols)
 bytes instead of rows·cols elements. Its compute is the sender's M·Q and Mᵀ·P, the
@@ -59,7 +59,7 @@ class CompressionCost:
 
 def powersgd_cost(hw: Hardware, matrices, *, params: int, rank: int, size: int, stride: int) -> CompressionCost:
     """``matrices``: (n, m, how many) of this rank's weight gradients; Note [powersgd cost]."""
-    # runtime/compress.py's powersgd_pays (that module needs torch; the planner does not import it)
+    # runtime/parallel/data/compress.py's powersgd_pays (that module needs torch; the planner does not import it)
     low = [(n, m, count) for n, m, count in matrices if rank * (n + m) < n * m]
     dense = sum(n * m * count for n, m, count in low)
     p_elements = sum(n * rank * count for n, m, count in low)

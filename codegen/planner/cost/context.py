@@ -8,7 +8,7 @@ and memory of a block are those of its ``micro_batch · seq_len / cp`` tokens
 (``Layout.tokens``), so activations fall ∝ 1/cp, and gradients reduce over dp × cp.
 Before: ``cost/layout.py``. After: ``cost/time.py``, ``cost/memory.py``.
 
-Note [cp costs] (runtime/context.py, runtime/ring.py), per block and micro-batch, kv =
+Note [cp costs] (runtime/parallel/context/context.py, runtime/parallel/context/ring.py), per block and micro-batch, kv =
 kv_heads·head_dim / tp (a rank's K or V width; one head when tp > kv_heads), q = heads·
 head_dim / tp, n = T/cp local tokens, e bytes an element:
 - ring: cp − 1 steps each pass a K/V block (2·n·kv·e) to the next rank, posted before
@@ -46,7 +46,7 @@ def cp_comm(spec: Spec, layout: Layout, hw: Hardware, *, size: float, core: floa
         return 0.0, 0.0, 0.0
     q, kv = _widths(spec, layout)
     local = layout.micro_batch * spec.model.seq_len / cp
-    stride = layout.tp  # cp is next to tp in the rank order (runtime/axes.py)
+    stride = layout.tp  # cp is next to tp in the rank order (runtime/layout/axes.py)
     if layout.cp_kind == "ring":
         step = collective_time(hw, "send_recv", 2 * local * kv * size, size=2, stride=stride)
         grad_step = collective_time(hw, "send_recv", 2 * local * kv * (size + 4.0), size=2, stride=stride)

@@ -5,16 +5,19 @@ Takes: a ``Spec`` with experts > 0, a ``Layout`` (its ``ep``) and ``Hardware``. 
 compute does not hide), ``expert_reduce`` (the experts' gradient reduction over edp).
 The rest of a MoE block (attention, router, shared experts: linear modules) is
 ``cost/time.py``'s dense block, and memory is ``cost/memory.py``'s (experts sharded over
-ep by ``rank_params``; the routed rows' activations by ``runtime/saved_elements.py``).
+ep by ``rank_params``; the routed rows' activations by ``runtime/layout/saved_elements.py``).
 Before: ``cost/layout.py``, ``cost/comm.py``. After: ``cost/time.py``.
 
-Note [MoE costs] (runtime/moe.py), per MoE block and micro-batch on one rank of n local
+Note [MoE costs] (runtime/parallel/expert/moe.py), per MoE block and micro-batch on one rank of n local
 tokens, K = top_k, C hidden, F = expert_ffn, ι = ``model.routing_imbalance`` (the busiest
 ep rank's routed rows over the mean, 1.0 when dropless and balanced):
 - rows: the rank dispatches n·K rows, n = micro_batch·seq_len/cp (a cp rank routes its
   own chunk: Note [MoE under context parallelism]), n/tp under ep > 1 with tp (each tp
-  rank sends a share of the replicated tokens, Note [expert dispatch under tp]); its
-  experts receive as many, times ι on the busiest rank, which the others wait for.
+  rank sends a share of the replicated tokens, Note [expert dispatch under tp]) and
+  under sp (each tp rank routes its own sequence shard, Note [MoE under sequence
+  parallelism]; once counted n, tp× too much expert compute and all-to-all); its
+  experts receive as many, times ι on the busiest rank, which the others wait for
+  (tests/planner/test_moe_rows.py checks the count against the runtime's, rank by rank).
 - compute: the grouped GEMM of each projection (3 for llama, 2 for gpt), 2·rows·C·F FLOPs
   each, at the matmul rate of the per-expert row count (Note [size-dependent efficiency])
   times ``GROUPED_GEMM_EFFICIENCY``; the activation and the permutations (gather,
@@ -37,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parc.dsl.spec import Arch, Spec
-from parc.runtime.model_desc import LINEAR
+from parc.runtime.layout.model_desc import LINEAR
 
 from ...model_config import model_desc
 from .comm import collective_time
@@ -76,8 +79,12 @@ def routed_rows(spec: Spec, layout: Layout, tokens: float) -> float:
     """Rows this rank dispatches (and its experts receive over ep) per MoE block and
     micro-batch (Note [MoE costs]); under etp its experts run etp times as many."""
     m = spec.model
-    shares = layout.expert_folds > 1 and not layout.sp  # under sp each tp rank has its own tokens
-    dispatched = tokens / layout.tp if shares else tokens
+    # ``tokens``: the micro-batch's on this rank before tp (micro_batch · seq_len / cp). A tp
+    # rank routes 1/tp of them under sp (its sequence shard, Note [MoE under sequence
+    # parallelism]) and under ep·etp > 1 (its share, Note [expert dispatch under tp]);
+    # only replicated experts without sp see every token on every tp rank.
+    own = layout.sp or layout.expert_folds > 1
+    dispatched = tokens / layout.tp if own else tokens
     return dispatched * m.top_k * m.routing_imbalance
 
 

@@ -36,6 +36,27 @@ ZERO3_NETWORK = {"zero3_network": 0.77, "zero3_overlap": 0.60}
 per-unit collectives reach across nodes, and the share of a block's compute that runs at
 full speed under them; fitted on the published ZeRO-3 rows of 175B
 (``bench/planner_calibration.py --zero3``; the 530B rows held out)."""
+ATTENTION_EFFICIENCY = {
+    "a100-40gb": (0.65, 0.55),
+    "a100-80gb": (0.65, 0.55),
+    "rtx3090": (0.65, 0.55),
+    "h100-80gb": (0.35, 0.30),
+    "h200": (0.35, 0.30),
+}
+"""Note [flash attention's rate]: (forward, backward) FLOP/s of the causal attention core
+over the device's peak, for parc's trainer on a GPU preset (``F.scaled_dot_product_attention``,
+whose CUDA flash backend is FlashAttention-2). Sources, read from memory of the papers'
+figures (causal, head dim 128, 8K–16K tokens), rounded: Dao, "FlashAttention-2"
+(2023), A100: forward ≈ 200, backward ≈ 170 of 312 TFLOP/s; Shah et al.,
+"FlashAttention-3" (2024), H100: FlashAttention-2 reaches ≈ 35% of the bf16 peak forward
+and less backward (≈ 300 of 989 TFLOP/s), where FlashAttention-3 reaches ≈ 75% forward.
+Not fitted to any published training run (bench/planner_published.py holds those out).
+Before, the core was priced as two GEMMs at the GEMM ramp of its head dim (≈ 65% of peak
+for D = 128) with a backward of twice its forward: at 128K tokens, where the attention
+square is most of the work, ~45% too fast."""
+ATTENTION_BACKWARD_FLOPS = 2.5
+"""Flash attention's backward over its forward in FLOPs: it recomputes S = QKᵀ and runs
+dV, dP, dQ, dK, five products where forward runs two (Dao 2023, Algorithm 2)."""
 GPU_OP_OVERHEAD = 4e-6
 """Seconds per kernel launch (CUDA launch latency, a few µs)."""
 HBM_BANDWIDTH = {
@@ -108,6 +129,18 @@ class Hardware:
     elementwise: tuple[tuple[str, float], ...] = ()
     """Measured seconds per element, forward and backward, keyed ``mode.op`` (``eager.gelu``,
     ``compiled.layer_norm``, ...); empty: elementwise work streams at the memory bandwidth."""
+    attention: tuple[float, float] | None = None
+    """Note [flash attention's rate]: (forward, backward) fraction of ``peak_flops`` the
+    causal attention core reaches; None (a profiled or unknown device): two GEMMs at
+    ``matmul_flops`` of the head dim, backward twice the forward."""
+
+    def attention_time(self, flops: float) -> tuple[float, float]:
+        """(forward, backward) seconds of an attention core of ``flops`` forward FLOPs."""
+        if self.attention is None:
+            return 0.0, 0.0
+        forward, backward = self.attention
+        return (flops / (self.peak_flops * forward),
+                ATTENTION_BACKWARD_FLOPS * flops / (self.peak_flops * backward))
 
     def elementwise_cost(self, mode: str, op: str) -> float | None:
         for key, value in self.elementwise:
@@ -166,6 +199,7 @@ def from_mesh(mesh: MeshSpec) -> Hardware:
         intra=Link(bandwidth=mesh.intra_node, latency=mesh.intra_node_latency),
         inter=Link(bandwidth=mesh.inter_node, latency=mesh.inter_node_latency),
         op_overhead=GPU_OP_OVERHEAD if mesh.device != "cpu" else 10e-6,
+        attention=ATTENTION_EFFICIENCY.get(mesh.device),
     )
 
 
@@ -238,6 +272,12 @@ def read_profile(path: str) -> dict:
     return data
 
 
+def profile_peak_flops(data: dict) -> float:
+    """A profile's peak FLOP/s: its best measured matmul rate (the planner's ``peak_flops``
+    without ``mesh.device_flops``, and the trainer's MFU denominator then)."""
+    return max(float(row["flops"]) for row in data["matmul"])
+
+
 def from_profile(mesh: MeshSpec, path: str, *, named: str) -> Hardware:
     """Hardware from a ``parc profile`` JSON file (docs/planner.md, "The profile")."""
     data = read_profile(path)
@@ -255,7 +295,7 @@ def from_profile(mesh: MeshSpec, path: str, *, named: str) -> Hardware:
             for name, row in data.get("collectives", {}).items()
         )
     )
-    peak = max(flops for _, flops in table)
+    peak = profile_peak_flops(data)
     memory = mesh.device_memory
     if memory is None and data.get("memory_bytes"):
         memory = float(data["memory_bytes"]) / mesh.devices_per_node

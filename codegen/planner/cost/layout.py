@@ -5,7 +5,7 @@ filled in). Gives: ``Layout``, ``Accounting`` and ``stage_contents`` — per pip
 rank, its layers and whether it holds the embedding, the head (or a tied copy) — and
 ``rank_params`` (elements and tensors of one rank's parameters, exactly as the
 runtime's model builds them): counted by the model description
-(``runtime/model_desc.py``), memoized per (model, tp, pp, chunks, rank).
+(``runtime/layout/model_desc.py``), memoized per (model, tp, pp, chunks, rank).
 
 Note [per-layer costs]: a layout may give each block its own value of each per-layer
 setting (``recompute = [full, none, ...]``; ``layer_settings.SETTINGS``). Memory sums each pipeline rank's own blocks; time
@@ -24,11 +24,11 @@ import math
 from dataclasses import dataclass
 
 from parc.dsl.spec import ModelSpec
-from parc.runtime import layer_settings
-from parc.runtime.constraints import per_layer
-from parc.runtime.layer_settings import SETTINGS
-from parc.runtime.model_desc import NONE, ParamCount
-from parc.runtime.placement import Placement, chunk_stages, placement_for
+from parc.runtime.layout import layer_settings
+from parc.runtime.layout.constraints import per_layer
+from parc.runtime.layout.layer_settings import SETTINGS
+from parc.runtime.layout.model_desc import NONE, ParamCount
+from parc.runtime.layout.placement import Placement, chunk_stages, placement_for
 
 from ...model_config import model_desc
 
@@ -96,7 +96,7 @@ class Layout:
         return tuple(self.tp_shape) if self.tp_shape is not None and self.tp_shape[0] > 1 else None
 
     slices: int = 1
-    """Token slices per sequence under terapipe (``runtime/schedule_terapipe.py``); else 1."""
+    """Token slices per sequence under terapipe (``runtime/schedules/schedule_terapipe.py``); else 1."""
 
     @property
     def schedule_words(self) -> str:
@@ -111,7 +111,7 @@ class Layout:
     @property
     def shard_ranks(self) -> int:
         """dp·cp: the ranks that hold the same parameters, average their gradients and, under
-        ZeRO, shard their states (runtime/zero.py, fsdp.py: the generated trainer's
+        ZeRO, shard their states (runtime/parallel/data/zero.py, fsdp.py: the generated trainer's
         ``grad_group`` when cp > 1)."""
         return self.dp * self.cp
 
@@ -184,7 +184,7 @@ class StageContents:
 
 
 def placement_kind(layout: Layout) -> str:
-    """Which stage each chunk of a rank runs (``runtime/placement.py``)."""
+    """Which stage each chunk of a rank runs (``runtime/layout/placement.py``)."""
     return placement_for(layout.schedule, layout.pp, layout.chunks).kind if layout.pp > 1 else "interleaved"
 
 
@@ -217,7 +217,7 @@ def _stage_contents(model: ModelSpec, pp: int, chunks: int, rank: int, stage_lay
 
 def rank_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> tuple[int, int]:
     """(elements, tensors) of pipeline rank ``rank``'s parameters on one tp rank: the sum
-    of its chunks' ``ModelDesc.stage_params`` (runtime/model_desc.py)."""
+    of its chunks' ``ModelDesc.stage_params`` (runtime/layout/model_desc.py)."""
     count = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers),
                          placement_kind(layout), layout.expert_folds, layout.grid)
     return count.elements, count.tensors
@@ -226,7 +226,7 @@ def rank_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) 
 def rank_expert_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> int:
     """Elements of pipeline rank ``rank``'s experts split over ep (0 when ep = 1: then they
     are replicated like any parameter): their gradients reduce over edp, ZeRO shards them
-    over edp (runtime/zero.py, Note [experts under ZeRO])."""
+    over edp (runtime/parallel/data/zero.py, Note [experts under ZeRO])."""
     folds = layout.expert_folds
     if folds == 1:
         return 0
@@ -246,7 +246,7 @@ def expert_data_ranks(layout: Layout) -> int:
 def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> int:
     """Elements of pipeline rank ``rank`` whose gradients are partial under sp (each tp
     rank saw a sequence shard): the norms, the row-parallel biases, gpt's positions
-    (runtime/model.py, Note [sequence-parallel gradients]); 0 without sp."""
+    (runtime/models/model.py, Note [sequence-parallel gradients]); 0 without sp."""
     if not layout.sp or layout.tp < 2:
         return 0
     desc = model_desc(model)
@@ -257,7 +257,7 @@ def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_
 
 def zero3_shard_ranks(layout: Layout, *, by_node: bool, devices_per_node: int) -> int:
     """Ranks a ZeRO-3 unit is sharded over: dp·cp, or under ``zero_shard = node`` (HSDP,
-    ``by_node``) those of them on one node (runtime/fsdp_units.py's ``node_groups``; tp
+    ``by_node``) those of them on one node (runtime/parallel/data/fsdp_units.py's ``node_groups``; tp
     innermost, so devices_per_node / tp of them)."""
     if not by_node:
         return layout.shard_ranks
@@ -265,7 +265,7 @@ def zero3_shard_ranks(layout: Layout, *, by_node: bool, devices_per_node: int) -
 
 
 def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_layers=None, shard: int | None = None) -> int:
-    """Elements pipeline rank ``rank`` keeps under ZeRO-3 (runtime/fsdp.py, Note [units]):
+    """Elements pipeline rank ``rank`` keeps under ZeRO-3 (runtime/parallel/data/fsdp.py, Note [units]):
     Σ over its units (each block; each chunk's embeddings, final norm and head) of
     ⌈n_unit / s⌉, the padding included; s = ``shard`` ranks (``zero3_shard_ranks``), dp·cp
     by default."""
@@ -316,7 +316,7 @@ def _stages(stage_layers) -> tuple[int, ...] | None:
 @functools.lru_cache(maxsize=4096)
 def _chunks(layers: int, pp: int, chunks: int, rank: int, stage_layers, kind: str = "interleaved") -> tuple:
     """((start, stop), first, last) of each virtual stage pipeline rank ``rank`` runs, by
-    chunk, as ``runtime/placement.py`` places them (chimera: its two replicas)."""
+    chunk, as ``runtime/layout/placement.py`` places them (chimera: its two replicas)."""
     place = chunk_stages(kind, pp, pp * chunks) if pp > 1 else Placement("interleaved", 1, chunks)
     stages = place.virtual_stages
     counts = stage_layers or (layers // stages,) * stages

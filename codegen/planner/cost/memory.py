@@ -7,8 +7,8 @@ and the formulas on their own (``model_state_bytes``, ``korthikanti_layer_bytes`
 ``cost/estimate.py``.
 
 Note [what parc's trainer holds]: the PARC accounting predicts exactly what the
-trainer logs (``runtime/memory.py``). Under bf16/fp16 with fp32 master weights
-(``uses_master_weights``; runtime/master.py) the parameters and ``param.grad`` take 2
+trainer logs (``runtime/train/memory.py``). Under bf16/fp16 with fp32 master weights
+(``uses_master_weights``; runtime/optimizers/master.py) the parameters and ``param.grad`` take 2
 bytes an element, the optimizer 12 (master + moments; of the slice under ZeRO 1/2),
 ZeRO-2's gradient slice and ZeRO-3's shards stay fp32, gathered ZeRO-3 blocks are 2
 bytes, with more than one backward a step the gradients' fp32 sums add 4 bytes an
@@ -22,9 +22,9 @@ plus torch's 4-byte ``step`` per tensor (zero 0), or the moments of the rank's s
 8·ceil(Ψ/dp) (zero 1/2); under sp, zero 2 also holds the partial sequence-parallel
 gradients (norms, row biases, positions) whole when backward ends, until their sum
 over tp. Under ep > 1 a rank holds experts / ep of each MoE block (``rank_params``) and
-ZeRO shards them over edp = dp·cp·tp/(ep·etp) in a buffer of their own (runtime/zero.py, Note
-[experts under ZeRO]): ceil(dense/dp) + ceil(experts/edp) elements. Its activations are the tensors autograd saves in ``runtime/model.py``,
-counted per token from the model's shapes in ``runtime/saved_elements.py`` (Note
+ZeRO shards them over edp = dp·cp·tp/(ep·etp) in a buffer of their own (runtime/parallel/data/zero.py, Note
+[experts under ZeRO]): ceil(dense/dp) + ceil(experts/edp) elements. Its activations are the tensors autograd saves in ``runtime/models/model.py``,
+counted per token from the model's shapes in ``runtime/layout/saved_elements.py`` (Note
 [what parc's trainer saves]; checked against the trainer's measurement in
 tests/planner). The working set of a recomputed layer and the gradient flat buffers
 are real memory but not saved activations: they are ``buffers``.
@@ -37,10 +37,10 @@ import math
 from dataclasses import dataclass
 
 from parc.dsl.spec import ModelSpec, Precision, Spec
-from parc.runtime.constraints import master_weights, per_layer
-from parc.runtime.model_desc import LINEAR
-from parc.runtime.schedule import in_flight_bound
-from parc.runtime.kernel_sizes import kinds_that_pay
+from parc.runtime.layout.constraints import master_weights, per_layer
+from parc.runtime.layout.model_desc import LINEAR
+from parc.runtime.schedules.schedule import in_flight_bound
+from parc.runtime.layout.kernel_sizes import kinds_that_pay
 
 from ...model_config import model_desc
 from .context import cp_saved_elements
@@ -53,7 +53,7 @@ from .layout import (
 
 
 BUCKET_BYTES = 25 * 2**20
-"""The runtime's gradient bucket (runtime/dp.py, runtime/zero.py)."""
+"""The runtime's gradient bucket (runtime/parallel/data/dp.py, runtime/parallel/data/zero.py)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,7 +92,7 @@ def model_state_bytes(
     MEGATRON: the ZeRO paper's 2 + 2 + 12 bytes per parameter, with stage 1 sharding
     the 12, stage 2 also the gradients' 2, stage 3 everything. PARC: Note [what parc's
     trainer holds] (stage 3 shards the fp32 parameters too). ``low``: bf16/fp16
-    parameters with fp32 master weights (runtime/master.py): 2-byte parameters and
+    parameters with fp32 master weights (runtime/optimizers/master.py): 2-byte parameters and
     gradients (stage 2's slice: fp32), the fp32 master with the moments in the optimizer.
     """
     shard = math.ceil(params / dp)
@@ -132,7 +132,7 @@ def parc_layer_elements(
     grid=None,
 ) -> float:
     """Elements saved per token by one block (the first: a MoE one in a MoE model) of parc's
-    trainer: the model description's (runtime/saved_elements.py, Note [what parc's trainer saves]);
+    trainer: the model description's (runtime/layout/saved_elements.py, Note [what parc's trainer saves]);
     ``grid``: (R, C) under 2D tensor parallelism (``Layout.grid``), whose attention is repeated
     on the R ranks of a column."""
     return model_desc(model).block_saved_elements(
@@ -158,7 +158,7 @@ def _in_flight(kind: str, stages: int, rank: int, micro_batches: int, chunks: in
 
 
 def compiled_kernels(spec: Spec) -> frozenset[str]:
-    """The kinds of fused op the trainer runs (runtime/kernel_sizes.py, Note [eager at small
+    """The kinds of fused op the trainer runs (runtime/layout/kernel_sizes.py, Note [eager at small
     shapes]): none under ``train.kernels = eager``; under ``compiled`` (the default) those
     that pay at the model's global size on the spec's device."""
     kernels = getattr(spec.train, "kernels", None)
@@ -228,15 +228,15 @@ def uses_master_weights(spec: Spec) -> bool:
 def fp32_accumulation(spec: Spec, layout: Layout) -> bool:
     """Low-precision parameters summing more than one backward a step (micro-batches, or
     terapipe's slices): their gradients accumulate in fp32 sums, 4 bytes an element from a
-    step's first backward to its last (runtime/master.py, Note [fp32 accumulation])."""
+    step's first backward to its last (runtime/optimizers/master.py, Note [fp32 accumulation])."""
     return uses_master_weights(spec) and layout.grad_accum(spec.train.global_batch) * layout.slices > 1
 
 
 def fp32_sum_elements(spec: Spec, layout: Layout, params: int, *, experts: int, late: int) -> int:
-    """Elements whose fp32 gradient sums (runtime/master.py, Note [fp32 accumulation]) are
+    """Elements whose fp32 gradient sums (runtime/optimizers/master.py, Note [fp32 accumulation]) are
     ``buffers`` beyond the gradients: none without ``fp32_accumulation``; under ZeRO-3
     only the ``late`` (sequence-parallel) ones, each pass reduce-scattering the rest into
-    the fp32 shards (runtime/fsdp.py, Note [gradients of a unit]); under ZeRO-2 all, its
+    the fp32 shards (runtime/parallel/data/fsdp.py, Note [gradients of a unit]); under ZeRO-2 all, its
     buckets taking the sums at the last backward; under zero 0/1 the ``experts`` and the
     ``late`` ones, the others' sums being handed over as the gradients themselves
     (``grads``: 4 bytes an element)."""
@@ -339,7 +339,7 @@ def _states(spec: Spec, layout: Layout, rank: int, stage_layers, accounting: Acc
         optim_b = (12.0 if low else 8.0) * shard
         grad_b = 4.0 * shard if layout.zero == 2 else grad_b
     if accounting is Accounting.PARC and layout.zero == 2 and layout.shard_ranks > 1 and layout.compress != "none":
-        # the compressor needs whole gradients (runtime/zero.py, Note [compression under ZeRO])
+        # the compressor needs whole gradients (runtime/parallel/data/zero.py, Note [compression under ZeRO])
         grad_b += grad_element * params
     elif accounting is Accounting.PARC and layout.zero == 2 and layout.shard_ranks > 1:
         # Partial sp gradients wait, whole, for their sum over tp when backward ends.
@@ -350,18 +350,18 @@ def _states(spec: Spec, layout: Layout, rank: int, stage_layers, accounting: Acc
         param_b, grad_b, optim_b = 4.0 * shard, 4.0 * shard, 8.0 * shard
     if accounting is Accounting.PARC and layout.zero == 3 and layout.shard_ranks > 1 and layout.sp and layout.tp > 1:
         # every unit holds a sequence-parallel norm: its last pass's gradients wait, whole,
-        # with the partial ones for their sum over tp (runtime/fsdp.py, Note [gradients of a unit])
+        # with the partial ones for their sum over tp (runtime/parallel/data/fsdp.py, Note [gradients of a unit])
         grad_b += grad_element * params
     late = sequence_parallel_params(model, layout, rank, stage_layers)
     sums = fp32_sum_elements(spec, layout, params, experts=experts, late=late)
     if accounting is Accounting.PARC and layout.zero <= 1 and fp32_accumulation(spec, layout):
-        grad_b += 2.0 * (params - sums)  # handed over: 4 bytes, not 2 (runtime/master.py)
+        grad_b += 2.0 * (params - sums)  # handed over: 4 bytes, not 2 (runtime/optimizers/master.py)
     return params, param_b, grad_b, optim_b, sums
 
 
 def zero3_working_set(spec: Spec, layout: Layout, params: int, accounting: Accounting) -> float:
     """Bytes of ZeRO-3's unsharded working set on a rank holding ``params`` elements
-    (runtime/fsdp.py, Note [prefetch]): the root unit (embeddings, final norm, head) and
+    (runtime/parallel/data/fsdp.py, Note [prefetch]): the root unit (embeddings, final norm, head) and
     1 + zero_prefetch blocks gathered at once, plus one block's gradient and its packed
     copy being reduce-scattered (PARC: fp32; MEGATRON: bf16 parameters and gradients).
     Blocks are taken as equal, the root as what the rank holds beyond its blocks."""
@@ -393,10 +393,10 @@ def _buffers(spec: Spec, layout: Layout, params: int, accounting: Accounting, fu
             total += 2 * min(BUCKET_BYTES, 4.0 * params)
         else:  # zero 0's packed buckets, zero 1's flat gradient: one fp32 copy in flight
             total += 4.0 * params
-        if layout.compress != "none":  # runtime/compress.py: the error feedback's fp32 copy of the gradients
+        if layout.compress != "none":  # runtime/parallel/data/compress.py: the error feedback's fp32 copy of the gradients
             total += 4.0 * params
     if accounting is Accounting.PARC:
-        total += 4.0 * fp32_sums  # runtime/master.py, Note [fp32 accumulation]
+        total += 4.0 * fp32_sums  # runtime/optimizers/master.py, Note [fp32 accumulation]
     if full_recompute:  # one block's tensors rebuilt during its backward
         element = 2.0 if accounting is Accounting.MEGATRON else 4.0
         working = parc_layer_elements(model, tp=layout.tp, sp=layout.sp, recompute="none",

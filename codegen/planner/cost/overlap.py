@@ -8,7 +8,7 @@ a FLOP rate) and ``exposed_tp`` (one block, from its totals: what the planner's
 ``codegen/planner/cost/time.py`` calls). Before: ``cost/comm.py`` (the ring), ``cost/hardware.py``
 (``Link``). After: the planner's time model, ``bench/overlap.py``.
 
-Note [the overlap model]: it replays the schedule of ``runtime/overlap.py`` on two
+Note [the overlap model]: it replays the schedule of ``runtime/parallel/tensor/overlap.py`` on two
 resources, the compute stream and one communication link (collectives run one at a
 time, in launch order).
 - Forward (Note [the sub-batch schedule]): stage s of sub-batch i waits its own
@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from parc.runtime.model_desc import ModelConfig, describe
+from parc.runtime.layout.model_desc import ModelConfig, describe
 
 from .comm import ring_time
 from .hardware import Link
@@ -127,7 +127,7 @@ def block_stages(
     *, micro_batch: int, seq_len: int, hidden: int, ffn: int, heads: int, kv_heads: int, arch: str,
     tp: int, sequence_parallel: bool, flops_per_s: float, bytes_per_element: int = 4,
 ) -> tuple[Stage, ...]:
-    """The stages of one GPT/Llama block on one tp rank, as ``runtime/overlap.py`` runs them.
+    """The stages of one GPT/Llama block on one tp rank, as ``runtime/parallel/tensor/overlap.py`` runs them.
 
     Compute is the block's matmul FLOPs and the attention products (model_desc.py's
     BlockDesc) at ``flops_per_s``; every collective carries the (micro_batch, seq_len,
@@ -136,7 +136,7 @@ def block_stages(
     block = describe(ModelConfig(
         arch=arch, layers=1, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=1, padded_vocab=1,
         seq_len=seq_len,
-    )).blocks[0]  # runtime/model_desc.py: the block's shapes
+    )).blocks[0]  # runtime/layout/model_desc.py: the block's shapes
     tokens = micro_batch * seq_len
     attention = 2 * tokens * block.matmul_weights("attn") + tokens * block.core_flops_per_token(seq_len)
     mlp = 2 * tokens * block.matmul_weights("mlp")

@@ -10,7 +10,7 @@ of a layout with ``Layout.layer_tp``). Before: ``cost/time.py``, ``cost/memory.p
 After: ``cost/estimate.py``, ``codegen/planner/per_layer.py`` (the dynamic program).
 
 Note [per-layer layout costs]: a stage of S ranks runs layer i as dp_i × tp_i, dp_i =
-S / tp_i (runtime/hetero.py, Note [heterogeneous layouts]); a rank of layer i works on
+S / tp_i (runtime/parallel/data/hetero.py, Note [heterogeneous layouts]); a rank of layer i works on
 micro_batch · tp_i / tp sequences (its piece of the coarse micro-batch). So layer i
 costs what one block of the *uniform* layout U(tp_i) = (dp_i, tp_i, micro_batch ·
 tp_i / tp) costs — its forward, backward, recompute and tp collectives
@@ -26,8 +26,8 @@ thus costed exactly as the uniform one. The model here is one stage's; under a p
 ``cost/per_stage.py`` composes the stages (Note [per-layer layouts over a pipeline]).
 
 Note [per-layer ZeRO]: the runtime keeps one ZeRO part per degree, each sharding its
-layers' flat buffer over that degree's dp group (runtime/hetero.py, Note [ZeRO over
-per-layer layouts]; ZeRO-3 in runtime/fsdp.py as it lands). So layer i at tp t, dp_i =
+layers' flat buffer over that degree's dp group (runtime/parallel/data/hetero.py, Note [ZeRO over
+per-layer layouts]; ZeRO-3 in runtime/parallel/data/fsdp.py as it lands). So layer i at tp t, dp_i =
 S/t, holds under ZeRO 1 its moments' slice 8·⌈n/dp_i⌉, under 2 also its gradients'
 4·⌈n/dp_i⌉, under 3 its parameters' 4·⌈n/dp_i⌉ too (``memory.model_state_bytes`` per
 layer); in time its optimizer pass streams the slice, ZeRO 1/2 add the all-gather of the
@@ -45,7 +45,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from parc.dsl.spec import Precision, Spec
-from parc.runtime.reshard import reshard_steps, step_group
+from parc.runtime.layout.reshard import reshard_steps, step_group
 
 from ...model_config import model_desc
 from .comm import collective_time
@@ -162,7 +162,7 @@ def layer_cost(spec: Spec, stage: Stage, hw: Hardware, t: int, settings: tuple, 
     dp, zero, n = layout.dp, layout.zero, block.elements
     reduce = collective_time(hw, "reduce_scatter" if zero >= 3 else "all_reduce", 4.0 * n, size=dp, stride=t)
     hidden = 0.0 if hw.comm_on_cores else backward  # the last micro-batch's backward hides it
-    if zero >= 3:  # every micro-batch's, each behind its own backward (runtime/fsdp.py, Note [gradients of a unit])
+    if zero >= 3:  # every micro-batch's, each behind its own backward (runtime/parallel/data/fsdp.py, Note [gradients of a unit])
         reduce, hidden = steps * reduce, steps * hidden
     gather = collective_time(hw, "all_gather", 4.0 * n, size=dp, stride=t) if 1 <= zero <= 2 else 0.0
     # one micro-batch's gathers of this unit (its reduce-scatter is ``reduce`` above)
@@ -220,7 +220,7 @@ def working_set(spec: Spec, stage: Stage, t: int) -> float:
 
 @_memo
 def transition_cost(spec: Spec, stage: Stage, hw: Hardware, a: int, b: int) -> Cost:
-    """Note [reshard traffic] (runtime/reshard.py): the all-gathers of ``reshard_steps(a, b)``
+    """Note [reshard traffic] (runtime/layout/reshard.py): the all-gathers of ``reshard_steps(a, b)``
     for every micro-batch of a step, each on the critical path. A rank at tp ``a`` holds
     a/tp of the coarse micro-batch (1/a of the sequence under sp); a gather multiplies
     its share along its dim by the group's size, a scatter divides it, and the all-gather
@@ -261,7 +261,7 @@ def head_cost(spec: Spec, stage: Stage, hw: Hardware, t: int) -> Cost:
 def embedding_cost(spec: Spec, stage: Stage, hw: Hardware, t: int) -> Cost:
     """An untied embedding table's state at tp ``t`` (its gradient reduction, optimizer
     pass, bytes); ``ends`` swaps the head's degree for block 0's with it. Zero when tied:
-    the head shares the table and its degree (runtime/hetero.py)."""
+    the head shares the table and its degree (runtime/parallel/data/hetero.py)."""
     m = spec.model
     if m.tie_embeddings:
         return Cost()
@@ -329,4 +329,4 @@ def hetero_supported(spec: Spec, layout: Layout, accounting: Accounting) -> bool
 
 
 PIPELINED = ("1f1b", "gpipe")
-"""The schedules a heterogeneous pipeline runs (runtime/constraints.py, PAR0254)."""
+"""The schedules a heterogeneous pipeline runs (runtime/layout/constraints.py, PAR0254)."""

@@ -11,7 +11,7 @@ own memory; layer i of stage p costs what it costs in one stage (Note [per-layer
 costs]) with stage p's micro-batches in flight (``schedule.in_flight_bound``). A stage's
 forward F_p and backward B_p of one micro-batch are its layers' (compute and exposed tp
 collectives) plus the reshards inside it (a gather forward, a scatter's gather backward).
-Activations cross a boundary at one degree d (runtime/pipeline.py sends (MICRO_BATCH·d/TP,
+Activations cross a boundary at one degree d (runtime/parallel/pipeline/pipeline.py sends (MICRO_BATCH·d/TP,
 T or T/d under sp, hidden); ``constraints`` PAR0255): one message costs
 ``boundary_comm(d)``. The makespan is the schedule's with each stage's own F_p, B_p
 (``bubble.stage_makespan``: fast, Σ(F_p + B_p) + (M − 1)·max(F_p + B_p) + 2·comm per

@@ -5,9 +5,11 @@ Takes: a ``Spec``, a ``Layout``, ``Hardware`` and an ``Accounting``. Gives:
 After: ``cost/estimate.py``.
 
 Note [the time model]: per micro-batch and transformer block on one rank,
-- compute: each GEMM (q, k, v, o, the MLP's, the attention core's two batched
-  products) takes 2·m·n·k / FLOP/s(smallest dim) (Note [size-dependent efficiency]);
-  backward twice the forward; recompute adds the forward again (full) or the
+- compute: each GEMM (q, k, v, o, the MLP's) takes 2·m·n·k / FLOP/s(smallest dim)
+  (Note [size-dependent efficiency]); parc's causal attention core on a GPU preset is
+  flash attention at its measured rates, backward 2.5× its forward FLOPs (Note [flash
+  attention's rate], cost/hardware.py), elsewhere two batched GEMMs; backward twice the
+  forward; recompute adds the forward again (full) or the
   attention core (selective); elementwise work moves bytes at the memory bandwidth;
   every op costs the dispatch overhead. The head's GEMM runs on the last stage.
 - tensor/sequence parallel: two all-reduces (or all-gather + reduce-scatter pairs
@@ -57,9 +59,9 @@ import math
 from dataclasses import dataclass
 
 from parc.dsl.spec import Arch, ModelSpec, Precision, Spec
-from parc.runtime.model_desc import LINEAR
-from parc.runtime.placement import placement_for
-from parc.runtime.schedule_terapipe import slice_scale
+from parc.runtime.layout.model_desc import LINEAR
+from parc.runtime.layout.placement import placement_for
+from parc.runtime.schedules.schedule_terapipe import slice_scale
 
 from ...model_config import model_desc
 
@@ -68,7 +70,7 @@ from .context import cp_comm
 from .tp2d import grid_block_comm, grid_head_comm
 from .comm import collective_latency, collective_time, ring_time
 from .compress import RANK, lowrank_backprop_cost, powersgd_cost, topk_cost
-from .experts import expert_reduce, moe_block
+from .experts import expert_reduce, moe_block, moe_share
 from .hardware import Hardware, Link, gemm_time
 from .memo import shared
 from .layout import (
@@ -111,7 +113,7 @@ class TimeBreakdown:
 
 def model_flops_per_token(spec: Spec) -> float:
     """PaLM's 6·N + 12·L·H·Q·T, N the matmul weights: the model description's count
-    (``runtime/model_desc.py``), which the trainer's MFU uses too (``runtime/metrics.py``)."""
+    (``runtime/layout/model_desc.py``), which the trainer's MFU uses too (``runtime/train/metrics.py``)."""
     return model_desc(spec.model).flops_per_token()
 
 
@@ -127,17 +129,26 @@ _gemm = gemm_time  # cost/hardware.py: one (m × k)·(k × n) product's seconds
 
 
 def _block_forward(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, tokens: float):
-    """(all of one block's forward, its attention core) in seconds, on ``tokens`` tokens."""
+    """(all of one block's forward, its attention core's forward, its core's backward) in
+    seconds, on ``tokens`` tokens. parc's core on a GPU preset is flash attention at its
+    own rates (Note [flash attention's rate], cost/hardware.py); else two GEMMs at the
+    ramp of the head dim, backward twice the forward."""
     m, t = spec.model, layout.tp
     # Note [2D tp costs]: heads and ffn split over a row's C ranks, the hidden state over R
     # (every rank of a column repeats its heads' attention); 1D: R = 1, C = tp
     R, t = layout.tp_grid
-    C, D, F = m.hidden, m.head_dim, m.ffn / t
+    # a MoE block's MLP is its experts, streamed on their routed rows (cost/experts.py): the
+    # dense MLP's elementwise work is only the dense blocks' (moe_every > 1), never both
+    dense = 1.0 - moe_share(spec)
+    C, D, F = m.hidden, m.head_dim, m.ffn / t * dense
     gemms = sum(_gemm(hw, tokens, rows, columns) for rows, columns in _block_gemms(m, layout.tp))
     sequences, s = tokens / m.seq_len, m.seq_len
     batched = sequences * m.heads / t  # attention core: (s × D)·(D × s), then (s × s)·(s × D)
     causal = 0.5 if accounting is Accounting.PARC else 1.0  # flash skips the masked blocks
     core = causal * 2 * batched * _gemm(hw, s, D, s)
+    core_backward = None  # twice the whole core (its softmax streaming too), unless flash
+    if accounting is Accounting.PARC and hw.attention is not None:
+        core, core_backward = hw.attention_time(causal * 2 * batched * 2.0 * s * D * s)
     if accounting is Accounting.MEGATRON:
         whole, sharded = 14 * C, 2 * F + 4 * C / t
         elements, size = (whole / t if layout.sp else whole) + sharded, 2.0
@@ -151,10 +162,10 @@ def _block_forward(spec: Spec, layout: Layout, hw: Hardware, accounting: Account
             copies = (10 * C / t if layout.sp else 10 * C) + 4 * C / t  # residuals, views made whole
             elementwise = sum(measured) + tokens * copies * size / hw.memory_bandwidth
             ops = OPS_PER_LAYER[(accounting, m.arch)] * hw.op_overhead
-            return gemms + core + elementwise + ops, core
+            return gemms + core + elementwise + ops, core, 2.0 * core if core_backward is None else core_backward
     elementwise = tokens * elements * size / hw.memory_bandwidth
     ops = OPS_PER_LAYER[(accounting, m.arch)] * hw.op_overhead
-    return gemms + core + elementwise + ops, core
+    return gemms + core + elementwise + ops, core, 2.0 * core if core_backward is None else core_backward
 
 
 def _measured_elementwise(spec: Spec, layout: Layout, hw: Hardware, tokens: float):
@@ -168,7 +179,8 @@ def _measured_elementwise(spec: Spec, layout: Layout, hw: Hardware, tokens: floa
     if norm is None or activation is None:
         return None
     norm_elements = 2 * m.hidden / (layout.tp if layout.sp else 1)
-    return tokens * norm_elements * norm / 3, tokens * m.ffn / layout.tp * activation / 3
+    dense = 1.0 - moe_share(spec)  # the experts' activation is cost/experts.py's
+    return tokens * norm_elements * norm / 3, dense * tokens * m.ffn / layout.tp * activation / 3
 
 
 def _activation_size(spec: Spec, accounting: Accounting) -> float:
@@ -179,7 +191,7 @@ def _activation_size(spec: Spec, accounting: Accounting) -> float:
 
 def _zero3_gather_element(spec: Spec, accounting: Accounting) -> float:
     """Bytes of a gathered ZeRO-3 element: Megatron's fp16; parc's compute dtype (bf16/fp16
-    parameters with fp32 masters: 2; else 4; runtime/fsdp.py)."""
+    parameters with fp32 masters: 2; else 4; runtime/parallel/data/fsdp.py)."""
     if accounting is Accounting.MEGATRON:
         return 2.0
     return 2.0 if uses_master_weights(spec) else 4.0
@@ -187,7 +199,7 @@ def _zero3_gather_element(spec: Spec, accounting: Accounting) -> float:
 
 def _zero3_grad_element(spec: Spec, accounting: Accounting) -> float:
     """Bytes of a reduce-scattered ZeRO-3 gradient element: Megatron's fp16; parc packs fp32
-    (runtime/fsdp.py; ``grad_reduce = bf16`` is zero 0's only, PAR0820)."""
+    (runtime/parallel/data/fsdp.py; ``grad_reduce = bf16`` is zero 0's only, PAR0820)."""
     return 2.0 if accounting is Accounting.MEGATRON else 4.0
 
 
@@ -290,7 +302,7 @@ def _pipeline(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, 
     t, d, p, v = layout.tp, layout.dp, layout.pp, layout.chunks
     micro_batches = layout.grad_accum(spec.train.global_batch)
     tokens = layout.tokens(m.seq_len)  # this rank's: seq_len / cp of each sequence
-    # runtime/placement.py: the model stages (chimera: p, each held twice) and the
+    # runtime/layout/placement.py: the model stages (chimera: p, each held twice) and the
     # chunks of a rank each micro-batch runs through (chimera: one of its two)
     place = placement_for(layout.schedule, p, v) if p > 1 else None
     layers_per_chunk = m.layers / (place.virtual_stages if place else p * v)
@@ -406,11 +418,12 @@ def block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting
     recompute, k = (dict(zip(SETTING_NAMES, key))[name] for name in ("recompute", "overlap"))
     # k sub-batches (overlap), or S token slices (terapipe): as many smaller GEMMs and op dispatches
     pieces = k * layout.slices
-    sub_forward, sub_core = _block_forward(spec, layout, hw, accounting, tokens / pieces)
+    sub_forward, sub_core, sub_core_backward = _block_forward(spec, layout, hw, accounting, tokens / pieces)
     forward, core = pieces * sub_forward * slow, pieces * sub_core * slow
     experts = moe_block(spec, layout, hw, tokens=tokens, k=k, size=size)  # Note [MoE costs]
     forward += experts.forward
-    backward = 2.0 * forward
+    # backward twice the forward, but the attention core's own (flash: Note [flash attention's rate])
+    backward = 2.0 * forward + pieces * slow * (sub_core_backward - 2.0 * sub_core)
     if recompute == "full":
         backward += forward
     elif recompute == "selective":
@@ -474,7 +487,7 @@ def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, fo
     for backward (a full recompute's rerun finds its unit gathered): all-gathers of
     g = Ψ_rank/B elements of ``gather_element`` bytes over the shard group; backward also
     reduce-scatters each unit's gradient (``grad_element`` bytes), every micro-batch, as
-    Megatron/DeepSpeed's program and parc's (runtime/fsdp.py, Note [gradients of a unit]).
+    Megatron/DeepSpeed's program and parc's (runtime/parallel/data/fsdp.py, Note [gradients of a unit]).
     Prefetch launches unit i+1's gather when unit i starts, so the link carries one unit's
     traffic L (forward: its gather; backward: its gather and the previous unit's
     reduce-scatter) while one unit computes (c: a block's forward, or its backward with the
@@ -529,7 +542,7 @@ def _optimizer_time(hw: Hardware, accounting: Accounting, params: int, tensors: 
                     expert_params: int = 0, *, shard: int | None = None) -> float:
     """``shard``: the ranks ZeRO shards the dense elements over (default dp·cp; HSDP's node)."""
     elements = params
-    if layout.zero >= 1:  # experts split over ep are sharded over edp (runtime/zero.py)
+    if layout.zero >= 1:  # experts split over ep are sharded over edp (runtime/parallel/data/zero.py)
         elements = math.ceil((params - expert_params) / (shard or layout.shard_ranks))
         if expert_params:
             elements += math.ceil(expert_params / expert_data_ranks(layout))

@@ -5,7 +5,7 @@ Takes: a ``Spec``, a ``Layout`` with ``tp_shape = (R, C)`` and ``Hardware``. Giv
 ``grid_head_comm`` (the embedding's, the head's and the loss's), which ``cost/time.py``
 uses in place of 1D's two all-reduces of (b, s, h) per region. Before: ``cost/comm.py``.
 
-Note [2D tp costs]: as ``runtime/layers2d.py`` runs them (Note [2D tensor parallelism]).
+Note [2D tp costs]: as ``runtime/parallel/tensor/layers2d.py`` runs them (Note [2D tensor parallelism]).
 The tp rank is r·C + c: a row's C ranks are consecutive (stride 1, inside a node when C
 divides devices_per_node), a column's R ranks stride C (across nodes when tp spans
 them). Forward, each colwise linear (q, k, v; up, and gate for llama) all-reduces its

@@ -42,22 +42,12 @@ import time
 
 import torch
 
-from parc_runtime import (
-    checkpoint,
-    checkpoint_init,
-    comm,
-    data,
-    dp,
-    faults,
-    memory,
-    mesh,
-    metrics,
-    model,
-    observe,
-    optim,
-    traffic,
-    zero,
-)
+from parc_runtime.checkpoints import checkpoint, checkpoint_init
+from parc_runtime.distributed import comm, mesh, traffic
+from parc_runtime.models import model
+from parc_runtime.optimizers import optim
+from parc_runtime.parallel.data import dp, zero
+from parc_runtime.train import data, faults, flags, memory, metrics, observe
 
 # ---- configuration (from gpt2-small.par) ------------------------------------------
 # model
@@ -132,29 +122,46 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Train gpt2_small (dp 4 × tp 2 + sequence parallel + ZeRO-1)."
     )
+    # each flag's type checks its range as it is read (parc_runtime/train/flags.py)
     parser.add_argument(
         "--steps",
-        type=int,
+        type=flags.whole(1),
         default=STEPS,
         help="optimizer steps to run (default %(default)s); the LR schedule keeps the "
         "spec's length, STEPS: steps past it run at the minimum LR",
     )
-    parser.add_argument("--seed", type=int, default=SEED)
-    parser.add_argument("--metrics-jsonl", default=None, metavar="PATH")
-    parser.add_argument("--checkpoint-dir", default=CHECKPOINT_DIR, metavar="DIR")
+    parser.add_argument("--seed", type=flags.whole(0, 4294967295), default=SEED)
     parser.add_argument(
-        "--checkpoint-every", type=int, default=CHECKPOINT_EVERY, metavar="N"
+        "--metrics-jsonl", type=flags.path, default=None, metavar="PATH"
     )
-    parser.add_argument("--checkpoint-keep", type=int, default=0, metavar="K")
-    parser.add_argument("--resume", default=None, metavar="DIR")
-    parser.add_argument("--init-from", default=INIT_FROM, metavar="DIR")
-    parser.add_argument("--tensorboard", default=TENSORBOARD_DIR, metavar="DIR")
-    parser.add_argument("--profile", default=None, metavar="STEPS")
-    parser.add_argument("--profile-dir", default="profile", metavar="DIR")
-    parser.add_argument("--memory-every", type=int, default=MEMORY_EVERY, metavar="N")
+    parser.add_argument(
+        "--checkpoint-dir", type=flags.path, default=CHECKPOINT_DIR, metavar="DIR"
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=flags.whole(0), default=CHECKPOINT_EVERY, metavar="N"
+    )
+    parser.add_argument(
+        "--checkpoint-keep", type=flags.whole(0), default=0, metavar="K"
+    )
+    parser.add_argument("--resume", type=flags.path, default=None, metavar="DIR")
+    parser.add_argument(
+        "--init-from", type=flags.path, default=INIT_FROM, metavar="DIR"
+    )
+    parser.add_argument(
+        "--tensorboard", type=flags.path, default=TENSORBOARD_DIR, metavar="DIR"
+    )
+    parser.add_argument(
+        "--profile", type=flags.step_range, default=None, metavar="STEPS"
+    )
+    parser.add_argument(
+        "--profile-dir", type=flags.path, default="profile", metavar="DIR"
+    )
+    parser.add_argument(
+        "--memory-every", type=flags.whole(0), default=MEMORY_EVERY, metavar="N"
+    )
     # DATA_PATH is from this file's folder, so the run works from any cwd
     data_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), DATA_PATH)
-    parser.add_argument("--data", default=data_path, metavar="PATH")
+    parser.add_argument("--data", type=flags.path, default=data_path, metavar="PATH")
     return parser.parse_args()
 
 
@@ -224,7 +231,7 @@ def main() -> None:
 
     # ---- checkpoints, SIGTERM and bad numbers ------------------------------------
     # Checkpoints hold every tensor under its logical name and full shape (DCP), so
-    # any layout of this model resumes from them (runtime/checkpoint.py).
+    # any layout of this model resumes from them (runtime/checkpoints/checkpoint.py).
     guard = faults.StepGuard(
         ON_NONFINITE, rank=dist.rank, world_size=dist.world_size, device=dist.device
     )
@@ -246,7 +253,7 @@ def main() -> None:
     # torchrun, the latest one in --checkpoint-dir)
     done = checkpoints.restore(args.resume, restarted=faults.restart_count() > 0)
     # --init-from: a checkpoint's weights only, read into this layout; the optimizer
-    # fresh, the step 1 (runtime/checkpoint_init.py; not when resumed)
+    # fresh, the step 1 (runtime/checkpoints/checkpoint_init.py; not when resumed)
     checkpoint_init.init_from(checkpoints, args.init_from, done=done)
 
     # ---- what runs: a banner on rank 0, and the profiler of --profile -----------
@@ -351,4 +358,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    mesh.shutdown()  # after main's objects are gone (Note in parc_runtime/mesh.py)
+    mesh.shutdown()  # after main's objects are gone (Note in parc_runtime/distributed/mesh.py)

@@ -1,0 +1,276 @@
+"""Where this rank's tensors sit in the logical (unsharded) model, for checkpoints.
+
+Takes: the model of this rank (one ``Transformer`` or the pipeline's ``nn.ModuleList``
+of stage chunks), its optimizer (``torch.optim.AdamW`` or ``zero.ShardedAdamW``) and
+the tp group. Gives: ``Piece`` lists — each a view of local memory holding one box
+``[offsets, offsets + shape)`` of a logical tensor of ``full_shape`` — for the model
+(``model.<name>``) and the AdamW moments (``optim.<name>.exp_avg`` /
+``.exp_avg_sq``). ``checkpoint.py`` hands them to torch.distributed.checkpoint, which
+stores boxes and, on load, reads whatever boxes another layout asks for.
+
+Note [logical checkpoint tensors]: a checkpoint holds each parameter once, under its
+global name (``layers.3.attn.q_proj.weight``, the same in every layout) and its full
+shape. The embedding and an untied head are stored with their *padded* vocab rows
+(``PADDED_VOCAB``, as the model holds them; the padding rows stay at their initial
+values and never reach the loss), so any tp degree dividing the padded vocab reads
+them; ``parc export`` drops the padding. A tensor-parallel shard is the box at
+``tp_rank · local`` along its split dim. A pipeline stage's copy of a tied embedding
+(``pipeline_duplicate``, Note [tied embeddings across stages] in model.py) is not
+saved: it loads from ``embed.weight``, moments included (its gradient always equals
+the table's). Under ZeRO each dp rank owns a slice of one flat buffer that crosses
+parameter boundaries (Note [one flat buffer] in zero.py); the part of the slice inside
+one parameter is a contiguous run of its row-major elements, stored as up to three
+boxes (a partial row, whole rows, a partial row), so the moments are per parameter
+and a layout without ZeRO (or with another dp) reads them. ZeRO-3 (fsdp.py) is the same
+per unit, and the parameters themselves are read from and written to the shards.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from ..distributed.comm import group_rank, group_size
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    name: str
+    """The logical tensor: ``model.embed.weight``, ``optim.layers.0.mlp.up_proj.weight.exp_avg``."""
+    full_shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+    tensor: torch.Tensor
+    """A view of this rank's memory: reading a checkpoint writes into it."""
+
+
+@dataclass(frozen=True, slots=True)
+class LocalParameter:
+    name: str
+    """Logical name; a tied copy carries the name of the table it copies."""
+    param: nn.Parameter
+    full_shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+    """Where this rank's shard starts in the full tensor."""
+    duplicate: bool
+    """A pipeline stage's copy of the tied embedding: loaded, never saved."""
+
+
+def _chunks(model) -> list[nn.Module]:
+    return list(model) if isinstance(model, nn.ModuleList) else [model]
+
+
+def _shard_offsets(name, local, full, tp_group) -> tuple[int, ...]:
+    split = [d for d in range(len(full)) if local[d] != full[d]]
+    if not split:
+        return (0,) * len(full)
+    tp = group_size(tp_group)
+    dim = split[0]
+    if len(split) > 1 or len(local) != len(full) or local[dim] * tp != full[dim]:
+        raise RuntimeError(f"internal error in parc (checkpoint): {name} has shard {local} of {full} over tp {tp}")
+    offsets = [0] * len(full)
+    offsets[dim] = group_rank(tp_group) * local[dim]
+    return tuple(offsets)
+
+
+def local_parameters(model, tp_group) -> list[LocalParameter]:
+    """Every parameter of this rank with its logical name, full shape and shard offsets."""
+    out, seen = [], set()
+    for chunk in _chunks(model):
+        for module_name, module in chunk.named_modules():
+            for attr, param in module.named_parameters(recurse=False):
+                if id(param) in seen:
+                    continue
+                seen.add(id(param))
+                base = getattr(module, "init_name", module_name)
+                name = f"{base}.{attr}" if base else attr
+                full = getattr(module, "full_shape", None)
+                own = getattr(module, "boxes", {}).get(attr)  # Note [2D tensor parallelism] (layers2d.py)
+                if own is not None:
+                    full = own[0]
+                elif full is None:
+                    full = tuple(param.shape)
+                elif attr == "bias":
+                    full = (full[0],)
+                full = tuple(int(s) for s in full)
+                out.append(
+                    LocalParameter(
+                        name=name, param=param, full_shape=full,
+                        # a module that knows where its shard starts says so (moe.GroupedLinear: its experts)
+                        offsets=(None if own is None else tuple(own[1])) or getattr(module, "shard_offsets", None)
+                        # a layer's own tp group (Note [heterogeneous layouts]), else the model's
+                        or _shard_offsets(name, tuple(param.shape), full, getattr(module, "tp_group", tp_group)),
+                        duplicate=bool(getattr(param, "pipeline_duplicate", False)),
+                    )
+                )
+    return out
+
+
+def stored(optimizer, param):
+    """The tensor a checkpoint holds for ``param``: its fp32 master under bf16/fp16
+    compute weights (master.py's ``master_of``; Note [master weights]), else the parameter."""
+    masters = getattr(optimizer, "master_of", None)
+    return param if masters is None else masters[id(param)]
+
+
+def model_pieces(params: list[LocalParameter], *, saving: bool, optimizer=None) -> list[Piece]:
+    return [
+        Piece(f"model.{p.name}", p.full_shape, p.offsets, stored(optimizer, p.param).detach())
+        for p in params
+        if not (saving and p.duplicate)
+    ]
+
+
+def loaded(optimizer) -> None:
+    """After a load into the fp32 masters (``stored``, ``master_shards``): the compute
+    weights get their rounded values."""
+    if getattr(optimizer, "master_of", None) is not None or has_master_slices(optimizer):
+        optimizer.copy_to_model()  # ZeRO 1/2: all-gathered over dp too (every rank loads)
+
+
+def _boxes(shape: tuple[int, ...], start: int, stop: int):
+    """Boxes (offsets, sizes, first flat element) covering elements [start, stop) of ``shape``
+    (row-major): a partial leading slice, whole leading slices, a partial one, each partial
+    slice cut the same way one dimension down (a 3-d expert weight too)."""
+    if start >= stop:
+        return []
+    if len(shape) == 1:
+        return [((start,), (stop - start,), start)]
+    inner = math.prod(shape[1:])
+
+    def within(row, lo, hi):  # boxes of elements [lo, hi) of slice ``row``
+        return [((row, *o), (1, *z), row * inner + f) for o, z, f in _boxes(shape[1:], lo, hi)]
+
+    (r0, c0), (r1, c1) = divmod(start, inner), divmod(stop, inner)
+    if r0 == r1:
+        return within(r0, c0, c1)
+    boxes = []
+    if c0:
+        boxes += within(r0, c0, inner)
+        r0 += 1
+    if r1 > r0:
+        boxes.append(((r0,) + (0,) * (len(shape) - 1), (r1 - r0, *shape[1:]), r0 * inner))
+    if c1:
+        boxes += within(r1, 0, c1)
+    return boxes
+
+
+def is_zero(optimizer) -> bool:
+    """ZeRO (any stage): the optimizer holds this rank's slices in one flat buffer ``flat``,
+    or in several (``parts``: hetero.ShardedAdamW, one per layer layout)."""
+    return hasattr(optimizer, "flat") or hasattr(optimizer, "parts")
+
+
+def is_fully_sharded(optimizer) -> bool:
+    """ZeRO-3 (fsdp.py): the parameters too live only in the flat shards between uses."""
+    return hasattr(optimizer, "units")
+
+
+def _parts(optimizer) -> list:
+    """ZeRO 1/2's flat buffers: the dense parameters', and under ep the experts' own
+    (Note [experts under ZeRO] in zero.py), or one per layer layout (Note [ZeRO over
+    per-layer layouts] in hetero.py); ZeRO-3's one optimizer."""
+    parts = getattr(optimizer, "parts", None)
+    return parts() if parts is not None else [optimizer]
+
+
+def _flat_runs(optimizer):
+    """(parameter, start, stop, at): elements [start, stop) of the parameter (row-major)
+    that this rank's flat buffer holds, from index ``at`` of it. ZeRO 1/2: one buffer over
+    all parameters, the rank's slice [lo, hi) (Note [one flat buffer] in zero.py); ZeRO-3:
+    each unit's shard (Note [units] in fsdp.py)."""
+    if is_fully_sharded(optimizer):
+        spans = [(unit.params, group_rank(unit.group) * unit.shard_numel, unit.shard_numel, unit.offset)
+                 for unit in optimizer.units]
+    else:
+        spans = [(optimizer.params, optimizer.lo, optimizer.hi - optimizer.lo, 0)]
+    for params, lo, length, base in spans:
+        offset = 0
+        for param in params:
+            n = param.numel()
+            start, stop = max(offset, lo), min(offset + n, lo + length)
+            if start < stop:
+                yield param, start - offset, stop - offset, base + start - lo
+            offset += n
+
+
+def _flat_pieces(params: list[LocalParameter], optimizer, buffers, *, saving: bool) -> list[Piece]:
+    """Logical boxes of the flat ``buffers`` ((suffix, tensor) pairs laid out as ZeRO's slices)."""
+    by_id = {id(p.param): p for p in params}
+    pieces = []
+    for param, start, stop, at in _flat_runs(optimizer):
+        info = by_id[id(param)]
+        if saving and info.duplicate:
+            continue
+        for local, sizes, first in _boxes(tuple(param.shape), start, stop):
+            index = at + first - start
+            full_offsets = tuple(a + b for a, b in zip(info.offsets, local))
+            for prefix, suffix, buffer in buffers:
+                view = buffer[index : index + math.prod(sizes)].view(sizes)
+                pieces.append(Piece(f"{prefix}.{info.name}{suffix}", info.full_shape, full_offsets, view))
+    return pieces
+
+
+def sharded_model_pieces(params: list[LocalParameter], optimizer, *, saving: bool) -> list[Piece]:
+    """``model_pieces`` under ZeRO-3: the parameters' boxes are views of the rank's shards."""
+    return _flat_pieces(params, optimizer, [("model", "", optimizer.flat)], saving=saving)
+
+
+def has_master_slices(optimizer) -> bool:
+    """ZeRO 1/2 with bf16/fp16 parameters: each slice's fp32 master (zero.py, Note [ZeRO
+    with master weights]) is what a checkpoint holds of the parameters."""
+    return is_zero(optimizer) and getattr(optimizer, "master", None) is not None
+
+
+def master_slice_pieces(params: list[LocalParameter], optimizer, *, saving: bool) -> list[Piece]:
+    """``model_pieces`` from the fp32 master slices (``has_master_slices``)."""
+    return [piece for part in _parts(optimizer)
+            for piece in _flat_pieces(params, part, [("model", "", part.master)], saving=saving)]
+
+
+def optimizer_pieces(params: list[LocalParameter], optimizer, *, saving: bool) -> list[Piece]:
+    """The AdamW moments of this rank as logical boxes (``prepare_state`` first when loading)."""
+    pieces = []
+    if is_zero(optimizer):
+        for part in _parts(optimizer):
+            moments = [("optim", f".{moment}", part.state[moment]) for moment in MOMENTS]
+            pieces += _flat_pieces(params, part, moments, saving=saving)
+        return pieces
+    for info in params:
+        if saving and info.duplicate:
+            continue
+        state = optimizer.state.get(stored(optimizer, info.param))
+        if not state:
+            continue  # never stepped (no gradient yet)
+        for moment in MOMENTS:
+            pieces.append(Piece(f"optim.{info.name}.{moment}", info.full_shape, info.offsets, state[moment]))
+    return pieces
+
+
+def optimizer_step(optimizer) -> int:
+    """AdamW's step count (the bias correction's t), which skipped steps do not advance."""
+    if is_zero(optimizer):
+        return int(_parts(optimizer)[0].state["step"])
+    for state in optimizer.state.values():
+        return int(state["step"])
+    return 0
+
+
+@torch.no_grad()
+def prepare_state(optimizer, step: int) -> None:
+    """Give a fresh optimizer the state a checkpoint's moments are read into."""
+    if is_zero(optimizer):
+        for part in _parts(optimizer):
+            part.state["step"] = int(step)
+        return
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            optimizer.state[param] = {
+                "step": torch.tensor(float(step), dtype=torch.float32),
+                "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
+            }

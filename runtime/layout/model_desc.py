@@ -1,0 +1,494 @@
+"""One description of the model: its modules, shapes, parameter counts, FLOPs, saved activations.
+
+Takes: a ``ModelConfig``. Gives: ``describe(config)`` → ``ModelDesc``: every module in
+model order as ``model.py`` names it (``layers.3.attn.q_proj``), with its parameters'
+full shapes and the dim tp splits; the parameters of the model, of a block, of a
+pipeline stage on one tp rank, and those whose gradients are partial under sequence
+parallelism; model FLOPs per token; the elements a block saves for backward.
+
+Pure Python, no torch: the code generator reads it as ``parc.runtime.layout.model_desc``
+(settle_training's count in train.py's docstring, partition_layers' TP table, the
+cost model) and the trainer as ``parc_runtime.model_desc`` (``model.py`` checks the
+model it built against it, ``metrics.py`` counts FLOPs with it). ``runtime/models/model.py``
+re-exports ``ModelConfig``.
+
+Each block has a ``BlockDesc`` of its own (``ModelDesc.blocks``), so blocks may
+differ: a mixture-of-experts block would list its experts' modules (and carry its
+expert count) there, and every count here follows. Build descriptions with
+``describe``: the counts are memoized per (config, tp), the planner asks thousands
+of times.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from . import constraints
+from .saved_elements import block_saved_elements, head_saved_elements
+
+ARCHS = ("gpt", "llama")
+ROUTERS = ("softmax", "sigmoid")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    arch: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    padded_vocab: int
+    seq_len: int
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True
+    experts: int = 0
+    """Routed experts of each MoE block; 0: a dense model (runtime/parallel/expert/moe.py)."""
+    top_k: int = 2
+    expert_ffn: int | None = None
+    """Hidden size of each expert (None: ``ffn``); read it as ``expert_hidden``."""
+    moe_every: int = 1
+    shared_experts: int = 0
+    router: str = "softmax"
+    capacity_factor: float | None = None
+    """None: dropless."""
+    aux_loss: float = 0.01
+    z_loss: float = 0.0
+
+    def __post_init__(self):
+        if self.arch not in ARCHS:
+            raise ValueError(f"ModelConfig: arch must be 'gpt' or 'llama', not {self.arch!r}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"ModelConfig: router must be one of {ROUTERS}, not {self.router!r}")
+        shape = {"hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads,
+                 "experts": self.experts, "top_k": self.top_k}
+        for violation in constraints.violations(shape):  # the rules parc check applies
+            raise ValueError(f"ModelConfig: {violation.message}")
+        if self.padded_vocab < self.vocab:
+            raise ValueError(f"ModelConfig: padded_vocab = {self.padded_vocab} < vocab = {self.vocab}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def expert_hidden(self) -> int:
+        return self.ffn if self.expert_ffn is None else self.expert_ffn
+
+    def is_moe(self, index: int) -> bool:
+        """Whether block ``index`` is a mixture of experts: every ``moe_every``-th block,
+        from block 0 (Megatron's ``moe_layer_freq``)."""
+        return self.experts > 0 and index % self.moe_every == 0
+
+
+# ---- the description ---------------------------------------------------------------
+
+LINEAR, EMBEDDING, NORM, GROUPED = "linear", "embedding", "norm", "grouped_linear"
+"""Module layers; ``grouped_linear``: E experts' weights as one (E, out, in) tensor."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamDesc:
+    name: str
+    """``weight`` or ``bias``."""
+    shape: tuple[int, ...]
+    """The whole tensor's shape."""
+    split_dim: int | None = None
+    """The dim tp splits when the module is sharded; None: whole on every tp rank."""
+    sequence_parallel: bool = False
+    """Replicated, but sees only a sequence shard under sp: its gradient is partial
+    (runtime/models/model.py, Note [sequence-parallel gradients])."""
+
+    def local_shape(self, tp: int = 1) -> tuple[int, ...]:
+        """The shard one rank holds when the module is split over ``tp`` ranks."""
+        return tuple(n // tp if d == self.split_dim else n for d, n in enumerate(self.shape))
+
+    def numel(self, tp: int = 1) -> int:
+        return math.prod(self.local_shape(tp))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModuleDesc:
+    name: str
+    """As the runtime names it: ``embed``, ``layers.3.attn.q_proj``, ``head``."""
+    kind: str
+    """The name without its layer prefix (``attn.q_proj``); the TP table's word for it."""
+    layer: str
+    """``linear``, ``embedding``, ``norm`` or ``grouped_linear`` (experts)."""
+    style: str | None
+    """How tp splits it when it is sharded (``colwise``, ``rowwise``, ``vocab``,
+    ``vocab_head``: runtime/parallel/tensor/tp_plan.py); None: always replicated."""
+    params: tuple[ParamDesc, ...]
+    tied_to: str | None = None
+    """The module whose weight this one is (the tied head: ``embed``), or None."""
+
+    @property
+    def pattern(self) -> str:
+        """The name with ``*`` for the layer index, as train.py's ``TP_PLAN`` writes it."""
+        return "layers.*." + self.kind if self.name.startswith("layers.") else self.name
+
+    @property
+    def weight(self) -> ParamDesc:
+        return self.params[0]
+
+    def numel(self, tp: int = 1) -> int:
+        """Elements on one rank when the module is split over ``tp`` ranks (1: whole)."""
+        return sum(p.numel(tp) for p in self.params)
+
+    def grid_shape(self, param: ParamDesc, grid) -> tuple[int, ...]:
+        """``param``'s shard on one rank of an R × C tp grid (Note [2D tensor parallelism] in
+        layers2d.py): colwise linears, the embedding and the head (out/C, in/R), their
+        biases out/C; rowwise ones (out/R, in/C), biases out/R; norms and positions split
+        their features over R."""
+        rows, cols = grid
+        if self.style in ("colwise", "vocab", "vocab_head"):
+            split = (cols, rows)
+        elif self.style == "rowwise":
+            split = (rows, cols)
+        else:
+            return param.shape[:-1] + (param.shape[-1] // rows,)
+        return tuple(n // parts for n, parts in zip(param.shape, split))
+
+    def grid_numel(self, grid) -> int:
+        """Elements on one rank of an R × C tp grid (``grid_shape``)."""
+        return sum(math.prod(self.grid_shape(p, grid)) for p in self.params)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockDesc:
+    """One transformer block (``layers.{index}``): attention, then the MLP."""
+
+    index: int
+    modules: tuple[ModuleDesc, ...]
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    experts: int = 0
+    """Routed experts of this block (0: a dense MLP)."""
+    top_k: int = 0
+
+    def matmul_weights(self, part: str | None = None) -> int:
+        """Elements of the weights a token meets in a matmul (no biases, no norms), of the
+        whole block or of one ``part`` (``attn``, ``mlp``): of the experts, the top_k a
+        token is routed to."""
+        total = 0
+        for m in self.modules:
+            if part is not None and not m.kind.startswith(part + "."):
+                continue
+            if m.layer == LINEAR:
+                total += m.weight.numel()
+            elif m.layer == GROUPED:
+                total += m.weight.numel() // self.experts * self.top_k
+        return total
+
+    def inactive_params(self) -> int:
+        """Expert elements a token does not meet: (experts − top_k) / experts of them."""
+        grouped = sum(m.numel() for m in self.modules if m.layer == GROUPED)
+        return grouped - grouped // self.experts * self.top_k if self.experts else 0
+
+    def core_flops_per_token(self, seq_len: int) -> float:
+        """Forward FLOPs of the attention core per token: q·kᵀ and (·)v over ``seq_len``
+        positions, 2·2·H·Q·T (causal masking not discounted)."""
+        return 4.0 * self.heads * self.head_dim * seq_len
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """PaLM's training FLOPs: 6 per matmul weight, three times the attention core
+        (12·H·Q·T): forward, and backward twice it."""
+        return 6.0 * self.matmul_weights() + 3.0 * self.core_flops_per_token(seq_len)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamCount:
+    elements: int
+    tensors: int
+
+    def __add__(self, other: ParamCount) -> ParamCount:
+        return ParamCount(elements=self.elements + other.elements, tensors=self.tensors + other.tensors)
+
+    def __sub__(self, other: ParamCount) -> ParamCount:
+        return ParamCount(elements=self.elements - other.elements, tensors=self.tensors - other.tensors)
+
+
+NONE = ParamCount(elements=0, tensors=0)
+
+
+def _count(modules, tp: int, sharded=None, grid=None) -> ParamCount:
+    """Parameters of ``modules`` on one rank; ``sharded``: the names tp splits (None: every
+    module with a style, as parc's TP table does when tp > 1); ``grid``: (R, C) under 2D
+    tensor parallelism, which splits every module (``ModuleDesc.grid_shape``)."""
+    elements = tensors = 0
+    for module in modules:
+        split = module.style is not None if sharded is None else module.name in sharded
+        elements += module.grid_numel(grid) if grid is not None else module.numel(tp if split else 1)
+        tensors += len(module.params)
+    return ParamCount(elements=elements, tensors=tensors)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelDesc:
+    """The model in model order: ``embed`` (first stage), ``blocks``, ``head`` (last stage)."""
+
+    config: ModelConfig
+    embed: tuple[ModuleDesc, ...]
+    """``embed`` and, for gpt, ``pos_embed``."""
+    blocks: tuple[BlockDesc, ...]
+    head: tuple[ModuleDesc, ...]
+    """``final_norm`` and ``head`` (whose weight is ``embed``'s when tied, on one stage)."""
+
+    @property
+    def modules(self) -> tuple[ModuleDesc, ...]:
+        return self.embed + tuple(m for b in self.blocks for m in b.modules) + self.head
+
+    def module(self, name: str) -> ModuleDesc:
+        """The module called ``name``; KeyError for a name the model does not have."""
+        return _by_name(self.config)[name]
+
+    @property
+    def parameters(self) -> int:
+        """Parameters of the whole model, a tied embedding counted once."""
+        return self.params().elements
+
+    @property
+    def active_parameters(self) -> int:
+        """Parameters one token meets: of each MoE block's experts only its top_k."""
+        return self.parameters - sum(b.inactive_params() for b in self.blocks)
+
+    def params(self, tp: int = 1) -> ParamCount:
+        """The whole model on one tp rank of one pipeline stage (a tied head counted once)."""
+        return self.stage_params(tp)
+
+    def block_params(self, index: int, tp: int = 1) -> ParamCount:
+        return _counts(self.config, tp).blocks[index]
+
+    def embed_params(self, tp: int = 1) -> ParamCount:
+        return _counts(self.config, tp).embed
+
+    def head_params(self, tp: int = 1, *, weight: bool = True) -> ParamCount:
+        """The final norm and, with ``weight``, a head matrix of its own (untied, or the
+        tied copy a later pipeline stage holds)."""
+        counts = _counts(self.config, tp)
+        return counts.norm + counts.head_weight if weight else counts.norm
+
+    def has_head_weight(self, *, first: bool) -> bool:
+        """Whether a last stage holds a head matrix: untied, or not also the first stage
+        (runtime/models/model.py, Note [tied embeddings across stages])."""
+        return not self.config.tie_embeddings or not first
+
+    def stage_params(
+        self, tp: int = 1, *, layers: tuple[int, int] | None = None, first: bool = True, last: bool = True,
+        sharded=None, ep: int = 1, grid=None,
+    ) -> ParamCount:
+        """Parameters of one tp rank of a pipeline stage holding blocks ``layers = (start,
+        stop)`` (all by default), the embedding when ``first``, the final norm and head
+        when ``last``. ``sharded``: the module names tp splits, when not parc's table;
+        ``ep``: the ranks that split each MoE block's experts (ep·etp: an expert-parallel rank
+        holds experts / ep of them, an expert-tensor-parallel rank 1 / etp of each);
+        ``grid``: (R, C) under 2D tensor parallelism with R > 1 (dense models only)."""
+        start, stop = (0, len(self.blocks)) if layers is None else layers
+        if grid is not None:
+            modules = (self.embed if first else ()) + tuple(m for b in self.blocks[start:stop] for m in b.modules)
+            if last:
+                modules += self.head if self.has_head_weight(first=first) else self.head[:-1]
+            return _count(modules, 1, grid=grid)
+        if ep > 1:  # each rank holds 1 / (ep·etp) of every MoE block's expert weights
+            whole = self.stage_params(tp, layers=(start, stop), first=first, last=last, sharded=sharded)
+            grouped = sum(m.numel() for b in self.blocks[start:stop] for m in b.modules if m.layer == GROUPED)
+            return ParamCount(elements=whole.elements - grouped + grouped // ep, tensors=whole.tensors)
+        if sharded is not None:
+            modules = (self.embed if first else ()) + tuple(
+                m for b in self.blocks[start:stop] for m in b.modules
+            )
+            if last:
+                modules += self.head if self.has_head_weight(first=first) else self.head[:-1]
+            return _count(modules, tp, frozenset(sharded))
+        counts = _counts(self.config, tp)
+        total = counts.prefix[stop] - counts.prefix[start]
+        if first:
+            total += counts.embed
+        if last:
+            total += self.head_params(tp, weight=self.has_head_weight(first=first))
+        return total
+
+    def sequence_parallel_params(
+        self, *, layers: tuple[int, int] | None = None, first: bool = True, last: bool = True, grid=None,
+    ) -> int:
+        """Elements of a stage whose gradients are partial under sp (norms, row-parallel
+        biases, gpt's positions); the caller decides whether sp is on. ``grid``: (R, C)
+        under 2D tensor parallelism, where a rank holds their h/R features."""
+        start, stop = (0, len(self.blocks)) if layers is None else layers
+        if grid is not None:
+            modules = (self.embed if first else ()) + tuple(m for b in self.blocks[start:stop] for m in b.modules)
+            modules += self.head if last else ()
+            return sum(math.prod(m.grid_shape(p, grid)) for m in modules for p in m.params if p.sequence_parallel)
+        counts = _counts(self.config, 1)
+        total = counts.sp_prefix[stop] - counts.sp_prefix[start]
+        return total + (counts.sp_embed if first else 0) + (counts.sp_head if last else 0)
+
+    def flops_per_token(self) -> float:
+        """Model FLOPs per token of training (PaLM's 6·N + 12·L·H·Q·T): N the matmul weights
+        of the blocks and the head (vocab·hidden, tied or not, unpadded, as nanoGPT counts
+        it), not the embedding lookups, norms or biases."""
+        return _flops_per_token(self.config)
+
+    def block_saved_elements(
+        self, index: int, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True,
+        ep: int = 1, imbalance: float = 1.0, etp: int = 1, grid=None,
+    ) -> float:
+        """Elements saved per token by block ``index`` (saved_elements.py, Note [what parc's
+        trainer saves]); ``ep``, ``imbalance``: a MoE block's expert parallelism and routing;
+        ``grid``: (R, C) under 2D tensor parallelism, else None."""
+        return block_saved_elements(self.config, self.blocks[index], tp=tp, sp=sp, recompute=recompute,
+                                    micro_batch=micro_batch, compiled=compiled, ep=ep, imbalance=imbalance,
+                                    etp=etp, grid=grid)
+
+    def head_saved_elements(self, *, tp: int, sp: bool, compiled: bool = True, grid=None) -> float:
+        """Elements saved per token by the final norm, the head and the loss (last stage)."""
+        return head_saved_elements(self.config, tp=tp, sp=sp, compiled=compiled, grid=grid)
+
+
+# ---- building it -------------------------------------------------------------------
+
+
+def _linear(name, kind, style, out_features, in_features, bias, *, sp_bias=False):
+    split = {"colwise": 0, "rowwise": 1}[style]
+    params = [ParamDesc(name="weight", shape=(out_features, in_features), split_dim=split)]
+    if bias:  # a column-parallel bias is split with its rows; a row-parallel one is whole
+        params.append(ParamDesc(name="bias", shape=(out_features,), split_dim=0 if split == 0 else None,
+                                sequence_parallel=sp_bias))
+    return ModuleDesc(name=name, kind=kind, layer=LINEAR, style=style, params=tuple(params))
+
+
+def _norm(name, kind, config):
+    names = ("weight",) if config.arch == "llama" else ("weight", "bias")  # RMSNorm, LayerNorm
+    params = tuple(ParamDesc(name=n, shape=(config.hidden,), sequence_parallel=True) for n in names)
+    return ModuleDesc(name=name, kind=kind, layer=NORM, style=None, params=params)
+
+
+def _block(config: ModelConfig, index: int) -> BlockDesc:
+    """Block ``index``: the one place its modules are listed (an MoE block's experts go here)."""
+    C, D, F, bias = config.hidden, config.head_dim, config.ffn, config.arch == "gpt"
+    q, kv = config.heads * D, config.kv_heads * D
+    prefix = f"layers.{index}."
+
+    def linear(kind, style, out_features, in_features):
+        sp_bias = style == "rowwise"  # added after the reduce-scatter, on a sequence shard
+        return _linear(prefix + kind, kind, style, out_features, in_features, bias, sp_bias=sp_bias)
+
+    modules = [
+        _norm(prefix + "attn_norm", "attn_norm", config),
+        linear("attn.q_proj", "colwise", q, C),
+        linear("attn.k_proj", "colwise", kv, C),
+        linear("attn.v_proj", "colwise", kv, C),
+        linear("attn.o_proj", "rowwise", C, q),
+        _norm(prefix + "mlp_norm", "mlp_norm", config),
+    ]
+    if config.is_moe(index):
+        modules += _moe_modules(config, prefix)
+        return BlockDesc(index=index, modules=tuple(modules), heads=config.heads, kv_heads=config.kv_heads,
+                         head_dim=D, ffn=config.expert_hidden, experts=config.experts, top_k=config.top_k)
+    if config.arch == "llama":  # SwiGLU: silu(gate) · up
+        modules.append(linear("mlp.gate_proj", "colwise", F, C))
+    modules += [linear("mlp.up_proj", "colwise", F, C), linear("mlp.down_proj", "rowwise", C, F)]
+    return BlockDesc(index=index, modules=tuple(modules), heads=config.heads, kv_heads=config.kv_heads,
+                     head_dim=D, ffn=F)
+
+
+def _replicated(name, kind, out_features, in_features, bias, *, sp=False):
+    """``sp``: under sequence parallelism it sees a sequence shard (moe.py: the router and
+    the shared experts), so its gradients are partial until summed over tp."""
+    params = [ParamDesc(name="weight", shape=(out_features, in_features), sequence_parallel=sp)]
+    if bias:
+        params.append(ParamDesc(name="bias", shape=(out_features,), sequence_parallel=sp))
+    return ModuleDesc(name=name, kind=kind, layer=LINEAR, style=None, params=tuple(params))
+
+
+def _moe_modules(config: ModelConfig, prefix: str) -> list[ModuleDesc]:
+    """A mixture-of-experts MLP (runtime/parallel/expert/moe.py): the router (C → E), the experts as
+    grouped weights (E, out, in) without biases, and the shared experts as one MLP of
+    shared_experts · expert_ffn (biases for gpt, as its dense MLP). Replicated over tp."""
+    C, E, F = config.hidden, config.experts, config.expert_hidden
+    llama = config.arch == "llama"
+    names = (("gate_proj", (E, F, C)),) if llama else ()
+    names += (("up_proj", (E, F, C)), ("down_proj", (E, C, F)))
+    modules = [_replicated(prefix + "mlp.router", "mlp.router", E, C, False, sp=True)]
+    modules += [
+        ModuleDesc(name=f"{prefix}mlp.experts.{n}", kind=f"mlp.experts.{n}", layer=GROUPED, style=None,
+                   params=(ParamDesc(name="weight", shape=shape),))
+        for n, shape in names
+    ]
+    if config.shared_experts:
+        S = config.shared_experts * F
+        shared = (("gate_proj", S, C),) if llama else ()
+        shared += (("up_proj", S, C), ("down_proj", C, S))
+        modules += [_replicated(f"{prefix}mlp.shared_experts.{n}", f"mlp.shared_experts.{n}", o, i, not llama, sp=True)
+                    for n, o, i in shared]
+    return modules
+
+
+@functools.lru_cache(maxsize=256)
+def describe(config: ModelConfig) -> ModelDesc:
+    """The description of ``config``'s model (runtime/models/model.py builds exactly this)."""
+    V, C = config.padded_vocab, config.hidden
+    embed = [ModuleDesc(name="embed", kind="embed", layer=EMBEDDING, style="vocab",
+                        params=(ParamDesc(name="weight", shape=(V, C), split_dim=0),))]
+    if config.arch == "gpt":  # learned positions, replicated
+        embed.append(ModuleDesc(name="pos_embed", kind="pos_embed", layer=EMBEDDING, style=None,
+                                params=(ParamDesc(name="weight", shape=(config.seq_len, C),
+                                                  sequence_parallel=True),)))
+    head = (
+        _norm("final_norm", "final_norm", config),
+        ModuleDesc(name="head", kind="head", layer=LINEAR, style="vocab_head",
+                   params=(ParamDesc(name="weight", shape=(V, C), split_dim=0),),
+                   tied_to="embed" if config.tie_embeddings else None),
+    )
+    blocks = tuple(_block(config, i) for i in range(config.layers))
+    return ModelDesc(config=config, embed=tuple(embed), blocks=blocks, head=head)
+
+
+@functools.lru_cache(maxsize=256)
+def _by_name(config: ModelConfig) -> dict[str, ModuleDesc]:
+    return {m.name: m for m in describe(config).modules}
+
+
+@functools.lru_cache(maxsize=256)
+def _flops_per_token(config: ModelConfig) -> float:
+    head = 6.0 * config.vocab * config.hidden
+    return sum(b.flops_per_token(config.seq_len) for b in describe(config).blocks) + head
+
+
+@dataclass(frozen=True, slots=True)
+class _Counts:
+    prefix: tuple[ParamCount, ...]
+    """prefix[i]: blocks 0 .. i−1 together."""
+    blocks: tuple[ParamCount, ...]
+    embed: ParamCount
+    norm: ParamCount
+    head_weight: ParamCount
+    sp_prefix: tuple[int, ...]
+    sp_embed: int
+    sp_head: int
+
+
+def _sp_elements(modules) -> int:
+    return sum(p.numel() for m in modules for p in m.params if p.sequence_parallel)
+
+
+@functools.lru_cache(maxsize=1024)
+def _counts(config: ModelConfig, tp: int) -> _Counts:
+    desc = describe(config)
+    blocks = tuple(_count(b.modules, tp) for b in desc.blocks)
+    prefix, sp_prefix = [NONE], [0]
+    for block, count in zip(desc.blocks, blocks):
+        prefix.append(prefix[-1] + count)
+        sp_prefix.append(sp_prefix[-1] + _sp_elements(block.modules))
+    return _Counts(
+        prefix=tuple(prefix), blocks=blocks, embed=_count(desc.embed, tp), norm=_count(desc.head[:-1], tp),
+        head_weight=_count(desc.head[-1:], tp), sp_prefix=tuple(sp_prefix), sp_embed=_sp_elements(desc.embed),
+        sp_head=_sp_elements(desc.head),
+    )

@@ -1,0 +1,185 @@
+"""The tensors parc's trainer saves for backward, in elements per token, from the shapes.
+
+Takes: a ``ModelConfig`` and a block's description (``model_desc.BlockDesc``: heads,
+kv heads, head dim, ffn) and the layout's tp, sp, recompute, micro-batch and kernels
+(``compiled``: True, False, or the kinds of fused op that run, runtime/layout/kernel_sizes.py).
+Gives: ``block_saved_elements`` and ``head_saved_elements``, which ``model_desc``
+hands out (``ModelDesc.block_saved_elements``) and the planner's memory model
+(``codegen/planner/cost/memory.py``) multiplies by tokens and bytes. Pure Python, no torch.
+
+Note [what parc's trainer saves]: the activations are the tensors autograd saves in
+``runtime/models/model.py``, counted per token, in elements (h hidden, F ffn, a heads,
+k = kv_heads·head_dim, t = tp):
+
+  gpt block:   4h (residual x twice, each norm's output as the next linear's input)
+               + q h + k + v k + attention output h + up F + gelu F, all /t
+               + norm statistics 4 and log-sum-exp a/t (flash attention: no s² term)
+  llama block: eager ops: 6h (RMSNorm saves x, x·rstd and its output) + rotated q h,
+               k, v k, output h, gate F, up F, silu F, product F (/t), rstd 2,
+               lse a/t, cos/sin tables 4·T·D per micro-batch; compiled kernels
+               (``train.kernels``, runtime/kernels): 4h (the fused norm saves x
+               and rstd) and SwiGLU saves gate and up but not silu (3F), tables T·D
+  sp:          the norms' tensors are /t, but the column linears keep their
+               all-gathered input whole: one for q, k, v and one for the MLP's up (and
+               gate), which enter the tp region together (``layers.project``): 2h.
+  selective:   the attention core's lse and tables go; full: the block input only
+               (h, or h/t under sp).
+  MoE block:   the dense MLP's F terms are replaced by the routed rows' (runtime/parallel/expert/moe.py):
+               r rows per token on this rank (top_k; /t under ep > 1, where each tp rank
+               dispatches a share, and under sp; times the routing imbalance on the
+               busiest rank), each saving its gathered input h and 4F_e (llama: gate,
+               up, silu, product) or 2F_e (gpt: up, gelu) and its int64 indices (2
+               each: the permutation's; ep's regroup and return, etp's too), plus every
+               token's top_k combined rows h (eager: 2h), their weights and two int64
+               indices, the router's probabilities E, sort indices 2E (the top-k slice
+               keeps the whole int64 storage), chosen scores K and their sum, the
+               z-loss's logits E and log-sum-exp (the router's terms and the combine's
+               /t under sp, where a tp rank routes its own shard and no column linear
+               gathers the MLP's input); shared experts as a dense MLP of S·F_e (eager:
+               4 or 2 per F).
+
+  2D grid:     (R, C) = tp_shape (Note [2D tensor parallelism] in layers2d.py): the
+               stream and the norms hold h/R features, the column linears' outputs
+               and the attention core out/C and heads/C, the same on the R ranks of a
+               column (the attention's repeated copies). The 2D norm is eager whatever
+               the kernels: it saves two tensors of h/R (LayerNorm: x − mean and the
+               normalized x; RMSNorm: x and x·rstd) and one statistic, and its output is
+               the column linears' input (h/R): 6h/R + 2, plus sharded/C, lse a/C and
+               llama's tables as in 1D. Under sp (Note [2D sequence parallelism]) the
+               norms run on T/C tokens: 4h/(R·C) + 2/C, and each region's all-gathered
+               input is kept whole, 2h/R; full recompute keeps h/R (h/(R·C) under sp).
+
+Those were read off ``saved_tensors_hooks`` on CPU and are checked against the
+trainer's measurement in tests/planner. The working set of a recomputed layer and the
+gradient flat buffers are real memory but not saved activations (cost/memory.py's
+``buffers``); the model state is in cost/memory.py's Note [what parc's trainer holds].
+"""
+
+from __future__ import annotations
+
+
+def _takes(compiled, kind: str) -> bool:
+    """Whether the fused ``kind`` of op runs: ``compiled`` is True (every kind), False
+    (eager) or the kinds that pay at the model's size (``kernel_sizes.kinds_that_pay``)."""
+    return compiled if isinstance(compiled, bool) else kind in compiled
+
+
+def block_saved_elements(
+    config, block, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True,
+    ep: int = 1, imbalance: float = 1.0, etp: int = 1, grid=None,
+) -> float:
+    """Elements saved per token by one block (Note [what parc's trainer saves]); ``ep``,
+    ``etp`` and ``imbalance`` matter to a MoE block only; ``grid``: (R, C) under 2D tensor
+    parallelism with R > 1 (dense blocks only: experts are refused there), else None."""
+    if grid is not None:
+        return _grid_block(config, block, grid=grid, sp=sp, recompute=recompute, micro_batch=micro_batch,
+                           compiled=compiled)
+    dense = _dense_block(config, block, tp=tp, sp=sp, recompute=recompute, micro_batch=micro_batch,
+                         compiled=compiled)
+    if block.experts and recompute != "full":
+        return dense - _dense_mlp(config, block, tp, compiled) + moe_saved_elements(
+            config, block, tp=tp, ep=ep, imbalance=imbalance, etp=etp, sp=sp, compiled=compiled)
+    return dense
+
+
+def _dense_block(config, block, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool) -> float:
+    h, F, a, t = config.hidden, block.ffn, block.heads, tp
+    k = block.kv_heads * block.head_dim
+    if recompute == "full":
+        return h / t if sp else h
+    core_extra = a / t  # log-sum-exp of the flash attention
+    if config.arch == "gpt":
+        whole, stats = 4 * h, 4.0
+        sharded = 2 * h + 2 * k + 2 * F
+    else:  # the fused RMSNorm saves x and rstd, SwiGLU gate and up, rotary its (T, D/2) tables
+        whole, stats = (4 * h if _takes(compiled, "rms_norm") else 6 * h), 2.0
+        sharded = 2 * h + 2 * k + (3 if _takes(compiled, "swiglu") else 4) * F
+        core_extra += (1 if _takes(compiled, "rotary") else 4) * block.head_dim / micro_batch  # eager: (T, D) for q and k
+    if recompute == "selective":
+        core_extra = 0.0
+    if sp:
+        # The attention's and the MLP's column linears each share one all-gathered input,
+        # kept whole; the norms' tensors stay sharded.
+        norm_outputs = 2 * h
+        return 2 * h + (whole - norm_outputs + stats) / t + sharded / t + core_extra
+    return whole + stats + sharded / t + core_extra
+
+
+def _sharded_and_core(config, block, *, recompute: str, micro_batch: int, compiled: bool) -> tuple[float, float]:
+    """(the tensors split over the tp ranks that hold different heads and ffn columns, per
+    token before that split; the attention core's extras on one rank of C = 1)."""
+    h, F, a = config.hidden, block.ffn, block.heads
+    k = block.kv_heads * block.head_dim
+    core = float(a)
+    if config.arch == "gpt":
+        sharded = 2 * h + 2 * k + 2 * F
+    else:
+        sharded = 2 * h + 2 * k + (3 if _takes(compiled, "swiglu") else 4) * F
+    return sharded, 0.0 if recompute == "selective" else core
+
+
+def _grid_block(config, block, *, grid, sp: bool, recompute: str, micro_batch: int, compiled: bool) -> float:
+    """A dense block on an R × C grid (Note [what parc's trainer saves], 2D grid)."""
+    rows, cols = grid
+    h = config.hidden
+    if recompute == "full":
+        return h / (rows * cols) if sp else h / rows
+    sharded, core = _sharded_and_core(config, block, recompute=recompute, micro_batch=micro_batch, compiled=compiled)
+    tables = 0.0
+    if config.arch == "llama" and recompute != "selective":  # rotary's cos and sin, per micro-batch
+        tables = (1 if _takes(compiled, "rotary") else 4) * block.head_dim / micro_batch
+    heads_part = sharded / cols + core / cols + tables
+    if sp:
+        return 4 * h / (rows * cols) + 2 / cols + 2 * h / rows + heads_part
+    return 6 * h / rows + 2 + heads_part
+
+
+def _dense_mlp(config, block, tp: int, compiled: bool) -> float:
+    """The F terms of a dense block's MLP per token on a tp rank (see above)."""
+    if config.arch == "gpt":
+        return 2 * block.ffn / tp
+    return (3 if _takes(compiled, "swiglu") else 4) * block.ffn / tp
+
+
+def moe_saved_elements(config, block, *, tp: int, ep: int, imbalance: float = 1.0, etp: int = 1, sp: bool = False,
+                       compiled: bool = True) -> float:
+    """Elements per token a MoE block's router, experts and combine save (Note [what parc's
+    trainer saves], MoE block); the experts' activation is eager either way."""
+    h, F, K, E = config.hidden, block.ffn, block.top_k, block.experts
+    per_row = 4 * F if config.arch == "llama" else 2 * F
+    own = 1 / tp if sp else 1  # Note [MoE under sequence parallelism]: a tp rank routes its shard
+    rows = K / tp if ep * etp > 1 or sp else K  # Note [expert dispatch under tp] (moe.py)
+    # Note [expert tensor parallelism]: the etp group's rows gathered, each with 1/etp of the ffn
+    routed = rows * etp * imbalance * (h + per_row / etp)
+    # int64 indices (2 elements a row): the permutation's, and where the ep exchange and the
+    # etp gather regroup the rows arrived and send them back (moe.exchange_plan, run_local)
+    indices = 2 * rows + (4 * rows * imbalance if ep > 1 else 0) + (4 * rows * etp * imbalance if etp > 1 else 0)
+    # each token's top_k rows before weighting (the eager combine also keeps them weighted),
+    # their weights, and two int64 indices of them (the weights' gather, the scatter-add's)
+    combine = own * K * ((h if _takes(compiled, "moe") else 2 * h) + 1 + 2 + 2)
+    # the softmax's probabilities, the sort's int64 indices (the top-k slice keeps all E),
+    # the chosen scores and their sum, the logits and log-sum-exp of the z-loss
+    router = own * (E + 2 * E + K + 1 + E + 1)
+    shared = config.shared_experts * per_row  # a dense MLP of S·F_e, replicated over tp
+    # under sp without shared experts no column linear gathers the MLP's input: the
+    # router keeps the norm's shard, not the whole input _dense_block counts
+    ungathered = (h / tp - h) if sp and tp > 1 and not config.shared_experts else 0.0
+    return routed + indices + combine + router + shared + ungathered
+
+
+def head_saved_elements(config, *, tp: int, sp: bool, compiled: bool = True, grid=None) -> float:
+    """Elements saved per token by the final norm, the head and the loss (last stage);
+    ``grid``: (R, C) under 2D tensor parallelism (the eager 2D norm, the logits' V/C)."""
+    h, t = config.hidden, tp
+    loss = 1.0 if _takes(compiled, "cross_entropy") else 2.25  # int64 targets and the loss's statistics
+    if grid is not None:
+        rows, cols = grid
+        norm = 2 * h / (rows * cols) + 1 / cols + h / rows if sp else 3 * h / rows + 1
+        return norm + config.padded_vocab / cols + loss
+    if config.arch == "gpt":
+        norm = 2 * h + 2  # x and the output; mean and rstd
+    else:
+        norm = (2 * h if _takes(compiled, "rms_norm") else 3 * h) + 1  # x, (x·rstd), the output; rstd
+    if sp:
+        norm = h + (norm - h) / t  # the norm runs on a shard; the head keeps the gathered input
+    return norm + config.padded_vocab / t + loss

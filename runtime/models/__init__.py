@@ -1,0 +1,2 @@
+"""The transformer (``model``: GPT, Llama, MoE blocks) and counter-based initialization (``param_init``).
+"""

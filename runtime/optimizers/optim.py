@@ -1,0 +1,116 @@
+"""AdamW, the learning-rate schedule and global gradient-norm clipping.
+
+Takes: the (possibly sharded) model. Gives: the optimizer, ``lr_at`` and
+``clip_grad_norm_``. AdamW is elementwise, so running it on shards is exactly
+running it on the full tensors; only the gradient norm needs communication.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from ..distributed.comm import exposed, group_size
+
+
+def build_optimizer(model, *, lr, betas, weight_decay, eps):
+    """AdamW with weight decay on matrices only (not on norms and biases)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, foreach=False)
+
+
+def lr_at(step, *, kind, peak_lr, warmup, total_steps, min_lr_ratio):
+    """The learning rate of 1-based ``step``: linear warmup, then constant/cosine/linear.
+
+    Step s <= warmup gets peak_lr·s/warmup; then the decay runs from peak_lr after the
+    warmup to min_lr_ratio·peak_lr at ``total_steps`` (and stays there).
+    """
+    if kind not in ("constant", "cosine", "linear"):
+        raise ValueError(f"unknown lr schedule {kind!r}: constant, cosine or linear")
+    if warmup > 0 and step <= warmup:
+        return peak_lr * step / warmup
+    if kind == "constant":
+        return peak_lr
+    span = max(1, total_steps - warmup)
+    progress = min(1.0, max(0.0, (step - warmup) / span))
+    floor = peak_lr * min_lr_ratio
+    if kind == "cosine":
+        return floor + (peak_lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return peak_lr - (peak_lr - floor) * progress  # linear
+
+
+def set_lr(optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def clip_grad_norm_(
+    model, max_norm, *, tp_group, pp_group=None, ep_group=None, etp_group=None, grad_scale: float = 1.0
+) -> float:
+    """Scale gradients so their global norm is at most ``max_norm``; return the norm.
+
+    Tensor-parallel shards (``param.tensor_parallel``) contribute their squares summed
+    over the tp group; replicated parameters, identical on every tp rank, count once;
+    pipeline stages' squares are summed over ``pp_group``, and a stage's copy of a
+    tied embedding (``param.pipeline_duplicate``) is not counted again. Experts split
+    over expert-parallel ranks (``param.expert_parallel``) sum their squares over ``ep_group``
+    and ``etp_group`` (each rank's slices of its experts, Note [expert tensor parallelism]).
+    ``max_norm == 0`` only measures. ``grad_scale``: the gradients are of the loss times
+    it (fp16, loss_scale.py); they are divided by it first.
+    """
+    sharded, replicated, duplicates, experts, copies = [], [], [], [], []
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        if getattr(p, "expert_parallel", False):
+            experts.append(p.grad)
+        elif getattr(p, "pipeline_duplicate", False):
+            duplicates.append(p.grad)  # clipped, but counted on the first stage
+        else:
+            (sharded if getattr(p, "tensor_parallel", False) else replicated).append(p.grad)
+            if getattr(p, "tensor_parallel", False):
+                copies.append(int(getattr(p, "tp_copies", 1)))
+    if grad_scale != 1.0:
+        for g in sharded + replicated + duplicates + experts:
+            g.mul_(1.0 / grad_scale)
+    device = next(model.parameters()).device
+    zero = torch.zeros((), dtype=torch.float32, device=device)
+    # a value held by k tp ranks (2D: ``tp_copies``, Note [2D tensor parallelism]) counts 1/k on each
+    sharded_sq = sum((g.float().pow(2).sum() / k if k > 1 else g.float().pow(2).sum()
+                      for g, k in zip(sharded, copies)), zero)
+    if group_size(tp_group) > 1:
+        with exposed():
+            dist.all_reduce(sharded_sq, group=tp_group)
+    total_sq = sharded_sq + sum((g.float().pow(2).sum() for g in replicated), zero)
+    if experts:
+        expert_sq = sum((g.float().pow(2).sum() for g in experts), zero)
+        if group_size(ep_group) > 1:
+            with exposed():
+                dist.all_reduce(expert_sq, group=ep_group)
+        if group_size(etp_group) > 1:
+            with exposed():
+                dist.all_reduce(expert_sq, group=etp_group)
+        total_sq = total_sq + expert_sq
+    if group_size(pp_group) > 1:
+        with exposed():
+            dist.all_reduce(total_sq, group=pp_group)
+    return clip_to_norm_(sharded + replicated + duplicates + experts, float(total_sq.sqrt()), max_norm)
+
+
+def clip_to_norm_(grads, norm: float, max_norm: float) -> float:
+    """Scale ``grads`` in place so their global ``norm`` is at most ``max_norm`` (0: only
+    measure; a non-finite norm is left for the step guard). The one clip rule: every
+    optimizer's gradient norm (dense, ZeRO, heterogeneous layouts) ends here."""
+    if max_norm > 0 and math.isfinite(norm):
+        scale = max_norm / (norm + 1e-6)
+        if scale < 1.0:
+            for g in grads:
+                g.mul_(scale)
+    return norm

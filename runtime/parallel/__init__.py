@@ -1,0 +1,2 @@
+"""One package per parallel axis: ``tensor``, ``context``, ``expert``, ``pipeline``, ``data``.
+"""

@@ -1,0 +1,152 @@
+"""Ring attention: causal attention over a sequence split in load-balanced chunks over cp ranks.
+
+Takes: this rank's q (B, H, 2c, D) and k, v (B, Hkv, 2c, D) for the 2c = T/cp tokens it
+holds, chunks r and 2·cp−1−r of the sequence's 2·cp chunks of c tokens
+(``data.context_spans``), and the cp group. Gives: ``ring_attention``, the rows of full
+causal attention for those tokens, with its backward. ``context.py`` calls it for
+``cp_kind = ring``; the block attention itself is ``kernels`` (``block_attention`` and its
+backward, which takes the rows' final output and lse: the compiled ops, or the eager
+reference).
+
+Note [ring attention]: K/V blocks travel around the cp ring (rank r sends to r+1 and
+receives from r−1), so at step j rank r holds the K/V of rank s = r − j. Its queries see
+- step 0 (its own block): causal attention over its 2c tokens — the two chunks are in
+  ascending order, so the plain causal mask is right;
+- s < r: chunks s and 2·cp−1−s lie before chunk r and after chunk 2·cp−1−r resp., so all
+  2c queries see chunk s wholly and none sees chunk 2·cp−1−s: (2c queries) × (c keys);
+- s > r: the first query chunk r sees neither key chunk; the second, 2·cp−1−r, sees both
+  wholly: (c queries) × (2c keys).
+Every step after the first costs the same 2c·c scores on every rank: the load balance.
+Each step's partial output and log-sum-exp merge exactly (``merge``), in fp32 (fp64 for
+fp64). The send of block j+1 is posted before block j's compute and waited for after it.
+
+Backward passes K/V around again with their gradient: at step j rank r adds its share
+of dK, dV of block s = r − j to the partial sum that rank r−1 sent it (the sum over
+ranks r−j .. r−1), and sends the sum on to r+1; after cp steps each sum arrives at its
+block's owner. The next K/V block's transfer overlaps the step's compute, the partial
+sum's transfer the next step's.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ...distributed.comm import group_rank, group_size
+
+
+class _Ring:
+    """Point-to-point sends to the next rank of the cp group and receives from the previous one."""
+
+    def __init__(self, group):
+        self.group, self.size, self.rank = group, group_size(group), group_rank(group)
+        self.next = dist.get_global_rank(group, (self.rank + 1) % self.size)
+        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.size)
+
+    def shift(self, x: torch.Tensor, tag: int):
+        """Start sending ``x`` to the next rank and receiving the previous rank's; ``.wait()`` gives it."""
+        received = torch.empty_like(x)
+        works = dist.batch_isend_irecv([
+            dist.P2POp(dist.isend, x.contiguous(), self.next, self.group, tag),
+            dist.P2POp(dist.irecv, received, self.prev, self.group, tag),
+        ])
+        return _Shifted(works, received)
+
+
+class _Shifted:
+    def __init__(self, works, received):
+        self.works, self.received = works, received
+
+    def wait(self) -> torch.Tensor:
+        for work in self.works:
+            work.wait()
+        return self.received
+
+
+_KV, _GRAD = 0, 1
+"""Tags of the two kinds of ring message (gloo matches by tag; NCCL by order, the same on every rank)."""
+
+
+def _part(step, rank, size):
+    """(causal, query rows, key rows) of ring step ``step`` on ``rank``, each rows one of
+    ``"all"``, ``"first"`` or ``"second"`` of the local two chunks (Note [ring attention])."""
+    if step == 0:
+        return True, "all", "all"
+    if (rank - step) % size < rank:  # the block of an earlier rank: its first chunk, for every query
+        return False, "all", "first"
+    return False, "second", "all"  # a later rank's block: both its chunks, for the second query chunk
+
+
+def _rows(t, which, c):
+    """The tokens (dim 2 of (B, H, 2c, ...)) of ``t`` that ``which`` names."""
+    if which == "first":
+        return t[:, :, :c]
+    if which == "second":
+        return t[:, :, c:]
+    return t
+
+
+def merge(out, lse, block_out, block_lse):
+    """Fold a block's (out, lse) into the running ones over other key blocks, in place:
+    lse' = log(e^lse + e^block_lse), out' = out·e^(lse−lse') + block_out·e^(block_lse−lse')."""
+    new = torch.logaddexp(lse, block_lse)
+    out.mul_(torch.exp(lse - new).unsqueeze(-1)).add_(block_out * torch.exp(block_lse - new).unsqueeze(-1))
+    lse.copy_(new)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, group, scale, kernels):
+        ring = _Ring(group)
+        c = q.shape[2] // 2
+        kv = torch.stack((k, v))  # one message: (2, B, Hkv, 2c, D)
+        out = lse = None
+        for step in range(ring.size):
+            pending = ring.shift(kv, _KV) if step < ring.size - 1 else None
+            causal, rows, keys = _part(step, ring.rank, ring.size)
+            block_out, block_lse = kernels.block_attention(
+                _rows(q, rows, c), _rows(kv[0], keys, c), _rows(kv[1], keys, c), causal, scale
+            )
+            if out is None:
+                out, lse = block_out, block_lse  # step 0 covers every row (each sees itself)
+            else:
+                merge(_rows(out, rows, c), _rows(lse, rows, c), block_out, block_lse)
+            if pending is not None:
+                kv = pending.wait()
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.group, ctx.scale, ctx.kernels = group, scale, kernels
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse = ctx.saved_tensors
+        ring, scale, kernels = _Ring(ctx.group), ctx.scale, ctx.kernels
+        c = q.shape[2] // 2
+        dq = torch.zeros_like(out)
+        kv = torch.stack((k, v))
+        sent = None  # the partial dK, dV sum travelling to the next rank
+        for step in range(ring.size):
+            pending = ring.shift(kv, _KV) if step < ring.size - 1 else None
+            causal, rows, keys = _part(step, ring.rank, ring.size)
+            block_dq, block_dk, block_dv = kernels.block_attention_backward(
+                _rows(grad, rows, c), _rows(q, rows, c), _rows(kv[0], keys, c), _rows(kv[1], keys, c),
+                _rows(out, rows, c), _rows(lse, rows, c), causal, scale,
+            )
+            _rows(dq, rows, c).add_(block_dq)
+            dkv = torch.zeros((2, *k.shape), dtype=out.dtype, device=k.device)
+            _rows(dkv[0], keys, c).add_(block_dk)
+            _rows(dkv[1], keys, c).add_(block_dv)
+            if sent is not None:
+                dkv += sent.wait()  # ranks r−step .. r−1's share of this block's gradient
+            sent = ring.shift(dkv, _GRAD)
+            if pending is not None:
+                kv = pending.wait()
+        dkv = sent.wait()  # this rank's own block, summed over every rank's queries
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None
+
+
+def ring_attention(q, k, v, group, scale, kernels):
+    """Causal attention of this rank's load-balanced tokens against the whole sequence
+    (Note [ring attention]); ``kernels``: a module with ``block_attention`` and
+    ``block_attention_backward`` (``kernels.ops`` or ``kernels.reference``)."""
+    return _RingAttention.apply(q, k, v, group, scale, kernels)

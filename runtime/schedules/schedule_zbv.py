@@ -1,0 +1,111 @@
+"""Zero-bubble ZB-V (Qi et al. 2024): two model chunks per rank placed in a V, the
+backward split into B (input gradient) and W (weight gradient).
+
+Takes: pipeline ranks p and micro-batches M. Gives: ``zero_bubble_v_orders(p, M)``,
+the compute order ``(op, micro, chunk)`` of every rank, and ``zero_bubble_v_bound(p,
+M)``, its in-flight bound in micro-batch-chunks. Pure Python. Before: ``placement``
+(chunk 0 of rank r is stage r, chunk 1 stage 2p-1-r). After: ``schedule.build_schedule``
+adds the sends and receives.
+
+Note [ZB-V on paper]: the order is found by running the stages once on paper with
+F = B = W = 1 per chunk (the paper's assumption), each rank greedily picking, when
+it is free: the ready B of the oldest micro-batch (later chunk first: it is nearer the
+loss); else the ready F of the oldest micro-batch (later chunk first) while fewer than
+2·min(p, M) micro-batch-chunks are in flight on the rank (forward done, W not yet);
+else the oldest W it owes; else it idles until the next input arrives. A compute is
+ready when the compute it needs has *finished* by the rank's clock, so the lists are
+a valid execution and deadlock-free under any real timing (schedule.py, Note [the
+execution model]). The cap is 1F1B's memory: each chunk holds half a stage's layers,
+so 2p chunk-micro-batches are p micro-batches of a whole stage, what 1F1B's first
+rank holds. Its bubble is below ZB-H1's (tests/runtime/test_schedules.py): the V
+puts the first and the last stage on rank 0, so rank 0 starts its backwards while
+the others still run forwards.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import heapq
+
+from ..layout.placement import Placement
+
+FORWARD, BACKWARD, WEIGHT = "F", "B", "W"
+
+
+def zero_bubble_v_bound(stages: int, micro_batches: int) -> int:
+    """Micro-batch-chunks with forward done and W not yet, at most, on every rank."""
+    return 2 * min(stages, micro_batches)
+
+
+@functools.lru_cache(maxsize=256)
+def zero_bubble_v_orders(stages: int, micro_batches: int) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+    """Every rank's compute order as ``(op, micro, chunk)`` (Note [ZB-V on paper]).
+
+    Note [ZB-V ready queues]: the greedy rank by rank, its inputs kept as events rather
+    than searched for. When a compute finishes, the one compute that takes its output (the
+    next stage's F, the previous stage's B, or at the turn of the V the same stage's B) is
+    pushed, with that finish time, onto its rank's ``pending`` heap; when a rank decides at
+    ``now`` it moves every pending input that has arrived by ``now`` into its ``ready`` heap
+    for that op, ordered by (micro, -chunk): the oldest micro-batch, later chunk first, the
+    order the Note picks in. A rank's clock never goes back, so ready stays ready; the
+    pending heap's top is the next arrival an idle rank waits for. Same orders as the
+    plain greedy that scans every rank's remaining list (tests/runtime compares the two
+    for p ≤ 8, M ≤ 32), in O(p·M·log M) instead of O(p·M·(M + p)) per decision pass:
+    ``parc plan`` builds them for its best layouts' exact bubbles (gpt3-175b: p = 16 at
+    M = 32, 48 and 64, Note [steady state] in codegen/planner/cost/bubble.py).
+    """
+    p, cap, runs = stages, zero_bubble_v_bound(stages, micro_batches), 6 * micro_batches
+    place = Placement("v", p, 2)
+    last = place.virtual_stages - 1
+    clock, in_flight, done = [0] * p, [0] * p, 0
+    owed: list[collections.deque] = [collections.deque() for _ in range(p)]  # (micro, chunk): B ran, W not
+    pending: list[list[tuple[int, int, int, str]]] = [[] for _ in range(p)]  # (arrival, micro, -chunk, op)
+    ready: list[dict[str, list[tuple[int, int]]]] = [{BACKWARD: [], FORWARD: []} for _ in range(p)]
+    orders: list[list[tuple[str, int, int]]] = [[] for _ in range(p)]
+    pending[0] = [(0, m, 0, FORWARD) for m in range(micro_batches)]  # stage 0's inputs: there at once
+
+    def deliver(op, micro, stage, time):  # the compute that takes this one's output learns when
+        if op == FORWARD:
+            op, stage = (FORWARD, stage + 1) if stage < last else (BACKWARD, stage)
+        elif op == BACKWARD and stage > 0:
+            stage -= 1
+        else:
+            return
+        rank, chunk = place.holder(stage)
+        heapq.heappush(pending[rank], (time, micro, -chunk, op))
+
+    def choice(rank, now):  # (op, micro, chunk) to run at ``now``, or None
+        waiting, queues = pending[rank], ready[rank]
+        while waiting and waiting[0][0] <= now:
+            _, micro, minus_chunk, op = heapq.heappop(waiting)
+            heapq.heappush(queues[op], (micro, minus_chunk))
+        for op in (BACKWARD, FORWARD):
+            if queues[op] and (op == BACKWARD or in_flight[rank] < cap):
+                micro, minus_chunk = heapq.heappop(queues[op])
+                return op, micro, -minus_chunk
+        if owed[rank]:
+            return (WEIGHT, *owed[rank].popleft())
+        return None
+
+    while done < p * runs:
+        # the rank furthest behind decides first: every input it could use by its clock
+        # has been produced by then (every compute takes time)
+        rank = min((r for r in range(p) if len(orders[r]) < runs), key=lambda r: (clock[r], r))
+        step = choice(rank, clock[rank])
+        if step is None:  # idle until the earliest input that will arrive
+            if pending[rank]:
+                clock[rank] = pending[rank][0][0]
+            else:  # waits on a rank behind it: let that one move first
+                others = [clock[r] for r in range(p) if r != rank and len(orders[r]) < runs]
+                clock[rank] = min(others) + 1 if others else clock[rank] + 1
+            continue
+        op, micro, chunk = step
+        in_flight[rank] += 1 if op == FORWARD else -1 if op == WEIGHT else 0
+        if op == BACKWARD:
+            owed[rank].append((micro, chunk))
+        clock[rank] += 1
+        deliver(op, micro, place.stage(rank, chunk), clock[rank])
+        orders[rank].append(step)
+        done += 1
+    return tuple(tuple(order) for order in orders)
