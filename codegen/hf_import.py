@@ -334,8 +334,6 @@ def import_folder(hf_dir: str, out: str, *, force: bool = False) -> str:
     from parc.dsl import load
     from parc.dsl.diagnostics import Diagnostics
 
-    from .model_config import model_config
-
     if os.path.lexists(out) and not force:
         raise HfImportError(f"{out} exists: remove it, or pass --force to replace it")
     kind, rows = parc_model(read_config(hf_dir))
@@ -354,7 +352,7 @@ def import_folder(hf_dir: str, out: str, *, force: bool = False) -> str:
             raise HfImportError(f"config.json's model breaks parc's rules:\n{exc}") from None
         with open(spec_path, "w", encoding="utf-8") as file:  # the same spec, its padding said
             file.write(spec_text(kind, rows, source, padded_vocab=spec.model.padded_vocab))
-        write_checkpoint(os.path.join(temporary, CHECKPOINT), model_config(spec.model), reader, source)
+        write_checkpoint(os.path.join(temporary, CHECKPOINT), spec.model.config, reader, source)
         if os.path.lexists(out):  # --force: the old folder goes only once the new one is whole
             shutil.rmtree(out) if os.path.isdir(out) and not os.path.islink(out) else os.remove(out)
         os.replace(temporary, out)

@@ -100,7 +100,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
     else:
         auto_all = False
     arch = Arch(model["arch"])
-    model_spec = ModelSpec(
+    model_spec = ModelSpec.of(
         name=model["name"],
         arch=arch,
         layers=model["layers"],
@@ -251,12 +251,28 @@ def _present(doc, path: tuple) -> bool:
     return True
 
 
+def model_keys(model: ModelSpec) -> dict:
+    """The model block's keys, as written or defaulted, in the block's order: ``name``, then
+    ``config``'s fields (Note [one model record]) with ``pad_vocab_to`` for ``padded_vocab``
+    and ``expert_ffn`` as written, then the planner's ``routing_imbalance``."""
+    keys = {"name": model.name}
+    for key, value in _fields(model.config).items():
+        if key == "padded_vocab":
+            continue
+        keys[key] = model.expert_ffn if key == "expert_ffn" else value
+        if key == "seq_len":
+            keys["pad_vocab_to"] = model.pad_vocab_to
+    return keys | {"routing_imbalance": model.routing_imbalance}
+
+
 def spec_to_dict(spec: Spec) -> dict:
     """A JSON-able view of ``spec``: enums as their values, tuples as lists, no spans."""
 
     def convert(value):
         if isinstance(value, enum.Enum):
             return value.value
+        if isinstance(value, ModelSpec):
+            return {key: convert(item) for key, item in model_keys(value).items()}
         if dataclasses.is_dataclass(value):
             return {
                 f.name: convert(getattr(value, f.name))
@@ -274,7 +290,7 @@ def spec_document(spec: Spec) -> dict:
     """The normalized document of ``spec`` (``dsl/schema.py``), defaults written out:
     ``load`` of it as a ``.json`` file gives ``spec`` back (its spans aside)."""
     model, mesh, parallel, train = spec.model, spec.mesh, spec.parallel, spec.train
-    model_doc = {"name": model.name, **{k: _plain(v) for k, v in _fields(model).items() if k != "name"}}
+    model_doc = {key: _plain(value) for key, value in model_keys(model).items()}
     if not model.experts:  # a dense model: the mixture-of-experts keys say nothing
         for key in MOE_KEYS:
             del model_doc[key.name]

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field, replace
 
 from parc.runtime.layout.constraints import per_layer
+from parc.runtime.layout.model_desc import ModelConfig, ModelDesc, describe
 
 from .diagnostics import Span
 
@@ -65,48 +66,54 @@ class LrScheduleKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
+    """The model block: the runtime's ``ModelConfig`` (``runtime/layout/model_desc.py``, the
+    one record of the model's shape: what train.py builds and a checkpoint records) and the
+    keys only the compiler reads.
+
+    Note [one model record]: the block's shape keys are ``config``'s fields and read as the
+    spec's own (``spec.model.hidden`` is ``spec.model.config.hidden``), so no field is
+    copied between two records; the spans stay in ``Spec.spans`` under ``model.<key>``.
+    ``expert_ffn`` is the key as written (None: ``ffn``); ``config.expert_ffn`` is the
+    size train.py writes whenever there are experts.
+    """
+
     name: str
     """The model block's name (``model gpt_tiny { ... }``); a Python identifier."""
-    arch: Arch
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    """Key/value heads (grouped-query attention); equals ``heads`` unless given."""
-    ffn: int
-    """Hidden size of the MLP (for llama: of each SwiGLU branch)."""
-    vocab: int
-    seq_len: int
+    config: ModelConfig
     pad_vocab_to: int = 128
-    """The embedding table has ``padded_vocab`` rows: ``vocab`` rounded up to this."""
-    dropout: float = 0.0
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    tie_embeddings: bool = True
-    """Head shares the embedding's weight (default true for gpt, false for llama)."""
-    experts: int = 0
-    """Routed experts of each MoE block (0: a dense model; runtime/parallel/expert/moe.py)."""
-    top_k: int = 2
+    """The embedding table has ``config.padded_vocab`` rows: ``vocab`` rounded up to this."""
     expert_ffn: int | None = None
-    """Hidden size of each expert; None: ``ffn``."""
-    moe_every: int = 1
-    shared_experts: int = 0
-    router: str = "softmax"
-    capacity_factor: float | None = None
-    """None: dropless."""
-    aux_loss: float = 0.01
-    z_loss: float = 0.0
+    """Hidden size of each expert as written; None: ``ffn``."""
     routing_imbalance: float = 1.0
     """The planner's: the busiest ep rank's routed tokens over the mean (cost/experts.py)."""
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def __getattr__(self, key: str):  # only for what ModelSpec lacks: the config's fields
+        if key == "config":  # not set yet (unpickling): never recurse
+            raise AttributeError(key)
+        return getattr(self.config, key)
 
     @property
-    def padded_vocab(self) -> int:
-        multiple = self.pad_vocab_to
-        return -(-self.vocab // multiple) * multiple
+    def arch(self) -> Arch:
+        return Arch(self.config.arch)
+
+    @property
+    def desc(self) -> ModelDesc:
+        """``model_desc.describe(config)`` (memoized there): module names and shapes, parameter
+        counts, FLOPs and saved activations, which the passes and the cost model read."""
+        return describe(self.config)
+
+    @classmethod
+    def of(cls, *, name: str, pad_vocab_to: int = 128, routing_imbalance: float = 1.0, **shape) -> "ModelSpec":
+        """The block from its keys: ``shape`` the ``ModelConfig`` fields (``arch`` an ``Arch``
+        or its word; ``padded_vocab`` from ``pad_vocab_to``; ``expert_ffn`` as written)."""
+        arch = Arch(shape.pop("arch"))
+        written = shape.get("expert_ffn")
+        if written is None and shape.get("experts", 0):
+            shape["expert_ffn"] = shape["ffn"]  # train.py writes EXPERT_FFN whenever there are experts
+        padded = -(-shape["vocab"] // pad_vocab_to) * pad_vocab_to
+        config = ModelConfig(arch=arch.value, padded_vocab=padded, **shape)
+        return cls(name=name, config=config, pad_vocab_to=pad_vocab_to, expert_ffn=written,
+                   routing_imbalance=routing_imbalance)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

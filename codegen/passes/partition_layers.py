@@ -24,7 +24,6 @@ from parc.dsl.spec import Spec
 from parc.runtime.layout.model_desc import ModuleDesc
 
 from ..errors import InternalError
-from ..model_config import model_desc
 from ..plan import ShardRule, ShardStyle, TensorParallelPlan
 from .draft import Draft
 
@@ -35,7 +34,7 @@ def model_modules(spec: Spec) -> tuple[ModuleDesc, ...]:
     """One module per name pattern (``layers.*.attn.q_proj``), in model order, from the
     model description (runtime/layout/model_desc.py); every block must agree on the shapes."""
     rows: dict[str, ModuleDesc] = {}
-    for module in model_desc(spec.model).modules:
+    for module in spec.model.desc.modules:
         first = rows.setdefault(module.pattern, module)
         if first.weight.shape != module.weight.shape:  # per-layer shapes need per-layer rules
             raise InternalError(

@@ -2,7 +2,7 @@
 
 Takes: a buildable ``Spec``. Gives: ``draft.model`` (the runtime ``ModelConfig``
 fields, each a ``Setting`` carrying the span of the spec text behind it, and the
-parameter count, both from ``codegen/model_config.py``) and ``draft.train`` (steps,
+parameter count, both from ``spec.model``: its ``config`` and ``desc``, Note [one model record]) and ``draft.train`` (steps,
 seed, optimizer, LR schedule, data).
 
 Before: ``lay_out_layers``. After: ``codegen/lower.py`` assembles the ``Plan``.
@@ -14,7 +14,6 @@ from dataclasses import replace
 
 from parc.dsl.spec import Spec
 
-from ..model_config import model_config, model_desc
 from ..plan import DataPlan, ModelPlan, Setting, TrainPlan
 from .draft import Draft
 
@@ -43,7 +42,7 @@ def _moe_settings(spec: Spec, c) -> tuple[Setting, ...]:
 
 def run(spec: Spec, draft: Draft) -> Draft:
     m, t = spec.model, spec.train
-    c = model_config(m)  # the runtime's ModelConfig: its fields, in its order
+    c = m.config  # the runtime's ModelConfig: its fields, in its order
     model = ModelPlan(
         name=m.name,
         arch=m.arch.value,
@@ -66,7 +65,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
             setting(spec, "TIE_EMBEDDINGS", "model.tie_embeddings", c.tie_embeddings),
             *_moe_settings(spec, c),
         ),
-        parameters=model_desc(m).parameters,  # runtime/layout/model_desc.py
+        parameters=m.desc.parameters,  # runtime/layout/model_desc.py
         expert_parallel=setting(spec, "EP", "parallel.ep", spec.parallel.ep, "expert-parallel ranks")
         if c.experts else None,
         expert_tensor_parallel=setting(spec, "ETP", "parallel.etp", spec.parallel.etp,

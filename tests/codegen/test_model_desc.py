@@ -12,7 +12,6 @@ import torch
 
 from parc.codegen.planner.cost.layout import rank_params, total_params
 from parc.codegen.lower import lower
-from parc.codegen.model_config import model_config, model_desc
 from parc.codegen.passes.partition_layers import model_modules
 from parc.codegen.render import render
 from parc.codegen.planner.search import fixed_layout
@@ -80,10 +79,10 @@ def _one_rank_count(config: ModelConfig) -> int:
 def test_docstring_count_is_the_runtime_models(path, overrides):
     spec, plan = _planned(path, FIXED.get(Path(path).stem, ()) + overrides)
     config = _config(plan)
-    assert model_config(spec.model) == config
+    assert spec.model.config == config
     counted = _one_rank_count(config)
     assert _docstring_count(plan) == counted == plan.model.parameters
-    assert total_params(spec.model) == model_desc(spec.model).parameters == counted
+    assert total_params(spec.model) == spec.model.desc.parameters == counted
 
 
 def test_gqa_count_by_hand():
@@ -152,7 +151,7 @@ def test_tp_table_rows_are_the_descriptions_modules():
     rows = model_modules(spec)
     assert [r.pattern for r in plan.tensor_parallel.rules] == [m.pattern for m in rows]
     assert [m.pattern for m in rows][:3] == ["embed", "layers.*.attn_norm", "layers.*.attn.q_proj"]
-    assert tp_plan.module_names(_config(plan)) == [m.name for m in model_desc(spec.model).modules]
+    assert tp_plan.module_names(_config(plan)) == [m.name for m in spec.model.desc.modules]
 
 
 def test_blocks_are_entries_of_their_own():

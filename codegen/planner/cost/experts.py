@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from parc.dsl.spec import Arch, Spec
 from parc.runtime.layout.model_desc import LINEAR
 
-from ...model_config import model_desc
 from .comm import collective_time
 from .hardware import Hardware, gemm_time
 from .layout import Layout, expert_data_ranks
@@ -72,7 +71,7 @@ def moe_share(spec: Spec) -> float:
     m = spec.model
     if not m.experts:
         return 0.0
-    return sum(1 for b in model_desc(m).blocks if b.experts) / m.layers
+    return sum(1 for b in m.desc.blocks if b.experts) / m.layers
 
 
 def routed_rows(spec: Spec, layout: Layout, tokens: float) -> float:
@@ -105,7 +104,7 @@ def _expert_forward(spec: Spec, layout: Layout, hw: Hardware, tokens: float) -> 
 
 def _dense_mlp_forward(spec: Spec, layout: Layout, hw: Hardware, tokens: float) -> float:
     """A dense block's MLP GEMMs (the blocks between MoE ones when moe_every > 1)."""
-    dense = next((b for b in model_desc(spec.model).blocks if not b.experts), None)
+    dense = next((b for b in spec.model.desc.blocks if not b.experts), None)
     if dense is None:
         return 0.0
     return sum(gemm_time(hw, tokens, *m.weight.local_shape(layout.tp)) for m in dense.modules

@@ -87,7 +87,7 @@ def _solve(rows, measured_op_overhead: float) -> tuple[float, float]:
 def reference_spec(ref: dict) -> tuple[Spec, Layout]:
     """The one-rank spec and layout of a profile's reference step."""
     arch = Arch(ref["arch"])
-    model = ModelSpec(
+    model = ModelSpec.of(
         name="reference", arch=arch, layers=ref["layers"], hidden=ref["hidden"], heads=ref["heads"],
         kv_heads=ref["kv_heads"], ffn=ref["ffn"], vocab=ref["vocab"], seq_len=ref["seq_len"],
         pad_vocab_to=1, tie_embeddings=arch is Arch.GPT,

@@ -30,7 +30,6 @@ from parc.runtime.layout.layer_settings import SETTINGS
 from parc.runtime.layout.model_desc import NONE, ParamCount
 from parc.runtime.layout.placement import Placement, chunk_stages, placement_for
 
-from ...model_config import model_desc
 
 
 SETTING_NAMES = tuple(entry.name for entry in SETTINGS)
@@ -206,7 +205,7 @@ def stage_contents(model: ModelSpec, layout: Layout, rank: int, stage_layers=Non
 @functools.lru_cache(maxsize=4096)
 def _stage_contents(model: ModelSpec, pp: int, chunks: int, rank: int, stage_layers, kind: str) -> StageContents:
     mine = _chunks(model.layers, pp, chunks, rank, stage_layers, kind)
-    desc = model_desc(model)
+    desc = model.desc
     return StageContents(
         layers=sum(stop - start for (start, stop), _, _ in mine),
         embed=any(first for _, first, _ in mine),
@@ -249,7 +248,7 @@ def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_
     (runtime/models/model.py, Note [sequence-parallel gradients]); 0 without sp."""
     if not layout.sp or layout.tp < 2:
         return 0
-    desc = model_desc(model)
+    desc = model.desc
     mine = _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers), placement_kind(layout))
     return sum(desc.sequence_parallel_params(layers=layers, first=first, last=last, grid=layout.grid)
                for layers, first, last in mine)
@@ -269,7 +268,7 @@ def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_laye
     Σ over its units (each block; each chunk's embeddings, final norm and head) of
     ⌈n_unit / s⌉, the padding included; s = ``shard`` ranks (``zero3_shard_ranks``), dp·cp
     by default."""
-    desc = model_desc(model)
+    desc = model.desc
     total, shard = 0, layout.shard_ranks if shard is None else shard
     for (start, stop), first, last in _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers),
                                               placement_kind(layout)):
@@ -291,7 +290,7 @@ def _block_units(model: ModelSpec, tp: int, folds: int) -> tuple[tuple[int, int]
     """Each block's (dense elements, this rank's experts' elements) on a tp rank with the
     experts folded over ``folds`` = ep·etp ranks (0 experts for a dense block). Cached: the
     search asks for them with every layout, and they depend on none of dp, pp or the settings."""
-    desc = model_desc(model)
+    desc = model.desc
     units = []
     for index, block in enumerate(desc.blocks):
         whole = desc.stage_params(tp, layers=(index, index + 1), first=False, last=False).elements
@@ -306,7 +305,7 @@ def _block_units(model: ModelSpec, tp: int, folds: int) -> tuple[tuple[int, int]
 
 def total_params(model: ModelSpec) -> int:
     """Parameters of the whole model (one copy of a tied embedding)."""
-    return model_desc(model).parameters
+    return model.desc.parameters
 
 
 def _stages(stage_layers) -> tuple[int, ...] | None:
@@ -329,7 +328,7 @@ def _chunks(layers: int, pp: int, chunks: int, rank: int, stage_layers, kind: st
 @functools.lru_cache(maxsize=4096)
 def _rank_params(model: ModelSpec, tp: int, pp: int, chunks: int, rank: int, stage_layers,
                  kind: str = "interleaved", ep: int = 1, grid=None) -> ParamCount:
-    desc = model_desc(model)
+    desc = model.desc
     total = NONE
     for layers, first, last in _chunks(model.layers, pp, chunks, rank, stage_layers, kind):
         total += desc.stage_params(tp, layers=layers, first=first, last=last, ep=ep, grid=grid)

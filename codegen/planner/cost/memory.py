@@ -42,7 +42,6 @@ from parc.runtime.layout.model_desc import LINEAR
 from parc.runtime.schedules.schedule import in_flight_bound
 from parc.runtime.layout.kernel_sizes import kinds_that_pay
 
-from ...model_config import model_desc
 from .context import cp_saved_elements
 from .memo import shared
 from .layout import (
@@ -135,7 +134,7 @@ def parc_layer_elements(
     trainer: the model description's (runtime/layout/saved_elements.py, Note [what parc's trainer saves]);
     ``grid``: (R, C) under 2D tensor parallelism (``Layout.grid``), whose attention is repeated
     on the R ranks of a column."""
-    return model_desc(model).block_saved_elements(
+    return model.desc.block_saved_elements(
         0, tp=tp, sp=sp, recompute=recompute, micro_batch=micro_batch, compiled=compiled, ep=ep,
         imbalance=model.routing_imbalance, grid=grid,
     )
@@ -143,7 +142,7 @@ def parc_layer_elements(
 
 def parc_head_elements(model: ModelSpec, *, tp: int, sp: bool, compiled: bool = True, grid=None) -> float:
     """Elements saved per token by the final norm, the head and the loss (last stage)."""
-    return model_desc(model).head_saved_elements(tp=tp, sp=sp, compiled=compiled, grid=grid)
+    return model.desc.head_saved_elements(tp=tp, sp=sp, compiled=compiled, grid=grid)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -164,7 +163,7 @@ def compiled_kernels(spec: Spec) -> frozenset[str]:
     kernels = getattr(spec.train, "kernels", None)
     if not (kernels is None or getattr(kernels, "value", kernels) == "compiled"):
         return frozenset()
-    return kinds_that_pay(model_desc(spec.model).config, cpu=spec.mesh.device == "cpu")
+    return kinds_that_pay(spec.model.desc.config, cpu=spec.mesh.device == "cpu")
 
 
 def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounting, stage_layers=None) -> float:
@@ -189,7 +188,7 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
     extra = cp_saved_elements(spec, layout)  # Note [cp costs]: allgather's K/V of other ranks
     if model.experts:  # blocks differ (moe_every): each kind of the rank's blocks once
         layers = sum(
-            count * (model_desc(model).block_saved_elements(
+            count * (model.desc.block_saved_elements(
                 index, tp=layout.tp, sp=layout.sp, recompute=mode, micro_batch=layout.micro_batch,
                 compiled=compiled, ep=layout.ep, imbalance=model.routing_imbalance, etp=layout.etp,
             ) + (extra if mode != "full" else 0.0))
@@ -215,7 +214,7 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
         kept = sum(count for mode, count in modes.items() if mode != "full")
         total += 2.0 * in_flight * kept / layout.chunks * autocast_block_weights(model, layout.tp)
         if contents.head:
-            total += 2.0 * head_in_flight * model_desc(model).head[-1].weight.numel(layout.tp)
+            total += 2.0 * head_in_flight * model.desc.head[-1].weight.numel(layout.tp)
     return total
 
 
@@ -252,7 +251,7 @@ def autocast_block_weights(model: ModelSpec, tp: int) -> int:
     weight to a bf16 copy, which autograd saves for backward: one copy per weight and per
     micro-batch in flight (each forward is its own autocast region), none inside a
     fully recomputed block. Elements of one block's matmul weights on a tp rank."""
-    return sum(m.weight.numel(tp) for m in model_desc(model).blocks[0].modules if m.layer == LINEAR)
+    return sum(m.weight.numel(tp) for m in model.desc.blocks[0].modules if m.layer == LINEAR)
 
 
 def _rank_block_kinds(model: ModelSpec, layout: Layout, rank: int, stage_layers=None):
@@ -266,7 +265,7 @@ def _rank_block_kinds(model: ModelSpec, layout: Layout, rank: int, stage_layers=
 def _block_kinds(model: ModelSpec, pp: int, chunks: int, recompute, rank: int, stage_layers,
                  kind: str = "interleaved") -> tuple:
     modes = per_layer(recompute, model.layers)
-    blocks = model_desc(model).blocks
+    blocks = model.desc.blocks
     kinds: dict = {}
     for i in blocks_of(model.layers, pp, chunks, rank, stage_layers, kind):
         key = (bool(blocks[i].experts), modes[i])
@@ -368,7 +367,7 @@ def zero3_working_set(spec: Spec, layout: Layout, params: int, accounting: Accou
     model = spec.model
     element = 2.0 if accounting is Accounting.MEGATRON or uses_master_weights(spec) else 4.0  # gathered
     packed = 2.0 if accounting is Accounting.MEGATRON else 4.0  # the reduce-scattered copy: fp32 in parc
-    block = model_desc(model).stage_params(
+    block = model.desc.stage_params(
         layout.tp, layers=(0, 1), first=False, last=False, sharded=None, grid=layout.grid
     ).elements if model.layers else 0
     root = max(0, params - block * layout_blocks(model, layout))

@@ -47,7 +47,6 @@ from dataclasses import dataclass, replace
 from parc.dsl.spec import Precision, Spec
 from parc.runtime.layout.reshard import reshard_steps, step_group
 
-from ...model_config import model_desc
 from .comm import collective_time
 from .hardware import Hardware
 from .layout import SETTING_NAMES, Accounting, Layout
@@ -158,7 +157,7 @@ def layer_cost(spec: Spec, stage: Stage, hw: Hardware, t: int, settings: tuple, 
     forward, backward, tp_f, tp_b, exp_f, exp_b, _ = block_costs(
         spec, layout, hw, Accounting.PARC, settings, layers_per_chunk=m.layers // stage.pp)
     steps = micro_batches(spec, stage)
-    block = model_desc(m).stage_params(t, layers=(0, 1), first=False, last=False)
+    block = m.desc.stage_params(t, layers=(0, 1), first=False, last=False)
     dp, zero, n = layout.dp, layout.zero, block.elements
     reduce = collective_time(hw, "reduce_scatter" if zero >= 3 else "all_reduce", 4.0 * n, size=dp, stride=t)
     hidden = 0.0 if hw.comm_on_cores else backward  # the last micro-batch's backward hides it
@@ -265,7 +264,7 @@ def embedding_cost(spec: Spec, stage: Stage, hw: Hardware, t: int) -> Cost:
     m = spec.model
     if m.tie_embeddings:
         return Cost()
-    desc = model_desc(m)
+    desc = m.desc
     table = desc.stage_params(t, layers=(0, 0), first=True, last=False)
     layout = uniform(stage, t)
     n, zero = table.elements, layout.zero

@@ -63,7 +63,6 @@ from parc.runtime.layout.model_desc import LINEAR
 from parc.runtime.layout.placement import placement_for
 from parc.runtime.schedules.schedule_terapipe import slice_scale
 
-from ...model_config import model_desc
 
 from .bubble import makespan
 from .context import cp_comm
@@ -114,14 +113,14 @@ class TimeBreakdown:
 def model_flops_per_token(spec: Spec) -> float:
     """PaLM's 6·N + 12·L·H·Q·T, N the matmul weights: the model description's count
     (``runtime/layout/model_desc.py``), which the trainer's MFU uses too (``runtime/train/metrics.py``)."""
-    return model_desc(spec.model).flops_per_token()
+    return spec.model.desc.flops_per_token()
 
 
 @functools.lru_cache(maxsize=1024)
 def _block_gemms(model: ModelSpec, tp: int) -> tuple[tuple[int, int], ...]:
     """(out, in) of each linear weight of a block on one tp rank (model_desc.py): q, k, v,
     o, then the MLP's."""
-    block = model_desc(model).blocks[0]
+    block = model.desc.blocks[0]
     return tuple(m.weight.local_shape(tp) for m in block.modules if m.layer == LINEAR)
 
 
