@@ -45,7 +45,7 @@ from parity.batch import Batches  # tests/ is on sys.path for this file (no __in
 
 
 SHARED = (
-    "tests/observe/test_eval_parity.py", "tests/parity/test_compress.py", "tests/parity/test_memory.py",
+    "tests/parity/test_compress.py", "tests/parity/test_memory.py",
     "tests/parity/test_parity.py", "tests/parity/test_parity_precision.py", "tests/parity/test_planned.py",
     "tests/planner/test_context_memory.py", "tests/planner/test_measured.py",
 )

@@ -287,9 +287,17 @@ def nproc_of(degrees: dict) -> int:
     return degrees.get("dp", 1) * degrees.get("cp", 1) * degrees.get("tp", 1) * degrees.get("pp", 1)
 
 
+EVAL = ("train.eval=every(2, batches = 2)",)
+EVALUATED = ("dp2", "tp2", "pp2-1f1b", "cp2-ulysses", "cp2-ring", "dp2-tp2")
+"""Note [one meaning of val_loss]: these layouts' runs, and the plain reference, also evaluate
+(``train.eval``: steps 2, 4 and 6, two batches each), and their val_loss must equal one rank's
+as the training losses do. Evaluation reads its own stream and draws nothing from training's,
+so every other layout's losses still equal this reference's: that is checked too."""
+
+
 def layout_case(arch: str, layout: str) -> Case:
     degrees = LAYOUTS[layout]
-    overrides = tuple(layout_overrides(**degrees))
+    overrides = tuple(layout_overrides(**degrees)) + (EVAL if layout in EVALUATED else ())
     return Case(f"{arch}-{layout}", f"{arch}.par", overrides, nproc_of(degrees), ("--steps", str(STEPS)))
 
 
@@ -297,7 +305,8 @@ def reference_case(arch: str, model: dict | None = None) -> Case:
     """The single-rank run of ``arch`` (with a layout's model variant, e.g. 4 layers)."""
     model = model or {}
     words = "".join(f"-{key.removeprefix('model__')}{value}" for key, value in sorted(model.items()))
-    return Case(f"{arch}-single{words}", f"{arch}.par", tuple(layout_overrides(**model)), 1, ("--steps", str(STEPS)))
+    overrides = tuple(layout_overrides(**model)) + (() if model else EVAL)
+    return Case(f"{arch}-single{words}", f"{arch}.par", overrides, 1, ("--steps", str(STEPS)))
 
 
 def moe_row(layout: str) -> tuple[str, dict]:
@@ -350,6 +359,14 @@ def test_layout_matches_single_rank(arch, layout, trainers):
     for got, want in zip(runs, expected):
         assert_close(got["loss"], want["loss"], f"{arch} {layout} step {got['step']} loss")
     assert_close(runs[0]["grad_norm"], expected[0]["grad_norm"], f"{arch} {layout} step 1 grad_norm")
+    if layout in EVALUATED:  # Note [one meaning of val_loss]
+        evaluated = [r["step"] for r in expected if r.get("val_loss") is not None]
+        assert evaluated == [2, 4, 6]
+        assert [r["step"] for r in runs if r.get("val_loss") is not None] == evaluated
+        for got, want in zip(runs, expected):
+            if want.get("val_loss") is not None:
+                assert_close(got["val_loss"], want["val_loss"], f"{arch} {layout} step {got['step']} val_loss")
+                assert got["val_loss"] != got["loss"]  # another stream than training's
 
 
 def test_single_rank_loss_falls(trainers):
