@@ -73,7 +73,9 @@ def run(spec: Spec, draft: Draft) -> Draft:
             "use ASCII letters, digits and underscores, not starting with a digit",
             BAD_NAME,
         )
-    member("model.arch", model.arch, Arch)
+    arch = model.config.arch  # the runtime record's word (Note [one model record]): an exact str
+    if type(arch) is not str or arch not in {a.value for a in Arch}:
+        bad("model.arch", f"model.arch = {_show(arch)} is not one of {', '.join(a.value for a in Arch)}")
     for key in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "pad_vocab_to"):
         count(f"model.{key}", getattr(model, key))
     for key in ("dropout", "norm_eps", "rope_theta"):

@@ -24,7 +24,7 @@ import ast
 import os
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +34,7 @@ from parc.codegen.build import build_to, generate, seen_from
 from parc.dsl import load_text
 from parc.dsl.diagnostics import Diagnostics, Span
 from parc.dsl.spec import DataKind
+from parc.runtime.layout.model_desc import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_PATH = ROOT / "examples" / "tiny.par"
@@ -369,7 +370,20 @@ BASE_TOKENS = load(with_data('tokens("corpus.bin")'))
 
 
 def _model(**kw):
-    return replace(BASE, model=replace(BASE.model, **kw))
+    """BASE with model keys replaced; a shape key goes into the runtime's record
+    (Note [one model record]) as a hand-built one would, skipping its own checks."""
+    config = dict(_fields(BASE.model.config))
+    shape = {key: value for key, value in kw.items() if key in config}
+    config.update(shape)
+    unchecked = object.__new__(ModelConfig)
+    for key, value in config.items():
+        object.__setattr__(unchecked, key, value)
+    rest = {key: value for key, value in kw.items() if key not in shape}
+    return replace(BASE, model=replace(BASE.model, config=unchecked, **rest))
+
+
+def _fields(record) -> dict:
+    return {f.name: getattr(record, f.name) for f in fields(record)}
 
 
 def _mesh(**kw):

@@ -51,7 +51,7 @@ def test_every_flag_has_a_checking_type(folder):
     calls = [n for n in ast.walk(function) if isinstance(n, ast.Call) and ast.unparse(n.func) == "parser.add_argument"]
     flags = {call.args[0].value: ast.unparse(next(k.value for k in call.keywords if k.arg == "type"))
              for call in calls if any(k.arg == "type" for k in call.keywords)}
-    assert len(flags) == len(calls) == 13, [ast.unparse(c) for c in calls]
+    assert len(flags) == len(calls) == 14, [ast.unparse(c) for c in calls]
     assert all(kind.startswith("flags.") for kind in flags.values()), flags
 
 
@@ -71,6 +71,7 @@ BAD = [
     (["--metrics-jsonl", ""], "argument --metrics-jsonl: expects a path, got an empty string"),
     (["--checkpoint-dir", "a\nb"], "argument --checkpoint-dir: 'a\\nb' holds the control character U+000A"),
     (["--resume", ""], "argument --resume: expects a path, got an empty string"),
+    (["--init-from", ""], "argument --init-from: expects a path, got an empty string"),
     (["--tensorboard", "\t"], "argument --tensorboard: '\\t' holds the control character U+0009"),
     (["--profile-dir", ""], "argument --profile-dir: expects a path, got an empty string"),
     (["--data", ""], "argument --data: expects a path, got an empty string"),
