@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import enum
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, replace
 
 from parc.runtime.layout.constraints import per_layer
-from parc.runtime.layout.model_desc import ModelConfig, ModelDesc, describe
+from parc.runtime.layout.model_desc import ModelConfig, ModelDesc, describe, unchecked_config
 
 from .diagnostics import Span
 
@@ -105,13 +105,16 @@ class ModelSpec:
     @classmethod
     def of(cls, *, name: str, pad_vocab_to: int = 128, routing_imbalance: float = 1.0, **shape) -> "ModelSpec":
         """The block from its keys: ``shape`` the ``ModelConfig`` fields (``arch`` an ``Arch``
-        or its word; ``padded_vocab`` from ``pad_vocab_to``; ``expert_ffn`` as written)."""
+        or its word; ``padded_vocab`` from ``pad_vocab_to``; ``expert_ffn`` as written). The
+        record is built unchecked: the rules report a bad shape at its spec line."""
         arch = Arch(shape.pop("arch"))
         written = shape.get("expert_ffn")
         if written is None and shape.get("experts", 0):
             shape["expert_ffn"] = shape["ffn"]  # train.py writes EXPERT_FFN whenever there are experts
         padded = -(-shape["vocab"] // pad_vocab_to) * pad_vocab_to
-        config = ModelConfig(arch=arch.value, padded_vocab=padded, **shape)
+        defaults = {name: f.default for name, f in ModelConfig.__dataclass_fields__.items()
+                    if f.default is not MISSING}
+        config = unchecked_config(**(defaults | shape | {"arch": arch.value, "padded_vocab": padded}))
         return cls(name=name, config=config, pad_vocab_to=pad_vocab_to, expert_ffn=written,
                    routing_imbalance=routing_imbalance)
 

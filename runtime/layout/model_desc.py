@@ -492,3 +492,17 @@ def _counts(config: ModelConfig, tp: int) -> _Counts:
         head_weight=_count(desc.head[-1:], tp), sp_prefix=tuple(sp_prefix), sp_embed=_sp_elements(desc.embed),
         sp_head=_sp_elements(desc.head),
     )
+
+
+def unchecked_config(**fields) -> ModelConfig:
+    """A ``ModelConfig`` of ``fields`` without ``__post_init__``'s checks: the compiler's record
+    (Note [one model record] in dsl/spec.py), whose shape the rules hold with a diagnostic at
+    the spec line (``parc check``, and the build's own ``check_values``), not a ValueError.
+    Every field must be given; the trainer builds its ``ModelConfig`` checked."""
+    names = ModelConfig.__dataclass_fields__
+    if set(fields) != set(names):
+        raise TypeError(f"unchecked_config: fields {sorted(set(names) ^ set(fields))} differ from ModelConfig's")
+    config = object.__new__(ModelConfig)
+    for name in names:
+        object.__setattr__(config, name, fields[name])
+    return config

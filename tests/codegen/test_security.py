@@ -34,7 +34,7 @@ from parc.codegen.build import build_to, generate, seen_from
 from parc.dsl import load_text
 from parc.dsl.diagnostics import Diagnostics, Span
 from parc.dsl.spec import DataKind
-from parc.runtime.layout.model_desc import ModelConfig
+from parc.runtime.layout.model_desc import unchecked_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_PATH = ROOT / "examples" / "tiny.par"
@@ -375,9 +375,7 @@ def _model(**kw):
     config = dict(_fields(BASE.model.config))
     shape = {key: value for key, value in kw.items() if key in config}
     config.update(shape)
-    unchecked = object.__new__(ModelConfig)
-    for key, value in config.items():
-        object.__setattr__(unchecked, key, value)
+    unchecked = unchecked_config(**config)
     rest = {key: value for key, value in kw.items() if key not in shape}
     return replace(BASE, model=replace(BASE.model, config=unchecked, **rest))
 
