@@ -12,18 +12,19 @@ or no layout is valid, 2 usage error. Before: ``parc.dsl.load``. After: nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from parc.dsl.diagnostics import Diagnostics
 from parc.dsl.spec import Spec
-from parc.runtime.layout.layer_settings import SETTINGS, folded
+from parc.runtime.layout.layer_settings import folded
 
 from .build import report_stage_errors
 from ..planner.cost import Accounting, Estimate, hardware_for
 from ..planner.cost import estimate as estimate_layout
 from ..planner.cost.hardware import ProfileError
-from ..planner.cost.layout import total_params
+from ..planner.cost.layout import Layout, total_params
 from ..errors import profile_error
 from ..planner.why import why
 from ..planner.bounded import bounded_search
@@ -220,12 +221,19 @@ def _json_value(value):
     return list(value) if isinstance(value, tuple) else value
 
 
+def layout_fields(layout: Layout) -> dict:
+    """Every field of the planner's ``Layout`` (cost/layout.py: one per axis, option and
+    per-layer setting), so a field added there reaches ``--json`` with no edit here: ``dp``
+    and ``tp`` are lists of one degree per block where they vary (``layer_tp`` is folded
+    into ``tp``), ``tp_shape`` ``[R, C]`` or null."""
+    fields = {f.name: _json_value(getattr(layout, f.name)) for f in dataclasses.fields(layout) if f.name != "layer_tp"}
+    return fields | {"dp": _json_value(layout.layer_dp or layout.dp), "tp": _json_value(layout.layer_tp or layout.tp)}
+
+
 def layout_json(spec: Spec, item: Estimate) -> dict:
     lay, tm, mem = item.layout, item.time, item.memory
     return {
-        "dp": _json_value(lay.layer_dp or lay.dp), "tp": _json_value(lay.layer_tp or lay.tp), "pp": lay.pp, "sp": lay.sp, "zero": lay.zero,
-        "schedule": lay.schedule, "chunks": lay.chunks, "micro_batch": lay.micro_batch,
-        **{entry.name: _json_value(lay.setting(entry.name)) for entry in SETTINGS},
+        **layout_fields(lay),
         "grad_accum": lay.grad_accum(spec.train.global_batch),
         "step_time_s": tm.step, "tokens_per_s": item.tokens_per_s,
         "tflops_per_device": item.tflops_per_device, "mfu": item.mfu,
@@ -233,7 +241,7 @@ def layout_json(spec: Spec, item: Estimate) -> dict:
         "peak_pipeline_rank": item.peak_rank,
         "time": {
             "compute_s": tm.compute, "exposed_comm_s": tm.exposed_comm, "bubble_s": tm.bubble,
-            "tp_comm_s": tm.tp_comm, "dp_comm_s": tm.dp_comm, "pp_comm_s": tm.pp_comm,
+            "tp_comm_s": tm.tp_comm, "dp_comm_s": tm.dp_comm, "pp_comm_s": tm.pp_comm, "ep_comm_s": tm.ep_comm,
         },
         "memory": {
             "params_bytes": mem.params, "grads_bytes": mem.grads, "optimizer_bytes": mem.optimizer,

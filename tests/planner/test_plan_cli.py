@@ -26,10 +26,14 @@ def test_json_keys(capsys):
                          "model", "parameters", "spec", "why", "winner"}
     assert data["winner"] == 0 and len(data["layouts"]) == 2 and data["considered"] > 100
     layout = data["layouts"][0]
-    for key in ("dp", "tp", "pp", "sp", "zero", "schedule", "chunks", "recompute", "overlap",
-                "micro_batch", "grad_accum", "step_time_s", "tokens_per_s", "tflops_per_device", "mfu",
-                "peak_mem_bytes", "fits", "buildable", "time", "memory"):
-        assert key in layout
+    # every field of the planner's Layout (the table's columns: cp, cp_kind, ep, etp, tp_shape,
+    # compress and terapipe's slices included), then the estimate's
+    assert set(layout) == {
+        "dp", "tp", "pp", "sp", "zero", "schedule", "chunks", "micro_batch", "recompute", "overlap", "cp", "cp_kind",
+        "compress", "ep", "etp", "tp_shape", "slices", "grad_accum", "step_time_s", "tokens_per_s",
+        "tflops_per_device", "mfu", "peak_mem_bytes", "fits", "buildable", "peak_pipeline_rank", "time", "memory"}
+    assert set(layout["time"]) == {"compute_s", "exposed_comm_s", "bubble_s", "tp_comm_s", "dp_comm_s", "pp_comm_s",
+                                   "ep_comm_s"}
     time, memory = layout["time"], layout["memory"]
     assert abs(time["compute_s"] + time["exposed_comm_s"] + time["bubble_s"] - layout["step_time_s"]) < 1e-9
     assert abs(sum(memory.values()) - layout["peak_mem_bytes"]) < 1.0
