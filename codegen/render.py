@@ -30,6 +30,7 @@ from . import (
     render_step,
     runtime_tree,
 )
+from . import layout_words as layout_text
 from .plan_text import cite
 from .render_constants import config_lines, tp_plan_lines, zero_words
 
@@ -419,17 +420,8 @@ def pipeline_modules(kind: str) -> set[str]:
 
 
 def layout_words(plan: Plan) -> str:
-    grid = plan.mesh.tp_shape
-    parts = [f"{a.axis} {a.size}" + (f" ({grid.value[0]}×{grid.value[1]})" if a.axis == "tp" and grid else "")
-             for a in plan.mesh.axes if a.size > 1 and not (render_hetero.enabled(plan) and a.axis in ("dp", "tp"))]
-    if render_hetero.enabled(plan):
-        parts.append(render_hetero.layout_words(plan))
-    words = " × ".join(parts) if parts else "one rank"
-    if plan.sequence_parallel.enabled:
-        words += " + sequence parallel"
-    if plan.train.zero.value:
-        words += f" + ZeRO-{plan.train.zero.value}"
-    return words
+    """The layout in words (codegen/layout_words.py): the docstring's, the banner's, the launch scripts'."""
+    return layout_text.words(layout_text.of_plan(plan))
 
 
 def summary(plan: Plan) -> str:

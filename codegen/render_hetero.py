@@ -108,13 +108,3 @@ def fsdp_lines(where: str, lines: list[str]) -> list[str]:
         "# it after; gradients reduced over that group and divided by DP; the norm over the stage",
         call[:-1] + ", layouts=layouts, stage_group=stage_group)",
     ]
-
-
-def layout_words(plan: Plan) -> str:
-    """``tp 2 × dp 1 (layers.0-1), tp 1 × dp 2 (layers.2-3)``: the blocks' runs."""
-    words, index = [], 0
-    for (tp, dp), n in fold_runs([(b.tp, b.dp) for b in plan.blocks]):
-        names = f"layers.{index}" if n == 1 else f"layers.{index}-{index + n - 1}"
-        words.append(f"tp {tp} × dp {dp} ({names})")
-        index += n
-    return ", ".join(words)

@@ -27,7 +27,7 @@ from parc.runtime.schedules.schedule import Action, build_schedule, chunks_for, 
 from parc.runtime.schedules.schedule_sim import Event, Timeline, bubble_fraction, describe_rank, simulate, splits_backward
 from parc.runtime.schedules.schedule_terapipe import slice_scale, split_unit
 
-from .. import gantt
+from .. import gantt, layout_words
 from ..errors import BAD_VALUE, error, fail
 
 SVG_NAME = "schedule.svg"
@@ -100,14 +100,10 @@ class Explanation:
 
     @property
     def layout_text(self) -> str:
-        par = self.spec.parallel
-        tp = "auto" if par.tp is None else par.tp
-        parts = [f"dp {par.dp} × tp {tp} × pp {par.pp}"]
-        if par.sp:
-            parts.append("sp")
-        if par.zero:
-            parts.append(f"zero {par.zero}")
-        return ", ".join(parts)
+        """The layout in words, as train.py's docstring says it (codegen/layout_words.py)."""
+        from ..planner.search import fixed_layout
+
+        return layout_words.words(layout_words.of_layout(fixed_layout(self.spec)))
 
 
 def explain(spec: Spec) -> Explanation:

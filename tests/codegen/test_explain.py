@@ -44,7 +44,7 @@ def texts(svg_path: Path) -> list[str]:
 def test_tiny_one_stage(capsys, tmp_path):
     status, out, err = run(capsys, "examples/tiny.par", "-o", str(tmp_path))
     assert (status, err) == (0, "")
-    assert "layout         dp 2 × tp 2 × pp 1 (4 ranks)" in out
+    assert "layout         dp 2 × tp 2 (4 ranks)" in out  # train.py's words (codegen/layout_words.py)
     assert "micro-batches  4 per step = global_batch 16 / (micro_batch 2 · dp 2)" in out
     assert "bubble         0.0%" in out
     assert "rank 0 | F0 B0--- F1 B1--- F2 B2--- F3 B3---" in out
@@ -145,12 +145,14 @@ def test_bad_spec_gives_diagnostics_and_exit_1(capsys, tmp_path):
 
 def test_an_auto_layout_is_explained_as_the_planners_winner(capsys, tmp_path):
     from parc.codegen.lower import lower
+    from parc.codegen.render import layout_words
 
     status, out, err = run(capsys, "examples/tiny.par", "--set", "parallel=auto", "-o", str(tmp_path))
     assert status == 0, err
     spec = explain(load("examples/tiny.par", ["parallel=auto"])).spec
     par = spec.parallel
-    assert f"  layout         dp {par.dp} × tp {par.tp} × pp {par.pp}" in out
+    # the words train.py's docstring says for the same layout
+    assert f"  layout         {layout_words(lower(spec))} ({spec.mesh.nodes * spec.mesh.devices_per_node} ranks)" in out
     assert ("  planner        chose the auto values, as parc build would "
             "(parc plan examples/tiny.par ranks them)\n") in out
     # the layout parc build generates for the same spec
@@ -256,3 +258,17 @@ def test_explain_draws_uneven_terapipe_slices_by_their_tokens():
         forwards = {e.chunk: e.end - e.start for e in events if e.op.value == "F" and e.micro == 0}
         assert forwards == pytest.approx({0: 1.5, 1: 0.75, 2: 0.75})
     assert "scaled by its tokens" in text(ex)
+
+
+def test_one_layout_description_names_every_axis_and_option():
+    """cp and its kind, the tp grid, ep/etp, sp, ZeRO, the schedule, recompute, overlap and
+    compression: the same words in parc explain, train.py's docstring and the banner."""
+    from parc.codegen.layout_words import Words, words
+
+    assert words(Words(degrees={"dp": 1, "cp": 1, "tp": 1, "pp": 1})) == "one rank"
+    assert words(Words(
+        degrees={"dp": 2, "cp": 2, "tp": 4, "pp": 2}, cp_kind="ulysses", tp_shape=(2, 2), ep=2, etp=2, sp=True, zero=1,
+        schedule="interleaved(2)", recompute=("selective",), overlap=(2,), compress="powersgd",
+    )) == ("pp 2 × dp 2 × cp 2 (ulysses) × tp 4 (2×2) + ep 2 + etp 2 + sequence parallel + ZeRO-1 + interleaved(2)"
+           " + recompute selective + overlap sub_batch(2) + compress powersgd")
+    assert words(Words(degrees={"dp": 2}, recompute=("full", "none"))) == "dp 2 + recompute per layer"

@@ -29,6 +29,7 @@ from parc.runtime.layout.constraints import per_layer
 from parc.runtime.layout.layer_settings import SETTINGS
 from parc.runtime.layout.model_desc import NONE, ParamCount
 from parc.runtime.layout.placement import Placement, chunk_stages, placement_for
+from ...layout_words import schedule_words
 
 
 
@@ -100,9 +101,7 @@ class Layout:
     @property
     def schedule_words(self) -> str:
         """The schedule in the DSL's words: ``interleaved(2)``, ``terapipe(4)``, ``chimera``."""
-        if self.schedule == "interleaved":
-            return f"interleaved({self.chunks})"
-        return f"terapipe({self.slices})" if self.schedule == "terapipe" else self.schedule
+        return schedule_words(self.schedule, self.chunks, self.slices)
 
     etp: int = 1
     """Expert-tensor-parallel ranks: each holds 1 / etp of each of its experts' ffn."""

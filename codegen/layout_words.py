@@ -1,0 +1,117 @@
+"""The layout in words: one description for ``train.py``'s docstring, the run banner, the
+launch scripts, ``parc verify`` and ``parc explain``.
+
+Takes: the degrees and options of a layout as plain values (``Words``), from a ``Plan``
+(``of_plan``) or from the planner's ``Layout`` (``of_layout``: ``parc explain`` reads the
+spec's own or the planner's). Gives: ``words(w)``, e.g. ``pp 2 × dp 2 × cp 2 (ring) × tp 4
+(2×2) + ep 2 + sequence parallel + ZeRO-1 + interleaved(2) + recompute selective``: the
+world's axes that are split, in the mesh's order (``runtime/layout/axes.py``), then every
+option that is not its default. A setting that differs between blocks says ``per layer``.
+Before: nothing. After: ``render.py``, ``verify.py``, ``cli/explain.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parc.runtime.layout.axes import WORLD_ORDER
+from parc.runtime.layout.layer_settings import fold_runs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Words:
+    degrees: dict
+    """Each world axis's degree (``dp``, ``cp``, ``tp``, ``pp``)."""
+    cp_kind: str = "ring"
+    tp_shape: tuple[int, int] | None = None
+    per_layer: str | None = None
+    """Per-layer tp × dp in words (``per_layer_words``); replaces dp and tp."""
+    ep: int = 1
+    etp: int = 1
+    sp: bool = False
+    zero: int = 0
+    schedule: str | None = None
+    """The pipeline schedule in the language's words (pp > 1 only)."""
+    recompute: tuple = ("none",)
+    overlap: tuple = (1,)
+    compress: str = "none"
+
+
+def words(w: Words) -> str:
+    parts = []
+    for axis in sorted(w.degrees, key=_mesh_order):
+        size = w.degrees[axis]
+        if size <= 1 or (w.per_layer and axis in ("dp", "tp")):
+            continue
+        extra = f" ({w.cp_kind})" if axis == "cp" else ""
+        extra += f" ({w.tp_shape[0]}×{w.tp_shape[1]})" if axis == "tp" and w.tp_shape else ""
+        parts.append(f"{axis} {size}{extra}")
+    if w.per_layer:
+        parts.append(w.per_layer)
+    text = " × ".join(parts) if parts else "one rank"
+    options = [f"ep {w.ep}" if w.ep > 1 else "", f"etp {w.etp}" if w.etp > 1 else "",
+               "sequence parallel" if w.sp else "", f"ZeRO-{w.zero}" if w.zero else "", w.schedule or "",
+               _setting("recompute", w.recompute, "none"), _setting("overlap", w.overlap, 1, "sub_batch({})"),
+               f"compress {w.compress}" if w.compress != "none" else ""]
+    return " + ".join([text, *(option for option in options if option)])
+
+
+def _mesh_order(axis: str) -> int:
+    """pp outermost in words, as the mesh nests it: pp, then dp, cp, tp."""
+    order = ("pp",) + tuple(a for a in WORLD_ORDER if a != "pp")
+    return order.index(axis) if axis in order else len(order)
+
+
+def _setting(name: str, values: tuple, default, form: str = "{}") -> str:
+    kinds = set(values)
+    if kinds == {default}:
+        return ""
+    return f"{name} per layer" if len(kinds) > 1 else f"{name} {form.format(kinds.pop())}"
+
+
+def of_layout(layout) -> Words:
+    """The planner's ``Layout`` (codegen/planner/cost/layout.py) in words' terms."""
+    return Words(
+        degrees={"dp": layout.dp, "cp": layout.cp, "tp": layout.tp, "pp": layout.pp}, cp_kind=layout.cp_kind,
+        tp_shape=layout.grid, ep=layout.ep, etp=layout.etp, sp=layout.sp, zero=layout.zero,
+        schedule=schedule_words(layout.schedule, layout.chunks, layout.slices) if layout.pp > 1 else None,
+        recompute=_values(layout.recompute), overlap=_values(layout.overlap), compress=layout.compress,
+        per_layer=None if layout.layer_tp is None else per_layer_words(zip(layout.layer_tp, layout.layer_dp)),
+    )
+
+
+def of_plan(plan) -> Words:
+    """A build's ``Plan`` (codegen/plan.py) in words' terms."""
+    mesh, pipe, hetero = plan.mesh, plan.pipeline, len({(b.tp, b.dp) for b in plan.blocks}) > 1
+    ep, etp = plan.model.expert_parallel, plan.model.expert_tensor_parallel
+    compress = next((s.value for s in plan.train.compress if s.name == "COMPRESS"), "none")
+    return Words(
+        degrees={a.axis: a.size for a in mesh.axes}, cp_kind=mesh.cp_kind.value,
+        tp_shape=tuple(mesh.tp_shape.value) if mesh.tp_shape is not None else None,
+        per_layer=per_layer_words((b.tp, b.dp) for b in plan.blocks) if hetero else None,
+        ep=ep.value if ep is not None else 1, etp=etp.value if etp is not None else 1,
+        sp=plan.sequence_parallel.enabled, zero=plan.train.zero.value,
+        schedule=schedule_words(pipe.schedule, pipe.chunks, pipe.slices) if pipe.size > 1 else None,
+        recompute=plan.per_block("recompute"), overlap=plan.per_block("overlap"), compress=compress,
+    )
+
+
+def schedule_words(kind: str, chunks: int, slices: int) -> str:
+    """The schedule in the language's words: ``interleaved(2)``, ``terapipe(4)``, ``chimera``."""
+    if kind == "interleaved":
+        return f"interleaved({chunks})"
+    return f"terapipe({slices})" if kind == "terapipe" else kind
+
+
+def _values(value) -> tuple:
+    return tuple(value) if isinstance(value, tuple) else (value,)
+
+
+def per_layer_words(blocks) -> str:
+    """``tp 2 × dp 1 (layers.0-1), tp 1 × dp 2 (layers.2-3)``: the blocks' (tp, dp), runs folded."""
+    words, index = [], 0
+    for (tp, dp), n in fold_runs(list(blocks)):
+        names = f"layers.{index}" if n == 1 else f"layers.{index}-{index + n - 1}"
+        words.append(f"tp {tp} × dp {dp} ({names})")
+        index += n
+    return ", ".join(words)
