@@ -9,6 +9,7 @@ PAR0801    a value is still ``auto`` (the planner fills it; build needs it set)
 PAR0802    a feature parc cannot build yet (ring attention, ...)
 PAR0803    a name that is not a plain identifier (it would be emitted as code)
 PAR0804    a value of the wrong type, not finite, or out of range
+PAR0808    (warning) a written layout is predicted over the usable device memory
 =========  =====================================================================
 
 The layout rules (world size, divisibility, batch, schedule) and the buildability
@@ -30,6 +31,7 @@ AUTO = "PAR0801"
 UNSUPPORTED = "PAR0802"
 BAD_NAME = "PAR0803"
 BAD_VALUE = "PAR0804"
+MEMORY = "PAR0808"
 
 
 def span_of(spec: Spec, key: str) -> Span:

@@ -73,6 +73,7 @@ def run_build(args: argparse.Namespace) -> int:
 
     from ..build import generate, seen_from
     from ..lower import lower
+    from ..passes import choose_layout
 
     if args.emit == "ast":
         try:
@@ -107,6 +108,8 @@ def run_build(args: argparse.Namespace) -> int:
         files = generate(spec, plan, tuple(args.overrides))
     except Diagnostics as exc:
         return report_stage_errors(exc, args.spec, args.overrides)
+    if warnings := choose_layout.memory_warnings(spec):  # PAR0808: built anyway, as written
+        report(Diagnostics(warnings, _sources(args.spec, args.overrides)), sys.stderr)
     return build_folder(args, plan, files, out_dir)
 
 

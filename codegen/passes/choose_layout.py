@@ -15,15 +15,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from parc.dsl.diagnostics import ParcError, Severity
 from parc.dsl.spec import Spec
 from parc.runtime.layout.layer_settings import SETTINGS
 from parc.runtime.layout.layouts import no_layout
 
-from ..planner.cost import Accounting, hardware_for
+from ..planner.cost import Accounting, estimate, hardware_for
+from ..planner.cost.estimate import USABLE_MEMORY
 from ..planner.cost.hardware import ProfileError
-from ..errors import AUTO, check, error, profile_error
+from ..errors import AUTO, MEMORY, check, error, profile_error
 from ..plan import PredictionPlan
-from ..planner.search import search, with_layout
+from ..planner.search import fixed_layout, search, with_layout
 from ..spec_values import spec_values
 from .draft import Draft
 
@@ -50,10 +52,13 @@ def run(spec: Spec, draft: Draft) -> Draft:
             smallest = min(result.estimates, key=lambda item: item.memory.total)
             message = (
                 f"no layout that parc build can generate fits in memory: the smallest of "
-                f"{result.considered} needs {smallest.memory.total / 2**30:.1f} GiB per rank"
+                f"{result.considered} needs {smallest.memory.total / 2**30:.1f} GiB per rank, over the usable "
+                f"{hardware.memory * USABLE_MEMORY / 2**30:.1f} GiB ({USABLE_MEMORY:.0%} of the device's "
+                f"{hardware.memory / 2**30:.1f} GiB: allocator and runtime headroom)"
             )
-            hint = "run parc plan to see the candidates; lower micro_batch or use more devices"
-        check([error(spec, "parallel", AUTO, message, hint)])
+            hint = ("run parc plan to see the candidates; lower micro_batch or use more devices; or write "
+                    "the whole layout, which builds whatever the prediction says")
+        check([error(spec, _first_auto(spec), AUTO, message, hint)])
     time, mem = winner.time, winner.memory
     predicted = PredictionPlan(
         layouts_considered=result.considered,
@@ -90,6 +95,39 @@ PLANNED_KEYS = {
     "train.micro_batch": lambda spec: spec.train.micro_batch,
 }
 """The keys the planner may fill, and how to read whether ``spec`` left each ``auto``."""
+
+
+def memory_warnings(spec: Spec) -> list[ParcError]:
+    """PAR0808 (a warning): the layout the spec writes whole is predicted over the usable
+    memory (``USABLE_MEMORY`` of the device's). It still builds: the prediction can be wrong
+    and the user chose this layout; the planner only refuses layouts it picks itself."""
+    layout = fixed_layout(spec)
+    if layout is None:
+        return []
+    try:
+        hardware = hardware_for(spec)
+    except ProfileError:
+        return []  # check_values reports the profile
+    if hardware.memory is None:
+        return []
+    peak = estimate(spec, layout, hardware, Accounting.PARC).memory.total
+    usable = hardware.memory * USABLE_MEMORY
+    if peak <= usable:
+        return []
+    return [replace(error(
+        spec, "parallel", MEMORY,
+        f"this layout is predicted to need {peak / 2**30:.1f} GiB per rank, over the usable {usable / 2**30:.1f} "
+        f"GiB ({USABLE_MEMORY:.0%} of the device's {hardware.memory / 2**30:.1f} GiB); built anyway, as written",
+        "parc plan --set the same values shows where the memory goes; lower micro_batch, add zero, recompute "
+        "or tp/pp ranks, or leave keys auto for the planner to fit",
+    ), severity=Severity.WARNING)]
+
+
+def _first_auto(spec: Spec) -> str:
+    """The first key the planner would fill (its ``auto`` is what the error points at)."""
+    unset = [key for key, value in PLANNED_KEYS.items() if value(spec) is None]
+    written = [key for key in unset if spec.span(key) is not None]
+    return (written or unset or ["parallel"])[0]
 
 
 def _planned_spans(spec: Spec) -> tuple:
