@@ -91,7 +91,9 @@ def step_lines(plan: Plan) -> list[str]:
         return []
     return [
         "last = step == args.steps or guard.stopping",
-        "val_loss = evaluator.run(net) if evaluator.due(step, last) else None  # collective",
+        "# collective; its time and bytes are not the step's (step_time_s leaves it out too)",
+        "with comm.exposed_clock.excluded(), traffic.comm_bytes.excluded():",
+        "    val_loss = evaluator.run(net) if evaluator.due(step, last) else None",
     ]
 
 

@@ -41,6 +41,16 @@ class ExposedClock:
         return self._seconds
 
     @contextmanager
+    def excluded(self):
+        """``with``: what the block waits for and issues is not the step's (evaluation runs
+        between the step and its record, and step_time_s leaves it out too)."""
+        seconds, collectives = self._seconds, self.collectives
+        try:
+            yield
+        finally:
+            self._seconds, self.collectives = seconds, collectives
+
+    @contextmanager
     def measure(self):
         self._depth += 1
         start = time.perf_counter()

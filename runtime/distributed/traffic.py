@@ -19,6 +19,8 @@ its units' padding; the parameters ZeRO all-gathers back are ``dp_params``, apar
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
 
@@ -44,6 +46,15 @@ class Traffic:
 
     def reset(self) -> None:
         self._bytes = dict.fromkeys(AXES, 0)
+
+    @contextmanager
+    def excluded(self):
+        """``with``: the block's bytes are not the step's (evaluation, between the step and its record)."""
+        saved = dict(self._bytes)
+        try:
+            yield
+        finally:
+            self._bytes = saved
 
     def by_axis(self) -> dict[str, int]:
         """The step's bytes summed over every rank, by axis (those not zero).
