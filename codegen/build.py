@@ -29,13 +29,14 @@ from .build_folder import (  # noqa: F401 - re-exported: callers know them as bu
 from .build_merge import Resolve, apply, plan_rebuild
 from .lower import lower
 from . import runtime_tree
-from .render import render, runtime_modules
+from .features import runtime_modules
+from .render import render
 
 
 def runtime_files(modules: set[str] | None = None) -> dict[str, bytes]:
     """The source files of parc's runtime a build needs, as ``parc_runtime/...`` → bytes
     (``runtime_tree.files``: the modules the program uses, by their own names
-    (``render.runtime_modules``), and what they import at module level; None: every file)."""
+    (``features.runtime_modules``), and what they import at module level; None: every file)."""
     return runtime_tree.files(modules)
 
 

@@ -15,7 +15,6 @@ import black
 import jinja2
 
 from parc.runtime.layout import axes
-from parc.runtime.schedules import schedule
 
 from .plan import Plan
 from . import (
@@ -30,7 +29,7 @@ from . import (
     render_step,
     runtime_tree,
 )
-from . import layout_words as layout_text
+from . import features, layout_words as layout_text
 from .plan_text import cite
 from .render_constants import config_lines, tp_plan_lines, zero_words
 
@@ -206,7 +205,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ]
     else:
         forward_lines = [forward]
-    imports = train_imports(plan)
+    imports = features.train_imports(plan)
     if pipelined and low is not None:
         forward_lines = []  # the executor runs each stage's forward under autocast
     fp16 = plan.train.precision.value == "fp16"
@@ -375,48 +374,6 @@ def compute_arg(plan: Plan) -> str:
     """ZeRO's optimizers under bf16/fp16: the parameters' dtype (the fp32 master is the shard)."""
     compute = render_step.compute_dtype(plan)
     return "" if compute is None else f", compute_dtype={compute}"
-
-
-def train_imports(plan: Plan) -> list[str]:
-    """The runtime modules ``train.py`` imports, by their own names (``runtime_tree.import_lines``
-    writes them as ``from parc_runtime.<package> import ...``)."""
-    imports = ["checkpoint", "checkpoint_init", "comm", "data", "faults", "flags", "memory", "mesh", "metrics", "model",
-               "observe", "optim", "traffic"]
-    imports += ["dp"] if plan.mesh.size("dp") * plan.mesh.size("cp") > 1 else []
-    imports += ["pipeline", "schedule"] if render_step.has_pipeline(plan) else []
-    zero = plan.train.zero.value
-    # per-layer layouts: hetero.ShardedAdamW (hetero.py imports zero.py)
-    imports += ["fsdp"] if zero == 3 else ["zero"] if zero and not render_hetero.enabled(plan) else []
-    imports += ["moe"] if render_moe.has_experts(plan) else []
-    imports += ["evaluate"] if render_eval.enabled(plan) else []
-    imports += ["loss_scale"] if plan.train.precision.value == "fp16" else []
-    imports += ["master"] if render_step.compute_dtype(plan) and not plan.train.zero.value else []
-    imports += ["compress"] if render_compress.enabled(plan) else []
-    imports += ["compress_pp"] if render_compress.pipeline_enabled(plan) else []
-    imports += ["hetero", "dp"] if render_hetero.enabled(plan) else []  # hetero.py imports dp.py
-    return sorted(set(imports))
-
-
-def runtime_modules(plan: Plan) -> set[str]:
-    """The runtime modules the build's program needs before their own imports are
-    followed (``build.runtime_files``): train.py's, and those the runtime imports only
-    inside a function: a per-layer setting's ``LayerSetting.module`` when some block
-    uses it, ``context`` with cp > 1, ``checkpoint_dcp`` always (``checkpoint`` imports
-    it to save or resume, Note [DCP on demand])."""
-    modules = set(train_imports(plan)) | {"checkpoint_dcp"}
-    modules |= {"context"} if plan.mesh.size("cp") > 1 else set()  # model.py imports it for cp > 1
-    modules |= {"layers2d"} if plan.mesh.tp_shape is not None else set()  # model.py and mesh.py import it
-    modules |= {"moe_overlap"} if render_moe.overlaps_experts(plan) else set()  # moe.py imports it
-    modules |= pipeline_modules(plan.pipeline.schedule) if render_step.has_pipeline(plan) else set()
-    return modules | {entry.module for entry in plan.used_settings() if entry.module}
-
-
-def pipeline_modules(kind: str) -> set[str]:
-    """What a pipeline of schedule ``kind`` imports only when it runs: the kind's orders
-    (``schedule.MODULES``), split backward (zero-bubble kinds), TeraPipe's slices."""
-    modules = {schedule.MODULES[kind]} if kind in schedule.MODULES else set()
-    modules |= {"split_backward"} if kind in schedule.SPLIT_BACKWARD else set()
-    return modules | ({"terapipe"} if kind in schedule.SLICED else set())
 
 
 def layout_words(plan: Plan) -> str:

@@ -117,7 +117,7 @@ def _imports(path: str, text: str) -> tuple[tuple[str, ...], ...]:
 def files(names=None) -> dict[str, bytes]:
     """The runtime's source files a build needs, as ``parc_runtime/...`` -> bytes.
 
-    ``names``: the runtime modules the program uses (``render.runtime_modules``), by their
+    ``names``: the runtime modules the program uses (``features.runtime_modules``), by their
     own names; each brings the runtime modules it imports at module level, transitively,
     and the ``__init__.py`` of every package above it. None: every file (the whole runtime).
     """

@@ -12,7 +12,7 @@ Note [DCP on demand]: importing torch.distributed.checkpoint imports DTensor and
 op tables, about 1.5 s on a CPU, which is a quarter of a short run's start. A trainer
 that neither saves nor resumes never needs it, so only this module imports DCP and
 ``checkpoint.py`` imports this module inside the functions that save or load. The
-build ships it with ``checkpoint`` (``render.runtime_modules``).
+build ships it with ``checkpoint`` (``features.runtime_modules``).
 """
 
 from __future__ import annotations

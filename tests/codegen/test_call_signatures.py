@@ -36,7 +36,8 @@ import pytest
 
 from parc.codegen.build import runtime_files
 from parc.codegen.lower import lower
-from parc.codegen.render import render, runtime_modules
+from parc.codegen.features import runtime_modules
+from parc.codegen.render import render
 from parc.dsl import Diagnostics, load
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,123 @@
+"""The features a build may use, one entry each: when a Plan uses it, its spec keys, what
+``train.py`` imports for it, what else of the runtime it ships, the transform it applies and
+where the cost model prices it.
+
+Takes: a ``Plan``. Gives: ``FEATURES``, ``in_use(plan)``, ``train_imports(plan)`` (the
+runtime modules train.py imports, by their own names: ``runtime_tree.import_lines`` writes
+them) and ``runtime_modules(plan)`` (those and what the runtime imports only inside a
+function, which the closure of module-level imports in ``runtime_tree.files`` cannot see).
+Before: nothing. After: ``render.py`` (the import lines) and ``build.py`` (what ships).
+
+Note [a feature is an entry]: like ``layer_settings.SETTINGS`` for per-layer settings, a
+feature's facts sit in one ``Feature``; the renderer and the build loop over ``FEATURES``
+instead of naming the feature. A new axis or option adds an entry here (its ``used``
+test reads the Plan field its pass fills), its spec keys in dsl/keys.py, its rules
+and unbuilt pairs in runtime/layout's rules, its transform beside its axis in
+runtime/parallel/, and its cost in codegen/planner/cost/ (DESIGN.md walks through it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from parc.runtime.schedules import schedule
+
+from . import render_compress, render_eval, render_hetero, render_moe, render_step
+from .plan import Plan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Feature:
+    name: str
+    keys: tuple[str, ...]
+    """The spec keys that turn it on."""
+    used: Callable[[Plan], bool]
+    imports: tuple[str, ...] = ()
+    """Runtime modules train.py imports for it (their own names)."""
+    ships: Callable[[Plan], frozenset] = lambda plan: frozenset()
+    """Runtime modules imported only inside a function when it runs (shipped, not imported)."""
+    transform: str = ""
+    """The runtime code that applies it (module.function), for the reader."""
+    cost: str = ""
+    """The planner's module that prices it (codegen/planner/cost/)."""
+
+
+def _zero(plan: Plan) -> int:
+    return plan.train.zero.value
+
+
+def _pipeline_modules(plan: Plan) -> frozenset:
+    kind = plan.pipeline.schedule
+    return frozenset(pipeline_modules(kind))
+
+
+def pipeline_modules(kind: str) -> set[str]:
+    """What a pipeline of schedule ``kind`` imports only when it runs: the kind's orders
+    (``schedule.MODULES``), split backward (zero-bubble kinds), TeraPipe's slices."""
+    modules = {schedule.MODULES[kind]} if kind in schedule.MODULES else set()
+    modules |= {"split_backward"} if kind in schedule.SPLIT_BACKWARD else set()
+    return modules | ({"terapipe"} if kind in schedule.SLICED else set())
+
+
+FEATURES: tuple[Feature, ...] = (
+    Feature(name="data parallel", keys=("parallel.dp", "parallel.cp"),
+            used=lambda plan: plan.mesh.size("dp") * plan.mesh.size("cp") > 1 or render_hetero.enabled(plan),
+            imports=("dp",), transform="dp.GradientBuckets", cost="cost/time.py"),
+    Feature(name="pipeline", keys=("parallel.pp", "parallel.schedule", "parallel.stage_layers"),
+            used=render_step.has_pipeline, imports=("pipeline", "schedule"), ships=_pipeline_modules,
+            transform="models.build_stages + pipeline.PipelineExecutor", cost="cost/time.py"),
+    Feature(name="zero", keys=("parallel.zero",), used=lambda plan: _zero(plan) in (1, 2) and not render_hetero.enabled(plan),
+            imports=("zero",), transform="zero.ShardedAdamW", cost="cost/memory.py"),
+    Feature(name="zero3", keys=("parallel.zero", "parallel.zero_prefetch", "parallel.zero_shard"),
+            used=lambda plan: _zero(plan) == 3, imports=("fsdp",), transform="fsdp.FullyShardedAdamW",
+            cost="cost/memory.py"),
+    Feature(name="per-layer tp × dp", keys=("parallel.tp", "parallel.dp"), used=render_hetero.enabled,
+            imports=("hetero",), transform="hetero.StageLayouts", cost="cost/per_layer.py"),
+    Feature(name="context parallel", keys=("parallel.cp", "parallel.cp_kind"), used=lambda plan: plan.mesh.size("cp") > 1,
+            ships=lambda plan: frozenset({"context"}), transform="context.ContextParallel", cost="cost/context.py"),
+    Feature(name="2D tensor parallel", keys=("parallel.tp_shape",), used=lambda plan: plan.mesh.tp_shape is not None,
+            ships=lambda plan: frozenset({"layers2d"}), transform="layers2d", cost="cost/tp2d.py"),
+    Feature(name="experts", keys=("model.experts", "parallel.ep", "parallel.etp"), used=render_moe.has_experts,
+            imports=("moe",), ships=lambda plan: frozenset({"moe_overlap"} if render_moe.overlaps_experts(plan) else ()),
+            transform="moe.MoE", cost="cost/experts.py"),
+    Feature(name="evaluation", keys=("train.eval",), used=render_eval.enabled, imports=("evaluate",),
+            transform="evaluate.Evaluator"),
+    Feature(name="fp16 loss scaling", keys=("train.precision",), used=lambda plan: plan.train.precision.value == "fp16",
+            imports=("loss_scale",), transform="loss_scale.LossScaler"),
+    Feature(name="master weights", keys=("train.precision",),
+            used=lambda plan: bool(render_step.compute_dtype(plan)) and not _zero(plan), imports=("master",),
+            transform="master.MasterAdamW", cost="cost/memory.py"),
+    Feature(name="compress", keys=("parallel.compress",), used=render_compress.enabled, imports=("compress",),
+            transform="compress.PowerSGD / compress.TopK", cost="cost/compress.py"),
+    Feature(name="compress_pp", keys=("parallel.compress_pp",), used=render_compress.pipeline_enabled,
+            imports=("compress_pp",), transform="compress_pp", cost="cost/compress.py"),
+)
+"""Every feature, in no particular order (each is independent of the others' entries)."""
+
+ALWAYS = ("checkpoint", "checkpoint_init", "comm", "data", "faults", "flags", "memory", "mesh", "metrics", "model",
+          "observe", "optim", "traffic")
+"""What every train.py imports."""
+
+
+def in_use(plan: Plan) -> tuple[Feature, ...]:
+    return tuple(feature for feature in FEATURES if feature.used(plan))
+
+
+def train_imports(plan: Plan) -> list[str]:
+    """The runtime modules ``train.py`` imports, by their own names."""
+    modules = set(ALWAYS)
+    for feature in in_use(plan):
+        modules |= set(feature.imports)
+    return sorted(modules)
+
+
+def runtime_modules(plan: Plan) -> set[str]:
+    """The runtime modules the build's program needs before their own imports are
+    followed (``build.runtime_files``): train.py's, each feature's ``ships``, a per-layer
+    setting's ``LayerSetting.module`` when some block uses it, and ``checkpoint_dcp``
+    always (``checkpoint`` imports it to save or resume, Note [DCP on demand])."""
+    modules = set(train_imports(plan)) | {"checkpoint_dcp"}
+    for feature in in_use(plan):
+        modules |= feature.ships(plan)
+    return modules | {entry.module for entry in plan.used_settings() if entry.module}
