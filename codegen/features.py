@@ -11,7 +11,7 @@ Before: nothing. After: ``render.py`` (the import lines) and ``build.py`` (what 
 Note [a feature is an entry]: like ``layer_settings.SETTINGS`` for per-layer settings, a
 feature's facts sit in one ``Feature``; the renderer and the build loop over ``FEATURES``
 instead of naming the feature. A new axis or option adds an entry here (its ``used``
-test reads the Plan field its pass fills), its spec keys in dsl/keys.py, its rules
+test reads the Plan field its pass fills), its spec keys in dsl/keys/, its rules
 and unbuilt pairs in runtime/layout's rules, its transform beside its axis in
 runtime/parallel/, and its cost in codegen/planner/cost/ (DESIGN.md walks through it).
 """

@@ -6,7 +6,8 @@ Takes: the degrees and options of a layout as plain values (``Words``), from a `
 spec's own or the planner's). Gives: ``words(w)``, e.g. ``pp 2 × dp 2 × cp 2 (ring) × tp 4
 (2×2) + ep 2 + sequence parallel + ZeRO-1 + interleaved(2) + recompute selective``: the
 world's axes that are split, in the mesh's order (``runtime/layout/axes.py``), then every
-option that is not its default. A setting that differs between blocks says ``per layer``.
+option that is not its default; a per-layer setting in its registry's words
+(``layer_settings.shown``: ``recompute selective``, ``[full ×3, none ×93]``).
 Before: nothing. After: ``render.py``, ``verify.py``, ``cli/explain.py``.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parc.runtime.layout.axes import WORLD_ORDER
-from parc.runtime.layout.layer_settings import fold_runs
+from parc.runtime.layout.layer_settings import SETTINGS, fold_runs, shown
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,8 +33,8 @@ class Words:
     zero: int = 0
     schedule: str | None = None
     """The pipeline schedule in the language's words (pp > 1 only)."""
-    recompute: tuple = ("none",)
-    overlap: tuple = (1,)
+    settings: dict | None = None
+    """Each per-layer setting's value (``layer_settings.SETTINGS``): one, or a tuple of one per block."""
     compress: str = "none"
 
 
@@ -51,7 +52,8 @@ def words(w: Words) -> str:
     text = " × ".join(parts) if parts else "one rank"
     options = [f"ep {w.ep}" if w.ep > 1 else "", f"etp {w.etp}" if w.etp > 1 else "",
                "sequence parallel" if w.sp else "", f"ZeRO-{w.zero}" if w.zero else "", w.schedule or "",
-               _setting("recompute", w.recompute, "none"), _setting("overlap", w.overlap, 1, "sub_batch({})"),
+               *(shown(entry, _one(w.settings[entry.name]), f"{entry.name} ") or ""
+                 for entry in SETTINGS if entry.name in (w.settings or {})),
                f"compress {w.compress}" if w.compress != "none" else ""]
     return " + ".join([text, *(option for option in options if option)])
 
@@ -62,11 +64,9 @@ def _mesh_order(axis: str) -> int:
     return order.index(axis) if axis in order else len(order)
 
 
-def _setting(name: str, values: tuple, default, form: str = "{}") -> str:
-    kinds = set(values)
-    if kinds == {default}:
-        return ""
-    return f"{name} per layer" if len(kinds) > 1 else f"{name} {form.format(kinds.pop())}"
+def _one(value):
+    """A per-block tuple whose blocks agree as its one value."""
+    return value[0] if isinstance(value, tuple) and len(set(value)) == 1 else value
 
 
 def of_layout(layout) -> Words:
@@ -75,7 +75,7 @@ def of_layout(layout) -> Words:
         degrees={"dp": layout.dp, "cp": layout.cp, "tp": layout.tp, "pp": layout.pp}, cp_kind=layout.cp_kind,
         tp_shape=layout.grid, ep=layout.ep, etp=layout.etp, sp=layout.sp, zero=layout.zero,
         schedule=schedule_words(layout.schedule, layout.chunks, layout.slices) if layout.pp > 1 else None,
-        recompute=_values(layout.recompute), overlap=_values(layout.overlap), compress=layout.compress,
+        settings={entry.name: layout.setting(entry.name) for entry in SETTINGS}, compress=layout.compress,
         per_layer=None if layout.layer_tp is None else per_layer_words(zip(layout.layer_tp, layout.layer_dp)),
     )
 
@@ -92,7 +92,7 @@ def of_plan(plan) -> Words:
         ep=ep.value if ep is not None else 1, etp=etp.value if etp is not None else 1,
         sp=plan.sequence_parallel.enabled, zero=plan.train.zero.value,
         schedule=schedule_words(pipe.schedule, pipe.chunks, pipe.slices) if pipe.size > 1 else None,
-        recompute=plan.per_block("recompute"), overlap=plan.per_block("overlap"), compress=compress,
+        settings={entry.name: plan.per_block(entry.name) for entry in SETTINGS}, compress=compress,
     )
 
 
@@ -101,10 +101,6 @@ def schedule_words(kind: str, chunks: int, slices: int) -> str:
     if kind == "interleaved":
         return f"interleaved({chunks})"
     return f"terapipe({slices})" if kind == "terapipe" else kind
-
-
-def _values(value) -> tuple:
-    return tuple(value) if isinstance(value, tuple) else (value,)
 
 
 def per_layer_words(blocks) -> str:

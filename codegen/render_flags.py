@@ -4,7 +4,7 @@ Takes: the Plan. Gives: ``flag_lines`` (the body of ``parse_args`` after the par
 made), each flag with a ``type=`` of ``runtime/train/flags.py`` that checks its range or form
 as argparse reads it (``--steps -3``, ``--checkpoint-every -2``, ``--seed`` past the
 spec's range, an empty path: a usage error naming the flag, exit 2). The ranges are the
-spec keys' where a flag overrides one (dsl/keys.py: ``train.steps``, ``train.seed``).
+spec keys' where a flag overrides one (dsl/keys/: ``train.steps``, ``train.seed``).
 Before: nothing. After: ``render.py`` puts the lines in ``templates/train.py.j2``.
 """
 

@@ -306,7 +306,7 @@ def _mesh(spec: Spec, world: int) -> list[Change]:
 
 def _reference(values: dict) -> tuple[str, ...]:
     """The one-rank program: every key of the language's parallel block
-    (``dsl/keys.py``) at its one-rank value (``_one_rank``), so no axis or option of a
+    (``dsl/keys/``) at its one-rank value (``_one_rank``), so no axis or option of a
     layout — ep, etp, a 2D tp_shape, cp_kind, compress, ... — reaches the reference
     (recompute and overlap change no number: dropping them puts them under test too)."""
     sets = [f"parallel.{param.name}={value}" for param in PARALLEL.keys

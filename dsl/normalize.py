@@ -9,7 +9,7 @@ unknown arguments. Types, ranges and required keys are left to the schema
 
 ``normalize_value`` is also how ``--set`` values are read (``dsl/overrides.py``).
 
-Note [per-layer values]: a key marked ``per_layer`` in ``dsl/keys.py`` takes one
+Note [per-layer values]: a key marked ``per_layer`` in ``dsl/keys/`` takes one
 value or a list with one value per transformer block (``recompute = [full, none]``);
 each item is normalized as the single value would be, at path ``(block, key, i)``,
 and ``dsl/checks.py`` checks that the list has ``model.layers`` items.

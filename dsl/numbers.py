@@ -5,7 +5,7 @@ Takes: the text of a number, from a ``.par`` word or a JSON number. Gives:
 an optional fraction and exponent) and ``read_number``. Both front ends
 (``dsl/tree.py``, ``dsl/jsonspec.py``) read numbers here, so they refuse the same
 texts with the same words. Ranges (what a key accepts) are not decided here but in
-``dsl/keys.py``; this module only refuses what no key could take: a number too
+``dsl/keys/``; this module only refuses what no key could take: a number too
 long to read, one that overflows a float, and one that underflows to 0.
 
 Python's ``int()`` and ``float()`` accept other scripts' digits (``int("٤٠") ==

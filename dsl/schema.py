@@ -1,4 +1,4 @@
-"""The JSON Schema of the normalized spec document, generated from ``dsl/keys.py``.
+"""The JSON Schema of the normalized spec document, generated from ``dsl/keys/``.
 
 Takes: the key table. Gives: ``schema()`` (a JSON Schema, draft 2020-12, that
 ``parc schema`` prints and editors use) and ``validator()`` (a jsonschema validator

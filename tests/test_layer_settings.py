@@ -18,7 +18,7 @@ from parc.runtime.layout.layer_settings import SETTINGS, setting, shown, words
 ROOT = Path(__file__).resolve().parents[1]
 
 OWNERS = {
-    "dsl/keys.py",  # the language: overlap = sub_batch(k)
+    "dsl/keys/parallel.py",  # the language: overlap = sub_batch(k)
     "runtime/layout/layer_settings.py",  # the entry
     "runtime/layout/constraints.py",  # its rules (PAR0211, PAR0215)
     "runtime/models/model.py",  # build_model(sub_batches=...) and the blocks' runs

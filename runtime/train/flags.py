@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 INT_MAX = 2**31 - 1
-"""The largest count a flag takes, as the spec's integers (dsl/keys.py ``INT_MAX``)."""
+"""The largest count a flag takes, as the spec's integers (dsl/keys/ ``INT_MAX``)."""
 
 
 def whole(low: int, high: int = INT_MAX):
