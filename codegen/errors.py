@@ -13,7 +13,7 @@ PAR0808    (warning) a written layout is predicted over the usable device memory
 =========  =====================================================================
 
 The layout rules (world size, divisibility, batch, schedule) and the buildability
-rules live in ``runtime/layout/constraints.py``; the build re-checks them (``check_values``,
+rules live in ``runtime/layout/constraints/``; the build re-checks them (``check_values``,
 ``check_buildable``) with the codes and messages ``parc check`` gives (PAR02xx, and
 PAR0802, which ``parc check`` reports too), because the code generator must be safe for
 any ``Spec``, validated or not. PAR0805–PAR0807 (the build's own mesh, divisibility and

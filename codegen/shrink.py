@@ -8,7 +8,7 @@ in their order, stage by stage), kernels — on one node of ``dp·tp·pp`` CPU d
 fp32, on synthetic data; each override with the value it replaces and why; and the
 overrides of the one-rank reference (the same model with no parallelism at all).
 
-Every smaller value is the first candidate the rules of ``runtime/layout/constraints.py``
+Every smaller value is the first candidate the rules of ``runtime/layout/constraints/``
 accept (``constraints.smallest``): no divisibility rule is written here a second time.
 Before: ``parc.dsl.load``. After: ``codegen/verify.py`` builds both and runs them.
 

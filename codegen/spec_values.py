@@ -1,4 +1,4 @@
-"""A ``Spec`` as the plain values of ``runtime/layout/constraints.py``, and its violations as errors.
+"""A ``Spec`` as the plain values of ``runtime/layout/constraints/``, and its violations as errors.
 
 Takes: a ``Spec`` (``None`` where the spec says ``auto``). Gives: ``spec_values(spec)``,
 the values by the names of ``constraints.KEYS``, and ``rule_errors(spec, kinds)``, a

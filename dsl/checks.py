@@ -3,7 +3,7 @@
 Takes: the normalized document (``dsl/normalize.py``) and the paths already found
 bad. Gives: a list of (path, ParcError), each message the formula with its values
 filled in ("world size: dp·cp·tp·pp = 2·1·3·1 = 6 ..."). The rules themselves are those
-of ``runtime/layout/constraints.py``, which ``parc build`` and the search call too; this
+of ``runtime/layout/constraints/``, which ``parc build`` and the search call too; this
 module hands them the document's plain values and places each violation at the spec
 text it blames. A value that is ``auto``, missing or invalid is unknown to the rules,
 so a rule that needs it is skipped and one mistake gives one error. Defaults are

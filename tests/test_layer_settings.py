@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OWNERS = {
     "dsl/keys/parallel.py",  # the language: overlap = sub_batch(k)
     "runtime/layout/layer_settings.py",  # the entry
-    "runtime/layout/constraints.py",  # its rules (PAR0211, PAR0215)
+    "runtime/layout/constraints/rules_overlap.py",  # its rules (PAR0211, PAR0215)
     "runtime/models/model.py",  # build_model(sub_batches=...) and the blocks' runs
     "runtime/parallel/tensor/overlap.py",  # the Oases wavefront
     "codegen/planner/cost/overlap.py",  # its cost term

@@ -3,7 +3,7 @@ what ``parc build`` can generate today.
 
 Takes: a ``Spec`` whose values passed ``check_values`` and whose ``auto`` values the
 planner filled (``choose_layout``). Gives: the draft unchanged, or ``Diagnostics``
-naming every violated rule of ``runtime/layout/constraints.py`` at its spec line with a hint:
+naming every violated rule of ``runtime/layout/constraints/`` at its spec line with a hint:
 the layout rules again (so the planner's winner is re-checked) and the ``BUILD``
 rules, one ``constraints.UNBUILDABLE`` entry per feature not generated yet (PAR0802;
 the issue that implements one deletes its entry and adds its pass). ``parc check``

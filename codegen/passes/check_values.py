@@ -6,7 +6,7 @@ guard against injection (DESIGN §8): names must be plain ASCII identifiers, num
 exact ``int``/``float`` values that are finite and in range, strings exact ``str``
 without control characters, closed vocabularies enum members. Later passes and the
 renderer may then emit any value with ``repr`` and trust the result to be a literal.
-Values that pass are then held to the rules of ``runtime/layout/constraints.py`` (those
+Values that pass are then held to the rules of ``runtime/layout/constraints/`` (those
 ``parc check`` applies, buildability included; ``auto`` values are unknown to them), so
 the planner never searches around a spec the front end would refuse.
 

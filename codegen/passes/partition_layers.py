@@ -7,7 +7,7 @@ are column-parallel, their consumers o_proj and down_proj row-parallel, so each
 block needs one all-reduce in forward; the embedding is split by vocab rows and the
 head produces vocab-parallel logits for the vocab-parallel cross-entropy. Norms and
 the position embedding are replicated. With tp = 1 every module is replicated. tp divides every split size
-(``runtime/layout/constraints.py``, checked by ``check_buildable``); on a 2D grid ``tp_shape = (R, C)``
+(``runtime/layout/constraints/``, checked by ``check_buildable``); on a 2D grid ``tp_shape = (R, C)``
 the local shape is one rank's box of it (``ModuleDesc.grid_shape``: C and R divide instead).
 
 Module names, shapes and split dims are the model description's

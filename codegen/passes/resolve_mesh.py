@@ -7,7 +7,7 @@ Axes of size 1 stay in the mesh, so later axes slot in without renumbering ranks
 ``cp_kind`` travels with the mesh (``MeshPlan.cp_kind``). The layout fills the mesh
 exactly (dp · cp · tp · pp = nodes · devices_per_node) and a tp
 group stays on one node: ``check_buildable`` held the spec to those rules
-(``runtime/layout/constraints.py``: ``world``, ``tp_within_node``).
+(``runtime/layout/constraints/``: ``world``, ``tp_within_node``).
 
 Before: ``check_buildable``. After: ``partition_layers``. The ranks and groups follow
 from the axes (``MeshPlan.ranks``, ``runtime/layout/axes.py``).

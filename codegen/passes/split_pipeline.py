@@ -27,7 +27,7 @@ from .draft import Draft
 
 def layer_counts(spec: Spec, pp: int, chunks: int, kind: str = "1f1b") -> list[int]:
     """Layers per virtual stage: the spec's ``stage_layers``, or an even split (the rules
-    ``stage_layers_fit`` and ``layers_split_evenly`` of ``runtime/layout/constraints.py`` hold)
+    ``stage_layers_fit`` and ``layers_split_evenly`` of ``runtime/layout/constraints/`` hold)
     over the placement's stages (chimera: p, held twice; else pp · chunks)."""
     if spec.parallel.stage_layers is not None:
         return list(spec.parallel.stage_layers)

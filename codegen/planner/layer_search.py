@@ -25,7 +25,7 @@ tests/planner/test_layer_search.py checks it against a brute force over every
 per-layer assignment.
 
 Only layouts the runtime builds are offered: each option is probed against
-``runtime/layout/constraints.py`` (PAR0250–PAR0255 and every other BUILD rule) and so is the
+``runtime/layout/constraints/`` (PAR0250–PAR0255 and every other BUILD rule) and so is the
 result, so options the runtime learns to build (overlap, ZeRO-3 with per-layer degrees)
 join the search as the rules accept them. The cost model is the PARC accounting's; a
 pipeline (1f1b, gpipe) runs the program once per stage (``layer_pipeline.py``, Note

@@ -36,7 +36,7 @@ class Axis:
     divides: tuple[str, ...] = ()
     """Model sizes its degree must divide (names of ``constraints.KEYS``: heads, ffn, ...)."""
     code: str = "PAR0203"
-    """The error code when it does not (``runtime/layout/constraints.py``)."""
+    """The error code when it does not (``runtime/layout/constraints/``)."""
     in_world: bool = True
     """A factor of the world size (an expert axis refolds a stage's ranks instead)."""
 

@@ -13,7 +13,7 @@ Note [a per-layer setting is an entry]: the front end (``dsl/build_spec.py``,
 ``simpler``, ``tie``), ``parc plan``'s words and reasons (``word``, ``reasons``) all
 loop over ``SETTINGS``, so none of them names a setting. What is left to the setting
 itself: its key in ``dsl/keys/`` (``per_layer=True``), its rules in
-``constraints.py``, the fields named after it, the runtime piece that does the work
+``constraints/``, the fields named after it, the runtime piece that does the work
 (``build_model``'s keyword) and its term in the cost model.
 """
 

@@ -11,7 +11,7 @@ refused at check time with the build's own code and words (PAR0801).
 Note [the search space]: the loops propose values (tp and pp among the divisors of the
 world, micro_batch among those of global_batch, the schedules, every ZeRO stage, sp,
 and each per-layer setting's options, ``layer_settings.SETTINGS``) and the rules of
-``constraints.py`` decide, level by level: a rule runs as soon as the values it needs
+``constraints/`` decide, level by level: a rule runs as soon as the values it needs
 are bound, so a bad tp is dropped before its pipelines are tried. The proposals are a
 superset of what the rules allow. The ``BUILD`` rules do not filter (``parc plan``
 predicts zero 3; the search marks it not buildable). Three families give the same

@@ -25,7 +25,8 @@ import functools
 import math
 from dataclasses import dataclass
 
-from . import constraints
+from . import model_rules  # noqa: F401 - registers the model-shape rules that violations() runs here
+from .rule_engine import violations
 from .saved_elements import block_saved_elements, head_saved_elements
 
 ARCHS = ("gpt", "llama")
@@ -67,7 +68,7 @@ class ModelConfig:
             raise ValueError(f"ModelConfig: router must be one of {ROUTERS}, not {self.router!r}")
         shape = {"hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads,
                  "experts": self.experts, "top_k": self.top_k}
-        for violation in constraints.violations(shape):  # the rules parc check applies
+        for violation in violations(shape):  # the rules parc check applies (model_rules.py)
             raise ValueError(f"ModelConfig: {violation.message}")
         if self.padded_vocab < self.vocab:
             raise ValueError(f"ModelConfig: padded_vocab = {self.padded_vocab} < vocab = {self.vocab}")

@@ -65,7 +65,7 @@ from ..parallel.tensor.layers import (
     project,
     vocab_parallel_cross_entropy,
 )
-from ..layout.constraints import per_layer
+from ..layout.rule_engine import per_layer
 from ..kernels import select as select_kernels
 from ..layout.kernel_sizes import kinds_that_pay
 from ..kernels.dispatch import compiled_pays

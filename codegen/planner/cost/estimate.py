@@ -49,7 +49,7 @@ class Estimate:
 
 def buildable(spec: Spec, layout: Layout) -> bool:
     """``parc build`` can generate ``spec`` with ``layout``: no BUILD rule of
-    ``runtime/layout/constraints.py`` fails (zero 3 is predicted, not built yet). Each rule's
+    ``runtime/layout/constraints/`` fails (zero 3 is predicted, not built yet). Each rule's
     verdict is shared by the layouts that agree on the fields it reads (Note [planner caches])."""
     values = []  # the layout's values, made on the first rule not yet decided for its fields
 

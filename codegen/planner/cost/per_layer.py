@@ -328,4 +328,4 @@ def hetero_supported(spec: Spec, layout: Layout, accounting: Accounting) -> bool
 
 
 PIPELINED = ("1f1b", "gpipe")
-"""The schedules a heterogeneous pipeline runs (runtime/layout/constraints.py, PAR0254)."""
+"""The schedules a heterogeneous pipeline runs (runtime/layout/constraints/, PAR0254)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from ...distributed.comm import group_size
-from ...layout.constraints import kv_replicas
+from ...layout.model_rules import kv_replicas
 from ...layout.model_desc import describe
 
 STYLES = ("colwise", "rowwise", "vocab", "vocab_head")

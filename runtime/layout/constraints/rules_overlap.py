@@ -1,0 +1,93 @@
+"""Sequence parallelism, overlap sub-batches, one entry per layer."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+from ..axes import axis
+from ..layer_settings import SETTINGS
+
+from ..rule_engine import KEYS, Violation, _violation, divisors, entries, rule, some
+from .rules_unbuilt import tp_2d
+
+
+
+@rule("PAR0209")
+def sequence_parallel(sp, tp, seq_len=None, tp_shape=None):
+    """sp splits the sequence over tp; on a 2D grid over a row's C ranks (Note [2D sequence
+    parallelism] in layers2d.py), so there C must divide seq_len."""
+    if sp is not True:
+        return None
+    if tp < 2:
+        return _violation("PAR0209", "parallel.sp", f"sp = true needs tp > 1, but tp = {tp}",
+                          "sequence parallelism splits along the tp axis: set tp ≥ 2, or sp = false")
+    if seq_len is not None and tp_2d(tp_shape) and seq_len % tp_shape[1]:
+        rows, cols = tp_shape
+        return _violation("PAR0210", ("model.seq_len", "parallel.tp_shape"),
+                          f"seq_len = {seq_len} is not divisible by C = {cols} (sp = true with tp_shape = "
+                          f"({rows}, {cols}) splits the sequence over a row's C ranks)",
+                          f"make seq_len a multiple of {cols}, or set sp = false")
+    if seq_len is not None and not tp_2d(tp_shape) and seq_len % tp:
+        return _violation("PAR0210", "model.seq_len",
+                          f"seq_len = {seq_len} is not divisible by tp = {tp} (sp = true splits the sequence over tp)",
+                          f"make seq_len a multiple of {tp}, or set sp = false")
+    return None
+
+
+
+@rule("PAR0211")
+def sub_batches_divide(overlap, micro_batch):
+    found = []
+    for parts in dict.fromkeys(entries(overlap)):
+        if parts is None or micro_batch % parts == 0:
+            continue
+        choices = [d for d in divisors(micro_batch) if d >= 2]
+        hint = (f"sub_batches must divide micro_batch: one of {some(choices, parts)}" if choices
+                else f"micro_batch = {micro_batch} cannot be split; use overlap = none or a larger micro_batch")
+        found.append(_violation("PAR0211", ("parallel.overlap.sub_batches", "parallel.overlap"),
+                                f"sub_batch({parts}) does not divide micro_batch = {micro_batch}", hint))
+    return tuple(found)
+
+
+
+@rule("PAR0215")
+def overlap_needs_tp(overlap, tp, ep=None):
+    """``overlap = sub_batch(K)`` splits tensor-parallel communication (or, with ep > 1, the
+    expert all-to-alls): with tp = 1 and ep = 1 there is none."""
+    parts = [k for k in entries(overlap) if k is not None and k > 1]
+    if tp != 1 or (ep or 1) > 1 or not parts:
+        return None
+    return _violation(
+        "PAR0215", "parallel.overlap", f"overlap = sub_batch({parts[0]}) has nothing to overlap: tp = 1",
+        "overlap splits tensor-parallel communication; with tp = 1 there is none — remove it or raise tp",
+    )
+
+
+
+PER_LAYER = tuple(entry.name for entry in SETTINGS)
+"""Settings that may be a list with one entry per layer (``layer_settings.SETTINGS``)."""
+
+
+
+def _one_entry_per_layer(name: str) -> Callable:
+    key = KEYS[name]
+
+    def check(**values):
+        value, layers = values[name], values["layers"]
+        if isinstance(value, (tuple, list)) and len(value) != layers:
+            return Violation(
+                code="PAR0116", blame=(key,),
+                message=f"`{key}` lists {len(value)} value{'s' if len(value) != 1 else ''} but the model has layers = {layers}",
+                hint=f"give one value per layer ({layers}), or a single value for all of them",
+            )
+        return None
+
+    check.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in ("layers", name)]
+    )
+    return check
+
+
+
+for _name in PER_LAYER:
+    rule("PAR0116", name=f"{_name}_per_layer")(_one_entry_per_layer(_name))

@@ -1,0 +1,204 @@
+"""The pipeline: schedules, stages, terapipe slices, chimera, zero bubble."""
+
+from __future__ import annotations
+
+
+
+from ..rule_engine import BUILD, KEYS, _violation, divisors, entries, rule, some
+from .rules_unbuilt import tp_2d
+
+
+
+@rule("PAR0263")
+def terapipe_slices(schedule, slices, seq_len, slice_lengths=None):
+    """terapipe(slices = S) cuts every sequence into S equal token slices."""
+    if schedule != "terapipe" or slice_lengths is not None or seq_len % slices == 0:
+        return None
+    fits = [n for n in range(2, min(seq_len, 16) + 1) if seq_len % n == 0]
+    return _violation("PAR0263", ("parallel.schedule", "model.seq_len"),
+                      f"schedule = terapipe(slices = {slices}) cuts each sequence into equal token slices, "
+                      f"but seq_len = {seq_len} is not divisible by {slices}",
+                      f"use slices = {', '.join(map(str, fits[:4])) or 'a divisor of seq_len'}")
+
+
+
+@rule("PAR0265")
+def terapipe_slice_lengths(schedule, slice_lengths, seq_len):
+    """terapipe(slices = [n0, n1, ...]) cuts every sequence into slices of those token
+    lengths (uneven, as the paper's; ``slices`` is their count); each is at least 1 (the
+    key table's element)."""
+    if schedule != "terapipe" or sum(slice_lengths) == seq_len:
+        return None
+    slices = list(slice_lengths)
+    written = "[" + ", ".join(map(str, slices)) + "]"
+    last = seq_len - sum(slices[:-1])
+    fix = [*slices[:-1], last] if last >= 1 else None
+    hint = (f"make the last slice {last} tokens: slices = [{', '.join(map(str, fix))}]" if fix else
+            f"use lengths that add up to {seq_len}, or slices = S for S equal slices")
+    return _violation("PAR0265", ("parallel.schedule", "model.seq_len"),
+                      f"schedule = terapipe(slices = {written}) cuts each sequence into slices of these token "
+                      f"lengths, but they sum to {sum(slices)}, not seq_len = {seq_len}", hint)
+
+
+
+PIPELINE_UNITS = 65_536
+"""Most forward/backward units (micro-batch · chunk · slice) one pipeline rank's schedule may
+hold a step: ``parc build`` builds and simulates the whole schedule (the trainer builds it too),
+a list per unit, so 2³¹ micro-batches would never finish. Real pipelines run hundreds."""
+
+
+
+@rule("PAR0266")
+def pipeline_units(global_batch, micro_batch, dp, pp, chunks=None, slices=None, schedule=None):
+    if pp < 2 or global_batch % (micro_batch * dp):
+        return None  # no pipeline, or PAR0208
+    grad_accum = global_batch // (micro_batch * dp)
+    per_slice = slices if schedule == "terapipe" and slices else 1
+    chunks = 2 if schedule == "zero_bubble_v" else chunks  # the V's two chunks a rank (schedule.FIXED_CHUNKS)
+    units = grad_accum * (chunks or 1) * per_slice
+    if units <= PIPELINE_UNITS:
+        return None
+    sliced = per_slice > 1 and grad_accum * (chunks or 1) <= PIPELINE_UNITS
+    return _violation("PAR0266", ("parallel.schedule",) if sliced else ("train.global_batch", "train.micro_batch"),
+                      f"the pipeline schedule runs micro-batches · chunks · slices = {grad_accum}·{chunks or 1}·"
+                      f"{per_slice} = {units:,} forward and backward units per rank a step, but parc builds "
+                      f"schedules of at most {PIPELINE_UNITS:,}",
+                      "use fewer slices" if sliced else
+                      "raise micro_batch or dp (micro-batches = global_batch / (micro_batch·dp)), or lower global_batch")
+
+
+
+TERAPIPE_UNBUILT = (
+    ("sp", "sequence parallelism", lambda v: bool(v)),
+    ("cp", "context parallelism", lambda v: v not in (None, 1)),
+    ("experts", "a mixture of experts", lambda v: bool(v)),
+    ("recompute", "activation recomputation", lambda v: any(e not in (None, "none") for e in entries(v))),
+    ("overlap", "sub-batch overlap", lambda v: any(e not in (None, 1) for e in entries(v))),
+    ("compress_pp", "compressed pipeline gradients", lambda v: v not in (None, "none")),
+    ("zero", "ZeRO-3", lambda v: v == 3),
+    ("layer_tp", "per-layer tp lists", lambda v: v is not None),
+    ("layer_dp", "per-layer dp lists", lambda v: v is not None),
+    ("tp_shape", "2D tensor parallelism", lambda v: tp_2d(v)),
+)
+"""What a TeraPipe slice does not meet yet (runtime/parallel/pipeline/terapipe.py): a slice's keys and values
+are kept per stage in the model's attention, outside the sequence shards (sp, cp), the
+experts' token routing, recomputed blocks, sub-batches, the pp codec, ZeRO-3's units and
+the 2D layers' attention (runtime/parallel/tensor/layers2d.py)."""
+
+
+
+@rule("PAR0264", BUILD)
+def build_terapipe(schedule, pp=None, sp=None, cp=None, experts=None, recompute=None, overlap=None,
+                   compress_pp=None, zero=None, layer_tp=None, layer_dp=None, tp_shape=None):
+    if schedule != "terapipe" or pp == 1:
+        return None
+    values = {"sp": sp, "cp": cp, "experts": experts, "recompute": recompute, "overlap": overlap,
+              "compress_pp": compress_pp, "zero": zero, "layer_tp": layer_tp, "layer_dp": layer_dp,
+              "tp_shape": tp_shape}
+    for name, words, unbuilt in TERAPIPE_UNBUILT:
+        if unbuilt(values[name]):
+            return _violation("PAR0264", (KEYS[name], "parallel.schedule"),
+                              f"{words} with schedule = terapipe is not supported yet by parc build: "
+                              "a slice's keys and values are kept whole in each stage's attention",
+                              f"use schedule = 1f1b with {words}, or terapipe without it")
+    return None
+
+
+
+@rule("PAR0260")
+def zero_bubble_v_stages(schedule, layers, pp, stage_layers=None):
+    """ZB-V holds two chunks per rank (runtime/layout/placement.py, Note [placements]): the
+    layers split evenly into 2·pp stages (``schedule.FIXED_CHUNKS``; not imported:
+    builds ship constraints alone)."""
+    if schedule != "zero_bubble_v" or pp < 2:
+        return None
+    if stage_layers is not None:
+        return _violation("PAR0260", "parallel.stage_layers",
+                          "stage_layers cannot be combined with schedule = zero_bubble_v",
+                          "remove stage_layers: ZB-V splits the layers evenly into 2·pp stages, two a rank")
+    if layers % (2 * pp) == 0:
+        return None
+    fits = [d // 2 for d in divisors(layers) if d % 2 == 0 and d // 2 >= 2]
+    return _violation("PAR0260", ("parallel.schedule", "parallel.pp"),
+                      f"schedule = zero_bubble_v splits layers = {layers} into 2·pp = {2 * pp} stages "
+                      f"(two a rank, in a V), but {layers} / {2 * pp} = {layers / (2 * pp):g}",
+                      f"pp must be one of {some(fits, pp)}" if fits
+                      else f"layers = {layers} is odd: use schedule = zero_bubble")
+
+
+
+@rule("PAR0261")
+def chimera_pipelines(schedule, pp):
+    """Chimera pairs pipeline rank r with p-1-r (runtime/layout/placement.py): p even."""
+    if schedule != "chimera" or pp % 2 == 0:
+        return None
+    return _violation("PAR0261", ("parallel.schedule", "parallel.pp"),
+                      f"schedule = chimera runs two pipelines that pair rank r with rank pp-1-r, "
+                      f"so pp must be even, but pp = {pp}",
+                      f"use pp = {pp + 1 if pp > 1 else 2}, or schedule = 1f1b")
+
+
+
+@rule("PAR0262", BUILD)
+def build_chimera_zero(schedule, zero):
+    """Chimera's replica sum runs on whole gradients after backward: ZeRO-1 and 2 keep
+    them whole until then (every chimera parameter is a late gradient, dp.py Note [late
+    gradients]); ZeRO-3's units reduce-scatter each block's gradient during backward."""
+    if schedule != "chimera" or zero != 3:
+        return None
+    return _violation("PAR0262", ("parallel.schedule", "parallel.zero"),
+                      f"zero = {zero} with schedule = chimera is not supported yet by parc build: "
+                      "ZeRO-3 reduce-scatters each block's gradient before the two replicas' sum",
+                      "use zero = 1 or 2 with chimera, or schedule = 1f1b with zero = 3")
+
+
+
+@rule("PAR0212")
+def interleaved_needs_pipeline(chunks, pp):
+    if chunks > 1 and pp < 2:
+        return _violation("PAR0212", "parallel.schedule",
+                          f"schedule = interleaved(chunks = {chunks}) needs pp ≥ 2, but pp = {pp}",
+                          "use interleaving with a pipeline, or schedule = 1f1b")
+    return None
+
+
+
+@rule("PAR0206")
+def stage_layers_fit(stage_layers, layers=None, pp=None, chunks=None):
+    if chunks is not None and chunks > 1 and pp is not None and pp < 2:
+        return None  # interleaved_needs_pipeline
+    found = []
+    if chunks is not None and chunks > 1:
+        found.append(_violation("PAR0206", "parallel.stage_layers",
+                                f"stage_layers cannot be combined with interleaved(chunks = {chunks})",
+                                "remove stage_layers: interleaved stages split the layers evenly"))
+    if pp is not None and len(stage_layers) != pp:
+        found.append(_violation("PAR0206", "parallel.stage_layers",
+                                f"stage_layers has {len(stage_layers)} entries, but pp = {pp}",
+                                "give one entry per stage"))
+    if layers is not None and sum(stage_layers) != layers:
+        total = " + ".join(str(n) for n in stage_layers)
+        found.append(_violation("PAR0206", "parallel.stage_layers",
+                                f"stage_layers sum to {total} = {sum(stage_layers)}, but layers = {layers}",
+                                "the stages together hold every layer once"))
+    return tuple(found)
+
+
+
+@rule("PAR0205")
+def layers_split_evenly(layers, pp, chunks, stage_layers=None):
+    if stage_layers is not None or (chunks > 1 and pp < 2):
+        return None
+    stages = pp * chunks
+    if layers % stages == 0:
+        return None
+    formula = f"pp·chunks = {pp}·{chunks} = {stages}" if chunks > 1 else f"pp = {pp}"
+    if chunks == 1:
+        hint = f"pp must divide layers = {layers}: one of {some(divisors(layers), pp)}; or give stage_layers"
+    else:
+        fits = [d // chunks for d in divisors(layers) if d % chunks == 0 and d // chunks >= 2]
+        hint = (f"with chunks = {chunks}, pp must be one of {some(fits, pp)}" if fits
+                else f"chunks = {chunks} does not divide layers = {layers}")
+    return _violation("PAR0205", "parallel.pp",
+                      f"layers = {layers} cannot be split evenly into {formula} stages "
+                      f"({layers} / {stages} = {layers / stages:g})", hint)

@@ -1,0 +1,59 @@
+"""The rules on the model's own shape (its name, heads, kv heads, top_k) and ``kv_replicas``:
+the part of the rules the trainer runs itself (``ModelConfig``'s checks in model_desc.py, the tp
+plan's kv heads), so a build ships these and ``rule_engine.py``, not ``constraints/``."""
+
+from __future__ import annotations
+
+import keyword
+
+from .rule_engine import _violation, divisors, rule, some
+
+
+
+@rule("PAR0114")
+def model_name(name):
+    if isinstance(name, str) and (keyword.iskeyword(name) or keyword.issoftkeyword(name)):
+        return _violation("PAR0114", "model.name", f"`{name}` is a Python keyword and cannot name the model",
+                          f"try `{name}_model`")
+    return None
+
+
+
+@rule("PAR0202")
+def heads_divide_hidden(hidden, heads):
+    if hidden % heads == 0:
+        return None
+    return _violation(
+        "PAR0202", "model.heads",
+        f"hidden = {hidden} is not divisible by heads = {heads} (head_dim = hidden / heads = {hidden / heads:g})",
+        f"heads must divide hidden: one of {some(divisors(hidden), heads)}",
+    )
+
+
+
+@rule("PAR0204")
+def kv_heads_divide_heads(heads, kv_heads):
+    if heads % kv_heads == 0:
+        return None
+    return _violation("PAR0204", "model.kv_heads", f"heads = {heads} is not divisible by kv_heads = {kv_heads}",
+                      f"kv_heads must divide heads: one of {some(divisors(heads), kv_heads)}")
+
+
+
+def kv_replicas(kv_heads: int, tp: int) -> int:
+    """How many tp ranks hold each kv head (Note [KV replication] in ``layers.py``): 1 when
+    tp divides kv_heads (each rank its kv_heads / tp heads), tp / kv_heads when tp is a
+    multiple of kv_heads (each rank one head, shared with its replicas); 0: neither."""
+    if kv_heads % tp == 0:
+        return 1
+    return tp // kv_heads if tp % kv_heads == 0 else 0
+
+
+
+@rule("PAR0230")
+def top_k_within_experts(experts, top_k):
+    if experts == 0 or top_k <= experts:
+        return None
+    return _violation("PAR0230", ("model.top_k", "model.experts"),
+                      f"top_k = {top_k} is more than experts = {experts}",
+                      f"each token goes to top_k distinct experts: top_k must be at most {experts}")
