@@ -28,7 +28,7 @@ axis's ``divides`` says); the planner searches cp (``cp = auto``) and costs it l
 
 from __future__ import annotations
 
-from ..rule_engine import (  # noqa: F401 - the rules' API
+from ..rule_engine import (  # noqa: F401
     BUILD, KEYS, LAYOUT, RULES, Rule, Violation, _SELECTED, _padded_vocab, _results, _run, _selected, _violation, divisors, entries, holds, legal, per_layer, rule, rules_of, smallest, some, violations,
 )
 from ..model_rules import heads_divide_hidden, kv_heads_divide_heads, kv_replicas, model_name, top_k_within_experts  # noqa: F401
@@ -36,8 +36,9 @@ from .rules_mesh import AXES, _SPLIT_WORDS, _WORDS, _and, _axis_divides, _failin
 from .rules_context import _cp_parts, cp_divides_seq_len, ring_dropout, ulysses_heads  # noqa: F401
 from .rules_pipeline import PIPELINE_UNITS, TERAPIPE_UNBUILT, build_chimera_zero, build_terapipe, chimera_pipelines, interleaved_needs_pipeline, layers_split_evenly, pipeline_units, stage_layers_fit, terapipe_slice_lengths, terapipe_slices, zero_bubble_v_stages  # noqa: F401
 from .rules_batch import batch_divides  # noqa: F401
-from .rules_overlap import PER_LAYER, _one_entry_per_layer, overlap_needs_tp, sequence_parallel, sub_batches_divide  # noqa: F401
+from . import rules_overlap  # noqa: F401 - registers the overlap setting's rules (its name stays there)
+from .rules_overlap import PER_LAYER, _one_entry_per_layer, sequence_parallel  # noqa: F401
 from .rules_experts import ep_divides_experts, etp_divides_expert_ffn, experts_fold_ranks, moe_keys_need_experts  # noqa: F401
 from .rules_training import TOKEN_IDS, vocab_fits_tokens, warmup_within_steps  # noqa: F401
-from .rules_unbuilt import UNBUILDABLE, Unbuildable, _NOT_WITH_2D, _drops, _list_text, _setting_text, _unbuildable, build_compress_pp_interleaved, build_compress_schedule, build_compress_zero, build_expert_parallel_zero, build_grad_reduce, build_moe_context_capacity, build_moe_overlap, build_moe_sp_capacity, build_tp_2d_kv_heads, build_tp_2d_with, build_zero3_overlap, build_zero3_split_backward, compress_pp_needs_pipeline, tp_2d, tp_shape_product, zero_needs_data_ranks, zero_options_need_zero3, zero_shard_node  # noqa: F401
-from .rules_hetero import _hetero_unbuilt, hetero_degrees_divide, hetero_lengths, hetero_micro_batch, hetero_overlap_needs_tp, hetero_products, hetero_stage_boundaries, hetero_sub_batches_divide, hetero_unbuilt, layer_degrees, master_weights  # noqa: F401
+from .rules_unbuilt import UNBUILDABLE, Unbuildable, _NOT_WITH_2D, _drops, _list_text, _setting_text, _unbuildable, build_compress_pp_interleaved, build_compress_schedule, build_compress_zero, build_expert_parallel_zero, build_grad_reduce, build_moe_context_capacity, build_moe_sp_capacity, build_tp_2d_kv_heads, build_tp_2d_with, build_zero3_split_backward, compress_pp_needs_pipeline, tp_2d, tp_shape_product, zero_needs_data_ranks, zero_options_need_zero3, zero_shard_node  # noqa: F401
+from .rules_hetero import _hetero_unbuilt, hetero_degrees_divide, hetero_lengths, hetero_micro_batch, hetero_products, hetero_stage_boundaries, hetero_unbuilt, layer_degrees, master_weights  # noqa: F401

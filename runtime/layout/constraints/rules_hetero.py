@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 
-
 from ..rule_engine import BUILD, _violation, divisors, entries, per_layer, rule
-
 
 
 def layer_degrees(values: dict) -> dict:
@@ -23,7 +21,6 @@ def layer_degrees(values: dict) -> dict:
     return values
 
 
-
 @rule("PAR0250")
 def hetero_lengths(layers, layer_tp=None, layer_dp=None):
     """A per-layer ``tp`` or ``dp`` lists one degree per transformer block."""
@@ -34,7 +31,6 @@ def hetero_lengths(layers, layer_tp=None, layer_dp=None):
                               f"but the model has layers = {layers}",
                               f"give one {key} per layer ({layers}), or one degree for all of them")
     return None
-
 
 
 @rule("PAR0251")
@@ -60,7 +56,6 @@ def hetero_products(layers, tp, dp, layer_tp=None, layer_dp=None):
                       f"but dp[{i}]·tp[{i}] = {dps[i]}·{tps[i]} = {products[i]}", hint)
 
 
-
 @rule("PAR0252")
 def hetero_degrees_divide(layer_tp):
     """Neighbouring degrees divide one another: a change of degree splits or gathers the batch."""
@@ -75,7 +70,6 @@ def hetero_degrees_divide(layer_tp):
     return None
 
 
-
 @rule("PAR0253")
 def hetero_micro_batch(layer_tp, tp, micro_batch):
     """A layer at tp / k splits each coarse micro-batch into k pieces along the batch."""
@@ -86,7 +80,6 @@ def hetero_micro_batch(layer_tp, tp, micro_batch):
                       f"micro_batch = {micro_batch} does not split into tp / min(tp) = {tp} / {min(layer_tp)} = {k} "
                       "pieces (a layer with fewer tp ranks has more dp ranks, each with a piece of the micro-batch)",
                       f"make micro_batch a multiple of {k}")
-
 
 
 def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, auto, schedule, zero_shard=None):
@@ -112,46 +105,6 @@ def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, auto, schedule, z
                       f"{hint}, or give tp and dp one value for all layers")
 
 
-
-@rule("PAR0256")
-def hetero_overlap_needs_tp(layer_tp, overlap):
-    """Sub-batches hide a layer's tensor-parallel collectives (overlap.py): under per-layer tp one
-    ``overlap`` value applies to the layers at tp > 1 (those at tp 1 run unsplit), and a list
-    that gives ``sub_batch(k)`` to a layer at tp 1 asks for what cannot be (as PAR0215)."""
-    if not isinstance(overlap, (tuple, list)) or len(overlap) != len(layer_tp):
-        return None  # one value, or the list's length is PAR0250's kind of error
-    for i, (k, t) in enumerate(zip(overlap, layer_tp)):
-        if k is not None and k > 1 and t == 1:
-            return _violation("PAR0256", ("parallel.overlap", "parallel.tp"),
-                              f"overlap[{i}] = sub_batch({k}) but layer {i} runs at tp[{i}] = 1: it has no "
-                              "tensor-parallel communication to overlap",
-                              f"write none for overlap[{i}] (one overlap value for all layers applies only to "
-                              "the layers at tp > 1)")
-    return None
-
-
-
-@rule("PAR0257")
-def hetero_sub_batches_divide(layer_tp, tp, micro_batch, overlap):
-    """A layer at tp t < tp holds micro_batch · t / tp sequences (Note [heterogeneous layouts]):
-    its sub-batches split that piece, not the coarse micro-batch."""
-    if isinstance(overlap, (tuple, list)) and len(overlap) != len(layer_tp):
-        return None
-    for i, (k, t) in enumerate(zip(per_layer(overlap, len(layer_tp)), layer_tp)):
-        if k is None or k < 2 or t < 2 or t >= tp or micro_batch % (tp // t):
-            continue  # unsplit; at the coarse degree PAR0211; an uneven piece PAR0253
-        piece = micro_batch * t // tp
-        if piece % k:
-            choices = [d for d in divisors(piece) if d >= 2]
-            return _violation("PAR0257", ("parallel.overlap", "train.micro_batch"),
-                              f"sub_batch({k}) does not divide layer {i}'s piece of the micro-batch: at tp[{i}] = "
-                              f"{t} of tp = {tp} it holds micro_batch · {t} / {tp} = {piece} sequences",
-                              (f"use sub_batch({choices[-1]}) there, or " if choices else "")
-                              + f"a micro_batch that is a multiple of {k * tp // t}")
-    return None
-
-
-
 @rule("PAR0254", BUILD)
 def hetero_unbuilt(layer_tp, layer_dp=None, pp=None, cp=None, zero=None, experts=None, overlap=None, sp=None,
                    micro_batch=None, schedule=None, compress="none", compress_pp="none", zero_shard=None):
@@ -168,7 +121,6 @@ def hetero_unbuilt(layer_tp, layer_dp=None, pp=None, cp=None, zero=None, experts
                             f"per-layer tp/dp with {key} = {value} is not supported yet by parc build",
                             f"set {key} = none, or give tp and dp one value for all layers")
     return reason
-
 
 
 @rule("PAR0255", BUILD)
@@ -194,7 +146,6 @@ def hetero_stage_boundaries(layer_tp, layers, pp, stage_layers=None, tie_embeddi
                       f"per-layer tp across pipeline stages is built only where every stage boundary has one "
                       f"degree on both sides: {pairs}",
                       "give the layers on both sides of each boundary the same tp (one for all boundaries)")
-
 
 
 def master_weights(precision: str, *, per_layer_tp: bool, compressed: bool) -> bool:

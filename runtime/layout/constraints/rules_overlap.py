@@ -7,7 +7,7 @@ from typing import Callable
 from ..axes import axis
 from ..layer_settings import SETTINGS
 
-from ..rule_engine import KEYS, Violation, _violation, divisors, entries, rule, some
+from ..rule_engine import BUILD, KEYS, Violation, _violation, divisors, entries, per_layer, rule, some
 from .rules_unbuilt import tp_2d
 
 
@@ -91,3 +91,66 @@ def _one_entry_per_layer(name: str) -> Callable:
 
 for _name in PER_LAYER:
     rule("PAR0116", name=f"{_name}_per_layer")(_one_entry_per_layer(_name))
+
+
+@rule("PAR0240", BUILD)
+def build_zero3_overlap(zero, overlap):
+    """ZeRO-3 gathers a block in its forward hooks; the sub-batch wavefront runs a block's
+    regions one by one (``overlap.py``), past those hooks."""
+    parts = [k for k in entries(overlap) if k is not None and k > 1]
+    if zero != 3 or not parts:
+        return None
+    return _violation("PAR0240", ("parallel.overlap", "parallel.zero"),
+                      f"zero = 3 with overlap = sub_batch({parts[0]}) is not supported yet by parc build: "
+                      "the sub-batch wavefront runs each block's regions apart, past ZeRO-3's per-block gathers",
+                      "use overlap = none with zero = 3, or zero = 2 with overlap")
+
+
+@rule("PAR0812", BUILD)
+def build_moe_overlap(experts, overlap, ep=None):
+    """Sub-batch overlap of a MoE model is the expert all-to-all's (ep > 1); the tensor-parallel
+    walk of overlap.py has no MoE region."""
+    parts = [k for k in entries(overlap) if k is not None and k > 1]
+    if experts == 0 or not parts or (ep or 1) > 1:
+        return None
+    return _violation("PAR0812", ("parallel.overlap", "model.experts"),
+                      f"overlap = sub_batch({parts[0]}) of a mixture-of-experts model without expert parallelism "
+                      "is not supported yet by parc build",
+                      "write overlap = none, or ep > 1 (the sub-batches then overlap the expert all-to-alls)")
+
+
+@rule("PAR0256")
+def hetero_overlap_needs_tp(layer_tp, overlap):
+    """Sub-batches hide a layer's tensor-parallel collectives (overlap.py): under per-layer tp one
+    ``overlap`` value applies to the layers at tp > 1 (those at tp 1 run unsplit), and a list
+    that gives ``sub_batch(k)`` to a layer at tp 1 asks for what cannot be (as PAR0215)."""
+    if not isinstance(overlap, (tuple, list)) or len(overlap) != len(layer_tp):
+        return None  # one value, or the list's length is PAR0250's kind of error
+    for i, (k, t) in enumerate(zip(overlap, layer_tp)):
+        if k is not None and k > 1 and t == 1:
+            return _violation("PAR0256", ("parallel.overlap", "parallel.tp"),
+                              f"overlap[{i}] = sub_batch({k}) but layer {i} runs at tp[{i}] = 1: it has no "
+                              "tensor-parallel communication to overlap",
+                              f"write none for overlap[{i}] (one overlap value for all layers applies only to "
+                              "the layers at tp > 1)")
+    return None
+
+
+@rule("PAR0257")
+def hetero_sub_batches_divide(layer_tp, tp, micro_batch, overlap):
+    """A layer at tp t < tp holds micro_batch · t / tp sequences (Note [heterogeneous layouts]):
+    its sub-batches split that piece, not the coarse micro-batch."""
+    if isinstance(overlap, (tuple, list)) and len(overlap) != len(layer_tp):
+        return None
+    for i, (k, t) in enumerate(zip(per_layer(overlap, len(layer_tp)), layer_tp)):
+        if k is None or k < 2 or t < 2 or t >= tp or micro_batch % (tp // t):
+            continue  # unsplit; at the coarse degree PAR0211; an uneven piece PAR0253
+        piece = micro_batch * t // tp
+        if piece % k:
+            choices = [d for d in divisors(piece) if d >= 2]
+            return _violation("PAR0257", ("parallel.overlap", "train.micro_batch"),
+                              f"sub_batch({k}) does not divide layer {i}'s piece of the micro-batch: at tp[{i}] = "
+                              f"{t} of tp = {tp} it holds micro_batch · {t} / {tp} = {piece} sequences",
+                              (f"use sub_batch({choices[-1]}) there, or " if choices else "")
+                              + f"a micro_batch that is a multiple of {k * tp // t}")
+    return None

@@ -10,7 +10,6 @@ from ..layer_settings import SETTINGS, spec_text
 from ..rule_engine import BUILD, KEYS, Violation, _violation, divisors, entries, rule
 
 
-
 @dataclass(frozen=True, slots=True)
 class Unbuildable:
     name: str
@@ -20,13 +19,11 @@ class Unbuildable:
     instead: str
 
 
-
 UNBUILDABLE = (
     Unbuildable("optimizer", lambda name: name != "adamw", "", "use optimizer = adamw(...)"),
 )
 """One entry per feature ``parc build`` cannot generate: the issue that builds it deletes
 its entry (and adds its pass). Rule kind ``BUILD``: ``parc plan`` still predicts them."""
-
 
 
 def _unbuildable(entry: Unbuildable) -> Callable:
@@ -43,10 +40,8 @@ def _unbuildable(entry: Unbuildable) -> Callable:
     return check
 
 
-
 for _entry in UNBUILDABLE:
     rule("PAR0802", BUILD, name=f"build_{_entry.name}")(_unbuildable(_entry))
-
 
 
 @rule("PAR0241")
@@ -58,7 +53,6 @@ def zero_options_need_zero3(zero, zero_prefetch, zero_shard):
     return _violation("PAR0241", (f"parallel.{key}", "parallel.zero"),
                       f"{key} = {value} needs zero = 3 (sharded parameters), but zero = {zero}",
                       f"set zero = 3, or remove {key}")
-
 
 
 @rule("PAR0243")
@@ -77,7 +71,6 @@ def zero_needs_data_ranks(zero, dp, cp=None, tp=None, layer_dp=None, ep=None, et
                       "remove zero (or zero = 0), or use more data-parallel ranks (dp > 1)")
 
 
-
 @rule("PAR0242")
 def zero_shard_node(zero_shard, devices_per_node, tp, dp, cp=None):
     """HSDP shards over the dp (× cp) ranks of one node: s = devices_per_node / tp of them
@@ -94,21 +87,6 @@ def zero_shard_node(zero_shard, devices_per_node, tp, dp, cp=None):
                       "use zero_shard = dp, or a devices_per_node that holds whole groups of dp ranks")
 
 
-
-@rule("PAR0240", BUILD)
-def build_zero3_overlap(zero, overlap):
-    """ZeRO-3 gathers a block in its forward hooks; the sub-batch wavefront runs a block's
-    regions one by one (``overlap.py``), past those hooks."""
-    parts = [k for k in entries(overlap) if k is not None and k > 1]
-    if zero != 3 or not parts:
-        return None
-    return _violation("PAR0240", ("parallel.overlap", "parallel.zero"),
-                      f"zero = 3 with overlap = sub_batch({parts[0]}) is not supported yet by parc build: "
-                      "the sub-batch wavefront runs each block's regions apart, past ZeRO-3's per-block gathers",
-                      "use overlap = none with zero = 3, or zero = 2 with overlap")
-
-
-
 @rule("PAR0826", BUILD)
 def build_zero3_split_backward(zero, schedule):
     """A zero_bubble W op runs after the block's backward (B) has freed ZeRO-3's gathered
@@ -121,7 +99,6 @@ def build_zero3_split_backward(zero, schedule):
                       "use schedule = 1f1b with zero = 3, or zero = 2 with zero_bubble")
 
 
-
 @rule("PAR0820", BUILD)
 def build_grad_reduce(grad_reduce, zero):
     """A bf16 gradient reduction is built for ZeRO 0 (runtime/parallel/data/dp.py's buckets); ZeRO 1/2/3
@@ -132,7 +109,6 @@ def build_grad_reduce(grad_reduce, zero):
                       f"grad_reduce = bf16 with zero = {zero} (gradients reduced in bf16 into the "
                       "optimizer's shards) is not supported yet by parc build",
                       "use grad_reduce = fp32 (the default) with zero >= 1, or zero = 0 with grad_reduce = bf16")
-
 
 
 @rule("PAR0813", BUILD)
@@ -149,12 +125,10 @@ def build_expert_parallel_zero(ep, zero, etp=1, zero_shard=None):
                       "write zero_shard = dp with ep > 1 (the experts' units shard over their edp ranks), or ep = 1")
 
 
-
 def _drops(capacity_factor) -> bool:
     """Whether a capacity drops tokens: ``none`` (dropless, the default) is the word as
     written at check time and None in a built ``Spec``."""
     return capacity_factor not in (None, "none")
-
 
 
 @rule("PAR0811", BUILD)
@@ -169,7 +143,6 @@ def build_moe_context_capacity(capacity_factor, cp=None):
                       "write capacity_factor = none (dropless) with cp > 1, or cp = 1")
 
 
-
 @rule("PAR0830", BUILD)
 def build_moe_sp_capacity(capacity_factor, sp):
     """A capacity keeps each expert's best tokens of the micro-batch; under sp a rank routes
@@ -179,21 +152,6 @@ def build_moe_sp_capacity(capacity_factor, sp):
     return _violation("PAR0830", ("model.capacity_factor", "parallel.sp"),
                       f"capacity_factor = {capacity_factor} with sp = true is not supported yet by parc build",
                       "write capacity_factor = none (dropless) with sp = true, or sp = false")
-
-
-
-@rule("PAR0812", BUILD)
-def build_moe_overlap(experts, overlap, ep=None):
-    """Sub-batch overlap of a MoE model is the expert all-to-all's (ep > 1); the tensor-parallel
-    walk of overlap.py has no MoE region."""
-    parts = [k for k in entries(overlap) if k is not None and k > 1]
-    if experts == 0 or not parts or (ep or 1) > 1:
-        return None
-    return _violation("PAR0812", ("parallel.overlap", "model.experts"),
-                      f"overlap = sub_batch({parts[0]}) of a mixture-of-experts model without expert parallelism "
-                      "is not supported yet by parc build",
-                      "write overlap = none, or ep > 1 (the sub-batches then overlap the expert all-to-alls)")
-
 
 
 @rule("PAR0270", BUILD)
@@ -208,7 +166,6 @@ def build_compress_zero(compress, zero):
                       f"compress = {compress} with zero = 3 is not supported yet by parc build: "
                       "ZeRO-3 reduce-scatters whole gradients into the shards as backward produces them",
                       f"use zero = 1 or 2 with compress = {compress}, or compress = none with zero = 3")
-
 
 
 @rule("PAR0271")
@@ -234,7 +191,6 @@ def compress_pp_needs_pipeline(compress_pp, pp, compress_stages=None):
     return None
 
 
-
 @rule("PAR0273", BUILD)
 def build_compress_pp_interleaved(compress_pp, chunks):
     """The codec keys its state by virtual stage; ``compress_stages`` of an interleaved
@@ -245,7 +201,6 @@ def build_compress_pp_interleaved(compress_pp, chunks):
                       f"compress_pp = {compress_pp} with an interleaved schedule (chunks = {chunks}) is not "
                       "supported yet by parc build",
                       "use schedule = 1f1b (or gpipe, zero_bubble) with compress_pp")
-
 
 
 @rule("PAR0276", BUILD)
@@ -268,7 +223,6 @@ def build_compress_schedule(schedule, compress="none", compress_pp="none", pp=1)
                       f"use schedule = 1f1b (or gpipe) with {key}, or {key} = none")
 
 
-
 @rule("PAR0274")
 def tp_shape_product(tp_shape, tp):
     """2D tensor parallelism arranges the tp ranks as an R × C mesh: R·C = tp."""
@@ -280,12 +234,10 @@ def tp_shape_product(tp_shape, tp):
                       f"write tp_shape = (1, {tp}), or a pair whose product is {tp}")
 
 
-
 def tp_2d(tp_shape) -> bool:
     """``tp_shape = (R, C)`` with R > 1: the tp ranks as a 2D grid (Note [2D tensor
     parallelism] in layers2d.py); ``(1, tp)`` and no tp_shape are today's 1D."""
     return tp_shape is not None and tuple(tp_shape)[0] > 1
-
 
 
 def _setting_text(name: str) -> Callable:
@@ -293,10 +245,8 @@ def _setting_text(name: str) -> Callable:
     return lambda value: spec_text(entry, value)
 
 
-
 def _list_text(value) -> str:
     return "[" + ", ".join(str(v) for v in value) + "]"
-
 
 
 _NOT_WITH_2D = (
@@ -309,7 +259,6 @@ _NOT_WITH_2D = (
     ("compress", lambda v: v not in ("none", None), "parallel.compress", "compress = none", str),
     ("compress_pp", lambda v: v not in ("none", None), "parallel.compress_pp", "compress_pp = none", str),
 )
-
 
 
 @rule("PAR0277", BUILD)
@@ -326,14 +275,13 @@ def build_tp_2d_with(tp_shape, cp=None, experts=None, layer_tp=None, overlap=Non
     for name, on, key, instead, text in _NOT_WITH_2D:
         value = values[name]
         if value is not None and on(value):
-            rows, cols = tp_shape  # the value as written: `overlap = sub_batch(2)`, `tp = [4, 4]`
+            rows, cols = tp_shape  # the value as written: `tp = [4, 4]`
             return _violation("PAR0277", (key, "parallel.tp_shape"),
                               f"tp_shape = ({rows}, {cols}) (2D tensor parallelism) with "
                               f"{key.split('.')[1]} = {text(value)} "
                               "is not supported yet by parc build",
                               f"use {instead} with tp_shape = ({rows}, {cols}), or tp_shape = (1, {rows * cols}) (1D)")
     return None
-
 
 
 @rule("PAR0278", BUILD)
