@@ -82,9 +82,11 @@ def of_layout(layout) -> Words:
 
 def of_plan(plan) -> Words:
     """A build's ``Plan`` (codegen/plan.py) in words' terms."""
-    mesh, pipe, hetero = plan.mesh, plan.pipeline, len({(b.tp, b.dp) for b in plan.blocks}) > 1
+    from . import render_compress, render_hetero
+
+    mesh, pipe, hetero = plan.mesh, plan.pipeline, render_hetero.enabled(plan)
     ep, etp = plan.model.expert_parallel, plan.model.expert_tensor_parallel
-    compress = next((s.value for s in plan.train.compress if s.name == "COMPRESS"), "none")
+    compress = render_compress.kind(plan)
     return Words(
         degrees={a.axis: a.size for a in mesh.axes}, cp_kind=mesh.cp_kind.value,
         tp_shape=tuple(mesh.tp_shape.value) if mesh.tp_shape is not None else None,

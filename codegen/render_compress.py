@@ -26,6 +26,12 @@ def enabled(plan: Plan) -> bool:
     return _setting(plan, "COMPRESS") is not None
 
 
+def kind(plan: Plan) -> str:
+    """``parallel.compress``'s kind (``none`` when the dp gradients are not compressed)."""
+    setting = _setting(plan, "COMPRESS")
+    return "none" if setting is None else setting.value
+
+
 def pipeline_enabled(plan: Plan) -> bool:
     """Are the pipeline's backward gradients compressed?"""
     return _setting(plan, "COMPRESS_PP_RANK") is not None
