@@ -55,8 +55,8 @@ EVERY = 10
 
 
 def build():
-    return model.build_model(CONFIG, tp_group=None, sequence_parallel=False, tp_plan={}, seed=1,
-                             device=torch.device("cpu"))
+    net = model.init_weights(model.build_model(CONFIG), seed=1, device="cpu")  # one rank, no transform
+    return model.use_kernels(net, "compiled", "cpu")
 
 
 def batches():
@@ -184,8 +184,7 @@ def bench_zero1(repeat: int) -> None:
 
     big = ModelConfig(arch="llama", layers=8, hidden=512, heads=8, kv_heads=8, ffn=2048, vocab=512,
                       padded_vocab=512, seq_len=64)
-    net = model.build_model(big, tp_group=None, sequence_parallel=False, tp_plan={}, seed=1,
-                            device=torch.device("cpu"))
+    net = model.use_kernels(model.init_weights(model.build_model(big), seed=1, device="cpu"), "compiled", "cpu")
     params = list(dict.fromkeys(net.parameters()))
     grads = [torch.randn_like(p) for p in params]
     shard = _Shard(params, rank=1, dp=2)

@@ -73,14 +73,14 @@ FEATURES: tuple[Feature, ...] = (
             used=lambda plan: _zero(plan) == 3, imports=("fsdp",), transform="fsdp.FullyShardedAdamW",
             cost="cost/memory.py"),
     Feature(name="per-layer tp × dp", keys=("parallel.tp", "parallel.dp"), used=render_hetero.enabled,
-            imports=("hetero",), transform="hetero.StageLayouts", cost="cost/per_layer.py"),
+            imports=("hetero",), transform="parallelize.tensor(layouts=) + hetero.StageLayouts", cost="cost/per_layer.py"),
     Feature(name="context parallel", keys=("parallel.cp", "parallel.cp_kind"), used=lambda plan: plan.mesh.size("cp") > 1,
-            ships=lambda plan: frozenset({"context"}), transform="context.ContextParallel", cost="cost/context.py"),
+            ships=lambda plan: frozenset({"context"}), transform="parallelize.context", cost="cost/context.py"),
     Feature(name="2D tensor parallel", keys=("parallel.tp_shape",), used=lambda plan: plan.mesh.tp_shape is not None,
-            ships=lambda plan: frozenset({"layers2d"}), transform="layers2d", cost="cost/tp2d.py"),
+            ships=lambda plan: frozenset({"layers2d"}), transform="parallelize.tensor(grid=)", cost="cost/tp2d.py"),
     Feature(name="experts", keys=("model.experts", "parallel.ep", "parallel.etp"), used=render_moe.has_experts,
             imports=("moe",), ships=lambda plan: frozenset({"moe_overlap"} if render_moe.overlaps_experts(plan) else ()),
-            transform="moe.MoE", cost="cost/experts.py"),
+            transform="parallelize.experts", cost="cost/experts.py"),
     Feature(name="evaluation", keys=("train.eval",), used=render_eval.enabled, imports=("evaluate",),
             transform="evaluate.Evaluator"),
     Feature(name="fp16 loss scaling", keys=("train.precision",), used=lambda plan: plan.train.precision.value == "fp16",
@@ -96,7 +96,7 @@ FEATURES: tuple[Feature, ...] = (
 """Every feature, in no particular order (each is independent of the others' entries)."""
 
 ALWAYS = ("checkpoint", "checkpoint_init", "comm", "data", "faults", "flags", "memory", "mesh", "metrics", "model",
-          "observe", "optim", "traffic")
+          "observe", "optim", "parallelize", "traffic")
 """What every train.py imports."""
 
 
@@ -115,9 +115,10 @@ def train_imports(plan: Plan) -> list[str]:
 def runtime_modules(plan: Plan) -> set[str]:
     """The runtime modules the build's program needs before their own imports are
     followed (``build.runtime_files``): train.py's, each feature's ``ships``, a per-layer
-    setting's ``LayerSetting.module`` when some block uses it, and ``checkpoint_dcp``
-    always (``checkpoint`` imports it to save or resume, Note [DCP on demand])."""
-    modules = set(train_imports(plan)) | {"checkpoint_dcp"}
+    setting's ``LayerSetting.module`` when some block uses it, ``checkpoint_dcp``
+    always (``checkpoint`` imports it to save or resume, Note [DCP on demand]) and
+    ``sharding``, the tensor transform every train.py runs (``parallelize.tensor``)."""
+    modules = set(train_imports(plan)) | {"checkpoint_dcp", "sharding"}
     for feature in in_use(plan):
         modules |= feature.ships(plan)
     return modules | {entry.module for entry in plan.used_settings() if entry.module}

@@ -24,6 +24,7 @@ from . import (
     render_flags,
     render_hetero,
     render_launch,
+    render_model,
     render_moe,
     render_observe,
     render_step,
@@ -216,7 +217,6 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             "scaler = loss_scale.DynamicLossScale(rank=dist.rank"
             + (f", data_ranks={'DP * CP' if cp_size > 1 else 'DP'})" if reducing else ")"),
         ]
-    build_function, model_comment_lines, pipeline_args = render_step.model_lines(plan)
     model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
     layout = layout_words(plan)
     context = dict(
@@ -239,17 +239,9 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         flag_lines=render_flags.flag_lines(plan),
         group_lines=group_lines,
         model_config_args=model_args,
-        tp_group_arg=tp_arg,
-        sequence_parallel_arg="SEQUENCE_PARALLEL" if sp.enabled else "False",
-        build_function=build_function,
-        model_comment_lines=model_comment_lines,
-        model_extra_args=pipeline_args
-        + [f"{entry.argument}={entry.constant}," for entry in plan.used_settings()]
-        + ["kernels=KERNELS,"]
-        + render_moe.model_args(plan)
-        + (["cp_group=cp_group,", "cp_kind=CP_KIND,"] if cp_size > 1 else [])
-        + (["layouts=layouts,"] if hetero else [])
-        + (["tp_grid=tp_grid,"] if mesh.tp_shape is not None else []),
+        model_lines=render_model.model_lines(
+            plan, tp_arg=tp_arg, sp_arg="SEQUENCE_PARALLEL" if sp.enabled else "False"
+        ),
         pipeline_lines=render_step.executor_lines(plan)
         + render_eval.setup_lines(plan, reduce_group=reduce_group if reducing else None, pipelined=pipelined),
         step_body_lines=render_observe.step_start_lines() + render_checkpoint.step_start_lines() + [

@@ -82,8 +82,12 @@ def _groups(plan: Plan) -> str:
     return "ep_group=ep_group" + (", etp_group=etp_group" if expert_tensor_parallel(plan) > 1 else "")
 
 
-def model_args(plan: Plan) -> list[str]:
-    return [_groups(plan) + ","] if folds_experts(plan) else []
+def transform_lines(plan: Plan) -> list[str]:
+    """``parallelize.experts``: this rank's experts and its slice of each (ep·etp > 1)."""
+    if not folds_experts(plan):
+        return []
+    groups = "ep_group" + (", etp_group" if expert_tensor_parallel(plan) > 1 else "")
+    return [f"net = parallelize.experts(net, {groups})  # {cite(plan.model.expert_parallel.span)}"]
 
 
 def clip_arg(plan: Plan) -> str:

@@ -128,19 +128,20 @@ def group_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def model_lines(plan: Plan) -> tuple[str, list[str], list[str]]:
-    """The build function, a comment before the call, and its extra arguments."""
-    zero3 = (
-        ["# ZeRO-3: built on the meta device; the optimizer generates each rank's slices",
-         "materialize=False,"] if plan.train.zero.value == 3 else []
-    )
+def build_lines(plan: Plan) -> list[str]:
+    """The plain model: whole, or this pipeline rank's chunks."""
     if not has_pipeline(plan):
-        return "build_model", [], zero3
-    return (
-        "build_stages",
-        ["# this pipeline rank's chunks (one per virtual stage it holds), as nn.ModuleList"],
-        ["stages=PIPELINE_STAGES,", 'pp_rank=grid.index("pp"),', "pp_size=PP,", *placement_lines(plan), *zero3],
-    )
+        return ["net = model.build_model(config)"]
+    return [
+        "# this pipeline rank's chunks (one per virtual stage it holds), as nn.ModuleList",
+        "net = model.build_stages(",
+        "    config,",
+        "    stages=PIPELINE_STAGES,",
+        '    pp_rank=grid.index("pp"),',
+        "    pp_size=PP,",
+        *("    " + line for line in placement_lines(plan)),
+        ")",
+    ]
 
 
 LOW_PRECISION = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}

@@ -119,8 +119,8 @@ def measure_reference_steps(budget: float) -> list[dict]:
             kv_heads=ref["kv_heads"], ffn=ref["ffn"], vocab=ref["vocab"], padded_vocab=ref["vocab"],
             seq_len=ref["seq_len"], tie_embeddings=ref["arch"] == "gpt",
         )
-        net = runtime_model.build_model(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=1,
-                                        device=cpu, kernels=kernels)
+        net = runtime_model.init_weights(runtime_model.build_model(config), seed=1, device=cpu)  # one rank
+        net = runtime_model.use_kernels(net, kernels, cpu)
         optimizer = optim.build_optimizer(net, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
         tokens = torch.randint(0, ref["vocab"], (ref["micro_batch"], ref["seq_len"] + 1),
                                generator=torch.Generator().manual_seed(0))

@@ -9,12 +9,13 @@ Plan and a field of the planner's ``Layout``. Torch-free: ``parc.dsl`` imports i
 Note [a per-layer setting is an entry]: the front end (``dsl/build_spec.py``,
 ``dsl/checks.py``: ``read``), the rules (``constraints.PER_LAYER``), the lowering
 (``lay_out_layers``), the renderer (``codegen/render.py``: ``constant``,
-``argument``, ``comment``, ``module``), ``str(plan)``, the search (``options``,
+``comment``, ``module``; the transform line ``parallelize.<name>``), ``str(plan)``, the search (``options``,
 ``simpler``, ``tie``), ``parc plan``'s words and reasons (``word``, ``reasons``) all
 loop over ``SETTINGS``, so none of them names a setting. What is left to the setting
 itself: its key in ``dsl/keys/`` (``per_layer=True``), its rules in
 ``constraints/``, the fields named after it, the runtime piece that does the work
-(``build_model``'s keyword) and its term in the cost model.
+(its step of ``runtime/models/parallelize.py``, named as the setting and placed in
+``transforms.ORDER``) and its term in the cost model.
 """
 
 from __future__ import annotations
@@ -41,8 +42,6 @@ class LayerSetting:
     """A plain value → the spec's words for it."""
     constant: str
     """The ``train.py`` constant holding it (one value, or one per block)."""
-    argument: str
-    """The keyword of ``build_model`` / ``build_stages`` that takes the constant."""
     comment: Callable[[tuple, Mapping], tuple[str, ...]]
     """(each block's value, the layout's facts: ``sp``, ``block_tp``) → the constant's comment lines."""
     module: str | None = None
@@ -87,7 +86,7 @@ def _recompute_comment(values: tuple, facts: Mapping) -> tuple[str, ...]:
 
 RECOMPUTE = LayerSetting(
     name="recompute", key="parallel.recompute", off="none", order=("none", "selective", "full"),
-    read=lambda entry: entry, write=lambda mode: mode, word=str, constant="RECOMPUTE", argument="recompute",
+    read=lambda entry: entry, write=lambda mode: mode, word=str, constant="RECOMPUTE",
     comment=_recompute_comment, tie="less recompute", short="rc",
     reasons={
         "compute": "less recompute: fewer forward passes re-run in backward",
@@ -134,7 +133,7 @@ def _overlap_options(values: Mapping) -> list[int]:
 
 OVERLAP = LayerSetting(
     name="overlap", key="parallel.overlap", off=1, order=(), read=_parts, write=_overlap_call, word=_overlap_word,
-    constant="OVERLAP_SUB_BATCHES", argument="sub_batches", comment=_overlap_comment, module="overlap",
+    constant="OVERLAP_SUB_BATCHES", comment=_overlap_comment, module="overlap",
     options=_overlap_options, tie="fewer sub-batches", short="overlap", self_naming=True,
     reasons={
         "compute": "fewer, larger sub-batches: bigger GEMMs and fewer op dispatches",

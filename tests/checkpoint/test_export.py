@@ -10,6 +10,9 @@ the loss parc's model gives with the checkpoint's weights.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import argparse
 import json
 import os
@@ -24,6 +27,8 @@ from parc.runtime.train import data
 from parc.runtime.models import model
 
 from .trainer import build, run
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))  # built.py
+import built  # noqa: E402
 
 VOCAB = 250
 
@@ -38,7 +43,7 @@ def parc(argv: list[str]) -> int:
 
 def parc_loss(ckpt, tokens, targets) -> float:
     info = checkpoint.read_info(checkpoint.resolve(str(ckpt)))
-    net = model.build_model(model.ModelConfig(**info["model"]), tp_group=None, sequence_parallel=False,
+    net = built.build(model.ModelConfig(**info["model"]), tp_group=None, sequence_parallel=False,
                             tp_plan={}, seed=0, device=torch.device("cpu"))
     full = checkpoint.read_full(str(ckpt), "model.")
     net.load_state_dict({name[len("model."):]: t for name, t in full.items()})  # strict: every name

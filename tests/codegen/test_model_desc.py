@@ -16,9 +16,14 @@ from parc.codegen.passes.partition_layers import model_modules
 from parc.codegen.render import render
 from parc.codegen.planner.search import fixed_layout
 from parc.dsl import load
-from parc.runtime.parallel.tensor import layers, tp_plan
-from parc.runtime.models import model
+import sys
+
+from parc.runtime.parallel.tensor import layers, sharding, tp_plan
+from parc.runtime.models import model, parallelize, transformer
 from parc.runtime.layout.model_desc import ModelConfig, describe
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+import built  # noqa: E402  (tests/runtime/built.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.par"))
@@ -67,11 +72,9 @@ def _config(plan) -> ModelConfig:
 
 def _one_rank_count(config: ModelConfig) -> int:
     if describe(config).parameters <= SMALL:
-        net = model.build_model(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=1,
-                                device="cpu", kernels="eager")
+        net = built.build(config, seed=1, kernels="eager")
     else:
-        with torch.device("meta"):
-            net = model.Transformer(config, tp_group=None, sequence_parallel=False, tp_plan={})
+        net = model.build_model(config)  # the plain model, on the meta device
     return sum(p.numel() for p in net.parameters())
 
 
@@ -96,12 +99,12 @@ def test_gqa_count_by_hand():
 
 def _meta_stage(config, table, *, tp, stage, first, last, monkeypatch, sp):
     """One pipeline stage as a tp rank builds it (shapes only: the meta device, a fake group)."""
-    for module in (model, layers, tp_plan):
+    for module in (transformer, sharding, layers, tp_plan):
         monkeypatch.setattr(module, "group_size", lambda group: 1 if group is None else tp)
     monkeypatch.setattr(layers, "group_rank", lambda group: 0)
     with torch.device("meta"):
-        return model.Transformer(config, tp_group=None if tp == 1 else object(), sequence_parallel=sp,
-                                 tp_plan=table, layers=stage, first=first, last=last)
+        net = transformer.Transformer(config, layers=stage, first=first, last=last)
+    return parallelize.tensor(net, None if tp == 1 else object(), table, sequence_parallel=sp)
 
 
 SHARDED = [(f"examples/{name}.par", ()) for name in ("tiny", "gpt2-small", "llama-7b")] + [
@@ -134,8 +137,7 @@ def test_every_rank_holds_what_the_cost_model_counts(path, overrides, monkeypatc
 def test_a_drift_fails_loudly():
     config = ModelConfig(arch="llama", layers=2, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=64,
                          padded_vocab=64, seq_len=8, tie_embeddings=False)
-    with torch.device("meta"):
-        net = model.Transformer(config, tp_group=None, sequence_parallel=False, tp_plan={})
+    net = model.build_model(config)
     net.extra = torch.nn.Linear(2, 2, bias=False)  # a parameter the description does not know
     # 2 blocks of 2·32 (norms) + 2·32·32 + 2·16·32 (q, o, k, v) + 3·64·32 (MLP), embed, head, norm
     assert describe(config).parameters == 2 * 9280 + 2 * 64 * 32 + 32 == 22_688
@@ -143,7 +145,7 @@ def test_a_drift_fails_loudly():
         "internal error in parc (runtime model): this rank built 22,692 parameters in 22 tensors, but "
         "model_desc.py describes 22,688 in 21 for layers 0..2 (first=True, last=True, tp=1)"
     )):
-        model.check_parameter_count(net, sharded={}, layers=(0, 2))
+        model.check_parameter_count(net)
 
 
 def test_tp_table_rows_are_the_descriptions_modules():

@@ -1,11 +1,16 @@
 """kernels.dispatch.call (Note [custom-op dispatch]): the direct path gives the custom op's
 numbers bit for bit, forward and backward, and the op itself runs under fake tensors."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from parc.runtime import kernels
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))  # built.py
+import built  # noqa: E402
 
 ops = kernels.select("compiled", "cpu")
 pytestmark = pytest.mark.skipif(ops is None, reason="no compiled CPU kernels here")
@@ -51,7 +56,7 @@ def _kinds_taken(config, thresholds, monkeypatch):
 
     monkeypatch.delenv("PARC_KERNELS_EAGER_BELOW", raising=False)
     monkeypatch.setattr(kernel_sizes, "EAGER_BELOW", thresholds)
-    net = model.build_model(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=1, device="cpu")
+    net = built.build(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=1, device="cpu")
     return net
 
 

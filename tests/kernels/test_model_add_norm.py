@@ -8,12 +8,17 @@ the last step are bit for bit equal, and the fused op really ran (2 per layer).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from parc.runtime.train import data
 from parc.runtime.models import model
 from parc.runtime.optimizers import optim
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))  # built.py
+import built  # noqa: E402
 
 CONFIGS = {
     "gpt": model.ModelConfig(arch="gpt", layers=2, hidden=32, heads=4, kv_heads=4, ffn=64, vocab=60,
@@ -25,7 +30,7 @@ STEPS = 4
 
 
 def train(config, recompute, fuse_residual):
-    net = model.build_model(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=7, device="cpu",
+    net = built.build(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=7, device="cpu",
                             recompute=recompute, kernels="compiled")
     model.use_kernels(net, "compiled", "cpu", fuse_residual=fuse_residual)
     opt = optim.build_optimizer(net, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)

@@ -9,6 +9,9 @@ checks run on a GPU with bench/gpu_kernels.sh.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import os
 
 ON_GPU = os.environ.get("PARC_TRITON_TESTS_ON_GPU") == "1"  # bench/gpu_kernels.sh sets it
@@ -25,6 +28,8 @@ triton = pytest.importorskip("triton", reason="triton is not installed: pip inst
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 
 from parc.runtime.kernels import ops, reference  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))  # built.py
+import built  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 SHAPES = [(1, 7), (3, 37), (2, 4096 + 7)]  # the last: two column blocks and a tail
@@ -219,7 +224,7 @@ def test_moe_model_takes_the_triton_ops(monkeypatch):
                                                                          dp_rank=0, dp_size=1))
     results = []
     for kernels in ("compiled", "eager"):
-        net = model.build_model(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=7, device=DEVICE,
+        net = built.build(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=7, device=DEVICE,
                                 kernels=kernels)
         model.use_kernels(net, kernels, DEVICE)
         loss = net(x.to(DEVICE), y.to(DEVICE))

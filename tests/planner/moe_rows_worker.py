@@ -21,9 +21,10 @@ import torch.distributed as dist
 
 from parc.runtime.distributed import mesh
 from parc.runtime.parallel.expert import moe
-from parc.runtime.models.model import Transformer
 from parc.runtime.layout.model_desc import ModelConfig
-from parc.runtime.models.param_init import initialize
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+import built  # noqa: E402  (tests/runtime/built.py)
 
 CONFIG = dict(arch="llama", layers=1, hidden=16, heads=2, kv_heads=2, ffn=24, vocab=32, padded_vocab=32,
               seq_len=8, experts=4, top_k=2, tie_embeddings=False)
@@ -51,9 +52,8 @@ def main(out_dir: Path) -> None:
                            generator=torch.Generator().manual_seed(0))
     result = {}
     for sp, ep in CASES:
-        model = Transformer(ModelConfig(**CONFIG), tp_group=group, sequence_parallel=sp, tp_plan=PLAN,
-                            ep_group=group if ep > 1 else None)
-        initialize(model, seed=3)
+        model = built.build(ModelConfig(**CONFIG), tp_group=group, sequence_parallel=sp, tp_plan=PLAN,
+                            ep_group=group if ep > 1 else None, seed=3, kernels="eager")
         rows.clear()
         with torch.no_grad():
             model(tokens, tokens)

@@ -3,6 +3,9 @@ cases, and parc's own saved tensors counted in process (no torchrun)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -15,6 +18,8 @@ from parc.codegen.planner.cost.memory import (
 from parc.dsl import load_text
 from parc.runtime.train.memory import SavedActivations, param_bytes
 from parc.runtime.models.model import ModelConfig, build_model
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))  # built.py
+import built  # noqa: E402
 
 
 @pytest.mark.parametrize("zero,gigabytes", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
@@ -105,7 +110,7 @@ def _one_rank(arch, recompute, kernels, layers=3):
         vocab=m.vocab, padded_vocab=m.padded_vocab, seq_len=m.seq_len, tie_embeddings=m.tie_embeddings,
     )
     torch.manual_seed(0)
-    model = build_model(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=1, device="cpu",
+    model = built.build(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=1, device="cpu",
                         recompute=recompute, kernels=kernels)
     tokens = torch.randint(0, m.vocab, (spec.train.micro_batch, m.seq_len))
     meter = SavedActivations(model)

@@ -32,12 +32,13 @@ from runtime_loop import CONFIGS  # noqa: E402
 from parc.runtime.train import data  # noqa: E402
 from parc.runtime.distributed import mesh  # noqa: E402
 from parc.runtime.models import model  # noqa: E402
+import built  # noqa: E402  (tests/runtime/built.py)
 
 B = 2
 
 
 def build(arch, cp_group=None, kind=None):
-    return model.build_model(CONFIGS[arch], tp_group=None, sequence_parallel=False, tp_plan={}, seed=5,
+    return built.build(CONFIGS[arch], tp_group=None, sequence_parallel=False, tp_plan={}, seed=5,
                              device=torch.device("cpu"), cp_group=cp_group, cp_kind=kind, kernels="eager").double()
 
 

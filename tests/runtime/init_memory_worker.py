@@ -39,6 +39,7 @@ from parc.runtime.parallel.data import fsdp
 from parc.runtime.models import model
 from parc.runtime.layout.model_desc import ModelConfig
 from parc.runtime.models.param_init import init_values
+import built  # noqa: E402  (tests/runtime/built.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,7 +89,7 @@ def zero3(dp: int) -> None:
         tracker = LiveBytes()
         start = time.perf_counter()
         with tracker:
-            net = model.build_stages(
+            net = built.build(
                 config, stages=((0, half), (half, config.layers)), pp_rank=0, pp_size=pp, tp_group=tp_group,
                 sequence_parallel=True, tp_plan=tp_plan, seed=1, device="cpu", kernels="eager", materialize=False,
             )

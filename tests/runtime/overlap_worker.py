@@ -27,6 +27,7 @@ from parc.runtime.distributed import comm, mesh  # noqa: E402
 from parc.runtime.train import data  # noqa: E402
 from parc.runtime.parallel.data import dp, hetero  # noqa: E402
 from parc.runtime.models import model  # noqa: E402
+import built  # noqa: E402  (tests/runtime/built.py)
 
 MICRO_BATCH = 4
 
@@ -39,7 +40,7 @@ def batch(config, seed):
 def step(arch, group, *, sp, sub_batches, recompute, steps=1):
     """Loss, grads by name and collectives issued, for forward/backward of ``steps`` batches."""
     config = CONFIGS[arch]
-    net = model.build_model(config, tp_group=group, sequence_parallel=sp, tp_plan=tp_plan(arch),
+    net = built.build(config, tp_group=group, sequence_parallel=sp, tp_plan=tp_plan(arch),
                             seed=11, device=torch.device("cpu"), recompute=recompute,
                             sub_batches=sub_batches).double()
     comm.exposed_clock.reset()
@@ -79,7 +80,7 @@ def check_schedule(group, arch, sp):
     """Note [the sub-batch schedule]: every forward collective but the last is waited only
     after a later collective was launched (some compute ran while it was in flight)."""
     config = CONFIGS[arch]
-    net = model.build_model(config, tp_group=group, sequence_parallel=sp, tp_plan=tp_plan(arch), seed=11,
+    net = built.build(config, tp_group=group, sequence_parallel=sp, tp_plan=tp_plan(arch), seed=11,
                             device=torch.device("cpu"), sub_batches=2)
     events, launches, kept = [], {}, []
     originals = {name: getattr(comm, name) for name in ("launch_all_reduce", "launch_reduce_scatter",
@@ -139,7 +140,7 @@ def check_hetero(dist_info, arch, sp):
         return original(tensor, group, *args, **kwargs)
 
     for sub_batches in (1, 2):
-        net = model.build_model(config, tp_group=layouts.tp_group(2), sequence_parallel=sp, tp_plan=tp_plan(arch),
+        net = built.build(config, tp_group=layouts.tp_group(2), sequence_parallel=sp, tp_plan=tp_plan(arch),
                                 seed=11, device=torch.device("cpu"), sub_batches=sub_batches,
                                 layouts=layouts).double()
         assert model.group_size(net.tp_group) == 1, "the embedding's layout is tp 1"
@@ -167,7 +168,7 @@ def check_gradient_overlap(group, arch, accumulations):
     config = CONFIGS[arch]
     results = []
     for overlap in (False, True):
-        net = model.build_model(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=11,
+        net = built.build(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=11,
                                 device=torch.device("cpu")).double()
         buckets = dp.GradientBuckets(net, group, bucket_bytes=16384, overlap=overlap,
                                      accumulations=accumulations)

@@ -14,6 +14,7 @@ from parc.runtime.parallel.data import dp
 from parc.runtime.distributed import mesh
 from parc.runtime.models import model
 from parc.runtime.optimizers import optim
+import built  # noqa: E402  (tests/runtime/built.py)
 
 TINY = dict(layers=2, hidden=64, ffn=128, vocab=250, padded_vocab=256, seq_len=32)
 CONFIGS = {
@@ -65,7 +66,7 @@ def train(arch, dist_info, *, dp_size=1, tp_size=1, sp=False, replicated_ends=Fa
     grid = mesh.Mesh((("dp", dp_size), ("tp", tp_size)), dist_info)
     tp_group, dp_group = grid.group("tp"), grid.group("dp")
     config = CONFIGS[arch]
-    net = model.build_model(config, tp_group=tp_group, sequence_parallel=sp,
+    net = built.build(config, tp_group=tp_group, sequence_parallel=sp,
                             tp_plan=tp_plan(arch, replicated_ends=replicated_ends) if tp_size > 1 else {},
                             seed=seed, device=dist_info.device)
     opt = optim.build_optimizer(net, lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)

@@ -8,6 +8,7 @@ import torch
 
 from parc.runtime.parallel.data import fsdp
 from parc.runtime.models import model
+import built  # noqa: E402  (tests/runtime/built.py)
 
 HYPER = dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
 
@@ -17,7 +18,7 @@ def _tiny():
         arch="gpt", layers=2, hidden=32, heads=4, kv_heads=4, ffn=64, vocab=128, padded_vocab=128, seq_len=16,
         dropout=0.0, norm_eps=1e-5, rope_theta=1e4, tie_embeddings=True,
     )
-    return model.build_model(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=3, device="cpu",
+    return built.build(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=3, device="cpu",
                              kernels="eager")
 
 

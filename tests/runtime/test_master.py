@@ -8,6 +8,7 @@ import torch
 from parc.runtime.parallel.data import dp
 from parc.runtime.optimizers import master, optim
 from parc.runtime.models import model
+import built  # noqa: E402  (tests/runtime/built.py)
 
 
 def _tiny(arch="gpt"):
@@ -15,7 +16,7 @@ def _tiny(arch="gpt"):
         arch=arch, layers=2, hidden=32, heads=4, kv_heads=4 if arch == "gpt" else 2, ffn=64, vocab=128,
         padded_vocab=128, seq_len=16, dropout=0.0, norm_eps=1e-5, rope_theta=1e4, tie_embeddings=arch == "gpt",
     )
-    return model.build_model(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=3, device="cpu",
+    return built.build(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=3, device="cpu",
                              kernels="eager")
 
 

@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from parc.runtime.parallel.expert import moe
-from parc.runtime.models.model import Transformer
+from parc.runtime.models.transformer import Transformer
 from parc.runtime.layout.model_desc import ModelConfig, describe
-from parc.runtime.models.param_init import initialize
+
+import built  # noqa: E402  (tests/runtime/built.py)
 
 
 def config(**moe_keys) -> ModelConfig:
@@ -80,9 +81,7 @@ def reference_moe(layer: moe.MoEMLP, x: torch.Tensor) -> torch.Tensor:
 
 
 def build(cfg: ModelConfig) -> Transformer:
-    model = Transformer(cfg, tp_group=None, sequence_parallel=False, tp_plan={})
-    initialize(model, seed=3)
-    return model.double()
+    return built.build(cfg, seed=3, kernels="eager").double()
 
 
 @pytest.mark.parametrize(
@@ -102,8 +101,7 @@ def test_moe_mlp_matches_the_token_by_token_reference(keys):
 def test_eager_experts_under_bf16_autocast_match_fp32():
     """The eager path (CUDA's, and CPU's with kernels = eager) combines bf16 expert rows into
     the fp32 residual stream: it once failed there (index_add_ of bf16 into fp32)."""
-    model = Transformer(config(), tp_group=None, sequence_parallel=False, tp_plan={})
-    initialize(model, seed=3)
+    model = built.build(config(), seed=3, kernels="eager")
     layer = model.layers["0"].mlp
     assert layer.fused is None  # eager: no kernels selected
     x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(1))

@@ -9,6 +9,7 @@ import torch
 
 from parc.runtime.models import param_init
 from parc.runtime.models.param_init import fill_, full_init, init_values
+import built  # noqa: E402  (tests/runtime/built.py)
 
 Q = "layers.0.attn.q_proj.weight"
 
@@ -56,19 +57,20 @@ def test_out_of_range_boxes_are_refused():
 
 @pytest.mark.parametrize("arch", ["gpt", "llama"])
 def test_generated_on_the_device_equals_the_cpu_init(arch):
-    """model.build_model(init_on_device=True): built on the meta device, each parameter
-    allocated and generated on the device (param_init.materialize_on; on CUDA the default,
-    here forced on the CPU) — the same numbers as the in-place CPU init, bit for bit, ties kept."""
-    from parc.runtime.models import model
+    """init_weights on the meta device's plain model: each parameter allocated and generated
+    where it lives (param_init.materialize_on; on CUDA on the device, here on the CPU) — the
+    same numbers as param_init.initialize filling a model in place, bit for bit, ties kept."""
+    from parc.runtime.models import model, param_init, transformer
 
     config = model.ModelConfig(
         arch=arch, layers=2, hidden=32, heads=4, kv_heads=4 if arch == "gpt" else 2, ffn=64, vocab=128,
         padded_vocab=128, seq_len=16, dropout=0.0, norm_eps=1e-5, rope_theta=1e4, tie_embeddings=arch == "gpt",
     )
-    built = [model.build_model(config, tp_group=None, sequence_parallel=False, tp_plan={}, seed=5, device="cpu",
-                               kernels="eager", init_on_device=flag) for flag in (False, True)]
-    cpu, device = (dict(m.named_parameters()) for m in built)
+    in_place = transformer.Transformer(config)  # one rank's layout, built on the CPU: norms 1 and 0
+    param_init.initialize(in_place, seed=5)
+    nets = [in_place, built.build(config, seed=5, device="cpu", kernels="eager", init_on_device=True)]
+    cpu, device = (dict(m.named_parameters()) for m in nets)
     assert cpu.keys() == device.keys()
     for name in cpu:
         assert not device[name].is_meta and torch.equal(cpu[name], device[name]), name
-    assert len(list(built[1].parameters())) == len(list(built[0].parameters()))  # tied once in both
+    assert len(list(nets[1].parameters())) == len(list(nets[0].parameters()))  # tied once in both

@@ -16,12 +16,13 @@ from parc.runtime.models import model  # noqa: E402
 from parc.runtime.parallel.pipeline.pipeline import PipelineExecutor  # noqa: E402
 from parc.runtime.schedules.schedule import build_schedule  # noqa: E402
 from parc.runtime.parallel.pipeline.terapipe import slice_lengths  # noqa: E402
+import built  # noqa: E402  (tests/runtime/built.py)
 
 MICRO, B = 2, 2
 
 
 def _build(arch):
-    return model.build_model(CONFIGS[arch], tp_group=None, sequence_parallel=False, tp_plan={}, seed=5,
+    return built.build(CONFIGS[arch], tp_group=None, sequence_parallel=False, tp_plan={}, seed=5,
                              device=torch.device("cpu"), kernels="eager").double()
 
 

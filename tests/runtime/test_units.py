@@ -16,6 +16,7 @@ from parc.runtime.optimizers import optim
 from parc.runtime.parallel.tensor import tp_plan
 from parc.runtime.parallel.tensor.layers import vocab_parallel_cross_entropy
 from parc.runtime.models.param_init import full_init
+import built  # noqa: E402  (tests/runtime/built.py)
 
 GPT = model.ModelConfig(arch="gpt", layers=2, hidden=32, heads=4, kv_heads=4, ffn=64, vocab=60,
                         padded_vocab=64, seq_len=8)
@@ -24,7 +25,7 @@ LLAMA = model.ModelConfig(arch="llama", layers=2, hidden=32, heads=4, kv_heads=2
 
 
 def build(config, seed=1, plan=None):
-    return model.build_model(config, tp_group=None, sequence_parallel=False, tp_plan=plan or {},
+    return built.build(config, tp_group=None, sequence_parallel=False, tp_plan=plan or {},
                              seed=seed, device="cpu")
 
 

@@ -18,6 +18,7 @@ from parc.runtime.train import data
 from parc.runtime.models import model
 from parc.runtime.optimizers import optim
 from parc.runtime.parallel.data import zero
+import built  # noqa: E402  (tests/runtime/built.py)
 
 CONFIG = model.ModelConfig(arch="llama", layers=1, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=61,
                            padded_vocab=64, seq_len=8)
@@ -26,7 +27,7 @@ STEPS, CLIP, NO_CLIP = 3, 0.5, 1e3
 
 
 def _net():
-    return model.build_model(CONFIG, tp_group=None, sequence_parallel=False, tp_plan={}, seed=3, device="cpu")
+    return built.build(CONFIG, tp_group=None, sequence_parallel=False, tp_plan={}, seed=3, device="cpu")
 
 
 def _reference():

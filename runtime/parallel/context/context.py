@@ -1,12 +1,13 @@
 """Context parallel: attention when each rank holds T/cp contiguous tokens of every sequence.
 
 Takes: the cp group (ranks that split each sequence; None for one rank) and the kind
-(``ring``, ``ulysses`` or ``allgather``). Gives: ``ContextParallel``, which ``model.Attention``
-asks where its tokens start and how to see the rest of the sequence. Everything else
+(``ring``, ``ulysses`` or ``allgather``). Gives: ``ContextParallel``, which ``Attention``
+asks where its tokens start and how to see the rest of the sequence, and ``split``, the
+context transform (``parallelize.context``) that hands it to every block. Everything else
 in a block (norms, projections, MLP) is per token and runs on the T/cp tokens as is;
 gradients of the replicated parameters are then partial over cp and are averaged over
 dp × cp like data parallelism's (``grid.group("dp", "cp")``). Only a build with cp > 1
-ships this module (``model.py`` imports it when asked for it).
+ships this module (``parallelize.context`` imports it when asked for it).
 
 Note [context-parallel attention]: rank r holds the spans of positions that
 ``data.context_spans`` names: [r·T/cp, (r+1)·T/cp) for ulysses and allgather; chunks r
@@ -39,6 +40,20 @@ from .ring import ring_attention
 
 KINDS = ("ring", "ulysses", "allgather")
 """The kinds built (``parallel.cp_kind``; ``ring`` is the key's default)."""
+
+
+def split(net, group, kind: str):
+    """Every stage of ``net`` attends as one rank of ``group`` (cp > 1): each block's
+    attention core becomes the ``kind`` strategy; a MoE block's aux losses sum over the cp
+    ranks (Note [MoE under context parallelism] in moe.py). Gives ``net``."""
+    strategy = ContextParallel(group, kind)
+    for stage in net if isinstance(net, torch.nn.ModuleList) else (net,):
+        stage.context = strategy
+        for block in stage.layers.values():
+            block.attn.context = strategy
+            if block.moe:
+                block.mlp.context_group = group
+    return net
 
 
 class ContextParallel:

@@ -75,6 +75,7 @@ class GroupedLinear(nn.Module):
         shape, offsets = [local, out_features, in_features], [self.first, 0, 0]
         shape[split] //= etp_size
         offsets[split] = etp_rank * shape[split]
+        self.split = split
         self.weight = nn.Parameter(torch.empty(*shape))
         self.full_shape = (experts, out_features, in_features)  # param_init fills this rank's experts only
         # its gradient reduces over edp, not dp (reduce_expert_grads)
@@ -169,37 +170,48 @@ class ExchangePlan:
 class MoEMLP(nn.Module):
     """Router → top_k experts (grouped) → weighted sum, plus the shared experts; (B, T, C) → (B, T, C)."""
 
-    def __init__(self, config, prefix, build, dense_mlp, ep_group=None, etp_group=None):
+    def __init__(self, config, dense_mlp):
         super().__init__()
         C, E, F_e = config.hidden, config.experts, config.expert_hidden
-        self.ep_group, ep_size, ep_rank = ep_group, group_size(ep_group), group_rank(ep_group)
-        self.etp_group = etp_group  # Note [expert tensor parallelism]
-        # Note [MoE under sequence parallelism]: the tp ranks hold different tokens
-        self.seq_group = build.group if build.sp else None
-        # Note [MoE under context parallelism]: so do the cp ranks (set by model.Transformer)
+        self.ep_group = self.etp_group = None  # parallelize.experts (Note [expert tensor parallelism])
+        # Note [MoE under sequence parallelism]: the tp ranks hold different tokens (parallelize.tensor)
+        self.seq_group = None
+        # Note [MoE under context parallelism]: so do the cp ranks (parallelize.context)
         self.context_group = None
         # Note [expert dispatch under tp]: with ep·etp > 1 the tp ranks (same tokens) each send a share
-        self.tp_group = build.group if ep_size * group_size(etp_group) > 1 and not build.sp else None
-        grouped = dict(ep_size=ep_size, ep_rank=ep_rank, etp_size=group_size(etp_group), etp_rank=group_rank(etp_group))
+        self.tp_group = None
         self.llama, self.experts_count = config.arch == "llama", E
         self.top_k, self.router_kind, self.capacity = config.top_k, config.router, config.capacity_factor
         self.aux_coeff, self.z_coeff = config.aux_loss, config.z_loss
-        self.router = build.linear(f"{prefix}.router", C, E, False)
+        self.router = nn.Linear(C, E, bias=False)
         self.experts = nn.Module()
         if self.llama:
-            self.experts.gate_proj = GroupedLinear(E, C, F_e, split=1, **grouped)
-        self.experts.up_proj = GroupedLinear(E, C, F_e, split=1, **grouped)
-        self.experts.down_proj = GroupedLinear(E, F_e, C, split=2, **grouped)
+            self.experts.gate_proj = GroupedLinear(E, C, F_e, split=1)
+        self.experts.up_proj = GroupedLinear(E, C, F_e, split=1)
+        self.experts.down_proj = GroupedLinear(E, F_e, C, split=2)
         self.shared_experts = None
         if config.shared_experts:
-            self.shared_experts = dense_mlp(config, f"{prefix}.shared_experts", build,
-                                            ffn=config.shared_experts * F_e)
-        if build.sp:  # replicated over tp but seeing a sequence shard: grads summed over tp
-            for p in self.parameters():  # the router, shared experts, experts unless split (then: edp)
-                p.sequence_parallel = not getattr(p, "expert_parallel", False)
+            self.shared_experts = dense_mlp(config, ffn=config.shared_experts * F_e)
         self.loss_scale = 1.0  # 1 / micro-batches of a step (set_loss_scale)
         self.splits = 1  # overlap of k sub-batches under ep > 1: Note [expert all-to-all overlap]
         self.reset_metrics()
+
+    def split_experts(self, ep_group, etp_group, tp_group, sequence_parallel):
+        """Note [expert tensor parallelism]: keep this rank's E/ep experts, each its 1/etp
+        along the projection's split; under sp the experts' parameters that stay whole saw
+        a sequence shard (tagged by the tensor transform), the split ones reduce over edp."""
+        self.ep_group, self.etp_group = ep_group, etp_group
+        ep, etp = group_size(ep_group), group_size(etp_group)
+        if ep * etp == 1:
+            return
+        self.tp_group = None if sequence_parallel else tp_group  # Note [expert dispatch under tp]
+        for name, whole in list(self.experts.named_children()):
+            E, out_features, in_features = whole.full_shape
+            split = GroupedLinear(E, in_features, out_features, split=whole.split, ep_size=ep,
+                                  ep_rank=group_rank(ep_group), etp_size=etp, etp_rank=group_rank(etp_group))
+            if hasattr(whole.weight, "layer_tp"):  # per-layer degrees (hetero.py)
+                split.weight.layer_tp = whole.weight.layer_tp
+            setattr(self.experts, name, split)
 
     columns = ()
     """No column-parallel projections open it: overlap.py runs a MoE block unsplit (its

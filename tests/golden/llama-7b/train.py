@@ -44,7 +44,7 @@ import torch
 
 from parc_runtime.checkpoints import checkpoint, checkpoint_init
 from parc_runtime.distributed import comm, mesh, traffic
-from parc_runtime.models import model
+from parc_runtime.models import model, parallelize
 from parc_runtime.optimizers import optim
 from parc_runtime.parallel.data import dp, zero
 from parc_runtime.parallel.pipeline import pipeline
@@ -205,22 +205,25 @@ def main() -> None:
         rope_theta=ROPE_THETA,
         tie_embeddings=TIE_EMBEDDINGS,
     )
-    # Each rank generates only its shard, element by element from (seed, name,
-    # element index): each layout starts from the numbers one rank would.
+    # The plain model on the meta device (shapes, no values), then this layout's
+    # transforms, in their one order (Note [the order of the transforms] in
+    # parc_runtime/layout/transforms.py)
     # this pipeline rank's chunks (one per virtual stage it holds), as nn.ModuleList
     net = model.build_stages(
         config,
-        tp_group=tp_group,
-        sequence_parallel=SEQUENCE_PARALLEL,
-        tp_plan=TP_PLAN,
-        seed=args.seed,
-        device=dist.device,
         stages=PIPELINE_STAGES,
         pp_rank=grid.index("pp"),
         pp_size=PP,
-        recompute=RECOMPUTE,
-        kernels=KERNELS,
     )
+    # llama-7b.par:26: layers split over tp as TP_PLAN says
+    net = parallelize.tensor(
+        net, tp_group, TP_PLAN, sequence_parallel=SEQUENCE_PARALLEL
+    )
+    net = parallelize.recompute(net, RECOMPUTE)
+    # Each rank generates only its shard, element by element from (seed, name,
+    # element index): each layout starts from the numbers one rank would.
+    net = model.init_weights(net, seed=args.seed, device=dist.device)
+    net = model.use_kernels(net, KERNELS, dist.device)
 
     # ---- data -----------------------------------------------------------------
     dataset = data.TokenFile(

@@ -45,7 +45,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from parc_runtime.checkpoints import checkpoint, checkpoint_init
 from parc_runtime.distributed import comm, mesh, traffic
-from parc_runtime.models import model
+from parc_runtime.models import model, parallelize
 from parc_runtime.optimizers import optim
 from parc_runtime.parallel.data import dp
 from parc_runtime.train import data, faults, flags, memory, metrics, observe
@@ -181,17 +181,16 @@ def main() -> None:
         rope_theta=ROPE_THETA,
         tie_embeddings=TIE_EMBEDDINGS,
     )
+    # The plain model on the meta device (shapes, no values), then this layout's
+    # transforms, in their one order (Note [the order of the transforms] in
+    # parc_runtime/layout/transforms.py)
+    net = model.build_model(config)
+    # tiny.par:22: layers split over tp as TP_PLAN says
+    net = parallelize.tensor(net, tp_group, TP_PLAN, sequence_parallel=False)
     # Each rank generates only its shard, element by element from (seed, name,
     # element index): each layout starts from the numbers one rank would.
-    net = model.build_model(
-        config,
-        tp_group=tp_group,
-        sequence_parallel=False,
-        tp_plan=TP_PLAN,
-        seed=args.seed,
-        device=dist.device,
-        kernels=KERNELS,
-    )
+    net = model.init_weights(net, seed=args.seed, device=dist.device)
+    net = model.use_kernels(net, KERNELS, dist.device)
 
     # ---- data -----------------------------------------------------------------
     dataset = data.SyntheticTokens(VOCAB, SEQ_LEN, seed=args.seed)

@@ -1,0 +1,78 @@
+"""Rendering of train.py's model: the plain model, the layout's transforms, values, kernels.
+
+Takes: a ``Plan`` and the tp group's and SP's expressions (``render.py`` names the
+groups). Gives: ``model_lines``, the lines after ``config = model.ModelConfig(...)``:
+``model.build_model`` (or ``build_stages``, a pipeline rank's chunks), then one line per
+transform the layout uses in the order of ``runtime/layout/transforms.ORDER`` (Note [the
+order of the transforms]), then ``model.init_weights`` and ``model.use_kernels``. A
+per-layer setting's step is ``parallelize.<its name>`` taking its constant (Note [a
+per-layer setting is an entry]).
+Before: ``render.py`` (groups). After: the template places the lines.
+"""
+
+from __future__ import annotations
+
+from parc.runtime.layout.transforms import ORDER
+
+from . import render_hetero, render_moe, render_step
+from .plan import Plan
+from .plan_text import cite
+
+
+def model_lines(plan: Plan, *, tp_arg: str, sp_arg: str) -> list[str]:
+    lines = [
+        "# The plain model on the meta device (shapes, no values), then this layout's",
+        "# transforms, in their one order (Note [the order of the transforms] in",
+        "# parc_runtime/layout/transforms.py)",
+        *render_step.build_lines(plan),
+    ]
+    for step in ORDER:
+        lines += _STEPS.get(step, _setting_step(step))(plan, tp_arg, sp_arg)
+    zero3 = plan.train.zero.value == 3
+    lines += [
+        "# Each rank generates only its shard, element by element from (seed, name,",
+        "# element index): each layout starts from the numbers one rank would.",
+        *(["# ZeRO-3: the parameters stay on the meta device; the optimizer generates each",
+           "# rank's slices of them"] if zero3 else []),
+        "net = model.init_weights(net, seed=args.seed, device=dist.device"
+        + (", materialize=False)" if zero3 else ")"),
+        "net = model.use_kernels(net, KERNELS, dist.device)",
+    ]
+    return lines
+
+
+def _tensor(plan: Plan, tp_arg: str, sp_arg: str) -> list[str]:
+    mesh = plan.mesh
+    extra = (", grid=tp_grid" if mesh.tp_shape is not None else "") + (
+        ", layouts=layouts" if render_hetero.enabled(plan) else "")
+    return [
+        f"# {cite(mesh.axis('tp').span)}: layers split over tp as TP_PLAN says",
+        f"net = parallelize.tensor(net, {tp_arg}, TP_PLAN, sequence_parallel={sp_arg}{extra})",
+    ]
+
+
+def _context(plan: Plan, tp_arg: str, sp_arg: str) -> list[str]:
+    if plan.mesh.size("cp") == 1:
+        return []
+    return [
+        f"# {cite(plan.mesh.axis('cp').span)}: attention over the ranks that split each sequence",
+        "net = parallelize.context(net, cp_group, CP_KIND)",
+    ]
+
+
+def _experts(plan: Plan, tp_arg: str, sp_arg: str) -> list[str]:
+    return render_moe.transform_lines(plan)
+
+
+def _setting_step(name: str):
+    """A per-layer setting's step: ``parallelize.<name>(net, <its constant>)`` when some
+    block uses it (the constant cites the spec)."""
+
+    def lines(plan: Plan, tp_arg: str, sp_arg: str) -> list[str]:
+        return [f"net = parallelize.{entry.name}(net, {entry.constant})"
+                for entry in plan.used_settings() if entry.name == name]
+
+    return lines
+
+
+_STEPS = {"tensor": _tensor, "context": _context, "experts": _experts}

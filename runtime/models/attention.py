@@ -1,0 +1,118 @@
+"""Causal self-attention: separate q/k/v projections, rotary positions (llama), the core
+as ``scaled_dot_product_attention`` or, under context parallelism, the strategy that
+``parallelize.context`` set (ring, ulysses, all-gather: Note [context-parallel attention]
+in context.py).
+
+Takes: a ``ModelConfig``. Gives: ``Attention`` with plain ``nn.Linear`` projections (the
+tensor transform swaps them for column/row-parallel ones) and ``rotary``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ..parallel.tensor.layers import project
+
+
+def rotary(x, theta, start=0):
+    """Rotate (B, heads, T, D) by position start .. start + T - 1 (pairs of halves, as in Llama)."""
+    T, D = x.shape[-2], x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=x.device) / D))
+    angles = torch.outer(torch.arange(start, start + T, dtype=torch.float32, device=x.device), inv)
+    cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)  # (T, D)
+    first, second = x.chunk(2, dim=-1)
+    rotated = x * cos + torch.cat((-second, first), dim=-1) * sin  # fp32 (cos, sin are)
+    return rotated.to(x.dtype)  # bf16/fp16 parameters: back to the compute dtype
+
+
+class Attention(nn.Module):
+    fused = None  # see Norm
+
+    def __init__(self, config):
+        super().__init__()
+        bias = config.arch == "gpt"
+        C, D = config.hidden, config.hidden // config.heads
+        self.head_dim, self.llama, self.theta = D, config.arch == "llama", config.rope_theta
+        self.q_proj = nn.Linear(C, config.heads * D, bias=bias)
+        self.k_proj = nn.Linear(C, config.kv_heads * D, bias=bias)
+        self.v_proj = nn.Linear(C, config.kv_heads * D, bias=bias)
+        self.o_proj = nn.Linear(config.heads * D, C, bias=bias)
+        self.dropout = config.dropout
+        self.selective = False  # recompute = "selective" (parallelize.recompute)
+        self.context = None  # context.ContextParallel under cp > 1 (parallelize.context)
+        self.slices = None  # a sliced pipeline's SliceState, set by its executor
+
+    def core(self, q, k, v):
+        """softmax(q kᵀ / √D) v: the part selective recompute drops and redoes.
+
+        Under cp = ring or allgather, q, k, v hold this rank's T/cp tokens: they are
+        rotated at their global positions (``context.spans``), then ring attention runs or
+        k and v are gathered (Note [context-parallel attention])."""
+        if self.slices is not None and self.slices.current is not None:
+            return self.slices.attend(self, q, k, v)  # a token slice of the sequence
+        kind = None if self.context is None else self.context.kind
+        spans = self.context.spans(q.shape[-2]) if kind in ("ring", "allgather") else ((0, q.shape[-2]),)
+        if self.llama:
+            q, k = self.rotate(q, k, spans)
+        if kind == "ring":
+            if self.dropout and self.training:  # constraints.ring_dropout refuses this spec
+                raise ValueError("cp_kind = ring computes attention without dropout; set model.dropout = 0")
+            return self.context.ring(q, k, v, self.fused)  # the compiled block attention, or eager
+        mask = None
+        if kind == "allgather":
+            k, v = self.context.gather(k), self.context.gather(v)  # (B, kv_heads/tp, T, D)
+            mask = self.context.causal_mask(q.shape[-2], q.device)  # global positions
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=q.shape[1] != k.shape[1],
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+
+    def rotate(self, q, k, spans):
+        """Rotary positions for (B, heads, T, D) q and k whose tokens are the runs ``spans``
+        of global positions, each run rotated at its own start."""
+        def one_run(q, k, start):
+            if self.fused is not None:
+                return self.fused.rotary(q, k, self.theta, start)
+            return rotary(q, self.theta, start), rotary(k, self.theta, start)
+
+        if len(spans) == 1:
+            return one_run(q, k, spans[0][0])
+        sizes = [stop - start for start, stop in spans]
+        runs = [one_run(qs, ks, start) for qs, ks, (start, _) in
+                zip(q.split(sizes, dim=2), k.split(sizes, dim=2), spans)]
+        return torch.cat([r[0] for r in runs], dim=2), torch.cat([r[1] for r in runs], dim=2)
+
+    def mix(self, q, k, v):
+        """Projections (B, T, heads/tp · D) → attention output (B, T, heads/tp · D), before o_proj.
+
+        Splits the heads, runs the core (checkpointed under selective recompute) and
+        joins them again; overlap.py calls it for each sub-batch too.
+        """
+        B, T = q.shape[:2]
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        ulysses = self.context is not None and self.context.kind == "ulysses"
+        if ulysses:  # (B, heads/tp, T/cp, D) → (B, heads/(tp·cp), T, D)
+            q, k, v = (self.context.to_heads(t) for t in (q, k, v))
+        if self.selective and torch.is_grad_enabled():
+            y = checkpoint(self.core, q, k, v, use_reentrant=False)
+        else:
+            y = self.core(q, k, v)
+        if ulysses:  # back to this rank's tokens, all of its tp heads
+            y = self.context.to_sequence(y)
+        return y.transpose(1, 2).reshape(B, T, -1)
+
+    @property
+    def columns(self):
+        """The projections that open the region, in the order ``inner`` takes their outputs."""
+        return (self.q_proj, self.k_proj, self.v_proj)
+
+    def inner(self, q, k, v):
+        """Between the column projections and o_proj: the attention itself."""
+        return self.mix(q, k, v)
+
+    def forward(self, x):
+        # q: (B, T, heads/tp · D); k, v: (B, T, kv_heads/tp · D); x enters the tp region once
+        return self.o_proj(self.inner(*project(x, self.columns)))

@@ -1,0 +1,293 @@
+"""GPT and Llama decoders, plain: the whole model (or one pipeline stage) on one device.
+
+Takes: a ``ModelConfig`` and which blocks (a pipeline stage's ``layers = (start, stop)``).
+Gives: ``Transformer``, whose forward takes tokens and targets (B, T) and returns the
+mean loss; ``check_parameter_count``. Module and parameter names are the same in every
+layout (``layers.0.attn.q_proj.weight`` …). Every layout is this model transformed by
+``parallelize`` (tensor, context, experts, recompute, overlap, in that order): a
+transform swaps layers and sets the layout attributes this file reads (``tp_group``,
+``sp``, ``block_tp``, ``context`` …), which are the one-rank values until then.
+
+Choices: GPT is GPT-2 (LayerNorm with bias, GeLU with the tanh approximation as in
+GPT-2, biases everywhere, learned positions); Llama has RMSNorm, SwiGLU and rotary
+positions with no biases. Attention is ``scaled_dot_product_attention(is_causal=True)``
+over separate q/k/v projections, so column sharding splits whole heads.
+
+Note [sequence-parallel gradients]: under sequence parallelism each rank runs the
+norms, the row-parallel bias adds and (gpt) its rows of ``pos_embed`` on its own
+sequence shard only, so those replicated parameters get partial gradients; they are
+tagged ``sequence_parallel`` and ``allreduce_sequence_parallel_grads`` sums them.
+Every other gradient is whole: column-parallel layers and the head all-gather their
+input over T (backward: reduce-scatter), and a replicated embedding's output is
+split over T (backward: all-gather).
+
+Note [pending residual]: a region's output (after the row-parallel reduction, or its
+reduce-scatter under SP) is not added to the residual stream at once: it travels as
+``delta`` beside the stream ``h`` to the next norm, which adds it and normalizes in
+one kernel (``Norm.add_norm``; Note [fused residual norm] in kernels/add_norm.py):
+the block's MLP norm, the next block's attention norm, the final norm. The add is
+elementwise per row, so a sequence shard (SP) fuses the same way. The stream is
+settled (``settle``: the add alone) where it leaves the plain walk: the output of a
+pipeline stage, the input of a block under ``recompute = full`` (it keeps one tensor),
+a reshard between tp degrees (hetero.py). The sub-batch wavefront (overlap.py) carries
+one pending delta per sub-batch the same way. Fused or not, the floats are the same
+(tested).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ..distributed.comm import (
+    all_gather_from_group,
+    copy_to_group,
+    gather_from_group,
+    group_rank,
+    group_size,
+    reduce_from_group,
+    scatter_to_group,
+)
+from ..layout.model_desc import describe
+from ..parallel.tensor.layers import vocab_parallel_cross_entropy
+from .block import Block
+from .norm import Norm
+from .residual import settle
+
+
+class Transformer(nn.Module):
+    """The model, or one pipeline stage of it: blocks ``layers = (start, stop)``.
+
+    The first stage (``first``) embeds tokens; the last (``last``) applies the final
+    norm and the head and returns the mean loss; a stage in between maps hidden
+    states to hidden states. Names stay global (``layers.5.attn.q_proj.weight``) in
+    every stage, so initialization and checkpoints see one model.
+
+    Note [tied embeddings across stages]: when the embedding is tied to the head and
+    they sit on different stages, the last stage holds a copy of the embedding table
+    as its head, initialized from ``embed.weight``; its parameter is tagged
+    ``pipeline_duplicate`` (counted once in the gradient norm) and the two copies'
+    gradients are summed over the embedding group after backward
+    (``pipeline.allreduce_tied_grads``), so they stay equal, as Megatron does. Both
+    copies are tagged ``tied_across_stages``: whoever reduces gradients during
+    backward (ZeRO-2) must leave them until that sum is done.
+    """
+
+    fused = None  # see Norm: the loss's cross-entropy kernels
+    compute_dtype = None  # bf16/fp16 parameters (master.py, Note [master weights]); None: fp32
+
+    def __init__(self, config, *, layers=None, first=True, last=True):
+        super().__init__()
+        start, stop = (0, config.layers) if layers is None else layers
+        if not 0 <= start <= stop <= config.layers:
+            raise ValueError(f"stage layers [{start}, {stop}) are outside 0..{config.layers}")
+        self.config, self.first, self.last, self.span = config, bool(first), bool(last), (start, stop)
+        self.transforms = ()  # the transforms applied, in parallelize's order
+        # the tensor transform's (parallelize.tensor): one rank, nothing split
+        self.tp_group = self.head_group = self.tp_grid = self.layouts = None
+        self.sp = self.vocab_parallel_embed = self.vocab_parallel = False
+        self.block_tp, self.embed_tp, self.head_tp = {i: 1 for i in range(start, stop)}, 1, 1
+        self.sharded, self._styles = {}, {1: {}}  # check_parameter_count's: split modules, by degree
+        self.context = None  # Note [context-parallel attention]: this rank's T/cp tokens (parallelize.context)
+        self.expert_split = 1  # ep · etp: the experts' split over ranks (parallelize.experts)
+        self.slices = None  # a sliced pipeline's SliceState, set by its executor
+        V, C = config.padded_vocab, config.hidden
+        if self.first:
+            self.embed = nn.Embedding(V, C)
+            if config.arch == "gpt":
+                self.pos_embed = nn.Embedding(config.seq_len, C)
+        self.layers = nn.ModuleDict({str(i): Block(config, i) for i in range(start, stop)})
+        if self.last:
+            self.final_norm = Norm(C, rms=config.arch == "llama", eps=config.norm_eps)
+            if not config.tie_embeddings or not self.first:
+                self.head = nn.Linear(C, V, bias=False)
+                self.head.full_shape = (V, C)
+        self.tag_tied()
+
+    def tag_tied(self):
+        """Note [tied embeddings across stages]: the head's copy of a tied embedding table
+        (generated as ``embed``, counted once) and both copies' ``tied_across_stages``;
+        again by the tensor transform after it replaces the head."""
+        if not self.config.tie_embeddings or self.first == self.last:
+            return
+        if self.first:
+            self.embed.weight.tied_across_stages = True  # its grad is summed with the head copy's
+        else:
+            self.head.init_name = "embed"
+            self.head.weight.pipeline_duplicate = True
+            self.head.weight.tied_across_stages = True
+
+    def run_blocks(self, x):
+        """The transformer blocks of this model (or pipeline stage), in order, each with its
+        own layout: runs of neighbouring blocks with the same sub-batches k > 1 go through
+        ``overlap.run_blocks`` together (Note [the sub-batch schedule]); the others one by one."""
+        return settle(*self.walk_blocks(x))
+
+    def walk_blocks(self, x):
+        """``run_blocks`` but giving (stream, pending delta), Note [pending residual]: the
+        last block's MLP output is left for the final norm to add."""
+        blocks = list(self.layers.values())
+        delta = None
+        # each block's tp degree: a block at tp 1 has no tp collective to hide and runs unsplit
+        # (Note [heterogeneous layouts]: its own degree under per-layer layouts)
+        degrees = [group_size(self.tp_group) if self.layouts is None else self.block_tp[int(block.index)]
+                   for block in blocks]
+        # a MoE block splits its own sub-batches, for the expert all-to-alls (moe_overlap.py)
+        walked = [(block.splits if t > 1 and not block.moe else 1, t) for block, t in zip(blocks, degrees)]
+        start = 0
+        while start < len(blocks):
+            k, t = walked[start]
+            stop = start + 1
+            while stop < len(blocks) and walked[stop] == (k, t):
+                stop += 1
+            if k > 1:
+                from ..parallel.tensor import overlap  # only a build that overlaps ships overlap.py
+
+                group = self.tp_group if self.layouts is None else self.layouts.tp_group(t)
+                if self.layouts is not None:  # into the run's layout (hetero.py): the stream whole
+                    x, delta = self.reshard(settle(x, delta), blocks[start]), None
+                x, delta = overlap.run_blocks(self, x, k, blocks[start:stop], delta, group=group)
+            else:
+                for layer in blocks[start:stop]:
+                    if layer.recompute == "full" and torch.is_grad_enabled():
+                        # Keep only the block's input; rerun the block (its collectives too) in backward.
+                        x, delta = checkpoint(layer, self.reshard(settle(x, delta), layer), use_reentrant=False), None
+                    elif self.layouts is not None:  # the stream is resharded whole
+                        x, delta = layer(self.reshard(settle(x, delta), layer), pending=True)
+                    else:
+                        x, delta = layer(x, delta, pending=True)
+            start = stop
+        return x, delta
+
+    def reshard(self, x, layer=None):
+        """Activations into ``layer``'s layout (the head's when None), from the previous one's."""
+        if self.layouts is None:
+            return x
+        t = self.head_tp if layer is None else self.block_tp[int(layer.index)]
+        x = self.layouts.reshard(x, self._current_tp, t, sequence_parallel=self.sp)
+        self._current_tp = t
+        return x
+
+    def sequence_rank(self) -> int:
+        """Which T/tp shard of the sequence this rank holds under sp: its tp rank, or on a
+        2D grid its column c (Note [2D sequence parallelism] in layers2d.py)."""
+        return group_rank(self.tp_group) if self.tp_grid is None else self.tp_grid.col
+
+    def head_weight(self):
+        return self.embed.weight if self.config.tie_embeddings and self.first else self.head.weight
+
+    def tied_weight(self):
+        """This stage's copy of the tied embedding table, or None (Note [tied embeddings across stages])."""
+        if not self.config.tie_embeddings or self.first == self.last:
+            return None
+        return self.embed.weight if self.first else self.head.weight
+
+    def embed_tokens(self, tokens):
+        if tokens.shape[1] > self.config.seq_len:
+            raise ValueError(f"sequence of {tokens.shape[1]} tokens is longer than seq_len = {self.config.seq_len}")
+        x = self.embed(tokens)  # (B, T, C), or (B, T/tp, C) under SP
+        if self.sp and not self.vocab_parallel_embed:
+            x = scatter_to_group(x, self.tp_group, 1)  # replicated table: keep our shard of T
+        if self.config.arch == "gpt":
+            T = x.shape[1]
+            offset = self.sequence_rank() * T if self.sp else 0  # this shard's positions
+            if self.slices is not None:
+                offset += self.slices.start  # a token slice of a sliced pipeline
+            if self.context is None:
+                x = x + self.pos_embed.weight[offset : offset + T]
+            else:  # this cp rank's tokens (its spans of seq_len), this tp shard of them under SP
+                positions = self.context.positions(tokens.shape[1], x.device)[offset : offset + T]
+                x = x + self.pos_embed.weight[positions]
+        return F.dropout(x, self.config.dropout, self.training)
+
+    def loss(self, x, targets, delta=None):
+        """Mean loss of the stream ``x`` plus the last block's pending ``delta`` (Note [pending residual])."""
+        x = self.final_norm(x) if delta is None else self.final_norm.add_norm(delta, x)[0]
+        if self.tp_grid is not None:  # Note [2D tensor parallelism]: a colwise head, the loss over a row
+            from ..parallel.tensor.layers2d import enter_row
+
+            grid = self.tp_grid
+            x = enter_row(x, grid, self.sp)  # (B, T, C/R); under sp gathered over the row (Note [2D sequence parallelism])
+            logits = reduce_from_group(F.linear(x, self.head_weight()), grid.column_group)  # (B, T, V/C)
+            loss = vocab_parallel_cross_entropy(
+                logits, targets, tp_group=grid.row_group, vocab_size=self.config.vocab, kernels=self.fused
+            )
+        elif self.vocab_parallel:
+            x = all_gather_from_group(x, self.head_group, 1) if self.sp else copy_to_group(x, self.head_group)
+            logits = F.linear(x, self.head_weight())  # (B, T, V/tp)
+            loss = vocab_parallel_cross_entropy(
+                logits, targets, tp_group=self.head_group, vocab_size=self.config.vocab, kernels=self.fused
+            )
+        else:
+            if self.sp:
+                x = gather_from_group(x, self.head_group, 1)
+            logits = F.linear(x, self.head_weight())  # (B, T, V)
+            loss = vocab_parallel_cross_entropy(
+                logits, targets, tp_group=None, vocab_size=self.config.vocab, kernels=self.fused
+            )
+        return loss.mean()
+
+    def forward(self, x, targets=None):
+        """Tokens (first stage) or hidden states → hidden states, or the mean loss (last stage)."""
+        if self.layouts is not None:  # Note [heterogeneous layouts]: tokens come in the coarse layout
+            self._current_tp = self.embed_tp if self.first else self.block_tp[min(self.block_tp)]
+            if self.first:
+                x = self.layouts.split_inputs(x, self.embed_tp)
+        if self.first:
+            x = self.embed_tokens(x)
+        elif self.compute_dtype is not None:
+            x = x.to(self.compute_dtype)  # a stage's input arrives in fp32 (pipeline.py)
+        x, delta = self.walk_blocks(x)
+        if not self.last:
+            return settle(x, delta)
+        if self.layouts is None:
+            return self.loss(x, targets, delta)
+        x = self.reshard(settle(x, delta))
+        loss = self.loss(x, self.layouts.split_inputs(targets, self.head_tp))
+        return self.layouts.coarse_loss(loss, self.head_tp)
+
+
+def check_parameter_count(model: Transformer) -> None:
+    """Raise unless this stage holds exactly the parameters model_desc.py describes for it
+    (``sharded``: the modules split over tp), so the model and its description cannot drift."""
+    sharded, layers = model.sharded, model.span
+    tp = group_size(model.tp_group)
+    desc, ep = describe(model.config), model.expert_split
+    if model.tp_grid is not None:  # Note [2D tensor parallelism]: each value counted once over the grid
+        expected = desc.stage_params(1, layers=layers, first=model.first, last=model.last, sharded={}, ep=ep)
+        params = list(model.parameters())
+        built = sum(p.numel() * tp // getattr(p, "tp_copies", tp) for p in params)
+        if (built, len(params)) != (expected.elements, expected.tensors):
+            raise RuntimeError(
+                f"internal error in parc (runtime model): the tp grid {model.tp_grid.rows}×{model.tp_grid.cols} "
+                f"holds {built:,} parameters in {len(params)} tensors per rank, but model_desc.py describes "
+                f"{expected.elements:,} in {expected.tensors} for layers {layers[0]}..{layers[1]}"
+            )
+        return
+    if model.layouts is None:
+        expected = desc.stage_params(tp, layers=layers, first=model.first, last=model.last, sharded=sharded, ep=ep)
+    else:  # Note [heterogeneous layouts]: each block, the embedding and the head at their own degree
+        start = layers[0]
+        styles = model._styles
+        parts = [desc.stage_params(t, layers=(i, i + 1), first=False, last=False, sharded=styles[t], ep=ep)
+                 for i, t in model.block_tp.items()]
+        e, h = model.embed_tp, model.head_tp
+        if e == h:
+            parts.append(desc.stage_params(e, layers=(start, start), first=model.first, last=model.last,
+                                           sharded=styles[e]))
+        else:
+            parts.append(desc.stage_params(e, layers=(start, start), first=model.first, last=False, sharded=styles[e]))
+            parts.append(desc.stage_params(h, layers=(start, start), first=False, last=model.last, sharded=styles[h]))
+        expected = type(parts[0])(elements=sum(p.elements for p in parts), tensors=sum(p.tensors for p in parts))
+        tp = model.block_tp
+    params = list(model.parameters())
+    built = sum(p.numel() for p in params)
+    if (built, len(params)) != (expected.elements, expected.tensors):
+        raise RuntimeError(
+            f"internal error in parc (runtime model): this rank built {built:,} parameters in "
+            f"{len(params)} tensors, but model_desc.py describes {expected.elements:,} in "
+            f"{expected.tensors} for layers {layers[0]}..{layers[1]} (first={model.first}, "
+            f"last={model.last}, tp={tp}): runtime/models/ and runtime/layout/model_desc.py disagree"
+        )

@@ -1,0 +1,195 @@
+"""The tensor transform: a plain model's layers split over tp, as train.py's plan says.
+
+Takes: a plain ``Transformer`` (or a pipeline rank's chunks of them) on the meta device,
+the tp group, the literal ``TP_PLAN`` table, whether sequence parallelism is on, and,
+under 2D tensor parallelism, the grid (``Mesh.tp_grid``, Note [2D tensor parallelism] in
+layers2d.py), or under per-layer degrees the ``hetero.StageLayouts`` (Note
+[heterogeneous layouts]). Gives: ``shard``, which swaps each layer the checked plan
+splits for its parallel kind (``layers.py``: column, row, vocab; ``layers2d.py``) and
+sets the model's layout attributes (``tp_group``, ``sp``, ``block_tp``, ``head_group``
+…). It is ``parallelize.tensor``, the first transform: the layers it swaps have no
+values yet, so nothing is copied; the parameters' roles it sets (``sequence_parallel``,
+``tensor_parallel``, ``layer_tp``) are tags the gradient code reads.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from ...distributed.comm import group_size
+from ...layout.model_desc import describe
+from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from .tp_plan import TensorParallelPlan
+
+
+class _Builder:
+    """Hands out the layer for each module name, as the checked plan says; under 2D
+    tensor parallelism (``grid``) the layers of ``layers2d.py``."""
+
+    def __init__(self, plan: TensorParallelPlan, tp_group, sequence_parallel, grid=None):
+        self.plan, self.group, self.sp, self.grid = plan, tp_group, sequence_parallel, grid
+
+    def norm(self, norm):
+        """The norm itself, its parameters tagged under SP (they see a sequence shard), or
+        on a 2D grid a ``Norm2D``."""
+        if self.grid is not None:
+            from .layers2d import Norm2D  # only a 2D build ships layers2d.py
+
+            return Norm2D(norm.weight.shape[0], rms=norm.rms, eps=norm.eps, grid=self.grid, sequence_parallel=self.sp)
+        for p in norm.parameters():
+            p.sequence_parallel = self.sp  # sees only a sequence shard under SP
+        return norm
+
+    def style(self, name):
+        return self.plan.style(name)
+
+    def linear(self, name, plain: nn.Linear, head_rows=None):
+        """``plain``'s parallel kind, or ``plain`` where the plan keeps it whole.
+        ``head_rows``: a head's rows (k_proj, v_proj), so tp > kv_heads replicates heads
+        (Note [KV replication])."""
+        style, bias = self.plan.style(name), plain.bias is not None
+        sizes = (plain.in_features, plain.out_features)
+        if self.grid is not None and style in ("colwise", "rowwise"):
+            from .layers2d import Linear2D
+
+            return Linear2D(*sizes, bias=bias, grid=self.grid, style=style, sequence_parallel=self.sp)
+        if style == "colwise":
+            return ColumnParallelLinear(*sizes, bias=bias, tp_group=self.group, sequence_parallel=self.sp,
+                                        head_rows=head_rows)
+        if style == "rowwise":
+            return RowParallelLinear(*sizes, bias=bias, tp_group=self.group, sequence_parallel=self.sp)
+        return plain
+
+    def linears(self, module, prefix, names, head_rows=None):
+        """Swap ``module``'s linears ``names`` (those it has) for their parallel kinds."""
+        for name in names:
+            if hasattr(module, name):
+                rows = head_rows if name in ("k_proj", "v_proj") else None
+                setattr(module, name, self.linear(f"{prefix}.{name}", getattr(module, name), rows))
+
+
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def shard(net, tp_group, tp_plan, *, sequence_parallel, grid=None, layouts=None):
+    """Every stage of ``net`` (a ``Transformer`` or a pipeline rank's ``ModuleList`` of
+    them) split over tp; gives ``net``."""
+    for stage in net if isinstance(net, nn.ModuleList) else (net,):
+        _shard_stage(stage, tp_group, tp_plan, bool(sequence_parallel), grid, layouts)
+    return net
+
+
+def _shard_stage(model, tp_group, tp_plan, sp, grid, layouts):
+    config, (start, stop) = model.config, model.span
+    # Note [heterogeneous layouts] (hetero.py): each block its own tp degree, or all the same
+    block_tp = (group_size(tp_group),) * config.layers if layouts is None else layouts.layer_tp
+    builders, plans = {}, {}
+    for t in sorted({block_tp[i] for i in range(start, stop)} | {block_tp[start if start < stop else 0]}):
+        group = tp_group if layouts is None else layouts.tp_group(t)
+        plans[t] = TensorParallelPlan(tp_plan, config, tp_group=group, sequence_parallel=sp, grid=grid)
+        builders[t] = _Builder(plans[t], group, sp, grid)
+    # the embedding follows block 0, the head the last block (the embedding, when tied to it)
+    embed_tp = block_tp[0]
+    head_tp = embed_tp if config.tie_embeddings and model.first else block_tp[-1]
+    head_group = tp_group
+    if layouts is not None:
+        tp_group = layouts.tp_group(embed_tp if model.first else block_tp[start])
+        head_group = layouts.tp_group(head_tp)
+        for t in (embed_tp, head_tp):
+            if t not in builders:
+                group = layouts.tp_group(t)
+                plans[t] = TensorParallelPlan(tp_plan, config, tp_group=group, sequence_parallel=sp)
+                builders[t] = _Builder(plans[t], group, sp)
+    build, plan = builders[embed_tp], plans[embed_tp]
+    if grid is not None:  # the hidden state is split over R: no layer may stay whole
+        whole = [m.name for m in describe(config).modules if m.style and plan.style(m.name) is None]
+        if whole:
+            raise ValueError(f"tp plan: 2D tensor parallelism (TP_SHAPE) splits every layer, but "
+                             f"{', '.join(whole[:3])} {'is' if len(whole) == 1 else 'are'} replicated")
+    model.tp_group, model.sp, model.tp_grid, model.layouts, model.head_group = tp_group, sp, grid, layouts, head_group
+    model.block_tp = {i: block_tp[i] for i in range(start, stop)}
+    model.embed_tp, model.head_tp = embed_tp, head_tp
+    model.sharded, model._styles = plan.styles, {t: p.styles for t, p in plans.items()}
+    model.vocab_parallel_embed = build.style("embed") == "vocab"
+    # the head's own degree's plan (per-layer layouts: an untied head at tp 2 after an embedding at tp 1)
+    model.vocab_parallel = builders[head_tp].style("head") == "vocab_head"
+    _shard_embedding(model, build, grid, sp)
+    head_rows = config.hidden // config.heads
+    for i, block in model.layers.items():
+        builder = builders[model.block_tp[int(i)]]
+        block.tp_group = builder.group
+        block.attn_norm, block.mlp_norm = builder.norm(block.attn_norm), builder.norm(block.mlp_norm)
+        builder.linears(block.attn, f"layers.{i}.attn", ATTENTION, head_rows)
+        if block.moe:
+            _shard_moe(block.mlp, builder, f"layers.{i}.mlp", sp)
+        else:
+            builder.linears(block.mlp, f"layers.{i}.mlp", MLP)
+    if model.last:
+        model.final_norm = build.norm(model.final_norm)
+        _shard_head(model, grid, sp)
+    model.tag_tied()
+    if layouts is not None:
+        _tag_layouts(model)
+
+
+def _shard_embedding(model, build, grid, sp):
+    if not model.first:
+        return
+    config = model.config
+    V, C = config.padded_vocab, config.hidden
+    if grid is not None:
+        from .layers2d import Embedding2D, Positions2D
+
+        model.embed = Embedding2D(V, C, grid=grid, sequence_parallel=sp)
+        if config.arch == "gpt":
+            model.pos_embed = Positions2D(config.seq_len, C, grid=grid, sequence_parallel=sp)
+        return
+    if model.vocab_parallel_embed:
+        model.embed = VocabParallelEmbedding(V, C, tp_group=model.tp_group, sequence_parallel=sp)
+    if config.arch == "gpt":
+        model.pos_embed.weight.sequence_parallel = sp
+
+
+def _shard_head(model, grid, sp):
+    """The head: on a 2D grid column-parallel (logits (B, T, V/C)); vocab-parallel, its
+    rows of the vocabulary; else whole. A head tied to the embedding on this stage has
+    no module of its own."""
+    config = model.config
+    if config.tie_embeddings and model.first:
+        return
+    V, C = config.padded_vocab, config.hidden
+    if grid is not None:
+        from .layers2d import Linear2D
+
+        model.head = Linear2D(C, V, bias=False, grid=grid, style="colwise", sequence_parallel=sp)
+        return
+    if model.vocab_parallel and group_size(model.head_group) > 1:
+        model.head = nn.Linear(C, V // group_size(model.head_group), bias=False)
+        model.head.full_shape = (V, C)
+        model.head.weight.tensor_parallel = True
+        model.head.tp_group = model.head_group  # where its shard starts (checkpoint_shards.py)
+
+
+def _shard_moe(mlp, builder, prefix, sp):
+    """Note [MoE under sequence parallelism]: the router and the experts stay whole over
+    tp (the experts are split by ``parallelize.experts``); the shared experts are a dense
+    MLP the plan may split. Under SP each tp rank routes its own tokens."""
+    builder.linears(mlp, prefix, ("router",))
+    if mlp.shared_experts is not None:
+        builder.linears(mlp.shared_experts, f"{prefix}.shared_experts", MLP)
+    if sp:
+        mlp.seq_group = builder.group
+        for p in mlp.parameters():  # the router, shared experts, experts: grads summed over tp
+            p.sequence_parallel = True
+
+
+def _tag_layouts(model):
+    """Each parameter's ``layer_tp``: the degree of the layer it belongs to (hetero.py)."""
+    for name, p in model.named_parameters():
+        if name.startswith("layers."):
+            p.layer_tp = model.block_tp[int(name.split(".")[1])]
+        elif name.startswith(("embed.", "pos_embed.")):
+            p.layer_tp = model.embed_tp
+        else:  # final_norm, head
+            p.layer_tp = model.head_tp
