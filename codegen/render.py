@@ -240,7 +240,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         group_lines=group_lines,
         model_config_args=model_args,
         model_lines=render_model.model_lines(
-            plan, tp_arg=tp_arg, sp_arg="SEQUENCE_PARALLEL" if sp.enabled else "False"
+            plan, tp_arg=tp_arg, sp_arg="SEQUENCE_PARALLEL" if sp.enabled else "False",
+            tp_extra=", grid=tp_grid" if mesh.tp_shape is not None else "",
         ),
         pipeline_lines=render_step.executor_lines(plan)
         + render_eval.setup_lines(plan, reduce_group=reduce_group if reducing else None, pipelined=pipelined),

@@ -19,7 +19,9 @@ from .plan import Plan
 from .plan_text import cite
 
 
-def model_lines(plan: Plan, *, tp_arg: str, sp_arg: str) -> list[str]:
+def model_lines(plan: Plan, *, tp_arg: str, sp_arg: str, tp_extra: str) -> list[str]:
+    """``tp_extra``: the tensor step's further arguments (render.py: a 2D grid)."""
+    tensor_args = f"{tp_arg}, TP_PLAN, sequence_parallel={sp_arg}{tp_extra}"
     lines = [
         "# The plain model on the meta device (shapes, no values), then this layout's",
         "# transforms, in their one order (Note [the order of the transforms] in",
@@ -27,7 +29,7 @@ def model_lines(plan: Plan, *, tp_arg: str, sp_arg: str) -> list[str]:
         *render_step.build_lines(plan),
     ]
     for step in ORDER:
-        lines += _STEPS.get(step, _setting_step(step))(plan, tp_arg, sp_arg)
+        lines += _STEPS.get(step, _setting_step(step))(plan, tensor_args)
     zero3 = plan.train.zero.value == 3
     lines += [
         "# Each rank generates only its shard, element by element from (seed, name,",
@@ -41,17 +43,15 @@ def model_lines(plan: Plan, *, tp_arg: str, sp_arg: str) -> list[str]:
     return lines
 
 
-def _tensor(plan: Plan, tp_arg: str, sp_arg: str) -> list[str]:
-    mesh = plan.mesh
-    extra = (", grid=tp_grid" if mesh.tp_shape is not None else "") + (
-        ", layouts=layouts" if render_hetero.enabled(plan) else "")
+def _tensor(plan: Plan, tensor_args: str) -> list[str]:
+    extra = ", layouts=layouts" if render_hetero.enabled(plan) else ""
     return [
-        f"# {cite(mesh.axis('tp').span)}: layers split over tp as TP_PLAN says",
-        f"net = parallelize.tensor(net, {tp_arg}, TP_PLAN, sequence_parallel={sp_arg}{extra})",
+        f"# {cite(plan.mesh.axis('tp').span)}: layers split over tp as TP_PLAN says",
+        f"net = parallelize.tensor(net, {tensor_args}{extra})",
     ]
 
 
-def _context(plan: Plan, tp_arg: str, sp_arg: str) -> list[str]:
+def _context(plan: Plan, tensor_args: str) -> list[str]:
     if plan.mesh.size("cp") == 1:
         return []
     return [
@@ -60,7 +60,7 @@ def _context(plan: Plan, tp_arg: str, sp_arg: str) -> list[str]:
     ]
 
 
-def _experts(plan: Plan, tp_arg: str, sp_arg: str) -> list[str]:
+def _experts(plan: Plan, tensor_args: str) -> list[str]:
     return render_moe.transform_lines(plan)
 
 
@@ -68,7 +68,7 @@ def _setting_step(name: str):
     """A per-layer setting's step: ``parallelize.<name>(net, <its constant>)`` when some
     block uses it (the constant cites the spec)."""
 
-    def lines(plan: Plan, tp_arg: str, sp_arg: str) -> list[str]:
+    def lines(plan: Plan, tensor_args: str) -> list[str]:
         return [f"net = parallelize.{entry.name}(net, {entry.constant})"
                 for entry in plan.used_settings() if entry.name == name]
 

@@ -21,7 +21,6 @@ OWNERS = {
     "dsl/keys/parallel.py",  # the language: overlap = sub_batch(k)
     "runtime/layout/layer_settings.py",  # the entry
     "runtime/layout/constraints/rules_overlap.py",  # its rules (PAR0211, PAR0215)
-    "runtime/models/model.py",  # build_model(sub_batches=...) and the blocks' runs
     "runtime/parallel/tensor/overlap.py",  # the Oases wavefront
     "codegen/planner/cost/overlap.py",  # its cost term
 }

@@ -91,7 +91,7 @@ class Transformer(nn.Module):
         self.block_tp, self.embed_tp, self.head_tp = {i: 1 for i in range(start, stop)}, 1, 1
         self.sharded, self._styles = {}, {1: {}}  # check_parameter_count's: split modules, by degree
         self.context = None  # Note [context-parallel attention]: this rank's T/cp tokens (parallelize.context)
-        self.expert_split = 1  # ep · etp: the experts' split over ranks (parallelize.experts)
+        self.expert_split = 1  # how many ranks split the experts (parallelize.experts)
         self.slices = None  # a sliced pipeline's SliceState, set by its executor
         V, C = config.padded_vocab, config.hidden
         if self.first:
