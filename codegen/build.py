@@ -29,15 +29,16 @@ from .build_folder import (  # noqa: F401 - re-exported: callers know them as bu
 from .build_merge import Resolve, apply, plan_rebuild
 from .lower import lower
 from . import runtime_tree
-from .features import runtime_modules
+from .features import left_out, runtime_modules
 from .render import render
 
 
-def runtime_files(modules: set[str] | None = None) -> dict[str, bytes]:
+def runtime_files(modules: set[str] | None = None, without=frozenset()) -> dict[str, bytes]:
     """The source files of parc's runtime a build needs, as ``parc_runtime/...`` → bytes
     (``runtime_tree.files``: the modules the program uses, by their own names
-    (``features.runtime_modules``), and what they import at module level; None: every file)."""
-    return runtime_tree.files(modules)
+    (``features.runtime_modules``), and what they import at module level, but those in
+    ``without`` (``features.left_out``); None: every file)."""
+    return runtime_tree.files(modules, without)
 
 
 def spec_hash(spec) -> str:
@@ -63,7 +64,7 @@ def generate(spec, plan=None, overrides=()) -> dict[str, bytes]:
     ``overrides``: the ``--set`` values ``spec`` was loaded with (Note [the build records its --set])."""
     plan = lower(spec) if plan is None else plan
     files = {path: text.encode() for path, text in render(plan).items()}
-    files.update(runtime_files(runtime_modules(plan)))
+    files.update(runtime_files(runtime_modules(plan), left_out(plan)))
     manifest = {
         "format": FORMAT,
         "parc_version": __version__,

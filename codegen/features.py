@@ -112,6 +112,17 @@ def train_imports(plan: Plan) -> list[str]:
     return sorted(modules)
 
 
+CUDA_KERNELS = frozenset({"triton_common", "triton_ops", "triton_add_norm", "triton_moe"})
+"""The modules of ``kernels/`` only CUDA runs (Triton: ``kernels/backend.py`` imports them
+for a CUDA tensor); ``kernels.select`` says so once when a build without them meets a GPU."""
+
+
+def left_out(plan: Plan) -> frozenset:
+    """Modules of a package that travels whole that this build does not ship: a CPU
+    build's Triton kernels."""
+    return CUDA_KERNELS if plan.mesh.device == "cpu" else frozenset()
+
+
 def runtime_modules(plan: Plan) -> set[str]:
     """The runtime modules the build's program needs before their own imports are
     followed (``build.runtime_files``): train.py's, each feature's ``ships``, a per-layer

@@ -84,14 +84,16 @@ def _walk(node, prefix: str) -> list[tuple[str, object]]:
     return found
 
 
-def _sources(parts: list[str]) -> list[tuple[str, object]]:
+def _sources(parts: list[str], without=frozenset()) -> list[tuple[str, object]]:
     """The files of a place, as (path under the runtime, resource): a module's file; a
-    package's ``__init__.py``, or every file of a package that travels whole."""
+    package's ``__init__.py``, or every file of a package that travels whole but the
+    modules named in ``without``."""
     if _is_module(parts):
         return [("/".join(parts) + ".py", _node(parts[:-1]).joinpath(parts[-1] + ".py"))]
     prefix = "/".join(parts) + "/" if parts else ""
     if parts and parts[0] in WHOLE:
-        return _walk(_node(parts), prefix)
+        return [(path, node) for path, node in _walk(_node(parts), prefix)
+                if path.rpartition("/")[2].removesuffix(".py") not in without]
     return [(prefix + "__init__.py", _node(parts).joinpath("__init__.py"))]
 
 
@@ -114,12 +116,14 @@ def _imports(path: str, text: str) -> tuple[tuple[str, ...], ...]:
     return tuple(found)
 
 
-def files(names=None) -> dict[str, bytes]:
+def files(names=None, without=frozenset()) -> dict[str, bytes]:
     """The runtime's source files a build needs, as ``parc_runtime/...`` -> bytes.
 
     ``names``: the runtime modules the program uses (``features.runtime_modules``), by their
     own names; each brings the runtime modules it imports at module level, transitively,
     and the ``__init__.py`` of every package above it. None: every file (the whole runtime).
+    ``without``: modules of a package that travels whole which the build leaves out
+    (``features.left_out``: a CPU build's Triton kernels).
     """
     if names is None:
         return {f"parc_runtime/{path}": node.read_bytes() for path, node in _walk(_root(), "")}
@@ -132,7 +136,7 @@ def files(names=None) -> dict[str, bytes]:
             continue
         seen.add(parts)
         todo += [parts[:depth] for depth in range(len(parts))]  # the packages above it
-        for path, node in _sources(list(parts)):
+        for path, node in _sources(list(parts), without):
             text = node.read_bytes()
             out[f"parc_runtime/{path}"] = text
             if path.endswith(".py"):

@@ -17,6 +17,8 @@ had (no compiler, a build error, no triton). The ops themselves (``ops.py``):
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from . import reference
@@ -36,6 +38,9 @@ def select(mode: str, device):
             import triton  # noqa: F401
         except ImportError as error:
             notice(f"triton is not importable: {error}")
+            return None
+        if importlib.util.find_spec(f"{__name__}.triton_ops") is None:
+            notice("this build was made for CPU and ships no Triton kernels; build the spec for the GPU")
             return None
     elif load_cpu() is None:
         return None
