@@ -34,6 +34,7 @@ import torch
 import torch.nn as nn
 
 from ..distributed.comm import group_rank, group_size
+from ..layout.roles import role
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -104,7 +105,7 @@ def local_parameters(model, tp_group) -> list[LocalParameter]:
                         offsets=(None if own is None else tuple(own[1])) or getattr(module, "shard_offsets", None)
                         # a layer's own tp group (Note [heterogeneous layouts]), else the model's
                         or _shard_offsets(name, tuple(param.shape), full, getattr(module, "tp_group", tp_group)),
-                        duplicate=bool(getattr(param, "pipeline_duplicate", False)),
+                        duplicate=bool(role(param).pipeline_duplicate),
                     )
                 )
     return out

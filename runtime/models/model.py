@@ -33,6 +33,7 @@ from .norm import Norm
 from .param_init import materialize_on
 from .parallelize import stages as stages_of
 from .transformer import Transformer, check_parameter_count
+from ..layout.roles import role, assign
 
 
 def build_model(config) -> Transformer:
@@ -89,9 +90,7 @@ def init_weights(net, *, seed: int, device, materialize: bool = True, init_on_de
         check_parameter_count(stage)
         if getattr(stage, "replica", None) is not None:  # Note [chimera's replicas]
             for param in stage.parameters():
-                param.pipeline_replica = True
-                if stage.replica == 1:
-                    param.pipeline_duplicate = True
+                assign(param, pipeline_replica=True, pipeline_duplicate=stage.replica == 1)
         _check_meta_attributes(stage)
         if not materialize:
             stage.init_seed, stage.init_device = seed, torch.device(device)
@@ -161,7 +160,7 @@ def allreduce_sequence_parallel_grads(model: nn.Module, tp_group) -> None:
     """Sum over tp the grads of replicated parameters that saw only a sequence shard."""
     if group_size(tp_group) == 1:
         return
-    grads = [p.grad for p in model.parameters() if getattr(p, "sequence_parallel", False) and p.grad is not None]
+    grads = [p.grad for p in model.parameters() if role(p).sequence_parallel and p.grad is not None]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])

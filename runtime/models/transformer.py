@@ -55,6 +55,7 @@ from ..parallel.tensor.layers import vocab_parallel_cross_entropy
 from .block import Block
 from .norm import Norm
 from .residual import settle
+from ..layout.roles import role, assign
 
 
 class Transformer(nn.Module):
@@ -113,11 +114,10 @@ class Transformer(nn.Module):
         if not self.config.tie_embeddings or self.first == self.last:
             return
         if self.first:
-            self.embed.weight.tied_across_stages = True  # its grad is summed with the head copy's
+            assign(self.embed.weight, tied_across_stages=True)  # its grad is summed with the head copy's
         else:
             self.head.init_name = "embed"
-            self.head.weight.pipeline_duplicate = True
-            self.head.weight.tied_across_stages = True
+            assign(self.head.weight, pipeline_duplicate=True, tied_across_stages=True)
 
     def run_blocks(self, x):
         """The transformer blocks of this model (or pipeline stage), in order, each with its
@@ -258,7 +258,7 @@ def check_parameter_count(model: Transformer) -> None:
     if model.tp_grid is not None:  # Note [2D tensor parallelism]: each value counted once over the grid
         expected = desc.stage_params(1, layers=layers, first=model.first, last=model.last, sharded={}, ep=ep)
         params = list(model.parameters())
-        built = sum(p.numel() * tp // getattr(p, "tp_copies", tp) for p in params)
+        built = sum(p.numel() * tp // (role(p).tp_copies or tp) for p in params)
         if (built, len(params)) != (expected.elements, expected.tensors):
             raise RuntimeError(
                 f"internal error in parc (runtime model): the tp grid {model.tp_grid.rows}×{model.tp_grid.cols} "

@@ -58,6 +58,7 @@ import torch.nn as nn
 from ..distributed.comm import on_gradient
 from ..parallel.data.dp import drop_gradient, finished_after_backward, gradient_of
 from .optim import build_optimizer, clip_grad_norm_
+from ..layout.roles import role
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 """``train.precision`` → the compute dtype (fp32: none, the parameters stay fp32)."""
@@ -102,7 +103,7 @@ def compute_dtype_of(model):
 def hands_over(param) -> bool:
     """Whether the step's fp32 sum goes to the reducers as ``main_grad`` (Note [fp32
     accumulation]): not for gradients summed in ``.grad`` after backward by others."""
-    return not finished_after_backward(param) and not getattr(param, "expert_parallel", False)
+    return not finished_after_backward(param) and not role(param).expert_parallel
 
 
 class Fp32Accumulation:
@@ -119,7 +120,7 @@ class Fp32Accumulation:
         if self.accumulations < 2:
             return
         for p in params:
-            if getattr(p, "pipeline_replica", False):
+            if role(p).pipeline_replica:
                 continue  # chimera: each replica sees half the micro-batches (kept in the compute dtype)
             if p.requires_grad and p.dtype in DTYPES.values() and not getattr(p, "fp32_accumulation", False):
                 p.fp32_accumulation = True

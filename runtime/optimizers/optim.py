@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed.comm import exposed, group_size
+from ..layout.roles import role
 
 
 def build_optimizer(model, *, lr, betas, weight_decay, eps):
@@ -56,11 +57,11 @@ def clip_grad_norm_(
 ) -> float:
     """Scale gradients so their global norm is at most ``max_norm``; return the norm.
 
-    Tensor-parallel shards (``param.tensor_parallel``) contribute their squares summed
+    Tensor-parallel shards (``role(param).tensor_parallel``) contribute their squares summed
     over the tp group; replicated parameters, identical on every tp rank, count once;
     pipeline stages' squares are summed over ``pp_group``, and a stage's copy of a
-    tied embedding (``param.pipeline_duplicate``) is not counted again. Experts split
-    over expert-parallel ranks (``param.expert_parallel``) sum their squares over ``ep_group``
+    tied embedding (``role(param).pipeline_duplicate``) is not counted again. Experts split
+    over expert-parallel ranks (``role(param).expert_parallel``) sum their squares over ``ep_group``
     and ``etp_group`` (each rank's slices of its experts, Note [expert tensor parallelism]).
     ``max_norm == 0`` only measures. ``grad_scale``: the gradients are of the loss times
     it (fp16, loss_scale.py); they are divided by it first.
@@ -69,14 +70,14 @@ def clip_grad_norm_(
     for p in model.parameters():
         if p.grad is None:
             continue
-        if getattr(p, "expert_parallel", False):
+        if role(p).expert_parallel:
             experts.append(p.grad)
-        elif getattr(p, "pipeline_duplicate", False):
+        elif role(p).pipeline_duplicate:
             duplicates.append(p.grad)  # clipped, but counted on the first stage
         else:
-            (sharded if getattr(p, "tensor_parallel", False) else replicated).append(p.grad)
-            if getattr(p, "tensor_parallel", False):
-                copies.append(int(getattr(p, "tp_copies", 1)))
+            (sharded if role(p).tensor_parallel else replicated).append(p.grad)
+            if role(p).tensor_parallel:
+                copies.append(int((role(p).tp_copies or 1)))
     if grad_scale != 1.0:
         for g in sharded + replicated + duplicates + experts:
             g.mul_(1.0 / grad_scale)

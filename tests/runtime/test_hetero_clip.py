@@ -9,6 +9,7 @@ import torch
 
 from parc.runtime.optimizers import optim
 from parc.runtime.parallel.data import hetero
+from parc.runtime.layout.roles import assign
 
 
 def _model(scale: float):
@@ -16,7 +17,7 @@ def _model(scale: float):
     model = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 4))
     generator = torch.Generator().manual_seed(1)
     for p in model.parameters():
-        p.layer_tp = 1
+        assign(p, layer_tp=1)
         p.grad = torch.randn(p.shape, generator=generator) * scale
     return model
 

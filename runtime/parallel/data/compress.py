@@ -53,6 +53,7 @@ import torch.distributed as dist
 
 from ...distributed.comm import _issued, exposed, group_size
 from ...distributed.traffic import comm_bytes
+from ...layout.roles import role
 
 Q_SEED = 20191013
 """Seed of PowerSGD's first Q: the same on every rank, whatever ``train.seed`` is."""
@@ -60,7 +61,7 @@ Q_SEED = 20191013
 
 def _reduced_params(model) -> list:
     # experts split over ep reduce over their own edp group (moe.reduce_expert_grads)
-    return [p for p in model.parameters() if p.requires_grad and not getattr(p, "expert_parallel", False)]
+    return [p for p in model.parameters() if p.requires_grad and not role(p).expert_parallel]
 
 
 def _grad(p) -> torch.Tensor:

@@ -24,12 +24,13 @@ import torch.distributed as dist
 
 from ...distributed.comm import Pending, _issued, exposed, group_size, on_gradient, scalar_device
 from ...distributed.traffic import comm_bytes
+from ...layout.roles import role
 
 
 def finished_after_backward(param) -> bool:
     """Is this gradient still partial when backward ends (Note [late gradients])?"""
-    return bool(getattr(param, "sequence_parallel", False) or getattr(param, "tied_across_stages", False)
-                or getattr(param, "pipeline_replica", False))
+    return bool(role(param).sequence_parallel or role(param).tied_across_stages
+                or role(param).pipeline_replica)
 
 
 def gradient_of(param):
@@ -97,9 +98,9 @@ class GradientBuckets:
         self.reduce_dtype = reduce_dtype
         self.overlap, self.accumulations = bool(overlap) and self.size > 1, int(accumulations)
         # experts split over ep reduce over their own edp group (moe.reduce_expert_grads)
-        params = [p for p in model.parameters() if p.requires_grad and not getattr(p, "expert_parallel", False)]
+        params = [p for p in model.parameters() if p.requires_grad and not role(p).expert_parallel]
         self.tied_group = tied_group
-        self.tied = [p for p in params if getattr(p, "tied_across_stages", False)] if tied_group is not None else []
+        self.tied = [p for p in params if role(p).tied_across_stages] if tied_group is not None else []
         params = [p for p in params if not any(p is t for t in self.tied)]
         self.buckets, early = gradient_buckets(params, bucket_bytes)
         self._inflight = {}  # bucket index → (flat grads, Pending)

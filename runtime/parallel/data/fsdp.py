@@ -97,6 +97,7 @@ from ...optimizers.master import Fp32Accumulation, mark_compute_dtype
 from ...optimizers.optim import clip_to_norm_
 from ...distributed.traffic import comm_bytes
 from .zero import adamw_, clip_global_norm_, global_squares
+from ...layout.roles import role
 
 
 def _in_backward() -> bool:
@@ -142,8 +143,8 @@ class FullyShardedAdamW:
                 plan.append((f"chunk{index}.root{suffix}", params))
             for key, block in chunk.layers.items():
                 params = [p for p in block.parameters() if p.requires_grad]
-                experts = [p for p in params if getattr(p, "expert_parallel", False)]
-                plan.append((f"layers.{key}", [p for p in params if not getattr(p, "expert_parallel", False)]))
+                experts = [p for p in params if role(p).expert_parallel]
+                plan.append((f"layers.{key}", [p for p in params if not role(p).expert_parallel]))
                 if experts:  # Note [experts as units]
                     if data_ranks is None or group_size(replicate_group) > 1:
                         raise ValueError("expert-parallel parameters under ZeRO-3 need data_ranks and "
@@ -151,7 +152,7 @@ class FullyShardedAdamW:
                     plan.append((f"layers.{key}.experts", experts))
         group_of = {name: edp_group if name.endswith(".experts") else dp_group for name, _ in plan}
         if layouts is not None:  # Note [ZeRO-3 over per-layer layouts]: each unit over its layer's dp group
-            group_of = {name: layouts.dp_group(int(params[0].layer_tp)) for name, params in plan}
+            group_of = {name: layouts.dp_group(int(role(params[0]).layer_tp)) for name, params in plan}
         total = sum(-(-sum(p.numel() for p in params) // group_size(group_of[name])) for name, params in plan)
         device = getattr(chunks[0], "init_device", None) or plan[0][1][0].device
         self.flat = torch.zeros(total, dtype=torch.float32, device=device)  # this rank's shards
@@ -163,16 +164,16 @@ class FullyShardedAdamW:
             offset += self.units[-1].shard_numel
         self.decay, self.tp_mask, self.counted = (self._mask(rule) for rule in (
             lambda p: p.dim() >= 2,
-            lambda p: bool(getattr(p, "tensor_parallel", False)),
-            lambda p: not getattr(p, "pipeline_duplicate", False),
+            lambda p: bool(role(p).tensor_parallel),
+            lambda p: not role(p).pipeline_duplicate,
         ))
         # Note [experts as units]: which shard elements are experts' (None: a dense model,
         # no bool per element kept for nothing)
         experts = any(unit.name.endswith(".experts") for unit in self.units)
-        self.expert_mask = self._mask(lambda p: bool(getattr(p, "expert_parallel", False))) if experts else None
+        self.expert_mask = self._mask(lambda p: bool(role(p).expert_parallel)) if experts else None
         # a value held by k ranks of a 2D tp grid counts 1/k on each (layers2d.py); None: 1D
-        copied = any(int(getattr(p, "tp_copies", 1)) != 1 for unit in self.units for p in unit.params)
-        self.tp_share = (self._mask(lambda p: 1.0 / int(getattr(p, "tp_copies", 1)), dtype=torch.float32)
+        copied = any(int((role(p).tp_copies or 1)) != 1 for unit in self.units for p in unit.params)
+        self.tp_share = (self._mask(lambda p: 1.0 / int((role(p).tp_copies or 1)), dtype=torch.float32)
                          if copied else None)
         self.state = {
             "step": 0,
@@ -365,7 +366,7 @@ class FullyShardedAdamW:
         for unit in self.units:
             part = slice(unit.offset, unit.offset + unit.shard_numel)
             mine, sharded = squares[part], self.tp_mask[part]
-            total += mine[sharded].sum() + mine[~sharded].sum() / int(unit.params[0].layer_tp)
+            total += mine[sharded].sum() + mine[~sharded].sum() / int(role(unit.params[0]).layer_tp)
         with exposed():
             for group in (self.stage_group, self.pp_group):
                 if group_size(group) > 1:
@@ -413,7 +414,7 @@ def _roots(params: list, layouts) -> list[tuple[str, list]]:
         return []
     if layouts is None:
         return [("", params)]
-    degrees = sorted({int(p.layer_tp) for p in params})
+    degrees = sorted({int(role(p).layer_tp) for p in params})
     if len(degrees) == 1:
         return [("", params)]
-    return [(f".tp{t}", [p for p in params if int(p.layer_tp) == t]) for t in degrees]
+    return [(f".tp{t}", [p for p in params if int(role(p).layer_tp) == t]) for t in degrees]

@@ -49,6 +49,7 @@ from . import zero
 from .dp import GradientBuckets
 from ...optimizers.optim import clip_to_norm_
 from ...layout.reshard import reshard_steps
+from ...layout.roles import role
 
 
 class StageLayouts:
@@ -155,8 +156,8 @@ def allreduce_sequence_parallel_grads(model, layouts: StageLayouts) -> None:
     """Sum the grads of replicated parameters that saw only a sequence shard over their layer's tp group."""
     by_tp: dict[int, list] = {}
     for p in model.parameters():
-        if getattr(p, "sequence_parallel", False) and p.grad is not None:
-            by_tp.setdefault(int(p.layer_tp), []).append(p.grad)
+        if role(p).sequence_parallel and p.grad is not None:
+            by_tp.setdefault(int(role(p).layer_tp), []).append(p.grad)
     for t, grads in sorted(by_tp.items()):
         if group_size(layouts.tp_group(t)) == 1:
             continue
@@ -185,8 +186,8 @@ def clip_grad_norm_(model, max_norm, *, layouts: StageLayouts, stage_group, pp_g
         if grad_scale != 1.0:
             p.grad.mul_(1.0 / grad_scale)
         device = p.grad.device
-        copies = layouts.stage_size // int(p.layer_tp) if getattr(p, "tensor_parallel", False) else layouts.stage_size
-        if getattr(p, "pipeline_duplicate", False):
+        copies = layouts.stage_size // int(role(p).layer_tp) if role(p).tensor_parallel else layouts.stage_size
+        if role(p).pipeline_duplicate:
             copies = math.inf  # counted on the first stage
         grads.append(p.grad)
         sq = p.grad.float().pow(2).sum() / copies
@@ -212,7 +213,7 @@ def _by_layer_tp(model) -> dict[int, list]:
     by_tp: dict[int, list] = {}
     for p in model.parameters():
         if p.requires_grad:
-            by_tp.setdefault(int(p.layer_tp), []).append(p)
+            by_tp.setdefault(int(role(p).layer_tp), []).append(p)
     return by_tp
 
 

@@ -74,6 +74,7 @@ from .dp import GradientBuckets, drop_gradient, gradient_buckets, gradient_of
 from ...optimizers.master import Fp32Accumulation, mark_compute_dtype
 from ...optimizers.optim import clip_to_norm_
 from ...distributed.traffic import comm_bytes
+from ...layout.roles import role
 
 
 class ShardedAdamW:
@@ -101,12 +102,12 @@ class ShardedAdamW:
         self.param_groups = [{"lr": float(lr)}]
         owned = params is not None
         if params is None:
-            params = [p for p in model.parameters() if p.requires_grad and not getattr(p, "expert_parallel", False)]
+            params = [p for p in model.parameters() if p.requires_grad and not role(p).expert_parallel]
         self.params = list(params)
         # the divisor of the summed gradients: dp for dense parameters, dp·cp for experts
         self.mean_over = group_size(dp_group) if data_ranks is None or not owned else int(data_ranks)
         self.ep_group, self.etp_group, self.experts = ep_group, etp_group, None
-        experts = [] if owned else [p for p in model.parameters() if getattr(p, "expert_parallel", False)]
+        experts = [] if owned else [p for p in model.parameters() if role(p).expert_parallel]
         if experts:  # Note [experts under ZeRO]
             if data_ranks is None:
                 raise ValueError("expert-parallel parameters under ZeRO need data_ranks (and edp_group)")
@@ -134,9 +135,9 @@ class ShardedAdamW:
                 flat[offset : offset + n].copy_(p.reshape(-1))
                 p.data = flat[offset : offset + n].view_as(p)  # Note [one flat buffer]
                 decay[offset : offset + n] = p.dim() >= 2
-                tp_mask[offset : offset + n] = bool(getattr(p, "tensor_parallel", False))
-                counted[offset : offset + n] = not getattr(p, "pipeline_duplicate", False)
-                share[offset : offset + n] = 1.0 / int(getattr(p, "tp_copies", 1))  # Note [2D tensor parallelism]
+                tp_mask[offset : offset + n] = bool(role(p).tensor_parallel)
+                counted[offset : offset + n] = not role(p).pipeline_duplicate
+                share[offset : offset + n] = 1.0 / int((role(p).tp_copies or 1))  # Note [2D tensor parallelism]
                 offset += n
         self.lo, self.hi = dp_rank * self.shard, (dp_rank + 1) * self.shard
         self.master = None  # Note [ZeRO with master weights]

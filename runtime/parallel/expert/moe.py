@@ -58,6 +58,7 @@ from ...distributed.comm import (
     group_size, launch_all_gather, reduce_from_group, scatter_rows_summed,
 )
 from ..data.zero import mean_of_group
+from ...layout.roles import role, assign
 
 
 class GroupedLinear(nn.Module):
@@ -79,7 +80,7 @@ class GroupedLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(*shape))
         self.full_shape = (experts, out_features, in_features)  # param_init fills this rank's experts only
         # its gradient reduces over edp, not dp (reduce_expert_grads)
-        self.weight.expert_parallel = ep_size * etp_size > 1
+        assign(self.weight, expert_parallel=ep_size * etp_size > 1)
         self.shard_offsets = tuple(offsets)  # where this rank's box sits in the whole (checkpoints)
 
     @torch.no_grad()
@@ -209,8 +210,7 @@ class MoEMLP(nn.Module):
             E, out_features, in_features = whole.full_shape
             split = GroupedLinear(E, in_features, out_features, split=whole.split, ep_size=ep,
                                   ep_rank=group_rank(ep_group), etp_size=etp, etp_rank=group_rank(etp_group))
-            if hasattr(whole.weight, "layer_tp"):  # per-layer degrees (hetero.py)
-                split.weight.layer_tp = whole.weight.layer_tp
+            assign(split.weight, layer_tp=role(whole.weight).layer_tp)  # per-layer degrees (hetero.py)
             setattr(self.experts, name, split)
 
     columns = ()
@@ -445,7 +445,7 @@ def reduce_expert_grads(model: nn.Module, edp_group, *, data_ranks: int) -> None
     combine's backward, what every rank of its ep group's tokens gave it; summed over the
     edp ranks that hold the same experts and divided by the ``data_ranks`` (dp·cp) whose
     mean loss the step takes, they equal one rank's. Other gradients are dp.py's."""
-    experts = [p for p in model.parameters() if getattr(p, "expert_parallel", False)]
+    experts = [p for p in model.parameters() if role(p).expert_parallel]
     mean_of_group(experts, edp_group, data_ranks)  # under ZeRO, zero.py does it (Note [experts under ZeRO])
 
 

@@ -22,6 +22,7 @@ from ...distributed.comm import (
     reduce_scatter_to_group,
     _all_reduce,  # the loss's statistics need no autograd pair: its backward is local
 )
+from ...layout.roles import assign
 
 
 def _shard(full: torch.Tensor, group, dim: int, full_shape) -> torch.Tensor:
@@ -38,7 +39,7 @@ def _mark_sharded(*params, group) -> None:
     """Tag parameters whose ranks hold different shards (gradient norms sum them over tp)."""
     for param in params:
         if param is not None and group_size(group) > 1:
-            param.tensor_parallel = True
+            assign(param, tensor_parallel=True)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -143,7 +144,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         _mark_sharded(self.weight, group=tp_group)
         if self.bias is not None and sequence_parallel:
-            self.bias.sequence_parallel = True  # added on a sequence shard: partial grads
+            assign(self.bias, sequence_parallel=True)  # added on a sequence shard: partial grads
 
     def forward(self, x):
         y = F.linear(x, self.weight)

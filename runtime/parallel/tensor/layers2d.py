@@ -53,6 +53,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...distributed.comm import all_gather_from_group, copy_to_group, reduce_from_group, reduce_scatter_to_group
+from ...layout.roles import assign
 
 
 @dataclass(frozen=True)
@@ -84,10 +85,9 @@ def _piece(full: int, parts: int, index: int, what: str) -> tuple[int, int]:
 def _tag(param, copies: int, sequence_parallel: bool = False) -> None:
     """Sharded over tp, each value held by ``copies`` tp ranks (Note [2D tensor parallelism]);
     ``sequence_parallel``: used on a sequence shard only (Note [2D sequence parallelism])."""
-    param.tensor_parallel = True
-    param.tp_copies = copies
+    assign(param, tensor_parallel=True, tp_copies=copies)
     if sequence_parallel:
-        param.sequence_parallel = True
+        assign(param, sequence_parallel=True)
 
 
 def enter_row(x, grid: TensorGrid, sequence_parallel: bool):

@@ -20,6 +20,7 @@ from ...distributed.comm import group_size
 from ...layout.model_desc import describe
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from .tp_plan import TensorParallelPlan
+from ...layout.roles import assign
 
 
 class _Builder:
@@ -37,7 +38,7 @@ class _Builder:
 
             return Norm2D(norm.weight.shape[0], rms=norm.rms, eps=norm.eps, grid=self.grid, sequence_parallel=self.sp)
         for p in norm.parameters():
-            p.sequence_parallel = self.sp  # sees only a sequence shard under SP
+            assign(p, sequence_parallel=self.sp)  # sees only a sequence shard under SP
         return norm
 
     def style(self, name):
@@ -148,7 +149,7 @@ def _shard_embedding(model, build, grid, sp):
     if model.vocab_parallel_embed:
         model.embed = VocabParallelEmbedding(V, C, tp_group=model.tp_group, sequence_parallel=sp)
     if config.arch == "gpt":
-        model.pos_embed.weight.sequence_parallel = sp
+        assign(model.pos_embed.weight, sequence_parallel=sp)
 
 
 def _shard_head(model, grid, sp):
@@ -167,7 +168,7 @@ def _shard_head(model, grid, sp):
     if model.vocab_parallel and group_size(model.head_group) > 1:
         model.head = nn.Linear(C, V // group_size(model.head_group), bias=False)
         model.head.full_shape = (V, C)
-        model.head.weight.tensor_parallel = True
+        assign(model.head.weight, tensor_parallel=True)
         model.head.tp_group = model.head_group  # where its shard starts (checkpoint_shards.py)
 
 
@@ -181,15 +182,15 @@ def _shard_moe(mlp, builder, prefix, sp):
     if sp:
         mlp.seq_group = builder.group
         for p in mlp.parameters():  # the router, shared experts, experts: grads summed over tp
-            p.sequence_parallel = True
+            assign(p, sequence_parallel=True)
 
 
 def _tag_layouts(model):
     """Each parameter's ``layer_tp``: the degree of the layer it belongs to (hetero.py)."""
     for name, p in model.named_parameters():
         if name.startswith("layers."):
-            p.layer_tp = model.block_tp[int(name.split(".")[1])]
+            assign(p, layer_tp=model.block_tp[int(name.split(".")[1])])
         elif name.startswith(("embed.", "pos_embed.")):
-            p.layer_tp = model.embed_tp
+            assign(p, layer_tp=model.embed_tp)
         else:  # final_norm, head
-            p.layer_tp = model.head_tp
+            assign(p, layer_tp=model.head_tp)
