@@ -88,6 +88,10 @@ def init_weights(net, *, seed: int, device, materialize: bool = True, init_on_de
     are kept for it. Gives ``net``."""
     for stage in stages_of(net):
         check_parameter_count(stage)
+        made = [name for name, p in stage.named_parameters() if not p.is_meta]
+        if made:  # generated where they live below, or they would keep whatever memory held
+            raise RuntimeError(f"internal error in parc (runtime model): {made[0]} has values before "
+                               "init_weights; a transform must make parameters on the meta device")
         if getattr(stage, "replica", None) is not None:  # Note [chimera's replicas]
             for param in stage.parameters():
                 assign(param, pipeline_replica=True, pipeline_duplicate=stage.replica == 1)

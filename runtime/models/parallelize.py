@@ -12,6 +12,9 @@ only the axes it uses.
 
 from __future__ import annotations
 
+import contextlib
+
+import torch
 import torch.nn as nn
 
 from ..distributed.comm import group_size
@@ -26,8 +29,10 @@ def stages(net) -> tuple:
     return tuple(net) if isinstance(net, nn.ModuleList) else (net,)
 
 
-def _step(net, name: str) -> None:
-    """Record step ``name`` on every stage; refuse it after itself or a later step."""
+@contextlib.contextmanager
+def _step(net, name: str):
+    """Record step ``name`` on every stage; refuse it after itself or a later step. The
+    step runs on the meta device: what it makes has shapes, no values, until init_weights."""
     for stage in stages(net):
         done = stage.transforms
         if done and ORDER.index(done[-1]) >= ORDER.index(name):
@@ -37,6 +42,8 @@ def _step(net, name: str) -> None:
             raise ValueError(f"parallelize.{name} on a model with values: transform the plain model of "
                              "build_model before init_weights")
         stage.transforms = done + (name,)
+    with torch.device("meta"):
+        yield
 
 
 def tensor(net, tp_group, tp_plan, *, sequence_parallel, grid=None, layouts=None):
@@ -46,45 +53,45 @@ def tensor(net, tp_group, tp_plan, *, sequence_parallel, grid=None, layouts=None
     every layer whole."""
     from ..parallel.tensor.sharding import shard
 
-    _step(net, "tensor")
-    return shard(net, tp_group, tp_plan, sequence_parallel=sequence_parallel, grid=grid, layouts=layouts)
+    with _step(net, "tensor"):
+        return shard(net, tp_group, tp_plan, sequence_parallel=sequence_parallel, grid=grid, layouts=layouts)
 
 
 def context(net, cp_group, kind: str):
     """Attention over the ``cp_group`` ranks that split each sequence, as ``kind`` (ring,
     ulysses, allgather: Note [context-parallel attention] in context.py)."""
-    _step(net, "context")
-    if group_size(cp_group) == 1:
-        return net
-    from ..parallel.context.context import split  # only a build with cp > 1 ships context.py
+    with _step(net, "context"):
+        if group_size(cp_group) == 1:
+            return net
+        from ..parallel.context.context import split  # only a build with cp > 1 ships context.py
 
-    return split(net, cp_group, kind)
+        return split(net, cp_group, kind)
 
 
 def experts(net, expert_group, expert_tp_group=None):
     """Each MoE block keeps this rank's experts of ``expert_group`` (ep) and its slice of
     each over ``expert_tp_group`` (Note [expert tensor parallelism] in moe.py)."""
-    _step(net, "experts")
-    for stage in stages(net):
-        stage.expert_split = group_size(expert_group) * group_size(expert_tp_group)
-        for block in stage.layers.values():
-            if block.moe:
-                block.mlp.split_experts(expert_group, expert_tp_group, block.tp_group, stage.sp)
-    return net
+    with _step(net, "experts"):
+        for stage in stages(net):
+            stage.expert_split = group_size(expert_group) * group_size(expert_tp_group)
+            for block in stage.layers.values():
+                if block.moe:
+                    block.mlp.split_experts(expert_group, expert_tp_group, block.tp_group, stage.sp)
+        return net
 
 
 def recompute(net, modes):
     """What each block redoes in backward: "none"; "selective" (the attention core);
     "full" (the block from its input) — one mode, or one per layer."""
-    _step(net, "recompute")
-    for stage in stages(net):
-        modes_of = per_layer(modes, stage.config.layers, "recompute")
-        if any(mode not in RECOMPUTE for mode in modes_of):
-            raise ValueError(f"recompute must be one of {RECOMPUTE} (or one per layer), not {modes!r}")
-        for i, block in stage.layers.items():
-            block.recompute = modes_of[int(i)]
-            block.attn.selective = block.recompute == "selective"
-    return net
+    with _step(net, "recompute"):
+        for stage in stages(net):
+            modes_of = per_layer(modes, stage.config.layers, "recompute")
+            if any(mode not in RECOMPUTE for mode in modes_of):
+                raise ValueError(f"recompute must be one of {RECOMPUTE} (or one per layer), not {modes!r}")
+            for i, block in stage.layers.items():
+                block.recompute = modes_of[int(i)]
+                block.attn.selective = block.recompute == "selective"
+        return net
 
 
 def overlap(net, splits):
@@ -92,13 +99,13 @@ def overlap(net, splits):
     collectives overlap compute (Oases; ``parallel/tensor/overlap.py``), and a MoE
     block's expert all-to-alls (Note [expert all-to-all overlap]): one number, or one
     per layer; 1 leaves a block whole."""
-    _step(net, "overlap")
-    for stage in stages(net):
-        splits_of = per_layer(splits, stage.config.layers, "overlap")
-        if any(int(k) < 1 for k in splits_of):
-            raise ValueError(f"overlap must be at least 1 sub-batch (or one per layer), not {splits!r}")
-        for i, block in stage.layers.items():
-            block.splits = int(splits_of[int(i)])
-            if block.moe:
-                block.mlp.splits = block.splits
-    return net
+    with _step(net, "overlap"):
+        for stage in stages(net):
+            splits_of = per_layer(splits, stage.config.layers, "overlap")
+            if any(int(k) < 1 for k in splits_of):
+                raise ValueError(f"overlap must be at least 1 sub-batch (or one per layer), not {splits!r}")
+            for i, block in stage.layers.items():
+                block.splits = int(splits_of[int(i)])
+                if block.moe:
+                    block.mlp.splits = block.splits
+        return net

@@ -80,3 +80,23 @@ def test_train_py_writes_the_steps_in_their_order(overrides):
     steps = re.findall(r"net = parallelize\.(\w+)\(", text)
     assert steps[0] == "tensor" and steps == sorted(steps, key=ORDER.index) and len(set(steps)) == len(steps)
     assert text.index("model.build_") < text.index("parallelize.tensor") < text.index("model.init_weights(")
+
+
+def test_the_tensor_step_makes_its_layers_without_values(monkeypatch):
+    """The swapped-in parallel layers are made on the meta device like the plain ones, so
+    init_weights generates every value (a layer made with values would keep garbage)."""
+    from parc.runtime.models import transformer
+    from parc.runtime.parallel.tensor import layers, sharding, tp_plan
+
+    for module in (sharding, layers, tp_plan, transformer):
+        monkeypatch.setattr(module, "group_size", lambda group: 1 if group is None else 2)
+    monkeypatch.setattr(layers, "group_rank", lambda group: 0)
+    table = {"layers.*.attn.q_proj": "colwise", "layers.*.attn.k_proj": "colwise", "layers.*.attn.v_proj": "colwise",
+             "layers.*.attn.o_proj": "rowwise", "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise",
+             "layers.*.mlp.down_proj": "rowwise"}
+    net = parallelize.tensor(model.build_model(CONFIG), object(), table, sequence_parallel=True)
+    assert type(net.layers["0"].attn.q_proj).__name__ == "ColumnParallelLinear"
+    assert all(p.is_meta for p in net.parameters())
+    net.layers["0"].attn.o_proj.weight = torch.nn.Parameter(torch.zeros(32, 16))  # as a step once did
+    with pytest.raises(RuntimeError, match="layers.0.attn.o_proj.weight has values before init_weights"):
+        model.init_weights(net, seed=1, device="cpu")
