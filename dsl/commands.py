@@ -36,9 +36,12 @@ def register(subparsers) -> None:
         help="check specs and report every error",
         description="Parse and check each spec; print every error with file:line:col, "
         "or `FILE: ok`. Exit 0 if all are clean, 1 if any has errors, 2 if a file "
-        "cannot be read.",
+        "cannot be read. `parc check --matrix` prints which pairs of features parc build "
+        "cannot generate together yet.",
     )
-    check.add_argument("files", nargs="+", metavar="FILE", help=".par or .json spec")
+    check.add_argument("files", nargs="*", metavar="FILE", help=".par or .json spec")
+    check.add_argument("--matrix", action="store_true",
+                       help="print the features × features table of pairs parc build cannot generate yet")
     add_set_argument(check)
     check.set_defaults(func=run_check)
 
@@ -119,6 +122,15 @@ def load_or_report(
 
 
 def run_check(args: argparse.Namespace) -> int:
+    if args.matrix:
+        from parc.runtime.layout.constraints import matrix_text
+
+        print(matrix_text())
+        if not args.files:
+            return OK
+    elif not args.files:
+        sys.stderr.write("parc: error: parc check: give a spec FILE (or --matrix)\n")
+        return USAGE
     status = OK
     for path in args.files:
         try:

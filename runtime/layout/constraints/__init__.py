@@ -17,7 +17,8 @@ a build vendors it as ``parc_runtime/layout/constraints/``.
 
 Note [a rule is an entry]: a new parallel axis is an ``Axis`` of ``axes.py`` (whether it
 joins the world product, what sizes its degree divides); a feature parc cannot build yet is
-an ``Unbuildable`` entry; a per-layer setting an entry of ``layer_settings.SETTINGS``; anything
+an ``Unbuildable`` entry; a pair of features it cannot build together a row of
+``unbuilt_pairs.UNBUILT`` (Note [an unbuilt pair is a row]); a per-layer setting an entry of ``layer_settings.SETTINGS``; anything
 else is one function decorated with ``@rule(code)`` whose parameters are names of
 ``KEYS`` (without a default: required, the rule is skipped while it is unknown; with
 ``= None``: optional). Context parallel is ``Axis("cp", ...)`` in ``axes.AXES``, ``"cp"``
@@ -34,11 +35,12 @@ from ..rule_engine import (  # noqa: F401
 from ..model_rules import heads_divide_hidden, kv_heads_divide_heads, kv_replicas, model_name, top_k_within_experts  # noqa: F401
 from .rules_mesh import AXES, _SPLIT_WORDS, _WORDS, _and, _axis_divides, _failing, _grid_divides, _kv_heads_1d, _sizes, tp_grid_fits, tp_grids, tp_kv_heads, tp_within_node, world  # noqa: F401
 from .rules_context import _cp_parts, cp_divides_seq_len, ring_dropout, ulysses_heads  # noqa: F401
-from .rules_pipeline import PIPELINE_UNITS, TERAPIPE_UNBUILT, build_chimera_zero, build_terapipe, chimera_pipelines, interleaved_needs_pipeline, layers_split_evenly, pipeline_units, stage_layers_fit, terapipe_slice_lengths, terapipe_slices, zero_bubble_v_stages  # noqa: F401
+from .rules_pipeline import PIPELINE_UNITS, chimera_pipelines, interleaved_needs_pipeline, layers_split_evenly, pipeline_units, stage_layers_fit, terapipe_slice_lengths, terapipe_slices, zero_bubble_v_stages  # noqa: F401
 from .rules_batch import batch_divides  # noqa: F401
 from . import rules_overlap  # noqa: F401 - registers the overlap setting's rules (its name stays there)
 from .rules_overlap import PER_LAYER, _one_entry_per_layer, sequence_parallel  # noqa: F401
 from .rules_experts import ep_divides_experts, etp_divides_expert_ffn, experts_fold_ranks, moe_keys_need_experts  # noqa: F401
 from .rules_training import TOKEN_IDS, vocab_fits_tokens, warmup_within_steps  # noqa: F401
-from .rules_unbuilt import UNBUILDABLE, Unbuildable, _NOT_WITH_2D, _drops, _list_text, _setting_text, _unbuildable, build_compress_pp_interleaved, build_compress_schedule, build_compress_zero, build_expert_parallel_zero, build_grad_reduce, build_moe_context_capacity, build_moe_sp_capacity, build_tp_2d_kv_heads, build_tp_2d_with, build_zero3_split_backward, compress_pp_needs_pipeline, tp_2d, tp_shape_product, zero_needs_data_ranks, zero_options_need_zero3, zero_shard_node  # noqa: F401
+from .unbuilt_pairs import SWITCHES, UNBUILT, Switch, Unbuilt, markdown, matrix, matrix_text, tp_2d  # noqa: F401
+from .rules_unbuilt import UNBUILDABLE, Unbuildable, _unbuildable, build_tp_2d_kv_heads, compress_pp_needs_pipeline, tp_shape_product, zero_needs_data_ranks, zero_options_need_zero3, zero_shard_node  # noqa: F401
 from .rules_hetero import _hetero_unbuilt, hetero_degrees_divide, hetero_lengths, hetero_micro_batch, hetero_products, hetero_stage_boundaries, hetero_unbuilt, layer_degrees, master_weights  # noqa: F401

@@ -9,7 +9,7 @@ from ..axes import TP_SIDES, WORLD_ORDER, Axis, axis
 
 from ..rule_engine import Violation, _violation, divisors, rule, some
 from ..model_rules import kv_replicas
-from .rules_unbuilt import tp_2d
+from .unbuilt_pairs import tp_2d
 
 
 

@@ -8,7 +8,7 @@ from ..axes import axis
 from ..layer_settings import SETTINGS
 
 from ..rule_engine import BUILD, KEYS, Violation, _violation, divisors, entries, per_layer, rule, some
-from .rules_unbuilt import tp_2d
+from .unbuilt_pairs import tp_2d
 
 
 
@@ -93,30 +93,6 @@ for _name in PER_LAYER:
     rule("PAR0116", name=f"{_name}_per_layer")(_one_entry_per_layer(_name))
 
 
-@rule("PAR0240", BUILD)
-def build_zero3_overlap(zero, overlap):
-    """ZeRO-3 gathers a block in its forward hooks; the sub-batch wavefront runs a block's
-    regions one by one (``overlap.py``), past those hooks."""
-    parts = [k for k in entries(overlap) if k is not None and k > 1]
-    if zero != 3 or not parts:
-        return None
-    return _violation("PAR0240", ("parallel.overlap", "parallel.zero"),
-                      f"zero = 3 with overlap = sub_batch({parts[0]}) is not supported yet by parc build: "
-                      "the sub-batch wavefront runs each block's regions apart, past ZeRO-3's per-block gathers",
-                      "use overlap = none with zero = 3, or zero = 2 with overlap")
-
-
-@rule("PAR0812", BUILD)
-def build_moe_overlap(experts, overlap, ep=None):
-    """Sub-batch overlap of a MoE model is the expert all-to-all's (ep > 1); the tensor-parallel
-    walk of overlap.py has no MoE region."""
-    parts = [k for k in entries(overlap) if k is not None and k > 1]
-    if experts == 0 or not parts or (ep or 1) > 1:
-        return None
-    return _violation("PAR0812", ("parallel.overlap", "model.experts"),
-                      f"overlap = sub_batch({parts[0]}) of a mixture-of-experts model without expert parallelism "
-                      "is not supported yet by parc build",
-                      "write overlap = none, or ep > 1 (the sub-batches then overlap the expert all-to-alls)")
 
 
 @rule("PAR0256")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 from ..rule_engine import BUILD, KEYS, _violation, divisors, entries, rule, some
-from .rules_unbuilt import tp_2d
+from .unbuilt_pairs import tp_2d
 
 
 
@@ -68,43 +68,6 @@ def pipeline_units(global_batch, micro_batch, dp, pp, chunks=None, slices=None, 
 
 
 
-TERAPIPE_UNBUILT = (
-    ("sp", "sequence parallelism", lambda v: bool(v)),
-    ("cp", "context parallelism", lambda v: v not in (None, 1)),
-    ("experts", "a mixture of experts", lambda v: bool(v)),
-    ("recompute", "activation recomputation", lambda v: any(e not in (None, "none") for e in entries(v))),
-    ("overlap", "sub-batch overlap", lambda v: any(e not in (None, 1) for e in entries(v))),
-    ("compress_pp", "compressed pipeline gradients", lambda v: v not in (None, "none")),
-    ("zero", "ZeRO-3", lambda v: v == 3),
-    ("layer_tp", "per-layer tp lists", lambda v: v is not None),
-    ("layer_dp", "per-layer dp lists", lambda v: v is not None),
-    ("tp_shape", "2D tensor parallelism", lambda v: tp_2d(v)),
-)
-"""What a TeraPipe slice does not meet yet (runtime/parallel/pipeline/terapipe.py): a slice's keys and values
-are kept per stage in the model's attention, outside the sequence shards (sp, cp), the
-experts' token routing, recomputed blocks, sub-batches, the pp codec, ZeRO-3's units and
-the 2D layers' attention (runtime/parallel/tensor/layers2d.py)."""
-
-
-
-@rule("PAR0264", BUILD)
-def build_terapipe(schedule, pp=None, sp=None, cp=None, experts=None, recompute=None, overlap=None,
-                   compress_pp=None, zero=None, layer_tp=None, layer_dp=None, tp_shape=None):
-    if schedule != "terapipe" or pp == 1:
-        return None
-    values = {"sp": sp, "cp": cp, "experts": experts, "recompute": recompute, "overlap": overlap,
-              "compress_pp": compress_pp, "zero": zero, "layer_tp": layer_tp, "layer_dp": layer_dp,
-              "tp_shape": tp_shape}
-    for name, words, unbuilt in TERAPIPE_UNBUILT:
-        if unbuilt(values[name]):
-            return _violation("PAR0264", (KEYS[name], "parallel.schedule"),
-                              f"{words} with schedule = terapipe is not supported yet by parc build: "
-                              "a slice's keys and values are kept whole in each stage's attention",
-                              f"use schedule = 1f1b with {words}, or terapipe without it")
-    return None
-
-
-
 @rule("PAR0260")
 def zero_bubble_v_stages(schedule, layers, pp, stage_layers=None):
     """ZB-V holds two chunks per rank (runtime/layout/placement.py, Note [placements]): the
@@ -137,19 +100,6 @@ def chimera_pipelines(schedule, pp):
                       f"so pp must be even, but pp = {pp}",
                       f"use pp = {pp + 1 if pp > 1 else 2}, or schedule = 1f1b")
 
-
-
-@rule("PAR0262", BUILD)
-def build_chimera_zero(schedule, zero):
-    """Chimera's replica sum runs on whole gradients after backward: ZeRO-1 and 2 keep
-    them whole until then (every chimera parameter is a late gradient, dp.py Note [late
-    gradients]); ZeRO-3's units reduce-scatter each block's gradient during backward."""
-    if schedule != "chimera" or zero != 3:
-        return None
-    return _violation("PAR0262", ("parallel.schedule", "parallel.zero"),
-                      f"zero = {zero} with schedule = chimera is not supported yet by parc build: "
-                      "ZeRO-3 reduce-scatters each block's gradient before the two replicas' sum",
-                      "use zero = 1 or 2 with chimera, or schedule = 1f1b with zero = 3")
 
 
 
