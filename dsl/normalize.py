@@ -70,7 +70,7 @@ class Normalized:
 _BAD = object()
 LIST_MAX = LAYERS_MAX
 """Most values a list may hold: the longest list of the language is one value per layer
-(``stage_layers``, ``compress_stages`` and terapipe's slices are fewer, PAR0266). A longer
+(``stage_layers``, ``compress_stages`` and a sliced schedule's slices are fewer, PAR0266). A longer
 one is refused before its values are read one by one (a million took seconds)."""
 DUPLICATES_SHOWN = 10
 """Duplicates of one key reported one by one; the rest are counted in one more error."""

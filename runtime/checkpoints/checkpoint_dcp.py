@@ -150,7 +150,7 @@ def load(path: str, state: dict, pieces) -> None:
     """Read ``state`` and this rank's boxes ``pieces`` from checkpoint ``path``.
 
     Two local boxes of one tensor at the same place (a rank holding both copies of a
-    tied embedding, or of a chimera stage's replicas: runtime/layout/placement.py) are read
+    tied embedding, or of a stage's two replicas: runtime/layout/placement.py) are read
     once and copied into the others."""
     first: dict = {}
     copies = []

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 AXES = ("dp", "dp_params", "pp_forward", "pp_backward", "pp_embedding")
 """What is counted: the dp gradient reduction (the experts' over edp too, and under
-``zero_shard = node`` the shards' sum over the other nodes), ZeRO's parameter all-gathers
+HSDP the shards' sum over the other nodes), ZeRO's parameter all-gathers
 over the shard group (stages 1 and 2: each rank's slice after the step; stage 3: each
 unit's shard at every gather, forward and backward), the pipeline's activations (forward) and
 input gradients (backward: the part ``compress_pp`` compresses), and the tied embedding's

@@ -25,7 +25,7 @@ class ParamRole:
     """Under 2D tensor parallelism, how many tp ranks hold each of its values (Note [2D
     tensor parallelism] in layers2d.py); None where nothing set it."""
     expert_parallel: bool = False
-    """An expert's weight split over ep/etp: reduced over edp, not dp (moe.py)."""
+    """An expert's weight split over the expert-parallel ranks: reduced over edp, not dp (moe.py)."""
     pipeline_duplicate: bool = False
     """A second copy of a parameter another stage holds (a tied head, chimera's up
     pipeline): counted once in the gradient norm, loaded but never saved."""

@@ -25,7 +25,7 @@ A checkpoint holds the fp32 masters under the parameters' names (layout-free, as
 fp32 or autocast run's: checkpoint_shards.py), so a resume is exact and an fp32
 checkpoint loads.
 
-Note [fp32 accumulation]: with several micro-batches (or terapipe slices) per step,
+Note [fp32 accumulation]: with several micro-batches (or a sliced pipeline's slices) per step,
 autograd would add each backward's low-precision gradient into the low-precision
 ``.grad``, rounding the running sum every time. As Megatron's ``main_grad`` and FSDP2's
 fp32 ``reduce_dtype``, each parameter's gradients are instead summed in an fp32 buffer

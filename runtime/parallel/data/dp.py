@@ -54,7 +54,7 @@ def gradient_buckets(params, bucket_bytes: int) -> tuple[list[list], int]:
     a replicated parameter that saw only a sequence shard (summed over tp by
     ``model.allreduce_sequence_parallel_grads``) and a pipeline stage's copy of a tied
     embedding (summed over the two stages by ``pipeline.allreduce_tied_grads``), and
-    under chimera every stage's replica (``pipeline.allreduce_replica_grads``).
+    under a two-pipeline schedule every stage's replica (``pipeline.allreduce_replica_grads``).
     Whoever reduces gradients over dp *during* backward and keeps the result apart
     from ``param.grad`` (ZeRO) must leave them for after those sums, so they go into
     buckets of their own, at the end, launched only by the final wait. Returns

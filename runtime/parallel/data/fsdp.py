@@ -56,7 +56,7 @@ asynchronous all-gathers of the next ``prefetch`` units in the order they will r
 this unit computes. At most 1 + prefetch blocks are gathered at once.
 
 Note [gradients of a unit]: as FSDP2 and DeepSpeed's ZeRO-3, every backward pass of a
-unit (each micro-batch's, each terapipe slice's: a pass ends once every parameter of
+unit (each micro-batch's, each token slice's: a pass ends once every parameter of
 the unit has accumulated, whatever the schedule interleaves between passes) packs the
 unit's gradients into its padded fp32 layout, frees ``.grad``, and reduce-scatters the
 pack (nccl; all-reduced and sliced on gloo, which has no reduce-scatter) over the shard

@@ -305,7 +305,7 @@ class ShardedAdamW:
                     dist.all_reduce(expert_sq, group=self.ep_group)  # each ep rank's own experts
             if group_size(self.etp_group) > 1:
                 with exposed():
-                    dist.all_reduce(expert_sq, group=self.etp_group)  # each etp rank's slices of them
+                    dist.all_reduce(expert_sq, group=self.etp_group)  # each expert-tensor rank's slices of them
             total_sq = total_sq + expert_sq
             self.experts.grad = expert_grad
             slices.append(expert_grad)
