@@ -124,8 +124,10 @@ def test_check_a_directory_exits_2(capsys, tmp_path) -> None:
 
 
 def test_usage_error_exits_2(capsys) -> None:
-    with pytest.raises(SystemExit) as caught:
-        main(["check"])
+    assert main(["check"]) == 2  # no FILE (and no --matrix)
+    assert "give a spec FILE" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as caught:  # argparse's own
+        main(["check", "--no-such-flag"])
     assert caught.value.code == 2
 
 
