@@ -49,6 +49,9 @@ LAYOUTS = {
     "pp2-interleaved2": dict(pp=2, parallel__schedule="interleaved(chunks = 2)", model__layers=4),
     "pp4-1f1b": dict(pp=4, model__layers=4),
     "pp2-uneven-stages": dict(pp=2, parallel__stage_layers="[1, 3]", model__layers=4),
+    # uneven virtual stages under an interleaved schedule: Llama 3 405B's layer fewer on the first and last
+    "pp2-interleaved2-uneven": dict(pp=2, parallel__schedule="interleaved(chunks = 2)", model__layers=6,
+                                    parallel__stage_layers="[1, 2, 2, 1]"),
     "pp2-tp2": dict(pp=2, tp=2),
     "pp2-tp2-sp": dict(pp=2, tp=2, sp=True),
     "pp2-dp2": dict(pp=2, dp=2),

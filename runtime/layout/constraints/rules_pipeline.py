@@ -115,17 +115,21 @@ def interleaved_needs_pipeline(chunks, pp):
 
 @rule("PAR0206")
 def stage_layers_fit(stage_layers, layers=None, pp=None, chunks=None):
+    """One entry per virtual stage, in model order: pp of them, or pp·chunks under an
+    interleaved schedule (virtual stage v on pipeline rank v mod pp, as Megatron places
+    them; Llama 3 405B's layout: a layer fewer on the first and the last)."""
     if chunks is not None and chunks > 1 and pp is not None and pp < 2:
         return None  # interleaved_needs_pipeline
     found = []
-    if chunks is not None and chunks > 1:
-        found.append(_violation("PAR0206", "parallel.stage_layers",
-                                f"stage_layers cannot be combined with interleaved(chunks = {chunks})",
-                                "remove stage_layers: interleaved stages split the layers evenly"))
-    if pp is not None and len(stage_layers) != pp:
-        found.append(_violation("PAR0206", "parallel.stage_layers",
-                                f"stage_layers has {len(stage_layers)} entries, but pp = {pp}",
-                                "give one entry per stage"))
+    interleaved = chunks is not None and chunks > 1
+    if pp is not None and len(stage_layers) != pp * (chunks if interleaved else 1):
+        found.append(_violation(
+            "PAR0206", "parallel.stage_layers",
+            f"stage_layers has {len(stage_layers)} entries, but interleaved(chunks = {chunks}) runs pp·chunks = "
+            f"{pp}·{chunks} = {pp * chunks} virtual stages" if interleaved else
+            f"stage_layers has {len(stage_layers)} entries, but pp = {pp}",
+            "give one entry per virtual stage, in model order (stage v runs on pipeline rank v mod pp)"
+            if interleaved else "give one entry per stage"))
     if layers is not None and sum(stage_layers) != layers:
         total = " + ".join(str(n) for n in stage_layers)
         found.append(_violation("PAR0206", "parallel.stage_layers",
