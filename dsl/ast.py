@@ -130,6 +130,9 @@ class Entry:
     key: str
     key_span: Span
     value: Value
+    repeated: int = 0
+    """How many more entries of this key stood between the last one built and this one and
+    were counted, not built (Note [duplicates counted] in quick_parse.py)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

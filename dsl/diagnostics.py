@@ -224,6 +224,9 @@ def render(error: ParcError, sources: SourceMap, *, color: bool = False) -> str:
 
 ERROR_LIMIT = 100
 """``render_all`` prints at most this many diagnostics (Note [error limit])."""
+DUPLICATES_SHOWN = 10
+"""Duplicates of one key shown one by one; the rest are one error (normalize.py), and the
+quick parser does not build their entries when it only checks (Note [duplicates counted])."""
 
 # Note [error limit]: a spec with thousands of errors is nearly always one mistake
 # repeated (a pasted block, a generated file), and a terminal shows a screenful. As

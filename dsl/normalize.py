@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import ast, units
-from .diagnostics import ParcError, Span, clip, did_you_mean
+from .diagnostics import DUPLICATES_SHOWN, ParcError, Span, clip, did_you_mean
 from .fmt import format_value
 from .keys import BLOCKS, LAYERS_MAX, UNIT_TYPES, BlockDef, Param, expected_words, list_element
 
@@ -72,7 +72,6 @@ LIST_MAX = LAYERS_MAX
 """Most values a list may hold: the longest list of the language is one value per layer
 (``stage_layers``, ``compress_stages`` and a sliced schedule's slices are fewer, PAR0266). A longer
 one is refused before its values are read one by one (a million took seconds)."""
-DUPLICATES_SHOWN = 10
 """Duplicates of one key reported one by one; the rest are counted in one more error."""
 """What ``normalize_value`` returns for a value it refused (and reported)."""
 
@@ -208,7 +207,7 @@ def _block(out: Normalized, block: BlockDef, item: ast.Block) -> None:
             continue
         if entry.key in seen:
             again = duplicates.setdefault(entry.key, [])
-            again.append(entry)
+            again.extend([entry] * (1 + entry.repeated))  # Note [duplicates counted]: their count
             if len(again) <= DUPLICATES_SHOWN:
                 out.error(
                     path + (entry.key, "#duplicate"),

@@ -33,6 +33,9 @@ from __future__ import annotations
 import functools
 import re
 
+from dataclasses import replace
+
+from .diagnostics import DUPLICATES_SHOWN
 from .grammar import parser, record_comments
 from .source import MAX_NESTING
 from .tree import AstBuilder
@@ -66,12 +69,39 @@ def _regexes() -> tuple[re.Pattern, re.Pattern]:
     return word, re.compile(newline)
 
 
+_UNCACHED = re.compile(r"[#\"'()\[\]]")
+"""A line holding any of these is lexed each time (comments, strings, nesting)."""
+LINES_CACHED = 1024
+
+
+def _line_words(match_word, text: str, position: int, end: int) -> tuple | None:
+    """Note [lexed lines]: the words of ``text[position:end]`` as (terminal, text, offset),
+    if they end at the newline ``end``; else None (lexed as usual)."""
+    words = []
+    while True:
+        match = match_word(text, position)
+        kind = match.lastgroup
+        if kind == "_NL":
+            return tuple(words) if match.start(kind) == end else None
+        if kind == "_BAD" or kind == "_END":
+            return None
+        words.append((kind, match.group(kind), match.start(kind)))
+        position = match.end()
+
+
 def _lex(text: str, comments: list | None) -> list[tuple[str, str, int, int]]:
-    """``(terminal, text, line, column)`` of every token the parser sees."""
+    """``(terminal, text, line, column)`` of every token the parser sees.
+
+    Note [lexed lines]: a file of many equal lines (a key set 800,000 times, a generated
+    list of blocks) lexes each distinct line once: at the start of a line (depth 0, after
+    a newline took its indent) the line up to its newline is looked up in ``lines``, its
+    words reused at this line and column. Only lines without comments, strings or
+    brackets are kept (their words cannot reach past the newline), at most LINES_CACHED."""
     word_regex, newline_regex = _regexes()
     match_word, match_newline = word_regex.match, newline_regex.match
     tokens: list[tuple[str, str, int, int]] = []
     append = tokens.append
+    lines: dict[str, tuple] = {}
     line, line_start, depth, position = 1, 0, 0, 0
     while True:
         match = match_word(text, position)
@@ -95,6 +125,19 @@ def _lex(text: str, comments: list | None) -> list[tuple[str, str, int, int]]:
             if newlines:
                 line += newlines
                 line_start = start + word.rfind("\n") + 1
+                end = text.find("\n", position)
+                if depth == 0 and end > position:  # Note [lexed lines]
+                    body = text[position:end]
+                    words = lines.get(body)
+                    if words is None and len(lines) < LINES_CACHED and not _UNCACHED.search(body):
+                        words = _line_words(match_word, text, position, end)
+                        if words is not None:
+                            lines[body] = words = tuple((k, w, offset - position) for k, w, offset in words)
+                    if words is not None:
+                        column = position - line_start + 1
+                        for kind, word, offset in words:
+                            append((kind, word, line, column + offset))
+                        position = end
             continue
         position = match.end()
         append((kind, match.group(kind), line, start - line_start + 1))
@@ -113,20 +156,47 @@ def quick_parse(text: str, build: AstBuilder, keep_comments: bool) -> tuple | No
     when ``keep_comments``), or None if lark's path must read it (Note [quick parse])."""
     comments: list | None = [] if keep_comments else None
     try:
-        items = _Parser(_lex(text, comments), build).document()
+        items = _Parser(_lex(text, comments), build, count_duplicates=not keep_comments).document()
     except _GiveUp:
         return None
     build.comments = comments or []
     return items
 
 
-class _Parser:
-    """Recursive descent over the tokens; each method reads one rule of the grammar."""
+class _Nothing:
+    """A builder that builds nothing: the parser reads a value's grammar without its AST."""
 
-    def __init__(self, tokens: list, build: AstBuilder):
+    def __getattr__(self, name):
+        return _nothing
+
+
+def _nothing(*args, **kwargs):
+    return None
+
+
+BUILT_DUPLICATES = DUPLICATES_SHOWN + 1
+"""Duplicates of a key built one by one (shown, and the first counted one's position)."""
+
+
+class _Parser:
+    """Recursive descent over the tokens; each method reads one rule of the grammar.
+
+    Note [duplicates counted]: a block that sets one key 800,000 times (a 10 MB file) is
+    one mistake; normalize.py shows its first DUPLICATES_SHOWN duplicates and counts the
+    rest in one error. When the parse only checks (``count_duplicates``: not for ``parc
+    fmt``, which writes every line back), the duplicates past the first BUILT_DUPLICATES
+    are read against the grammar (a syntax error in one still sends the text to lark's
+    path) but not built: the block ends with one entry for the last of them, whose
+    ``repeated`` counts those in between. A mistake inside a value that only building
+    finds (a malformed number) is then reported on the next run, once the duplicates are
+    gone.
+    """
+
+    def __init__(self, tokens: list, build: AstBuilder, count_duplicates: bool = False):
         self.tokens = tokens
         self.at = 0
         self.build = build
+        self.count_duplicates = count_duplicates
 
     def _take(self, kind: str) -> tuple[str, str, int, int]:
         token = self.tokens[self.at]
@@ -168,13 +238,29 @@ class _Parser:
     def body(self) -> tuple:
         """``_NL? (entry (_NL entry)*)? _NL?``, up to the ``}``."""
         tokens, entry, entries = self.tokens, self.build.entry, []
+        seen: dict[str, int] = {}
+        latest: dict[str, tuple] = {}  # Note [duplicates counted]: key -> (line, column, value's token, count)
         self._skip_newline()
         while tokens[self.at][0] != "RBRACE":
             _, key, line, column = self._take("ATOM")
             self._take("EQUAL")
-            entries.append(entry(key, line, column, self.value()))
+            times = seen[key] = seen.get(key, 0) + 1
+            if self.count_duplicates and times > 1 + BUILT_DUPLICATES:
+                start, build = self.at, self.build
+                self.build = _Nothing()
+                try:
+                    self.value()
+                finally:
+                    self.build = build
+                latest[key] = (line, column, start, times - 1 - BUILT_DUPLICATES)
+            else:
+                entries.append(entry(key, line, column, self.value()))
             if tokens[self.at][0] != "RBRACE":
                 self._take("_NL")
+        for key, (line, column, start, counted) in latest.items():
+            end, self.at = self.at, start
+            entries.append(replace(entry(key, line, column, self.value()), repeated=counted - 1))
+            self.at = end
         return tuple(entries)
 
     def value(self):

@@ -125,6 +125,40 @@ def test_duplicates_of_a_key_past_ten_are_one_error() -> None:
         "10 duplicates are shown above)\n\n11 errors\n")
 
 
+def test_counted_duplicates_give_the_same_errors_and_fmt_keeps_every_line() -> None:
+    """Note [duplicates counted]: a check builds the first duplicates and one entry for the
+    last, counting those between; the errors are those of a full build, and the fmt parse
+    (which writes lines back) builds every entry."""
+    from parc.dsl.diagnostics import DUPLICATES_SHOWN
+
+    text = TINY.replace("  steps = 20\n", "  steps = 20\n" + "  steps = 21\n" * 40 + "  steps = 22\n")
+    out = rendered(text)
+    assert "duplicate key `steps` set 31 more times, on lines 40 to 70 (first set on line 29)" in out
+    train = [item for item in parse(text, "t.par", comments=False).items if item.kind == "train"][0]
+    steps = [e for e in train.entries if e.key == "steps"]
+    assert len(steps) == 1 + DUPLICATES_SHOWN + 2 and steps[-1].repeated == 41 - (DUPLICATES_SHOWN + 2)
+    assert steps[-1].key_span.line == 70 and steps[-1].value.value == 22  # the last, with its own value
+    kept = parse(text, "t.par")  # with comments: the parse parc fmt writes back
+    train = [item for item in kept.items if item.kind == "train"][0]
+    assert sum(e.key == "steps" for e in train.entries) == 42
+    assert format_document(kept).count("steps = 21") == 40
+
+
+def test_equal_lines_lex_as_each_alone() -> None:
+    """Note [lexed lines]: the words of a line seen before are reused at the new line and
+    column; lines with strings, comments or brackets are lexed each time."""
+    from parc.dsl import quick_parse
+
+    text = TINY + "".join(f"model m{i} {{\n  layers = 2\n  hidden = 64  # c\n  name = \"x\"\n}}\n" for i in range(3))
+    limit = quick_parse.LINES_CACHED
+    try:
+        cached = quick_parse._lex(text, None)
+        quick_parse.LINES_CACHED = 0
+        assert quick_parse._lex(text, None) == cached
+    finally:
+        quick_parse.LINES_CACHED = limit
+
+
 def test_a_list_past_the_limit_is_refused_before_its_values_are_read() -> None:
     """A per-layer list of a million values took ~10 s (each value normalized, then checked by the
     schema): past LIST_MAX (the most layers) it is one error, and its values are not looked at."""
