@@ -320,8 +320,9 @@ _WORLD = {a.key for a in constraints.AXES}
 def _one_rank(param, values: dict) -> str | None:
     """What one rank writes for ``param``: 1 for an axis of the world, else the key's
     default; those whose default is a rule rather than a value (``stage_layers``: an
-    even split, ``tp_shape``: (1, tp)) written as that rule gives at one rank; None: leave
-    the key as it is (``compress_stages``, which only a ``compress_pp`` spec writes)."""
+    even split, ``tp_shape``: (1, tp)) written as that rule gives at one rank, and
+    ``compress_stages`` (only a ``compress_pp`` spec writes it) unwritten (``default``);
+    None: leave the key as it is."""
     if f"parallel.{param.name}" in _WORLD:
         return "1"
     if param.name == "tp_shape":
@@ -329,5 +330,5 @@ def _one_rank(param, values: dict) -> str | None:
     if param.name == "stage_layers":
         return None if values.get("stage_layers") is None else f"[{values['layers']}]"
     if param.name == "compress_stages":
-        return None
+        return None if values.get("compress_stages") is None else "default"
     return param.default

@@ -32,6 +32,10 @@ def override_file(index: int) -> str:
     return f"--set {index}"
 
 
+DEFAULT = "default"
+"""``--set KEY=default``: the key as if the file did not write it (its default applies)."""
+
+
 def apply_overrides(out: Normalized, overrides: Sequence[str]) -> dict[str, str]:
     """Apply ``overrides`` to ``out`` in place; return {file name: argument text}."""
     texts: dict[str, str] = {}
@@ -121,6 +125,17 @@ def _apply_one(out: Normalized, text: str, file: str) -> None:
                 else f"{block.name} keys: " + ", ".join(k.name for k in block.keys)
             ),
         )
+        return
+    if isinstance(value, ast.Name) and value.name == DEFAULT:  # the key as if unwritten
+        if param.default is None:
+            out.error((file,), value.span, "PAR0115", f"`{block.name}.{key_name}` has no default to go back to",
+                      f"give {block.name}.{key_name} a value")
+            return
+        if block is PARALLEL and out.doc.get(block.name) == "auto":
+            _expand_auto(out)
+        out.drop((block.name, key_name))
+        if isinstance(out.doc.get(block.name), dict):
+            out.doc[block.name].pop(key_name, None)
         return
     if block is PARALLEL and out.doc.get(block.name) == "auto":
         _expand_auto(out)

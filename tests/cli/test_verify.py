@@ -242,7 +242,8 @@ def test_rank_error_prefers_the_root_cause_rank(tmp_path):
     ["model.experts=4", "parallel.etp=2"],
     ["mesh.devices_per_node=4", "parallel.dp=1", "parallel.tp=4", "parallel.tp_shape=(2, 2)"],
     ["parallel.cp=2", "parallel.dp=1", "parallel.cp_kind=ulysses"],
-], ids=["ep", "etp", "tp_shape-2d", "cp-ulysses"])
+    ["parallel.pp=2", "parallel.dp=1", "parallel.compress_pp=lowrank(rank = 2)", "parallel.compress_stages=[1]"],
+], ids=["ep", "etp", "tp_shape-2d", "cp-ulysses", "compress-stages"])
 def test_the_reference_resets_every_parallel_key(sets):
     """Issue 31: ep, etp or a 2D tp_shape reached the one-rank reference and made it illegal."""
     from parc.dsl.keys import PARALLEL
@@ -255,3 +256,4 @@ def test_the_reference_resets_every_parallel_key(sets):
     left = {f"parallel.{p.name}" for p in PARALLEL.keys} - written
     assert left <= {"parallel.stage_layers", "parallel.compress_stages"}, left
     assert "train.py" in generate(reference)
+    assert par.compress_stages is None  # a compress_pp spec's stage list is taken back out (--set ...=default)

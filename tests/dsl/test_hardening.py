@@ -271,3 +271,12 @@ def test_the_count_line_tells_errors_from_warnings() -> None:
     assert render_all([error, warning], sources, limit=1).endswith(
         "… and 1 more diagnostic not shown (parc prints the first 1)\n1 error, 1 warning\n"
     )
+
+
+def test_set_default_takes_a_key_back_out() -> None:
+    """``--set KEY=default``: the key as if the file did not write it; a key without a
+    default says so at the argument."""
+    spec = load_text(TINY.replace("  steps = 20\n", "  steps = 20\n  seed = 7\n"), "t.par", ["train.seed=default"])
+    assert spec.train.seed == load_text(TINY, "t.par").train.seed
+    out = rendered(TINY, overrides=["model.layers=default"])
+    assert "--set 1:1:14: error[PAR0115]: `model.layers` has no default to go back to" in out
