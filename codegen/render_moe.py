@@ -106,9 +106,12 @@ def after_backward_lines(plan: Plan) -> list[str]:
     if not folds_experts(plan):
         return []
     over = "dp × cp" if plan.mesh.size("cp") > 1 else "dp"
+    bf16 = plan.train.grad_reduce is not None  # train.grad_reduce = bf16: as the dense buckets
     return [
-        f"# each expert's grad holds its ep group's tokens: sum over edp, mean over {over}\n"
-        f"moe.reduce_expert_grads(net, edp_group, data_ranks={data_ranks(plan)})"
+        f"# each expert's grad holds its ep group's tokens: sum over edp"
+        + (f" in bf16 ({cite(plan.train.grad_reduce.span)})" if bf16 else "") + f", mean over {over}\n"
+        f"moe.reduce_expert_grads(net, edp_group, data_ranks={data_ranks(plan)}"
+        + (", reduce_dtype=torch.bfloat16)" if bf16 else ")")
     ]
 
 

@@ -166,3 +166,27 @@ def test_description_counts_total_and_active_parameters():
     # a token meets the router, the shared expert and 2 of the 4 experts
     assert desc.blocks[0].matmul_weights("mlp") == 4 * 16 + 3 * 24 * 16 + 2 * 3 * 24 * 16
     assert desc.blocks[1].matmul_weights("mlp") == 3 * 24 * 16  # dense: gate, up, down
+
+
+def test_expert_gradients_follow_grad_reduce(monkeypatch):
+    """``train.grad_reduce = bf16``: the experts' edp sum goes on the wire in bf16, as the
+    dense buckets do, and comes back into the fp32 gradient divided there; fp32 otherwise."""
+    from parc.runtime.parallel.data import zero
+
+    sent = []
+
+    def all_reduce(flat, group=None):
+        sent.append(flat.dtype)
+        flat.mul_(2)  # two edp ranks holding the same gradient
+
+    monkeypatch.setattr(zero, "group_size", lambda group: 2)
+    monkeypatch.setattr(zero.dist, "all_reduce", all_reduce)
+    model = built.build(config(), seed=3, kernels="eager")
+    experts = [p for p in model.parameters() if moe.role(p).expert_parallel] or \
+        [model.layers["0"].mlp.experts.up_proj.weight]
+    grad = torch.full_like(experts[0], 1.0 + 2.0**-10)  # not a bf16 number: rounding shows
+    for dtype, want in ((None, 1.0 + 2.0**-10), (torch.bfloat16, 1.0)):
+        experts[0].grad = grad.clone()
+        zero.mean_of_group(experts[:1], object(), 2, reduce_dtype=dtype)
+        assert experts[0].grad.dtype == torch.float32 and torch.all(experts[0].grad == want)
+    assert sent == [torch.float32, torch.bfloat16]

@@ -100,3 +100,15 @@ def test_the_tensor_step_makes_its_layers_without_values(monkeypatch):
     net.layers["0"].attn.o_proj.weight = torch.nn.Parameter(torch.zeros(32, 16))  # as a step once did
     with pytest.raises(RuntimeError, match="layers.0.attn.o_proj.weight has values before init_weights"):
         model.init_weights(net, seed=1, device="cpu")
+
+
+def test_train_py_reduces_expert_gradients_as_grad_reduce_says():
+    """``train.grad_reduce = bf16`` reaches the experts' edp sum (moe.reduce_expert_grads), not
+    only the dense buckets: one place decides the dtype, the renderer passes it to both."""
+    sets = ["mesh.devices_per_node=2", "parallel.dp=2", "model.experts=4", "model.top_k=2", "parallel.ep=2"]
+    spec = load(str(ROOT / "tests" / "parity" / "specs" / "llama.par"), sets + ["train.grad_reduce=bf16"])
+    text = render(lower(spec))["train.py"]
+    assert re.search(r"moe\.reduce_expert_grads\(\s*net, edp_group, data_ranks=DP, reduce_dtype=torch\.bfloat16", text)
+    assert "reduce_dtype=torch.bfloat16" in text.split("grad_sync = dp.GradientBuckets(")[1].split(")")[0] + ")"
+    plain = render(lower(load(str(ROOT / "tests" / "parity" / "specs" / "llama.par"), sets)))["train.py"]
+    assert "reduce_dtype" not in plain.split("moe.reduce_expert_grads(")[1].split(")")[0]

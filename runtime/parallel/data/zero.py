@@ -438,20 +438,23 @@ def _clip(grads, total_sq, max_norm) -> float:
 
 
 @torch.no_grad()
-def mean_of_group(params, group, divisor: int) -> None:
-    """Each parameter's gradient summed over ``group`` (one flat all-reduce) and divided by
-    ``divisor``, in place; a parameter without a gradient is skipped."""
+def mean_of_group(params, group, divisor: int, reduce_dtype=None) -> None:
+    """Each parameter's gradient summed over ``group`` (one flat all-reduce, in
+    ``reduce_dtype`` when given: ``train.grad_reduce = bf16``, as dp.py's buckets) and
+    divided by ``divisor``, in place; a parameter without a gradient is skipped."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return
     if group_size(group) > 1:
         flat = torch.cat([g.reshape(-1) for g in grads])
+        if reduce_dtype is not None:
+            flat = flat.to(reduce_dtype)
         comm_bytes.add("dp", flat)  # the experts' dp reduction (Note [comm bytes])
         with exposed():
             dist.all_reduce(flat, group=group)
         offset = 0
         for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))  # back in the gradient's dtype
             offset += g.numel()
     if divisor != 1:
         for g in grads:

@@ -440,13 +440,15 @@ def expert_major(sizes) -> tuple[torch.Tensor, torch.Tensor]:
     return regroup, back
 
 
-def reduce_expert_grads(model: nn.Module, edp_group, *, data_ranks: int) -> None:
+def reduce_expert_grads(model: nn.Module, edp_group, *, data_ranks: int, reduce_dtype=None) -> None:
     """Expert gradients (``expert_parallel``) after backward: each already sums, through the
     combine's backward, what every rank of its ep group's tokens gave it; summed over the
-    edp ranks that hold the same experts and divided by the ``data_ranks`` (dp·cp) whose
-    mean loss the step takes, they equal one rank's. Other gradients are dp.py's."""
+    edp ranks that hold the same experts (in ``reduce_dtype`` under ``train.grad_reduce =
+    bf16``, as the dense gradients) and divided by the ``data_ranks`` (dp·cp) whose mean
+    loss the step takes, they equal one rank's. Other gradients are dp.py's."""
     experts = [p for p in model.parameters() if role(p).expert_parallel]
-    mean_of_group(experts, edp_group, data_ranks)  # under ZeRO, zero.py does it (Note [experts under ZeRO])
+    # under ZeRO, zero.py does it (Note [experts under ZeRO])
+    mean_of_group(experts, edp_group, data_ranks, reduce_dtype=reduce_dtype)
 
 
 def moe_layers(model: nn.Module) -> list[MoEMLP]:
