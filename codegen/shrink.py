@@ -26,7 +26,9 @@ Note [what verify shrinks]:
   micro-batches per step the schedule needs (at least 2, to accumulate).
 - training: ``steps`` = the verify steps, a constant learning rate without warmup
   (every step at the peak, so the updates move the loss), log every step, fp32 (bf16 rounds differently in
-  every layout: it cannot be compared at 1e-5), dropout 0 (its masks are drawn per
+  every layout: it cannot be compared at 1e-5; the same for ``grad_reduce``), no compression
+  (``compress``, ``compress_pp``: lossy by design, their convergence is tests/parity/
+  test_compress.py's claim; the layout around them is still verified), dropout 0 (its masks are drawn per
   rank), synthetic data (the user's token file may not be on this machine and holds ids
   of the full vocab), no checkpoints.
 """
@@ -288,6 +290,14 @@ def _training(spec: Spec, steps: int) -> list[Change]:
     found += _changed("train.log_every", train.log_every, 1, "a record of every step")
     found += _changed("train.precision", train.precision.value, "fp32", "bf16 rounds differently in each layout: "
                       "only fp32 compares at 1e-5")
+    found += _changed("train.grad_reduce", train.grad_reduce, "fp32", "bf16 sums round: only fp32 compares at 1e-5")
+    par, lossy = spec.parallel, "compressed gradients differ from exact ones by design (Note [compression changes "
+    lossy += "numerics]); tests/parity/test_compress.py shows they converge"
+    found += _changed("parallel.compress", par.compress or "none", "none", lossy)
+    found += _changed("parallel.compress_pp", par.compress_pp, "none", lossy)
+    if par.compress_stages is not None:
+        found += [Change(key="parallel.compress_stages", before=_word(list(par.compress_stages)), after="default",
+                         why="the stages compress_pp compressed")]
     if train.data.kind.value != "synthetic":
         found += _changed("train.data", f'tokens("{train.data.path}")', "synthetic",
                           "the token file may not be here, and holds ids of the full vocab")

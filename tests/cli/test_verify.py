@@ -257,3 +257,19 @@ def test_the_reference_resets_every_parallel_key(sets):
     assert left <= {"parallel.stage_layers", "parallel.compress_stages"}, left
     assert "train.py" in generate(reference)
     assert par.compress_stages is None  # a compress_pp spec's stage list is taken back out (--set ...=default)
+
+
+def test_lossy_choices_are_shrunk_with_their_reason():
+    """Compression and bf16 sums are lossy by design: verify compares the layout without them
+    (saying so), since no layout of them equals one rank at 1e-5 (tests/parity/test_compress.py
+    holds their convergence)."""
+    sets = ["parallel.pp=2", "parallel.dp=1", "parallel.compress_pp=lowrank(rank = 2)",
+            "parallel.compress_stages=[1]"]
+    _, found, _, _ = shrunk(TINY, sets)
+    changed = {c.key: (c.after, c.why) for c in found.changes}
+    assert changed["parallel.compress_pp"][0] == "none" and "by design" in changed["parallel.compress_pp"][1]
+    assert changed["parallel.compress_stages"][0] == "default"
+    _, found, _, _ = shrunk(TINY, ["parallel.compress=powersgd(rank = 2)",
+                                   "train.grad_reduce=bf16"])
+    changed = {c.key: c.after for c in found.changes}
+    assert changed["parallel.compress"] == "none" and changed["train.grad_reduce"] == "fp32"
