@@ -94,7 +94,9 @@ def init_weights(net, *, seed: int, device, materialize: bool = True, init_on_de
                                "init_weights; a transform must make parameters on the meta device")
         if getattr(stage, "replica", None) is not None:  # Note [chimera's replicas]
             for param in stage.parameters():
-                assign(param, pipeline_replica=True, pipeline_duplicate=stage.replica == 1)
+                assign(param, pipeline_replica=True)
+                if stage.replica == 1:  # the up pipeline's copy (a tied head copy stays one either way)
+                    assign(param, pipeline_duplicate=True)
         _check_meta_attributes(stage)
         if not materialize:
             stage.init_seed, stage.init_device = seed, torch.device(device)

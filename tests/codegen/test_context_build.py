@@ -25,7 +25,7 @@ def test_cp_is_cited_grouped_and_passed_to_the_model():
     assert '    cp_group = grid.group("cp")  # ranks that split each sequence\n' in train
     assert '    grad_group = grid.group("dp", "cp")  # ranks that average gradients and the loss\n' in train
     assert 'dp_group = grid.group("dp")' not in train  # nothing reduces over dp alone
-    assert "        cp_group=cp_group,\n        cp_kind=CP_KIND,\n" in train
+    assert "    net = parallelize.context(net, cp_group, CP_KIND)\n" in train
     assert 'targets,\n                    cp_rank=grid.index("cp"),\n                    cp_size=CP,\n                    cp_kind=CP_KIND,\n' in train
     assert "step_loss = dp.all_reduce_mean(loss_sum, grad_group)  # global mean loss" in train
     assert "parc_runtime/parallel/context/context.py" in files

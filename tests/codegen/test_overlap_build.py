@@ -21,7 +21,7 @@ def test_sub_batches_are_cited_and_passed_to_the_model():
     assert "# --set 3: each micro-batch runs as 2 sub-batches (Oases): sub-batch i's\n" in train
     assert "# tensor-parallel all-reduce runs while sub-batch i+1 computes (runtime/parallel/tensor/overlap.py)\n" in train
     assert "\nOVERLAP_SUB_BATCHES = 2\n" in train
-    assert "        sub_batches=OVERLAP_SUB_BATCHES,\n" in train
+    assert "    net = parallelize.overlap(net, OVERLAP_SUB_BATCHES)\n" in train
     assert "  OVERLAP_SUB_BATCHES = 2  [--set 3]\n" in plan
     sp_train, _ = build("parallel.tp=2", "parallel.sp=true", "mesh.devices_per_node=2",
                         "parallel.overlap=sub_batch(2)")

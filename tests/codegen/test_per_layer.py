@@ -51,7 +51,8 @@ def test_a_mixed_list_renders_one_value_per_block():
     text = train_py("parallel.recompute=[full, none, selective, none]", "parallel.overlap=[sub_batch(2), none, none, none]")
     assert 'RECOMPUTE = ("full", "none", "selective", "none")' in text
     assert "OVERLAP_SUB_BATCHES = (2,) + (1,) * 3" in text
-    assert "recompute=RECOMPUTE," in text and "sub_batches=OVERLAP_SUB_BATCHES," in text
+    assert "net = parallelize.recompute(net, RECOMPUTE)" in text
+    assert "net = parallelize.overlap(net, OVERLAP_SUB_BATCHES)" in text
 
 
 def test_runs_fold():

@@ -99,7 +99,7 @@ def test_rotary_keeps_layout_and_dtype_like_the_model(ops):
 
 
 def test_reference_rotary_is_the_models():
-    from parc.runtime.models.model import rotary as model_rotary
+    from parc.runtime.models.attention import rotary as model_rotary
 
     q, _ = qk(2, 9, 4, 4, 16, torch.float32)
     assert torch.equal(reference.rotary_one(q, 10000.0), model_rotary(q, 10000.0))

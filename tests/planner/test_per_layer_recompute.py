@@ -40,7 +40,7 @@ def test_the_fewest_full_blocks_that_fit():
 def test_parc_build_of_an_auto_recompute_renders_the_mix():
     spec = load(str(ROOT / "examples" / "tiny.par"), SETS + ["parallel.overlap=none", "parallel.sp=false"])
     text = generate(spec)["train.py"].decode()
-    assert 'RECOMPUTE = ("full",) * 2 + (' in text and "recompute=RECOMPUTE," in text
+    assert 'RECOMPUTE = ("full",) * 2 + (' in text and "net = parallelize.recompute(net, RECOMPUTE)" in text
     assert "(planner)" in text
 
 

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from parc.runtime.layout.roles import assign
 from parc.runtime.parallel.data import dp
 from parc.runtime.distributed import mesh
 from parc.runtime.parallel.pipeline import pipeline
@@ -30,7 +31,7 @@ class Stage(nn.Module):
     def __init__(self):
         super().__init__()
         self.table = nn.Parameter(torch.zeros(VOCAB, HIDDEN))
-        self.table.tied_across_stages = True
+        assign(self.table, tied_across_stages=True)
         self.own = nn.Parameter(torch.zeros(OWN, HIDDEN))
 
     def tied_weight(self):

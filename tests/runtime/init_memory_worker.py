@@ -37,6 +37,7 @@ from parc.codegen.render import render
 from parc.dsl import load
 from parc.runtime.parallel.data import fsdp
 from parc.runtime.models import model
+from parc.runtime.models.transformer import Transformer
 from parc.runtime.layout.model_desc import ModelConfig
 from parc.runtime.models.param_init import init_values
 import built  # noqa: E402  (tests/runtime/built.py)
@@ -126,10 +127,11 @@ def main(tp: int, rank: int, layer: int) -> None:
         tracker = LiveBytes()
         start = time.perf_counter()
         with tracker:
-            stage = model.build_stage(
-                config, stages=stages, index=layer, tp_group=dist.group.WORLD, sequence_parallel=True,
-                tp_plan=tp_plan, seed=1, device="cpu", recompute="none", kernels="eager",
-            )
+            with torch.device("meta"):  # one virtual stage of the plain model, as build_stages makes each
+                stage = Transformer(config, layers=stages[layer], first=layer == 0, last=layer == len(stages) - 1)
+            stage = built.transform(stage, tp_group=dist.group.WORLD, sequence_parallel=True, tp_plan=tp_plan,
+                                    recompute="none")
+            stage = model.init_weights(stage, seed=1, device="cpu")
         seconds = time.perf_counter() - start
         params = list(stage.parameters())
         print(json.dumps({
