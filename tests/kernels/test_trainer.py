@@ -26,7 +26,7 @@ def test_compiled_kernels_train_like_eager(arch, tmp_path, ops):  # ops: the run
         out = tmp_path / mode
         runs = build_and_run(f"{arch}.par", out, nproc=1, overrides=layout_overrides() + [f"train.kernels={mode}"])
         train_py = next(out.rglob("train.py")).read_text()
-        assert f'KERNELS = "{mode}"' in train_py and "kernels=KERNELS," in train_py
+        assert f'KERNELS = "{mode}"' in train_py and "net = model.use_kernels(net, KERNELS, dist.device)" in train_py
         losses[mode] = [r["loss"] for r in runs]
     assert len(losses["compiled"]) == len(losses["eager"]) == 6
     # Not bit-identical: the compiled kernels really ran (a silent fallback to eager would be).
