@@ -25,6 +25,7 @@ from parc.runtime.schedules import schedule
 
 from . import render_compress, render_eval, render_hetero, render_moe, render_step
 from .plan import Plan
+from .plan_text import cite
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +40,10 @@ class Feature:
     """Runtime modules imported only inside a function when it runs (shipped, not imported)."""
     transform: str = ""
     """The runtime code that applies it (module.function), for the reader."""
+    step: str = ""
+    """Its step of ``runtime/layout/transforms.ORDER``, if it transforms the model."""
+    step_lines: Callable[[Plan], list] = lambda plan: []
+    """train.py's lines for that step (``render_model`` places them in the order)."""
     cost: str = ""
     """The planner's module that prices it (codegen/planner/cost/)."""
 
@@ -75,12 +80,16 @@ FEATURES: tuple[Feature, ...] = (
     Feature(name="per-layer tp × dp", keys=("parallel.tp", "parallel.dp"), used=render_hetero.enabled,
             imports=("hetero",), transform="parallelize.tensor(layouts=) + hetero.StageLayouts", cost="cost/per_layer.py"),
     Feature(name="context parallel", keys=("parallel.cp", "parallel.cp_kind"), used=lambda plan: plan.mesh.size("cp") > 1,
-            ships=lambda plan: frozenset({"context"}), transform="parallelize.context", cost="cost/context.py"),
+            ships=lambda plan: frozenset({"context"}), transform="parallelize.context", cost="cost/context.py",
+            step="context", step_lines=lambda plan: [
+                f"# {cite(plan.mesh.axis('cp').span)}: attention over the ranks that split each sequence",
+                "net = parallelize.context(net, cp_group, CP_KIND)"]),
     Feature(name="2D tensor parallel", keys=("parallel.tp_shape",), used=lambda plan: plan.mesh.tp_shape is not None,
             ships=lambda plan: frozenset({"layers2d"}), transform="parallelize.tensor(grid=)", cost="cost/tp2d.py"),
     Feature(name="experts", keys=("model.experts", "parallel.ep", "parallel.etp"), used=render_moe.has_experts,
             imports=("moe",), ships=lambda plan: frozenset({"moe_overlap"} if render_moe.overlaps_experts(plan) else ()),
-            transform="parallelize.experts", cost="cost/experts.py"),
+            transform="parallelize.experts", cost="cost/experts.py", step="experts",
+            step_lines=render_moe.transform_lines),
     Feature(name="evaluation", keys=("train.eval",), used=render_eval.enabled, imports=("evaluate",),
             transform="evaluate.Evaluator"),
     Feature(name="fp16 loss scaling", keys=("train.precision",), used=lambda plan: plan.train.precision.value == "fp16",

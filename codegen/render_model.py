@@ -4,9 +4,10 @@ Takes: a ``Plan`` and the tp group's and SP's expressions (``render.py`` names t
 groups). Gives: ``model_lines``, the lines after ``config = model.ModelConfig(...)``:
 ``model.build_model`` (or ``build_stages``, a pipeline rank's chunks), then one line per
 transform the layout uses in the order of ``runtime/layout/transforms.ORDER`` (Note [the
-order of the transforms]), then ``model.init_weights`` and ``model.use_kernels``. A
-per-layer setting's step is ``parallelize.<its name>`` taking its constant (Note [a
-per-layer setting is an entry]).
+order of the transforms]): the tensor step's, then each ``features.Feature``'s
+``step_lines`` at its ``step``, and a per-layer setting's ``parallelize.<its name>``
+taking its constant (Note [a per-layer setting is an entry]); then
+``model.init_weights`` and ``model.use_kernels``.
 Before: ``render.py`` (groups). After: the template places the lines.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from parc.runtime.layout.transforms import ORDER
 
-from . import render_hetero, render_moe, render_step
+from . import features, render_hetero, render_step
 from .plan import Plan
 from .plan_text import cite
 
@@ -28,8 +29,14 @@ def model_lines(plan: Plan, *, tp_arg: str, sp_arg: str, tp_extra: str) -> list[
         "# parc_runtime/layout/transforms.py)",
         *render_step.build_lines(plan),
     ]
-    for step in ORDER:
-        lines += _STEPS.get(step, _setting_step(step))(plan, tensor_args)
+    used = features.in_use(plan)
+    for step in ORDER:  # Note [the order of the transforms]; a feature's entry says its step's lines
+        if step == "tensor":  # every train.py: at tp = 1 it checks TP_PLAN and splits nothing
+            lines += _tensor(plan, tensor_args)
+        lines += [line for feature in used if feature.step == step for line in feature.step_lines(plan)]
+        # a per-layer setting's step is parallelize.<its name> (Note [a per-layer setting is an entry])
+        lines += [f"net = parallelize.{entry.name}(net, {entry.constant})"
+                  for entry in plan.used_settings() if entry.name == step]
     zero3 = plan.train.zero.value == 3
     lines += [
         "# Each rank generates only its shard, element by element from (seed, name,",
@@ -49,30 +56,3 @@ def _tensor(plan: Plan, tensor_args: str) -> list[str]:
         f"# {cite(plan.mesh.axis('tp').span)}: layers split over tp as TP_PLAN says",
         f"net = parallelize.tensor(net, {tensor_args}{extra})",
     ]
-
-
-def _context(plan: Plan, tensor_args: str) -> list[str]:
-    if plan.mesh.size("cp") == 1:
-        return []
-    return [
-        f"# {cite(plan.mesh.axis('cp').span)}: attention over the ranks that split each sequence",
-        "net = parallelize.context(net, cp_group, CP_KIND)",
-    ]
-
-
-def _experts(plan: Plan, tensor_args: str) -> list[str]:
-    return render_moe.transform_lines(plan)
-
-
-def _setting_step(name: str):
-    """A per-layer setting's step: ``parallelize.<name>(net, <its constant>)`` when some
-    block uses it (the constant cites the spec)."""
-
-    def lines(plan: Plan, tensor_args: str) -> list[str]:
-        return [f"net = parallelize.{entry.name}(net, {entry.constant})"
-                for entry in plan.used_settings() if entry.name == name]
-
-    return lines
-
-
-_STEPS = {"tensor": _tensor, "context": _context, "experts": _experts}

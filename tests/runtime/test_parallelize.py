@@ -32,6 +32,10 @@ def test_every_step_is_described_and_every_setting_is_a_step():
         assert entry.name in ORDER and callable(getattr(parallelize, entry.name))
     for step in ORDER:
         assert callable(getattr(parallelize, step))
+    from parc.codegen.features import FEATURES
+
+    steps = [f.step for f in FEATURES if f.step]
+    assert steps and set(steps) <= set(ORDER) and len(steps) == len(set(steps))  # one entry says each step's lines
 
 
 def test_a_step_out_of_order_or_twice_is_refused():
