@@ -54,7 +54,7 @@ def best_of(repeat: int, action) -> float:
 
 
 def quietly(command, **options) -> int:
-    args = argparse.Namespace(overrides=[], check=True, diff=False, **options)
+    args = argparse.Namespace(overrides=[], check=True, diff=False, stdout=False, matrix=False, **options)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return command(args)
 

@@ -159,7 +159,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             "# produced it (on the last micro-batch), while backward goes on",
             f"grad_sync = dp.GradientBuckets(net, {reduce_group}, overlap=True, accumulations={render_step.backward_passes(plan)})",
         ], over)
-        if plan.train.grad_reduce is None and compute is not None and not render_compress.enabled(plan):
+        if render_step.grad_reduce_dtype(plan) == "torch.float32" and not render_compress.enabled(plan):
             optimizer_extra[-1] = optimizer_extra[-1][:-1] + ", reduce_dtype=torch.float32)"
             optimizer_extra.insert(-1, f"# the {plan.train.precision.value} gradients summed over {over} in fp32 "
                                    "(train.grad_reduce) and divided there")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from parc.runtime.layout.model_desc import ModelConfig, describe
 
+from . import render_step
 from .plan import Plan
 from .plan_text import cite
 
@@ -106,12 +107,13 @@ def after_backward_lines(plan: Plan) -> list[str]:
     if not folds_experts(plan):
         return []
     over = "dp × cp" if plan.mesh.size("cp") > 1 else "dp"
-    bf16 = plan.train.grad_reduce is not None  # train.grad_reduce = bf16: as the dense buckets
+    dtype = render_step.grad_reduce_dtype(plan)  # as the dense buckets (render.py)
+    words = {"torch.bfloat16": f" in bf16 ({cite(plan.train.grad_reduce.span)})" if plan.train.grad_reduce else "",
+             "torch.float32": " in fp32", None: ""}[dtype]
     return [
-        f"# each expert's grad holds its ep group's tokens: sum over edp"
-        + (f" in bf16 ({cite(plan.train.grad_reduce.span)})" if bf16 else "") + f", mean over {over}\n"
+        f"# each expert's grad holds its ep group's tokens: sum over edp{words}, mean over {over}\n"
         f"moe.reduce_expert_grads(net, edp_group, data_ranks={data_ranks(plan)}"
-        + (", reduce_dtype=torch.bfloat16)" if bf16 else ")")
+        + (f", reduce_dtype={dtype})" if dtype else ")")
     ]
 
 

@@ -148,6 +148,16 @@ LOW_PRECISION = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 """``train.precision`` → the torch dtype of its compute (fp32: none)."""
 
 
+def grad_reduce_dtype(plan: Plan) -> str | None:
+    """The dtype gradients are summed in over the data-parallel ranks, where it is not the
+    gradients' own: bf16 under ``train.grad_reduce = bf16``; fp32 for bf16/fp16 parameters'
+    gradients (master.py) under the default; None otherwise (fp32 gradients, fp32 sums).
+    The dense buckets and the experts' edp sum both ask here."""
+    if plan.train.grad_reduce is not None:
+        return "torch.bfloat16"
+    return "torch.float32" if compute_dtype(plan) is not None else None
+
+
 def grad_scale_arg(plan: Plan) -> str:
     """The last argument of every gradient clip of the step (``optim.clip_grad_norm_``,
     ``hetero.clip_grad_norm_``, ``unscale_and_clip``, ``reduce_gradients_and_clip``): under

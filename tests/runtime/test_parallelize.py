@@ -116,3 +116,13 @@ def test_train_py_reduces_expert_gradients_as_grad_reduce_says():
     assert "reduce_dtype=torch.bfloat16" in text.split("grad_sync = dp.GradientBuckets(")[1].split(")")[0] + ")"
     plain = render(lower(load(str(ROOT / "tests" / "parity" / "specs" / "llama.par"), sets)))["train.py"]
     assert "reduce_dtype" not in plain.split("moe.reduce_expert_grads(")[1].split(")")[0]
+
+
+def test_bf16_parameters_sum_expert_gradients_in_fp32_as_the_dense_ones():
+    """Under precision = bf16 the dense buckets sum in fp32 (grad_reduce's default); the
+    experts' edp sum did so in the gradients' bf16 until both asked one rule."""
+    sets = ["mesh.devices_per_node=2", "parallel.dp=2", "model.experts=4", "model.top_k=2", "parallel.ep=2",
+            "train.precision=bf16"]
+    text = render(lower(load(str(ROOT / "tests" / "parity" / "specs" / "llama.par"), sets)))["train.py"]
+    assert re.search(r"moe\.reduce_expert_grads\(\s*net, edp_group, data_ranks=DP, reduce_dtype=torch\.float32", text)
+    assert "reduce_dtype=torch.float32" in text.split("grad_sync = dp.GradientBuckets(")[1].split(")")[0] + ")"
