@@ -165,6 +165,8 @@ def plan_to_text(plan) -> str:
     lines.append(f"  {t.kernels.name} = {t.kernels.value!r}  [{cite(t.kernels.span)}]")
     data = t.data
     where = f" {data.path!r} ({data.dtype})" if data.path else ""
+    if isinstance(data.path, tuple):
+        where += f" blended by {data.weights or 'equal shares'}"
     lines.append(f"  data = {data.kind}{where}  [{cite(data.span)}]")
     if t.eval_every.value:
         val = f"validation file {data.val_path!r}" if data.val_path else (

@@ -289,7 +289,7 @@ def _training(spec: Spec, steps: int) -> list[Change]:
     found += _changed("train.precision", train.precision.value, "fp32", "bf16 rounds differently in each layout: "
                       "only fp32 compares at 1e-5")
     if train.data.kind.value != "synthetic":
-        found += _changed("train.data", f'tokens("{train.data.path}")', "synthetic",
+        found += _changed("train.data", _tokens_word(train.data.path), "synthetic",
                           "the token file may not be here, and holds ids of the full vocab")
     if train.checkpoint_every or train.checkpoint_dir:
         found += [Change(key="train.checkpoint", before="every(...)", after="none", why="verify writes no checkpoints")]
@@ -331,3 +331,10 @@ def _one_rank(param, values: dict) -> str | None:
     if param.name == "compress_stages":
         return None
     return param.default
+
+
+def _tokens_word(path) -> str:
+    """``tokens("x.bin")``, or a blend's ``tokens(["a.bin", "b.bin"], ...)``, as the spec reads."""
+    if isinstance(path, tuple):
+        return "tokens([" + ", ".join(f'"{p}"' for p in path) + "], ...)"
+    return f'tokens("{path}")'

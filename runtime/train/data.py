@@ -175,6 +175,18 @@ class BlendedTokens:
         return tuple(torch.cat(rows).contiguous() for rows in zip(*parts))
 
 
+def blend(paths, weights, seq_len: int, dtype: str = "uint16", *, seed: int = 0, vocab: int | None = None,
+          rank: int = 0, part: tuple[float, float] = (0.0, 1.0)) -> BlendedTokens:
+    """The token files ``paths`` blended by ``weights`` (train.py's ``--data A B ...``); file k
+    draws its windows with ``seed + k``, so two files' samples are not drawn alike."""
+    if len(paths) != len(weights):
+        raise _end(f"--data names {len(paths)} files, but the blend has {len(weights)} weights (DATA_WEIGHTS): "
+                   "give one file per weight", rank)
+    files = [TokenFile(path, seq_len, dtype, seed=seed + k, vocab=vocab, rank=rank, part=part)
+             for k, path in enumerate(paths)]
+    return BlendedTokens(files, weights)
+
+
 def blend_counts(weights, period: int) -> list[int]:
     """``weights`` as whole counts summing to ``period``: each its share rounded down, the
     rest to the largest remainders (ties to the first), and none below 1."""
