@@ -180,8 +180,8 @@ def blend(paths, weights, seq_len: int, dtype: str = "uint16", *, seed: int = 0,
     """The token files ``paths`` blended by ``weights`` (train.py's ``--data A B ...``); file k
     draws its windows with ``seed + k``, so two files' samples are not drawn alike."""
     if len(paths) != len(weights):
-        raise _end(f"--data names {len(paths)} files, but the blend has {len(weights)} weights (DATA_WEIGHTS): "
-                   "give one file per weight", rank)
+        raise _end(f"--data names {len(paths)} file{'s' * (len(paths) != 1)}, but the blend has {len(weights)} "
+                   "weights (DATA_WEIGHTS): give one file per weight", rank)
     files = [TokenFile(path, seq_len, dtype, seed=seed + k, vocab=vocab, rank=rank, part=part)
              for k, path in enumerate(paths)]
     return BlendedTokens(files, weights)

@@ -72,3 +72,12 @@ def test_a_blend_refuses_bad_weights():
         data.BlendedTokens([None, None], [1, 0])
     with pytest.raises(ValueError):
         data.BlendedTokens([], [])
+
+
+def test_blend_of_files_needs_one_file_per_weight(tmp_path):
+    token_file(tmp_path, "a.bin", 0)
+    with pytest.raises(SystemExit, match="--data names 1 file, but the blend has 2 weights"):
+        data.blend([str(tmp_path / "a.bin")], (1.0, 3.0), 4)
+    token_file(tmp_path, "b.bin", 1000)
+    both = data.blend([str(tmp_path / "a.bin"), str(tmp_path / "b.bin")], (1.0, 3.0), 4, seed=5)
+    assert [f.seed for f in both.datasets] == [5, 6]  # each file draws its own windows
