@@ -32,6 +32,7 @@ from typing import Iterator
 
 TEXT_SUFFIXES = (".txt",)
 LINES_SUFFIXES = (".jsonl", ".json")
+SPACES = b" \t\r\n\x0b\x0c"
 BUFFER = 1 << 20
 """Tokens (and bytes of text) held before a write: the memory bound of a prepare."""
 
@@ -86,8 +87,9 @@ def is_lines(path: Path) -> bool:
 
 def documents(path: Path, *, field: str, buffer: int = BUFFER, whole_lines: bool = False) -> Iterator[Iterator[bytes]]:
     """Each document of ``path`` as an iterator of byte pieces; a text file's pieces are at
-    most ``buffer`` bytes (cut after a newline when ``whole_lines``, for a tokenizer that
-    must not see a word cut in two: a line longer than the buffer is one piece)."""
+    most ``buffer`` bytes. With ``whole_lines`` (a tokenizer, which must not see a word cut
+    in two) a piece runs on to the end of a line that a non-space follows, where byte-level
+    pre-tokenizers split anyway; a line longer than the buffer is one piece."""
     try:
         with open(path, "rb") as stream:
             if is_lines(path):
@@ -105,8 +107,15 @@ def _pieces(stream, buffer: int, whole_lines: bool) -> Iterator[bytes]:
         piece = stream.read(buffer)
         if not piece:
             return
-        if whole_lines and not piece.endswith(b"\n"):
-            piece += stream.readline()
+        while whole_lines:  # end after a newline that a non-space follows: a run of spaces stays whole
+            if piece.endswith(b"\n"):
+                following = stream.peek(1)[:1]
+                if not following or following not in SPACES:
+                    break
+            more = stream.readline()
+            if not more:
+                break
+            piece += more
         yield piece
 
 
@@ -115,7 +124,8 @@ def _field(line: bytes, path: Path, number: int, field: str) -> bytes:
         record = json.loads(line)
     except ValueError as exc:
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
-        raise CorpusError(f"{path}:{number}: not a JSON line ({reason})") from None
+        also = " (a .json file is read as JSON Lines: one object a line)" if path.suffix.lower() == ".json" else ""
+        raise CorpusError(f"{path}:{number}: not a JSON line ({reason}){also}") from None
     if not isinstance(record, dict) or field not in record:
         raise CorpusError(f"{path}:{number}: no field {field!r} in this line (choose the field with --field NAME)")
     text = record[field]

@@ -82,9 +82,23 @@ def test_streaming_with_a_tokenizer_cuts_text_at_lines(tmp_path):
     tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     tokenizer.save(str(tmp_path / "tok.json"))
-    (tmp_path / "a.txt").write_text("alpha beta\n" * 50)
+    (tmp_path / "a.txt").write_text("alpha beta\n\n  beta\n" * 25)
     one, small = tmp_path / "one.bin", tmp_path / "small.bin"
     assert prepare(tmp_path / "a.txt", "-o", one, "--tokenizer", tmp_path / "tok.json") == 0
     assert prepare(tmp_path / "a.txt", "-o", small, "--tokenizer", tmp_path / "tok.json", "--buffer", "7") == 0
     assert small.read_bytes() == one.read_bytes()
-    assert ids_of(one) == [2, 3] * 50 + [1]
+    assert ids_of(one) == [2, 3, 3] * 25 + [1]
+
+
+def test_text_pieces_for_a_tokenizer_end_where_a_word_begins(tmp_path):
+    from parc.codegen.corpus import documents
+
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"one two\n\n  three\nfour five six\n" * 20)
+    (document,) = documents(path, field="text", buffer=5, whole_lines=True)
+    pieces = list(document)
+    assert b"".join(pieces) == path.read_bytes() and len(pieces) > 20
+    for piece, after in zip(pieces, pieces[1:]):
+        assert piece.endswith(b"\n") and after[:1] not in b" \t\r\n"
+    (document,) = documents(path, field="text", buffer=5)  # bytes: cut anywhere, 5 at a time
+    assert {len(p) for p in document} == {5}
