@@ -89,7 +89,8 @@ def documents(path: Path, *, field: str, buffer: int = BUFFER, whole_lines: bool
     """Each document of ``path`` as an iterator of byte pieces; a text file's pieces are at
     most ``buffer`` bytes. With ``whole_lines`` (a tokenizer, which must not see a word cut
     in two) a piece runs on to the end of a line that a non-space follows, where byte-level
-    pre-tokenizers split anyway; a line longer than the buffer is one piece."""
+    pre-tokenizers split anyway; a line longer than the buffer is one piece. A document's
+    pieces are read before the next document is asked for (the file stays open meanwhile)."""
     try:
         with open(path, "rb") as stream:
             if is_lines(path):

@@ -95,10 +95,8 @@ def test_text_pieces_for_a_tokenizer_end_where_a_word_begins(tmp_path):
 
     path = tmp_path / "a.txt"
     path.write_bytes(b"one two\n\n  three\nfour five six\n" * 20)
-    (document,) = documents(path, field="text", buffer=5, whole_lines=True)
-    pieces = list(document)
+    pieces = list(next(documents(path, field="text", buffer=5, whole_lines=True)))
     assert b"".join(pieces) == path.read_bytes() and len(pieces) > 20
     for piece, after in zip(pieces, pieces[1:]):
         assert piece.endswith(b"\n") and after[:1] not in b" \t\r\n"
-    (document,) = documents(path, field="text", buffer=5)  # bytes: cut anywhere, 5 at a time
-    assert {len(p) for p in document} == {5}
+    assert {len(p) for p in next(documents(path, field="text", buffer=5))} == {5}  # bytes: cut anywhere
