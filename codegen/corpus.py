@@ -89,21 +89,28 @@ def documents(path: Path, *, field: str, buffer: int = BUFFER, whole_lines: bool
     """Each document of ``path`` as an iterator of byte pieces; a text file's pieces are at
     most ``buffer`` bytes. With ``whole_lines`` (a tokenizer, which must not see a word cut
     in two) a piece runs on to the end of a line that a non-space follows, where byte-level
-    pre-tokenizers split anyway; a line longer than the buffer is one piece. A document's
-    pieces are read before the next document is asked for (the file stays open meanwhile)."""
+    pre-tokenizers split anyway; a line longer than the buffer is one piece."""
+    if not is_lines(path):
+        yield _pieces(path, buffer, whole_lines)
+        return
     try:
         with open(path, "rb") as stream:
-            if is_lines(path):
-                for number, line in enumerate(stream, 1):
-                    if line.strip():
-                        yield iter((_field(line, path, number, field),))
-            else:
-                yield _pieces(stream, buffer, whole_lines)
+            for number, line in enumerate(stream, 1):
+                if line.strip():
+                    yield iter((_field(line, path, number, field),))
     except OSError as exc:
         raise CorpusError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _pieces(stream, buffer: int, whole_lines: bool) -> Iterator[bytes]:
+def _pieces(path: Path, buffer: int, whole_lines: bool) -> Iterator[bytes]:
+    try:
+        with open(path, "rb") as stream:
+            yield from _cut(stream, buffer, whole_lines)
+    except OSError as exc:
+        raise CorpusError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _cut(stream, buffer: int, whole_lines: bool) -> Iterator[bytes]:
     while True:
         piece = stream.read(buffer)
         if not piece:
