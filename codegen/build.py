@@ -90,6 +90,8 @@ def seen_from(spec, out_dir):
     data = spec.train.data
 
     def seen(path):
+        if isinstance(path, tuple):  # a blend's files
+            return tuple(seen(p) for p in path)
         if path is None or os.path.isabs(path):
             return path
         return Path(os.path.relpath(spec.resolve(path), out_dir)).as_posix()

@@ -314,12 +314,15 @@ class ModelPlan:
 class DataPlan:
     kind: str
     """``synthetic`` or ``tokens``."""
-    path: str | None
-    """Token file as written in the spec; resolved at run time from the cwd."""
+    path: str | tuple[str, ...] | None
+    """Token file as written in the spec (a tuple: a blend's files); resolved at run time from the cwd."""
     dtype: str
     """Element type of the token file (``uint16`` | ``uint32``)."""
-    val_path: str | None = None
-    """The validation token file as written; None: ``eval`` holds out the file's last tenth."""
+    val_path: str | tuple[str, ...] | None = None
+    """The validation token file as written (a tuple: one per file of a blend); None: ``eval``
+    holds out the file's last tenth."""
+    weights: tuple[float, ...] = ()
+    """A blend's weights as written, one per file; () for one file or equal shares."""
     span: Span | None
 
 

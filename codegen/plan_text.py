@@ -72,6 +72,8 @@ def plan_to_json(plan) -> str:
             del data["train"][key]
     if not data["train"].get("compress", 0):
         data["train"].pop("compress", None)  # only a compressing layout has it
+    if not data["train"]["data"].get("weights", 1):
+        del data["train"]["data"]["weights"]  # only a blend has them
     if data["model"].get("expert_parallel", 0) is None:
         del data["model"]["expert_parallel"]  # only a model with experts has it
     if data["model"].get("expert_tensor_parallel", 0) is None:
@@ -165,6 +167,8 @@ def plan_to_text(plan) -> str:
     lines.append(f"  {t.kernels.name} = {t.kernels.value!r}  [{cite(t.kernels.span)}]")
     data = t.data
     where = f" {data.path!r} ({data.dtype})" if data.path else ""
+    if isinstance(data.path, tuple):
+        where += f" blended by {data.weights or 'equal shares'}"
     lines.append(f"  data = {data.kind}{where}  [{cite(data.span)}]")
     if t.eval_every.value:
         val = f"validation file {data.val_path!r}" if data.val_path else (

@@ -182,11 +182,13 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     flag_docs = render_checkpoint.flag_docs(plan) + render_observe.flag_docs(plan) + render_eval.flag_docs(plan)
     extra_flag_docs = [docstring_text(line) for line in flag_docs]
     if data.kind == "tokens":
-        dataset_line = render_eval.TOKEN_FILE.format(path="args.data", part=render_eval.dataset_part(plan))
-        dataset_line = "dataset = " + dataset_line
-        extra_flag_docs.append(
-            docstring_text("--data PATH            token file, from the cwd (default DATA_PATH, from this file's folder)")
-        )
+        blended = isinstance(data.path, tuple)
+        dataset_line = "dataset = " + render_eval.token_data(blended, "args.data", render_eval.dataset_part(plan))
+        extra_flag_docs.append(docstring_text(
+            "--data PATH ...        token files of the blend, from the cwd (default DATA_PATH, by DATA_WEIGHTS)"
+            if blended else
+            "--data PATH            token file, from the cwd (default DATA_PATH, from this file's folder)"
+        ))
     else:
         dataset_line = "dataset = data.SyntheticTokens(VOCAB, SEQ_LEN, seed=args.seed)"
     forward = "loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM"

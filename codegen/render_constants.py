@@ -109,6 +109,9 @@ def config_lines(plan: Plan) -> list[str]:
     if train.data.kind == "tokens":
         lines.append(constant("DATA_PATH", train.data.path, cite(train.data.span) + ": from this file's folder"))
         lines.append(constant("DATA_DTYPE", train.data.dtype, cite(train.data.span)))
+        if isinstance(train.data.path, tuple):  # a blend: each file's share (equal when not written)
+            weights = train.data.weights or (1.0,) * len(train.data.path)
+            lines.append(constant("DATA_WEIGHTS", weights, cite(train.data.span) + ": each file's share"))
     lines += render_eval.config_lines(plan)
     lines += render_compress.config_lines(plan)
     flops_note = DEVICE_FLOPS_NOTE if mesh.device_flops else "unknown for this device: no MFU"

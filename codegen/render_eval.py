@@ -17,6 +17,12 @@ from .plan import Plan
 from .plan_text import cite
 
 TOKEN_FILE = "data.TokenFile({path}, SEQ_LEN, DATA_DTYPE, seed=args.seed, vocab=VOCAB, rank=dist.rank{part})"
+BLEND = "data.blend({path}, DATA_WEIGHTS, SEQ_LEN, DATA_DTYPE, seed=args.seed, vocab=VOCAB, rank=dist.rank{part})"
+
+
+def token_data(blended: bool, path: str, part: str) -> str:
+    """The dataset of one token file, or of a blend's (``runtime/train/data.py``'s ``blend``)."""
+    return (BLEND if blended else TOKEN_FILE).format(path=path, part=part)
 
 
 def enabled(plan: Plan) -> bool:
@@ -45,6 +51,8 @@ def config_lines(plan: Plan) -> list[str]:
 def flag_docs(plan: Plan) -> list[str]:
     if not (enabled(plan) and plan.train.data.val_path):
         return []
+    if isinstance(plan.train.data.val_path, tuple):
+        return ["--val-data PATH ...    validation token files, one per file of the blend (default VAL_DATA_PATH)"]
     return ["--val-data PATH        validation token file (default VAL_DATA_PATH, from this file's folder)"]
 
 
@@ -60,9 +68,9 @@ def setup_lines(plan: Plan, *, reduce_group: str | None, pipelined: bool) -> lis
     if data.kind != "tokens":
         val = "data.ValidationStream(dataset)  # the same chain, at samples training never reads"
     elif data.val_path:
-        val = TOKEN_FILE.format(path="args.val_data", part="")
+        val = token_data(isinstance(data.val_path, tuple), "args.val_data", "")
     else:
-        val = TOKEN_FILE.format(path="args.data", part=", part=data.VAL_PART") + "  # the held-out tail"
+        val = token_data(isinstance(data.path, tuple), "args.data", ", part=data.VAL_PART") + "  # the held-out tail"
     cp = plan.mesh.size("cp") > 1
     low = render_step.autocast_dtype(plan)  # else fp32, or bf16/fp16 parameters used as they are
     return [

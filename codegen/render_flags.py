@@ -51,15 +51,24 @@ def flag_lines(plan: Plan) -> list[str]:
     if plan.train.data.kind == "tokens":
         lines += [
             "# DATA_PATH is from this file's folder, so the run works from any cwd",
-            "data_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), DATA_PATH)",
-            'parser.add_argument("--data", type=flags.path, default=data_path, metavar="PATH")',
+            *_path_flag("--data", "data_path", "DATA_PATH", isinstance(plan.train.data.path, tuple)),
         ]
         if render_eval.enabled(plan) and plan.train.data.val_path:
-            lines += [
-                "val_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), VAL_DATA_PATH)",
-                'parser.add_argument("--val-data", type=flags.path, default=val_path, metavar="PATH")',
-            ]
+            lines += _path_flag("--val-data", "val_path", "VAL_DATA_PATH", isinstance(plan.train.data.val_path, tuple))
     return lines
+
+
+def _path_flag(flag: str, name: str, constant: str, blended: bool) -> list[str]:
+    """``flag`` for a token file (a blend's files: one or more) from this file's folder."""
+    if not blended:
+        return [
+            f"{name} = os.path.join(os.path.dirname(os.path.abspath(__file__)), {constant})",
+            f'parser.add_argument("{flag}", type=flags.path, default={name}, metavar="PATH")',
+        ]
+    return [
+        f"{name} = [os.path.join(os.path.dirname(os.path.abspath(__file__)), p) for p in {constant}]",
+        f'parser.add_argument("{flag}", type=flags.path, nargs="+", default={name}, metavar="PATH")',
+    ]
 
 
 def _init_from(plan: Plan) -> list[str]:

@@ -299,7 +299,7 @@ def _training(spec: Spec, steps: int) -> list[Change]:
         found += [Change(key="parallel.compress_stages", before=_word(list(par.compress_stages)), after="default",
                          why="the stages compress_pp compressed")]
     if train.data.kind.value != "synthetic":
-        found += _changed("train.data", f'tokens("{train.data.path}")', "synthetic",
+        found += _changed("train.data", _tokens_word(train.data.path), "synthetic",
                           "the token file may not be here, and holds ids of the full vocab")
     if train.checkpoint_every or train.checkpoint_dir:
         found += [Change(key="train.checkpoint", before="every(...)", after="none", why="verify writes no checkpoints")]
@@ -342,3 +342,10 @@ def _one_rank(param, values: dict) -> str | None:
     if param.name == "compress_stages":
         return None if values.get("compress_stages") is None else "default"
     return param.default
+
+
+def _tokens_word(path) -> str:
+    """``tokens("x.bin")``, or a blend's ``tokens(["a.bin", "b.bin"], ...)``, as the spec reads."""
+    if isinstance(path, tuple):
+        return "tokens([" + ", ".join(f'"{p}"' for p in path) + "], ...)"
+    return f'tokens("{path}")'

@@ -47,6 +47,9 @@ def spec_values(spec: Spec) -> dict:
         "warmup": train.lr_schedule.warmup, "precision": train.precision.value,
         "grad_reduce": train.grad_reduce,
         "optimizer": train.optimizer.name, "data": train.data.kind.value, "data_dtype": train.data.dtype,
+        "data_files": len(train.data.files) or None, "data_weights": len(train.data.weights) or None,
+        "data_val_files": None if train.data.val_path is None
+        else len(train.data.val_path) if isinstance(train.data.val_path, tuple) else 1,
     }
 
 

@@ -3,7 +3,7 @@
 Takes: the documents' bytes, the path of a local ``tokenizer.json`` (no network: the
 file is the whole tokenizer), the end-of-text token (or the tokenizer's own), whether
 to separate documents and the dtype asked for (None: chosen). Gives:
-``encode_with_tokenizer`` → the ids (an ``array``, little-endian) and the record
+``TokenizerEncoder``: ``encode(piece)`` → the ids of one text, ``info(tokens)`` → the record
 written beside the ``.bin``: ``tokenizer`` (the file's name), ``vocab_size``,
 ``separator`` (the end-of-text id), ``min_vocab`` (= ``vocab_size``, the largest id + 1: any id of the
 tokenizer may appear in a later file, so a model needs them all; ``dsl/data_files.py``
@@ -13,9 +13,6 @@ Before: ``codegen/cli/data.py`` reads the texts. After: it writes the files.
 """
 
 from __future__ import annotations
-
-import sys
-from array import array
 
 from parc.runtime.paths import UnreadableFile, check_regular
 
@@ -72,39 +69,38 @@ def id_bound(tokenizer) -> int:
     return max(ids, default=-1) + 1
 
 
-def encode_with_tokenizer(documents: list[bytes], path: str, *, eot: str | None, separator: bool,
-                          dtype: str | None) -> tuple[array, dict]:
-    tokenizer = load_tokenizer(path)
-    vocab_size = id_bound(tokenizer)
-    if vocab_size > UINT32_IDS:
-        raise TokenizerError(f"{path} has ids up to {vocab_size - 1:,}: a token file holds ids below 2**32")
-    separator_id = end_of_text_id(tokenizer, eot, path) if separator else None
-    needed = "uint32" if vocab_size > UINT16_IDS else "uint16"
-    if dtype == "uint16" and needed == "uint32":
-        raise TokenizerError(
-            f"--dtype uint16 holds ids below {UINT16_IDS:,}, but {path} has ids up to {vocab_size - 1:,}: "
-            "use --dtype uint32 (or leave --dtype out)"
-        )
-    dtype = dtype or needed
-    ids = array("H" if dtype == "uint16" else "I")
-    if ids.itemsize != (2 if dtype == "uint16" else 4):  # pragma: no cover - exotic platforms
-        ids = array("I" if dtype == "uint16" else "L")
-    for document in documents:
-        text = document.decode("utf-8", errors="replace")
-        encoded = tokenizer.encode(text, add_special_tokens=False).ids
-        if encoded and max(encoded) >= vocab_size:  # pragma: no cover - an id outside get_vocab
-            raise TokenizerError(f"{path} gave id {max(encoded):,}, past its vocabulary's {vocab_size - 1:,}")
-        ids.extend(encoded)
-        if separator_id is not None:
-            ids.append(separator_id)
-    if sys.byteorder != "little":
-        ids.byteswap()
-    info = {
-        "tokenizer": path.replace("\\", "/").rsplit("/", 1)[-1],
-        "vocab_size": vocab_size,
-        "dtype": dtype,
-        "tokens": len(ids),
-        "separator": separator_id,
-        "min_vocab": vocab_size,
-    }
-    return ids, info
+class TokenizerEncoder:
+    """A loaded tokenizer that encodes one text at a time (``codegen/corpus.py`` streams
+    the documents through it); ``info`` is the record written beside the ``.bin``."""
+
+    def __init__(self, path: str, *, eot: str | None, separator: bool, dtype: str | None):
+        self.path = path
+        self.tokenizer = load_tokenizer(path)
+        self.vocab_size = id_bound(self.tokenizer)
+        if self.vocab_size > UINT32_IDS:
+            raise TokenizerError(f"{path} has ids up to {self.vocab_size - 1:,}: a token file holds ids below 2**32")
+        self.separator_id = end_of_text_id(self.tokenizer, eot, path) if separator else None
+        needed = "uint32" if self.vocab_size > UINT16_IDS else "uint16"
+        if dtype == "uint16" and needed == "uint32":
+            raise TokenizerError(
+                f"--dtype uint16 holds ids below {UINT16_IDS:,}, but {path} has ids up to {self.vocab_size - 1:,}: "
+                "use --dtype uint32 (or leave --dtype out)"
+            )
+        self.dtype = dtype or needed
+
+    def encode(self, piece: bytes) -> list[int]:
+        text = piece.decode("utf-8", errors="replace")
+        encoded = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if encoded and max(encoded) >= self.vocab_size:  # pragma: no cover - an id outside get_vocab
+            raise TokenizerError(f"{self.path} gave id {max(encoded):,}, past its vocabulary's {self.vocab_size - 1:,}")
+        return encoded
+
+    def info(self, tokens: int) -> dict:
+        return {
+            "tokenizer": self.path.replace("\\", "/").rsplit("/", 1)[-1],
+            "vocab_size": self.vocab_size,
+            "dtype": self.dtype,
+            "tokens": tokens,
+            "separator": self.separator_id,
+            "min_vocab": self.vocab_size,
+        }

@@ -205,8 +205,8 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         grad_reduce=train.get("grad_reduce", "fp32"),
         seed=train.get("seed", 1234),
         data=DataSpec(
-            kind=DataKind(data["kind"]), path=data.get("path"), dtype=data.get("dtype", "uint16"),
-            val_path=data.get("val"),
+            kind=DataKind(data["kind"]), path=_strings(data.get("path")), dtype=data.get("dtype", "uint16"),
+            val_path=_strings(data.get("val")), weights=_weights(data.get("weights")),
         ),
         eval_every=train.get("eval", {}).get("steps", 0),
         eval_batches=train.get("eval", {}).get("batches", 4) if train.get("eval", {}).get("steps") else 0,
@@ -357,8 +357,9 @@ def spec_document(spec: Spec) -> dict:
         "grad_reduce": train.grad_reduce,
         "seed": train.seed,
         "data": {"kind": "synthetic"} if train.data.kind is DataKind.SYNTHETIC
-        else {"kind": "tokens", "path": train.data.path, "dtype": train.data.dtype}
-        | ({} if train.data.val_path is None else {"val": train.data.val_path}),
+        else {"kind": "tokens", "path": _listed(train.data.path), "dtype": train.data.dtype}
+        | ({} if train.data.val_path is None else {"val": _listed(train.data.val_path)})
+        | ({"weights": list(train.data.weights)} if train.data.weights else {}),
         "eval": {"kind": "none"} if not train.eval_every
         else {"kind": "every", "steps": train.eval_every, "batches": train.eval_batches},
         "log_every": train.log_every,
@@ -386,3 +387,18 @@ def _per_layer_doc(value, one):
     if value is None:
         return "auto"
     return [one(item) for item in value] if isinstance(value, tuple) else one(value)
+
+
+def _strings(value):
+    """A path as written, or a blend's list of them as a tuple."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _weights(value) -> tuple[float, ...]:
+    if value is None:
+        return ()
+    return tuple(float(w) for w in (value if isinstance(value, list) else [value]))
+
+
+def _listed(value):
+    return list(value) if isinstance(value, tuple) else value

@@ -100,6 +100,9 @@ def plain_values(v: _Values) -> dict:
     data = out.pop("data")
     out["data"] = data.get("kind") if isinstance(data, dict) else None
     out["data_dtype"] = data.get("dtype") if isinstance(data, dict) else None
+    for name, key in (("data_files", "path"), ("data_weights", "weights"), ("data_val_files", "val")):
+        value = data.get(key) if isinstance(data, dict) else None
+        out[name] = None if value is None else len(value) if isinstance(value, list) else 1
     parallel = v.norm.doc.get("parallel") if isinstance(v.norm.doc, dict) else None
     out["tp_shape_auto"] = isinstance(parallel, dict) and parallel.get("tp_shape") == "auto"
     out["tp_shape"] = tuple(out["tp_shape"]) if isinstance(out["tp_shape"], (list, tuple)) else None

@@ -9,6 +9,8 @@ severity warning (Note [warnings] in ``dsl/diagnostics.py``), each at the spec's
   would stop at its first step, its embedding having no row for them;
 - PAR0219: there is no token file at the path (it may be made before the run).
 
+Each file of a blend (``tokens([...], weights = [...])``) is checked the same way.
+
 And one error, ``errors(spec)``, which ``load`` raises (so ``parc check`` and ``parc
 build`` both refuse the spec):
 
@@ -34,12 +36,9 @@ from .diagnostics import ParcError, Severity, Span
 from .spec import DataKind, Spec
 
 
-def _record(spec: Spec) -> dict | None:
+def _record(spec: Spec, written: str) -> dict | None:
     """The token file's record (``X.json`` beside ``X.bin``) as a dict, or None."""
-    data = spec.train.data
-    if data.kind != DataKind.TOKENS or data.path is None:
-        return None
-    path = spec.resolve(data.path)
+    path = spec.resolve(written)
     record = os.path.splitext(path)[0] + ".json"
     if record == path or not os.path.isfile(record):
         return None
@@ -50,14 +49,24 @@ def _record(spec: Spec) -> dict | None:
     return content if isinstance(content, dict) else None
 
 
+def _files(spec: Spec) -> tuple[str, ...]:
+    """The spec's token files as written: one, or each file of a blend (each is checked alike)."""
+    data = spec.train.data
+    return data.files if data.kind == DataKind.TOKENS else ()
+
+
 def _count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def errors(spec: Spec) -> list[ParcError]:
     span = spec.span("train.data")
-    record = _record(spec)
-    if span is None or record is None or not _count(record.get("vocab_size")):
+    return [] if span is None else [e for written in _files(spec) for e in _file_errors(spec, written, span)]
+
+
+def _file_errors(spec: Spec, written: str, span: Span) -> list[ParcError]:
+    record = _record(spec, written)
+    if record is None or not _count(record.get("vocab_size")):
         return []
     size, vocab = record["vocab_size"], spec.model.vocab
     if size <= vocab:
@@ -65,7 +74,7 @@ def errors(spec: Spec) -> list[ParcError]:
     return [ParcError(
         span=span,
         code="PAR0120",
-        message=f"{spec.train.data.path} was made by the tokenizer {record.get('tokenizer')!s} of "
+        message=f"{written} was made by the tokenizer {record.get('tokenizer')!s} of "
         f"{size:,} tokens, but the model's vocab is {vocab:,}: ids from {vocab:,} up have no embedding row",
         hint=f"set model.vocab to at least {size} (the tokenizer's vocabulary), or prepare the data "
         "with a smaller tokenizer",
@@ -73,11 +82,14 @@ def errors(spec: Spec) -> list[ParcError]:
 
 
 def warnings(spec: Spec) -> list[ParcError]:
-    data = spec.train.data
     span = spec.span("train.data")
-    if data.kind != DataKind.TOKENS or data.path is None or span is None:
+    if span is None or errors(spec):  # a tokenizer's file: PAR0120 refuses the spec already
         return []
-    path = spec.resolve(data.path)
+    return [w for written in _files(spec) for w in _file_warnings(spec, written, span)]
+
+
+def _file_warnings(spec: Spec, written: str, span: Span) -> list[ParcError]:
+    path = spec.resolve(written)
     if not os.path.exists(path):
         return [_warning(span, "PAR0219", f"no token file at {path}",
                          "paths in a spec are relative to the spec's folder; make the file before "
@@ -92,12 +104,10 @@ def warnings(spec: Spec) -> list[ParcError]:
     vocab = spec.model.vocab
     if not isinstance(min_vocab, int) or isinstance(min_vocab, bool) or min_vocab <= vocab:
         return []
-    if errors(spec):  # a tokenizer's file: PAR0120 refuses the spec already
-        return []
     return [_warning(
         span,
         "PAR0218",
-        f"{data.path} holds token ids up to {min_vocab - 1} ({record} says min_vocab = {min_vocab}), "
+        f"{written} holds token ids up to {min_vocab - 1} ({record} says min_vocab = {min_vocab}), "
         f"but the model's vocab is {vocab}: the trainer would stop at its first step",
         f"set model.vocab to at least {min_vocab}",
     )]

@@ -275,12 +275,25 @@ class LrScheduleSpec:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DataSpec:
     kind: DataKind = DataKind.SYNTHETIC
-    path: str | None = None
-    """For ``tokens("path.bin")``: the path exactly as written in the spec."""
+    path: str | tuple[str, ...] | None = None
+    """For ``tokens("path.bin")``: the path exactly as written in the spec; a tuple of
+    them for a blend (``tokens(["a.bin", "b.bin"], weights = [3, 7])``)."""
     dtype: str = "uint16"
     """Element type of a token file: uint16 or uint32."""
-    val_path: str | None = None
-    """``tokens(..., val = "val.bin")``: the validation file as written; None: a held-out tail."""
+    val_path: str | tuple[str, ...] | None = None
+    """``tokens(..., val = "val.bin")``: the validation file as written (a tuple: one per
+    file of a blend, blended by the same weights); None: a held-out tail of each file."""
+    weights: tuple[float, ...] = ()
+    """A blend's weights, one per file of ``path`` (PAR0216); () for one file or equal shares."""
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The token files, one for a single file."""
+        return tuple(self.path) if isinstance(self.path, (tuple, list)) else (() if self.path is None else (self.path,))
+
+    @property
+    def blended(self) -> bool:
+        return isinstance(self.path, (tuple, list))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

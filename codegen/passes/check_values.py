@@ -142,16 +142,21 @@ def run(spec: Spec, draft: Draft) -> Draft:
     if type(data.dtype) is not str or data.dtype not in TOKEN_DTYPES:
         bad("train.data", f"token dtype {_show(data.dtype)} is not one of {', '.join(TOKEN_DTYPES)}")
     if data.kind is DataKind.TOKENS or data.path is not None:
-        if type(data.path) is not str or not data.path:
-            bad("train.data", "tokens(...) needs a file path")
-        elif CONTROL.search(data.path):
-            bad(
-                "train.data",
-                f"token file path {data.path!r} contains a control character",
-                "rename the file",
-            )
-    if data.val_path is not None and (type(data.val_path) is not str or not data.val_path or CONTROL.search(data.val_path)):
-        bad("train.data", f"validation file path {_show(data.val_path)} is empty or holds a control character")
+        paths = data.path if type(data.path) is tuple else (data.path,)
+        for path in paths:
+            if type(path) is not str or not path:
+                bad("train.data", "tokens(...) needs a file path")
+            elif CONTROL.search(path):
+                bad(
+                    "train.data",
+                    f"token file path {path!r} contains a control character",
+                    "rename the file",
+                )
+    for path in data.val_path if type(data.val_path) is tuple else (data.val_path,):
+        if path is not None and (type(path) is not str or not path or CONTROL.search(path)):
+            bad("train.data", f"validation file path {_show(path)} is empty or holds a control character")
+    if type(data.weights) is not tuple or any(type(w) is not float or not w > 0 for w in data.weights):
+        bad("train.data", f"blend weights {_show(data.weights)} are not positive numbers")
     count("train.eval", train.eval_every, low=0)
     count("train.eval", train.eval_batches, low=0)
     check(problems)

@@ -93,6 +93,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
         zero=setting(spec, "ZERO", "parallel.zero", spec.parallel.zero),
         data=DataPlan(
             kind=t.data.kind.value, path=t.data.path, dtype=t.data.dtype, val_path=t.data.val_path,
+            weights=t.data.weights,
             span=spec.span("train.data"),
         ),
         eval_every=setting(spec, "EVAL_EVERY", "train.eval", t.eval_every),

@@ -118,7 +118,23 @@ TRAIN = BlockDef(
                     doc="a flat token file (parc data prepare)",
                     params=(
                         Param(
-                            name="path", type="string", required=True, doc="the file, as written"
+                            name="path",
+                            type="string",
+                            required=True,
+                            doc="the file, as written",
+                            or_list=Param(
+                                name="file", type="string", doc="one file of a blend (with `weights`)"
+                            ),
+                        ),
+                        Param(
+                            name="weights",
+                            type="number",
+                            exclusive_minimum=0,
+                            doc="a blend's share of each file, in the order of `path` (any positive "
+                            "numbers: [3, 7] is [0.3, 0.7]); without it, equal shares",
+                            or_list=Param(
+                                name="weight", type="number", exclusive_minimum=0, doc="one file's share"
+                            ),
                         ),
                         Param(
                             name="dtype",
@@ -130,8 +146,9 @@ TRAIN = BlockDef(
                         Param(
                             name="val",
                             type="string",
-                            doc="a validation token file (same dtype) for `eval`; without it, "
-                            "the file's last tenth is held out",
+                            doc="a validation token file (same dtype) for `eval`, or one per file "
+                            "of a blend; without it, each file's last tenth is held out",
+                            or_list=Param(name="file", type="string", doc="one validation file"),
                         ),
                     ),
                 ),

@@ -74,13 +74,16 @@ KEYS = {
     "optimizer": "train.optimizer",
     "data": "train.data",
     "data_dtype": "train.data.dtype",
+    "data_files": "train.data",
+    "data_weights": "train.data",
+    "data_val_files": "train.data",
 }
 """Each plain value's name and the spec key it comes from (``schedule``: ``1f1b``,
 ``gpipe`` or ``interleaved``; ``chunks``: 1 unless interleaved; ``tp``/``dp`` of a
 heterogeneous layout: the stage's coarse split (the largest tp, the fewest dp), the lists
 themselves ``layer_tp``/``layer_dp`` (``layer_degrees``; None when one value is given); the per-layer settings
 as ``layer_settings`` reads them (``overlap``: the sub-batches, 1 for ``none``); ``moe_written``: the
-mixture-of-experts keys other than ``experts`` the spec writes (``top_k``, ...; PAR0234); ``data``: ``synthetic`` or ``tokens``; ``optimizer``: its name; ``compress``, ``compress_pp``: the call's name)."""
+mixture-of-experts keys other than ``experts`` the spec writes (``top_k``, ...; PAR0234); ``data``: ``synthetic`` or ``tokens``; ``data_files``, ``data_weights``, ``data_val_files``: how many token files, weights and validation files ``tokens(...)`` names (None: not written); ``optimizer``: its name; ``compress``, ``compress_pp``: the call's name)."""
 
 
 

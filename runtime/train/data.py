@@ -2,7 +2,8 @@
 
 Takes: a vocabulary size, sequence length and seed (and a token file, a user's input:
 ``runtime/paths.py`` checks it is a regular file). Gives:
-``.batch(indices) -> (inputs, targets)`` int64 (N, T), targets shifted by one, and
+``.batch(indices) -> (inputs, targets)`` (of a ``TokenFile``, synthetic data, or a
+``BlendedTokens`` of several), int64 (N, T), targets shifted by one, and
 ``sample_indices``, which says which global indices a rank reads, and ``context_spans`` /
 ``context_chunk``, the part of each sequence a context-parallel rank holds. Because a sample
 depends only on (seed, index), every layout sees the same data in each step.
@@ -136,6 +137,68 @@ class TokenFile:
             rows.append(self.tokens[start : start + self.seq_len + 1].to(torch.int64))
         rows = torch.stack(rows)
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+class BlendedTokens:
+    """Several token datasets read in fixed proportions (a blend: ``weights`` > 0).
+
+    Sample i of the blend is sample j of dataset k, by ``locate(i)``, a function of i and
+    the weights alone, so any layout and a resume under another one read the same
+    samples (the data position stays the global sample index). Note [blend order]: the
+    weights become whole counts per PERIOD samples (largest remainders, at least 1 each);
+    within a period the samples are dealt to the dataset furthest below its share (ties to
+    the first), so every prefix of the sequence holds each dataset within a sample or two of
+    its share; period p's n-th sample of dataset k is that dataset's sample p·count_k + n.
+    """
+
+    PERIOD = 10_000
+
+    def __init__(self, datasets, weights):
+        if len(datasets) != len(weights) or not datasets or min(weights) <= 0:
+            raise ValueError(f"a blend needs one positive weight per dataset, not {list(weights)}")
+        self.datasets = list(datasets)
+        self.counts = blend_counts(weights, self.PERIOD)
+        dealt = [0] * len(self.counts)
+        self.order = []  # (dataset, its sample within the period) of each position in a period
+        for n in range(1, self.PERIOD + 1):
+            k = max(range(len(dealt)), key=lambda d: (self.counts[d] * n / self.PERIOD - dealt[d], -d))
+            self.order.append((k, dealt[k]))
+            dealt[k] += 1
+
+    def locate(self, index: int) -> tuple[int, int]:
+        period, position = divmod(index, self.PERIOD)
+        k, n = self.order[position]
+        return k, period * self.counts[k] + n
+
+    def batch(self, indices):
+        parts = [self.datasets[k].batch([j]) for k, j in map(self.locate, indices)]
+        return tuple(torch.cat(rows).contiguous() for rows in zip(*parts))
+
+
+def blend(paths, weights, seq_len: int, dtype: str = "uint16", *, seed: int = 0, vocab: int | None = None,
+          rank: int = 0, part: tuple[float, float] = (0.0, 1.0)) -> BlendedTokens:
+    """The token files ``paths`` blended by ``weights`` (train.py's ``--data A B ...``); file k
+    draws its windows with ``seed + k``, so two files' samples are not drawn alike."""
+    if len(paths) != len(weights):
+        raise _end(f"--data names {len(paths)} file{'s' * (len(paths) != 1)}, but the blend has {len(weights)} "
+                   "weights (DATA_WEIGHTS): give one file per weight", rank)
+    files = [TokenFile(path, seq_len, dtype, seed=seed + k, vocab=vocab, rank=rank, part=part)
+             for k, path in enumerate(paths)]
+    return BlendedTokens(files, weights)
+
+
+def blend_counts(weights, period: int) -> list[int]:
+    """``weights`` as whole counts summing to ``period``: each its share rounded down, the
+    rest to the largest remainders (ties to the first), and none below 1."""
+    total = float(sum(weights))
+    shares = [w / total * period for w in weights]
+    counts = [max(1, int(s)) for s in shares]
+    by_remainder = sorted(range(len(shares)), key=lambda d: (-(shares[d] - int(shares[d])), d))
+    for d in by_remainder[: max(0, period - sum(counts))]:
+        counts[d] += 1
+    while sum(counts) > period:  # the floors of 1 took too many: from the largest
+        counts[max(range(len(counts)), key=lambda d: (counts[d], -d))] -= 1
+    return counts
 
 
 # Note [held-out tail]: with `eval` and no `val` file, training draws its windows from

@@ -29,3 +29,25 @@ def vocab_fits_tokens(data, vocab, data_dtype=None):
     return _violation("PAR0214", ("train.data.dtype", "train.data"),
                       f"vocab = {vocab} does not fit the token file's dtype uint16 (at most 65536 ids)",
                       'write tokens("...", dtype = uint32)')
+
+
+
+@rule("PAR0216")
+def blend_weights_per_file(data, data_files=None, data_weights=None, data_val_files=None):
+    """A blend (``tokens([...], weights = [...])``) has one weight per token file and, with
+    ``val``, one validation file or one per token file."""
+    if data != "tokens" or data_files is None:
+        return None
+    if data_weights is not None and data_weights != data_files:
+        files = "one file" if data_files == 1 else f"{data_files} files"
+        return _violation("PAR0216", ("train.data",),
+                          f"tokens(...) has {files} but {data_weights} weight{'s' * (data_weights != 1)}",
+                          "give one weight per file, in the order of the files (tokens([\"a.bin\", \"b.bin\"], "
+                          "weights = [0.3, 0.7])), or leave weights out for equal shares")
+    if data_val_files is not None and data_val_files not in (1, data_files):
+        return _violation("PAR0216", ("train.data",),
+                          f"tokens(...) reads {data_files} file{'s' * (data_files != 1)} but names "
+                          f"{data_val_files} validation files",
+                          "name one validation file, or one per file of the blend (blended by the same "
+                          "weights), or leave val out to hold out each file's last tenth")
+    return None
