@@ -77,8 +77,6 @@ def test_runtime_copy_is_byte_identical():
           "layout/constraints/__init__.py", "layout/constraints/rules_unbuilt.py", "layout/layouts.py",
           "kernels/triton_ops.py", "kernels/triton_common.py", "kernels/triton_moe.py", "kernels/triton_add_norm.py",
           "parallel/context/context.py", "parallel/expert/moe.py"}),
-        (("mesh.device=h100-80gb",), {"kernels/triton_ops.py", "kernels/triton_common.py", "kernels/cpu/norms.cpp"},
-         {"parallel/pipeline/pipeline.py"}),
         (("parallel.dp=1", "parallel.pp=2"), {"parallel/pipeline/pipeline.py", "schedules/schedule.py"},
          {"parallel/data/zero.py", "parallel/tensor/overlap.py", "parallel/data/dp.py", "schedules/schedule_zb.py",
           "schedules/schedule_zbv.py", "schedules/schedule_chimera.py", "schedules/schedule_terapipe.py",
@@ -109,6 +107,14 @@ def test_a_build_ships_only_the_runtime_it_uses(sets, ships, leaves, tmp_path, c
     assert main(["build", str(EXAMPLES / "tiny.par"), "-o", str(out), "--check"]) == 0
     assert not any((out / "parc_runtime" / name).exists()
                    for name in {"parallel/pipeline/pipeline.py", "parallel/data/zero.py", "parallel/tensor/overlap.py"})
+
+
+def test_a_gpu_build_ships_the_triton_kernels():
+    """A CPU build leaves kernels/'s Triton modules home (features.left_out); a GPU one ships them."""
+    spec = load(str(EXAMPLES / "tiny.par"), ["mesh.device=h100-80gb"])
+    copied = {p[len("parc_runtime/"):] for p in generate(spec) if p.startswith("parc_runtime/")}
+    assert {"kernels/triton_ops.py", "kernels/triton_common.py", "kernels/triton_moe.py", "kernels/triton_add_norm.py",
+            "kernels/cpu/norms.cpp"} <= copied
 
 
 def test_a_trainer_imports_dcp_only_to_save_or_resume(tmp_path):

@@ -248,7 +248,8 @@ def test_prepare_inputs_that_are_not_readable_files(tmp_path, capsys):
     (tmp_path / "dangling.txt").symlink_to(tmp_path / "gone.txt")
     out = tmp_path / "t.bin"
     cases = {
-        tmp_path / "folder": (1, f"parc data prepare: {tmp_path / 'folder'} is a folder, not a file"),
+        # a folder is an input now (its .txt/.jsonl/.json files): an empty one says what it lacks
+        tmp_path / "folder": (1, f"parc data prepare: {tmp_path / 'folder'} is a folder with no .txt, .jsonl or .json file"),
         tmp_path / "dangling.txt": (1, f"parc data prepare: {tmp_path / 'dangling.txt'} is a symlink to nothing"),
         Path("/dev/zero"): (1, "parc data prepare: /dev/zero is not a regular file (a device, pipe or socket)"),
         tmp_path / "nope.txt": (2, f"parc data prepare: cannot read {tmp_path / 'nope.txt'}: no such file"),
