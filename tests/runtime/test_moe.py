@@ -182,8 +182,7 @@ def test_expert_gradients_follow_grad_reduce(monkeypatch):
     monkeypatch.setattr(zero, "group_size", lambda group: 2)
     monkeypatch.setattr(zero.dist, "all_reduce", all_reduce)
     model = built.build(config(), seed=3, kernels="eager")
-    experts = [p for p in model.parameters() if moe.role(p).expert_parallel] or \
-        [model.layers["0"].mlp.experts.up_proj.weight]
+    experts = [model.layers["0"].mlp.experts.up_proj.weight]  # one rank: ep·etp = 1, the sum is the call's
     grad = torch.full_like(experts[0], 1.0 + 2.0**-10)  # not a bf16 number: rounding shows
     for dtype, want in ((None, 1.0 + 2.0**-10), (torch.bfloat16, 1.0)):
         experts[0].grad = grad.clone()
