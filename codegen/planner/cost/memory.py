@@ -111,19 +111,24 @@ def model_state_bytes(
 
 
 def korthikanti_layer_bytes(
-    *, seq: int, micro_batch: int, hidden: int, heads: int, tp: int, sp: bool, recompute: str
+    *, seq: int, micro_batch: int, hidden: int, heads: int, tp: int, sp: bool, recompute: str,
+    keys: int | None = None,
 ) -> float:
-    """Activation bytes of one transformer layer, fp16 (Korthikanti et al. 2022, Table 2)."""
+    """Activation bytes of one transformer layer, fp16 (Korthikanti et al. 2022, Table 2).
+    ``seq``: the rank's tokens of a sequence; ``keys``: the keys each query is scored
+    against (default ``seq``; under context parallelism the whole sequence, the rank
+    holding T/cp queries' scores against all T keys)."""
     s, b, h, a, t = seq, micro_batch, hidden, heads, tp
+    k = s if keys is None else keys
     if recompute == "full":
         return 2.0 * s * b * h / (t if sp else 1)
     if recompute == "selective":
         return s * b * h / t * 34 if sp else s * b * h * (10 + 24 / t)
     if sp:
-        return s * b * h / t * (34 + 5 * a * s / h)
+        return s * b * h / t * (34 + 5 * a * k / h)
     if t > 1:
-        return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
-    return s * b * h * (34 + 5 * a * s / h)
+        return s * b * h * (10 + 24 / t + 5 * a * k / (h * t))
+    return s * b * h * (34 + 5 * a * k / h)
 
 
 def parc_layer_elements(
@@ -176,9 +181,9 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
     modes = _rank_recompute(model, layout, rank, stage_layers)  # Note [per-layer costs]
     if accounting is Accounting.MEGATRON:
         layers = sum(
-            count * korthikanti_layer_bytes(
-                seq=model.seq_len, micro_batch=layout.micro_batch, hidden=model.hidden,
-                heads=model.heads, tp=layout.tp, sp=layout.sp, recompute=mode,
+            count * korthikanti_layer_bytes(  # the rank's T/cp tokens, scored against all T keys
+                seq=model.seq_len // layout.cp, micro_batch=layout.micro_batch, hidden=model.hidden,
+                heads=model.heads, tp=layout.tp, sp=layout.sp, recompute=mode, keys=model.seq_len,
             )
             for mode, count in modes.items()
         )
