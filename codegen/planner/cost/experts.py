@@ -21,7 +21,8 @@ ep rank's routed rows over the mean, 1.0 when dropless and balanced):
 - compute: the grouped GEMM of each projection (3 for llama, 2 for gpt), 2·rows·C·F FLOPs
   each, at the matmul rate of the per-expert row count (Note [size-dependent efficiency])
   times ``GROUPED_GEMM_EFFICIENCY``; the activation and the permutations (gather,
-  scatter, weighting) stream their bytes; each local expert's projection is one dispatch.
+  scatter, weighting) stream their bytes (``memory.streamed_element``); each local
+  expert's projection is one dispatch.
   Backward twice the forward.
 - all-to-all over ep (α–β over the links the ep group spans: ep ranks etp apart among the
   stage's dp·cp·tp, ``cost/comm.py``): dispatch and combine each move the rows'
@@ -45,6 +46,7 @@ from parc.runtime.layout.model_desc import LINEAR
 from .comm import collective_time
 from .hardware import Hardware, gemm_time
 from .layout import Layout, expert_data_ranks
+from .memory import streamed_element
 
 GROUPED_GEMM_EFFICIENCY = 0.9
 """A grouped GEMM's rate over one GEMM of the same per-expert shape (launch and tail
@@ -97,7 +99,7 @@ def _expert_forward(spec: Spec, layout: Layout, hw: Hardware, tokens: float) -> 
     rate = hw.matmul_flops(min(per_expert, C, F)) * GROUPED_GEMM_EFFICIENCY
     gemm = projections * 2.0 * rows * C * F / rate * hw.gemm_scale
     # activation (F per row read and written per input), permutations: gather, scatter, weigh (C per row)
-    streamed = rows * (projections * F + 4 * C) * 4.0 / hw.memory_bandwidth
+    streamed = rows * (projections * F + 4 * C) * streamed_element(spec) / hw.memory_bandwidth
     ops = (projections * local + 12) * hw.op_overhead
     return gemm + streamed + ops
 

@@ -229,6 +229,16 @@ def uses_master_weights(spec: Spec) -> bool:
     return master_weights(spec.train.precision.value, per_layer_tp=False, compressed=compressed)
 
 
+def streamed_element(spec: Spec) -> float:
+    """Bytes of an activation element that parc's elementwise work (norms, activations,
+    residual adds, the experts' permutations) reads and writes: 2 with bf16/fp16
+    parameters (fp32 masters: the forward runs in the compute dtype but for the
+    statistics the kernels keep in fp32, runtime/optimizers/master.py), as the saved
+    activations (``activation_bytes``); else 4 (fp32, and autocast over fp32 weights,
+    whose residual stream and norms stay fp32)."""
+    return 2.0 if uses_master_weights(spec) else 4.0
+
+
 def fp32_accumulation(spec: Spec, layout: Layout) -> bool:
     """Low-precision parameters summing more than one backward a step (micro-batches, or
     terapipe's slices): their gradients accumulate in fp32 sums, 4 bytes an element from a

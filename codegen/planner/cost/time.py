@@ -10,7 +10,8 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   flash attention at its measured rates, backward 2.5× its forward FLOPs (Note [flash
   attention's rate], cost/hardware.py), elsewhere two batched GEMMs; backward twice the
   forward; recompute adds the forward again (full) or the
-  attention core (selective); elementwise work moves bytes at the memory bandwidth;
+  attention core (selective); elementwise work moves bytes at the memory bandwidth
+  (``memory.streamed_element``: 2 an element under bf16/fp16 parameters, else 4);
   every op costs the dispatch overhead. The head's GEMM runs on the last stage.
 - tensor/sequence parallel: two all-reduces (or all-gather + reduce-scatter pairs
   under sp: the same ring volume, but a profile's measured figures for each) of the
@@ -75,7 +76,7 @@ from .memo import shared
 from .layout import (
     SETTING_NAMES, Accounting, Layout, expert_data_ranks, rank_expert_params, rank_params, zero3_shard_ranks,
 )
-from .memory import uses_master_weights
+from .memory import streamed_element, uses_master_weights
 from .overlap import Exposure, exposed_tp
 
 OVERLAP_BLOCKS = 4
@@ -155,7 +156,7 @@ def _block_forward(spec: Spec, layout: Layout, hw: Hardware, accounting: Account
     else:
         llama = m.arch is Arch.LLAMA
         whole, sharded = (30 * C, 12 * C / t + 5 * F + 4 * C / t) if llama else (14 * C, 2 * F + 4 * C / t)
-        elements, size = (whole / t if layout.sp else whole / R) + sharded, 4.0
+        elements, size = (whole / t if layout.sp else whole / R) + sharded, streamed_element(spec)
         measured = _measured_elementwise(spec, layout, hw, tokens)
         if measured is not None:  # Note [elementwise is not a copy] (planner/profile.py)
             copies = (10 * C / t if layout.sp else 10 * C) + 4 * C / t  # residuals, views made whole
