@@ -40,7 +40,7 @@ from .per_layer import (
     Cost, Stage, _memo, _uniform_estimate, embedding_cost, layer_cost, micro_batches, stage_of, transition_cost,
     uniform, working_set,
 )
-from .time import _activation_size
+from .time import pipeline_element
 
 PLAIN = ("none", 1)
 """A block with no per-layer setting (U(t)'s blocks)."""
@@ -61,7 +61,7 @@ def boundary_comm(spec: Spec, stage: Stage, hw: Hardware, d: int) -> float:
     """One stage-to-stage message when the boundary's layers run at tp ``d``."""
     m = spec.model
     tokens = stage.micro_batch * d // stage.tp * m.seq_len
-    message = tokens * m.hidden * _activation_size(spec, Accounting.PARC) / (d if stage.sp and d > 1 else 1)
+    message = tokens * m.hidden * pipeline_element(Accounting.PARC) / (d if stage.sp and d > 1 else 1)
     return collective_time(hw, "send_recv", message, size=2, stride=stage.ranks)
 
 

@@ -43,10 +43,11 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   powersgd`` replaces the reduction by its factors' all-reduces plus the
   compression's compute, both exposed (Note [powersgd cost]); ``topk`` by its two
   all-gathers and its selection (Note [topk cost]).
-- pipeline: a (b, s, h) message per chunk boundary; the makespan of the runtime's
-  schedule (``cost/bubble.py``); bubble = makespan − the busy time. ``compress_pp =
-  lowrank`` shrinks the backward messages and adds their compression to the backward
-  (Note [compress_pp cost]).
+- pipeline: a (b, s, h) message per chunk boundary (fp32 in parc's trainer whatever the
+  compute dtype, ``pipeline_element``); the makespan of the runtime's schedule
+  (``cost/bubble.py``); bubble = makespan − the busy time. ``compress_pp = lowrank``
+  shrinks the backward messages and adds their compression to the backward (Note
+  [compress_pp cost]).
 - mixture of experts: the experts' compute and the ep all-to-alls (``cost/experts.py``,
   Note [MoE costs]) join the block's forward, backward and exposed time; expert
   gradients reduce over edp, the rest over dp.
@@ -187,6 +188,13 @@ def _activation_size(spec: Spec, accounting: Accounting) -> float:
     if accounting is Accounting.MEGATRON or spec.train.precision is not Precision.FP32:
         return 2.0
     return 4.0
+
+
+def pipeline_element(accounting: Accounting) -> float:
+    """Bytes of an activation (or its gradient) element a pipeline stage sends: parc's
+    pipeline sends fp32 whatever the compute dtype (runtime/parallel/pipeline/pipeline.py);
+    Megatron's, the fp16 activations."""
+    return 2.0 if accounting is Accounting.MEGATRON else 4.0
 
 
 def _zero3_gather_element(spec: Spec, accounting: Accounting) -> float:
@@ -342,12 +350,13 @@ def _pipeline(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, 
     chunk_forward = layers_per_chunk * (forward + exposed_forward)
     chunk_backward = layers_per_chunk * (backward + exposed_backward)
     s = layout.slices  # terapipe: a slice's share of the compute, and its own smaller messages
-    message = tokens * m.hidden * size / (t if layout.sp else rows) / s
+    sent = pipeline_element(accounting)
+    message = tokens * m.hidden * sent / (t if layout.sp else rows) / s
     p2p = collective_time(hw, "send_recv", message, size=2, stride=t * layout.cp * d) if p > 1 else 0.0
     par = spec.parallel
     if p > 1 and par.compress_pp != "none":  # Note [compress_pp cost]
         lowrank = lowrank_backprop_cost(
-            hw, rows=round(message / size / m.hidden), cols=m.hidden, rank=par.compress_pp_rank,
+            hw, rows=round(message / sent / m.hidden), cols=m.hidden, rank=par.compress_pp_rank,
             lazy_error=par.compress_pp_lazy_error, stride=t * layout.cp * d)
         share = len(par.compress_stages or range(1, p)) / (p - 1)  # the boundaries that compress
         p2p = (p2p + share * lowrank.comm_s + (1 - share) * p2p) / 2
