@@ -268,6 +268,12 @@ MOE_LAYOUTS = {
     # Note [experts as units] (fsdp.py): under ZeRO-3 the experts are units of their own over edp
     "ep2-zero3": dict(dp=2, parallel__ep=2, parallel__zero=3),
     "ep2-dp4-zero3": dict(dp=4, parallel__ep=2, parallel__zero=3),  # edp 2: expert shards too
+    # ... under zero_shard = node (HSDP, 2 "nodes" of 2): the dense units over a node's dp ranks,
+    # the experts' over its edp ranks (here 1: whole), both summed over the other node once a step
+    "ep2-dp4-zero3-node": dict(dp=4, parallel__ep=2, parallel__zero=3, parallel__zero_shard="node", mesh__nodes=2,
+                               mesh__devices_per_node=2),
+    "gpt-ep2-dp4-zero3-node": dict(arch="gpt", dp=4, parallel__ep=2, parallel__zero=3, parallel__zero_shard="node",
+                                   mesh__nodes=2, mesh__devices_per_node=2),
     "ep2-etp2-dp2-tp2-sp-zero3-recompute-full": dict(dp=2, tp=2, sp=True, parallel__ep=2, parallel__etp=2,
                                                      parallel__zero=3, parallel__recompute="full"),
     # Note [MoE under context parallelism] (moe.py): each cp rank routes its chunk, the aux
