@@ -98,7 +98,7 @@ def clip_arg(plan: Plan) -> str:
 def zero_args(plan: Plan, *, by_node: bool = False) -> str:
     """ZeRO 1/2 keep the experts in a flat buffer of their own over edp (zero.py,
     Note [experts under ZeRO]); ZeRO-3 in units of their own (fsdp.py, Note [experts as units]),
-    under ``zero_shard = node`` (``by_node``) over the node's edp ranks, replicated across nodes."""
+    under HSDP (``by_node``) over the node's edp ranks, replicated across nodes."""
     if not folds_experts(plan):
         return ""
     edp = "edp_group=edp_shard_group, edp_replicate_group=edp_replicate_group" if by_node else "edp_group=edp_group"
@@ -106,14 +106,13 @@ def zero_args(plan: Plan, *, by_node: bool = False) -> str:
 
 
 def node_group_lines(plan: Plan) -> list[str]:
-    """``zero_shard = node`` with ep·etp > 1: the experts' shard and replicate groups (fsdp.py,
-    Note [experts as units])."""
+    """HSDP with ep·etp > 1: the experts' shard and replicate groups (fsdp.py, Note [experts as units])."""
     if not folds_experts(plan):
         return []
     return [
         "# the experts' units: over the edp ranks of one node, replicated over the other nodes' edp ranks",
-        f"edp_shard_group, edp_replicate_group = fsdp.expert_node_groups(grid, {expert_parallel(plan)!r}, "
-        f"{expert_tensor_parallel(plan)!r}, DEVICES_PER_NODE)",
+        f"edp_shard_group, edp_replicate_group = fsdp.expert_node_groups(grid, ({expert_parallel(plan)!r}, "
+        f"{expert_tensor_parallel(plan)!r}), DEVICES_PER_NODE)",
     ]
 
 

@@ -54,12 +54,13 @@ def node_groups(grid, axes: tuple[str, ...], devices_per_node: int):
     return _by_node(grid, [list(ranks) for ranks in partition(grid.axes, names)], devices_per_node, "×".join(names))
 
 
-def expert_node_groups(grid, ep: int, etp: int, devices_per_node: int):
+def expert_node_groups(grid, folds: tuple[int, ...], devices_per_node: int):
     """(shard group, replicate group) of this rank's experts under ``zero_shard = node``
-    with ep·etp > 1 (fsdp.py, Note [experts as units]): its edp ranks (mesh.py, Note
-    [parallel folding]) on its own node, and those holding the same expert shard on the
-    other nodes. Collective, as ``node_groups``."""
-    return _by_node(grid, grid.expert_partitions(ep, etp)["edp"], devices_per_node, "edp")
+    (fsdp.py, Note [experts as units]): its edp ranks (mesh.py, Note [parallel folding];
+    ``folds``: the expert layers' degrees, as ``grid.expert_groups`` takes them) on its own
+    node, and those holding the same expert shard on the other nodes. Collective, as
+    ``node_groups``."""
+    return _by_node(grid, grid.expert_partitions(*folds)["edp"], devices_per_node, "edp")
 
 
 def _by_node(grid, groups: list[list[int]], devices_per_node: int, what: str):
