@@ -54,7 +54,10 @@ from .memory import (
     MemoryBreakdown, MemoryEstimate, _in_flight, autocast_block_weights, compiled_kernels, memory, model_state_bytes,
     parc_layer_elements,
 )
-from .time import TimeBreakdown, _activation_size, _optimizer_time, _grad_reduce_element, _zero3_gather_element, block_costs, step_time, zero3_gathers
+from .time import (
+    TimeBreakdown, _activation_size, _grad_reduce_element, _optimizer_time, _zero3_gather_element, block_costs, step_time,
+    zero3_gathers,
+)
 
 
 def _memo(fn):

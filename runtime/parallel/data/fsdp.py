@@ -70,7 +70,9 @@ it and adds this rank's shard, divided by the data-parallel size, into the step'
 sharded accumulator ``self.grad``. So no rank holds a whole gradient between
 micro-batches (Ψ, fp32 sums under bf16/fp16 parameters: 4Ψ bytes, what ZeRO-3 exists to
 avoid); only the pack in flight (one unit's) is whole. Under bf16/fp16 the pack is fp32,
-so the step's sum never rounds (master.py's ``Fp32Accumulation`` is left to the late
+so the step's sum never rounds (but for ``train.grad_reduce = bf16``, which sends the pack,
+and HSDP's sum below, in bf16 and takes the shard back into fp32 before the mean: zero.py,
+Note [bf16 reduction under ZeRO]) (master.py's ``Fp32Accumulation`` is left to the late
 gradients). Parameters whose gradient is still partial when backward ends (dp.py, Note
 [late gradients]: sequence-parallel replicated ones, a stage's tied embedding copy) keep
 accumulating in ``.grad`` (fp32 sums under bf16: ``Fp32Accumulation``); a unit holding
