@@ -68,8 +68,8 @@ handed one over) is rounded to bf16 once, summed over the group in bf16 (stage 1
 buckets, stage 2's packed buckets, the experts' edp sum), converted back to fp32 and only
 then divided; the rank's gradient slice, its norm and AdamW's step on the fp32 slice (or
 its fp32 master) are as under fp32 sums. Half the bytes of the reduction; the slices'
-all-gather is the parameters' dtype, unchanged. The one rounding of the sum is what makes it
-inexact against one rank (tests/runtime/test_grad_reduce_zero.py bounds it).
+all-gather is the parameters' dtype, unchanged. The two roundings (each rank's gradient, the
+sum) make it inexact against one rank (tests/runtime/test_grad_reduce_zero.py bounds them).
 """
 
 from __future__ import annotations
