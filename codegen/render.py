@@ -95,9 +95,12 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         optimizer_lines, step_lines = fsdp_lines(plan, reduce_group if reducing else "None", tp_arg, hyper, pp_arg, over)
         if hetero:  # Note [ZeRO-3 over per-layer layouts] (fsdp.py)
             optimizer_lines = render_hetero.fsdp_lines(cite(plan.train.zero.span), optimizer_lines)
+        optimizer_lines = _zero_reduced_in_bf16(plan, optimizer_lines, over)
     elif zero_stage and hetero:  # Note [ZeRO over per-layer layouts]
         optimizer_lines, step_lines = render_hetero.zero_lines(cite(plan.train.zero.span), zero_stage, hyper, pp_arg,
                                                                scale)
+        if zero_stage == 2:  # stage 1's are HeteroGradients' (below)
+            optimizer_lines = _zero_reduced_in_bf16(plan, optimizer_lines, over)
     elif zero_stage:
         dp_arg = reduce_group if reducing else "None"
         optimizer_lines = [
@@ -115,9 +118,11 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             else "each bucket reduced as backward produced it, into our slice"
         )
         if render_compress.enabled(plan):  # Note [compression under ZeRO] (runtime/parallel/data/zero.py)
-            optimizer_lines = render_compress.grad_sync_lines(plan, dp_arg, over) + optimizer_lines
+            optimizer_lines = _reduced_in_bf16(plan, render_compress.grad_sync_lines(plan, dp_arg, over), over) \
+                + optimizer_lines
             optimizer_lines[-1] = optimizer_lines[-1][:-1] + ", grad_sync=grad_sync)"
             reduce_words = "compressed after backward, then our slice of it kept"
+        optimizer_lines = _zero_reduced_in_bf16(plan, optimizer_lines, over)
         step_lines = [
             f"# mean gradient over {over} ({reduce_words}); the norm is global",
             f"grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP{scale})",
@@ -313,6 +318,7 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
         optimizer_lines += [
             f"# {cite(train.zero_shard.span)}: shard over the {over} ranks of one node, replicate across nodes",
             f"shard_group, replicate_group = fsdp.node_groups(grid, {axes_arg}, DEVICES_PER_NODE)",
+            *render_moe.node_group_lines(plan),
         ]
         dp_arg, replicate = "shard_group", ", replicate_group=replicate_group"
     else:
@@ -320,7 +326,7 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
     optimizer_lines.append(
         f"optimizer = fsdp.FullyShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
         f"{hyper}{pp_arg}{replicate}, accumulations={render_step.backward_passes(plan)}, prefetch=ZERO_PREFETCH"
-        f"{render_moe.zero_args(plan)}{compute_arg(plan)})"
+        f"{render_moe.zero_args(plan, by_node=hybrid)}{compute_arg(plan)})"
     )
     step_lines = [
         f"# mean gradient over {over} (each block's summed into our shards pass by pass); the norm is global",
@@ -331,8 +337,18 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
     return optimizer_lines, step_lines
 
 
+def _zero_reduced_in_bf16(plan: Plan, lines: list[str], over: str) -> list[str]:
+    """``train.grad_reduce = bf16`` under ZeRO: the optimizer's call (the last line) sums the
+    gradients in bf16 into its fp32 slices (runtime/parallel/data/zero.py, Note [bf16
+    reduction under ZeRO])."""
+    if plan.train.grad_reduce is None:
+        return lines
+    return [*lines[:-1], f"# {cite(plan.train.grad_reduce.span)}: gradients summed over {over} in bf16, "
+            "divided and kept in fp32 (our slices)", lines[-1][:-1] + ", reduce_dtype=torch.bfloat16)"]
+
+
 def _reduced_in_bf16(plan: Plan, lines: list[str], over: str) -> list[str]:
-    """``train.grad_reduce = bf16`` (built with zero 0 only, PAR0820): the gradient sync's call
+    """``train.grad_reduce = bf16`` without ZeRO's own reduction: the gradient sync's call
     (its last line: ``dp.GradientBuckets``, ``hetero.HeteroGradients`` or a compressing one of
     compress.py, Note [bf16 on the wire]) reduces in bf16."""
     if plan.train.grad_reduce is None:

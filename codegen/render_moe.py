@@ -95,12 +95,25 @@ def clip_arg(plan: Plan) -> str:
     return ", " + _groups(plan) if folds_experts(plan) else ""
 
 
-def zero_args(plan: Plan) -> str:
+def zero_args(plan: Plan, *, by_node: bool = False) -> str:
     """ZeRO 1/2 keep the experts in a flat buffer of their own over edp (zero.py,
-    Note [experts under ZeRO]); ZeRO-3 in units of their own (fsdp.py, Note [experts as units])."""
+    Note [experts under ZeRO]); ZeRO-3 in units of their own (fsdp.py, Note [experts as units]),
+    under HSDP (``by_node``) over the node's edp ranks, replicated across nodes."""
     if not folds_experts(plan):
         return ""
-    return f", {_groups(plan)}, edp_group=edp_group, data_ranks={data_ranks(plan)}"
+    edp = "edp_group=edp_shard_group, edp_replicate_group=edp_replicate_group" if by_node else "edp_group=edp_group"
+    return f", {_groups(plan)}, {edp}, data_ranks={data_ranks(plan)}"
+
+
+def node_group_lines(plan: Plan) -> list[str]:
+    """HSDP with ep·etp > 1: the experts' shard and replicate groups (fsdp.py, Note [experts as units])."""
+    if not folds_experts(plan):
+        return []
+    return [
+        "# the experts' units: over the edp ranks of one node, replicated over the other nodes' edp ranks",
+        f"edp_shard_group, edp_replicate_group = fsdp.expert_node_groups(grid, ({expert_parallel(plan)!r}, "
+        f"{expert_tensor_parallel(plan)!r}), DEVICES_PER_NODE)",
+    ]
 
 
 def after_backward_lines(plan: Plan) -> list[str]:

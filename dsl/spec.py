@@ -311,7 +311,7 @@ class TrainSpec:
     master_weights: str = "fp32"
     """The optimizer's weights and moments under bf16/fp16: fp32 (the only choice today)."""
     grad_reduce: str = "fp32"
-    """The dtype of the data-parallel gradient reduction: fp32, or bf16 (zero = 0 only: PAR0820)."""
+    """The dtype of the data-parallel gradient reduction: fp32, or bf16 (every zero stage; the shards stay fp32)."""
     seed: int = 1234
     data: DataSpec = DataSpec()
     log_every: int = 1

@@ -50,6 +50,7 @@ def test_resume_equivalence(layout, straight, tmp_path):
         ("moe_ep2", "moe_one"), ("moe_ep2", "moe_tp2"), ("moe_ep2_zero1", "moe_one"), ("cp2_ring", "one"),
         ("moe_etp2_dp2_zero1", "moe_ep2"), ("moe_ep2_dp4_zero3", "moe_tp2"),  # each expert's ffn halves → whole experts split over ep
         ("moe_cp2_ep2", "moe_one"),  # experts split over an ep group of cp ranks → whole on one rank
+        ("moe_ep2_dp4_zero3_node", "moe_one"),  # HSDP's node shards (experts' too) → whole on one rank
         ("cp2_ring", "tp2"),
         ("dp2", "hetero_tp21"), ("hetero_tp21", "dp2"),  # checkpoints stay layout-free
         ("zero1_dp2", "hetero_tp21_zero1"), ("hetero_tp21_zero1", "zero1_dp2"),  # ZeRO-1 slices per layer

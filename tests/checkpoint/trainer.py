@@ -47,6 +47,10 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     # expert's ffn, its moments in the experts' own flat buffer
     # ZeRO-3 with ep: the experts' units are sharded over edp (fsdp.py, Note [experts as units])
     "moe_ep2_dp4_zero3": ([*MOE, "parallel.dp=4", "parallel.ep=2", "parallel.zero=3"], 4),
+    # ... under HSDP (2 "nodes" of 2): the dense units over a node's dp ranks, the experts' over
+    # its edp ranks, each replicated over the other node (fsdp.py, Note [experts as units])
+    "moe_ep2_dp4_zero3_node": ([*MOE, "parallel.dp=4", "parallel.ep=2", "parallel.zero=3",
+                                "parallel.zero_shard=node", "mesh.nodes=2", "mesh.devices_per_node=2"], 4),
     "moe_etp2_dp2_zero1": ([*MOE, "parallel.dp=2", "parallel.etp=2", "parallel.zero=1"], 2),
     # context parallel with ep (moe.py, Note [MoE under context parallelism]): the ep group is
     # the two cp ranks, each holding 2 of the 4 experts and routing its own chunk of every sequence
@@ -78,7 +82,8 @@ def env(**extra) -> dict:
 
 def build(layout: str, out: Path, *, spec: str = "gpt.par", extra: tuple[str, ...] = ()) -> Path:
     sets, ranks = LAYOUTS[layout]
-    overrides = [*sets, f"mesh.devices_per_node={ranks}", f"train.steps={STEPS}", "model.vocab=250", *extra]
+    nodes = [] if any(s.startswith("mesh.devices_per_node=") for s in sets) else [f"mesh.devices_per_node={ranks}"]
+    overrides = [*sets, *nodes, f"train.steps={STEPS}", "model.vocab=250", *extra]
     return Path(build_to(SPECS / spec, out, overrides))
 
 

@@ -69,6 +69,27 @@ def test_mesh_of_one_rank_and_bad_meshes():
         mesh.Mesh((("tp", 1), ("tp", 1)), one)
 
 
+def test_hsdp_expert_groups_split_edp_by_node(monkeypatch):
+    """fsdp.py, Note [experts as units]: under zero_shard = node the experts shard over the edp
+    ranks of a node and replicate across nodes. 2 nodes of 4 ranks, dp 8, ep 2: edp {0, 2, 4, 6}
+    and {1, 3, 5, 7}; rank 5's shard group is {5, 7}, its replicas {1, 5}. Fake groups: the
+    members each ``new_group`` call got, so the order every rank makes them in is seen too."""
+    from types import SimpleNamespace
+    from parc.runtime.parallel.data import fsdp_units
+
+    made = []
+    monkeypatch.setattr(fsdp_units.dist, "new_group", lambda ranks: made.append(tuple(ranks)) or tuple(ranks))
+    monkeypatch.setattr(mesh.dist, "get_world_size", lambda: 8)
+    grid = SimpleNamespace(axes=(("pp", 1), ("dp", 8), ("cp", 1), ("tp", 1)), rank=5)
+    grid.expert_partitions = lambda ep, etp: mesh.Mesh.expert_partitions(grid, ep, etp)
+    assert fsdp_units.expert_node_groups(grid, (2, 1), 4) == ((5, 7), (1, 5))
+    assert made == [(0, 2), (4, 6), (0, 4), (2, 6), (1, 3), (5, 7), (1, 5), (3, 7)]
+    made.clear()  # ep 4 over nodes of 2: one edp rank a node, replicated over both
+    assert fsdp_units.expert_node_groups(grid, (4, 1), 2) == (None, (1, 5))
+    with pytest.raises(ValueError, match="do not split evenly over nodes"):
+        fsdp_units.expert_node_groups(grid, (2, 1), 3)
+
+
 # ---- data -------------------------------------------------------------------------
 
 

@@ -262,11 +262,23 @@ def zero3_shard_ranks(layout: Layout, *, by_node: bool, devices_per_node: int) -
     return max(1, min(layout.shard_ranks, devices_per_node // layout.tp))
 
 
-def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_layers=None, shard: int | None = None) -> int:
+def expert_shard_ranks(layout: Layout, *, by_node: bool, devices_per_node: int) -> int:
+    """Ranks a ZeRO-3 unit of experts is sharded over: edp, or under ``zero_shard = node``
+    (HSDP, ``by_node``) the edp ranks on one node (runtime/parallel/data/fsdp_units.py's
+    ``expert_node_groups``): an edp group is every F-th rank of a stage (F = ep·etp, mesh.py's
+    Note [parallel folding]), so a node of n ranks holds n / F of it, at least one."""
+    edp = expert_data_ranks(layout)
+    if not by_node:
+        return edp
+    return max(1, min(edp, devices_per_node // layout.expert_folds))
+
+
+def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_layers=None, shard: int | None = None,
+                         expert_shard: int | None = None) -> int:
     """Elements pipeline rank ``rank`` keeps under ZeRO-3 (runtime/parallel/data/fsdp.py, Note [units]):
     Σ over its units (each block; each chunk's embeddings, final norm and head) of
     ⌈n_unit / s⌉, the padding included; s = ``shard`` ranks (``zero3_shard_ranks``), dp·cp
-    by default."""
+    by default; the experts' units over ``expert_shard`` (``expert_shard_ranks``), edp by default."""
     desc = model.desc
     total, shard = 0, layout.shard_ranks if shard is None else shard
     for (start, stop), first, last in _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers),
@@ -278,7 +290,7 @@ def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_laye
                                       grid=layout.grid).elements
             total += (stop - start) * math.ceil(block / shard)
         else:  # Note [experts as units] (fsdp.py): a MoE block's dense unit over dp, its experts' over edp
-            edp = expert_data_ranks(layout)
+            edp = expert_data_ranks(layout) if expert_shard is None else expert_shard
             total += sum(math.ceil(dense / shard) + math.ceil(mine / edp)
                          for dense, mine in _block_units(model, layout.tp, layout.expert_folds)[start:stop])
     return total

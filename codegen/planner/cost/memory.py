@@ -47,7 +47,7 @@ from .memo import shared
 from .layout import (
     SETTING_NAMES, Accounting, Layout, blocks_of, expert_data_ranks, placement_kind, rank_blocks, rank_expert_params,
     rank_params,
-    sequence_parallel_params, stage_contents, zero3_shard_elements, zero3_shard_ranks,
+    sequence_parallel_params, stage_contents, zero3_shard_elements, zero3_shard_ranks, expert_shard_ranks,
 )
 
 
@@ -359,8 +359,9 @@ def _states(spec: Spec, layout: Layout, rank: int, stage_layers, accounting: Acc
         # Partial sp gradients wait, whole, for their sum over tp when backward ends.
         grad_b += grad_element * sequence_parallel_params(model, layout, rank, stage_layers)
     if accounting is Accounting.PARC and layout.zero == 3 and layout.shard_ranks > 1:
-        shard = zero3_shard_elements(model, layout, rank, stage_layers, zero3_shard_ranks(  # padded per unit
-            layout, by_node=spec.parallel.zero_shard == "node", devices_per_node=spec.mesh.devices_per_node))
+        by_node = dict(by_node=spec.parallel.zero_shard == "node", devices_per_node=spec.mesh.devices_per_node)
+        shard = zero3_shard_elements(model, layout, rank, stage_layers, zero3_shard_ranks(layout, **by_node),
+                                     expert_shard_ranks(layout, **by_node))  # padded per unit
         param_b, grad_b, optim_b = 4.0 * shard, 4.0 * shard, 8.0 * shard
     if accounting is Accounting.PARC and layout.zero == 3 and layout.shard_ranks > 1 and layout.sp and layout.tp > 1:
         # every unit holds a sequence-parallel norm: its last pass's gradients wait, whole,

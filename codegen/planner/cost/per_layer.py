@@ -54,7 +54,10 @@ from .memory import (
     MemoryBreakdown, MemoryEstimate, _in_flight, autocast_block_weights, compiled_kernels, memory, model_state_bytes,
     parc_layer_elements,
 )
-from .time import TimeBreakdown, _activation_size, _optimizer_time, _zero3_gather_element, block_costs, step_time, zero3_gathers
+from .time import (
+    TimeBreakdown, _activation_size, _grad_reduce_element, _optimizer_time, _zero3_gather_element, block_costs, step_time,
+    zero3_gathers,
+)
 
 
 def _memo(fn):
@@ -159,7 +162,8 @@ def layer_cost(spec: Spec, stage: Stage, hw: Hardware, t: int, settings: tuple, 
     steps = micro_batches(spec, stage)
     block = m.desc.stage_params(t, layers=(0, 1), first=False, last=False)
     dp, zero, n = layout.dp, layout.zero, block.elements
-    reduce = collective_time(hw, "reduce_scatter" if zero >= 3 else "all_reduce", 4.0 * n, size=dp, stride=t)
+    reduce = collective_time(hw, "reduce_scatter" if zero >= 3 else "all_reduce",
+                             _grad_reduce_element(spec, Accounting.PARC) * n, size=dp, stride=t)
     hidden = 0.0 if hw.comm_on_cores else backward  # the last micro-batch's backward hides it
     if zero >= 3:  # every micro-batch's, each behind its own backward (runtime/parallel/data/fsdp.py, Note [gradients of a unit])
         reduce, hidden = steps * reduce, steps * hidden

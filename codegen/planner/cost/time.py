@@ -39,7 +39,9 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   gradient on the same link during backward (every micro-batch, in both programs; parc
   gathers nothing after the step), at what ZeRO-3 reaches across nodes; under
   ``zero_shard = node`` (HSDP) within a node, the replicas' shards all-reduced across
-  nodes once a step. ``compress =
+  nodes once a step. Every gradient reduction carries fp32 elements, or bf16 under
+  ``grad_reduce = bf16`` (``_grad_reduce_element``: half the bytes, whatever the zero
+  stage). ``compress =
   powersgd`` replaces the reduction by its factors' all-reduces plus the
   compression's compute, both exposed (Note [powersgd cost]); ``topk`` by its two
   all-gathers and its selection (Note [topk cost]).
@@ -75,7 +77,8 @@ from .experts import expert_reduce, moe_block, moe_share
 from .hardware import Hardware, Link, gemm_time
 from .memo import shared
 from .layout import (
-    SETTING_NAMES, Accounting, Layout, expert_data_ranks, rank_expert_params, rank_params, zero3_shard_ranks,
+    SETTING_NAMES, Accounting, Layout, expert_data_ranks, expert_shard_ranks, rank_expert_params, rank_params,
+    zero3_shard_ranks,
 )
 from .memory import streamed_element, uses_master_weights
 from .overlap import Exposure, exposed_tp
@@ -205,10 +208,12 @@ def _zero3_gather_element(spec: Spec, accounting: Accounting) -> float:
     return 2.0 if uses_master_weights(spec) else 4.0
 
 
-def _zero3_grad_element(spec: Spec, accounting: Accounting) -> float:
-    """Bytes of a reduce-scattered ZeRO-3 gradient element: Megatron's fp16; parc packs fp32
-    (runtime/parallel/data/fsdp.py; ``grad_reduce = bf16`` is zero 0's only, PAR0820)."""
-    return 2.0 if accounting is Accounting.MEGATRON else 4.0
+def _grad_reduce_element(spec: Spec, accounting: Accounting) -> float:
+    """Bytes of a gradient element on the data-parallel wire, every zero stage: Megatron's
+    fp16; parc's fp32 sums (of fp32 gradients, and of bf16/fp16 ones: master.py), or bf16
+    under ``grad_reduce = bf16`` (dp.py's buckets, zero.py's Note [bf16 reduction under
+    ZeRO]: ZeRO 1/2's buckets, ZeRO-3's reduce-scatters and HSDP's sum over the replicas)."""
+    return 2.0 if accounting is Accounting.MEGATRON or spec.train.grad_reduce == "bf16" else 4.0
 
 
 def _slice_scale(spec: Spec, slices: int) -> tuple[float, ...]:
@@ -236,10 +241,12 @@ def step_time(
         (t, p, v, layout.schedule, d, layout.cp, layout.zero, layout.ep, layout.etp, layout.tp_shape, layout.layer_tp),
         lambda: _reduction(spec, layout, hw, accounting))
     reducing = d * layout.cp  # replicated parameters' gradients average over dp × cp
+    by_node = spec.parallel.zero_shard == "node"
+    expert_shard = expert_shard_ranks(layout, by_node=by_node, devices_per_node=hw.devices_per_node)
     zero3 = zero3_gathers(
         hw, layout, params, layers_per_chunk * v, forward, backward, accounting, micro_batches=micro_batches,
-        gather_element=_zero3_gather_element(spec, accounting), grad_element=_zero3_grad_element(spec, accounting),
-        by_node=spec.parallel.zero_shard == "node",
+        gather_element=_zero3_gather_element(spec, accounting), grad_element=_grad_reduce_element(spec, accounting),
+        by_node=by_node, experts=(expert_params, expert_shard) if by_node else None,
     )
     if zero3 is not None:  # Note [ZeRO-3 gathers]: the reduce-scatters are among its collectives
         reduce = 0.0
@@ -255,8 +262,9 @@ def step_time(
         compression = cost.compute_s
         dp_exposed = reduce + compression + gather  # after backward, not behind it
     dp_exposed += 0.0 if zero3 is None else zero3.exposed
-    shard = zero3_shard_group(hw, layout, spec.parallel.zero_shard == "node") if layout.zero >= 3 else None
-    optimizer = _optimizer_time(hw, accounting, params, tensors, layout, expert_params, shard=shard) * slow
+    shard = zero3_shard_group(hw, layout, by_node) if layout.zero >= 3 else None
+    optimizer = _optimizer_time(hw, accounting, params, tensors, layout, expert_params, shard=shard,
+                                expert_shard=expert_shard if layout.zero >= 3 else None) * slow
     world = d * layout.cp * t * p
     # the step's two scalar all-reduces: the loss over dp, the finite check over every rank
     scalars = 2 * collective_latency(hw, "all_reduce", size=min(world, hw.devices_per_node), stride=1)
@@ -379,7 +387,7 @@ def _reduction(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting)
     params, tensors = rank_params(m, layout, 0)
     expert_params = rank_expert_params(m, layout, 0)  # split over ep: reduced over edp
     dense_params = params - expert_params
-    grad_size = 2.0 if accounting is Accounting.MEGATRON else 4.0
+    grad_size = _grad_reduce_element(spec, accounting)
     grads = dense_params * grad_size
     reduce = gather = 0.0
     reducing = d * layout.cp  # replicated parameters' gradients average over dp × cp
@@ -490,7 +498,7 @@ class Zero3Gathers:
 
 def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, forward: float, backward: float,
                   accounting: Accounting, *, micro_batches: int, gather_element: float, grad_element: float,
-                  by_node: bool = False) -> Zero3Gathers | None:
+                  by_node: bool = False, experts: tuple[float, int] | None = None) -> Zero3Gathers | None:
     """Note [ZeRO-3 gathers]: every micro-batch gathers each of the rank's B units (a block's
     parameters; the embeddings and head are spread over them) once for forward and once
     for backward (a full recompute's rerun finds its unit gathered): all-gathers of
@@ -506,8 +514,11 @@ def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, fo
     ZeRO-3's collectives cross). ``by_node`` (``zero_shard = node``, HSDP): the shard group
     is the dp·cp ranks of one node (``layout.zero3_shard_ranks``), so g and r cross the node's own
     links, and once a step the replicas (one per node) all-reduce the rank's fp32 gradient
-    shard, ⌈Ψ_rank/S⌉ elements, across nodes after backward, exposed whole. With gloo on
-    the CPU cores (``comm_on_cores``) nothing hides."""
+    shard, ⌈Ψ_rank/S⌉ elements, across nodes after backward, exposed whole; with ``experts``
+    (their elements of Ψ_rank, and the node's edp ranks E they shard over: fsdp.py's Note
+    [experts as units]) the dense shard's replicas sum ⌈(Ψ_rank − Ψ_experts)/S⌉ and the
+    experts' edp/E replicas ⌈Ψ_experts/E⌉ more. With gloo on the CPU cores
+    (``comm_on_cores``) nothing hides."""
     if layout.zero < 3 or layout.shard_ranks <= 1:
         return None
     units = max(1.0, blocks)
@@ -515,8 +526,13 @@ def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, fo
     g = zero3_collective(hw, layout, "all_gather", params * gather_element / units, size=shard)
     r = zero3_collective(hw, layout, "reduce_scatter", params * grad_element / units, size=shard)
     replicas = layout.shard_ranks // shard
-    sync = collective_time(hw, "all_reduce", math.ceil(params / shard) * grad_element, size=replicas,
+    mine, expert_shard = experts or (0.0, 1)
+    sync = collective_time(hw, "all_reduce", math.ceil((params - mine) / shard) * grad_element, size=replicas,
                            stride=shard * layout.tp) if replicas > 1 else 0.0
+    expert_replicas = expert_data_ranks(layout) // expert_shard if mine else 1
+    if expert_replicas > 1:  # the experts' shards, over the edp ranks of the other nodes
+        sync += collective_time(hw, "all_reduce", math.ceil(mine / expert_shard) * grad_element,
+                                size=expert_replicas, stride=expert_shard * layout.expert_folds)
     total = micro_batches * units * (2 * g + r) + sync
     if hw.comm_on_cores:
         return Zero3Gathers(total=total, exposed=total)
@@ -548,13 +564,14 @@ def zero3_collective(hw: Hardware, layout: Layout, kind: str, nbytes: float, *, 
 
 
 def _optimizer_time(hw: Hardware, accounting: Accounting, params: int, tensors: int, layout: Layout,
-                    expert_params: int = 0, *, shard: int | None = None) -> float:
-    """``shard``: the ranks ZeRO shards the dense elements over (default dp·cp; HSDP's node)."""
+                    expert_params: int = 0, *, shard: int | None = None, expert_shard: int | None = None) -> float:
+    """``shard``: the ranks ZeRO shards the dense elements over (default dp·cp; HSDP's node);
+    ``expert_shard``: the experts' (default edp; HSDP's node's edp ranks)."""
     elements = params
     if layout.zero >= 1:  # experts split over ep are sharded over edp (runtime/parallel/data/zero.py)
         elements = math.ceil((params - expert_params) / (shard or layout.shard_ranks))
         if expert_params:
-            elements += math.ceil(expert_params / expert_data_ranks(layout))
+            elements += math.ceil(expert_params / (expert_shard or expert_data_ranks(layout)))
     if accounting is Accounting.MEGATRON:
         return elements * 28.0 / hw.memory_bandwidth + 4 * hw.op_overhead
     ops = 14 * tensors if layout.zero == 0 else 30

@@ -88,6 +88,25 @@ def zero_shard_node(zero_shard, devices_per_node, tp, dp, cp=None):
                       "use zero_shard = dp, or a devices_per_node that holds whole groups of dp ranks")
 
 
+@rule("PAR0813")
+def zero_shard_node_experts(zero, zero_shard, devices_per_node, tp, dp, ep, cp=None, etp=None):
+    """HSDP with ep·etp = F > 1 shards each MoE block's experts over the edp ranks of one node
+    (fsdp.py, Note [experts as units]): a stage's S = dp·cp·tp ranks fold as edp·ep·etp, an
+    edp group every F-th of them, so it splits evenly over nodes when a node holds whole
+    stages, or when F divides devices_per_node or devices_per_node divides F."""
+    folds = ep * (etp or 1)
+    if zero != 3 or zero_shard != "node" or folds == 1:
+        return None
+    stage = dp * (cp or 1) * tp
+    if devices_per_node % stage == 0 or devices_per_node % folds == 0 or folds % devices_per_node == 0:
+        return None
+    return _violation("PAR0813", ("parallel.zero_shard", "parallel.ep"),
+                      f"zero_shard = node shards the experts over the edp ranks of one node, but ep·etp = {folds} "
+                      f"neither divides nor is a multiple of devices_per_node = {devices_per_node}: the edp ranks "
+                      "do not split evenly over nodes",
+                      "use an ep·etp that divides devices_per_node (or a multiple of it), or zero_shard = dp")
+
+
 
 
 

@@ -132,12 +132,6 @@ UNBUILT = (
             "parameters are freed", "use {b_off} with {a}, or {a_off} with {b}"),
     Unbuilt("zero3", "zero_bubble_v", "PAR0826", "the weight-gradient (W) ops run after the block's gathered "
             "parameters are freed", "use {b_off} with {a}, or {a_off} with {b}"),
-    Unbuilt("grad_reduce_bf16", "zero", "PAR0820", "ZeRO reduce-scatters the gradients into its shards in fp32",
-            "use {a_off} (the default) with {b}, or zero = 0 with {a}"),
-    Unbuilt("grad_reduce_bf16", "zero3", "PAR0820", "ZeRO reduce-scatters the gradients into its shards in fp32",
-            "use {a_off} (the default) with {b}, or zero = 0 with {a}"),
-    Unbuilt("hsdp", "ep", "PAR0813", "the experts' units would be replicated over nodes",
-            "write {a_off} with ep > 1 (the experts' units shard over their edp ranks), or {b_off}"),
     Unbuilt("capacity", "cp", "PAR0811", "the drop ranking over the whole micro-batch is not built when a rank "
             "routes a chunk of each sequence", "write {a_off} with {b}, or {b_off}"),
     Unbuilt("capacity", "sp", "PAR0830", "the drop ranking over the whole micro-batch is not built when a rank "

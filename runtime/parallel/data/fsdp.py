@@ -37,7 +37,12 @@ folding]) and gathered and freed with the block's dense unit. Their gradients, a
 summed over the ep group's tokens by the combine's backward, are reduce-scattered over
 edp and divided by the dp ranks whose mean loss the step takes (as
 ``moe.reduce_expert_grads``); the global norm adds their squares summed over edp, ep and
-etp. Not with ``zero_shard = node`` (no replicas of a shard over edp).
+etp. Under ``zero_shard = node`` (HSDP) they shard over the edp ranks of their node and
+are replicated over the edp ranks at the same place on the other nodes
+(``fsdp_units.expert_node_groups``), as the dense units over dp, and as torchtitan's
+HSDP with ep: each reduce-scatter stays on the node, the replicas' expert shards are summed
+across nodes once a step beside the dense ones, and the norm sums their squares over the
+node's edp ranks (a replica holds the same shard), ep and etp.
 
 Note [ZeRO-3 over per-layer layouts]: in a heterogeneous stage (hetero.py, Note
 [heterogeneous layouts]) a block at tp t is a unit sharded over its own layer's dp group
@@ -65,7 +70,9 @@ it and adds this rank's shard, divided by the data-parallel size, into the step'
 sharded accumulator ``self.grad``. So no rank holds a whole gradient between
 micro-batches (Ψ, fp32 sums under bf16/fp16 parameters: 4Ψ bytes, what ZeRO-3 exists to
 avoid); only the pack in flight (one unit's) is whole. Under bf16/fp16 the pack is fp32,
-so the step's sum never rounds (master.py's ``Fp32Accumulation`` is left to the late
+so the step's sum never rounds (but for ``train.grad_reduce = bf16``, which sends the pack,
+and HSDP's sum below, in bf16 and takes the shard back into fp32 before the mean: zero.py,
+Note [bf16 reduction under ZeRO]) (master.py's ``Fp32Accumulation`` is left to the late
 gradients). Parameters whose gradient is still partial when backward ends (dp.py, Note
 [late gradients]: sequence-parallel replicated ones, a stage's tied embedding copy) keep
 accumulating in ``.grad`` (fp32 sums under bf16: ``Fp32Accumulation``); a unit holding
@@ -92,7 +99,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ...distributed.comm import exposed, group_rank, group_size, on_gradient
-from .fsdp_units import Unit, materialize_meta, node_groups  # noqa: F401  (node_groups: train.py's, under zero_shard = node)
+from .fsdp_units import Unit, materialize_meta, sum_over_replicas
+from .fsdp_units import node_groups, expert_node_groups  # noqa: F401  (train.py's, under zero_shard = node)
 from ...optimizers.master import Fp32Accumulation, mark_compute_dtype
 from ...optimizers.optim import clip_to_norm_
 from ...distributed.traffic import comm_bytes
@@ -109,22 +117,28 @@ class FullyShardedAdamW:
     def __init__(
         self, model, *, dp_group, tp_group, lr, betas, weight_decay, eps, pp_group=None,
         replicate_group=None, accumulations=1, prefetch=1, ep_group=None, edp_group=None, etp_group=None,
-        data_ranks=None, compute_dtype=None, layouts=None, stage_group=None,
+        data_ranks=None, compute_dtype=None, layouts=None, stage_group=None, edp_replicate_group=None,
+        reduce_dtype=None,
     ):
         """``ep_group``, ``edp_group``, ``etp_group``, ``data_ranks``: expert parallelism's
         groups and the ranks the loss is a mean over (Note [experts as units]).
+        ``edp_replicate_group``: the experts' replicas under ``zero_shard = node`` (then
+        ``edp_group`` is the node's edp ranks). ``reduce_dtype`` (``train.grad_reduce = bf16``):
+        the dtype of every gradient reduction (Note [gradients of a unit]).
         ``compute_dtype`` (bf16/fp16, master.py's Note [master weights]): the gathered
         parameters' dtype; the shards stay fp32, the master weights. ``layouts``,
         ``stage_group``: a heterogeneous stage's (Note [ZeRO-3 over per-layer layouts])."""
         if int(accumulations) < 1 or int(prefetch) < 0:
             raise ValueError(f"accumulations must be >= 1 and prefetch >= 0, not {accumulations!r}, {prefetch!r}")
         self.dp_group, self.replicate_group = dp_group, replicate_group
+        self.edp_replicate_group, self.reduce_dtype = edp_replicate_group, reduce_dtype
         self.tp_group, self.pp_group = tp_group, pp_group
         self.accumulations, self.prefetch = int(accumulations), int(prefetch)
         self.beta1, self.beta2 = (float(b) for b in betas)
         self.eps, self.weight_decay = float(eps), float(weight_decay)
         self.param_groups = [{"lr": float(lr)}]
         self.data_parallel = group_size(dp_group) * group_size(replicate_group)  # the mean's divisor
+        # the experts' shards' squares: over the (node's) edp ranks, ep and etp
         self.expert_groups = tuple(g for g in (edp_group, ep_group, etp_group) if group_size(g) > 1)
         self.layouts, self.stage_group = layouts, stage_group
         if layouts is not None:
@@ -146,9 +160,8 @@ class FullyShardedAdamW:
                 experts = [p for p in params if role(p).expert_parallel]
                 plan.append((f"layers.{key}", [p for p in params if not role(p).expert_parallel]))
                 if experts:  # Note [experts as units]
-                    if data_ranks is None or group_size(replicate_group) > 1:
-                        raise ValueError("expert-parallel parameters under ZeRO-3 need data_ranks and "
-                                         "no replicate group (zero_shard = node)")
+                    if data_ranks is None:
+                        raise ValueError("expert-parallel parameters under ZeRO-3 need data_ranks")
                     plan.append((f"layers.{key}.experts", experts))
         group_of = {name: edp_group if name.endswith(".experts") else dp_group for name, _ in plan}
         if layouts is not None:  # Note [ZeRO-3 over per-layer layouts]: each unit over its layer's dp group
@@ -287,10 +300,12 @@ class FullyShardedAdamW:
                 p.grad = None  # the packed copy replaces it
             at += p.numel()
         work, mine = None, packed
+        if unit.size > 1 and self.reduce_dtype is not None:  # zero.py, Note [bf16 reduction under ZeRO]
+            packed = mine = packed.to(self.reduce_dtype)
         if unit.size > 1:
             comm_bytes.add("dp", packed)  # a reduce-scatter's input, as an all-reduce's (Note [comm bytes])
         if unit.size > 1 and dist.get_backend(unit.group) == "nccl":
-            mine = torch.empty(unit.shard_numel, dtype=torch.float32, device=packed.device)
+            mine = torch.empty(unit.shard_numel, dtype=packed.dtype, device=packed.device)
             work = dist.reduce_scatter_tensor(mine, packed, group=unit.group, async_op=True)
         elif unit.size > 1:
             work = dist.all_reduce(packed, group=unit.group, async_op=True)
@@ -313,6 +328,7 @@ class FullyShardedAdamW:
         if work is not None:
             with exposed():
                 work.wait()
+        mine = mine.to(torch.float32)  # a bf16 sum (grad_reduce) back in fp32 before the mean
         mine.div_(unit.divisor)  # dp (× replicas); experts: the dp ranks whose mean loss it is
         self._accumulator()[unit.offset : unit.offset + unit.shard_numel].add_(mine)
 
@@ -327,10 +343,9 @@ class FullyShardedAdamW:
             unit.pending, unit.passes = len(unit.params), 0
         self._drain()
         self._accumulator()
-        if group_size(self.replicate_group) > 1:  # HSDP: the other nodes' copies, once a step
-            comm_bytes.add("dp", self.grad)
-            with exposed():
-                dist.all_reduce(self.grad, group=self.replicate_group)
+        # HSDP: the other nodes' copies, once a step (the experts' over their own replicas)
+        sum_over_replicas(self.grad, [(self.replicate_group, None), (self.edp_replicate_group, self.expert_mask)],
+                          self.reduce_dtype)
         self.gathered_peak_bytes, self._peak = self._peak, 0
         if self.layouts is not None:
             return self._stage_clip(max_norm, grad_scale)

@@ -2,7 +2,8 @@
 
 Takes: a unit's parameters and the group they are sharded over; the mesh. Gives:
 ``Unit`` (one flat buffer, sharded, gathered and freed as a whole: fsdp.py, Note
-[units]) and ``node_groups`` (the shard and replicate groups of ``zero_shard = node``).
+[units]) and ``node_groups``, ``expert_node_groups`` (the shard and replicate groups of
+``zero_shard = node``, the dense units' and the experts').
 """
 
 from __future__ import annotations
@@ -50,20 +51,60 @@ def node_groups(grid, axes: tuple[str, ...], devices_per_node: int):
     from ...layout.axes import partition
 
     names = tuple(name for name, _ in grid.axes if name in axes)
+    return _by_node(grid, [list(ranks) for ranks in partition(grid.axes, names)], devices_per_node, "×".join(names))
+
+
+def expert_node_groups(grid, folds: tuple[int, ...], devices_per_node: int):
+    """(shard group, replicate group) of this rank's experts under ``zero_shard = node``
+    (fsdp.py, Note [experts as units]): its edp ranks (mesh.py, Note [parallel folding];
+    ``folds``: the expert layers' degrees, as ``grid.expert_groups`` takes them) on its own
+    node, and those holding the same expert shard on the other nodes. Collective, as
+    ``node_groups``."""
+    return _by_node(grid, grid.expert_partitions(*folds)["edp"], devices_per_node, "edp")
+
+
+def _by_node(grid, groups: list[list[int]], devices_per_node: int, what: str):
+    """Each group's ranks split by node (the shards) and across nodes (the replicas);
+    this rank's two, None where one rank."""
     mine = {}
-    for ranks in partition(grid.axes, names):
+    for ranks in groups:
         by_node = {}
         for rank in ranks:
             by_node.setdefault(rank // devices_per_node, []).append(rank)
         shards = list(by_node.values())
         if len({len(shard) for shard in shards}) != 1:
-            raise ValueError(f"zero_shard = node: the {'×'.join(names)} ranks {ranks} do not split evenly over nodes")
-        for kind, groups in (("shard", shards), ("replicate", [list(c) for c in zip(*shards)])):
-            for members in groups:
+            raise ValueError(f"zero_shard = node: the {what} ranks {ranks} do not split evenly over nodes")
+        for kind, members_of in (("shard", shards), ("replicate", [list(c) for c in zip(*shards)])):
+            for members in members_of:
                 group = dist.new_group(members) if len(members) > 1 else None
                 if grid.rank in members:
                     mine[kind] = group
     return mine.get("shard"), mine.get("replicate")
+
+
+@torch.no_grad()
+def sum_over_replicas(grad: torch.Tensor, parts: list, reduce_dtype=None) -> None:
+    """HSDP (fsdp.py, Note [gradients of a unit]): ``grad``, the rank's fp32 shards, summed
+    in place over each (replicate group, mask) of ``parts``: the dense shards (mask None,
+    or all but the experts' mask given next) over the dense replicas, the experts' (their
+    mask) over theirs. On the wire in ``reduce_dtype`` when given (zero.py, Note [bf16
+    reduction under ZeRO]). A group of one (None) is skipped."""
+    experts = next((mask for _, mask in parts if mask is not None), None)
+    for group, mask in parts:
+        if group_size(group) <= 1:
+            continue
+        if mask is None:
+            mask = None if experts is None else ~experts
+        part = grad if mask is None else grad[mask]
+        wire = part if reduce_dtype is None else part.to(reduce_dtype)
+        comm_bytes.add("dp", wire)
+        with exposed():
+            dist.all_reduce(wire, group=group)
+        if wire is not grad:
+            if mask is None:
+                grad.copy_(wire)
+            else:
+                grad[mask] = wire.to(grad.dtype)
 
 
 class Unit:

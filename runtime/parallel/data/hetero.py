@@ -237,7 +237,9 @@ class ShardedAdamW:
     gives the one-rank norm, as ``clip_grad_norm_`` does without ZeRO."""
 
     def __init__(self, model, layouts: StageLayouts, *, stage, lr, betas, weight_decay, eps, stage_group,
-                 pp_group=None, accumulations=1):
+                 pp_group=None, accumulations=1, reduce_dtype=None):
+        """``reduce_dtype`` (``train.grad_reduce = bf16``): stage 2's buckets, summed in it
+        (zero.py, Note [bf16 reduction under ZeRO]); stage 1's are ``HeteroGradients``'."""
         if stage not in (1, 2):
             raise ValueError(f"per-layer layouts are built with ZeRO stage 1 or 2, not {stage!r}")
         self.stage, self.stage_group, self.pp_group = stage, stage_group, pp_group
@@ -250,7 +252,7 @@ class ShardedAdamW:
             self._parts.append(zero.ShardedAdamW(
                 model, dp_group=layouts.dp_group(t), tp_group=layouts.tp_group(t), stage=stage, lr=lr, betas=betas,
                 weight_decay=weight_decay, eps=eps, params=params, reduced=stage == 1, accumulations=accumulations,
-                data_ranks=layouts.dp if stage == 2 else None,
+                data_ranks=layouts.dp if stage == 2 else None, reduce_dtype=reduce_dtype if stage == 2 else None,
             ))
 
     def parts(self) -> list:

@@ -60,6 +60,16 @@ in fp32: stage 1's buckets (dp.py, ``reduce_dtype``), stage 2's packed buckets; 
 gradient slice is fp32. With several backwards a step they sum the step's fp32 gradient
 itself, never rounded to the compute dtype (master.py, Note [fp32 accumulation]). Checkpoints read and write the masters
 (checkpoint_shards.py); master.py's Note [master weights] says what stays fp32.
+
+Note [bf16 reduction under ZeRO]: with ``train.grad_reduce = bf16`` (``reduce_dtype``, as
+Megatron's ``--grad-reduce-in-bf16`` with its distributed optimizer) what crosses the wire
+is bf16 and everything a rank keeps is fp32: a gradient (its fp32 step sum where master.py
+handed one over) is rounded to bf16 once, summed over the group in bf16 (stage 1's
+buckets, stage 2's packed buckets, the experts' edp sum), converted back to fp32 and only
+then divided; the rank's gradient slice, its norm and AdamW's step on the fp32 slice (or
+its fp32 master) are as under fp32 sums. Half the bytes of the reduction; the slices'
+all-gather is the parameters' dtype, unchanged. The two roundings (each rank's gradient, the
+sum) make it inexact against one rank (tests/runtime/test_grad_reduce_zero.py bounds them).
 """
 
 from __future__ import annotations
@@ -81,7 +91,7 @@ class ShardedAdamW:
     def __init__(
         self, model, *, dp_group, tp_group, stage, lr, betas, weight_decay, eps, pp_group=None,
         accumulations=1, bucket_bytes=25 * 2**20, ep_group=None, edp_group=None, data_ranks=None,
-        params=None, etp_group=None, compute_dtype=None, reduced=False, grad_sync=None,
+        params=None, etp_group=None, compute_dtype=None, reduced=False, grad_sync=None, reduce_dtype=None,
     ):
         """``ep_group``, ``edp_group``, ``etp_group``, ``data_ranks``: expert parallelism's groups and the
         ranks the loss is a mean over (Note [experts under ZeRO]). ``params``: the
@@ -90,7 +100,8 @@ class ShardedAdamW:
         and so the parameters' dtype; the fp32 master of the slice is ``self.master``.
         ``reduced`` (stage 1 with ``params``): their gradients arrive as means already,
         reduced by someone else (hetero.HeteroGradients: each layer over its own dp group).
-        ``grad_sync`` (compress.PowerSGDGradients or TopKGradients): Note [compression under ZeRO]."""
+        ``grad_sync`` (compress.PowerSGDGradients or TopKGradients): Note [compression under ZeRO].
+        ``reduce_dtype`` (``train.grad_reduce = bf16``): Note [bf16 reduction under ZeRO]."""
         if stage not in (1, 2):
             raise ValueError(f"ZeRO stage must be 1 or 2, not {stage!r}")
         if reduced and (stage != 1 or params is None):
@@ -107,6 +118,7 @@ class ShardedAdamW:
         # the divisor of the summed gradients: dp for dense parameters, dp·cp for experts
         self.mean_over = group_size(dp_group) if data_ranks is None or not owned else int(data_ranks)
         self.ep_group, self.etp_group, self.experts = ep_group, etp_group, None
+        self.reduce_dtype = reduce_dtype  # Note [bf16 reduction under ZeRO]
         experts = [] if owned else [p for p in model.parameters() if role(p).expert_parallel]
         if experts:  # Note [experts under ZeRO]
             if data_ranks is None:
@@ -114,7 +126,7 @@ class ShardedAdamW:
             self.experts = ShardedAdamW(
                 model, dp_group=edp_group, tp_group=None, stage=stage, lr=lr, betas=betas,
                 weight_decay=weight_decay, eps=eps, accumulations=accumulations, bucket_bytes=bucket_bytes,
-                data_ranks=data_ranks, params=experts, compute_dtype=compute_dtype,
+                data_ranks=data_ranks, params=experts, compute_dtype=compute_dtype, reduce_dtype=reduce_dtype,
             )
         dp_size, dp_rank = group_size(dp_group), group_rank(dp_group)
         total = sum(p.numel() for p in self.params)
@@ -171,7 +183,7 @@ class ShardedAdamW:
         elif not owned and grad_sync is None:  # stage 1: whole gradients, all-reduced during backward
             self._grad_sync = GradientBuckets(
                 model, dp_group, bucket_bytes=bucket_bytes, overlap=True, accumulations=accumulations,
-                reduce_dtype=None if compute_dtype is None else torch.float32,  # summed in fp32
+                reduce_dtype=reduce_dtype or (None if compute_dtype is None else torch.float32),  # fp32 sums
             )
 
     # ---- stage 2: gradients reduced bucket by bucket during backward -------------
@@ -220,6 +232,8 @@ class ShardedAdamW:
             drop_gradient(p)  # the packed copy replaces it
         work = None
         if group_size(self.dp_group) > 1:
+            if self.reduce_dtype is not None:  # Note [bf16 reduction under ZeRO]
+                packed = packed.to(self.reduce_dtype)
             comm_bytes.add("dp", packed)  # Note [comm bytes] (traffic.py)
             work = dist.all_reduce(packed, group=self.dp_group, async_op=True)
         if self.mean_over != 1 and work is None:
@@ -236,6 +250,7 @@ class ShardedAdamW:
         if work is not None:
             with exposed():
                 work.wait()
+            packed = packed.to(torch.float32)  # the sum back in fp32 (bf16 on the wire), then the mean
             packed.div_(self.mean_over)
         at = 0  # where each parameter sits in ``packed``
         for p, offset in bucket:
@@ -330,7 +345,7 @@ class ShardedAdamW:
         elif self._grad_sync is not None:  # Note [compression under ZeRO]
             self._grad_sync.finish(grad_scale)
         else:  # the experts' part at stage 1 (Note [experts under ZeRO])
-            mean_of_group(self.params, self.dp_group, self.mean_over)
+            mean_of_group(self.params, self.dp_group, self.mean_over, reduce_dtype=self.reduce_dtype)
         return self._slice_grad()  # each rank keeps only its slice
 
     @torch.no_grad()
