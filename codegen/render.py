@@ -32,7 +32,7 @@ from . import (
 )
 from . import features, layout_words as layout_text
 from .plan_text import cite
-from .render_constants import config_lines, tp_plan_lines, zero_words
+from .render_constants import config_lines, lr_args, tp_plan_lines, zero_words
 
 
 def docstring_text(text: str) -> str:
@@ -231,6 +231,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         command=command(plan),
         steps=plan.train.steps.value,
         seed=plan.train.seed.value,
+        lr_args=lr_args(plan),
         extra_flag_docs=extra_flag_docs,
         header=header(plan),
         std_imports=std_imports,

@@ -122,6 +122,17 @@ def config_lines(plan: Plan) -> list[str]:
     return lines
 
 
+LR_ARGS = {"LR_SCHEDULE": "kind", "WARMUP": "warmup", "MIN_LR_RATIO": "min_lr_ratio", "DECAY": "decay",
+           "DECAY_SHAPE": "shape"}
+"""``optim.lr_at``'s keyword for each constant of the plan's ``lr_schedule``."""
+
+
+def lr_args(plan: Plan) -> list[str]:
+    """``optim.lr_at(step, ...)``'s keyword arguments, each the constant that holds it."""
+    named = [f"{LR_ARGS[s.name]}={s.name}" for s in plan.train.lr_schedule]
+    return [named[0], "peak_lr=LR", *named[1:2], "total_steps=STEPS", *named[2:]]
+
+
 def zero3_config_lines(plan: Plan) -> list[str]:
     """ZERO_PREFETCH and ZERO_SHARD (and DEVICES_PER_NODE for HSDP) under zero = 3."""
     train = plan.train
