@@ -248,7 +248,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ),
         pipeline_lines=render_step.executor_lines(plan)
         + render_eval.setup_lines(plan, reduce_group=reduce_group if reducing else None, pipelined=pipelined),
-        step_body_lines=render_observe.step_start_lines() + render_checkpoint.step_start_lines() + [
+        step_body_lines=render_observe.step_start_lines() + [
             "# memory on the first steps, every --memory-every N-th and the last (Note [memory on some steps])",
             "activations.active = memory.measured(step, every=args.memory_every, first=done + 1, last=args.steps)",
             "comm.exposed_clock.reset()  # time blocked on collectives, this step",

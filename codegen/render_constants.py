@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from parc.runtime.layout import axes
 
-from . import render_checkpoint, render_compress, render_eval, render_observe, render_step
+from . import render_checkpoint, render_compress, render_eval, render_moe, render_observe, render_step
 from .plan import Plan, Setting
 from .plan_text import cite, layer_value
 
@@ -72,6 +72,10 @@ def config_lines(plan: Plan) -> list[str]:
         if axis.axis == "cp" and axis.size > 1:
             kind = mesh.cp_kind
             lines.append(constant(kind.name, kind.value, f"{cite(kind.span)}: {CP_KIND_WORDS[kind.value]}"))
+    for expert in (plan.model.expert_parallel, plan.model.expert_tensor_parallel):
+        if expert is not None and render_moe.folds_experts(plan):  # the constants of grid.expert_groups
+            lines.append(constant(expert.name, expert.value, _comment(expert) + f": {expert.note}"
+                                  if expert.span is not None else _comment(expert)))
     if sp.enabled:
         where = "T/tp" if mesh.tp_shape is None else "T/C of hidden/R (Note [2D sequence parallelism])"
         lines.append(constant("SEQUENCE_PARALLEL", True, cite(sp.span) + f": norms run on {where}"))
