@@ -283,6 +283,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         + [l for block in after_backward for l in block.split("\n")],
         loss_lines=loss_lines + render_moe.metric_lines(plan),
         checkpoint_lines=render_checkpoint.setup_lines(plan, layout) + render_observe.setup_lines(plan, layout),
+        eval_only_lines=render_eval.eval_only_lines(plan),
         end_of_step_lines=render_observe.step_end_lines() + render_checkpoint.end_of_step_lines(),
         after_loop_lines=render_observe.after_loop_lines(),
         mfu_expr=(
