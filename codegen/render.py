@@ -191,7 +191,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ))
     else:
         dataset_line = "dataset = data.SyntheticTokens(VOCAB, SEQ_LEN, seed=args.seed)"
-    forward = "loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM"
+    to_device = "inputs, targets = inputs.to(dist.device), targets.to(dist.device)"
+    forward = "loss = loss_fn(net(inputs, targets), net) / GRAD_ACCUM"
     cpu = plan.mesh.device == "cpu"
     uses_os = data.kind == "tokens" or cpu or plan.train.init_from.value
     std_imports = ["import argparse", *(["import os"] if uses_os else []), "import time"]
@@ -201,13 +202,14 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         std_imports += ["", "import torch"]
     if low is not None:
         forward_lines = [
+            to_device,
             f"# {cite(plan.train.precision.span)}: {plan.train.precision.value} autocast; "
             "weights, grads and Adam stay fp32",
             f"with torch.autocast(device_type=dist.device.type, dtype={low}):",
             "    " + forward,
         ]
     else:
-        forward_lines = [forward]
+        forward_lines = [to_device, forward]
     imports = features.train_imports(plan)
     if pipelined and low is not None:
         forward_lines = []  # the executor runs each stage's forward under autocast
@@ -232,6 +234,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         steps=plan.train.steps.value,
         seed=plan.train.seed.value,
         lr_args=lr_args(plan),
+        loss_fn_model="the last pipeline stage's chunk, where the executor calls this"
+        if pipelined else "the whole model, this rank's shards of it",
         extra_flag_docs=extra_flag_docs,
         header=header(plan),
         std_imports=std_imports,

@@ -71,7 +71,7 @@ def customize(train: Path) -> None:
     text = before_main(text, loader)
     text = replace_line(text, "dataset = data.SyntheticTokens(", data_line)
     (term,) = recipe("Your own loss term")
-    text = replace_line(text, "loss = net(", term)
+    text = text.replace("\n    return loss\n", "\n" + term, 1)  # loss_fn's body
     (metric,) = recipe("Your own metrics")
     text = text.replace('"tokens_seen": step * TOKENS_PER_STEP,\n', metric.lstrip(), 1)
     train.write_text(text, encoding="utf-8")

@@ -118,6 +118,14 @@ TP_PLAN = {
 }
 
 
+def loss_fn(loss, model):
+    """What each micro-batch backpropagates, from ``loss``: the model's mean token loss
+    over the micro-batch. Add your terms here (parc's docs/customize.md). ``model``:
+    the whole model, this rank's shards of it.
+    The logged loss includes your terms; val_loss is the token loss alone."""
+    return loss
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Train gpt2_small (dp 4 × tp 2 + sequence parallel + ZeRO-1)."
@@ -307,7 +315,8 @@ def main() -> None:
                     dp_size=DP,
                 )
                 inputs, targets = dataset.batch(indices)  # (B, T) token ids each
-                loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM
+                inputs, targets = inputs.to(dist.device), targets.to(dist.device)
+                loss = loss_fn(net(inputs, targets), net) / GRAD_ACCUM
                 loss.backward()
                 # summed on the device: one wait for it a step (below), not one a micro-batch
                 loss_sum += loss.detach()

@@ -131,6 +131,14 @@ TP_PLAN = {
 }
 
 
+def loss_fn(loss, model):
+    """What each micro-batch backpropagates, from ``loss``: the model's mean token loss
+    over the micro-batch. Add your terms here (parc's docs/customize.md). ``model``:
+    the last pipeline stage's chunk, where the executor calls this.
+    The logged loss includes your terms; val_loss is the token loss alone."""
+    return loss
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Train llama_7b (pp 2 × dp 2 × tp 4 + sequence parallel + ZeRO-1 + 1f1b + recompute selective)."
@@ -263,6 +271,7 @@ def main() -> None:
         # what travels between stages: (micro-batch, tokens, hidden), fp32
         activation_shape=(MICRO_BATCH, SEQ_LEN // TP, HIDDEN),
         device=dist.device,
+        loss_fn=loss_fn,  # called on the last stage: each micro-batch's loss, your terms added
         autocast_dtype=None,
     )
     logger = metrics.MetricsLogger(

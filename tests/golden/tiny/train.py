@@ -113,6 +113,14 @@ TP_PLAN = {
 }
 
 
+def loss_fn(loss, model):
+    """What each micro-batch backpropagates, from ``loss``: the model's mean token loss
+    over the micro-batch. Add your terms here (parc's docs/customize.md). ``model``:
+    the whole model, this rank's shards of it.
+    The logged loss includes your terms; val_loss is the token loss alone."""
+    return loss
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train gpt_tiny (dp 2 × tp 2).")
     # each flag's type checks its range as it is read (parc_runtime/train/flags.py)
@@ -287,7 +295,8 @@ def main() -> None:
                     dp_size=DP,
                 )
                 inputs, targets = dataset.batch(indices)  # (B, T) token ids each
-                loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM
+                inputs, targets = inputs.to(dist.device), targets.to(dist.device)
+                loss = loss_fn(net(inputs, targets), net) / GRAD_ACCUM
                 loss.backward()
                 # summed on the device: one wait for it a step (below), not one a micro-batch
                 loss_sum += loss.detach()
