@@ -143,3 +143,28 @@ def test_eval_only_without_a_checkpoint_is_one_line(edited):
         "train.py: --eval-only evaluates a checkpoint: pass --resume DIR (a checkpoint, or a "
         "folder of them: its latest)"
     )
+
+
+def test_export_copies_the_tokenizer_the_specs_data_names(edited, tmp_path, capsys):
+    """``parc export --spec``: the tokenizer named by the token file's record (parc data prepare
+    --tokenizer writes it) is copied beside the export, its separator the config's eos."""
+    from parc.codegen.cli import main
+
+    (tmp_path / "tokenizer.json").write_text('{"model": "mine"}\n')
+    (tmp_path / "train.json").write_text(json.dumps(
+        {"tokenizer": "tokenizer.json", "vocab_size": 100, "dtype": "uint16", "tokens": 10, "separator": 7,
+         "min_vocab": 100}))
+    spec = tmp_path / "tiny.par"
+    spec.write_text((ROOT / "examples" / "tiny.par").read_text().replace("data = synthetic", 'data = tokens("train.bin")'))
+    out = tmp_path / "export"
+    assert main(["export", str(edited["ck"]), "--to", "safetensors", str(out), "--spec", str(spec)]) == 0
+    assert capsys.readouterr().out.endswith("model.safetensors and tokenizer.json beside it\n")
+    assert (out / "tokenizer.json").read_text() == '{"model": "mine"}\n'
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == 7
+    assert main(["export", str(edited["ck"]), "--to", "safetensors", str(out), "--spec", str(spec)]) == 1
+    assert "exists: remove it, or pass --force" in capsys.readouterr().err
+    plain = tmp_path / "plain"
+    assert main(["export", str(edited["ck"]), "--to", "safetensors", str(plain),
+                 "--spec", str(ROOT / "examples" / "tiny.par")]) == 0
+    assert "data names no tokenizer: none copied" in capsys.readouterr().out
+    assert sorted(os.listdir(plain)) == ["config.json", "model.safetensors"]
