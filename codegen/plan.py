@@ -336,7 +336,8 @@ class TrainPlan:
     optimizer: tuple[Setting, ...]
     """AdamW: LR, BETAS, WEIGHT_DECAY, EPS."""
     lr_schedule: tuple[Setting, ...]
-    """LR_SCHEDULE, WARMUP, MIN_LR_RATIO."""
+    """LR_SCHEDULE, WARMUP, MIN_LR_RATIO (and DECAY, DECAY_SHAPE under ``wsd``): the
+    keyword arguments of ``optim.lr_at`` (``lr_schedule_args``)."""
     data: DataPlan
     zero: Setting
     """ZeRO stage: 0 (none), 1 (AdamW state sharded over dp) or 2 (state and gradients)."""

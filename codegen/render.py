@@ -32,7 +32,7 @@ from . import (
 )
 from . import features, layout_words as layout_text
 from .plan_text import cite
-from .render_constants import config_lines, tp_plan_lines, zero_words
+from .render_constants import config_lines, lr_args, tp_plan_lines, zero_words
 
 
 def docstring_text(text: str) -> str:
@@ -196,7 +196,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ))
     else:
         dataset_line = "dataset = data.SyntheticTokens(VOCAB, SEQ_LEN, seed=args.seed)"
-    forward = "loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM"
+    to_device = "inputs, targets = inputs.to(dist.device), targets.to(dist.device)"
+    forward = "loss = loss_fn(net(inputs, targets), net) / GRAD_ACCUM"
     cpu = plan.mesh.device == "cpu"
     uses_os = data.kind == "tokens" or cpu or plan.train.init_from.value
     std_imports = ["import argparse", *(["import os"] if uses_os else []), "import time"]
@@ -206,13 +207,14 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         std_imports += ["", "import torch"]
     if low is not None:
         forward_lines = [
+            to_device,
             f"# {cite(plan.train.precision.span)}: {plan.train.precision.value} autocast; "
             "weights, grads and Adam stay fp32",
             f"with torch.autocast(device_type=dist.device.type, dtype={low}):",
             "    " + forward,
         ]
     else:
-        forward_lines = [forward]
+        forward_lines = [to_device, forward]
     imports = features.train_imports(plan)
     if pipelined and low is not None:
         forward_lines = []  # the executor runs each stage's forward under autocast
@@ -236,6 +238,9 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         command=command(plan),
         steps=plan.train.steps.value,
         seed=plan.train.seed.value,
+        lr_args=lr_args(plan),
+        loss_fn_model="the last pipeline stage's chunk, where the executor calls this"
+        if pipelined else "the whole model, this rank's shards of it",
         extra_flag_docs=extra_flag_docs,
         header=header(plan),
         std_imports=std_imports,
@@ -252,7 +257,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ),
         pipeline_lines=render_step.executor_lines(plan)
         + render_eval.setup_lines(plan, reduce_group=reduce_group if reducing else None, pipelined=pipelined),
-        step_body_lines=render_observe.step_start_lines() + render_checkpoint.step_start_lines() + [
+        step_body_lines=render_observe.step_start_lines() + [
             "# memory on the first steps, every --memory-every N-th and the last (Note [memory on some steps])",
             "activations.active = memory.measured(step, every=args.memory_every, first=done + 1, last=args.steps)",
             "comm.exposed_clock.reset()  # time blocked on collectives, this step",
@@ -287,6 +292,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         + [l for block in after_backward for l in block.split("\n")],
         loss_lines=loss_lines + render_moe.metric_lines(plan),
         checkpoint_lines=render_checkpoint.setup_lines(plan, layout) + render_observe.setup_lines(plan, layout),
+        eval_only_lines=render_eval.eval_only_lines(plan),
         end_of_step_lines=render_observe.step_end_lines() + render_checkpoint.end_of_step_lines(),
         after_loop_lines=render_observe.after_loop_lines(),
         mfu_expr=(

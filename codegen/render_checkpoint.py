@@ -1,11 +1,10 @@
-"""Rendering of checkpoints, resume, SIGTERM, bad numbers and injected faults in train.py.
+"""Rendering of checkpoints, resume, SIGTERM and bad numbers in train.py.
 
 Takes: a ``Plan`` (``train.checkpoint_every``, ``checkpoint_dir``, ``on_nonfinite`` and
 the layout). Gives: the lines ``render.py`` places in train.py — the cited constants,
 the ``--checkpoint-dir`` / ``--checkpoint-every`` / ``--resume`` / ``--init-from`` flags and their
 docstring lines, the set-up of ``faults.StepGuard`` and ``checkpoint.Checkpoints``
-with the resume (``done``: the last step already trained), the step's first line
-(a test-only injected fault), the optimizer step guarded against non-finite numbers,
+with the resume (``done``: the last step already trained), the optimizer step guarded against non-finite numbers,
 and the end of a step (save when due or on SIGTERM). The runtime side is
 ``runtime/checkpoints/checkpoint.py`` and ``runtime/train/faults.py``.
 Before: ``codegen/render.py`` builds the other lines. After: the template places these.
@@ -84,23 +83,13 @@ def setup_lines(plan: Plan, layout: str) -> list[str]:
     ]
 
 
-def step_start_lines() -> list[str]:
-    return [
-        "# PARC_FAULT_AT_STEP=k (tests only): the last rank dies here, on the first attempt",
-        f"faults.die_if_injected(step, {RANK_ARGS})",
-    ]
-
-
 def guarded_step_lines(step_lines: list[str], fp16: bool = False) -> list[str]:
     """``step_lines`` with the optimizer step taken only when every rank's numbers are finite.
     fp16: an overflow of the scaled gradients is the loss scaler's to skip, not the guard's."""
     at = next((i for i, line in enumerate(step_lines) if line.startswith("optimizer.step()")), None)
     if at is None:
         raise RuntimeError("internal error in parc (render_checkpoint): no optimizer.step() line")
-    return step_lines[:at] + [
-        "# PARC_NAN_AT_STEP=k (tests only): the last rank's loss of step k is NaN",
-        f"loss_sum = faults.inject_nan(step, loss_sum, {RANK_ARGS})",
-    ] + ([
+    return step_lines[:at] + ([
         "# fp16 overflow (the norm is global, so every rank agrees): skipped, the scale backs off",
         "stepping = scaler.update(step, grad_norm)",
         "# any rank's non-finite loss or grad norm: every rank skips the step (or stops)",

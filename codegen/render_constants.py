@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from parc.runtime.layout import axes
 
-from . import render_checkpoint, render_compress, render_eval, render_observe, render_step
+from . import render_checkpoint, render_compress, render_eval, render_moe, render_observe, render_step
 from .plan import Plan, Setting
 from .plan_text import cite, layer_value
 
@@ -72,6 +72,10 @@ def config_lines(plan: Plan) -> list[str]:
         if axis.axis == "cp" and axis.size > 1:
             kind = mesh.cp_kind
             lines.append(constant(kind.name, kind.value, f"{cite(kind.span)}: {CP_KIND_WORDS[kind.value]}"))
+    for expert in (plan.model.expert_parallel, plan.model.expert_tensor_parallel):
+        if expert is not None and render_moe.folds_experts(plan):  # the constants of grid.expert_groups
+            lines.append(constant(expert.name, expert.value, _comment(expert) + f": {expert.note}"
+                                  if expert.span is not None else _comment(expert)))
     if sp.enabled:
         where = "T/tp" if mesh.tp_shape is None else "T/C of hidden/R (Note [2D sequence parallelism])"
         lines.append(constant("SEQUENCE_PARALLEL", True, cite(sp.span) + f": norms run on {where}"))
@@ -120,6 +124,17 @@ def config_lines(plan: Plan) -> list[str]:
         flops_span, flops_note = mesh.device_flops_from_profile, "the profile's best matmul rate, for MFU"
     lines.append(constant("DEVICE_FLOPS", mesh.device_flops, f"{cite(flops_span)}: {flops_note}"))
     return lines
+
+
+LR_ARGS = {"LR_SCHEDULE": "kind", "WARMUP": "warmup", "MIN_LR_RATIO": "min_lr_ratio", "DECAY": "decay",
+           "DECAY_SHAPE": "shape"}
+"""``optim.lr_at``'s keyword for each constant of the plan's ``lr_schedule``."""
+
+
+def lr_args(plan: Plan) -> list[str]:
+    """``optim.lr_at(step, ...)``'s keyword arguments, each the constant that holds it."""
+    named = [f"{LR_ARGS[s.name]}={s.name}" for s in plan.train.lr_schedule]
+    return [named[0], "peak_lr=LR", *named[1:2], "total_steps=STEPS", *named[2:]]
 
 
 def zero3_config_lines(plan: Plan) -> list[str]:

@@ -49,11 +49,14 @@ def config_lines(plan: Plan) -> list[str]:
 
 
 def flag_docs(plan: Plan) -> list[str]:
-    if not (enabled(plan) and plan.train.data.val_path):
+    if not enabled(plan):
         return []
+    lines = ["--eval-only            with --resume: print the checkpoint's val_loss and exit"]
+    if not plan.train.data.val_path:
+        return lines
     if isinstance(plan.train.data.val_path, tuple):
-        return ["--val-data PATH ...    validation token files, one per file of the blend (default VAL_DATA_PATH)"]
-    return ["--val-data PATH        validation token file (default VAL_DATA_PATH, from this file's folder)"]
+        return lines + ["--val-data PATH ...    validation token files, one per file of the blend (default VAL_DATA_PATH)"]
+    return lines + ["--val-data PATH        validation token file (default VAL_DATA_PATH, from this file's folder)"]
 
 
 def dataset_part(plan: Plan) -> str:
@@ -91,6 +94,18 @@ def setup_lines(plan: Plan, *, reduce_group: str | None, pipelined: bool) -> lis
         *(["    runner=runner,", "    pp_group=pp_group,"] if pipelined else []),
         *([f"    autocast_dtype={low},"] if low is not None and not pipelined else []),
         ")",
+    ]
+
+
+def eval_only_lines(plan: Plan) -> list[str]:
+    """``--eval-only``: the checkpoint's val_loss, then exit (before the loop)."""
+    if not enabled(plan):
+        return []
+    return [
+        "if args.eval_only:  # the --resume checkpoint's val_loss, printed; no training",
+        "    evaluate.eval_only(evaluator, net, resume=args.resume, done=done, rank=dist.rank)",
+        "    logger.close()",
+        "    return",
     ]
 
 

@@ -53,6 +53,9 @@ def flag_lines(plan: Plan) -> list[str]:
             "# DATA_PATH is from this file's folder, so the run works from any cwd",
             *_path_flag("--data", "data_path", "DATA_PATH", isinstance(plan.train.data.path, tuple)),
         ]
+    if render_eval.enabled(plan):  # runtime/train/evaluate.py's eval_only
+        lines.append('parser.add_argument("--eval-only", action="store_true")')
+    if plan.train.data.kind == "tokens":
         if render_eval.enabled(plan) and plan.train.data.val_path:
             lines += _path_flag("--val-data", "val_path", "VAL_DATA_PATH", isinstance(plan.train.data.val_path, tuple))
     return lines

@@ -59,7 +59,7 @@ def data_ranks(plan: Plan) -> str:
 def group_lines(plan: Plan) -> list[str]:
     if not folds_experts(plan):
         return []
-    ep, etp = plan.model.expert_parallel, plan.model.expert_tensor_parallel
+    etp = plan.model.expert_tensor_parallel
     folded = "dp·cp·tp" if plan.mesh.size("cp") > 1 else "dp·tp"
     lines = [
         f"# Note [parallel folding] (mesh.py): expert layers re-read the {folded} ranks as",
@@ -68,12 +68,11 @@ def group_lines(plan: Plan) -> list[str]:
     ]
     if etp is None:
         return lines + [
-            f"ep_group, edp_group, _ = grid.expert_groups({ep.value!r})  # {cite(ep.span)}: expert-parallel ranks"
+            "ep_group, edp_group, _ = grid.expert_groups(EP)"
         ]
     return lines + [
         "# (Note [expert tensor parallelism], moe.py: etp_group splits each expert's ffn)",
-        f"ep_group, edp_group, etp_group = grid.expert_groups({ep.value!r}, {etp.value!r})"
-        f"  # {cite(ep.span)}, {cite(etp.span)}",
+        "ep_group, edp_group, etp_group = grid.expert_groups(EP, ETP)",
     ]
 
 

@@ -222,6 +222,7 @@ def executor_lines(plan: Plan) -> list[str]:
         "    # what travels between stages: (micro-batch, tokens, hidden), fp32",
         f"    activation_shape=({rows}, {tokens}, {hidden}),",
         "    device=dist.device,",
+        "    loss_fn=loss_fn,  # called on the last stage: each micro-batch's loss, your terms added",
         *([f"    # {cite(plan.train.precision.span)}: {plan.train.precision.value} autocast in each stage's "
            "forward; weights, grads and Adam stay fp32"] if autocast != "None" else []),
         f"    autocast_dtype={autocast},",

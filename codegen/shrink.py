@@ -114,6 +114,9 @@ def _lr_schedule_word(lr_schedule, warmup: int) -> str:
     kind = lr_schedule.kind.value
     if kind == "constant":
         return f"constant(warmup = {warmup})"
+    if kind == "wsd":
+        return (f"wsd(warmup = {warmup}, decay = {lr_schedule.decay}, min_lr_ratio = {lr_schedule.min_lr_ratio!r}, "
+                f"shape = {lr_schedule.shape.value})")
     return f"{kind}(warmup = {warmup}, min_lr_ratio = {lr_schedule.min_lr_ratio!r})"
 
 

@@ -44,7 +44,7 @@ def spec_values(spec: Spec) -> dict:
         "tp_shape_auto": par.tp_shape_auto, "compress_pp": par.compress_pp,
         "compress_stages": par.compress_stages,
         "global_batch": train.global_batch, "micro_batch": train.micro_batch, "steps": train.steps,
-        "warmup": train.lr_schedule.warmup, "precision": train.precision.value,
+        "warmup": train.lr_schedule.warmup, "decay": train.lr_schedule.decay or None, "precision": train.precision.value,
         "grad_reduce": train.grad_reduce,
         "optimizer": train.optimizer.name, "data": train.data.kind.value, "data_dtype": train.data.dtype,
         "data_files": len(train.data.files) or None, "data_weights": len(train.data.weights) or None,

@@ -25,6 +25,7 @@ from .spec import (
     Arch,
     DataKind,
     DataSpec,
+    DecayShape,
     Kernels,
     LrScheduleKind,
     LrScheduleSpec,
@@ -198,6 +199,8 @@ def build_spec(norm: Normalized, source: str) -> Spec:
             kind=LrScheduleKind(lr_schedule["kind"]),
             warmup=lr_schedule.get("warmup", 0),
             min_lr_ratio=float(lr_schedule.get("min_lr_ratio", LrScheduleSpec().min_lr_ratio)),
+            decay=lr_schedule.get("decay", 0),
+            shape=DecayShape(lr_schedule.get("shape", "linear")),
         ),
         grad_clip=float(train.get("grad_clip", 1.0)),
         precision=Precision(train.get("precision", "fp32")),
@@ -350,7 +353,8 @@ def spec_document(spec: Spec) -> dict:
         "optimizer": {"kind": optimizer.name, "lr": optimizer.lr, "betas": list(optimizer.betas),
                       "weight_decay": optimizer.weight_decay, "eps": optimizer.eps},
         "schedule": {"kind": lr.kind.value, "warmup": lr.warmup}
-        | ({} if lr.kind is LrScheduleKind.CONSTANT else {"min_lr_ratio": lr.min_lr_ratio}),
+        | ({} if lr.kind is LrScheduleKind.CONSTANT else {"min_lr_ratio": lr.min_lr_ratio})
+        | ({"decay": lr.decay, "shape": lr.shape.value} if lr.kind is LrScheduleKind.WSD else {}),
         "grad_clip": train.grad_clip,
         "precision": train.precision.value,
         "master_weights": train.master_weights,

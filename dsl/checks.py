@@ -97,6 +97,7 @@ def plain_values(v: _Values) -> dict:
         out[entry.name] = None if plain is None or None in constraints.entries(plain) else plain
     lr_schedule = v.get("train", "schedule")
     out["warmup"] = lr_schedule.get("warmup") if isinstance(lr_schedule, dict) else None
+    out["decay"] = lr_schedule.get("decay") if isinstance(lr_schedule, dict) else None
     data = out.pop("data")
     out["data"] = data.get("kind") if isinstance(data, dict) else None
     out["data_dtype"] = data.get("dtype") if isinstance(data, dict) else None

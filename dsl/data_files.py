@@ -55,6 +55,11 @@ def _files(spec: Spec) -> tuple[str, ...]:
     return data.files if data.kind == DataKind.TOKENS else ()
 
 
+def token_records(spec: Spec) -> list[tuple[str, dict | None]]:
+    """Each token file of the spec as written, with its record (None: none readable)."""
+    return [(written, _record(spec, written)) for written in _files(spec)]
+
+
 def _count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

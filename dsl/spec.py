@@ -62,6 +62,15 @@ class LrScheduleKind(enum.Enum):
     CONSTANT = "constant"
     COSINE = "cosine"
     LINEAR = "linear"
+    WSD = "wsd"
+
+
+class DecayShape(enum.Enum):
+    """The shape of ``wsd``'s decay (``runtime/optimizers/optim.py``'s ``lr_at``)."""
+
+    LINEAR = "linear"
+    COSINE = "cosine"
+    SQRT = "sqrt"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -269,7 +278,11 @@ class LrScheduleSpec:
     warmup: int = 0
     """Steps of linear warmup: step s ≤ warmup runs at peak·s/warmup (step 1 at peak/warmup)."""
     min_lr_ratio: float = 0.1
-    """Final LR as a fraction of the peak (cosine, linear)."""
+    """Final LR as a fraction of the peak (cosine, linear, wsd)."""
+    decay: int = 0
+    """``wsd``: the last ``decay`` steps decay from the peak to ``min_lr_ratio``·peak."""
+    shape: DecayShape = DecayShape.LINEAR
+    """``wsd``: the decay's shape."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,12 +15,21 @@ Note [Mixtral names], Note [Mixtral's aux loss]), the table ``parc import`` read
 way. A model trained with ``capacity_factor`` (each expert dropped the tokens past its
 capacity: Mixtral, computing every token, would be another model) is an ``ExportError``
 unless ``--as-dropless`` asks for it anyway, with a warning.
+
+``--spec SPEC`` (the spec the model was trained from): when its data names a tokenizer —
+the record ``parc data prepare --tokenizer`` wrote beside the token file (``X.json``,
+its ``tokenizer``) — that file, found beside the token file (or given as ``--tokenizer
+FILE``), is copied beside the export as ``tokenizer.json``, so OUT loads with
+``transformers`` as model and tokenizer (``tokenizer_file``); ``config.json``'s
+``eos_token_id`` is then the record's separator. A spec whose data names none (synthetic
+data, bytes) copies nothing and says so.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from typing import TYPE_CHECKING
 
@@ -98,18 +107,62 @@ def dropped_tokens(config: dict) -> str | None:
             "past its capacity), but Mixtral drops none: the export would compute another model")
 
 
-def export(ckpt: str, out: str, *, force: bool = False, as_dropless: bool = False) -> str:
+def spec_tokenizer(spec_path: str) -> tuple[str, dict] | None:
+    """The tokenizer file the spec's data names, with its token file's record: the record
+    (``X.json`` beside the token file) names it, and it is looked for beside the token file.
+    None when the data names no tokenizer (synthetic data, byte tokens, no record)."""
+    from parc.dsl import Diagnostics, load
+    from parc.dsl.data_files import token_records
+
+    try:
+        spec = load(spec_path)
+    except Diagnostics as exc:
+        raise ExportError(f"--spec {spec_path}: {len(exc.errors)} error(s): run parc check {spec_path}") from None
+    for written, record in token_records(spec):
+        name = record.get("tokenizer") if record else None
+        if not isinstance(name, str) or name in ("", "bytes"):
+            continue
+        path = os.path.join(os.path.dirname(spec.resolve(written)), os.path.basename(name))
+        if not os.path.isfile(path):
+            raise ExportError(f"the record of {written} names the tokenizer {name}, which is not beside it "
+                              f"({path}): pass --tokenizer FILE")
+        return path, record
+    return None
+
+
+def tokenizer_target(tokenizer: str, out: str, *, force: bool) -> str:
+    """Where ``tokenizer`` goes: ``tokenizer.json`` beside the export (in OUT, or beside
+    OUT.safetensors), checked before anything is written."""
+    from parc.runtime.paths import UnreadableFile, UnwritablePath, check_regular, check_target
+
+    folder = out if not out.endswith(".safetensors") else os.path.dirname(os.path.abspath(out))
+    target = os.path.join(folder, "tokenizer.json")
+    try:
+        check_regular(tokenizer)
+        check_target(target, folder=False)
+    except (UnreadableFile, UnwritablePath) as exc:
+        raise ExportError(str(exc)) from None
+    if os.path.exists(target) and not force:
+        raise ExportError(f"{target} exists: remove it, or pass --force to overwrite it")
+    return target
+
+
+def export(ckpt: str, out: str, *, force: bool = False, as_dropless: bool = False,
+           tokenizer: str | None = None, eos: int | None = None) -> str:
     """Write the export of checkpoint ``ckpt`` to ``out``; the safetensors file written.
 
     Nothing is written until the checkpoint has been read; each file is written beside
     its place and renamed into it. ``as_dropless``: export a model trained with a capacity
-    anyway (``dropped_tokens``); else that is an ``ExportError``.
+    anyway (``dropped_tokens``); else that is an ``ExportError``. ``tokenizer``: a file
+    copied beside the export as ``tokenizer.json`` (``eos``: its end-of-text id, for
+    config.json).
     """
     from parc.runtime.checkpoints import checkpoint  # torch, only when exporting
 
     from safetensors.torch import save_file
 
     check_out(out, force=force)
+    copy_to = tokenizer_target(tokenizer, out, force=force) if tokenizer else None
     path = checkpoint.resolve(ckpt)
     info = checkpoint.read_info(path)
     if drops := dropped_tokens(info["model"]):
@@ -134,9 +187,13 @@ def export(ckpt: str, out: str, *, force: bool = False, as_dropless: bool = Fals
     if folder:
         config = os.path.join(out, "config.json")
         with open(config + ".parc-tmp", "w", encoding="utf-8") as file:
-            json.dump(hf_config(info["model"]), file, indent=2, sort_keys=True)
+            special = {"eos_token_id": eos} if tokenizer and isinstance(eos, int) else {}
+            json.dump(hf_config(info["model"]) | special, file, indent=2, sort_keys=True)
             file.write("\n")
         os.replace(config + ".parc-tmp", config)
+    if copy_to is not None:
+        shutil.copyfile(tokenizer, copy_to + ".parc-tmp")
+        os.replace(copy_to + ".parc-tmp", copy_to)
     return target
 
 
@@ -156,14 +213,22 @@ def run(args) -> int:
         print(f"parc export: {args.checkpoint}: no such checkpoint folder", file=sys.stderr)
         return 2
     try:
-        target = export(args.checkpoint, args.out, force=args.force, as_dropless=args.as_dropless)
+        tokenizer, eos = args.tokenizer, None
+        if tokenizer is None and args.spec is not None:
+            found = spec_tokenizer(args.spec)
+            if found is None:
+                print(f"parc export: {args.spec}'s data names no tokenizer: none copied")
+            else:
+                tokenizer, eos = found[0], found[1].get("separator")
+        target = export(args.checkpoint, args.out, force=args.force, as_dropless=args.as_dropless,
+                        tokenizer=tokenizer, eos=eos)
     except (ExportError, CheckpointError) as exc:
         print(f"parc export: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, NoCheckpoint) else 1
     except OSError as exc:  # the disk filled, the folder vanished while writing
         print(f"parc export: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    print(f"wrote {target}")
+    print(f"wrote {target}" + (" and tokenizer.json beside it" if tokenizer else ""))
     return 0
 
 
@@ -185,4 +250,9 @@ def register(subparsers) -> None:
     parser.add_argument("--as-dropless", action="store_true",
                         help="export a mixture of experts trained with capacity_factor as Mixtral, which drops "
                         "no tokens (a different model: warned)")
+    parser.add_argument("--spec", metavar="SPEC", default=None,
+                        help="the spec the model was trained from: the tokenizer its data names (parc data "
+                        "prepare --tokenizer's record beside the token file) is copied beside OUT")
+    parser.add_argument("--tokenizer", metavar="FILE", default=None,
+                        help="a tokenizer.json to copy beside OUT (instead of the one --spec names)")
     parser.set_defaults(func=run)

@@ -19,7 +19,7 @@ import enum
 import math
 import re
 
-from parc.dsl.spec import Arch, DataKind, LrScheduleKind, Precision, Recompute, Spec
+from parc.dsl.spec import Arch, DataKind, DecayShape, LrScheduleKind, Precision, Recompute, Spec
 
 from ..errors import BAD_NAME, BAD_VALUE, check, error
 from ..spec_values import rule_errors
@@ -137,6 +137,11 @@ def run(spec: Spec, draft: Draft) -> Draft:
     member("train.schedule", schedule.kind, LrScheduleKind)
     count("train.schedule.warmup", schedule.warmup, low=0)
     real("train.schedule.min_lr_ratio", schedule.min_lr_ratio)
+    if type(schedule.min_lr_ratio) in (int, float) and not 0 <= schedule.min_lr_ratio <= 1:
+        bad("train.schedule.min_lr_ratio", f"min_lr_ratio = {schedule.min_lr_ratio!r} is out of range",
+            "min_lr_ratio is a fraction of the peak LR: between 0 and 1")
+    count("train.schedule.decay", schedule.decay, low=0)
+    member("train.schedule.shape", schedule.shape, DecayShape)
     data = train.data
     member("train.data", data.kind, DataKind)
     if type(data.dtype) is not str or data.dtype not in TOKEN_DTYPES:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from parc.dsl.spec import Spec
+from parc.dsl.spec import LrScheduleKind, Spec
 
 from ..plan import DataPlan, ModelPlan, Setting, TrainPlan
 from .draft import Draft
@@ -89,6 +89,11 @@ def run(spec: Spec, draft: Draft) -> Draft:
             setting(spec, "LR_SCHEDULE", "train.schedule", s.kind.value),
             setting(spec, "WARMUP", "train.schedule", s.warmup),
             setting(spec, "MIN_LR_RATIO", "train.schedule", s.min_lr_ratio),
+            *(
+                (setting(spec, "DECAY", "train.schedule", s.decay),
+                 setting(spec, "DECAY_SHAPE", "train.schedule", s.shape.value))
+                if s.kind is LrScheduleKind.WSD else ()
+            ),
         ),
         zero=setting(spec, "ZERO", "parallel.zero", spec.parallel.zero),
         data=DataPlan(

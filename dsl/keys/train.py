@@ -12,6 +12,15 @@ _MIN_LR = Param(
     default="0.1",
     minimum=0,
     maximum=1,
+    limit="min_lr_ratio is the final LR as a fraction of the peak: 0 decays to nothing, 1 not at all",
+)
+_DECAY = _int("decay", "steps of the final decay to min_lr_ratio·peak (the last `decay` steps)", required=True)
+_SHAPE = Param(
+    name="shape",
+    type="enum",
+    choices=("linear", "cosine", "sqrt"),
+    default="linear",
+    doc="the decay's shape: linear, half a cosine, or 1 − sqrt (progress)",
 )
 
 TRAIN = BlockDef(
@@ -75,6 +84,11 @@ TRAIN = BlockDef(
                 CallDef(name="constant", doc="warmup, then the peak LR", params=(_WARMUP,)),
                 CallDef(name="cosine", doc="warmup, then cosine decay", params=(_WARMUP, _MIN_LR)),
                 CallDef(name="linear", doc="warmup, then linear decay", params=(_WARMUP, _MIN_LR)),
+                CallDef(
+                    name="wsd",
+                    doc="warmup-stable-decay: warmup, the peak LR, then a decay over the last `decay` steps",
+                    params=(_WARMUP, _DECAY, _MIN_LR, _SHAPE),
+                ),
             ),
         ),
         Param(

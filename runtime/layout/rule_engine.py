@@ -69,6 +69,7 @@ KEYS = {
     "micro_batch": "train.micro_batch",
     "steps": "train.steps",
     "warmup": "train.schedule.warmup",
+    "decay": "train.schedule.decay",
     "precision": "train.precision",
     "grad_reduce": "train.grad_reduce",
     "optimizer": "train.optimizer",

@@ -27,21 +27,37 @@ def build_optimizer(model, *, lr, betas, weight_decay, eps):
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, foreach=False)
 
 
-def lr_at(step, *, kind, peak_lr, warmup, total_steps, min_lr_ratio):
-    """The learning rate of 1-based ``step``: linear warmup, then constant/cosine/linear.
+LR_SCHEDULES = ("constant", "cosine", "linear", "wsd")
+DECAY_SHAPES = ("linear", "cosine", "sqrt")
+
+
+def lr_at(step, *, kind, peak_lr, warmup, total_steps, min_lr_ratio, decay=0, shape="linear"):
+    """The learning rate of 1-based ``step``: linear warmup, then constant/cosine/linear/wsd.
 
     Step s <= warmup gets peak_lr·s/warmup; then the decay runs from peak_lr after the
-    warmup to min_lr_ratio·peak_lr at ``total_steps`` (and stays there).
+    warmup to min_lr_ratio·peak_lr at ``total_steps`` (and stays there). ``wsd``
+    (warmup-stable-decay) holds peak_lr until the last ``decay`` steps and decays over
+    them in ``shape``: ``linear``, ``cosine`` (half a cosine) or ``sqrt`` (1 − √progress).
+    A pure function of the step, so a run resumed mid-decay continues it exactly.
     """
-    if kind not in ("constant", "cosine", "linear"):
-        raise ValueError(f"unknown lr schedule {kind!r}: constant, cosine or linear")
+    if kind not in LR_SCHEDULES:
+        raise ValueError(f"unknown lr schedule {kind!r}: {', '.join(LR_SCHEDULES)}")
     if warmup > 0 and step <= warmup:
         return peak_lr * step / warmup
     if kind == "constant":
         return peak_lr
-    span = max(1, total_steps - warmup)
-    progress = min(1.0, max(0.0, (step - warmup) / span))
     floor = peak_lr * min_lr_ratio
+    if kind == "wsd":
+        if shape not in DECAY_SHAPES:
+            raise ValueError(f"unknown wsd decay shape {shape!r}: {', '.join(DECAY_SHAPES)}")
+        start = total_steps - decay  # the last stable step
+        progress = min(1.0, max(0.0, (step - start) / max(1, decay)))
+        if shape == "sqrt":
+            return peak_lr - (peak_lr - floor) * math.sqrt(progress)
+        kind = shape  # linear or cosine over the decay's own span
+    else:
+        span = max(1, total_steps - warmup)
+        progress = min(1.0, max(0.0, (step - warmup) / span))
     if kind == "cosine":
         return floor + (peak_lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     return peak_lr - (peak_lr - floor) * progress  # linear

@@ -2,7 +2,8 @@
 
 Takes: a validation dataset (``data.TokenFile`` of the val file or the held-out tail,
 ``data.ValidationStream`` for synthetic data), the batch geometry and this rank's
-place (dp, cp, pp). Gives: ``Evaluator``, whose ``due(step, last)`` says when to
+place (dp, cp, pp). Gives: ``eval_only`` (the trainer's ``--eval-only``: a checkpoint's
+``val_loss``, printed) and ``Evaluator``, whose ``due(step, last)`` says when to
 evaluate and ``run(net)`` returns ``val_loss``: the mean loss of the validation
 samples ``0 .. batches·global_batch - 1``, read as training reads a step's samples
 (batch b as step b + 1: ``data.sample_indices``), so every layout averages the same
@@ -89,3 +90,18 @@ class Evaluator:
 
             loss = loss_over_pipeline(loss, self.pp_group)
         return all_reduce_mean(loss, self.reduce_group) if self.reduce_group is not None else loss
+
+
+def eval_only(evaluator: Evaluator, net, *, resume: str | None, done: int, rank: int) -> float:
+    """``--eval-only``: the ``val_loss`` of the checkpoint ``--resume`` read (step ``done``),
+    printed by rank 0; the trainer then exits 0 without training. Without ``--resume`` the
+    run ends in one line: there is nothing to evaluate but the initialization."""
+    if resume is None:
+        raise SystemExit(
+            "train.py: --eval-only evaluates a checkpoint: pass --resume DIR (a checkpoint, or a "
+            "folder of them: its latest)"
+        )
+    val_loss = evaluator.run(net)  # collective
+    if rank == 0:
+        print(f"eval-only: checkpoint of step {done} ({resume}): val_loss {val_loss:.6f}", flush=True)
+    return val_loss

@@ -3,8 +3,8 @@
 Takes: the spec's ``on_nonfinite`` policy and this process's rank and world size.
 Gives: ``StepGuard`` — installed before the loop, it catches SIGTERM (the step in
 flight finishes, the trainer saves and exits 0) and, once per step, decides with
-every rank whether the optimizer step is taken (``check``); ``die_if_injected`` and
-``inject_nan``, driven by test-only environment variables.
+every rank whether the optimizer step is taken (``check``); ``at_step_start`` and
+``poison_loss``, the test-only faults (Note [injected faults]).
 
 Note [every rank agrees]: SIGTERM reaches ranks at different moments, and a NaN may
 show on one rank only (a pipeline stage's loss, one dp rank's batch). ``check``
@@ -12,11 +12,16 @@ all-reduces (MAX over the world) two flags — "a number is not finite here" and
 "SIGTERM arrived here" — so every rank skips, stops or saves at the same step.
 The gradient norm is already global; the loss is this rank's part of it.
 
-Test-only variables: ``PARC_FAULT_AT_STEP=k`` — the last rank dies (``os._exit(1)``)
-at the start of step k, on the first attempt only (``TORCHELASTIC_RESTART_COUNT``
-unset or 0), so torchrun's restart path runs; ``PARC_NAN_AT_STEP=k`` — the last
-rank's loss of step k is NaN; ``PARC_FAULT_IN_SAVE=k`` — rank 0 dies saving step k,
-after every file is written and before the rename that completes it.
+Note [injected faults]: the tests make a rank die or a loss turn NaN by environment
+variables, and train.py holds no line for them: ``observe.StepProfiler.begin`` (the
+first call of every step) hands the step to ``at_step_start`` and ``observe.banner``
+hands the model to ``poison_loss``, both of which return at once unless a variable is
+set. ``PARC_FAULT_AT_STEP=k`` — the last rank dies (``os._exit(1)``) at the start of
+step k, on the first attempt only (``TORCHELASTIC_RESTART_COUNT`` unset or 0), so
+torchrun's restart path runs; ``PARC_NAN_AT_STEP=k`` — the last rank's loss of step k
+is NaN (a forward hook multiplies the model's loss by NaN, so its gradients are NaN
+too); ``PARC_FAULT_IN_SAVE=k`` — rank 0 dies saving step k, after every file is
+written and before the rename that completes it (``checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -42,9 +47,20 @@ def _env_step(name: str) -> int | None:
     return int(value) if value else None
 
 
-def die_if_injected(step: int, *, rank: int, world_size: int) -> None:
+_step = 0
+"""The step in flight (``at_step_start``), for ``poison_loss``'s hook."""
+
+
+def _last_rank() -> bool:
+    return int(os.environ.get("RANK", "0")) == int(os.environ.get("WORLD_SIZE", "1")) - 1
+
+
+def at_step_start(step: int) -> None:
     """``PARC_FAULT_AT_STEP=k``: the last rank dies at step k on the first attempt."""
-    if _env_step("PARC_FAULT_AT_STEP") == step and restart_count() == 0 and rank == world_size - 1:
+    global _step
+    _step = step
+    if _env_step("PARC_FAULT_AT_STEP") == step and restart_count() == 0 and _last_rank():
+        rank = os.environ.get("RANK", "0")
         print(f"rank {rank}: injected fault at step {step} (PARC_FAULT_AT_STEP)", file=sys.stderr, flush=True)
         os._exit(1)
 
@@ -56,11 +72,22 @@ def die_in_save_if_injected(step: int) -> None:
         os._exit(1)
 
 
-def inject_nan(step: int, loss: float, *, rank: int, world_size: int) -> float:
-    """``PARC_NAN_AT_STEP=k``: the last rank's loss of step k becomes NaN."""
-    if _env_step("PARC_NAN_AT_STEP") == step and rank == world_size - 1:
-        return float("nan")
-    return loss
+def poison_loss(model) -> None:
+    """``PARC_NAN_AT_STEP=k``: the last rank's loss of step k is NaN (Note [injected faults]).
+    The hook sits on each ``Transformer`` of ``model`` (a pipeline rank's chunks) and
+    changes only a loss, the 0-d output of the last stage."""
+    nan_step = _env_step("PARC_NAN_AT_STEP")
+    if nan_step is None or not _last_rank():
+        return
+
+    def hook(module, args, output):
+        if _step == nan_step and isinstance(output, torch.Tensor) and output.dim() == 0:
+            return output * float("nan")
+        return None
+
+    for module in model.modules():
+        if type(module).__name__ == "Transformer":
+            module.register_forward_hook(hook)
 
 
 class StepGuard:

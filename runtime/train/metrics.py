@@ -2,8 +2,9 @@
 
 Takes: the model config and per-step figures (``exposed_comm_s``: seconds blocked on
 communication, from ``comm.exposed_clock``, Note [exposed communication]). Gives: ``flops_per_token``,
-``peak_mem_bytes`` and ``MetricsLogger`` (one line per step on rank 0, and one JSON
-object per step in ``--metrics-jsonl``).
+``peak_mem_bytes`` and ``MetricsLogger`` (one line per step on rank 0, with the tokens
+seen so far and an estimate of the time left, and one JSON object per step in
+``--metrics-jsonl``).
 """
 
 from __future__ import annotations
@@ -51,12 +52,35 @@ def peak_mem_bytes(device) -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
+def count_words(value: float) -> str:
+    """``1,024``, ``20.5k``, ``1.31M``, ``2.10B``: a count at a glance (tokens seen)."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{int(value):,}"
+
+
+def duration_words(seconds: float) -> str:
+    """``0:00:07``, ``1:02:03``, ``2d 3:04:05``: the time left, to the second."""
+    whole = max(0, round(seconds))
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    text = f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+    return f"{days}d {text}" if days else text
+
+
 class MetricsLogger:
     """Rank 0's step records: a line on stdout, a JSON line in ``--metrics-jsonl`` and,
-    with ``tensorboard`` (a folder), TensorBoard scalars (``observe.TensorBoard``)."""
+    with ``tensorboard`` (a folder), TensorBoard scalars (``observe.TensorBoard``).
 
-    def __init__(self, path, *, enabled: bool, tensorboard: str | None = None):
-        self.enabled = enabled
+    ``steps``: the run's last step; the line then says the time left (``eta``): the
+    steps still to run times the mean step time of the steps logged so far, the first
+    left out once there are others (it pays for warm-up). A record's ``tokens_seen``
+    (the trainer's ``step · TOKENS_PER_STEP``) is shown beside it."""
+
+    def __init__(self, path, *, enabled: bool, tensorboard: str | None = None, steps: int | None = None):
+        self.enabled, self.steps = enabled, steps
+        self.step_times: list[float] = []
         self.file = _open_log(path) if (enabled and path) else None
         self.board = None
         if enabled and tensorboard:
@@ -70,6 +94,8 @@ class MetricsLogger:
         mfu, exposed = record.get("mfu"), record.get("exposed_comm_s")
         predicted = record.get("predicted_step_time_s")  # builds of `auto` specs
         val_loss = record.get("val_loss")  # steps that evaluated (train.eval)
+        seen = record.get("tokens_seen")
+        self.step_times.append(record["step_time_s"])
         print(
             f"step {record['step']:>5} | loss {record['loss']:.4f} | grad_norm {record['grad_norm']:.3f}"
             f" | lr {record['lr']:.2e} | {record['tokens_per_s']:,.0f} tok/s"
@@ -77,7 +103,9 @@ class MetricsLogger:
             f" | mem {record['peak_mem_bytes'] / 2**20:,.0f} MiB | {record['step_time_s']:.3f} s"
             + ("" if exposed is None else f" (comm exposed {exposed:.3f} s)")
             + ("" if predicted is None else f" | predicted {predicted:.3f} s")
-            + ("" if val_loss is None else f" | val_loss {val_loss:.4f}"),
+            + ("" if val_loss is None else f" | val_loss {val_loss:.4f}")
+            + ("" if seen is None else f" | {count_words(seen)} tokens")
+            + ("" if self.steps is None else f" | eta {duration_words(self.eta_s(record['step']))}"),
             flush=True,
         )
         if self.file:
@@ -85,6 +113,11 @@ class MetricsLogger:
             self.file.flush()
         if self.board:
             self.board.log(record)
+
+    def eta_s(self, step: int) -> float:
+        """Seconds left after ``step``: the steps to go times the mean logged step time."""
+        times = self.step_times[1:] or self.step_times
+        return max(0, self.steps - step) * sum(times) / max(1, len(times))
 
     def close(self) -> None:
         if self.file:

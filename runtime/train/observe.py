@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from . import faults
 from .flags import steps_of
 from ..paths import UnwritablePath, check_target
 
@@ -73,7 +74,9 @@ def banner_lines(
 
 
 def banner(model, *, rank: int, device, **facts) -> None:
-    """Print the banner on rank 0 (collective: every rank gives its parameter count)."""
+    """Print the banner on rank 0 (collective: every rank gives its parameter count).
+    Hands ``model`` to the test-only faults (Note [injected faults] in faults.py)."""
+    faults.poison_loss(model)
     counts = per_rank(local_parameters(model), device)
     if rank == 0:
         print("\n".join(banner_lines(parameters_per_rank=counts, **facts)), flush=True)
@@ -159,6 +162,7 @@ class StepProfiler:
                 raise SystemExit(f"train.py: --profile-dir {exc}") from None
 
     def begin(self, step: int) -> None:
+        faults.at_step_start(step)  # test-only faults (Note [injected faults] in faults.py)
         if not self.range or not self.range[0] <= step <= self.range[1]:
             return
         if self.profile is None:

@@ -166,7 +166,7 @@ def test_a_build_edited_to_break_parity_fails_naming_the_step(tmp_path, capsys, 
     folder = build_to(spec, tmp_path / "build", ["parallel.dp=1", "mesh.devices_per_node=2"])
     train = folder / "train.py"
     text = train.read_text()
-    forward = "loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM"
+    forward = "loss = loss_fn(net(inputs, targets), net) / GRAD_ACCUM"
     assert forward in text
     # tp rank 0's loss scaled from step 2: the loss it logs and its gradient shards are wrong
     indent = text[: text.index(forward)].rsplit("\n", 1)[1]
@@ -213,7 +213,7 @@ def test_a_failing_rank_shows_its_own_exception(tmp_path, capsys, shared_referen
     folder = build_to(spec, tmp_path / "build", ["parallel.dp=1", "mesh.devices_per_node=2"])
     train = folder / "train.py"
     text = train.read_text()
-    forward = "loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM"
+    forward = "loss = loss_fn(net(inputs, targets), net) / GRAD_ACCUM"
     indent = text[: text.index(forward)].rsplit("\n", 1)[1]
     train.write_text(text.replace(forward, forward + f'\n{indent}if grid.index("tp") == 1:\n'
                                   f'{indent}    raise RuntimeError("hand edit broke rank one")'))

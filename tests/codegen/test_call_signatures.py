@@ -78,6 +78,7 @@ FEATURES = {
     "compress_pp": {"parallel.pp": "2", "parallel.compress_pp": "lowrank(rank = 2)"},
     "llama_gqa": {"model.arch": "llama", "model.kv_heads": "2"},
     "tokens_eval": {"train.data": 'tokens("x.bin", val = "v.bin")', "train.eval": "every(2, batches = 1)"},
+    "lr_wsd": {"train.schedule": "wsd(warmup = 1, decay = 5, shape = sqrt)"},
     "checkpoint_skip": {"train.checkpoint": "every(5)", "train.on_nonfinite": "skip"},
     "eager_dropout": {"train.kernels": "eager", "model.dropout": "0.1", "model.tie_embeddings": "false"},
 }

@@ -49,9 +49,12 @@ def test_every_flag_has_a_checking_type(folder):
     tree = ast.parse((folder / "train.py").read_text())
     function = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "parse_args")
     calls = [n for n in ast.walk(function) if isinstance(n, ast.Call) and ast.unparse(n.func) == "parser.add_argument"]
+    switches = [call.args[0].value for call in calls  # a switch takes no value to check
+                if any(k.arg == "action" and ast.unparse(k.value) == "'store_true'" for k in call.keywords)]
     flags = {call.args[0].value: ast.unparse(next(k.value for k in call.keywords if k.arg == "type"))
              for call in calls if any(k.arg == "type" for k in call.keywords)}
-    assert len(flags) == len(calls) == 14, [ast.unparse(c) for c in calls]
+    assert switches == ["--eval-only"]
+    assert len(flags) + len(switches) == len(calls) == 15, [ast.unparse(c) for c in calls]
     assert all(kind.startswith("flags.") for kind in flags.values()), flags
 
 

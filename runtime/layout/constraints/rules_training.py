@@ -9,11 +9,19 @@ from ..rule_engine import _violation, rule
 
 
 @rule("PAR0213")
-def warmup_within_steps(warmup, steps):
-    if warmup <= steps:
+def warmup_within_steps(warmup, steps, decay=None):
+    """Warmup (and ``wsd``'s decay after it) fit in the run: ``warmup + decay <= steps``."""
+    if decay is None:
+        if warmup <= steps:
+            return None
+        return _violation("PAR0213", ("train.schedule.warmup", "train.schedule"),
+                          f"warmup = {warmup} is more than steps = {steps}", f"warmup is counted in steps: at most {steps}")
+    if warmup + decay <= steps:
         return None
-    return _violation("PAR0213", ("train.schedule.warmup", "train.schedule"),
-                      f"warmup = {warmup} is more than steps = {steps}", f"warmup is counted in steps: at most {steps}")
+    return _violation("PAR0213", ("train.schedule.decay", "train.schedule"),
+                      f"warmup + decay = {warmup} + {decay} = {warmup + decay} is more than steps = {steps}",
+                      f"the decay is the run's last steps, after the warmup: decay at most {max(steps - warmup, 0)}"
+                      f" with warmup = {warmup}")
 
 
 

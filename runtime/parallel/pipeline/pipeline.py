@@ -42,14 +42,18 @@ class PipelineExecutor:
     def __init__(
         self, chunks, *, actions, pp_group, pp_ranks, pp_rank, micro_batches,
         activation_shape, device, autocast_dtype=None, grad_codec=None, placement="interleaved", slices=None,
+        loss_fn=None,
     ):
         """``pp_ranks``: the global ranks of this rank's pipeline group, by pipeline index.
         ``slices``: the token counts of each micro-batch's slices under terapipe (the
         actions' ``micro`` is then a unit, schedule_terapipe Note [slices as units]), else None.
         ``grad_codec``: a ``compress_pp.LowRankBackprop`` (``compress_pp = lowrank``) or None.
         ``placement``: which stage each chunk runs (``placement.py``; the schedule's
-        ``placement_for``)."""
+        ``placement_for``). ``loss_fn(loss, chunk)``: train.py's, called on the last stage
+        with each micro-batch's mean token loss (and the chunk that computed it); its
+        result is what backward starts from (docs/customize.md: a loss term)."""
         self.chunks, self.actions = list(chunks), tuple(actions)
+        self.loss_fn = loss_fn
         self.group, self.pp_ranks, self.pp_rank = pp_group, tuple(pp_ranks), pp_rank
         self.stages = len(self.pp_ranks)
         self.placement = Placement(placement, self.stages, len(self.chunks))
@@ -125,7 +129,8 @@ class PipelineExecutor:
 
             def run():
                 with self._forward_context():
-                    return self.chunks[c](x, targets.to(self.device) if last else None)
+                    out = self.chunks[c](x, targets.to(self.device) if last else None)
+                    return self.loss_fn(out, self.chunks[c]) if last and self.loss_fn is not None else out
 
             y = run() if j is None else self.sliced.forward(micro, j, run)
             inputs[(m, c)], outputs[(m, c)] = x, y / scale if last else y

@@ -131,6 +131,14 @@ TP_PLAN = {
 }
 
 
+def loss_fn(loss, model):
+    """What each micro-batch backpropagates, from ``loss``: the model's mean token loss
+    over the micro-batch. Add your terms here (parc's docs/customize.md). ``model``:
+    the last pipeline stage's chunk, where the executor calls this.
+    The logged loss includes your terms; val_loss is the token loss alone."""
+    return loss
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Train llama_7b (pp 2 × dp 2 × tp 4 + sequence parallel + ZeRO-1 + 1f1b + recompute selective)."
@@ -263,10 +271,14 @@ def main() -> None:
         # what travels between stages: (micro-batch, tokens, hidden), fp32
         activation_shape=(MICRO_BATCH, SEQ_LEN // TP, HIDDEN),
         device=dist.device,
+        loss_fn=loss_fn,  # called on the last stage: each micro-batch's loss, your terms added
         autocast_dtype=None,
     )
     logger = metrics.MetricsLogger(
-        args.metrics_jsonl, enabled=dist.rank == 0, tensorboard=args.tensorboard
+        args.metrics_jsonl,
+        enabled=dist.rank == 0,
+        tensorboard=args.tensorboard,
+        steps=args.steps,  # the step line's eta: steps left × mean step time
     )
     flops_per_token = metrics.flops_per_token(config)
 
@@ -326,8 +338,6 @@ def main() -> None:
         )
         optim.set_lr(optimizer, lr)
         profiler.begin(step)  # --profile: marks ProfilerStep#<step> in the trace
-        # PARC_FAULT_AT_STEP=k (tests only): the last rank dies here, on the first attempt
-        faults.die_if_injected(step, rank=dist.rank, world_size=dist.world_size)
         # memory on the first steps, every --memory-every N-th and the last (Note [memory on some steps])
         activations.active = memory.measured(
             step, every=args.memory_every, first=done + 1, last=args.steps
@@ -354,10 +364,6 @@ def main() -> None:
         model.allreduce_sequence_parallel_grads(net, tp_group)
         # mean gradient over dp (buckets all-reduced while backward runs; keep our slice); the norm is global
         grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP)
-        # PARC_NAN_AT_STEP=k (tests only): the last rank's loss of step k is NaN
-        loss_sum = faults.inject_nan(
-            step, loss_sum, rank=dist.rank, world_size=dist.world_size
-        )
         # any rank's non-finite loss or grad norm: every rank skips the step (or stops)
         if guard.check(step, loss_sum, grad_norm):
             optimizer.step()  # AdamW on our slice, then all-gather the parameters over dp
@@ -378,6 +384,8 @@ def main() -> None:
                     "mfu": tokens_per_s * flops_per_token / (DEVICE_FLOPS * 16),
                     "peak_mem_bytes": metrics.peak_mem_bytes(dist.device),
                     "step_time_s": step_time,
+                    # steps 1..step read the same samples in any run, resumed or not
+                    "tokens_seen": step * TOKENS_PER_STEP,
                     "exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute
                     "comm_bytes": traffic.comm_bytes.by_axis(),  # all ranks' payload per axis (Note [comm bytes])
                     # bytes this rank holds (and every rank's, in memory_per_rank): collective

@@ -113,6 +113,14 @@ TP_PLAN = {
 }
 
 
+def loss_fn(loss, model):
+    """What each micro-batch backpropagates, from ``loss``: the model's mean token loss
+    over the micro-batch. Add your terms here (parc's docs/customize.md). ``model``:
+    the whole model, this rank's shards of it.
+    The logged loss includes your terms; val_loss is the token loss alone."""
+    return loss
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train gpt_tiny (dp 2 × tp 2).")
     # each flag's type checks its range as it is read (parc_runtime/train/flags.py)
@@ -206,7 +214,10 @@ def main() -> None:
     )
     activations = memory.SavedActivations(net)  # peak bytes saved for backward
     logger = metrics.MetricsLogger(
-        args.metrics_jsonl, enabled=dist.rank == 0, tensorboard=args.tensorboard
+        args.metrics_jsonl,
+        enabled=dist.rank == 0,
+        tensorboard=args.tensorboard,
+        steps=args.steps,  # the step line's eta: steps left × mean step time
     )
     flops_per_token = metrics.flops_per_token(config)
 
@@ -266,8 +277,6 @@ def main() -> None:
         )
         optim.set_lr(optimizer, lr)
         profiler.begin(step)  # --profile: marks ProfilerStep#<step> in the trace
-        # PARC_FAULT_AT_STEP=k (tests only): the last rank dies here, on the first attempt
-        faults.die_if_injected(step, rank=dist.rank, world_size=dist.world_size)
         # memory on the first steps, every --memory-every N-th and the last (Note [memory on some steps])
         activations.active = memory.measured(
             step, every=args.memory_every, first=done + 1, last=args.steps
@@ -286,7 +295,8 @@ def main() -> None:
                     dp_size=DP,
                 )
                 inputs, targets = dataset.batch(indices)  # (B, T) token ids each
-                loss = net(inputs.to(dist.device), targets.to(dist.device)) / GRAD_ACCUM
+                inputs, targets = inputs.to(dist.device), targets.to(dist.device)
+                loss = loss_fn(net(inputs, targets), net) / GRAD_ACCUM
                 loss.backward()
                 # summed on the device: one wait for it a step (below), not one a micro-batch
                 loss_sum += loss.detach()
@@ -294,10 +304,6 @@ def main() -> None:
         held_grads = memory.grad_bytes(net, optimizer)  # when backward ends
         grad_sync.finish()  # wait the buckets: mean gradient over the dp ranks
         grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group=tp_group)
-        # PARC_NAN_AT_STEP=k (tests only): the last rank's loss of step k is NaN
-        loss_sum = faults.inject_nan(
-            step, loss_sum, rank=dist.rank, world_size=dist.world_size
-        )
         # any rank's non-finite loss or grad norm: every rank skips the step (or stops)
         if guard.check(step, loss_sum, grad_norm):
             optimizer.step()
@@ -316,6 +322,8 @@ def main() -> None:
                     "mfu": None,
                     "peak_mem_bytes": metrics.peak_mem_bytes(dist.device),
                     "step_time_s": step_time,
+                    # steps 1..step read the same samples in any run, resumed or not
+                    "tokens_seen": step * TOKENS_PER_STEP,
                     "exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute
                     "comm_bytes": traffic.comm_bytes.by_axis(),  # all ranks' payload per axis (Note [comm bytes])
                     # bytes this rank holds (and every rank's, in memory_per_rank): collective
