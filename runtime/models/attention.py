@@ -106,8 +106,9 @@ class Attention(nn.Module):
         if kind == "allgather":
             k, v = self.context.gather(k), self.context.gather(v)  # (B, kv_heads/tp, T, D)
             keys = torch.arange(k.shape[-2], device=q.device)
+        mask = self.documents.mask(queries, keys, name=(spans, k.shape[-2]))  # the same for every layer
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=self.documents.mask(queries, keys), enable_gqa=q.shape[1] != k.shape[1],
+            q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1],
             dropout_p=self.dropout if self.training else 0.0,
         )
 

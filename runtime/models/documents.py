@@ -39,6 +39,7 @@ class Documents:
     def __init__(self):
         self.ids = None  # (B, T) int64, the whole sequence (Note [document ids are global])
         self.within = None  # (B, T): each token's position within its document
+        self.made = {}  # the masks of this micro-batch, by what the caller named them: one for every layer
 
     def use(self, ids: torch.Tensor, device) -> None:
         """Set this micro-batch's ids, (B, T) (any device; moved to ``device``)."""
@@ -48,7 +49,7 @@ class Documents:
         starts = torch.ones_like(ids, dtype=torch.bool)
         starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
         first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values  # its document's first
-        self.ids, self.within = ids, index - first
+        self.ids, self.within, self.made = ids, index - first, {}
 
     def _check(self):
         if self.ids is None:
@@ -66,9 +67,20 @@ class Documents:
         self._check()
         return (self.ids[:, queries].unsqueeze(2) == self.ids[:, keys].unsqueeze(1)).unsqueeze(1)
 
-    def mask(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """(B, 1, nq, nk) bool: where a query may attend (key position ≤ its own, same document)."""
-        return self.same(queries, keys) & (keys.unsqueeze(0) <= queries.unsqueeze(1))
+    def mask(self, queries: torch.Tensor, keys: torch.Tensor, name=None) -> torch.Tensor:
+        """(B, 1, nq, nk) bool: where a query may attend (key position ≤ its own, same document).
+        ``name`` (hashable: the spans the positions came from) keeps it for the next layer."""
+        def make():
+            return self.same(queries, keys) & (keys.unsqueeze(0) <= queries.unsqueeze(1))
+
+        return make() if name is None else self.remember(name, make)
+
+    def remember(self, name, make):
+        """``make()``, made once per micro-batch under ``name``: every layer attends alike
+        (one mask kept, not one per layer for backward)."""
+        if name not in self.made:
+            self.made[name] = make()
+        return self.made[name]
 
 
 def span_positions(spans, device) -> torch.Tensor:

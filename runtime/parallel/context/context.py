@@ -88,7 +88,8 @@ class ContextParallel:
         ``documents`` (documents = separate): keys outside a query's document are masked,
         block by block (the eager reference, which takes a mask)."""
         scale = q.shape[-1] ** -0.5
-        same = None if documents is None else self.block_documents(documents, q.shape[-2], q.device)
+        same = None if documents is None else documents.remember(
+            ("ring", q.shape[-2]), lambda: self.block_documents(documents, q.shape[-2], q.device))
         return ring_attention(q, k, v, self.group, scale, kernels or reference, same)
 
     def block_documents(self, documents, local_tokens: int, device) -> tuple[torch.Tensor, ...]:

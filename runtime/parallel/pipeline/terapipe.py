@@ -99,7 +99,8 @@ class SliceState:
         values = torch.cat([kv[1] for kv in earlier] + [v], dim=2)
         # query i (position start + i) sees keys 0 .. start + i (of its own document when separate)
         columns = torch.arange(keys.shape[-2], device=q.device)
-        mask = columns[None, :] <= rows[:, None] if documents is None else documents.mask(rows, columns)
+        mask = columns[None, :] <= rows[:, None] if documents is None else documents.mask(
+            rows, columns, name=("slice", micro, j))
         return F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1],
             dropout_p=attention.dropout if attention.training else 0.0,
