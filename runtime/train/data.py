@@ -278,7 +278,7 @@ def _offsets(path: str, count: int, rank: int) -> torch.Tensor:
     try:
         size = check_regular(index).st_size
     except UnreadableFile as exc:
-        raise _end(f"--data {path}: model.documents = separate reads each document's start from {index} "
+        raise _end(f"--data {path}: model.documents = separate reads each document's start from its .idx "
                    f"(parc data prepare writes it beside the .bin): {exc}", rank) from None
     if size % 8 or not size:
         raise _end(f"--data {index}: {size} bytes is not a list of uint64 document offsets", rank)
