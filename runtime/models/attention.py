@@ -21,11 +21,16 @@ from ..parallel.tensor.layers import project
 from .documents import span_positions
 
 
+def _frequencies(x, theta):
+    """(D/2,) fp32: the rotary frequency of each pair of x's head dimension D."""
+    D = x.shape[-1]
+    return 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=x.device) / D))
+
+
 def rotary(x, theta, start=0):
     """Rotate (B, heads, T, D) by position start .. start + T - 1 (pairs of halves, as in Llama)."""
-    T, D = x.shape[-2], x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=x.device) / D))
-    angles = torch.outer(torch.arange(start, start + T, dtype=torch.float32, device=x.device), inv)
+    T = x.shape[-2]
+    angles = torch.outer(torch.arange(start, start + T, dtype=torch.float32, device=x.device), _frequencies(x, theta))
     cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)  # (T, D)
     first, second = x.chunk(2, dim=-1)
     rotated = x * cos + torch.cat((-second, first), dim=-1) * sin  # fp32 (cos, sin are)
@@ -35,9 +40,7 @@ def rotary(x, theta, start=0):
 def rotary_at(x, theta, positions):
     """``rotary`` at per-sequence positions: (B, heads, T, D) rotated by ``positions`` (B, T)
     (each token's position within its document, documents.py)."""
-    D = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=x.device) / D))
-    angles = positions.to(torch.float32).unsqueeze(-1) * inv  # (B, T, D/2)
+    angles = positions.to(torch.float32).unsqueeze(-1) * _frequencies(x, theta)  # (B, T, D/2)
     cos, sin = angles.cos().repeat(1, 1, 2).unsqueeze(1), angles.sin().repeat(1, 1, 2).unsqueeze(1)  # (B, 1, T, D)
     first, second = x.chunk(2, dim=-1)
     rotated = x * cos + torch.cat((-second, first), dim=-1) * sin
