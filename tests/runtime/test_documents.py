@@ -118,3 +118,26 @@ def test_a_token_file_without_idx_ends_the_run_in_one_line(tmp_path):
     message = str(ended.value)
     assert message.startswith("train.py: --data ") and "corpus.idx" in message and "parc data prepare" in message
     assert "\n" not in message
+
+
+def test_masked_blocks_merge_into_masked_attention():
+    """The ring's step (kernels/reference.py with ``allowed``): two key blocks, one of which
+    some query rows see nothing of (lse −∞, output 0), merge into SDPA with the whole mask."""
+    from parc.runtime.kernels import reference
+    from parc.runtime.parallel.context.ring import merge
+
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 8, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    documents = Documents()
+    documents.use(torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2]]), "cpu")
+    positions = torch.arange(8)
+    whole = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=documents.mask(positions, positions))
+    same = documents.same(positions, positions)
+    out, lse = reference.block_attention(q, k[:, :, 4:], v[:, :, 4:], False, 0.5, allowed=same[..., 4:]
+                                         & (positions[4:] <= positions[:, None]))
+    assert torch.isinf(lse[0, 0, :3]).all() and (out[0, :, :3] == 0).all()  # document 0 sees no key from 4 on
+    first, first_lse = reference.block_attention(q, k[:, :, :4], v[:, :, :4], False, 0.5, allowed=same[..., :4]
+                                                 & (positions[:4] <= positions[:, None]))
+    assert torch.isinf(first_lse[0, 0, 7])  # the last token, a document of its own, sees none of the first block
+    merge(first, first_lse, out, lse)
+    torch.testing.assert_close(first, whole, rtol=1e-12, atol=1e-12)
