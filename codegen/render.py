@@ -188,16 +188,17 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     extra_flag_docs = [docstring_text(line) for line in flag_docs]
     if data.kind == "tokens":
         blended = isinstance(data.path, tuple)
-        dataset_line = "dataset = " + render_eval.token_data(blended, "args.data", render_eval.dataset_part(plan))
+        dataset_line = "dataset = " + render_eval.token_data(blended, "args.data", render_eval.dataset_part(plan), plan)
         extra_flag_docs.append(docstring_text(
             "--data PATH ...        token files of the blend, from the cwd (default DATA_PATH, by DATA_WEIGHTS)"
             if blended else
             "--data PATH            token file, from the cwd (default DATA_PATH, from this file's folder)"
         ))
     else:
-        dataset_line = "dataset = data.SyntheticTokens(VOCAB, SEQ_LEN, seed=args.seed)"
+        dataset_line = f"dataset = data.SyntheticTokens(VOCAB, SEQ_LEN, seed=args.seed{render_eval.documents_arg(plan)})"
+    documents = ", documents=documents" if render_step.separate(plan) else ""  # (B, T) ids: the whole sequence
     to_device = "inputs, targets = inputs.to(dist.device), targets.to(dist.device)"
-    forward = "loss = loss_fn(net(inputs, targets), net) / GRAD_ACCUM"
+    forward = f"loss = loss_fn(net(inputs, targets{documents}), net) / GRAD_ACCUM"
     cpu = plan.mesh.device == "cpu"
     uses_os = data.kind == "tokens" or cpu or plan.train.init_from.value
     std_imports = ["import argparse", *(["import os"] if uses_os else []), "import time"]

@@ -20,9 +20,14 @@ TOKEN_FILE = "data.TokenFile({path}, SEQ_LEN, DATA_DTYPE, seed=args.seed, vocab=
 BLEND = "data.blend({path}, DATA_WEIGHTS, SEQ_LEN, DATA_DTYPE, seed=args.seed, vocab=VOCAB, rank=dist.rank{part})"
 
 
-def token_data(blended: bool, path: str, part: str) -> str:
+def documents_arg(plan: Plan) -> str:
+    """A dataset's extra argument under documents = separate (Note [documents of a sample])."""
+    return ", documents=DOCUMENTS" if render_step.separate(plan) else ""
+
+
+def token_data(blended: bool, path: str, part: str, plan: Plan | None = None) -> str:
     """The dataset of one token file, or of a blend's (``runtime/train/data.py``'s ``blend``)."""
-    return (BLEND if blended else TOKEN_FILE).format(path=path, part=part)
+    return (BLEND if blended else TOKEN_FILE).format(path=path, part=part + ("" if plan is None else documents_arg(plan)))
 
 
 def enabled(plan: Plan) -> bool:
@@ -71,9 +76,9 @@ def setup_lines(plan: Plan, *, reduce_group: str | None, pipelined: bool) -> lis
     if data.kind != "tokens":
         val = "data.ValidationStream(dataset)  # the same chain, at samples training never reads"
     elif data.val_path:
-        val = token_data(isinstance(data.val_path, tuple), "args.val_data", "")
+        val = token_data(isinstance(data.val_path, tuple), "args.val_data", "", plan)
     else:
-        val = token_data(isinstance(data.path, tuple), "args.data", ", part=data.VAL_PART") + "  # the held-out tail"
+        val = token_data(isinstance(data.path, tuple), "args.data", ", part=data.VAL_PART", plan) + "  # the held-out tail"
     cp = plan.mesh.size("cp") > 1
     low = render_step.autocast_dtype(plan)  # else fp32, or bf16/fp16 parameters used as they are
     return [

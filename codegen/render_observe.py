@@ -43,6 +43,8 @@ def flag_docs(plan: Plan) -> list[str]:
 
 def data_words(plan: Plan) -> str:
     """The banner's data line: an expression of train.py."""
+    if plan.train.data.kind == "tokens" and isinstance(plan.train.data.path, tuple):  # a blend: its files, not a list
+        return 'f"blend of {\', \'.join(args.data)} by {DATA_WEIGHTS} ({DATA_DTYPE})"'
     if plan.train.data.kind == "tokens":
         return 'f"token file {args.data} ({DATA_DTYPE})"'
     return 'f"synthetic tokens (seed {args.seed})"'

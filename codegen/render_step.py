@@ -247,6 +247,16 @@ def _sample_lines(dp_rank_arg: str) -> list[str]:
     ]
 
 
+def separate(plan: Plan) -> bool:
+    """``model.documents = separate``: the data yields each token's document id (data.py)."""
+    return any(s.name == "DOCUMENTS" and s.value == "separate" for s in plan.model.settings)
+
+
+def _documents(plan: Plan) -> str:
+    """Under documents = separate a batch's third tensor: (B, T) document ids, whole under cp."""
+    return ", documents" if separate(plan) else ""
+
+
 def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> list[str]:
     """One step's forward and backward, leaving ``loss_sum`` (the step's mean loss here)."""
     scale = ["scaled_by = scaler.begin(step)  # fp16: backward runs on loss × scaled_by"] \
@@ -256,7 +266,7 @@ def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> l
     if not has_pipeline(plan):
         lines = [*scale, "loss_sum = 0.0", "for micro in range(GRAD_ACCUM):"]
         body = _sample_lines(dp_rank_arg)
-        body.append("inputs, targets = dataset.batch(indices)  # (B, T) token ids each")
+        body.append(f"inputs, targets{_documents(plan)} = dataset.batch(indices)  # (B, T) token ids each")
         if plan.mesh.size("cp") > 1:
             body += [
                 "inputs, targets = data.context_chunk(",
@@ -278,12 +288,13 @@ def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> l
         lines.append("for micro in range(GRAD_ACCUM):")
         lines += ["    " + line for line in _sample_lines(dp_rank_arg)]
         if plan.mesh.size("cp") > 1:
+            documents = _documents(plan)
             lines += [
-                "    inputs, targets = dataset.batch(indices)  # (B, T) token ids each",
+                f"    inputs, targets{documents} = dataset.batch(indices)  # (B, T) token ids each",
                 "    batches.append(",
-                "        data.context_chunk(",
+                f"        {'(*' if documents else ''}data.context_chunk(",
                 '            inputs, targets, cp_rank=grid.index("cp"), cp_size=CP, cp_kind=CP_KIND',
-                "        )",
+                f"        ){documents})" if documents else "        )",
                 "    )  # (B, T/cp): this rank's tokens of each sequence",
             ]
         else:

@@ -125,6 +125,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         capacity_factor=_capacity(model.get("capacity_factor", "none")),
         aux_loss=float(model.get("aux_loss", 0.01)),
         z_loss=float(model.get("z_loss", 0.0)),
+        documents=model.get("documents", "joined"),
         routing_imbalance=float(model.get("routing_imbalance", 1.0)),
     )
     preset = PRESETS[mesh["device"]]

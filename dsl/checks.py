@@ -28,6 +28,7 @@ _DEFAULTS = {
     ("model", "pad_vocab_to"): 128,
     ("model", "experts"): 0,
     ("model", "top_k"): 2,
+    ("model", "documents"): "joined",
     ("parallel", "ep"): 1,
     ("parallel", "etp"): 1,
     ("parallel", "sp"): False,

@@ -7,7 +7,10 @@ severity warning (Note [warnings] in ``dsl/diagnostics.py``), each at the spec's
 - PAR0218: the token file's record (``parc data prepare -o X.bin`` writes ``X.json``
   beside it) says it needs ``min_vocab`` ids, more than ``model.vocab``: the trainer
   would stop at its first step, its embedding having no row for them;
-- PAR0219: there is no token file at the path (it may be made before the run).
+- PAR0219: there is no token file at the path (it may be made before the run);
+- PAR0225: ``model.documents = separate`` with a token file that has no ``X.idx`` (the
+  document starts ``parc data prepare`` writes beside ``X.bin``): the trainer would end
+  at its start (``runtime/train/data.py``).
 
 Each file of a blend (``tokens([...], weights = [...])``) is checked the same way.
 
@@ -99,6 +102,11 @@ def _file_warnings(spec: Spec, written: str, span: Span) -> list[ParcError]:
         return [_warning(span, "PAR0219", f"no token file at {path}",
                          "paths in a spec are relative to the spec's folder; make the file before "
                          "the run (parc data prepare) or fix the path")]
+    index = os.path.splitext(path)[0] + ".idx"
+    if spec.model.documents == "separate" and (index == path or not os.path.isfile(index)):
+        return [_warning(span, "PAR0225", f"model.documents = separate reads each document's start from "
+                         f"{index}, which is not there", "make the file with parc data prepare (it writes "
+                         "X.idx beside X.bin), or write model.documents = joined")]
     record = os.path.splitext(path)[0] + ".json"
     if record == path or not os.path.isfile(record):
         return []

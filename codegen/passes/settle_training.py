@@ -64,6 +64,8 @@ def run(spec: Spec, draft: Draft) -> Draft:
             setting(spec, "ROPE_THETA", "model.rope_theta", c.rope_theta),
             setting(spec, "TIE_EMBEDDINGS", "model.tie_embeddings", c.tie_embeddings),
             *_moe_settings(spec, c),
+            *([setting(spec, "DOCUMENTS", "model.documents", c.documents,
+                       "attention and positions within each document")] if c.documents != "joined" else []),
         ),
         parameters=m.desc.parameters,  # runtime/layout/model_desc.py
         expert_parallel=setting(spec, "EP", "parallel.ep", spec.parallel.ep, "expert-parallel ranks")

@@ -95,6 +95,14 @@ MODEL = BlockDef(
             exclusive_minimum=0,
         ),
         Param(
+            name="documents",
+            type="enum",
+            choices=("joined", "separate"),
+            default="joined",
+            doc="separate: attention and positions stay inside each document of a sequence (the data's "
+            "documents: a token file's OUT.idx, synthetic data's drawn ones); joined: they cross documents",
+        ),
+        Param(
             name="tie_embeddings",
             type="bool",
             doc="the head shares the embedding's weight",

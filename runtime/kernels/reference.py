@@ -97,38 +97,42 @@ def _stats(q):
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _scores(q, k, causal, scale):
+def _scores(q, k, causal, scale, allowed=None):
     """q kᵀ · scale in the stats dtype, (B, H, Tq, Tk), k's heads repeated for grouped
     queries (query head h reads kv head h // (H / Hkv), as SDPA's ``enable_gqa``);
-    ``causal``: Tq == Tk and query i sees keys 0..i."""
+    ``causal``: Tq == Tk and query i sees keys 0..i; ``allowed`` (bool, broadcast to
+    (B, H, Tq, Tk)): only there (documents = separate: the same document)."""
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     s = torch.matmul(q.to(_stats(q)), k.to(_stats(q)).transpose(-1, -2)) * scale
     if causal:
         T = q.shape[-2]
         s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
     return s
 
 
-def block_attention(q, k, v, causal, scale):
+def block_attention(q, k, v, causal, scale, allowed=None):
     """softmax(q kᵀ · scale) v over one block of keys, and the rows' log-sum-exp.
 
     q (B, H, Tq, D), k and v (B, Hkv, Tk, D) → out (B, H, Tq, D) and lse (B, H, Tq), both
     in the stats dtype (fp32, fp64 for fp64): partial results over disjoint key blocks
-    merge exactly by their lse (``ring.merge``)."""
-    s = _scores(q, k, causal, scale)
+    merge exactly by their lse (``ring.merge``). A row that ``allowed`` leaves no key
+    gives output 0 and lse −∞ (it merges as nothing)."""
+    s = _scores(q, k, causal, scale, allowed)
     lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse.unsqueeze(-1))
+    p = torch.exp(s - (lse if allowed is None else lse.masked_fill(lse == float("-inf"), 0.0)).unsqueeze(-1))
     v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1).to(p.dtype)
     return torch.matmul(p, v), lse
 
 
-def block_attention_backward(grad, q, k, v, out, lse, causal, scale):
+def block_attention_backward(grad, q, k, v, out, lse, causal, scale, allowed=None):
     """The gradients of one block's share of attention whose rows' final output and lse
     over all blocks are ``out`` and ``lse``: with P = exp(s − lse) and delta = Σ_d grad · out,
     dV = Pᵀ grad, dS = P (grad vᵀ − delta), dQ = dS k · scale, dK = dSᵀ q · scale; dK and dV
     summed over each kv head's group of query heads. All in the stats dtype."""
     group = q.shape[1] // k.shape[1]
-    p = torch.exp(_scores(q, k, causal, scale) - lse.unsqueeze(-1))
+    p = torch.exp(_scores(q, k, causal, scale, allowed) - lse.unsqueeze(-1))
     grad = grad.to(p.dtype)
     delta = (grad * out.to(p.dtype)).sum(-1)
     ks, vs = (t.repeat_interleave(group, dim=1).to(p.dtype) for t in (k, v))

@@ -60,10 +60,15 @@ class ModelConfig:
     """None: dropless."""
     aux_loss: float = 0.01
     z_loss: float = 0.0
+    documents: str = "joined"
+    """``separate``: attention and positions stay inside each document of a sequence
+    (runtime/models/documents.py); ``joined``: they cross documents."""
 
     def __post_init__(self):
         if self.arch not in ARCHS:
             raise ValueError(f"ModelConfig: arch must be 'gpt' or 'llama', not {self.arch!r}")
+        if self.documents not in ("joined", "separate"):
+            raise ValueError(f"ModelConfig: documents must be 'joined' or 'separate', not {self.documents!r}")
         if self.router not in ROUTERS:
             raise ValueError(f"ModelConfig: router must be one of {ROUTERS}, not {self.router!r}")
         shape = {"hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads,

@@ -40,6 +40,7 @@ KEYS = {
     "etp": "parallel.etp",
     "dropout": "model.dropout",
     "tie_embeddings": "model.tie_embeddings",
+    "documents": "model.documents",
     "nodes": "mesh.nodes",
     "devices_per_node": "mesh.devices_per_node",
     "dp": "parallel.dp",

@@ -4,7 +4,10 @@ as ``scaled_dot_product_attention`` or, under context parallelism, the strategy 
 in context.py).
 
 Takes: a ``ModelConfig``. Gives: ``Attention`` with plain ``nn.Linear`` projections (the
-tensor transform swaps them for column/row-parallel ones) and ``rotary``.
+tensor transform swaps them for column/row-parallel ones), ``rotary`` and ``rotary_at``.
+Under ``model.documents = separate`` the core masks keys outside the query's document
+and rotates each token at its position within its document (documents.py); the plain
+``is_causal`` path is the one every other model takes.
 """
 
 from __future__ import annotations
@@ -15,17 +18,33 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..parallel.tensor.layers import project
+from .documents import span_positions
+
+
+def _frequencies(x, theta):
+    """(D/2,) fp32: the rotary frequency of each pair of x's head dimension D."""
+    D = x.shape[-1]
+    return 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=x.device) / D))
 
 
 def rotary(x, theta, start=0):
     """Rotate (B, heads, T, D) by position start .. start + T - 1 (pairs of halves, as in Llama)."""
-    T, D = x.shape[-2], x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=x.device) / D))
-    angles = torch.outer(torch.arange(start, start + T, dtype=torch.float32, device=x.device), inv)
+    T = x.shape[-2]
+    angles = torch.outer(torch.arange(start, start + T, dtype=torch.float32, device=x.device), _frequencies(x, theta))
     cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)  # (T, D)
     first, second = x.chunk(2, dim=-1)
     rotated = x * cos + torch.cat((-second, first), dim=-1) * sin  # fp32 (cos, sin are)
     return rotated.to(x.dtype)  # bf16/fp16 parameters: back to the compute dtype
+
+
+def rotary_at(x, theta, positions):
+    """``rotary`` at per-sequence positions: (B, heads, T, D) rotated by ``positions`` (B, T)
+    (each token's position within its document, documents.py)."""
+    angles = positions.to(torch.float32).unsqueeze(-1) * _frequencies(x, theta)  # (B, T, D/2)
+    cos, sin = angles.cos().repeat(1, 1, 2).unsqueeze(1), angles.sin().repeat(1, 1, 2).unsqueeze(1)  # (B, 1, T, D)
+    first, second = x.chunk(2, dim=-1)
+    rotated = x * cos + torch.cat((-second, first), dim=-1) * sin
+    return rotated.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -44,6 +63,7 @@ class Attention(nn.Module):
         self.selective = False  # recompute = "selective" (parallelize.recompute)
         self.context = None  # context.ContextParallel under cp > 1 (parallelize.context)
         self.slices = None  # a sliced pipeline's SliceState, set by its executor
+        self.documents = None  # documents.Documents under documents = separate (documents.attach)
 
     def core(self, q, k, v):
         """softmax(q kᵀ / √D) v: the part selective recompute drops and redoes.
@@ -55,6 +75,8 @@ class Attention(nn.Module):
             return self.slices.attend(self, q, k, v)  # a token slice of the sequence
         kind = None if self.context is None else self.context.kind
         spans = self.context.spans(q.shape[-2]) if kind in ("ring", "allgather") else ((0, q.shape[-2]),)
+        if self.documents is not None:
+            return self.separate(q, k, v, kind, spans)
         if self.llama:
             q, k = self.rotate(q, k, spans)
         if kind == "ring":
@@ -67,6 +89,28 @@ class Attention(nn.Module):
             mask = self.context.causal_mask(q.shape[-2], q.device)  # global positions
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=q.shape[1] != k.shape[1],
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+
+    def separate(self, q, k, v, kind, spans):
+        """``core`` under documents = separate: this rank's queries (the global positions
+        ``spans``) against the keys it sees, causal and within each query's document,
+        rotated at their positions within their documents (documents.py)."""
+        queries = span_positions(spans, q.device)
+        if self.llama:
+            within = self.documents.positions(queries)
+            q, k = rotary_at(q, self.theta, within), rotary_at(k, self.theta, within)
+        if kind == "ring":
+            if self.dropout and self.training:  # constraints.ring_dropout refuses this spec
+                raise ValueError("cp_kind = ring computes attention without dropout; set model.dropout = 0")
+            return self.context.ring(q, k, v, None, documents=self.documents)  # eager, masked per block
+        keys = queries
+        if kind == "allgather":
+            k, v = self.context.gather(k), self.context.gather(v)  # (B, kv_heads/tp, T, D)
+            keys = torch.arange(k.shape[-2], device=q.device)
+        mask = self.documents.mask(queries, keys, name=(spans, k.shape[-2]))  # the same for every layer
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1],
             dropout_p=self.dropout if self.training else 0.0,
         )
 

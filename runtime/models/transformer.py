@@ -53,6 +53,7 @@ from ..distributed.comm import (
 from ..layout.model_desc import describe
 from ..parallel.tensor.layers import vocab_parallel_cross_entropy
 from .block import Block
+from .documents import attach as attach_documents
 from .norm import Norm
 from .residual import settle
 from ..layout.roles import role, assign
@@ -106,6 +107,7 @@ class Transformer(nn.Module):
                 self.head = nn.Linear(C, V, bias=False)
                 self.head.full_shape = (V, C)
         self.tag_tied()
+        attach_documents(self)  # self.documents: documents.Documents under documents = separate, else None
 
     def tag_tied(self):
         """Note [tied embeddings across stages]: the head's copy of a tied embedding table
@@ -195,10 +197,13 @@ class Transformer(nn.Module):
             offset = self.sequence_rank() * T if self.sp else 0  # this shard's positions
             if self.slices is not None:
                 offset += self.slices.start  # a token slice of a sliced pipeline
-            if self.context is None:
+            if self.context is None and self.documents is None:
                 x = x + self.pos_embed.weight[offset : offset + T]
             else:  # this cp rank's tokens (its spans of seq_len), this tp shard of them under SP
-                positions = self.context.positions(tokens.shape[1], x.device)[offset : offset + T]
+                positions = (torch.arange(offset, offset + T, device=x.device) if self.context is None
+                             else self.context.positions(tokens.shape[1], x.device)[offset : offset + T])
+                if self.documents is not None:  # each token at its position within its document
+                    positions = self.documents.positions(positions)
                 x = x + self.pos_embed.weight[positions]
         return F.dropout(x, self.config.dropout, self.training)
 
@@ -229,8 +234,11 @@ class Transformer(nn.Module):
             )
         return loss.mean()
 
-    def forward(self, x, targets=None):
-        """Tokens (first stage) or hidden states → hidden states, or the mean loss (last stage)."""
+    def forward(self, x, targets=None, documents=None):
+        """Tokens (first stage) or hidden states → hidden states, or the mean loss (last
+        stage); ``documents``: the (B, T) document ids under documents = separate."""
+        if documents is not None:  # for every block (Note [documents under recompute] in documents.py)
+            self.documents.use(documents, x.device)
         if self.layouts is not None:  # Note [heterogeneous layouts]: tokens come in the coarse layout
             self._current_tp = self.embed_tp if self.first else self.block_tp[min(self.block_tp)]
             if self.first:

@@ -3,13 +3,17 @@
 Takes: a vocabulary size, sequence length and seed (and a token file, a user's input:
 ``runtime/paths.py`` checks it is a regular file). Gives:
 ``.batch(indices) -> (inputs, targets)`` (of a ``TokenFile``, synthetic data, or a
-``BlendedTokens`` of several), int64 (N, T), targets shifted by one, and
+``BlendedTokens`` of several), int64 (N, T), targets shifted by one, and under
+``documents = "separate"`` a third (N, T) tensor: each input token's document id
+(Note [documents of a sample]), and
 ``sample_indices``, which says which global indices a rank reads, and ``context_spans`` /
 ``context_chunk``, the part of each sequence a context-parallel rank holds. Because a sample
 depends only on (seed, index), every layout sees the same data in each step.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -55,6 +59,21 @@ def context_chunk(inputs, targets, *, cp_rank, cp_size, cp_kind):
     return tuple(torch.cat([t[:, start:stop] for start, stop in spans], dim=1).contiguous() for t in (inputs, targets))
 
 
+# Note [documents of a sample]: under model.documents = separate a dataset yields with
+# each sample the id of the document of each input token, nondecreasing along the
+# sequence (runtime/models/documents.py masks and positions by them). A token file's
+# documents are those of its OUT.idx (each document's first token; parc data prepare
+# writes it beside OUT.bin): a window's ids count the documents that start before
+# each token. Synthetic data has no text, so its documents are drawn: after each token a
+# new document starts with probability 4 / seq_len (about four a sequence), from a
+# generator of (seed, index) of its own, so the tokens are the same as joined.
+
+
+def documents_of(starts: torch.Tensor) -> torch.Tensor:
+    """(T,) bool: a document starts at this token → (T,) int64 document ids from 0."""
+    return starts.to(torch.int64).cumsum(0) - int(starts[0])
+
+
 class SyntheticTokens:
     """Sequences from a fixed sparse Markov chain, so the loss visibly falls.
 
@@ -66,8 +85,9 @@ class SyntheticTokens:
     walked with a generator seeded by (seed, i) alone.
     """
 
-    def __init__(self, vocab: int, seq_len: int, seed: int):
+    def __init__(self, vocab: int, seq_len: int, seed: int, documents: str = "joined"):
         self.vocab, self.seq_len, self.seed = vocab, seq_len, seed
+        self.documents = documents == "separate"  # Note [documents of a sample]
         chain = torch.Generator().manual_seed(seed)
         zipf = torch.arange(1, vocab + 1, dtype=torch.float64).pow(-1.5)
         common = torch.randperm(vocab, generator=chain)  # which ids are the common ones
@@ -89,7 +109,16 @@ class SyntheticTokens:
 
     def batch(self, indices):
         rows = torch.stack([self.sample(i) for i in indices])  # (N, T + 1)
-        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+        if not self.documents:
+            return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous(), torch.stack([self.document_ids(i) for i in indices])
+
+    def document_ids(self, index: int) -> torch.Tensor:
+        """(seq_len,) document ids of sample ``index``'s inputs (Note [documents of a sample])."""
+        gen = _generator(self.seed ^ 0x5EED, index)  # not the tokens' generator: their draws stay
+        starts = torch.rand(self.seq_len, generator=gen) < 4.0 / self.seq_len
+        starts[0] = True
+        return documents_of(starts)
 
 class TokenFile:
     """A flat file of uint16/uint32 token ids (nanoGPT style); sample i is a window.
@@ -101,8 +130,9 @@ class TokenFile:
     """
 
     def __init__(self, path: str, seq_len: int, dtype: str = "uint16", seed: int = 0, vocab: int | None = None,
-                 rank: int = 0, part: tuple[float, float] = (0.0, 1.0)):
-        """``part``: the fraction of the file windows are drawn from (Note [held-out tail])."""
+                 rank: int = 0, part: tuple[float, float] = (0.0, 1.0), documents: str = "joined"):
+        """``part``: the fraction of the file windows are drawn from (Note [held-out tail]);
+        ``documents = "separate"``: read its OUT.idx too (Note [documents of a sample])."""
         torch_dtype = {"uint16": torch.uint16, "uint32": torch.uint32}[dtype]
         itemsize = 2 if dtype == "uint16" else 4
         try:
@@ -124,19 +154,25 @@ class TokenFile:
         self.seq_len, self.seed = seq_len, seed
         self.first, last = int(count * part[0]), int(count * part[1])
         self.count = last - self.first  # the tokens of this part
+        self.offsets = None if documents != "separate" else _offsets(path, count, rank)
         if self.count < seq_len + 2:
             raise _end(f"--data {path}: its part {part} holds {self.count} tokens, fewer than seq_len + 2 = "
                        f"{seq_len + 2}: too small a file to hold out a validation tail", rank)
 
     def batch(self, indices):
-        rows = []
+        rows, starts = [], []
         for i in indices:
             gen = _generator(self.seed, i)
             # any window of seq_len + 1 tokens that fits: start in [0, count - seq_len - 1]
             start = self.first + int(torch.randint(0, self.count - self.seq_len, (1,), generator=gen))
             rows.append(self.tokens[start : start + self.seq_len + 1].to(torch.int64))
+            starts.append(start)
         rows = torch.stack(rows)
-        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+        if self.offsets is None:
+            return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+        positions = torch.tensor(starts).unsqueeze(1) + torch.arange(self.seq_len)  # (N, T) in the file
+        ids = torch.searchsorted(self.offsets, positions, right=True)  # documents started at or before
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous(), ids - ids[:, :1]
 
 
 class BlendedTokens:
@@ -176,13 +212,13 @@ class BlendedTokens:
 
 
 def blend(paths, weights, seq_len: int, dtype: str = "uint16", *, seed: int = 0, vocab: int | None = None,
-          rank: int = 0, part: tuple[float, float] = (0.0, 1.0)) -> BlendedTokens:
+          rank: int = 0, part: tuple[float, float] = (0.0, 1.0), documents: str = "joined") -> BlendedTokens:
     """The token files ``paths`` blended by ``weights`` (train.py's ``--data A B ...``); file k
     draws its windows with ``seed + k``, so two files' samples are not drawn alike."""
     if len(paths) != len(weights):
         raise _end(f"--data names {len(paths)} file{'s' * (len(paths) != 1)}, but the blend has {len(weights)} "
                    "weights (DATA_WEIGHTS): give one file per weight", rank)
-    files = [TokenFile(path, seq_len, dtype, seed=seed + k, vocab=vocab, rank=rank, part=part)
+    files = [TokenFile(path, seq_len, dtype, seed=seed + k, vocab=vocab, rank=rank, part=part, documents=documents)
              for k, path in enumerate(paths)]
     return BlendedTokens(files, weights)
 
@@ -233,6 +269,23 @@ def check_tokens(tokens: torch.Tensor, vocab: int, path: str, rank: int = 0) -> 
     if largest >= vocab:
         raise _end(f"--data {path}: holds token id {largest}, but the model's vocab is {vocab} "
                    f"(ids 0..{vocab - 1}): made for another vocabulary?", rank)
+
+
+def _offsets(path: str, count: int, rank: int) -> torch.Tensor:
+    """The document offsets of token file ``path`` (its OUT.idx: uint64, each document's
+    first token), int64, checked ascending and inside the file's ``count`` tokens."""
+    index = str(Path(path).with_suffix(".idx"))  # OUT.bin's OUT.idx
+    try:
+        size = check_regular(index).st_size
+    except UnreadableFile as exc:
+        raise _end(f"--data {path}: model.documents = separate reads each document's start from its .idx "
+                   f"(parc data prepare writes it beside the .bin): {exc}", rank) from None
+    if size % 8 or not size:
+        raise _end(f"--data {index}: {size} bytes is not a list of uint64 document offsets", rank)
+    offsets = torch.from_file(index, shared=False, size=size // 8, dtype=torch.uint64).to(torch.int64)
+    if bool((offsets[1:] < offsets[:-1]).any()) or int(offsets[-1]) >= count or int(offsets[0]) < 0:
+        raise _end(f"--data {index}: its document offsets are not ascending within the {count} tokens of {path}", rank)
+    return offsets
 
 
 def _end(message: str, rank: int) -> SystemExit:

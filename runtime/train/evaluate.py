@@ -52,12 +52,13 @@ class Evaluator:
                 batch + 1, micro, micro_batch=self.micro_batch, grad_accum=self.grad_accum,
                 dp_rank=self.dp_rank, dp_size=self.dp_size,
             )
-            inputs, targets = self.dataset.batch(indices)  # (B, T) token ids each
+            # (B, T) token ids each; and the documents' ids under documents = separate (whole under cp)
+            inputs, targets, *documents = self.dataset.batch(indices)
             if self.cp_size > 1:
                 inputs, targets = data.context_chunk(
                     inputs, targets, cp_rank=self.cp_rank, cp_size=self.cp_size, cp_kind=self.cp_kind
                 )
-            out.append((inputs, targets))
+            out.append((inputs, targets, *documents))
         return out
 
     def _autocast(self):
@@ -77,9 +78,9 @@ class Evaluator:
                 if self.runner is not None:  # the last stage's mean over micro-batches, 0 elsewhere
                     total += self.runner.evaluate(micro_batches)
                     continue
-                for inputs, targets in micro_batches:
+                for inputs, targets, *documents in micro_batches:
                     with self._autocast():
-                        loss = net(inputs.to(self.device), targets.to(self.device))
+                        loss = net(inputs.to(self.device), targets.to(self.device), *documents)
                     total += loss.detach().to(torch.float64) / self.grad_accum
             loss = float(total) / self.batches
         finally:

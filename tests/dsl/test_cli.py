@@ -96,6 +96,18 @@ def test_check_warns_of_a_missing_token_file_relative_to_the_spec(capsys, tmp_pa
     assert err.endswith("\n1 warning\n")
 
 
+def test_check_warns_of_separate_documents_without_an_idx(capsys, tmp_path) -> None:
+    tokens = tmp_path / "corpus.bin"
+    tokens.write_bytes(bytes(64))
+    sets = ("--set", f'train.data=tokens("{tokens}")', "--set", "model.documents=separate")
+    status, out, err = run(capsys, "check", str(TINY), *sets)
+    assert (status, out) == (0, f"{TINY}: ok\n")
+    assert err.startswith(f"--set 1:1:12: warning[PAR0225]: model.documents = separate reads each document's "
+                          f"start from {tmp_path}/corpus.idx, which is not there\n")
+    (tmp_path / "corpus.idx").write_bytes(bytes(8))
+    assert run(capsys, "check", str(TINY), *sets) == (0, f"{TINY}: ok\n", "")
+
+
 def test_a_set_micro_batch_that_breaks_the_batch_is_shown_at_the_set(capsys) -> None:
     status, out, err = run(capsys, "check", str(TINY), "--set", "train.micro_batch=3")
     assert (status, out) == (1, "")

@@ -38,7 +38,7 @@ def test_each_row_refuses_its_pair_and_only_with_both_on(row):
     values = {"zero": 0, "zero_shard": "dp", "grad_reduce": "fp32", "experts": 0, "ep": 1, "etp": 1,
               "capacity_factor": "none", "sp": False, "cp": 1, "recompute": "none", "overlap": 1,
               "compress": "none", "compress_pp": "none", "chunks": 1, "schedule": "1f1b", "pp": 2,
-              "tp_shape": (1, 4), "layer_tp": None, "layer_dp": None}
+              "tp_shape": (1, 4), "layer_tp": None, "layer_dp": None, "documents": "joined"}
     on = {"zero": {"zero": 2}, "zero3": {"zero": 3}, "hsdp": {"zero": 3, "zero_shard": "node"},
           "grad_reduce_bf16": {"grad_reduce": "bf16"}, "experts": {"experts": 4},
           "experts_without_ep": {"experts": 4}, "ep": {"ep": 2}, "capacity": {"capacity_factor": 1.25},
@@ -47,7 +47,7 @@ def test_each_row_refuses_its_pair_and_only_with_both_on(row):
           "interleaved": {"chunks": 2}, "zero_bubble": {"schedule": "zero_bubble"},
           "zero_bubble_v": {"schedule": "zero_bubble_v"}, "chimera": {"schedule": "chimera"},
           "terapipe": {"schedule": "terapipe"}, "tp_2d": {"tp_shape": (2, 2)}, "layer_tp": {"layer_tp": (1, 2)},
-          "layer_dp": {"layer_dp": (2, 1)}}
+          "layer_dp": {"layer_dp": (2, 1)}, "documents": {"documents": "separate"}}
     assert set(on) == set(SWITCHES)
     (rule,) = [r for r in constraints.RULES if r.name == f"unbuilt_{row.a}_{row.b}"]
     both = values | on[row.a] | on[row.b]

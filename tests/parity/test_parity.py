@@ -298,6 +298,37 @@ most 2^-9 of the value each; the norm's error ≤ 2^-8 of the norms summed, abou
 where the ranks' gradients do not cancel (tests/runtime/test_grad_reduce_zero.py derives it)."""
 
 
+DOCUMENTS = dict(model__documents="separate")
+"""``model.documents = separate`` (runtime/models/documents.py): attention and positions within
+each of the synthetic data's documents (about four a sequence: Note [documents of a sample])."""
+DOCUMENT_LAYOUTS = {
+    # learned positions from each document's start, each sp shard at its own tokens' positions
+    "gpt-tp2-sp": dict(tp=2, sp=True),
+    # learned positions at the cp rank's spans, the keys gathered and masked by document
+    "gpt-cp2-allgather": dict(cp=2, parallel__cp_kind="allgather"),
+    # rotary within documents at the rank's two load-balanced chunks, each ring block masked;
+    # eval reads the documents of its own stream too
+    "llama-cp2-ring": dict(cp=2, parallel__cp_kind="ring"),
+    # the ids reach the second stage's blocks; a slice's queries against the kept keys, rotary
+    # from the document starts at the slice's positions
+    "llama-pp2-terapipe2": dict(pp=2, parallel__schedule="terapipe(slices = 2)"),
+}
+"""Document separation in each attention path, vs one rank with documents = separate (the
+references evaluate, as ``EVALUATED``'s do)."""
+
+
+def documents_case(name: str) -> Case:
+    arch, layout = name.split("-", 1)
+    overrides = tuple(layout_overrides(**DOCUMENT_LAYOUTS[name], **DOCUMENTS))
+    return Case(f"{arch}-documents-{layout}", f"{arch}.par", overrides + (EVAL if "cp2-ring" in name else ()),
+                nproc_of(DOCUMENT_LAYOUTS[name]), ("--steps", str(STEPS)))
+
+
+def documents_reference_case(arch: str) -> Case:
+    return Case(f"{arch}-documents-single", f"{arch}.par", tuple(layout_overrides(**DOCUMENTS)) + EVAL, 1,
+                ("--steps", str(STEPS)))
+
+
 def model_overrides(degrees: dict) -> dict:
     """The ``model__*`` entries of a layout: the single-rank reference must share them."""
     return {key: value for key, value in degrees.items() if key.startswith("model__")}
@@ -365,6 +396,9 @@ def cases_of(item) -> list[Case]:
     if item.originalname == "test_layout_matches_single_rank":
         arch, layout = item.callspec.params["arch"], item.callspec.params["layout"]
         return [layout_case(arch, layout), reference_case(arch, model_overrides(LAYOUTS[layout]))]
+    if item.originalname == "test_documents_match_single_rank":
+        name = item.callspec.params["name"]
+        return [documents_case(name), documents_reference_case(name.split("-")[0])]
     if item.originalname == "test_single_rank_loss_falls":
         return [reference_case(arch) for arch in ARCHS]
     return []
@@ -395,6 +429,21 @@ def test_layout_matches_single_rank(arch, layout, trainers):
             if want.get("val_loss") is not None:
                 assert_close(got["val_loss"], want["val_loss"], f"{arch} {layout} step {got['step']} val_loss")
                 assert got["val_loss"] != got["loss"]  # another stream than training's
+
+
+@pytest.mark.parametrize("name", list(DOCUMENT_LAYOUTS))
+def test_documents_match_single_rank(name, trainers):
+    """Every step's loss and the first grad norm of a layout under documents = separate
+    equal one rank's (a different run from joined's: tests/runtime/test_documents.py)."""
+    arch = name.split("-")[0]
+    runs, expected = trainers.records(documents_case(name)), trainers.records(documents_reference_case(arch))
+    assert [r["step"] for r in runs] == [r["step"] for r in expected] == list(range(1, STEPS + 1))
+    for got, want in zip(runs, expected):
+        assert_close(got["loss"], want["loss"], f"documents {name} step {got['step']} loss")
+        if got.get("val_loss") is not None:
+            assert_close(got["val_loss"], want["val_loss"], f"documents {name} step {got['step']} val_loss")
+    assert_close(runs[0]["grad_norm"], expected[0]["grad_norm"], f"documents {name} step 1 grad_norm")
+    assert "cp2-ring" not in name or [r["step"] for r in runs if r.get("val_loss") is not None] == [2, 4, 6]
 
 
 def test_single_rank_loss_falls(trainers):

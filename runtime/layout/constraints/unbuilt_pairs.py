@@ -107,6 +107,8 @@ SWITCHES = {s.name: s for s in (
            text=lambda tp_shape: f"tp_shape = ({tp_shape[0]}, {tp_shape[1]}) (2D tensor parallelism)"),
     Switch(name="layer_tp", off="one tp for every layer", needs=("layer_tp",), on=lambda layer_tp: layer_tp is not None,
            text=lambda layer_tp: f"tp = {_list(layer_tp)}"),
+    Switch(name="documents", off="documents = joined", needs=("documents",), on=lambda documents: documents == "separate",
+           text=lambda documents: "documents = separate"),
     Switch(name="layer_dp", off="one dp for every layer", needs=("layer_dp",), on=lambda layer_dp: layer_dp is not None,
            text=lambda layer_dp: f"dp = {_list(layer_dp)}"),
 )}
@@ -161,6 +163,11 @@ UNBUILT = (
                     "tp_2d")),
     *(Unbuilt(other, "tp_2d", "PAR0277", _2D, "use {a_off} with {b}, or {b_off}")
       for other in ("cp", "experts", "layer_tp", "overlap", "compress", "compress_pp")),
+    *(Unbuilt("documents", other, "PAR0285", why, "use {b_off} with {a}, or {a_off} with {b}") for other, why in (
+        ("overlap", "the document mask is per sequence and is not split with the sub-batches yet"),
+        ("layer_tp", "the document mask does not follow the batch between per-layer layouts yet"),
+        ("layer_dp", "the document mask does not follow the batch between per-layer layouts yet"),
+        ("tp_2d", "the 2D layers' attention does not take the document mask yet"))),
 )
 """One row per pair parc build refuses (Note [an unbuilt pair is a row])."""
 

@@ -81,12 +81,30 @@ class ContextParallel:
 
     # ---- ring ----------------------------------------------------------------------
 
-    def ring(self, q, k, v, kernels=None) -> torch.Tensor:
+    def ring(self, q, k, v, kernels=None, documents=None) -> torch.Tensor:
         """(B, H, T/cp, D) queries, (B, Hkv, T/cp, D) keys and values of this rank's tokens
         → its rows of causal attention over the whole sequence (Note [ring attention]);
-        ``kernels``: the compiled block attention, or None for the eager reference."""
+        ``kernels``: the compiled block attention, or None for the eager reference;
+        ``documents`` (documents = separate): keys outside a query's document are masked,
+        block by block (the eager reference, which takes a mask)."""
         scale = q.shape[-1] ** -0.5
-        return ring_attention(q, k, v, self.group, scale, kernels or reference)
+        same = None if documents is None else documents.remember(
+            ("ring", q.shape[-2]), lambda: self.block_documents(documents, q.shape[-2], q.device))
+        return ring_attention(q, k, v, self.group, scale, kernels or reference, same)
+
+    def block_documents(self, documents, local_tokens: int, device) -> tuple[torch.Tensor, ...]:
+        """Per ring step j, (B, 1, T/cp, T/cp) bool: this rank's query and the key of the
+        block it holds at step j (rank r − j's tokens) are in the same document; every
+        rank has the whole sequence's ids (Note [document ids are global] in documents.py)."""
+        T = local_tokens * self.size
+        queries = self.positions(local_tokens, device)
+        same = []
+        for step in range(self.size):
+            owner = (self.rank - step) % self.size
+            spans = context_spans(T, cp_rank=owner, cp_size=self.size, cp_kind=self.kind)
+            keys = torch.cat([torch.arange(start, stop, device=device) for start, stop in spans])
+            same.append(documents.same(queries, keys))
+        return tuple(same)
 
     # ---- ulysses -------------------------------------------------------------------
 

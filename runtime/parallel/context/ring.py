@@ -19,6 +19,10 @@ receives from r−1), so at step j rank r holds the K/V of rank s = r − j. Its
 Every step after the first costs the same 2c·c scores on every rank: the load balance.
 Each step's partial output and log-sum-exp merge exactly (``merge``), in fp32 (fp64 for
 fp64). The send of block j+1 is posted before block j's compute and waited for after it.
+Under documents = separate each step's scores are also masked where query and key lie in
+different documents (``same``, per step, from the ids every rank holds); a query row
+that sees no key of a block gives it lse −∞ and output 0, which merge exactly, and every
+row sees at least itself at step 0.
 
 Backward passes K/V around again with their gradient: at step j rank r adds its share
 of dK, dV of block s = r − j to the partial sum that rank r−1 sent it (the sum over
@@ -94,9 +98,23 @@ def merge(out, lse, block_out, block_lse):
     lse.copy_(new)
 
 
+def _cols(t, which, c):
+    """The keys (dim 3 of a (B, 1, 2c, 2c) mask) of ``t`` that ``which`` names."""
+    if which == "first":
+        return t[..., :c]
+    if which == "second":
+        return t[..., c:]
+    return t
+
+
+def _same(same, step, rows, keys, c):
+    """Step ``step``'s same-document mask cut to its rows and keys, or None (documents joined)."""
+    return None if same is None else _cols(_rows(same[step], rows, c), keys, c)
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group, scale, kernels):
+    def forward(ctx, q, k, v, group, scale, kernels, same):
         ring = _Ring(group)
         c = q.shape[2] // 2
         kv = torch.stack((k, v))  # one message: (2, B, Hkv, 2c, D)
@@ -105,7 +123,8 @@ class _RingAttention(torch.autograd.Function):
             pending = ring.shift(kv, _KV) if step < ring.size - 1 else None
             causal, rows, keys = _part(step, ring.rank, ring.size)
             block_out, block_lse = kernels.block_attention(
-                _rows(q, rows, c), _rows(kv[0], keys, c), _rows(kv[1], keys, c), causal, scale
+                _rows(q, rows, c), _rows(kv[0], keys, c), _rows(kv[1], keys, c), causal, scale,
+                **_allowed(_same(same, step, rows, keys, c)),
             )
             if out is None:
                 out, lse = block_out, block_lse  # step 0 covers every row (each sees itself)
@@ -114,7 +133,7 @@ class _RingAttention(torch.autograd.Function):
             if pending is not None:
                 kv = pending.wait()
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.group, ctx.scale, ctx.kernels = group, scale, kernels
+        ctx.group, ctx.scale, ctx.kernels, ctx.same = group, scale, kernels, same
         return out.to(q.dtype)
 
     @staticmethod
@@ -131,6 +150,7 @@ class _RingAttention(torch.autograd.Function):
             block_dq, block_dk, block_dv = kernels.block_attention_backward(
                 _rows(grad, rows, c), _rows(q, rows, c), _rows(kv[0], keys, c), _rows(kv[1], keys, c),
                 _rows(out, rows, c), _rows(lse, rows, c), causal, scale,
+                **_allowed(_same(ctx.same, step, rows, keys, c)),
             )
             _rows(dq, rows, c).add_(block_dq)
             dkv = torch.zeros((2, *k.shape), dtype=out.dtype, device=k.device)
@@ -142,11 +162,18 @@ class _RingAttention(torch.autograd.Function):
             if pending is not None:
                 kv = pending.wait()
         dkv = sent.wait()  # this rank's own block, summed over every rank's queries
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
 
 
-def ring_attention(q, k, v, group, scale, kernels):
+def _allowed(mask):
+    """The block kernels' extra argument: nothing when documents are joined (the compiled
+    kernels take none), else the same-document mask (the eager reference's ``allowed``)."""
+    return {} if mask is None else {"allowed": mask}
+
+
+def ring_attention(q, k, v, group, scale, kernels, same=None):
     """Causal attention of this rank's load-balanced tokens against the whole sequence
     (Note [ring attention]); ``kernels``: a module with ``block_attention`` and
-    ``block_attention_backward`` (``kernels.ops`` or ``kernels.reference``)."""
-    return _RingAttention.apply(q, k, v, group, scale, kernels)
+    ``block_attention_backward`` (``kernels.ops`` or ``kernels.reference``; the reference
+    when ``same`` is given: per step, where query and key share a document)."""
+    return _RingAttention.apply(q, k, v, group, scale, kernels, same)

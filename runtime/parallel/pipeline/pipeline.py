@@ -117,9 +117,10 @@ class PipelineExecutor:
         m, c, op = action.micro, action.chunk, action.op
         v = self._vstage(c)
         last = v == self.virtual_stages - 1
+        self._use_documents(c, batches[self._slice(m)[0]])
         if op is Op.FORWARD:
             micro, j = self._slice(m)
-            tokens, targets = batches[micro]
+            tokens, targets = batches[micro][:2]
             scale = self.micro_batches
             if j is not None:  # terapipe: this slice's tokens; its loss weighs by its share of them
                 start, length = self.sliced.starts[j], self.sliced.lengths[j]
@@ -165,8 +166,16 @@ class PipelineExecutor:
             return 0.0
         raise ValueError(f"unknown pipeline action {action!r}")
 
+    def _use_documents(self, c: int, batch) -> None:
+        """Under documents = separate (a batch's third tensor: its document ids) chunk ``c``'s
+        blocks see micro-batch ``batch``'s documents, in its forward and in a backward that
+        recomputes it (Note [documents under recompute] in documents.py)."""
+        if len(batch) > 2:
+            self.chunks[c].documents.use(batch[2], self.device)
+
     def step(self, batches) -> float:
-        """Forward and backward of every micro-batch; ``batches[m] = (inputs, targets)``.
+        """Forward and backward of every micro-batch; ``batches[m] = (inputs, targets)``,
+        or ``(inputs, targets, documents)`` under documents = separate.
 
         Each micro-batch's loss is divided by the number of micro-batches (the mean
         over the step, as without a pipeline). Returns the sum of those scaled losses
@@ -236,10 +245,11 @@ class PipelineExecutor:
         last_vstage = self.virtual_stages - 1
         pending_sends, loss_sum = [], 0.0
         handed = {}  # (micro, chunk) -> activation from a chunk on this rank
-        for m, (tokens, targets) in enumerate(batches):
+        for m, (tokens, targets, *_) in enumerate(batches):
             for c in range(len(self.chunks)):
                 if not self.placement.carries(c, m):  # chimera: the other pipeline's micro-batch
                     continue
+                self._use_documents(c, batches[m])
                 v, line = self._vstage(c), self.placement.pipeline(c)
                 if v == 0:
                     x = tokens.to(self.device)

@@ -83,16 +83,24 @@ class SliceState:
         micro, j = self.current
         layer, self._layer = self._layer, self._layer + 1
         start = self.starts[j]
-        if attention.llama:
+        documents = attention.documents  # documents = separate: within documents (documents.py)
+        rows = torch.arange(start, start + q.shape[-2], device=q.device)
+        if attention.llama and documents is not None:
+            from ...models.attention import rotary_at
+
+            within = documents.positions(rows)
+            q, k = rotary_at(q, attention.theta, within), rotary_at(k, attention.theta, within)
+        elif attention.llama:
             q, k = attention.rotate(q, k, ((start, start + q.shape[-2]),))
         self.produced[(micro, j)].append((k, v))
         self.kept[(micro, j)].append((k.detach().requires_grad_(True), v.detach().requires_grad_(True)))
         earlier = [self.kept[(micro, i)][layer] for i in range(j)]
         keys = torch.cat([kv[0] for kv in earlier] + [k], dim=2)
         values = torch.cat([kv[1] for kv in earlier] + [v], dim=2)
-        # query i (position start + i) sees keys 0 .. start + i
-        rows = torch.arange(start, start + q.shape[-2], device=q.device)
-        mask = torch.arange(keys.shape[-2], device=q.device)[None, :] <= rows[:, None]
+        # query i (position start + i) sees keys 0 .. start + i (of its own document when separate)
+        columns = torch.arange(keys.shape[-2], device=q.device)
+        mask = columns[None, :] <= rows[:, None] if documents is None else documents.mask(
+            rows, columns, name=("slice", micro, j))
         return F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1],
             dropout_p=attention.dropout if attention.training else 0.0,
