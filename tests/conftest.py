@@ -9,10 +9,10 @@ the runs of a unit that need the same world size share a launch.
 the trainers' launches use about half of two cores on their own (ranks wait on each
 other, processes start), so another process's tests fill the rest. A unit runs whole
 in one process, so a module's fixtures are made once. The modules that read
-``trainers`` (SHARED) form three units, so the two processes share the trainers' runs
-too: the dense parity layouts of gpt, those of llama, and every other module that
+``trainers`` (SHARED) form four units, so the two processes share the trainers' runs
+too: the dense parity layouts of gpt, those of llama, every other module that
 reads them (MoE layouts, memory, precision, compression, eval, the planner's
-measurements). A case two units read (a one-rank reference) runs once per process
+measurements), and the checkpoints' resume and reshard runs. A case two units read (a one-rank reference) runs once per process
 that needs it. Every other test file is a unit of its own.
 
 Note [one compile per run]: the compiled CPU kernels are built once for the whole
@@ -45,13 +45,15 @@ from parity.batch import Batches  # tests/ is on sys.path for this file (no __in
 
 
 SHARED = (
-    "tests/parity/test_compress.py", "tests/parity/test_memory.py",
+    "tests/checkpoint/test_resume.py", "tests/parity/test_compress.py", "tests/parity/test_memory.py",
     "tests/parity/test_parity.py", "tests/parity/test_parity_precision.py", "tests/parity/test_planned.py",
     "tests/planner/test_context_memory.py", "tests/planner/test_measured.py",
 )
 """The modules that read ``trainers`` (those defining ``cases_of``)."""
 PARITY_LAYOUTS = "tests/parity/test_parity.py::test_layout_matches_single_rank["
-SHARED_UNITS = ("trainers-gpt", "trainers-llama", "trainers")
+OWN_UNITS = {"tests/checkpoint/test_resume.py": "trainers-checkpoints"}
+"""SHARED modules whose runs share nothing with the others': a unit of their own."""
+SHARED_UNITS = ("trainers-gpt", "trainers-llama", "trainers", "trainers-checkpoints")
 """The SHARED units, longest first (xdist hands them out in this order)."""
 KERNEL_FREE = ("tests/dsl/", "tests/test_")
 """Test files that run no model, so never the compiled kernels (Note [one compile per run])."""
@@ -62,6 +64,8 @@ def unit_of(nodeid: str) -> str:
     path = nodeid.split("::")[0]
     if path not in SHARED:
         return path
+    if path in OWN_UNITS:
+        return OWN_UNITS[path]
     if nodeid.startswith(PARITY_LAYOUTS):  # ...[tp2-sp-gpt]: split by the model
         return f"trainers-{nodeid.rstrip(']').rsplit('-', 1)[1]}"
     return "trainers"

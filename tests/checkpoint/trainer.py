@@ -80,11 +80,15 @@ def env(**extra) -> dict:
     return dict(clean, OMP_NUM_THREADS="1", PYTHONHASHSEED="0", CUDA_VISIBLE_DEVICES="", **extra)
 
 
-def build(layout: str, out: Path, *, spec: str = "gpt.par", extra: tuple[str, ...] = ()) -> Path:
+def overrides(layout: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """The ``--set``s of ``layout``'s build of the parity GPT."""
     sets, ranks = LAYOUTS[layout]
     nodes = [] if any(s.startswith("mesh.devices_per_node=") for s in sets) else [f"mesh.devices_per_node={ranks}"]
-    overrides = [*sets, *nodes, f"train.steps={STEPS}", "model.vocab=250", *extra]
-    return Path(build_to(SPECS / spec, out, overrides))
+    return [*sets, *nodes, f"train.steps={STEPS}", "model.vocab=250", *extra]
+
+
+def build(layout: str, out: Path, *, spec: str = "gpt.par", extra: tuple[str, ...] = ()) -> Path:
+    return Path(build_to(SPECS / spec, out, overrides(layout, extra)))
 
 
 def command(build_dir: Path, ranks: int, args: list[str], *, script: Path | None = None,

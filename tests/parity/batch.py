@@ -40,7 +40,15 @@ class Case:
     overrides: tuple[str, ...]
     nproc: int
     args: tuple[str, ...] = ()
-    """Trainer flags besides ``--metrics-jsonl`` (which each case gets in its build folder)."""
+    """Trainer flags besides ``--metrics-jsonl`` (which each case gets in its build folder).
+    ``{build}`` in one stands for this case's build folder, ``{build:NAME}`` for case NAME's
+    (one of an earlier phase: its checkpoints, say)."""
+    phase: int = 0
+    """Cases run in phases: every wanted case of a phase before any of the next (a resume
+    reads what an earlier phase's run saved, whatever its world size)."""
+    script: str | None = None
+    """Run this script with the build folder as its first argument instead of the build's
+    ``train.py`` (tests/checkpoint/reshard_worker.py wraps a trainer)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,8 @@ class Result:
     build: Path | None
     records: list | None
     failure: str = ""
+    log: Path | None = None
+    """Rank 0's stdout and stderr of the run."""
 
 
 class Batches:
@@ -62,7 +72,13 @@ class Batches:
     def run(self, case: Case) -> Result:
         """The case's build and records; a failed case raises ``AssertionError`` with its logs."""
         if case.name not in self.results:
-            batch = [c for c in self.wanted if c.nproc == case.nproc and c.name not in self.results]
+            for phase in range(case.phase):
+                for nproc in sorted({c.nproc for c in self.wanted if c.phase == phase}):
+                    earlier = [c for c in self.wanted if (c.phase, c.nproc) == (phase, nproc)]
+                    if any(c.name not in self.results for c in earlier):
+                        self.run(next(c for c in earlier if c.name not in self.results))
+            batch = [c for c in self.wanted
+                     if (c.nproc, c.phase) == (case.nproc, case.phase) and c.name not in self.results]
             batch += [] if case in batch else [case]
             self.results.update(self._run(batch))
         result = self.results[case.name]
@@ -81,30 +97,36 @@ class Batches:
                 built.append((case, Path(build_to(SPECS / case.spec, out, list(case.overrides)))))
             except Exception:  # noqa: BLE001 - this case's failure, not the batch's
                 results[case.name] = Result(None, None, f"parc build failed for {case.name}:\n{traceback.format_exc()}")
+        folders = {name: result.build for name, result in self.results.items()}
+        folders.update((case.name, build_dir) for case, build_dir in built)
         launch = 0
         while built:
             folder = self.tmp_path_factory.mktemp(f"launch-{cases[0].nproc}ranks-{launch}")
-            finished, failure = launch_batch(built, cases[0].nproc, folder)
-            for case, build_dir in built[:finished]:
+            finished, failure = launch_batch(built, cases[0].nproc, folder, folders)
+            for index, (case, build_dir) in enumerate(built[:finished]):
                 metrics = build_dir / "metrics.jsonl"
                 rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-                results[case.name] = Result(build_dir, rows)
+                results[case.name] = Result(build_dir, rows, log=folder / f"{index:02d}-{case.name}" / "rank0.log")
             if finished < len(built):
                 case, build_dir = built[finished]
-                results[case.name] = Result(build_dir, None, failure)
+                results[case.name] = Result(build_dir, None, failure, folder / f"{finished:02d}-{case.name}" / "rank0.log")
             built, launch = built[finished + 1:], launch + 1
         return results
 
 
-def launch_batch(built: list[tuple[Case, Path]], nproc: int, folder: Path) -> tuple[int, str]:
-    """Run ``built`` in one launch; (how many finished, why the next one failed)."""
+def launch_batch(built: list[tuple[Case, Path]], nproc: int, folder: Path, folders: dict[str, Path]) -> tuple[int, str]:
+    """Run ``built`` in one launch; (how many finished, why the next one failed).
+    ``folders``: every case's build folder by name, for the ``{build:NAME}`` in the flags."""
     runs = []
     for index, (case, build_dir) in enumerate(built):
         logs = folder / f"{index:02d}-{case.name}"
         logs.mkdir()
         (build_dir / "metrics.jsonl").unlink(missing_ok=True)
-        args = ["--metrics-jsonl", str(build_dir / "metrics.jsonl"), *case.args]
-        runs.append({"train": str(build_dir / "train.py"), "args": args, "logs": str(logs)})
+        args = ["--metrics-jsonl", str(build_dir / "metrics.jsonl"), *(_place(a, build_dir, folders) for a in case.args)]
+        train = str(build_dir / "train.py")
+        if case.script is not None:
+            train, args = case.script, [str(build_dir), *args]
+        runs.append({"train": train, "args": args, "logs": str(logs)})
     plan = folder / "runs.json"
     plan.write_text(json.dumps({"runs": runs}, indent=1))
     command = [str(TORCHRUN), f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
@@ -118,6 +140,18 @@ def launch_batch(built: list[tuple[Case, Path]], nproc: int, folder: Path) -> tu
     case, build_dir = built[finished]
     why = f"stalled for {STALL_TIMEOUT:.0f} s" if stalled else f"torchrun exit {process.returncode}"
     return finished, _failure_text(case, build_dir, Path(runs[finished]["logs"]), folder / "torchrun.out", why)
+
+
+def _place(arg: str, build_dir: Path, folders: dict[str, Path]) -> str:
+    """``arg`` with ``{build}`` and ``{build:NAME}`` replaced by those folders."""
+    if "{build" not in arg:
+        return arg
+    head, _, rest = arg.partition("{build")
+    name, _, tail = rest.partition("}")
+    folder = build_dir if not name else folders.get(name.removeprefix(":"))
+    if folder is None:  # that case's build failed: the flag names what is missing
+        return f"{head}<no build of {name.removeprefix(':')}>{tail}"
+    return f"{head}{folder}{tail}"
 
 
 def _done(run: dict, nproc: int) -> bool:

@@ -136,6 +136,7 @@ def gloo_threads() -> int:
 def run_one(run: dict, rank: int, rng_state) -> None:
     purge_runtime()
     folder = os.path.dirname(os.path.abspath(run["train"]))
+    path = list(sys.path)  # a wrapping script may add the build folder (tests/checkpoint/reshard_worker.py)
     sys.path[0] = folder
     sys.argv = [run["train"], *run["args"]]
     torch.set_rng_state(rng_state)
@@ -146,6 +147,7 @@ def run_one(run: dict, rank: int, rng_state) -> None:
         if left:  # Note [groups die before Python does] in runtime/distributed/mesh.py
             raise RuntimeError(f"{left} gloo threads outlived the trainer: something still holds a process group")
     finally:
+        sys.path[:] = path
         signal.signal(signal.SIGTERM, sigterm)
         if dist.is_initialized():  # the trainer ended early: leave no group to the next run
             dist.destroy_process_group()
