@@ -10,8 +10,11 @@ loss. Configs parc cannot hold are refused naming the key, with nothing written.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,9 +24,10 @@ from parc.codegen.build import build_to
 from parc.codegen.cli import main as parc_main
 from parc.dsl import load
 from parc.runtime.train import data
+from parity.batch import Case
 
 from .hf_models import SEQ, VOCAB, hf_loss, write
-from .trainer import records, run
+from .trainer import run
 
 KINDS = ("gpt2", "llama", "mixtral")
 TWO = "mesh.devices_per_node=2"
@@ -39,20 +43,20 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
 BATCH = ["train.global_batch=4", "train.micro_batch=2"]
 
 
+@functools.cache
+def imported_folders(kind: str) -> tuple[Path, Path]:
+    """(the transformers folder, the ``parc import`` output) of ``kind``, made once a process
+    (the trainers' cases name the imported spec before any fixture runs)."""
+    root = Path(tempfile.mkdtemp(prefix=f"parc-hf-{kind}-"))
+    hf = write(kind, root / kind)
+    assert parc_main(["import", str(hf), "-o", str(root / "parc")]) == 0
+    return hf, root / "parc"
+
+
 @pytest.fixture(scope="module")
-def imported(tmp_path_factory):
+def imported():
     """``imported(kind)``: (the transformers folder, the ``parc import`` output), made once."""
-    cache = {}
-
-    def get(kind: str):
-        if kind not in cache:
-            root = tmp_path_factory.mktemp(f"hf_{kind}")
-            hf = write(kind, root / kind)
-            assert parc_main(["import", str(hf), "-o", str(root / "parc")]) == 0
-            cache[kind] = (hf, root / "parc")
-        return cache[kind]
-
-    return get
+    return imported_folders
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -88,30 +92,41 @@ def test_the_spec_cites_each_config_key_and_is_canonical(imported, capsys):
     assert info["weights_only"] and info["step"] == 0 and info["model"]["padded_vocab"] == 256
 
 
-def step_losses(spec, build_dir, layout: str, *args: str, extra=()) -> dict[int, float]:
-    sets, ranks = LAYOUTS[layout]
-    build_to(spec, build_dir, [*sets, *BATCH, *extra])
-    metrics = build_dir / "metrics.jsonl"
-    done = run(build_dir, ranks, ["--metrics-jsonl", str(metrics), *args])
-    assert "initialized from" in done.stdout, done.stdout
-    return {row["step"]: row["loss"] for row in records(metrics)}
-
-
-@pytest.mark.parametrize("kind, layout", [
+STEP_ONE = [
     *[(kind, layout) for kind in KINDS for layout in ("one", "tp2")],
     ("llama", "pp2"), ("gpt2", "zero3_dp2"), ("mixtral", "ep2_dp2"), ("llama", "cp2_ring"),
-])
-def test_step_one_loss_from_the_import_is_transformers_loss(kind, layout, imported, tmp_path):
-    hf, out = imported(kind)
+]
+FINE_TUNE = ("llama", "one")
+"""This row trains 4 steps at a higher rate as well: a short fine-tune, whose loss falls."""
+
+
+def step_one_case(kind: str, layout: str) -> Case:
+    """The imported ``kind`` trained from its weights in ``layout`` (tests/conftest.py's ``trainers``)."""
+    _, out = imported_folders(kind)
+    sets, ranks = LAYOUTS[layout]
+    fast = ["train.optimizer=adamw(lr = 3e-3)", "train.schedule=constant"] if (kind, layout) == FINE_TUNE else []
+    return Case(f"hf-{kind}-{layout}", str(out / "model.par"), (*sets, *BATCH, *fast), ranks,
+                ("--steps", "4" if fast else "1"))
+
+
+def cases_of(item) -> list[Case]:
+    """The runs a selected test of this module reads."""
+    if item.originalname == "test_step_one_loss_from_the_import_is_transformers_loss":
+        return [step_one_case(item.callspec.params["kind"], item.callspec.params["layout"])]
+    return []
+
+
+@pytest.mark.parametrize("kind, layout", STEP_ONE)
+def test_step_one_loss_from_the_import_is_transformers_loss(kind, layout, trainers):
+    hf, out = imported_folders(kind)
     spec = load(str(out / "model.par"), BATCH)
     inputs, targets = data.SyntheticTokens(VOCAB, SEQ, seed=spec.train.seed).batch(range(spec.train.global_batch))
     expected = hf_loss(hf, inputs, targets)
-    if layout == "one" and kind == "llama":  # a short fine-tune: the loss falls
-        fast = ["train.optimizer=adamw(lr = 3e-3)", "train.schedule=constant"]
-        losses = step_losses(out / "model.par", tmp_path / "build", layout, "--steps", "4", extra=fast)
+    done = trainers.run(step_one_case(kind, layout))
+    assert "initialized from" in done.log.read_text()
+    losses = {row["step"]: row["loss"] for row in done.records}
+    if (kind, layout) == FINE_TUNE:
         assert losses[4] < losses[1] - 0.05, losses
-    else:
-        losses = step_losses(out / "model.par", tmp_path / "build", layout, "--steps", "1")
     assert abs(losses[1] - expected) <= 1e-4 * expected, (losses[1], expected)
 
 

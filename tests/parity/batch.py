@@ -126,7 +126,7 @@ def launch_batch(built: list[tuple[Case, Path]], nproc: int, folder: Path, folde
         train = str(build_dir / "train.py")
         if case.script is not None:
             train, args = case.script, [str(build_dir), *args]
-        runs.append({"train": train, "args": args, "logs": str(logs)})
+        runs.append({"train": train, "args": args, "logs": str(logs), "cwd": str(build_dir)})
     plan = folder / "runs.json"
     plan.write_text(json.dumps({"runs": runs}, indent=1))
     command = [str(TORCHRUN), f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
