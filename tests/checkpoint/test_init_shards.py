@@ -17,8 +17,9 @@ import torch
 
 from parc.runtime.checkpoints import checkpoint
 from parc.runtime.models.param_init import full_init
+from parity.batch import Case
 
-from .trainer import LAYOUTS, RESHARD_WORKER, build, run
+from .trainer import LAYOUTS, RESHARD_WORKER, overrides
 
 CASES = [  # (spec, layout, the one-rank layout it must equal)
     ("gpt.par", "tp2", "one"), ("gpt.par", "pp2", "one"), ("gpt.par", "zero3_dp2", "one"),
@@ -28,20 +29,30 @@ CASES = [  # (spec, layout, the one-rank layout it must equal)
 ]
 
 
-@pytest.fixture(scope="module")
-def initial(tmp_path_factory):
-    """``initial(spec, layout)``: the model tensors the layout's trainer starts from."""
-    cache = {}
+def initial_case(spec: str, layout: str) -> Case:
+    """The layout's trainer saving the state it starts from (step 0), in the trainers' launches."""
+    return Case(f"init-{spec[:-4]}-{layout}", spec, tuple(overrides(layout)), LAYOUTS[layout][1],
+                ("--steps", "1", "--checkpoint-dir", "{build}/ck"), script=str(RESHARD_WORKER))
 
-    def get(spec: str, layout: str) -> dict[str, torch.Tensor]:
-        if (spec, layout) not in cache:
-            out = tmp_path_factory.mktemp(f"init_{spec[:-4]}_{layout}")
-            build_dir = build(layout, out / "build", spec=spec)
-            run(build_dir, LAYOUTS[layout][1], [str(build_dir), "--steps", "1", "--checkpoint-dir", str(out / "ck")],
-                script=RESHARD_WORKER)
-            seed = int(re.search(r"^SEED = (\d+)", (build_dir / "train.py").read_text(), re.M).group(1))
-            cache[spec, layout] = seed, checkpoint.read_full(str(out / "ck" / "step_000000"), "model.")
-        return cache[spec, layout]
+
+def cases_of(item) -> list[Case]:
+    """The runs a selected test of this module reads (tests/conftest.py's ``trainers``)."""
+    params = item.callspec.params
+    if item.originalname == "test_sharded_init_equals_one_rank":
+        return [initial_case(params["spec"], params["layout"]), initial_case(params["spec"], params["one"])]
+    if item.originalname == "test_one_rank_init_is_full_init":
+        return [initial_case(params["spec"], "one")]
+    return []
+
+
+@pytest.fixture
+def initial(trainers):
+    """``initial(spec, layout)``: (the seed, the model tensors the layout's trainer starts from)."""
+
+    def get(spec: str, layout: str) -> tuple[int, dict[str, torch.Tensor]]:
+        build_dir = trainers.run(initial_case(spec, layout)).build
+        seed = int(re.search(r"^SEED = (\d+)", (build_dir / "train.py").read_text(), re.M).group(1))
+        return seed, checkpoint.read_full(str(build_dir / "ck" / "step_000000"), "model.")
 
     return get
 
