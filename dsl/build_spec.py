@@ -120,11 +120,13 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         top_k=model.get("top_k", 2),
         expert_ffn=model.get("expert_ffn"),
         moe_every=model.get("moe_every", 1),
+        first_dense_layers=model.get("first_dense_layers", 0),
         shared_experts=model.get("shared_experts", 0),
         router=model.get("router", "softmax"),
         capacity_factor=_capacity(model.get("capacity_factor", "none")),
         aux_loss=float(model.get("aux_loss", 0.01)),
         z_loss=float(model.get("z_loss", 0.0)),
+        router_bias_update=float(model.get("router_bias_update", 0.0)),
         documents=model.get("documents", "joined"),
         routing_imbalance=float(model.get("routing_imbalance", 1.0)),
     )

@@ -108,13 +108,16 @@ def grouped_linear(x, weight, counts):
     return torch.cat(outs) if outs else x.new_zeros(0, weight.shape[1])
 
 
-def route(logits, *, top_k: int, router: str, capacity_factor: float | None):
+def route(logits, *, top_k: int, router: str, capacity_factor: float | None, bias=None):
     """Note [deterministic dropless routing]. ``logits`` (N, E) → (experts (N, K) int64,
-    weights (N, K), kept (N, K) bool, probs (N, E) for the aux loss)."""
+    weights (N, K), kept (N, K) bool, probs (N, E) for the aux loss). ``bias`` (E,): added
+    to the scores only to choose the top_k (router_bias.py, Note [auxiliary-loss-free
+    balancing]); the weights are the unbiased scores'."""
     N, E = logits.shape
     logits = logits.float()
     scores = torch.softmax(logits, -1) if router == "softmax" else torch.sigmoid(logits)
-    experts = torch.sort(scores.detach(), dim=-1, descending=True, stable=True).indices[:, :top_k]
+    choice = scores.detach() if bias is None else scores.detach() + bias.to(scores.device, scores.dtype)
+    experts = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
     chosen = scores.gather(1, experts)
     weights = chosen / chosen.sum(-1, keepdim=True)
     probs = scores if router == "softmax" else scores / scores.sum(-1, keepdim=True)
@@ -184,6 +187,10 @@ class MoEMLP(nn.Module):
         self.llama, self.experts_count = config.arch == "llama", E
         self.top_k, self.router_kind, self.capacity = config.top_k, config.router, config.capacity_factor
         self.aux_coeff, self.z_coeff = config.aux_loss, config.z_loss
+        # Note [auxiliary-loss-free balancing] (router_bias.py): a buffer, not trained; on the
+        # CPU while the model is built on the meta device, moved with the model
+        self.bias_rate = config.router_bias_update
+        self.register_buffer("router_bias", torch.zeros(E, device="cpu") if self.bias_rate else None)
         self.router = nn.Linear(C, E, bias=False)
         self.experts = nn.Module()
         if self.llama:
@@ -235,7 +242,7 @@ class MoEMLP(nn.Module):
         tokens = x.reshape(-1, shape[-1])  # (N, C)
         logits = self.router(tokens)  # (N, E)
         experts, weights, kept, probs = route(
-            logits, top_k=self.top_k, router=self.router_kind, capacity_factor=self.capacity
+            logits, top_k=self.top_k, router=self.router_kind, capacity_factor=self.capacity, bias=self.router_bias
         )
         slot_token = torch.arange(tokens.shape[0], device=x.device).repeat_interleave(self.top_k)
         slot_expert, slot_weight = experts.reshape(-1), weights.reshape(-1)
@@ -451,6 +458,13 @@ def reduce_expert_grads(model: nn.Module, edp_group, *, data_ranks: int, reduce_
     mean_of_group(experts, edp_group, data_ranks, reduce_dtype=reduce_dtype)
 
 
+def moe_blocks(model: nn.Module):
+    """(block index, its ``MoEMLP``) for each MoE block this rank holds."""
+    for name, module in model.named_modules():
+        if isinstance(module, MoEMLP):
+            yield int(name.split("layers.")[1].split(".")[0]), module
+
+
 def moe_layers(model: nn.Module) -> list[MoEMLP]:
     return [m for m in model.modules() if isinstance(m, MoEMLP)]
 
@@ -472,10 +486,7 @@ def step_metrics(model: nn.Module, config, *, micro_batches: int, stage_ranks: i
     index = [i for i in range(config.layers) if config.is_moe(i)]
     E = config.experts
     values = torch.zeros(2 + len(index) * E, dtype=torch.float64)
-    for name, module in model.named_modules():
-        if not isinstance(module, MoEMLP):
-            continue
-        layer = int(name.split("layers.")[1].split(".")[0])
+    for layer, module in moe_blocks(model):
         values[0] += module.aux_sum / micro_batches / stage_ranks
         values[1] += module.z_sum / micro_batches / stage_ranks
         row = 2 + index.index(layer) * E
