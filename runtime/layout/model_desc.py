@@ -257,6 +257,13 @@ class ModelDesc:
     def modules(self) -> tuple[ModuleDesc, ...]:
         return self.embed + tuple(m for b in self.blocks for m in b.modules) + self.head
 
+    @property
+    def typical_block(self) -> BlockDesc:
+        """The block the planner's per-block costs stand for: the first MoE block when there
+        are experts (the dense blocks' MLPs, ``first_dense_layers`` and ``moe_every``, are
+        priced apart: cost/experts.py), else block 0."""
+        return next((b for b in self.blocks if b.experts), self.blocks[0])
+
     def module(self, name: str) -> ModuleDesc:
         """The module called ``name``; KeyError for a name the model does not have."""
         return _by_name(self.config)[name]
