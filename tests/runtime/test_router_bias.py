@@ -3,9 +3,12 @@ auxiliary-loss-free balancing (runtime/parallel/expert/router_bias.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from parc.codegen import hf_names
 from parc.runtime.checkpoints import checkpoint_shards
 from parc.runtime.layout.model_desc import ModelConfig, describe
 from parc.runtime.parallel.expert import moe, router_bias
@@ -72,3 +75,13 @@ def test_bias_evens_a_skewed_routers_loads():
             router_bias.update_router_bias(model, tokens["expert_tokens"])
     assert ratios[0] > 2.0, ratios  # skewed before the bias moves
     assert max(ratios[-5:]) < 0.6 * ratios[0], ratios
+
+
+def test_no_hugging_face_class_holds_it():
+    record = dataclasses.asdict(config(first_dense_layers=1, router="sigmoid", router_bias_update=0.001))
+    with pytest.raises(hf_names.NoHfNames) as refused:
+        hf_names.links(record)
+    assert str(refused.value) == (
+        "Mixtral cannot hold this model (router = sigmoid; first_dense_layers = 1: dense blocks first; "
+        "router_bias_update = 0.001: a routing bias); DeepSeek-V3's class holds these only with multi-head "
+        "latent attention, which parc does not build: no Hugging Face names for it")
