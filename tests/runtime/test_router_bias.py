@@ -85,3 +85,19 @@ def test_no_hugging_face_class_holds_it():
         "Mixtral cannot hold this model (router = sigmoid; first_dense_layers = 1: dense blocks first; "
         "router_bias_update = 0.001: a routing bias); DeepSeek-V3's class holds these only with multi-head "
         "latent attention, which parc does not build: no Hugging Face names for it")
+
+
+def test_a_checkpoint_keeps_the_biases(tmp_path):
+    from parc.runtime.checkpoints.checkpoint import Checkpoints
+
+    cfg = config(layers=2, first_dense_layers=1, router_bias_update=0.1)
+    net = built.build(cfg, seed=3, kernels="eager")
+    saver = Checkpoints(str(tmp_path), every=1, model=net, optimizer=torch.optim.AdamW(net.parameters()),
+                        tp_group=None, config=cfg, layout="one rank", samples_per_step=1, rank=0, world_size=1,
+                        device=torch.device("cpu"))
+    bias = net.layers["1"].mlp.router_bias
+    bias.copy_(torch.linspace(-0.3, 0.4, 8))
+    path = saver.save(1)
+    bias.zero_()
+    assert saver.restore(path) == 1
+    assert torch.equal(bias, torch.linspace(-0.3, 0.4, 8))
