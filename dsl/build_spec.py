@@ -126,6 +126,7 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         capacity_factor=_capacity(model.get("capacity_factor", "none")),
         aux_loss=float(model.get("aux_loss", 0.01)),
         z_loss=float(model.get("z_loss", 0.0)),
+        aux_loss_scope=model.get("aux_loss_scope", "micro_batch"),
         router_bias_update=float(model.get("router_bias_update", 0.0)),
         documents=model.get("documents", "joined"),
         routing_imbalance=float(model.get("routing_imbalance", 1.0)),

@@ -39,6 +39,8 @@ def _moe_settings(spec: Spec, c) -> tuple[Setting, ...]:
         setting(spec, "CAPACITY_FACTOR", "model.capacity_factor", c.capacity_factor, "None: dropless"),
         setting(spec, "AUX_LOSS", "model.aux_loss", c.aux_loss, "load-balancing coefficient"),
         setting(spec, "Z_LOSS", "model.z_loss", c.z_loss, "router z-loss coefficient"),
+        *([setting(spec, "AUX_LOSS_SCOPE", "model.aux_loss_scope", c.aux_loss_scope,
+                   "the balance loss per sequence")] if c.aux_loss_scope != "micro_batch" else []),
         *([setting(spec, "ROUTER_BIAS_UPDATE", "model.router_bias_update", c.router_bias_update,
                    "auxiliary-loss-free balancing's rate")] if c.router_bias_update else []),
     )

@@ -36,6 +36,14 @@ MOE_KEYS = (
         minimum=0,
         doc="coefficient of the load-balancing loss (Switch/GShard)",
     ),
+    Param(
+        name="aux_loss_scope",
+        type="enum",
+        choices=("micro_batch", "sequence"),
+        default="micro_batch",
+        doc="the tokens the balance loss is taken over: the micro-batch's (Switch/GShard), or each "
+        "sequence's, averaged (DeepSeek-V3's sequence-wise loss, a small aux_loss beside the router bias)",
+    ),
     Param(name="z_loss", type="number", default="0", minimum=0, doc="coefficient of the router z-loss"),
     Param(
         name="router_bias_update",

@@ -62,6 +62,8 @@ class ModelConfig:
     """None: dropless."""
     aux_loss: float = 0.01
     z_loss: float = 0.0
+    aux_loss_scope: str = "micro_batch"
+    """``sequence``: the balance loss per sequence, averaged (DeepSeek-V3's sequence-wise loss)."""
     router_bias_update: float = 0.0
     """Auxiliary-loss-free balancing's rate (runtime/parallel/expert/balance.py); 0: off."""
     documents: str = "joined"
@@ -73,6 +75,8 @@ class ModelConfig:
             raise ValueError(f"ModelConfig: arch must be 'gpt' or 'llama', not {self.arch!r}")
         if self.documents not in ("joined", "separate"):
             raise ValueError(f"ModelConfig: documents must be 'joined' or 'separate', not {self.documents!r}")
+        if self.aux_loss_scope not in ("micro_batch", "sequence"):
+            raise ValueError(f"ModelConfig: aux_loss_scope must be 'micro_batch' or 'sequence', not {self.aux_loss_scope!r}")
         if self.router not in ROUTERS:
             raise ValueError(f"ModelConfig: router must be one of {ROUTERS}, not {self.router!r}")
         shape = {"hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads,

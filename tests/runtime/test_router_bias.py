@@ -101,3 +101,20 @@ def test_a_checkpoint_keeps_the_biases(tmp_path):
     bias.zero_()
     assert saver.restore(path) == 1
     assert torch.equal(bias, torch.linspace(-0.3, 0.4, 8))
+
+
+def test_the_sequence_wise_loss_is_each_sequences_loss_averaged():
+    model = built.build(config(layers=1, aux_loss_scope="sequence", z_loss=0.001), seed=3, kernels="eager").double()
+    layer = model.layers["0"].mlp
+    x = torch.randn(3, 8, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+
+    def losses(rows, sequences):
+        logits = layer.router(rows.reshape(-1, 16))
+        experts, _, _, probs = moe.route(logits, top_k=2, router="softmax", capacity_factor=None)
+        return layer.aux_losses(logits, probs, experts, sequences=sequences)
+
+    each = [losses(x[i : i + 1], 1) for i in range(3)]
+    balance, z = losses(x, 3)
+    assert torch.allclose(balance, sum(b for b, _ in each) / 3, rtol=1e-12)
+    assert torch.allclose(z, sum(z for _, z in each) / 3, rtol=1e-12)
+    assert not torch.allclose(balance, losses(x, 1)[0])  # not the micro-batch's
