@@ -116,9 +116,16 @@ def _check_mixtral(config: dict) -> None:
         (f"moe_every = {config.get('moe_every')}: dense blocks between MoE ones", config.get("moe_every", 1) != 1),
         (f"shared_experts = {config.get('shared_experts')}", config.get("shared_experts", 0) != 0),
         (f"router = {config.get('router')}", config.get("router", "softmax") != "softmax"),
+        (f"first_dense_layers = {config.get('first_dense_layers')}: dense blocks first",
+         config.get("first_dense_layers", 0) != 0),
+        (f"router_bias_update = {config.get('router_bias_update')}: a routing bias",
+         config.get("router_bias_update", 0) != 0),
     ) if differs]
     if unlike:
-        raise NoHfNames(f"Mixtral cannot hold this model ({'; '.join(unlike)}): no Hugging Face names for it")
+        deepseek = any(config.get(k) for k in ("first_dense_layers", "router_bias_update", "shared_experts"))
+        why = ("; DeepSeek-V3's class holds these only with multi-head latent attention, which parc does not build"
+               if deepseek else "")
+        raise NoHfNames(f"Mixtral cannot hold this model ({'; '.join(unlike)}){why}: no Hugging Face names for it")
 
 
 def links(config: dict) -> tuple[Link, ...]:

@@ -20,6 +20,11 @@ def has_experts(plan: Plan) -> bool:
     return any(s.name == "EXPERTS" and s.value for s in plan.model.settings)
 
 
+def balances_by_bias(plan: Plan) -> bool:
+    """``model.router_bias_update > 0``: the router biases move after each step (router_bias.py)."""
+    return any(s.name == "ROUTER_BIAS_UPDATE" and s.value for s in plan.model.settings)
+
+
 def parameter_words(plan: Plan) -> str:
     """``1,234 parameters``, or ``1,234 parameters (567 active per token)`` with experts."""
     words = f"{plan.model.parameters:,} parameters"
@@ -152,7 +157,11 @@ def metric_lines(plan: Plan) -> list[str]:
         f"    net, config, micro_batches=GRAD_ACCUM, stage_ranks={data_ranks(plan)} * TP, replicas={replicas},"
         " device=dist.device",
         ")",
-    ]
+    ] + ([
+        "# Note [auxiliary-loss-free balancing] (router_bias.py): each expert's bias moves by",
+        "# ROUTER_BIAS_UPDATE toward the mean load, from the step's tokens over every rank",
+        'router_bias.update_router_bias(net, moe_metrics["expert_tokens"])',
+    ] if balances_by_bias(plan) else [])
 
 
 def record_lines(plan: Plan) -> list[str]:

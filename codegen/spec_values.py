@@ -28,6 +28,7 @@ def spec_values(spec: Spec) -> dict:
         "name": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
         "kv_heads": m.kv_heads if kv_written else None,  # the default (= heads) adds nothing to check
         "experts": m.experts, "top_k": m.top_k, "expert_ffn": m.expert_ffn,
+        "first_dense_layers": m.first_dense_layers,
         "moe_written": tuple(k.name for k in MOE_KEYS[1:] if spec.span(f"model.{k.name}") is not None),
         "capacity_factor": m.capacity_factor, "ep": par.ep, "etp": par.etp,
         "ffn": m.ffn, "vocab": m.vocab, "pad_vocab_to": m.pad_vocab_to, "seq_len": m.seq_len, "dropout": m.dropout,

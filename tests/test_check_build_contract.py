@@ -36,7 +36,8 @@ from parc.dsl.parse import parse
 from parc.dsl.validate import schema_errors
 
 EXAMPLES = sorted(str(p) for p in Path("examples").glob("*.par"))
-AUTO = {"examples/gpt3-175b.par", "examples/gpt-1t.par", "examples/llama3-8b-32k.par", "examples/mixtral-8x7b.par"}
+AUTO = {"examples/gpt3-175b.par", "examples/gpt-1t.par", "examples/llama3-8b-32k.par", "examples/mixtral-8x7b.par",
+        "examples/deepseek-moe.par"}
 
 SWEEP = {
     "parallel.zero": ["0", "1", "2", "3"],

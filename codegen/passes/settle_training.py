@@ -32,11 +32,17 @@ def _moe_settings(spec: Spec, c) -> tuple[Setting, ...]:
         setting(spec, "TOP_K", "model.top_k", c.top_k, "experts per token"),
         setting(spec, "EXPERT_FFN", "model.expert_ffn", c.expert_hidden, "hidden size of each expert"),
         setting(spec, "MOE_EVERY", "model.moe_every", c.moe_every, "blocks 0, N, 2N, ... are MoE"),
+        *([setting(spec, "FIRST_DENSE_LAYERS", "model.first_dense_layers", c.first_dense_layers,
+                   "blocks before it are dense")] if c.first_dense_layers else []),
         setting(spec, "SHARED_EXPERTS", "model.shared_experts", c.shared_experts),
         setting(spec, "ROUTER", "model.router", c.router),
         setting(spec, "CAPACITY_FACTOR", "model.capacity_factor", c.capacity_factor, "None: dropless"),
         setting(spec, "AUX_LOSS", "model.aux_loss", c.aux_loss, "load-balancing coefficient"),
         setting(spec, "Z_LOSS", "model.z_loss", c.z_loss, "router z-loss coefficient"),
+        *([setting(spec, "AUX_LOSS_SCOPE", "model.aux_loss_scope", c.aux_loss_scope,
+                   "the balance loss per sequence")] if c.aux_loss_scope != "micro_batch" else []),
+        *([setting(spec, "ROUTER_BIAS_UPDATE", "model.router_bias_update", c.router_bias_update,
+                   "auxiliary-loss-free balancing's rate")] if c.router_bias_update else []),
     )
 
 

@@ -10,6 +10,8 @@ MOE_KEYS = (
     _int("expert_ffn", "hidden size of each expert's MLP", default="ffn"),
     _int("moe_every", "every N-th block is MoE (blocks 0, N, 2N, ...; as Megatron's moe_layer_freq)",
          default="1"),
+    _int("first_dense_layers", "the first k blocks are dense, the MoE blocks follow (DeepSeek's "
+         "first_k_dense_replace; with moe_every, blocks i ≥ k with i % moe_every = 0)", minimum=0, default="0"),
     _int("shared_experts", "always-on experts (DeepSeek), one MLP of shared_experts·expert_ffn",
          minimum=0, default="0"),
     Param(
@@ -34,7 +36,23 @@ MOE_KEYS = (
         minimum=0,
         doc="coefficient of the load-balancing loss (Switch/GShard)",
     ),
+    Param(
+        name="aux_loss_scope",
+        type="enum",
+        choices=("micro_batch", "sequence"),
+        default="micro_batch",
+        doc="the tokens the balance loss is taken over: the micro-batch's (Switch/GShard), or each "
+        "sequence's, averaged (DeepSeek-V3's sequence-wise loss, a small aux_loss beside the router bias)",
+    ),
     Param(name="z_loss", type="number", default="0", minimum=0, doc="coefficient of the router z-loss"),
+    Param(
+        name="router_bias_update",
+        type="number",
+        default="0",
+        minimum=0,
+        doc="auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores only to "
+        "choose the top_k, after each step bias += r·sign(mean load − load); 0: off",
+    ),
     Param(
         name="routing_imbalance",
         type="number",

@@ -102,7 +102,7 @@ class Checkpoints:
             os.makedirs(temporary)
         self._barrier()
         optimizer_step = shards.optimizer_step(self.optimizer)
-        pieces = self._model_pieces(saving=True)
+        pieces = self._model_pieces(saving=True) + shards.buffer_pieces(self.model)
         pieces += shards.optimizer_pieces(self.params, self.optimizer, saving=True)
         state = _rng_state(self.rank, self.device)
         state["optim.step"] = torch.tensor(optimizer_step, dtype=torch.int64)
@@ -173,7 +173,7 @@ class Checkpoints:
         if info.get("weights_only"):  # parc import's: no moments, no step (checkpoint_init.py)
             raise self._refuse(f"{path} holds weights only (parc import): start from it with --init-from {path}")
         optimizer_step = info["optimizer_step"]
-        pieces = self._model_pieces(saving=False)
+        pieces = self._model_pieces(saving=False) + shards.buffer_pieces(self.model)
         if optimizer_step > 0:
             shards.prepare_state(self.optimizer, optimizer_step)
             pieces += shards.optimizer_pieces(self.params, self.optimizer, saving=False)

@@ -126,6 +126,20 @@ def model_pieces(params: list[LocalParameter], *, saving: bool, optimizer=None) 
     ]
 
 
+def buffer_pieces(model) -> list[Piece]:
+    """The model's persistent buffers (the MoE router biases, Note [auxiliary-loss-free
+    balancing] in router_bias.py), each whole: every rank holding one holds the same values."""
+    out = []
+    for chunk in _chunks(model):
+        for module_name, module in chunk.named_modules():
+            base = getattr(module, "init_name", module_name)
+            for attr, buffer in module._buffers.items():
+                if buffer is not None and attr not in module._non_persistent_buffers_set:
+                    name = f"model.{base}.{attr}" if base else f"model.{attr}"
+                    out.append(Piece(name, tuple(buffer.shape), (0,) * buffer.dim(), buffer))
+    return out
+
+
 def loaded(optimizer) -> None:
     """After a load into the fp32 masters (``stored``, ``master_shards``): the compute
     weights get their rounded values."""

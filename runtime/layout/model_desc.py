@@ -54,12 +54,18 @@ class ModelConfig:
     expert_ffn: int | None = None
     """Hidden size of each expert (None: ``ffn``); read it as ``expert_hidden``."""
     moe_every: int = 1
+    first_dense_layers: int = 0
+    """The first k blocks are dense (DeepSeek's ``first_k_dense_replace``): ``is_moe``."""
     shared_experts: int = 0
     router: str = "softmax"
     capacity_factor: float | None = None
     """None: dropless."""
     aux_loss: float = 0.01
     z_loss: float = 0.0
+    aux_loss_scope: str = "micro_batch"
+    """``sequence``: the balance loss per sequence, averaged (DeepSeek-V3's sequence-wise loss)."""
+    router_bias_update: float = 0.0
+    """Auxiliary-loss-free balancing's rate (runtime/parallel/expert/balance.py); 0: off."""
     documents: str = "joined"
     """``separate``: attention and positions stay inside each document of a sequence
     (runtime/models/documents.py); ``joined``: they cross documents."""
@@ -69,10 +75,13 @@ class ModelConfig:
             raise ValueError(f"ModelConfig: arch must be 'gpt' or 'llama', not {self.arch!r}")
         if self.documents not in ("joined", "separate"):
             raise ValueError(f"ModelConfig: documents must be 'joined' or 'separate', not {self.documents!r}")
+        if self.aux_loss_scope not in ("micro_batch", "sequence"):
+            raise ValueError(f"ModelConfig: aux_loss_scope must be 'micro_batch' or 'sequence', not {self.aux_loss_scope!r}")
         if self.router not in ROUTERS:
             raise ValueError(f"ModelConfig: router must be one of {ROUTERS}, not {self.router!r}")
         shape = {"hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads,
-                 "experts": self.experts, "top_k": self.top_k}
+                 "experts": self.experts, "top_k": self.top_k, "layers": self.layers,
+                 "first_dense_layers": self.first_dense_layers}
         for violation in violations(shape):  # the rules parc check applies (model_rules.py)
             raise ValueError(f"ModelConfig: {violation.message}")
         if self.padded_vocab < self.vocab:
@@ -87,9 +96,10 @@ class ModelConfig:
         return self.ffn if self.expert_ffn is None else self.expert_ffn
 
     def is_moe(self, index: int) -> bool:
-        """Whether block ``index`` is a mixture of experts: every ``moe_every``-th block,
-        from block 0 (Megatron's ``moe_layer_freq``)."""
-        return self.experts > 0 and index % self.moe_every == 0
+        """Whether block ``index`` is a mixture of experts: every ``moe_every``-th block
+        (Megatron's ``moe_layer_freq``) past the ``first_dense_layers`` dense ones, as
+        Hugging Face's DeepSeek-V3 (``i >= first_k_dense_replace and i % moe_layer_freq == 0``)."""
+        return self.experts > 0 and index >= self.first_dense_layers and index % self.moe_every == 0
 
 
 # ---- the description ---------------------------------------------------------------
@@ -250,6 +260,13 @@ class ModelDesc:
     @property
     def modules(self) -> tuple[ModuleDesc, ...]:
         return self.embed + tuple(m for b in self.blocks for m in b.modules) + self.head
+
+    @property
+    def typical_block(self) -> BlockDesc:
+        """The block the planner's per-block costs stand for: the first MoE block when there
+        are experts (the dense blocks' MLPs, ``first_dense_layers`` and ``moe_every``, are
+        priced apart: cost/experts.py), else block 0."""
+        return next((b for b in self.blocks if b.experts), self.blocks[0])
 
     def module(self, name: str) -> ModuleDesc:
         """The module called ``name``; KeyError for a name the model does not have."""

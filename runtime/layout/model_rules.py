@@ -57,3 +57,15 @@ def top_k_within_experts(experts, top_k):
     return _violation("PAR0230", ("model.top_k", "model.experts"),
                       f"top_k = {top_k} is more than experts = {experts}",
                       f"each token goes to top_k distinct experts: top_k must be at most {experts}")
+
+
+
+@rule("PAR0235")
+def dense_layers_leave_moe(experts, layers, first_dense_layers):
+    """``first_dense_layers = k`` makes blocks 0 .. k − 1 dense: some block must stay MoE."""
+    if experts == 0 or first_dense_layers < layers:
+        return None
+    return _violation("PAR0235", ("model.first_dense_layers", "model.layers"),
+                      f"first_dense_layers = {first_dense_layers} makes every one of the {layers} blocks dense, "
+                      f"so the {experts} experts are never used",
+                      f"first_dense_layers must be less than layers = {layers}: at most {layers - 1}")

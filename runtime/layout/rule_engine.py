@@ -36,6 +36,7 @@ KEYS = {
     "expert_ffn": "model.expert_ffn",
     "capacity_factor": "model.capacity_factor",
     "moe_written": "model.experts",
+    "first_dense_layers": "model.first_dense_layers",
     "ep": "parallel.ep",
     "etp": "parallel.etp",
     "dropout": "model.dropout",

@@ -217,6 +217,8 @@ ARCHS = ("gpt", "llama")
 
 MOE = dict(model__experts=4, model__top_k=2)
 """A tiny llama with 4 experts, top-2 (runtime/parallel/expert/moe.py), every block MoE unless a row says."""
+DEEPSEEK = dict(model__first_dense_layers=1, model__router="sigmoid", model__router_bias_update=0.05,
+                model__aux_loss_scope="sequence")
 MOE_LAYOUTS = {
     # experts replicated (ep = 1): every layout routes each token as one rank does
     "dp2": dict(dp=2),
@@ -282,6 +284,12 @@ MOE_LAYOUTS = {
     "gpt-cp2-ulysses-ep2": dict(arch="gpt", cp=2, parallel__cp_kind="ulysses", parallel__ep=2),
     "dp2-cp2-ep2-zero1": dict(dp=2, cp=2, parallel__cp_kind="allgather", parallel__ep=2, parallel__zero=1),
     "cp2-tp2-sp-ep2-etp2": dict(cp=2, tp=2, sp=True, parallel__cp_kind="ring", parallel__ep=2, parallel__etp=2),
+    # DeepSeek-style (router_bias.py, Note [auxiliary-loss-free balancing]): block 0 dense, a sigmoid
+    # router whose biases move after each step from the loads over every rank, the balance loss per
+    # sequence (summed over the ranks that split one under sp); one reference run
+    "ep2-deepseek": dict(dp=2, parallel__ep=2, **DEEPSEEK),
+    "ep2-pp2-deepseek": dict(dp=2, pp=2, parallel__ep=2, **DEEPSEEK),
+    "tp2-sp-deepseek": dict(tp=2, sp=True, **DEEPSEEK),
 }
 """Every step's loss, aux_loss (z_loss) and expert_tokens, and the first grad norm, vs one rank
 (the tiny llama unless a row says ``arch="gpt"``)."""

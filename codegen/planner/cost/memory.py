@@ -266,7 +266,7 @@ def autocast_block_weights(model: ModelSpec, tp: int) -> int:
     weight to a bf16 copy, which autograd saves for backward: one copy per weight and per
     micro-batch in flight (each forward is its own autocast region), none inside a
     fully recomputed block. Elements of one block's matmul weights on a tp rank."""
-    return sum(m.weight.numel(tp) for m in model.desc.blocks[0].modules if m.layer == LINEAR)
+    return sum(m.weight.numel(tp) for m in model.desc.typical_block.modules if m.layer == LINEAR)
 
 
 def _rank_block_kinds(model: ModelSpec, layout: Layout, rank: int, stage_layers=None):

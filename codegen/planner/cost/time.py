@@ -125,7 +125,7 @@ def model_flops_per_token(spec: Spec) -> float:
 def _block_gemms(model: ModelSpec, tp: int) -> tuple[tuple[int, int], ...]:
     """(out, in) of each linear weight of a block on one tp rank (model_desc.py): q, k, v,
     o, then the MLP's."""
-    block = model.desc.blocks[0]
+    block = model.desc.typical_block
     return tuple(m.weight.local_shape(tp) for m in block.modules if m.layer == LINEAR)
 
 

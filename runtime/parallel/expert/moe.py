@@ -108,13 +108,16 @@ def grouped_linear(x, weight, counts):
     return torch.cat(outs) if outs else x.new_zeros(0, weight.shape[1])
 
 
-def route(logits, *, top_k: int, router: str, capacity_factor: float | None):
+def route(logits, *, top_k: int, router: str, capacity_factor: float | None, bias=None):
     """Note [deterministic dropless routing]. ``logits`` (N, E) → (experts (N, K) int64,
-    weights (N, K), kept (N, K) bool, probs (N, E) for the aux loss)."""
+    weights (N, K), kept (N, K) bool, probs (N, E) for the aux loss). ``bias`` (E,): added
+    to the scores only to choose the top_k (router_bias.py, Note [auxiliary-loss-free
+    balancing]); the weights are the unbiased scores'."""
     N, E = logits.shape
     logits = logits.float()
     scores = torch.softmax(logits, -1) if router == "softmax" else torch.sigmoid(logits)
-    experts = torch.sort(scores.detach(), dim=-1, descending=True, stable=True).indices[:, :top_k]
+    choice = scores.detach() if bias is None else scores.detach() + bias.to(scores.device, scores.dtype)
+    experts = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
     chosen = scores.gather(1, experts)
     weights = chosen / chosen.sum(-1, keepdim=True)
     probs = scores if router == "softmax" else scores / scores.sum(-1, keepdim=True)
@@ -184,6 +187,11 @@ class MoEMLP(nn.Module):
         self.llama, self.experts_count = config.arch == "llama", E
         self.top_k, self.router_kind, self.capacity = config.top_k, config.router, config.capacity_factor
         self.aux_coeff, self.z_coeff = config.aux_loss, config.z_loss
+        self.per_sequence = config.aux_loss_scope == "sequence"  # Note [sequence-wise balance loss]
+        # Note [auxiliary-loss-free balancing] (router_bias.py): a buffer, not trained; on the
+        # CPU while the model is built on the meta device, moved with the model
+        self.bias_rate = config.router_bias_update
+        self.register_buffer("router_bias", torch.zeros(E, device="cpu") if self.bias_rate else None)
         self.router = nn.Linear(C, E, bias=False)
         self.experts = nn.Module()
         if self.llama:
@@ -235,7 +243,7 @@ class MoEMLP(nn.Module):
         tokens = x.reshape(-1, shape[-1])  # (N, C)
         logits = self.router(tokens)  # (N, E)
         experts, weights, kept, probs = route(
-            logits, top_k=self.top_k, router=self.router_kind, capacity_factor=self.capacity
+            logits, top_k=self.top_k, router=self.router_kind, capacity_factor=self.capacity, bias=self.router_bias
         )
         slot_token = torch.arange(tokens.shape[0], device=x.device).repeat_interleave(self.top_k)
         slot_expert, slot_weight = experts.reshape(-1), weights.reshape(-1)
@@ -268,7 +276,7 @@ class MoEMLP(nn.Module):
         if self.shared_experts is not None:
             out = out + self.shared_experts(x).reshape(out.shape)  # (B, T, C): under sp it gathers T
         out = out.view(shape)
-        aux = self.aux_losses(logits, probs, experts)
+        aux = self.aux_losses(logits, probs, experts, sequences=shape[0] if self.per_sequence else 1)
         self.record(aux, every)
         if aux is not None and torch.is_grad_enabled():
             # Note [MoE under context parallelism]: the router's grad is averaged over cp too
@@ -385,7 +393,7 @@ class MoEMLP(nn.Module):
         return ExchangePlan(send=sent.sum(1).tolist(), receive=got.sum(1).tolist(), regroup=regroup.to(counts.device),
                             back=back.to(counts.device), local_counts=got.sum(0))
 
-    def aux_losses(self, logits, probs, experts):
+    def aux_losses(self, logits, probs, experts, sequences: int = 1):
         """(load-balancing loss, z-loss), each times its coefficient; None when both are off.
 
         Note [MoE under sequence parallelism]: under sp a tp rank routes only its sequence
@@ -398,8 +406,10 @@ class MoEMLP(nn.Module):
         if self.aux_coeff == 0 and self.z_coeff == 0:
             return None
         N, E = probs.shape
-        routed = torch.bincount(experts.reshape(-1), minlength=E).to(probs.dtype)  # before any drop
         groups = [g for g in (self.seq_group, self.context_group) if group_size(g) > 1]
+        if sequences > 1:
+            return self.sequence_losses(logits, probs, experts, sequences, groups)
+        routed = torch.bincount(experts.reshape(-1), minlength=E).to(probs.dtype)  # before any drop
         if not groups:
             balance = self.aux_coeff * E * torch.sum(routed / (N * self.top_k) * probs.mean(0))
             z = self.z_coeff * torch.logsumexp(logits.float(), -1).square().mean()
@@ -414,6 +424,29 @@ class MoEMLP(nn.Module):
         balance = self.aux_coeff * E * torch.sum(routed / (total * self.top_k) * (sums[:E] / total))
         z = self.z_coeff * sums[E] / total
         return balance, z
+
+    def sequence_losses(self, logits, probs, experts, S: int, groups):
+        """Note [sequence-wise balance loss]: DeepSeek-V3's complementary loss, coeff · E ·
+        Σₑ fₑ·Pₑ taken over each sequence's tokens (fₑ its share of the sequence's routed
+        slots, Pₑ its mean normalized score there), averaged over the micro-batch's ``S``
+        sequences; the rows are sequence-major, and under sp / cp each sequence's sums
+        join over the ranks that split it (Note [MoE under sequence parallelism])."""
+        N, E = probs.shape
+        of = torch.arange(N, device=probs.device) // (N // S)  # each token's sequence
+        slots = (of.repeat_interleave(self.top_k) * E + experts.reshape(-1)).detach()
+        counted = torch.zeros(S * E, dtype=probs.dtype, device=probs.device).index_add_(
+            0, slots, torch.ones_like(slots, dtype=probs.dtype))
+        counted = torch.cat([counted, counted.new_tensor([N // S])])
+        sums = torch.cat([torch.zeros(S, E, dtype=probs.dtype, device=probs.device).index_add(0, of, probs).reshape(-1),
+                          torch.logsumexp(logits.float(), -1).square().sum()[None]])
+        for group in groups:
+            with exposed():
+                dist.all_reduce(counted, group=group)
+            sums = reduce_from_group(sums, group)
+        total = counted[-1]  # tokens of each sequence
+        routed, mean_probs = counted[:-1].view(S, E), sums[:-1].view(S, E) / total
+        balance = self.aux_coeff * E * torch.sum(routed / (total * self.top_k) * mean_probs) / S
+        return balance, self.z_coeff * sums[-1] / (total * S)
 
     def record(self, aux, counts):
         """Add this forward to the step's metrics, unless it is a recompute in backward."""
@@ -451,6 +484,13 @@ def reduce_expert_grads(model: nn.Module, edp_group, *, data_ranks: int, reduce_
     mean_of_group(experts, edp_group, data_ranks, reduce_dtype=reduce_dtype)
 
 
+def moe_blocks(model: nn.Module):
+    """(block index, its ``MoEMLP``) for each MoE block this rank holds."""
+    for name, module in model.named_modules():
+        if isinstance(module, MoEMLP):
+            yield int(name.split("layers.")[1].split(".")[0]), module
+
+
 def moe_layers(model: nn.Module) -> list[MoEMLP]:
     return [m for m in model.modules() if isinstance(m, MoEMLP)]
 
@@ -472,10 +512,7 @@ def step_metrics(model: nn.Module, config, *, micro_batches: int, stage_ranks: i
     index = [i for i in range(config.layers) if config.is_moe(i)]
     E = config.experts
     values = torch.zeros(2 + len(index) * E, dtype=torch.float64)
-    for name, module in model.named_modules():
-        if not isinstance(module, MoEMLP):
-            continue
-        layer = int(name.split("layers.")[1].split(".")[0])
+    for layer, module in moe_blocks(model):
         values[0] += module.aux_sum / micro_batches / stage_ranks
         values[1] += module.z_sum / micro_batches / stage_ranks
         row = 2 + index.index(layer) * E
