@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from parc.codegen.build import build_to
+from parity.batch import Case
 
-from .trainer import LAYOUTS, build, records, run
+from .trainer import LAYOUTS, overrides, records, run
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny.par"
@@ -30,13 +31,52 @@ no fast matrix product, and the claims hold alike (measured: bf16 within 1.0e-3 
 every step, fp16's last five losses 0.72 below its first five, no step skipped)."""
 
 
-@pytest.mark.parametrize("layout", ["one", "dp2", "pp2", "zero1_dp2", "zero3_dp2"])
-def test_fp16_overflow_step_is_skipped_and_the_scale_backs_off(layout, tmp_path):
-    build_dir = build(layout, tmp_path / "build", extra=("train.precision=fp16",))
-    metrics = tmp_path / "metrics.jsonl"
-    done = run(build_dir, LAYOUTS[layout][1], ["--steps", "4", "--metrics-jsonl", str(metrics)],
-               extra_env={"PARC_OVERFLOW_AT_STEP": "2"})
-    rows = {row["step"]: row for row in records(metrics)}
+FP16 = ("train.precision=fp16",)
+OVERFLOW = (("PARC_OVERFLOW_AT_STEP", "2"),)
+OVERFLOWED = ["one", "dp2", "pp2", "zero1_dp2", "zero3_dp2"]
+RESUMED = ["one", "dp2", "zero1_dp2"]
+
+
+def fp16_case(name: str, layout: str, *args: str, env=OVERFLOW, phase: int = 0) -> Case:
+    return Case(f"fp16-{name}-{layout}", "gpt.par", tuple(overrides(layout, FP16)), LAYOUTS[layout][1], args,
+                env=env, phase=phase)
+
+
+def overflowed(layout: str) -> Case:
+    """4 steps, step 2's loss scaled by 1e30."""
+    return fp16_case("overflow", layout, "--steps", "4")
+
+
+def halves(layout: str) -> tuple[Case, Case]:
+    """The same run in two launches: 2 steps saved at step 2, then resumed to 4 (no injection)."""
+    first = fp16_case("first-half", layout, "--steps", "2", "--checkpoint-dir", "{build}/ck")
+    return first, fp16_case("second-half", layout, "--steps", "4", "--resume", f"{{build:{first.name}}}/ck",
+                            env=(), phase=1)
+
+
+def bf16_from_fp32() -> tuple[Case, Case]:
+    fp32 = Case("fp32-saved", "gpt.par", tuple(overrides("one")), 1,
+                ("--steps", "3", "--checkpoint-dir", "{build}/ck", "--checkpoint-every", "2"))
+    return fp32, Case("bf16-resumed", "gpt.par", tuple(overrides("one", ("train.precision=bf16",))), 1,
+                      ("--steps", "3", "--resume", "{build:fp32-saved}/ck/step_000002"), phase=1)
+
+
+def cases_of(item) -> list[Case]:
+    """The runs a selected test of this module reads (tests/conftest.py's ``trainers``)."""
+    name = item.originalname
+    if name == "test_fp16_overflow_step_is_skipped_and_the_scale_backs_off":
+        return [overflowed(item.callspec.params["layout"])]
+    if name == "test_fp16_resume_restores_the_loss_scale":
+        return [overflowed(item.callspec.params["layout"]), *halves(item.callspec.params["layout"])]
+    if name == "test_fp32_checkpoint_resumes_under_bf16_master_weights":
+        return list(bf16_from_fp32())
+    return []
+
+
+@pytest.mark.parametrize("layout", OVERFLOWED)
+def test_fp16_overflow_step_is_skipped_and_the_scale_backs_off(layout, trainers):
+    done = trainers.run(overflowed(layout))
+    rows = {row["step"]: row for row in done.records}
     assert sorted(rows) == [1, 2, 3, 4]
     # fp16 weight gradients at the initial 2^16 may overflow on step 1 by themselves (the
     # scaler's usual first backoff, as torch's GradScaler over fp16 parameters): step 2's
@@ -47,8 +87,9 @@ def test_fp16_overflow_step_is_skipped_and_the_scale_backs_off(layout, tmp_path)
     assert rows[2]["loss_scale"] == rows[1]["loss_scale"] / 2 and rows[2]["skipped_overflow_steps"] == first + 1
     assert rows[4]["loss_scale"] == rows[2]["loss_scale"] and rows[4]["skipped_overflow_steps"] == first + 1
     assert all(math.isfinite(rows[s]["grad_norm"]) and math.isfinite(rows[s]["loss"]) for s in (3, 4))
-    assert "step 2: fp16 gradients overflowed at loss scale 1e+30" in done.stdout
-    assert f"scale backs off to {rows[2]['loss_scale']:g}" in done.stdout
+    log = done.log.read_text()
+    assert "step 2: fp16 gradients overflowed at loss scale 1e+30" in log
+    assert f"scale backs off to {rows[2]['loss_scale']:g}" in log
 
 
 def _tiny_losses(tmp_path: Path, precision: str) -> list[float]:
@@ -80,19 +121,14 @@ def test_bf16_losses_within_2e_2_of_fp32_over_20_steps(tmp_path):
         assert abs(b - a) <= 2e-2 * abs(a), (step, a, b)
 
 
-@pytest.mark.parametrize("layout", ["one", "dp2", "zero1_dp2"])
-def test_fp16_resume_restores_the_loss_scale(layout, tmp_path):
+@pytest.mark.parametrize("layout", RESUMED)
+def test_fp16_resume_restores_the_loss_scale(layout, trainers):
     """A run that overflowed at step 2 (the scale halved), saved at step 2 and resumed,
     goes on at the halved scale with the skips counted: the same losses as without a
     break, bit for bit."""
-    build_dir = build(layout, tmp_path / "build", extra=("train.precision=fp16",))
-    ranks, overflow = LAYOUTS[layout][1], {"PARC_OVERFLOW_AT_STEP": "2"}
-    straight, resumed, ck = tmp_path / "straight.jsonl", tmp_path / "resumed.jsonl", tmp_path / "ck"
-    run(build_dir, ranks, ["--steps", "4", "--metrics-jsonl", str(straight)], extra_env=overflow)
-    run(build_dir, ranks, ["--steps", "2", "--checkpoint-dir", str(ck), "--metrics-jsonl", str(resumed)],
-        extra_env=overflow)
-    run(build_dir, ranks, ["--steps", "4", "--resume", str(ck), "--metrics-jsonl", str(resumed)])
-    want, got = records(straight), records(resumed)
+    first, second = halves(layout)
+    want = trainers.records(overflowed(layout))
+    got = trainers.records(first) + trainers.records(second)
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     assert [(r["loss"], r["loss_scale"], r["skipped_overflow_steps"]) for r in got] == [
         (r["loss"], r["loss_scale"], r["skipped_overflow_steps"]) for r in want
@@ -100,22 +136,15 @@ def test_fp16_resume_restores_the_loss_scale(layout, tmp_path):
     assert got[-1]["skipped_overflow_steps"] >= 1 and got[-1]["loss_scale"] == 65536.0 / 2 ** got[-1]["skipped_overflow_steps"]
 
 
-@pytest.mark.parametrize("layout", ["one"])  # ZeRO's master slices load in the fp16 resume test
-def test_fp32_checkpoint_resumes_under_bf16_master_weights(layout, tmp_path):
+def test_fp32_checkpoint_resumes_under_bf16_master_weights(trainers):
     """A checkpoint of fp32 parameters (an fp32 run's, or one the autocast path of earlier
     parc versions wrote: the same tensors) loads into bf16 parameters with fp32 masters
     (runtime/optimizers/master.py): the masters read it exactly, the parameters get it rounded, and
-    the next step's loss is the fp32 run's within bf16's 2e-2."""
-    from parc.runtime.checkpoints.checkpoint import step_dir_name
-
-    ranks = LAYOUTS[layout][1]
-    fp32, bf16 = build(layout, tmp_path / "fp32"), build(layout, tmp_path / "bf16", extra=("train.precision=bf16",))
-    straight, resumed, ck = tmp_path / "straight.jsonl", tmp_path / "resumed.jsonl", tmp_path / "ck"
-    run(fp32, ranks, ["--steps", "3", "--checkpoint-dir", str(ck), "--checkpoint-every", "2",
-                      "--metrics-jsonl", str(straight)])
-    done = run(bf16, ranks, ["--steps", "3", "--resume", str(ck / step_dir_name(2)),
-                             "--metrics-jsonl", str(resumed)])
-    assert "resumed from" in done.stdout
-    (want,), got = [r for r in records(straight) if r["step"] == 3], records(resumed)
+    the next step's loss is the fp32 run's within bf16's 2e-2. One rank: ZeRO's master slices
+    load in the fp16 resume test."""
+    fp32, bf16 = bf16_from_fp32()
+    done = trainers.run(bf16)
+    assert "resumed from" in done.log.read_text()
+    (want,), got = [r for r in trainers.records(fp32) if r["step"] == 3], done.records
     assert [r["step"] for r in got] == [3]
     assert abs(got[0]["loss"] - want["loss"]) <= 2e-2 * abs(want["loss"]), (got[0], want)

@@ -46,6 +46,8 @@ class Case:
     phase: int = 0
     """Cases run in phases: every wanted case of a phase before any of the next (a resume
     reads what an earlier phase's run saved, whatever its world size)."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment variables set for this run alone (a test's fault injection, say)."""
     script: str | None = None
     """Run this script with the build folder as its first argument instead of the build's
     ``train.py`` (tests/checkpoint/reshard_worker.py wraps a trainer)."""
@@ -126,7 +128,7 @@ def launch_batch(built: list[tuple[Case, Path]], nproc: int, folder: Path, folde
         train = str(build_dir / "train.py")
         if case.script is not None:
             train, args = case.script, [str(build_dir), *args]
-        runs.append({"train": train, "args": args, "logs": str(logs), "cwd": str(build_dir)})
+        runs.append({"train": train, "args": args, "logs": str(logs), "cwd": str(build_dir), "env": dict(case.env)})
     plan = folder / "runs.json"
     plan.write_text(json.dumps({"runs": runs}, indent=1))
     command = [str(TORCHRUN), f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",

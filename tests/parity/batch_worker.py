@@ -1,7 +1,7 @@
 """One rank of a batch launch: several generated trainers, one after another, in one process.
 
 Takes (argv): a JSON file ``{"runs": [{"train": ".../train.py", "args": [...], "logs":
-"DIR", "cwd": "BUILD"}, ...]}`` written by ``batch.py``; torchrun's RANK / WORLD_SIZE / MASTER_ADDR /
+"DIR", "cwd": "BUILD", "env": {...}}, ...]}`` written by ``batch.py``; torchrun's RANK / WORLD_SIZE / MASTER_ADDR /
 MASTER_PORT. Gives: each run's own outputs (its ``--metrics-jsonl``), and in its
 ``logs`` folder ``rank<r>.log`` (this rank's stdout and stderr during the run) and
 ``rank<r>.done`` once the run returned. Not shipped: the trainers stay plain scripts.
@@ -137,7 +137,8 @@ def run_one(run: dict, rank: int, rng_state) -> None:
     purge_runtime()
     folder = os.path.dirname(os.path.abspath(run["train"]))
     path = list(sys.path)  # a wrapping script may add the build folder (tests/checkpoint/reshard_worker.py)
-    cwd = os.getcwd()
+    cwd, environ = os.getcwd(), dict(os.environ)
+    os.environ.update(run["env"])
     os.chdir(run["cwd"])  # where a user runs it: the build folder (checkpoints/ by default land there)
     sys.path[0] = folder
     sys.argv = [run["train"], *run["args"]]
@@ -149,6 +150,8 @@ def run_one(run: dict, rank: int, rng_state) -> None:
         if left:  # Note [groups die before Python does] in runtime/distributed/mesh.py
             raise RuntimeError(f"{left} gloo threads outlived the trainer: something still holds a process group")
     finally:
+        os.environ.clear()
+        os.environ.update(environ)
         os.chdir(cwd)
         sys.path[:] = path
         signal.signal(signal.SIGTERM, sigterm)
