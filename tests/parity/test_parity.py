@@ -329,9 +329,13 @@ def documents_reference_case(arch: str) -> Case:
                 ("--steps", str(STEPS)))
 
 
-TRAITS = dict(model__head_dim=12, model__qk_norm="true", model__attention_bias="true")
+TRAITS = dict(model__head_dim=12, model__qk_norm="true", model__attention_bias="true",
+              train__optimizer="adamw(lr = 1e-2, betas = (0.9, 0.95), weight_decay = 0.1)")
 """Current open models' attention (issue 35): heads of 12 on hidden 64 with 8 heads (not
-hidden / heads), Qwen3's q/k RMSNorm and Qwen2's q/k/v biases, all on in one llama."""
+hidden / heads), Qwen3's q/k RMSNorm and Qwen2's q/k/v biases, all on in one llama. lr 1e-2,
+not the spec's 1e-3: the head norms' weights then move enough that leaving their gradients
+partial over tp (each rank's heads only) shifts step 3's loss by 4e-5 of it (measured), past
+RTOL, where at 1e-3 it stayed under it; the right run stays within 1e-7."""
 TRAIT_LAYOUTS = {
     # heads·head_dim split over tp, the column biases with their rows, the head norms' grads summed over tp
     "tp2": dict(tp=2),
