@@ -154,3 +154,11 @@ def test_a_qwen_model_reads_into_parc_and_gives_transformers_loss(kind):
 def test_both_traits_have_no_hugging_face_names():
     with pytest.raises(hf_names.NoHfNames, match="o_proj"):
         hf_names.model_type({**TRAITS, "qk_norm": True, "attention_bias": True})
+
+
+def test_verify_shrinks_a_written_head_dim_with_the_heads():
+    from parc.codegen.shrink import shrink
+
+    text = _spec("  kv_heads = 2\n  head_dim = 32\n  qk_norm = true\n  attention_bias = true")
+    changes = {c.key: c.after for c in shrink(load_text(text, "m.par"), steps=2).changes}
+    assert changes["model.head_dim"] == "8" and changes["model.hidden"] == str(int(changes.get("model.heads", 4)) * 8)
