@@ -162,3 +162,16 @@ def test_verify_shrinks_a_written_head_dim_with_the_heads():
     text = _spec("  kv_heads = 2\n  head_dim = 32\n  qk_norm = true\n  attention_bias = true")
     changes = {c.key: c.after for c in shrink(load_text(text, "m.par"), steps=2).changes}
     assert changes["model.head_dim"] == "8" and changes["model.hidden"] == str(int(changes.get("model.heads", 4)) * 8)
+
+
+def test_saved_activations_follow_the_heads_width():
+    """Note [what parc's trainer saves]: q, its output and k, v are heads·head_dim and
+    kv_heads·head_dim wide; a gpt block at tp 2 saves (2·Δq + 2·Δk) / 2 more per token."""
+    base = dict(TRAITS, arch="gpt", kv_heads=4, head_dim=None)
+    plain, wide = describe(model.ModelConfig(**base)), describe(model.ModelConfig(**{**base, "head_dim": 16}))
+    saved = [d.block_saved_elements(0, tp=2, sp=False, recompute="none", micro_batch=1) for d in (plain, wide)]
+    assert saved[1] - saved[0] == (2 * (64 - 32) + 2 * (64 - 32)) / 2
+    normed = describe(model.ModelConfig(**{**TRAITS, "qk_norm": True}))
+    bare = describe(model.ModelConfig(**TRAITS))
+    extra = [d.block_saved_elements(0, tp=1, sp=False, recompute="none", micro_batch=1) for d in (bare, normed)]
+    assert extra[1] - extra[0] == 2 * (4 + 2) * 12 + 4 + 2  # input and x·rstd of each head, one rstd a head
