@@ -175,3 +175,26 @@ def test_saved_activations_follow_the_heads_width():
     bare = describe(model.ModelConfig(**TRAITS))
     extra = [d.block_saved_elements(0, tp=1, sp=False, recompute="none", micro_batch=1) for d in (bare, normed)]
     assert extra[1] - extra[0] == 2 * (4 + 2) * 12 + 4 + 2  # input and x·rstd of each head, one rstd a head
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_parc_import_then_export_of_a_qwen_folder_gives_back_every_tensor(kind, tmp_path):
+    """The command line both ways: config.json's keys (head_dim; Qwen's fixed ones) into
+    model.par, the weights into a checkpoint, and ``parc export`` gives the same tensors."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    from parc.codegen.cli import main as parc_main
+
+    config_class = {"qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}[kind]
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**QWEN))
+    hf.save_pretrained(tmp_path / "hf")
+    assert parc_main(["import", str(tmp_path / "hf"), "-o", str(tmp_path / "out")]) == 0
+    spec = (tmp_path / "out" / "model.par").read_text()
+    assert "head_dim = 12" in spec and ("qk_norm = true" in spec) is (kind == "qwen3")
+    assert parc_main(["export", "--to", "safetensors", str(tmp_path / "out" / "checkpoint"), str(tmp_path / "back")]) == 0
+    before, after = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(before) == sorted(after) and all(torch.equal(before[k], after[k]) for k in before)
+    back = transformers.AutoConfig.from_pretrained(tmp_path / "back")
+    assert back.model_type == kind and back.head_dim == 12
