@@ -2,7 +2,7 @@
 
 Takes: a folder as transformers' ``save_pretrained`` writes it — ``config.json`` and
 ``model.safetensors``, or shards named by ``model.safetensors.index.json`` — of GPT-2,
-Llama or Mixtral. Gives: ``OUT/model.par``, a complete spec whose model block is the
+Llama (Qwen2, Qwen3: Note [Qwen names] in hf_names.py) or Mixtral. Gives: ``OUT/model.par``, a complete spec whose model block is the
 config (each value citing the config key it came from), a one-node CPU mesh and a
 ``train`` block starting from the weights (``init = checkpoint("checkpoint")``); and
 ``OUT/checkpoint/``, a parc checkpoint (Note [logical checkpoint tensors]) holding the
@@ -105,6 +105,11 @@ def parc_model(config: dict) -> tuple[str, list[tuple[str, object, str]]]:
                                 f"one {parc_key} for both")
         rows.setdefault(parc_key, (_checked(hf_key, value, parc_key), f'"{hf_key}"' if '"' not in hf_key else hf_key))
     _check_shape_keys(kind, config, rows)
+    hidden, heads = rows["hidden"][0], rows["heads"][0]
+    if "head_dim" in rows and rows["head_dim"][0] * heads == hidden:
+        del rows["head_dim"]  # hidden / heads, parc's default: the spec stays as it was
+    for key, value in hf_names.TRAITS.get(kind, ()):  # Note [Qwen names]
+        rows[key] = (value, f'"model_type" = {json.dumps(kind)}')
     if kind == "mixtral":  # Note [Mixtral's aux loss]: one pooled term → parc's per-layer coefficient
         coef = rows["aux_loss"][0]
         rows["aux_loss"] = (hf_names.aux_loss(coef, rows["layers"][0], rows["top_k"][0]),
@@ -120,6 +125,8 @@ def _defaulted(parc_key: str, value, rows: dict):
         return 4 * rows["hidden"][0]
     if parc_key == "kv_heads":
         return rows["heads"][0]
+    if parc_key == "head_dim":
+        return rows["hidden"][0] // rows["heads"][0]
     return value
 
 
@@ -135,10 +142,6 @@ def _checked(hf_key: str, value, parc_key: str):
 
 
 def _check_shape_keys(kind: str, config: dict, rows: dict) -> None:
-    hidden, heads = rows["hidden"][0], rows["heads"][0]
-    head_dim = config.get("head_dim")
-    if head_dim is not None and head_dim * heads != hidden:
-        raise HfImportError(f'"head_dim" = {head_dim}: parc\'s heads are hidden / heads = {hidden} / {heads} wide')
     window = config.get("sliding_window")
     if kind == "mixtral" and window is not None and window < rows["seq_len"][0]:
         raise HfImportError(f'"sliding_window" = {window}: parc attends to the whole sequence '

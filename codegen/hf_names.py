@@ -39,6 +39,14 @@ times ``router_aux_loss_coef``. So ``router_aux_loss_coef = aux_loss · layers /
 for several when their routing statistics agree; pooling (a product of means, not a mean of
 products) makes them differ otherwise. It matters only to whoever trains further with
 ``output_router_logits = true``.
+
+Note [Qwen names]: a llama with ``attention_bias`` (q, k, v biases, none on o) is
+transformers' Qwen2ForCausalLM, whose attention always has exactly those; one with
+``qk_norm`` (an RMSNorm of head_dim over each head of q and k before rotary) is
+Qwen3ForCausalLM with ``attention_bias = false`` (Qwen3's and Llama's ``attention_bias``
+put a bias on o_proj too, which parc's has not: a llama with both has no names). Every
+llama-like config.json carries ``head_dim``: export writes it, import reads it (absent:
+hidden / heads).
 """
 
 from __future__ import annotations
@@ -92,6 +100,10 @@ LLAMA_BLOCK = {
     "mlp.up_proj.weight": "mlp.up_proj.weight",
     "mlp.down_proj.weight": "mlp.down_proj.weight",
 }
+QWEN_BLOCK = {  # model_type -> what its blocks add to LLAMA_BLOCK (Note [Qwen names])
+    "qwen2": {f"attn.{p}_proj.bias": f"self_attn.{p}_proj.bias" for p in "qkv"},
+    "qwen3": {"attn.q_norm.weight": "self_attn.q_norm.weight", "attn.k_norm.weight": "self_attn.k_norm.weight"},
+}
 MIXTRAL_EXPERT = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
 """parc's expert projection → Mixtral's (Note [Mixtral names])."""
 
@@ -106,8 +118,17 @@ def model_type(config: dict) -> str:
             raise NoHfNames(f"gpt2 has no grouped-query attention: kv_heads = {config['kv_heads']} < heads")
         return "gpt2"
     if config["arch"] == "llama":
-        return "llama"
+        return _llama_type(config)
     raise NoHfNames(f"no Hugging Face names for arch {config['arch']!r}")
+
+
+def _llama_type(config: dict) -> str:
+    """llama, or Qwen2 (q/k/v biases) or Qwen3 (q/k norms): Note [Qwen names]."""
+    bias, norm = config.get("attention_bias", False), config.get("qk_norm", False)
+    if bias and norm:
+        raise NoHfNames("attention_bias and qk_norm together: Qwen3's attention_bias also puts a bias on o_proj, "
+                        "parc's does not")
+    return "qwen2" if bias else "qwen3" if norm else "llama"
 
 
 def _check_mixtral(config: dict) -> None:
@@ -120,6 +141,8 @@ def _check_mixtral(config: dict) -> None:
          config.get("first_dense_layers", 0) != 0),
         (f"router_bias_update = {config.get('router_bias_update')}: a routing bias",
          config.get("router_bias_update", 0) != 0),
+        ("attention_bias = true", config.get("attention_bias", False)),
+        ("qk_norm = true", config.get("qk_norm", False)),
     ) if differs]
     if unlike:
         deepseek = any(config.get(k) for k in ("first_dense_layers", "router_bias_update", "shared_experts"))
@@ -145,8 +168,9 @@ def links(config: dict) -> tuple[Link, ...]:
     else:
         found = [Link(("embed.weight",), ("model.embed_tokens.weight",), vocab_rows=True)]
         for i in range(config["layers"]):
+            block = LLAMA_BLOCK | QWEN_BLOCK.get(kind, {})
             found += [Link((f"layers.{i}.{name}",), (f"model.layers.{i}.{hf_name}",))
-                      for name, hf_name in LLAMA_BLOCK.items() if not (kind == "mixtral" and name.startswith("mlp."))]
+                      for name, hf_name in block.items() if not (kind == "mixtral" and name.startswith("mlp."))]
             if kind == "mixtral":
                 found += _mixtral_block(i, config["experts"])
         found.append(Link(("final_norm.weight",), ("model.norm.weight",)))
@@ -205,7 +229,7 @@ _LLAMA_KEYS = (
     ("vocab", "vocab_size"), ("seq_len", "max_position_embeddings"), ("hidden", "hidden_size"),
     ("layers", "num_hidden_layers"), ("heads", "num_attention_heads"), ("kv_heads", "num_key_value_heads"),
     ("ffn", "intermediate_size"), ("norm_eps", "rms_norm_eps"), ("rope_theta", "rope_theta"),
-    ("tie_embeddings", "tie_word_embeddings"),
+    ("tie_embeddings", "tie_word_embeddings"), ("head_dim", "head_dim"),
 )
 CONFIG_KEYS = {  # model_type -> ((parc model key, transformers config key), ...): one value, two names
     "gpt2": (
@@ -215,6 +239,8 @@ CONFIG_KEYS = {  # model_type -> ((parc model key, transformers config key), ...
         ("tie_embeddings", "tie_word_embeddings"),
     ),
     "llama": _LLAMA_KEYS,
+    "qwen2": _LLAMA_KEYS,
+    "qwen3": _LLAMA_KEYS,
     "mixtral": _LLAMA_KEYS + (
         ("experts", "num_local_experts"), ("top_k", "num_experts_per_tok"), ("aux_loss", "router_aux_loss_coef"),
     ),
@@ -223,10 +249,14 @@ FIXED = {  # model_type -> {transformers config key: the one value parc's model 
     "gpt2": {"architectures": ["GPT2LMHeadModel"], "activation_function": "gelu_new"},
     "llama": {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "attention_bias": False,
               "mlp_bias": False, "attention_dropout": 0.0},
+    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "attention_dropout": 0.0,
+              "use_sliding_window": False},
+    "qwen3": {"architectures": ["Qwen3ForCausalLM"], "hidden_act": "silu", "attention_bias": False,
+              "attention_dropout": 0.0, "use_sliding_window": False},
     "mixtral": {"architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "attention_dropout": 0.0,
                 "router_jitter_noise": 0.0, "output_router_logits": False},
 }
-BASE_PREFIX = {"gpt2": "transformer.", "llama": "model.", "mixtral": "model."}
+BASE_PREFIX = {"gpt2": "transformer.", "llama": "model.", "qwen2": "model.", "qwen3": "model.", "mixtral": "model."}
 """The base model's prefix, which older checkpoints (the original gpt2 on the Hub) leave out of
 their names; transformers loads them either way, and so does ``parc import``."""
 NOT_WEIGHTS = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
@@ -234,9 +264,12 @@ NOT_WEIGHTS = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 frequencies): derived from the config, not read."""
 NOT_IMPORTED = {"output_router_logits"}
 """FIXED keys that do not change the model (whether the forward returns the router's logits)."""
-ABSENT = {"tie_word_embeddings": True, "num_key_value_heads": None, "n_inner": None}
+ABSENT = {"tie_word_embeddings": True, "num_key_value_heads": None, "n_inner": None, "head_dim": None}
 """What a config.json without the key means (transformers' ``PretrainedConfig`` writes only
-the keys that differ from its own defaults: tied; kv heads = heads; GPT-2's n_inner = 4·n_embd)."""
+the keys that differ from its own defaults: tied; kv heads = heads; GPT-2's n_inner = 4·n_embd;
+a head hidden / heads wide)."""
+TRAITS = {"qwen2": (("attention_bias", True),), "qwen3": (("qk_norm", True),)}
+"""The parc model keys a model_type implies (Note [Qwen names]): no config key holds them."""
 
 
 def hf_config(config: dict) -> dict:
@@ -245,6 +278,7 @@ def hf_config(config: dict) -> dict:
     kind = model_type(config)
     if kind == "mixtral":
         config = {**config, "ffn": config.get("expert_ffn") or config["ffn"]}
+    config = {"head_dim": config["hidden"] // config["heads"]} | {k: v for k, v in config.items() if v is not None}
     keys = {hf_key: config[parc_key] for parc_key, hf_key in CONFIG_KEYS[kind]}
     if kind == "mixtral":  # Note [Mixtral's aux loss]
         keys["router_aux_loss_coef"] = aux_coef(config["aux_loss"], config["layers"], config["top_k"])

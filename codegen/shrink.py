@@ -15,6 +15,7 @@ Before: ``parc.dsl.load``. After: ``codegen/verify.py`` builds both and runs the
 Note [what verify shrinks]:
 - heads and kv_heads: the smallest kv_heads that tp (and every other rule) accepts,
   heads = kv_heads · the spec's heads/kv_heads; head_dim 8 (or the spec's, if smaller).
+  A written model.head_dim becomes that head_dim too (hidden = heads · head_dim either way).
   kv_heads stays on the spec's side of tp: a spec whose tp divides kv_heads keeps
   kv_heads ≥ tp, one with tp > kv_heads keeps replicating (Note [KV replication] in
   ``runtime/parallel/tensor/layers.py``), so the shrunk model runs the same attention code.
@@ -180,7 +181,8 @@ def _layout_from_planner(spec: Spec, chosen: Spec) -> list[Change]:
 
 def _model(spec: Spec, values: dict) -> list[Change]:
     m = spec.model
-    head_dim = min(m.hidden // m.heads, HEAD_DIM)
+    head_dim = min(m.head_dim, HEAD_DIM)
+    head_dim_written = values.get("head_dim") is not None  # model.head_dim: shrunk with the heads
     ratio = m.heads // m.kv_heads
     kv_written = values["kv_heads"] is not None
 
@@ -199,6 +201,9 @@ def _model(spec: Spec, values: dict) -> list[Change]:
     why = f"head_dim {head_dim}; the smallest heads tp = {values['tp']} divides"
     found += _changed("model.hidden", m.hidden, values["hidden"], f"heads · head_dim = {values['heads']} · {head_dim}")
     found += _changed("model.heads", m.heads, values["heads"], why)
+    if head_dim_written:
+        values["head_dim"] = head_dim
+        found += _changed("model.head_dim", m.head_dim, head_dim, f"at most {HEAD_DIM}")
     if kv_written:
         found += _changed("model.kv_heads", m.kv_heads, values["kv_heads"], f"heads / kv_heads = {ratio} as in the spec")
     want_ffn = min(m.ffn, 2 * values["hidden"])

@@ -32,7 +32,9 @@ def spec_values(spec: Spec) -> dict:
         "moe_written": tuple(k.name for k in MOE_KEYS[1:] if spec.span(f"model.{k.name}") is not None),
         "capacity_factor": m.capacity_factor, "ep": par.ep, "etp": par.etp,
         "ffn": m.ffn, "vocab": m.vocab, "pad_vocab_to": m.pad_vocab_to, "seq_len": m.seq_len, "dropout": m.dropout,
-        "tie_embeddings": m.tie_embeddings, "documents": m.documents,
+        "tie_embeddings": m.tie_embeddings, "documents": m.documents, "arch": m.arch.value,
+        "head_dim": m.head_dim if spec.span("model.head_dim") is not None else None,  # the default: PAR0202's
+        "qk_norm": m.qk_norm, "attention_bias": m.attention_bias,
         "nodes": mesh.nodes, "devices_per_node": mesh.devices_per_node,
         "dp": par.dp, "tp": par.tp, "layer_tp": par.layer_tp, "layer_dp": par.layer_dp, "pp": par.pp, "cp": par.cp, "cp_kind": par.cp_kind, "sp": par.sp, "zero": par.zero,
         "zero_prefetch": par.zero_prefetch, "zero_shard": par.zero_shard,

@@ -108,6 +108,9 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         hidden=model["hidden"],
         heads=model["heads"],
         kv_heads=model.get("kv_heads", model["heads"]),
+        head_dim=model.get("head_dim"),
+        qk_norm=model.get("qk_norm", False),
+        attention_bias=model.get("attention_bias", False),
         ffn=model["ffn"],
         vocab=model["vocab"],
         seq_len=model["seq_len"],
@@ -298,6 +301,11 @@ def spec_document(spec: Spec) -> dict:
     ``load`` of it as a ``.json`` file gives ``spec`` back (its spans aside)."""
     model, mesh, parallel, train = spec.model, spec.mesh, spec.parallel, spec.train
     model_doc = {key: _plain(value) for key, value in model_keys(model).items()}
+    if model.head_dim * model.heads == model.hidden:
+        del model_doc["head_dim"]  # = hidden / heads
+    for key in ("qk_norm", "attention_bias"):
+        if not model_doc[key]:
+            del model_doc[key]
     if not model.experts:  # a dense model: the mixture-of-experts keys say nothing
         for key in MOE_KEYS:
             del model_doc[key.name]

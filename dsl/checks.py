@@ -29,6 +29,8 @@ _DEFAULTS = {
     ("model", "experts"): 0,
     ("model", "top_k"): 2,
     ("model", "documents"): "joined",
+    ("model", "qk_norm"): False,
+    ("model", "attention_bias"): False,
     ("parallel", "ep"): 1,
     ("parallel", "etp"): 1,
     ("parallel", "sp"): False,

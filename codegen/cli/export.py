@@ -238,7 +238,7 @@ def register(subparsers) -> None:
         help="write a checkpoint's weights as safetensors with Hugging Face names",
         description=(
             "Gather the full weights of a checkpoint (any layout) into a safetensors file with "
-            "Hugging Face's names for gpt2, llama or Mixtral, vocab padding dropped (parc import reads "
+            "Hugging Face's names for gpt2, llama (Qwen2, Qwen3) or Mixtral, vocab padding dropped (parc import reads "
             "them back). OUT ending in "
             ".safetensors is that file; otherwise a folder with model.safetensors and config.json."
         ),

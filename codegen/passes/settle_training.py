@@ -46,6 +46,19 @@ def _moe_settings(spec: Spec, c) -> tuple[Setting, ...]:
     )
 
 
+def _attention_settings(spec: Spec, c) -> tuple[Setting, ...]:
+    """``model.head_dim`` (when it is not hidden / heads), ``qk_norm`` and ``attention_bias``
+    (when on): a model without them keeps its train.py as it was."""
+    found = []
+    if c.head_dim != c.hidden // c.heads or c.hidden % c.heads:
+        found.append(setting(spec, "HEAD_DIM", "model.head_dim", c.head_dim, "features of each head"))
+    if c.qk_norm:
+        found.append(setting(spec, "QK_NORM", "model.qk_norm", c.qk_norm, "RMSNorm on each head of q and k"))
+    if c.attention_bias:
+        found.append(setting(spec, "ATTENTION_BIAS", "model.attention_bias", c.attention_bias, "q, k, v biases"))
+    return tuple(found)
+
+
 def run(spec: Spec, draft: Draft) -> Draft:
     m, t = spec.model, spec.train
     c = m.config  # the runtime's ModelConfig: its fields, in its order
@@ -72,6 +85,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
             *_moe_settings(spec, c),
             *([setting(spec, "DOCUMENTS", "model.documents", c.documents,
                        "attention and positions within each document")] if c.documents != "joined" else []),
+            *_attention_settings(spec, c),
         ),
         parameters=m.desc.parameters,  # runtime/layout/model_desc.py
         expert_parallel=setting(spec, "EP", "parallel.ep", spec.parallel.ep, "expert-parallel ranks")

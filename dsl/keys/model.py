@@ -82,6 +82,12 @@ MODEL = BlockDef(
         _int("hidden", "model width", required=True),
         _int("heads", "attention heads", required=True),
         _int("kv_heads", "key/value heads (grouped-query attention)", default="heads"),
+        _int("head_dim", "features of each attention head (Qwen3: 128 on hidden 4096 with 64 heads); "
+             "even under llama (rotary turns pairs)", default="hidden / heads"),
+        Param(name="qk_norm", type="bool", default="false",
+              doc="llama: RMSNorm over each head of q and k before rotary (Qwen3, OLMo-2)"),
+        Param(name="attention_bias", type="bool", default="false",
+              doc="llama: biases on the q, k and v projections, none on o (Qwen2)"),
         _int("ffn", "hidden size of the MLP (llama: of each SwiGLU branch)", required=True),
         _int("vocab", "vocabulary size", required=True),
         _int("seq_len", "tokens per sequence", required=True),

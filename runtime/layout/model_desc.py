@@ -69,8 +69,17 @@ class ModelConfig:
     documents: str = "joined"
     """``separate``: attention and positions stay inside each document of a sequence
     (runtime/models/documents.py); ``joined``: they cross documents."""
+    head_dim: int | None = None
+    """Features of each attention head; None: hidden / heads (filled in at construction, so
+    it is always an int once built: ``_settle_head_dim``). Qwen3: 128 on hidden 4096, 64 heads."""
+    qk_norm: bool = False
+    """RMSNorm over head_dim on each head of q and k before rotary (Qwen3, OLMo-2; llama)."""
+    attention_bias: bool = False
+    """Biases on q, k, v (not o), as Qwen2 (llama; gpt has every bias anyway)."""
 
     def __post_init__(self):
+        written = self.head_dim  # None: the default, which PAR0202 (heads divide hidden) holds
+        _settle_head_dim(self)
         if self.arch not in ARCHS:
             raise ValueError(f"ModelConfig: arch must be 'gpt' or 'llama', not {self.arch!r}")
         if self.documents not in ("joined", "separate"):
@@ -81,15 +90,17 @@ class ModelConfig:
             raise ValueError(f"ModelConfig: router must be one of {ROUTERS}, not {self.router!r}")
         shape = {"hidden": self.hidden, "heads": self.heads, "kv_heads": self.kv_heads,
                  "experts": self.experts, "top_k": self.top_k, "layers": self.layers,
-                 "first_dense_layers": self.first_dense_layers}
+                 "first_dense_layers": self.first_dense_layers, "head_dim": written, "arch": self.arch,
+                 "qk_norm": self.qk_norm, "attention_bias": self.attention_bias}
         for violation in violations(shape):  # the rules parc check applies (model_rules.py)
             raise ValueError(f"ModelConfig: {violation.message}")
         if self.padded_vocab < self.vocab:
             raise ValueError(f"ModelConfig: padded_vocab = {self.padded_vocab} < vocab = {self.vocab}")
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def attention_width(self) -> int:
+        """heads · head_dim: q_proj's output features and o_proj's input ones."""
+        return self.heads * self.head_dim
 
     @property
     def expert_hidden(self) -> int:
@@ -100,6 +111,12 @@ class ModelConfig:
         (Megatron's ``moe_layer_freq``) past the ``first_dense_layers`` dense ones, as
         Hugging Face's DeepSeek-V3 (``i >= first_k_dense_replace and i % moe_layer_freq == 0``)."""
         return self.experts > 0 and index >= self.first_dense_layers and index % self.moe_every == 0
+
+
+def _settle_head_dim(config: ModelConfig) -> None:
+    """The default head_dim, hidden / heads, written into the (frozen) record once."""
+    if config.head_dim is None and config.heads:
+        object.__setattr__(config, "head_dim", config.hidden // config.heads)
 
 
 # ---- the description ---------------------------------------------------------------
@@ -399,18 +416,22 @@ def _block(config: ModelConfig, index: int) -> BlockDesc:
     q, kv = config.heads * D, config.kv_heads * D
     prefix = f"layers.{index}."
 
-    def linear(kind, style, out_features, in_features):
+    def linear(kind, style, out_features, in_features, with_bias=bias):
         sp_bias = style == "rowwise"  # added after the reduce-scatter, on a sequence shard
-        return _linear(prefix + kind, kind, style, out_features, in_features, bias, sp_bias=sp_bias)
+        return _linear(prefix + kind, kind, style, out_features, in_features, with_bias, sp_bias=sp_bias)
 
+    columns_bias = bias or config.attention_bias  # Qwen2: q, k, v biases, none on o
     modules = [
         _norm(prefix + "attn_norm", "attn_norm", config),
-        linear("attn.q_proj", "colwise", q, C),
-        linear("attn.k_proj", "colwise", kv, C),
-        linear("attn.v_proj", "colwise", kv, C),
-        linear("attn.o_proj", "rowwise", C, q),
-        _norm(prefix + "mlp_norm", "mlp_norm", config),
+        linear("attn.q_proj", "colwise", q, C, columns_bias),
+        linear("attn.k_proj", "colwise", kv, C, columns_bias),
+        linear("attn.v_proj", "colwise", kv, C, columns_bias),
     ]
+    modules.append(linear("attn.o_proj", "rowwise", C, q))
+    if config.qk_norm:  # one (head_dim,) weight each, replicated; grads summed over tp in backward
+        modules += [ModuleDesc(name=f"{prefix}attn.{n}", kind=f"attn.{n}", layer=NORM, style=None,
+                               params=(ParamDesc(name="weight", shape=(D,)),)) for n in ("q_norm", "k_norm")]
+    modules.append(_norm(prefix + "mlp_norm", "mlp_norm", config))
     if config.is_moe(index):
         modules += _moe_modules(config, prefix)
         return BlockDesc(index=index, modules=tuple(modules), heads=config.heads, kv_heads=config.kv_heads,
@@ -528,4 +549,5 @@ def unchecked_config(**fields) -> ModelConfig:
     config = object.__new__(ModelConfig)
     for name in names:
         object.__setattr__(config, name, fields[name])
+    _settle_head_dim(config)
     return config

@@ -20,14 +20,39 @@ def model_name(name):
 
 
 @rule("PAR0202")
-def heads_divide_hidden(hidden, heads):
-    if hidden % heads == 0:
+def heads_divide_hidden(hidden, heads, head_dim=None):
+    if head_dim is not None or hidden % heads == 0:  # a written head_dim sets the heads' width itself
         return None
     return _violation(
         "PAR0202", "model.heads",
         f"hidden = {hidden} is not divisible by heads = {heads} (head_dim = hidden / heads = {hidden / heads:g})",
-        f"heads must divide hidden: one of {some(divisors(hidden), heads)}",
+        f"heads must divide hidden: one of {some(divisors(hidden), heads)}, or write model.head_dim",
     )
+
+
+
+@rule("PAR0226")
+def head_dim_even(head_dim, arch=None):
+    """Rotary positions (llama) turn pairs of a head's features: head_dim must be even."""
+    if arch == "gpt" or head_dim % 2 == 0:
+        return None
+    return _violation("PAR0226", "model.head_dim", f"head_dim = {head_dim} is odd: rotary positions (llama) "
+                      "rotate pairs of a head's features", f"try head_dim = {head_dim + 1}")
+
+
+
+@rule("PAR0227")
+def llama_attention_traits(arch, qk_norm=None, attention_bias=None):
+    """q/k RMSNorm and the q/k/v-only biases are llama's (Qwen2, Qwen3, OLMo-2); gpt keeps
+    its LayerNorm blocks with every bias."""
+    if arch != "gpt":
+        return None
+    written = [key for key, on in (("qk_norm", qk_norm), ("attention_bias", attention_bias)) if on]
+    if not written:
+        return None
+    return _violation("PAR0227", tuple(f"model.{key}" for key in written),
+                      f"model.{written[0]} = true is built for arch = llama only (gpt has every bias and no q/k norm)",
+                      f"write arch = llama, or remove model.{written[0]}")
 
 
 

@@ -9,13 +9,14 @@ hands out (``ModelDesc.block_saved_elements``) and the planner's memory model
 
 Note [what parc's trainer saves]: the activations are the tensors autograd saves in
 ``runtime/models/model.py``, counted per token, in elements (h hidden, F ffn, a heads,
-k = kv_heads·head_dim, t = tp):
+q = heads·head_dim (h unless ``model.head_dim`` is written), k = kv_heads·head_dim, t = tp):
 
   gpt block:   4h (residual x twice, each norm's output as the next linear's input)
-               + q h + k + v k + attention output h + up F + gelu F, all /t
+               + q q + k + v k + attention output q + up F + gelu F, all /t
                + norm statistics 4 and log-sum-exp a/t (flash attention: no s² term)
-  llama block: eager ops: 6h (RMSNorm saves x, x·rstd and its output) + rotated q h,
-               k, v k, output h, gate F, up F, silu F, product F (/t), rstd 2,
+  llama block: eager ops: 6h (RMSNorm saves x, x·rstd and its output) + rotated q q,
+               k, v k, output q, under qk_norm 2(q + k) + a + kv_heads (the head norms' input,
+               x·rstd and rstd), gate F, up F, silu F, product F (/t), rstd 2,
                lse a/t, cos/sin tables 4·T·D per micro-batch; compiled kernels
                (``train.kernels``, runtime/kernels): 4h (the fused norm saves x
                and rstd) and SwiGLU saves gate and up but not silu (3F), tables T·D
@@ -85,15 +86,16 @@ def block_saved_elements(
 def _dense_block(config, block, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool) -> float:
     h, F, a, t = config.hidden, block.ffn, block.heads, tp
     k = block.kv_heads * block.head_dim
+    q = _attention_width(config, block)
     if recompute == "full":
         return h / t if sp else h
     core_extra = a / t  # log-sum-exp of the flash attention
     if config.arch == "gpt":
         whole, stats = 4 * h, 4.0
-        sharded = 2 * h + 2 * k + 2 * F
+        sharded = 2 * q + 2 * k + 2 * F
     else:  # the fused RMSNorm saves x and rstd, SwiGLU gate and up, rotary its (T, D/2) tables
         whole, stats = (4 * h if _takes(compiled, "rms_norm") else 6 * h), 2.0
-        sharded = 2 * h + 2 * k + (3 if _takes(compiled, "swiglu") else 4) * F
+        sharded = 2 * q + 2 * k + (3 if _takes(compiled, "swiglu") else 4) * F + _qk_norm(config, block)
         core_extra += (1 if _takes(compiled, "rotary") else 4) * block.head_dim / micro_batch  # eager: (T, D) for q and k
     if recompute == "selective":
         core_extra = 0.0
@@ -108,13 +110,13 @@ def _dense_block(config, block, *, tp: int, sp: bool, recompute: str, micro_batc
 def _sharded_and_core(config, block, *, recompute: str, micro_batch: int, compiled: bool) -> tuple[float, float]:
     """(the tensors split over the tp ranks that hold different heads and ffn columns, per
     token before that split; the attention core's extras on one rank of C = 1)."""
-    h, F, a = config.hidden, block.ffn, block.heads
-    k = block.kv_heads * block.head_dim
+    F, a = block.ffn, block.heads
+    k, q = block.kv_heads * block.head_dim, _attention_width(config, block)
     core = float(a)
     if config.arch == "gpt":
-        sharded = 2 * h + 2 * k + 2 * F
+        sharded = 2 * q + 2 * k + 2 * F
     else:
-        sharded = 2 * h + 2 * k + (3 if _takes(compiled, "swiglu") else 4) * F
+        sharded = 2 * q + 2 * k + (3 if _takes(compiled, "swiglu") else 4) * F + _qk_norm(config, block)
     return sharded, 0.0 if recompute == "selective" else core
 
 
@@ -132,6 +134,20 @@ def _grid_block(config, block, *, grid, sp: bool, recompute: str, micro_batch: i
     if sp:
         return 4 * h / (rows * cols) + 2 / cols + 2 * h / rows + heads_part
     return 6 * h / rows + 2 + heads_part
+
+
+def _attention_width(config, block) -> int:
+    """heads · head_dim: q's features and the attention output's (hidden unless
+    ``model.head_dim`` sets the heads' width)."""
+    return block.heads * block.head_dim
+
+
+def _qk_norm(config, block) -> float:
+    """``model.qk_norm``: each RMSNorm over a head of q and k saves its input and x·rstd, and
+    one rstd per head (eager ops: the head norms never take a compiled kernel)."""
+    if not getattr(config, "qk_norm", False):
+        return 0.0
+    return 2.0 * (block.heads + block.kv_heads) * block.head_dim + block.heads + block.kv_heads
 
 
 def _dense_mlp(config, block, tp: int, compiled: bool) -> float:

@@ -7,7 +7,10 @@ Takes: a ``ModelConfig``. Gives: ``Attention`` with plain ``nn.Linear`` projecti
 tensor transform swaps them for column/row-parallel ones), ``rotary`` and ``rotary_at``.
 Under ``model.documents = separate`` the core masks keys outside the query's document
 and rotates each token at its position within its document (documents.py); the plain
-``is_causal`` path is the one every other model takes.
+``is_causal`` path is the one every other model takes. A head is ``config.head_dim``
+wide (hidden / heads unless ``model.head_dim`` says); ``model.qk_norm`` normalizes each
+head of q and k (``norm.HeadNorm``) before rotary; ``model.attention_bias`` gives q, k
+and v biases (o none).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..parallel.tensor.layers import project
 from .documents import span_positions
+from .norm import HeadNorm
 
 
 def _frequencies(x, theta):
@@ -53,12 +57,18 @@ class Attention(nn.Module):
     def __init__(self, config):
         super().__init__()
         bias = config.arch == "gpt"
-        C, D = config.hidden, config.hidden // config.heads
+        columns_bias = bias or config.attention_bias  # Qwen2: q, k, v biases, none on o
+        C, D = config.hidden, config.head_dim
         self.head_dim, self.llama, self.theta = D, config.arch == "llama", config.rope_theta
-        self.q_proj = nn.Linear(C, config.heads * D, bias=bias)
-        self.k_proj = nn.Linear(C, config.kv_heads * D, bias=bias)
-        self.v_proj = nn.Linear(C, config.kv_heads * D, bias=bias)
+        self.q_proj = nn.Linear(C, config.heads * D, bias=columns_bias)
+        self.k_proj = nn.Linear(C, config.kv_heads * D, bias=columns_bias)
+        self.v_proj = nn.Linear(C, config.kv_heads * D, bias=columns_bias)
         self.o_proj = nn.Linear(config.heads * D, C, bias=bias)
+        if config.qk_norm:  # Qwen3, OLMo-2: RMSNorm over each head's features, one weight for all heads
+            self.q_norm = HeadNorm(D, eps=config.norm_eps)
+            self.k_norm = HeadNorm(D, eps=config.norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
         self.dropout = config.dropout
         self.selective = False  # recompute = "selective" (parallelize.recompute)
         self.context = None  # context.ContextParallel under cp > 1 (parallelize.context)
@@ -137,6 +147,8 @@ class Attention(nn.Module):
         """
         B, T = q.shape[:2]
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        if self.q_norm is not None:  # per head, on this rank's tokens and heads, before rotary
+            q, k = self.q_norm(q), self.k_norm(k)
         ulysses = self.context is not None and self.context.kind == "ulysses"
         if ulysses:  # (B, heads/tp, T/cp, D) → (B, heads/(tp·cp), T, D)
             q, k, v = (self.context.to_heads(t) for t in (q, k, v))

@@ -152,11 +152,12 @@ def edited(imported, tmp_path, kind: str, **changes):
 
 
 @pytest.mark.parametrize("kind, changes, message", [
-    ("llama", {"model_type": "qwen2"}, '"model_type" = \'qwen2\': parc imports gpt2, llama, mixtral'),
+    ("llama", {"model_type": "gemma"}, '"model_type" = \'gemma\': parc imports gpt2, llama, mixtral, qwen2, qwen3'),
     ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}},
      "\"rope_parameters\": rope_type 'llama3': parc's rotary has no scaling (only rope_type \"default\")"),
     ("llama", {"attention_bias": True}, '"attention_bias" = true: parc\'s llama has false only'),
-    ("llama", {"head_dim": 16}, '"head_dim" = 16: parc\'s heads are hidden / heads = 32 / 4 wide'),
+    ("llama", {"head_dim": 16},  # read as parc's model.head_dim: the weights are not that model's
+     "model.layers.0.self_attn.q_proj.weight has shape [32, 32], but config.json's model has [64, 32]"),
     ("gpt2", {"attn_pdrop": 0.1}, '"attn_pdrop" = 0.1 but "resid_pdrop" = 0.0: parc has one dropout for both'),
     ("mixtral", {"sliding_window": 16},
      '"sliding_window" = 16: parc attends to the whole sequence (max_position_embeddings = 32)'),
@@ -189,7 +190,8 @@ def test_another_models_checkpoint_is_refused_naming_the_tensors(imported, tmp_p
     build_dir = build("one", tmp_path / "build")
     done = run(build_dir, 1, ["--steps", "1", "--init-from", str(out / "checkpoint")], expect=1)
     assert done.stderr.strip().splitlines()[-1] == (
-        f"train.py: --init-from {out / 'checkpoint'} is a checkpoint of another model (hidden 32 there, 64 here): "
+        f"train.py: --init-from {out / 'checkpoint'} is a checkpoint of another model (hidden 32 there, 64 here; "
+        "head_dim 8 there, 16 here): "
         "embed.weight [256, 32] there, [256, 64] here; final_norm.bias [32] there, [64] here; "
         "final_norm.weight [32] there, [64] here; layers.0.attn.k_proj.bias [32] there, [64] here; "
         "layers.0.attn.k_proj.weight [32, 32] there, [64, 64] here; layers.0.attn.o_proj.bias [32] there, [64] here; "

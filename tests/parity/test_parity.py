@@ -337,6 +337,33 @@ def documents_reference_case(arch: str) -> Case:
                 ("--steps", str(STEPS)))
 
 
+TRAITS = dict(model__head_dim=12, model__qk_norm="true", model__attention_bias="true",
+              train__optimizer="adamw(lr = 1e-2, betas = (0.9, 0.95), weight_decay = 0.1)")
+"""Current open models' attention (issue 35): heads of 12 on hidden 64 with 8 heads (not
+hidden / heads), Qwen3's q/k RMSNorm and Qwen2's q/k/v biases, all on in one llama. lr 1e-2,
+not the spec's 1e-3: the head norms' weights then move enough that leaving their gradients
+partial over tp (each rank's heads only) shifts step 3's loss by 4e-5 of it (measured), past
+RTOL, where at 1e-3 it stayed under it; the right run stays within 1e-7."""
+TRAIT_LAYOUTS = {
+    # heads·head_dim split over tp, the column biases with their rows, the head norms' grads summed over tp
+    "tp2": dict(tp=2),
+    "tp2-sp": dict(tp=2, sp=True),
+    # the head norms on the rank's two load-balanced chunks, rotary of head_dim at their positions
+    "cp2-ring": dict(cp=2, parallel__cp_kind="ring"),
+    "pp2-1f1b": dict(pp=2),
+}
+
+
+def traits_case(layout: str) -> Case:
+    degrees = TRAIT_LAYOUTS[layout]
+    return Case(f"llama-traits-{layout}", "llama.par", tuple(layout_overrides(**degrees, **TRAITS)),
+                nproc_of(degrees), ("--steps", str(STEPS)))
+
+
+def traits_reference_case() -> Case:
+    return Case("llama-traits-single", "llama.par", tuple(layout_overrides(**TRAITS)), 1, ("--steps", str(STEPS)))
+
+
 def model_overrides(degrees: dict) -> dict:
     """The ``model__*`` entries of a layout: the single-rank reference must share them."""
     return {key: value for key, value in degrees.items() if key.startswith("model__")}
@@ -407,6 +434,8 @@ def cases_of(item) -> list[Case]:
     if item.originalname == "test_documents_match_single_rank":
         name = item.callspec.params["name"]
         return [documents_case(name), documents_reference_case(name.split("-")[0])]
+    if item.originalname == "test_traits_match_single_rank":
+        return [traits_case(item.callspec.params["layout"]), traits_reference_case()]
     if item.originalname == "test_single_rank_loss_falls":
         return [reference_case(arch) for arch in ARCHS]
     return []
@@ -452,6 +481,17 @@ def test_documents_match_single_rank(name, trainers):
             assert_close(got["val_loss"], want["val_loss"], f"documents {name} step {got['step']} val_loss")
     assert_close(runs[0]["grad_norm"], expected[0]["grad_norm"], f"documents {name} step 1 grad_norm")
     assert "cp2-ring" not in name or [r["step"] for r in runs if r.get("val_loss") is not None] == [2, 4, 6]
+
+
+@pytest.mark.parametrize("layout", list(TRAIT_LAYOUTS))
+def test_traits_match_single_rank(layout, trainers):
+    """head_dim ≠ hidden / heads, qk_norm and attention_bias together: every step's loss and
+    the first grad norm equal one rank's."""
+    runs, expected = trainers.records(traits_case(layout)), trainers.records(traits_reference_case())
+    assert [r["step"] for r in runs] == [r["step"] for r in expected] == list(range(1, STEPS + 1))
+    for got, want in zip(runs, expected):
+        assert_close(got["loss"], want["loss"], f"traits {layout} step {got['step']} loss")
+    assert_close(runs[0]["grad_norm"], expected[0]["grad_norm"], f"traits {layout} step 1 grad_norm")
 
 
 def test_single_rank_loss_falls(trainers):

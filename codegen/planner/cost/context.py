@@ -33,7 +33,7 @@ from .layout import Layout
 def _widths(spec: Spec, layout: Layout) -> tuple[float, float]:
     """(q, kv): a rank's query and K (or V) widths in elements per token."""
     m = spec.model
-    D = m.hidden // m.heads
+    D = m.head_dim
     kv_heads = max(1.0, m.kv_heads / layout.tp)  # tp > kv_heads: one replicated head
     return m.heads * D / layout.tp, kv_heads * D
 

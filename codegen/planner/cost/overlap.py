@@ -125,17 +125,17 @@ def exposed_comm(stages: Sequence[Stage], *, sub_batches: int, ranks: int, link:
 
 def block_stages(
     *, micro_batch: int, seq_len: int, hidden: int, ffn: int, heads: int, kv_heads: int, arch: str,
-    tp: int, sequence_parallel: bool, flops_per_s: float, bytes_per_element: int = 4,
+    tp: int, sequence_parallel: bool, flops_per_s: float, bytes_per_element: int = 4, head_dim: int | None = None,
 ) -> tuple[Stage, ...]:
     """The stages of one GPT/Llama block on one tp rank, as ``runtime/parallel/tensor/overlap.py`` runs them.
 
     Compute is the block's matmul FLOPs and the attention products (model_desc.py's
-    BlockDesc) at ``flops_per_s``; every collective carries the (micro_batch, seq_len,
+    BlockDesc; ``head_dim``: None for hidden / heads) at ``flops_per_s``; every collective carries the (micro_batch, seq_len,
     hidden) activations.
     """
     block = describe(ModelConfig(
         arch=arch, layers=1, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=1, padded_vocab=1,
-        seq_len=seq_len,
+        seq_len=seq_len, head_dim=head_dim,
     )).blocks[0]  # runtime/layout/model_desc.py: the block's shapes
     tokens = micro_batch * seq_len
     attention = 2 * tokens * block.matmul_weights("attn") + tokens * block.core_flops_per_token(seq_len)

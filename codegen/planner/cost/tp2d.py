@@ -48,13 +48,13 @@ def grid_block_comm(spec, layout, hw, *, tokens: float, size: float) -> tuple[fl
     rows, cols = layout.tp_grid
     column, row = _columns_and_rows(spec, layout, hw, tokens, size)
     kv = m.kv_heads * m.head_dim
-    colwise_out = [m.hidden, kv, kv] + [m.ffn] * (2 if m.arch is Arch.LLAMA else 1)  # q, k, v; (gate,) up
+    colwise_out = [m.attention_width, kv, kv] + [m.ffn] * (2 if m.arch is Arch.LLAMA else 1)  # q, k, v; (gate,) up
     rowwise = 2  # o_proj, down_proj
     norm_sums = 2 * (1 if m.arch is Arch.LLAMA else 2)  # two norms' row statistics (fp32 scalars per token)
     statistics = norm_sums * collective_time(hw, "all_reduce", tokens * 4.0, size=rows, stride=cols)
     forward = sum(column(out / cols) for out in colwise_out) + rowwise * row(m.hidden / rows) + statistics
     backward = len(colwise_out) * row(m.hidden / rows) + sum(
-        column(inner / cols) for inner in (m.hidden, m.ffn)) + statistics
+        column(inner / cols) for inner in (m.attention_width, m.ffn)) + statistics
     return forward, backward
 
 

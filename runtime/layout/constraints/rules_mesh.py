@@ -53,14 +53,15 @@ def _and(words: list[str]) -> str:
 
 
 @rule("PAR0223")
-def tp_kv_heads(tp, kv_heads, heads=None, hidden=None, tp_shape=None, tp_shape_auto=None):
+def tp_kv_heads(tp, kv_heads, heads=None, hidden=None, tp_shape=None, tp_shape_auto=None, head_dim=None):
     """tp ≤ kv_heads splits the kv heads; tp > kv_heads replicates each over tp / kv_heads ranks,
     and the k and v weights (kv_heads · head_dim rows) are stored split over all tp ranks.
     A 2D grid splits them over C instead, never replicating them (``build_tp_2d_kv_heads``);
     under ``tp_shape = auto`` only a tp that no grid with R > 1 fits is reported."""
     if tp_2d(tp_shape):
         return None
-    found = _kv_heads_1d(tp, kv_heads, heads, hidden)
+    width = head_dim if head_dim is not None else None if heads is None or hidden is None else hidden // heads
+    found = _kv_heads_1d(tp, kv_heads, heads, width)
     if found is not None and tp_shape is None and tp_shape_auto:
         if any(rows > 1 for rows, _ in tp_grids(tp, {"heads": heads, "hidden": hidden})):
             return None
@@ -68,7 +69,7 @@ def tp_kv_heads(tp, kv_heads, heads=None, hidden=None, tp_shape=None, tp_shape_a
 
 
 
-def _kv_heads_1d(tp, kv_heads, heads, hidden) -> Violation | None:
+def _kv_heads_1d(tp, kv_heads, heads, head_dim) -> Violation | None:
     replicas = kv_replicas(kv_heads, tp)
     if replicas == 0:
         fits = sorted({d for d in divisors(kv_heads)} | {kv_heads * m for m in divisors(heads or kv_heads)})
@@ -78,14 +79,14 @@ def _kv_heads_1d(tp, kv_heads, heads, hidden) -> Violation | None:
                           f"tp = {tp} neither divides kv_heads = {kv_heads} nor is a multiple of it "
                           f"(tp > kv_heads replicates each kv head over tp / kv_heads ranks)",
                           f"tp must be one of {some(fits, tp)}")
-    if replicas == 1 or heads is None or hidden is None:
+    if replicas == 1 or heads is None or head_dim is None:
         return None
-    rows = kv_heads * (hidden // heads)
+    rows = kv_heads * head_dim
     if rows % tp == 0:
         return None
     return _violation("PAR0223", ("parallel.tp", "model.kv_heads"),
                       f"tp = {tp} replicates kv_heads = {kv_heads} over {replicas} ranks each, but does not divide "
-                      f"the k and v weights' kv_heads·head_dim = {kv_heads}·{hidden // heads} = {rows} rows, "
+                      f"the k and v weights' kv_heads·head_dim = {kv_heads}·{head_dim} = {rows} rows, "
                       f"which every tp rank stores a share of",
                       f"tp must divide {rows} and heads = {heads}: one of "
                       f"{some([d for d in divisors(rows) if kv_replicas(kv_heads, d) and heads % d == 0], tp)}")

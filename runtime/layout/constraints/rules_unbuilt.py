@@ -164,3 +164,16 @@ def build_tp_2d_kv_heads(tp_shape, kv_heads):
                       f"tp_shape = ({rows}, {cols}) splits the kv heads over C = {cols} ranks, "
                       f"but C does not divide kv_heads = {kv_heads} (2D does not replicate kv heads)",
                       "C must be one of " + ", ".join(map(str, fits)) + f" (and R = {rows * cols} / C)")
+
+
+
+@rule("PAR0228", BUILD)
+def build_tp_2d_qk_norm(tp_shape, qk_norm):
+    """A 2D grid repeats a row's heads on its R ranks; the head norms' gradient sum over tp
+    (``norm.HeadNorm``) is 1D's, so ``qk_norm`` is built with 1D tensor parallelism only."""
+    if not tp_2d(tp_shape) or not qk_norm:
+        return None
+    rows, cols = tp_shape
+    return _violation("PAR0228", ("model.qk_norm", "parallel.tp_shape"),
+                      f"model.qk_norm = true is not built with 2D tensor parallelism (tp_shape = ({rows}, {cols}))",
+                      f"write tp_shape = (1, {rows * cols}), or remove model.qk_norm")

@@ -107,7 +107,7 @@ class TensorParallelPlan:
                              "multiple of it (attn.k_proj)")
         sizes = {
             "attn.q_proj": ("heads", config.heads),
-            "attn.k_proj": ("kv_heads·head_dim", config.kv_heads * (config.hidden // config.heads)),
+            "attn.k_proj": ("kv_heads·head_dim", config.kv_heads * config.head_dim),
             "mlp.up_proj": ("ffn", config.ffn),
             "embed": ("padded_vocab", config.padded_vocab),
             "head": ("padded_vocab", config.padded_vocab),
