@@ -4,6 +4,7 @@ and the step's gradient is autograd's accumulation of the same micro-batches."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from parc.runtime.parallel.data import fsdp
@@ -45,11 +46,13 @@ def test_each_micro_batch_is_reduced_into_the_shards_and_freed():
     assert at == opt.flat.numel()
 
 
-def test_split_backward_regathers_for_w_and_frees_after_b():
+@pytest.mark.parametrize("recompute", [None, "full"])
+def test_split_backward_regathers_for_w_and_frees_after_b(recompute):
     """fsdp.py, Note [ZeRO-3 under a split backward]: on a last stage of two blocks, B leaves
     nothing gathered, every W gathers the units whose gradients it computes (they are
     whole when each gradient lands), frees them and reduces their gradients; the step's
-    gradient is autograd's over the same micro-batches."""
+    gradient is autograd's over the same micro-batches; with a full recompute, whose
+    rerun inside B finds its block gathered."""
     from parc.runtime.parallel.pipeline.split_backward import backward_input, backward_weight
 
     config = model.ModelConfig(
@@ -58,7 +61,8 @@ def test_split_backward_regathers_for_w_and_frees_after_b():
     )
 
     def stage():
-        return built.build(config, seed=3, kernels="eager", stages=((0, 1), (1, 3)), pp_rank=1, pp_size=2)
+        return built.build(config, seed=3, kernels="eager", stages=((0, 1), (1, 3)), pp_rank=1, pp_size=2,
+                           recompute=recompute)
 
     micro_batches, reference, net = 3, stage(), stage()
     whole_when_landed = []
