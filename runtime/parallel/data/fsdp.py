@@ -64,7 +64,7 @@ ZeRO-3 exists to avoid; regathered, at most 1 + prefetch blocks are gathered at 
 time, as under 1F1B, for one more all-gather per block and micro-batch (three: F, B and
 W; the first stage's W runs its whole backward, so two there), priced in the planner
 (cost/time.py, Note [ZeRO-3 gathers]). So each chunk carries ``split_backward_hooks``
-(``_SplitBackward``): in B, a block's pre-backward frees the block after it (its B is
+(``fsdp_units.SplitBackwardHooks``): in B, a block's pre-backward frees the block after it (its B is
 over; nothing accumulates in B) and the end of B frees the rest; before each W group
 its units are gathered (the next groups' prefetched), and as in any backward a unit is
 freed, and its gradients reduce-scattered, once its parameters have all accumulated
@@ -110,14 +110,12 @@ already weighs against ZeRO-3. The AdamW arithmetic and the global norm are
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from ...distributed.comm import exposed, group_rank, group_size, on_gradient
-from .fsdp_units import Unit, materialize_meta, sum_over_replicas
+from .fsdp_units import SplitBackwardHooks, Unit, materialize_meta, sum_over_replicas
 from .fsdp_units import node_groups, expert_node_groups  # noqa: F401  (train.py's, under zero_shard = node)
 from ...optimizers.master import Fp32Accumulation, mark_compute_dtype
 from ...optimizers.optim import clip_to_norm_
@@ -217,8 +215,8 @@ class FullyShardedAdamW:
         late = [p for unit in self.units for p, early in zip(unit.params, unit.early) if not early]
         self.accumulation = Fp32Accumulation(late, self.accumulations)
         self._peak = self.gathered_peak_bytes = 0  # this step's, and the last step's
-        self._inputs_only = False  # inside a B pass (Note [ZeRO-3 under a split backward])
-        self._unit_of = {id(p): unit for unit in self.units for p in unit.params}
+        self.inputs_only = False  # inside a B pass (Note [ZeRO-3 under a split backward])
+        self.unit_of = {id(p): unit for unit in self.units for p in unit.params}
         self._hook(chunks)
         if compute_dtype is not None:
             mark_compute_dtype(chunks, compute_dtype)
@@ -262,9 +260,9 @@ class FullyShardedAdamW:
             for unit in mine:
                 for p in unit.params:
                     on_gradient(p, self._accumulated, self.units.index(unit))
-            chunk.split_backward_hooks = _SplitBackward(self, mine)  # Note [ZeRO-3 under a split backward]
+            chunk.split_backward_hooks = SplitBackwardHooks(self, mine)  # Note [ZeRO-3 under a split backward]
 
-    def _use(self, units: list, upcoming: list) -> None:
+    def use(self, units: list, upcoming: list) -> None:
         """Gather ``units`` (waiting their all-gathers) and launch the next blocks' (Note [prefetch])."""
         for unit in units:
             unit.wait()
@@ -275,7 +273,7 @@ class FullyShardedAdamW:
 
     def _pre_forward(self, units, after):
         def hook(module, args):
-            self._use(units, [] if _in_backward() else after)
+            self.use(units, [] if _in_backward() else after)
         return hook
 
     def _post_forward(self, units, before, done):
@@ -293,10 +291,10 @@ class FullyShardedAdamW:
 
     def _pre_backward(self, units, before, done):
         def hook(grad):
-            if self._inputs_only:  # a B pass: ``done``'s part of it is over (Note [ZeRO-3 under a split backward])
+            if self.inputs_only:  # a B pass: ``done``'s part of it is over (Note [ZeRO-3 under a split backward])
                 for unit in done:
                     unit.free()
-            self._use(units, before)
+            self.use(units, before)
             return grad
         return hook
 
@@ -445,46 +443,6 @@ class FullyShardedAdamW:
     def gathered_param_bytes(self) -> int:
         """Bytes of units gathered right now."""
         return sum(unit.nbytes() for unit in self.units if unit.gathered)
-
-
-class _SplitBackward:
-    """A chunk's ``split_backward_hooks`` (split_backward.py, Note [hooks of a split
-    backward]) under ZeRO-3: Note [ZeRO-3 under a split backward]."""
-
-    def __init__(self, optimizer: FullyShardedAdamW, units: list):
-        self.optimizer, self.units = optimizer, units
-
-    @contextlib.contextmanager
-    def inputs(self):
-        """Around a B pass: each block is freed once the previous block's B begins, and
-        whatever is still gathered when B ends (the first block, a prefetch) then."""
-        optimizer = self.optimizer
-        optimizer._inputs_only = True
-        try:
-            yield
-        finally:
-            optimizer._inputs_only = False
-            for unit in self.units:
-                if unit.pending == len(unit.params):  # no W half done with it
-                    unit.free()
-
-    def weights(self, params: list, later: list) -> None:
-        """Before a W group: gather the units of ``params``, and launch those of the next
-        groups (``later``, lists of parameters: Note [prefetch]). Each unit is freed, and
-        its gradients reduce-scattered, once its parameters have all accumulated."""
-        unit_of, units, upcoming = self.optimizer._unit_of, [], []
-        for p in params:
-            unit = unit_of.get(id(p))
-            if unit is not None and unit not in units:
-                units.append(unit)
-        for group in later:
-            for p in group:
-                unit = unit_of.get(id(p))
-                if unit is not None and unit not in units and [unit] not in upcoming:
-                    upcoming.append([unit])
-            if len(upcoming) >= self.optimizer.prefetch:
-                break
-        self.optimizer._use(units, upcoming)
 
 
 def _roots(params: list, layouts) -> list[tuple[str, list]]:
