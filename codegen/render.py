@@ -321,6 +321,9 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
         "# backward (ZERO_PREFETCH blocks ahead), frees it after; gradients reduce-scattered",
         "# into fp32 shards after every micro-batch's backward (runtime/parallel/data/fsdp.py)",
     ]
+    if "split_backward" in features.pipeline_modules(plan.pipeline.schedule):
+        optimizer_lines.append(
+            "# the split backward's W gathers its blocks once more (Note [ZeRO-3 under a split backward])")
     if hybrid:
         optimizer_lines += [
             f"# {cite(train.zero_shard.span)}: shard over the {over} ranks of one node, replicate across nodes",

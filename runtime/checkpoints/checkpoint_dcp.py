@@ -151,19 +151,26 @@ def load(path: str, state: dict, pieces) -> None:
 
     Two local boxes of one tensor at the same place (a rank holding both copies of a
     tied embedding, or of a stage's two replicas: runtime/layout/placement.py) are read
-    once and copied into the others."""
+    once and copied into the others. Boxes starting at the same place may differ in size
+    (ZeRO-3 under ZB-V: the two copies' shards are cut from two units of different
+    sizes); DCP names a destination by its start, so the one holding the others is read
+    and each other is copied from its leading part (one read on every rank: DCP's load
+    is collective)."""
     first: dict = {}
-    copies = []
     for piece in pieces:
         box = (piece.name, piece.offsets)
-        if box in first:
-            copies.append((first[box], piece))
-        else:
+        if box not in first or piece.tensor.numel() > first[box].tensor.numel():
             first[box] = piece
     _load(path, state, _LoadPlanner(list(first.values())))
     with torch.no_grad():
-        for source, target in copies:
-            target.tensor.copy_(source.tensor)
+        for piece in pieces:
+            source = first[(piece.name, piece.offsets)]
+            if source is piece:
+                continue
+            lead = tuple(slice(0, n) for n in piece.tensor.shape)
+            if any(n > m for n, m in zip(piece.tensor.shape, source.tensor.shape)):
+                raise RuntimeError(f"internal error: two boxes of {piece.name} at {piece.offsets} overlap only in part")
+            piece.tensor.copy_(source.tensor[lead])
 
 
 def _load(path: str, state: dict, planner) -> None:

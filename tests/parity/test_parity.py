@@ -75,6 +75,10 @@ LAYOUTS = {
     "pp2-zero_bubble_v": dict(pp=2, parallel__schedule="zero_bubble_v", model__layers=4),
     "pp2-dp2-zero_bubble_v": dict(pp=2, dp=2, parallel__schedule="zero_bubble_v", model__layers=4),
     "pp2-tp2-zero_bubble_v": dict(pp=2, tp=2, parallel__schedule="zero_bubble_v", model__layers=4),
+    # ZeRO-3 under the split backward: W regathers its block (fsdp.py, Note [ZeRO-3 under a split backward])
+    "pp2-dp2-zero3-zero_bubble": dict(pp=2, dp=2, parallel__zero=3, parallel__schedule="zero_bubble"),
+    "pp2-dp2-zero3-zero_bubble_v": dict(pp=2, dp=2, parallel__zero=3, parallel__schedule="zero_bubble_v",
+                                        model__layers=4),
     # chimera: two pipelines in opposite directions, each stage held twice (ranks r and
     # p-1-r) with the replicas' gradients summed (runtime/layout/placement.py, model.py)
     "pp2-chimera": dict(pp=2, parallel__schedule="chimera"),

@@ -136,3 +136,25 @@ def test_hybrid_sharding_holds_a_node_share_of_every_unit():
     hybrid, flat = memory(node, layout).per_rank[0], memory(spec, layout).per_rank[0]
     assert (hybrid.params, hybrid.grads, hybrid.optimizer) == (4.0 * shard, 4.0 * shard, 8.0 * shard)
     assert hybrid.params > 40 * flat.params
+
+
+def test_a_split_backward_gathers_each_unit_again_for_its_w():
+    """zero_bubble and zero_bubble_v under ZeRO-3 (fsdp.py, Note [ZeRO-3 under a split
+    backward]): W regathers its units, one more all-gather per unit and micro-batch on
+    the link, and B's and W's gathers each hide under their share of the backward only."""
+    from parc.codegen.planner.cost.layout import rank_params
+    from parc.codegen.planner.cost.time import zero3_collective, zero3_gathers
+
+    spec, layout = row_spec(_rows("175B")[-1])
+    hw = from_mesh(spec.mesh)
+    params, _ = rank_params(spec.model, layout, 0)
+    units, micro_batches = spec.model.layers, 4
+
+    def gathers(schedule):
+        return zero3_gathers(hw, replace(layout, schedule=schedule), params, units, 1e-3, 2e-3, Accounting.MEGATRON,
+                             micro_batches=micro_batches, gather_element=2.0, grad_element=2.0)
+
+    g = zero3_collective(hw, layout, "all_gather", params * 2.0 / units)
+    for schedule in ("zero_bubble", "zero_bubble_v"):
+        assert gathers(schedule).total == pytest.approx(gathers("1f1b").total + micro_batches * units * g)
+        assert gathers(schedule).exposed > gathers("1f1b").exposed

@@ -65,6 +65,8 @@ from dataclasses import dataclass
 from parc.dsl.spec import Arch, ModelSpec, Precision, Spec
 from parc.runtime.layout.model_desc import LINEAR
 from parc.runtime.layout.placement import placement_for
+from parc.runtime.schedules.schedule import SPLIT_BACKWARD
+from parc.runtime.schedules.schedule_sim import weight_share
 from parc.runtime.schedules.schedule_terapipe import slice_scale
 
 
@@ -518,7 +520,12 @@ def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, fo
     (their elements of Ψ_rank, and the node's edp ranks E they shard over: fsdp.py's Note
     [experts as units]) the dense shard's replicas sum ⌈(Ψ_rank − Ψ_experts)/S⌉ and the
     experts' edp/E replicas ⌈Ψ_experts/E⌉ more. With gloo on the CPU cores
-    (``comm_on_cores``) nothing hides."""
+    (``comm_on_cores``) nothing hides. A split backward (zero_bubble, zero_bubble_v) gathers
+    each unit a third time, for its W (fsdp.py, Note [ZeRO-3 under a split backward]:
+    regathered, not kept whole from B to W; a first stage's W is its whole backward, but
+    the step is paced by the other stages): B passes gather under the input-gradient
+    share of the backward, W passes gather and reduce-scatter under the weight share
+    (``schedule_sim.weight_share``); the gathered memory stays 1 + prefetch units."""
     if layout.zero < 3 or layout.shard_ranks <= 1:
         return None
     units = max(1.0, blocks)
@@ -533,12 +540,18 @@ def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, fo
     if expert_replicas > 1:  # the experts' shards, over the edp ranks of the other nodes
         sync += collective_time(hw, "all_reduce", math.ceil(mine / expert_shard) * grad_element,
                                 size=expert_replicas, stride=expert_shard * layout.expert_folds)
-    total = micro_batches * units * (2 * g + r) + sync
+    split = layout.schedule in SPLIT_BACKWARD
+    total = micro_batches * units * ((3 if split else 2) * g + r) + sync
     if hw.comm_on_cores:
         return Zero3Gathers(total=total, exposed=total)
     phi = hw.zero3_overlap
     ahead = g + (units - 1) * max(0.0, g - phi * forward)
-    back = g + (units - 1) * max(0.0, g + r - phi * backward) + r
+    if split:  # B: a gather under the input gradients; W: a gather and a reduce-scatter under the weights'
+        weights = weight_share(backward)
+        back = g + (units - 1) * max(0.0, g - phi * (backward - weights))
+        back += g + (units - 1) * max(0.0, g + r - phi * weights) + r
+    else:
+        back = g + (units - 1) * max(0.0, g + r - phi * backward) + r
     return Zero3Gathers(total=total, exposed=micro_batches * (ahead + back) + sync)
 
 

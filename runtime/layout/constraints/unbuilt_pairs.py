@@ -130,10 +130,6 @@ _TERAPIPE = "a slice's keys and values are kept whole in each stage's attention"
 _2D = "the 2D layers do not meet its sharding of the hidden state yet"
 
 UNBUILT = (
-    Unbuilt("zero3", "zero_bubble", "PAR0826", "the weight-gradient (W) ops run after the block's gathered "
-            "parameters are freed", "use {b_off} with {a}, or {a_off} with {b}"),
-    Unbuilt("zero3", "zero_bubble_v", "PAR0826", "the weight-gradient (W) ops run after the block's gathered "
-            "parameters are freed", "use {b_off} with {a}, or {a_off} with {b}"),
     Unbuilt("capacity", "cp", "PAR0811", "the drop ranking over the whole micro-batch is not built when a rank "
             "routes a chunk of each sequence", "write {a_off} with {b}, or {b_off}"),
     Unbuilt("capacity", "sp", "PAR0830", "the drop ranking over the whole micro-batch is not built when a rank "

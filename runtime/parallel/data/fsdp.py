@@ -55,6 +55,22 @@ parameter by the t dp groups of its layer: each rank adds its squares (the latte
 divided by t), and one sum over the stage (and the pipeline) gives the one-rank norm.
 Checkpoints see only units with groups (checkpoint_shards.py), so they stay layout-free.
 
+Note [ZeRO-3 under a split backward]: zero_bubble's and zero_bubble_v's B pass (input
+gradients) needs a block's parameters, and so does its W pass (weight gradients), which
+may run several micro-batches later (split_backward.py). parc regathers for W rather
+than keeping the block gathered from B to W: kept, every block whose W is owed stays
+whole, up to a stage's parameters for most of the step (ZB-H1 owes min(p, M) Ws), what
+ZeRO-3 exists to avoid; regathered, at most 1 + prefetch blocks are gathered at any
+time, as under 1F1B, for one more all-gather per block and micro-batch (three: F, B and
+W; the first stage's W runs its whole backward, so two there), priced in the planner
+(cost/time.py, Note [ZeRO-3 gathers]). So each chunk carries ``split_backward_hooks``
+(``fsdp_units.SplitBackwardHooks``): in B, a block's pre-backward frees the block after it (its B is
+over; nothing accumulates in B) and the end of B frees the rest; before each W group
+its units are gathered (the next groups' prefetched), and as in any backward a unit is
+freed, and its gradients reduce-scattered, once its parameters have all accumulated
+(Note [gradients of a unit]: a W is one pass). HSDP (``zero_shard = node``) is the same
+code path over other groups.
+
 Note [prefetch]: gathering a unit first waits its all-gather, then launches the
 asynchronous all-gathers of the next ``prefetch`` units in the order they will run
 (forward: the following blocks; backward: the preceding ones), so they travel while
@@ -99,7 +115,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ...distributed.comm import exposed, group_rank, group_size, on_gradient
-from .fsdp_units import Unit, materialize_meta, sum_over_replicas
+from .fsdp_units import SplitBackwardHooks, Unit, materialize_meta, sum_over_replicas
 from .fsdp_units import node_groups, expert_node_groups  # noqa: F401  (train.py's, under zero_shard = node)
 from ...optimizers.master import Fp32Accumulation, mark_compute_dtype
 from ...optimizers.optim import clip_to_norm_
@@ -199,6 +215,8 @@ class FullyShardedAdamW:
         late = [p for unit in self.units for p, early in zip(unit.params, unit.early) if not early]
         self.accumulation = Fp32Accumulation(late, self.accumulations)
         self._peak = self.gathered_peak_bytes = 0  # this step's, and the last step's
+        self.inputs_only = False  # inside a B pass (Note [ZeRO-3 under a split backward])
+        self.unit_of = {id(p): unit for unit in self.units for p in unit.params}
         self._hook(chunks)
         if compute_dtype is not None:
             mark_compute_dtype(chunks, compute_dtype)
@@ -232,16 +250,19 @@ class FullyShardedAdamW:
             roots = [unit for unit in self.units if unit.name.split(".")[:2] == [f"chunk{index}", "root"]]
             for position, (block, units) in enumerate(zip(chunk.layers.values(), blocks)):
                 after, before = blocks[position + 1 :], blocks[:position][::-1]
+                done = after[0] if after else roots  # whose B is over when this block's begins
                 block.register_forward_pre_hook(self._pre_forward(units, after))
-                block.register_forward_hook(self._post_forward(units, before, keep=False))
+                block.register_forward_hook(self._post_forward(units, before, done))
             if roots:
                 chunk.register_forward_pre_hook(self._pre_forward(roots, blocks))
-                chunk.register_forward_hook(self._post_forward(roots, blocks[::-1], keep=False))
-            for unit in [u for units in blocks for u in units] + roots:
+                chunk.register_forward_hook(self._post_forward(roots, blocks[::-1], []))
+            mine = [u for units in blocks for u in units] + roots
+            for unit in mine:
                 for p in unit.params:
                     on_gradient(p, self._accumulated, self.units.index(unit))
+            chunk.split_backward_hooks = SplitBackwardHooks(self, mine)  # Note [ZeRO-3 under a split backward]
 
-    def _use(self, units: list, upcoming: list) -> None:
+    def use(self, units: list, upcoming: list) -> None:
         """Gather ``units`` (waiting their all-gathers) and launch the next blocks' (Note [prefetch])."""
         for unit in units:
             unit.wait()
@@ -252,10 +273,10 @@ class FullyShardedAdamW:
 
     def _pre_forward(self, units, after):
         def hook(module, args):
-            self._use(units, [] if _in_backward() else after)
+            self.use(units, [] if _in_backward() else after)
         return hook
 
-    def _post_forward(self, units, before, keep):
+    def _post_forward(self, units, before, done):
         def hook(module, args, output):
             if _in_backward():  # a recompute inside backward: the unit stays gathered
                 return None
@@ -264,13 +285,16 @@ class FullyShardedAdamW:
             outputs = output if isinstance(output, tuple) else (output,)
             for tensor in outputs:
                 if torch.is_tensor(tensor) and tensor.requires_grad:
-                    tensor.register_hook(self._pre_backward(units, before))
+                    tensor.register_hook(self._pre_backward(units, before, done))
             return None
         return hook
 
-    def _pre_backward(self, units, before):
+    def _pre_backward(self, units, before, done):
         def hook(grad):
-            self._use(units, before)
+            if self.inputs_only:  # a B pass: ``done``'s part of it is over (Note [ZeRO-3 under a split backward])
+                for unit in done:
+                    unit.free()
+            self.use(units, before)
             return grad
         return hook
 

@@ -3,10 +3,13 @@
 Takes: a unit's parameters and the group they are sharded over; the mesh. Gives:
 ``Unit`` (one flat buffer, sharded, gathered and freed as a whole: fsdp.py, Note
 [units]) and ``node_groups``, ``expert_node_groups`` (the shard and replicate groups of
-``zero_shard = node``, the dense units' and the experts').
+``zero_shard = node``, the dense units' and the experts'); ``SplitBackwardHooks`` (a
+chunk's hooks of a split backward: fsdp.py, Note [ZeRO-3 under a split backward]).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -196,3 +199,44 @@ class Unit:
         GATHERED_PARAMETERS.discard(self.full.untyped_storage().data_ptr())
         self.full.untyped_storage().resize_(0)
         self.gathered = False
+
+
+class SplitBackwardHooks:
+    """A chunk's ``split_backward_hooks`` (split_backward.py, Note [hooks of a split
+    backward]) under ZeRO-3: fsdp.py, Note [ZeRO-3 under a split backward]."""
+
+    def __init__(self, optimizer, units: list):
+        """``optimizer``: the ``fsdp.FullyShardedAdamW`` whose ``units`` (a chunk's) these are."""
+        self.optimizer, self.units = optimizer, units
+
+    @contextlib.contextmanager
+    def inputs(self):
+        """Around a B pass: each block is freed once the previous block's B begins, and
+        whatever is still gathered when B ends (the first block, a prefetch) then."""
+        optimizer = self.optimizer
+        optimizer.inputs_only = True
+        try:
+            yield
+        finally:
+            optimizer.inputs_only = False
+            for unit in self.units:
+                if unit.pending == len(unit.params):  # no W half done with it
+                    unit.free()
+
+    def weights(self, params: list, later) -> None:
+        """Before a W group: gather the units of ``params``, and launch those of the next
+        groups (``later``, an iterable of parameter lists: Note [prefetch]). Each unit is freed, and
+        its gradients reduce-scattered, once its parameters have all accumulated."""
+        unit_of, units, upcoming = self.optimizer.unit_of, [], []
+        for p in params:
+            unit = unit_of.get(id(p))
+            if unit is not None and unit not in units:
+                units.append(unit)
+        for group in later:
+            for p in group:
+                unit = unit_of.get(id(p))
+                if unit is not None and unit not in units and [unit] not in upcoming:
+                    upcoming.append([unit])
+            if len(upcoming) >= self.optimizer.prefetch:
+                break
+        self.optimizer.use(units, upcoming)

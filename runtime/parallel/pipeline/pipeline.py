@@ -147,8 +147,10 @@ class PipelineExecutor:
             grad = None if grad is None else grad.to(y.dtype)
             if last and self.loss_scale != 1.0:
                 grad = torch.full_like(y, self.loss_scale)  # d(scale · loss)/d(loss)
-            if self.split_backward:
-                x_grad, owed[(m, c)] = self._backward_input(y, grad, x, self.chunks[c].parameters())
+            if self.split_backward:  # split_backward.py, Note [hooks of a split backward]
+                hooks = getattr(self.chunks[c], "split_backward_hooks", None)
+                with contextlib.nullcontext() if hooks is None else hooks.inputs():
+                    x_grad, owed[(m, c)] = self._backward_input(y, grad, x, self.chunks[c].parameters())
             elif self.sliced is not None:  # with the gradients later slices left on its keys and values
                 self.sliced.backward(*self._slice(m), y, grad)
                 x_grad = x.grad
@@ -162,7 +164,7 @@ class PipelineExecutor:
                 input_grads[(m, c)] = x_grad
             return 0.0
         if op is Op.WEIGHT:
-            self._backward_weight(owed.pop((m, c)))
+            self._backward_weight(owed.pop((m, c)), getattr(self.chunks[c], "split_backward_hooks", None))
             return 0.0
         raise ValueError(f"unknown pipeline action {action!r}")
 

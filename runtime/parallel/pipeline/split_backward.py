@@ -20,6 +20,13 @@ there, so W clears every group once done with it, reached or not: the graph belo
 joins, and the saved gradients, go with the W rather than with the ``OwedWeights``.
 (The graph above the joins, kept by B's ``retain_graph``, is the memory meter's to
 release on measured steps: Note [counting saved activations] in memory.py.)
+
+Note [hooks of a split backward]: a chunk may carry ``split_backward_hooks`` (ZeRO-3's,
+fsdp.py, Note [ZeRO-3 under a split backward]): ``inputs()``, a context the executor
+runs B in, and ``weights(params, later)``, which ``backward_weight`` calls before each
+group with the group's parameters and the later groups' (their parameters must be at
+hand for the W; ``later`` is for prefetch). A first stage's W runs the whole backward,
+whose own hooks see to its parameters.
 """
 
 from __future__ import annotations
@@ -53,12 +60,15 @@ def backward_input(output, output_grad, stage_input, params) -> tuple[torch.Tens
     return input_grad, OwedWeights(params=params, groups=groups)
 
 
-def backward_weight(owed: OwedWeights) -> None:
-    """W: accumulate every parameter's gradient from what B saved (Note [splitting backward])."""
+def backward_weight(owed: OwedWeights, hooks=None) -> None:
+    """W: accumulate every parameter's gradient from what B saved (Note [splitting backward]);
+    ``hooks``: the chunk's ``split_backward_hooks`` or None (Note [hooks of a split backward])."""
     if owed.groups is None:
         torch.autograd.backward(owed.output, grad_tensors=owed.output_grad, inputs=owed.params)
         return
-    for group in owed.groups:
+    for at, group in enumerate(owed.groups):
+        if hooks is not None and group.get("grads") is not None:
+            hooks.weights(_params(group), (_params(g) for g in owed.groups[at + 1 :] if g.get("grads") is not None))
         saved = group.get("grads")
         if saved is None:  # no gradient reached this join: its parameters get none
             group.clear()  # B's pre-hooks on its nodes hold this dict (Note [freeing a group])
@@ -76,9 +86,13 @@ def backward_weight(owed: OwedWeights) -> None:
                    if len(group["intermediates"]) > 1]
         try:
             if edges:
-                params = [accumulate.variable for accumulate in group["params"]]
-                torch.autograd.backward(edges, grad_tensors=grads, inputs=params)
+                torch.autograd.backward(edges, grad_tensors=grads, inputs=_params(group))
         finally:
             for handle in handles:
                 handle.remove()
         group.clear()  # Note [freeing a group]
+
+
+def _params(group: dict) -> list:
+    """The parameters of a group (its accumulate-grad nodes' variables)."""
+    return [accumulate.variable for accumulate in group["params"]]
