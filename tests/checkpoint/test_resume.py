@@ -41,6 +41,7 @@ RESHARDED = [
     ("zero3_dp2", "hetero_tp21_zero3"), ("hetero_tp21_zero3", "zero3_dp2"),  # ZeRO-3 units per layer
     ("pp2_chimera", "dp2"), ("dp2", "pp2_chimera"),  # chimera's replicas: saved once, both loaded
     ("tp2", "tp4_2x2"), ("tp2_2x1", "tp2"),  # 1D tp ⇄ 2D tp: the same logical tensors
+    ("pp2_dp2_zero3_zbv", "dp2_4layers"), ("dp2_4layers", "pp2_dp2_zero3_zbv"),  # ZeRO-3's units under ZB-V's V
 ]
 
 

@@ -57,6 +57,11 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     "moe_cp2_ep2": ([*MOE, "parallel.cp=2", "parallel.cp_kind=ring", "parallel.ep=2"], 2),
     # ring attention: each rank's tokens are two load-balanced chunks; the checkpoint is layout-free
     "cp2_ring": (["parallel.cp=2", "parallel.cp_kind=ring"], 2),
+    # ZeRO-3 under ZB-V (4 layers: two chunks a rank): rank 0 holds both copies of the tied embedding,
+    # whose shards start alike but differ in size (runtime/checkpoints/checkpoint_dcp.py)
+    "pp2_dp2_zero3_zbv": (["parallel.pp=2", "parallel.dp=2", "parallel.zero=3", "parallel.schedule=zero_bubble_v",
+                           "model.layers=4"], 4),
+    "dp2_4layers": (["parallel.dp=2", "model.layers=4"], 2),
     # heterogeneous layout (runtime/parallel/data/hetero.py): block 0 tp 2 × dp 1, block 1 tp 1 × dp 2
     "hetero_tp21": (["parallel.tp=[2, 1]", "parallel.dp=[1, 2]"], 2),
     # 2D tensor parallelism (runtime/parallel/tensor/layers2d.py): weights split on an R × C grid of the tp ranks
