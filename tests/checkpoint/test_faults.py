@@ -117,7 +117,8 @@ def test_shape_mismatch_is_a_clear_error(straight, tmp_path):
     done = run(build_dir, 1, ["--steps", "5", "--resume", str(resume)], expect=1)
     assert done.stderr.strip().splitlines()[-1] == (
         f"train.py: checkpoint {resume}: embed.weight has shape (256, 64) there but (256, 128) "
-        "in this model: it was saved from a different model (hidden 64 there, 128 here)"
+        "in this model: it was saved from a different model (hidden 64 there, 128 here; "
+        "head_dim 16 there, 32 here)"
     )
 
 

@@ -324,6 +324,8 @@ DOCUMENT_LAYOUTS = {
     # the ids reach the second stage's blocks; a slice's queries against the kept keys, rotary
     # from the document starts at the slice's positions
     "llama-pp2-terapipe2": dict(pp=2, parallel__schedule="terapipe(slices = 2)"),
+    # ... and under the default 1F1B, each micro-batch's ids set again before each stage's action
+    "gpt-pp2": dict(pp=2),
 }
 """Document separation in each attention path, vs one rank with documents = separate (the
 references evaluate, as ``EVALUATED``'s do)."""
