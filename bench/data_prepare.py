@@ -6,11 +6,12 @@ a gigabyte with no boundary to flush at) or, with ``--jsonl``, JSON Lines (a par
 line, ``{"text": ...}``: many documents, the ``.idx`` filled). Then runs, each as its own
 process, one after the other:
 
-- ``wc -c FILE``: reading the same bytes once, the floor for any reader;
+- ``wc -c FILE``: the issue's yardstick (GNU wc answers it from the file's size, without reading);
+- ``wc -l FILE``: reading the same bytes once, the floor for any reader;
 - ``parc data prepare FILE -o OUT.bin``: byte-level tokens, separators, ``OUT.idx``.
 
 It prints each one's wall time, MB/s and peak resident memory (``ru_maxrss`` of that
-child, from ``os.wait4``), and the ratio of parc's to wc's. Bounded memory means parc's
+child, from ``os.wait4``), and the ratio of parc's to ``wc -l``'s. Bounded memory means parc's
 peak stays near a Python process's own size whatever ``--mb`` is: run it at two sizes to
 see (``--mb 256`` and ``--mb 1024``). The machine's load is printed, since these are
 shared machines. Usage: ``python bench/data_prepare.py [--mb 1024] [--jsonl] [--dir /tmp/prepare_bench]``.
@@ -72,14 +73,15 @@ def main() -> int:
     text = folder / ("corpus.jsonl" if args.jsonl else "corpus.txt")
     size = write_text(text, args.mb, args.jsonl)
     parc = [str(Path(sys.executable).with_name("parc")), "data", "prepare", str(text), "-o", str(folder / "out.bin")]
-    rows = [("wc -c", *measure(["wc", "-c", str(text)])), ("parc data prepare", *measure(parc))]
+    rows = [("wc -c", *measure(["wc", "-c", str(text)])), ("wc -l", *measure(["wc", "-l", str(text)])),
+            ("parc data prepare", *measure(parc))]
     load = os.getloadavg()
     print(f"{text.name}: {size / 2**20:,.0f} MiB; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
     print(f"{'':<18} {'seconds':>9} {'MB/s':>9} {'peak RSS MiB':>13}")
     for name, seconds, peak in rows:
         print(f"{name:<18} {seconds:>9.2f} {size / 1e6 / seconds:>9.1f} {peak / 2**20:>13.1f}")
-    (_, wc_s, wc_rss), (_, parc_s, parc_rss) = rows
-    print(f"parc / wc: {parc_s / wc_s:.1f}× the time, {parc_rss / wc_rss:.1f}× the peak memory; "
+    (_, wc_s, wc_rss), (_, parc_s, parc_rss) = rows[1:]
+    print(f"parc / wc -l: {parc_s / wc_s:.1f}× the time, {parc_rss / wc_rss:.1f}× the peak memory; "
           f"parc's peak is {parc_rss / size:.1%} of the text's size")
     tokens = (folder / "out.bin").stat().st_size // 2
     print(f"wrote {tokens:,} tokens (uint16) and {(folder / 'out.idx').stat().st_size // 8:,} document offsets")
