@@ -246,6 +246,9 @@ MOE_LAYOUTS = {
     "ep2-overlap2": dict(dp=2, parallel__ep=2, parallel__overlap="sub_batch(2)"),
     "ep2-pp2-overlap2-every2": dict(dp=2, pp=2, parallel__ep=2, parallel__overlap="sub_batch(2)",
                                     model__moe_every=2),
+    # Note [capacity under sequence parallelism]: the drop ranking of the whole micro-batch
+    # under sp, each tp rank keeping its shard's part: what one rank drops
+    "tp2-sp-capacity": dict(tp=2, sp=True, model__capacity_factor=1.0),
     "ep2-capacity-recompute-full": dict(dp=2, parallel__ep=2, model__capacity_factor=1.0,
                                         parallel__recompute="full"),
     # where features met at the merge: experts under ZeRO-3's units and zero_bubble's B/W split

@@ -16,6 +16,16 @@ most ceil(X · tokens · top_k / E) of its tokens, the highest-scoring first (ti
 earlier token), and a dropped token's share is zero (Megatron's "probs" drop policy).
 Nothing depends on a rank's layout, so every layout routes as one rank does.
 
+Note [capacity under sequence parallelism]: the tokens a capacity counts are the
+micro-batch's, as one rank's are, not each rank's own (Megatron ranks each tp rank's
+sequence shard alone, so its drops change with tp). Under sp each tp rank routes T/tp
+tokens of every sequence; the ranking needs them all, so the ranks all-gather each
+token's chosen experts and scores (N·K ids and scores, not activations), rebuild one
+rank's token order (sequence by sequence, the shards in rank order), rank once, and
+each keeps its own tokens' part. Every layout then drops exactly the tokens one rank
+drops. Under cp a rank's tokens are load-balanced chunks (``data.context_chunk``), not
+one shard of each sequence, so a capacity is not built with cp (PAR0811).
+
 Note [the aux loss enters the gradient, not the returned loss]: the load-balancing loss
 (Switch/GShard: coeff · E · Σₑ fₑ·Pₑ, fₑ the share of routed slots expert e got, Pₑ its
 mean probability) and the z-loss (coeff · mean(logsumexp(logits)²)) are taken over the
@@ -39,8 +49,8 @@ is each cp rank's mean over its T/cp tokens, the mean of those the micro-batch's
 while each cp rank's share of the aux loss's gradient is a part of a sum: the aux
 losses' backward gives ``loss_scale · cp``, so the average over cp is that sum. Expert
 gradients are summed over edp and divided by dp·cp (``reduce_expert_grads``), as the
-dense ones. A capacity (drop ranking over the micro-batch) is not built with cp
-(PAR0811).
+dense ones. A capacity is not built with cp (PAR0811, Note [capacity under sequence
+parallelism]).
 """
 
 from __future__ import annotations
@@ -108,11 +118,13 @@ def grouped_linear(x, weight, counts):
     return torch.cat(outs) if outs else x.new_zeros(0, weight.shape[1])
 
 
-def route(logits, *, top_k: int, router: str, capacity_factor: float | None, bias=None):
+def route(logits, *, top_k: int, router: str, capacity_factor: float | None, bias=None, shards=None):
     """Note [deterministic dropless routing]. ``logits`` (N, E) → (experts (N, K) int64,
     weights (N, K), kept (N, K) bool, probs (N, E) for the aux loss). ``bias`` (E,): added
     to the scores only to choose the top_k (router_bias.py, Note [auxiliary-loss-free
-    balancing]); the weights are the unbiased scores'."""
+    balancing]); the weights are the unbiased scores'. ``shards``: (group, sequences) when
+    the group's ranks hold sequence shards of the micro-batch (Note [capacity under
+    sequence parallelism])."""
     N, E = logits.shape
     logits = logits.float()
     scores = torch.softmax(logits, -1) if router == "softmax" else torch.sigmoid(logits)
@@ -122,9 +134,26 @@ def route(logits, *, top_k: int, router: str, capacity_factor: float | None, bia
     weights = chosen / chosen.sum(-1, keepdim=True)
     probs = scores if router == "softmax" else scores / scores.sum(-1, keepdim=True)
     kept = torch.ones_like(experts, dtype=torch.bool)
-    if capacity_factor is not None:
+    if capacity_factor is not None and shards is not None and group_size(shards[0]) > 1:
+        kept = _within_capacity_of_shards(experts, chosen.detach(), capacity_factor, E, *shards)
+    elif capacity_factor is not None:
         kept = _within_capacity(experts, chosen.detach(), math.ceil(capacity_factor * N * top_k / E), E)
     return experts, weights, kept, probs
+
+
+def _within_capacity_of_shards(experts, chosen, capacity_factor: float, E: int, group, sequences: int):
+    """Note [capacity under sequence parallelism]: the micro-batch's drop ranking, taken whole
+    on every rank of ``group`` (each holding T/g tokens of each of ``sequences``), this rank's
+    tokens' part of it kept."""
+    g, K = group_size(group), experts.shape[1]
+    packed = torch.cat([experts.to(torch.float64), chosen.to(torch.float64)], dim=1)  # ids exact in fp64
+    parts = [torch.empty_like(packed) for _ in range(g)]
+    dist.all_gather(parts, packed.contiguous(), group=group)
+    shard = packed.shape[0] // sequences  # this rank's tokens of each sequence
+    whole = torch.stack(parts).view(g, sequences, shard, 2 * K).transpose(0, 1).reshape(-1, 2 * K)  # one rank's order
+    capacity = math.ceil(capacity_factor * whole.shape[0] * K / E)
+    kept = _within_capacity(whole[:, :K].long(), whole[:, K:].to(chosen.dtype), capacity, E)
+    return kept.view(sequences, g, shard, K)[:, group_rank(group)].reshape(-1, K)
 
 
 def _within_capacity(experts, chosen, capacity: int, E: int):
@@ -243,7 +272,8 @@ class MoEMLP(nn.Module):
         tokens = x.reshape(-1, shape[-1])  # (N, C)
         logits = self.router(tokens)  # (N, E)
         experts, weights, kept, probs = route(
-            logits, top_k=self.top_k, router=self.router_kind, capacity_factor=self.capacity, bias=self.router_bias
+            logits, top_k=self.top_k, router=self.router_kind, capacity_factor=self.capacity, bias=self.router_bias,
+            shards=(self.seq_group, shape[0]),
         )
         slot_token = torch.arange(tokens.shape[0], device=x.device).repeat_interleave(self.top_k)
         slot_expert, slot_weight = experts.reshape(-1), weights.reshape(-1)
