@@ -249,6 +249,9 @@ MOE_LAYOUTS = {
     # Note [capacity under sequence parallelism]: the drop ranking of the whole micro-batch
     # under sp, each tp rank keeping its shard's part: what one rank drops
     "tp2-sp-capacity": dict(tp=2, sp=True, model__capacity_factor=1.0),
+    # ... under ring cp each rank's two load-balanced chunks, and with sp a tp rank's shard of them
+    "cp2-ring-capacity": dict(cp=2, parallel__cp_kind="ring", model__capacity_factor=1.0),
+    "cp2-ring-tp2-sp-capacity": dict(cp=2, parallel__cp_kind="ring", tp=2, sp=True, model__capacity_factor=1.0),
     "ep2-capacity-recompute-full": dict(dp=2, parallel__ep=2, model__capacity_factor=1.0,
                                         parallel__recompute="full"),
     # where features met at the merge: experts under ZeRO-3's units and zero_bubble's B/W split

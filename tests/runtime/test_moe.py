@@ -189,3 +189,33 @@ def test_expert_gradients_follow_grad_reduce(monkeypatch):
         zero.mean_of_group(experts[:1], object(), 2, reduce_dtype=dtype)
         assert experts[0].grad.dtype == torch.float32 and torch.all(experts[0].grad == want)
     assert sent == [torch.float32, torch.bfloat16]
+
+
+def test_a_capacitys_token_indices_are_one_ranks_order(monkeypatch):
+    """Note [capacity under sequence parallelism]: under ring cp 2 × sp 2 each rank's tokens
+    carry their index in one rank's micro-batch: the ids ``data.context_chunk`` gives the
+    cp rank, then the tp rank's contiguous shard of them; the four ranks' indices together
+    are every token once."""
+    from types import SimpleNamespace
+
+    from parc.runtime.parallel.context.context import ContextParallel
+    from parc.runtime.train import data
+
+    B, T, cp, tp = 2, 16, 2, 2
+    local = T // cp // tp
+    ids = torch.arange(B * T).view(B, T)
+    seen = []
+    for c in range(cp):
+        for r in range(tp):
+            place = {"sp": (tp, r), "cp": (cp, c)}
+            monkeypatch.setattr(moe, "group_size", lambda g: place[g][0] if g else 1)
+            monkeypatch.setattr(moe, "group_rank", lambda g: place[g][1] if g else 0)
+            context = object.__new__(ContextParallel)
+            context.group, context.kind, context.size, context.rank = "cp", "ring", cp, c
+            layer = SimpleNamespace(seq_group="sp", context_group="cp", context=context)
+            groups, positions = moe.MoEMLP.shards(layer, (B, local), "cpu")
+            chunk, _ = data.context_chunk(ids, ids, cp_rank=c, cp_size=cp, cp_kind="ring")
+            assert groups == ["sp", "cp"]
+            assert torch.equal(positions, chunk[:, r * local:(r + 1) * local].reshape(-1))
+            seen.append(positions)
+    assert torch.equal(torch.cat(seen).sort().values, torch.arange(B * T))

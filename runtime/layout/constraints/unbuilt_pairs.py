@@ -130,8 +130,6 @@ _TERAPIPE = "a slice's keys and values are kept whole in each stage's attention"
 _2D = "the 2D layers do not meet its sharding of the hidden state yet"
 
 UNBUILT = (
-    Unbuilt("capacity", "cp", "PAR0811", "the drop ranking over the whole micro-batch is not built when a rank "
-            "routes a chunk of each sequence", "write {a_off} with {b}, or {b_off}"),
     Unbuilt("compress", "zero3", "PAR0270", "ZeRO-3 reduce-scatters whole gradients into the shards as backward "
             "produces them", "use zero = 1 or 2 with {a}, or {a_off} with {b}"),
     Unbuilt("compress_pp", "interleaved", "PAR0273", "the codec keys its state by virtual stage",

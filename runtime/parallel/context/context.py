@@ -52,7 +52,7 @@ def split(net, group, kind: str):
         for block in stage.layers.values():
             block.attn.context = strategy
             if block.moe:
-                block.mlp.context_group = group
+                block.mlp.context_group, block.mlp.context = group, strategy
     return net
 
 

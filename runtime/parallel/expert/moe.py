@@ -23,8 +23,10 @@ tokens of every sequence; the ranking needs them all, so the ranks all-gather ea
 token's chosen experts and scores (N·K ids and scores, not activations), rebuild one
 rank's token order (sequence by sequence, the shards in rank order), rank once, and
 each keeps its own tokens' part. Every layout then drops exactly the tokens one rank
-drops. Under cp a rank's tokens are load-balanced chunks (``data.context_chunk``), not
-one shard of each sequence, so a capacity is not built with cp (PAR0811).
+drops. Under cp a rank's tokens are its chunks of each sequence (``data.context_spans``:
+two load-balanced ones under ring), and under cp with sp a tp rank's shard of those; each
+token goes into the gather with its index in one rank's micro-batch, and the gathered
+rows sorted by it are one rank's order.
 
 Note [the aux loss enters the gradient, not the returned loss]: the load-balancing loss
 (Switch/GShard: coeff · E · Σₑ fₑ·Pₑ, fₑ the share of routed slots expert e got, Pₑ its
@@ -49,8 +51,8 @@ is each cp rank's mean over its T/cp tokens, the mean of those the micro-batch's
 while each cp rank's share of the aux loss's gradient is a part of a sum: the aux
 losses' backward gives ``loss_scale · cp``, so the average over cp is that sum. Expert
 gradients are summed over edp and divided by dp·cp (``reduce_expert_grads``), as the
-dense ones. A capacity is not built with cp (PAR0811, Note [capacity under sequence
-parallelism]).
+dense ones. A capacity ranks the whole micro-batch under cp too (Note [capacity under
+sequence parallelism]).
 """
 
 from __future__ import annotations
@@ -122,8 +124,8 @@ def route(logits, *, top_k: int, router: str, capacity_factor: float | None, bia
     """Note [deterministic dropless routing]. ``logits`` (N, E) → (experts (N, K) int64,
     weights (N, K), kept (N, K) bool, probs (N, E) for the aux loss). ``bias`` (E,): added
     to the scores only to choose the top_k (router_bias.py, Note [auxiliary-loss-free
-    balancing]); the weights are the unbiased scores'. ``shards``: (group, sequences) when
-    the group's ranks hold sequence shards of the micro-batch (Note [capacity under
+    balancing]); the weights are the unbiased scores'. ``shards``: (groups, positions) when
+    the groups' ranks hold parts of the micro-batch's sequences (Note [capacity under
     sequence parallelism])."""
     N, E = logits.shape
     logits = logits.float()
@@ -134,26 +136,30 @@ def route(logits, *, top_k: int, router: str, capacity_factor: float | None, bia
     weights = chosen / chosen.sum(-1, keepdim=True)
     probs = scores if router == "softmax" else scores / scores.sum(-1, keepdim=True)
     kept = torch.ones_like(experts, dtype=torch.bool)
-    if capacity_factor is not None and shards is not None and group_size(shards[0]) > 1:
+    if capacity_factor is not None and shards is not None:
         kept = _within_capacity_of_shards(experts, chosen.detach(), capacity_factor, E, *shards)
     elif capacity_factor is not None:
         kept = _within_capacity(experts, chosen.detach(), math.ceil(capacity_factor * N * top_k / E), E)
     return experts, weights, kept, probs
 
 
-def _within_capacity_of_shards(experts, chosen, capacity_factor: float, E: int, group, sequences: int):
+def _within_capacity_of_shards(experts, chosen, capacity_factor: float, E: int, groups, positions):
     """Note [capacity under sequence parallelism]: the micro-batch's drop ranking, taken whole
-    on every rank of ``group`` (each holding T/g tokens of each of ``sequences``), this rank's
-    tokens' part of it kept."""
-    g, K = group_size(group), experts.shape[1]
-    packed = torch.cat([experts.to(torch.float64), chosen.to(torch.float64)], dim=1)  # ids exact in fp64
-    parts = [torch.empty_like(packed) for _ in range(g)]
-    dist.all_gather(parts, packed.contiguous(), group=group)
-    shard = packed.shape[0] // sequences  # this rank's tokens of each sequence
-    whole = torch.stack(parts).view(g, sequences, shard, 2 * K).transpose(0, 1).reshape(-1, 2 * K)  # one rank's order
+    on every rank of ``groups`` (the sp and cp groups that split its sequences), this rank's
+    tokens' part kept. ``positions`` (N,): each of this rank's tokens' index in one rank's
+    micro-batch (sequence · T + position)."""
+    K = experts.shape[1]
+    # ids and positions are exact in fp64: one gather a group carries all three
+    packed = torch.cat([positions.to(torch.float64).unsqueeze(1), experts.to(torch.float64),
+                        chosen.to(torch.float64)], dim=1)
+    for group in groups:
+        parts = [torch.empty_like(packed) for _ in range(group_size(group))]
+        dist.all_gather(parts, packed.contiguous(), group=group)
+        packed = torch.cat(parts)
+    whole = packed[torch.argsort(packed[:, 0])]  # one rank's token order: row i is token i
     capacity = math.ceil(capacity_factor * whole.shape[0] * K / E)
-    kept = _within_capacity(whole[:, :K].long(), whole[:, K:].to(chosen.dtype), capacity, E)
-    return kept.view(sequences, g, shard, K)[:, group_rank(group)].reshape(-1, K)
+    kept = _within_capacity(whole[:, 1:1 + K].long(), whole[:, 1 + K:].to(chosen.dtype), capacity, E)
+    return kept[positions]
 
 
 def _within_capacity(experts, chosen, capacity: int, E: int):
@@ -211,6 +217,7 @@ class MoEMLP(nn.Module):
         self.seq_group = None
         # Note [MoE under context parallelism]: so do the cp ranks (parallelize.context)
         self.context_group = None
+        self.context = None  # the cp strategy: which positions a rank holds (a capacity's ranking)
         # Note [expert dispatch under tp]: with ep·etp > 1 the tp ranks (same tokens) each send a share
         self.tp_group = None
         self.llama, self.experts_count = config.arch == "llama", E
@@ -273,7 +280,7 @@ class MoEMLP(nn.Module):
         logits = self.router(tokens)  # (N, E)
         experts, weights, kept, probs = route(
             logits, top_k=self.top_k, router=self.router_kind, capacity_factor=self.capacity, bias=self.router_bias,
-            shards=(self.seq_group, shape[0]),
+            shards=self.shards(shape, x.device) if self.capacity is not None else None,
         )
         slot_token = torch.arange(tokens.shape[0], device=x.device).repeat_interleave(self.top_k)
         slot_expert, slot_weight = experts.reshape(-1), weights.reshape(-1)
@@ -312,6 +319,23 @@ class MoEMLP(nn.Module):
             # Note [MoE under context parallelism]: the router's grad is averaged over cp too
             out = _AuxLoss.apply(out, aux[0] + aux[1], self.loss_scale * group_size(self.context_group))
         return out
+
+    def shards(self, shape, device):
+        """(the sp and cp groups, each of this rank's tokens' index in one rank's micro-batch),
+        or None when this rank holds whole sequences (Note [capacity under sequence parallelism])."""
+        groups = [g for g in (self.seq_group, self.context_group) if group_size(g) > 1]
+        if not groups:
+            return None
+        sequences, local = shape[0], shape[1]
+        chunk, position = local, torch.arange(local)
+        if group_size(self.seq_group) > 1:  # this tp rank's shard of the (cp chunk of the) sequence
+            chunk = local * group_size(self.seq_group)
+            position = position + group_rank(self.seq_group) * local
+        T = chunk
+        if self.context is not None:  # the cp chunk's tokens at their global positions (data.context_spans)
+            position = self.context.positions(chunk, position.device)[position]
+            T = chunk * self.context.size
+        return groups, (torch.arange(sequences).unsqueeze(1) * T + position).reshape(-1).to(device)
 
     fused = None  # the compiled ops (kernels.select, set by model.use_kernels); None: eager
     uses_kernels = True
