@@ -45,7 +45,7 @@ from parity.batch import Batches  # tests/ is on sys.path for this file (no __in
 
 
 SHARED = (
-    "tests/checkpoint/test_hf_import.py", "tests/checkpoint/test_init_shards.py",
+    "tests/checkpoint/test_bad_files.py", "tests/checkpoint/test_hf_import.py", "tests/checkpoint/test_init_shards.py",
     "tests/checkpoint/test_precision.py", "tests/checkpoint/test_resume.py", "tests/parity/test_compress.py", "tests/parity/test_memory.py",
     "tests/parity/test_parity.py", "tests/parity/test_parity_precision.py", "tests/parity/test_planned.py",
     "tests/planner/test_context_memory.py", "tests/planner/test_measured.py",
@@ -55,9 +55,10 @@ PARITY_LAYOUTS = "tests/parity/test_parity.py::test_layout_matches_single_rank["
 OWN_UNITS = {"tests/checkpoint/test_resume.py": "trainers-checkpoints",
              "tests/checkpoint/test_hf_import.py": "trainers-checkpoints",
              "tests/checkpoint/test_init_shards.py": "trainers-checkpoints",
-             "tests/checkpoint/test_precision.py": "trainers-checkpoints"}
+             "tests/checkpoint/test_precision.py": "trainers-checkpoints",
+             "tests/checkpoint/test_bad_files.py": "trainers-bad-files"}
 """SHARED modules whose runs share nothing with the others': a unit of their own."""
-SHARED_UNITS = ("trainers-gpt", "trainers-llama", "trainers", "trainers-checkpoints")
+SHARED_UNITS = ("trainers-gpt", "trainers-llama", "trainers", "trainers-checkpoints", "trainers-bad-files")
 """The SHARED units, longest first (xdist hands them out in this order)."""
 KERNEL_FREE = ("tests/dsl/", "tests/test_")
 """Test files that run no model, so never the compiled kernels (Note [one compile per run])."""

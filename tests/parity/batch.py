@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 import traceback
@@ -51,6 +52,9 @@ class Case:
     script: str | None = None
     """Run this script with the build folder as its first argument instead of the build's
     ``train.py`` (tests/checkpoint/reshard_worker.py wraps a trainer)."""
+    exit_status: int = 0
+    """What the trainer must exit with: 1 for a run it refuses (tests/checkpoint/test_bad_files.py);
+    any other status is the case's failure."""
 
 
 @dataclass(frozen=True)
@@ -92,11 +96,16 @@ class Batches:
         return self.run(case).records
 
     def _run(self, cases: list[Case]) -> dict[str, Result]:
-        results, built = {}, []
+        results, built, first = {}, [], {}
         for case in cases:
             out = self.tmp_path_factory.mktemp(case.name)
+            source = (case.spec, case.overrides)
             try:
+                if source in first:  # the same spec and overrides build the same folder: copy it
+                    built.append((case, Path(shutil.copytree(first[source], out / first[source].name))))
+                    continue
                 built.append((case, Path(build_to(SPECS / case.spec, out, list(case.overrides)))))
+                first[source] = built[-1][1]
             except Exception:  # noqa: BLE001 - this case's failure, not the batch's
                 results[case.name] = Result(None, None, f"parc build failed for {case.name}:\n{traceback.format_exc()}")
         folders = {name: result.build for name, result in self.results.items()}
@@ -106,8 +115,9 @@ class Batches:
             folder = self.tmp_path_factory.mktemp(f"launch-{cases[0].nproc}ranks-{launch}")
             finished, failure = launch_batch(built, cases[0].nproc, folder, folders)
             for index, (case, build_dir) in enumerate(built[:finished]):
-                metrics = build_dir / "metrics.jsonl"
-                rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+                metrics = build_dir / "metrics.jsonl"  # none when the trainer refused to start
+                text = metrics.read_text() if metrics.exists() else ""
+                rows = [json.loads(line) for line in text.splitlines() if line.strip()]
                 results[case.name] = Result(build_dir, rows, log=folder / f"{index:02d}-{case.name}" / "rank0.log")
             if finished < len(built):
                 case, build_dir = built[finished]
@@ -128,7 +138,8 @@ def launch_batch(built: list[tuple[Case, Path]], nproc: int, folder: Path, folde
         train = str(build_dir / "train.py")
         if case.script is not None:
             train, args = case.script, [str(build_dir), *args]
-        runs.append({"train": train, "args": args, "logs": str(logs), "cwd": str(build_dir), "env": dict(case.env)})
+        runs.append({"train": train, "args": args, "logs": str(logs), "cwd": str(build_dir), "env": dict(case.env),
+                     "exit_status": case.exit_status})
     plan = folder / "runs.json"
     plan.write_text(json.dumps({"runs": runs}, indent=1))
     command = [str(TORCHRUN), f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",

@@ -4,7 +4,8 @@ Takes (argv): a JSON file ``{"runs": [{"train": ".../train.py", "args": [...], "
 "DIR", "cwd": "BUILD", "env": {...}}, ...]}`` written by ``batch.py``; torchrun's RANK / WORLD_SIZE / MASTER_ADDR /
 MASTER_PORT. Gives: each run's own outputs (its ``--metrics-jsonl``), and in its
 ``logs`` folder ``rank<r>.log`` (this rank's stdout and stderr during the run) and
-``rank<r>.done`` once the run returned. Not shipped: the trainers stay plain scripts.
+``rank<r>.done`` once the run returned with its ``exit_status`` (0 unless a case expects a
+refusal). Not shipped: the trainers stay plain scripts.
 
 Note [one launch, many trainers]: starting torchrun, importing torch and importing
 torch._dynamo (which torch.optim does on the first ``add_param_group``) cost most of a
@@ -32,8 +33,8 @@ here:
   torch made at import, each run again. ``gc.freeze()`` moves what exists before the first
   run, and again after the first run's imports, out of the collector's sight (those objects
   live for the whole process anyway); each run's own objects are still collected.
-A run that raises ends this process with exit 1 after writing its traceback to its
-log; torchrun then stops the other ranks and ``batch.py`` launches the runs after it
+A run that raises (or exits with another status than its case expects) ends this
+process with exit 1 after writing its traceback to its log; torchrun then stops the other ranks and ``batch.py`` launches the runs after it
 again.
 """
 
@@ -179,13 +180,17 @@ def main() -> int:
         with output_to(os.path.join(run["logs"], f"rank{rank}.log")):
             try:
                 run_one(run, rank, rng_state)
-                failed = False
+                status = 0
             except SystemExit as exc:  # what `python train.py` would have exited with
-                failed = exc.code not in (0, None)
-                print(f"batch_worker: the trainer exited with {exc.code!r}", file=sys.stderr)
+                status = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+                if not isinstance(exc.code, (int, type(None))):  # the interpreter prints a message
+                    print(exc.code, file=sys.stderr)
             except BaseException:  # noqa: BLE001 - any error ends this run, as it would end train.py
                 traceback.print_exc()
-                failed = True
+                status = 1
+            failed = status != run.get("exit_status", 0)
+            if failed:
+                print(f"batch_worker: the trainer exited with {status}, not {run.get('exit_status', 0)}", file=sys.stderr)
         if failed:
             gc.unfreeze()
             return 1
