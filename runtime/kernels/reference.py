@@ -112,32 +112,36 @@ def _scores(q, k, causal, scale, allowed=None):
     return s
 
 
-def block_attention(q, k, v, causal, scale, allowed=None):
+def block_attention(q, k, v, causal, scale, allowed=None, keep=None):
     """softmax(q kᵀ · scale) v over one block of keys, and the rows' log-sum-exp.
 
     q (B, H, Tq, D), k and v (B, Hkv, Tk, D) → out (B, H, Tq, D) and lse (B, H, Tq), both
     in the stats dtype (fp32, fp64 for fp64): partial results over disjoint key blocks
     merge exactly by their lse (``ring.merge``). A row that ``allowed`` leaves no key
-    gives output 0 and lse −∞ (it merges as nothing)."""
+    gives output 0 and lse −∞ (it merges as nothing). ``keep`` (attention dropout, Note
+    [ring attention with dropout]): the block's kept weights' factor, 0 or 1/(1 − p), which
+    multiplies the probabilities before v; the lse is of the scores, dropout or not."""
     s = _scores(q, k, causal, scale, allowed)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - (lse if allowed is None else lse.masked_fill(lse == float("-inf"), 0.0)).unsqueeze(-1))
     v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1).to(p.dtype)
-    return torch.matmul(p, v), lse
+    return torch.matmul(p if keep is None else p * keep, v), lse
 
 
-def block_attention_backward(grad, q, k, v, out, lse, causal, scale, allowed=None):
+def block_attention_backward(grad, q, k, v, out, lse, causal, scale, allowed=None, keep=None):
     """The gradients of one block's share of attention whose rows' final output and lse
-    over all blocks are ``out`` and ``lse``: with P = exp(s − lse) and delta = Σ_d grad · out,
-    dV = Pᵀ grad, dS = P (grad vᵀ − delta), dQ = dS k · scale, dK = dSᵀ q · scale; dK and dV
-    summed over each kv head's group of query heads. All in the stats dtype."""
+    over all blocks are ``out`` and ``lse``: with P = exp(s − lse), delta = Σ_d grad · out and
+    Z the dropout factor ``keep`` (1 without), dV = (Z P)ᵀ grad, dS = P (Z grad vᵀ − delta),
+    dQ = dS k · scale, dK = dSᵀ q · scale; dK and dV summed over each kv head's group of
+    query heads. All in the stats dtype."""
     group = q.shape[1] // k.shape[1]
     p = torch.exp(_scores(q, k, causal, scale, allowed) - lse.unsqueeze(-1))
     grad = grad.to(p.dtype)
     delta = (grad * out.to(p.dtype)).sum(-1)
     ks, vs = (t.repeat_interleave(group, dim=1).to(p.dtype) for t in (k, v))
-    dv = torch.matmul(p.transpose(-1, -2), grad)
-    ds = p * (torch.matmul(grad, vs.transpose(-1, -2)) - delta.unsqueeze(-1))
+    dv = torch.matmul((p if keep is None else p * keep).transpose(-1, -2), grad)
+    dp = torch.matmul(grad, vs.transpose(-1, -2))
+    ds = p * ((dp if keep is None else dp * keep) - delta.unsqueeze(-1))
     dq = torch.matmul(ds, ks) * scale
     dk = torch.matmul(ds.transpose(-1, -2), q.to(p.dtype)) * scale
     B, Hkv, Tk, D = k.shape

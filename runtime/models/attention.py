@@ -89,10 +89,8 @@ class Attention(nn.Module):
             return self.separate(q, k, v, kind, spans)
         if self.llama:
             q, k = self.rotate(q, k, spans)
-        if kind == "ring":
-            if self.dropout and self.training:  # constraints.ring_dropout refuses this spec
-                raise ValueError("cp_kind = ring computes attention without dropout; set model.dropout = 0")
-            return self.context.ring(q, k, v, self.fused)  # the compiled block attention, or eager
+        if kind == "ring":  # the compiled block attention, or eager (under dropout too)
+            return self.context.ring(q, k, v, self.fused, dropout=self.dropout if self.training else 0.0)
         mask = None
         if kind == "allgather":
             k, v = self.context.gather(k), self.context.gather(v)  # (B, kv_heads/tp, T, D)
@@ -110,10 +108,9 @@ class Attention(nn.Module):
         if self.llama:
             within = self.documents.positions(queries)
             q, k = rotary_at(q, self.theta, within), rotary_at(k, self.theta, within)
-        if kind == "ring":
-            if self.dropout and self.training:  # constraints.ring_dropout refuses this spec
-                raise ValueError("cp_kind = ring computes attention without dropout; set model.dropout = 0")
-            return self.context.ring(q, k, v, None, documents=self.documents)  # eager, masked per block
+        if kind == "ring":  # eager, masked per block
+            return self.context.ring(q, k, v, None, documents=self.documents,
+                                     dropout=self.dropout if self.training else 0.0)
         keys = queries
         if kind == "allgather":
             k, v = self.context.gather(k), self.context.gather(v)  # (B, kv_heads/tp, T, D)

@@ -27,7 +27,7 @@ from parity.batch import Case
 from .trainer import LAYOUTS, RESHARD_WORKER, STEPS, losses, overrides
 
 RESUMED = ["dp2", "tp2", "pp2_dropout", "zero1_dp2", "cp2_zero1_dp2", "zero3_dp2", "moe_ep2", "hetero_tp21",
-           "pp2_chimera", "tp2_2x1"]
+           "pp2_chimera", "tp2_2x1", "cp2_ring_dropout"]
 RESHARDED = [
     ("dp2", "tp2"), ("dp2", "pp2"), ("zero1_dp2", "tp2"), ("cp2_zero1_dp2", "tp2"),
     ("zero3_dp2", "tp2"), ("tp2", "zero3_dp2"),  # zero 3 ⇄ zero 0 with tp

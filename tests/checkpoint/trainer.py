@@ -57,6 +57,8 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     "moe_cp2_ep2": ([*MOE, "parallel.cp=2", "parallel.cp_kind=ring", "parallel.ep=2"], 2),
     # ring attention: each rank's tokens are two load-balanced chunks; the checkpoint is layout-free
     "cp2_ring": (["parallel.cp=2", "parallel.cp_kind=ring"], 2),
+    # ... with attention dropout: the masks' seed comes from the RNG state the checkpoint keeps
+    "cp2_ring_dropout": (["parallel.cp=2", "parallel.cp_kind=ring", "model.dropout=0.1"], 2),
     # ZeRO-3 under ZB-V (4 layers: two chunks a rank): rank 0 holds both copies of the tied embedding,
     # whose shards start alike but differ in size (runtime/checkpoints/checkpoint_dcp.py)
     "pp2_dp2_zero3_zbv": (["parallel.pp=2", "parallel.dp=2", "parallel.zero=3", "parallel.schedule=zero_bubble_v",

@@ -11,7 +11,11 @@ Llama (rotary, grouped-query heads) and each kind of KINDS (comma-separated; def
   the full gradients' rows of this rank;
 - *model*: the whole model on this rank's tokens (``data.context_chunk``), its loss
   averaged over cp, equals the one-rank loss, and every gradient averaged over cp
-  equals the one-rank gradient.
+  equals the one-rank gradient;
+- *dropout* (ring only): ring attention with attention dropout on this rank's tokens equals
+  the rows of full causal attention whose weights are multiplied by the whole sequence's
+  mask, assembled from ``ring.chunk_keep``'s chunk pairs (Note [ring attention with
+  dropout]), forward and backward, and the mask drops about p of the weights.
 
 Writes ``OUT_DIR/rank{r}.json``: ``{name: "ok" | traceback}``.
 """
@@ -33,6 +37,8 @@ from parc.runtime.train import data  # noqa: E402
 from parc.runtime.distributed import mesh  # noqa: E402
 from parc.runtime.models import model  # noqa: E402
 import built  # noqa: E402  (tests/runtime/built.py)
+from parc.runtime.parallel.context import ring  # noqa: E402
+from parc.runtime.parallel.context.context import ContextParallel  # noqa: E402
 
 B = 2
 
@@ -67,6 +73,39 @@ def check_attention(group, arch, kind):
         torch.testing.assert_close(g.grad, mine(want.grad, group, kind), rtol=1e-10, atol=1e-12, msg=f"d{name}")
 
 
+def check_dropout(group, arch, kind, p=0.3):
+    config = CONFIGS[arch]
+    T, D, H, Hkv = config.seq_len, config.hidden // config.heads, config.heads, config.kv_heads
+    size = dist.get_world_size(group)
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, upstream = (torch.randn(B, heads, T, D, generator=gen, dtype=torch.float64)
+                         for heads in (H, Hkv, Hkv, H))
+    torch.manual_seed(11)
+    seed = ring.draw_seed()  # what the ring call below draws
+    c = T // (2 * size)
+    keep = torch.cat([torch.cat([ring.chunk_keep(seed, a, b, (B, H, c, c), p, torch.float64, q.device)
+                                 for b in range(2 * size)], dim=-1) for a in range(2 * size)], dim=-2)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    scores = full[0] @ full[1].repeat_interleave(H // Hkv, dim=1).transpose(-1, -2) * D**-0.5
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    expected = (scores.softmax(-1) * keep) @ full[2].repeat_interleave(H // Hkv, dim=1)
+    expected.backward(upstream)
+    rows = lambda t: mine(t.transpose(1, 2), group, kind).transpose(1, 2)  # noqa: E731 - this rank's tokens
+    local = [rows(t).clone().requires_grad_() for t in (q, k, v)]
+    context = ContextParallel(group, kind)
+    torch.manual_seed(11)
+    got = context.ring(*local, dropout=p)
+    got.backward(rows(upstream))
+    torch.testing.assert_close(got, rows(expected), rtol=1e-12, atol=1e-12)
+    for name, g, want in zip("qkv", local, full):
+        torch.testing.assert_close(g.grad, rows(want.grad), rtol=1e-10, atol=1e-12, msg=f"d{name}")
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    dropped = (keep[..., causal] == 0).double().mean().item()
+    assert abs(dropped - p) < 0.05, dropped
+    torch.manual_seed(11)
+    assert not torch.equal(context.ring(*local, dropout=0.0), got)  # the mask is applied
+
+
 def check_model(group, arch, kind):
     config = CONFIGS[arch]
     inputs, targets = data.SyntheticTokens(config.vocab, config.seq_len, seed=7).batch(list(range(B)))
@@ -93,7 +132,8 @@ def main(out_dir: Path, kinds: tuple[str, ...]) -> None:
     result = {}
     for arch in ("gpt", "llama"):
         for kind in kinds:
-            for name, check in (("attention", check_attention), ("model", check_model)):
+            checks = (("attention", check_attention), ("model", check_model))
+            for name, check in checks + ((("dropout", check_dropout),) if kind == "ring" else ()):
                 try:
                     check(group, arch, kind)
                     result[f"{name} {arch} {kind}"] = "ok"

@@ -1,7 +1,8 @@
 """Context-parallel attention (runtime/parallel/context/context.py) on 2 and 4 CPU gloo ranks (context_worker.py).
 
 Ring, Ulysses and allgather attention on each rank's T/cp tokens equal full causal
-attention's rows of that rank, forward and backward (float64); the whole GPT and
+attention's rows of that rank, forward and backward (float64), ring's with attention
+dropout too (against the whole sequence's mask); the whole GPT and
 Llama on T/cp tokens give the one-rank loss and gradients once averaged over cp.
 """
 
@@ -25,7 +26,7 @@ def _load(name):
 
 ranks = _load("ranks")
 CHECKS = [f"{what} {arch} {kind}" for what in ("attention", "model") for arch in ("gpt", "llama")
-          for kind in ("ring", "ulysses", "allgather")]
+          for kind in ("ring", "ulysses", "allgather")] + [f"dropout {arch} ring" for arch in ("gpt", "llama")]
 
 
 @pytest.fixture(scope="module")

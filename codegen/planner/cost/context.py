@@ -30,6 +30,13 @@ from .hardware import Hardware
 from .layout import Layout
 
 
+def eager_core(spec: Spec, layout: Layout) -> bool:
+    """Ring attention under attention dropout runs the eager block reference (Note [ring
+    attention with dropout] in runtime/parallel/context/ring.py): no flash rate, and its
+    scores stream through memory (``time._block_forward``)."""
+    return layout.cp > 1 and layout.cp_kind == "ring" and spec.model.dropout > 0
+
+
 def _widths(spec: Spec, layout: Layout) -> tuple[float, float]:
     """(q, kv): a rank's query and K (or V) widths in elements per token."""
     m = spec.model

@@ -71,7 +71,7 @@ from parc.runtime.schedules.schedule_terapipe import slice_scale
 
 
 from .bubble import makespan
-from .context import cp_comm
+from .context import cp_comm, eager_core
 from .tp2d import grid_block_comm, grid_head_comm
 from .comm import collective_latency, collective_time, ring_time
 from .compress import RANK, lowrank_backprop_cost, powersgd_cost, topk_cost
@@ -153,7 +153,9 @@ def _block_forward(spec: Spec, layout: Layout, hw: Hardware, accounting: Account
     causal = 0.5 if accounting is Accounting.PARC else 1.0  # flash skips the masked blocks
     core = causal * 2 * batched * _gemm(hw, s, D, s)
     core_backward = None  # twice the whole core (its softmax streaming too), unless flash
-    if accounting is Accounting.PARC and hw.attention is not None:
+    if eager_core(spec, layout):  # fp32 scores, weights, mask and kept weights, each written and read
+        core += causal * batched * s * s * 4 * 2 * 4.0 / hw.memory_bandwidth
+    elif accounting is Accounting.PARC and hw.attention is not None:
         core, core_backward = hw.attention_time(causal * 2 * batched * 2.0 * s * D * s)
     if accounting is Accounting.MEGATRON:
         whole, sharded = 14 * C, 2 * F + 4 * C / t

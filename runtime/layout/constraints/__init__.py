@@ -22,9 +22,9 @@ an ``Unbuildable`` entry; a pair of features it cannot build together a row of
 else is one function decorated with ``@rule(code)`` whose parameters are names of
 ``KEYS`` (without a default: required, the rule is skipped while it is unknown; with
 ``= None``: optional). Context parallel is ``Axis("cp", ...)`` in ``axes.AXES``, ``"cp"``
-and ``"cp_kind"`` in ``KEYS``, its degree in ``world``, and three rules (``cp_divides_seq_len``,
-``ulysses_heads``, ``ring_dropout``: they read sp, tp, the kind and the model, more than an
-axis's ``divides`` says); the planner searches cp (``cp = auto``) and costs it like any axis.
+and ``"cp_kind"`` in ``KEYS``, its degree in ``world``, and two rules (``cp_divides_seq_len``,
+``ulysses_heads``: they read sp, tp, the kind and the model, more than an axis's ``divides``
+says); the planner searches cp (``cp = auto``) and costs it like any axis.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from ..rule_engine import (  # noqa: F401
 )
 from ..model_rules import heads_divide_hidden, kv_heads_divide_heads, kv_replicas, model_name, top_k_within_experts  # noqa: F401
 from .rules_mesh import AXES, _SPLIT_WORDS, _WORDS, _and, _axis_divides, _failing, _grid_divides, _kv_heads_1d, _sizes, tp_grid_fits, tp_grids, tp_kv_heads, tp_within_node, world  # noqa: F401
-from .rules_context import _cp_parts, cp_divides_seq_len, ring_dropout, ulysses_heads  # noqa: F401
+from .rules_context import _cp_parts, cp_divides_seq_len, ulysses_heads  # noqa: F401
 from .rules_pipeline import PIPELINE_UNITS, chimera_pipelines, interleaved_needs_pipeline, layers_split_evenly, pipeline_units, stage_layers_fit, terapipe_slice_lengths, terapipe_slices, zero_bubble_v_stages  # noqa: F401
 from .rules_batch import batch_divides  # noqa: F401
 from . import rules_overlap  # noqa: F401 - registers the overlap setting's rules (its name stays there)

@@ -55,15 +55,3 @@ def ulysses_heads(cp, cp_kind, heads, tp, kv_heads=None):
     return _violation("PAR0221", ("parallel.cp_kind", "parallel.cp"),
                       f"cp_kind = ulysses needs heads and kv_heads divisible by cp·tp = {cp}·{tp} = {parts}, "
                       f"but {words} {'is' if len(failing) == 1 else 'are'} not", hint)
-
-
-
-@rule("PAR0222")
-def ring_dropout(cp, cp_kind, dropout):
-    """Ring attention merges exact block softmaxes; it applies no dropout to attention weights."""
-    if cp == 1 or cp_kind != "ring" or not dropout:
-        return None
-    return _violation("PAR0222", ("model.dropout", "parallel.cp_kind"),
-                      f"cp_kind = ring computes attention without dropout, but dropout = {dropout}",
-                      "set dropout = 0 (long-context training rarely uses it), or use cp_kind = ulysses "
-                      "or cp_kind = allgather, which run attention with dropout")

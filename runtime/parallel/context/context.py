@@ -36,7 +36,7 @@ import torch
 from ...distributed.comm import all_gather_from_group, all_to_all, group_rank, group_size
 from ...train.data import context_spans
 from ...kernels import reference
-from .ring import ring_attention
+from .ring import draw_seed, ring_attention
 
 KINDS = ("ring", "ulysses", "allgather")
 """The kinds built (``parallel.cp_kind``; ``ring`` is the key's default)."""
@@ -81,15 +81,18 @@ class ContextParallel:
 
     # ---- ring ----------------------------------------------------------------------
 
-    def ring(self, q, k, v, kernels=None, documents=None) -> torch.Tensor:
+    def ring(self, q, k, v, kernels=None, documents=None, dropout=0.0) -> torch.Tensor:
         """(B, H, T/cp, D) queries, (B, Hkv, T/cp, D) keys and values of this rank's tokens
         → its rows of causal attention over the whole sequence (Note [ring attention]);
         ``kernels``: the compiled block attention, or None for the eager reference;
         ``documents`` (documents = separate): keys outside a query's document are masked,
-        block by block (the eager reference, which takes a mask)."""
+        block by block; ``dropout``: the attention dropout probability (Note [ring
+        attention with dropout]). Masks run the eager reference, which takes them."""
         scale = q.shape[-1] ** -0.5
         same = None if documents is None else documents.remember(
             ("ring", q.shape[-2]), lambda: self.block_documents(documents, q.shape[-2], q.device))
+        if dropout:
+            return ring_attention(q, k, v, self.group, scale, reference, same, (dropout, draw_seed()))
         return ring_attention(q, k, v, self.group, scale, kernels or reference, same)
 
     def block_documents(self, documents, local_tokens: int, device) -> tuple[torch.Tensor, ...]:

@@ -24,6 +24,17 @@ different documents (``same``, per step, from the ids every rank holds); a query
 that sees no key of a block gives it lse −∞ and output 0, which merge exactly, and every
 row sees at least itself at step 0.
 
+Note [ring attention with dropout]: attention dropout multiplies each weight softmax(s)ᵢⱼ
+by Zᵢⱼ, 0 with probability p and 1/(1 − p) otherwise. The block steps keep the exact lse
+merge: a block's lse is of its scores, whatever Z, and its partial output is (Z ⊙ P) v over
+the block's own softmax P, so the merge gives (Z ⊙ softmax(s)) v over the whole row. Z of
+the queries of chunk a against the keys of chunk b (of the 2·cp chunks) is drawn from a
+generator seeded by (seed, a, b) (``chunk_keep``), where the seed is drawn once a call from
+the default generator (so checkpoints' RNG states and selective recompute's replay give the
+same one); backward regenerates the same Z for each block instead of keeping it. Each
+mask belongs to one query rank, so forward and backward of a block always meet the same
+Z. These steps run the eager reference (the compiled block kernels take no mask).
+
 Backward passes K/V around again with their gradient: at step j rank r adds its share
 of dK, dV of block s = r − j to the partial sum that rank r−1 sent it (the sum over
 ranks r−j .. r−1), and sends the sum on to r+1; after cp steps each sum arrives at its
@@ -112,9 +123,33 @@ def _same(same, step, rows, keys, c):
     return None if same is None else _cols(_rows(same[step], rows, c), keys, c)
 
 
+def chunk_keep(seed: int, a: int, b: int, shape, p: float, dtype, device) -> torch.Tensor:
+    """Z for the queries of chunk ``a`` against the keys of chunk ``b``: 0 with probability
+    ``p``, else 1/(1 − p) (Note [ring attention with dropout])."""
+    generator = torch.Generator(device=device).manual_seed((seed + a * 65_537 + b) % 2**63)
+    kept = torch.rand(shape, generator=generator, device=device) >= p
+    return kept.to(dtype) / (1 - p)
+
+
+def _keep(dropout, step, rank, size, rows, keys, q):
+    """Step ``step``'s Z for its query ``rows`` and key ``keys`` on ``rank``, or None."""
+    if dropout is None:
+        return None
+    p, seed = dropout
+    B, H, two_c = q.shape[:3]
+    c = two_c // 2
+    owner = (rank - step) % size
+    chunks = {"first": (rank,), "second": (2 * size - 1 - rank,), "all": (rank, 2 * size - 1 - rank)}
+    key_chunks = {"first": (owner,), "second": (2 * size - 1 - owner,), "all": (owner, 2 * size - 1 - owner)}
+    stats = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return torch.cat([
+        torch.cat([chunk_keep(seed, a, b, (B, H, c, c), p, stats, q.device) for b in key_chunks[keys]], dim=-1)
+        for a in chunks[rows]], dim=-2)
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, group, scale, kernels, same):
+    def forward(ctx, q, k, v, group, scale, kernels, same, dropout):
         ring = _Ring(group)
         c = q.shape[2] // 2
         kv = torch.stack((k, v))  # one message: (2, B, Hkv, 2c, D)
@@ -124,7 +159,7 @@ class _RingAttention(torch.autograd.Function):
             causal, rows, keys = _part(step, ring.rank, ring.size)
             block_out, block_lse = kernels.block_attention(
                 _rows(q, rows, c), _rows(kv[0], keys, c), _rows(kv[1], keys, c), causal, scale,
-                **_allowed(_same(same, step, rows, keys, c)),
+                **_allowed(_same(same, step, rows, keys, c)), **_kept(dropout, step, ring, rows, keys, q),
             )
             if out is None:
                 out, lse = block_out, block_lse  # step 0 covers every row (each sees itself)
@@ -133,7 +168,7 @@ class _RingAttention(torch.autograd.Function):
             if pending is not None:
                 kv = pending.wait()
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.group, ctx.scale, ctx.kernels, ctx.same = group, scale, kernels, same
+        ctx.group, ctx.scale, ctx.kernels, ctx.same, ctx.dropout = group, scale, kernels, same, dropout
         return out.to(q.dtype)
 
     @staticmethod
@@ -150,7 +185,7 @@ class _RingAttention(torch.autograd.Function):
             block_dq, block_dk, block_dv = kernels.block_attention_backward(
                 _rows(grad, rows, c), _rows(q, rows, c), _rows(kv[0], keys, c), _rows(kv[1], keys, c),
                 _rows(out, rows, c), _rows(lse, rows, c), causal, scale,
-                **_allowed(_same(ctx.same, step, rows, keys, c)),
+                **_allowed(_same(ctx.same, step, rows, keys, c)), **_kept(ctx.dropout, step, ring, rows, keys, q),
             )
             _rows(dq, rows, c).add_(block_dq)
             dkv = torch.zeros((2, *k.shape), dtype=out.dtype, device=k.device)
@@ -162,7 +197,7 @@ class _RingAttention(torch.autograd.Function):
             if pending is not None:
                 kv = pending.wait()
         dkv = sent.wait()  # this rank's own block, summed over every rank's queries
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None
 
 
 def _allowed(mask):
@@ -171,9 +206,21 @@ def _allowed(mask):
     return {} if mask is None else {"allowed": mask}
 
 
-def ring_attention(q, k, v, group, scale, kernels, same=None):
+def _kept(dropout, step, ring, rows, keys, q):
+    """The block kernels' dropout argument: nothing without dropout (the compiled kernels
+    take none), else the step's Z (the eager reference's ``keep``)."""
+    return {} if dropout is None else {"keep": _keep(dropout, step, ring.rank, ring.size, rows, keys, q)}
+
+
+def draw_seed() -> int:
+    """The seed of one ring call's dropout masks, from the default generator."""
+    return int(torch.randint(2**62, (1,)))
+
+
+def ring_attention(q, k, v, group, scale, kernels, same=None, dropout=None):
     """Causal attention of this rank's load-balanced tokens against the whole sequence
     (Note [ring attention]); ``kernels``: a module with ``block_attention`` and
     ``block_attention_backward`` (``kernels.ops`` or ``kernels.reference``; the reference
-    when ``same`` is given: per step, where query and key share a document)."""
-    return _RingAttention.apply(q, k, v, group, scale, kernels, same)
+    when ``same`` is given: per step, where query and key share a document; or when
+    ``dropout`` is: (p, seed), Note [ring attention with dropout])."""
+    return _RingAttention.apply(q, k, v, group, scale, kernels, same, dropout)
