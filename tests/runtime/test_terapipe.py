@@ -1,7 +1,8 @@
 """TeraPipe in the model (runtime/parallel/pipeline/terapipe.py): a whole model run as one stage through
 the executor in token slices (even and uneven) gives the loss and every gradient of the
 unsliced forward and backward, in float64, for GPT (learned positions) and Llama
-(rotary, grouped-query heads); and the slice lengths' checks."""
+(rotary, grouped-query heads), also under recompute (full, selective: Note [recompute in
+a slice]); and the slice lengths' checks."""
 
 import sys
 from pathlib import Path
@@ -21,14 +22,15 @@ import built  # noqa: E402  (tests/runtime/built.py)
 MICRO, B = 2, 2
 
 
-def _build(arch):
+def _build(arch, recompute=None):
     return built.build(CONFIGS[arch], tp_group=None, sequence_parallel=False, tp_plan={}, seed=5,
-                             device=torch.device("cpu"), kernels="eager").double()
+                       device=torch.device("cpu"), kernels="eager", recompute=recompute).double()
 
 
 @pytest.mark.parametrize("arch", ["gpt", "llama"])
-@pytest.mark.parametrize("slices", [2, 4, "uneven"])
-def test_sliced_step_equals_whole_sequences(arch, slices):
+@pytest.mark.parametrize("slices,recompute", [(2, None), (4, None), ("uneven", None), ("uneven", "full"),
+                                              (4, "selective"), (2, "[full, selective]")])
+def test_sliced_step_equals_whole_sequences(arch, slices, recompute):
     config = CONFIGS[arch]
     T = config.seq_len
     lengths = slice_lengths(T, slices if slices != "uneven" else (T // 2, T // 4, T - T // 2 - T // 4))
@@ -38,7 +40,10 @@ def test_sliced_step_equals_whole_sequences(arch, slices):
     reference = _build(arch)
     expected = sum(reference(x, y) / MICRO for x, y in batches)
     expected.backward()
-    net = _build(arch)
+    if recompute is not None and recompute.startswith("["):  # one mode per block
+        recompute = [mode.strip() for mode in recompute[1:-1].split(",")][:config.layers]
+        recompute += ["none"] * (config.layers - len(recompute))
+    net = _build(arch, recompute)
     actions = build_schedule("terapipe", stages=1, micro_batches=MICRO, slices=len(lengths))[0]
     runner = PipelineExecutor([net], actions=actions, pp_group=None, pp_ranks=[0], pp_rank=0,
                               micro_batches=MICRO, activation_shape=(B, T, config.hidden),

@@ -27,6 +27,16 @@ bubble]); messages as 1F1B's. terapipe's F, B and comm are a slice's: its lists 
 1F1B's over M·S slices (``schedule_terapipe``, Note [slices as units]), so the 1F1B
 form over M·S units holds (tests/planner).
 
+Note [ZeRO-3 per slice]: under terapipe a ZeRO-3 pass is a slice's, not a micro-batch's
+(runtime/parallel/data/fsdp.py, Note [gradients of a unit]): a stage runs every slice of a
+micro-batch through all its blocks before the next slice, so keeping a block gathered
+from the first slice to the last would keep the whole stage gathered, what ZeRO-3 exists
+to avoid. Each slice gathers each unit for its forward and again for its backward and
+reduce-scatters the unit's gradient once its backward is done: M·S passes a step, each
+under a slice's compute (F/S, B/S), S times the gathers and reduce-scatters of 1F1B for
+the same memory (1 + prefetch units). ``zero3_passes`` gives ``cost/time.py``'s
+``zero3_gathers`` those passes.
+
 Note [steady state]: after warm-up, every schedule here repeats a period of p
 micro-batches, so the makespan is affine in M; a long schedule (M > 4p) is simulated
 at 2p, 3p and 4p micro-batches and, when those three points lie on one line, extended
@@ -130,3 +140,9 @@ def _schedule(kind: str, stages: int, micro_batches: int, chunks: int, slices: i
     of one (kind, p, M, chunks) differ only in the times ``simulate`` gives their actions
     (Note [steady state])."""
     return build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks, slices=slices)
+
+
+def zero3_passes(micro_batches: int, slices: int, forward: float, backward: float) -> tuple[int, float, float]:
+    """ZeRO-3's passes a step and the forward and backward of a block in one pass: a
+    micro-batch's, or under terapipe a slice's (Note [ZeRO-3 per slice])."""
+    return micro_batches * slices, forward / slices, backward / slices

@@ -70,7 +70,7 @@ from parc.runtime.schedules.schedule_sim import weight_share
 from parc.runtime.schedules.schedule_terapipe import slice_scale
 
 
-from .bubble import makespan
+from .bubble import makespan, zero3_passes
 from .context import cp_comm
 from .tp2d import grid_block_comm, grid_head_comm
 from .comm import collective_latency, collective_time, ring_time
@@ -245,8 +245,9 @@ def step_time(
     reducing = d * layout.cp  # replicated parameters' gradients average over dp × cp
     by_node = spec.parallel.zero_shard == "node"
     expert_shard = expert_shard_ranks(layout, by_node=by_node, devices_per_node=hw.devices_per_node)
+    zpasses, zforward, zbackward = zero3_passes(micro_batches, layout.slices, forward, backward)
     zero3 = zero3_gathers(
-        hw, layout, params, layers_per_chunk * v, forward, backward, accounting, micro_batches=micro_batches,
+        hw, layout, params, layers_per_chunk * v, zforward, zbackward, accounting, micro_batches=zpasses,
         gather_element=_zero3_gather_element(spec, accounting), grad_element=_grad_reduce_element(spec, accounting),
         by_node=by_node, experts=(expert_params, expert_shard) if by_node else None,
     )
@@ -501,7 +502,8 @@ class Zero3Gathers:
 def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, forward: float, backward: float,
                   accounting: Accounting, *, micro_batches: int, gather_element: float, grad_element: float,
                   by_node: bool = False, experts: tuple[float, int] | None = None) -> Zero3Gathers | None:
-    """Note [ZeRO-3 gathers]: every micro-batch gathers each of the rank's B units (a block's
+    """Note [ZeRO-3 gathers]: every micro-batch (under terapipe, every slice: ``micro_batches``
+    counts the passes, bubble.py's Note [ZeRO-3 per slice]) gathers each of the rank's B units (a block's
     parameters; the embeddings and head are spread over them) once for forward and once
     for backward (a full recompute's rerun finds its unit gathered): all-gathers of
     g = Ψ_rank/B elements of ``gather_element`` bytes over the shard group; backward also

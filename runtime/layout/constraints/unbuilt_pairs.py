@@ -151,7 +151,7 @@ UNBUILT = (
     Unbuilt("zero3", "chimera", "PAR0262", "ZeRO-3 reduce-scatters each block's gradient before the two "
             "replicas' sum", "use zero = 1 or 2 with {b}, or {b_off} with {a}"),
     *(Unbuilt(other, "terapipe", "PAR0264", _TERAPIPE, "use {b_off} with {a}, or {a_off} with {b}")
-      for other in ("sp", "cp", "experts", "recompute", "overlap", "compress_pp", "zero3", "layer_tp", "layer_dp",
+      for other in ("cp", "experts", "overlap", "compress_pp", "layer_tp", "layer_dp",
                     "tp_2d")),
     *(Unbuilt(other, "tp_2d", "PAR0277", _2D, "use {a_off} with {b}, or {b_off}")
       for other in ("cp", "experts", "layer_tp", "overlap", "compress", "compress_pp")),

@@ -21,6 +21,25 @@ gradient *and* from those leaf gradients on its own K_i, V_i, in one
 gradient is the one-rank build's, summed in another order. Each slice keeps its own
 graph until its backward (what the in-flight bound counts); a micro-batch's kept keys
 and values go when its slice 0's backward is done.
+
+Note [recompute in a slice]: under ``recompute = full`` or ``selective`` a slice's
+backward reruns its checkpointed blocks (or attention cores), and the rerun must compute
+what the forward computed: the slice's queries against the earlier slices' kept keys and
+values and its own. So the slice's backward runs with the state's ``current`` set to
+that slice and ``recomputing`` on: ``attend`` then attends as in forward (the kept
+leaves of slices 0..j-1 are still there: their backwards come after j's) but keeps
+nothing new, and a layer is found by its attention module (``attach`` numbers them), not
+by the order of calls, which a rerun reverses. What a slice keeps between its forward
+and its backward is then its blocks' inputs (full) or the attention inputs (selective),
+plus the keys and values every later slice reads: those are kept whatever recompute says.
+
+Note [slices under sequence parallelism]: under sp each tp rank holds T/tp tokens of
+the stream between the blocks; a slice of n tokens travels and enters a stage as the
+rank's n/tp of it, the tp rank r holding tokens start + r·n/tp .. start + (r+1)·n/tp of
+the sequence (``Transformer.embed_tokens`` offsets the shard by the slice's start). So
+each slice's length is a multiple of tp (rule PAR0267), and sp's gather before the
+attention gives every tp rank the slice's n tokens for its heads: ``attend`` sees the
+whole slice, as without sp, and the kept keys and values are the rank's heads of it.
 """
 
 from __future__ import annotations
@@ -49,10 +68,11 @@ class SliceState:
     def __init__(self, lengths):
         self.lengths = tuple(lengths)
         self.starts = tuple(sum(self.lengths[:j]) for j in range(len(self.lengths)))
-        self.current: tuple[int, int] | None = None  # (micro, slice) in forward, else None
-        self.kept: dict[tuple[int, int], list] = {}  # (micro, slice) -> per layer (k leaf, v leaf)
-        self.produced: dict[tuple[int, int], list] = {}  # (micro, slice) -> per layer (k, v) in its graph
-        self._layer = 0
+        self.current: tuple[int, int] | None = None  # (micro, slice) in forward or backward, else None
+        self.recomputing = False  # in the slice's backward: a recompute's rerun (Note [recompute in a slice])
+        self.kept: dict[tuple[int, int], dict] = {}  # (micro, slice) -> layer -> (k leaf, v leaf)
+        self.produced: dict[tuple[int, int], dict] = {}  # (micro, slice) -> layer -> (k, v) in its graph
+        self._layers: dict[int, int] = {}  # id(attention) -> its layer on this rank
 
     def attach(self, chunks) -> None:
         """Point every attention and stage of ``chunks`` at this state."""
@@ -62,6 +82,8 @@ class SliceState:
             for module in chunk.modules():
                 if isinstance(module, (Attention, Transformer)):
                     module.slices = self
+                if isinstance(module, Attention):
+                    self._layers[id(module)] = len(self._layers)
 
     @property
     def start(self) -> int:
@@ -70,8 +92,8 @@ class SliceState:
 
     def forward(self, micro: int, slice_: int, run):
         """Run ``run()`` (a stage's forward) as slice ``slice_`` of micro-batch ``micro``."""
-        self.current, self._layer = (micro, slice_), 0
-        self.kept[(micro, slice_)], self.produced[(micro, slice_)] = [], []
+        self.current = (micro, slice_)
+        self.kept[(micro, slice_)], self.produced[(micro, slice_)] = {}, {}
         try:
             return run()
         finally:
@@ -81,7 +103,7 @@ class SliceState:
         """softmax(q kᵀ/√D) v of the slice in forward over the keys of slices 0..j (causal),
         q, k, v (B, heads, T_j, D); rotated at the slice's positions under llama."""
         micro, j = self.current
-        layer, self._layer = self._layer, self._layer + 1
+        layer = self._layers[id(attention)]
         start = self.starts[j]
         documents = attention.documents  # documents = separate: within documents (documents.py)
         rows = torch.arange(start, start + q.shape[-2], device=q.device)
@@ -92,8 +114,9 @@ class SliceState:
             q, k = rotary_at(q, attention.theta, within), rotary_at(k, attention.theta, within)
         elif attention.llama:
             q, k = attention.rotate(q, k, ((start, start + q.shape[-2]),))
-        self.produced[(micro, j)].append((k, v))
-        self.kept[(micro, j)].append((k.detach().requires_grad_(True), v.detach().requires_grad_(True)))
+        if not self.recomputing:  # a rerun in backward keeps nothing: its forward did
+            self.produced[(micro, j)][layer] = (k, v)
+            self.kept[(micro, j)][layer] = (k.detach().requires_grad_(True), v.detach().requires_grad_(True))
         earlier = [self.kept[(micro, i)][layer] for i in range(j)]
         keys = torch.cat([kv[0] for kv in earlier] + [k], dim=2)
         values = torch.cat([kv[1] for kv in earlier] + [v], dim=2)
@@ -111,12 +134,17 @@ class SliceState:
         gradient, None for a loss), plus the gradients later slices left on its keys and
         values; then drops what it kept."""
         tensors, grads = [output], [grad]
-        for (k, v), (k_leaf, v_leaf) in zip(self.produced.pop((micro, slice_)), self.kept[(micro, slice_)]):
-            for t, leaf in ((k, k_leaf), (v, v_leaf)):
+        produced, kept = self.produced.pop((micro, slice_)), self.kept[(micro, slice_)]
+        for layer, (k, v) in produced.items():
+            for t, leaf in zip((k, v), kept[layer]):
                 if leaf.grad is not None:
                     tensors.append(t)
                     grads.append(leaf.grad)
-        torch.autograd.backward(tensors, grad_tensors=grads)
+        self.current, self.recomputing = (micro, slice_), True  # Note [recompute in a slice]
+        try:
+            torch.autograd.backward(tensors, grad_tensors=grads)
+        finally:
+            self.current, self.recomputing = None, False
         del self.kept[(micro, slice_)]  # every later slice's backward has run (reverse order)
 
     def idle(self) -> bool:

@@ -1,0 +1,63 @@
+"""The planner's price of terapipe with sp, recompute and ZeRO-3 (issue 33 item 7): ZeRO-3's
+passes are the slices' (codegen/planner/cost/bubble.py, Note [ZeRO-3 per slice]), a recompute
+reruns each slice's blocks, and the search scores such layouts and picks one."""
+
+from __future__ import annotations
+
+import pytest
+
+from parc.codegen.planner.cost import estimate, hardware_for
+from parc.codegen.planner.cost.time import step_time
+from parc.codegen.planner.search import fixed_layout, search
+from parc.dsl import load
+
+GPT3 = "examples/gpt3-175b.par"
+
+
+def _gpt3(*sets: str):
+    """GPT-3 175B on 128 nodes of 8: dp 16, tp 8 with sp, pp 8, the sets' schedule and ZeRO."""
+    return load(GPT3, ["parallel.dp=16", "parallel.tp=8", "parallel.pp=8", "parallel.sp=true",
+                       "parallel.overlap=none", *sets])
+
+
+def _priced(*sets: str):
+    spec = _gpt3(*sets)
+    layout, hw = fixed_layout(spec), hardware_for(spec)
+    assert estimate(spec, layout, hw).buildable
+    return step_time(spec, layout, hw)
+
+
+def test_zero3_under_terapipe_gathers_every_slice():
+    """Each slice gathers every unit for its forward and its backward and reduce-scatters
+    it: twice the slices, twice ZeRO-3's traffic (no replicas: nothing once a step), while
+    ZeRO-2's reduction stays once per micro-batch whatever the slices."""
+    two, four = (_priced("parallel.zero=3", "parallel.recompute=none", f"parallel.schedule=terapipe(slices = {s})")
+                 for s in (2, 4))
+    assert four.dp_comm == pytest.approx(2 * two.dp_comm, rel=1e-9)
+    zero2 = [_priced("parallel.zero=2", "parallel.recompute=none", f"parallel.schedule=terapipe(slices = {s})")
+             for s in (2, 4)]
+    assert zero2[0].dp_comm == pytest.approx(zero2[1].dp_comm, rel=1e-9)
+    assert two.dp_comm > zero2[0].dp_comm
+
+
+def test_recompute_under_terapipe_reruns_the_forward():
+    """Full recompute reruns each slice's blocks in its backward: the busy time grows by
+    about a forward of every block, the memory of the kept activations falls."""
+    plain, full = (_priced("parallel.zero=1", f"parallel.recompute={mode}", "parallel.schedule=terapipe(slices = 4)")
+                   for mode in ("none", "full"))
+    assert full.compute > plain.compute
+    spec = _gpt3("parallel.zero=1", "parallel.schedule=terapipe(slices = 4)", "parallel.recompute=full")
+    other = _gpt3("parallel.zero=1", "parallel.schedule=terapipe(slices = 4)", "parallel.recompute=none")
+    hw = hardware_for(spec)
+    assert (estimate(spec, fixed_layout(spec), hw).peak_mem_bytes
+            < estimate(other, fixed_layout(other), hw).peak_mem_bytes)
+
+
+def test_the_search_picks_terapipe_with_sp_and_scores_zero3_and_recompute():
+    """Under schedule = terapipe(slices = 4) the search's buildable layouts include sp,
+    ZeRO-3 and recompute, and its winner splits the sequence over tp (sp)."""
+    spec = load(GPT3, ["parallel.schedule=terapipe(slices = 4)"])
+    result = search(spec, hardware_for(spec))
+    built = [item.layout for item in result.estimates if item.buildable]
+    assert any(layout.sp and layout.zero == 3 and layout.recompute == "full" for layout in built)
+    assert result.winner.layout.schedule == "terapipe" and result.winner.layout.sp
