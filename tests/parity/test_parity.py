@@ -262,6 +262,12 @@ MOE_LAYOUTS = {
     "cp2-ring-tp2-sp-capacity": dict(cp=2, parallel__cp_kind="ring", tp=2, sp=True, model__capacity_factor=1.0),
     "ep2-capacity-recompute-full": dict(dp=2, parallel__ep=2, model__capacity_factor=1.0,
                                         parallel__recompute="full"),
+    # TeraPipe (terapipe.py, Note [experts in a slice]): each slice routed as it comes, the balance
+    # loss's gradient the micro-batch's (deferred to the last slice); under sp each tp rank its share
+    "pp2-terapipe-uneven": dict(pp=2, parallel__schedule="terapipe(slices = [16, 8, 8])"),
+    "gpt-pp2-tp2-sp-terapipe2-zloss": dict(arch="gpt", pp=2, tp=2, sp=True, model__z_loss=0.001,
+                                          parallel__schedule="terapipe(slices = 2)"),
+    "ep2-pp2-terapipe2": dict(dp=2, pp=2, parallel__ep=2, parallel__schedule="terapipe(slices = 2)"),
     # where features met at the merge: experts under ZeRO-3's units and zero_bubble's B/W split
     "dp2-zero3": dict(dp=2, parallel__zero=3),
     "pp2-zero_bubble": dict(pp=2, parallel__schedule="zero_bubble"),

@@ -37,6 +37,12 @@ under a slice's compute (F/S, B/S), S times the gathers and reduce-scatters of 1
 the same memory (1 + prefetch units). ``zero3_passes`` gives ``cost/time.py``'s
 ``zero3_gathers`` those passes.
 
+Note [experts per slice]: under terapipe a MoE block routes, dispatches and combines each
+slice's tokens on their own (runtime/parallel/pipeline/terapipe.py, Note [experts in a
+slice]): S all-to-alls of 1/S the rows, one after another, each exposed as a micro-batch's
+would be, and S expert GEMMs of 1/S the tokens; ``per_slices`` prices the micro-batch's
+expert part as S times a slice's (more latency, less efficient GEMMs than one whole pass).
+
 Note [steady state]: after warm-up, every schedule here repeats a period of p
 micro-batches, so the makespan is affine in M; a long schedule (M > 4p) is simulated
 at 2p, 3p and 4p micro-batches and, when those three points lie on one line, extended
@@ -48,6 +54,7 @@ queues (runtime/schedules/schedule_zbv.py, Note [ZB-V ready queues]).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from parc.runtime.schedules.schedule import SLICED, SPLIT_BACKWARD, build_schedule
@@ -146,3 +153,12 @@ def zero3_passes(micro_batches: int, slices: int, forward: float, backward: floa
     """ZeRO-3's passes a step and the forward and backward of a block in one pass: a
     micro-batch's, or under terapipe a slice's (Note [ZeRO-3 per slice])."""
     return micro_batches * slices, forward / slices, backward / slices
+
+
+def per_slices(cost_of, tokens: float, slices: int):
+    """``cost_of(tokens)`` (a dataclass of seconds for one micro-batch's tokens) for a
+    micro-batch run in ``slices`` slices: S times one slice's (Note [experts per slice])."""
+    if slices == 1:
+        return cost_of(tokens)
+    one = cost_of(tokens / slices)
+    return dataclasses.replace(one, **{f.name: slices * getattr(one, f.name) for f in dataclasses.fields(one)})

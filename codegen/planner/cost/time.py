@@ -70,7 +70,7 @@ from parc.runtime.schedules.schedule_sim import weight_share
 from parc.runtime.schedules.schedule_terapipe import slice_scale
 
 
-from .bubble import makespan, zero3_passes
+from .bubble import makespan, per_slices, zero3_passes
 from .context import cp_comm
 from .tp2d import grid_block_comm, grid_head_comm
 from .comm import collective_latency, collective_time, ring_time
@@ -440,7 +440,8 @@ def block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting
     pieces = k * layout.slices
     sub_forward, sub_core, sub_core_backward = _block_forward(spec, layout, hw, accounting, tokens / pieces)
     forward, core = pieces * sub_forward * slow, pieces * sub_core * slow
-    experts = moe_block(spec, layout, hw, tokens=tokens, k=k, size=size)  # Note [MoE costs]
+    experts = per_slices(lambda n: moe_block(spec, layout, hw, tokens=n, k=k, size=size), tokens,
+                         layout.slices)  # Note [MoE costs]; bubble.py, Note [experts per slice]
     forward += experts.forward
     # backward twice the forward, but the attention core's own (flash: Note [flash attention's rate])
     backward = 2.0 * forward + pieces * slow * (sub_core_backward - 2.0 * sub_core)
