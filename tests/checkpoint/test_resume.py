@@ -44,6 +44,7 @@ RESHARDED = [
     ("pp2_dp2_zero3_zbv", "dp2_4layers"), ("dp2_4layers", "pp2_dp2_zero3_zbv"),  # ZeRO-3's units under ZB-V's V
     # TeraPipe with ZeRO-3 and recompute → tp 2; dp 2 → TeraPipe under sp (issue 33 item 7)
     ("pp2_dp2_zero3_terapipe_recompute", "tp2"), ("dp2", "pp2_tp2_sp_terapipe"),
+    ("moe_pp2_terapipe", "moe_one"),  # experts in token slices → one rank
 ]
 
 

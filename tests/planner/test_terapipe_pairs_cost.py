@@ -1,5 +1,5 @@
 """The planner's price of terapipe with sp, recompute and ZeRO-3 (issue 33 item 7): ZeRO-3's
-passes are the slices' (codegen/planner/cost/bubble.py, Note [ZeRO-3 per slice]), a recompute
+passes are the slices' (codegen/planner/cost/terapipe.py, Note [ZeRO-3 per slice]), a recompute
 reruns each slice's blocks, and the search scores such layouts and picks one."""
 
 from __future__ import annotations
@@ -84,3 +84,29 @@ def test_experts_under_terapipe_dispatch_every_slice():
     spec = load("examples/mixtral-8x7b.par", ["parallel.schedule=terapipe(slices = 2)"])
     winner = search(spec, hardware_for(spec)).winner
     assert winner is not None and winner.buildable and winner.layout.schedule == "terapipe"
+
+
+
+def test_full_recompute_under_terapipe_keeps_the_slices_keys_and_values(monkeypatch):
+    """Every slice keeps each layer's keys and values for the later slices (Note [kept keys
+    under recompute]): under full recompute they come on top of the blocks' inputs, 2 ·
+    kv_heads/tp · head_dim elements a token and layer, for the slices in flight."""
+    from parc.codegen.planner.cost import memory as memory_module
+    from parc.runtime.schedules.schedule import in_flight_bound
+
+    def activations() -> tuple[float, object]:
+        spec = load("examples/llama-7b.par", ["parallel.dp=1", "parallel.tp=8", "parallel.pp=4", "parallel.sp=true",
+                                              "parallel.zero=0", "parallel.recompute=full", "parallel.overlap=none",
+                                              "mesh.nodes=4", "train.micro_batch=1",
+                                              "parallel.schedule=terapipe(slices = 4)"])
+        return memory_module.memory(spec, fixed_layout(spec)).per_rank[0].activations, spec
+
+    sliced, spec = activations()
+    monkeypatch.setattr(memory_module, "kept_kv_elements", lambda *args: 0.0)
+    without, _ = activations()
+    m, layout = spec.model, fixed_layout(spec)
+    in_flight = in_flight_bound("terapipe", stages=4, rank=0, micro_batches=layout.grad_accum(spec.train.global_batch),
+                                slices=4) / 4
+    blocks = m.layers // 4
+    kv = blocks * 2 * (m.kv_heads // 8) * m.head_dim * m.seq_len * 2.0  # bf16 elements of the rank's heads
+    assert sliced - without == pytest.approx(in_flight * kv, rel=1e-12)

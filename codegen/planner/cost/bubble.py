@@ -27,22 +27,6 @@ bubble]); messages as 1F1B's. terapipe's F, B and comm are a slice's: its lists 
 1F1B's over M·S slices (``schedule_terapipe``, Note [slices as units]), so the 1F1B
 form over M·S units holds (tests/planner).
 
-Note [ZeRO-3 per slice]: under terapipe a ZeRO-3 pass is a slice's, not a micro-batch's
-(runtime/parallel/data/fsdp.py, Note [gradients of a unit]): a stage runs every slice of a
-micro-batch through all its blocks before the next slice, so keeping a block gathered
-from the first slice to the last would keep the whole stage gathered, what ZeRO-3 exists
-to avoid. Each slice gathers each unit for its forward and again for its backward and
-reduce-scatters the unit's gradient once its backward is done: M·S passes a step, each
-under a slice's compute (F/S, B/S), S times the gathers and reduce-scatters of 1F1B for
-the same memory (1 + prefetch units). ``zero3_passes`` gives ``cost/time.py``'s
-``zero3_gathers`` those passes.
-
-Note [experts per slice]: under terapipe a MoE block routes, dispatches and combines each
-slice's tokens on their own (runtime/parallel/pipeline/terapipe.py, Note [experts in a
-slice]): S all-to-alls of 1/S the rows, one after another, each exposed as a micro-batch's
-would be, and S expert GEMMs of 1/S the tokens; ``per_slices`` prices the micro-batch's
-expert part as S times a slice's (more latency, less efficient GEMMs than one whole pass).
-
 Note [steady state]: after warm-up, every schedule here repeats a period of p
 micro-batches, so the makespan is affine in M; a long schedule (M > 4p) is simulated
 at 2p, 3p and 4p micro-batches and, when those three points lie on one line, extended
@@ -54,7 +38,6 @@ queues (runtime/schedules/schedule_zbv.py, Note [ZB-V ready queues]).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 from parc.runtime.schedules.schedule import SLICED, SPLIT_BACKWARD, build_schedule
@@ -147,18 +130,3 @@ def _schedule(kind: str, stages: int, micro_batches: int, chunks: int, slices: i
     of one (kind, p, M, chunks) differ only in the times ``simulate`` gives their actions
     (Note [steady state])."""
     return build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks, slices=slices)
-
-
-def zero3_passes(micro_batches: int, slices: int, forward: float, backward: float) -> tuple[int, float, float]:
-    """ZeRO-3's passes a step and the forward and backward of a block in one pass: a
-    micro-batch's, or under terapipe a slice's (Note [ZeRO-3 per slice])."""
-    return micro_batches * slices, forward / slices, backward / slices
-
-
-def per_slices(cost_of, tokens: float, slices: int):
-    """``cost_of(tokens)`` (a dataclass of seconds for one micro-batch's tokens) for a
-    micro-batch run in ``slices`` slices: S times one slice's (Note [experts per slice])."""
-    if slices == 1:
-        return cost_of(tokens)
-    one = cost_of(tokens / slices)
-    return dataclasses.replace(one, **{f.name: slices * getattr(one, f.name) for f in dataclasses.fields(one)})

@@ -70,8 +70,9 @@ from parc.runtime.schedules.schedule_sim import weight_share
 from parc.runtime.schedules.schedule_terapipe import slice_scale
 
 
-from .bubble import makespan, per_slices, zero3_passes
+from .bubble import makespan
 from .context import cp_comm
+from .terapipe import per_slices, zero3_passes
 from .tp2d import grid_block_comm, grid_head_comm
 from .comm import collective_latency, collective_time, ring_time
 from .compress import RANK, lowrank_backprop_cost, powersgd_cost, topk_cost
@@ -441,7 +442,7 @@ def block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting
     sub_forward, sub_core, sub_core_backward = _block_forward(spec, layout, hw, accounting, tokens / pieces)
     forward, core = pieces * sub_forward * slow, pieces * sub_core * slow
     experts = per_slices(lambda n: moe_block(spec, layout, hw, tokens=n, k=k, size=size), tokens,
-                         layout.slices)  # Note [MoE costs]; bubble.py, Note [experts per slice]
+                         layout.slices)  # Note [MoE costs]; terapipe.py, Note [experts per slice]
     forward += experts.forward
     # backward twice the forward, but the attention core's own (flash: Note [flash attention's rate])
     backward = 2.0 * forward + pieces * slow * (sub_core_backward - 2.0 * sub_core)
@@ -504,7 +505,7 @@ def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, fo
                   accounting: Accounting, *, micro_batches: int, gather_element: float, grad_element: float,
                   by_node: bool = False, experts: tuple[float, int] | None = None) -> Zero3Gathers | None:
     """Note [ZeRO-3 gathers]: every micro-batch (under terapipe, every slice: ``micro_batches``
-    counts the passes, bubble.py's Note [ZeRO-3 per slice]) gathers each of the rank's B units (a block's
+    counts the passes, cost/terapipe.py's Note [ZeRO-3 per slice]) gathers each of the rank's B units (a block's
     parameters; the embeddings and head are spread over them) once for forward and once
     for backward (a full recompute's rerun finds its unit gathered): all-gathers of
     g = Ψ_rank/B elements of ``gather_element`` bytes over the shard group; backward also
