@@ -42,6 +42,9 @@ RESHARDED = [
     ("pp2_chimera", "dp2"), ("dp2", "pp2_chimera"),  # chimera's replicas: saved once, both loaded
     ("tp2", "tp4_2x2"), ("tp2_2x1", "tp2"),  # 1D tp ⇄ 2D tp: the same logical tensors
     ("pp2_dp2_zero3_zbv", "dp2_4layers"), ("dp2_4layers", "pp2_dp2_zero3_zbv"),  # ZeRO-3's units under ZB-V's V
+    # TeraPipe with ZeRO-3 and recompute → tp 2; dp 2 → TeraPipe under sp (issue 33 item 7)
+    ("pp2_dp2_zero3_terapipe_recompute", "tp2"), ("dp2", "pp2_tp2_sp_terapipe"),
+    ("moe_pp2_terapipe", "moe_one"),  # experts in token slices → one rank
 ]
 
 

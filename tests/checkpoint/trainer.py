@@ -64,6 +64,13 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     "pp2_dp2_zero3_zbv": (["parallel.pp=2", "parallel.dp=2", "parallel.zero=3", "parallel.schedule=zero_bubble_v",
                            "model.layers=4"], 4),
     "dp2_4layers": (["parallel.dp=2", "model.layers=4"], 2),
+    # TeraPipe (runtime/parallel/pipeline/terapipe.py) with ZeRO-3's per-slice gathers and a recompute,
+    # with experts, and under sp (each tp rank its share of a slice): the checkpoint is layout-free
+    "pp2_dp2_zero3_terapipe_recompute": (["parallel.pp=2", "parallel.dp=2", "parallel.zero=3",
+                                          "parallel.schedule=terapipe(slices = 2)", "parallel.recompute=full"], 4),
+    "moe_pp2_terapipe": ([*MOE, "parallel.pp=2", "parallel.schedule=terapipe(slices = [16, 8, 8])"], 2),
+    "pp2_tp2_sp_terapipe": (["parallel.pp=2", "parallel.tp=2", "parallel.sp=true",
+                             "parallel.schedule=terapipe(slices = [8, 16, 8])", "parallel.recompute=selective"], 4),
     # heterogeneous layout (runtime/parallel/data/hetero.py): block 0 tp 2 × dp 1, block 1 tp 1 × dp 2
     "hetero_tp21": (["parallel.tp=[2, 1]", "parallel.dp=[1, 2]"], 2),
     # 2D tensor parallelism (runtime/parallel/tensor/layers2d.py): weights split on an R × C grid of the tp ranks

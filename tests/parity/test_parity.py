@@ -98,6 +98,14 @@ LAYOUTS = {
     "pp2-terapipe-uneven": dict(pp=2, parallel__schedule="terapipe(slices = [16, 8, 8])"),
     "pp2-dp2-terapipe-uneven": dict(pp=2, dp=2, parallel__schedule="terapipe(slices = [8, 16, 8])"),
     "pp2-tp2-terapipe-uneven": dict(pp=2, tp=2, parallel__schedule="terapipe(slices = [4, 12, 16])"),
+    # under sp each tp rank holds its share of a slice (terapipe.py, Note [slices under sequence parallelism])
+    "pp2-tp2-sp-terapipe-uneven": dict(pp=2, tp=2, sp=True, parallel__schedule="terapipe(slices = [12, 8, 12])"),
+    # a slice's backward reruns its blocks (cores) against the kept keys (Note [recompute in a slice])
+    "pp2-recompute-full-terapipe2": dict(pp=2, parallel__recompute="full", parallel__schedule="terapipe(slices = 2)"),
+    # ZeRO-3: each block gathered around each slice's forward and backward, reduce-scattered per slice
+    "pp2-dp2-zero3-terapipe2": dict(pp=2, dp=2, parallel__zero=3, parallel__schedule="terapipe(slices = 2)"),
+    "pp2-recompute-selective-terapipe-uneven": dict(pp=2, parallel__recompute="selective",
+                                                    parallel__schedule="terapipe(slices = [16, 8, 8])"),
     # Oases sub-batch overlap (runtime/parallel/tensor/overlap.py); dp > 1 layouts overlap gradients always
     "tp2-overlap2": dict(tp=2, parallel__overlap="sub_batch(2)"),
     "tp2-sp-overlap2": dict(tp=2, sp=True, parallel__overlap="sub_batch(2)"),
@@ -254,6 +262,12 @@ MOE_LAYOUTS = {
     "cp2-ring-tp2-sp-capacity": dict(cp=2, parallel__cp_kind="ring", tp=2, sp=True, model__capacity_factor=1.0),
     "ep2-capacity-recompute-full": dict(dp=2, parallel__ep=2, model__capacity_factor=1.0,
                                         parallel__recompute="full"),
+    # TeraPipe (terapipe.py, Note [experts in a slice]): each slice routed as it comes, the balance
+    # loss's gradient the micro-batch's (deferred to the last slice); under sp each tp rank its share
+    "pp2-terapipe-uneven": dict(pp=2, parallel__schedule="terapipe(slices = [16, 8, 8])"),
+    "gpt-pp2-tp2-sp-terapipe2-zloss": dict(arch="gpt", pp=2, tp=2, sp=True, model__z_loss=0.001,
+                                          parallel__schedule="terapipe(slices = 2)"),
+    "ep2-pp2-terapipe2": dict(dp=2, pp=2, parallel__ep=2, parallel__schedule="terapipe(slices = 2)"),
     # where features met at the merge: experts under ZeRO-3's units and zero_bubble's B/W split
     "dp2-zero3": dict(dp=2, parallel__zero=3),
     "pp2-zero_bubble": dict(pp=2, parallel__schedule="zero_bubble"),

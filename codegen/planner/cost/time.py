@@ -72,6 +72,7 @@ from parc.runtime.schedules.schedule_terapipe import slice_scale
 
 from .bubble import makespan
 from .context import cp_comm, eager_core
+from .terapipe import per_slices, zero3_passes
 from .tp2d import grid_block_comm, grid_head_comm
 from .comm import collective_latency, collective_time, ring_time
 from .compress import RANK, lowrank_backprop_cost, powersgd_cost, topk_cost
@@ -247,8 +248,9 @@ def step_time(
     reducing = d * layout.cp  # replicated parameters' gradients average over dp × cp
     by_node = spec.parallel.zero_shard == "node"
     expert_shard = expert_shard_ranks(layout, by_node=by_node, devices_per_node=hw.devices_per_node)
+    zpasses, zforward, zbackward = zero3_passes(micro_batches, layout.slices, forward, backward)
     zero3 = zero3_gathers(
-        hw, layout, params, layers_per_chunk * v, forward, backward, accounting, micro_batches=micro_batches,
+        hw, layout, params, layers_per_chunk * v, zforward, zbackward, accounting, micro_batches=zpasses,
         gather_element=_zero3_gather_element(spec, accounting), grad_element=_grad_reduce_element(spec, accounting),
         by_node=by_node, experts=(expert_params, expert_shard) if by_node else None,
     )
@@ -441,7 +443,8 @@ def block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting
     pieces = k * layout.slices
     sub_forward, sub_core, sub_core_backward = _block_forward(spec, layout, hw, accounting, tokens / pieces)
     forward, core = pieces * sub_forward * slow, pieces * sub_core * slow
-    experts = moe_block(spec, layout, hw, tokens=tokens, k=k, size=size)  # Note [MoE costs]
+    experts = per_slices(lambda n: moe_block(spec, layout, hw, tokens=n, k=k, size=size), tokens,
+                         layout.slices)  # Note [MoE costs]; terapipe.py, Note [experts per slice]
     forward += experts.forward
     # backward twice the forward, but the attention core's own (flash: Note [flash attention's rate])
     backward = 2.0 * forward + pieces * slow * (sub_core_backward - 2.0 * sub_core)
@@ -503,7 +506,8 @@ class Zero3Gathers:
 def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, forward: float, backward: float,
                   accounting: Accounting, *, micro_batches: int, gather_element: float, grad_element: float,
                   by_node: bool = False, experts: tuple[float, int] | None = None) -> Zero3Gathers | None:
-    """Note [ZeRO-3 gathers]: every micro-batch gathers each of the rank's B units (a block's
+    """Note [ZeRO-3 gathers]: every micro-batch (under terapipe, every slice: ``micro_batches``
+    counts the passes, cost/terapipe.py's Note [ZeRO-3 per slice]) gathers each of the rank's B units (a block's
     parameters; the embeddings and head are spread over them) once for forward and once
     for backward (a full recompute's rerun finds its unit gathered): all-gathers of
     g = Ψ_rank/B elements of ``gather_element`` bytes over the shard group; backward also

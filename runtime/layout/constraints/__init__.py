@@ -35,7 +35,7 @@ from ..rule_engine import (  # noqa: F401
 from ..model_rules import heads_divide_hidden, kv_heads_divide_heads, kv_replicas, model_name, top_k_within_experts  # noqa: F401
 from .rules_mesh import AXES, _SPLIT_WORDS, _WORDS, _and, _axis_divides, _failing, _grid_divides, _kv_heads_1d, _sizes, tp_grid_fits, tp_grids, tp_kv_heads, tp_within_node, world  # noqa: F401
 from .rules_context import _cp_parts, cp_divides_seq_len, ulysses_heads  # noqa: F401
-from .rules_pipeline import PIPELINE_UNITS, chimera_pipelines, interleaved_needs_pipeline, layers_split_evenly, pipeline_units, stage_layers_fit, terapipe_slice_lengths, terapipe_slices, zero_bubble_v_stages  # noqa: F401
+from .rules_pipeline import PIPELINE_UNITS, chimera_pipelines, interleaved_needs_pipeline, layers_split_evenly, pipeline_units, stage_layers_fit, terapipe_slice_lengths, terapipe_slices, terapipe_slices_under_sp, zero_bubble_v_stages  # noqa: F401
 from .rules_batch import batch_divides  # noqa: F401
 from . import rules_overlap  # noqa: F401 - registers the overlap setting's rules (its name stays there)
 from .rules_overlap import PER_LAYER, _one_entry_per_layer, sequence_parallel  # noqa: F401

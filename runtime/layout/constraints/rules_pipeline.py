@@ -41,6 +41,28 @@ def terapipe_slice_lengths(schedule, slice_lengths, seq_len):
 
 
 
+@rule("PAR0267")
+def terapipe_slices_under_sp(schedule, slices, seq_len, sp, tp, slice_lengths=None, tp_shape=None):
+    """Under sp each tp rank holds n/tp tokens of a slice of n (terapipe.py, Note [slices
+    under sequence parallelism]): every slice's length is a multiple of tp (a 2D grid's
+    row of C ranks splits the tokens: not with terapipe, PAR0264)."""
+    if schedule != "terapipe" or sp is not True or tp < 2 or tp_2d(tp_shape):
+        return None
+    lengths = list(slice_lengths) if slice_lengths is not None else (
+        [seq_len // slices] * slices if seq_len % slices == 0 else [])  # else PAR0263
+    if sum(lengths) != seq_len or all(n % tp == 0 for n in lengths):
+        return None  # PAR0265, or every slice splits over tp
+    written = f"[{', '.join(map(str, lengths))}]" if slice_lengths is not None else str(slices)
+    fits = [s for s in range(2, min(seq_len // tp, 16) + 1) if (seq_len // tp) % s == 0]
+    return _violation("PAR0267", ("parallel.schedule", "parallel.sp"),
+                      f"schedule = terapipe(slices = {written}) cuts each sequence into slices of "
+                      f"{', '.join(map(str, dict.fromkeys(lengths)))} tokens, but sp = true splits each slice over "
+                      f"tp = {tp}: every slice's length must be a multiple of {tp}",
+                      f"use slices = {', '.join(map(str, fits[:4])) or 'S with seq_len / S a multiple of tp'}, "
+                      f"lengths that are multiples of {tp}, or sp = false")
+
+
+
 PIPELINE_UNITS = 65_536
 """Most forward/backward units (micro-batch · chunk · slice) one pipeline rank's schedule may
 hold a step: ``parc build`` builds and simulates the whole schedule (the trainer builds it too),

@@ -127,6 +127,8 @@ class Unbuilt:
 
 
 _TERAPIPE = "a slice's keys and values are kept whole in each stage's attention"
+_CAPACITY_SLICES = ("a capacity ranks the whole micro-batch's tokens to drop, later slices' included (terapipe.py, "
+                    "Note [experts in a slice])")
 _2D = "the 2D layers do not meet its sharding of the hidden state yet"
 
 UNBUILT = (
@@ -151,8 +153,9 @@ UNBUILT = (
     Unbuilt("zero3", "chimera", "PAR0262", "ZeRO-3 reduce-scatters each block's gradient before the two "
             "replicas' sum", "use zero = 1 or 2 with {b}, or {b_off} with {a}"),
     *(Unbuilt(other, "terapipe", "PAR0264", _TERAPIPE, "use {b_off} with {a}, or {a_off} with {b}")
-      for other in ("sp", "cp", "experts", "recompute", "overlap", "compress_pp", "zero3", "layer_tp", "layer_dp",
+      for other in ("cp", "overlap", "compress_pp", "layer_tp", "layer_dp",
                     "tp_2d")),
+    Unbuilt("capacity", "terapipe", "PAR0264", _CAPACITY_SLICES, "use {b_off} with {a}, or {a_off} with {b}"),
     *(Unbuilt(other, "tp_2d", "PAR0277", _2D, "use {a_off} with {b}, or {b_off}")
       for other in ("cp", "experts", "layer_tp", "overlap", "compress", "compress_pp")),
     *(Unbuilt("documents", other, "PAR0285", why, "use {b_off} with {a}, or {a_off} with {b}") for other, why in (

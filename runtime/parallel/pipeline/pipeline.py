@@ -104,7 +104,10 @@ class PipelineExecutor:
     def _shape(self, unit: int) -> tuple[int, ...]:
         """What travels for ``unit``: the activation shape, over the slice's tokens when sliced."""
         _, j = self._slice(unit)
-        return self.shape if j is None else (self.shape[0], self.sliced.lengths[j], *self.shape[2:])
+        if j is None:
+            return self.shape
+        tokens = self.sliced.lengths[j] * self.shape[1] // sum(self.sliced.lengths)  # n/tp under sp
+        return (self.shape[0], tokens, *self.shape[2:])
 
     def _forward_context(self):
         if self.autocast_dtype is None:
