@@ -20,9 +20,9 @@ q = heads·head_dim (h unless ``model.head_dim`` is written), k = kv_heads·head
                lse a/t, cos/sin tables 4·T·D per micro-batch; compiled kernels
                (``train.kernels``, runtime/kernels): 4h (the fused norm saves x
                and rstd) and SwiGLU saves gate and up but not silu (3F), tables T·D
-  sp:          the norms' tensors are /t, but the column linears keep their
-               all-gathered input whole: one for q, k, v and one for the MLP's up (and
-               gate), which enter the tp region together (``layers.project``): 2h.
+  sp:          the norms' tensors are /t, and so are the column linears' inputs: they
+               save their shard and gather it again in backward (Note [sp inputs saved
+               as shards] in runtime/parallel/tensor/layers.py).
   selective:   the attention core's lse and tables go; full: the block input only
                (h, or h/t under sp).
   MoE block:   the dense MLP's F terms are replaced by the routed rows' (runtime/parallel/expert/moe.py):
@@ -99,11 +99,8 @@ def _dense_block(config, block, *, tp: int, sp: bool, recompute: str, micro_batc
         core_extra += (1 if _takes(compiled, "rotary") else 4) * block.head_dim / micro_batch  # eager: (T, D) for q and k
     if recompute == "selective":
         core_extra = 0.0
-    if sp:
-        # The attention's and the MLP's column linears each share one all-gathered input,
-        # kept whole; the norms' tensors stay sharded.
-        norm_outputs = 2 * h
-        return 2 * h + (whole - norm_outputs + stats) / t + sharded / t + core_extra
+    if sp:  # the norms' tensors, the column linears' inputs too (Note [sp inputs saved as shards])
+        return (whole + stats) / t + sharded / t + core_extra
     return whole + stats + sharded / t + core_extra
 
 
@@ -177,10 +174,7 @@ def moe_saved_elements(config, block, *, tp: int, ep: int, imbalance: float = 1.
     # the chosen scores and their sum, the logits and log-sum-exp of the z-loss
     router = own * (E + 2 * E + K + 1 + E + 1)
     shared = config.shared_experts * per_row  # a dense MLP of S·F_e, replicated over tp
-    # under sp without shared experts no column linear gathers the MLP's input: the
-    # router keeps the norm's shard, not the whole input _dense_block counts
-    ungathered = (h / tp - h) if sp and tp > 1 and not config.shared_experts else 0.0
-    return routed + indices + combine + router + shared + ungathered
+    return routed + indices + combine + router + shared
 
 
 def head_saved_elements(config, *, tp: int, sp: bool, compiled: bool = True, grid=None) -> float:

@@ -15,7 +15,9 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   every op costs the dispatch overhead. The head's GEMM runs on the last stage.
 - tensor/sequence parallel: two all-reduces (or all-gather + reduce-scatter pairs
   under sp: the same ring volume, but a profile's measured figures for each) of the
-  block's (b, s, h) activations forward, two backward, two more under full recompute.
+  block's (b, s, h) activations forward, two backward, two more under full recompute;
+  under sp two more all-gathers in backward, each region's saved input shard gathered
+  again, hidden behind the input gradients' GEMMs where they last long enough.
 - overlap (Oases): each micro-batch runs as k sub-batches; the exposed
   tp time is ``cost/overlap.py``'s replay of the runtime's sub-batch schedule
   (forward wavefront; backward, each gradient all-reduce behind the weight
@@ -462,6 +464,13 @@ def block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting
         tp_forward, hiding, k, latency_s=latency, blocks=min(OVERLAP_BLOCKS, max(1, round(layers_per_chunk)))
     ) if grid is None else Exposure(forward_s=grid[0], backward_s=grid[1])  # 2D: no overlap (PAR0277)
     exposed_backward = block.backward_s + (block.forward_s if recompute == "full" else 0.0)
+    if layout.sp and grid is None and k == 1:
+        # Note [sp inputs saved as shards] (runtime/parallel/tensor/layers.py): each region's
+        # input gathered again in backward, launched before its input gradient's GEMMs (about
+        # the forward's) run; the Oases path (k > 1) keeps the gathered input instead
+        regather = 2 * collective_time(hw, "all_gather", activations, size=t, stride=1)
+        tp_backward += regather
+        exposed_backward += max(0.0, regather - hiding)
     # Note [cp costs] (cost/context.py): attention's exchange over cp
     cp_forward, cp_backward, cp_moved = cp_comm(spec, layout, hw, size=size, core=core)
     recomputed = cp_forward if recompute in ("full", "selective") else 0.0
