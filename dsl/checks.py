@@ -33,6 +33,9 @@ _DEFAULTS = {  # the parallel block's come from its table: parallel_fields.defau
     ("model", "qk_norm"): False,
     ("model", "attention_bias"): False,
 }
+_UNSET = ("zero", "recompute")
+"""Parallel keys that stay unknown when not written, though ``build_spec`` reads their
+default (0, none): PAR0801 (``layouts.no_layout``) names them among the choices it tried."""
 
 
 class _Values:
@@ -47,7 +50,10 @@ class _Values:
         values = self.norm.doc.get(block)
         if not isinstance(values, dict):
             return None
-        default = parallel_fields.default_value(key) if block == "parallel" else _DEFAULTS.get(path)
+        if block == "parallel":
+            default = None if key in _UNSET else parallel_fields.default_value(key)
+        else:
+            default = _DEFAULTS.get(path)
         value = values.get(key, default)
         return None if value == "auto" else value
 

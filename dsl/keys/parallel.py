@@ -138,6 +138,7 @@ PARALLEL = BlockDef(
             auto=True,
             whole_auto=False,
             auto_field="tp_shape_auto",
+            one_rank="(1, 1)",
             doc="2D tensor parallelism: the tp ranks as an R × C grid (R·C = tp), weights split over "
             "both sides; (1, tp) is 1D; auto lets the planner choose (parallel = auto leaves it 1D)",
         ),
@@ -147,6 +148,7 @@ PARALLEL = BlockDef(
             default="none",
             auto=True,
             whole_auto=False,
+            lossy=True,
             doc="compress the data-parallel gradient reduction (changes numerics: convergence, "
             "not parity, is tested); auto lets the planner turn PowerSGD on (parallel = auto leaves it none)",
             calls=(
@@ -184,6 +186,7 @@ PARALLEL = BlockDef(
             name="compress_pp",
             type="call",
             default="none",
+            lossy=True,
             doc="compress the gradients pipeline stages send back (changes numerics)",
             calls=(
                 CallDef(name="none", doc="send them whole"),
@@ -208,6 +211,7 @@ PARALLEL = BlockDef(
             name="compress_stages",
             type="int_list",
             default="every stage but the first",
+            qualifies="compress_pp",
             doc="with compress_pp: the stages whose input gradient is sent back compressed, e.g. [2, 3]",
         ),
     ),

@@ -67,6 +67,14 @@ class Param:
     auto_field: str | None = None
     """The bool field that records a written ``auto``, for a key whose None field means its
     default rather than ``auto``."""
+    lossy: bool = False
+    """Other than its default, it changes what a step computes by design (compression):
+    ``parc verify`` turns it off (``codegen/shrink.py``)."""
+    qualifies: str | None = None
+    """The key this one only qualifies (its stages, its ranks): taken out with it."""
+    one_rank: str | None = None
+    """What a one-rank program writes for it, where its default is a rule over the layout
+    rather than a value (``parc verify``'s reference, ``codegen/shrink.py``)."""
 
     def __post_init__(self) -> None:
         # Every number has an upper bound (NUMBER_MAX, units.LARGEST) unless given one.
