@@ -85,13 +85,15 @@ def read(parallel: dict, whole_auto: bool) -> dict:
             value = parallel.get(param.name, _ABSENT)
         if param.auto_field:
             fields[param.auto_field] = value == "auto"
-        if param.calls:
+        if param.calls:  # the kind in the key's field, each argument in its own
             call = value if isinstance(value, dict) else {}
             for arg in _arguments(param).values():
                 fields |= _argument(arg, call.get(arg.name, _ABSENT))
-            value = value if value in ("auto", _ABSENT) else value["kind"]
-        fields[param.name] = None if value == "auto" else DEFAULTS.get(param.name) if value is _ABSENT \
-            else _typed(param.name, value)
+            value = call.get("kind", value)
+        if value is _ABSENT:
+            fields[param.name] = DEFAULTS.get(param.name)
+        else:
+            fields[param.name] = None if value == "auto" else _typed(param.name, value)
     return fields
 
 
