@@ -14,12 +14,35 @@ generated code can cite its origin.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
 from parc.dsl.diagnostics import Span
 from parc.runtime.layout.axes import coordinates, partition
 from parc.runtime.layout.layer_settings import SETTINGS, LayerSetting
+
+
+def cited(key: str, when=None, note: str = "") -> dict:
+    """The metadata of a ``Setting`` field that holds one spec key's value, named after the
+    key (``parallel.zero_shard``: ZERO_SHARD); ``when(spec)``: the layouts that have it
+    (else the field keeps its default). ``from_spec`` fills these fields."""
+    return {"cited": (key, when, note)}
+
+
+def from_spec(record: type, spec) -> dict:
+    """The fields of ``record`` marked ``cited``, for ``spec``: each a ``Setting`` with the
+    key's value and span, where the field's ``when`` holds."""
+    fields = {}
+    for f in dataclasses.fields(record):
+        key, when, note = f.metadata.get("cited", (None, None, ""))
+        if key is None or (when is not None and not when(spec)):
+            continue
+        block, name = key.split(".")
+        value = getattr(getattr(spec, block), name)
+        fields[f.name] = Setting(name=name.upper(), value=tuple(value) if isinstance(value, list) else value,
+                                 span=spec.span(key), note=note)
+    return fields
 
 
 class ShardStyle(enum.Enum):
@@ -87,16 +110,22 @@ class MeshPlan:
     nodes_span: Span | None
     devices_span: Span | None
     device_span: Span | None
-    cp_kind: Setting
+    cp_kind: Setting = field(metadata=cited("parallel.cp_kind"))
     """CP_KIND: how attention sees the whole sequence under cp > 1 (``ulysses``,
     ``allgather``; runtime/parallel/context/context.py). train.py names it only when cp > 1."""
-    tp_shape: Setting | None = None
+    tp_shape: Setting | None = field(default=None, metadata=cited(
+        "parallel.tp_shape", when=lambda spec: spec.parallel.tp_shape is not None and spec.parallel.tp_shape[0] > 1))
     """TP_SHAPE ``(R, C)``: the tp ranks as an R × C grid (Note [2D tensor parallelism],
     runtime/parallel/tensor/layers2d.py); None for 1D, ``(1, tp)``."""
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.devices_per_node
+
+    @property
+    def tp_grid(self) -> tuple[int, int] | None:
+        """The tp ranks' 2D grid ``(R, C)`` (Note [2D tensor parallelism]); None for 1D tp."""
+        return None if self.tp_shape is None else tuple(self.tp_shape.value)
 
     @property
     def ranks(self) -> tuple[RankPlacement, ...]:
@@ -302,10 +331,13 @@ class ModelPlan:
     """The runtime ``ModelConfig`` fields, in its order."""
     parameters: int
     """Parameters of the whole (unsharded) model."""
-    expert_parallel: Setting | None = None
+    expert_parallel: Setting | None = field(default=None, metadata=cited(
+        "parallel.ep", when=lambda spec: spec.model.experts, note="expert-parallel ranks"))
     """EP: the ranks that split each MoE block's experts (runtime/parallel/expert/moe.py); None for a
     dense model (plan.json leaves it out)."""
-    expert_tensor_parallel: Setting | None = None
+    expert_tensor_parallel: Setting | None = field(default=None, metadata=cited(
+        "parallel.etp", when=lambda spec: spec.model.experts and spec.parallel.etp > 1,
+        note="expert-tensor-parallel ranks"))
     """ETP: the ranks that split each expert's ffn (Note [expert tensor parallelism]); None
     unless the model has experts and etp > 1 (plan.json leaves it out)."""
 
@@ -358,11 +390,14 @@ class TrainPlan:
     init_from: Setting
     """INIT_FROM: the checkpoint of ``init = checkpoint(dir)`` as ``train.py`` finds it (from
     its folder), None for ``none`` (runtime/checkpoints/checkpoint_init.py)."""
-    grad_reduce: Setting | None = None
+    grad_reduce: Setting | None = field(default=None, metadata=cited(
+        "train.grad_reduce", when=lambda spec: spec.train.grad_reduce != "fp32"))
     """GRAD_REDUCE when ``train.grad_reduce = bf16`` (runtime/parallel/data/dp.py's ``reduce_dtype``); None for fp32."""
-    zero_prefetch: Setting | None = None
+    zero_prefetch: Setting | None = field(default=None, metadata=cited(
+        "parallel.zero_prefetch", when=lambda spec: spec.parallel.zero == 3))
     """ZERO_PREFETCH under zero = 3 (runtime/parallel/data/fsdp.py, Note [prefetch]); None otherwise."""
-    zero_shard: Setting | None = None
+    zero_shard: Setting | None = field(default=None, metadata=cited(
+        "parallel.zero_shard", when=lambda spec: spec.parallel.zero == 3))
     """ZERO_SHARD under zero = 3: ``dp`` or ``node`` (HSDP); None otherwise."""
     compress: tuple[Setting, ...] = ()
     """COMPRESS, COMPRESS_RANK or COMPRESS_RATIO (``parallel.compress``, runtime/parallel/data/compress.py),

@@ -67,17 +67,13 @@ def plan_to_json(plan) -> str:
     data = _plain(plan)
     if data.get("predicted", 0) is None:
         del data["predicted"]  # only a planner-chosen layout carries a prediction
-    for key in ("zero_prefetch", "zero_shard", "grad_reduce"):  # only under zero = 3; grad_reduce = bf16
-        if data["train"].get(key, 0) is None:
-            del data["train"][key]
-    if not data["train"].get("compress", 0):
-        data["train"].pop("compress", None)  # only a compressing layout has it
+    for part in ("model", "train"):  # a setting only some layouts have (None, or no settings): left out
+        record = getattr(plan, part)
+        for f in dataclasses.fields(record):
+            if f.default in (None, ()) and getattr(record, f.name) == f.default:
+                del data[part][f.name]
     if not data["train"]["data"].get("weights", 1):
         del data["train"]["data"]["weights"]  # only a blend has them
-    if data["model"].get("expert_parallel", 0) is None:
-        del data["model"]["expert_parallel"]  # only a model with experts has it
-    if data["model"].get("expert_tensor_parallel", 0) is None:
-        del data["model"]["expert_tensor_parallel"]  # only experts with etp > 1
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

@@ -28,7 +28,7 @@ Note [what verify shrinks]:
 - training: ``steps`` = the verify steps, a constant learning rate without warmup
   (every step at the peak, so the updates move the loss), log every step, fp32 (bf16 rounds differently in
   every layout: it cannot be compared at 1e-5; the same for ``grad_reduce``), no compression
-  (``compress``, ``compress_pp``: lossy by design, their convergence is tests/parity/
+  (the table's ``lossy`` keys: compression is lossy by design, its convergence is tests/parity/
   test_compress.py's claim; the layout around them is still verified), dropout 0 (its masks are drawn per
   rank), synthetic data (the user's token file may not be on this machine and holds ids
   of the full vocab), no checkpoints.
@@ -301,11 +301,12 @@ def _training(spec: Spec, steps: int) -> list[Change]:
     found += _changed("train.grad_reduce", train.grad_reduce, "fp32", "bf16 sums round: only fp32 compares at 1e-5")
     par, lossy = spec.parallel, "compressed gradients differ from exact ones by design (Note [compression changes "
     lossy += "numerics]); tests/parity/test_compress.py shows they converge"
-    found += _changed("parallel.compress", par.compress or "none", "none", lossy)
-    found += _changed("parallel.compress_pp", par.compress_pp, "none", lossy)
+    for param in PARALLEL.keys:  # the lossy keys' entries in dsl/keys/parallel.py
+        if param.lossy:
+            found += _changed(f"parallel.{param.name}", getattr(par, param.name) or param.default, param.default, lossy)
     if par.compress_stages is not None:
         found += [Change(key="parallel.compress_stages", before=_word(list(par.compress_stages)), after="default",
-                         why="the stages compress_pp compressed")]
+                         why=f"the stages {PARALLEL.key('compress_stages').qualifies} compressed")]
     if train.data.kind.value != "synthetic":
         found += _changed("train.data", _tokens_word(train.data.path), "synthetic",
                           "the token file may not be here, and holds ids of the full vocab")
@@ -325,7 +326,7 @@ def _mesh(spec: Spec, world: int) -> list[Change]:
 def _reference(values: dict) -> tuple[str, ...]:
     """The one-rank program: every key of the language's parallel block
     (``dsl/keys/``) at its one-rank value (``_one_rank``), so no axis or option of a
-    layout — ep, etp, a 2D tp_shape, cp_kind, compress, ... — reaches the reference
+    layout — an axis, a grid of tp, a kind of attention, compression — reaches the reference
     (recompute and overlap change no number: dropping them puts them under test too)."""
     sets = [f"parallel.{param.name}={value}" for param in PARALLEL.keys
             if (value := _one_rank(param, values)) is not None]
@@ -338,13 +339,13 @@ _WORLD = {a.key for a in constraints.AXES}
 def _one_rank(param, values: dict) -> str | None:
     """What one rank writes for ``param``: 1 for an axis of the world, else the key's
     default; those whose default is a rule rather than a value (``stage_layers``: an
-    even split, ``tp_shape``: (1, tp)) written as that rule gives at one rank, and
-    ``compress_stages`` (only a ``compress_pp`` spec writes it) unwritten (``default``);
+    even split; the key's ``one_rank``) written as that rule gives at one rank, and
+    ``compress_stages`` (only a lossy key's spec writes it) unwritten (``default``);
     None: leave the key as it is."""
     if f"parallel.{param.name}" in _WORLD:
         return "1"
-    if param.name == "tp_shape":
-        return "(1, 1)"
+    if param.one_rank is not None:
+        return param.one_rank
     if param.name == "stage_layers":
         return None if values.get("stage_layers") is None else f"[{values['layers']}]"
     if param.name == "compress_stages":

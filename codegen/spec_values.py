@@ -13,39 +13,33 @@ from __future__ import annotations
 
 from parc.dsl.diagnostics import ParcError
 from parc.dsl.keys import MOE_KEYS
-from parc.dsl.spec import PipelineSchedule, Spec
+from parc.dsl import parallel_fields
+from parc.dsl.spec import Spec
 from parc.runtime.layout import constraints
-from parc.runtime.layout.layer_settings import SETTINGS
 
 from .errors import span_of
+
+
+_PARALLEL = tuple(name for name, key in constraints.KEYS.items() if key.startswith("parallel."))
+"""The rules' values that are fields of ``ParallelSpec`` (``runtime/layout/rule_engine.KEYS``)."""
 
 
 def spec_values(spec: Spec) -> dict:
     m, mesh, par, train = spec.model, spec.mesh, spec.parallel, spec.train
     kv_written = spec.span("model.kv_heads") is not None or m.kv_heads != m.heads
-    schedule = par.schedule
     return {
         "name": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
         "kv_heads": m.kv_heads if kv_written else None,  # the default (= heads) adds nothing to check
         "experts": m.experts, "top_k": m.top_k, "expert_ffn": m.expert_ffn,
         "first_dense_layers": m.first_dense_layers,
         "moe_written": tuple(k.name for k in MOE_KEYS[1:] if spec.span(f"model.{k.name}") is not None),
-        "capacity_factor": m.capacity_factor, "ep": par.ep, "etp": par.etp,
+        "capacity_factor": m.capacity_factor,
         "ffn": m.ffn, "vocab": m.vocab, "pad_vocab_to": m.pad_vocab_to, "seq_len": m.seq_len, "dropout": m.dropout,
         "tie_embeddings": m.tie_embeddings, "documents": m.documents, "arch": m.arch.value,
         "head_dim": m.head_dim if spec.span("model.head_dim") is not None else None,  # the default: PAR0202's
         "qk_norm": m.qk_norm, "attention_bias": m.attention_bias,
         "nodes": mesh.nodes, "devices_per_node": mesh.devices_per_node,
-        "dp": par.dp, "tp": par.tp, "layer_tp": par.layer_tp, "layer_dp": par.layer_dp, "pp": par.pp, "cp": par.cp, "cp_kind": par.cp_kind, "sp": par.sp, "zero": par.zero,
-        "zero_prefetch": par.zero_prefetch, "zero_shard": par.zero_shard,
-        "schedule": schedule.value if schedule is not None else None,
-        "chunks": None if schedule is None else par.chunks if schedule is PipelineSchedule.INTERLEAVED else 1,
-        "slices": None if schedule is None else par.slices if schedule is PipelineSchedule.TERAPIPE else 1,
-        "slice_lengths": par.slice_lengths if schedule is PipelineSchedule.TERAPIPE else None,  # uneven slices
-        **{entry.name: par.setting(entry.name) for entry in SETTINGS},  # Note [per-layer values]
-        "stage_layers": par.stage_layers, "compress": par.compress, "tp_shape": par.tp_shape,
-        "tp_shape_auto": par.tp_shape_auto, "compress_pp": par.compress_pp,
-        "compress_stages": par.compress_stages,
+        **parallel_fields.rule_values(par, _PARALLEL),  # Note [a key is its field]
         "global_batch": train.global_batch, "micro_batch": train.micro_batch, "steps": train.steps,
         "warmup": train.lr_schedule.warmup, "decay": train.lr_schedule.decay or None, "precision": train.precision.value,
         "grad_reduce": train.grad_reduce,

@@ -18,6 +18,7 @@ import enum
 from parc.runtime.layout import constraints
 from parc.runtime.layout.layer_settings import SETTINGS, setting
 
+from . import parallel_fields
 from .keys import MOE_KEYS
 from .normalize import Normalized, dotted
 from .presets import PRESETS
@@ -33,7 +34,6 @@ from .spec import (
     ModelSpec,
     OptimizerSpec,
     ParallelSpec,
-    PipelineSchedule,
     Precision,
     Recompute,
     Spec,
@@ -57,34 +57,6 @@ def _per_layer(value, read):
 
 def _float(value) -> float | None:
     return None if value is None else float(value)
-
-
-def _slices(schedule: dict | None) -> dict:
-    """``slices`` (their count) and ``slice_lengths`` (tokens of each, where written as a
-    list: ``terapipe(slices = [16, 8, 8])``) of the schedule."""
-    slices = 1 if schedule is None else schedule.get("slices", 1)
-    if isinstance(slices, list):
-        return {"slices": len(slices), "slice_lengths": tuple(slices)}
-    return {"slices": slices, "slice_lengths": None}
-
-
-def _compress(parallel: dict) -> dict:
-    """``compress``, ``error_feedback`` and ``compress_pp`` as ``ParallelSpec`` fields."""
-    compress = parallel.get("compress", {"kind": "none"})
-    compress = {"kind": None} if compress == "auto" else compress  # the planner's (powersgd or none)
-    defaults = ParallelSpec(dp=None, tp=None, pp=None)
-    return {
-        "tp_shape": None if parallel.get("tp_shape", "auto") == "auto" else tuple(parallel["tp_shape"]),
-        "tp_shape_auto": parallel.get("tp_shape") == "auto",
-        "compress": compress["kind"],
-        "compress_rank": compress.get("rank", defaults.compress_rank),
-        "compress_ratio": float(compress.get("ratio", defaults.compress_ratio)),
-        "error_feedback": parallel.get("error_feedback", True),
-        "compress_pp": parallel.get("compress_pp", {"kind": "none"})["kind"],
-        "compress_pp_rank": parallel.get("compress_pp", {}).get("rank", defaults.compress_pp_rank),
-        "compress_pp_lazy_error": parallel.get("compress_pp", {}).get("lazy_error", defaults.compress_pp_lazy_error),
-        "compress_stages": None if "compress_stages" not in parallel else tuple(parallel["compress_stages"]),
-    }
 
 
 def _capacity(value) -> float | None:
@@ -151,9 +123,6 @@ def build_spec(norm: Normalized, source: str) -> Spec:
     def degree(key: str, default):
         return None if auto_all else _auto(parallel.get(key, default))
 
-    schedule = degree("schedule", {"kind": "1f1b"})
-    overlap = degree("overlap", {"kind": "none"})
-    stage_layers = degree("stage_layers", None)
     # Note [heterogeneous layouts]: lists → the coarse split and each block's degrees
     degrees = constraints.layer_degrees({"tp": degree("tp", None), "dp": degree("dp", None)})
     if degrees["layer_tp"] is not None or degrees["layer_dp"] is not None:
@@ -168,22 +137,9 @@ def build_spec(norm: Normalized, source: str) -> Spec:
         tp=degrees["tp"],
         layer_tp=degrees["layer_tp"],
         layer_dp=degrees["layer_dp"],
-        pp=degree("pp", None),
-        cp=1 if auto_all else _auto(parallel.get("cp", 1)),
-        cp_kind="ring" if auto_all else parallel.get("cp_kind", "ring"),
-        ep=1 if auto_all else _auto(parallel.get("ep", 1)),
-        etp=1 if auto_all else _auto(parallel.get("etp", 1)),
-        sp=degree("sp", False),
-        zero=degree("zero", 0),
-        zero_prefetch=1 if auto_all else parallel.get("zero_prefetch", 1),
-        zero_shard="dp" if auto_all else parallel.get("zero_shard", "dp"),
-        schedule=None if schedule is None else PipelineSchedule(schedule["kind"]),
-        chunks=1 if schedule is None else schedule.get("chunks", 1),
-        **_slices(schedule),
         recompute=_per_layer(degree("recompute", "none"), Recompute),
-        overlap=_per_layer(overlap, setting("overlap").read),
-        stage_layers=None if stage_layers is None else tuple(stage_layers),
-        **_compress(parallel),
+        overlap=_per_layer(degree("overlap", {"kind": "none"}), setting("overlap").read),
+        **parallel_fields.read(parallel, auto_all),  # Note [a key is its field]
     )
     optimizer = train.get("optimizer", {"kind": "adamw"})
     lr_schedule = train.get("schedule", {"kind": "cosine"})
@@ -318,44 +274,12 @@ def spec_document(spec: Spec) -> dict:
     def auto(value):
         return "auto" if value is None else value
 
-    schedule = parallel.schedule
     parallel_doc = {
         "dp": list(parallel.layer_dp) if parallel.layer_dp else auto(parallel.dp),
         "tp": list(parallel.layer_tp) if parallel.layer_tp else auto(parallel.tp),
-        "pp": auto(parallel.pp),
-        "sp": auto(parallel.sp),
-        "zero": auto(parallel.zero),
-        "schedule": "auto" if schedule is None else {"kind": schedule.value}
-        | ({"chunks": parallel.chunks} if schedule is PipelineSchedule.INTERLEAVED else {})
-        | ({"slices": list(parallel.slice_lengths) if parallel.slice_lengths else parallel.slices}
-           if schedule is PipelineSchedule.TERAPIPE else {}),
+        **parallel_fields.document(parallel),  # Note [a key is its field]
         **{entry.name: _per_layer_doc(parallel.setting(entry.name), entry.write) for entry in SETTINGS},
     }
-    if parallel.cp != 1:  # context parallel: written only when used, as a spec writes it
-        parallel_doc["cp"] = auto(parallel.cp)
-    if parallel.cp_kind != "ring":
-        parallel_doc["cp_kind"] = parallel.cp_kind
-    if parallel.ep != 1:  # expert parallel, likewise
-        parallel_doc["ep"] = auto(parallel.ep)
-    if parallel.etp != 1:
-        parallel_doc["etp"] = auto(parallel.etp)
-    if parallel.stage_layers is not None:
-        parallel_doc["stage_layers"] = list(parallel.stage_layers)
-    if parallel.tp_shape is not None:
-        parallel_doc["tp_shape"] = list(parallel.tp_shape)
-    elif parallel.tp_shape_auto:
-        parallel_doc["tp_shape"] = "auto"
-    if parallel.compress is None:
-        parallel_doc["compress"] = "auto"
-    elif parallel.compress != "none":  # written only when used
-        parallel_doc["compress"] = {"kind": parallel.compress} | (
-            {"rank": parallel.compress_rank} if parallel.compress == "powersgd" else {"ratio": parallel.compress_ratio})
-        parallel_doc["error_feedback"] = parallel.error_feedback
-    if parallel.compress_pp != "none":
-        parallel_doc["compress_pp"] = {"kind": parallel.compress_pp, "rank": parallel.compress_pp_rank,
-                                       "lazy_error": parallel.compress_pp_lazy_error}
-    if parallel.compress_stages is not None:
-        parallel_doc["compress_stages"] = list(parallel.compress_stages)
     lr = train.lr_schedule
     optimizer = train.optimizer
     train_doc = {

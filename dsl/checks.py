@@ -20,29 +20,22 @@ from __future__ import annotations
 from parc.runtime.layout import constraints, layouts
 from parc.runtime.layout.layer_settings import SETTINGS, read_value
 
+from . import parallel_fields
 from .diagnostics import ParcError, Span
 from .keys import MOE_KEYS
 from .normalize import Normalized
 
-_DEFAULTS = {
+_DEFAULTS = {  # the parallel block's come from its table: parallel_fields.default_value
     ("model", "pad_vocab_to"): 128,
     ("model", "experts"): 0,
     ("model", "top_k"): 2,
     ("model", "documents"): "joined",
     ("model", "qk_norm"): False,
     ("model", "attention_bias"): False,
-    ("parallel", "ep"): 1,
-    ("parallel", "etp"): 1,
-    ("parallel", "sp"): False,
-    ("parallel", "cp"): 1,
-    ("parallel", "cp_kind"): "ring",
-    ("parallel", "zero_prefetch"): 1,
-    ("parallel", "zero_shard"): "dp",
-    ("parallel", "schedule"): {"kind": "1f1b"},
-    ("parallel", "overlap"): {"kind": "none"},
-    ("parallel", "compress"): {"kind": "none"},
-    ("parallel", "compress_pp"): {"kind": "none"},
 }
+_UNSET = ("zero", "recompute")
+"""Parallel keys that stay unknown when not written, though ``build_spec`` reads their
+default (0, none): PAR0801 (``layouts.no_layout``) names them among the choices it tried."""
 
 
 class _Values:
@@ -57,7 +50,11 @@ class _Values:
         values = self.norm.doc.get(block)
         if not isinstance(values, dict):
             return None
-        value = values.get(key, _DEFAULTS.get(path))
+        if block == "parallel":
+            default = None if key in _UNSET else parallel_fields.default_value(key)
+        else:
+            default = _DEFAULTS.get(path)
+        value = values.get(key, default)
         return None if value == "auto" else value
 
     def span(self, *paths: tuple) -> Span:
@@ -89,12 +86,6 @@ def plain_values(v: _Values) -> dict:
     out.pop("padded_vocab")  # the rules compute it from vocab and pad_vocab_to
     out["moe_written"] = tuple(key.name for key in MOE_KEYS[1:] if v.written("model", key.name))
     constraints.layer_degrees(out)  # per-layer tp/dp lists → the coarse split and the lists
-    schedule = out.pop("schedule")
-    out["schedule"] = schedule.get("kind") if isinstance(schedule, dict) else None
-    out["chunks"] = schedule.get("chunks", 1) if isinstance(schedule, dict) else None
-    slices = schedule.get("slices", 1) if isinstance(schedule, dict) else None
-    out["slices"] = len(slices) if isinstance(slices, list) else slices  # uneven: a list of their tokens
-    out["slice_lengths"] = tuple(slices) if isinstance(slices, list) else None
     for entry in SETTINGS:  # Note [per-layer values]: a list holds one entry per block
         plain = None if out[entry.name] is None else read_value(entry.name, out[entry.name])
         out[entry.name] = None if plain is None or None in constraints.entries(plain) else plain
@@ -108,11 +99,8 @@ def plain_values(v: _Values) -> dict:
         value = data.get(key) if isinstance(data, dict) else None
         out[name] = None if value is None else len(value) if isinstance(value, list) else 1
     parallel = v.norm.doc.get("parallel") if isinstance(v.norm.doc, dict) else None
-    out["tp_shape_auto"] = isinstance(parallel, dict) and parallel.get("tp_shape") == "auto"
-    out["tp_shape"] = tuple(out["tp_shape"]) if isinstance(out["tp_shape"], (list, tuple)) else None
-    for name in ("compress", "compress_pp"):
-        call = out.pop(name)
-        out[name] = call.get("kind") if isinstance(call, dict) else None
+    fields = parallel_fields.checked_values(parallel, lambda key: v.get("parallel", key))
+    out |= {name: value for name, value in fields.items() if name in constraints.KEYS}  # Note [a key is its field]
     optimizer = out.pop("optimizer")
     out["optimizer"] = optimizer.get("kind") if isinstance(optimizer, dict) else optimizer
     return out

@@ -80,7 +80,7 @@ def param_at(path: tuple, doc: dict) -> Param | None:
 
 def _list_item(path: tuple, norm: Normalized) -> bool:
     """``path`` is an item of a list that stands for one value (a per-layer list,
-    ``terapipe(slices = [16, 8, 8])``), not of a list-valued type such as ``betas``."""
+    a schedule's ``slices = [16, 8, 8]``), not of a list-valued type such as ``betas``."""
     if len(path) < 3 or not isinstance(path[-1], int):
         return False
     param = param_at(path[:-1], norm.doc)

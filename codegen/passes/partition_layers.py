@@ -7,8 +7,8 @@ are column-parallel, their consumers o_proj and down_proj row-parallel, so each
 block needs one all-reduce in forward; the embedding is split by vocab rows and the
 head produces vocab-parallel logits for the vocab-parallel cross-entropy. Norms and
 the position embedding are replicated. With tp = 1 every module is replicated. tp divides every split size
-(``runtime/layout/constraints/``, checked by ``check_buildable``); on a 2D grid ``tp_shape = (R, C)``
-the local shape is one rank's box of it (``ModuleDesc.grid_shape``: C and R divide instead).
+(``runtime/layout/constraints/``, checked by ``check_buildable``); on a 2D grid of R × C ranks
+(``MeshPlan.tp_grid``) the local shape is one rank's box of it (``ModuleDesc.grid_shape``: C and R divide instead).
 
 Module names, shapes and split dims are the model description's
 (``runtime/layout/model_desc.py``, which ``model.py`` is checked against), ``*`` the layer index.
@@ -46,7 +46,7 @@ def model_modules(spec: Spec) -> tuple[ModuleDesc, ...]:
 
 def run(spec: Spec, draft: Draft) -> Draft:
     tp = draft.mesh.size("tp")
-    grid = None if draft.mesh.tp_shape is None else draft.mesh.tp_shape.value  # Note [2D tensor parallelism]
+    grid = draft.mesh.tp_grid  # Note [2D tensor parallelism]
     rules = []
     for module in model_modules(spec):
         weight = module.weight

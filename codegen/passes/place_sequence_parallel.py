@@ -32,7 +32,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
     seq_len = spec.model.seq_len
     # Note [2D sequence parallelism] (runtime/parallel/tensor/layers2d.py): on an R × C grid the sequence is
     # split over a row's C ranks, the features over a column's R
-    rows, cols = draft.mesh.tp_shape.value if draft.mesh.tp_shape is not None else (1, tp)
+    rows, cols = draft.mesh.tp_grid or (1, tp)
     plan = SequenceParallelPlan(
         enabled=True,
         local_shape=(spec.train.micro_batch, seq_len // cols, spec.model.hidden // rows),

@@ -4,7 +4,8 @@ Takes: a buildable ``Spec``. Gives: ``draft.mesh`` with the axes in mesh order �
 ``pp`` outermost, then ``dp``, ``cp``, and ``tp`` innermost, so that the ranks of one tp
 group are consecutive and share a node (tp talks on every layer; dp once a step).
 Axes of size 1 stay in the mesh, so later axes slot in without renumbering ranks.
-``cp_kind`` travels with the mesh (``MeshPlan.cp_kind``). The layout fills the mesh
+The mesh carries the settings of how its axes work (``MeshPlan``'s ``cited`` fields,
+the kind of attention over cp and the grid of tp). The layout fills the mesh
 exactly (dp · cp · tp · pp = nodes · devices_per_node) and a tp
 group stays on one node: ``check_buildable`` held the spec to those rules
 (``runtime/layout/constraints/``: ``world``, ``tp_within_node``).
@@ -20,7 +21,7 @@ from dataclasses import replace
 from parc.dsl.spec import Spec
 from parc.runtime.layout.axes import NAMES
 
-from ..plan import MeshAxis, MeshPlan, Setting
+from ..plan import MeshAxis, MeshPlan, from_spec
 from .draft import Draft
 
 
@@ -39,8 +40,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
         nodes_span=spec.span("mesh.nodes"),
         devices_span=spec.span("mesh.devices_per_node"),
         device_span=spec.span("mesh.device"),
-        cp_kind=Setting(name="CP_KIND", value=spec.parallel.cp_kind, span=spec.span("parallel.cp_kind")),
-        tp_shape=tp_shape(spec),
+        **from_spec(MeshPlan, spec),  # the settings the mesh carries (plan.py's ``cited`` fields)
     )
     return replace(draft, mesh=plan)
 
@@ -57,10 +57,3 @@ def _profile_flops(spec: Spec) -> float | None:
     except ProfileError:
         return None
 
-
-def tp_shape(spec: Spec) -> Setting | None:
-    """TP_SHAPE when the tp ranks form a 2D grid (R > 1); None for 1D (Note [2D tensor parallelism])."""
-    shape = spec.parallel.tp_shape
-    if shape is None or shape[0] == 1:
-        return None
-    return Setting(name="TP_SHAPE", value=tuple(shape), span=spec.span("parallel.tp_shape"))

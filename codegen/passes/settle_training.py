@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from parc.dsl.spec import LrScheduleKind, Spec
 
-from ..plan import DataPlan, ModelPlan, Setting, TrainPlan
+from ..plan import DataPlan, ModelPlan, Setting, TrainPlan, from_spec
 from .draft import Draft
 
 
@@ -88,11 +88,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
             *_attention_settings(spec, c),
         ),
         parameters=m.desc.parameters,  # runtime/layout/model_desc.py
-        expert_parallel=setting(spec, "EP", "parallel.ep", spec.parallel.ep, "expert-parallel ranks")
-        if c.experts else None,
-        expert_tensor_parallel=setting(spec, "ETP", "parallel.etp", spec.parallel.etp,
-                                       "expert-tensor-parallel ranks")
-        if c.experts and spec.parallel.etp > 1 else None,
+        **from_spec(ModelPlan, spec),  # the layout's settings of the experts (plan.py's ``cited`` fields)
     )
     o, s = t.optimizer, t.lr_schedule
     train = TrainPlan(
@@ -131,10 +127,8 @@ def run(spec: Spec, draft: Draft) -> Draft:
         on_nonfinite=setting(spec, "ON_NONFINITE", "train.on_nonfinite", t.on_nonfinite),
         kernels=setting(spec, "KERNELS", "train.kernels", t.kernels.value),
         init_from=setting(spec, "INIT_FROM", "train.init", t.init_from),
-        **zero3_settings(spec),
+        **from_spec(TrainPlan, spec),  # those only some layouts have (plan.py's ``cited`` fields)
         compress=compress_settings(spec),
-        **({"grad_reduce": setting(spec, "GRAD_REDUCE", "train.grad_reduce", t.grad_reduce)}
-           if t.grad_reduce != "fp32" else {}),
     )
     return replace(draft, model=model, train=train)
 
@@ -162,12 +156,3 @@ def compress_settings(spec) -> tuple:
         ]
     return tuple(found)
 
-
-def zero3_settings(spec) -> dict:
-    """ZERO_PREFETCH and ZERO_SHARD, only under zero = 3 (runtime/parallel/data/fsdp.py)."""
-    if spec.parallel.zero != 3:
-        return {}
-    return {
-        "zero_prefetch": setting(spec, "ZERO_PREFETCH", "parallel.zero_prefetch", spec.parallel.zero_prefetch),
-        "zero_shard": setting(spec, "ZERO_SHARD", "parallel.zero_shard", spec.parallel.zero_shard),
-    }

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from parc.dsl.spec import PipelineSchedule, Spec
 from parc.runtime.layout.placement import placement_for
-from parc.runtime.schedules.schedule import build_schedule, chunks_for
+from parc.runtime.schedules.schedule import SLICED, build_schedule, chunks_for
 from parc.runtime.schedules.schedule_sim import bubble_fraction, simulate
 from parc.runtime.schedules.schedule_terapipe import slice_scale
 
@@ -28,7 +28,8 @@ from .draft import Draft
 def layer_counts(spec: Spec, pp: int, chunks: int, kind: str = "1f1b") -> list[int]:
     """Layers per virtual stage: the spec's ``stage_layers``, or an even split (the rules
     ``stage_layers_fit`` and ``layers_split_evenly`` of ``runtime/layout/constraints/`` hold)
-    over the placement's stages (chimera: p, held twice; else pp · chunks)."""
+    over the placement's virtual stages (``placement_for``: pp · chunks, or pp for a schedule
+    of two pipelines over the same ranks)."""
     if spec.parallel.stage_layers is not None:
         return list(spec.parallel.stage_layers)
     stages = placement_for(kind, pp, chunks).virtual_stages
@@ -41,13 +42,14 @@ def run(spec: Spec, draft: Draft) -> Draft:
     chunks = chunks_for(schedule.value, spec.parallel.chunks) if pp > 1 else 1
     micro_batches = draft.batch.grad_accum
     kind = schedule.value if pp > 1 else "1f1b"
-    slices = spec.parallel.slices if kind == "terapipe" else 1
+    sliced = kind in SLICED  # a schedule over token slices of each sequence
+    slices = spec.parallel.slices if sliced else 1
     counts = layer_counts(spec, pp, chunks, kind)  # enough micro-batches: constraints.batch_divides
     bounds, start = [], 0
     for n in counts:
         bounds.append((start, start + n))
         start += n
-    lengths = spec.parallel.slice_lengths if kind == "terapipe" else None  # uneven: each as long as its tokens
+    lengths = spec.parallel.slice_lengths if sliced else None  # uneven: each as long as its tokens
     timeline = simulate(build_schedule(kind, stages=pp, micro_batches=micro_batches, chunks=chunks, slices=slices),
                         slice_scale=slice_scale(lengths) if lengths else ())
     plan = PipelinePlan(
@@ -55,7 +57,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
         schedule=schedule.value,
         chunks=chunks,
         slices=slices,
-        slice_lengths=spec.parallel.slice_lengths if kind == "terapipe" else None,
+        slice_lengths=lengths,
         micro_batches=micro_batches,
         stage_layers=tuple(bounds),
         bubble_fraction=round(bubble_fraction(timeline), 6),

@@ -29,7 +29,7 @@ BLOCKS: dict[str, BlockDef] = {b.name: b for b in (MODEL, MESH, PARALLEL, TRAIN)
 ELEMENT = {
     "int_list": _int("stage_layers", "layers of a stage"),
     "pair": Param(name="beta", type="number", doc="an Adam beta", minimum=0, exclusive_maximum=1),
-    "int_pair": _int("tp_shape", "ranks along one side of the tensor-parallel mesh"),
+    "int_pair": _int("side", "ranks along one side of the tensor-parallel mesh"),
 }
 """The element of a list-valued type."""
 

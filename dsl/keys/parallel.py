@@ -92,7 +92,7 @@ PARALLEL = BlockDef(
                     params=(
                         _int("slices", "token slices per sequence; or a list of each slice's tokens, "
                              "summing to seq_len (uneven slices, as the paper's)", minimum=2, required=True,
-                             or_list=_int("slice", "the tokens of one slice")),
+                             or_list=_int("slice", "the tokens of one slice"), lengths_field="slice_lengths"),
                     ),
                 ),
             ),
@@ -137,6 +137,8 @@ PARALLEL = BlockDef(
             default="(1, tp)",
             auto=True,
             whole_auto=False,
+            auto_field="tp_shape_auto",
+            one_rank="(1, 1)",
             doc="2D tensor parallelism: the tp ranks as an R × C grid (R·C = tp), weights split over "
             "both sides; (1, tp) is 1D; auto lets the planner choose (parallel = auto leaves it 1D)",
         ),
@@ -146,6 +148,7 @@ PARALLEL = BlockDef(
             default="none",
             auto=True,
             whole_auto=False,
+            lossy=True,
             doc="compress the data-parallel gradient reduction (changes numerics: convergence, "
             "not parity, is tested); auto lets the planner turn PowerSGD on (parallel = auto leaves it none)",
             calls=(
@@ -153,7 +156,7 @@ PARALLEL = BlockDef(
                 CallDef(
                     name="powersgd",
                     doc="PowerSGD: each weight gradient as a rank-`rank` product P·Qᵀ, Q warm-started",
-                    params=(_int("rank", "rank of the approximation", default="4"),),
+                    params=(_int("rank", "rank of the approximation", default="4", field="compress_rank"),),
                 ),
                 CallDef(
                     name="topk",
@@ -164,6 +167,7 @@ PARALLEL = BlockDef(
                             type="number",
                             doc="fraction of entries sent per step",
                             default="0.01",
+                            field="compress_ratio",
                             exclusive_minimum=0,
                             maximum=1,
                         ),
@@ -182,6 +186,7 @@ PARALLEL = BlockDef(
             name="compress_pp",
             type="call",
             default="none",
+            lossy=True,
             doc="compress the gradients pipeline stages send back (changes numerics)",
             calls=(
                 CallDef(name="none", doc="send them whole"),
@@ -189,9 +194,10 @@ PARALLEL = BlockDef(
                     name="lowrank",
                     doc="Optimus-CC's compressed backpropagation: each as a rank-`rank` P·Qᵀ",
                     params=(
-                        _int("rank", "rank of the approximation", default="4"),
+                        _int("rank", "rank of the approximation", default="4", field="compress_pp_rank"),
                         Param(
                             name="lazy_error",
+                            field="compress_pp_lazy_error",
                             type="bool",
                             default="false",
                             doc="lazy error propagation: what P·Qᵀ leaves out is added to the next "
@@ -205,6 +211,7 @@ PARALLEL = BlockDef(
             name="compress_stages",
             type="int_list",
             default="every stage but the first",
+            qualifies="compress_pp",
             doc="with compress_pp: the stages whose input gradient is sent back compressed, e.g. [2, 3]",
         ),
     ),

@@ -56,8 +56,25 @@ class Param:
     limit: str | None = None
     """Why ``maximum`` is what it is, where it is tighter than the type's (the hint of PAR0109)."""
     or_list: "Param | None" = None
-    """Also takes a list of two or more of these elements (``terapipe(slices = [16, 8, 8])``:
+    """Also takes a list of two or more of these elements (a schedule's ``slices = [16, 8, 8]``:
     the slices' token lengths instead of their count)."""
+    field: str | None = None
+    """The record field (``ParallelSpec``, dsl/spec.py) that holds a call argument, where it is
+    not the argument's own name (two calls' ``rank`` are two fields); Note [a key is its field]
+    in ``dsl/parallel_fields.py``."""
+    lengths_field: str | None = None
+    """With ``or_list``: the field that holds the list as written (``field`` then holds its length)."""
+    auto_field: str | None = None
+    """The bool field that records a written ``auto``, for a key whose None field means its
+    default rather than ``auto``."""
+    lossy: bool = False
+    """Other than its default, it changes what a step computes by design (compression):
+    ``parc verify`` turns it off (``codegen/shrink.py``)."""
+    qualifies: str | None = None
+    """The key this one only qualifies (its stages, its ranks): taken out with it."""
+    one_rank: str | None = None
+    """What a one-rank program writes for it, where its default is a rule over the layout
+    rather than a value (``parc verify``'s reference, ``codegen/shrink.py``)."""
 
     def __post_init__(self) -> None:
         # Every number has an upper bound (NUMBER_MAX, units.LARGEST) unless given one.

@@ -204,6 +204,7 @@ ROUND_TRIP = [
     ("parallel.tp=1", "parallel.pp=2", "parallel.schedule=terapipe(slices = [32, 16, 16])"),
     ("parallel.recompute=[full, none, selective, none]", "parallel.overlap=[sub_batch(2), none, none, none]"),
     ("parallel.dp=1", "parallel.pp=2", "parallel.stage_layers=[1, 3]"),
+    ("parallel.zero=3", "parallel.zero_shard=node", "parallel.zero_prefetch=2"),  # keys only zero = 3 reads
     ('train.data=tokens("d/x.bin", dtype = uint32)', 'train.checkpoint=every(5, dir = "ck")'),
     ("train.schedule=constant(warmup = 3)", "mesh.device_memory=8 GB", 'mesh.profile="p.json"'),
 ]
