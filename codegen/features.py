@@ -90,6 +90,8 @@ FEATURES: tuple[Feature, ...] = (
             imports=("moe",), ships=lambda plan: frozenset({"moe_overlap"} if render_moe.overlaps_experts(plan) else ()),
             transform="parallelize.experts", cost="cost/experts.py", step="experts",
             step_lines=render_moe.transform_lines),
+    Feature(name="document separation", keys=("model.documents",), used=render_step.separate,
+            ships=lambda plan: frozenset({"documents"}), transform="documents.attach"),
     Feature(name="router bias balancing", keys=("model.router_bias_update",), used=render_moe.balances_by_bias,
             imports=("router_bias",), transform="router_bias.update_router_bias", cost="cost/experts.py"),
     Feature(name="evaluation", keys=("train.eval",), used=render_eval.enabled, imports=("evaluate",),
