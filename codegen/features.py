@@ -57,6 +57,11 @@ def _pipeline_modules(plan: Plan) -> frozenset:
     return frozenset(pipeline_modules(kind))
 
 
+def _expert_modules(plan: Plan) -> frozenset:
+    """The experts' fused ops (kernels/ops_moe.py) and, with sub-batches, their overlap."""
+    return frozenset({"ops_moe"} | ({"moe_overlap"} if render_moe.overlaps_experts(plan) else set()))
+
+
 def pipeline_modules(kind: str) -> set[str]:
     """What a pipeline of schedule ``kind`` imports only when it runs: the kind's orders
     (``schedule.MODULES``), split backward (zero-bubble kinds), TeraPipe's slices."""
@@ -80,14 +85,14 @@ FEATURES: tuple[Feature, ...] = (
     Feature(name="per-layer tp × dp", keys=("parallel.tp", "parallel.dp"), used=render_hetero.enabled,
             imports=("hetero",), transform="parallelize.tensor(layouts=) + hetero.StageLayouts", cost="cost/per_layer.py"),
     Feature(name="context parallel", keys=("parallel.cp", "parallel.cp_kind"), used=lambda plan: plan.mesh.size("cp") > 1,
-            ships=lambda plan: frozenset({"context"}), transform="parallelize.context", cost="cost/context.py",
+            ships=lambda plan: frozenset({"context", "ops_ring"}), transform="parallelize.context", cost="cost/context.py",
             step="context", step_lines=lambda plan: [
                 f"# {cite(plan.mesh.axis('cp').span)}: attention over the ranks that split each sequence",
                 "net = parallelize.context(net, cp_group, CP_KIND)"]),
     Feature(name="2D tensor parallel", keys=("parallel.tp_shape",), used=lambda plan: plan.mesh.tp_shape is not None,
             ships=lambda plan: frozenset({"layers2d"}), transform="parallelize.tensor(grid=)", cost="cost/tp2d.py"),
     Feature(name="experts", keys=("model.experts", "parallel.ep", "parallel.etp"), used=render_moe.has_experts,
-            imports=("moe",), ships=lambda plan: frozenset({"moe_overlap"} if render_moe.overlaps_experts(plan) else ()),
+            imports=("moe",), ships=_expert_modules,
             transform="parallelize.experts", cost="cost/experts.py", step="experts",
             step_lines=render_moe.transform_lines),
     Feature(name="document separation", keys=("model.documents",), used=render_step.separate,
@@ -130,10 +135,17 @@ CUDA_KERNELS = frozenset({"triton_common", "triton_ops", "triton_add_norm", "tri
 for a CUDA tensor); ``kernels.select`` says so once when a build without them meets a GPU."""
 
 
+BY_FEATURE_KERNELS = frozenset({"ops_moe", "ops_ring", "reference"})
+"""The modules of ``kernels/`` a build ships only when something names them: a feature's
+``ships`` (the experts' ops, ring attention's block attention: Note [ops by feature] in
+kernels/ops.py) or a shipped module's import (``context.py``'s eager ``reference``)."""
+
+
 def left_out(plan: Plan) -> frozenset:
     """Modules of a package that travels whole that this build does not ship: a CPU
-    build's Triton kernels."""
-    return CUDA_KERNELS if plan.mesh.device == "cpu" else frozenset()
+    build's Triton kernels, the kernels of features it does not use."""
+    device = CUDA_KERNELS if plan.mesh.device == "cpu" else frozenset()
+    return device | (BY_FEATURE_KERNELS - runtime_modules(plan))
 
 
 def runtime_modules(plan: Plan) -> set[str]:

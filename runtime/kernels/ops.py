@@ -5,8 +5,10 @@ Takes: the compiled CPU module (``build.py``) and the Triton kernels
 ``torch.library.custom_op`` (each with a fake implementation, so they trace), their
 autograd formulas (the backward is a kernel too, never autograd through the
 reference), and the public functions ``layer_norm``, ``rms_norm``, ``bias_gelu``,
-``swiglu``, ``rotary``, ``cross_entropy`` and ``block_attention`` (with its backward,
-called by ring attention's own autograd Function, ``ring.py``).
+``swiglu``, ``rotary`` and ``cross_entropy``; ``block_attention`` (with its backward,
+called by ring attention's own autograd Function, ``ring.py``) and the experts'
+``permute_rows``, ``combine_rows`` and ``grouped_mm`` are this module's too but live in
+``ops_ring.py`` and ``ops_moe.py`` (Note [ops by feature]).
 
 Each call enters its op through ``dispatch.call`` (Note [custom-op dispatch]).
 
@@ -25,6 +27,7 @@ inside that one pass.
 
 from __future__ import annotations
 
+import importlib
 from typing import Optional
 
 import torch
@@ -33,7 +36,7 @@ from torch import Tensor
 from ..distributed.comm import _all_reduce, group_rank
 from .backend import _DEVICES, _backend, _row_stats, _stats_dtype  # noqa: F401
 from .dispatch import call
-from .reference import rotary_tables
+from .backend import rotary_tables
 from .add_norm import add_layer_norm, add_rms_norm  # noqa: F401  (re-exported: model.py's Norm.add_norm)
 
 import torch.distributed as dist
@@ -319,179 +322,20 @@ def cross_entropy(logits: Tensor, targets: Tensor, *, vocab_size: int, tp_group=
     return _CrossEntropy.apply(logits, targets, tp_group, vocab_size)
 
 
-# ---- block attention with log-sum-exp (ring attention's step) ----------------------
-
-
-def _block_out(q):
-    return (torch.empty(q.shape, dtype=_stats_dtype(q), device=q.device),
-            torch.empty(q.shape[:-1], dtype=_stats_dtype(q), device=q.device))
-
-
-@torch.library.custom_op("parc::block_attention_fwd", mutates_args=(), device_types=_DEVICES)
-def block_attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-    """softmax(q kᵀ · scale) v over this block of keys and the rows' lse (stats dtype)."""
-    out, lse = _backend(q).block_attention_fwd(q, k, v, causal, scale)
-    return out, lse
-
-
-@block_attention_fwd.register_fake
-def _(q, k, v, causal, scale):
-    return _block_out(q)
-
-
-@torch.library.custom_op("parc::block_attention_bwd", mutates_args=(), device_types=_DEVICES)
-def block_attention_bwd(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
-                        scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv of this block's share, given the rows' final output and lse (over every block)."""
-    dq, dk, dv = _backend(q).block_attention_bwd(grad, q, k, v, out, lse, causal, scale)
-    return dq, dk, dv
-
-
-@block_attention_bwd.register_fake
-def _(grad, q, k, v, out, lse, causal, scale):
-    dtype = _stats_dtype(q)
-    return (torch.empty(q.shape, dtype=dtype, device=q.device), torch.empty(k.shape, dtype=dtype, device=k.device),
-            torch.empty(v.shape, dtype=dtype, device=v.device))
-
-
-def block_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-    """q (B, H, Tq, D), k and v (B, Hkv, Tk, D) → out (B, H, Tq, D) and lse (B, H, Tq), fp32
-    (fp64 for fp64): ``reference.block_attention``'s results, fused (flash attention)."""
-    return block_attention_fwd(q, k, v, causal, scale)
-
-
-def block_attention_backward(grad, q, k, v, out, lse, causal: bool, scale: float):
-    """``reference.block_attention_backward``: (dq, dk, dv) in the stats dtype."""
-    return block_attention_bwd(grad, q, k, v, out, lse, causal, scale)
-
-
-# ---- mixture of experts: permutation, combine, grouped GEMM (cpu/moe.cpp, triton_moe.py) ----
-
-
-@torch.library.custom_op("parc::permute_rows_fwd", mutates_args=(), device_types=_DEVICES)
-def permute_rows_fwd(x: Tensor, index: Tensor) -> Tensor:
-    return _backend(x).permute_rows_fwd(x, index)
-
-
-@permute_rows_fwd.register_fake
-def _(x, index):
-    return x.new_empty(index.shape[0], x.shape[1])
-
-
-@torch.library.custom_op("parc::permute_rows_bwd", mutates_args=(), device_types=_DEVICES)
-def permute_rows_bwd(grad: Tensor, index: Tensor, rows: int) -> Tensor:
-    return _backend(grad).permute_rows_bwd(grad, index, rows)
-
-
-@permute_rows_bwd.register_fake
-def _(grad, index, rows):
-    return grad.new_empty(rows, grad.shape[1])
-
-
-def _permute_setup(ctx, inputs, output):
-    x, index = inputs
-    ctx.save_for_backward(index)
-    ctx.rows = x.shape[0]
-
-
-def _permute_backward(ctx, grad):
-    (index,) = ctx.saved_tensors
-    return permute_rows_bwd(grad, index, ctx.rows), None
-
-
-permute_rows_fwd.register_autograd(_permute_backward, setup_context=_permute_setup)
-
-
-@torch.library.custom_op("parc::combine_rows_fwd", mutates_args=(), device_types=_DEVICES)
-def combine_rows_fwd(rows: Tensor, index: Tensor, weight: Tensor, tokens: int) -> Tensor:
-    return _backend(rows).combine_rows_fwd(rows, index, weight, tokens)
-
-
-@combine_rows_fwd.register_fake
-def _(rows, index, weight, tokens):
-    return rows.new_empty(tokens, rows.shape[1])
-
-
-@torch.library.custom_op("parc::combine_rows_bwd", mutates_args=(), device_types=_DEVICES)
-def combine_rows_bwd(grad: Tensor, rows: Tensor, index: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
-    dy, dw = _backend(rows).combine_rows_bwd(grad, rows, index, weight)
-    return dy, dw
-
-
-@combine_rows_bwd.register_fake
-def _(grad, rows, index, weight):
-    return torch.empty_like(rows), rows.new_empty(rows.shape[0])
-
-
-def _combine_setup(ctx, inputs, output):
-    rows, index, weight, tokens = inputs
-    ctx.save_for_backward(rows, index, weight)
-    ctx.weight_dtype = weight.dtype
-
-
-def _combine_backward(ctx, grad):
-    rows, index, weight = ctx.saved_tensors
-    dy, dw = combine_rows_bwd(grad, rows, index, weight)
-    return dy, None, dw.to(ctx.weight_dtype), None
-
-
-combine_rows_fwd.register_autograd(_combine_backward, setup_context=_combine_setup)
-
-
-@torch.library.custom_op("parc::grouped_mm_fwd", mutates_args=(), device_types=_DEVICES)
-def grouped_mm_fwd(x: Tensor, weight: Tensor, counts: Tensor) -> Tensor:
-    return _backend(x).grouped_mm_fwd(x, weight, counts)
-
-
-@grouped_mm_fwd.register_fake
-def _(x, weight, counts):
-    return x.new_empty(x.shape[0], weight.shape[1])
-
-
-@torch.library.custom_op("parc::grouped_mm_bwd", mutates_args=(), device_types=_DEVICES)
-def grouped_mm_bwd(grad: Tensor, x: Tensor, weight: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
-    dx, dw = _backend(x).grouped_mm_bwd(grad, x, weight, counts)
-    return dx, dw
-
-
-@grouped_mm_bwd.register_fake
-def _(grad, x, weight, counts):
-    return torch.empty_like(x), torch.empty_like(weight)
-
-
-def _grouped_setup(ctx, inputs, output):
-    x, weight, counts = inputs
-    ctx.save_for_backward(x, weight, counts)
-
-
-def _grouped_backward(ctx, grad):
-    x, weight, counts = ctx.saved_tensors
-    dx, dw = grouped_mm_bwd(grad, x, weight, counts)
-    return dx, dw, None
-
-
-grouped_mm_fwd.register_autograd(_grouped_backward, setup_context=_grouped_setup)
-
-
-def permute_rows(x: Tensor, index: Tensor) -> Tensor:
-    """Rows ``x[index]``: each routed slot's token, in expert order (backward: a scatter-add)."""
-    return permute_rows_fwd(x, index)
-
-
-def combine_rows(rows: Tensor, index: Tensor, weight: Tensor, tokens: int) -> Tensor:
-    """(tokens, C): each token's routed rows times their weights, summed (in row order)."""
-    return combine_rows_fwd(rows, index, weight, tokens)
-
-
-def grouped_mm(x: Tensor, weight: Tensor, counts: Tensor) -> Tensor:
-    """Each run of ``counts[e]`` rows of ``x`` times ``weight[e]``ᵀ, one op for all experts.
-    Under autocast both go to its dtype first (as a matmul would); else ``x`` to the weight's."""
-    if torch.is_autocast_enabled(x.device.type):
-        dtype = torch.get_autocast_dtype(x.device.type)
-        x, weight = x.to(dtype), weight.to(dtype)
-    elif x.dtype != weight.dtype:
-        x = x.to(weight.dtype)
-    return grouped_mm_fwd(x, weight, counts)
-
-
 # ---- residual add + norm (add_norm.py) ----------------------------------------------
+
+
+# Note [ops by feature]: ring attention's block attention and the experts' ops are read
+# from this module (``select`` gives it; ``ring.py`` and ``moe.py`` call ``fused.<op>``)
+# but each lives in its own module, which a build ships only with its feature (cp; experts:
+# ``features.left_out``); a name of theirs asked of this module imports that module then.
+ELSEWHERE = {
+    "block_attention": "ops_ring", "block_attention_backward": "ops_ring",
+    "permute_rows": "ops_moe", "combine_rows": "ops_moe", "grouped_mm": "ops_moe",
+}
+
+
+def __getattr__(name: str):
+    if name not in ELSEWHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{ELSEWHERE[name]}", __package__), name)
