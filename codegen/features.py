@@ -52,6 +52,12 @@ def _zero(plan: Plan) -> int:
     return plan.train.zero.value
 
 
+def _zero_checkpoints(plan: Plan) -> frozenset:
+    """Under ZeRO (any stage, per-layer layouts too) checkpoints lay out its flat buffers
+    (checkpoints/checkpoint_flat.py, imported by ``checkpoint.py`` when the optimizer is ZeRO's)."""
+    return frozenset({"checkpoint_flat"} if _zero(plan) else ())
+
+
 def _pipeline_modules(plan: Plan) -> frozenset:
     kind = plan.pipeline.schedule
     return frozenset(pipeline_modules(kind))
@@ -78,12 +84,13 @@ FEATURES: tuple[Feature, ...] = (
             used=render_step.has_pipeline, imports=("pipeline", "schedule"), ships=_pipeline_modules,
             transform="models.build_stages + pipeline.PipelineExecutor", cost="cost/time.py"),
     Feature(name="zero", keys=("parallel.zero",), used=lambda plan: _zero(plan) in (1, 2) and not render_hetero.enabled(plan),
-            imports=("zero",), transform="zero.ShardedAdamW", cost="cost/memory.py"),
+            imports=("zero",), ships=_zero_checkpoints, transform="zero.ShardedAdamW", cost="cost/memory.py"),
     Feature(name="zero3", keys=("parallel.zero", "parallel.zero_prefetch", "parallel.zero_shard"),
-            used=lambda plan: _zero(plan) == 3, imports=("fsdp",), transform="fsdp.FullyShardedAdamW",
+            used=lambda plan: _zero(plan) == 3, imports=("fsdp",), ships=_zero_checkpoints, transform="fsdp.FullyShardedAdamW",
             cost="cost/memory.py"),
     Feature(name="per-layer tp × dp", keys=("parallel.tp", "parallel.dp"), used=render_hetero.enabled,
-            imports=("hetero",), transform="parallelize.tensor(layouts=) + hetero.StageLayouts", cost="cost/per_layer.py"),
+            imports=("hetero",), ships=_zero_checkpoints, transform="parallelize.tensor(layouts=) + hetero.StageLayouts",
+            cost="cost/per_layer.py"),
     Feature(name="context parallel", keys=("parallel.cp", "parallel.cp_kind"), used=lambda plan: plan.mesh.size("cp") > 1,
             ships=lambda plan: frozenset({"context", "ops_ring"}), transform="parallelize.context", cost="cost/context.py",
             step="context", step_lines=lambda plan: [
