@@ -77,6 +77,9 @@ def pipeline_modules(kind: str) -> set[str]:
 
 
 FEATURES: tuple[Feature, ...] = (
+    Feature(name="compiled kernels", keys=("train.kernels", "model.arch"),
+            used=lambda plan: plan.train.kernels.value == "compiled",
+            ships=lambda plan: frozenset({f"ops_{plan.model.arch}"}), transform="model.use_kernels"),
     Feature(name="data parallel", keys=("parallel.dp", "parallel.cp"),
             used=lambda plan: plan.mesh.size("dp") * plan.mesh.size("cp") > 1 or render_hetero.enabled(plan),
             imports=("dp",), transform="dp.GradientBuckets", cost="cost/time.py"),
@@ -142,10 +145,11 @@ CUDA_KERNELS = frozenset({"triton_common", "triton_ops", "triton_add_norm", "tri
 for a CUDA tensor); ``kernels.select`` says so once when a build without them meets a GPU."""
 
 
-BY_FEATURE_KERNELS = frozenset({"ops_moe", "ops_ring", "reference"})
+BY_FEATURE_KERNELS = frozenset({"ops_gpt", "ops_llama", "ops_moe", "ops_ring", "reference"})
 """The modules of ``kernels/`` a build ships only when something names them: a feature's
-``ships`` (the experts' ops, ring attention's block attention: Note [ops by feature] in
-kernels/ops.py) or a shipped module's import (``context.py``'s eager ``reference``)."""
+``ships`` (the architecture's ops, the experts', ring attention's block attention: Note
+[ops by feature] in kernels/ops.py) or a shipped module's import (``context.py``'s eager
+``reference``)."""
 
 
 def left_out(plan: Plan) -> frozenset:

@@ -8,8 +8,8 @@ of context and expert parallelism are ``exchange.py`` (shipped with those featur
 
 Also here: ``exposed_clock`` / ``exposed()``, the time this process spends blocked
 on communication (every blocking collective counts whole, an asynchronous one only
-its ``wait``), and the asynchronous launches (``launch_*`` → ``Pending``) that
-``overlap.py`` interleaves with compute.
+its ``wait``), and ``Pending``, a collective in flight (the launches that ``overlap.py``
+interleaves with compute are ``comm_async.py``'s, shipped with the features that launch).
 """
 
 from __future__ import annotations
@@ -266,10 +266,10 @@ def all_gather_from_group(x, group, dim):
     return x if group_size(group) == 1 else _AllGatherFromGroup.apply(x, group, dim)
 
 
-# ---- asynchronous launches (for overlap.py) ---------------------------------------
-# Each returns a ``Pending`` at once; the collective runs in the background while
-# this process computes, and ``Pending.wait()`` blocks (counted as exposed time)
-# and gives the result. No autograd here: overlap.py pairs them with backward.
+# ---- asynchronous collectives ------------------------------------------------------
+# ``Pending``: a collective in flight (dp's buckets; the launches of ``comm_async.py``,
+# which overlap.py and moe.py interleave with compute). ``Pending.wait()`` blocks
+# (counted as exposed time) and gives the result.
 
 
 class Pending:
@@ -294,42 +294,3 @@ class Pending:
                 self._work.wait()
             self._work = self._source = None
         return self.buffer.movedim(0, self._dim) if self._dim else self.buffer
-
-
-def launch_all_reduce(x: torch.Tensor, group) -> Pending:
-    """Start summing a copy of ``x`` over ``group``."""
-    if group_size(group) == 1:
-        return Pending(None, x)
-    x = x.contiguous().clone()
-    _issued()
-    return Pending(dist.all_reduce(x, group=group, async_op=True), x)
-
-
-def launch_reduce_scatter(x: torch.Tensor, group, dim: int) -> Pending:
-    """Start summing ``x`` over ``group``, keeping this rank's chunk of ``dim``."""
-    size = group_size(group)
-    if size == 1:
-        return Pending(None, x)
-    if x.shape[dim] % size:
-        raise ValueError(f"dim {dim} of size {x.shape[dim]} does not split over {size} ranks")
-    front = x.movedim(dim, 0).contiguous()  # chunk r of dim 0 goes to rank r
-    out = front.new_empty((front.shape[0] // size, *front.shape[1:]))
-    try:
-        work = dist.reduce_scatter_tensor(out, front, group=group, async_op=True)
-    except RuntimeError:  # Note [reduce-scatter on gloo]: blocking fallback
-        if dist.get_backend(group) != "gloo":
-            raise
-        return Pending(None, _reduce_scatter(x, group, dim))
-    _issued()
-    return Pending(work, out, dim, front)
-
-
-def launch_all_gather(x: torch.Tensor, group, dim: int) -> Pending:
-    """Start concatenating every rank's ``x`` along ``dim``, in rank order."""
-    size = group_size(group)
-    if size == 1:
-        return Pending(None, x)
-    front = x.movedim(dim, 0).contiguous()
-    out = front.new_empty((front.shape[0] * size, *front.shape[1:]))
-    _issued()
-    return Pending(dist.all_gather_into_tensor(out, front, group=group, async_op=True), out, dim, front)
