@@ -1,4 +1,4 @@
-"""Which compiled module runs a kernel call, shared by ``ops.py`` and ``add_norm.py``.
+"""Which compiled module runs a kernel call, shared by every ``ops*.py`` module.
 
 Takes: a tensor. Gives: ``_backend(t)`` (the Triton functions on CUDA, or under
 ``PARC_TRITON_ON_CPU=1``; else the compiled C++ module, loaded once), ``_row_stats``

@@ -36,7 +36,6 @@ from torch import Tensor
 from ..distributed.comm import _all_reduce, group_rank
 from .backend import _DEVICES, _backend, _row_stats, _stats_dtype  # noqa: F401
 from .dispatch import call
-from .add_norm import add_layer_norm, add_rms_norm  # noqa: F401  (re-exported: model.py's Norm.add_norm)
 
 import torch.distributed as dist
 
@@ -99,18 +98,21 @@ def cross_entropy(logits: Tensor, targets: Tensor, *, vocab_size: int, tp_group=
     return _CrossEntropy.apply(logits, targets, tp_group, vocab_size)
 
 
-# ---- residual add + norm (add_norm.py) ----------------------------------------------
+# ---- the ops of each architecture and feature ----------------------------------------
 
 
 # Note [ops by feature]: every fused op is read from this module (``select`` gives it; the
 # norms, the MLP, attention, ``ring.py`` and ``moe.py`` call ``fused.<op>``), but the ops of
-# one architecture (gpt's LayerNorm and GeLU, llama's RMSNorm, SwiGLU and rotary), ring
+# one architecture (gpt's LayerNorm, its residual add + LayerNorm and GeLU; llama's RMSNorm,
+# its residual add + RMSNorm, SwiGLU and rotary: add_norm.py), ring
 # attention's block attention and the experts' ops each live in their own module, which a
 # build ships only with its architecture or feature (``features.left_out``); a name of
 # theirs asked of this module imports that module then.
 _BY_MODULE = {
-    "ops_gpt": ("layer_norm", "layer_norm_fwd", "layer_norm_bwd", "bias_gelu", "_bias_gelu", "bias_gelu_bwd"),
-    "ops_llama": ("rms_norm", "rms_norm_fwd", "rms_norm_bwd", "swiglu", "_swiglu", "swiglu_bwd", "rotary", "_rotary"),
+    "ops_gpt": ("layer_norm", "layer_norm_fwd", "layer_norm_bwd", "bias_gelu", "_bias_gelu", "bias_gelu_bwd",
+                "add_layer_norm", "add_layer_norm_fwd", "add_layer_norm_bwd"),
+    "ops_llama": ("rms_norm", "rms_norm_fwd", "rms_norm_bwd", "swiglu", "_swiglu", "swiglu_bwd", "rotary", "_rotary",
+                  "add_rms_norm", "add_rms_norm_fwd", "add_rms_norm_bwd"),
     "ops_ring": ("block_attention", "block_attention_backward", "block_attention_fwd", "block_attention_bwd"),
     "ops_moe": ("permute_rows", "combine_rows", "grouped_mm", "permute_rows_fwd", "permute_rows_bwd",
                 "combine_rows_fwd", "combine_rows_bwd", "grouped_mm_fwd", "grouped_mm_bwd"),

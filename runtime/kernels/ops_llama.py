@@ -1,5 +1,6 @@
-"""llama's fused ops: RMSNorm, SwiGLU and rotary (``parc::rms_norm_*``, ``parc::swiglu*``,
-``parc::rotary``), with their autograd. ``ops`` hands them out (Note [ops by feature] in
+"""llama's fused ops: RMSNorm, the residual add + RMSNorm, SwiGLU and rotary
+(``parc::rms_norm_*``, ``parc::add_rms_norm_*``, ``parc::swiglu*``, ``parc::rotary``), with
+their autograd. ``ops`` hands them out (Note [ops by feature] in
 ops.py): a build ships this module only for arch = llama.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .add_norm import _grad_h, _like, _promoted
 from .backend import _DEVICES, _backend, _row_stats, rotary_tables
 from .dispatch import call
 
@@ -140,3 +142,48 @@ def rotary(q: Tensor, k: Tensor, theta: float, start: int = 0) -> tuple[Tensor, 
     cos, sin = rotary_tables(q.shape[-2], q.shape[-1], theta, q.device, start)
     # computed in fp32, rounded to the inputs' dtype (bf16/fp16 compute weights, as model.py's)
     return call(_rotary, q, cos, sin, 1.0).to(q.dtype), call(_rotary, k, cos, sin, 1.0).to(k.dtype)
+
+
+# ---- residual add + RMSNorm (Note [fused residual norm] in add_norm.py) ------------
+
+
+@torch.library.custom_op("parc::add_rms_norm_fwd", mutates_args=(), device_types=_DEVICES)
+def add_rms_norm_fwd(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    y, h, rstd = _backend(x).add_rms_norm_fwd(x, residual, weight, eps)
+    return y, h, rstd
+
+
+@add_rms_norm_fwd.register_fake
+def _(x, residual, weight, eps):
+    return _like(x), _like(x), _row_stats(x)
+
+
+@torch.library.custom_op("parc::add_rms_norm_bwd", mutates_args=(), device_types=_DEVICES)
+def add_rms_norm_bwd(grad_y: Tensor, grad_h: Tensor, h: Tensor, weight: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
+    dx, dw = _backend(h).add_rms_norm_bwd(grad_y, grad_h, h, weight, rstd)
+    return dx, dw
+
+
+@add_rms_norm_bwd.register_fake
+def _(grad_y, grad_h, h, weight, rstd):
+    return _like(h), h.new_empty(h.shape[-1:])
+
+
+def _add_rms_norm_setup(ctx, inputs, output):
+    x, residual, weight, eps = inputs
+    ctx.save_for_backward(output[1], weight, output[2])
+
+
+def _add_rms_norm_backward(ctx, grad_y, grad_h, _grad_rstd):
+    h, weight, rstd = ctx.saved_tensors
+    dx, dw = call(add_rms_norm_bwd, grad_y, _grad_h(grad_h, h), h, weight, rstd)
+    return dx, dx, dw.to(weight.dtype), None
+
+
+add_rms_norm_fwd.register_autograd(_add_rms_norm_backward, setup_context=_add_rms_norm_setup)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(RMSNorm(h), h) with h = x + residual, one pass; Note [fused residual norm]."""
+    y, h, _ = call(add_rms_norm_fwd, *_promoted(x, residual), weight, eps)
+    return y, h
