@@ -52,9 +52,20 @@ def _zero(plan: Plan) -> int:
     return plan.train.zero.value
 
 
+def _zero_checkpoints(plan: Plan) -> frozenset:
+    """Under ZeRO (any stage, per-layer layouts too) checkpoints lay out its flat buffers
+    (checkpoints/checkpoint_flat.py, imported by ``checkpoint.py`` when the optimizer is ZeRO's)."""
+    return frozenset({"checkpoint_flat"} if _zero(plan) else ())
+
+
 def _pipeline_modules(plan: Plan) -> frozenset:
     kind = plan.pipeline.schedule
     return frozenset(pipeline_modules(kind))
+
+
+def _expert_modules(plan: Plan) -> frozenset:
+    """The experts' fused ops (kernels/ops_moe.py) and, with sub-batches, their overlap."""
+    return frozenset({"ops_moe"} | ({"moe_overlap"} if render_moe.overlaps_experts(plan) else set()))
 
 
 def pipeline_modules(kind: str) -> set[str]:
@@ -66,6 +77,9 @@ def pipeline_modules(kind: str) -> set[str]:
 
 
 FEATURES: tuple[Feature, ...] = (
+    Feature(name="compiled kernels", keys=("train.kernels", "model.arch"),
+            used=lambda plan: plan.train.kernels.value == "compiled",
+            ships=lambda plan: frozenset({f"ops_{plan.model.arch}"}), transform="model.use_kernels"),
     Feature(name="data parallel", keys=("parallel.dp", "parallel.cp"),
             used=lambda plan: plan.mesh.size("dp") * plan.mesh.size("cp") > 1 or render_hetero.enabled(plan),
             imports=("dp",), transform="dp.GradientBuckets", cost="cost/time.py"),
@@ -73,23 +87,26 @@ FEATURES: tuple[Feature, ...] = (
             used=render_step.has_pipeline, imports=("pipeline", "schedule"), ships=_pipeline_modules,
             transform="models.build_stages + pipeline.PipelineExecutor", cost="cost/time.py"),
     Feature(name="zero", keys=("parallel.zero",), used=lambda plan: _zero(plan) in (1, 2) and not render_hetero.enabled(plan),
-            imports=("zero",), transform="zero.ShardedAdamW", cost="cost/memory.py"),
+            imports=("zero",), ships=_zero_checkpoints, transform="zero.ShardedAdamW", cost="cost/memory.py"),
     Feature(name="zero3", keys=("parallel.zero", "parallel.zero_prefetch", "parallel.zero_shard"),
-            used=lambda plan: _zero(plan) == 3, imports=("fsdp",), transform="fsdp.FullyShardedAdamW",
+            used=lambda plan: _zero(plan) == 3, imports=("fsdp",), ships=_zero_checkpoints, transform="fsdp.FullyShardedAdamW",
             cost="cost/memory.py"),
     Feature(name="per-layer tp × dp", keys=("parallel.tp", "parallel.dp"), used=render_hetero.enabled,
-            imports=("hetero",), transform="parallelize.tensor(layouts=) + hetero.StageLayouts", cost="cost/per_layer.py"),
+            imports=("hetero",), ships=_zero_checkpoints, transform="parallelize.tensor(layouts=) + hetero.StageLayouts",
+            cost="cost/per_layer.py"),
     Feature(name="context parallel", keys=("parallel.cp", "parallel.cp_kind"), used=lambda plan: plan.mesh.size("cp") > 1,
-            ships=lambda plan: frozenset({"context"}), transform="parallelize.context", cost="cost/context.py",
+            ships=lambda plan: frozenset({"context", "ops_ring"}), transform="parallelize.context", cost="cost/context.py",
             step="context", step_lines=lambda plan: [
                 f"# {cite(plan.mesh.axis('cp').span)}: attention over the ranks that split each sequence",
                 "net = parallelize.context(net, cp_group, CP_KIND)"]),
     Feature(name="2D tensor parallel", keys=("parallel.tp_shape",), used=lambda plan: plan.mesh.tp_shape is not None,
             ships=lambda plan: frozenset({"layers2d"}), transform="parallelize.tensor(grid=)", cost="cost/tp2d.py"),
     Feature(name="experts", keys=("model.experts", "parallel.ep", "parallel.etp"), used=render_moe.has_experts,
-            imports=("moe",), ships=lambda plan: frozenset({"moe_overlap"} if render_moe.overlaps_experts(plan) else ()),
+            imports=("moe",), ships=_expert_modules,
             transform="parallelize.experts", cost="cost/experts.py", step="experts",
             step_lines=render_moe.transform_lines),
+    Feature(name="document separation", keys=("model.documents",), used=render_step.separate,
+            ships=lambda plan: frozenset({"documents"}), transform="documents.attach"),
     Feature(name="router bias balancing", keys=("model.router_bias_update",), used=render_moe.balances_by_bias,
             imports=("router_bias",), transform="router_bias.update_router_bias", cost="cost/experts.py"),
     Feature(name="evaluation", keys=("train.eval",), used=render_eval.enabled, imports=("evaluate",),
@@ -128,10 +145,18 @@ CUDA_KERNELS = frozenset({"triton_common", "triton_ops", "triton_add_norm", "tri
 for a CUDA tensor); ``kernels.select`` says so once when a build without them meets a GPU."""
 
 
+BY_FEATURE_KERNELS = frozenset({"ops_gpt", "ops_llama", "ops_moe", "ops_ring", "reference"})
+"""The modules of ``kernels/`` a build ships only when something names them: a feature's
+``ships`` (the architecture's ops, the experts', ring attention's block attention: Note
+[ops by feature] in kernels/ops.py) or a shipped module's import (``context.py``'s eager
+``reference``)."""
+
+
 def left_out(plan: Plan) -> frozenset:
     """Modules of a package that travels whole that this build does not ship: a CPU
-    build's Triton kernels."""
-    return CUDA_KERNELS if plan.mesh.device == "cpu" else frozenset()
+    build's Triton kernels, the kernels of features it does not use."""
+    device = CUDA_KERNELS if plan.mesh.device == "cpu" else frozenset()
+    return device | (BY_FEATURE_KERNELS - runtime_modules(plan))
 
 
 def runtime_modules(plan: Plan) -> set[str]:

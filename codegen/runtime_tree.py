@@ -19,7 +19,8 @@ from importlib import resources
 
 SOURCES = (".py", ".cpp", ".h", ".cu")
 WHOLE = ("kernels",)
-"""Packages that travel whole (their C++ sources are read by path at run time)."""
+"""Packages that travel whole (their C++ sources are read by path at run time), but the
+modules a build leaves out (``features.left_out``: those of other devices and features)."""
 
 
 def _root():
@@ -34,10 +35,9 @@ def _tree() -> dict[str, str]:
     def walk(node, prefix: str) -> None:
         for child in sorted(node.iterdir(), key=lambda c: c.name):
             if child.is_dir() and child.name != "__pycache__" and child.joinpath("__init__.py").is_file():
-                if prefix + child.name in WHOLE:
+                if prefix + child.name in WHOLE:  # named whole, and each of its modules by its own name
                     places[child.name] = prefix + child.name
-                else:
-                    walk(child, f"{prefix}{child.name}.")
+                walk(child, f"{prefix}{child.name}.")
             elif child.name.endswith(".py") and child.name != "__init__.py":
                 name = child.name[: -len(".py")]
                 if name in places:

@@ -61,6 +61,16 @@ def _rng_state(rank: int, device) -> dict:
     return state
 
 
+def _boxes_of(optimizer):
+    """The module that lays ``optimizer``'s state out as logical boxes: ``checkpoint_flat``
+    under ZeRO (a build ships it only with ZeRO), else ``checkpoint_shards``."""
+    if shards.is_zero(optimizer):
+        from . import checkpoint_flat
+
+        return checkpoint_flat
+    return shards
+
+
 class Checkpoints:
     """Save every ``every`` steps into ``directory``; resume from a checkpoint."""
 
@@ -74,13 +84,14 @@ class Checkpoints:
         self.config, self.layout, self.samples_per_step = config, layout, samples_per_step
         self.rank, self.world_size, self.device = rank, world_size, device
         self.params = shards.local_parameters(model, tp_group)
+        self.boxes = _boxes_of(optimizer)  # lays out the optimizer's state (and ZeRO's parameters)
         self.loss_scale = loss_scale
 
     def _model_pieces(self, *, saving: bool):
         if shards.is_fully_sharded(self.optimizer):  # ZeRO-3: the parameters live in the shards
-            return shards.sharded_model_pieces(self.params, self.optimizer, saving=saving)
+            return self.boxes.sharded_model_pieces(self.params, self.optimizer, saving=saving)
         if shards.has_master_slices(self.optimizer):  # ZeRO 1/2 under bf16/fp16: the fp32 masters
-            return shards.master_slice_pieces(self.params, self.optimizer, saving=saving)
+            return self.boxes.master_slice_pieces(self.params, self.optimizer, saving=saving)
         return shards.model_pieces(self.params, saving=saving, optimizer=self.optimizer)
 
     def _barrier(self) -> None:
@@ -101,9 +112,9 @@ class Checkpoints:
             shutil.rmtree(temporary, ignore_errors=True)  # a crashed save's leftovers
             os.makedirs(temporary)
         self._barrier()
-        optimizer_step = shards.optimizer_step(self.optimizer)
+        optimizer_step = self.boxes.optimizer_step(self.optimizer)
         pieces = self._model_pieces(saving=True) + shards.buffer_pieces(self.model)
-        pieces += shards.optimizer_pieces(self.params, self.optimizer, saving=True)
+        pieces += self.boxes.optimizer_pieces(self.params, self.optimizer, saving=True)
         state = _rng_state(self.rank, self.device)
         state["optim.step"] = torch.tensor(optimizer_step, dtype=torch.int64)
         from . import checkpoint_dcp  # Note [DCP on demand]
@@ -175,8 +186,8 @@ class Checkpoints:
         optimizer_step = info["optimizer_step"]
         pieces = self._model_pieces(saving=False) + shards.buffer_pieces(self.model)
         if optimizer_step > 0:
-            shards.prepare_state(self.optimizer, optimizer_step)
-            pieces += shards.optimizer_pieces(self.params, self.optimizer, saving=False)
+            self.boxes.prepare_state(self.optimizer, optimizer_step)
+            pieces += self.boxes.optimizer_pieces(self.params, self.optimizer, saving=False)
         self._check_shapes(path, pieces, info)
         same_world = info["world_size"] == self.world_size
         state = {k: torch.empty_like(v) for k, v in _rng_state(self.rank, self.device).items()} if same_world else {}

@@ -2,14 +2,14 @@
 
 Three layers: private primitives that do nothing for a group of one; autograd
 Functions pairing a forward collective with its backward; public wrappers whose
-docstrings name both directions (all-to-all included, for context and expert
-parallelism). Every call takes an explicit ``group``; ``None``
-means a group of one. Used by ``layers.py`` and ``model.py``.
+docstrings name both directions. Every call takes an explicit ``group``; ``None``
+means a group of one. Used by ``layers.py`` and ``model.py``; the all-to-all exchanges
+of context and expert parallelism are ``exchange.py`` (shipped with those features).
 
 Also here: ``exposed_clock`` / ``exposed()``, the time this process spends blocked
 on communication (every blocking collective counts whole, an asynchronous one only
-its ``wait``), and the asynchronous launches (``launch_*`` → ``Pending``) that
-``overlap.py`` interleaves with compute.
+its ``wait``), and ``Pending``, a collective in flight (the launches that ``overlap.py``
+interleaves with compute are ``comm_async.py``'s, shipped with the features that launch).
 """
 
 from __future__ import annotations
@@ -143,26 +143,6 @@ def _all_gather(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
-def _all_to_all(x: torch.Tensor, group, scatter_dim: int, gather_dim: int) -> torch.Tensor:
-    """Chunk r of ``scatter_dim`` goes to rank r; what rank i sent us is chunk i of ``gather_dim``.
-
-    Ulysses' exchange: with ``scatter_dim`` the heads and ``gather_dim`` the sequence,
-    sequence-sharded activations become head-sharded ones (and back, swapping the dims).
-    """
-    size = group_size(group)
-    if size == 1:
-        return x
-    if x.shape[scatter_dim] % size:
-        raise ValueError(f"dim {scatter_dim} of size {x.shape[scatter_dim]} does not split over {size} ranks")
-    front = x.movedim(scatter_dim, 0).contiguous()  # chunk r of dim 0 goes to rank r
-    out = torch.empty_like(front)
-    _issued()
-    with exposed():
-        dist.all_to_all_single(out, front, group=group)
-    received = out.movedim(0, scatter_dim).chunk(size, dim=scatter_dim)  # piece i: from rank i
-    return torch.cat(received, dim=gather_dim).contiguous()
-
-
 def _reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
     size = group_size(group)
     if size == 1:
@@ -253,115 +233,6 @@ class _AllGatherFromGroup(torch.autograd.Function):
         return _reduce_scatter(grad, ctx.group, ctx.dim), None, None
 
 
-class _AllToAll(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, scatter_dim, gather_dim):
-        ctx.group, ctx.dims = group, (scatter_dim, gather_dim)
-        return _all_to_all(x, group, scatter_dim, gather_dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        scatter_dim, gather_dim = ctx.dims
-        return _all_to_all(grad, ctx.group, gather_dim, scatter_dim), None, None, None
-
-
-def _all_to_all_rows(x: torch.Tensor, group, send: list[int], receive: list[int]) -> torch.Tensor:
-    """Rows ``send[r]`` of ``x`` (in order) go to rank r; rank i's ``receive[i]`` rows come back, in rank order."""
-    out = x.new_empty((sum(receive), *x.shape[1:]))
-    _issued()
-    with exposed():
-        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=receive, input_split_sizes=send, group=group)
-    return out
-
-
-class _AllToAllRows(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, send, receive):
-        ctx.group, ctx.splits = group, (send, receive)
-        return _all_to_all_rows(x, group, send, receive)
-
-    @staticmethod
-    def backward(ctx, grad):
-        send, receive = ctx.splits
-        return _all_to_all_rows(grad, ctx.group, receive, send), None, None, None
-
-
-def _gather_rows(x: torch.Tensor, group) -> tuple[torch.Tensor, list[int]]:
-    """Every rank's rows of ``x`` (their counts may differ), concatenated in rank order."""
-    size = group_size(group)
-    counts = torch.tensor([x.shape[0]], dtype=torch.int64, device=x.device)
-    every = [torch.empty_like(counts) for _ in range(size)]
-    _issued()
-    with exposed():
-        dist.all_gather(every, counts, group=group)
-    rows = [int(c) for c in every]
-    padded = x.new_zeros((max(rows), *x.shape[1:]))
-    padded[: x.shape[0]] = x
-    parts = [torch.empty_like(padded) for _ in range(size)]
-    _issued()
-    with exposed():
-        dist.all_gather(parts, padded.contiguous(), group=group)
-    return torch.cat([part[:n] for part, n in zip(parts, rows)]), rows
-
-
-class _GatherRows(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        out, rows = _gather_rows(x, group)
-        ctx.start, ctx.rows = sum(rows[: group_rank(group)]), x.shape[0]
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad[ctx.start : ctx.start + ctx.rows].contiguous(), None
-
-
-def _gather_rows_known(x: torch.Tensor, group, rows: list[int]) -> torch.Tensor:
-    """Every rank's rows of ``x`` (rank i has ``rows[i]``), concatenated in rank order: one
-    all-to-all that sends this rank's rows to every rank (the adjoint of ``_sum_scatter_rows``)."""
-    size = group_size(group)
-    out = x.new_empty((sum(rows), *x.shape[1:]))
-    _issued()
-    with exposed():
-        dist.all_to_all_single(out, x.contiguous().repeat(size, *([1] * (x.dim() - 1))),
-                               output_split_sizes=list(rows), input_split_sizes=[x.shape[0]] * size, group=group)
-    return out
-
-
-def _sum_scatter_rows(x: torch.Tensor, group, rows: list[int]) -> torch.Tensor:
-    """``x`` holds every rank's ``rows[i]`` rows in rank order; each rank gets its own rows
-    summed over the group (in rank order): a reduce-scatter of variable row counts."""
-    size, mine = group_size(group), rows[group_rank(group)]
-    out = x.new_empty((size * mine, *x.shape[1:]))
-    _issued()
-    with exposed():
-        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=[mine] * size, input_split_sizes=list(rows),
-                               group=group)
-    return out.view(size, mine, *x.shape[1:]).sum(0)
-
-
-class _GatherRowsSummed(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, rows):
-        ctx.group, ctx.rows = group, rows
-        return _gather_rows_known(x, group, rows)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _sum_scatter_rows(grad, ctx.group, ctx.rows), None, None
-
-
-class _ScatterRowsSummed(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, rows):
-        ctx.group, ctx.rows = group, rows
-        return _sum_scatter_rows(x, group, rows)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather_rows_known(grad, ctx.group, ctx.rows), None, None
-
-
 # ---- public wrappers --------------------------------------------------------------
 
 
@@ -395,41 +266,10 @@ def all_gather_from_group(x, group, dim):
     return x if group_size(group) == 1 else _AllGatherFromGroup.apply(x, group, dim)
 
 
-def all_to_all(x, group, scatter_dim, gather_dim):
-    """Forward: all-to-all, ``scatter_dim`` split over the ranks, what they send gathered
-    along ``gather_dim``. Backward: the inverse all-to-all (the two dims swapped)."""
-    return x if group_size(group) == 1 else _AllToAll.apply(x, group, scatter_dim, gather_dim)
-
-
-def all_to_all_rows(x, group, send, receive):
-    """Forward: ``send[r]`` rows of ``x`` to rank r, ``receive[i]`` rows from rank i (the
-    expert dispatch and combine, moe.py). Backward: the same exchange the other way."""
-    return x if group_size(group) == 1 else _AllToAllRows.apply(x, group, list(send), list(receive))
-
-
-def gather_rows_from_group(x, group):
-    """Forward: every rank's rows of ``x`` (as many as each has), in rank order. Backward:
-    this rank's rows of the gradient (moe.py: the tp ranks' shares of the routed tokens)."""
-    return x if group_size(group) == 1 else _GatherRows.apply(x, group)
-
-
-def gather_rows_summed(x, group, rows):
-    """Forward: every rank's rows of ``x`` (``rows[i]`` on rank i), in rank order.
-    Backward: this rank's rows of the gradient summed over the group (moe.py, Note [expert
-    tensor parallelism]: each rank's gradient is a partial sum)."""
-    return x if group_size(group) == 1 else _GatherRowsSummed.apply(x, group, list(rows))
-
-
-def scatter_rows_summed(x, group, rows):
-    """Forward: this rank's ``rows[rank]`` of ``x`` (every rank's rows in rank order),
-    summed over the group. Backward: every rank's rows of the gradient, gathered."""
-    return x if group_size(group) == 1 else _ScatterRowsSummed.apply(x, group, list(rows))
-
-
-# ---- asynchronous launches (for overlap.py) ---------------------------------------
-# Each returns a ``Pending`` at once; the collective runs in the background while
-# this process computes, and ``Pending.wait()`` blocks (counted as exposed time)
-# and gives the result. No autograd here: overlap.py pairs them with backward.
+# ---- asynchronous collectives ------------------------------------------------------
+# ``Pending``: a collective in flight (dp's buckets; the launches of ``comm_async.py``,
+# which overlap.py and moe.py interleave with compute). ``Pending.wait()`` blocks
+# (counted as exposed time) and gives the result.
 
 
 class Pending:
@@ -454,42 +294,3 @@ class Pending:
                 self._work.wait()
             self._work = self._source = None
         return self.buffer.movedim(0, self._dim) if self._dim else self.buffer
-
-
-def launch_all_reduce(x: torch.Tensor, group) -> Pending:
-    """Start summing a copy of ``x`` over ``group``."""
-    if group_size(group) == 1:
-        return Pending(None, x)
-    x = x.contiguous().clone()
-    _issued()
-    return Pending(dist.all_reduce(x, group=group, async_op=True), x)
-
-
-def launch_reduce_scatter(x: torch.Tensor, group, dim: int) -> Pending:
-    """Start summing ``x`` over ``group``, keeping this rank's chunk of ``dim``."""
-    size = group_size(group)
-    if size == 1:
-        return Pending(None, x)
-    if x.shape[dim] % size:
-        raise ValueError(f"dim {dim} of size {x.shape[dim]} does not split over {size} ranks")
-    front = x.movedim(dim, 0).contiguous()  # chunk r of dim 0 goes to rank r
-    out = front.new_empty((front.shape[0] // size, *front.shape[1:]))
-    try:
-        work = dist.reduce_scatter_tensor(out, front, group=group, async_op=True)
-    except RuntimeError:  # Note [reduce-scatter on gloo]: blocking fallback
-        if dist.get_backend(group) != "gloo":
-            raise
-        return Pending(None, _reduce_scatter(x, group, dim))
-    _issued()
-    return Pending(work, out, dim, front)
-
-
-def launch_all_gather(x: torch.Tensor, group, dim: int) -> Pending:
-    """Start concatenating every rank's ``x`` along ``dim``, in rank order."""
-    size = group_size(group)
-    if size == 1:
-        return Pending(None, x)
-    front = x.movedim(dim, 0).contiguous()
-    out = front.new_empty((front.shape[0] * size, *front.shape[1:]))
-    _issued()
-    return Pending(dist.all_gather_into_tensor(out, front, group=group, async_op=True), out, dim, front)

@@ -12,7 +12,9 @@ had (no compiler, a build error, no triton). The ops themselves (``ops.py``):
     permute_rows(x, index)                    combine_rows(rows, index, weight, tokens)
     grouped_mm(x, weight, counts)             (mixture of experts: cpu/moe.cpp, triton_moe.py)
 
-``reference`` holds the eager references the tests and the bench compare against.
+``reference`` holds the eager references the tests and the bench compare against (and ring
+attention's eager path: a build ships it with context parallelism; ``from
+parc.runtime.kernels import reference`` imports it).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import importlib.util
 
 import torch
 
-from . import reference
 from .build import load_cpu, notice
 
 MODES = ("compiled", "eager")

@@ -4,9 +4,12 @@ Takes: the compiled CPU module (``build.py``) and the Triton kernels
 (``triton_ops.py``). Gives: forward and backward ops registered with
 ``torch.library.custom_op`` (each with a fake implementation, so they trace), their
 autograd formulas (the backward is a kernel too, never autograd through the
-reference), and the public functions ``layer_norm``, ``rms_norm``, ``bias_gelu``,
-``swiglu``, ``rotary``, ``cross_entropy`` and ``block_attention`` (with its backward,
-called by ring attention's own autograd Function, ``ring.py``).
+reference), and the public functions: ``cross_entropy`` here; gpt's ``layer_norm`` and
+``bias_gelu`` (``ops_gpt.py``), llama's ``rms_norm``, ``swiglu`` and ``rotary``
+(``ops_llama.py``), ``block_attention`` with its backward, called by ring attention's own
+autograd Function (``ops_ring.py``, ``ring.py``), and the experts' ``permute_rows``,
+``combine_rows`` and ``grouped_mm`` (``ops_moe.py``), all read from this module (Note [ops
+by feature]).
 
 Each call enters its op through ``dispatch.call`` (Note [custom-op dispatch]).
 
@@ -25,7 +28,7 @@ inside that one pass.
 
 from __future__ import annotations
 
-from typing import Optional
+import importlib
 
 import torch
 from torch import Tensor
@@ -33,233 +36,9 @@ from torch import Tensor
 from ..distributed.comm import _all_reduce, group_rank
 from .backend import _DEVICES, _backend, _row_stats, _stats_dtype  # noqa: F401
 from .dispatch import call
-from .reference import rotary_tables
-from .add_norm import add_layer_norm, add_rms_norm  # noqa: F401  (re-exported: model.py's Norm.add_norm)
 
 import torch.distributed as dist
 
-
-def _or_empty(bias, x):
-    return x.new_empty(0) if bias is None else bias  # the kernels read no bias from an empty one
-
-
-
-# ---- LayerNorm --------------------------------------------------------------------
-
-
-@torch.library.custom_op("parc::layer_norm_fwd", mutates_args=(), device_types=_DEVICES)
-def layer_norm_fwd(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    y, mean, rstd = _backend(x).layer_norm_fwd(x, weight, bias, eps)
-    return y, mean, rstd
-
-
-@layer_norm_fwd.register_fake
-def _(x, weight, bias, eps):
-    return torch.empty_like(x, memory_format=torch.contiguous_format), _row_stats(x), _row_stats(x)
-
-
-@torch.library.custom_op("parc::layer_norm_bwd", mutates_args=(), device_types=_DEVICES)
-def layer_norm_bwd(grad: Tensor, x: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    dx, dw, db = _backend(x).layer_norm_bwd(grad, x, weight, mean, rstd)
-    return dx, dw, db
-
-
-@layer_norm_bwd.register_fake
-def _(grad, x, weight, mean, rstd):
-    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[-1:]), x.new_empty(x.shape[-1:])
-
-
-def _layer_norm_setup(ctx, inputs, output):
-    x, weight, bias, eps = inputs
-    ctx.save_for_backward(x, weight, output[1], output[2])
-    ctx.bias_dtype = bias.dtype
-
-
-def _layer_norm_backward(ctx, grad, _grad_mean, _grad_rstd):
-    x, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = call(layer_norm_bwd, grad, x, weight, mean, rstd)
-    return dx, dw.to(weight.dtype), db.to(ctx.bias_dtype), None
-
-
-layer_norm_fwd.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup)
-
-
-def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
-    """LayerNorm over the last dimension, with weight and bias."""
-    return call(layer_norm_fwd, x, weight, bias, eps)[0]
-
-
-# ---- RMSNorm ----------------------------------------------------------------------
-
-
-@torch.library.custom_op("parc::rms_norm_fwd", mutates_args=(), device_types=_DEVICES)
-def rms_norm_fwd(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    y, rstd = _backend(x).rms_norm_fwd(x, weight, eps)
-    return y, rstd
-
-
-@rms_norm_fwd.register_fake
-def _(x, weight, eps):
-    return torch.empty_like(x, memory_format=torch.contiguous_format), _row_stats(x)
-
-
-@torch.library.custom_op("parc::rms_norm_bwd", mutates_args=(), device_types=_DEVICES)
-def rms_norm_bwd(grad: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
-    dx, dw = _backend(x).rms_norm_bwd(grad, x, weight, rstd)
-    return dx, dw
-
-
-@rms_norm_bwd.register_fake
-def _(grad, x, weight, rstd):
-    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[-1:])
-
-
-def _rms_norm_setup(ctx, inputs, output):
-    x, weight, eps = inputs
-    ctx.save_for_backward(x, weight, output[1])
-
-
-def _rms_norm_backward(ctx, grad, _grad_rstd):
-    x, weight, rstd = ctx.saved_tensors
-    dx, dw = call(rms_norm_bwd, grad, x, weight, rstd)
-    return dx, dw.to(weight.dtype), None
-
-
-rms_norm_fwd.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
-
-
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm over the last dimension: x · rsqrt(mean(x²) + eps) · weight."""
-    return call(rms_norm_fwd, x, weight, eps)[0]
-
-
-# ---- bias + GeLU ------------------------------------------------------------------
-
-
-@torch.library.custom_op("parc::bias_gelu", mutates_args=(), device_types=_DEVICES)
-def _bias_gelu(x: Tensor, bias: Optional[Tensor]) -> Tensor:
-    return _backend(x).bias_gelu_fwd(x, _or_empty(bias, x))
-
-
-@_bias_gelu.register_fake
-def _(x, bias):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@torch.library.custom_op("parc::bias_gelu_bwd", mutates_args=(), device_types=_DEVICES)
-def bias_gelu_bwd(grad: Tensor, x: Tensor, bias: Optional[Tensor]) -> list[Tensor]:
-    return list(_backend(x).bias_gelu_bwd(grad, x, _or_empty(bias, x)))
-
-
-@bias_gelu_bwd.register_fake
-def _(grad, x, bias):
-    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-    return [dx] if bias is None else [dx, x.new_empty(x.shape[-1:])]
-
-
-def _bias_gelu_setup(ctx, inputs, output):
-    x, bias = inputs
-    ctx.save_for_backward(x, bias)
-
-
-def _bias_gelu_backward(ctx, grad):
-    x, bias = ctx.saved_tensors
-    grads = call(bias_gelu_bwd, grad, x, bias)
-    return grads[0], (None if bias is None else grads[1].to(bias.dtype))
-
-
-_bias_gelu.register_autograd(_bias_gelu_backward, setup_context=_bias_gelu_setup)
-
-
-def bias_gelu(x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-    """GeLU (tanh approximation, as GPT-2) of ``x + bias`` (bias over the last dim, optional)."""
-    return call(_bias_gelu, x, bias)
-
-
-# ---- SwiGLU -----------------------------------------------------------------------
-
-
-@torch.library.custom_op("parc::swiglu", mutates_args=(), device_types=_DEVICES)
-def _swiglu(gate: Tensor, up: Tensor) -> Tensor:
-    return _backend(gate).swiglu_fwd(gate, up)
-
-
-@_swiglu.register_fake
-def _(gate, up):
-    return torch.empty_like(gate, memory_format=torch.contiguous_format)
-
-
-@torch.library.custom_op("parc::swiglu_bwd", mutates_args=(), device_types=_DEVICES)
-def swiglu_bwd(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
-    dgate, dup = _backend(gate).swiglu_bwd(grad, gate, up)
-    return dgate, dup
-
-
-@swiglu_bwd.register_fake
-def _(grad, gate, up):
-    return (torch.empty_like(gate, memory_format=torch.contiguous_format),
-            torch.empty_like(gate, memory_format=torch.contiguous_format))
-
-
-def _swiglu_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
-
-
-def _swiglu_backward(ctx, grad):
-    gate, up = ctx.saved_tensors
-    dgate, dup = call(swiglu_bwd, grad, gate, up)
-    return dgate, dup.to(up.dtype)
-
-
-_swiglu.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
-
-
-def swiglu(gate: Tensor, up: Tensor) -> Tensor:
-    """silu(gate) · up, one pass."""
-    return call(_swiglu, gate, up)
-
-
-# ---- rotary -----------------------------------------------------------------------
-
-
-def _rotary_out(x: Tensor) -> Tensor:
-    # Same layout as x (q and k arrive as transposed views), dtype as x · fp32 in model.py.
-    return torch.empty_like(x, dtype=torch.promote_types(x.dtype, torch.float32))
-
-
-@torch.library.custom_op("parc::rotary", mutates_args=(), device_types=_DEVICES)
-def _rotary(x: Tensor, cos: Tensor, sin: Tensor, sign: float) -> Tensor:
-    """x rotated by the (T, D/2) tables (sign 1), or by their inverse (sign -1)."""
-    out = _rotary_out(x)
-    _backend(x).rotary_apply(x, cos, sin, out, sign)
-    return out
-
-
-@_rotary.register_fake
-def _(x, cos, sin, sign):
-    return _rotary_out(x)
-
-
-def _rotary_setup(ctx, inputs, output):
-    x, cos, sin, sign = inputs
-    ctx.save_for_backward(cos, sin)
-    ctx.sign, ctx.input_dtype = sign, x.dtype
-
-
-def _rotary_backward(ctx, grad):
-    cos, sin = ctx.saved_tensors
-    dx = call(_rotary, grad, cos, sin, -ctx.sign)  # a rotation's inverse is its transpose
-    return dx.to(ctx.input_dtype), None, None, None
-
-
-_rotary.register_autograd(_rotary_backward, setup_context=_rotary_setup)
-
-
-def rotary(q: Tensor, k: Tensor, theta: float, start: int = 0) -> tuple[Tensor, Tensor]:
-    """Rotary positions start..start+T-1 on q and k, each (B, heads, T, D) (model.py's rotary())."""
-    cos, sin = rotary_tables(q.shape[-2], q.shape[-1], theta, q.device, start)
-    # computed in fp32, rounded to the inputs' dtype (bf16/fp16 compute weights, as model.py's)
-    return call(_rotary, q, cos, sin, 1.0).to(q.dtype), call(_rotary, k, cos, sin, 1.0).to(k.dtype)
 
 
 # ---- cross-entropy ----------------------------------------------------------------
@@ -319,179 +98,29 @@ def cross_entropy(logits: Tensor, targets: Tensor, *, vocab_size: int, tp_group=
     return _CrossEntropy.apply(logits, targets, tp_group, vocab_size)
 
 
-# ---- block attention with log-sum-exp (ring attention's step) ----------------------
-
-
-def _block_out(q):
-    return (torch.empty(q.shape, dtype=_stats_dtype(q), device=q.device),
-            torch.empty(q.shape[:-1], dtype=_stats_dtype(q), device=q.device))
-
-
-@torch.library.custom_op("parc::block_attention_fwd", mutates_args=(), device_types=_DEVICES)
-def block_attention_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-    """softmax(q kᵀ · scale) v over this block of keys and the rows' lse (stats dtype)."""
-    out, lse = _backend(q).block_attention_fwd(q, k, v, causal, scale)
-    return out, lse
-
-
-@block_attention_fwd.register_fake
-def _(q, k, v, causal, scale):
-    return _block_out(q)
-
-
-@torch.library.custom_op("parc::block_attention_bwd", mutates_args=(), device_types=_DEVICES)
-def block_attention_bwd(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool,
-                        scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv of this block's share, given the rows' final output and lse (over every block)."""
-    dq, dk, dv = _backend(q).block_attention_bwd(grad, q, k, v, out, lse, causal, scale)
-    return dq, dk, dv
-
-
-@block_attention_bwd.register_fake
-def _(grad, q, k, v, out, lse, causal, scale):
-    dtype = _stats_dtype(q)
-    return (torch.empty(q.shape, dtype=dtype, device=q.device), torch.empty(k.shape, dtype=dtype, device=k.device),
-            torch.empty(v.shape, dtype=dtype, device=v.device))
-
-
-def block_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-    """q (B, H, Tq, D), k and v (B, Hkv, Tk, D) → out (B, H, Tq, D) and lse (B, H, Tq), fp32
-    (fp64 for fp64): ``reference.block_attention``'s results, fused (flash attention)."""
-    return block_attention_fwd(q, k, v, causal, scale)
-
-
-def block_attention_backward(grad, q, k, v, out, lse, causal: bool, scale: float):
-    """``reference.block_attention_backward``: (dq, dk, dv) in the stats dtype."""
-    return block_attention_bwd(grad, q, k, v, out, lse, causal, scale)
-
-
-# ---- mixture of experts: permutation, combine, grouped GEMM (cpu/moe.cpp, triton_moe.py) ----
-
-
-@torch.library.custom_op("parc::permute_rows_fwd", mutates_args=(), device_types=_DEVICES)
-def permute_rows_fwd(x: Tensor, index: Tensor) -> Tensor:
-    return _backend(x).permute_rows_fwd(x, index)
-
-
-@permute_rows_fwd.register_fake
-def _(x, index):
-    return x.new_empty(index.shape[0], x.shape[1])
-
-
-@torch.library.custom_op("parc::permute_rows_bwd", mutates_args=(), device_types=_DEVICES)
-def permute_rows_bwd(grad: Tensor, index: Tensor, rows: int) -> Tensor:
-    return _backend(grad).permute_rows_bwd(grad, index, rows)
-
-
-@permute_rows_bwd.register_fake
-def _(grad, index, rows):
-    return grad.new_empty(rows, grad.shape[1])
-
-
-def _permute_setup(ctx, inputs, output):
-    x, index = inputs
-    ctx.save_for_backward(index)
-    ctx.rows = x.shape[0]
-
-
-def _permute_backward(ctx, grad):
-    (index,) = ctx.saved_tensors
-    return permute_rows_bwd(grad, index, ctx.rows), None
-
-
-permute_rows_fwd.register_autograd(_permute_backward, setup_context=_permute_setup)
-
-
-@torch.library.custom_op("parc::combine_rows_fwd", mutates_args=(), device_types=_DEVICES)
-def combine_rows_fwd(rows: Tensor, index: Tensor, weight: Tensor, tokens: int) -> Tensor:
-    return _backend(rows).combine_rows_fwd(rows, index, weight, tokens)
-
-
-@combine_rows_fwd.register_fake
-def _(rows, index, weight, tokens):
-    return rows.new_empty(tokens, rows.shape[1])
-
-
-@torch.library.custom_op("parc::combine_rows_bwd", mutates_args=(), device_types=_DEVICES)
-def combine_rows_bwd(grad: Tensor, rows: Tensor, index: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
-    dy, dw = _backend(rows).combine_rows_bwd(grad, rows, index, weight)
-    return dy, dw
-
-
-@combine_rows_bwd.register_fake
-def _(grad, rows, index, weight):
-    return torch.empty_like(rows), rows.new_empty(rows.shape[0])
-
-
-def _combine_setup(ctx, inputs, output):
-    rows, index, weight, tokens = inputs
-    ctx.save_for_backward(rows, index, weight)
-    ctx.weight_dtype = weight.dtype
-
-
-def _combine_backward(ctx, grad):
-    rows, index, weight = ctx.saved_tensors
-    dy, dw = combine_rows_bwd(grad, rows, index, weight)
-    return dy, None, dw.to(ctx.weight_dtype), None
-
-
-combine_rows_fwd.register_autograd(_combine_backward, setup_context=_combine_setup)
-
-
-@torch.library.custom_op("parc::grouped_mm_fwd", mutates_args=(), device_types=_DEVICES)
-def grouped_mm_fwd(x: Tensor, weight: Tensor, counts: Tensor) -> Tensor:
-    return _backend(x).grouped_mm_fwd(x, weight, counts)
-
-
-@grouped_mm_fwd.register_fake
-def _(x, weight, counts):
-    return x.new_empty(x.shape[0], weight.shape[1])
-
-
-@torch.library.custom_op("parc::grouped_mm_bwd", mutates_args=(), device_types=_DEVICES)
-def grouped_mm_bwd(grad: Tensor, x: Tensor, weight: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
-    dx, dw = _backend(x).grouped_mm_bwd(grad, x, weight, counts)
-    return dx, dw
-
-
-@grouped_mm_bwd.register_fake
-def _(grad, x, weight, counts):
-    return torch.empty_like(x), torch.empty_like(weight)
-
-
-def _grouped_setup(ctx, inputs, output):
-    x, weight, counts = inputs
-    ctx.save_for_backward(x, weight, counts)
-
-
-def _grouped_backward(ctx, grad):
-    x, weight, counts = ctx.saved_tensors
-    dx, dw = grouped_mm_bwd(grad, x, weight, counts)
-    return dx, dw, None
-
-
-grouped_mm_fwd.register_autograd(_grouped_backward, setup_context=_grouped_setup)
-
-
-def permute_rows(x: Tensor, index: Tensor) -> Tensor:
-    """Rows ``x[index]``: each routed slot's token, in expert order (backward: a scatter-add)."""
-    return permute_rows_fwd(x, index)
-
-
-def combine_rows(rows: Tensor, index: Tensor, weight: Tensor, tokens: int) -> Tensor:
-    """(tokens, C): each token's routed rows times their weights, summed (in row order)."""
-    return combine_rows_fwd(rows, index, weight, tokens)
-
-
-def grouped_mm(x: Tensor, weight: Tensor, counts: Tensor) -> Tensor:
-    """Each run of ``counts[e]`` rows of ``x`` times ``weight[e]``ᵀ, one op for all experts.
-    Under autocast both go to its dtype first (as a matmul would); else ``x`` to the weight's."""
-    if torch.is_autocast_enabled(x.device.type):
-        dtype = torch.get_autocast_dtype(x.device.type)
-        x, weight = x.to(dtype), weight.to(dtype)
-    elif x.dtype != weight.dtype:
-        x = x.to(weight.dtype)
-    return grouped_mm_fwd(x, weight, counts)
-
-
-# ---- residual add + norm (add_norm.py) ----------------------------------------------
+# ---- the ops of each architecture and feature ----------------------------------------
+
+
+# Note [ops by feature]: every fused op is read from this module (``select`` gives it; the
+# norms, the MLP, attention, ``ring.py`` and ``moe.py`` call ``fused.<op>``), but the ops of
+# one architecture (gpt's LayerNorm, its residual add + LayerNorm and GeLU; llama's RMSNorm,
+# its residual add + RMSNorm, SwiGLU and rotary: add_norm.py), ring
+# attention's block attention and the experts' ops each live in their own module, which a
+# build ships only with its architecture or feature (``features.left_out``); a name of
+# theirs asked of this module imports that module then.
+_BY_MODULE = {
+    "ops_gpt": ("layer_norm", "layer_norm_fwd", "layer_norm_bwd", "bias_gelu", "_bias_gelu", "bias_gelu_bwd",
+                "add_layer_norm", "add_layer_norm_fwd", "add_layer_norm_bwd"),
+    "ops_llama": ("rms_norm", "rms_norm_fwd", "rms_norm_bwd", "swiglu", "_swiglu", "swiglu_bwd", "rotary", "_rotary",
+                  "add_rms_norm", "add_rms_norm_fwd", "add_rms_norm_bwd"),
+    "ops_ring": ("block_attention", "block_attention_backward", "block_attention_fwd", "block_attention_bwd"),
+    "ops_moe": ("permute_rows", "combine_rows", "grouped_mm", "permute_rows_fwd", "permute_rows_bwd",
+                "combine_rows_fwd", "combine_rows_bwd", "grouped_mm_fwd", "grouped_mm_bwd"),
+}
+ELSEWHERE = {name: module for module, names in _BY_MODULE.items() for name in names}
+
+
+def __getattr__(name: str):
+    if name not in ELSEWHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{ELSEWHERE[name]}", __package__), name)

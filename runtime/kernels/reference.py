@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .backend import rotary_tables  # noqa: F401  (the tables the fused rotary uses too)
+
 _LOW = (torch.float16, torch.bfloat16)
 
 
@@ -50,14 +52,6 @@ def bias_gelu(x, bias=None):
 def swiglu(gate, up):
     """silu(gate) · up."""
     return (F.silu(_up(gate)) * _up(up)).to(gate.dtype)
-
-
-def rotary_tables(T, D, theta, device, start=0):
-    """cos and sin of position · frequency, (T, D/2) fp32, as model.py's rotary() builds them,
-    for positions start .. start + T - 1 (a context-parallel rank's tokens)."""
-    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
-    angles = torch.outer(torch.arange(start, start + T, dtype=torch.float32, device=device), inv)
-    return angles.cos(), angles.sin()
 
 
 def rotary_one(x, theta, start=0):

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 from . import model_rules  # noqa: F401 - registers the model-shape rules that violations() runs here
 from .rule_engine import violations
-from .saved_elements import block_saved_elements, head_saved_elements
 
 ARCHS = ("gpt", "llama")
 ROUTERS = ("softmax", "sigmoid")
@@ -383,12 +382,16 @@ class ModelDesc:
         """Elements saved per token by block ``index`` (saved_elements.py, Note [what parc's
         trainer saves]); ``ep``, ``imbalance``: a MoE block's expert parallelism and routing;
         ``grid``: (R, C) under 2D tensor parallelism, else None."""
+        from .saved_elements import block_saved_elements  # the planner's: a build does not ship it
+
         return block_saved_elements(self.config, self.blocks[index], tp=tp, sp=sp, recompute=recompute,
                                     micro_batch=micro_batch, compiled=compiled, ep=ep, imbalance=imbalance,
                                     etp=etp, grid=grid)
 
     def head_saved_elements(self, *, tp: int, sp: bool, compiled: bool = True, grid=None) -> float:
         """Elements saved per token by the final norm, the head and the loss (last stage)."""
+        from .saved_elements import head_saved_elements  # the planner's: a build does not ship it
+
         return head_saved_elements(self.config, tp=tp, sp=sp, compiled=compiled, grid=grid)
 
 

@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..parallel.tensor.layers import project
-from .documents import span_positions
 from .norm import HeadNorm
 
 
@@ -104,6 +103,8 @@ class Attention(nn.Module):
         """``core`` under documents = separate: this rank's queries (the global positions
         ``spans``) against the keys it sees, causal and within each query's document,
         rotated at their positions within their documents (documents.py)."""
+        from .documents import span_positions  # only a build with documents = separate ships documents.py
+
         queries = span_positions(spans, q.device)
         if self.llama:
             within = self.documents.positions(queries)

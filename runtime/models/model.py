@@ -26,7 +26,6 @@ from ..kernels import select as select_kernels
 from ..kernels.dispatch import compiled_pays
 from ..layout.kernel_sizes import kinds_that_pay
 from ..layout.model_desc import ModelConfig, describe  # noqa: F401  (ModelConfig: re-exported for train.py)
-from ..layout.placement import chunk_stages
 from .attention import Attention
 from .mlp import MLP
 from .norm import Norm
@@ -67,6 +66,8 @@ def build_stages(config, *, stages, pp_rank, pp_size, placement="interleaved") -
         raise ValueError(f"pipeline stages {stages} must cover layers 0..{config.layers} in order")
     if len(stages) % pp_size or not 0 <= pp_rank < pp_size:
         raise ValueError(f"{len(stages)} pipeline stages do not split over {pp_size} pipeline ranks")
+    from ..layout.placement import chunk_stages  # a pipeline's: pipeline.py ships placement.py
+
     place = chunk_stages(placement, pp_size, len(stages))
     chunks = nn.ModuleList()
     for chunk, v in enumerate(place.stages_of(pp_rank)):

@@ -53,7 +53,6 @@ from ..distributed.comm import (
 from ..layout.model_desc import describe
 from ..parallel.tensor.layers import vocab_parallel_cross_entropy
 from .block import Block
-from .documents import attach as attach_documents
 from .norm import Norm
 from .residual import settle
 from ..layout.roles import role, assign
@@ -107,7 +106,11 @@ class Transformer(nn.Module):
                 self.head = nn.Linear(C, V, bias=False)
                 self.head.full_shape = (V, C)
         self.tag_tied()
-        attach_documents(self)  # self.documents: documents.Documents under documents = separate, else None
+        self.documents = None  # documents.Documents under documents = separate (documents.attach)
+        if config.documents == "separate":  # only such a build ships documents.py
+            from .documents import attach as attach_documents
+
+            attach_documents(self)
 
     def tag_tied(self):
         """Note [tied embeddings across stages]: the head's copy of a tied embedding table

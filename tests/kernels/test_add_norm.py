@@ -113,8 +113,8 @@ def test_fused_equals_unfused_compiled_fp32(ops, C):
 
 
 def test_add_norm_fake_tensors_trace(ops):
-    from parc.runtime.kernels import add_norm
+    from parc.runtime.kernels import ops_gpt, ops_llama
 
     x, r, w, b = randn(4, 16), randn(4, 16, seed=3), randn(16, seed=1), randn(16, seed=2)
-    for op, args in [(add_norm.add_layer_norm_fwd, (x, r, w, b, 1e-5)), (add_norm.add_rms_norm_fwd, (x, r, w, 1e-5))]:
+    for op, args in [(ops_gpt.add_layer_norm_fwd, (x, r, w, b, 1e-5)), (ops_llama.add_rms_norm_fwd, (x, r, w, 1e-5))]:
         torch.library.opcheck(op, [a.clone().requires_grad_(True) if isinstance(a, torch.Tensor) else a for a in args])

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from runtime_loop import CONFIGS, tp_plan  # noqa: E402
 
-from parc.runtime.distributed import comm, mesh  # noqa: E402
+from parc.runtime.distributed import comm, comm_async, mesh  # noqa: E402
 from parc.runtime.train import data  # noqa: E402
 from parc.runtime.parallel.data import dp, hetero  # noqa: E402
 from parc.runtime.models import model  # noqa: E402
@@ -83,8 +83,8 @@ def check_schedule(group, arch, sp):
     net = built.build(config, tp_group=group, sequence_parallel=sp, tp_plan=tp_plan(arch), seed=11,
                             device=torch.device("cpu"), sub_batches=2)
     events, launches, kept = [], {}, []
-    originals = {name: getattr(comm, name) for name in ("launch_all_reduce", "launch_reduce_scatter",
-                                                          "launch_all_gather")}
+    originals = {name: getattr(comm_async, name) for name in ("launch_all_reduce", "launch_reduce_scatter",
+                                                                "launch_all_gather")}
     original_wait = comm.Pending.wait
 
     def recording(name):
@@ -131,7 +131,7 @@ def check_hetero(dist_info, arch, sp):
     grid = mesh.Mesh((("dp", 1), ("tp", 2)), dist_info)
     layouts = hetero.StageLayouts(grid, (1, 2))
     runs, groups = [], []
-    original = comm.launch_all_reduce if not sp else comm.launch_reduce_scatter
+    original = comm_async.launch_all_reduce if not sp else comm_async.launch_reduce_scatter
     name = "launch_all_reduce" if not sp else "launch_reduce_scatter"
     from parc.runtime.parallel.tensor import overlap
 

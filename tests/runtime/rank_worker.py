@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from embedding_sync_check import check_embedding_sync  # noqa: E402
 from runtime_loop import LAYOUTS, train  # noqa: E402
 
-from parc.runtime.distributed import comm, mesh  # noqa: E402
+from parc.runtime.distributed import comm, exchange, mesh  # noqa: E402
 from parc.runtime.parallel.tensor import layers  # noqa: E402
 from parc.runtime.models import model  # noqa: E402
 
@@ -76,7 +76,7 @@ def check_comm(group):
     ]
     # all-to-all, Ulysses' exchange: dim 2 split over the ranks, the pieces gathered along T
     outs = [full(B, n * T, IN // n, seed=30 + i) for i in range(n)]  # rank i's upstream grad
-    cases.append(("all_to_all", lambda x, g: comm.all_to_all(x, g, 2, 1), mine, outs[r],
+    cases.append(("all_to_all", lambda x, g: exchange.all_to_all(x, g, 2, 1), mine, outs[r],
                   torch.cat([t.chunk(n, dim=2)[r] for t in per_rank], dim=1),
                   torch.cat([t.chunk(n, dim=1)[r] for t in outs], dim=2)))
     out = []

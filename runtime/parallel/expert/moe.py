@@ -65,10 +65,9 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...distributed.comm import (
-    Pending, all_to_all_rows, copy_to_group, exposed, gather_rows_from_group, gather_rows_summed, group_rank,
-    group_size, launch_all_gather, reduce_from_group, scatter_rows_summed,
-)
+from ...distributed.comm import Pending, copy_to_group, exposed, group_rank, group_size, reduce_from_group
+from ...distributed.comm_async import launch_all_gather
+from ...distributed.exchange import all_to_all_rows, gather_rows_from_group, gather_rows_summed, scatter_rows_summed
 from ..data.zero import mean_of_group
 from ...layout.roles import role, assign
 

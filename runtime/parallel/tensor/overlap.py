@@ -50,12 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ...distributed.comm import (
-    _all_gather,
-    launch_all_gather,
-    launch_all_reduce,
-    launch_reduce_scatter,
-)
+from ...distributed.comm import _all_gather
+from ...distributed.comm_async import launch_all_gather, launch_all_reduce, launch_reduce_scatter
 from .layers import ColumnParallelLinear, RowParallelLinear
 from ...models.residual import settle
 

@@ -1,0 +1,189 @@
+"""llama's fused ops: RMSNorm, the residual add + RMSNorm, SwiGLU and rotary
+(``parc::rms_norm_*``, ``parc::add_rms_norm_*``, ``parc::swiglu*``, ``parc::rotary``), with
+their autograd. ``ops`` hands them out (Note [ops by feature] in
+ops.py): a build ships this module only for arch = llama.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .add_norm import _grad_h, _like, _promoted
+from .backend import _DEVICES, _backend, _row_stats, rotary_tables
+from .dispatch import call
+
+
+# ---- RMSNorm ----------------------------------------------------------------------
+
+
+@torch.library.custom_op("parc::rms_norm_fwd", mutates_args=(), device_types=_DEVICES)
+def rms_norm_fwd(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    y, rstd = _backend(x).rms_norm_fwd(x, weight, eps)
+    return y, rstd
+
+
+@rms_norm_fwd.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), _row_stats(x)
+
+
+@torch.library.custom_op("parc::rms_norm_bwd", mutates_args=(), device_types=_DEVICES)
+def rms_norm_bwd(grad: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
+    dx, dw = _backend(x).rms_norm_bwd(grad, x, weight, rstd)
+    return dx, dw
+
+
+@rms_norm_bwd.register_fake
+def _(grad, x, weight, rstd):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[-1:])
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight, output[1])
+
+
+def _rms_norm_backward(ctx, grad, _grad_rstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = call(rms_norm_bwd, grad, x, weight, rstd)
+    return dx, dw.to(weight.dtype), None
+
+
+rms_norm_fwd.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last dimension: x · rsqrt(mean(x²) + eps) · weight."""
+    return call(rms_norm_fwd, x, weight, eps)[0]
+
+
+# ---- SwiGLU -----------------------------------------------------------------------
+
+
+@torch.library.custom_op("parc::swiglu", mutates_args=(), device_types=_DEVICES)
+def _swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    return _backend(gate).swiglu_fwd(gate, up)
+
+
+@_swiglu.register_fake
+def _(gate, up):
+    return torch.empty_like(gate, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("parc::swiglu_bwd", mutates_args=(), device_types=_DEVICES)
+def swiglu_bwd(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
+    dgate, dup = _backend(gate).swiglu_bwd(grad, gate, up)
+    return dgate, dup
+
+
+@swiglu_bwd.register_fake
+def _(grad, gate, up):
+    return (torch.empty_like(gate, memory_format=torch.contiguous_format),
+            torch.empty_like(gate, memory_format=torch.contiguous_format))
+
+
+def _swiglu_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _swiglu_backward(ctx, grad):
+    gate, up = ctx.saved_tensors
+    dgate, dup = call(swiglu_bwd, grad, gate, up)
+    return dgate, dup.to(up.dtype)
+
+
+_swiglu.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """silu(gate) · up, one pass."""
+    return call(_swiglu, gate, up)
+
+
+# ---- rotary -----------------------------------------------------------------------
+
+
+def _rotary_out(x: Tensor) -> Tensor:
+    # Same layout as x (q and k arrive as transposed views), dtype as x · fp32 in model.py.
+    return torch.empty_like(x, dtype=torch.promote_types(x.dtype, torch.float32))
+
+
+@torch.library.custom_op("parc::rotary", mutates_args=(), device_types=_DEVICES)
+def _rotary(x: Tensor, cos: Tensor, sin: Tensor, sign: float) -> Tensor:
+    """x rotated by the (T, D/2) tables (sign 1), or by their inverse (sign -1)."""
+    out = _rotary_out(x)
+    _backend(x).rotary_apply(x, cos, sin, out, sign)
+    return out
+
+
+@_rotary.register_fake
+def _(x, cos, sin, sign):
+    return _rotary_out(x)
+
+
+def _rotary_setup(ctx, inputs, output):
+    x, cos, sin, sign = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.sign, ctx.input_dtype = sign, x.dtype
+
+
+def _rotary_backward(ctx, grad):
+    cos, sin = ctx.saved_tensors
+    dx = call(_rotary, grad, cos, sin, -ctx.sign)  # a rotation's inverse is its transpose
+    return dx.to(ctx.input_dtype), None, None, None
+
+
+_rotary.register_autograd(_rotary_backward, setup_context=_rotary_setup)
+
+
+def rotary(q: Tensor, k: Tensor, theta: float, start: int = 0) -> tuple[Tensor, Tensor]:
+    """Rotary positions start..start+T-1 on q and k, each (B, heads, T, D) (model.py's rotary())."""
+    cos, sin = rotary_tables(q.shape[-2], q.shape[-1], theta, q.device, start)
+    # computed in fp32, rounded to the inputs' dtype (bf16/fp16 compute weights, as model.py's)
+    return call(_rotary, q, cos, sin, 1.0).to(q.dtype), call(_rotary, k, cos, sin, 1.0).to(k.dtype)
+
+
+# ---- residual add + RMSNorm (Note [fused residual norm] in add_norm.py) ------------
+
+
+@torch.library.custom_op("parc::add_rms_norm_fwd", mutates_args=(), device_types=_DEVICES)
+def add_rms_norm_fwd(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    y, h, rstd = _backend(x).add_rms_norm_fwd(x, residual, weight, eps)
+    return y, h, rstd
+
+
+@add_rms_norm_fwd.register_fake
+def _(x, residual, weight, eps):
+    return _like(x), _like(x), _row_stats(x)
+
+
+@torch.library.custom_op("parc::add_rms_norm_bwd", mutates_args=(), device_types=_DEVICES)
+def add_rms_norm_bwd(grad_y: Tensor, grad_h: Tensor, h: Tensor, weight: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
+    dx, dw = _backend(h).add_rms_norm_bwd(grad_y, grad_h, h, weight, rstd)
+    return dx, dw
+
+
+@add_rms_norm_bwd.register_fake
+def _(grad_y, grad_h, h, weight, rstd):
+    return _like(h), h.new_empty(h.shape[-1:])
+
+
+def _add_rms_norm_setup(ctx, inputs, output):
+    x, residual, weight, eps = inputs
+    ctx.save_for_backward(output[1], weight, output[2])
+
+
+def _add_rms_norm_backward(ctx, grad_y, grad_h, _grad_rstd):
+    h, weight, rstd = ctx.saved_tensors
+    dx, dw = call(add_rms_norm_bwd, grad_y, _grad_h(grad_h, h), h, weight, rstd)
+    return dx, dx, dw.to(weight.dtype), None
+
+
+add_rms_norm_fwd.register_autograd(_add_rms_norm_backward, setup_context=_add_rms_norm_setup)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(RMSNorm(h), h) with h = x + residual, one pass; Note [fused residual norm]."""
+    y, h, _ = call(add_rms_norm_fwd, *_promoted(x, residual), weight, eps)
+    return y, h
