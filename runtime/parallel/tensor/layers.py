@@ -17,14 +17,13 @@ from ...distributed.comm import (
     _all_gather,
     all_gather_from_group,
     copy_to_group,
-    launch_all_gather,
-    launch_reduce_scatter,
     group_rank,
     group_size,
     reduce_from_group,
     reduce_scatter_to_group,
     _all_reduce,  # the loss's statistics need no autograd pair: its backward is local
 )
+from ...distributed.comm_async import launch_all_gather, launch_reduce_scatter
 from ...layout.roles import assign
 
 
