@@ -94,9 +94,8 @@ def predict(row: dict, accounting: Accounting = Accounting.PARC) -> dict:
 def memory_parts(row: dict) -> dict:
     """Where a row's predicted peak memory comes from (parc's trainer): the peak pipeline
     rank's states, and its activations as micro-batch-chunks in flight × blocks a chunk ×
-    tokens × bytes a block and token; ``gathered``: the part of those activations that is
-    sp's all-gathered column-linear inputs kept whole, 2h(1 − 1/t) elements a block and
-    token beyond the shards Megatron saves (tests/planner/test_activations_korthikanti.py)."""
+    tokens × bytes a block and token (under sp every saved tensor a shard, the column
+    linears' inputs too: Note [sp inputs saved as shards] in runtime/parallel/tensor/layers.py)."""
     spec, layout = published_spec(row)
     estimate_ = memory(spec, layout)
     rank, peak = estimate_.peak_rank, estimate_.peak
@@ -104,11 +103,9 @@ def memory_parts(row: dict) -> dict:
     in_flight = in_flight_bound(layout.schedule, stages=layout.pp, rank=rank,
                                 micro_batches=layout.grad_accum(spec.train.global_batch), chunks=layout.chunks)
     blocks = m.layers / (layout.pp * layout.chunks)
-    whole = 2 * m.hidden * (1 - 1 / layout.tp) if layout.sp else 0.0
-    gathered = in_flight * blocks * layout.tokens(m.seq_len) * whole * 2.0  # bf16
     return {"rank": rank, "in_flight": in_flight, "blocks": blocks, "activations_gib": peak.activations / 2**30,
             "states_gib": (peak.params + peak.grads + peak.optimizer + peak.buffers) / 2**30,
-            "gathered_gib": gathered / 2**30, "total_gib": peak.total / 2**30}
+            "total_gib": peak.total / 2**30}
 
 
 def main() -> int:
@@ -152,14 +149,11 @@ def main() -> int:
     for r in out:
         print(f"  {r['label']}: {r['source']}")
     print("\nmemory of the peak pipeline rank in parc's trainer (GiB; activations = micro-batch-chunks in flight"
-          " × blocks a chunk; 'sp inputs' the gathered column-linear inputs kept whole, which Megatron saves as"
-          " shards):")
-    print(f"  {'row':<30} {'rank':>4} {'in flight':>9} {'blocks':>6} {'activations':>11} {'sp inputs':>9}"
-          f" {'states':>6} {'total':>6} {'total, shards':>13}")
+          " × blocks a chunk):")
+    print(f"  {'row':<30} {'rank':>4} {'in flight':>9} {'blocks':>6} {'activations':>11} {'states':>6} {'total':>6}")
     for row, p in zip(rows, parts):
         print(f"  {row['label']:<30} {p['rank']:>4} {p['in_flight']:>9} {p['blocks']:>6.0f} {p['activations_gib']:>11.1f}"
-              f" {p['gathered_gib']:>9.1f} {p['states_gib']:>6.1f} {p['total_gib']:>6.1f}"
-              f" {p['total_gib'] - p['gathered_gib']:>13.1f}")
+              f" {p['states_gib']:>6.1f} {p['total_gib']:>6.1f}")
     return 0
 
 
