@@ -4,7 +4,9 @@ from __future__ import annotations
 
 
 
-from ..rule_engine import _violation, divisors, rule, some
+from ..rule_engine import _violation, declare, divisors, rule, some
+
+declare(ep="parallel.ep", etp="parallel.etp")  # Note [a feature declares its values]
 
 
 

@@ -7,9 +7,11 @@ import math
 from typing import Callable, Mapping
 from ..axes import TP_SIDES, WORLD_ORDER, Axis, axis
 
-from ..rule_engine import Violation, _violation, divisors, rule, some
+from ..rule_engine import Violation, _violation, declare, divisors, rule, some
 from ..model_rules import kv_replicas
 from .unbuilt_pairs import tp_2d
+
+declare(tp_shape="parallel.tp_shape", tp_shape_auto="parallel.tp_shape")  # Note [a feature declares its values]
 
 
 
