@@ -23,7 +23,8 @@ among the divisors of the world when the spec writes ``cp = auto`` (its kind is 
 spec's, ``ring`` by default); otherwise it is the spec's (1 unless given). dp fills what
 tp·pp·cp leave. The expert-parallel degree ``ep`` (``ep = auto``) is searched among the
 divisors of the experts, once dp and tp are known (the rules keep those dividing dp·tp),
-and the expert-tensor-parallel degree ``etp`` (``etp = auto``) among the divisors of tp.
+with the expert layers' other degrees (``rules_experts.expert_folds``); each leaf's tp grid
+last (``rules_mesh.tp_grid_choices``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import itertools
 from typing import Iterator, Mapping
 
 from .constraints import KEYS, Violation, divisors, legal
+from .constraints.rules_experts import EXPERT_DEGREES, expert_folds
+from .constraints.rules_mesh import tp_grid_choices
 from .layer_settings import SETTINGS
 
 LEAF_NAMES = ("zero", "sp", "compress", *(entry.name for entry in SETTINGS))
@@ -81,13 +84,10 @@ def _with_cp(values: dict, world: int, fixed_schedule) -> Iterator[dict]:
             degrees = {**with_tp, "pp": pp, "dp": values["dp"] if values.get("dp") is not None else dp}
             if not dp or not legal(degrees, touching=("pp", "dp")):
                 continue
-            experts = values.get("experts") or 0
-            for ep in _allowed(values.get("ep", 1), divisors(experts) if experts else [1]):
-                # etp within a tp group (one node), as Megatron-Core keeps it
-                for etp in _allowed(values.get("etp", 1), divisors(tp) if experts else [1]):
-                    folded = {**degrees, "ep": ep, "etp": etp}
-                    if legal(folded, touching=("ep", "etp")):
-                        yield from _batches(folded, fixed_schedule)
+            for fold in expert_folds(degrees):
+                folded = {**degrees, **fold}
+                if legal(folded, touching=tuple(fold)):
+                    yield from _batches(folded, fixed_schedule)
 
 
 def _batches(degrees: dict, fixed_schedule) -> Iterator[dict]:
@@ -120,24 +120,11 @@ def _leaves(values: dict) -> Iterator[dict]:
     }
     for combination in itertools.product(*options.values()):
         leaf = {**values, **dict(zip(options, combination))}
-        for shape in _tp_shapes(leaf):
-            yield {**leaf, "tp_shape": shape}
+        for grid in tp_grid_choices(leaf):  # Note [2D tensor parallelism] in layers2d.py
+            yield {**leaf, **grid}
 
 
-def _tp_shapes(values: dict) -> list:
-    """The tp grids to try (Note [2D tensor parallelism] in layers2d.py): the one written, or
-    under ``tp_shape = auto`` every (R, tp / R) the rules allow with the leaves chosen (R = 1:
-    1D, written None); without it 1D."""
-    tp = values["tp"]
-    given = values.get("tp_shape")
-    if given is not None or not values.get("tp_shape_auto") or tp == 1:
-        return [None if given is None or given[0] == 1 else given]
-    shapes = [(rows, tp // rows) for rows in divisors(tp)]  # (1, tp) first: 1D, written None
-    return [None if shape[0] == 1 else shape for shape in shapes
-            if legal({**values, "tp_shape": shape}, touching=("tp_shape",))]
-
-
-SEARCHED = ("dp", "cp", "tp", "pp", "ep", "etp", "micro_batch", "schedule", *LEAF_NAMES)
+SEARCHED = ("dp", "cp", "tp", "pp", *EXPERT_DEGREES, "micro_batch", "schedule", *LEAF_NAMES)
 """The values ``layouts`` fills in when they are ``auto``."""
 
 def no_layout(values: Mapping[str, object]) -> Violation | None:
