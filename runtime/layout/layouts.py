@@ -36,6 +36,7 @@ from .constraints import KEYS, Violation, divisors, legal
 from .constraints.rules_experts import EXPERT_DEGREES, expert_folds
 from .constraints.rules_mesh import tp_grid_choices
 from .layer_settings import SETTINGS
+from ..schedules.schedule import KINDS, SLICED
 
 LEAF_NAMES = ("zero", "sp", "compress", *(entry.name for entry in SETTINGS))
 """The values chosen last, each on its own (Note [the search space])."""
@@ -46,20 +47,27 @@ def _allowed(fixed, options: list) -> list:
     return [fixed] if fixed is not None else options
 
 
-TERAPIPE_SLICES = (2, 4, 8)
-"""The token slices per sequence ``schedule = auto`` tries under terapipe (the rules keep
-those dividing seq_len)."""
+SLICES = (2, 4, 8)
+"""The token slices per sequence ``schedule = auto`` tries under a sliced kind
+(``schedule.SLICED``; the rules keep those dividing seq_len)."""
 
 
 def schedules(layers: int, pp: int) -> list[tuple[str, int, int]]:
     """The pipeline schedules to try, before the rules, as (kind, chunks, slices) in the
     spec's values (``chunks``: interleaved's, else 1; ``schedule.chunks_for`` gives the
-    chunks a rank runs) (``gpipe`` with one stage is ``1f1b``)."""
+    chunks a rank runs): every kind of the schedule table (``schedule.KINDS``), 1f1b first
+    (the default, kept on a tie) (``gpipe`` with one stage is ``1f1b``)."""
     if pp == 1:
         return [("1f1b", 1, 1)]
-    return ([("1f1b", 1, 1), ("gpipe", 1, 1)] + [("interleaved", v, 1) for v in divisors(layers) if v > 1]
-            + [("zero_bubble", 1, 1), ("zero_bubble_v", 1, 1), ("chimera", 1, 1)]
-            + [("terapipe", 1, s) for s in TERAPIPE_SLICES])
+    kinds = ("1f1b", *(kind for kind in KINDS if kind != "1f1b"))
+    return [(kind, chunks, slices) for kind in kinds for chunks, slices in _variants(kind, layers)]
+
+
+def _variants(kind: str, layers: int) -> list[tuple[int, int]]:
+    """(chunks, slices) to try for ``kind``: interleaved's chunks, a sliced kind's slices, else one."""
+    if kind == "interleaved":
+        return [(v, 1) for v in divisors(layers) if v > 1]
+    return [(1, s) for s in SLICES] if kind in SLICED else [(1, 1)]
 
 
 def layouts(values: Mapping[str, object]) -> Iterator[dict]:

@@ -235,7 +235,7 @@ def test_schedule_auto_tries_every_schedule_and_says_why_the_winner_won():
     kinds = {(layout.schedule, layout.chunks, layout.slices) for layout in candidates(spec)}
     assert kinds == {("1f1b", 1, 1), ("gpipe", 1, 1), ("interleaved", 2, 1), ("zero_bubble", 1, 1),
                      ("zero_bubble_v", 2, 1), ("chimera", 2, 1), ("terapipe", 1, 2), ("terapipe", 1, 4),
-                     ("terapipe", 1, 8)}  # seq_len 64: every S of layouts.TERAPIPE_SLICES divides it
+                     ("terapipe", 1, 8)}  # seq_len 64: every S of layouts.SLICES divides it
     hw = hardware_for(spec)
     result = search(spec, hw)
     by_schedule = {}
