@@ -90,8 +90,9 @@ class Attention(nn.Module):
         if self.llama:
             q, k = self.rotate(q, k, spans)
         if kind == "ring":
-            # the compiled block attention, or eager
-            return self.context.ring(q, k, v, self.fused, dropout=self.dropout if self.training else 0.0)
+            if self.dropout and self.training:  # constraints.ring_dropout refuses this spec
+                raise ValueError("cp_kind = ring computes attention without dropout; set model.dropout = 0")
+            return self.context.ring(q, k, v, self.fused)  # the compiled block attention, or eager
         mask = None
         if kind == "allgather":
             k, v = self.context.gather(k), self.context.gather(v)  # (B, kv_heads/tp, T, D)
@@ -110,8 +111,9 @@ class Attention(nn.Module):
             within = self.documents.positions(queries)
             q, k = rotary_at(q, self.theta, within), rotary_at(k, self.theta, within)
         if kind == "ring":
-            dropout = self.dropout if self.training else 0.0
-            return self.context.ring(q, k, v, None, documents=self.documents, dropout=dropout)  # eager, masked per block
+            if self.dropout and self.training:  # constraints.ring_dropout refuses this spec
+                raise ValueError("cp_kind = ring computes attention without dropout; set model.dropout = 0")
+            return self.context.ring(q, k, v, None, documents=self.documents)  # eager, masked per block
         keys = queries
         if kind == "allgather":
             k, v = self.context.gather(k), self.context.gather(v)  # (B, kv_heads/tp, T, D)

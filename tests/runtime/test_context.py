@@ -54,13 +54,3 @@ def test_ring_over_four_ranks(check, ring4):
     for rank, result in enumerate(ring4):
         assert result.get(check) == "ok", f"rank {rank}: {result.get(check, 'not run')}"
 
-
-def test_ring_refuses_dropout_where_the_rules_do():
-    """constraints.ring_dropout refuses the spec; the strategy refuses the call too (one rank)."""
-    import torch
-
-    from parc.runtime.parallel.context.context import ContextParallel
-
-    q = torch.zeros(1, 2, 4, 8)
-    with pytest.raises(ValueError, match="ring computes attention without dropout"):
-        ContextParallel(None, "ring").ring(q, q, q, dropout=0.1)

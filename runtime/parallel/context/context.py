@@ -81,15 +81,12 @@ class ContextParallel:
 
     # ---- ring ----------------------------------------------------------------------
 
-    def ring(self, q, k, v, kernels=None, documents=None, dropout: float = 0.0) -> torch.Tensor:
+    def ring(self, q, k, v, kernels=None, documents=None) -> torch.Tensor:
         """(B, H, T/cp, D) queries, (B, Hkv, T/cp, D) keys and values of this rank's tokens
         → its rows of causal attention over the whole sequence (Note [ring attention]);
         ``kernels``: the compiled block attention, or None for the eager reference;
         ``documents`` (documents = separate): keys outside a query's document are masked,
-        block by block (the eager reference, which takes a mask); ``dropout``: the attention's
-        probability while training, which ring attention does not apply (refused)."""
-        if dropout:  # constraints.ring_dropout refuses this spec
-            raise ValueError("cp_kind = ring computes attention without dropout; set model.dropout = 0")
+        block by block (the eager reference, which takes a mask)."""
         scale = q.shape[-1] ** -0.5
         same = None if documents is None else documents.remember(
             ("ring", q.shape[-2]), lambda: self.block_documents(documents, q.shape[-2], q.device))
