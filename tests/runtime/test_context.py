@@ -53,4 +53,3 @@ def ring4(tmp_path_factory):
 def test_ring_over_four_ranks(check, ring4):
     for rank, result in enumerate(ring4):
         assert result.get(check) == "ok", f"rank {rank}: {result.get(check, 'not run')}"
-
