@@ -41,6 +41,7 @@ KEYS = {
     "capacity_factor": "model.capacity_factor",
     "moe_written": "model.experts",
     "first_dense_layers": "model.first_dense_layers",
+    "ep": "parallel.ep",
     "dropout": "model.dropout",
     "tie_embeddings": "model.tie_embeddings",
     "documents": "model.documents",

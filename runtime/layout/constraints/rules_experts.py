@@ -8,7 +8,7 @@ from typing import Iterator, Mapping
 
 from ..rule_engine import _violation, declare, divisors, rule, some
 
-declare(ep="parallel.ep", etp="parallel.etp")  # Note [a feature declares its values]
+declare(etp="parallel.etp")  # Note [a feature declares its values]
 
 EXPERT_DEGREES = ("ep", "etp")
 """The expert layers' degrees: the values ``expert_folds`` proposes to the layout search."""
