@@ -145,6 +145,7 @@ def rule(code: str, kind: str = LAYOUT, name: str | None = None):
             raise ValueError(f"constraints: rule {check.__name__} reads nothing")
         RULES.append(Rule(name=name or check.__name__, code=code, kind=kind, check=check,
                           needs=needs, optional=optional))
+        _SELECTED.clear()  # a selection made before this module's rules registered would miss them
         return check
 
     return register

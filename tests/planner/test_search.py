@@ -317,6 +317,20 @@ def test_no_layout_rule_reads_two_leaf_settings():
             assert len(set(LEAF_NAMES) & {*rule.needs, *rule.optional}) <= 1, rule.name
 
 
+def test_every_rule_reads_declared_values_and_a_declaration_keeps_its_key():
+    """Note [a feature declares its values]: with constraints/ imported every name a rule
+    reads is in KEYS (checked when rules are selected), and no feature re-points a name."""
+    from parc.runtime.layout.constraints import BUILD, KEYS, LAYOUT, RULES, rules_of
+    from parc.runtime.layout.rule_engine import declare
+
+    assert rules_of((LAYOUT, BUILD)) == tuple(RULES)
+    assert all(name in KEYS for rule in RULES for name in (*rule.needs, *rule.optional))
+    declare(tp="parallel.tp")  # the same key again changes nothing
+    with pytest.raises(ValueError, match="already name other spec keys"):
+        declare(tp="parallel.cp")
+    assert KEYS["tp"] == "parallel.tp"
+
+
 def test_candidates_with_stage_layers_match_its_length():
     """stage_layers = [1, 3] fixes pp = 2 (the search once proposed other pp, which the build refused)."""
     spec = load("examples/tiny.par", ["parallel=auto", "parallel.stage_layers=[1, 3]", "mesh.devices_per_node=8"])
