@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional  # noqa: F401  (before any group: Note [groups die before Python does])
 
-from ..layout.axes import TP_SIDES, coordinates, group_ranks, partition, split_tp
+from ..layout.axes import coordinates, group_ranks, partition
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,27 +167,15 @@ class Mesh:
                 partitions[kind] += list(by_key.values())
         return partitions
 
-    def tp_grid(self, tp_shape):
-        """Note [2D tensor parallelism] (layers2d.py): this rank's place on the R × C grid of
-        its tp ranks and the groups along both sides; None for ``(1, tp)`` (1D). Every rank
+    def tp_grid(self, shape):
+        """This rank's place on the grid ``shape`` = (R, C) of its tp ranks and the groups
+        along both sides (``layers2d.tensor_grid``); None for ``(1, tp)`` (1D). Every rank
         calls it, once (new_group is collective)."""
-        rows, cols = (int(n) for n in tp_shape)
-        if rows == 1:
+        if int(shape[0]) == 1:
             return None
-        from ..parallel.tensor.layers2d import TensorGrid  # only a 2D build ships layers2d.py
+        from ..parallel.tensor.layers2d import tensor_grid  # only a 2D build ships layers2d.py
 
-        fine = split_tp(self.axes, (rows, cols))
-        groups = {}
-        for side in TP_SIDES:
-            groups[side.name] = None
-            if dict(fine)[side.name] > 1:
-                for ranks in partition(fine, (side.name,)):
-                    group = dist.new_group(list(ranks))
-                    if self.rank in ranks:
-                        groups[side.name] = group
-        coords = coordinates(self.rank, fine)
-        return TensorGrid(rows=rows, cols=cols, row=coords["tpr"], col=coords["tpc"],
-                          column_group=groups["tpr"], row_group=groups["tpc"])
+        return tensor_grid(self, shape)
 
     def group(self, *axes: str):
         """The process group along one axis or several (None when it has one rank).

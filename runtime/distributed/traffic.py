@@ -29,8 +29,8 @@ AXES = ("dp", "dp_params", "pp_forward", "pp_backward", "pp_embedding")
 HSDP the shards' sum over the other nodes), ZeRO's parameter all-gathers
 over the shard group (stages 1 and 2: each rank's slice after the step; stage 3: each
 unit's shard at every gather, forward and backward), the pipeline's activations (forward) and
-input gradients (backward: the part ``compress_pp`` compresses), and the tied embedding's
-separate sum over its first and last stage copies (``pipeline.allreduce_tied_grads``;
+input gradients (backward: the part the pipeline's codec compresses, parallel/pipeline/), and the
+tied embedding's separate sum over its first and last stage copies (``pipeline.allreduce_tied_grads``;
 none when that sum is fused into the dp all-reduce: Note [fused embedding synchronization]
 in pipeline.py)."""
 

@@ -23,7 +23,8 @@ among the divisors of the world when the spec writes ``cp = auto`` (its kind is 
 spec's, ``ring`` by default); otherwise it is the spec's (1 unless given). dp fills what
 tp·pp·cp leave. The expert-parallel degree ``ep`` (``ep = auto``) is searched among the
 divisors of the experts, once dp and tp are known (the rules keep those dividing dp·tp),
-and the expert-tensor-parallel degree ``etp`` (``etp = auto``) among the divisors of tp.
+with the expert layers' other degrees (``rules_experts.expert_folds``); each leaf's tp grid
+last (``rules_mesh.tp_grid_choices``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ import itertools
 from typing import Iterator, Mapping
 
 from .constraints import KEYS, Violation, divisors, legal
+from .constraints.rules_experts import EXPERT_DEGREES, expert_folds
+from .constraints.rules_mesh import tp_grid_choices
 from .layer_settings import SETTINGS
+from ..schedules.schedule import KINDS, SLICED
 
 LEAF_NAMES = ("zero", "sp", "compress", *(entry.name for entry in SETTINGS))
 """The values chosen last, each on its own (Note [the search space])."""
@@ -43,20 +47,27 @@ def _allowed(fixed, options: list) -> list:
     return [fixed] if fixed is not None else options
 
 
-TERAPIPE_SLICES = (2, 4, 8)
-"""The token slices per sequence ``schedule = auto`` tries under terapipe (the rules keep
-those dividing seq_len)."""
+SLICES = (2, 4, 8)
+"""The token slices per sequence ``schedule = auto`` tries under a sliced kind
+(``schedule.SLICED``; the rules keep those dividing seq_len)."""
 
 
 def schedules(layers: int, pp: int) -> list[tuple[str, int, int]]:
     """The pipeline schedules to try, before the rules, as (kind, chunks, slices) in the
     spec's values (``chunks``: interleaved's, else 1; ``schedule.chunks_for`` gives the
-    chunks a rank runs) (``gpipe`` with one stage is ``1f1b``)."""
+    chunks a rank runs): every kind of the schedule table (``schedule.KINDS``), 1f1b first
+    (the default, kept on a tie) (``gpipe`` with one stage is ``1f1b``)."""
     if pp == 1:
         return [("1f1b", 1, 1)]
-    return ([("1f1b", 1, 1), ("gpipe", 1, 1)] + [("interleaved", v, 1) for v in divisors(layers) if v > 1]
-            + [("zero_bubble", 1, 1), ("zero_bubble_v", 1, 1), ("chimera", 1, 1)]
-            + [("terapipe", 1, s) for s in TERAPIPE_SLICES])
+    kinds = ("1f1b", *(kind for kind in KINDS if kind != "1f1b"))
+    return [(kind, chunks, slices) for kind in kinds for chunks, slices in _variants(kind, layers)]
+
+
+def _variants(kind: str, layers: int) -> list[tuple[int, int]]:
+    """(chunks, slices) to try for ``kind``: interleaved's chunks, a sliced kind's slices, else one."""
+    if kind == "interleaved":
+        return [(v, 1) for v in divisors(layers) if v > 1]
+    return [(1, s) for s in SLICES] if kind in SLICED else [(1, 1)]
 
 
 def layouts(values: Mapping[str, object]) -> Iterator[dict]:
@@ -81,13 +92,10 @@ def _with_cp(values: dict, world: int, fixed_schedule) -> Iterator[dict]:
             degrees = {**with_tp, "pp": pp, "dp": values["dp"] if values.get("dp") is not None else dp}
             if not dp or not legal(degrees, touching=("pp", "dp")):
                 continue
-            experts = values.get("experts") or 0
-            for ep in _allowed(values.get("ep", 1), divisors(experts) if experts else [1]):
-                # etp within a tp group (one node), as Megatron-Core keeps it
-                for etp in _allowed(values.get("etp", 1), divisors(tp) if experts else [1]):
-                    folded = {**degrees, "ep": ep, "etp": etp}
-                    if legal(folded, touching=("ep", "etp")):
-                        yield from _batches(folded, fixed_schedule)
+            for fold in expert_folds(degrees):
+                folded = {**degrees, **fold}
+                if legal(folded, touching=tuple(fold)):
+                    yield from _batches(folded, fixed_schedule)
 
 
 def _batches(degrees: dict, fixed_schedule) -> Iterator[dict]:
@@ -120,24 +128,11 @@ def _leaves(values: dict) -> Iterator[dict]:
     }
     for combination in itertools.product(*options.values()):
         leaf = {**values, **dict(zip(options, combination))}
-        for shape in _tp_shapes(leaf):
-            yield {**leaf, "tp_shape": shape}
+        for grid in tp_grid_choices(leaf):  # Note [2D tensor parallelism] in layers2d.py
+            yield {**leaf, **grid}
 
 
-def _tp_shapes(values: dict) -> list:
-    """The tp grids to try (Note [2D tensor parallelism] in layers2d.py): the one written, or
-    under ``tp_shape = auto`` every (R, tp / R) the rules allow with the leaves chosen (R = 1:
-    1D, written None); without it 1D."""
-    tp = values["tp"]
-    given = values.get("tp_shape")
-    if given is not None or not values.get("tp_shape_auto") or tp == 1:
-        return [None if given is None or given[0] == 1 else given]
-    shapes = [(rows, tp // rows) for rows in divisors(tp)]  # (1, tp) first: 1D, written None
-    return [None if shape[0] == 1 else shape for shape in shapes
-            if legal({**values, "tp_shape": shape}, touching=("tp_shape",))]
-
-
-SEARCHED = ("dp", "cp", "tp", "pp", "ep", "etp", "micro_batch", "schedule", *LEAF_NAMES)
+SEARCHED = ("dp", "cp", "tp", "pp", *EXPERT_DEGREES, "micro_batch", "schedule", *LEAF_NAMES)
 """The values ``layouts`` fills in when they are ``auto``."""
 
 def no_layout(values: Mapping[str, object]) -> Violation | None:

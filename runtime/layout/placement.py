@@ -60,6 +60,12 @@ class Placement:
         """Which pipeline ``chunk`` is in: always 0, but chimera's up pipeline (chunk 1)."""
         return chunk if self.kind == "chimera" else 0
 
+    def replica(self, chunk: int) -> int | None:
+        """Which copy of its stage ``chunk`` is, where the placement holds each stage twice
+        (chimera's: the pipeline, 1 for the up one's copy); None elsewhere (Note [stage
+        replicas] in model.py)."""
+        return self.pipeline(chunk) if self.kind == "chimera" else None
+
     def carries(self, chunk: int, micro: int) -> bool:
         """Does ``micro`` run through ``chunk``? Every chunk, but chimera's even micro-batches
         take the down pipeline (chunk 0) and odd ones the up one (chunk 1)."""

@@ -3,7 +3,7 @@
 Takes: nothing. Gives: ``ParamRole``, ``role(param)`` (the parameter's role, or the
 plain one) and ``assign(param, **changes)``. The transform that makes a parameter sets
 its role (``parallelize``'s steps and the layers they swap in: ``layers.py``,
-``layers2d.py``, ``sharding.py``, ``moe.py``; the model for tied and chimera copies);
+``layers2d.py``, ``sharding.py``, ``moe.py``; the model for tied and replicated stages' copies);
 every reader asks ``role(p)`` instead of a loose attribute. A role travels with the
 parameter when it is re-made on its device (``param_init.materialize_on``,
 ``fsdp_units``: they copy the parameter's ``__dict__``). Torch-free.
@@ -27,10 +27,11 @@ class ParamRole:
     expert_parallel: bool = False
     """An expert's weight split over the expert-parallel ranks: reduced over edp, not dp (moe.py)."""
     pipeline_duplicate: bool = False
-    """A second copy of a parameter another stage holds (a tied head, chimera's up
-    pipeline): counted once in the gradient norm, loaded but never saved."""
+    """A second copy of a parameter another stage holds (a tied head, the second copy of a
+    replicated stage: Note [stage replicas] in model.py): counted once in the gradient norm, loaded but never saved."""
     pipeline_replica: bool = False
-    """Chimera's replicas: gradients summed with the other pipeline's copy after backward."""
+    """A replicated stage's parameter (Note [stage replicas] in model.py): gradients summed
+    with the other copy's after backward."""
     tied_across_stages: bool = False
     """One of a tied embedding's two stage copies: its gradient waits for their sum."""
     layer_tp: int | None = None

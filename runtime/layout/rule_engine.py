@@ -42,7 +42,6 @@ KEYS = {
     "moe_written": "model.experts",
     "first_dense_layers": "model.first_dense_layers",
     "ep": "parallel.ep",
-    "etp": "parallel.etp",
     "dropout": "model.dropout",
     "tie_embeddings": "model.tie_embeddings",
     "documents": "model.documents",
@@ -54,11 +53,8 @@ KEYS = {
     "layer_tp": "parallel.tp",
     "pp": "parallel.pp",
     "cp": "parallel.cp",
-    "cp_kind": "parallel.cp_kind",
     "sp": "parallel.sp",
     "zero": "parallel.zero",
-    "zero_prefetch": "parallel.zero_prefetch",
-    "zero_shard": "parallel.zero_shard",
     "schedule": "parallel.schedule",
     "chunks": "parallel.schedule",
     "slices": "parallel.schedule",
@@ -66,11 +62,7 @@ KEYS = {
     "recompute": "parallel.recompute",
     "overlap": "parallel.overlap",
     "stage_layers": "parallel.stage_layers",
-    "tp_shape": "parallel.tp_shape",
-    "tp_shape_auto": "parallel.tp_shape",
     "compress": "parallel.compress",
-    "compress_pp": "parallel.compress_pp",
-    "compress_stages": "parallel.compress_stages",
     "global_batch": "train.global_batch",
     "micro_batch": "train.micro_batch",
     "steps": "train.steps",
@@ -90,7 +82,23 @@ KEYS = {
 heterogeneous layout: the stage's coarse split (the largest tp, the fewest dp), the lists
 themselves ``layer_tp``/``layer_dp`` (``layer_degrees``; None when one value is given); the per-layer settings
 as ``layer_settings`` reads them (``overlap``: the sub-batches, 1 for ``none``); ``moe_written``: the
-mixture-of-experts keys other than ``experts`` the spec writes (``top_k``, ...; PAR0234); ``data``: ``synthetic`` or ``tokens``; ``data_files``, ``data_weights``, ``data_val_files``: how many token files, weights and validation files ``tokens(...)`` names (None: not written); ``optimizer``: its name; ``compress``, ``compress_pp``: the call's name)."""
+mixture-of-experts keys other than ``experts`` the spec writes (``top_k``, ...; PAR0234); ``data``: ``synthetic`` or ``tokens``; ``data_files``, ``data_weights``, ``data_val_files``: how many token files, weights and validation files ``tokens(...)`` names (None: not written); ``optimizer``: its name; ``compress``: the call's name). A feature's own values are
+declared by its rules module (``declare``, Note [a feature declares its values])."""
+
+
+def declare(**names: str) -> None:
+    """Add value names a feature's rules read, each with the spec key it comes from.
+
+    Note [a feature declares its values]: ``KEYS`` above names the model's, the mesh's and
+    the training's values; a parallel feature's own values (its kind, its options) are
+    declared at the top of its ``constraints/rules_<concern>.py`` (``declare(name="parallel.key")``),
+    next to the rules that read them. ``constraints/`` imports every rules module, so its
+    ``KEYS`` is whole; a rule's names are checked against it when the rules are first
+    selected (``_selected``), after every module has declared its own."""
+    clash = {name for name, key in names.items() if KEYS.get(name, key) != key}
+    if clash:
+        raise ValueError(f"constraints: {sorted(clash)} already name other spec keys")
+    KEYS.update(names)
 
 
 
@@ -133,11 +141,11 @@ def rule(code: str, kind: str = LAYOUT, name: str | None = None):
         params = inspect.signature(check).parameters.values()
         needs = tuple(p.name for p in params if p.default is inspect.Parameter.empty)
         optional = tuple(p.name for p in params if p.default is not inspect.Parameter.empty)
-        unknown = [n for n in needs + optional if n not in KEYS]
-        if unknown or not needs:
-            raise ValueError(f"constraints: rule {check.__name__} reads {unknown or 'nothing'}")
+        if not needs:
+            raise ValueError(f"constraints: rule {check.__name__} reads nothing")
         RULES.append(Rule(name=name or check.__name__, code=code, kind=kind, check=check,
                           needs=needs, optional=optional))
+        _SELECTED.clear()  # a selection made before this module's rules registered would miss them
         return check
 
     return register
@@ -227,6 +235,10 @@ def _selected(kinds: tuple, touching: tuple | None) -> tuple[Rule, ...]:
         found = tuple(
             r for r in RULES if r.kind in kinds and (wanted is None or wanted & {*r.needs, *r.optional})
         )
+        for entry in found:  # Note [a feature declares its values]: every module has declared by now
+            unknown = [n for n in entry.needs + entry.optional if n not in KEYS]
+            if unknown:
+                raise ValueError(f"constraints: rule {entry.name} reads {unknown}, not in KEYS")
         _SELECTED[(kinds, touching)] = found
     return found
 

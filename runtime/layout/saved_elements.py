@@ -39,7 +39,7 @@ q = heads·head_dim (h unless ``model.head_dim`` is written), k = kv_heads·head
                gathers the MLP's input); shared experts as a dense MLP of S·F_e (eager:
                4 or 2 per F).
 
-  2D grid:     (R, C) = tp_shape (Note [2D tensor parallelism] in layers2d.py): the
+  2D grid:     the tp ranks as R × C (Note [2D tensor parallelism] in layers2d.py): the
                stream and the norms hold h/R features, the column linears' outputs
                and the attention core out/C and heads/C, the same on the R ranks of a
                column (the attention's repeated copies). The 2D norm is eager whatever

@@ -48,11 +48,11 @@ def build_stages(config, *, stages, pp_rank, pp_size, placement="interleaved") -
     ``stages`` is the literal ``PIPELINE_STAGES`` table of train.py: the layers
     ``(start, stop)`` of every virtual stage, in model order. With p pipeline ranks,
     chunk c of rank r is the virtual stage ``placement`` says (``placement.py``:
-    Megatron's c·p + r, or ZB-V's V, or chimera's stage r and p-1-r of its two
-    pipelines). Returns an ``nn.ModuleList`` of chunks, each with its ``stage_index``.
+    Megatron's c·p + r, or ZB-V's V, or a placement of two pipelines holding each stage
+    twice). Returns an ``nn.ModuleList`` of chunks, each with its ``stage_index``.
 
-    Note [chimera's replicas]: under chimera every stage is built twice (on ranks r and
-    p-1-r), from the same (seed, name) draws, so the replicas start equal; their
+    Note [stage replicas]: under a placement that holds each stage twice (on ranks r and
+    p-1-r: ``Placement.replica``), every stage is built twice, from the same (seed, name) draws, so the replicas start equal; their
     gradients are summed (``pipeline.allreduce_replica_grads``) after backward, which
     makes them ``pipeline_replica`` late gradients (dp.py, Note [late gradients]), and
     the up pipeline's copy is a ``pipeline_duplicate``: counted once in the gradient
@@ -74,8 +74,7 @@ def build_stages(config, *, stages, pp_rank, pp_size, placement="interleaved") -
         with torch.device("meta"):
             stage = Transformer(config, layers=stages[v], first=v == 0, last=v == len(stages) - 1)
         stage.stage_index = v
-        # Note [chimera's replicas]: None, or which of the two pipelines this chunk is in
-        stage.replica = place.pipeline(chunk) if placement == "chimera" else None
+        stage.replica = place.replica(chunk)  # Note [stage replicas]: None, or which copy of its stage
         chunks.append(stage)
     return chunks
 
@@ -93,7 +92,7 @@ def init_weights(net, *, seed: int, device, materialize: bool = True, init_on_de
         if made:  # generated where they live below, or they would keep whatever memory held
             raise RuntimeError(f"internal error in parc (runtime model): {made[0]} has values before "
                                "init_weights; a transform must make parameters on the meta device")
-        if getattr(stage, "replica", None) is not None:  # Note [chimera's replicas]
+        if getattr(stage, "replica", None) is not None:  # Note [stage replicas]
             for param in stage.parameters():
                 assign(param, pipeline_replica=True)
                 if stage.replica == 1:  # the up pipeline's copy (a tied head copy stays one either way)

@@ -43,10 +43,10 @@ ZeRO-3 needs neither: each pass reduce-scatters into fp32 shards (fsdp.py, Note
 [gradients of a unit]); it keeps this accumulation for its late gradients only.
 ``MasterAdamW``, ``zero.ShardedAdamW`` and ``fsdp.FullyShardedAdamW`` set it up before
 registering their own hooks (hooks run in the order registered); a parameter gets it
-once; it counts the step's backwards as dp.py does, so chimera's stage replicas (each
-sees half the micro-batches) keep autograd's accumulation. Memory: 4 bytes per compute
-element from the first backward of a step to the last (the planner's ``buffers``,
-cost/memory.py), and then, handed over, the gradient itself (4 bytes, not 2: its
+once; it counts the step's backwards as dp.py does, so replicated stages' parameters
+(each copy sees half the micro-batches: Note [stage replicas] in model.py) keep
+autograd's accumulation. Memory: 4 bytes per compute element from the first backward of
+a step to the last (the planner's ``buffers``, cost/memory.py), and then, handed over, the gradient itself (4 bytes, not 2: its
 ``grads``) until the optimizer takes it.
 """
 
@@ -121,7 +121,7 @@ class Fp32Accumulation:
             return
         for p in params:
             if role(p).pipeline_replica:
-                continue  # chimera: each replica sees half the micro-batches (kept in the compute dtype)
+                continue  # a stage replica sees half the micro-batches (kept in the compute dtype)
             if p.requires_grad and p.dtype in DTYPES.values() and not getattr(p, "fp32_accumulation", False):
                 p.fp32_accumulation = True
                 on_gradient(p, self._accumulated)

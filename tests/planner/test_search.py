@@ -235,7 +235,7 @@ def test_schedule_auto_tries_every_schedule_and_says_why_the_winner_won():
     kinds = {(layout.schedule, layout.chunks, layout.slices) for layout in candidates(spec)}
     assert kinds == {("1f1b", 1, 1), ("gpipe", 1, 1), ("interleaved", 2, 1), ("zero_bubble", 1, 1),
                      ("zero_bubble_v", 2, 1), ("chimera", 2, 1), ("terapipe", 1, 2), ("terapipe", 1, 4),
-                     ("terapipe", 1, 8)}  # seq_len 64: every S of layouts.TERAPIPE_SLICES divides it
+                     ("terapipe", 1, 8)}  # seq_len 64: every S of layouts.SLICES divides it
     hw = hardware_for(spec)
     result = search(spec, hw)
     by_schedule = {}
@@ -315,6 +315,20 @@ def test_no_layout_rule_reads_two_leaf_settings():
     for rule in RULES:
         if rule.kind == LAYOUT:
             assert len(set(LEAF_NAMES) & {*rule.needs, *rule.optional}) <= 1, rule.name
+
+
+def test_every_rule_reads_declared_values_and_a_declaration_keeps_its_key():
+    """Note [a feature declares its values]: with constraints/ imported every name a rule
+    reads is in KEYS (checked when rules are selected), and no feature re-points a name."""
+    from parc.runtime.layout.constraints import BUILD, KEYS, LAYOUT, RULES, rules_of
+    from parc.runtime.layout.rule_engine import declare
+
+    assert rules_of((LAYOUT, BUILD)) == tuple(RULES)
+    assert all(name in KEYS for rule in RULES for name in (*rule.needs, *rule.optional))
+    declare(tp="parallel.tp")  # the same key again changes nothing
+    with pytest.raises(ValueError, match="already name other spec keys"):
+        declare(tp="parallel.cp")
+    assert KEYS["tp"] == "parallel.tp"
 
 
 def test_candidates_with_stage_layers_match_its_length():

@@ -21,6 +21,8 @@ def test_chimera_placement_pairs_rank_r_with_p_minus_1_minus_r():
     assert place.following(0, 0) == (1, 0) and place.following(3, 1) == (2, 1)  # down, and up
     assert place.previous(0, 1) == (1, 1) and place.following(0, 1) is None  # rank 0 ends the up pipeline
     assert [place.carries(c, m) for m in range(2) for c in range(2)] == [True, False, False, True]
+    assert [place.replica(c) for c in range(2)] == [0, 1]  # Note [stage replicas]: the up pipeline's is the copy
+    assert Placement("v", 4, 2).replica(1) is None and Placement("interleaved", 4, 2).replica(1) is None
     with pytest.raises(ValueError, match="even number of ranks"):
         Placement("chimera", 3, 2)
 

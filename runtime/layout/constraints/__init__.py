@@ -21,8 +21,10 @@ an ``Unbuildable`` entry; a pair of features it cannot build together a row of
 ``unbuilt_pairs.UNBUILT`` (Note [an unbuilt pair is a row]); a per-layer setting an entry of ``layer_settings.SETTINGS``; anything
 else is one function decorated with ``@rule(code)`` whose parameters are names of
 ``KEYS`` (without a default: required, the rule is skipped while it is unknown; with
-``= None``: optional). Context parallel is ``Axis("cp", ...)`` in ``axes.AXES``, ``"cp"``
-and ``"cp_kind"`` in ``KEYS``, its degree in ``world``, and two rules (``cp_divides_seq_len``,
+``= None``: optional); a value only a feature's rules read (its kind, its options) is
+declared by that feature's rules module (Note [a feature declares its values] in
+``rule_engine.py``). Context parallel is ``Axis("cp", ...)`` in ``axes.AXES``, its degree in
+``world``, and ``rules_context.py``: its kind's value and two rules (``cp_divides_seq_len``,
 ``ulysses_heads``: they read sp, tp, the kind and the model, more than an axis's ``divides``
 says); the planner searches cp (``cp = auto``) and costs it like any axis.
 """

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
-from ..rule_engine import _violation, divisors, rule, some
+from ..rule_engine import _violation, declare, divisors, rule, some
 from .rules_mesh import _and
+
+declare(cp_kind="parallel.cp_kind")  # Note [a feature declares its values]
 
 
 

@@ -4,7 +4,30 @@ from __future__ import annotations
 
 
 
-from ..rule_engine import _violation, divisors, rule, some
+from typing import Iterator, Mapping
+
+from ..rule_engine import _violation, declare, divisors, rule, some
+
+declare(etp="parallel.etp")  # Note [a feature declares its values]
+
+EXPERT_DEGREES = ("ep", "etp")
+"""The expert layers' degrees: the values ``expert_folds`` proposes to the layout search."""
+
+
+def expert_folds(values: Mapping) -> Iterator[dict]:
+    """The expert degrees the layout search tries once dp and tp are known (Note [the search
+    space] in layouts.py), the spec's where given (missing: 1): ep among the divisors of the
+    experts, etp among those of tp (within a tp group, one node, as Megatron-Core keeps it);
+    1 without experts. A superset of what the rules allow (the search asks them)."""
+
+    def allowed(name: str, options: list) -> list:  # the spec's value, else every option
+        given = values.get(name, 1)
+        return [given] if given is not None else options
+
+    experts = values.get("experts") or 0
+    for ep in allowed("ep", divisors(experts) if experts else [1]):
+        for etp in allowed("etp", divisors(values["tp"]) if experts else [1]):
+            yield {"ep": ep, "etp": etp}
 
 
 

@@ -7,9 +7,11 @@ import math
 from typing import Callable, Mapping
 from ..axes import TP_SIDES, WORLD_ORDER, Axis, axis
 
-from ..rule_engine import Violation, _violation, divisors, rule, some
+from ..rule_engine import Violation, _violation, declare, divisors, legal, rule, some
 from ..model_rules import kv_replicas
 from .unbuilt_pairs import tp_2d
+
+declare(tp_shape="parallel.tp_shape", tp_shape_auto="parallel.tp_shape")  # Note [a feature declares its values]
 
 
 
@@ -153,6 +155,18 @@ def tp_grid_fits(rows: int, cols: int, sizes: Mapping) -> bool:
     (the colwise outputs), R the hidden features. (1, tp) is 1D's rule. Unknown sizes pass."""
     return not any(_failing(degree, side.divides, sizes)[1] for side, degree in zip(TP_SIDES, (rows, cols)))
 
+
+
+def tp_grid_choices(values: Mapping) -> list[dict]:
+    """The tp grids the layout search tries for a leaf (Note [the search space] in layouts.py),
+    as the values to put in place: the one written, or under ``tp_shape = auto`` every
+    (R, tp / R) the rules allow with the leaves chosen (R = 1: 1D, written None); without it 1D."""
+    tp, given = values["tp"], values.get("tp_shape")
+    if given is not None or not values.get("tp_shape_auto") or tp == 1:
+        return [{"tp_shape": None if given is None or given[0] == 1 else given}]
+    shapes = [(rows, tp // rows) for rows in divisors(tp)]  # (1, tp) first: 1D, written None
+    return [{"tp_shape": None if shape[0] == 1 else shape} for shape in shapes
+            if legal({**values, "tp_shape": shape}, touching=("tp_shape",))]
 
 
 def tp_grids(tp: int, sizes: Mapping) -> list[tuple[int, int]]:

@@ -7,8 +7,13 @@ import inspect
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ..rule_engine import BUILD, KEYS, Violation, _violation, divisors, rule
+from ..rule_engine import BUILD, KEYS, Violation, _violation, declare, divisors, rule
 from .unbuilt_pairs import tp_2d
+
+declare(  # Note [a feature declares its values]: ZeRO-3's options, the pipeline codec's
+    zero_prefetch="parallel.zero_prefetch", zero_shard="parallel.zero_shard",
+    compress_pp="parallel.compress_pp", compress_stages="parallel.compress_stages",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,10 +49,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ...distributed.comm import all_gather_from_group, copy_to_group, reduce_from_group, reduce_scatter_to_group
+from ...layout.axes import TP_SIDES, coordinates, partition, split_tp
 from ...layout.roles import assign
 
 
@@ -72,6 +74,24 @@ class TensorGrid:
     """The R ranks of column c (``mesh`` axis ``tpr``); None when R = 1."""
     row_group: object = None
     """The C ranks of row r (``mesh`` axis ``tpc``); None when C = 1."""
+
+
+def tensor_grid(mesh, tp_shape) -> TensorGrid:
+    """``mesh.Mesh.tp_grid``'s grid: this rank's place on the ``tp_shape`` = R × C grid of
+    its tp ranks, and a process group along each side (``axes.TP_SIDES``) with more than one rank."""
+    rows, cols = (int(n) for n in tp_shape)
+    fine = split_tp(mesh.axes, (rows, cols))
+    groups = {}
+    for side in TP_SIDES:
+        groups[side.name] = None
+        if dict(fine)[side.name] > 1:
+            for ranks in partition(fine, (side.name,)):
+                group = dist.new_group(list(ranks))
+                if mesh.rank in ranks:
+                    groups[side.name] = group
+    coords = coordinates(mesh.rank, fine)
+    return TensorGrid(rows=rows, cols=cols, row=coords["tpr"], col=coords["tpc"],
+                      column_group=groups["tpr"], row_group=groups["tpc"])
 
 
 def _piece(full: int, parts: int, index: int, what: str) -> tuple[int, int]:
