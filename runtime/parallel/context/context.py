@@ -35,12 +35,35 @@ import torch
 
 from ...distributed.comm import all_gather_from_group, group_rank, group_size
 from ...distributed.exchange import all_to_all
-from ...train.data import context_spans
 from ...kernels import reference
 from .ring import draw_seed, ring_attention
 
 KINDS = ("ring", "ulysses", "allgather")
 """The kinds built (``parallel.cp_kind``; ``ring`` is the key's default)."""
+
+
+def context_spans(T, *, cp_rank, cp_size, cp_kind):
+    """The global positions [start, stop) this context-parallel rank holds of a T-token
+    sequence, in the order it holds them (Note [context-parallel attention]).
+
+    ``ulysses`` and ``allgather``: one contiguous chunk [r·T/cp, (r+1)·T/cp). ``ring``
+    (causal load balancing, as Megatron and torchtitan): T splits into 2·cp chunks of
+    T/(2·cp) and rank r holds chunks r and 2·cp−1−r, so every rank has as many early
+    (cheap) as late (costly) queries and every ring step the same work.
+    """
+    parts = 2 * cp_size if cp_kind == "ring" else cp_size
+    if T % parts:
+        raise ValueError(f"sequences of {T} tokens do not split into {parts} chunks (cp = {cp_size}, {cp_kind})")
+    size = T // parts
+    chunks = (cp_rank, parts - 1 - cp_rank) if cp_kind == "ring" else (cp_rank,)
+    return tuple((c * size, (c + 1) * size) for c in chunks)
+
+
+def context_chunk(inputs, targets, *, cp_rank, cp_size, cp_kind):
+    """This context-parallel rank's T/cp tokens of every sequence, (B, T/cp) each: the
+    spans ``context_spans`` names, of the inputs and of their targets, joined."""
+    spans = context_spans(inputs.shape[1], cp_rank=cp_rank, cp_size=cp_size, cp_kind=cp_kind)
+    return tuple(torch.cat([t[:, start:stop] for start, stop in spans], dim=1).contiguous() for t in (inputs, targets))
 
 
 def split(net, group, kind: str):
