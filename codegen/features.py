@@ -99,6 +99,9 @@ FEATURES: tuple[Feature, ...] = (
             step="context", step_lines=lambda plan: [
                 f"# {cite(plan.mesh.axis('cp').span)}: attention over the ranks that split each sequence",
                 "net = parallelize.context(net, cp_group, CP_KIND)"]),
+    Feature(name="sequence parallel", keys=("parallel.sp",),
+            used=lambda plan: plan.sequence_parallel.enabled or render_hetero.enabled(plan),
+            ships=lambda plan: frozenset({"sp_columns"}), transform="layers.project (sp_columns.GatheredColumns)"),
     Feature(name="2D tensor parallel", keys=("parallel.tp_shape",), used=lambda plan: plan.mesh.tp_shape is not None,
             ships=lambda plan: frozenset({"layers2d"}), transform="parallelize.tensor(grid=)", cost="cost/tp2d.py"),
     Feature(name="experts", keys=("model.experts", "parallel.ep", "parallel.etp"), used=render_moe.has_experts,

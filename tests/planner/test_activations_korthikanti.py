@@ -13,7 +13,7 @@ the layer input. parc's block (dropout 0, its default; flash attention) saves th
 tensors but the dropout masks and the scores (flash keeps a log-sum-exp of a values a
 token instead), plus the norms' statistics. Under sp the column linears save their input's shard and
 gather it again in backward, as Megatron does (Note [sp inputs saved as shards] in
-runtime/parallel/tensor/layers.py); they kept the gathered input whole before, 4h(1 − 1/t)
+runtime/parallel/tensor/sp_columns.py); they kept the gathered input whole before, 4h(1 − 1/t)
 bytes a token more, which had a 405B layout of the Llama 3 report (tp 8, sp, 8K) hold twice
 Megatron's activations.
 """

@@ -14,7 +14,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...distributed.comm import (
-    _all_gather,
     all_gather_from_group,
     copy_to_group,
     group_rank,
@@ -23,7 +22,6 @@ from ...distributed.comm import (
     reduce_scatter_to_group,
     _all_reduce,  # the loss's statistics need no autograd pair: its backward is local
 )
-from ...distributed.comm_async import launch_all_gather, launch_reduce_scatter
 from ...layout.roles import assign
 
 
@@ -99,7 +97,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):
         if _keeps_shard([self]):
-            return _GatheredColumns.apply(x, self.tp_group, 1, self.weight, self.bias)[0]
+            return _gathered(x, self.tp_group, [self])[0]
         return self.local(self.enter(x))
 
     @torch.no_grad()
@@ -116,8 +114,7 @@ def project(x, linears):
     linears of layers2d.py alike, over their row group)."""
     first = _entry(linears[0])
     if _keeps_shard(linears) and all(_entry(m) == first for m in linears):  # Note [sp inputs saved as shards]
-        weights, biases = [m.weight for m in linears], [m.bias for m in linears]
-        return list(_GatheredColumns.apply(x, linears[0].tp_group, len(linears), *weights, *biases))
+        return list(_gathered(x, linears[0].tp_group, linears))
     if len(linears) > 1 and first is not None and all(_entry(m) == first for m in linears):
         x = linears[0].enter(x)
         return [m.local(x) for m in linears]
@@ -133,50 +130,20 @@ def _entry(linear):
     return getattr(linear, "entry", None)
 
 
+def _gathered(x, group, linears):
+    """``linears`` on the sequence-parallel input ``x``, saved as its shard (Note [sp inputs
+    saved as shards] in sp_columns.py, imported here: only a build under sp ships it)."""
+    from .sp_columns import GatheredColumns
+
+    weights, biases = [m.weight for m in linears], [m.bias for m in linears]
+    return GatheredColumns.apply(x, group, len(linears), *weights, *biases)
+
+
 def _keeps_shard(linears) -> bool:
     """Do these column linears take a sequence-parallel input they can save as a shard
     (plain ones; Note [KV replication]'s gather their weight instead, 2D ones their own way)?"""
     return all(type(m) is ColumnParallelLinear and m.sequence_parallel and m.rows is None for m in linears) and (
         group_size(linears[0].tp_group) > 1)
-
-
-class _GatheredColumns(torch.autograd.Function):
-    """Note [sp inputs saved as shards]: column linears whose sequence-parallel input
-    (B, T/tp, in) is all-gathered along T save that shard for backward, not the gathered
-    (B, T, in), and gather it again there for the weight gradients, as Megatron does: under
-    sp the norms' tensors are all /tp, and without this the gathered inputs (one for q, k,
-    v, one for the MLP's up and gate) were a block's largest saved tensors. Backward
-    launches the regather, computes the input gradient Σ g_j W_j meanwhile, launches its
-    reduce-scatter along T and computes the weight gradients while that runs. The cost:
-    one more all-gather of the input per region in backward (the planner prices it)."""
-
-    @staticmethod
-    def forward(ctx, x, group, count, *params):
-        weights, biases = params[:count], params[count:]
-        full = _all_gather(x, group, 1)  # (B, T, in)
-        ctx.save_for_backward(x, *weights)
-        ctx.group, ctx.input_dtype = group, x.dtype
-        ctx.bias_dtypes = tuple(None if b is None else b.dtype for b in biases)
-        return tuple(F.linear(full, w, b) for w, b in zip(weights, biases))  # autocast applies
-
-    @staticmethod
-    def backward(ctx, *grads):
-        # outside autocast: compute in the gradients' dtype, as autocast's linear would
-        x, *weights = ctx.saved_tensors
-        gathering = launch_all_gather(x, ctx.group, dim=1)
-        grad_full = None
-        for g, w in zip(grads, weights):
-            part = g.matmul(w.to(g.dtype))
-            grad_full = part if grad_full is None else grad_full + part
-        full = gathering.wait()
-        scattering = launch_reduce_scatter(grad_full, ctx.group, dim=1)  # (B, T/tp, in)
-        flat_full = full.reshape(-1, full.shape[-1])
-        grad_weights, grad_biases = [], []
-        for g, w, bias_dtype in zip(grads, weights, ctx.bias_dtypes):
-            flat = g.reshape(-1, g.shape[-1])
-            grad_weights.append(flat.t().matmul(flat_full.to(flat.dtype)).to(w.dtype))
-            grad_biases.append(None if bias_dtype is None else flat.sum(0).to(bias_dtype))
-        return (scattering.wait().to(ctx.input_dtype), None, None, *grad_weights, *grad_biases)
 
 
 class RowParallelLinear(nn.Module):

@@ -1,0 +1,54 @@
+"""Column linears that save their sequence-parallel input as a shard (Note [sp inputs saved
+as shards]): ``layers.project`` and ``ColumnParallelLinear`` apply ``GatheredColumns`` under
+sp; a build without sp does not ship this module (features.py's "sequence parallel").
+
+Takes: a (B, T/tp, in) input, the tp group, the linears' weights and biases. Gives: their
+(B, T, out/tp) outputs, and in backward the input's gradient reduce-scattered along T.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...distributed.comm import _all_gather
+from ...distributed.comm_async import launch_all_gather, launch_reduce_scatter
+
+
+class GatheredColumns(torch.autograd.Function):
+    """Note [sp inputs saved as shards]: column linears whose sequence-parallel input
+    (B, T/tp, in) is all-gathered along T save that shard for backward, not the gathered
+    (B, T, in), and gather it again there for the weight gradients, as Megatron does: under
+    sp the norms' tensors are all /tp, and without this the gathered inputs (one for q, k,
+    v, one for the MLP's up and gate) were a block's largest saved tensors. Backward
+    launches the regather, computes the input gradient Σ g_j W_j meanwhile, launches its
+    reduce-scatter along T and computes the weight gradients while that runs. The cost:
+    one more all-gather of the input per region in backward (the planner prices it)."""
+
+    @staticmethod
+    def forward(ctx, x, group, count, *params):
+        weights, biases = params[:count], params[count:]
+        full = _all_gather(x, group, 1)  # (B, T, in)
+        ctx.save_for_backward(x, *weights)
+        ctx.group, ctx.input_dtype = group, x.dtype
+        ctx.bias_dtypes = tuple(None if b is None else b.dtype for b in biases)
+        return tuple(F.linear(full, w, b) for w, b in zip(weights, biases))  # autocast applies
+
+    @staticmethod
+    def backward(ctx, *grads):
+        # outside autocast: compute in the gradients' dtype, as autocast's linear would
+        x, *weights = ctx.saved_tensors
+        gathering = launch_all_gather(x, ctx.group, dim=1)
+        grad_full = None
+        for g, w in zip(grads, weights):
+            part = g.matmul(w.to(g.dtype))
+            grad_full = part if grad_full is None else grad_full + part
+        full = gathering.wait()
+        scattering = launch_reduce_scatter(grad_full, ctx.group, dim=1)  # (B, T/tp, in)
+        flat_full = full.reshape(-1, full.shape[-1])
+        grad_weights, grad_biases = [], []
+        for g, w, bias_dtype in zip(grads, weights, ctx.bias_dtypes):
+            flat = g.reshape(-1, g.shape[-1])
+            grad_weights.append(flat.t().matmul(flat_full.to(flat.dtype)).to(w.dtype))
+            grad_biases.append(None if bias_dtype is None else flat.sum(0).to(bias_dtype))
+        return (scattering.wait().to(ctx.input_dtype), None, None, *grad_weights, *grad_biases)
