@@ -23,8 +23,8 @@ import importlib
 import torch
 
 _ELSEWHERE = {  # Note [data by feature]: name -> the module that holds it
-    **dict.fromkeys(("TokenFile", "BlendedTokens", "blend", "blend_counts", "check_tokens", "HELD_OUT", "TRAIN_PART",
-                     "VAL_PART"), "..train.tokens"),
+    **dict.fromkeys(("TokenFile", "BlendedTokens", "blend", "blend_counts", "check_tokens", "HELD_OUT",
+                     "TRAIN_PART", "VAL_PART"), "..train.tokens"),
     **dict.fromkeys(("context_spans", "context_chunk"), "..parallel.context.context"),
 }
 

@@ -319,9 +319,9 @@ def test_no_layout_rule_reads_two_leaf_settings():
 
 def test_every_rule_reads_declared_values_and_a_declaration_keeps_its_key():
     """Note [a feature declares its values]: with constraints/ imported every name a rule
-    reads is in KEYS (checked when rules are selected), and no feature re-points a name."""
+    reads is in KEYS (checked once constraints/ has imported them all), and no feature re-points a name."""
     from parc.runtime.layout.constraints import BUILD, KEYS, LAYOUT, RULES, rules_of
-    from parc.runtime.layout.rule_engine import declare
+    from parc.runtime.layout.rule_keys import declare
 
     assert rules_of((LAYOUT, BUILD)) == tuple(RULES)
     assert all(name in KEYS for rule in RULES for name in (*rule.needs, *rule.optional))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from ..rule_engine import _violation, declare, divisors, rule, some
+from ..rule_engine import _violation, divisors, rule, some
+from ..rule_keys import declare
 from .rules_mesh import _and
 
 declare(cp_kind="parallel.cp_kind")  # Note [a feature declares its values]

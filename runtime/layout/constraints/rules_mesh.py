@@ -7,7 +7,8 @@ import math
 from typing import Callable, Mapping
 from ..axes import TP_SIDES, WORLD_ORDER, Axis, axis
 
-from ..rule_engine import Violation, _violation, declare, divisors, legal, rule, some
+from ..rule_engine import Violation, _violation, divisors, rule, some
+from ..rule_keys import declare, legal
 from ..model_rules import kv_replicas
 from .unbuilt_pairs import tp_2d
 

@@ -7,7 +7,8 @@ from typing import Callable
 from ..axes import axis
 from ..layer_settings import SETTINGS
 
-from ..rule_engine import BUILD, KEYS, Violation, _violation, divisors, entries, per_layer, rule, some
+from ..rule_engine import BUILD, Violation, _violation, divisors, entries, per_layer, rule, some
+from ..rule_keys import KEYS
 from .unbuilt_pairs import tp_2d
 
 

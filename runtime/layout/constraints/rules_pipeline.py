@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 
-from ..rule_engine import BUILD, KEYS, _violation, divisors, entries, rule, some
+from ..rule_engine import BUILD, _violation, divisors, entries, rule, some
+from ..rule_keys import KEYS
 from .unbuilt_pairs import tp_2d
 
 

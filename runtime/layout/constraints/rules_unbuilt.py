@@ -7,7 +7,8 @@ import inspect
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ..rule_engine import BUILD, KEYS, Violation, _violation, declare, divisors, rule
+from ..rule_engine import BUILD, Violation, _violation, divisors, rule
+from ..rule_keys import KEYS, declare
 from .unbuilt_pairs import tp_2d
 
 declare(  # Note [a feature declares its values]: ZeRO-3's options, the pipeline codec's

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..layer_settings import SETTINGS, spec_text
-from ..rule_engine import BUILD, KEYS, Violation, entries, rule
+from ..rule_engine import BUILD, Violation, entries, rule
+from ..rule_keys import KEYS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
