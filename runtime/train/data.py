@@ -18,25 +18,27 @@ when first asked for (``__getattr__``), so train.py names every dataset the same
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
-_ELSEWHERE = {  # Note [data by feature]: name -> the module that holds it
-    **dict.fromkeys(("TokenFile", "BlendedTokens", "blend", "blend_counts", "check_tokens", "HELD_OUT",
-                     "TRAIN_PART", "VAL_PART"), "..train.tokens"),
-    **dict.fromkeys(("context_spans", "context_chunk"), "..parallel.context.context"),
-}
+from .draws import sample_generator as _generator
+
+TOKEN_NAMES = ("TokenFile", "BlendedTokens", "blend", "blend_counts", "check_tokens", "HELD_OUT", "TRAIN_PART",
+               "VAL_PART")
+"""What ``data.<name>`` gives from ``tokens.py`` (Note [data by feature])."""
 
 
 def __getattr__(name: str):
-    if name not in _ELSEWHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_ELSEWHERE[name], __package__), name)
+    """Note [data by feature]: the token files' names from ``tokens.py``, cp's chunks from
+    ``parallel/context/context.py``, each imported when first asked for."""
+    if name in TOKEN_NAMES:
+        from . import tokens
 
+        return getattr(tokens, name)
+    if name in ("context_spans", "context_chunk"):
+        from ..parallel.context import context
 
-def _generator(seed: int, index: int) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 6_364_136_223_846_793_005 + index * 1_442_695_040_888_963_407) % (2**63))
+        return getattr(context, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def sample_indices(step, micro, *, micro_batch, grad_accum, dp_rank, dp_size):

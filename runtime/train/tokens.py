@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..paths import UnreadableFile, check_regular
-from .data import _generator
+from .draws import sample_generator as _generator
 
 
 class TokenFile:
