@@ -16,7 +16,8 @@ import os
 from dataclasses import MISSING, dataclass, field, replace
 
 from parc.runtime.layout.constraints import per_layer
-from parc.runtime.layout.model_desc import ModelConfig, ModelDesc, describe, unchecked_config
+from parc.runtime.layout.model_record import unchecked_config
+from parc.runtime.layout.model_desc import ModelConfig, ModelDesc, describe
 
 from .diagnostics import Span
 

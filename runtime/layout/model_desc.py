@@ -331,21 +331,13 @@ class ModelDesc:
         ``grid``: (R, C) under 2D tensor parallelism with R > 1 (dense models only)."""
         start, stop = (0, len(self.blocks)) if layers is None else layers
         if grid is not None:
-            modules = (self.embed if first else ()) + tuple(m for b in self.blocks[start:stop] for m in b.modules)
-            if last:
-                modules += self.head if self.has_head_weight(first=first) else self.head[:-1]
-            return _count(modules, 1, grid=grid)
+            return _count(self._stage_modules(start, stop, first, last), 1, grid=grid)
         if ep > 1:  # each rank holds 1 / (ep·etp) of every MoE block's expert weights
             whole = self.stage_params(tp, layers=(start, stop), first=first, last=last, sharded=sharded)
             grouped = sum(m.numel() for b in self.blocks[start:stop] for m in b.modules if m.layer == GROUPED)
             return ParamCount(elements=whole.elements - grouped + grouped // ep, tensors=whole.tensors)
         if sharded is not None:
-            modules = (self.embed if first else ()) + tuple(
-                m for b in self.blocks[start:stop] for m in b.modules
-            )
-            if last:
-                modules += self.head if self.has_head_weight(first=first) else self.head[:-1]
-            return _count(modules, tp, frozenset(sharded))
+            return _count(self._stage_modules(start, stop, first, last), tp, frozenset(sharded))
         counts = _counts(self.config, tp)
         total = counts.prefix[stop] - counts.prefix[start]
         if first:
@@ -353,6 +345,14 @@ class ModelDesc:
         if last:
             total += self.head_params(tp, weight=self.has_head_weight(first=first))
         return total
+
+    def _stage_modules(self, start: int, stop: int, first: bool, last: bool) -> tuple[ModuleDesc, ...]:
+        """The modules of a stage of blocks [start, stop), the embedding when ``first``, the
+        final norm and a head matrix of its own (``has_head_weight``) when ``last``."""
+        modules = (self.embed if first else ()) + tuple(m for b in self.blocks[start:stop] for m in b.modules)
+        if last:
+            modules += self.head if self.has_head_weight(first=first) else self.head[:-1]
+        return modules
 
     def sequence_parallel_params(
         self, *, layers: tuple[int, int] | None = None, first: bool = True, last: bool = True, grid=None,
@@ -539,18 +539,3 @@ def _counts(config: ModelConfig, tp: int) -> _Counts:
         head_weight=_count(desc.head[-1:], tp), sp_prefix=tuple(sp_prefix), sp_embed=_sp_elements(desc.embed),
         sp_head=_sp_elements(desc.head),
     )
-
-
-def unchecked_config(**fields) -> ModelConfig:
-    """A ``ModelConfig`` of ``fields`` without ``__post_init__``'s checks: the compiler's record
-    (Note [one model record] in dsl/spec.py), whose shape the rules hold with a diagnostic at
-    the spec line (``parc check``, and the build's own ``check_values``), not a ValueError.
-    Every field must be given; the trainer builds its ``ModelConfig`` checked."""
-    names = ModelConfig.__dataclass_fields__
-    if set(fields) != set(names):
-        raise TypeError(f"unchecked_config: fields {sorted(set(names) ^ set(fields))} differ from ModelConfig's")
-    config = object.__new__(ModelConfig)
-    for name in names:
-        object.__setattr__(config, name, fields[name])
-    _settle_head_dim(config)
-    return config

@@ -34,7 +34,7 @@ from parc.codegen.build import build_to, generate, seen_from
 from parc.dsl import load_text
 from parc.dsl.diagnostics import Diagnostics, Span
 from parc.dsl.spec import DataKind
-from parc.runtime.layout.model_desc import unchecked_config
+from parc.runtime.layout.model_record import unchecked_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_PATH = ROOT / "examples" / "tiny.par"
