@@ -85,7 +85,7 @@ class Attention(nn.Module):
         kind = None if self.context is None else self.context.kind
         spans = self.context.spans(q.shape[-2]) if kind in ("ring", "allgather") else ((0, q.shape[-2]),)
         if self.documents is not None:
-            return self.separate(q, k, v, kind, spans)
+            return self.documents.attend(self, q, k, v, kind, spans)  # documents.py
         if self.llama:
             q, k = self.rotate(q, k, spans)
         if kind == "ring":  # the compiled block attention, or eager (under dropout too)
@@ -96,29 +96,6 @@ class Attention(nn.Module):
             mask = self.context.causal_mask(q.shape[-2], q.device)  # global positions
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=q.shape[1] != k.shape[1],
-            dropout_p=self.dropout if self.training else 0.0,
-        )
-
-    def separate(self, q, k, v, kind, spans):
-        """``core`` under documents = separate: this rank's queries (the global positions
-        ``spans``) against the keys it sees, causal and within each query's document,
-        rotated at their positions within their documents (documents.py)."""
-        from .documents import span_positions  # only a build with documents = separate ships documents.py
-
-        queries = span_positions(spans, q.device)
-        if self.llama:
-            within = self.documents.positions(queries)
-            q, k = rotary_at(q, self.theta, within), rotary_at(k, self.theta, within)
-        if kind == "ring":  # eager, masked per block
-            return self.context.ring(q, k, v, None, documents=self.documents,
-                                     dropout=self.dropout if self.training else 0.0)
-        keys = queries
-        if kind == "allgather":
-            k, v = self.context.gather(k), self.context.gather(v)  # (B, kv_heads/tp, T, D)
-            keys = torch.arange(k.shape[-2], device=q.device)
-        mask = self.documents.mask(queries, keys, name=(spans, k.shape[-2]))  # the same for every layer
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1],
             dropout_p=self.dropout if self.training else 0.0,
         )
 

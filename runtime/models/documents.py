@@ -28,6 +28,9 @@ pipeline executor sets them again before each action of a micro-batch
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+from .attention import rotary_at
 
 KINDS = ("joined", "separate")
 """``model.documents``: ``joined`` (attention crosses documents: the default) or ``separate``."""
@@ -74,6 +77,25 @@ class Documents:
             return self.same(queries, keys) & (keys.unsqueeze(0) <= queries.unsqueeze(1))
 
         return make() if name is None else self.remember(name, make)
+
+    def attend(self, attn, q, k, v, kind, spans):
+        """``attn.core`` (an ``Attention``) under documents = separate: this rank's queries
+        (the global positions ``spans``) against the keys it sees, causal and within each
+        query's document, rotated at their positions within their documents."""
+        queries = span_positions(spans, q.device)
+        if attn.llama:
+            within = self.positions(queries)
+            q, k = rotary_at(q, attn.theta, within), rotary_at(k, attn.theta, within)
+        dropout = attn.dropout if attn.training else 0.0
+        if kind == "ring":  # eager, masked per block
+            return attn.context.ring(q, k, v, None, documents=self, dropout=dropout)
+        keys = queries
+        if kind == "allgather":
+            k, v = attn.context.gather(k), attn.context.gather(v)  # (B, kv_heads/tp, T, D)
+            keys = torch.arange(k.shape[-2], device=q.device)
+        mask = self.mask(queries, keys, name=(spans, k.shape[-2]))  # the same for every layer
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1],
+                                              dropout_p=dropout)
 
     def remember(self, name, make):
         """``make()``, made once per micro-batch under ``name``: every layer attends alike
