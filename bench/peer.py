@@ -1,7 +1,9 @@
 """Tokens/s of a parc trainer vs torchtitan 0.3.0 on the same Llama, side by side.
 
 One Llama-style model (RMSNorm, rotary, grouped-query attention, SwiGLU; fp32, CPU,
-gloo) in four layouts: 1 rank, dp2, tp2 and dp2×tp2. parc's side is the trainer
+gloo) in four layouts: 1 rank, dp2, tp2 and dp2×tp2; and its mixture-of-experts
+variant (``moe-ep2``: every block's MLP 8 routed experts, top-2, no shared experts,
+each expert as wide as the dense MLP) with the experts split over 2 ranks. parc's side is the trainer
 ``parc build`` writes from a spec this bench writes; torchtitan's is its own Trainer
 driven on CPU by bench/peer_titan.py. Runs alternate (parc, torchtitan, parc, ...),
 each run reports the median step after warm-up, and the table gives the median of
@@ -13,7 +15,7 @@ packages its Trainer imports into bench/.peer/site (git-ignored), and the torcht
 runs see it through PYTHONPATH only.
 
     python bench/peer.py --setup          # once
-    python bench/peer.py [--repeat 3] [--steps 6] [--layouts 1,dp2,tp2,dp2xtp2]
+    python bench/peer.py [--repeat 3] [--steps 6] [--layouts 1,dp2,tp2,dp2xtp2,moe-ep2]
 
 What differs between the two models is printed with the table (``DIFFERENCES``).
 """
@@ -38,7 +40,23 @@ BIN = Path(sys.executable).parent
 PACKAGES = ["torchtitan==0.3.0", "spmd_types==0.2.3", "tyro", "docstring-parser", "typeguard", "einops",
             "torchdata", "torch_checkpointing", "datasets>=3.6,<4.8", "pyarrow", "dill", "multiprocess",
             "xxhash", "fsspec", "huggingface_hub", "pandas", "httpx", "requests", "urllib3", "certifi"]
-LAYOUTS = {"1": (1, 1), "dp2": (2, 1), "tp2": (1, 2), "dp2xtp2": (2, 2)}
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int = 1
+    tp: int = 1
+    ep: int = 1
+    moe: bool = False
+    """Every block's MLP the MoE of ``Shapes`` (experts, top_k, expert_ffn)."""
+
+    @property
+    def ranks(self) -> int:
+        return self.dp * self.tp
+
+
+LAYOUTS = {"1": Layout(), "dp2": Layout(dp=2), "tp2": Layout(tp=2), "dp2xtp2": Layout(dp=2, tp=2),
+           "moe-ep2": Layout(dp=2, ep=2, moe=True)}
 WARMUP = 2
 
 
@@ -54,6 +72,12 @@ class Shapes:
     global_batch: int = 16
     multiple_of: int = 256  # torchtitan's debug model's MLP rounding
     ffn_multiplier: float | None = None
+    # the MoE layouts: torchtitan's smallest MoE (Qwen3 debugmodel_moe: 64 experts, top-8,
+    # no shared experts) scaled to this model's size; both sides get these exactly
+    experts: int = 8
+    top_k: int = 2
+    shared_experts: int = 0
+    router_bias_update: float = 1e-3  # torchtitan's load_balance_coeff: aux-loss-free balancing
 
     @property
     def ffn(self) -> int:
@@ -70,8 +94,23 @@ def titan_ffn(hidden: int, multiple_of: int, multiplier: float | None = None) ->
     return multiple_of * -(-width // multiple_of)
 
 
-def spec_text(shapes: Shapes, dp: int, tp: int, steps: int) -> str:
+def moe_keys(shapes: Shapes, layout: Layout) -> str:
+    """The spec's MoE keys: experts as wide as the dense MLP, no aux loss (torchtitan
+    balances by its router bias alone), the bias update at torchtitan's rate."""
+    if not layout.moe:
+        return ""
+    return f"""
+  experts = {shapes.experts}
+  top_k = {shapes.top_k}
+  expert_ffn = {shapes.ffn}
+  shared_experts = {shapes.shared_experts}
+  aux_loss = 0
+  router_bias_update = {shapes.router_bias_update}"""
+
+
+def spec_text(shapes: Shapes, layout: Layout, steps: int) -> str:
     """The parc spec of one layout: the shapes, synthetic data, no clipping differences."""
+    dp, tp = layout.dp, layout.tp
     return f"""# bench/peer.py: the Llama both sides train (written by the bench).
 model peer_llama {{
   arch = llama
@@ -82,7 +121,7 @@ model peer_llama {{
   ffn = {shapes.ffn}
   vocab = {shapes.vocab}
   seq_len = {shapes.seq_len}
-  tie_embeddings = false
+  tie_embeddings = false{moe_keys(shapes, layout)}
 }}
 
 mesh {{
@@ -95,6 +134,7 @@ parallel {{
   dp = {dp}
   tp = {tp}
   pp = 1
+  ep = {layout.ep}
   sp = false
 }}
 
@@ -119,6 +159,12 @@ What differs (same shapes, parameter counts printed above):
   default reduce-scatters with PREMUL_SUM, which gloo does not have.
 - init: torchtitan truncated-normal 0.02, depth-scaled for wo/w2/w3, embedding N(0,1),
   head std hidden^-0.5; parc its own (runtime/models/param_init.py). Timing only, no parity.
+- moe-ep2: torchtitan's MoE block is its Qwen3-MoE one (q/k norms off, so the attention
+  is the Llama one); softmax router, top-k weights renormalized on both; load balanced
+  by a router bias updated after each step on both (no aux loss); torchtitan runs the
+  expert GEMMs in bf16 (torch._grouped_mm on bf16 copies of x and the weights), parc
+  in fp32 under precision = fp32; torchtitan's dp is FSDP2 (its ep borrows ranks from
+  the FSDP degree) with sum reductions (gloo has no PREMUL_SUM), parc's is all-reduce.
 - rotary: torchtitan rotates interleaved pairs (complex), parc halves; same cost.
 - loss: torchtitan sums and divides by the global token count; parc means per
   micro-batch; the same arithmetic per token.
@@ -167,30 +213,36 @@ def torchrun(nproc: int, argv: list[str], env: dict) -> str:
     return done.stdout
 
 
-def build_parc(shapes: Shapes, dp: int, tp: int, steps: int, workdir: Path) -> Path:
-    spec = workdir / f"peer-dp{dp}-tp{tp}.par"
-    spec.write_text(spec_text(shapes, dp, tp, steps))
-    out = workdir / f"parc-dp{dp}-tp{tp}"
+def build_parc(shapes: Shapes, name: str, layout: Layout, steps: int, workdir: Path) -> Path:
+    spec = workdir / f"peer-{name}.par"
+    spec.write_text(spec_text(shapes, layout, steps))
+    out = workdir / f"parc-{name}"
     subprocess.run([str(BIN / "parc"), "build", str(spec), "-o", str(out)], check=True, capture_output=True)
     return out
 
 
-def run_parc(build: Path, dp: int, tp: int, steps: int) -> float:
+def run_parc(build: Path, layout: Layout, steps: int) -> float:
     metrics = build / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // (dp * tp))))
-    torchrun(dp * tp, [str(build / "train.py"), "--steps", str(WARMUP + steps), "--metrics-jsonl", str(metrics)],
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // layout.ranks)))
+    torchrun(layout.ranks, [str(build / "train.py"), "--steps", str(WARMUP + steps), "--metrics-jsonl", str(metrics)],
              env)
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     return statistics.median(r["tokens_per_s"] for r in records[WARMUP:])
 
 
-def run_titan(shapes: Shapes, dp: int, tp: int, steps: int, workdir: Path, dp_kind: str) -> dict:
-    argv = [str(ROOT / "bench" / "peer_titan.py"), f"--dp={dp}", f"--tp={tp}", f"--steps={steps}", f"--dp-kind={dp_kind}",
-            f"--warmup={WARMUP}", f"--ffn={shapes.ffn}", f"--dump={workdir / 'titan'}"]
+def run_titan(shapes: Shapes, layout: Layout, steps: int, workdir: Path, dp_kind: str) -> dict:
+    if layout.moe:  # torchtitan's ep takes its ranks from the FSDP degree
+        dp_kind = "shard"
+    argv = [str(ROOT / "bench" / "peer_titan.py"), f"--dp={layout.dp}", f"--tp={layout.tp}", f"--steps={steps}",
+            f"--dp-kind={dp_kind}", f"--warmup={WARMUP}", f"--ffn={shapes.ffn}", f"--dump={workdir / 'titan'}"]
+    if layout.moe:
+        argv += [f"--experts={shapes.experts}", f"--top-k={shapes.top_k}", f"--moe-ffn={shapes.ffn}",
+                 f"--ep={layout.ep}"]
     for name in ("layers", "hidden", "heads", "kv_heads", "vocab", "seq_len", "micro_batch", "global_batch"):
         argv.append(f"--{name.replace('_', '-')}={getattr(shapes, name)}")
-    lines = [line for line in torchrun(dp * tp, argv, titan_env(dp * tp)).splitlines() if line.startswith("{")]
+    lines = [line for line in torchrun(layout.ranks, argv, titan_env(layout.ranks)).splitlines()
+             if line.startswith("{")]
     return json.loads(lines[-1])
 
 
@@ -219,12 +271,12 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in layouts:
-            dp, tp = LAYOUTS[name]
-            build = build_parc(shapes, dp, tp, WARMUP + args.steps, Path(tmp))
+            layout = LAYOUTS[name]
+            build = build_parc(shapes, name, layout, WARMUP + args.steps, Path(tmp))
             parc, titan, params = [], [], None
             for _ in range(args.repeat):  # alternating
-                parc.append(run_parc(build, dp, tp, args.steps))
-                result = run_titan(shapes, dp, tp, args.steps, Path(tmp), args.titan_dp)
+                parc.append(run_parc(build, layout, args.steps))
+                result = run_titan(shapes, layout, args.steps, Path(tmp), args.titan_dp)
                 titan.append(result["tokens_per_s"])
                 params = result["local_parameters"]
                 print(f"  ... {name}: parc {parc[-1]:.0f} tok/s, torchtitan {titan[-1]:.0f} tok/s; {load()}",
@@ -238,6 +290,9 @@ def main() -> int:
     print(f"{'layout':<9} {'parc tok/s':>11} {'titan tok/s':>12} {'parc/titan':>11} {'titan params':>13}")
     for name, parc, titan, params in rows:
         print(f"{name:<9} {parc:>11.0f} {titan:>12.0f} {parc / titan:>10.2f}x {params:>13,}")
+    if any(LAYOUTS[name].moe for name in layouts):
+        print(f"moe-ep2: {shapes.experts} experts top-{shapes.top_k}, each {shapes.ffn} wide, "
+              f"{shapes.shared_experts} shared, every block; experts over 2 ranks (ep 2 within dp 2)")
     print(f"MLP width {shapes.ffn} = torchtitan's rounding of int(2/3*4*{shapes.hidden}) = "
           f"{int(8 * shapes.hidden / 3)} up to multiple_of {shapes.multiple_of}; given to both exactly.")
     print(DIFFERENCES)
