@@ -1,7 +1,9 @@
 """Tokens/s of a parc trainer vs torchtitan 0.3.0 on the same Llama, side by side.
 
 One Llama-style model (RMSNorm, rotary, grouped-query attention, SwiGLU; fp32, CPU,
-gloo) in four layouts: 1 rank, dp2, tp2 and dp2×tp2; and its mixture-of-experts
+gloo) in the layouts: 1 rank, dp2, tp2 and dp2×tp2; FSDP (parc's ZeRO-3, torchtitan's
+FSDP2) over 2 ranks; a 2-stage pipeline under 1F1B, interleaved 1F1B (2 stages a rank)
+and ZB-V (torchtitan's ZBVZeroBubble: parc's zero_bubble_v); and its mixture-of-experts
 variant (``moe-ep2``: every block's MLP 8 routed experts, top-2, no shared experts,
 each expert as wide as the dense MLP) with the experts split over 2 ranks. parc's side is the trainer
 ``parc build`` writes from a spec this bench writes; torchtitan's is its own Trainer
@@ -15,7 +17,7 @@ packages its Trainer imports into bench/.peer/site (git-ignored), and the torcht
 runs see it through PYTHONPATH only.
 
     python bench/peer.py --setup          # once
-    python bench/peer.py [--repeat 3] [--steps 6] [--layouts 1,dp2,tp2,dp2xtp2,moe-ep2]
+    python bench/peer.py [--repeat 3] [--steps 6] [--layouts 1,dp2,...,moe-ep2] [--global-batch 16]
 
 What differs between the two models is printed with the table (``DIFFERENCES``).
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,14 +52,27 @@ class Layout:
     ep: int = 1
     moe: bool = False
     """Every block's MLP the MoE of ``Shapes`` (experts, top_k, expert_ffn)."""
+    pp: int = 1
+    schedule: str = "1f1b"
+    """parc's pipeline schedule, and torchtitan's name for the same one:"""
+    titan_schedule: str = "1F1B"
+    zero: int = 0
+    titan_dp: str | None = None
+    """torchtitan's dp kind when the layout fixes it (FSDP: shard), else --titan-dp's."""
 
     @property
     def ranks(self) -> int:
-        return self.dp * self.tp
+        return self.dp * self.tp * self.pp
 
 
-LAYOUTS = {"1": Layout(), "dp2": Layout(dp=2), "tp2": Layout(tp=2), "dp2xtp2": Layout(dp=2, tp=2),
-           "moe-ep2": Layout(dp=2, ep=2, moe=True)}
+LAYOUTS = {
+    "1": Layout(), "dp2": Layout(dp=2), "tp2": Layout(tp=2), "dp2xtp2": Layout(dp=2, tp=2),
+    "fsdp-dp2": Layout(dp=2, zero=3, titan_dp="shard"),
+    "pp2-1f1b": Layout(pp=2),
+    "pp2-interleaved": Layout(pp=2, schedule="interleaved(chunks = 2)", titan_schedule="Interleaved1F1B"),
+    "pp2-zbv": Layout(pp=2, schedule="zero_bubble_v", titan_schedule="ZBVZeroBubble"),
+    "moe-ep2": Layout(dp=2, ep=2, moe=True, titan_dp="shard"),  # torchtitan's ep takes ranks from FSDP
+}
 WARMUP = 2
 
 
@@ -126,14 +142,16 @@ model peer_llama {{
 
 mesh {{
   nodes = 1
-  devices_per_node = {dp * tp}
+  devices_per_node = {layout.ranks}
   device = cpu
 }}
 
 parallel {{
   dp = {dp}
   tp = {tp}
-  pp = 1
+  pp = {layout.pp}
+  schedule = {layout.schedule}
+  zero = {layout.zero}
   ep = {layout.ep}
   sp = false
 }}
@@ -170,6 +188,14 @@ What differs (same shapes, parameter counts printed above):
   micro-batch; the same arithmetic per token.
 - attention: both SDPA is_causal (torchtitan's LM default is FlexAttention with
   document masks, which needs torch.compile off GPU); q/k/v unfused in both.
+- fsdp-dp2: parc's ZeRO-3 against torchtitan's FSDP2 (its reduce-scatter made a SUM:
+  gloo has no PREMUL_SUM); torchtitan reduces gradients every micro-batch it
+  accumulates, parc once a step.
+- pp2: both split the 4 layers evenly (torchtitan's first/last stage "less layers" set
+  to 0); 8 micro-batches of 2 a step on both; torchtitan's schedules get the micro-
+  batches through bench/peer_titan.py's shim (its 0.3.0 calls a step API the pinned
+  torch lacks). parc's zero_bubble (ZB-H1, one stage a rank) has no torchtitan
+  counterpart: its zero-bubble schedules are the looped ones (ZB-V, interleaved ZB).
 - MLP width: torchtitan rounds 2/3·4·hidden up to multiple_of; the bench computes
   that width once and gives it to both exactly (no rounding differs)."""
 
@@ -205,12 +231,16 @@ def titan_env(nproc: int) -> dict:
     return env
 
 
-def torchrun(nproc: int, argv: list[str], env: dict) -> str:
-    command = [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", *argv]
+def torchrun(nproc: int, argv: list[str], env: dict, rss: Path) -> tuple[str, list[int]]:
+    """Run ``argv`` (a script and its arguments) on ``nproc`` ranks through bench/peer_rss.py:
+    (stdout, each rank's peak resident bytes)."""
+    shutil.rmtree(rss, ignore_errors=True)
+    command = [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}",
+               str(ROOT / "bench" / "peer_rss.py"), str(rss), *argv]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"failed: {' '.join(command)}\n{done.stdout[-1500:]}\n{done.stderr[-3000:]}")
-    return done.stdout
+    return done.stdout, [int((rss / f"rss-rank{r}.txt").read_text()) for r in range(nproc)]
 
 
 def build_parc(shapes: Shapes, name: str, layout: Layout, steps: int, workdir: Path) -> Path:
@@ -221,29 +251,33 @@ def build_parc(shapes: Shapes, name: str, layout: Layout, steps: int, workdir: P
     return out
 
 
-def run_parc(build: Path, layout: Layout, steps: int) -> float:
+def run_parc(build: Path, layout: Layout, steps: int) -> tuple[float, list[int]]:
     metrics = build / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // layout.ranks)))
-    torchrun(layout.ranks, [str(build / "train.py"), "--steps", str(WARMUP + steps), "--metrics-jsonl", str(metrics)],
-             env)
+    _, rss = torchrun(layout.ranks, [str(build / "train.py"), "--steps", str(WARMUP + steps),
+                                     "--metrics-jsonl", str(metrics)], env, build / "rss")
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return statistics.median(r["tokens_per_s"] for r in records[WARMUP:])
+    return statistics.median(r["tokens_per_s"] for r in records[WARMUP:]), rss
 
 
 def run_titan(shapes: Shapes, layout: Layout, steps: int, workdir: Path, dp_kind: str) -> dict:
-    if layout.moe:  # torchtitan's ep takes its ranks from the FSDP degree
-        dp_kind = "shard"
+    dp_kind = layout.titan_dp or dp_kind
     argv = [str(ROOT / "bench" / "peer_titan.py"), f"--dp={layout.dp}", f"--tp={layout.tp}", f"--steps={steps}",
-            f"--dp-kind={dp_kind}", f"--warmup={WARMUP}", f"--ffn={shapes.ffn}", f"--dump={workdir / 'titan'}"]
+            f"--dp-kind={dp_kind}", f"--warmup={WARMUP}", f"--pp={layout.pp}", f"--schedule={layout.titan_schedule}", f"--ffn={shapes.ffn}", f"--dump={workdir / 'titan'}"]
     if layout.moe:
         argv += [f"--experts={shapes.experts}", f"--top-k={shapes.top_k}", f"--moe-ffn={shapes.ffn}",
                  f"--ep={layout.ep}"]
     for name in ("layers", "hidden", "heads", "kv_heads", "vocab", "seq_len", "micro_batch", "global_batch"):
         argv.append(f"--{name.replace('_', '-')}={getattr(shapes, name)}")
-    lines = [line for line in torchrun(layout.ranks, argv, titan_env(layout.ranks)).splitlines()
-             if line.startswith("{")]
-    return json.loads(lines[-1])
+    out, rss = torchrun(layout.ranks, argv, titan_env(layout.ranks), workdir / "titan-rss")
+    result = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    return dict(result, rss=rss)
+
+
+def per_rank(runs: list[list[int]]) -> str:
+    """Each rank's median peak over the runs, in MiB, ``r0/r1/...``."""
+    return "/".join(f"{statistics.median(run[r] for run in runs) / 2**20:.0f}" for r in range(len(runs[0])))
 
 
 def main() -> int:
@@ -251,6 +285,8 @@ def main() -> int:
     parser.add_argument("--setup", action="store_true", help=f"install torchtitan into {SITE.relative_to(ROOT)}")
     parser.add_argument("--repeat", type=int, default=3, help="alternating runs of each side per layout")
     parser.add_argument("--steps", type=int, default=6, help=f"timed steps per run (after {WARMUP} warm-up)")
+    parser.add_argument("--global-batch", type=int, default=Shapes.global_batch,
+                        help="sequences a step (micro-batches of 2; under dp a rank accumulates its share)")
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated: " + ", ".join(LAYOUTS))
     parser.add_argument("--titan-dp", choices=("replicate", "shard"), default="replicate",
                         help="torchtitan's dp: replicated parameters with all-reduced gradients (DDP, like parc's "
@@ -262,7 +298,7 @@ def main() -> int:
         print(f"bench/peer.py: torchtitan is not installed for the bench; run: python bench/peer.py --setup",
               file=sys.stderr)
         return 1
-    shapes = Shapes()
+    shapes = Shapes(global_batch=args.global_batch)
     layouts = [name.strip() for name in args.layouts.split(",")]
     unknown = [name for name in layouts if name not in LAYOUTS]
     if unknown:
@@ -273,23 +309,30 @@ def main() -> int:
         for name in layouts:
             layout = LAYOUTS[name]
             build = build_parc(shapes, name, layout, WARMUP + args.steps, Path(tmp))
-            parc, titan, params = [], [], None
+            parc, titan, params, parc_rss, titan_rss = [], [], None, [], []
             for _ in range(args.repeat):  # alternating
-                parc.append(run_parc(build, layout, args.steps))
+                tokens, rss = run_parc(build, layout, args.steps)
+                parc.append(tokens)
+                parc_rss.append(rss)
                 result = run_titan(shapes, layout, args.steps, Path(tmp), args.titan_dp)
                 titan.append(result["tokens_per_s"])
+                titan_rss.append(result["rss"])
                 params = result["local_parameters"]
                 print(f"  ... {name}: parc {parc[-1]:.0f} tok/s, torchtitan {titan[-1]:.0f} tok/s; {load()}",
                       file=sys.stderr, flush=True)
-            rows.append((name, statistics.median(parc), statistics.median(titan), params))
+            rows.append((name, statistics.median(parc), statistics.median(titan), params,
+                         per_rank(parc_rss), per_rank(titan_rss)))
     print(f"## parc vs torchtitan 0.3.0: llama {shapes.layers}x{shapes.hidden}, {shapes.heads} heads "
           f"({shapes.kv_heads} kv), ffn {shapes.ffn}, vocab {shapes.vocab}, {shapes.global_batch} sequences "
           f"of {shapes.seq_len} a step (micro-batch {shapes.micro_batch}), fp32, CPU gloo; medians of "
           f"{args.repeat} alternating runs x {args.steps} steps after {WARMUP} warm-up")
     print(f"## before: {start_load}; after: {load()}")
-    print(f"{'layout':<9} {'parc tok/s':>11} {'titan tok/s':>12} {'parc/titan':>11} {'titan params':>13}")
-    for name, parc, titan, params in rows:
-        print(f"{name:<9} {parc:>11.0f} {titan:>12.0f} {parc / titan:>10.2f}x {params:>13,}")
+    print(f"{'layout':<16} {'parc tok/s':>11} {'titan tok/s':>12} {'parc/titan':>11} {'titan params':>13} "
+          f"{'parc MiB/rank':>14} {'titan MiB/rank':>15}")
+    for name, parc, titan, params, parc_mib, titan_mib in rows:
+        print(f"{name:<16} {parc:>11.0f} {titan:>12.0f} {parc / titan:>10.2f}x {params:>13,} "
+              f"{parc_mib:>14} {titan_mib:>15}")
+    print("MiB/rank: each rank's peak resident memory (bench/peer_rss.py), the median over runs, rank 0 first")
     if any(LAYOUTS[name].moe for name in layouts):
         print(f"moe-ep2: {shapes.experts} experts top-{shapes.top_k}, each {shapes.ffn} wide, "
               f"{shapes.shared_experts} shared, every block; experts over 2 ranks (ep 2 within dp 2)")

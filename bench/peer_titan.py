@@ -19,6 +19,10 @@ Builds a ``Trainer.Config`` in Python, as torchtitan's config registry does
   Qwen3 block (its MoE model family) without q/k norms, un-fused q/k/v, SDPA, so the
   attention is the Llama one; ``--ep`` experts split over that many ranks (torchtitan
   borrows them from the FSDP degree: ``--dp-kind shard``);
+- with ``--pp 2`` its pipeline (``--schedule``: 1F1B, Interleaved1F1B, ZBVZeroBubble,
+  ...), the layers split evenly over the stages (no stage holds fewer for the
+  embedding or the head, as parc splits them), ``--micro-batch`` rows a micro-batch,
+  the whole batch of a dp rank one step of micro-batches (no accumulation around it);
 - dp through torchtitan's FSDP2 (``data_parallel_shard_degree``, its default) or
   replication (``--dp-kind replicate``), tp through its DTensor plan (sp off).
 
@@ -29,6 +33,7 @@ Trainer.train_step is timed per step (after a barrier); rank 0 prints one JSON l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -91,12 +96,15 @@ def main() -> None:
     for name, default in [("layers", 4), ("hidden", 128), ("heads", 4), ("kv_heads", 4), ("ffn", 512),
                           ("vocab", 512), ("seq_len", 64), ("micro_batch", 2), ("global_batch", 16),
                           ("dp", 1), ("tp", 1), ("steps", 8), ("warmup", 2), ("experts", 0), ("top_k", 2),
-                          ("moe_ffn", 0), ("ep", 1)]:
+                          ("moe_ffn", 0), ("ep", 1), ("pp", 1)]:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     parser.add_argument("--rope-theta", type=float, default=10000.0)
     parser.add_argument("--norm-eps", type=float, default=1e-5)
     parser.add_argument("--dp-kind", choices=("shard", "replicate"), default="shard")
+    parser.add_argument("--schedule", default="1F1B", help="torchtitan's pipeline schedule (with --pp > 1)")
     parser.add_argument("--dump", default="/tmp/parc-peer-titan")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile the first step after warm-up; rank 0 prints the ops by self time")
     args = parser.parse_args()
     _cpu_device()
 
@@ -197,33 +205,46 @@ def _train(args, spec):
         tokenizer=NoTokenizer.Config(vocab=args.vocab),
         dataloader=SyntheticTokens.Config(vocab=args.vocab),
         optimizer=default_adamw(lr=3e-4),
-        training=TrainingConfig(local_batch_size=args.micro_batch, global_batch_size=args.global_batch,
+        # under pp the local batch is the micro-batches of a step; else one micro-batch, accumulated
+        training=TrainingConfig(local_batch_size=args.global_batch // args.dp if args.pp > 1 else args.micro_batch,
+                                global_batch_size=args.global_batch,
                                 seq_len=args.seq_len, steps=args.warmup + args.steps, max_norm=1.0,
                                 dtype="float32", mixed_precision_param="float32", disable_cuda_graphs=True),
         parallelism=ParallelismConfig(data_parallel_shard_degree=shard, data_parallel_replicate_degree=replicate,
                                       tensor_parallel_degree=args.tp, enable_sequence_parallel=False,
                                       expert_parallel_degree=args.ep,
+                                      pipeline_parallel_degree=args.pp, pipeline_parallel_schedule=args.schedule,
+                                      pipeline_parallel_microbatch_size=args.micro_batch,
+                                      pipeline_parallel_first_stage_less_layers=0,
+                                      pipeline_parallel_last_stage_less_layers=0,
                                       # the default, spmd_types, hands FSDP (dp > 1) plain parameters
                                       # on CPU and FSDP refuses them; DTensor for tp as before 0.3
                                       spmd_backend="partial_dtensor" if world > 1 else "spmd_types"),
         metrics=MetricsProcessor.Config(log_freq=1),
         activation_checkpoint=None,
     )
-    assert shard * replicate * args.tp == world, (shard, replicate, args.tp, world)
+    assert shard * replicate * args.tp * args.pp == world, (shard, replicate, args.tp, args.pp, world)
     trainer = config.build()
     if world > 1 and shard > 1:
         _gloo_reductions(trainer)
+    if args.pp > 1:
+        _micro_batch_steps(trainer.pp_schedule)
     times = []
     step = trainer.train_step
 
     def timed_step(data_iterator):
         if dist.is_initialized():
             dist.barrier()
+        profiling = args.profile and len(times) == args.warmup
+        profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profiling else None
         start = time.perf_counter()
-        step(data_iterator)
+        with profile or contextlib.nullcontext():
+            step(data_iterator)
         if dist.is_initialized():
             dist.barrier()
         times.append(time.perf_counter() - start)
+        if profile is not None and (not dist.is_initialized() or dist.get_rank() == 0):
+            print(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
 
     trainer.train_step = timed_step
     params = sum(p.numel() for p in trainer.model_parts[0].parameters())
@@ -247,6 +268,27 @@ def _gloo_reductions(trainer) -> None:
         for module in part.modules():
             if hasattr(module, "set_force_sum_reduction_for_comms"):
                 module.set_force_sum_reduction_for_comms(True)
+
+
+def _micro_batch_steps(schedule) -> None:
+    """torchtitan 0.3.0 hands its schedule the micro-batches already split
+    (``step(arg_mbs=, kwarg_mbs=, target_mbs=)``); the pinned torch's ``step`` takes the
+    whole batch and splits it itself, so those lists would arrive as model keywords.
+    Route them to the schedule's ``_step_microbatches``, after the per-step reset its
+    ``step`` does (each stage's backward flag and run-time state)."""
+    whole_batch = schedule.step
+
+    def step(*args, arg_mbs=None, kwarg_mbs=None, target_mbs=None, losses=None, return_outputs=True,
+             loss_kwargs=None, **kwargs):
+        if arg_mbs is None and kwarg_mbs is None:
+            return whole_batch(*args, losses=losses, return_outputs=return_outputs, loss_kwargs=loss_kwargs, **kwargs)
+        stages = getattr(schedule, "_stages", None) or [schedule._stage]
+        for stage in stages:
+            stage.has_backward = schedule._has_backward
+            stage.clear_runtime_states()
+        schedule._step_microbatches(arg_mbs, kwarg_mbs, target_mbs, losses, return_outputs, loss_kwargs=loss_kwargs)
+
+    schedule.step = step
 
 
 def _data_classes(torch, BaseDataLoader, BaseTokenizer):
