@@ -57,21 +57,28 @@ class Layout:
     """parc's pipeline schedule, and torchtitan's name for the same one:"""
     titan_schedule: str = "1F1B"
     zero: int = 0
+    cp: int = 1
+    precision: str = "fp32"
+    """parc's train.precision (torchtitan's side stays fp32, its expert GEMMs bf16)."""
+    """Context parallelism: parc's ring (load-balanced chunks), torchtitan's ring over SDPA."""
     titan_dp: str | None = None
     """torchtitan's dp kind when the layout fixes it (FSDP: shard), else --titan-dp's."""
 
     @property
     def ranks(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
 
 LAYOUTS = {
     "1": Layout(), "dp2": Layout(dp=2), "tp2": Layout(tp=2), "dp2xtp2": Layout(dp=2, tp=2),
     "fsdp-dp2": Layout(dp=2, zero=3, titan_dp="shard"),
+    "cp2-ring": Layout(cp=2),
     "pp2-1f1b": Layout(pp=2),
     "pp2-interleaved": Layout(pp=2, schedule="interleaved(chunks = 2)", titan_schedule="Interleaved1F1B"),
     "pp2-zbv": Layout(pp=2, schedule="zero_bubble_v", titan_schedule="ZBVZeroBubble"),
     "moe-ep2": Layout(dp=2, ep=2, moe=True, titan_dp="shard"),  # torchtitan's ep takes ranks from FSDP
+    # parc under bf16 autocast: its expert GEMMs in bf16 as torchtitan's are (and the rest too)
+    "moe-ep2-bf16": Layout(dp=2, ep=2, moe=True, titan_dp="shard", precision="bf16"),
 }
 WARMUP = 2
 
@@ -152,6 +159,7 @@ parallel {{
   pp = {layout.pp}
   schedule = {layout.schedule}
   zero = {layout.zero}
+  cp = {layout.cp}
   ep = {layout.ep}
   sp = false
 }}
@@ -163,7 +171,7 @@ train {{
   optimizer = adamw(lr = 3e-4)
   schedule = cosine(warmup = 2)
   grad_clip = 1.0
-  precision = fp32
+  precision = {layout.precision}
   seed = 1
   data = synthetic
 }}
@@ -264,7 +272,8 @@ def run_parc(build: Path, layout: Layout, steps: int) -> tuple[float, list[int]]
 def run_titan(shapes: Shapes, layout: Layout, steps: int, workdir: Path, dp_kind: str) -> dict:
     dp_kind = layout.titan_dp or dp_kind
     argv = [str(ROOT / "bench" / "peer_titan.py"), f"--dp={layout.dp}", f"--tp={layout.tp}", f"--steps={steps}",
-            f"--dp-kind={dp_kind}", f"--warmup={WARMUP}", f"--pp={layout.pp}", f"--schedule={layout.titan_schedule}", f"--ffn={shapes.ffn}", f"--dump={workdir / 'titan'}"]
+            f"--dp-kind={dp_kind}", f"--warmup={WARMUP}", f"--pp={layout.pp}", f"--cp={layout.cp}",
+            f"--schedule={layout.titan_schedule}", f"--ffn={shapes.ffn}", f"--dump={workdir / 'titan'}"]
     if layout.moe:
         argv += [f"--experts={shapes.experts}", f"--top-k={shapes.top_k}", f"--moe-ffn={shapes.ffn}",
                  f"--ep={layout.ep}"]

@@ -23,6 +23,8 @@ Builds a ``Trainer.Config`` in Python, as torchtitan's config registry does
   ...), the layers split evenly over the stages (no stage holds fewer for the
   embedding or the head, as parc splits them), ``--micro-batch`` rows a micro-batch,
   the whole batch of a dp rank one step of micro-batches (no accumulation around it);
+- with ``--cp 2`` its context parallelism (ring attention over SDPA, the sequence
+  in load-balanced chunks);
 - dp through torchtitan's FSDP2 (``data_parallel_shard_degree``, its default) or
   replication (``--dp-kind replicate``), tp through its DTensor plan (sp off).
 
@@ -96,7 +98,7 @@ def main() -> None:
     for name, default in [("layers", 4), ("hidden", 128), ("heads", 4), ("kv_heads", 4), ("ffn", 512),
                           ("vocab", 512), ("seq_len", 64), ("micro_batch", 2), ("global_batch", 16),
                           ("dp", 1), ("tp", 1), ("steps", 8), ("warmup", 2), ("experts", 0), ("top_k", 2),
-                          ("moe_ffn", 0), ("ep", 1), ("pp", 1)]:
+                          ("moe_ffn", 0), ("ep", 1), ("pp", 1), ("cp", 1)]:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     parser.add_argument("--rope-theta", type=float, default=10000.0)
     parser.add_argument("--norm-eps", type=float, default=1e-5)
@@ -213,6 +215,7 @@ def _train(args, spec):
         parallelism=ParallelismConfig(data_parallel_shard_degree=shard, data_parallel_replicate_degree=replicate,
                                       tensor_parallel_degree=args.tp, enable_sequence_parallel=False,
                                       expert_parallel_degree=args.ep,
+                                      context_parallel_degree=args.cp,
                                       pipeline_parallel_degree=args.pp, pipeline_parallel_schedule=args.schedule,
                                       pipeline_parallel_microbatch_size=args.micro_batch,
                                       pipeline_parallel_first_stage_less_layers=0,
@@ -223,7 +226,7 @@ def _train(args, spec):
         metrics=MetricsProcessor.Config(log_freq=1),
         activation_checkpoint=None,
     )
-    assert shard * replicate * args.tp * args.pp == world, (shard, replicate, args.tp, args.pp, world)
+    assert shard * replicate * args.tp * args.pp * args.cp == world, (shard, replicate, args.tp, args.pp, args.cp)
     trainer = config.build()
     if world > 1 and shard > 1:
         _gloo_reductions(trainer)
