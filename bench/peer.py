@@ -63,6 +63,8 @@ class Layout:
     """Context parallelism: parc's ring (load-balanced chunks), torchtitan's ring over SDPA."""
     titan_dp: str | None = None
     """torchtitan's dp kind when the layout fixes it (FSDP: shard), else --titan-dp's."""
+    titan_cannot: str | None = None
+    """Why torchtitan cannot run the layout here (the row then has parc's side only)."""
 
     @property
     def ranks(self) -> int:
@@ -72,7 +74,10 @@ class Layout:
 LAYOUTS = {
     "1": Layout(), "dp2": Layout(dp=2), "tp2": Layout(tp=2), "dp2xtp2": Layout(dp=2, tp=2),
     "fsdp-dp2": Layout(dp=2, zero=3, titan_dp="shard"),
-    "cp2-ring": Layout(cp=2),
+    "cp2-ring": Layout(cp=2, titan_cannot=(
+        "torchtitan's cp on CPU: its ring attention shards SDPA through DTensor, and the CPU kernel "
+        "aten._scaled_dot_product_flash_attention_for_cpu has no sharding strategy (NotImplementedError); "
+        "its other cp path, FlexAttention, needs torch.compile, which the bench's CPU lacks")),
     "pp2-1f1b": Layout(pp=2),
     "pp2-interleaved": Layout(pp=2, schedule="interleaved(chunks = 2)", titan_schedule="Interleaved1F1B"),
     "pp2-zbv": Layout(pp=2, schedule="zero_bubble_v", titan_schedule="ZBVZeroBubble"),
@@ -313,7 +318,7 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown layouts {unknown}; choose from {', '.join(LAYOUTS)}")
     start_load = load()
-    rows = []
+    rows, cannot = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for name in layouts:
             layout = LAYOUTS[name]
@@ -323,12 +328,19 @@ def main() -> int:
                 tokens, rss = run_parc(build, layout, args.steps)
                 parc.append(tokens)
                 parc_rss.append(rss)
+                if layout.titan_cannot:
+                    continue
                 result = run_titan(shapes, layout, args.steps, Path(tmp), args.titan_dp)
                 titan.append(result["tokens_per_s"])
                 titan_rss.append(result["rss"])
                 params = result["local_parameters"]
                 print(f"  ... {name}: parc {parc[-1]:.0f} tok/s, torchtitan {titan[-1]:.0f} tok/s; {load()}",
                       file=sys.stderr, flush=True)
+            if layout.titan_cannot:
+                print(f"  ... {name}: parc {statistics.median(parc):.0f} tok/s; torchtitan cannot run it: "
+                      f"{layout.titan_cannot}", file=sys.stderr, flush=True)
+                cannot.append((name, statistics.median(parc), per_rank(parc_rss), layout.titan_cannot))
+                continue
             rows.append((name, statistics.median(parc), statistics.median(titan), params,
                          per_rank(parc_rss), per_rank(titan_rss)))
     print(f"## parc vs torchtitan 0.3.0: llama {shapes.layers}x{shapes.hidden}, {shapes.heads} heads "
@@ -341,6 +353,8 @@ def main() -> int:
     for name, parc, titan, params, parc_mib, titan_mib in rows:
         print(f"{name:<16} {parc:>11.0f} {titan:>12.0f} {parc / titan:>10.2f}x {params:>13,} "
               f"{parc_mib:>14} {titan_mib:>15}")
+    for name, parc, parc_mib, why in cannot:
+        print(f"{name:<16} {parc:>11.0f} {'—':>12} {'—':>11} {'—':>13} {parc_mib:>14} {'—':>15}  ({why})")
     print("MiB/rank: each rank's peak resident memory (bench/peer_rss.py), the median over runs, rank 0 first")
     if any(LAYOUTS[name].moe for name in layouts):
         print(f"moe-ep2: {shapes.experts} experts top-{shapes.top_k}, each {shapes.ffn} wide, "

@@ -205,7 +205,7 @@ def _train(args, spec):
         dump_folder=args.dump,
         loss=CrossEntropyLoss.Config(global_vocab_size=args.vocab),
         tokenizer=NoTokenizer.Config(vocab=args.vocab),
-        dataloader=SyntheticTokens.Config(vocab=args.vocab),
+        dataloader=SyntheticTokens.Config(vocab=args.vocab, positions=args.cp > 1),
         optimizer=default_adamw(lr=3e-4),
         # under pp the local batch is the micro-batches of a step; else one micro-batch, accumulated
         training=TrainingConfig(local_batch_size=args.global_batch // args.dp if args.pp > 1 else args.micro_batch,
@@ -303,15 +303,21 @@ def _data_classes(torch, BaseDataLoader, BaseTokenizer):
         @dataclass(kw_only=True, slots=True)
         class Config(BaseDataLoader.Config):
             vocab: int = 512
+            positions: bool = False
+            """Hand each token's position too (torchtitan's cp shards them with the tokens)."""
 
         def __init__(self, config, *, dp_rank, local_batch_size, seq_len, **_):
             self.vocab, self.shape = config.vocab, (local_batch_size, seq_len + 1)
             self.gen = torch.Generator().manual_seed(1 + dp_rank)
+            self.positions = torch.arange(seq_len).expand(local_batch_size, seq_len) if config.positions else None
 
         def __iter__(self):
             while True:
                 tokens = torch.randint(0, self.vocab, self.shape, generator=self.gen)
-                yield {"input": tokens[:, :-1]}, tokens[:, 1:]
+                inputs = {"input": tokens[:, :-1]}
+                if self.positions is not None:
+                    inputs["positions"] = self.positions.clone()
+                yield inputs, tokens[:, 1:]
 
         def state_dict(self):
             return {}
