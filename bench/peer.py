@@ -19,7 +19,8 @@ runs see it through PYTHONPATH only.
     python bench/peer.py --setup          # once
     python bench/peer.py [--repeat 3] [--steps 6] [--layouts 1,dp2,...,moe-ep2] [--global-batch 16]
 
-What differs between the two models is printed with the table (``DIFFERENCES``).
+What differs between the two models is printed with the table (``DIFFERENCES``); where
+each side spends its time, and the last tables, are in bench/peer_notes.md.
 """
 
 from __future__ import annotations
