@@ -22,6 +22,10 @@ def test_kept_slots_by_expert_are_the_masks_order(drop):
     order, counts = moe.by_expert(slot_expert, kept.view(20, 2), 6)
     assert torch.equal(order, reference)
     assert torch.equal(counts, torch.bincount(slot_expert[reference], minlength=6))
+    if drop == 0.0:  # dropless: no mask at all, the same order
+        order, counts = moe.by_expert(slot_expert, None, 6)
+        assert torch.equal(order, reference)
+        assert torch.equal(counts, torch.bincount(slot_expert, minlength=6))
 
 
 def test_groups_keep_the_order_within_each_part():

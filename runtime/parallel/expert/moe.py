@@ -284,7 +284,8 @@ class MoEMLP(nn.Module):
         )
         slot_token = torch.arange(tokens.shape[0], device=x.device).repeat_interleave(self.top_k)
         slot_expert, slot_weight = experts.reshape(-1), weights.reshape(-1)
-        order, every = by_expert(slot_expert, kept, self.experts_count)  # kept slots by expert; the metrics' counts
+        # kept slots by expert; the metrics' counts (dropless: every slot, no mask read)
+        order, every = by_expert(slot_expert, None if self.capacity is None else kept, self.experts_count)
         routed_in, order_of = tokens, [order]
         if group_size(self.tp_group) > 1:  # Note [expert dispatch under tp]
             routed_in = copy_to_group(tokens, self.tp_group)  # backward: sum the shares' input grads
@@ -531,7 +532,7 @@ def inverse(permutation: torch.Tensor) -> torch.Tensor:
 
 def by_expert(slot_expert, kept, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The kept slots' indices ordered by expert, ties in slot order, and each expert's
-    count of them.
+    count of them (``kept`` None: every slot is).
 
     Note [dispatch without masks]: the routing's bookkeeping is sorts, bincounts and
     gathers, never a boolean mask (``x[mask]``, ``nonzero``: a host sync and a scan
@@ -543,11 +544,11 @@ def by_expert(slot_expert, kept, experts: int) -> tuple[torch.Tensor, torch.Tens
     scatter-add into zeros). The only host reads left are the row counts the
     all-to-alls and the grouped GEMM need. Every order is the one the masks gave, so
     the numbers are the same bit for bit."""
-    if kept.all():  # dropless: every slot
+    if kept is None:  # dropless
         return torch.sort(slot_expert, stable=True).indices, torch.bincount(slot_expert, minlength=experts)
     key = torch.where(kept.reshape(-1), slot_expert, slot_expert + experts)  # dropped slots after every kept one
     counts = torch.bincount(key, minlength=2 * experts)[:experts]
-    return torch.sort(key, stable=True).indices[: int(counts.sum())], counts
+    return torch.sort(key, stable=True).indices[: int(counts.sum())], counts  # the one host read: how many
 
 
 def grouped(order, part, parts: int) -> list[torch.Tensor]:
