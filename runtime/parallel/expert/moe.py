@@ -284,15 +284,15 @@ class MoEMLP(nn.Module):
         )
         slot_token = torch.arange(tokens.shape[0], device=x.device).repeat_interleave(self.top_k)
         slot_expert, slot_weight = experts.reshape(-1), weights.reshape(-1)
-        keep = kept.reshape(-1).nonzero().squeeze(1)
-        order = keep[torch.sort(slot_expert[keep], stable=True).indices]  # kept slots, by expert
+        # kept slots by expert; the metrics' counts (dropless: every slot, no mask read)
+        order, every = by_expert(slot_expert, None if self.capacity is None else kept, self.experts_count)
         routed_in, order_of = tokens, [order]
-        every = torch.bincount(slot_expert[order], minlength=self.experts_count)  # the metrics' counts
         if group_size(self.tp_group) > 1:  # Note [expert dispatch under tp]
             routed_in = copy_to_group(tokens, self.tp_group)  # backward: sum the shares' input grads
             order_of = self.tp_shares(order, slot_token[order], tokens.shape[0])
             order = order_of[group_rank(self.tp_group)]
-        counts = torch.bincount(slot_expert[order], minlength=self.experts_count)
+        counts = every if len(order_of) == 1 else torch.bincount(
+            slot_expert.index_select(0, order), minlength=self.experts_count)
         if self.splits > 1 and group_size(self.ep_group) > 1:  # Note [expert all-to-all overlap]
             N, tp = tokens.shape[0], len(order_of)
             # every share's rows by sub-batch (each tp rank gathers the others' in their order)
@@ -344,7 +344,7 @@ class MoEMLP(nn.Module):
         """Rows ``tokens[index]``: each kept slot's token, by expert (a fused gather when kernels are on)."""
         if self.fused is not None:
             return self.fused.permute_rows(tokens, index)
-        return tokens[index]
+        return tokens.index_select(0, index)
 
     def combine(self, y, index, weight, tokens):
         """(N, C) like ``tokens``: each token's expert rows ``y`` times their weights, summed in row order."""
@@ -370,8 +370,8 @@ class MoEMLP(nn.Module):
         plan = self.exchange_plan(counts)
         sizes = self.launch_sizes(plan.local_counts)  # Note [etp counts in flight]: behind the dispatch
         arrived = all_to_all_rows(x, self.ep_group, plan.send, plan.receive)  # dispatch: by source, then expert
-        y = self.run_local(arrived[plan.regroup], plan.local_counts, sizes)
-        return all_to_all_rows(y[plan.back], self.ep_group, plan.receive, plan.send)  # combine
+        y = self.run_local(permuted(arrived, plan.regroup, plan.back), plan.local_counts, sizes)
+        return all_to_all_rows(permuted(y, plan.back, plan.regroup), self.ep_group, plan.receive, plan.send)  # combine
 
     def launch_sizes(self, counts) -> Pending | None:
         """Start gathering every etp rank's per-local-expert ``counts`` (a (splits, local)
@@ -409,8 +409,9 @@ class MoEMLP(nn.Module):
         rows = sizes.sum(1).tolist()
         regroup, back = expert_major(sizes)
         gathered = gather_rows_summed(x, self.etp_group, rows)  # by etp rank, then local expert
-        partial = self.run_experts(gathered[regroup.to(x.device)], sizes.sum(0))
-        return scatter_rows_summed(partial[back.to(x.device)], self.etp_group, rows)
+        regroup, back = regroup.to(x.device), back.to(x.device)
+        partial = self.run_experts(permuted(gathered, regroup, back), sizes.sum(0))
+        return scatter_rows_summed(permuted(partial, back, regroup), self.etp_group, rows)
 
     def tp_shares(self, order, tokens_of, N):
         """Note [expert dispatch under tp]: tp ranks hold the same tokens; under ep > 1 rank r
@@ -418,19 +419,18 @@ class MoEMLP(nn.Module):
         slots, by expert), and the experts' rows are gathered back over tp, so the router,
         the weighting and the shared experts see every token on every tp rank."""
         tp = group_size(self.tp_group)
-        bounds = [N * r // tp for r in range(tp + 1)]
-        return [order[(tokens_of >= bounds[r]) & (tokens_of < bounds[r + 1])] for r in range(tp)]
+        bounds = torch.tensor([N * r // tp for r in range(1, tp)], dtype=tokens_of.dtype, device=tokens_of.device)
+        return grouped(order, torch.bucketize(tokens_of, bounds, right=True), tp)
 
     def split_order(self, order, tokens_of, lo, hi):
         """The kept slots ``order`` (by expert) of tokens lo .. hi − 1 regrouped by sub-batch
         (contiguous token ranges), by expert within each: a list of index tensors."""
-        part = (tokens_of - lo) * self.splits // (hi - lo)
-        return [order[part == i] for i in range(self.splits)]
+        return grouped(order, (tokens_of - lo) * self.splits // (hi - lo), self.splits)
 
     def run_splits(self, tokens, slot_token, slot_expert, orders):
         from .moe_overlap import run_overlapped  # only a build that overlaps experts ships it
 
-        counts = [torch.bincount(slot_expert[o], minlength=self.experts_count) for o in orders]
+        counts = [torch.bincount(slot_expert.index_select(0, o), minlength=self.experts_count) for o in orders]
         ys = run_overlapped(self, [self.permute(tokens, slot_token[o]) for o in orders], counts)
         return torch.cat(ys)
 
@@ -517,16 +517,66 @@ class MoEMLP(nn.Module):
 
 def expert_major(sizes) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows that arrive by source then expert (``sizes[i][e]`` from source i for expert e)
-    → the permutation that orders them by expert then source, and its inverse."""
+    → the permutation that orders them by expert then source, and its inverse: a stable
+    sort of the rows' experts (Note [dispatch without masks])."""
     sources, local = sizes.shape
     flat = sizes.reshape(-1).cpu()
-    starts = (torch.cumsum(flat, 0) - flat).view(sources, local).tolist()
-    counts = sizes.tolist()
-    regroup = torch.cat([torch.arange(starts[i][e], starts[i][e] + counts[i][e])
-                         for e in range(local) for i in range(sources)] or [torch.zeros(0, dtype=torch.int64)])
-    back = torch.empty_like(regroup)
-    back[regroup] = torch.arange(regroup.numel())
-    return regroup, back
+    expert_of = torch.arange(local).repeat(sources).repeat_interleave(flat)
+    regroup = torch.sort(expert_of, stable=True).indices
+    return regroup, inverse(regroup)
+
+
+def inverse(permutation: torch.Tensor) -> torch.Tensor:
+    back = torch.empty_like(permutation)
+    back[permutation] = torch.arange(permutation.numel(), device=permutation.device)
+    return back
+
+
+def by_expert(slot_expert, kept, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept slots' indices ordered by expert, ties in slot order, and each expert's
+    count of them (``kept`` None: every slot is).
+
+    Note [dispatch without masks]: the routing's bookkeeping is sorts, bincounts and
+    gathers, never a boolean mask (``x[mask]``, ``nonzero``: a host sync and a scan
+    each) nor an index scatter: the kept slots by expert are one stable sort of a key
+    that puts the dropped slots last; the tp shares and sub-batches one stable sort of
+    their part ids (``grouped``); the arrival order under ep one stable sort of the
+    rows' experts (``expert_major``), whose rows move by ``index_select`` both ways
+    (``permuted``: a permutation's gradient is a gather by its inverse, not indexing's
+    scatter-add into zeros). The only host reads left are the row counts the
+    all-to-alls and the grouped GEMM need. Every order is the one the masks gave, so
+    the numbers are the same bit for bit."""
+    if kept is None:  # dropless
+        return torch.sort(slot_expert, stable=True).indices, torch.bincount(slot_expert, minlength=experts)
+    key = torch.where(kept.reshape(-1), slot_expert, slot_expert + experts)  # dropped slots after every kept one
+    counts = torch.bincount(key, minlength=2 * experts)[:experts]
+    return torch.sort(key, stable=True).indices[: int(counts.sum())], counts  # the one host read: how many
+
+
+def grouped(order, part, parts: int) -> list[torch.Tensor]:
+    """``order`` split by ``part`` (each entry's group, 0 .. parts − 1), each group in
+    ``order``'s order: ``[order[part == i] for i in range(parts)]`` with one stable sort."""
+    sizes = torch.bincount(part, minlength=parts).tolist()
+    return list(torch.split(order.index_select(0, torch.sort(part, stable=True).indices), sizes))
+
+
+class _Permuted(torch.autograd.Function):
+    """Rows ``x[perm]`` for a permutation; the gradient goes back by its inverse, a gather
+    too (indexing's backward would scatter-add into zeros)."""
+
+    @staticmethod
+    def forward(ctx, x, perm, back):
+        ctx.back = back
+        return x.index_select(0, perm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.index_select(0, ctx.back), None, None
+
+
+def permuted(x, perm, back):
+    """``x``'s rows in the order ``perm`` (``back`` its inverse), differentiably."""
+    return _Permuted.apply(x, perm, back)
 
 
 def reduce_expert_grads(model: nn.Module, edp_group, *, data_ranks: int, reduce_dtype=None) -> None:
