@@ -52,7 +52,7 @@ from ...distributed.comm_async import launch_all_gather
 from ...distributed.exchange import all_to_all_rows, gather_rows_from_group, gather_rows_summed, scatter_rows_summed
 from ..data.zero import mean_of_group
 from ...layout.roles import role, assign
-from .routing import route
+from .routing import by_expert, expert_major, grouped, permuted, route
 
 
 class GroupedLinear(nn.Module):
@@ -440,70 +440,6 @@ class MoEMLP(nn.Module):
         if aux is not None:
             self.aux_sum += float(aux[0].detach())
             self.z_sum += float(aux[1].detach())
-
-
-def expert_major(sizes) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows that arrive by source then expert (``sizes[i][e]`` from source i for expert e)
-    → the permutation that orders them by expert then source, and its inverse: a stable
-    sort of the rows' experts (Note [dispatch without masks])."""
-    sources, local = sizes.shape
-    flat = sizes.reshape(-1).cpu()
-    expert_of = torch.arange(local).repeat(sources).repeat_interleave(flat)
-    regroup = torch.sort(expert_of, stable=True).indices
-    return regroup, inverse(regroup)
-
-
-def inverse(permutation: torch.Tensor) -> torch.Tensor:
-    back = torch.empty_like(permutation)
-    back[permutation] = torch.arange(permutation.numel(), device=permutation.device)
-    return back
-
-
-def by_expert(slot_expert, kept, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kept slots' indices ordered by expert, ties in slot order, and each expert's
-    count of them (``kept`` None: every slot is).
-
-    Note [dispatch without masks]: the routing's bookkeeping is sorts, bincounts and
-    gathers, never a boolean mask (``x[mask]``, ``nonzero``: a host sync and a scan
-    each) nor an index scatter: the kept slots by expert are one stable sort of a key
-    that puts the dropped slots last; the tp shares and sub-batches one stable sort of
-    their part ids (``grouped``); the arrival order under ep one stable sort of the
-    rows' experts (``expert_major``), whose rows move by ``index_select`` both ways
-    (``permuted``: a permutation's gradient is a gather by its inverse, not indexing's
-    scatter-add into zeros). The only host reads left are the row counts the
-    all-to-alls and the grouped GEMM need. Every order is the one the masks gave, so
-    the numbers are the same bit for bit."""
-    if kept is None:  # dropless
-        return torch.sort(slot_expert, stable=True).indices, torch.bincount(slot_expert, minlength=experts)
-    key = torch.where(kept.reshape(-1), slot_expert, slot_expert + experts)  # dropped slots after every kept one
-    counts = torch.bincount(key, minlength=2 * experts)[:experts]
-    return torch.sort(key, stable=True).indices[: int(counts.sum())], counts  # the one host read: how many
-
-
-def grouped(order, part, parts: int) -> list[torch.Tensor]:
-    """``order`` split by ``part`` (each entry's group, 0 .. parts − 1), each group in
-    ``order``'s order: ``[order[part == i] for i in range(parts)]`` with one stable sort."""
-    sizes = torch.bincount(part, minlength=parts).tolist()
-    return list(torch.split(order.index_select(0, torch.sort(part, stable=True).indices), sizes))
-
-
-class _Permuted(torch.autograd.Function):
-    """Rows ``x[perm]`` for a permutation; the gradient goes back by its inverse, a gather
-    too (indexing's backward would scatter-add into zeros)."""
-
-    @staticmethod
-    def forward(ctx, x, perm, back):
-        ctx.back = back
-        return x.index_select(0, perm)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.index_select(0, ctx.back), None, None
-
-
-def permuted(x, perm, back):
-    """``x``'s rows in the order ``perm`` (``back`` its inverse), differentiably."""
-    return _Permuted.apply(x, perm, back)
 
 
 def reduce_expert_grads(model: nn.Module, edp_group, *, data_ranks: int, reduce_dtype=None) -> None:

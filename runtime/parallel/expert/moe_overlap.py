@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ...distributed.comm import _issued, exposed
-from .moe import permuted
+from .routing import permuted
 
 
 class _Box:

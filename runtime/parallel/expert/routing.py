@@ -3,7 +3,9 @@
 Takes: the router's logits (N, E) of this rank's tokens and the block's routing settings
 (top_k, softmax or sigmoid scores, a capacity factor, the auxiliary-loss-free bias, and,
 when the rank holds parts of the micro-batch's sequences, the groups that split them).
-Gives: ``route``, which ``moe.MoEMLP`` calls before dispatching the tokens.
+Gives: ``route``, which ``moe.MoEMLP`` calls before dispatching the tokens, and the
+orders of the dispatch (``by_expert``, ``expert_major``, ``grouped``, ``permuted``: Note
+[dispatch without masks] in moe.py), which ``moe.py`` and ``moe_overlap.py`` share.
 
 Note [deterministic dropless routing]: each token's router scores (softmax, or sigmoid
 as DeepSeek-V3) are sorted with a *stable* descending sort, so among equal scores the
@@ -91,3 +93,67 @@ def _within_capacity(experts, chosen, capacity: int, E: int):
     kept = torch.empty_like(flat_expert, dtype=torch.bool)
     kept[order] = position < capacity
     return kept.view_as(experts)
+
+
+def expert_major(sizes) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows that arrive by source then expert (``sizes[i][e]`` from source i for expert e)
+    → the permutation that orders them by expert then source, and its inverse: a stable
+    sort of the rows' experts (Note [dispatch without masks])."""
+    sources, local = sizes.shape
+    flat = sizes.reshape(-1).cpu()
+    expert_of = torch.arange(local).repeat(sources).repeat_interleave(flat)
+    regroup = torch.sort(expert_of, stable=True).indices
+    return regroup, inverse(regroup)
+
+
+def inverse(permutation: torch.Tensor) -> torch.Tensor:
+    back = torch.empty_like(permutation)
+    back[permutation] = torch.arange(permutation.numel(), device=permutation.device)
+    return back
+
+
+def by_expert(slot_expert, kept, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept slots' indices ordered by expert, ties in slot order, and each expert's
+    count of them (``kept`` None: every slot is).
+
+    Note [dispatch without masks]: the routing's bookkeeping is sorts, bincounts and
+    gathers, never a boolean mask (``x[mask]``, ``nonzero``: a host sync and a scan
+    each) nor an index scatter: the kept slots by expert are one stable sort of a key
+    that puts the dropped slots last; the tp shares and sub-batches one stable sort of
+    their part ids (``grouped``); the arrival order under ep one stable sort of the
+    rows' experts (``expert_major``), whose rows move by ``index_select`` both ways
+    (``permuted``: a permutation's gradient is a gather by its inverse, not indexing's
+    scatter-add into zeros). The only host reads left are the row counts the
+    all-to-alls and the grouped GEMM need. Every order is the one the masks gave, so
+    the numbers are the same bit for bit."""
+    if kept is None:  # dropless
+        return torch.sort(slot_expert, stable=True).indices, torch.bincount(slot_expert, minlength=experts)
+    key = torch.where(kept.reshape(-1), slot_expert, slot_expert + experts)  # dropped slots after every kept one
+    counts = torch.bincount(key, minlength=2 * experts)[:experts]
+    return torch.sort(key, stable=True).indices[: int(counts.sum())], counts  # the one host read: how many
+
+
+def grouped(order, part, parts: int) -> list[torch.Tensor]:
+    """``order`` split by ``part`` (each entry's group, 0 .. parts − 1), each group in
+    ``order``'s order: ``[order[part == i] for i in range(parts)]`` with one stable sort."""
+    sizes = torch.bincount(part, minlength=parts).tolist()
+    return list(torch.split(order.index_select(0, torch.sort(part, stable=True).indices), sizes))
+
+
+class _Permuted(torch.autograd.Function):
+    """Rows ``x[perm]`` for a permutation; the gradient goes back by its inverse, a gather
+    too (indexing's backward would scatter-add into zeros)."""
+
+    @staticmethod
+    def forward(ctx, x, perm, back):
+        ctx.back = back
+        return x.index_select(0, perm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.index_select(0, ctx.back), None, None
+
+
+def permuted(x, perm, back):
+    """``x``'s rows in the order ``perm`` (``back`` its inverse), differentiably."""
+    return _Permuted.apply(x, perm, back)
