@@ -333,6 +333,9 @@ def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, ov
         dp_arg, replicate = "shard_group", ", replicate_group=replicate_group"
     else:
         replicate = ""
+    if render_step.placement_kind(plan) == "chimera":  # Note [ZeRO-3 over stage replicas] (fsdp.py)
+        optimizer_lines.append("# the other pipeline's copies of our stages: their shards summed with ours once a step")
+        replicate += ", replica_group=replica_group"
     optimizer_lines.append(
         f"optimizer = fsdp.FullyShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
         f"{hyper}{pp_arg}{replicate}, accumulations={render_step.backward_passes(plan)}, prefetch=ZERO_PREFETCH"

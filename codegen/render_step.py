@@ -311,7 +311,7 @@ def after_backward_lines(plan: Plan) -> list[str]:
     if not has_pipeline(plan):
         return []
     lines = []
-    if placement_kind(plan) == "chimera":
+    if placement_kind(plan) == "chimera" and plan.train.zero.value != 3:  # ZeRO-3 sums the shards instead
         lines += ["# each stage's two replicas (down and up pipeline) get the sum of their grads",
                   "pipeline.allreduce_replica_grads(net, replica_group)"]
     if tied_embeddings(plan) and not fused_embedding_sync(plan):  # fused: grad_sync.finish() sums them

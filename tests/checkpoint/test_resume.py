@@ -40,6 +40,7 @@ RESHARDED = [
     ("zero1_dp2", "hetero_tp21_zero1"), ("hetero_tp21_zero1", "zero1_dp2"),  # ZeRO-1 slices per layer
     ("zero3_dp2", "hetero_tp21_zero3"), ("hetero_tp21_zero3", "zero3_dp2"),  # ZeRO-3 units per layer
     ("pp2_chimera", "dp2"), ("dp2", "pp2_chimera"),  # chimera's replicas: saved once, both loaded
+    ("pp2_dp2_zero3_chimera", "dp2"), ("dp2", "pp2_dp2_zero3_chimera"),  # ... as ZeRO-3 shards
     ("tp2", "tp4_2x2"), ("tp2_2x1", "tp2"),  # 1D tp ⇄ 2D tp: the same logical tensors
     ("pp2_dp2_zero3_zbv", "dp2_4layers"), ("dp2_4layers", "pp2_dp2_zero3_zbv"),  # ZeRO-3's units under ZB-V's V
     # TeraPipe with ZeRO-3 and recompute → tp 2; dp 2 → TeraPipe under sp (issue 33 item 7)

@@ -87,6 +87,8 @@ LAYOUTS = {
     "pp2-tp2-chimera": dict(pp=2, tp=2, parallel__schedule="chimera"),
     "pp2-dp2-zero1-chimera": dict(pp=2, dp=2, parallel__zero=1, parallel__schedule="chimera"),
     "pp2-dp2-zero2-chimera": dict(pp=2, dp=2, parallel__zero=2, parallel__schedule="chimera"),
+    # ZeRO-3 over stage replicas (fsdp.py): each replica's shards summed with its partner's
+    "pp2-dp2-zero3-chimera": dict(pp=2, dp=2, parallel__zero=3, parallel__schedule="chimera"),
     # terapipe: each sequence in token slices, a slice attending to the earlier ones' keys
     # and values kept on its stage, backwards in reverse slice order (runtime/parallel/pipeline/terapipe.py)
     "pp2-terapipe2": dict(pp=2, parallel__schedule="terapipe(slices = 2)"),
