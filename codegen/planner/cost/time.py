@@ -407,6 +407,13 @@ def _reduction(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting)
         if 1 <= layout.zero <= 2:
             gather = collective_time(hw, "all_gather", dense_params * 4.0, size=reducing, stride=t)
     reduce += expert_reduce(hw, layout, expert_params, grad_size)
+    if layout.pp > 1 and placement_for(layout.schedule, layout.pp, layout.chunks).replica(0) is not None:
+        # stages held twice (Note [stage replicas]): the rank's gradients summed with its partner's,
+        # whole (pipeline.allreduce_replica_grads) or, under ZeRO-3, its fp32 shards once a step
+        # (Note [ZeRO-3 over stage replicas]); the partner is a pipeline rank away
+        shards = layout.zero >= 3 and reducing > 1
+        replicas = params / reducing * 4.0 if shards else params * grad_size
+        reduce += collective_time(hw, "all_reduce", replicas, size=2, stride=t * reducing)
     if 1 <= layout.zero <= 2 and expert_params:  # the experts' slices gathered over edp
         gather += collective_time(hw, "all_gather", expert_params * 4.0, size=expert_data_ranks(layout),
                                   stride=layout.expert_folds)
