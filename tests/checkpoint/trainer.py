@@ -39,6 +39,8 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     "cp2_zero1_dp2": (["parallel.dp=2", "parallel.cp=2", "parallel.cp_kind=allgather", "parallel.zero=1"], 4),
     # ZeRO-3: parameters and moments only in each block's shards (runtime/parallel/data/fsdp.py)
     "zero3_dp2": (["parallel.dp=2", "parallel.zero=3"], 2),
+    # ... in overlap's sub-batch wavefront (Note [module hooks in the wavefront] in overlap.py)
+    "zero3_dp2_tp2_overlap2": (["parallel.dp=2", "parallel.tp=2", "parallel.zero=3", "parallel.overlap=sub_batch(2)"], 4),
     # mixture of experts (runtime/parallel/expert/moe.py): under ep2 each rank holds 2 of the 4 experts
     "moe_ep2": ([*MOE, "parallel.dp=2", "parallel.ep=2"], 2),
     "moe_one": (MOE, 1),

@@ -114,6 +114,10 @@ LAYOUTS = {
     "tp4-overlap2": dict(tp=4, parallel__overlap="sub_batch(2)"),
     "dp2-tp2-overlap2": dict(dp=2, tp=2, parallel__overlap="sub_batch(2)"),
     "tp2-sp-overlap2-recompute-full": dict(tp=2, sp=True, parallel__overlap="sub_batch(2)", parallel__recompute="full"),
+    # ZeRO-3 in the wavefront (Note [module hooks in the wavefront]): each block gathered around its regions
+    "dp2-tp2-zero3-overlap2": dict(dp=2, tp=2, parallel__zero=3, parallel__overlap="sub_batch(2)"),
+    "dp2-tp2-sp-zero3-overlap2-recompute-full": dict(dp=2, tp=2, sp=True, parallel__zero=3,
+                                                     parallel__overlap="sub_batch(2)", parallel__recompute="full"),
     "pp2-tp2-overlap2": dict(pp=2, tp=2, parallel__overlap="sub_batch(2)"),
     # per-layer layouts (Note [per-layer layout]): each block its own recompute / overlap
     "tp2-recompute-per-layer": dict(tp=2, model__layers=4, parallel__recompute="[full, none, selective, none]"),
