@@ -29,6 +29,7 @@ from . import (
     render_observe,
     render_step,
     runtime_tree,
+    view,
 )
 from . import features, layout_words as layout_text
 from .plan_text import cite
@@ -229,36 +230,23 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ]
     model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
     layout = layout_words(plan)
-    context = dict(
-        title=f"{plan.model.name}: {plan.model.arch} with {render_moe.parameter_words(plan)}, {layout}.",
-        summary=summary(plan),
-        version=plan.parc_version,
-        source=plan.source,
-        world=world,
-        world_plural="" if world == 1 else "es",
-        command=command(plan),
-        steps=plan.train.steps.value,
-        seed=plan.train.seed.value,
-        lr_args=lr_args(plan),
-        loss_fn_model="the last pipeline stage's chunk, where the executor calls this"
-        if pipelined else "the whole model, this rank's shards of it",
-        extra_flag_docs=extra_flag_docs,
-        header=header(plan),
+    sections = dict(
+        lr=[f"{arg}," for arg in lr_args(plan)],
+        flag_docs=extra_flag_docs,
         std_imports=std_imports,
         runtime_imports=runtime_tree.import_lines(imports),
-        config_lines=config_lines(plan) + render_hetero.table_lines(plan, cite(mesh.axis("tp").span)),
-        tp_plan_lines=tp_plan_lines(plan),
-        description=repr(f"Train {plan.model.name} ({layout})."),
-        flag_lines=render_flags.flag_lines(plan),
-        group_lines=group_lines,
-        model_config_args=model_args,
-        model_lines=render_model.model_lines(
+        config=config_lines(plan) + render_hetero.table_lines(plan, cite(mesh.axis("tp").span)),
+        tp_plan=tp_plan_lines(plan),
+        flags=render_flags.flag_lines(plan),
+        groups=group_lines,
+        model_config=model_args,
+        model=render_model.model_lines(
             plan, tp_arg=tp_arg, sp_arg="SEQUENCE_PARALLEL" if sp.enabled else "False",
             tp_extra=", grid=tp_grid" if mesh.tp_shape is not None else "",
         ),
-        pipeline_lines=render_step.executor_lines(plan)
+        pipeline=render_step.executor_lines(plan)
         + render_eval.setup_lines(plan, reduce_group=reduce_group if reducing else None, pipelined=pipelined),
-        step_body_lines=render_observe.step_start_lines() + [
+        step_body=render_observe.step_start_lines() + [
             "# memory on the first steps, every --memory-every N-th and the last (Note [memory on some steps])",
             "activations.active = memory.measured(step, every=args.memory_every, first=done + 1, last=args.steps)",
             "comm.exposed_clock.reset()  # time blocked on collectives, this step",
@@ -266,9 +254,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ] + render_step.step_body_lines(
             plan, forward_lines, 'grid.index("dp")' if dp_size > 1 else "0"
         ),
-        eval_lines=render_eval.step_lines(plan),
-        log_condition=render_eval.log_condition(plan),
-        record_lines=render_eval.record_lines(plan) + render_moe.record_lines(plan) + [
+        eval=render_eval.step_lines(plan),
+        record=render_eval.record_lines(plan) + render_moe.record_lines(plan) + [
             '"exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute',
             '"comm_bytes": traffic.comm_bytes.by_axis(),  # all ranks\' payload per axis (Note [comm bytes])',
         ] + ([
@@ -283,26 +270,42 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             '"predicted_peak_mem_bytes": PREDICTED_PEAK_MEM_BYTES,',
             '"predicted_exposed_comm_s": PREDICTED_EXPOSED_COMM_S,',
         ] if plan.predicted is not None else []),
-        dataset_line=dataset_line,
-        optimizer_lines=optimizer_lines,
-        optimizer_extra_lines=optimizer_extra + render_moe.setup_lines(plan) + [
+        optimizer=optimizer_lines,
+        optimizer_extra=optimizer_extra + render_moe.setup_lines(plan) + [
             "activations = memory.SavedActivations(net)  # peak bytes saved for backward",
         ],
-        step_lines=step_lines,
-        after_backward_lines=["held_grads = memory.grad_bytes(net, optimizer)  # when backward ends"]
+        step=step_lines,
+        after_backward=["held_grads = memory.grad_bytes(net, optimizer)  # when backward ends"]
         + [l for block in after_backward for l in block.split("\n")],
-        loss_lines=loss_lines + render_moe.metric_lines(plan),
-        checkpoint_lines=render_checkpoint.setup_lines(plan, layout) + render_observe.setup_lines(plan, layout),
-        eval_only_lines=render_eval.eval_only_lines(plan),
-        end_of_step_lines=render_observe.step_end_lines() + render_checkpoint.end_of_step_lines(),
-        after_loop_lines=render_observe.after_loop_lines(),
+        loss=loss_lines + render_moe.metric_lines(plan),
+        checkpoint=render_checkpoint.setup_lines(plan, layout) + render_observe.setup_lines(plan, layout),
+        eval_only=render_eval.eval_only_lines(plan),
+        end_of_step=render_observe.step_end_lines() + render_checkpoint.end_of_step_lines(),
+        after_loop=render_observe.after_loop_lines(),
+    )
+    context = dict(
+        title=f"{plan.model.name}: {plan.model.arch} with {render_moe.parameter_words(plan)}, {layout}.",
+        summary=summary(plan),
+        version=plan.parc_version,
+        source=plan.source,
+        world=world,
+        world_plural="" if world == 1 else "es",
+        command=command(plan),
+        steps=plan.train.steps.value,
+        seed=plan.train.seed.value,
+        loss_fn_model="the last pipeline stage's chunk, where the executor calls this"
+        if pipelined else "the whole model, this rank's shards of it",
+        header=header(plan),
+        description=repr(f"Train {plan.model.name} ({layout})."),
+        log_condition=render_eval.log_condition(plan),
+        dataset_line=dataset_line,
         mfu_expr=(
             f"tokens_per_s * flops_per_token / (DEVICE_FLOPS * {world})"
             if mesh.device_flops
             else "None"
         ),
     )
-    text = env.get_template("train.py.j2").render(**context)
+    text = env.get_template("train.py.j2").render(**context, sections={name: view.lines(items) for name, items in sections.items()})
     return black.format_str(text, mode=black.Mode())
 
 
