@@ -23,7 +23,7 @@ from typing import Callable
 
 from parc.runtime.schedules import schedule
 
-from . import render_compress, render_eval, render_hetero, render_moe, render_step
+from . import render_compress, render_context, render_data, render_eval, render_hetero, render_moe, render_step
 from .plan import Plan
 from .plan_text import cite
 
@@ -44,6 +44,9 @@ class Feature:
     """Its step of ``runtime/layout/transforms.ORDER``, if it transforms the model."""
     step_lines: Callable[[Plan], list] = lambda plan: []
     """train.py's lines for that step (``render_model`` places them in the order)."""
+    adds: Callable[[Plan], dict] = lambda plan: {}
+    """What it adds to train.py's sections: section name → its calls and lines
+    (codegen/view.py, Note [a section is a list of calls])."""
     cost: str = ""
     """The planner's module that prices it (codegen/planner/cost/)."""
 
@@ -67,9 +70,11 @@ def pipeline_modules(kind: str) -> set[str]:
 
 FEATURES: tuple[Feature, ...] = (
     Feature(name="data parallel", keys=("parallel.dp", "parallel.cp"),
+            adds=render_data.adds,
             used=lambda plan: plan.mesh.size("dp") * plan.mesh.size("cp") > 1 or render_hetero.enabled(plan),
             imports=("dp",), transform="dp.GradientBuckets", cost="cost/time.py"),
     Feature(name="pipeline", keys=("parallel.pp", "parallel.schedule", "parallel.stage_layers"),
+            adds=render_step.adds,
             used=render_step.has_pipeline, imports=("pipeline", "schedule"), ships=_pipeline_modules,
             transform="models.build_stages + pipeline.PipelineExecutor", cost="cost/time.py"),
     Feature(name="zero", keys=("parallel.zero",), used=lambda plan: _zero(plan) in (1, 2) and not render_hetero.enabled(plan),
@@ -78,15 +83,21 @@ FEATURES: tuple[Feature, ...] = (
             used=lambda plan: _zero(plan) == 3, imports=("fsdp",), transform="fsdp.FullyShardedAdamW",
             cost="cost/memory.py"),
     Feature(name="per-layer tp × dp", keys=("parallel.tp", "parallel.dp"), used=render_hetero.enabled,
+            adds=render_hetero.adds,
             imports=("hetero",), transform="parallelize.tensor(layouts=) + hetero.StageLayouts", cost="cost/per_layer.py"),
     Feature(name="context parallel", keys=("parallel.cp", "parallel.cp_kind"), used=lambda plan: plan.mesh.size("cp") > 1,
+            adds=render_context.adds,
             ships=lambda plan: frozenset({"context"}), transform="parallelize.context", cost="cost/context.py",
             step="context", step_lines=lambda plan: [
                 f"# {cite(plan.mesh.axis('cp').span)}: attention over the ranks that split each sequence",
                 "net = parallelize.context(net, cp_group, CP_KIND)"]),
     Feature(name="2D tensor parallel", keys=("parallel.tp_shape",), used=lambda plan: plan.mesh.tp_shape is not None,
+            adds=lambda plan: {"groups": [
+                "# Note [2D tensor parallelism] (parc_runtime/parallel/tensor/layers2d.py): the tp ranks as a grid",
+                "tp_grid = grid.tp_grid(TP_SHAPE)"]},
             ships=lambda plan: frozenset({"layers2d"}), transform="parallelize.tensor(grid=)", cost="cost/tp2d.py"),
     Feature(name="experts", keys=("model.experts", "parallel.ep", "parallel.etp"), used=render_moe.has_experts,
+            adds=render_moe.adds,
             imports=("moe",), ships=lambda plan: frozenset({"moe_overlap"} if render_moe.overlaps_experts(plan) else ()),
             transform="parallelize.experts", cost="cost/experts.py", step="experts",
             step_lines=render_moe.transform_lines),

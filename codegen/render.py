@@ -54,26 +54,14 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     dp_size, tp_size, cp_size = mesh.size("dp"), mesh.size("tp"), mesh.size("cp")
     world = mesh.world_size
     data = plan.train.data
-    group_lines = []
-    if tp_size > 1:
-        group_lines.append('tp_group = grid.group("tp")  # ranks that share one copy of the model')
-    if mesh.tp_shape is not None:
-        group_lines.append("# Note [2D tensor parallelism] (parc_runtime/parallel/tensor/layers2d.py): the tp ranks as a grid")
-        group_lines.append("tp_grid = grid.tp_grid(TP_SHAPE)")
+    used = features.in_use(plan)
+    group_lines = ['tp_group = grid.group("tp")  # ranks that share one copy of the model'] if tp_size > 1 else []
+    group_lines += view.gathered(used, plan, "groups")
     # Gradients and the loss are means over the ranks that saw different tokens: dp, and
     # under context parallel dp × cp (each cp rank holds T/cp tokens of every sequence).
     reducing = dp_size * cp_size > 1
     reduce_group, over = ("dp_group", "dp") if cp_size == 1 else ("grad_group", "dp × cp")
-    if cp_size > 1:
-        group_lines.append('cp_group = grid.group("cp")  # ranks that split each sequence')
-        group_lines.append('grad_group = grid.group("dp", "cp")  # ranks that average gradients and the loss')
-    elif dp_size > 1:
-        group_lines.append('dp_group = grid.group("dp")  # ranks that split the batch')
-    group_lines += render_step.group_lines(plan)
-    group_lines += render_moe.group_lines(plan)
     hetero = render_hetero.enabled(plan)  # Note [heterogeneous layouts]: blocks of different tp
-    if hetero:
-        group_lines += render_hetero.group_lines()
     pipelined = render_step.has_pipeline(plan)
     pp_arg = ", pp_group=pp_group" if pipelined else ""
     zero_stage = plan.train.zero.value

@@ -108,3 +108,8 @@ def fsdp_lines(where: str, lines: list[str]) -> list[str]:
         "# it after; gradients reduced over that group and divided by DP; the norm over the stage",
         call[:-1] + ", layouts=layouts, stage_group=stage_group)",
     ]
+
+
+def adds(plan: Plan) -> dict:
+    """The per-layer entry's sections (``features.Feature.adds``)."""
+    return {"groups": group_lines()}

@@ -166,3 +166,8 @@ def metric_lines(plan: Plan) -> list[str]:
 
 def record_lines(plan: Plan) -> list[str]:
     return ["**moe_metrics,  # aux_loss, z_loss (when on), expert_tokens per MoE layer"] if has_experts(plan) else []
+
+
+def adds(plan: Plan) -> dict:
+    """The experts' entry's sections (``features.Feature.adds``)."""
+    return {"groups": group_lines(plan)}

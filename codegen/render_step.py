@@ -327,3 +327,8 @@ def loss_lines(plan: Plan) -> list[str]:
         "# the loss lives on the last stage; bring it to every pipeline rank",
         "loss_sum = pipeline.loss_over_pipeline(loss_sum, pp_group)",
     ]
+
+
+def adds(plan: Plan) -> dict:
+    """The pipeline entry's sections (``features.Feature.adds``)."""
+    return {"groups": group_lines(plan)}
