@@ -23,7 +23,8 @@ from typing import Callable
 
 from parc.runtime.schedules import schedule
 
-from . import render_compress, render_context, render_data, render_eval, render_hetero, render_moe, render_step
+from . import (render_compress, render_context, render_data, render_eval, render_hetero, render_moe, render_optimizer,
+               render_step, render_tensor)
 from .plan import Plan
 from .plan_text import cite
 
@@ -92,9 +93,7 @@ FEATURES: tuple[Feature, ...] = (
                 f"# {cite(plan.mesh.axis('cp').span)}: attention over the ranks that split each sequence",
                 "net = parallelize.context(net, cp_group, CP_KIND)"]),
     Feature(name="2D tensor parallel", keys=("parallel.tp_shape",), used=lambda plan: plan.mesh.tp_shape is not None,
-            adds=lambda plan: {"groups": [
-                "# Note [2D tensor parallelism] (parc_runtime/parallel/tensor/layers2d.py): the tp ranks as a grid",
-                "tp_grid = grid.tp_grid(TP_SHAPE)"]},
+            adds=render_tensor.grid_adds,
             ships=lambda plan: frozenset({"layers2d"}), transform="parallelize.tensor(grid=)", cost="cost/tp2d.py"),
     Feature(name="experts", keys=("model.experts", "parallel.ep", "parallel.etp"), used=render_moe.has_experts,
             adds=render_moe.adds,
@@ -106,12 +105,15 @@ FEATURES: tuple[Feature, ...] = (
     Feature(name="evaluation", keys=("train.eval",), used=render_eval.enabled, imports=("evaluate",),
             transform="evaluate.Evaluator"),
     Feature(name="fp16 loss scaling", keys=("train.precision",), used=lambda plan: plan.train.precision.value == "fp16",
+            adds=render_optimizer.loss_scale_adds,
             imports=("loss_scale",), transform="loss_scale.LossScaler"),
     Feature(name="master weights", keys=("train.precision",),
             used=lambda plan: bool(render_step.compute_dtype(plan)) and not _zero(plan), imports=("master",),
             transform="master.MasterAdamW", cost="cost/memory.py"),
     Feature(name="compress", keys=("parallel.compress",), used=render_compress.enabled, imports=("compress",),
             transform="compress.PowerSGD / compress.TopK", cost="cost/compress.py"),
+    Feature(name="sequence parallel", keys=("parallel.sp",), used=lambda plan: plan.sequence_parallel.enabled,
+            adds=render_tensor.sequence_adds, transform="parallelize.tensor(sequence_parallel=)"),
     Feature(name="compress_pp", keys=("parallel.compress_pp",), used=render_compress.pipeline_enabled,
             imports=("compress_pp",), transform="compress_pp", cost="cost/compress.py"),
 )

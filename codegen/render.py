@@ -19,7 +19,7 @@ from parc.runtime.layout import axes
 from .plan import Plan
 from . import (
     render_checkpoint,
-    render_compress,
+    render_data,
     render_eval,
     render_flags,
     render_hetero,
@@ -27,13 +27,15 @@ from . import (
     render_model,
     render_moe,
     render_observe,
+    render_optimizer,
     render_step,
+    render_tensor,
     runtime_tree,
     view,
 )
 from . import features, layout_words as layout_text
 from .plan_text import cite
-from .render_constants import config_lines, lr_args, tp_plan_lines, zero_words
+from .render_constants import config_lines, lr_args, tp_plan_lines
 
 
 def docstring_text(text: str) -> str:
@@ -57,122 +59,19 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     used = features.in_use(plan)
     group_lines = ['tp_group = grid.group("tp")  # ranks that share one copy of the model'] if tp_size > 1 else []
     group_lines += view.gathered(used, plan, "groups")
-    # Gradients and the loss are means over the ranks that saw different tokens: dp, and
-    # under context parallel dp × cp (each cp rank holds T/cp tokens of every sequence).
     reducing = dp_size * cp_size > 1
-    reduce_group, over = ("dp_group", "dp") if cp_size == 1 else ("grad_group", "dp × cp")
-    hetero = render_hetero.enabled(plan)  # Note [heterogeneous layouts]: blocks of different tp
+    reduce_group, over = render_data.reduce_group(plan)
     pipelined = render_step.has_pipeline(plan)
-    pp_arg = ", pp_group=pp_group" if pipelined else ""
-    zero_stage = plan.train.zero.value
     tp_arg = "tp_group" if tp_size > 1 else "None"
-    after_backward, optimizer_extra = render_step.after_backward_lines(plan), []
+    groups = render_optimizer.Groups(reduce=reduce_group if reducing else "None", over=over, tp=tp_arg,
+                                     pp=(("pp_group", "pp_group"),) if pipelined else ())
+    optimizer_lines, step_lines = render_optimizer.optimizer_and_step(plan, groups)
     loss_lines = render_step.loss_lines(plan)
-    if sp.enabled:
-        after_backward.append(render_hetero.sp_line() if hetero else (
-            "# norms saw only their sequence shard: sum their grads over tp\n"
-            "model.allreduce_sequence_parallel_grads(net, tp_group)"
-        ) if mesh.tp_shape is None else (
-            "# Note [2D sequence parallelism]: norms saw only their row's T/C tokens: sum their grads\n"
-            "# over the row's C ranks\n"
-            "model.allreduce_sequence_parallel_grads(net, tp_grid.row_group)"
-        ))
-    hyper = "lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, eps=EPS"
-    compute = render_step.compute_dtype(plan)  # bf16/fp16 parameters with fp32 masters, or None
-    scale = render_step.grad_scale_arg(plan)  # fp16: every clip divides by the loss scale first
-    if zero_stage == 3:
-        optimizer_lines, step_lines = fsdp_lines(plan, reduce_group if reducing else "None", tp_arg, hyper, pp_arg, over)
-        if hetero:  # Note [ZeRO-3 over per-layer layouts] (fsdp.py)
-            optimizer_lines = render_hetero.fsdp_lines(cite(plan.train.zero.span), optimizer_lines)
-        optimizer_lines = _zero_reduced_in_bf16(plan, optimizer_lines, over)
-    elif zero_stage and hetero:  # Note [ZeRO over per-layer layouts]
-        optimizer_lines, step_lines = render_hetero.zero_lines(cite(plan.train.zero.span), zero_stage, hyper, pp_arg,
-                                                               scale)
-        if zero_stage == 2:  # stage 1's are HeteroGradients' (below)
-            optimizer_lines = _zero_reduced_in_bf16(plan, optimizer_lines, over)
-    elif zero_stage:
-        dp_arg = reduce_group if reducing else "None"
-        optimizer_lines = [
-            f"# {cite(plan.train.zero.span)}: ZeRO-{zero_stage}, {zero_words(plan)}: each {over} rank",
-            "# owns one slice of a flat fp32 parameter buffer and its Adam moments" if compute is None else
-            f"# owns one slice of a flat {plan.train.precision.value} parameter buffer "
-            f"({cite(plan.train.precision.span)}), its fp32 master and Adam moments",
-            f"optimizer = zero.ShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
-            f"stage=ZERO, {hyper}{pp_arg}, accumulations={render_step.backward_passes(plan)}"
-            f"{render_moe.zero_args(plan)}{compute_arg(plan)})",
-        ]
-        reduce_words = (
-            "buckets all-reduced while backward runs; keep our slice"
-            if zero_stage == 1
-            else "each bucket reduced as backward produced it, into our slice"
-        )
-        if render_compress.enabled(plan):  # Note [compression under ZeRO] (runtime/parallel/data/zero.py)
-            optimizer_lines = _reduced_in_bf16(plan, render_compress.grad_sync_lines(plan, dp_arg, over), over) \
-                + optimizer_lines
-            optimizer_lines[-1] = optimizer_lines[-1][:-1] + ", grad_sync=grad_sync)"
-            reduce_words = "compressed after backward, then our slice of it kept"
-        optimizer_lines = _zero_reduced_in_bf16(plan, optimizer_lines, over)
-        step_lines = [
-            f"# mean gradient over {over} ({reduce_words}); the norm is global",
-            f"grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP{scale})",
-            "optimizer.step()  # AdamW on our slice, then all-gather the parameters over dp",
-            "optimizer.zero_grad()",
-        ]
-    elif compute is not None:  # runtime/optimizers/master.py, Note [master weights]
-        optimizer_lines = [
-            f"# {cite(plan.train.precision.span)}: {plan.train.precision.value} parameters, used as they are; "
-            "the optimizer keeps",
-            "# their fp32 master copy and Adam moments and writes the rounded values back after each step",
-            f"optimizer = master.MasterAdamW(net, dtype={compute}, {hyper}, "
-            f"accumulations={render_step.backward_passes(plan)})",
-        ]
-        step_lines = [
-            "# the gradients to fp32 (the masters'), unscaled and clipped there; the norm is global",
-            f"grad_norm = optimizer.unscale_and_clip(GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)}"
-            f"{scale})",
-            "optimizer.step()  # AdamW on the fp32 masters, rounded into the parameters",
-            "optimizer.zero_grad()",
-        ]
-    else:
-        optimizer_lines = [f"optimizer = optim.build_optimizer(net, {hyper})"]
-        step_lines = [
-            render_hetero.clip_line(pp_arg, scale) if hetero else
-            f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)}"
-            f"{scale})",
-            "optimizer.step()",
-            "optimizer.zero_grad(set_to_none=True)",
-        ]
-    if hetero and zero_stage not in (2, 3):  # ZeRO-2/3 reduce each layer's gradients into its slices themselves
-        optimizer_extra += _reduced_in_bf16(plan, render_hetero.grad_sync_lines(), "each layer's dp group")
-        after_backward.insert(0, "grad_sync.finish()  # wait the buckets: each layer's mean gradient")
-    elif reducing and not zero_stage:
-        # Note [gradient overlap] (runtime/parallel/data/dp.py): always on with dp > 1
-        optimizer_extra += _reduced_in_bf16(plan, render_compress.grad_sync_lines(
-            plan, reduce_group, over) if render_compress.enabled(plan) else [
-            f"# each bucket of gradients is all-reduced over {over} as soon as backward has",
-            "# produced it (on the last micro-batch), while backward goes on",
-            f"grad_sync = dp.GradientBuckets(net, {reduce_group}, overlap=True, accumulations={render_step.backward_passes(plan)})",
-        ], over)
-        if render_step.grad_reduce_dtype(plan) == "torch.float32" and not render_compress.enabled(plan):
-            optimizer_extra[-1] = optimizer_extra[-1][:-1] + ", reduce_dtype=torch.float32)"
-            optimizer_extra.insert(-1, f"# the {plan.train.precision.value} gradients summed over {over} in fp32 "
-                                   "(train.grad_reduce) and divided there")
-        if render_step.fused_embedding_sync(plan):  # Note [fused embedding synchronization]
-            optimizer_extra[-1] = optimizer_extra[-1][:-1] + ", tied_group=tied_group)"
-            optimizer_extra.insert(-1, "# the tied embedding's copies: summed over tied_group (both stages × dp), "
-                                   "in one all-reduce")
-        # first: the lines below change grads, and finish() writes the dp means back
-        scale_arg = "scaled_by" if plan.train.precision.value == "fp16" else ""  # Note [compression under fp16]
-        after_backward.insert(0, f"grad_sync.finish({scale_arg})  # compressed mean gradient over the {over} ranks"
-                              if render_compress.enabled(plan) else
-                              f"grad_sync.finish()  # wait the buckets: mean gradient over the {over} ranks")
-    if not zero_stage:  # under ZeRO the optimizer reduces the experts' grads (Note [experts under ZeRO])
-        after_backward += render_moe.after_backward_lines(plan)  # expert grads: their own edp group
     if reducing:
         loss_lines.append(f"step_loss = dp.all_reduce_mean(loss_sum, {reduce_group})  # global mean loss")
     else:
         loss_lines.append("step_loss = loss_sum")
-    step_lines = render_checkpoint.guarded_step_lines(step_lines, fp16=plan.train.precision.value == "fp16")
+    step_lines = render_checkpoint.guarded_step_lines(view.lines(step_lines), fp16=plan.train.precision.value == "fp16")
     flag_docs = render_checkpoint.flag_docs(plan) + render_observe.flag_docs(plan) + render_eval.flag_docs(plan)
     extra_flag_docs = [docstring_text(line) for line in flag_docs]
     if data.kind == "tokens":
@@ -193,7 +92,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     std_imports = ["import argparse", *(["import os"] if uses_os else []), "import time"]
     std_imports += cpu_allocator_lines(plan) if cpu else []
     low = render_step.autocast_dtype(plan)
-    if low is not None or compute is not None or plan.train.grad_reduce is not None:
+    if low is not None or render_step.compute_dtype(plan) is not None or plan.train.grad_reduce is not None:
         std_imports += ["", "import torch"]
     if low is not None:
         forward_lines = [
@@ -209,13 +108,6 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     if pipelined and low is not None:
         forward_lines = []  # the executor runs each stage's forward under autocast
     fp16 = plan.train.precision.value == "fp16"
-    if fp16:
-        optimizer_extra += [
-            f"# {cite(plan.train.precision.span)}: fp16: dynamic loss scaling (grow/backoff, overflow steps skipped)",
-            "# each rank scales its share of the global loss (Note [the scale of one rank's backward])",
-            "scaler = loss_scale.DynamicLossScale(rank=dist.rank"
-            + (f", data_ranks={'DP * CP' if cp_size > 1 else 'DP'})" if reducing else ")"),
-        ]
     model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
     layout = layout_words(plan)
     sections = dict(
@@ -230,7 +122,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         model_config=model_args,
         model=render_model.model_lines(
             plan, tp_arg=tp_arg, sp_arg="SEQUENCE_PARALLEL" if sp.enabled else "False",
-            tp_extra=", grid=tp_grid" if mesh.tp_shape is not None else "",
+            tp_extra=render_tensor.tensor_extra(plan),
         ),
         pipeline=render_step.executor_lines(plan)
         + render_eval.setup_lines(plan, reduce_group=reduce_group if reducing else None, pipelined=pipelined),
@@ -259,12 +151,12 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             '"predicted_exposed_comm_s": PREDICTED_EXPOSED_COMM_S,',
         ] if plan.predicted is not None else []),
         optimizer=optimizer_lines,
-        optimizer_extra=optimizer_extra + render_moe.setup_lines(plan) + [
+        optimizer_extra=view.gathered(used, plan, "optimizer_extra") + [
             "activations = memory.SavedActivations(net)  # peak bytes saved for backward",
         ],
         step=step_lines,
         after_backward=["held_grads = memory.grad_bytes(net, optimizer)  # when backward ends"]
-        + [l for block in after_backward for l in block.split("\n")],
+        + view.gathered(used, plan, "after_backward"),
         loss=loss_lines + render_moe.metric_lines(plan),
         checkpoint=render_checkpoint.setup_lines(plan, layout) + render_observe.setup_lines(plan, layout),
         eval_only=render_eval.eval_only_lines(plan),
@@ -297,69 +189,6 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     return black.format_str(text, mode=black.Mode())
 
 
-def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, over: str) -> tuple[list[str], list[str]]:
-    """ZeRO-3's optimizer and step lines (runtime/parallel/data/fsdp.py)."""
-    train = plan.train
-    hybrid = train.zero_shard.value == "node"
-    axes_arg = '("dp",)' if plan.mesh.size("cp") == 1 else '("dp", "cp")'
-    optimizer_lines = [
-        f"# {cite(train.zero.span)}: ZeRO-3, {zero_words(plan)}: each block (and the embeddings",
-        f"# and head) is one flat fp32 buffer; each {over} rank keeps its share of it and the"
-        if render_step.compute_dtype(plan) is None else
-        f"# and head) is one flat fp32 buffer (the master weights; gathered as {plan.train.precision.value}: "
-        f"{cite(plan.train.precision.span)}); each {over} rank keeps its share of it and the",
-        "# share's Adam moments, all-gathers a block before its forward and again before its",
-        "# backward (ZERO_PREFETCH blocks ahead), frees it after; gradients reduce-scattered",
-        "# into fp32 shards after every micro-batch's backward (runtime/parallel/data/fsdp.py)",
-    ]
-    if "split_backward" in features.pipeline_modules(plan.pipeline.schedule):
-        optimizer_lines.append(
-            "# the split backward's W gathers its blocks once more (Note [ZeRO-3 under a split backward])")
-    if hybrid:
-        optimizer_lines += [
-            f"# {cite(train.zero_shard.span)}: shard over the {over} ranks of one node, replicate across nodes",
-            f"shard_group, replicate_group = fsdp.node_groups(grid, {axes_arg}, DEVICES_PER_NODE)",
-            *render_moe.node_group_lines(plan),
-        ]
-        dp_arg, replicate = "shard_group", ", replicate_group=replicate_group"
-    else:
-        replicate = ""
-    optimizer_lines.append(
-        f"optimizer = fsdp.FullyShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
-        f"{hyper}{pp_arg}{replicate}, accumulations={render_step.backward_passes(plan)}, prefetch=ZERO_PREFETCH"
-        f"{render_moe.zero_args(plan, by_node=hybrid)}{compute_arg(plan)})"
-    )
-    step_lines = [
-        f"# mean gradient over {over} (each block's summed into our shards pass by pass); the norm is global",
-        f"grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP{render_step.grad_scale_arg(plan)})",
-        "optimizer.step()  # AdamW on our shards: the next forward gathers the new parameters",
-        "optimizer.zero_grad()",
-    ]
-    return optimizer_lines, step_lines
-
-
-def _zero_reduced_in_bf16(plan: Plan, lines: list[str], over: str) -> list[str]:
-    """``train.grad_reduce = bf16`` under ZeRO: the optimizer's call (the last line) sums the
-    gradients in bf16 into its fp32 slices (runtime/parallel/data/zero.py, Note [bf16
-    reduction under ZeRO])."""
-    if plan.train.grad_reduce is None:
-        return lines
-    return [*lines[:-1], f"# {cite(plan.train.grad_reduce.span)}: gradients summed over {over} in bf16, "
-            "divided and kept in fp32 (our slices)", lines[-1][:-1] + ", reduce_dtype=torch.bfloat16)"]
-
-
-def _reduced_in_bf16(plan: Plan, lines: list[str], over: str) -> list[str]:
-    """``train.grad_reduce = bf16`` without ZeRO's own reduction: the gradient sync's call
-    (its last line: ``dp.GradientBuckets``, ``hetero.HeteroGradients`` or a compressing one of
-    compress.py, Note [bf16 on the wire]) reduces in bf16."""
-    if plan.train.grad_reduce is None:
-        return lines
-    words = render_compress.bf16_words(plan)
-    words = f"summed over {over} in bf16, divided back in fp32" if words is None else f"over {over}, {words}"
-    return [*lines[:-1], f"# {cite(plan.train.grad_reduce.span)}: {words}",
-            lines[-1][:-1] + ", reduce_dtype=torch.bfloat16)"]
-
-
 def cpu_allocator_lines(plan: Plan) -> list[str]:
     """Note [huge pages on CPU]: torch's CPU allocator backs every allocation of 2 MiB
     and more with transparent huge pages (2 MiB aligned, ``madvise(MADV_HUGEPAGE)``) when
@@ -380,12 +209,6 @@ def cpu_allocator_lines(plan: Plan) -> list[str]:
         "# (fewer page faults); torch reads this at its first allocation, so before it is imported",
         'os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")',
     ]
-
-
-def compute_arg(plan: Plan) -> str:
-    """ZeRO's optimizers under bf16/fp16: the parameters' dtype (the fp32 master is the shard)."""
-    compute = render_step.compute_dtype(plan)
-    return "" if compute is None else f", compute_dtype={compute}"
 
 
 def layout_words(plan: Plan) -> str:

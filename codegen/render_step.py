@@ -165,6 +165,11 @@ def grad_scale_arg(plan: Plan) -> str:
     return ", grad_scale=scaled_by" if plan.train.precision.value == "fp16" else ""
 
 
+def grad_scale_kwargs(plan: Plan) -> tuple[tuple[str, str], ...]:
+    """``grad_scale_arg`` as a call's keyword arguments (codegen/view.py)."""
+    return (("grad_scale", "scaled_by"),) if plan.train.precision.value == "fp16" else ()
+
+
 def compute_dtype(plan: Plan) -> str | None:
     """The dtype the parameters are held and used in, with fp32 master weights in the
     optimizer (runtime/optimizers/master.py, Note [master weights]); None for fp32 and where the
@@ -331,4 +336,4 @@ def loss_lines(plan: Plan) -> list[str]:
 
 def adds(plan: Plan) -> dict:
     """The pipeline entry's sections (``features.Feature.adds``)."""
-    return {"groups": group_lines(plan)}
+    return {"groups": group_lines(plan), "after_backward": after_backward_lines(plan)}

@@ -28,6 +28,7 @@ SECTIONS = ("groups", "optimizer_extra", "after_backward")
 ORDER = {
     "groups": ("2D tensor parallel", "context parallel", "data parallel", "pipeline", "experts",
                "per-layer tp × dp"),
+    "optimizer_extra": ("data parallel", "fp16 loss scaling", "experts"),
     "after_backward": ("data parallel", "pipeline", "sequence parallel", "experts"),
 }
 """The features' order within a section; features not named come after, in ``FEATURES``'s order."""
