@@ -24,7 +24,7 @@ from typing import Callable
 from parc.runtime.schedules import schedule
 
 from . import (render_compress, render_context, render_data, render_eval, render_hetero, render_moe, render_optimizer,
-               render_step, render_tensor)
+               render_pipeline, render_step, render_tensor)
 from .plan import Plan
 from .plan_text import cite
 
@@ -75,7 +75,7 @@ FEATURES: tuple[Feature, ...] = (
             used=lambda plan: plan.mesh.size("dp") * plan.mesh.size("cp") > 1 or render_hetero.enabled(plan),
             imports=("dp",), transform="dp.GradientBuckets", cost="cost/time.py"),
     Feature(name="pipeline", keys=("parallel.pp", "parallel.schedule", "parallel.stage_layers"),
-            adds=render_step.adds,
+            adds=render_pipeline.adds,
             used=render_step.has_pipeline, imports=("pipeline", "schedule"), ships=_pipeline_modules,
             transform="models.build_stages + pipeline.PipelineExecutor", cost="cost/time.py"),
     Feature(name="zero", keys=("parallel.zero",), used=lambda plan: _zero(plan) in (1, 2) and not render_hetero.enabled(plan),

@@ -28,6 +28,7 @@ from . import (
     render_moe,
     render_observe,
     render_optimizer,
+    render_pipeline,
     render_step,
     render_tensor,
     runtime_tree,
@@ -66,7 +67,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     groups = render_optimizer.Groups(reduce=reduce_group if reducing else "None", over=over, tp=tp_arg,
                                      pp=(("pp_group", "pp_group"),) if pipelined else ())
     optimizer_lines, step_lines = render_optimizer.optimizer_and_step(plan, groups)
-    loss_lines = render_step.loss_lines(plan)
+    loss_lines = render_pipeline.loss_lines(plan)
     if reducing:
         loss_lines.append(f"step_loss = dp.all_reduce_mean(loss_sum, {reduce_group})  # global mean loss")
     else:
@@ -124,7 +125,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             plan, tp_arg=tp_arg, sp_arg="SEQUENCE_PARALLEL" if sp.enabled else "False",
             tp_extra=render_tensor.tensor_extra(plan),
         ),
-        pipeline=render_step.executor_lines(plan)
+        pipeline=render_pipeline.executor_lines(plan)
         + render_eval.setup_lines(plan, reduce_group=reduce_group if reducing else None, pipelined=pipelined),
         step_body=render_observe.step_start_lines() + [
             "# memory on the first steps, every --memory-every N-th and the last (Note [memory on some steps])",

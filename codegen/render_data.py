@@ -11,7 +11,7 @@ Before: ``passes/``. After: ``render.py`` gathers the sections.
 
 from __future__ import annotations
 
-from . import render_compress, render_hetero, render_step
+from . import render_compress, render_hetero, render_pipeline, render_step
 from .plan import Plan
 from .render_optimizer import reduced_in_bf16
 from .view import Call, last_call, with_last
@@ -46,7 +46,7 @@ def adds(plan: Plan) -> dict:
     if render_step.grad_reduce_dtype(plan) == "torch.float32" and not compressed:
         sync = with_last(sync, last_call(sync).given(("reduce_dtype", "torch.float32"), comment=(
             f"the {plan.train.precision.value} gradients summed over {over} in fp32 (train.grad_reduce) and divided there")))
-    if render_step.fused_embedding_sync(plan):  # Note [fused embedding synchronization]
+    if render_pipeline.fused_embedding_sync(plan):  # Note [fused embedding synchronization]
         sync = with_last(sync, last_call(sync).given(("tied_group", "tied_group"), comment=(
             "the tied embedding's copies: summed over tied_group (both stages × dp), in one all-reduce")))
     # first of after_backward (view.ORDER): the lines after it change grads, and finish() writes the means back

@@ -12,7 +12,7 @@ Before: ``codegen/render.py`` builds the other lines. After: the template places
 
 from __future__ import annotations
 
-from . import render_step
+from . import render_context, render_step
 from .plan import Plan
 from .plan_text import cite
 
@@ -95,7 +95,7 @@ def setup_lines(plan: Plan, *, reduce_group: str | None, pipelined: bool) -> lis
         "    dp_size=DP,",
         "    device=dist.device,",
         f"    reduce_group={reduce_group or 'None'},",
-        *(['    cp_rank=grid.index("cp"),', "    cp_size=CP,", "    cp_kind=CP_KIND,"] if cp else []),
+        *(f"    {arg}," for arg in (render_context.CHUNK_ARGS.split(", ") if cp else ())),
         *(["    runner=runner,", "    pp_group=pp_group,"] if pipelined else []),
         *([f"    autocast_dtype={low},"] if low is not None and not pipelined else []),
         ")",

@@ -2,6 +2,7 @@
 data-parallel rank or, under ``parallel.zero_shard = node``, over one node's (HSDP).
 
 Takes: a ``Plan`` and the step's groups (``render_optimizer.Groups``). Gives:
+``config_lines`` (its constants: ``ZERO_PREFETCH``, ``ZERO_SHARD``, ``DEVICES_PER_NODE``),
 ``optimizer_and_step``: the optimizer section's items (its last the ``fsdp.FullyShardedAdamW``
 call) and the step's. Before: ``render_optimizer.py`` picks ZeRO-3. After: it gives the
 call its per-layer and bf16 arguments.
@@ -11,11 +12,26 @@ from __future__ import annotations
 
 from parc.runtime.schedules import schedule
 
-from . import render_moe, render_step
+from . import render_constants, render_moe, render_step
 from .plan import Plan
 from .plan_text import cite
-from .render_constants import zero_words
 from .view import Call
+
+
+def config_lines(plan: Plan) -> list[str]:
+    """ZERO_PREFETCH and ZERO_SHARD (and DEVICES_PER_NODE for HSDP) under zero = 3."""
+    train = plan.train
+    if train.zero.value != 3:
+        return []
+    prefetch, shard = train.zero_prefetch, train.zero_shard
+    lines = [
+        render_constants.constant(prefetch.name, prefetch.value, f"{cite(prefetch.span)}: blocks gathered ahead of the one computing"),
+        render_constants.constant(shard.name, shard.value, f"{cite(shard.span)}: "
+                 + ("shard within a node, replicate across nodes (HSDP)" if shard.value == "node" else "shard over dp")),
+    ]
+    if shard.value == "node":
+        lines.append(render_constants.constant("DEVICES_PER_NODE", plan.mesh.devices_per_node, f"{cite(plan.mesh.devices_span)}: ranks per node"))
+    return lines
 
 
 def optimizer_and_step(plan: Plan, groups, hyper, compute) -> tuple[list, list]:
@@ -23,7 +39,7 @@ def optimizer_and_step(plan: Plan, groups, hyper, compute) -> tuple[list, list]:
     hybrid = train.zero_shard.value == "node"
     axes_arg = '("dp",)' if plan.mesh.size("cp") == 1 else '("dp", "cp")'
     comments = [
-        f"{cite(train.zero.span)}: ZeRO-3, {zero_words(plan)}: each block (and the embeddings",
+        f"{cite(train.zero.span)}: ZeRO-3, {render_constants.zero_words(plan)}: each block (and the embeddings",
         f"and head) is one flat fp32 buffer; each {over} rank keeps its share of it and the"
         if render_step.compute_dtype(plan) is None else
         f"and head) is one flat fp32 buffer (the master weights; gathered as {train.precision.value}: "
