@@ -22,7 +22,6 @@ from . import (
     render_data,
     render_eval,
     render_flags,
-    render_hetero,
     render_launch,
     render_model,
     render_moe,
@@ -54,24 +53,17 @@ def header(plan: Plan) -> str:
 
 def render_train(plan: Plan, env: jinja2.Environment) -> str:
     mesh, sp = plan.mesh, plan.sequence_parallel
-    dp_size, tp_size, cp_size = mesh.size("dp"), mesh.size("tp"), mesh.size("cp")
+    dp_size, tp_size = mesh.size("dp"), mesh.size("tp")
     world = mesh.world_size
     data = plan.train.data
     used = features.in_use(plan)
-    group_lines = ['tp_group = grid.group("tp")  # ranks that share one copy of the model'] if tp_size > 1 else []
-    group_lines += view.gathered(used, plan, "groups")
-    reducing = dp_size * cp_size > 1
-    reduce_group, over = render_data.reduce_group(plan)
+    reducing = render_step.reducing(plan)
+    reduce_group, over = render_step.reduce_group(plan)
     pipelined = render_step.has_pipeline(plan)
     tp_arg = "tp_group" if tp_size > 1 else "None"
     groups = render_optimizer.Groups(reduce=reduce_group if reducing else "None", over=over, tp=tp_arg,
                                      pp=(("pp_group", "pp_group"),) if pipelined else ())
     optimizer_lines, step_lines = render_optimizer.optimizer_and_step(plan, groups)
-    loss_lines = render_pipeline.loss_lines(plan)
-    if reducing:
-        loss_lines.append(f"step_loss = dp.all_reduce_mean(loss_sum, {reduce_group})  # global mean loss")
-    else:
-        loss_lines.append("step_loss = loss_sum")
     step_lines = render_checkpoint.guarded_step_lines(view.lines(step_lines), fp16=plan.train.precision.value == "fp16")
     flag_docs = render_checkpoint.flag_docs(plan) + render_observe.flag_docs(plan) + render_eval.flag_docs(plan)
     extra_flag_docs = [docstring_text(line) for line in flag_docs]
@@ -108,25 +100,22 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     imports = features.train_imports(plan)
     if pipelined and low is not None:
         forward_lines = []  # the executor runs each stage's forward under autocast
-    fp16 = plan.train.precision.value == "fp16"
     model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
     layout = layout_words(plan)
-    sections = dict(
+    own = dict(  # the renderer's own items of each section; the features in use add theirs (view.gathered)
         lr=[f"{arg}," for arg in lr_args(plan)],
         flag_docs=extra_flag_docs,
         std_imports=std_imports,
         runtime_imports=runtime_tree.import_lines(imports),
-        config=config_lines(plan) + render_hetero.table_lines(plan, cite(mesh.axis("tp").span)),
+        config=config_lines(plan),
         tp_plan=tp_plan_lines(plan),
         flags=render_flags.flag_lines(plan),
-        groups=group_lines,
+        groups=['tp_group = grid.group("tp")  # ranks that share one copy of the model'] if tp_size > 1 else [],
         model_config=model_args,
         model=render_model.model_lines(
             plan, tp_arg=tp_arg, sp_arg="SEQUENCE_PARALLEL" if sp.enabled else "False",
             tp_extra=render_tensor.tensor_extra(plan),
         ),
-        pipeline=render_pipeline.executor_lines(plan)
-        + render_eval.setup_lines(plan, reduce_group=reduce_group if reducing else None, pipelined=pipelined),
         step_body=render_observe.step_start_lines() + [
             "# memory on the first steps, every --memory-every N-th and the last (Note [memory on some steps])",
             "activations.active = memory.measured(step, every=args.memory_every, first=done + 1, last=args.steps)",
@@ -135,14 +124,11 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ] + render_step.step_body_lines(
             plan, forward_lines, 'grid.index("dp")' if dp_size > 1 else "0"
         ),
-        eval=render_eval.step_lines(plan),
-        record=render_eval.record_lines(plan) + render_moe.record_lines(plan) + [
+        record=[
             '"exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute',
             '"comm_bytes": traffic.comm_bytes.by_axis(),  # all ranks\' payload per axis (Note [comm bytes])',
-        ] + ([
-            '"loss_scale": scaler.scale,  # fp16: the scale after this step\'s grow/backoff',
-            '"skipped_overflow_steps": scaler.skipped,',
-        ] if fp16 else []) + [
+        ],
+        memory_record=[
             "# bytes this rank holds (and every rank's, in memory_per_rank): collective",
             "**(memory.report(net, optimizer, activations, held_grads) if activations.active else {}),",
         ] + ([
@@ -152,18 +138,16 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             '"predicted_exposed_comm_s": PREDICTED_EXPOSED_COMM_S,',
         ] if plan.predicted is not None else []),
         optimizer=optimizer_lines,
-        optimizer_extra=view.gathered(used, plan, "optimizer_extra") + [
-            "activations = memory.SavedActivations(net)  # peak bytes saved for backward",
-        ],
+        optimizer_extra=["activations = memory.SavedActivations(net)  # peak bytes saved for backward"],
         step=step_lines,
-        after_backward=["held_grads = memory.grad_bytes(net, optimizer)  # when backward ends"]
-        + view.gathered(used, plan, "after_backward"),
-        loss=loss_lines + render_moe.metric_lines(plan),
+        after_backward=["held_grads = memory.grad_bytes(net, optimizer)  # when backward ends"],
+        loss=[f"step_loss = dp.all_reduce_mean(loss_sum, {reduce_group})  # global mean loss" if reducing
+              else "step_loss = loss_sum"],
         checkpoint=render_checkpoint.setup_lines(plan, layout) + render_observe.setup_lines(plan, layout),
-        eval_only=render_eval.eval_only_lines(plan),
         end_of_step=render_observe.step_end_lines() + render_checkpoint.end_of_step_lines(),
         after_loop=render_observe.after_loop_lines(),
     )
+    sections = {name: view.lines(view.gathered(used, plan, name, own.get(name, ()))) for name in view.NAMES}
     context = dict(
         title=f"{plan.model.name}: {plan.model.arch} with {render_moe.parameter_words(plan)}, {layout}.",
         summary=summary(plan),
@@ -186,7 +170,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
             else "None"
         ),
     )
-    text = env.get_template("train.py.j2").render(**context, sections={name: view.lines(items) for name, items in sections.items()})
+    text = env.get_template("train.py.j2").render(**context, sections=sections)
     return black.format_str(text, mode=black.Mode())
 
 

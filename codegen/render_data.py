@@ -2,8 +2,7 @@
 gradient sync that averages the gradients over the ranks that saw different tokens (dp, or
 dp × cp under context parallelism) while backward runs.
 
-Takes: a ``Plan``. Gives: ``reduce_group(plan)`` (that group's name in train.py and its ranks
-in words) and ``adds(plan)``, the data-parallel entry's sections (``features.Feature.adds``):
+Takes: a ``Plan``. Gives: ``adds(plan)``, the data-parallel entry's sections (``features.Feature.adds``):
 the group, the ``grad_sync`` object (``dp.GradientBuckets``, a compressing one of
 compress.py, or per-layer ``hetero.HeteroGradients``) and its ``finish()`` after backward.
 Before: ``passes/``. After: ``render.py`` gathers the sections.
@@ -17,12 +16,6 @@ from .render_optimizer import reduced_in_bf16
 from .view import Call, last_call, with_last
 
 
-def reduce_group(plan: Plan) -> tuple[str, str]:
-    """Gradients and the loss are means over the ranks that saw different tokens: dp, and
-    under context parallel dp × cp (each cp rank holds T/cp tokens of every sequence)."""
-    return ("dp_group", "dp") if plan.mesh.size("cp") == 1 else ("grad_group", "dp × cp")
-
-
 def adds(plan: Plan) -> dict:
     mesh, zero = plan.mesh, plan.train.zero.value
     groups = ['dp_group = grid.group("dp")  # ranks that split the batch'] \
@@ -33,7 +26,7 @@ def adds(plan: Plan) -> dict:
                 "after_backward": ["grad_sync.finish()  # wait the buckets: each layer's mean gradient"]}
     if zero or mesh.size("dp") * mesh.size("cp") == 1:  # ZeRO's optimizer reduces them (render_optimizer.py)
         return {"groups": groups}
-    group, over = reduce_group(plan)
+    group, over = render_step.reduce_group(plan)
     compressed = render_compress.enabled(plan)
     # Note [gradient overlap] (runtime/parallel/data/dp.py): always on with dp > 1
     sync = render_compress.grad_sync_items(plan, group, over) if compressed else [Call(

@@ -69,9 +69,17 @@ def dataset_part(plan: Plan) -> str:
     return ", part=data.TRAIN_PART" if held_out(plan) else ""
 
 
-def setup_lines(plan: Plan, *, reduce_group: str | None, pipelined: bool) -> list[str]:
+def adds(plan: Plan) -> dict:
+    """The evaluation entry's sections (``features.Feature.adds``)."""
+    return {"pipeline": setup_lines(plan), "eval_only": eval_only_lines(plan), "eval": step_lines(plan),
+            "record": record_lines(plan)}
+
+
+def setup_lines(plan: Plan) -> list[str]:
     if not enabled(plan):
         return []
+    reduce_group = render_step.reduce_group(plan)[0] if render_step.reducing(plan) else None
+    pipelined = render_step.has_pipeline(plan)
     data = plan.train.data
     if data.kind != "tokens":
         val = "data.ValidationStream(dataset)  # the same chain, at samples training never reads"

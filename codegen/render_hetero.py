@@ -17,6 +17,7 @@ from dataclasses import replace
 from parc.runtime.layout.layer_settings import fold_runs
 
 from .plan import LayerKind, Plan
+from .plan_text import cite
 from .view import Call, last_call
 
 
@@ -116,4 +117,4 @@ def fsdp_items(where: str, items: list) -> list:
 
 def adds(plan: Plan) -> dict:
     """The per-layer entry's sections (``features.Feature.adds``)."""
-    return {"groups": group_lines()}
+    return {"config": table_lines(plan, cite(plan.mesh.axis("tp").span)), "groups": group_lines()}

@@ -168,6 +168,7 @@ def record_lines(plan: Plan) -> list[str]:
 
 def adds(plan: Plan) -> dict:
     """The experts' entry's sections (``features.Feature.adds``)."""
-    return {"groups": group_lines(plan), "optimizer_extra": setup_lines(plan),
+    return {"groups": group_lines(plan), "optimizer_extra": setup_lines(plan), "loss": metric_lines(plan),
+            "record": record_lines(plan),
             # under ZeRO the optimizer reduces the experts' grads (Note [experts under ZeRO])
             "after_backward": [] if plan.train.zero.value else after_backward_lines(plan)}

@@ -134,7 +134,9 @@ def _sharded(plan: Plan, groups: Groups, scale) -> tuple[list[Item], list[Item]]
 def loss_scale_adds(plan: Plan) -> dict:
     """fp16's entry (runtime/optimizers/loss_scale.py): the dynamic loss scale."""
     precision, mesh = plan.train.precision, plan.mesh
-    return {"optimizer_extra": [
+    return {"record": ['"loss_scale": scaler.scale,  # fp16: the scale after this step\'s grow/backoff',
+                       '"skipped_overflow_steps": scaler.skipped,'],
+            "optimizer_extra": [
         f"# {cite(precision.span)}: fp16: dynamic loss scaling (grow/backoff, overflow steps skipped)",
         "# each rank scales its share of the global loss (Note [the scale of one rank's backward])",
         Call(target="scaler", callee="loss_scale.DynamicLossScale", kwargs=(

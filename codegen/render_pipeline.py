@@ -192,4 +192,5 @@ def loss_lines(plan: Plan) -> list[str]:
 
 def adds(plan: Plan) -> dict:
     """The pipeline entry's sections (``features.Feature.adds``)."""
-    return {"groups": group_lines(plan), "after_backward": after_backward_lines(plan)}
+    return {"groups": group_lines(plan), "pipeline": executor_lines(plan), "after_backward": after_backward_lines(plan),
+            "loss": loss_lines(plan)}

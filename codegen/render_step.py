@@ -17,6 +17,17 @@ from . import render_compress, render_context, render_hetero
 from .plan import Plan
 
 
+def reduce_group(plan: Plan) -> tuple[str, str]:
+    """Gradients and the loss are means over the ranks that saw different tokens: dp, and
+    under context parallel dp × cp (each cp rank holds T/cp tokens of every sequence); that
+    group's name in train.py and its ranks in words."""
+    return ("dp_group", "dp") if plan.mesh.size("cp") == 1 else ("grad_group", "dp × cp")
+
+
+def reducing(plan: Plan) -> bool:
+    return plan.mesh.size("dp") * plan.mesh.size("cp") > 1
+
+
 def sliced(plan: Plan) -> bool:
     """A sliced schedule: each micro-batch's sequences run as ``SLICES`` token slices."""
     return has_pipeline(plan) and plan.pipeline.slices > 1
@@ -52,15 +63,10 @@ def grad_reduce_dtype(plan: Plan) -> str | None:
     return "torch.float32" if compute_dtype(plan) is not None else None
 
 
-def grad_scale_arg(plan: Plan) -> str:
+def grad_scale_kwargs(plan: Plan) -> tuple[tuple[str, str], ...]:
     """The last argument of every gradient clip of the step (``optim.clip_grad_norm_``,
     ``hetero.clip_grad_norm_``, ``unscale_and_clip``, ``reduce_gradients_and_clip``): under
     fp16 the gradients are of the scaled loss, and each clip divides them by the scale first."""
-    return ", grad_scale=scaled_by" if plan.train.precision.value == "fp16" else ""
-
-
-def grad_scale_kwargs(plan: Plan) -> tuple[tuple[str, str], ...]:
-    """``grad_scale_arg`` as a call's keyword arguments (codegen/view.py)."""
     return (("grad_scale", "scaled_by"),) if plan.train.precision.value == "fp16" else ()
 
 

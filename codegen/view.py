@@ -22,16 +22,22 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Union
 
-SECTIONS = ("groups", "optimizer_extra", "after_backward")
-"""The sections a feature's ``adds`` may fill (the rest ``render.py`` fills itself)."""
+NAMES = ("flag_docs", "std_imports", "runtime_imports", "config", "tp_plan", "flags", "groups", "model_config", "model",
+         "optimizer", "optimizer_extra", "pipeline", "checkpoint", "eval_only", "lr", "step_body", "after_backward",
+         "step", "loss", "eval", "record", "memory_record", "end_of_step", "after_loop")
+"""train.py's sections, in the order the template places them."""
 
 ORDER = {
     "groups": ("2D tensor parallel", "context parallel", "data parallel", "pipeline", "experts",
                "per-layer tp × dp"),
-    "optimizer_extra": ("data parallel", "fp16 loss scaling", "experts"),
-    "after_backward": ("data parallel", "pipeline", "sequence parallel", "experts"),
+    "after_backward": ("train.py", "data parallel", "pipeline", "sequence parallel", "experts"),
+    "pipeline": ("pipeline", "evaluation"),
+    "loss": ("pipeline", "train.py", "experts"),
+    "optimizer_extra": ("data parallel", "fp16 loss scaling", "experts", "train.py"),
+    "record": ("evaluation", "experts", "train.py", "fp16 loss scaling"),
 }
-"""The features' order within a section; features not named come after, in ``FEATURES``'s order."""
+"""The order within a section of the features that add to it, ``train.py`` standing for the
+renderer's own items (first where not named); features not named come last, in ``FEATURES``'s order."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,8 +102,11 @@ def with_last(items: list[Item], call: Call) -> list[Item]:
     return [*items[:-1], call]
 
 
-def gathered(features, plan, section: str) -> list[Item]:
-    """What the features in ``features`` (those in use) add to ``section``, in its ``ORDER``."""
+def gathered(features, plan, section: str, own=()) -> list[Item]:
+    """The section: the renderer's ``own`` items and what the features in ``features`` (those in
+    use) add to it, in its ``ORDER``."""
     order = ORDER.get(section, ())
-    ranked = sorted(features, key=lambda f: order.index(f.name) if f.name in order else len(order))
-    return [item for feature in ranked for item in feature.adds(plan).get(section, ())]
+    rank = {name: at for at, name in enumerate(order)}
+    parts = [(rank.get("train.py", -1), list(own))]
+    parts += [(rank.get(feature.name, len(order)), feature.adds(plan).get(section, [])) for feature in features]
+    return [item for _, items in sorted(parts, key=lambda part: part[0]) for item in items]
