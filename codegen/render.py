@@ -19,7 +19,6 @@ from parc.runtime.layout import axes
 from .plan import Plan
 from . import (
     render_checkpoint,
-    render_data,
     render_eval,
     render_flags,
     render_launch,
@@ -27,7 +26,6 @@ from . import (
     render_moe,
     render_observe,
     render_optimizer,
-    render_pipeline,
     render_step,
     render_tensor,
     runtime_tree,
