@@ -75,29 +75,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ))
     else:
         dataset_line = f"dataset = data.SyntheticTokens(VOCAB, SEQ_LEN, seed=args.seed{render_eval.documents_arg(plan)})"
-    documents = ", documents=documents" if render_step.separate(plan) else ""  # (B, T) ids: the whole sequence
-    to_device = "inputs, targets = inputs.to(dist.device), targets.to(dist.device)"
-    forward = f"loss = loss_fn(net(inputs, targets{documents}), net) / GRAD_ACCUM"
-    cpu = plan.mesh.device == "cpu"
-    uses_os = data.kind == "tokens" or cpu or plan.train.init_from.value
-    std_imports = ["import argparse", *(["import os"] if uses_os else []), "import time"]
-    std_imports += cpu_allocator_lines(plan) if cpu else []
-    low = render_step.autocast_dtype(plan)
-    if low is not None or render_step.compute_dtype(plan) is not None or plan.train.grad_reduce is not None:
-        std_imports += ["", "import torch"]
-    if low is not None:
-        forward_lines = [
-            to_device,
-            f"# {cite(plan.train.precision.span)}: {plan.train.precision.value} autocast; "
-            "weights, grads and Adam stay fp32",
-            f"with torch.autocast(device_type=dist.device.type, dtype={low}):",
-            "    " + forward,
-        ]
-    else:
-        forward_lines = [to_device, forward]
+    std_imports, forward_lines = std_import_lines(plan), forward_lines_of(plan)
     imports = features.train_imports(plan)
-    if pipelined and low is not None:
-        forward_lines = []  # the executor runs each stage's forward under autocast
     model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
     layout = layout_words(plan)
     own = dict(  # the renderer's own items of each section; the features in use add theirs (view.gathered)
@@ -170,6 +149,38 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     )
     text = env.get_template("train.py.j2").render(**context, sections=sections)
     return black.format_str(text, mode=black.Mode())
+
+
+def std_import_lines(plan: Plan) -> list[str]:
+    """train.py's imports of the standard library (and torch where the step names a dtype)."""
+    cpu = plan.mesh.device == "cpu"
+    uses_os = plan.train.data.kind == "tokens" or cpu or plan.train.init_from.value
+    lines = ["import argparse", *(["import os"] if uses_os else []), "import time"]
+    lines += cpu_allocator_lines(plan) if cpu else []
+    if render_step.autocast_dtype(plan) is not None or render_step.compute_dtype(plan) is not None \
+            or plan.train.grad_reduce is not None:
+        lines += ["", "import torch"]
+    return lines
+
+
+def forward_lines_of(plan: Plan) -> list[str]:
+    """A micro-batch's forward in the plain loop (under autocast where the forward autocasts);
+    none under a pipeline with autocast: the executor runs each stage's forward under it."""
+    documents = ", documents=documents" if render_step.separate(plan) else ""  # (B, T) ids: the whole sequence
+    to_device = "inputs, targets = inputs.to(dist.device), targets.to(dist.device)"
+    forward = f"loss = loss_fn(net(inputs, targets{documents}), net) / GRAD_ACCUM"
+    low = render_step.autocast_dtype(plan)
+    if low is None:
+        return [to_device, forward]
+    if render_step.has_pipeline(plan):
+        return []
+    return [
+        to_device,
+        f"# {cite(plan.train.precision.span)}: {plan.train.precision.value} autocast; "
+        "weights, grads and Adam stay fp32",
+        f"with torch.autocast(device_type=dist.device.type, dtype={low}):",
+        "    " + forward,
+    ]
 
 
 def cpu_allocator_lines(plan: Plan) -> list[str]:
