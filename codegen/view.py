@@ -4,8 +4,9 @@ Takes: what ``render.py`` and the features' entries (``features.Feature.adds``) 
 each section. Gives: ``Call`` (one statement that calls something: its comment lines, the
 name it binds, the callee, its positional and keyword arguments in order, a trailing
 comment), ``Lines`` (statements as they are: a loop, a ``with`` block, a dict's entries),
-``lines(items)`` (their text, one line each) and ``gathered(plan, section)`` (the items
-the features in use add to a section, in the section's ``ORDER``).
+``lines(items)`` (their text, one line each), ``NAMES`` (the sections) and
+``gathered(features, plan, section, own)`` (a section: the renderer's own items and those
+the features in use add, in the section's ``ORDER``).
 Before: the features' render hooks. After: ``templates/train.py.j2``'s one macro, black.
 
 Note [a section is a list of calls]: a feature changes a call by giving it an argument
