@@ -2,7 +2,7 @@
 the layout, the batch and the training, each citing where its value came from.
 
 Takes: the Plan. Gives: ``config_lines`` (the constants block, in order), ``tp_plan_lines``
-(``TP_PLAN``'s entries), ``zero_words``. Before: nothing. After: ``render.py`` places them
+(``TP_PLAN``'s entries). Before: nothing. After: ``render.py`` places them
 in ``templates/train.py.j2``; the features' own constants come from their modules
 (``render_step``, ``render_checkpoint``, ``render_observe``, ``render_eval``, ``render_compress``).
 """
@@ -15,32 +15,19 @@ from . import (render_checkpoint, render_compress, render_context, render_eval, 
                render_pipeline, render_tensor)
 from .plan import Plan, Setting
 from .plan_text import cite, layer_value
+from .render_step import zero_words
+from .view import constant
 
 DEVICE_FLOPS_NOTE = "dense peak FLOP/s of one device, for MFU"
-ZERO_WORDS = {
-    1: "AdamW state sharded over dp",
-    2: "AdamW state and gradients sharded over dp",
-    3: "parameters, gradients and AdamW state sharded over dp",
-}
 KERNELS_WORDS = {
     "compiled": "fused ops from parc_runtime/kernels, residual adds inside the norms (eager if they cannot be built)",
     "eager": "fused ops in plain PyTorch",
 }
 
 
-def zero_words(plan: Plan) -> str:
-    """What the ZeRO stage shards, over the ranks it shards over (dp; dp × cp under cp)."""
-    words = ZERO_WORDS[plan.train.zero.value]
-    return words + " × cp" if plan.mesh.size("cp") > 1 else words
-
-
 def _comment(setting: Setting) -> str:
     where = cite(setting.span)
     return f"{where}: {setting.note}" if setting.note and setting.span is None else where
-
-
-def constant(name: str, value, comment: str) -> str:
-    return f"{name} = {value!r}  # {comment}"
 
 
 def config_lines(plan: Plan) -> list[str]:

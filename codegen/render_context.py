@@ -8,9 +8,9 @@ context-parallel entry's sections (``features.Feature.adds``). Before: ``passes/
 
 from __future__ import annotations
 
-from . import render_constants
 from .plan import Plan
 from .plan_text import cite
+from .view import constant
 
 CP_KIND_WORDS = {
     "ring": "ring attention: K/V blocks passed around cp, load-balanced chunks",
@@ -26,7 +26,7 @@ CHUNK_ARGS = 'cp_rank=grid.index("cp"), cp_size=CP, cp_kind=CP_KIND'
 def constants(plan: Plan) -> list[str]:
     """``CP_KIND``, after ``CP`` (render_constants.py)."""
     kind = plan.mesh.cp_kind
-    return [render_constants.constant(kind.name, kind.value, f"{cite(kind.span)}: {CP_KIND_WORDS[kind.value]}")]
+    return [constant(kind.name, kind.value, f"{cite(kind.span)}: {CP_KIND_WORDS[kind.value]}")]
 
 
 def adds(plan: Plan) -> dict:

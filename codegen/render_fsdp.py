@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from parc.runtime.schedules import schedule
 
-from . import render_constants, render_moe, render_step
+from . import render_moe, render_step
 from .plan import Plan
 from .plan_text import cite
-from .view import Call
+from .view import Call, Step, constant
 
 
 def config_lines(plan: Plan) -> list[str]:
@@ -25,21 +25,21 @@ def config_lines(plan: Plan) -> list[str]:
         return []
     prefetch, shard = train.zero_prefetch, train.zero_shard
     lines = [
-        render_constants.constant(prefetch.name, prefetch.value, f"{cite(prefetch.span)}: blocks gathered ahead of the one computing"),
-        render_constants.constant(shard.name, shard.value, f"{cite(shard.span)}: "
+        constant(prefetch.name, prefetch.value, f"{cite(prefetch.span)}: blocks gathered ahead of the one computing"),
+        constant(shard.name, shard.value, f"{cite(shard.span)}: "
                  + ("shard within a node, replicate across nodes (HSDP)" if shard.value == "node" else "shard over dp")),
     ]
     if shard.value == "node":
-        lines.append(render_constants.constant("DEVICES_PER_NODE", plan.mesh.devices_per_node, f"{cite(plan.mesh.devices_span)}: ranks per node"))
+        lines.append(constant("DEVICES_PER_NODE", plan.mesh.devices_per_node, f"{cite(plan.mesh.devices_span)}: ranks per node"))
     return lines
 
 
-def optimizer_and_step(plan: Plan, groups, hyper, compute) -> tuple[list, list]:
+def optimizer_and_step(plan: Plan, groups, hyper, compute) -> tuple[list, Step]:
     train, over = plan.train, groups.over
     hybrid = train.zero_shard.value == "node"
     axes_arg = '("dp",)' if plan.mesh.size("cp") == 1 else '("dp", "cp")'
     comments = [
-        f"{cite(train.zero.span)}: ZeRO-3, {render_constants.zero_words(plan)}: each block (and the embeddings",
+        f"{cite(train.zero.span)}: ZeRO-3, {render_step.zero_words(plan)}: each block (and the embeddings",
         f"and head) is one flat fp32 buffer; each {over} rank keeps its share of it and the"
         if render_step.compute_dtype(plan) is None else
         f"and head) is one flat fp32 buffer (the master weights; gathered as {train.precision.value}: "
@@ -66,10 +66,8 @@ def optimizer_and_step(plan: Plan, groups, hyper, compute) -> tuple[list, list]:
                 *render_moe.zero_kwargs(plan, by_node=hybrid), *compute),
         comments=tuple(comments),
     ))
-    return items, [
+    return items, Step(clip=(
         f"# mean gradient over {over} (each block's summed into our shards pass by pass); the norm is global",
         Call(target="grad_norm", callee="optimizer.reduce_gradients_and_clip", args=("GRAD_CLIP",),
              kwargs=render_step.grad_scale_kwargs(plan)),
-        "optimizer.step()  # AdamW on our shards: the next forward gathers the new parameters",
-        "optimizer.zero_grad()",
-    ]
+    ), update="optimizer.step()  # AdamW on our shards: the next forward gathers the new parameters")

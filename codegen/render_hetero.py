@@ -18,7 +18,7 @@ from parc.runtime.layout.layer_settings import fold_runs
 
 from .plan import LayerKind, Plan
 from .plan_text import cite
-from .view import Call, last_call
+from .view import Call, Step, last_call
 
 
 def enabled(plan: Plan) -> bool:
@@ -81,7 +81,7 @@ def clip_call(pp, scale) -> Call:
                 kwargs=(("layouts", "layouts"), ("stage_group", "stage_group"), *pp, *scale))
 
 
-def zero_items(where: str, stage: int, hyper, pp, scale) -> tuple[list, list]:
+def zero_items(where: str, stage: int, hyper, pp, scale) -> tuple[list, Step]:
     """ZeRO-1/2 over per-layer layouts: the optimizer's items and the step's."""
     what = "AdamW state" if stage == 1 else "AdamW state and gradients"
     optimizer = [Call(
@@ -92,13 +92,11 @@ def zero_items(where: str, stage: int, hyper, pp, scale) -> tuple[list, list]:
                   "one flat fp32 buffer per tp degree, each dp rank of a layer owning one slice of it",
                   "and its Adam moments" + (" (and its gradient)" if stage == 2 else "")),
     )]
-    step = [
+    step = Step(clip=(
         "# our slices of each layer's mean gradient; the norm is global" if stage == 1 else
         "# each layer's buckets reduced over its dp group as backward produced them, into our slices",
         Call(target="grad_norm", callee="optimizer.reduce_gradients_and_clip", args=("GRAD_CLIP",), kwargs=scale),
-        "optimizer.step()  # AdamW on our slices, then all-gather each over its layers' dp group",
-        "optimizer.zero_grad()",
-    ]
+    ), update="optimizer.step()  # AdamW on our slices, then all-gather each over its layers' dp group")
     return optimizer, step
 
 

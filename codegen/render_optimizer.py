@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from . import render_compress, render_fsdp, render_hetero, render_moe, render_step
 from .plan import Plan
 from .plan_text import cite
-from .render_constants import zero_words
-from .view import Call, Item, last_call, with_last
+from .view import Call, Item, Step, last_call, with_last
 
 HYPER = (("lr", "LR"), ("betas", "BETAS"), ("weight_decay", "WEIGHT_DECAY"), ("eps", "EPS"))
 """AdamW's hyperparameters, the config's constants."""
@@ -63,8 +62,8 @@ def reduced_in_bf16(plan: Plan, items: list[Item], over: str) -> list[Item]:
     return with_last(items, last_call(items).given(("reduce_dtype", "torch.bfloat16"), comment=comment))
 
 
-def optimizer_and_step(plan: Plan, groups: Groups) -> tuple[list[Item], list[Item]]:
-    """The optimizer section and the step's lines up to ``optimizer.zero_grad``."""
+def optimizer_and_step(plan: Plan, groups: Groups) -> tuple[list[Item], Step]:
+    """The optimizer section's items and the step's (its clip, update and reset)."""
     zero_stage, hetero = plan.train.zero.value, render_hetero.enabled(plan)
     scale = render_step.grad_scale_kwargs(plan)  # fp16: every clip divides by the loss scale first
     if zero_stage == 3:
@@ -88,22 +87,18 @@ def optimizer_and_step(plan: Plan, groups: Groups) -> tuple[list[Item], list[Ite
                     ("accumulations", render_step.backward_passes(plan))),
             comments=(f"{cite(precision.span)}: {precision.value} parameters, used as they are; the optimizer keeps",
                       "their fp32 master copy and Adam moments and writes the rounded values back after each step"),
-        )], [
+        )], Step(clip=(
             Call(target="grad_norm", callee="optimizer.unscale_and_clip", args=("GRAD_CLIP",), kwargs=clip,
                  comments=("the gradients to fp32 (the masters'), unscaled and clipped there; the norm is global",)),
-            "optimizer.step()  # AdamW on the fp32 masters, rounded into the parameters",
-            "optimizer.zero_grad()",
-        ]
+        ), update="optimizer.step()  # AdamW on the fp32 masters, rounded into the parameters")
     optimizer = [Call(target="optimizer", callee="optim.build_optimizer", args=("net",), kwargs=HYPER)]
-    return optimizer, [
+    return optimizer, Step(clip=(
         render_hetero.clip_call(groups.pp, scale) if hetero else
         Call(target="grad_norm", callee="optim.clip_grad_norm_", args=("net", "GRAD_CLIP"), kwargs=clip),
-        "optimizer.step()",
-        "optimizer.zero_grad(set_to_none=True)",
-    ]
+    ), update="optimizer.step()", clear="optimizer.zero_grad(set_to_none=True)")
 
 
-def _sharded(plan: Plan, groups: Groups, scale) -> tuple[list[Item], list[Item]]:
+def _sharded(plan: Plan, groups: Groups, scale) -> tuple[list[Item], Step]:
     """ZeRO-1/2: zero.ShardedAdamW, after a compressing gradient sync when ``parallel.compress``."""
     zero, precision = plan.train.zero, plan.train.precision
     optimizer = [Call(
@@ -111,7 +106,7 @@ def _sharded(plan: Plan, groups: Groups, scale) -> tuple[list[Item], list[Item]]
         kwargs=(("dp_group", groups.reduce), ("tp_group", groups.tp), ("stage", "ZERO"), *HYPER, *groups.pp,
                 ("accumulations", render_step.backward_passes(plan)), *render_moe.zero_kwargs(plan),
                 *compute_kwargs(plan)),
-        comments=(f"{cite(zero.span)}: ZeRO-{zero.value}, {zero_words(plan)}: each {groups.over} rank",
+        comments=(f"{cite(zero.span)}: ZeRO-{zero.value}, {render_step.zero_words(plan)}: each {groups.over} rank",
                   "owns one slice of a flat fp32 parameter buffer and its Adam moments"
                   if render_step.compute_dtype(plan) is None else
                   f"owns one slice of a flat {precision.value} parameter buffer ({cite(precision.span)}), "
@@ -123,12 +118,10 @@ def _sharded(plan: Plan, groups: Groups, scale) -> tuple[list[Item], list[Item]]
         sync = reduced_in_bf16(plan, render_compress.grad_sync_items(plan, groups.reduce, groups.over), groups.over)
         optimizer = sync + with_last(optimizer, last_call(optimizer).given(("grad_sync", "grad_sync")))
         reduce_words = "compressed after backward, then our slice of it kept"
-    return zero_reduced_in_bf16(plan, optimizer, groups.over), [
+    return zero_reduced_in_bf16(plan, optimizer, groups.over), Step(clip=(
         f"# mean gradient over {groups.over} ({reduce_words}); the norm is global",
         Call(target="grad_norm", callee="optimizer.reduce_gradients_and_clip", args=("GRAD_CLIP",), kwargs=scale),
-        "optimizer.step()  # AdamW on our slice, then all-gather the parameters over dp",
-        "optimizer.zero_grad()",
-    ]
+    ), update="optimizer.step()  # AdamW on our slice, then all-gather the parameters over dp")
 
 
 def loss_scale_adds(plan: Plan) -> dict:

@@ -17,6 +17,19 @@ from . import render_compress, render_context, render_hetero
 from .plan import Plan
 
 
+ZERO_WORDS = {
+    1: "AdamW state sharded over dp",
+    2: "AdamW state and gradients sharded over dp",
+    3: "parameters, gradients and AdamW state sharded over dp",
+}
+
+
+def zero_words(plan: Plan) -> str:
+    """What the ZeRO stage shards, over the ranks it shards over (dp; dp × cp under cp)."""
+    words = ZERO_WORDS[plan.train.zero.value]
+    return words + " × cp" if plan.mesh.size("cp") > 1 else words
+
+
 def reduce_group(plan: Plan) -> tuple[str, str]:
     """Gradients and the loss are means over the ranks that saw different tokens: dp, and
     under context parallel dp × cp (each cp rank holds T/cp tokens of every sequence); that

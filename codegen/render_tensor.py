@@ -10,9 +10,10 @@ the sections, ``render_model.py`` writes the tensor step.
 
 from __future__ import annotations
 
-from . import render_constants, render_hetero
+from . import render_hetero
 from .plan import Plan
 from .plan_text import cite
+from .view import constant
 
 
 def sequence_adds(plan: Plan) -> dict:
@@ -45,7 +46,7 @@ def grid_constants(plan: Plan) -> list[str]:
     shape = plan.mesh.tp_shape
     if shape is None:
         return []
-    return [render_constants.constant(shape.name, shape.value, f"{cite(shape.span)}: R × C grid of the tp ranks")]
+    return [constant(shape.name, shape.value, f"{cite(shape.span)}: R × C grid of the tp ranks")]
 
 
 def sequence_words(plan: Plan) -> str:

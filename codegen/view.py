@@ -78,8 +78,23 @@ class Lines:
         return [line for block in self.text for line in block.split("\n")]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Step:
+    """The optimizer step's items: the gradients' reduction and clip, the update, the reset
+    (``render_checkpoint.guarded_step`` puts the update under the guard)."""
+
+    clip: tuple
+    update: str
+    clear: str = "optimizer.zero_grad()"
+
+
 Item = Union[Call, Lines, str]
 """A section's item: a call, lines, or one line as a string."""
+
+
+def constant(name: str, value, comment: str) -> str:
+    """A constant of train.py's config block, its value through ``repr``, citing where it came from."""
+    return f"{name} = {value!r}  # {comment}"
 
 
 def lines(items) -> list[str]:
