@@ -21,7 +21,8 @@ from __future__ import annotations
 import enum
 import functools
 import math
-from dataclasses import dataclass
+import operator
+from dataclasses import dataclass, fields
 
 from parc.dsl.spec import ModelSpec
 from parc.runtime.layout import layer_settings
@@ -118,6 +119,11 @@ class Layout:
         """ep·etp: the ranks among which a MoE block's expert weights are split."""
         return self.ep * self.etp
 
+    @property
+    def expert_split(self) -> dict:
+        """The experts' split as the model description's counts take it (``ep``, ``etp``)."""
+        return {"ep": self.ep, "etp": self.etp}
+
     def tokens(self, seq_len: int) -> int:
         """Tokens of one micro-batch on one rank: micro_batch · seq_len / cp."""
         return self.micro_batch * seq_len // self.cp
@@ -166,6 +172,21 @@ class Layout:
         if self.pp > 1:
             parts.append(self.schedule_words)
         return " ".join(parts)
+
+
+LAYOUT_FIELDS = tuple(item.name for item in fields(Layout))
+"""Every field of a ``Layout``, in its order."""
+
+
+def fields_but(*names: str) -> operator.attrgetter:
+    """The values of every ``Layout`` field but ``names``: the key of a part of the cost model
+    that does not read those (Note [planner caches]); a field added to ``Layout`` joins every key."""
+    return operator.attrgetter(*(name for name in LAYOUT_FIELDS if name not in names))
+
+
+def by_node(spec) -> bool:
+    """ZeRO-3 shards within a node and replicates across nodes (HSDP: ``zero_shard = node``)."""
+    return spec.parallel.zero_shard == "node"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
