@@ -162,7 +162,9 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
     lines += _per_layer_gain(best, index, result)
     lines += _compression(spec, best, index, hw)
     for entry in options():  # Note [an option is an entry]: its own lines, from its cost module
-        lines += entry.why(spec, best, index, hw)
+        if entry.why is not None and getattr(best.layout, entry.name) != entry.default:
+            without = estimate(spec, replace(best.layout, **{entry.name: entry.default}), hw, exact=True)
+            lines += entry.why(best, index, hw, without, _seconds)
     winner = result.winner
     if winner is not None and winner is not best:
         lines.append(

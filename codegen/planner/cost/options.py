@@ -31,10 +31,6 @@ Read when first asked (``options``): an owner imports the time or memory model, 
 reads the entries in turn."""
 
 
-def _never(*_args) -> list:
-    return []
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Option:
     name: str
@@ -60,8 +56,10 @@ class Option:
     """A value in ``why``'s comparisons."""
     reasons: dict = field(default_factory=dict)
     """``why``'s reason, by the term of the step time a difference in it moves."""
-    why: Callable = _never
-    """``why``'s lines when the winner uses it: ``(spec, best, index, hw) → list[str]``."""
+    why: Callable | None = None
+    """``why``'s lines when the winner uses it (a value other than ``default``): ``(best,
+    index, hw, without, seconds) → list[str]``, ``without`` the same layout's ``Estimate``
+    with the option at its default, ``seconds`` why's signed time format."""
 
 
 @functools.cache

@@ -23,25 +23,17 @@ the same seconds, so the sums above stand for both.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from parc.dsl.spec import Arch
 
 from .comm import collective_time
 from .options import Option
 
 
-def _why(spec, best, index: int, hw) -> list[str]:
-    """``why``'s line when the winner is a 2D tp grid: what 1D tp of the same degrees would
-    cost (ATP's claim: 2D pays when tp spans nodes; Note [2D tp costs])."""
-    from ..why import _seconds
-    from .estimate import estimate
-
-    shape = best.layout.tp_shape
-    if shape is None:
-        return []
-    flat = estimate(spec, replace(best.layout, tp_shape=None), hw, exact=True)
-    rows, cols = shape
+def _why(best, index: int, hw, flat, seconds) -> list[str]:
+    """``why``'s line when the winner is a 2D tp grid: what 1D tp of the same degrees
+    (``flat``, its estimate) would cost (ATP's claim: 2D pays when tp spans nodes; Note [2D
+    tp costs]). ``seconds``: why's signed time format."""
+    rows, cols = best.layout.tp_shape
     spans = best.layout.tp > hw.devices_per_node
     where = (f"tp {best.layout.tp} spans {best.layout.tp // hw.devices_per_node} nodes: each row of {cols} ranks "
              f"is on one node, each column of {rows} crosses the network" if spans else
@@ -49,9 +41,9 @@ def _why(spec, best, index: int, hw) -> list[str]:
     verdict = "parc cannot build 1D tp across nodes (PAR0217); it would take" if spans else "1D would take"
     return [
         f"#{index} arranges tp as a {rows} × {cols} grid (tp_shape = ({rows}, {cols})): {where}. {verdict} "
-        f"{_seconds(flat.time.step - best.time.step)[1:]} {'more' if flat.time.step >= best.time.step else 'less'} "
-        f"per step (exposed communication {_seconds(flat.time.exposed_comm)[1:]} vs "
-        f"{_seconds(best.time.exposed_comm)[1:]})."
+        f"{seconds(flat.time.step - best.time.step)[1:]} {'more' if flat.time.step >= best.time.step else 'less'} "
+        f"per step (exposed communication {seconds(flat.time.exposed_comm)[1:]} vs "
+        f"{seconds(best.time.exposed_comm)[1:]})."
     ]
 
 
