@@ -51,8 +51,10 @@ from ..spec_values import spec_values
 
 EXACT_TOP = 3
 SIMPLEST_SCHEDULES = ("1f1b", "interleaved", "gpipe")
-SCHEDULE_ORDER = {kind: i for i, kind in enumerate(SIMPLEST_SCHEDULES + tuple(k for k in KINDS if k not in SIMPLEST_SCHEDULES))}
-"""A tie's simpler schedule: 1f1b, interleaved, gpipe, then the schedule table's other kinds in its order."""
+SCHEDULE_ORDER = {kind: i for i, kind in enumerate(
+    SIMPLEST_SCHEDULES + tuple(kind for kind in KINDS if kind not in SIMPLEST_SCHEDULES))}
+"""A tie's simpler schedule: 1f1b, interleaved, gpipe, then the schedule table's other
+kinds in its order (``runtime/schedules/schedule.KINDS``)."""
 
 
 class Incomplete(Exception):

@@ -22,9 +22,10 @@ plus torch's 4-byte ``step`` per tensor (zero 0), or the moments of the rank's s
 8·ceil(Ψ/dp) (zero 1/2); under sp, zero 2 also holds the partial sequence-parallel
 gradients (norms, row biases, positions) whole when backward ends, until their sum
 over tp. Under ep > 1 a rank holds experts / ep of each MoE block (``rank_params``) and
-ZeRO shards them over edp = dp·cp·tp / the expert folds (``Layout.expert_folds``) in a buffer of their own (runtime/parallel/data/zero.py, Note
-[experts under ZeRO]): ceil(dense/dp) + ceil(experts/edp) elements. Its activations are the tensors autograd saves in ``runtime/models/model.py``,
-counted per token from the model's shapes in ``runtime/layout/saved_elements.py`` (Note
+ZeRO shards them over edp = dp·cp·tp / the expert folds (``Layout.expert_folds``) in a
+buffer of their own (runtime/parallel/data/zero.py, Note [experts under ZeRO]):
+ceil(dense/dp) + ceil(experts/edp) elements. Its activations are the tensors autograd
+saves in ``runtime/models/model.py``, counted per token from the model's shapes in ``runtime/layout/saved_elements.py`` (Note
 [what parc's trainer saves]; checked against the trainer's measurement in
 tests/planner). The working set of a recomputed layer and the gradient flat buffers
 are real memory but not saved activations: they are ``buffers``.

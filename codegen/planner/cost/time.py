@@ -237,7 +237,8 @@ def step_time(
     # ---- data parallel and the optimizer ----------------------------------------
     # reads: the placement, the degrees the gradients reduce over, ZeRO (Note [planner caches])
     params, tensors, expert_params, reduce, gather = shared(
-        (spec, hw, accounting), "time.reduction", REDUCTION_READS(layout), lambda: _reduction(spec, layout, hw, accounting))
+        (spec, hw, accounting), "time.reduction", REDUCTION_READS(layout),
+        lambda: _reduction(spec, layout, hw, accounting))
     reducing = d * layout.cp  # replicated parameters' gradients average over dp × cp
     by_node = hsdp(spec)
     expert_shard = expert_shard_ranks(layout, by_node=by_node, devices_per_node=hw.devices_per_node)

@@ -49,14 +49,16 @@ def _why(best, index: int, hw, flat, seconds) -> list[str]:
 
 OPTIONS = (
     Option(name="tp_shape", default=None, axis="tp", words=lambda shape: f"{shape[0]}×{shape[1]}" if shape else None,
-           of_plan=lambda plan: tuple(plan.mesh.tp_shape.value) if plan.mesh.tp_shape is not None else None,
+           of_plan=lambda plan: None if plan.mesh.tp_shape is None else tuple(plan.mesh.tp_shape.value),
            of_spec=lambda par: par.tp_shape if par.tp_shape is not None and par.tp_shape[0] > 1 else None,
-           to_spec=lambda shape, par: {"tp_shape": shape if shape is not None else par.tp_shape, "tp_shape_auto": False},
-           column=lambda layout: f"tp{layout.tp_shape[0]}×{layout.tp_shape[1]}" if layout.tp_shape is not None else None,
+           to_spec=lambda shape, par: {"tp_shape": par.tp_shape if shape is None else shape,
+                                       "tp_shape_auto": False},
+           column=lambda layout: None if layout.tp_shape is None else "tp{}×{}".format(*layout.tp_shape),
            compared=True, shown=lambda shape: "1D" if shape is None else f"({shape[0]}, {shape[1]})",
-           reasons={"exposed_comm": "a 2D tp grid (R × C) sends only 1/C of each projection's output around its "
-                                    "R-rank columns, the rings that cross the slow links when tp spans nodes, where 1D "
-                                    "all-reduces the whole hidden state over every tp rank; inside one node 1D moves less"},
+           reasons={"exposed_comm": (
+               "a 2D tp grid (R × C) sends only 1/C of each projection's output around its R-rank columns, the "
+               "rings that cross the slow links when tp spans nodes, where 1D all-reduces the whole hidden state "
+               "over every tp rank; inside one node 1D moves less")},
            why=_why),
 )
 """How a tp grid prints, reads and is explained (Note [an option is an entry], cost/options.py)."""
