@@ -27,8 +27,9 @@ from typing import Callable
 
 OWNERS = ("context", "tp2d", "experts")
 """The cost modules (``codegen/planner/cost/``) that export ``OPTIONS``, in print order.
-Read when first asked (``options``): an owner imports the time or memory model, which
-reads the entries in turn."""
+Imported by name when first asked (``options``), as ``schedule.kind_module`` finds a
+schedule's module: each owner imports this module for ``Option``, and ``cost/layout.py``
+and ``layout_words.py``, which the owners import, read the entries too."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
