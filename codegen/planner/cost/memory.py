@@ -46,7 +46,7 @@ from parc.runtime.layout.kernel_sizes import kinds_that_pay
 from .compress import compresses
 from .context import cp_saved_elements
 from .memo import shared
-from .terapipe import kept_kv_elements
+from .slices import kept_kv_elements
 from .layout import (
     SETTING_NAMES, Accounting, Layout, blocks_of, by_node as hsdp, expert_data_ranks, fields_but, placement_kind,
     rank_blocks, rank_expert_params, rank_params,
@@ -216,7 +216,7 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
             ) + (extra if mode != "full" else 0.0))
             for mode, count in modes.items()
         )
-    layers += kept_kv_elements(model, layout.tp, layout.slices, modes)  # terapipe.py, Note [kept keys under recompute]
+    layers += kept_kv_elements(model, layout.tp, layout.slices, modes)  # slices.py, Note [kept keys under recompute]
     total = in_flight * layers / layout.chunks * tokens * element
     if contents.embed:
         total += min(in_flight, micro_batches) * tokens * 8.0  # the int64 token ids

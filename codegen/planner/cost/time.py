@@ -73,7 +73,7 @@ from parc.runtime.schedules.schedule_sim import weight_share
 
 from .bubble import makespan, slice_scales
 from .context import cp_comm, eager_core
-from .terapipe import per_slices, zero3_passes
+from .slices import per_slices, zero3_passes
 from .tp2d import grid_block_comm, grid_head_comm
 from .comm import collective_latency, collective_time, ring_time
 from .compress import RANK, pipeline_messages, powersgd_cost, topk_cost
@@ -440,7 +440,7 @@ def block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting
     sub_forward, sub_core, sub_core_backward = _block_forward(spec, layout, hw, accounting, tokens / pieces)
     forward, core = pieces * sub_forward * slow, pieces * sub_core * slow
     experts = per_slices(lambda n: moe_block(spec, layout, hw, tokens=n, k=k, size=size), tokens,
-                         layout.slices)  # Note [MoE costs]; terapipe.py, Note [experts per slice]
+                         layout.slices)  # Note [MoE costs]; slices.py, Note [experts per slice]
     forward += experts.forward
     # backward twice the forward, but the attention core's own (flash: Note [flash attention's rate])
     backward = 2.0 * forward + pieces * slow * (sub_core_backward - 2.0 * sub_core)
@@ -508,8 +508,8 @@ class Zero3Gathers:
 def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, forward: float, backward: float,
                   accounting: Accounting, *, micro_batches: int, gather_element: float, grad_element: float,
                   by_node: bool = False, experts: tuple[float, int] | None = None) -> Zero3Gathers | None:
-    """Note [ZeRO-3 gathers]: every micro-batch (under terapipe, every slice: ``micro_batches``
-    counts the passes, cost/terapipe.py's Note [ZeRO-3 per slice]) gathers each of the rank's B units (a block's
+    """Note [ZeRO-3 gathers]: every micro-batch (under a sliced schedule, every slice: ``micro_batches``
+    counts the passes, cost/slices.py's Note [ZeRO-3 per slice]) gathers each of the rank's B units (a block's
     parameters; the embeddings and head are spread over them) once for forward and once
     for backward (a full recompute's rerun finds its unit gathered): all-gathers of
     g = Ψ_rank/B elements of ``gather_element`` bytes over the shard group; backward also
