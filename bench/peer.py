@@ -1,7 +1,11 @@
 """Tokens/s of a parc trainer vs torchtitan 0.3.0 on the same Llama, side by side.
 
 One Llama-style model (RMSNorm, rotary, grouped-query attention, SwiGLU; fp32, CPU,
-gloo) in four layouts: 1 rank, dp2, tp2 and dp2×tp2. parc's side is the trainer
+gloo) in the layouts: 1 rank, dp2, tp2 and dp2×tp2; FSDP (parc's ZeRO-3, torchtitan's
+FSDP2) over 2 ranks; a 2-stage pipeline under 1F1B, interleaved 1F1B (2 stages a rank)
+and ZB-V (torchtitan's ZBVZeroBubble: parc's zero_bubble_v); and its mixture-of-experts
+variant (``moe-ep2``: every block's MLP 8 routed experts, top-2, no shared experts,
+each expert as wide as the dense MLP) with the experts split over 2 ranks. parc's side is the trainer
 ``parc build`` writes from a spec this bench writes; torchtitan's is its own Trainer
 driven on CPU by bench/peer_titan.py. Runs alternate (parc, torchtitan, parc, ...),
 each run reports the median step after warm-up, and the table gives the median of
@@ -13,9 +17,10 @@ packages its Trainer imports into bench/.peer/site (git-ignored), and the torcht
 runs see it through PYTHONPATH only.
 
     python bench/peer.py --setup          # once
-    python bench/peer.py [--repeat 3] [--steps 6] [--layouts 1,dp2,tp2,dp2xtp2]
+    python bench/peer.py [--repeat 3] [--steps 6] [--layouts 1,dp2,...,moe-ep2] [--global-batch 16]
 
-What differs between the two models is printed with the table (``DIFFERENCES``).
+What differs between the two models is printed with the table (``DIFFERENCES``); where
+each side spends its time, and the last tables, are in bench/peer_notes.md.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,7 +44,48 @@ BIN = Path(sys.executable).parent
 PACKAGES = ["torchtitan==0.3.0", "spmd_types==0.2.3", "tyro", "docstring-parser", "typeguard", "einops",
             "torchdata", "torch_checkpointing", "datasets>=3.6,<4.8", "pyarrow", "dill", "multiprocess",
             "xxhash", "fsspec", "huggingface_hub", "pandas", "httpx", "requests", "urllib3", "certifi"]
-LAYOUTS = {"1": (1, 1), "dp2": (2, 1), "tp2": (1, 2), "dp2xtp2": (2, 2)}
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int = 1
+    tp: int = 1
+    ep: int = 1
+    moe: bool = False
+    """Every block's MLP the MoE of ``Shapes`` (experts, top_k, expert_ffn)."""
+    pp: int = 1
+    schedule: str = "1f1b"
+    """parc's pipeline schedule, and torchtitan's name for the same one:"""
+    titan_schedule: str = "1F1B"
+    zero: int = 0
+    cp: int = 1
+    precision: str = "fp32"
+    """parc's train.precision (torchtitan's side stays fp32, its expert GEMMs bf16)."""
+    """Context parallelism: parc's ring (load-balanced chunks), torchtitan's ring over SDPA."""
+    titan_dp: str | None = None
+    """torchtitan's dp kind when the layout fixes it (FSDP: shard), else --titan-dp's."""
+    titan_cannot: str | None = None
+    """Why torchtitan cannot run the layout here (the row then has parc's side only)."""
+
+    @property
+    def ranks(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+
+LAYOUTS = {
+    "1": Layout(), "dp2": Layout(dp=2), "tp2": Layout(tp=2), "dp2xtp2": Layout(dp=2, tp=2),
+    "fsdp-dp2": Layout(dp=2, zero=3, titan_dp="shard"),
+    "cp2-ring": Layout(cp=2, titan_cannot=(
+        "torchtitan's cp on CPU: its ring attention shards SDPA through DTensor, and the CPU kernel "
+        "aten._scaled_dot_product_flash_attention_for_cpu has no sharding strategy (NotImplementedError); "
+        "its other cp path, FlexAttention, needs torch.compile, which the bench's CPU lacks")),
+    "pp2-1f1b": Layout(pp=2),
+    "pp2-interleaved": Layout(pp=2, schedule="interleaved(chunks = 2)", titan_schedule="Interleaved1F1B"),
+    "pp2-zbv": Layout(pp=2, schedule="zero_bubble_v", titan_schedule="ZBVZeroBubble"),
+    "moe-ep2": Layout(dp=2, ep=2, moe=True, titan_dp="shard"),  # torchtitan's ep takes ranks from FSDP
+    # parc under bf16 autocast: its expert GEMMs in bf16 as torchtitan's are (and the rest too)
+    "moe-ep2-bf16": Layout(dp=2, ep=2, moe=True, titan_dp="shard", precision="bf16"),
+}
 WARMUP = 2
 
 
@@ -54,6 +101,12 @@ class Shapes:
     global_batch: int = 16
     multiple_of: int = 256  # torchtitan's debug model's MLP rounding
     ffn_multiplier: float | None = None
+    # the MoE layouts: torchtitan's smallest MoE (Qwen3 debugmodel_moe: 64 experts, top-8,
+    # no shared experts) scaled to this model's size; both sides get these exactly
+    experts: int = 8
+    top_k: int = 2
+    shared_experts: int = 0
+    router_bias_update: float = 1e-3  # torchtitan's load_balance_coeff: aux-loss-free balancing
 
     @property
     def ffn(self) -> int:
@@ -70,8 +123,23 @@ def titan_ffn(hidden: int, multiple_of: int, multiplier: float | None = None) ->
     return multiple_of * -(-width // multiple_of)
 
 
-def spec_text(shapes: Shapes, dp: int, tp: int, steps: int) -> str:
+def moe_keys(shapes: Shapes, layout: Layout) -> str:
+    """The spec's MoE keys: experts as wide as the dense MLP, no aux loss (torchtitan
+    balances by its router bias alone), the bias update at torchtitan's rate."""
+    if not layout.moe:
+        return ""
+    return f"""
+  experts = {shapes.experts}
+  top_k = {shapes.top_k}
+  expert_ffn = {shapes.ffn}
+  shared_experts = {shapes.shared_experts}
+  aux_loss = 0
+  router_bias_update = {shapes.router_bias_update}"""
+
+
+def spec_text(shapes: Shapes, layout: Layout, steps: int) -> str:
     """The parc spec of one layout: the shapes, synthetic data, no clipping differences."""
+    dp, tp = layout.dp, layout.tp
     return f"""# bench/peer.py: the Llama both sides train (written by the bench).
 model peer_llama {{
   arch = llama
@@ -82,19 +150,23 @@ model peer_llama {{
   ffn = {shapes.ffn}
   vocab = {shapes.vocab}
   seq_len = {shapes.seq_len}
-  tie_embeddings = false
+  tie_embeddings = false{moe_keys(shapes, layout)}
 }}
 
 mesh {{
   nodes = 1
-  devices_per_node = {dp * tp}
+  devices_per_node = {layout.ranks}
   device = cpu
 }}
 
 parallel {{
   dp = {dp}
   tp = {tp}
-  pp = 1
+  pp = {layout.pp}
+  schedule = {layout.schedule}
+  zero = {layout.zero}
+  cp = {layout.cp}
+  ep = {layout.ep}
   sp = false
 }}
 
@@ -105,7 +177,7 @@ train {{
   optimizer = adamw(lr = 3e-4)
   schedule = cosine(warmup = 2)
   grad_clip = 1.0
-  precision = fp32
+  precision = {layout.precision}
   seed = 1
   data = synthetic
 }}
@@ -119,11 +191,25 @@ What differs (same shapes, parameter counts printed above):
   default reduce-scatters with PREMUL_SUM, which gloo does not have.
 - init: torchtitan truncated-normal 0.02, depth-scaled for wo/w2/w3, embedding N(0,1),
   head std hidden^-0.5; parc its own (runtime/models/param_init.py). Timing only, no parity.
+- moe-ep2: torchtitan's MoE block is its Qwen3-MoE one (q/k norms off, so the attention
+  is the Llama one); softmax router, top-k weights renormalized on both; load balanced
+  by a router bias updated after each step on both (no aux loss); torchtitan runs the
+  expert GEMMs in bf16 (torch._grouped_mm on bf16 copies of x and the weights), parc
+  in fp32 under precision = fp32; torchtitan's dp is FSDP2 (its ep borrows ranks from
+  the FSDP degree) with sum reductions (gloo has no PREMUL_SUM), parc's is all-reduce.
 - rotary: torchtitan rotates interleaved pairs (complex), parc halves; same cost.
 - loss: torchtitan sums and divides by the global token count; parc means per
   micro-batch; the same arithmetic per token.
 - attention: both SDPA is_causal (torchtitan's LM default is FlexAttention with
   document masks, which needs torch.compile off GPU); q/k/v unfused in both.
+- fsdp-dp2: parc's ZeRO-3 against torchtitan's FSDP2 (its reduce-scatter made a SUM:
+  gloo has no PREMUL_SUM); torchtitan reduces gradients every micro-batch it
+  accumulates, parc once a step.
+- pp2: both split the 4 layers evenly (torchtitan's first/last stage "less layers" set
+  to 0); 8 micro-batches of 2 a step on both; torchtitan's schedules get the micro-
+  batches through bench/peer_titan.py's shim (its 0.3.0 calls a step API the pinned
+  torch lacks). parc's zero_bubble (ZB-H1, one stage a rank) has no torchtitan
+  counterpart: its zero-bubble schedules are the looped ones (ZB-V, interleaved ZB).
 - MLP width: torchtitan rounds 2/3·4·hidden up to multiple_of; the bench computes
   that width once and gives it to both exactly (no rounding differs)."""
 
@@ -159,39 +245,54 @@ def titan_env(nproc: int) -> dict:
     return env
 
 
-def torchrun(nproc: int, argv: list[str], env: dict) -> str:
-    command = [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", *argv]
+def torchrun(nproc: int, argv: list[str], env: dict, rss: Path) -> tuple[str, list[int]]:
+    """Run ``argv`` (a script and its arguments) on ``nproc`` ranks through bench/peer_rss.py:
+    (stdout, each rank's peak resident bytes)."""
+    shutil.rmtree(rss, ignore_errors=True)
+    command = [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}",
+               str(ROOT / "bench" / "peer_rss.py"), str(rss), *argv]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"failed: {' '.join(command)}\n{done.stdout[-1500:]}\n{done.stderr[-3000:]}")
-    return done.stdout
+    return done.stdout, [int((rss / f"rss-rank{r}.txt").read_text()) for r in range(nproc)]
 
 
-def build_parc(shapes: Shapes, dp: int, tp: int, steps: int, workdir: Path) -> Path:
-    spec = workdir / f"peer-dp{dp}-tp{tp}.par"
-    spec.write_text(spec_text(shapes, dp, tp, steps))
-    out = workdir / f"parc-dp{dp}-tp{tp}"
+def build_parc(shapes: Shapes, name: str, layout: Layout, steps: int, workdir: Path) -> Path:
+    spec = workdir / f"peer-{name}.par"
+    spec.write_text(spec_text(shapes, layout, steps))
+    out = workdir / f"parc-{name}"
     subprocess.run([str(BIN / "parc"), "build", str(spec), "-o", str(out)], check=True, capture_output=True)
     return out
 
 
-def run_parc(build: Path, dp: int, tp: int, steps: int) -> float:
+def run_parc(build: Path, layout: Layout, steps: int) -> tuple[float, list[int]]:
     metrics = build / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // (dp * tp))))
-    torchrun(dp * tp, [str(build / "train.py"), "--steps", str(WARMUP + steps), "--metrics-jsonl", str(metrics)],
-             env)
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // layout.ranks)))
+    _, rss = torchrun(layout.ranks, [str(build / "train.py"), "--steps", str(WARMUP + steps),
+                                     "--metrics-jsonl", str(metrics)], env, build / "rss")
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return statistics.median(r["tokens_per_s"] for r in records[WARMUP:])
+    return statistics.median(r["tokens_per_s"] for r in records[WARMUP:]), rss
 
 
-def run_titan(shapes: Shapes, dp: int, tp: int, steps: int, workdir: Path, dp_kind: str) -> dict:
-    argv = [str(ROOT / "bench" / "peer_titan.py"), f"--dp={dp}", f"--tp={tp}", f"--steps={steps}", f"--dp-kind={dp_kind}",
-            f"--warmup={WARMUP}", f"--ffn={shapes.ffn}", f"--dump={workdir / 'titan'}"]
+def run_titan(shapes: Shapes, layout: Layout, steps: int, workdir: Path, dp_kind: str) -> dict:
+    dp_kind = layout.titan_dp or dp_kind
+    argv = [str(ROOT / "bench" / "peer_titan.py"), f"--dp={layout.dp}", f"--tp={layout.tp}", f"--steps={steps}",
+            f"--dp-kind={dp_kind}", f"--warmup={WARMUP}", f"--pp={layout.pp}", f"--cp={layout.cp}",
+            f"--schedule={layout.titan_schedule}", f"--ffn={shapes.ffn}", f"--dump={workdir / 'titan'}"]
+    if layout.moe:
+        argv += [f"--experts={shapes.experts}", f"--top-k={shapes.top_k}", f"--moe-ffn={shapes.ffn}",
+                 f"--ep={layout.ep}"]
     for name in ("layers", "hidden", "heads", "kv_heads", "vocab", "seq_len", "micro_batch", "global_batch"):
         argv.append(f"--{name.replace('_', '-')}={getattr(shapes, name)}")
-    lines = [line for line in torchrun(dp * tp, argv, titan_env(dp * tp)).splitlines() if line.startswith("{")]
-    return json.loads(lines[-1])
+    out, rss = torchrun(layout.ranks, argv, titan_env(layout.ranks), workdir / "titan-rss")
+    result = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    return dict(result, rss=rss)
+
+
+def per_rank(runs: list[list[int]]) -> str:
+    """Each rank's median peak over the runs, in MiB, ``r0/r1/...``."""
+    return "/".join(f"{statistics.median(run[r] for run in runs) / 2**20:.0f}" for r in range(len(runs[0])))
 
 
 def main() -> int:
@@ -199,6 +300,8 @@ def main() -> int:
     parser.add_argument("--setup", action="store_true", help=f"install torchtitan into {SITE.relative_to(ROOT)}")
     parser.add_argument("--repeat", type=int, default=3, help="alternating runs of each side per layout")
     parser.add_argument("--steps", type=int, default=6, help=f"timed steps per run (after {WARMUP} warm-up)")
+    parser.add_argument("--global-batch", type=int, default=Shapes.global_batch,
+                        help="sequences a step (micro-batches of 2; under dp a rank accumulates its share)")
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated: " + ", ".join(LAYOUTS))
     parser.add_argument("--titan-dp", choices=("replicate", "shard"), default="replicate",
                         help="torchtitan's dp: replicated parameters with all-reduced gradients (DDP, like parc's "
@@ -210,34 +313,53 @@ def main() -> int:
         print(f"bench/peer.py: torchtitan is not installed for the bench; run: python bench/peer.py --setup",
               file=sys.stderr)
         return 1
-    shapes = Shapes()
+    shapes = Shapes(global_batch=args.global_batch)
     layouts = [name.strip() for name in args.layouts.split(",")]
     unknown = [name for name in layouts if name not in LAYOUTS]
     if unknown:
         parser.error(f"unknown layouts {unknown}; choose from {', '.join(LAYOUTS)}")
     start_load = load()
-    rows = []
+    rows, cannot = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for name in layouts:
-            dp, tp = LAYOUTS[name]
-            build = build_parc(shapes, dp, tp, WARMUP + args.steps, Path(tmp))
-            parc, titan, params = [], [], None
+            layout = LAYOUTS[name]
+            build = build_parc(shapes, name, layout, WARMUP + args.steps, Path(tmp))
+            parc, titan, params, parc_rss, titan_rss = [], [], None, [], []
             for _ in range(args.repeat):  # alternating
-                parc.append(run_parc(build, dp, tp, args.steps))
-                result = run_titan(shapes, dp, tp, args.steps, Path(tmp), args.titan_dp)
+                tokens, rss = run_parc(build, layout, args.steps)
+                parc.append(tokens)
+                parc_rss.append(rss)
+                if layout.titan_cannot:
+                    continue
+                result = run_titan(shapes, layout, args.steps, Path(tmp), args.titan_dp)
                 titan.append(result["tokens_per_s"])
+                titan_rss.append(result["rss"])
                 params = result["local_parameters"]
                 print(f"  ... {name}: parc {parc[-1]:.0f} tok/s, torchtitan {titan[-1]:.0f} tok/s; {load()}",
                       file=sys.stderr, flush=True)
-            rows.append((name, statistics.median(parc), statistics.median(titan), params))
+            if layout.titan_cannot:
+                print(f"  ... {name}: parc {statistics.median(parc):.0f} tok/s; torchtitan cannot run it: "
+                      f"{layout.titan_cannot}", file=sys.stderr, flush=True)
+                cannot.append((name, statistics.median(parc), per_rank(parc_rss), layout.titan_cannot))
+                continue
+            rows.append((name, statistics.median(parc), statistics.median(titan), params,
+                         per_rank(parc_rss), per_rank(titan_rss)))
     print(f"## parc vs torchtitan 0.3.0: llama {shapes.layers}x{shapes.hidden}, {shapes.heads} heads "
           f"({shapes.kv_heads} kv), ffn {shapes.ffn}, vocab {shapes.vocab}, {shapes.global_batch} sequences "
           f"of {shapes.seq_len} a step (micro-batch {shapes.micro_batch}), fp32, CPU gloo; medians of "
           f"{args.repeat} alternating runs x {args.steps} steps after {WARMUP} warm-up")
     print(f"## before: {start_load}; after: {load()}")
-    print(f"{'layout':<9} {'parc tok/s':>11} {'titan tok/s':>12} {'parc/titan':>11} {'titan params':>13}")
-    for name, parc, titan, params in rows:
-        print(f"{name:<9} {parc:>11.0f} {titan:>12.0f} {parc / titan:>10.2f}x {params:>13,}")
+    print(f"{'layout':<16} {'parc tok/s':>11} {'titan tok/s':>12} {'parc/titan':>11} {'titan params':>13} "
+          f"{'parc MiB/rank':>14} {'titan MiB/rank':>15}")
+    for name, parc, titan, params, parc_mib, titan_mib in rows:
+        print(f"{name:<16} {parc:>11.0f} {titan:>12.0f} {parc / titan:>10.2f}x {params:>13,} "
+              f"{parc_mib:>14} {titan_mib:>15}")
+    for name, parc, parc_mib, why in cannot:
+        print(f"{name:<16} {parc:>11.0f} {'—':>12} {'—':>11} {'—':>13} {parc_mib:>14} {'—':>15}  ({why})")
+    print("MiB/rank: each rank's peak resident memory (bench/peer_rss.py), the median over runs, rank 0 first")
+    if any(LAYOUTS[name].moe for name in layouts):
+        print(f"moe-ep2: {shapes.experts} experts top-{shapes.top_k}, each {shapes.ffn} wide, "
+              f"{shapes.shared_experts} shared, every block; experts over 2 ranks (ep 2 within dp 2)")
     print(f"MLP width {shapes.ffn} = torchtitan's rounding of int(2/3*4*{shapes.hidden}) = "
           f"{int(8 * shapes.hidden / 3)} up to multiple_of {shapes.multiple_of}; given to both exactly.")
     print(DIFFERENCES)

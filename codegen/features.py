@@ -23,7 +23,8 @@ from typing import Callable
 
 from parc.runtime.schedules import schedule
 
-from . import render_compress, render_eval, render_hetero, render_moe, render_step
+from . import (render_compress, render_context, render_data, render_eval, render_hetero, render_moe, render_optimizer,
+               render_pipeline, render_step, render_tensor)
 from .plan import Plan
 from .plan_text import cite
 
@@ -44,6 +45,9 @@ class Feature:
     """Its step of ``runtime/layout/transforms.ORDER``, if it transforms the model."""
     step_lines: Callable[[Plan], list] = lambda plan: []
     """train.py's lines for that step (``render_model`` places them in the order)."""
+    adds: Callable[[Plan], dict] = lambda plan: {}
+    """What it adds to train.py's sections: section name → its calls and lines
+    (codegen/view.py, Note [a section is a list of calls])."""
     cost: str = ""
     """The planner's module that prices it (codegen/planner/cost/)."""
 
@@ -81,9 +85,11 @@ FEATURES: tuple[Feature, ...] = (
             used=lambda plan: plan.train.kernels.value == "compiled",
             ships=lambda plan: frozenset({f"ops_{plan.model.arch}"}), transform="model.use_kernels"),
     Feature(name="data parallel", keys=("parallel.dp", "parallel.cp"),
+            adds=render_data.adds,
             used=lambda plan: plan.mesh.size("dp") * plan.mesh.size("cp") > 1 or render_hetero.enabled(plan),
             imports=("dp",), transform="dp.GradientBuckets", cost="cost/time.py"),
     Feature(name="pipeline", keys=("parallel.pp", "parallel.schedule", "parallel.stage_layers"),
+            adds=render_pipeline.adds,
             used=render_step.has_pipeline, imports=("pipeline", "schedule"), ships=_pipeline_modules,
             transform="models.build_stages + pipeline.PipelineExecutor", cost="cost/time.py"),
     Feature(name="zero", keys=("parallel.zero",), used=lambda plan: _zero(plan) in (1, 2) and not render_hetero.enabled(plan),
@@ -92,9 +98,11 @@ FEATURES: tuple[Feature, ...] = (
             used=lambda plan: _zero(plan) == 3, imports=("fsdp",), ships=_zero_checkpoints, transform="fsdp.FullyShardedAdamW",
             cost="cost/memory.py"),
     Feature(name="per-layer tp × dp", keys=("parallel.tp", "parallel.dp"), used=render_hetero.enabled,
+            adds=render_hetero.adds,
             imports=("hetero",), ships=_zero_checkpoints, transform="parallelize.tensor(layouts=) + hetero.StageLayouts",
             cost="cost/per_layer.py"),
     Feature(name="context parallel", keys=("parallel.cp", "parallel.cp_kind"), used=lambda plan: plan.mesh.size("cp") > 1,
+            adds=render_context.adds,
             ships=lambda plan: frozenset({"context", "ops_ring"}), transform="parallelize.context", cost="cost/context.py",
             step="context", step_lines=lambda plan: [
                 f"# {cite(plan.mesh.axis('cp').span)}: attention over the ranks that split each sequence",
@@ -103,8 +111,10 @@ FEATURES: tuple[Feature, ...] = (
             used=lambda plan: plan.sequence_parallel.enabled or render_hetero.enabled(plan),
             ships=lambda plan: frozenset({"sp_columns"}), transform="layers.project (sp_columns.GatheredColumns)"),
     Feature(name="2D tensor parallel", keys=("parallel.tp_shape",), used=lambda plan: plan.mesh.tp_shape is not None,
+            adds=render_tensor.grid_adds,
             ships=lambda plan: frozenset({"layers2d"}), transform="parallelize.tensor(grid=)", cost="cost/tp2d.py"),
     Feature(name="experts", keys=("model.experts", "parallel.ep", "parallel.etp"), used=render_moe.has_experts,
+            adds=render_moe.adds,
             imports=("moe",), ships=_expert_modules,
             transform="parallelize.experts", cost="cost/experts.py", step="experts",
             step_lines=render_moe.transform_lines),
@@ -116,14 +126,18 @@ FEATURES: tuple[Feature, ...] = (
     Feature(name="router bias balancing", keys=("model.router_bias_update",), used=render_moe.balances_by_bias,
             imports=("router_bias",), transform="router_bias.update_router_bias", cost="cost/experts.py"),
     Feature(name="evaluation", keys=("train.eval",), used=render_eval.enabled, imports=("evaluate",),
+            adds=render_eval.adds,
             transform="evaluate.Evaluator"),
     Feature(name="fp16 loss scaling", keys=("train.precision",), used=lambda plan: plan.train.precision.value == "fp16",
+            adds=render_optimizer.loss_scale_adds,
             imports=("loss_scale",), transform="loss_scale.LossScaler"),
     Feature(name="master weights", keys=("train.precision",),
             used=lambda plan: bool(render_step.compute_dtype(plan)) and not _zero(plan), imports=("master",),
             transform="master.MasterAdamW", cost="cost/memory.py"),
     Feature(name="compress", keys=("parallel.compress",), used=render_compress.enabled, imports=("compress",),
             transform="compress.PowerSGD / compress.TopK", cost="cost/compress.py"),
+    Feature(name="sequence parallel", keys=("parallel.sp",), used=lambda plan: plan.sequence_parallel.enabled,
+            adds=render_tensor.sequence_adds, transform="parallelize.tensor(sequence_parallel=)"),
     Feature(name="compress_pp", keys=("parallel.compress_pp",), used=render_compress.pipeline_enabled,
             imports=("compress_pp",), transform="compress_pp", cost="cost/compress.py"),
 )

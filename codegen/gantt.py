@@ -3,7 +3,7 @@
 Takes: a ``Timeline`` (``runtime/schedule_sim.simulate``), the chunks per rank and a
 title. Gives: ``svg(...) -> str``: one row per pipeline rank, time along x, one box per
 forward/backward with its micro-batch number inside (``micro.chunk`` and a shade per
-chunk when interleaved; ``micro.slice`` and a shade per token slice under terapipe), forward and backward in two colours (a split backward's B and
+chunk when interleaved; ``micro.slice`` and a shade per token slice under a sliced schedule), forward and backward in two colours (a split backward's B and
 W in two: backward and weight gradient), idle time left grey, a
 legend and axis labels. Hand-written SVG, no dependency; the same input gives the same
 bytes (no timestamps, fixed number formats). Before: ``explain`` builds the timeline.
@@ -63,7 +63,7 @@ MARK = "<!-- written by parc explain -->"
 
 def svg(timeline, *, chunks: int, title: str, subtitle: str, time_label: str, part: str = "chunk") -> str:
     """The chart of ``timeline`` (times in forward units) as a complete SVG document.
-    ``part``: what an event's ``chunk`` is (``"slice"``: terapipe's token slice)."""
+    ``part``: what an event's ``chunk`` is (``"slice"``: a sliced schedule's token slice)."""
     ranks = len(timeline.ranks)
     makespan = max(timeline.makespan, 1.0)
     widest = max((len(label(e.op, e.micro, e.chunk, chunks)) for r in timeline.ranks for e in r), default=2)

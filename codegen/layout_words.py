@@ -13,9 +13,10 @@ Before: nothing. After: ``render.py``, ``verify.py``, ``cli/explain.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from parc.runtime.layout.axes import WORLD_ORDER
+from parc.runtime.schedules.schedule import SLICED
 from parc.runtime.layout.layer_settings import SETTINGS, fold_runs, shown
 
 
@@ -23,12 +24,11 @@ from parc.runtime.layout.layer_settings import SETTINGS, fold_runs, shown
 class Words:
     degrees: dict
     """Each world axis's degree (``dp``, ``cp``, ``tp``, ``pp``)."""
-    cp_kind: str = "ring"
-    tp_shape: tuple[int, int] | None = None
+    options: dict = field(default_factory=dict)
+    """Each layout option's value, by its entry's name (``planner/cost/options.py``); absent: its default."""
     per_layer: str | None = None
     """Per-layer tp × dp in words (``per_layer_words``); replaces dp and tp."""
     ep: int = 1
-    etp: int = 1
     sp: bool = False
     zero: int = 0
     schedule: str | None = None
@@ -39,23 +39,27 @@ class Words:
 
 
 def words(w: Words) -> str:
+    """The layout in words; each option's from its entry (Note [an option is an entry])."""
+    from .planner.cost.options import options
+
+    said = {entry.name: entry.words(w.options.get(entry.name, entry.default)) for entry in options()}
     parts = []
     for axis in sorted(w.degrees, key=_mesh_order):
         size = w.degrees[axis]
         if size <= 1 or (w.per_layer and axis in ("dp", "tp")):
             continue
-        extra = f" ({w.cp_kind})" if axis == "cp" else ""
-        extra += f" ({w.tp_shape[0]}×{w.tp_shape[1]})" if axis == "tp" and w.tp_shape else ""
+        extra = "".join(f" ({said[entry.name]})" for entry in options()
+                        if entry.axis == axis and said[entry.name] is not None)
         parts.append(f"{axis} {size}{extra}")
     if w.per_layer:
         parts.append(w.per_layer)
     text = " × ".join(parts) if parts else "one rank"
-    options = [f"ep {w.ep}" if w.ep > 1 else "", f"etp {w.etp}" if w.etp > 1 else "",
-               "sequence parallel" if w.sp else "", f"ZeRO-{w.zero}" if w.zero else "", w.schedule or "",
-               *(shown(entry, _one(w.settings[entry.name]), f"{entry.name} ") or ""
-                 for entry in SETTINGS if entry.name in (w.settings or {})),
-               f"compress {w.compress}" if w.compress != "none" else ""]
-    return " + ".join([text, *(option for option in options if option)])
+    extras = [f"ep {w.ep}" if w.ep > 1 else "", *(said[entry.name] or "" for entry in options() if not entry.axis),
+              "sequence parallel" if w.sp else "", f"ZeRO-{w.zero}" if w.zero else "", w.schedule or "",
+              *(shown(entry, _one(w.settings[entry.name]), f"{entry.name} ") or ""
+                for entry in SETTINGS if entry.name in (w.settings or {})),
+              f"compress {w.compress}" if w.compress != "none" else ""]
+    return " + ".join([text, *(extra for extra in extras if extra)])
 
 
 def _mesh_order(axis: str) -> int:
@@ -71,9 +75,12 @@ def _one(value):
 
 def of_layout(layout) -> Words:
     """The planner's ``Layout`` (codegen/planner/cost/layout.py) in words' terms."""
+    from .planner.cost.options import options
+
     return Words(
-        degrees={"dp": layout.dp, "cp": layout.cp, "tp": layout.tp, "pp": layout.pp}, cp_kind=layout.cp_kind,
-        tp_shape=layout.grid, ep=layout.ep, etp=layout.etp, sp=layout.sp, zero=layout.zero,
+        degrees={"dp": layout.dp, "cp": layout.cp, "tp": layout.tp, "pp": layout.pp},
+        options={entry.name: getattr(layout, entry.name) for entry in options()}, ep=layout.ep, sp=layout.sp,
+        zero=layout.zero,
         schedule=schedule_words(layout.schedule, layout.chunks, layout.slices) if layout.pp > 1 else None,
         settings={entry.name: layout.setting(entry.name) for entry in SETTINGS}, compress=layout.compress,
         per_layer=None if layout.layer_tp is None else per_layer_words(zip(layout.layer_tp, layout.layer_dp)),
@@ -83,15 +90,15 @@ def of_layout(layout) -> Words:
 def of_plan(plan) -> Words:
     """A build's ``Plan`` (codegen/plan.py) in words' terms."""
     from . import render_compress, render_hetero
+    from .planner.cost.options import options
 
     mesh, pipe, hetero = plan.mesh, plan.pipeline, render_hetero.enabled(plan)
-    ep, etp = plan.model.expert_parallel, plan.model.expert_tensor_parallel
+    ep = plan.model.expert_parallel
     compress = render_compress.kind(plan)
     return Words(
-        degrees={a.axis: a.size for a in mesh.axes}, cp_kind=mesh.cp_kind.value,
-        tp_shape=tuple(mesh.tp_shape.value) if mesh.tp_shape is not None else None,
+        degrees={a.axis: a.size for a in mesh.axes}, options={entry.name: entry.of_plan(plan) for entry in options()},
         per_layer=per_layer_words((b.tp, b.dp) for b in plan.blocks) if hetero else None,
-        ep=ep.value if ep is not None else 1, etp=etp.value if etp is not None else 1,
+        ep=ep.value if ep is not None else 1,
         sp=plan.sequence_parallel.enabled, zero=plan.train.zero.value,
         schedule=schedule_words(pipe.schedule, pipe.chunks, pipe.slices) if pipe.size > 1 else None,
         settings={entry.name: plan.per_block(entry.name) for entry in SETTINGS}, compress=compress,
@@ -99,10 +106,11 @@ def of_plan(plan) -> Words:
 
 
 def schedule_words(kind: str, chunks: int, slices: int) -> str:
-    """The schedule in the language's words: ``interleaved(2)``, ``terapipe(4)``, ``chimera``."""
+    """The schedule in the language's words: ``interleaved(2)``, a sliced kind with its
+    slices (``schedule.SLICED``: ``kind(4)``), else the kind alone."""
     if kind == "interleaved":
         return f"interleaved({chunks})"
-    return f"terapipe({slices})" if kind == "terapipe" else kind
+    return f"{kind}({slices})" if kind in SLICED else kind
 
 
 def per_layer_words(blocks) -> str:

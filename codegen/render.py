@@ -19,20 +19,21 @@ from parc.runtime.layout import axes
 from .plan import Plan
 from . import (
     render_checkpoint,
-    render_compress,
     render_eval,
     render_flags,
-    render_hetero,
     render_launch,
     render_model,
     render_moe,
     render_observe,
+    render_optimizer,
     render_step,
+    render_tensor,
     runtime_tree,
+    view,
 )
 from . import features, layout_words as layout_text
 from .plan_text import cite
-from .render_constants import config_lines, lr_args, tp_plan_lines, zero_words
+from .render_constants import config_lines, lr_args, tp_plan_lines
 
 
 def docstring_text(text: str) -> str:
@@ -50,140 +51,18 @@ def header(plan: Plan) -> str:
 
 def render_train(plan: Plan, env: jinja2.Environment) -> str:
     mesh, sp = plan.mesh, plan.sequence_parallel
-    dp_size, tp_size, cp_size = mesh.size("dp"), mesh.size("tp"), mesh.size("cp")
+    dp_size, tp_size = mesh.size("dp"), mesh.size("tp")
     world = mesh.world_size
     data = plan.train.data
-    group_lines = []
-    if tp_size > 1:
-        group_lines.append('tp_group = grid.group("tp")  # ranks that share one copy of the model')
-    if mesh.tp_shape is not None:
-        group_lines.append("# Note [2D tensor parallelism] (parc_runtime/parallel/tensor/layers2d.py): the tp ranks as a grid")
-        group_lines.append("tp_grid = grid.tp_grid(TP_SHAPE)")
-    # Gradients and the loss are means over the ranks that saw different tokens: dp, and
-    # under context parallel dp × cp (each cp rank holds T/cp tokens of every sequence).
-    reducing = dp_size * cp_size > 1
-    reduce_group, over = ("dp_group", "dp") if cp_size == 1 else ("grad_group", "dp × cp")
-    if cp_size > 1:
-        group_lines.append('cp_group = grid.group("cp")  # ranks that split each sequence')
-        group_lines.append('grad_group = grid.group("dp", "cp")  # ranks that average gradients and the loss')
-    elif dp_size > 1:
-        group_lines.append('dp_group = grid.group("dp")  # ranks that split the batch')
-    group_lines += render_step.group_lines(plan)
-    group_lines += render_moe.group_lines(plan)
-    hetero = render_hetero.enabled(plan)  # Note [heterogeneous layouts]: blocks of different tp
-    if hetero:
-        group_lines += render_hetero.group_lines()
+    used = features.in_use(plan)
+    reducing = render_step.reducing(plan)
+    reduce_group, over = render_step.reduce_group(plan)
     pipelined = render_step.has_pipeline(plan)
-    pp_arg = ", pp_group=pp_group" if pipelined else ""
-    zero_stage = plan.train.zero.value
     tp_arg = "tp_group" if tp_size > 1 else "None"
-    after_backward, optimizer_extra = render_step.after_backward_lines(plan), []
-    loss_lines = render_step.loss_lines(plan)
-    if sp.enabled:
-        after_backward.append(render_hetero.sp_line() if hetero else (
-            "# norms saw only their sequence shard: sum their grads over tp\n"
-            "model.allreduce_sequence_parallel_grads(net, tp_group)"
-        ) if mesh.tp_shape is None else (
-            "# Note [2D sequence parallelism]: norms saw only their row's T/C tokens: sum their grads\n"
-            "# over the row's C ranks\n"
-            "model.allreduce_sequence_parallel_grads(net, tp_grid.row_group)"
-        ))
-    hyper = "lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, eps=EPS"
-    compute = render_step.compute_dtype(plan)  # bf16/fp16 parameters with fp32 masters, or None
-    scale = render_step.grad_scale_arg(plan)  # fp16: every clip divides by the loss scale first
-    if zero_stage == 3:
-        optimizer_lines, step_lines = fsdp_lines(plan, reduce_group if reducing else "None", tp_arg, hyper, pp_arg, over)
-        if hetero:  # Note [ZeRO-3 over per-layer layouts] (fsdp.py)
-            optimizer_lines = render_hetero.fsdp_lines(cite(plan.train.zero.span), optimizer_lines)
-        optimizer_lines = _zero_reduced_in_bf16(plan, optimizer_lines, over)
-    elif zero_stage and hetero:  # Note [ZeRO over per-layer layouts]
-        optimizer_lines, step_lines = render_hetero.zero_lines(cite(plan.train.zero.span), zero_stage, hyper, pp_arg,
-                                                               scale)
-        if zero_stage == 2:  # stage 1's are HeteroGradients' (below)
-            optimizer_lines = _zero_reduced_in_bf16(plan, optimizer_lines, over)
-    elif zero_stage:
-        dp_arg = reduce_group if reducing else "None"
-        optimizer_lines = [
-            f"# {cite(plan.train.zero.span)}: ZeRO-{zero_stage}, {zero_words(plan)}: each {over} rank",
-            "# owns one slice of a flat fp32 parameter buffer and its Adam moments" if compute is None else
-            f"# owns one slice of a flat {plan.train.precision.value} parameter buffer "
-            f"({cite(plan.train.precision.span)}), its fp32 master and Adam moments",
-            f"optimizer = zero.ShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
-            f"stage=ZERO, {hyper}{pp_arg}, accumulations={render_step.backward_passes(plan)}"
-            f"{render_moe.zero_args(plan)}{compute_arg(plan)})",
-        ]
-        reduce_words = (
-            "buckets all-reduced while backward runs; keep our slice"
-            if zero_stage == 1
-            else "each bucket reduced as backward produced it, into our slice"
-        )
-        if render_compress.enabled(plan):  # Note [compression under ZeRO] (runtime/parallel/data/zero.py)
-            optimizer_lines = _reduced_in_bf16(plan, render_compress.grad_sync_lines(plan, dp_arg, over), over) \
-                + optimizer_lines
-            optimizer_lines[-1] = optimizer_lines[-1][:-1] + ", grad_sync=grad_sync)"
-            reduce_words = "compressed after backward, then our slice of it kept"
-        optimizer_lines = _zero_reduced_in_bf16(plan, optimizer_lines, over)
-        step_lines = [
-            f"# mean gradient over {over} ({reduce_words}); the norm is global",
-            f"grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP{scale})",
-            "optimizer.step()  # AdamW on our slice, then all-gather the parameters over dp",
-            "optimizer.zero_grad()",
-        ]
-    elif compute is not None:  # runtime/optimizers/master.py, Note [master weights]
-        optimizer_lines = [
-            f"# {cite(plan.train.precision.span)}: {plan.train.precision.value} parameters, used as they are; "
-            "the optimizer keeps",
-            "# their fp32 master copy and Adam moments and writes the rounded values back after each step",
-            f"optimizer = master.MasterAdamW(net, dtype={compute}, {hyper}, "
-            f"accumulations={render_step.backward_passes(plan)})",
-        ]
-        step_lines = [
-            "# the gradients to fp32 (the masters'), unscaled and clipped there; the norm is global",
-            f"grad_norm = optimizer.unscale_and_clip(GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)}"
-            f"{scale})",
-            "optimizer.step()  # AdamW on the fp32 masters, rounded into the parameters",
-            "optimizer.zero_grad()",
-        ]
-    else:
-        optimizer_lines = [f"optimizer = optim.build_optimizer(net, {hyper})"]
-        step_lines = [
-            render_hetero.clip_line(pp_arg, scale) if hetero else
-            f"grad_norm = optim.clip_grad_norm_(net, GRAD_CLIP, tp_group={tp_arg}{pp_arg}{render_moe.clip_arg(plan)}"
-            f"{scale})",
-            "optimizer.step()",
-            "optimizer.zero_grad(set_to_none=True)",
-        ]
-    if hetero and zero_stage not in (2, 3):  # ZeRO-2/3 reduce each layer's gradients into its slices themselves
-        optimizer_extra += _reduced_in_bf16(plan, render_hetero.grad_sync_lines(), "each layer's dp group")
-        after_backward.insert(0, "grad_sync.finish()  # wait the buckets: each layer's mean gradient")
-    elif reducing and not zero_stage:
-        # Note [gradient overlap] (runtime/parallel/data/dp.py): always on with dp > 1
-        optimizer_extra += _reduced_in_bf16(plan, render_compress.grad_sync_lines(
-            plan, reduce_group, over) if render_compress.enabled(plan) else [
-            f"# each bucket of gradients is all-reduced over {over} as soon as backward has",
-            "# produced it (on the last micro-batch), while backward goes on",
-            f"grad_sync = dp.GradientBuckets(net, {reduce_group}, overlap=True, accumulations={render_step.backward_passes(plan)})",
-        ], over)
-        if render_step.grad_reduce_dtype(plan) == "torch.float32" and not render_compress.enabled(plan):
-            optimizer_extra[-1] = optimizer_extra[-1][:-1] + ", reduce_dtype=torch.float32)"
-            optimizer_extra.insert(-1, f"# the {plan.train.precision.value} gradients summed over {over} in fp32 "
-                                   "(train.grad_reduce) and divided there")
-        if render_step.fused_embedding_sync(plan):  # Note [fused embedding synchronization]
-            optimizer_extra[-1] = optimizer_extra[-1][:-1] + ", tied_group=tied_group)"
-            optimizer_extra.insert(-1, "# the tied embedding's copies: summed over tied_group (both stages × dp), "
-                                   "in one all-reduce")
-        # first: the lines below change grads, and finish() writes the dp means back
-        scale_arg = "scaled_by" if plan.train.precision.value == "fp16" else ""  # Note [compression under fp16]
-        after_backward.insert(0, f"grad_sync.finish({scale_arg})  # compressed mean gradient over the {over} ranks"
-                              if render_compress.enabled(plan) else
-                              f"grad_sync.finish()  # wait the buckets: mean gradient over the {over} ranks")
-    if not zero_stage:  # under ZeRO the optimizer reduces the experts' grads (Note [experts under ZeRO])
-        after_backward += render_moe.after_backward_lines(plan)  # expert grads: their own edp group
-    if reducing:
-        loss_lines.append(f"step_loss = dp.all_reduce_mean(loss_sum, {reduce_group})  # global mean loss")
-    else:
-        loss_lines.append("step_loss = loss_sum")
-    step_lines = render_checkpoint.guarded_step_lines(step_lines, fp16=plan.train.precision.value == "fp16")
+    groups = render_optimizer.Groups(reduce=reduce_group if reducing else "None", over=over, tp=tp_arg,
+                                     pp=(("pp_group", "pp_group"),) if pipelined else ())
+    optimizer_lines, step_lines = render_optimizer.optimizer_and_step(plan, groups)
+    step_lines = render_checkpoint.guarded_step(step_lines, fp16=plan.train.precision.value == "fp16")
     flag_docs = render_checkpoint.flag_docs(plan) + render_observe.flag_docs(plan) + render_eval.flag_docs(plan)
     extra_flag_docs = [docstring_text(line) for line in flag_docs]
     if data.kind == "tokens":
@@ -196,39 +75,56 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         ))
     else:
         dataset_line = f"dataset = data.SyntheticTokens(VOCAB, SEQ_LEN, seed=args.seed{render_eval.documents_arg(plan)})"
-    documents = ", documents=documents" if render_step.separate(plan) else ""  # (B, T) ids: the whole sequence
-    to_device = "inputs, targets = inputs.to(dist.device), targets.to(dist.device)"
-    forward = f"loss = loss_fn(net(inputs, targets{documents}), net) / GRAD_ACCUM"
-    cpu = plan.mesh.device == "cpu"
-    uses_os = data.kind == "tokens" or cpu or plan.train.init_from.value
-    std_imports = ["import argparse", *(["import os"] if uses_os else []), "import time"]
-    std_imports += cpu_allocator_lines(plan) if cpu else []
-    low = render_step.autocast_dtype(plan)
-    if low is not None or compute is not None or plan.train.grad_reduce is not None:
-        std_imports += ["", "import torch"]
-    if low is not None:
-        forward_lines = [
-            to_device,
-            f"# {cite(plan.train.precision.span)}: {plan.train.precision.value} autocast; "
-            "weights, grads and Adam stay fp32",
-            f"with torch.autocast(device_type=dist.device.type, dtype={low}):",
-            "    " + forward,
-        ]
-    else:
-        forward_lines = [to_device, forward]
+    std_imports, forward_lines = std_import_lines(plan), forward_lines_of(plan)
     imports = features.train_imports(plan)
-    if pipelined and low is not None:
-        forward_lines = []  # the executor runs each stage's forward under autocast
-    fp16 = plan.train.precision.value == "fp16"
-    if fp16:
-        optimizer_extra += [
-            f"# {cite(plan.train.precision.span)}: fp16: dynamic loss scaling (grow/backoff, overflow steps skipped)",
-            "# each rank scales its share of the global loss (Note [the scale of one rank's backward])",
-            "scaler = loss_scale.DynamicLossScale(rank=dist.rank"
-            + (f", data_ranks={'DP * CP' if cp_size > 1 else 'DP'})" if reducing else ")"),
-        ]
     model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
     layout = layout_words(plan)
+    own = dict(  # the renderer's own items of each section; the features in use add theirs (view.gathered)
+        lr=[f"{arg}," for arg in lr_args(plan)],
+        flag_docs=extra_flag_docs,
+        std_imports=std_imports,
+        runtime_imports=runtime_tree.import_lines(imports),
+        config=config_lines(plan),
+        tp_plan=tp_plan_lines(plan),
+        flags=render_flags.flag_lines(plan),
+        groups=['tp_group = grid.group("tp")  # ranks that share one copy of the model'] if tp_size > 1 else [],
+        model_config=model_args,
+        model=render_model.model_lines(
+            plan, tp_arg=tp_arg, sp_arg="SEQUENCE_PARALLEL" if sp.enabled else "False",
+            tp_extra=render_tensor.tensor_extra(plan),
+        ),
+        step_body=render_observe.step_start_lines() + [
+            "# memory on the first steps, every --memory-every N-th and the last (Note [memory on some steps])",
+            "activations.active = memory.measured(step, every=args.memory_every, first=done + 1, last=args.steps)",
+            "comm.exposed_clock.reset()  # time blocked on collectives, this step",
+            "traffic.comm_bytes.reset()  # bytes handed to communication, this step, by axis",
+        ] + render_step.step_body_lines(
+            plan, forward_lines, 'grid.index("dp")' if dp_size > 1 else "0"
+        ),
+        record=[
+            '"exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute',
+            '"comm_bytes": traffic.comm_bytes.by_axis(),  # all ranks\' payload per axis (Note [comm bytes])',
+        ],
+        memory_record=[
+            "# bytes this rank holds (and every rank's, in memory_per_rank): collective",
+            "**(memory.report(net, optimizer, activations, held_grads) if activations.active else {}),",
+        ] + ([
+            '"predicted_step_time_s": PREDICTED_STEP_TIME_S,  # the planner\'s, beside the measured',
+            '"predicted_tokens_per_s": PREDICTED_TOKENS_PER_S,',
+            '"predicted_peak_mem_bytes": PREDICTED_PEAK_MEM_BYTES,',
+            '"predicted_exposed_comm_s": PREDICTED_EXPOSED_COMM_S,',
+        ] if plan.predicted is not None else []),
+        optimizer=optimizer_lines,
+        optimizer_extra=["activations = memory.SavedActivations(net)  # peak bytes saved for backward"],
+        step=step_lines,
+        after_backward=["held_grads = memory.grad_bytes(net, optimizer)  # when backward ends"],
+        loss=[f"step_loss = dp.all_reduce_mean(loss_sum, {reduce_group})  # global mean loss" if reducing
+              else "step_loss = loss_sum"],
+        checkpoint=render_checkpoint.setup_lines(plan, layout) + render_observe.setup_lines(plan, layout),
+        end_of_step=render_observe.step_end_lines() + render_checkpoint.end_of_step_lines(),
+        after_loop=render_observe.after_loop_lines(),
+    )
+    sections = {name: view.lines(view.gathered(used, plan, name, own.get(name, ()))) for name in view.NAMES}
     context = dict(
         title=f"{plan.model.name}: {plan.model.arch} with {render_moe.parameter_words(plan)}, {layout}.",
         summary=summary(plan),
@@ -239,134 +135,52 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         command=command(plan),
         steps=plan.train.steps.value,
         seed=plan.train.seed.value,
-        lr_args=lr_args(plan),
         loss_fn_model="the last pipeline stage's chunk, where the executor calls this"
         if pipelined else "the whole model, this rank's shards of it",
-        extra_flag_docs=extra_flag_docs,
         header=header(plan),
-        std_imports=std_imports,
-        runtime_imports=runtime_tree.import_lines(imports),
-        config_lines=config_lines(plan) + render_hetero.table_lines(plan, cite(mesh.axis("tp").span)),
-        tp_plan_lines=tp_plan_lines(plan),
         description=repr(f"Train {plan.model.name} ({layout})."),
-        flag_lines=render_flags.flag_lines(plan),
-        group_lines=group_lines,
-        model_config_args=model_args,
-        model_lines=render_model.model_lines(
-            plan, tp_arg=tp_arg, sp_arg="SEQUENCE_PARALLEL" if sp.enabled else "False",
-            tp_extra=", grid=tp_grid" if mesh.tp_shape is not None else "",
-        ),
-        pipeline_lines=render_step.executor_lines(plan)
-        + render_eval.setup_lines(plan, reduce_group=reduce_group if reducing else None, pipelined=pipelined),
-        step_body_lines=render_observe.step_start_lines() + [
-            "# memory on the first steps, every --memory-every N-th and the last (Note [memory on some steps])",
-            "activations.active = memory.measured(step, every=args.memory_every, first=done + 1, last=args.steps)",
-            "comm.exposed_clock.reset()  # time blocked on collectives, this step",
-            "traffic.comm_bytes.reset()  # bytes handed to communication, this step, by axis",
-        ] + render_step.step_body_lines(
-            plan, forward_lines, 'grid.index("dp")' if dp_size > 1 else "0"
-        ),
-        eval_lines=render_eval.step_lines(plan),
         log_condition=render_eval.log_condition(plan),
-        record_lines=render_eval.record_lines(plan) + render_moe.record_lines(plan) + [
-            '"exposed_comm_s": comm.exposed_clock.seconds(),  # not hidden behind compute',
-            '"comm_bytes": traffic.comm_bytes.by_axis(),  # all ranks\' payload per axis (Note [comm bytes])',
-        ] + ([
-            '"loss_scale": scaler.scale,  # fp16: the scale after this step\'s grow/backoff',
-            '"skipped_overflow_steps": scaler.skipped,',
-        ] if fp16 else []) + [
-            "# bytes this rank holds (and every rank's, in memory_per_rank): collective",
-            "**(memory.report(net, optimizer, activations, held_grads) if activations.active else {}),",
-        ] + ([
-            '"predicted_step_time_s": PREDICTED_STEP_TIME_S,  # the planner\'s, beside the measured',
-            '"predicted_tokens_per_s": PREDICTED_TOKENS_PER_S,',
-            '"predicted_peak_mem_bytes": PREDICTED_PEAK_MEM_BYTES,',
-            '"predicted_exposed_comm_s": PREDICTED_EXPOSED_COMM_S,',
-        ] if plan.predicted is not None else []),
         dataset_line=dataset_line,
-        optimizer_lines=optimizer_lines,
-        optimizer_extra_lines=optimizer_extra + render_moe.setup_lines(plan) + [
-            "activations = memory.SavedActivations(net)  # peak bytes saved for backward",
-        ],
-        step_lines=step_lines,
-        after_backward_lines=["held_grads = memory.grad_bytes(net, optimizer)  # when backward ends"]
-        + [l for block in after_backward for l in block.split("\n")],
-        loss_lines=loss_lines + render_moe.metric_lines(plan),
-        checkpoint_lines=render_checkpoint.setup_lines(plan, layout) + render_observe.setup_lines(plan, layout),
-        eval_only_lines=render_eval.eval_only_lines(plan),
-        end_of_step_lines=render_observe.step_end_lines() + render_checkpoint.end_of_step_lines(),
-        after_loop_lines=render_observe.after_loop_lines(),
         mfu_expr=(
             f"tokens_per_s * flops_per_token / (DEVICE_FLOPS * {world})"
             if mesh.device_flops
             else "None"
         ),
     )
-    text = env.get_template("train.py.j2").render(**context)
+    text = env.get_template("train.py.j2").render(**context, sections=sections)
     return black.format_str(text, mode=black.Mode())
 
 
-def fsdp_lines(plan: Plan, dp_arg: str, tp_arg: str, hyper: str, pp_arg: str, over: str) -> tuple[list[str], list[str]]:
-    """ZeRO-3's optimizer and step lines (runtime/parallel/data/fsdp.py)."""
-    train = plan.train
-    hybrid = train.zero_shard.value == "node"
-    axes_arg = '("dp",)' if plan.mesh.size("cp") == 1 else '("dp", "cp")'
-    optimizer_lines = [
-        f"# {cite(train.zero.span)}: ZeRO-3, {zero_words(plan)}: each block (and the embeddings",
-        f"# and head) is one flat fp32 buffer; each {over} rank keeps its share of it and the"
-        if render_step.compute_dtype(plan) is None else
-        f"# and head) is one flat fp32 buffer (the master weights; gathered as {plan.train.precision.value}: "
-        f"{cite(plan.train.precision.span)}); each {over} rank keeps its share of it and the",
-        "# share's Adam moments, all-gathers a block before its forward and again before its",
-        "# backward (ZERO_PREFETCH blocks ahead), frees it after; gradients reduce-scattered",
-        "# into fp32 shards after every micro-batch's backward (runtime/parallel/data/fsdp.py)",
+def std_import_lines(plan: Plan) -> list[str]:
+    """train.py's imports of the standard library (and torch where the step names a dtype)."""
+    cpu = plan.mesh.device == "cpu"
+    uses_os = plan.train.data.kind == "tokens" or cpu or plan.train.init_from.value
+    lines = ["import argparse", *(["import os"] if uses_os else []), "import time"]
+    lines += cpu_allocator_lines(plan) if cpu else []
+    if render_step.autocast_dtype(plan) is not None or render_step.compute_dtype(plan) is not None \
+            or plan.train.grad_reduce is not None:
+        lines += ["", "import torch"]
+    return lines
+
+
+def forward_lines_of(plan: Plan) -> list[str]:
+    """A micro-batch's forward in the plain loop (under autocast where the forward autocasts);
+    none under a pipeline with autocast: the executor runs each stage's forward under it."""
+    documents = ", documents=documents" if render_step.separate(plan) else ""  # (B, T) ids: the whole sequence
+    to_device = "inputs, targets = inputs.to(dist.device), targets.to(dist.device)"
+    forward = f"loss = loss_fn(net(inputs, targets{documents}), net) / GRAD_ACCUM"
+    low = render_step.autocast_dtype(plan)
+    if low is None:
+        return [to_device, forward]
+    if render_step.has_pipeline(plan):
+        return []
+    return [
+        to_device,
+        f"# {cite(plan.train.precision.span)}: {plan.train.precision.value} autocast; "
+        "weights, grads and Adam stay fp32",
+        f"with torch.autocast(device_type=dist.device.type, dtype={low}):",
+        "    " + forward,
     ]
-    if "split_backward" in features.pipeline_modules(plan.pipeline.schedule):
-        optimizer_lines.append(
-            "# the split backward's W gathers its blocks once more (Note [ZeRO-3 under a split backward])")
-    if hybrid:
-        optimizer_lines += [
-            f"# {cite(train.zero_shard.span)}: shard over the {over} ranks of one node, replicate across nodes",
-            f"shard_group, replicate_group = fsdp.node_groups(grid, {axes_arg}, DEVICES_PER_NODE)",
-            *render_moe.node_group_lines(plan),
-        ]
-        dp_arg, replicate = "shard_group", ", replicate_group=replicate_group"
-    else:
-        replicate = ""
-    optimizer_lines.append(
-        f"optimizer = fsdp.FullyShardedAdamW(net, dp_group={dp_arg}, tp_group={tp_arg}, "
-        f"{hyper}{pp_arg}{replicate}, accumulations={render_step.backward_passes(plan)}, prefetch=ZERO_PREFETCH"
-        f"{render_moe.zero_args(plan, by_node=hybrid)}{compute_arg(plan)})"
-    )
-    step_lines = [
-        f"# mean gradient over {over} (each block's summed into our shards pass by pass); the norm is global",
-        f"grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP{render_step.grad_scale_arg(plan)})",
-        "optimizer.step()  # AdamW on our shards: the next forward gathers the new parameters",
-        "optimizer.zero_grad()",
-    ]
-    return optimizer_lines, step_lines
-
-
-def _zero_reduced_in_bf16(plan: Plan, lines: list[str], over: str) -> list[str]:
-    """``train.grad_reduce = bf16`` under ZeRO: the optimizer's call (the last line) sums the
-    gradients in bf16 into its fp32 slices (runtime/parallel/data/zero.py, Note [bf16
-    reduction under ZeRO])."""
-    if plan.train.grad_reduce is None:
-        return lines
-    return [*lines[:-1], f"# {cite(plan.train.grad_reduce.span)}: gradients summed over {over} in bf16, "
-            "divided and kept in fp32 (our slices)", lines[-1][:-1] + ", reduce_dtype=torch.bfloat16)"]
-
-
-def _reduced_in_bf16(plan: Plan, lines: list[str], over: str) -> list[str]:
-    """``train.grad_reduce = bf16`` without ZeRO's own reduction: the gradient sync's call
-    (its last line: ``dp.GradientBuckets``, ``hetero.HeteroGradients`` or a compressing one of
-    compress.py, Note [bf16 on the wire]) reduces in bf16."""
-    if plan.train.grad_reduce is None:
-        return lines
-    words = render_compress.bf16_words(plan)
-    words = f"summed over {over} in bf16, divided back in fp32" if words is None else f"over {over}, {words}"
-    return [*lines[:-1], f"# {cite(plan.train.grad_reduce.span)}: {words}",
-            lines[-1][:-1] + ", reduce_dtype=torch.bfloat16)"]
 
 
 def cpu_allocator_lines(plan: Plan) -> list[str]:
@@ -389,12 +203,6 @@ def cpu_allocator_lines(plan: Plan) -> list[str]:
         "# (fewer page faults); torch reads this at its first allocation, so before it is imported",
         'os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")',
     ]
-
-
-def compute_arg(plan: Plan) -> str:
-    """ZeRO's optimizers under bf16/fp16: the parameters' dtype (the fp32 master is the shard)."""
-    compute = render_step.compute_dtype(plan)
-    return "" if compute is None else f", compute_dtype={compute}"
 
 
 def layout_words(plan: Plan) -> str:

@@ -83,13 +83,10 @@ def setup_lines(plan: Plan, layout: str) -> list[str]:
     ]
 
 
-def guarded_step_lines(step_lines: list[str], fp16: bool = False) -> list[str]:
-    """``step_lines`` with the optimizer step taken only when every rank's numbers are finite.
-    fp16: an overflow of the scaled gradients is the loss scaler's to skip, not the guard's."""
-    at = next((i for i, line in enumerate(step_lines) if line.startswith("optimizer.step()")), None)
-    if at is None:
-        raise RuntimeError("internal error in parc (render_checkpoint): no optimizer.step() line")
-    return step_lines[:at] + ([
+def guarded_step(step, fp16: bool = False) -> list:
+    """The step's items (``view.Step``) with the update taken only when every rank's numbers are
+    finite. fp16: an overflow of the scaled gradients is the loss scaler's to skip, not the guard's."""
+    return [*step.clip, *([
         "# fp16 overflow (the norm is global, so every rank agrees): skipped, the scale backs off",
         "stepping = scaler.update(step, grad_norm)",
         "# any rank's non-finite loss or grad norm: every rank skips the step (or stops)",
@@ -97,9 +94,7 @@ def guarded_step_lines(step_lines: list[str], fp16: bool = False) -> list[str]:
     ] if fp16 else [
         "# any rank's non-finite loss or grad norm: every rank skips the step (or stops)",
         "if guard.check(step, loss_sum, grad_norm):",
-    ]) + [
-        "    " + step_lines[at],
-    ] + step_lines[at + 1 :]
+    ]), "    " + step.update, step.clear]
 
 
 def end_of_step_lines() -> list[str]:

@@ -3,7 +3,7 @@
 Takes: a ``Plan`` whose ``train.compress`` holds the settings of what is compressed
 (COMPRESS, COMPRESS_RANK or COMPRESS_RATIO, ERROR_FEEDBACK; COMPRESS_PP_RANK,
 COMPRESS_STAGES, LAZY_ERROR), empty when nothing is. Gives: the constants (``config_lines``), the
-gradient reduction that replaces ``dp.GradientBuckets`` (``grad_sync_lines``) and the
+gradient reduction that replaces ``dp.GradientBuckets`` (``grad_sync_items``) and the
 pipeline executor's codec argument (``executor_args``). Before:
 ``passes/settle_training.py``. After: ``render.py`` and ``render_step.py`` place the lines.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .plan import Plan, Setting
 from .plan_text import cite
+from .view import Call
 
 CLASSES = {"powersgd": "PowerSGDGradients", "topk": "TopKGradients"}
 """``parallel.compress``'s call → the runtime class that reduces the gradients."""
@@ -41,7 +42,7 @@ def config_lines(plan: Plan) -> list[str]:
     return [f"{s.name} = {s.value!r}  # {cite(s.span)}" + (f": {s.note}" if s.note else "") for s in plan.train.compress]
 
 
-def grad_sync_lines(plan: Plan, reduce_group: str, over: str) -> list[str]:
+def grad_sync_items(plan: Plan, reduce_group: str, over: str) -> list:
     """``grad_sync = compress.…(net, group, …)``: the same ``finish()`` as GradientBuckets."""
     kind = _setting(plan, "COMPRESS")
     argument = _setting(plan, "COMPRESS_RANK") or _setting(plan, "COMPRESS_RATIO")
@@ -49,14 +50,15 @@ def grad_sync_lines(plan: Plan, reduce_group: str, over: str) -> list[str]:
     words = (f"rank-{argument.value} PowerSGD (P·Qᵀ, Q warm-started)" if kind.value == "powersgd"
              else f"the top {argument.value:g} of the entries")
     fp16 = plan.train.precision.value == "fp16"
-    return [
-        f"# {cite(kind.span)}: gradients averaged over {over} as {words}, with error feedback if",
-        "# ERROR_FEEDBACK; not the exact mean (Note [compression changes numerics] in compress.py)",
-        *(["# fp16: compressed unscaled, an overflow skips the step and leaves the error as it was",
-           "# (Note [compression under fp16])"] if fp16 else []),
-        f"grad_sync = compress.{CLASSES[kind.value]}(net, {reduce_group}, {keyword}=COMPRESS_{keyword.upper()}, "
-        "error_feedback=ERROR_FEEDBACK" + (", loss_scaled=True)" if fp16 else ")"),
-    ]
+    return [Call(
+        target="grad_sync", callee=f"compress.{CLASSES[kind.value]}", args=("net", reduce_group),
+        kwargs=((keyword, f"COMPRESS_{keyword.upper()}"), ("error_feedback", "ERROR_FEEDBACK"),
+                *((("loss_scaled", "True"),) if fp16 else ())),
+        comments=(f"{cite(kind.span)}: gradients averaged over {over} as {words}, with error feedback if",
+                  "ERROR_FEEDBACK; not the exact mean (Note [compression changes numerics] in compress.py)",
+                  *(("fp16: compressed unscaled, an overflow skips the step and leaves the error as it was",
+                     "(Note [compression under fp16])") if fp16 else ())),
+    )]
 
 
 def bf16_words(plan: Plan) -> str | None:

@@ -2,7 +2,7 @@
 the layout, the batch and the training, each citing where its value came from.
 
 Takes: the Plan. Gives: ``config_lines`` (the constants block, in order), ``tp_plan_lines``
-(``TP_PLAN``'s entries), ``zero_words``. Before: nothing. After: ``render.py`` places them
+(``TP_PLAN``'s entries). Before: nothing. After: ``render.py`` places them
 in ``templates/train.py.j2``; the features' own constants come from their modules
 (``render_step``, ``render_checkpoint``, ``render_observe``, ``render_eval``, ``render_compress``).
 """
@@ -11,40 +11,23 @@ from __future__ import annotations
 
 from parc.runtime.layout import axes
 
-from . import render_checkpoint, render_compress, render_eval, render_moe, render_observe, render_step
+from . import (render_checkpoint, render_compress, render_context, render_eval, render_fsdp, render_moe, render_observe,
+               render_pipeline, render_tensor)
 from .plan import Plan, Setting
 from .plan_text import cite, layer_value
+from .render_step import zero_words
+from .view import constant
 
 DEVICE_FLOPS_NOTE = "dense peak FLOP/s of one device, for MFU"
-ZERO_WORDS = {
-    1: "AdamW state sharded over dp",
-    2: "AdamW state and gradients sharded over dp",
-    3: "parameters, gradients and AdamW state sharded over dp",
-}
-CP_KIND_WORDS = {
-    "ring": "ring attention: K/V blocks passed around cp, load-balanced chunks",
-    "ulysses": "all-to-all from sequence to head shards around attention",
-    "allgather": "K/V all-gathered over cp, queries stay local",
-}
 KERNELS_WORDS = {
     "compiled": "fused ops from parc_runtime/kernels, residual adds inside the norms (eager if they cannot be built)",
     "eager": "fused ops in plain PyTorch",
 }
 
 
-def zero_words(plan: Plan) -> str:
-    """What the ZeRO stage shards, over the ranks it shards over (dp; dp × cp under cp)."""
-    words = ZERO_WORDS[plan.train.zero.value]
-    return words + " × cp" if plan.mesh.size("cp") > 1 else words
-
-
 def _comment(setting: Setting) -> str:
     where = cite(setting.span)
     return f"{where}: {setting.note}" if setting.note and setting.span is None else where
-
-
-def constant(name: str, value, comment: str) -> str:
-    return f"{name} = {value!r}  # {comment}"
 
 
 def config_lines(plan: Plan) -> list[str]:
@@ -66,27 +49,24 @@ def config_lines(plan: Plan) -> list[str]:
     for axis in mesh.axes:
         if axes.axis(axis.axis).always or (axis.axis == "cp" and axis.size > 1):
             lines.append(constant(axis.axis.upper(), axis.size, f"{cite(axis.span)}: {axes.axis(axis.axis).ranks}"))
-        if axis.axis == "tp" and mesh.tp_shape is not None:
-            shape = mesh.tp_shape
-            lines.append(constant(shape.name, shape.value, f"{cite(shape.span)}: R × C grid of the tp ranks"))
+        if axis.axis == "tp":
+            lines += render_tensor.grid_constants(plan)
         if axis.axis == "cp" and axis.size > 1:
-            kind = mesh.cp_kind
-            lines.append(constant(kind.name, kind.value, f"{cite(kind.span)}: {CP_KIND_WORDS[kind.value]}"))
+            lines += render_context.constants(plan)
     for expert in (plan.model.expert_parallel, plan.model.expert_tensor_parallel):
         if expert is not None and render_moe.folds_experts(plan):  # the constants of grid.expert_groups
             lines.append(constant(expert.name, expert.value, _comment(expert) + f": {expert.note}"
                                   if expert.span is not None else _comment(expert)))
     if sp.enabled:
-        where = "T/tp" if mesh.tp_shape is None else "T/C of hidden/R (Note [2D sequence parallelism])"
-        lines.append(constant("SEQUENCE_PARALLEL", True, cite(sp.span) + f": norms run on {where}"))
+        lines.append(constant("SEQUENCE_PARALLEL", True, cite(sp.span) + f": norms run on {render_tensor.sequence_words(plan)}"))
     lines += setting_lines(plan)
     zero = plan.train.zero
     if zero.value:
         lines.append(constant("ZERO", zero.value, f"{cite(zero.span)}: {zero_words(plan)}"))
-    lines += zero3_config_lines(plan)
+    lines += render_fsdp.config_lines(plan)
     kernels = plan.train.kernels
     lines.append(constant("KERNELS", kernels.value, f"{cite(kernels.span)}: {KERNELS_WORDS[kernels.value]}"))
-    lines += render_step.config_lines(plan)
+    lines += render_pipeline.config_lines(plan)
     lines.append("# mesh axes, outermost first: tp ranks are neighbours (one node)")
     lines.append(f"MESH_AXES = ({mesh_axes_text(plan)})")
     lines += ["", "# batch"]
@@ -135,22 +115,6 @@ def lr_args(plan: Plan) -> list[str]:
     """``optim.lr_at(step, ...)``'s keyword arguments, each the constant that holds it."""
     named = [f"{LR_ARGS[s.name]}={s.name}" for s in plan.train.lr_schedule]
     return [named[0], "peak_lr=LR", *named[1:2], "total_steps=STEPS", *named[2:]]
-
-
-def zero3_config_lines(plan: Plan) -> list[str]:
-    """ZERO_PREFETCH and ZERO_SHARD (and DEVICES_PER_NODE for HSDP) under zero = 3."""
-    train = plan.train
-    if train.zero.value != 3:
-        return []
-    prefetch, shard = train.zero_prefetch, train.zero_shard
-    lines = [
-        constant(prefetch.name, prefetch.value, f"{cite(prefetch.span)}: blocks gathered ahead of the one computing"),
-        constant(shard.name, shard.value, f"{cite(shard.span)}: "
-                 + ("shard within a node, replicate across nodes (HSDP)" if shard.value == "node" else "shard over dp")),
-    ]
-    if shard.value == "node":
-        lines.append(constant("DEVICES_PER_NODE", plan.mesh.devices_per_node, f"{cite(plan.mesh.devices_span)}: ranks per node"))
-    return lines
 
 
 def mesh_axes_text(plan: Plan) -> str:

@@ -12,7 +12,7 @@ Before: ``codegen/render.py`` builds the other lines. After: the template places
 
 from __future__ import annotations
 
-from . import render_step
+from . import render_context, render_step
 from .plan import Plan
 from .plan_text import cite
 
@@ -69,9 +69,17 @@ def dataset_part(plan: Plan) -> str:
     return ", part=data.TRAIN_PART" if held_out(plan) else ""
 
 
-def setup_lines(plan: Plan, *, reduce_group: str | None, pipelined: bool) -> list[str]:
+def adds(plan: Plan) -> dict:
+    """The evaluation entry's sections (``features.Feature.adds``)."""
+    return {"pipeline": setup_lines(plan), "eval_only": eval_only_lines(plan), "eval": step_lines(plan),
+            "record": record_lines(plan)}
+
+
+def setup_lines(plan: Plan) -> list[str]:
     if not enabled(plan):
         return []
+    reduce_group = render_step.reduce_group(plan)[0] if render_step.reducing(plan) else None
+    pipelined = render_step.has_pipeline(plan)
     data = plan.train.data
     if data.kind != "tokens":
         val = "data.ValidationStream(dataset)  # the same chain, at samples training never reads"
@@ -95,7 +103,7 @@ def setup_lines(plan: Plan, *, reduce_group: str | None, pipelined: bool) -> lis
         "    dp_size=DP,",
         "    device=dist.device,",
         f"    reduce_group={reduce_group or 'None'},",
-        *(['    cp_rank=grid.index("cp"),', "    cp_size=CP,", "    cp_kind=CP_KIND,"] if cp else []),
+        *(f"    {arg}," for arg in (render_context.CHUNK_ARGS.split(", ") if cp else ())),
         *(["    runner=runner,", "    pp_group=pp_group,"] if pipelined else []),
         *([f"    autocast_dtype={low},"] if low is not None and not pipelined else []),
         ")",

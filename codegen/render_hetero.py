@@ -12,9 +12,13 @@ coarse split of a stage (the largest tp), the one the data is read in.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from parc.runtime.layout.layer_settings import fold_runs
 
 from .plan import LayerKind, Plan
+from .plan_text import cite
+from .view import Call, Step, last_call
 
 
 def enabled(plan: Plan) -> bool:
@@ -58,12 +62,13 @@ def group_lines() -> list[str]:
     ]
 
 
-def grad_sync_lines() -> list[str]:
-    return [
-        "# each layer's gradients summed over its own dp group (divided by DP, the coarse replicas),",
-        "# bucket by bucket as backward produces them",
-        "grad_sync = hetero.HeteroGradients(net, layouts, overlap=True, accumulations=GRAD_ACCUM)",
-    ]
+def grad_sync_items() -> list:
+    return [Call(
+        target="grad_sync", callee="hetero.HeteroGradients", args=("net", "layouts"),
+        kwargs=(("overlap", "True"), ("accumulations", "GRAD_ACCUM")),
+        comments=("each layer's gradients summed over its own dp group (divided by DP, the coarse replicas),",
+                  "bucket by bucket as backward produces them"),
+    )]
 
 
 def sp_line() -> str:
@@ -71,40 +76,43 @@ def sp_line() -> str:
             "hetero.allreduce_sequence_parallel_grads(net, layouts)")
 
 
-def clip_line(pp_arg: str, scale_arg: str) -> str:
-    return ("grad_norm = hetero.clip_grad_norm_(net, GRAD_CLIP, layouts=layouts, stage_group=stage_group"
-            f"{pp_arg}{scale_arg})")
+def clip_call(pp, scale) -> Call:
+    return Call(target="grad_norm", callee="hetero.clip_grad_norm_", args=("net", "GRAD_CLIP"),
+                kwargs=(("layouts", "layouts"), ("stage_group", "stage_group"), *pp, *scale))
 
 
-def zero_lines(where: str, stage: int, hyper: str, pp_arg: str, scale_arg: str) -> tuple[list[str], list[str]]:
-    """ZeRO-1/2 over per-layer layouts: the optimizer's lines and the step's."""
+def zero_items(where: str, stage: int, hyper, pp, scale) -> tuple[list, Step]:
+    """ZeRO-1/2 over per-layer layouts: the optimizer's items and the step's."""
     what = "AdamW state" if stage == 1 else "AdamW state and gradients"
-    optimizer = [
-        f"# {where}: ZeRO-{stage}, {what} sharded over each layer's own dp group:",
-        "# one flat fp32 buffer per tp degree, each dp rank of a layer owning one slice of it",
-        "# and its Adam moments" + (" (and its gradient)" if stage == 2 else ""),
-        f"optimizer = hetero.ShardedAdamW(net, layouts, stage=ZERO, {hyper}, stage_group=stage_group{pp_arg}"
-        + (", accumulations=GRAD_ACCUM)" if stage == 2 else ")"),
-    ]
-    step = [
+    optimizer = [Call(
+        target="optimizer", callee="hetero.ShardedAdamW", args=("net", "layouts"),
+        kwargs=(("stage", "ZERO"), *hyper, ("stage_group", "stage_group"), *pp,
+                *((("accumulations", "GRAD_ACCUM"),) if stage == 2 else ())),
+        comments=(f"{where}: ZeRO-{stage}, {what} sharded over each layer's own dp group:",
+                  "one flat fp32 buffer per tp degree, each dp rank of a layer owning one slice of it",
+                  "and its Adam moments" + (" (and its gradient)" if stage == 2 else "")),
+    )]
+    step = Step(clip=(
         "# our slices of each layer's mean gradient; the norm is global" if stage == 1 else
         "# each layer's buckets reduced over its dp group as backward produced them, into our slices",
-        f"grad_norm = optimizer.reduce_gradients_and_clip(GRAD_CLIP{scale_arg})",
-        "optimizer.step()  # AdamW on our slices, then all-gather each over its layers' dp group",
-        "optimizer.zero_grad()",
-    ]
+        Call(target="grad_norm", callee="optimizer.reduce_gradients_and_clip", args=("GRAD_CLIP",), kwargs=scale),
+    ), update="optimizer.step()  # AdamW on our slices, then all-gather each over its layers' dp group")
     return optimizer, step
 
 
-def fsdp_lines(where: str, lines: list[str]) -> list[str]:
+def fsdp_items(where: str, items: list) -> list:
     """ZeRO-3's optimizer over per-layer layouts (fsdp.py, Note [ZeRO-3 over per-layer
     layouts]): the uniform call given the layouts, each unit over its own layer's dp group."""
-    call = lines[-1]
-    return [
-        f"# {where}: ZeRO-3 over each layer's own dp group: every block (and the embedding and",
-        "# head, by their degree) is one flat fp32 buffer sharded over the ranks of its layer's",
-        "# dp group; each keeps its share and the share's Adam moments, all-gathers a block",
-        "# before its forward and again before its backward (ZERO_PREFETCH blocks ahead), frees",
-        "# it after; gradients reduced over that group and divided by DP; the norm over the stage",
-        call[:-1] + ", layouts=layouts, stage_group=stage_group)",
-    ]
+    call = replace(last_call(items), comments=(
+        f"{where}: ZeRO-3 over each layer's own dp group: every block (and the embedding and",
+        "head, by their degree) is one flat fp32 buffer sharded over the ranks of its layer's",
+        "dp group; each keeps its share and the share's Adam moments, all-gathers a block",
+        "before its forward and again before its backward (ZERO_PREFETCH blocks ahead), frees",
+        "it after; gradients reduced over that group and divided by DP; the norm over the stage",
+    ))
+    return [call.given(("layouts", "layouts"), ("stage_group", "stage_group"))]
+
+
+def adds(plan: Plan) -> dict:
+    """The per-layer entry's sections (``features.Feature.adds``)."""
+    return {"config": table_lines(plan, cite(plan.mesh.axis("tp").span)), "groups": group_lines()}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from parc.runtime.layout.transforms import ORDER
 
-from . import features, render_hetero, render_step
+from . import features, render_hetero, render_pipeline
 from .plan import Plan
 from .plan_text import cite
 
@@ -27,7 +27,7 @@ def model_lines(plan: Plan, *, tp_arg: str, sp_arg: str, tp_extra: str) -> list[
         "# The plain model on the meta device (shapes, no values), then this layout's",
         "# transforms, in their one order (Note [the order of the transforms] in",
         "# parc_runtime/layout/transforms.py)",
-        *render_step.build_lines(plan),
+        *render_pipeline.build_lines(plan),
     ]
     used = features.in_use(plan)
     for step in ORDER:  # Note [the order of the transforms]; a feature's entry says its step's lines

@@ -81,10 +81,11 @@ def group_lines(plan: Plan) -> list[str]:
     ]
 
 
-def _groups(plan: Plan) -> str:
+def group_kwargs(plan: Plan) -> tuple[tuple[str, str], ...]:
+    """The expert groups a clip or an optimizer takes (none unless ep·etp > 1)."""
     if not folds_experts(plan):
-        return ""
-    return "ep_group=ep_group" + (", etp_group=etp_group" if expert_tensor_parallel(plan) > 1 else "")
+        return ()
+    return (("ep_group", "ep_group"),) + ((("etp_group", "etp_group"),) if expert_tensor_parallel(plan) > 1 else ())
 
 
 def transform_lines(plan: Plan) -> list[str]:
@@ -95,18 +96,15 @@ def transform_lines(plan: Plan) -> list[str]:
     return [f"net = parallelize.experts(net, {groups})  # {cite(plan.model.expert_parallel.span)}"]
 
 
-def clip_arg(plan: Plan) -> str:
-    return ", " + _groups(plan) if folds_experts(plan) else ""
-
-
-def zero_args(plan: Plan, *, by_node: bool = False) -> str:
+def zero_kwargs(plan: Plan, *, by_node: bool = False) -> tuple[tuple[str, str], ...]:
     """ZeRO 1/2 keep the experts in a flat buffer of their own over edp (zero.py,
     Note [experts under ZeRO]); ZeRO-3 in units of their own (fsdp.py, Note [experts as units]),
     under HSDP (``by_node``) over the node's edp ranks, replicated across nodes."""
     if not folds_experts(plan):
-        return ""
-    edp = "edp_group=edp_shard_group, edp_replicate_group=edp_replicate_group" if by_node else "edp_group=edp_group"
-    return f", {_groups(plan)}, {edp}, data_ranks={data_ranks(plan)}"
+        return ()
+    edp = (("edp_group", "edp_shard_group"), ("edp_replicate_group", "edp_replicate_group")) if by_node \
+        else (("edp_group", "edp_group"),)
+    return (*group_kwargs(plan), *edp, ("data_ranks", data_ranks(plan)))
 
 
 def node_group_lines(plan: Plan) -> list[str]:
@@ -166,3 +164,11 @@ def metric_lines(plan: Plan) -> list[str]:
 
 def record_lines(plan: Plan) -> list[str]:
     return ["**moe_metrics,  # aux_loss, z_loss (when on), expert_tokens per MoE layer"] if has_experts(plan) else []
+
+
+def adds(plan: Plan) -> dict:
+    """The experts' entry's sections (``features.Feature.adds``)."""
+    return {"groups": group_lines(plan), "optimizer_extra": setup_lines(plan), "loss": metric_lines(plan),
+            "record": record_lines(plan),
+            # under ZeRO the optimizer reduces the experts' grads (Note [experts under ZeRO])
+            "after_backward": [] if plan.train.zero.value else after_backward_lines(plan)}

@@ -23,11 +23,12 @@ from pathlib import Path
 from parc.dsl.diagnostics import Diagnostics
 from parc.dsl.spec import Spec
 from parc.runtime.paths import UnwritablePath, check_target
-from parc.runtime.schedules.schedule import Action, build_schedule, chunks_for, in_flight_bound
+from parc.runtime.schedules.schedule import SLICED, Action, build_schedule, chunks_for, in_flight_bound
 from parc.runtime.schedules.schedule_sim import Event, Timeline, bubble_fraction, describe_rank, simulate, splits_backward
 from parc.runtime.schedules.schedule_terapipe import slice_scale, split_unit
 
 from .. import gantt, layout_words
+from ..planner.cost.bubble import PLACEMENTS, SHAPES
 from ..errors import BAD_VALUE, error, fail
 
 SVG_NAME = "schedule.svg"
@@ -75,7 +76,7 @@ class Explanation:
     bubble: float
     in_flight: tuple[int, ...]  # per rank, in_flight_bound
     planned: bool = False  # the spec left the layout (some of it) auto: the planner's winner
-    slices: int = 1  # terapipe: token slices per micro-batch; the timeline's events are then (micro, slice)
+    slices: int = 1  # a sliced schedule's token slices per micro-batch; the timeline's events are then (micro, slice)
 
     @property
     def parts(self) -> int:
@@ -95,7 +96,7 @@ class Explanation:
     def schedule_text(self) -> str:
         if self.slices > 1:
             lengths = self.spec.parallel.slice_lengths
-            return f"terapipe(slices = {list(lengths) if lengths else self.slices})"
+            return f"{self.kind}(slices = {list(lengths) if lengths else self.slices})"
         return f"interleaved(chunks = {self.chunks})" if self.kind == "interleaved" else self.kind
 
     @property
@@ -120,7 +121,7 @@ def explain(spec: Spec) -> Explanation:
     kind = par.schedule.value
     stages, chunks = par.pp, chunks_for(kind, par.chunks)
     micro_batches = train.global_batch // (train.micro_batch * par.dp)
-    slices = par.slices if kind == "terapipe" else 1
+    slices = par.slices if kind in SLICED else 1
     try:
         schedule = build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks, slices=slices)
         bounds = tuple(in_flight_bound(kind, stages=stages, rank=rank, micro_batches=micro_batches,
@@ -142,12 +143,7 @@ def explain(spec: Spec) -> Explanation:
 def _placement_text(ex: Explanation) -> str:
     """Where each chunk sits when it is not Megatron's c·p + r (runtime/layout/placement.py)."""
     placement = getattr(ex.schedule, "placement", None)
-    if placement is not None and placement.kind == "chimera":
-        return (", one per pipeline: chunk 0 of rank r is stage r of the down pipeline (even micro-batches, "
-                "F3.0 runs down), chunk 1 stage p-1-r of the up one (odd micro-batches, F3.1 runs up)")
-    if placement is None or placement.kind != "v":
-        return ""
-    return ", in a V: chunk 0 of rank r is stage r, chunk 1 stage 2p-1-r (rank 0 holds the first and the last)"
+    return "" if placement is None else PLACEMENTS.get(placement.kind, "")
 
 
 def text(ex: Explanation) -> str:
@@ -161,7 +157,7 @@ def text(ex: Explanation) -> str:
         f"  layout         {ex.layout_text} ({ex.spec.mesh.nodes * ex.spec.mesh.devices_per_node} ranks)",
         *([planned] if ex.planned else []),
         f"  schedule       {ex.schedule_text} over {ex.stages} pipeline stage{'s' if ex.stages > 1 else ''}"
-        + (" in two directions (each stage on two ranks)" if ex.kind == "chimera"
+        + (SHAPES[ex.kind] if ex.kind in SHAPES
            else f" ({ex.stages * ex.chunks} virtual stages)" if ex.chunks > 1 else ""),
         f"  micro-batches  {ex.micro_batches} per step = global_batch {train.global_batch} / "
         f"(micro_batch {train.micro_batch} · dp {par.dp})",

@@ -25,6 +25,7 @@ from ..planner.cost import Accounting, Estimate, hardware_for
 from ..planner.cost import estimate as estimate_layout
 from ..planner.cost.hardware import ProfileError
 from ..planner.cost.layout import Layout, total_params
+from ..planner.cost.options import options
 from ..errors import profile_error
 from ..planner.why import why
 from ..planner.bounded import bounded_search
@@ -101,9 +102,7 @@ def _number(value: float) -> str:
 
 
 def settings(layout) -> str:
-    parts = [f"cp{layout.cp} {layout.cp_kind}"] if layout.cp > 1 else []
-    if layout.tp_shape is not None:  # the 2D tp grid, R × C
-        parts.append(f"tp{layout.tp_shape[0]}×{layout.tp_shape[1]}")
+    parts = [cell for entry in options() if (cell := entry.column(layout)) is not None]  # cp's kind, a tp grid
     if layout.ep > 1:
         parts.append(f"ep{layout.ep}")
     if layout.pp > 1:
@@ -225,7 +224,7 @@ def layout_fields(layout: Layout) -> dict:
     """Every field of the planner's ``Layout`` (cost/layout.py: one per axis, option and
     per-layer setting), so a field added there reaches ``--json`` with no edit here: ``dp``
     and ``tp`` are lists of one degree per block where they vary (``layer_tp`` is folded
-    into ``tp``), ``tp_shape`` ``[R, C]`` or null."""
+    into ``tp``), a tuple (a grid's shape) as a list, None as null."""
     fields = {f.name: _json_value(getattr(layout, f.name)) for f in dataclasses.fields(layout) if f.name != "layer_tp"}
     return fields | {"dp": _json_value(layout.layer_dp or layout.dp), "tp": _json_value(layout.layer_tp or layout.tp)}
 

@@ -38,19 +38,23 @@ import math
 from dataclasses import dataclass, fields, replace
 
 from parc.dsl.spec import PipelineSchedule, Spec
-from parc.runtime.schedules.schedule import chunks_for
+from parc.runtime.schedules.schedule import KINDS, SLICED, chunks_for
 from parc.runtime.layout.layouts import layouts
 from parc.runtime.layout.layer_settings import SETTINGS
 
 from .cost import Accounting, Estimate, Hardware, Layout, estimate
 from .cost.estimate import USABLE_MEMORY, layout_memory
+from .cost.options import options
 from .layer_pipeline import pipeline_family
 from .layer_search import per_layer_candidates
 from ..spec_values import spec_values
 
 EXACT_TOP = 3
-SCHEDULE_ORDER = {"1f1b": 0, "interleaved": 1, "gpipe": 2, "zero_bubble": 3, "zero_bubble_v": 4, "chimera": 5,
-                  "terapipe": 6}
+SIMPLEST_SCHEDULES = ("1f1b", "interleaved", "gpipe")
+SCHEDULE_ORDER = {kind: i for i, kind in enumerate(
+    SIMPLEST_SCHEDULES + tuple(kind for kind in KINDS if kind not in SIMPLEST_SCHEDULES))}
+"""A tie's simpler schedule: 1f1b, interleaved, gpipe, then the schedule table's other
+kinds in its order (``runtime/schedules/schedule.KINDS``)."""
 
 
 class Incomplete(Exception):
@@ -213,13 +217,12 @@ def fixed_layout(spec: Spec) -> Layout | None:
     if not spec.layout_complete:
         return None
     return Layout(
-        dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, cp_kind=par.cp_kind, sp=bool(par.sp), zero=par.zero,
-        ep=par.ep, etp=par.etp,
+        dp=par.dp, tp=par.tp, pp=par.pp, cp=par.cp, sp=bool(par.sp), zero=par.zero, ep=par.ep,
         schedule=par.schedule.value if par.pp > 1 else "1f1b",
         chunks=chunks_for(par.schedule.value, par.chunks) if par.pp > 1 else 1,
-        slices=par.slices if par.pp > 1 and par.schedule is PipelineSchedule.TERAPIPE else 1,
+        slices=par.slices if par.pp > 1 and par.schedule.value in SLICED else 1,
         micro_batch=spec.train.micro_batch, compress=par.compress, layer_tp=par.layer_tp,
-        tp_shape=par.tp_shape if par.tp_shape is not None and par.tp_shape[0] > 1 else None,
+        **{entry.name: entry.of_spec(par) for entry in options()},
         **{entry.name: par.setting(entry.name) for entry in SETTINGS},
     )
 
@@ -232,20 +235,20 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
         parallel=replace(
             spec.parallel,
             dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, sp=layout.sp, zero=layout.zero, ep=layout.ep,
-            etp=layout.etp, schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks, slices=layout.slices,
+            schedule=PipelineSchedule(layout.schedule), chunks=layout.chunks, slices=layout.slices,
             slice_lengths=_slice_lengths(spec, layout),
             compress=layout.compress, layer_tp=layout.layer_tp, layer_dp=layout.layer_dp,
-            tp_shape=layout.tp_shape if layout.tp_shape is not None else spec.parallel.tp_shape,
-            tp_shape_auto=False,
+            **{name: value for entry in options()
+               for name, value in entry.to_spec(getattr(layout, entry.name), spec.parallel).items()},
         ).with_settings({entry.name: layout.setting(entry.name) for entry in SETTINGS}),
     )
 
 
 def _slice_lengths(spec: Spec, layout: Layout) -> tuple[int, ...] | None:
-    """The spec's uneven slice lengths where the layout keeps its terapipe and their count
-    (the cost model prices a layout's slices by their mean length: docs/planner.md)."""
+    """The spec's uneven slice lengths where the layout keeps its sliced schedule and their
+    count (the cost model prices a layout's slices by their mean length: docs/planner.md)."""
     lengths = spec.parallel.slice_lengths
-    keep = lengths is not None and layout.schedule == "terapipe" and layout.slices == len(lengths)
+    keep = lengths is not None and layout.schedule in SLICED and layout.slices == len(lengths)
     return lengths if keep else None
 
 

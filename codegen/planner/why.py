@@ -16,6 +16,8 @@ from parc.runtime.layout.layer_settings import SETTINGS, fold_runs, folded, sett
 from dataclasses import replace
 
 from .cost import Accounting, Estimate, Hardware, estimate
+from .cost.bubble import REASONS as SCHEDULE_REASONS
+from .cost.options import options, qualified
 from .cost.per_layer import hetero_supported
 from .cost.layout import rank_params
 from .cost.time import compression_cost
@@ -23,7 +25,8 @@ from .search import EXACT_TOP, TIE_TOLERANCE, Incomplete, SearchResult, tie_memo
 
 KEYS = (
     ("dp", "dp"), ("cp", "cp"), ("tp", "tp"), ("pp", "pp"), ("ep", "ep"), ("sp", "sp"), ("zero", "zero"),
-    ("tp_shape", "tp_shape"), ("schedule", "schedule"), ("chunks", "chunks"), ("slices", "slices"), ("compress", "compress"),
+    *((entry.name, entry.name) for entry in options() if entry.compared),
+    ("schedule", "schedule"), ("chunks", "chunks"), ("slices", "slices"), ("compress", "compress"),
     *((entry.name, entry.name) for entry in SETTINGS), ("micro_batch", "micro_batch"),
 )
 
@@ -41,9 +44,6 @@ REASONS = {
         "cp": "ring attention passes K/V blocks to a neighbour behind each block's attention compute, where tp "
               "moves every layer's activations on the critical path",
         "tp": "smaller tensor-parallel groups move fewer activations per layer",
-        "tp_shape": "a 2D tp grid (R × C) sends only 1/C of each projection's output around its R-rank "
-                    "columns, the rings that cross the slow links when tp spans nodes, where 1D all-reduces "
-                    "the whole hidden state over every tp rank; inside one node 1D moves less",
         "dp": "the gradient reduction is over a different number of ranks",
         "zero": "ZeRO's reduce + gather after backward is not hidden, zero 0's bucketed all-reduce is",
         "sp": "sequence parallelism moves the same volume as reduce-scatter + all-gather",
@@ -55,24 +55,24 @@ REASONS = {
     "bubble": {
         "pp": "fewer pipeline stages leave less idle time at the ends of the step",
         "chunks": "interleaving shrinks the bubble by the number of chunks",
-        "schedule": "the schedule's order changes the idle time (zero_bubble fills it with weight "
-                    "gradients, chimera fills it from both ends, terapipe fills it with token slices)",
-        "slices": "more token slices fill the pipeline sooner: terapipe idles (p-1)(F+B)/S",
         "dp": "more micro-batches per pipeline dilute the bubble",
         "micro_batch": "smaller micro-batches mean more of them per pipeline, diluting the bubble",
     },
 }
-for _entry in SETTINGS:  # Note [a per-layer setting is an entry]: its reasons are its own
+for _entry in (*SETTINGS, *options()):  # Note [a per-layer setting is an entry], [an option is an entry]
     for _term, _reason in _entry.reasons.items():
         REASONS[_term][_entry.name] = _reason
+for _term, _reasons in SCHEDULE_REASONS.items():  # the schedule's and its slices', cost/bubble.py's
+    REASONS[_term] |= _reasons
 TERMS = (("compute", "compute"), ("exposed_comm", "exposed communication"), ("bubble", "bubble"))
 
 
 def _value(key: str, value) -> str:
     """A layout field for people: a per-layer setting in the spec's words (``none``,
     an overlap's calls), a tuple of one per block with its runs folded."""
-    if key == "tp_shape":
-        return "1D" if value is None else f"({value[0]}, {value[1]})"
+    option = next((entry for entry in options() if entry.name == key), None)
+    if option is not None:
+        return option.shown(value)
     word = setting(key).word if key in PER_LAYER else str
     if not isinstance(value, tuple):
         return word(value)
@@ -94,12 +94,11 @@ def _seconds(value: float) -> str:
 
 def _describe(item: Estimate) -> str:
     lay = item.layout
-    cp = f" · cp {lay.cp} ({lay.cp_kind})" if lay.cp > 1 else ""
+    cp = f" · cp {lay.cp}{qualified(lay, 'cp')}" if lay.cp > 1 else ""
     ep = f" · ep {lay.ep}" if lay.ep > 1 else ""
     dp = lay.dp if lay.layer_tp is None else folded(lay.layer_dp)
     tp = lay.tp if lay.layer_tp is None else folded(lay.layer_tp)
-    grid = f" ({lay.tp_shape[0]}×{lay.tp_shape[1]})" if lay.tp_shape is not None else ""
-    text = f"dp {dp}{cp} · tp {tp}{grid} · pp {lay.pp}{ep}"
+    text = f"dp {dp}{cp} · tp {tp}{qualified(lay, 'tp')} · pp {lay.pp}{ep}"
     extras = []
     if lay.pp > 1:
         extras.append(lay.schedule_words)
@@ -162,7 +161,10 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
         )
     lines += _per_layer_gain(best, index, result)
     lines += _compression(spec, best, index, hw)
-    lines += _grid(spec, best, index, hw)
+    for entry in options():  # Note [an option is an entry]: its own lines, from its cost module
+        if entry.why is not None and getattr(best.layout, entry.name) != entry.default:
+            without = estimate(spec, replace(best.layout, **{entry.name: entry.default}), hw, exact=True)
+            lines += entry.why(best, index, hw, without, _seconds)
     winner = result.winner
     if winner is not None and winner is not best:
         lines.append(
@@ -209,27 +211,6 @@ def _per_layer_gain(best: Estimate, index: int, result: SearchResult) -> list[st
     ]
 
 
-def _grid(spec, best: Estimate, index: int, hw: Hardware) -> list[str]:
-    """When the winner is a 2D tp grid: what 1D tp of the same degrees would cost (ATP's
-    claim: 2D pays when tp spans nodes; Note [2D tp costs] in cost/tp2d.py)."""
-    shape = best.layout.tp_shape
-    if shape is None:
-        return []
-    flat = estimate(spec, replace(best.layout, tp_shape=None), hw, exact=True)
-    rows, cols = shape
-    spans = best.layout.tp > hw.devices_per_node
-    where = (f"tp {best.layout.tp} spans {best.layout.tp // hw.devices_per_node} nodes: each row of {cols} ranks "
-             f"is on one node, each column of {rows} crosses the network" if spans else
-             f"tp {best.layout.tp} is inside one node")
-    verdict = "parc cannot build 1D tp across nodes (PAR0217); it would take" if spans else "1D would take"
-    return [
-        f"#{index} arranges tp as a {rows} × {cols} grid (tp_shape = ({rows}, {cols})): {where}. {verdict} "
-        f"{_seconds(flat.time.step - best.time.step)[1:]} {'more' if flat.time.step >= best.time.step else 'less'} "
-        f"per step (exposed communication {_seconds(flat.time.exposed_comm)[1:]} vs "
-        f"{_seconds(best.time.exposed_comm)[1:]})."
-    ]
-
-
 def _compression(spec, best: Estimate, index: int, hw: Hardware) -> list[str]:
     """When the winner compresses (``compress = auto``): what it buys against the same layout
     exact, and that the numerics change (cost/compress.py, Note [powersgd cost])."""
@@ -268,7 +249,7 @@ def _cp_over_tp(best: Estimate, index: int, result: SearchResult, unit: float | 
     saved = alone.memory.activations - best.memory.activations
     return [
         _compare(best, index, alone, j, unit, title="against tp alone (cp 1)"),
-        f"cp {best.layout.cp} ({best.layout.cp_kind}) over tp alone: each rank holds seq_len/{best.layout.cp} "
+        f"cp {best.layout.cp}{qualified(best.layout, 'cp')} over tp alone: each rank holds seq_len/{best.layout.cp} "
         f"tokens, so activations are {_gib(best.memory.activations)} vs {_gib(alone.memory.activations)} "
         f"per rank ({_gib(abs(saved))} {'less' if saved >= 0 else 'more'}); the best cp 1 layout, #{j} "
         f"({_describe(alone)}), takes {_seconds(alone.time.step - best.time.step)[1:]} "

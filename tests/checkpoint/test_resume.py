@@ -31,6 +31,7 @@ RESUMED = ["dp2", "tp2", "pp2_dropout", "zero1_dp2", "cp2_zero1_dp2", "zero3_dp2
 RESHARDED = [
     ("dp2", "tp2"), ("dp2", "pp2"), ("zero1_dp2", "tp2"), ("cp2_zero1_dp2", "tp2"),
     ("zero3_dp2", "tp2"), ("tp2", "zero3_dp2"),  # zero 3 ⇄ zero 0 with tp
+    ("zero3_dp2_tp2_overlap2", "tp2"),  # ZeRO-3's shards saved from the sub-batch wavefront
     ("moe_ep2", "moe_one"), ("moe_ep2", "moe_tp2"), ("moe_ep2_zero1", "moe_one"), ("cp2_ring", "one"),
     ("moe_etp2_dp2_zero1", "moe_ep2"), ("moe_ep2_dp4_zero3", "moe_tp2"),  # each expert's ffn halves → whole experts split over ep
     ("moe_cp2_ep2", "moe_one"),  # experts split over an ep group of cp ranks → whole on one rank
@@ -40,6 +41,7 @@ RESHARDED = [
     ("zero1_dp2", "hetero_tp21_zero1"), ("hetero_tp21_zero1", "zero1_dp2"),  # ZeRO-1 slices per layer
     ("zero3_dp2", "hetero_tp21_zero3"), ("hetero_tp21_zero3", "zero3_dp2"),  # ZeRO-3 units per layer
     ("pp2_chimera", "dp2"), ("dp2", "pp2_chimera"),  # chimera's replicas: saved once, both loaded
+    ("pp2_dp2_zero3_chimera", "dp2"), ("dp2", "pp2_dp2_zero3_chimera"),  # ... as ZeRO-3 shards
     ("tp2", "tp4_2x2"), ("tp2_2x1", "tp2"),  # 1D tp ⇄ 2D tp: the same logical tensors
     ("pp2_dp2_zero3_zbv", "dp2_4layers"), ("dp2_4layers", "pp2_dp2_zero3_zbv"),  # ZeRO-3's units under ZB-V's V
     # TeraPipe with ZeRO-3 and recompute → tp 2; dp 2 → TeraPipe under sp (issue 33 item 7)

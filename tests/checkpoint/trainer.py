@@ -32,11 +32,15 @@ LAYOUTS = {  # name -> (--set overrides, ranks)
     "pp2_dropout": (["parallel.pp=2", "model.dropout=0.1"], 2),  # the RNG states matter
     # chimera: each stage held twice (ranks r and p-1-r); the checkpoint holds it once
     "pp2_chimera": (["parallel.pp=2", "parallel.schedule=chimera"], 2),
+    # ... under ZeRO-3: each replica's units sharded over its dp 2, the up copy saved by its partner
+    "pp2_dp2_zero3_chimera": (["parallel.pp=2", "parallel.dp=2", "parallel.zero=3", "parallel.schedule=chimera"], 4),
     "zero1_dp2": (["parallel.dp=2", "parallel.zero=1"], 2),
     # context parallel: parameters replicated over cp, ZeRO-1 slices over dp × cp
     "cp2_zero1_dp2": (["parallel.dp=2", "parallel.cp=2", "parallel.cp_kind=allgather", "parallel.zero=1"], 4),
     # ZeRO-3: parameters and moments only in each block's shards (runtime/parallel/data/fsdp.py)
     "zero3_dp2": (["parallel.dp=2", "parallel.zero=3"], 2),
+    # ... in overlap's sub-batch wavefront (Note [module hooks in the wavefront] in overlap.py)
+    "zero3_dp2_tp2_overlap2": (["parallel.dp=2", "parallel.tp=2", "parallel.zero=3", "parallel.overlap=sub_batch(2)"], 4),
     # mixture of experts (runtime/parallel/expert/moe.py): under ep2 each rank holds 2 of the 4 experts
     "moe_ep2": ([*MOE, "parallel.dp=2", "parallel.ep=2"], 2),
     "moe_one": (MOE, 1),

@@ -228,7 +228,8 @@ def test_emit_spec_and_ast(capsys):
 @pytest.mark.parametrize(
     "sets,code,words",
     [
-        (["parallel.zero=3", "parallel.overlap=sub_batch(2)", "parallel.dp=2"], "PAR0240", "zero = 3 with overlap"),
+        (["parallel.zero=3", "parallel.compress=powersgd(rank = 4)", "parallel.dp=2"], "PAR0270",
+         "compress = powersgd with zero = 3"),
     ],
 )
 def test_unsupported_features_point_at_the_spec(sets, code, words):

@@ -267,7 +267,8 @@ def test_one_layout_description_names_every_axis_and_option():
 
     assert words(Words(degrees={"dp": 1, "cp": 1, "tp": 1, "pp": 1})) == "one rank"
     assert words(Words(
-        degrees={"dp": 2, "cp": 2, "tp": 4, "pp": 2}, cp_kind="ulysses", tp_shape=(2, 2), ep=2, etp=2, sp=True, zero=1,
+        degrees={"dp": 2, "cp": 2, "tp": 4, "pp": 2}, options={"cp_kind": "ulysses", "tp_shape": (2, 2), "etp": 2},
+        ep=2, sp=True, zero=1,
         schedule="interleaved(2)", settings={"recompute": "selective", "overlap": 2}, compress="powersgd",
     )) == ("pp 2 × dp 2 × cp 2 (ulysses) × tp 4 (2×2) + ep 2 + etp 2 + sequence parallel + ZeRO-1 + interleaved(2)"
            " + recompute selective + sub_batch(2) + compress powersgd")

@@ -87,6 +87,8 @@ LAYOUTS = {
     "pp2-tp2-chimera": dict(pp=2, tp=2, parallel__schedule="chimera"),
     "pp2-dp2-zero1-chimera": dict(pp=2, dp=2, parallel__zero=1, parallel__schedule="chimera"),
     "pp2-dp2-zero2-chimera": dict(pp=2, dp=2, parallel__zero=2, parallel__schedule="chimera"),
+    # ZeRO-3 over stage replicas (fsdp.py): each replica's shards summed with its partner's
+    "pp2-dp2-zero3-chimera": dict(pp=2, dp=2, parallel__zero=3, parallel__schedule="chimera"),
     # terapipe: each sequence in token slices, a slice attending to the earlier ones' keys
     # and values kept on its stage, backwards in reverse slice order (runtime/parallel/pipeline/terapipe.py)
     "pp2-terapipe2": dict(pp=2, parallel__schedule="terapipe(slices = 2)"),
@@ -112,6 +114,10 @@ LAYOUTS = {
     "tp4-overlap2": dict(tp=4, parallel__overlap="sub_batch(2)"),
     "dp2-tp2-overlap2": dict(dp=2, tp=2, parallel__overlap="sub_batch(2)"),
     "tp2-sp-overlap2-recompute-full": dict(tp=2, sp=True, parallel__overlap="sub_batch(2)", parallel__recompute="full"),
+    # ZeRO-3 in the wavefront (Note [module hooks in the wavefront]): each block gathered around its regions
+    "dp2-tp2-zero3-overlap2": dict(dp=2, tp=2, parallel__zero=3, parallel__overlap="sub_batch(2)"),
+    "dp2-tp2-sp-zero3-overlap2-recompute-full": dict(dp=2, tp=2, sp=True, parallel__zero=3,
+                                                     parallel__overlap="sub_batch(2)", parallel__recompute="full"),
     "pp2-tp2-overlap2": dict(pp=2, tp=2, parallel__overlap="sub_batch(2)"),
     # per-layer layouts (Note [per-layer layout]): each block its own recompute / overlap
     "tp2-recompute-per-layer": dict(tp=2, model__layers=4, parallel__recompute="[full, none, selective, none]"),

@@ -272,21 +272,21 @@ def test_megatron_rows_within_ten_percent():
         assert predicted == pytest.approx(row["tflops_per_gpu"], rel=0.10), (row["model_label"], predicted)
 
 
-def test_zero3_is_built_and_zero3_with_overlap_predicted_but_never_the_winner():
+def test_zero3_is_built_and_zero3_with_compression_predicted_but_never_the_winner():
     spec = load("examples/gpt3-175b.par", ["parallel.zero=3"])  # runtime/parallel/data/fsdp.py builds it
     result = search(spec, hardware_for(spec))
     assert result.winner is not None and result.winner.layout.zero == 3
-    unbuilt = ["parallel.zero=3", "parallel.overlap=sub_batch(2)", "train.micro_batch=2"]
+    unbuilt = ["parallel.zero=3", "parallel.compress=powersgd(rank = 4)", "train.micro_batch=2"]
     with pytest.raises(Diagnostics) as info:  # parc check refuses it as parc build does
         load("examples/gpt3-175b.par", unbuilt)
-    assert [e.code for e in info.value.errors] == ["PAR0240"]
+    assert [e.code for e in info.value.errors] == ["PAR0270"]
     spec = load("examples/gpt3-175b.par", unbuilt, buildable=False)  # as parc plan reads it
     result = search(spec, hardware_for(spec))
     assert result.estimates and all(e.layout.zero == 3 for e in result.estimates)
     assert result.winner is None
     with pytest.raises(Diagnostics) as info:  # the build refuses it before planning, as parc check does
         lower(spec)
-    assert [e.code for e in info.value.errors] == ["PAR0240"]
+    assert [e.code for e in info.value.errors] == ["PAR0270"]
 
 
 def test_memory_prunes_and_accounting_differs():

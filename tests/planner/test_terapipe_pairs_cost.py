@@ -1,5 +1,5 @@
 """The planner's price of terapipe with sp, recompute and ZeRO-3 (issue 33 item 7): ZeRO-3's
-passes are the slices' (codegen/planner/cost/terapipe.py, Note [ZeRO-3 per slice]), a recompute
+passes are the slices' (codegen/planner/cost/slices.py, Note [ZeRO-3 per slice]), a recompute
 reruns each slice's blocks, and the search scores such layouts and picks one."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``hetero.clip_grad_norm_`` under fp16 (``grad_scale``): the trainer of a per-layer layout
-calls it with the loss scale, as every other clip (codegen/render_step.py ``grad_scale_arg``)."""
+calls it with the loss scale, as every other clip (codegen/render_step.py ``grad_scale_kwargs``)."""
 
 from __future__ import annotations
 

@@ -43,6 +43,32 @@ import functools
 from parc.runtime.schedules.schedule import SLICED, SPLIT_BACKWARD, build_schedule
 from parc.runtime.schedules.schedule_chimera import chimera_idle
 from parc.runtime.schedules.schedule_sim import simulate, weight_share
+from parc.runtime.schedules.schedule_terapipe import slice_scale
+
+REASONS = {"bubble": {
+    "schedule": "the schedule's order changes the idle time (zero_bubble fills it with weight "
+                "gradients, chimera fills it from both ends, terapipe fills it with token slices)",
+    "slices": "more token slices fill the pipeline sooner: terapipe idles (p-1)(F+B)/S",
+}}
+"""``planner/why.py``'s reasons for a difference in the schedule or its slices."""
+
+SHAPES = {"chimera": " in two directions (each stage on two ranks)"}
+"""``parc explain``'s words for a kind whose pipeline is not one line of stages."""
+
+PLACEMENTS = {
+    "chimera": ", one per pipeline: chunk 0 of rank r is stage r of the down pipeline (even micro-batches, "
+               "F3.0 runs down), chunk 1 stage p-1-r of the up one (odd micro-batches, F3.1 runs up)",
+    "v": ", in a V: chunk 0 of rank r is stage r, chunk 1 stage 2p-1-r (rank 0 holds the first and the last)",
+}
+"""``parc explain``'s words for where a rank's chunks sit when not Megatron's c·p + r
+(by ``runtime/layout/placement.py``'s kind)."""
+
+
+def slice_scales(spec, slices: int) -> tuple[float, ...]:
+    """Uneven token slices (``parallel.slice_lengths``), where the layout keeps their count:
+    each slice's tokens over the mean's; () for equal slices."""
+    lengths = spec.parallel.slice_lengths
+    return slice_scale(lengths) if slices > 1 and lengths and len(lengths) == slices else ()
 
 
 def makespan(

@@ -101,3 +101,23 @@ def lowrank_backprop_cost(hw: Hardware, *, rows: int, cols: int, rank: int, lazy
         comm_s=collective_time(hw, "send_recv", compressed, size=2, stride=stride),
         compute_s=compute * hw.contention, exact_bytes=4.0 * rows * cols, compressed_bytes=compressed,
     )
+
+
+def compresses(spec) -> bool:
+    """Some gradient is compressed: the dp reduction's (``compress``) or the pipeline's
+    backward messages (``compress_pp``)."""
+    par = spec.parallel
+    return par.compress not in (None, "none") or par.compress_pp not in (None, "none")
+
+
+def pipeline_messages(spec, hw: Hardware, p2p: float, *, rows: int, stages: int, stride: int) -> tuple[float, float]:
+    """(one stage-to-stage message's seconds, compression seconds a chunk's backward adds)
+    under ``compress_pp`` (Note [compress_pp cost]): ``p2p`` the exact message of ``rows`` ×
+    hidden, and (``p2p``, 0) when the pipeline's messages are exact."""
+    par = spec.parallel
+    if par.compress_pp == "none":
+        return p2p, 0.0
+    lowrank = lowrank_backprop_cost(hw, rows=rows, cols=spec.model.hidden, rank=par.compress_pp_rank,
+                                    lazy_error=par.compress_pp_lazy_error, stride=stride)
+    share = len(par.compress_stages or range(1, stages)) / (stages - 1)  # the boundaries that compress
+    return (p2p + share * lowrank.comm_s + (1 - share) * p2p) / 2, share * lowrank.compute_s

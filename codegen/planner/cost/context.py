@@ -28,6 +28,14 @@ from parc.dsl.spec import Spec
 from .comm import collective_time
 from .hardware import Hardware
 from .layout import Layout
+from .options import Option
+
+OPTIONS = (
+    Option(name="cp_kind", default="ring", axis="cp", words=lambda kind: kind,
+           of_plan=lambda plan: plan.mesh.cp_kind.value, of_spec=lambda par: par.cp_kind,
+           column=lambda layout: f"cp{layout.cp} {layout.cp_kind}" if layout.cp > 1 else None),
+)
+"""How the cp kind prints and reads (Note [an option is an entry], cost/options.py)."""
 
 
 def eager_core(spec: Spec, layout: Layout) -> bool:

@@ -47,6 +47,15 @@ from .comm import collective_time
 from .hardware import Hardware, gemm_time
 from .layout import Layout, expert_data_ranks
 from .memory import streamed_element
+from .options import Option
+
+OPTIONS = (
+    Option(name="etp", default=1, words=lambda etp: f"etp {etp}" if etp > 1 else None,
+           of_plan=lambda plan: 1 if (etp := plan.model.expert_tensor_parallel) is None else etp.value,
+           of_spec=lambda par: par.etp,
+           to_spec=lambda etp, par: {"etp": etp}),
+)
+"""How expert tensor parallelism prints and reads (Note [an option is an entry], cost/options.py)."""
 
 GROUPED_GEMM_EFFICIENCY = 0.9
 """A grouped GEMM's rate over one GEMM of the same per-expert shape (launch and tail

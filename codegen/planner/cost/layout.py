@@ -21,7 +21,8 @@ from __future__ import annotations
 import enum
 import functools
 import math
-from dataclasses import dataclass
+import operator
+from dataclasses import dataclass, fields
 
 from parc.dsl.spec import ModelSpec
 from parc.runtime.layout import layer_settings
@@ -30,6 +31,7 @@ from parc.runtime.layout.layer_settings import SETTINGS
 from parc.runtime.layout.model_desc import NONE, ParamCount
 from parc.runtime.layout.placement import Placement, chunk_stages, placement_for
 from ...layout_words import schedule_words
+from .options import options, qualified
 
 
 
@@ -58,7 +60,7 @@ class Layout:
     schedule: str
     """``gpipe``, ``1f1b`` or ``interleaved``."""
     chunks: int
-    """Model chunks per pipeline rank (> 1 when interleaved, zero_bubble_v, chimera)."""
+    """Model chunks per pipeline rank (> 1 when interleaved, or a kind of ``schedule.FIXED_CHUNKS``)."""
     micro_batch: int
     recompute: str | tuple[str, ...] = "none"
     """``none``, ``selective`` or ``full``; or one per block (Note [per-layer costs])."""
@@ -96,11 +98,11 @@ class Layout:
         return tuple(self.tp_shape) if self.tp_shape is not None and self.tp_shape[0] > 1 else None
 
     slices: int = 1
-    """Token slices per sequence under terapipe (``runtime/schedules/schedule_terapipe.py``); else 1."""
+    """Token slices per sequence under a sliced schedule (``schedule.SLICED``); else 1."""
 
     @property
     def schedule_words(self) -> str:
-        """The schedule in the DSL's words: ``interleaved(2)``, ``terapipe(4)``, ``chimera``."""
+        """The schedule in the DSL's words (``layout_words.schedule_words``): ``interleaved(2)``, ``1f1b``."""
         return schedule_words(self.schedule, self.chunks, self.slices)
 
     etp: int = 1
@@ -117,6 +119,11 @@ class Layout:
     def expert_folds(self) -> int:
         """ep·etp: the ranks among which a MoE block's expert weights are split."""
         return self.ep * self.etp
+
+    @property
+    def expert_split(self) -> dict:
+        """The experts' split as the model description's counts take it (``ep``, ``etp``)."""
+        return {"ep": self.ep, "etp": self.etp}
 
     def tokens(self, seq_len: int) -> int:
         """Tokens of one micro-batch on one rank: micro_batch · seq_len / cp."""
@@ -155,17 +162,31 @@ class Layout:
             parts = [f"dp {layer_settings.folded(self.layer_dp)}", f"tp {layer_settings.folded(self.layer_tp)}", f"pp {self.pp}"]
         else:
             parts = [f"dp {self.dp}", f"tp {self.tp}", f"pp {self.pp}"]
+        parts[1] += qualified(self, "tp")
         if self.cp > 1:
-            parts.insert(1, f"cp {self.cp} ({self.cp_kind})")
-        if self.tp_shape is not None:
-            parts[1] += f" ({self.tp_shape[0]}×{self.tp_shape[1]})"
+            parts.insert(1, f"cp {self.cp}{qualified(self, 'cp')}")
         if self.ep > 1:
             parts.append(f"ep {self.ep}")
-        if self.etp > 1:
-            parts.append(f"etp {self.etp}")
+        parts += [text for entry in options() if not entry.axis
+                  and (text := entry.words(getattr(self, entry.name))) is not None]
         if self.pp > 1:
             parts.append(self.schedule_words)
         return " ".join(parts)
+
+
+LAYOUT_FIELDS = tuple(item.name for item in fields(Layout))
+"""Every field of a ``Layout``, in its order."""
+
+
+def fields_but(*names: str) -> operator.attrgetter:
+    """The values of every ``Layout`` field but ``names``: the key of a part of the cost model
+    that does not read those (Note [planner caches]); a field added to ``Layout`` joins every key."""
+    return operator.attrgetter(*(name for name in LAYOUT_FIELDS if name not in names))
+
+
+def by_node(spec) -> bool:
+    """ZeRO-3 shards within a node and replicates across nodes (HSDP: ``zero_shard = node``)."""
+    return spec.parallel.zero_shard == "node"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -326,7 +347,7 @@ def _stages(stage_layers) -> tuple[int, ...] | None:
 @functools.lru_cache(maxsize=4096)
 def _chunks(layers: int, pp: int, chunks: int, rank: int, stage_layers, kind: str = "interleaved") -> tuple:
     """((start, stop), first, last) of each virtual stage pipeline rank ``rank`` runs, by
-    chunk, as ``runtime/layout/placement.py`` places them (chimera: its two replicas)."""
+    chunk, as ``runtime/layout/placement.py`` places them (a two-way placement: its two replicas)."""
     place = chunk_stages(kind, pp, pp * chunks) if pp > 1 else Placement("interleaved", 1, chunks)
     stages = place.virtual_stages
     counts = stage_layers or (layers // stages,) * stages

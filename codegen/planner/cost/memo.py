@@ -16,9 +16,10 @@ figures are bit-identical with or without the tables; tests/planner/test_bounded
 compares layouts' estimates with the tables cleared before each). A table
 belongs to one owner — the objects its parts read besides the layout, compared by
 identity and held so their ``id`` is not reused — and starts empty when another owner
-asks. The key must name every field the part reads: a field left out would hand one
-layout another's figures, which is why each table's key is written beside the function
-it caches.
+asks. The key must hold every field the part reads: a field left out would hand one
+layout another's figures, which is why each table's key is every ``Layout`` field but
+those its part does not read (``layout.fields_but``, written beside the function it
+caches): a field added to ``Layout`` joins every key until a part is shown not to read it.
 """
 
 from __future__ import annotations

@@ -22,9 +22,10 @@ plus torch's 4-byte ``step`` per tensor (zero 0), or the moments of the rank's s
 8·ceil(Ψ/dp) (zero 1/2); under sp, zero 2 also holds the partial sequence-parallel
 gradients (norms, row biases, positions) whole when backward ends, until their sum
 over tp. Under ep > 1 a rank holds experts / ep of each MoE block (``rank_params``) and
-ZeRO shards them over edp = dp·cp·tp/(ep·etp) in a buffer of their own (runtime/parallel/data/zero.py, Note
-[experts under ZeRO]): ceil(dense/dp) + ceil(experts/edp) elements. Its activations are the tensors autograd saves in ``runtime/models/model.py``,
-counted per token from the model's shapes in ``runtime/layout/saved_elements.py`` (Note
+ZeRO shards them over edp = dp·cp·tp / the expert folds (``Layout.expert_folds``) in a
+buffer of their own (runtime/parallel/data/zero.py, Note [experts under ZeRO]):
+ceil(dense/dp) + ceil(experts/edp) elements. Its activations are the tensors autograd
+saves in ``runtime/models/model.py``, counted per token from the model's shapes in ``runtime/layout/saved_elements.py`` (Note
 [what parc's trainer saves]; checked against the trainer's measurement in
 tests/planner). The working set of a recomputed layer and the gradient flat buffers
 are real memory but not saved activations: they are ``buffers``.
@@ -42,14 +43,21 @@ from parc.runtime.layout.model_desc import LINEAR
 from parc.runtime.schedules.schedule import in_flight_bound
 from parc.runtime.layout.kernel_sizes import kinds_that_pay
 
+from .compress import compresses
 from .context import cp_saved_elements
 from .memo import shared
-from .terapipe import kept_kv_elements
+from .slices import kept_kv_elements
 from .layout import (
-    SETTING_NAMES, Accounting, Layout, blocks_of, expert_data_ranks, placement_kind, rank_blocks, rank_expert_params,
-    rank_params,
+    SETTING_NAMES, Accounting, Layout, blocks_of, by_node as hsdp, expert_data_ranks, fields_but, placement_kind,
+    rank_blocks, rank_expert_params, rank_params,
     sequence_parallel_params, stage_contents, zero3_shard_elements, zero3_shard_ranks, expert_shard_ranks,
 )
+
+STATES_READS = fields_but(*SETTING_NAMES)
+"""What a rank's states read (Note [planner caches]): all but the per-layer settings (the
+micro-batch and slices too: the backwards a step decide the fp32 gradient sums)."""
+ACTIVATIONS_READS = fields_but("zero", "compress", *(name for name in SETTING_NAMES if name != "recompute"))
+"""What a rank's activations read: all but ZeRO, compression and the settings other than recompute."""
 
 
 BUCKET_BYTES = 25 * 2**20
@@ -153,7 +161,7 @@ def parc_head_elements(model: ModelSpec, *, tp: int, sp: bool, compiled: bool = 
 
 @functools.lru_cache(maxsize=4096)
 def _in_flight(kind: str, stages: int, rank: int, micro_batches: int, chunks: int, slices: int = 1) -> float:
-    """Micro-batch(-chunk)s in flight; under terapipe, slices in flight as a share of
+    """Micro-batch(-chunk)s in flight; under token slices, slices in flight as a share of
     micro-batches (each slice saves 1/S of a micro-batch's activations)."""
     if stages == 1:
         return 1
@@ -196,7 +204,7 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
         layers = sum(
             count * (model.desc.block_saved_elements(
                 index, tp=layout.tp, sp=layout.sp, recompute=mode, micro_batch=layout.micro_batch,
-                compiled=compiled, ep=layout.ep, imbalance=model.routing_imbalance, etp=layout.etp,
+                compiled=compiled, imbalance=model.routing_imbalance, **layout.expert_split,
             ) + (extra if mode != "full" else 0.0))
             for (index, mode), count in _rank_block_kinds(model, layout, rank, stage_layers)
         )
@@ -208,7 +216,7 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
             ) + (extra if mode != "full" else 0.0))
             for mode, count in modes.items()
         )
-    layers += kept_kv_elements(model, layout.tp, layout.slices, modes)  # terapipe.py, Note [kept keys under recompute]
+    layers += kept_kv_elements(model, layout.tp, layout.slices, modes)  # slices.py, Note [kept keys under recompute]
     total = in_flight * layers / layout.chunks * tokens * element
     if contents.embed:
         total += min(in_flight, micro_batches) * tokens * 8.0  # the int64 token ids
@@ -227,8 +235,7 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
 
 def uses_master_weights(spec: Spec) -> bool:
     """bf16/fp16 parameters with fp32 masters (else fp32, or autocast over fp32 weights)."""
-    compressed = spec.parallel.compress not in (None, "none") or spec.parallel.compress_pp not in (None, "none")
-    return master_weights(spec.train.precision.value, per_layer_tp=False, compressed=compressed)
+    return master_weights(spec.train.precision.value, per_layer_tp=False, compressed=compresses(spec))
 
 
 def streamed_element(spec: Spec) -> float:
@@ -243,7 +250,7 @@ def streamed_element(spec: Spec) -> float:
 
 def fp32_accumulation(spec: Spec, layout: Layout) -> bool:
     """Low-precision parameters summing more than one backward a step (micro-batches, or
-    terapipe's slices): their gradients accumulate in fp32 sums, 4 bytes an element from a
+    token slices): their gradients accumulate in fp32 sums, 4 bytes an element from a
     step's first backward to its last (runtime/optimizers/master.py, Note [fp32 accumulation])."""
     return uses_master_weights(spec) and layout.grad_accum(spec.train.global_batch) * layout.slices > 1
 
@@ -312,20 +319,16 @@ def memory(spec: Spec, layout: Layout, accounting: Accounting = Accounting.PARC)
     stage_layers = list(spec.parallel.stage_layers) if spec.parallel.stage_layers else None
     ranks = range(layout.pp) if stage_layers else sorted({0, layout.pp - 1})
     owner = (spec, accounting)
-    placed = (layout.tp, layout.pp, layout.chunks, layout.schedule, layout.ep, layout.etp, layout.tp_shape,
-              layout.layer_tp)
     rows = {}
     for rank in ranks:
         # reads: the placement, the degrees the states split over, ZeRO, sp, compression, and
         # the backwards a step (fp32 gradient sums: fp32_sum_elements)
         params, param_b, grad_b, optim_b, sums = shared(
-            owner, "memory.states", (rank, *placed, layout.dp, layout.cp, layout.zero, layout.sp, layout.compress,
-                                     layout.micro_batch, layout.slices),
+            owner, "memory.states", (rank, STATES_READS(layout)),
             lambda: _states(spec, layout, rank, stage_layers, accounting))
         # reads: the placement, the tokens and micro-batches in flight, recompute, sp, cp
         acts = shared(
-            owner, "memory.activations", (rank, *placed, layout.dp, layout.cp, layout.cp_kind, layout.sp,
-                                          layout.micro_batch, layout.slices, layout.recompute),
+            owner, "memory.activations", (rank, ACTIVATIONS_READS(layout)),
             lambda: activation_bytes(spec, layout, rank, accounting, stage_layers))
         rows[rank] = MemoryBreakdown(
             params=param_b,
@@ -361,7 +364,7 @@ def _states(spec: Spec, layout: Layout, rank: int, stage_layers, accounting: Acc
         # Partial sp gradients wait, whole, for their sum over tp when backward ends.
         grad_b += grad_element * sequence_parallel_params(model, layout, rank, stage_layers)
     if accounting is Accounting.PARC and layout.zero == 3 and layout.shard_ranks > 1:
-        by_node = dict(by_node=spec.parallel.zero_shard == "node", devices_per_node=spec.mesh.devices_per_node)
+        by_node = dict(by_node=hsdp(spec), devices_per_node=spec.mesh.devices_per_node)
         shard = zero3_shard_elements(model, layout, rank, stage_layers, zero3_shard_ranks(layout, **by_node),
                                      expert_shard_ranks(layout, **by_node))  # padded per unit
         param_b, grad_b, optim_b = 4.0 * shard, 4.0 * shard, 8.0 * shard

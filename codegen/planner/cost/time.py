@@ -40,7 +40,7 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   (Note [ZeRO-3 gathers] at ``zero3_gathers``), and reduce-scatters each unit's
   gradient on the same link during backward (every micro-batch, in both programs; parc
   gathers nothing after the step), at what ZeRO-3 reaches across nodes; under
-  ``zero_shard = node`` (HSDP) within a node, the replicas' shards all-reduced across
+  HSDP (``layout.by_node``) within a node, the replicas' shards all-reduced across
   nodes once a step. Every gradient reduction carries fp32 elements, or bf16 under
   ``grad_reduce = bf16`` (``_grad_reduce_element``: half the bytes, whatever the zero
   stage). ``compress =
@@ -49,9 +49,9 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   all-gathers and its selection (Note [topk cost]).
 - pipeline: a (b, s, h) message per chunk boundary (fp32 in parc's trainer whatever the
   compute dtype, ``pipeline_element``); the makespan of the runtime's schedule
-  (``cost/bubble.py``); bubble = makespan − the busy time. ``compress_pp = lowrank``
-  shrinks the backward messages and adds their compression to the backward (Note
-  [compress_pp cost]).
+  (``cost/bubble.py``); bubble = makespan − the busy time. Compressing the pipeline's
+  messages shrinks the backward ones and adds their compression to the backward
+  (``compress.pipeline_messages``).
 - mixture of experts: the experts' compute and the ep all-to-alls (``cost/experts.py``,
   Note [MoE costs]) join the block's forward, backward and exposed time; expert
   gradients reduce over edp, the rest over dp.
@@ -69,24 +69,30 @@ from parc.runtime.layout.model_desc import LINEAR
 from parc.runtime.layout.placement import placement_for
 from parc.runtime.schedules.schedule import SPLIT_BACKWARD
 from parc.runtime.schedules.schedule_sim import weight_share
-from parc.runtime.schedules.schedule_terapipe import slice_scale
 
 
-from .bubble import makespan
+from .bubble import makespan, slice_scales
 from .context import cp_comm, eager_core
-from .terapipe import per_slices, zero3_passes
+from .slices import per_slices, zero3_passes
 from .tp2d import grid_block_comm, grid_head_comm
 from .comm import collective_latency, collective_time, ring_time
-from .compress import RANK, lowrank_backprop_cost, powersgd_cost, topk_cost
+from .compress import RANK, pipeline_messages, powersgd_cost, topk_cost
 from .experts import expert_reduce, moe_block, moe_share
 from .hardware import Hardware, Link, gemm_time
 from .memo import shared
 from .layout import (
-    SETTING_NAMES, Accounting, Layout, expert_data_ranks, expert_shard_ranks, rank_expert_params, rank_params,
-    zero3_shard_ranks,
+    SETTING_NAMES, Accounting, Layout, by_node as hsdp, expert_data_ranks, expert_shard_ranks, fields_but,
+    rank_expert_params, rank_params, zero3_shard_ranks,
 )
 from .memory import streamed_element, uses_master_weights
 from .overlap import Exposure, exposed_tp
+
+REDUCTION_READS = fields_but("sp", "micro_batch", "compress", *SETTING_NAMES)
+"""What ``_reduction`` reads (Note [planner caches]): the placement, the degrees, ZeRO."""
+PIPELINE_READS = fields_but("zero", "compress")
+"""What ``_pipeline`` reads: all but the data-parallel side."""
+BLOCK_READS = fields_but("dp", "pp", "chunks", "schedule", "zero", "compress", *SETTING_NAMES)
+"""What ``block_costs`` reads besides the block's settings (its ``key``)."""
 
 OVERLAP_BLOCKS = 4
 """Blocks in a row the overlap replay runs (the per-block exposure is settled by then)."""
@@ -223,13 +229,6 @@ def _grad_reduce_element(spec: Spec, accounting: Accounting) -> float:
     return 2.0 if accounting is Accounting.MEGATRON or spec.train.grad_reduce == "bf16" else 4.0
 
 
-def _slice_scale(spec: Spec, slices: int) -> tuple[float, ...]:
-    """terapipe's uneven slices (``terapipe(slices = [n0, n1, ...])``), where the layout keeps
-    their count: each slice's tokens over the mean's; () for equal slices."""
-    lengths = spec.parallel.slice_lengths
-    return slice_scale(lengths) if slices > 1 and lengths and len(lengths) == slices else ()
-
-
 def step_time(
     spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC, *, exact: bool = True
 ) -> TimeBreakdown:
@@ -244,11 +243,10 @@ def step_time(
     # ---- data parallel and the optimizer ----------------------------------------
     # reads: the placement, the degrees the gradients reduce over, ZeRO (Note [planner caches])
     params, tensors, expert_params, reduce, gather = shared(
-        (spec, hw, accounting), "time.reduction",
-        (t, p, v, layout.schedule, d, layout.cp, layout.zero, layout.ep, layout.etp, layout.tp_shape, layout.layer_tp),
+        (spec, hw, accounting), "time.reduction", REDUCTION_READS(layout),
         lambda: _reduction(spec, layout, hw, accounting))
     reducing = d * layout.cp  # replicated parameters' gradients average over dp × cp
-    by_node = spec.parallel.zero_shard == "node"
+    by_node = hsdp(spec)
     expert_shard = expert_shard_ranks(layout, by_node=by_node, devices_per_node=hw.devices_per_node)
     zpasses, zforward, zbackward = zero3_passes(micro_batches, layout.slices, forward, backward)
     zero3 = zero3_gathers(
@@ -311,12 +309,8 @@ def pipeline_bound(spec: Spec, layout: Layout, hw: Hardware, accounting: Account
 def _shared_pipeline(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, exact: bool) -> tuple:
     """``_pipeline``, shared by the layouts that agree on every field but ZeRO and
     compression (Note [planner caches])."""
-    return shared(
-        (spec, hw, accounting), "time.pipeline",
-        (exact, layout.tp, layout.dp, layout.pp, layout.chunks, layout.schedule, layout.sp, layout.micro_batch,
-         layout.cp, layout.cp_kind, layout.slices, layout.tp_shape, layout.layer_tp, layout.ep, layout.etp,
-         layout.recompute, layout.overlap),
-        lambda: _pipeline(spec, layout, hw, accounting, exact))
+    return shared((spec, hw, accounting), "time.pipeline", (exact, PIPELINE_READS(layout)),
+                  lambda: _pipeline(spec, layout, hw, accounting, exact))
 
 
 def _pipeline(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, exact: bool) -> tuple:
@@ -326,8 +320,8 @@ def _pipeline(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, 
     t, d, p, v = layout.tp, layout.dp, layout.pp, layout.chunks
     micro_batches = layout.grad_accum(spec.train.global_batch)
     tokens = layout.tokens(m.seq_len)  # this rank's: seq_len / cp of each sequence
-    # runtime/layout/placement.py: the model stages (chimera: p, each held twice) and the
-    # chunks of a rank each micro-batch runs through (chimera: one of its two)
+    # runtime/layout/placement.py: the model stages (a two-way placement: p, each held twice)
+    # and the chunks of a rank each micro-batch runs through (there: one of its two)
     place = placement_for(layout.schedule, p, v) if p > 1 else None
     layers_per_chunk = m.layers / (place.virtual_stages if place else p * v)
     passes = sum(place.carries(c, 0) for c in range(v)) if place else v
@@ -358,29 +352,25 @@ def _pipeline(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, 
     head_comm = 2 * per_collective  # vocab-parallel embedding forward, head input backward
     if accounting is Accounting.PARC:  # the vocab-sharded loss: max, sum and target logit per row
         head_comm += 3 * collective_time(hw, "all_reduce", tokens * 4.0, size=t, stride=1)
-    if layout.tp_shape is not None:
-        head_comm = grid_head_comm(spec, layout, hw, tokens=tokens, size=size)
+    grid_head = grid_head_comm(spec, layout, hw, tokens=tokens, size=size)  # Note [2D tp costs]
+    head_comm = head_comm if grid_head is None else grid_head
     head = 3.0 * head_forward + head_comm
 
     # ---- the pipeline -------------------------------------------------------------
     chunk_forward = layers_per_chunk * (forward + exposed_forward)
     chunk_backward = layers_per_chunk * (backward + exposed_backward)
-    s = layout.slices  # terapipe: a slice's share of the compute, and its own smaller messages
+    s = layout.slices  # token slices: a slice's share of the compute, and its own smaller messages
     sent = pipeline_element(accounting)
     message = tokens * m.hidden * sent / (t if layout.sp else rows) / s
     p2p = collective_time(hw, "send_recv", message, size=2, stride=t * layout.cp * d) if p > 1 else 0.0
-    par = spec.parallel
-    if p > 1 and par.compress_pp != "none":  # Note [compress_pp cost]
-        lowrank = lowrank_backprop_cost(
-            hw, rows=round(message / sent / m.hidden), cols=m.hidden, rank=par.compress_pp_rank,
-            lazy_error=par.compress_pp_lazy_error, stride=t * layout.cp * d)
-        share = len(par.compress_stages or range(1, p)) / (p - 1)  # the boundaries that compress
-        p2p = (p2p + share * lowrank.comm_s + (1 - share) * p2p) / 2
-        chunk_backward += share * lowrank.compute_s * s
+    if p > 1:  # cost/compress.py: the pipeline's messages compressed, if they are
+        p2p, compressing = pipeline_messages(spec, hw, p2p, rows=round(message / sent / m.hidden), stages=p,
+                                             stride=t * layout.cp * d)
+        chunk_backward += compressing * s
     span = makespan(
         layout.schedule, stages=p, micro_batches=micro_batches, chunks=v,
         forward=chunk_forward / s, backward=chunk_backward / s, comm=p2p, exact=exact, slices=s,
-        slice_scale=_slice_scale(spec, s),
+        slice_scale=slice_scales(spec, s),
     )
     busy_layers = micro_batches * passes * (chunk_forward + chunk_backward)
     pipeline = span + micro_batches * head
@@ -407,6 +397,11 @@ def _reduction(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting)
         if 1 <= layout.zero <= 2:
             gather = collective_time(hw, "all_gather", dense_params * 4.0, size=reducing, stride=t)
     reduce += expert_reduce(hw, layout, expert_params, grad_size)
+    if layout.pp > 1 and placement_for(layout.schedule, layout.pp, layout.chunks).replica(0) is not None:
+        # stages held twice (Note [stage replicas]): the gradients summed with the partner's, a pipeline rank
+        # away, whole or, under ZeRO-3, as fp32 shards once a step (Note [ZeRO-3 over stage replicas])
+        replicas = params / reducing * 4.0 if layout.zero >= 3 and reducing > 1 else params * grad_size
+        reduce += collective_time(hw, "all_reduce", replicas, size=2, stride=t * reducing)
     if 1 <= layout.zero <= 2 and expert_params:  # the experts' slices gathered over edp
         gather += collective_time(hw, "all_gather", expert_params * 4.0, size=expert_data_ranks(layout),
                                   stride=layout.expert_folds)
@@ -415,12 +410,11 @@ def _reduction(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting)
 
 def _shared_block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, key: tuple,
                         layers_per_chunk: float) -> tuple:
-    """``block_costs``, computed once for the layouts that agree on what it reads (tp, sp,
-    cp, the micro-batch, slices, the tp grid, ep, etp, the block's settings, the blocks a
-    chunk holds): a search's layouts differing only in dp, ZeRO, the schedule or etp's
-    neighbours share them (Note [planner caches])."""
-    reads = (key, layers_per_chunk, layout.tp, layout.sp, layout.micro_batch, layout.cp, layout.cp_kind,
-             layout.slices, layout.tp_shape, layout.layer_tp, layout.ep, layout.etp)
+    """``block_costs``, computed once for the layouts that agree on what it reads (every field
+    but dp, pp, the schedule and its chunks, ZeRO and compression; the block's settings,
+    the blocks a chunk holds): a search's layouts differing only in those share them (Note
+    [planner caches])."""
+    reads = (key, layers_per_chunk, BLOCK_READS(layout))
     return shared((spec, hw, accounting), "time.block", reads,
                   lambda: block_costs(spec, layout, hw, accounting, key, layers_per_chunk=layers_per_chunk))
 
@@ -441,12 +435,12 @@ def block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting
     per_collective = sum(collective_time(hw, kind, activations, size=t, stride=1) for kind in kinds)
     latency = sum(collective_latency(hw, kind, size=t, stride=1) for kind in kinds)
     recompute, k = (dict(zip(SETTING_NAMES, key))[name] for name in ("recompute", "overlap"))
-    # k sub-batches (overlap), or S token slices (terapipe): as many smaller GEMMs and op dispatches
+    # k sub-batches (overlap), or S token slices: as many smaller GEMMs and op dispatches
     pieces = k * layout.slices
     sub_forward, sub_core, sub_core_backward = _block_forward(spec, layout, hw, accounting, tokens / pieces)
     forward, core = pieces * sub_forward * slow, pieces * sub_core * slow
     experts = per_slices(lambda n: moe_block(spec, layout, hw, tokens=n, k=k, size=size), tokens,
-                         layout.slices)  # Note [MoE costs]; terapipe.py, Note [experts per slice]
+                         layout.slices)  # Note [MoE costs]; slices.py, Note [experts per slice]
     forward += experts.forward
     # backward twice the forward, but the attention core's own (flash: Note [flash attention's rate])
     backward = 2.0 * forward + pieces * slow * (sub_core_backward - 2.0 * sub_core)
@@ -456,7 +450,7 @@ def block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting
         backward += core
     tp_forward = 2 * per_collective
     tp_backward = 2 * per_collective * (2 if recompute == "full" else 1)
-    grid = grid_block_comm(spec, layout, hw, tokens=tokens, size=size) if layout.tp_shape is not None else None
+    grid = grid_block_comm(spec, layout, hw, tokens=tokens, size=size)  # None for 1D tp
     if grid is not None:  # Note [2D tp costs]
         tp_forward, tp_backward = grid[0], grid[1] + (grid[0] if recompute == "full" else 0.0)
     hiding = 0.0 if hw.comm_on_cores else forward  # Note [the time model]: gloo on CPU cores
@@ -465,9 +459,8 @@ def block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting
     ) if grid is None else Exposure(forward_s=grid[0], backward_s=grid[1])  # 2D: no overlap (PAR0277)
     exposed_backward = block.backward_s + (block.forward_s if recompute == "full" else 0.0)
     if layout.sp and grid is None and k == 1:
-        # Note [sp inputs saved as shards] (runtime/parallel/tensor/layers.py): each region's
-        # input gathered again in backward, launched before its input gradient's GEMMs (about
-        # the forward's) run; the Oases path (k > 1) keeps the gathered input instead
+        # Note [sp inputs saved as shards] (runtime/parallel/tensor/layers.py): each region's input gathered
+        # again in backward, behind its input gradient's GEMMs; the Oases path (k > 1) keeps it whole
         regather = 2 * collective_time(hw, "all_gather", activations, size=t, stride=1)
         tp_backward += regather
         exposed_backward += max(0.0, regather - hiding)
@@ -515,8 +508,8 @@ class Zero3Gathers:
 def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, forward: float, backward: float,
                   accounting: Accounting, *, micro_batches: int, gather_element: float, grad_element: float,
                   by_node: bool = False, experts: tuple[float, int] | None = None) -> Zero3Gathers | None:
-    """Note [ZeRO-3 gathers]: every micro-batch (under terapipe, every slice: ``micro_batches``
-    counts the passes, cost/terapipe.py's Note [ZeRO-3 per slice]) gathers each of the rank's B units (a block's
+    """Note [ZeRO-3 gathers]: every micro-batch (under a sliced schedule, every slice: ``micro_batches``
+    counts the passes, cost/slices.py's Note [ZeRO-3 per slice]) gathers each of the rank's B units (a block's
     parameters; the embeddings and head are spread over them) once for forward and once
     for backward (a full recompute's rerun finds its unit gathered): all-gathers of
     g = Ψ_rank/B elements of ``gather_element`` bytes over the shard group; backward also
@@ -528,7 +521,7 @@ def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, fo
     recompute): per pass the first gather and the last reduce-scatter are exposed, and each
     of the other B − 1 units exposes max(0, L − φ·c), φ = ``hw.zero3_overlap`` the share of
     a block's compute that runs under a collective at full speed (``zero3_link``: the link
-    ZeRO-3's collectives cross). ``by_node`` (``zero_shard = node``, HSDP): the shard group
+    ZeRO-3's collectives cross). ``by_node`` (HSDP, ``layout.by_node``): the shard group
     is the dp·cp ranks of one node (``layout.zero3_shard_ranks``), so g and r cross the node's own
     links, and once a step the replicas (one per node) all-reduce the rank's fp32 gradient
     shard, ⌈Ψ_rank/S⌉ elements, across nodes after backward, exposed whole; with ``experts``

@@ -26,6 +26,42 @@ from __future__ import annotations
 from parc.dsl.spec import Arch
 
 from .comm import collective_time
+from .options import Option
+
+
+def _why(best, index: int, hw, flat, seconds) -> list[str]:
+    """``why``'s line when the winner is a 2D tp grid: what 1D tp of the same degrees
+    (``flat``, its estimate) would cost (ATP's claim: 2D pays when tp spans nodes; Note [2D
+    tp costs]). ``seconds``: why's signed time format."""
+    rows, cols = best.layout.tp_shape
+    spans = best.layout.tp > hw.devices_per_node
+    where = (f"tp {best.layout.tp} spans {best.layout.tp // hw.devices_per_node} nodes: each row of {cols} ranks "
+             f"is on one node, each column of {rows} crosses the network" if spans else
+             f"tp {best.layout.tp} is inside one node")
+    verdict = "parc cannot build 1D tp across nodes (PAR0217); it would take" if spans else "1D would take"
+    return [
+        f"#{index} arranges tp as a {rows} × {cols} grid (tp_shape = ({rows}, {cols})): {where}. {verdict} "
+        f"{seconds(flat.time.step - best.time.step)[1:]} {'more' if flat.time.step >= best.time.step else 'less'} "
+        f"per step (exposed communication {seconds(flat.time.exposed_comm)[1:]} vs "
+        f"{seconds(best.time.exposed_comm)[1:]})."
+    ]
+
+
+OPTIONS = (
+    Option(name="tp_shape", default=None, axis="tp", words=lambda shape: f"{shape[0]}×{shape[1]}" if shape else None,
+           of_plan=lambda plan: None if plan.mesh.tp_shape is None else tuple(plan.mesh.tp_shape.value),
+           of_spec=lambda par: par.tp_shape if par.tp_shape is not None and par.tp_shape[0] > 1 else None,
+           to_spec=lambda shape, par: {"tp_shape": par.tp_shape if shape is None else shape,
+                                       "tp_shape_auto": False},
+           column=lambda layout: None if layout.tp_shape is None else "tp{}×{}".format(*layout.tp_shape),
+           compared=True, shown=lambda shape: "1D" if shape is None else f"({shape[0]}, {shape[1]})",
+           reasons={"exposed_comm": (
+               "a 2D tp grid (R × C) sends only 1/C of each projection's output around its R-rank columns, the "
+               "rings that cross the slow links when tp spans nodes, where 1D all-reduces the whole hidden state "
+               "over every tp rank; inside one node 1D moves less")},
+           why=_why),
+)
+"""How a tp grid prints, reads and is explained (Note [an option is an entry], cost/options.py)."""
 
 
 def _columns_and_rows(spec, layout, hw, tokens: float, size: float):
@@ -41,9 +77,11 @@ def _columns_and_rows(spec, layout, hw, tokens: float, size: float):
     return column, row
 
 
-def grid_block_comm(spec, layout, hw, *, tokens: float, size: float) -> tuple[float, float]:
+def grid_block_comm(spec, layout, hw, *, tokens: float, size: float) -> tuple[float, float] | None:
     """(forward, backward) seconds of one block's 2D tp collectives on ``tokens`` tokens
-    (Note [2D tp costs]); ``size``: bytes per activation element."""
+    (Note [2D tp costs]); ``size``: bytes per activation element. None for 1D tp."""
+    if layout.tp_shape is None:
+        return None
     m = spec.model
     rows, cols = layout.tp_grid
     column, row = _columns_and_rows(spec, layout, hw, tokens, size)
@@ -58,9 +96,12 @@ def grid_block_comm(spec, layout, hw, *, tokens: float, size: float) -> tuple[fl
     return forward, backward
 
 
-def grid_head_comm(spec, layout, hw, *, tokens: float, size: float) -> float:
+def grid_head_comm(spec, layout, hw, *, tokens: float, size: float) -> float | None:
     """Seconds of the embedding's sum over a row, the head's product over a column and its
-    input gradient over a row, and the loss's three (tokens,) statistics over a row."""
+    input gradient over a row, and the loss's three (tokens,) statistics over a row; None
+    for 1D tp."""
+    if layout.tp_shape is None:
+        return None
     m = spec.model
     rows, cols = layout.tp_grid
     column, row = _columns_and_rows(spec, layout, hw, tokens, size)

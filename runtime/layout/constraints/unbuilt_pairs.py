@@ -147,12 +147,8 @@ UNBUILT = (
             "turn", "use schedule = 1f1b (or gpipe) with {a}, or {a_off}"),
     Unbuilt("compress_pp", "zero_bubble", "PAR0276", "the split backward does not run the pipeline codec",
             "use schedule = 1f1b (or gpipe) with {a}, or {a_off}"),
-    Unbuilt("zero3", "overlap", "PAR0240", "the sub-batch wavefront runs each block's regions apart, past "
-            "ZeRO-3's per-block gathers", "use {b_off} with {a}, or {a_off} with {b}"),
     Unbuilt("overlap", "experts_without_ep", "PAR0812", "a MoE model's sub-batches are its expert all-to-alls'",
             "write {a_off}, or {b_off} (the sub-batches then overlap the expert all-to-alls)"),
-    Unbuilt("zero3", "chimera", "PAR0262", "ZeRO-3 reduce-scatters each block's gradient before the two "
-            "replicas' sum", "use zero = 1 or 2 with {b}, or {b_off} with {a}"),
     *(Unbuilt(other, "terapipe", "PAR0264", _TERAPIPE, "use {b_off} with {a}, or {a_off} with {b}")
       for other in ("cp", "overlap", "compress_pp", "layer_tp", "layer_dp",
                     "tp_2d")),

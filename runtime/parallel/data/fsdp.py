@@ -102,6 +102,15 @@ that got no gradient in some pass). HSDP (``zero_shard = node``): the shards are
 step, one all-reduce of ``self.grad`` across nodes after the last drain (as FSDP2's
 ``set_requires_all_reduce(False)`` on all but the last micro-batch): the sum is linear,
 so once is exact, and it is the slow link's traffic that it divides by the micro-batches.
+Note [ZeRO-3 over stage replicas]: under a schedule whose stages are held twice (chimera:
+rank r and its partner p−1−r hold the same two stages, one in each pipeline; Note [stage
+replicas] in models/model.py) each replica's units are sharded over its own dp group, and
+the two replicas' gradients must be summed. Each rank orders its units by stage, so its
+flat shards and its partner's line up element for element; the units reduce-scatter as any
+others (a replica's gradient is not late here), and the partner's shards are added once a
+step after the last drain, one all-reduce of ``self.grad`` over ``replica_group``, as HSDP's
+cross-node sum (the sum is linear, so summing the shards is summing the gradients). ZeRO-1/2
+instead sum the whole gradients before their reduction (``pipeline.allreduce_replica_grads``).
 No switch keeps the old once-a-step reduce-scatter: that trade (Ψ of gradients held
 across micro-batches for M× fewer reduce-scatters) is ``zero = 2``'s, which the planner
 already weighs against ZeRO-3. The AdamW arithmetic and the global norm are
@@ -115,6 +124,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ...distributed.comm import exposed, group_rank, group_size, on_gradient
+from .dp import finished_after_backward
 from .fsdp_units import SplitBackwardHooks, Unit, materialize_meta, sum_over_replicas
 from .fsdp_units import node_groups, expert_node_groups  # noqa: F401  (train.py's, under zero_shard = node)
 from ...optimizers.master import Fp32Accumulation, mark_compute_dtype
@@ -134,7 +144,7 @@ class FullyShardedAdamW:
         self, model, *, dp_group, tp_group, lr, betas, weight_decay, eps, pp_group=None,
         replicate_group=None, accumulations=1, prefetch=1, ep_group=None, edp_group=None, etp_group=None,
         data_ranks=None, compute_dtype=None, layouts=None, stage_group=None, edp_replicate_group=None,
-        reduce_dtype=None,
+        reduce_dtype=None, replica_group=None,
     ):
         """``ep_group``, ``edp_group``, ``etp_group``, ``data_ranks``: expert parallelism's
         groups and the ranks the loss is a mean over (Note [experts as units]).
@@ -143,7 +153,9 @@ class FullyShardedAdamW:
         the dtype of every gradient reduction (Note [gradients of a unit]).
         ``compute_dtype`` (bf16/fp16, master.py's Note [master weights]): the gathered
         parameters' dtype; the shards stay fp32, the master weights. ``layouts``,
-        ``stage_group``: a heterogeneous stage's (Note [ZeRO-3 over per-layer layouts])."""
+        ``stage_group``: a heterogeneous stage's (Note [ZeRO-3 over per-layer layouts]).
+        ``replica_group``: the rank holding the same stages in the other pipeline
+        (Note [ZeRO-3 over stage replicas])."""
         if int(accumulations) < 1 or int(prefetch) < 0:
             raise ValueError(f"accumulations must be >= 1 and prefetch >= 0, not {accumulations!r}, {prefetch!r}")
         self.dp_group, self.replicate_group = dp_group, replicate_group
@@ -162,6 +174,12 @@ class FullyShardedAdamW:
                 raise ValueError("ZeRO-3 over per-layer layouts is built without zero_shard = node and experts")
             self.data_parallel = layouts.dp  # each layer's sum over its dp group / the coarse replicas
         chunks = list(model) if isinstance(model, nn.ModuleList) else [model]
+        self.replica_group, partial = replica_group, finished_after_backward
+        if group_size(replica_group) > 1:  # Note [ZeRO-3 over stage replicas]
+            if layouts is not None or group_size(replicate_group) > 1:
+                raise ValueError("ZeRO-3 over stage replicas is built without per-layer layouts and zero_shard = node")
+            chunks = sorted(chunks, key=lambda chunk: chunk.stage_index)  # both replicas' shards line up
+            partial = _partial_but_for_replicas
         # Note [counter-based init]: a model built on the meta device gets its values here,
         # each rank generating only its slices
         init = materialize_meta(chunks, getattr(chunks[0], "init_device", None))
@@ -188,7 +206,7 @@ class FullyShardedAdamW:
         self.units, offset = [], 0
         for name, params in plan:
             self.units.append(Unit(name, params, shard_group=group_of[name], offset=offset, flat=self.flat,
-                                   init=init, dtype=compute_dtype or torch.float32))
+                                   init=init, dtype=compute_dtype or torch.float32, partial=partial))
             self.units[-1].divisor = int(data_ranks) if name.endswith(".experts") else self.data_parallel
             offset += self.units[-1].shard_numel
         self.decay, self.tp_mask, self.counted = (self._mask(rule) for rule in (
@@ -370,6 +388,8 @@ class FullyShardedAdamW:
         # HSDP: the other nodes' copies, once a step (the experts' over their own replicas)
         sum_over_replicas(self.grad, [(self.replicate_group, None), (self.edp_replicate_group, self.expert_mask)],
                           self.reduce_dtype)
+        # Note [ZeRO-3 over stage replicas]: the other pipeline's copies of these stages
+        sum_over_replicas(self.grad, [(self.replica_group, None)], self.reduce_dtype)
         self.gathered_peak_bytes, self._peak = self._peak, 0
         if self.layouts is not None:
             return self._stage_clip(max_norm, grad_scale)
@@ -443,6 +463,12 @@ class FullyShardedAdamW:
     def gathered_param_bytes(self) -> int:
         """Bytes of units gathered right now."""
         return sum(unit.nbytes() for unit in self.units if unit.gathered)
+
+
+def _partial_but_for_replicas(param) -> bool:
+    """``dp.finished_after_backward`` less the stage replicas' sum, which ZeRO-3 makes on the
+    reduced shards (Note [ZeRO-3 over stage replicas])."""
+    return bool(role(param).sequence_parallel or role(param).tied_across_stages)
 
 
 def _roots(params: list, layouts) -> list[tuple[str, list]]:

@@ -114,12 +114,13 @@ class Unit:
     """One group of parameters gathered and freed together (fsdp.py, Note [units])."""
 
     def __init__(self, name: str, params: list, *, shard_group, offset: int, flat: torch.Tensor, init=None,
-                 dtype=torch.float32):
+                 dtype=torch.float32, partial=finished_after_backward):
         """``init`` (a model built on the meta device): ``(pieces, layers, seed)`` of
         param_init — this rank's slice is generated (Note [counter-based init]) and the
         parameters' own (placeholder) values are never read. ``dtype``: the gathered
         parameters' (bf16/fp16 compute weights: the fp32 shard is their master, and the
-        all-gather carries the rounded shard, half the bytes; master.py)."""
+        all-gather carries the rounded shard, half the bytes; master.py). ``partial``: which
+        parameters' gradients are still partial when backward ends (dp.py, Note [late gradients])."""
         self.name, self.params, self.group, self.dtype = name, params, shard_group, dtype
         self.size, rank = group_size(shard_group), group_rank(shard_group)
         self.numel = sum(p.numel() for p in params)
@@ -128,7 +129,7 @@ class Unit:
         self.offset = offset  # where this unit's shard sits in the optimizer's flat shards
         # fsdp.py, Note [gradients of a unit]: which parameters' gradients are reduced pass by
         # pass; a unit mostly late (a stage's tied embedding copy) waits whole for the step's end
-        self.early = [not finished_after_backward(p) for p in params]
+        self.early = [not partial(p) for p in params]
         if 2 * sum(p.numel() for p, early in zip(params, self.early) if not early) > self.numel:
             self.early = [False] * len(params)
         self.late = not all(self.early)

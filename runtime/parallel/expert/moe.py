@@ -7,26 +7,9 @@ which ``model.py``'s ``Block`` uses in place of the dense MLP for every ``moe_ev
 block, and ``step_metrics``, the step's ``aux_loss``, ``z_loss`` and ``expert_tokens``
 summed over ranks for train.py's log line.
 
-Note [deterministic dropless routing]: each token's router scores (softmax, or sigmoid
-as DeepSeek-V3) are sorted with a *stable* descending sort, so among equal scores the
-lower expert index wins; its top_k experts' scores, renormalized to sum 1, weigh their
-outputs (softmax: Mixtral's softmax over the chosen logits). Without a capacity every
-routed token is computed (dropless). With ``capacity_factor = X`` each expert keeps at
-most ceil(X · tokens · top_k / E) of its tokens, the highest-scoring first (ties: the
-earlier token), and a dropped token's share is zero (Megatron's "probs" drop policy).
-Nothing depends on a rank's layout, so every layout routes as one rank does.
-
-Note [capacity under sequence parallelism]: the tokens a capacity counts are the
-micro-batch's, as one rank's are, not each rank's own (Megatron ranks each tp rank's
-sequence shard alone, so its drops change with tp). Under sp each tp rank routes T/tp
-tokens of every sequence; the ranking needs them all, so the ranks all-gather each
-token's chosen experts and scores (N·K ids and scores, not activations), rebuild one
-rank's token order (sequence by sequence, the shards in rank order), rank once, and
-each keeps its own tokens' part. Every layout then drops exactly the tokens one rank
-drops. Under cp a rank's tokens are its chunks of each sequence (``data.context_spans``:
-two load-balanced ones under ring), and under cp with sp a tp rank's shard of those; each
-token goes into the gather with its index in one rank's micro-batch, and the gathered
-rows sorted by it are one rank's order.
+Routing (the router's scores, the top-k choice and a capacity's drop ranking) is
+``routing.py``'s (Note [deterministic dropless routing], Note [capacity under sequence
+parallelism]).
 
 Note [the aux loss enters the gradient, not the returned loss]: the load-balancing loss
 (Switch/GShard: coeff · E · Σₑ fₑ·Pₑ, fₑ the share of routed slots expert e got, Pₑ its
@@ -57,7 +40,6 @@ sequence parallelism]).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +52,7 @@ from ...distributed.comm_async import launch_all_gather
 from ...distributed.exchange import all_to_all_rows, gather_rows_from_group, gather_rows_summed, scatter_rows_summed
 from ..data.zero import mean_of_group
 from ...layout.roles import role, assign
+from .routing import by_expert, expert_major, grouped, permuted, route
 
 
 class GroupedLinear(nn.Module):
@@ -117,62 +100,6 @@ def grouped_linear(x, weight, counts):
         outs.append(x[start : start + count] @ weight[expert].t())
         start += count
     return torch.cat(outs) if outs else x.new_zeros(0, weight.shape[1])
-
-
-def route(logits, *, top_k: int, router: str, capacity_factor: float | None, bias=None, shards=None):
-    """Note [deterministic dropless routing]. ``logits`` (N, E) → (experts (N, K) int64,
-    weights (N, K), kept (N, K) bool, probs (N, E) for the aux loss). ``bias`` (E,): added
-    to the scores only to choose the top_k (router_bias.py, Note [auxiliary-loss-free
-    balancing]); the weights are the unbiased scores'. ``shards``: (groups, positions) when
-    the groups' ranks hold parts of the micro-batch's sequences (Note [capacity under
-    sequence parallelism])."""
-    N, E = logits.shape
-    logits = logits.float()
-    scores = torch.softmax(logits, -1) if router == "softmax" else torch.sigmoid(logits)
-    choice = scores.detach() if bias is None else scores.detach() + bias.to(scores.device, scores.dtype)
-    experts = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
-    chosen = scores.gather(1, experts)
-    weights = chosen / chosen.sum(-1, keepdim=True)
-    probs = scores if router == "softmax" else scores / scores.sum(-1, keepdim=True)
-    kept = torch.ones_like(experts, dtype=torch.bool)
-    if capacity_factor is not None and shards is not None:
-        kept = _within_capacity_of_shards(experts, chosen.detach(), capacity_factor, E, *shards)
-    elif capacity_factor is not None:
-        kept = _within_capacity(experts, chosen.detach(), math.ceil(capacity_factor * N * top_k / E), E)
-    return experts, weights, kept, probs
-
-
-def _within_capacity_of_shards(experts, chosen, capacity_factor: float, E: int, groups, positions):
-    """Note [capacity under sequence parallelism]: the micro-batch's drop ranking, taken whole
-    on every rank of ``groups`` (the sp and cp groups that split its sequences), this rank's
-    tokens' part kept. ``positions`` (N,): each of this rank's tokens' index in one rank's
-    micro-batch (sequence · T + position)."""
-    K = experts.shape[1]
-    # ids and positions are exact in fp64: one gather a group carries all three
-    packed = torch.cat([positions.to(torch.float64).unsqueeze(1), experts.to(torch.float64),
-                        chosen.to(torch.float64)], dim=1)
-    for group in groups:
-        parts = [torch.empty_like(packed) for _ in range(group_size(group))]
-        dist.all_gather(parts, packed.contiguous(), group=group)
-        packed = torch.cat(parts)
-    whole = packed[torch.argsort(packed[:, 0])]  # one rank's token order: row i is token i
-    capacity = math.ceil(capacity_factor * whole.shape[0] * K / E)
-    kept = _within_capacity(whole[:, 1:1 + K].long(), whole[:, 1 + K:].to(chosen.dtype), capacity, E)
-    return kept[positions]
-
-
-def _within_capacity(experts, chosen, capacity: int, E: int):
-    """Which (token, slot) assignments each expert keeps: its ``capacity`` best by score,
-    ties to the earlier token (stable sorts over the token-major order)."""
-    flat_expert, flat_score = experts.reshape(-1), chosen.reshape(-1)
-    by_score = torch.sort(flat_score, descending=True, stable=True).indices
-    order = by_score[torch.sort(flat_expert[by_score], stable=True).indices]  # by expert, then score
-    counts = torch.bincount(flat_expert, minlength=E)
-    starts = torch.cumsum(counts, 0) - counts
-    position = torch.arange(order.numel()) - starts[flat_expert[order]]
-    kept = torch.empty_like(flat_expert, dtype=torch.bool)
-    kept[order] = position < capacity
-    return kept.view_as(experts)
 
 
 class _AuxLoss(torch.autograd.Function):
@@ -284,15 +211,15 @@ class MoEMLP(nn.Module):
         )
         slot_token = torch.arange(tokens.shape[0], device=x.device).repeat_interleave(self.top_k)
         slot_expert, slot_weight = experts.reshape(-1), weights.reshape(-1)
-        keep = kept.reshape(-1).nonzero().squeeze(1)
-        order = keep[torch.sort(slot_expert[keep], stable=True).indices]  # kept slots, by expert
+        # kept slots by expert; the metrics' counts (dropless: every slot, no mask read)
+        order, every = by_expert(slot_expert, None if self.capacity is None else kept, self.experts_count)
         routed_in, order_of = tokens, [order]
-        every = torch.bincount(slot_expert[order], minlength=self.experts_count)  # the metrics' counts
         if group_size(self.tp_group) > 1:  # Note [expert dispatch under tp]
             routed_in = copy_to_group(tokens, self.tp_group)  # backward: sum the shares' input grads
             order_of = self.tp_shares(order, slot_token[order], tokens.shape[0])
             order = order_of[group_rank(self.tp_group)]
-        counts = torch.bincount(slot_expert[order], minlength=self.experts_count)
+        counts = every if len(order_of) == 1 else torch.bincount(
+            slot_expert.index_select(0, order), minlength=self.experts_count)
         if self.splits > 1 and group_size(self.ep_group) > 1:  # Note [expert all-to-all overlap]
             N, tp = tokens.shape[0], len(order_of)
             # every share's rows by sub-batch (each tp rank gathers the others' in their order)
@@ -344,7 +271,7 @@ class MoEMLP(nn.Module):
         """Rows ``tokens[index]``: each kept slot's token, by expert (a fused gather when kernels are on)."""
         if self.fused is not None:
             return self.fused.permute_rows(tokens, index)
-        return tokens[index]
+        return tokens.index_select(0, index)
 
     def combine(self, y, index, weight, tokens):
         """(N, C) like ``tokens``: each token's expert rows ``y`` times their weights, summed in row order."""
@@ -370,8 +297,8 @@ class MoEMLP(nn.Module):
         plan = self.exchange_plan(counts)
         sizes = self.launch_sizes(plan.local_counts)  # Note [etp counts in flight]: behind the dispatch
         arrived = all_to_all_rows(x, self.ep_group, plan.send, plan.receive)  # dispatch: by source, then expert
-        y = self.run_local(arrived[plan.regroup], plan.local_counts, sizes)
-        return all_to_all_rows(y[plan.back], self.ep_group, plan.receive, plan.send)  # combine
+        y = self.run_local(permuted(arrived, plan.regroup, plan.back), plan.local_counts, sizes)
+        return all_to_all_rows(permuted(y, plan.back, plan.regroup), self.ep_group, plan.receive, plan.send)  # combine
 
     def launch_sizes(self, counts) -> Pending | None:
         """Start gathering every etp rank's per-local-expert ``counts`` (a (splits, local)
@@ -409,8 +336,9 @@ class MoEMLP(nn.Module):
         rows = sizes.sum(1).tolist()
         regroup, back = expert_major(sizes)
         gathered = gather_rows_summed(x, self.etp_group, rows)  # by etp rank, then local expert
-        partial = self.run_experts(gathered[regroup.to(x.device)], sizes.sum(0))
-        return scatter_rows_summed(partial[back.to(x.device)], self.etp_group, rows)
+        regroup, back = regroup.to(x.device), back.to(x.device)
+        partial = self.run_experts(permuted(gathered, regroup, back), sizes.sum(0))
+        return scatter_rows_summed(permuted(partial, back, regroup), self.etp_group, rows)
 
     def tp_shares(self, order, tokens_of, N):
         """Note [expert dispatch under tp]: tp ranks hold the same tokens; under ep > 1 rank r
@@ -418,19 +346,18 @@ class MoEMLP(nn.Module):
         slots, by expert), and the experts' rows are gathered back over tp, so the router,
         the weighting and the shared experts see every token on every tp rank."""
         tp = group_size(self.tp_group)
-        bounds = [N * r // tp for r in range(tp + 1)]
-        return [order[(tokens_of >= bounds[r]) & (tokens_of < bounds[r + 1])] for r in range(tp)]
+        bounds = torch.tensor([N * r // tp for r in range(1, tp)], dtype=tokens_of.dtype, device=tokens_of.device)
+        return grouped(order, torch.bucketize(tokens_of, bounds, right=True), tp)
 
     def split_order(self, order, tokens_of, lo, hi):
         """The kept slots ``order`` (by expert) of tokens lo .. hi − 1 regrouped by sub-batch
         (contiguous token ranges), by expert within each: a list of index tensors."""
-        part = (tokens_of - lo) * self.splits // (hi - lo)
-        return [order[part == i] for i in range(self.splits)]
+        return grouped(order, (tokens_of - lo) * self.splits // (hi - lo), self.splits)
 
     def run_splits(self, tokens, slot_token, slot_expert, orders):
         from .moe_overlap import run_overlapped  # only a build that overlaps experts ships it
 
-        counts = [torch.bincount(slot_expert[o], minlength=self.experts_count) for o in orders]
+        counts = [torch.bincount(slot_expert.index_select(0, o), minlength=self.experts_count) for o in orders]
         ys = run_overlapped(self, [self.permute(tokens, slot_token[o]) for o in orders], counts)
         return torch.cat(ys)
 
@@ -513,20 +440,6 @@ class MoEMLP(nn.Module):
         if aux is not None:
             self.aux_sum += float(aux[0].detach())
             self.z_sum += float(aux[1].detach())
-
-
-def expert_major(sizes) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows that arrive by source then expert (``sizes[i][e]`` from source i for expert e)
-    → the permutation that orders them by expert then source, and its inverse."""
-    sources, local = sizes.shape
-    flat = sizes.reshape(-1).cpu()
-    starts = (torch.cumsum(flat, 0) - flat).view(sources, local).tolist()
-    counts = sizes.tolist()
-    regroup = torch.cat([torch.arange(starts[i][e], starts[i][e] + counts[i][e])
-                         for e in range(local) for i in range(sources)] or [torch.zeros(0, dtype=torch.int64)])
-    back = torch.empty_like(regroup)
-    back[regroup] = torch.arange(regroup.numel())
-    return regroup, back
 
 
 def reduce_expert_grads(model: nn.Module, edp_group, *, data_ranks: int, reduce_dtype=None) -> None:

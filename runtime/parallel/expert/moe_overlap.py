@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ...distributed.comm import _issued, exposed
+from .routing import permuted
 
 
 class _Box:
@@ -114,6 +115,6 @@ def run_overlapped(layer, rows: list, counts: list) -> list:
         if gathering is not None and sizes is None:
             sizes = gathering.wait().view(-1, len(plans), plan.local_counts.shape[0])  # (etp rank, sub-batch, expert)
         mine = None if sizes is None else sizes[:, i]
-        y = layer.run_local(arrived[plan.regroup], plan.local_counts, mine)  # etp: its row gather and scatter
-        combine[i].start(y[plan.back])  # runs while sub-batch i+1's experts compute
+        y = layer.run_local(permuted(arrived, plan.regroup, plan.back), plan.local_counts, mine)  # etp: its gather
+        combine[i].start(permuted(y, plan.back, plan.regroup))  # runs while sub-batch i+1's experts compute
     return [exchange.finish() for exchange in combine]

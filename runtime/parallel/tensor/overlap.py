@@ -33,6 +33,14 @@ before); doing that needs a scheduler that owns the backward order (Oases has on
 which this engine does not give us. The q/k/v (and gate/up) projections share one
 gradient collective instead of one each.
 
+Note [module hooks in the wavefront]: the wavefront runs a block's regions itself, never
+calling the block, so it runs the block's forward hooks itself (ZeRO-3's, fsdp.py, are the
+only ones: gather the block's unit before, free it after and gather it again when backward
+reaches it): the pre-hooks before the block's first region, the post hooks once the block's
+last region's deltas are added to the streams (at the next block's first region, or after
+the last block), with that region's results as the output whose gradient starts the
+block's backward. Freeing it earlier would free the row bias the delayed add still reads.
+
 Note [fine-grained recompute]: with ``recompute = full`` each region's compute
 (the part between two collectives) runs under ``torch.utils.checkpoint``. The
 residual add that consumes the previous collective's result runs outside it, so a
@@ -198,6 +206,22 @@ def _body(region):
 # ---- the wavefront ----------------------------------------------------------------
 
 
+def _before(block) -> None:
+    """Run ``block``'s forward pre-hooks, as calling it would (Note [module hooks in the wavefront])."""
+    for hook in list(block._forward_pre_hooks.values()):
+        hook(block, ())
+
+
+def _after(ran):
+    """Run the forward hooks of the block ``ran`` names with its last region's results as the
+    output (Note [module hooks in the wavefront]); None: nothing to run. Gives None."""
+    if ran is not None:
+        block, outputs = ran
+        for hook in list(block._forward_hooks.values()):
+            hook(block, (), tuple(outputs))
+    return None
+
+
 def run_blocks(model, x, sub_batches: int, blocks=None, delta=None, *, group=None):
     """``blocks`` (default: all of ``model``'s) on the residual stream ``x`` plus its pending
     ``delta`` (None: none) with k = ``sub_batches``; Note [the sub-batch schedule]. Each
@@ -224,6 +248,7 @@ def run_blocks(model, x, sub_batches: int, blocks=None, delta=None, *, group=Non
             deltas[i], inflight[i] = _delta(inflight[i], dropout, training), None
         return deltas[i]
 
+    ran = None  # the last block run and its last region's results (Note [module hooks in the wavefront])
     for block in blocks:
         recompute = block.recompute == "full" and torch.is_grad_enabled()
         if not overlappable(block):
@@ -232,8 +257,10 @@ def run_blocks(model, x, sub_batches: int, blocks=None, delta=None, *, group=Non
                     xs[i], deltas[i] = checkpoint(block, settle(xs[i], pending(i)), use_reentrant=False), None
                 else:
                     xs[i], deltas[i] = block(xs[i], pending(i), pending=True)
+            ran = _after(ran)  # its deltas were added above
             continue
-        for region in block.regions:
+        _before(block)
+        for index, region in enumerate(block.regions):
             if not sp:
                 for i in range(sub_batches):
                     # Sub-batch i's previous all-reduce ran behind sub-batch i+1's work
@@ -265,7 +292,11 @@ def run_blocks(model, x, sub_batches: int, blocks=None, delta=None, *, group=Non
                     partial = compute(recompute, _body(region), shards[i], full)
                     result, launched = _launch_reduce(partial, group, True)
                     inflight[i] = _Inflight(result, launched, region.row.bias, True)
+            if index == 0:  # the previous block's deltas are all added now
+                ran = _after(ran)
+        ran = (block, [f.result for f in inflight if f is not None])
     rest = [pending(i) for i in range(sub_batches)]
+    _after(ran)
     if any(d is None for d in rest):  # no region ran for some sub-batch: nothing pending
         return torch.cat([settle(x, d) for x, d in zip(xs, rest)], dim=0), None
     return torch.cat(xs, dim=0), torch.cat(rest, dim=0)

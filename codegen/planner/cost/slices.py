@@ -1,4 +1,4 @@
-"""What TeraPipe's token slices change in the other features' costs.
+"""What a sliced schedule's token slices (TeraPipe's) change in the other features' costs.
 
 Takes: a layout's slices (``Layout.slices``, 1 unless ``schedule = terapipe``) and the
 per-micro-batch figures ``cost/time.py`` and ``cost/memory.py`` compute. Gives:

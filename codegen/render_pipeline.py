@@ -1,0 +1,201 @@
+"""train.py's lines for a pipeline (runtime/parallel/pipeline/): the constants of its stages
+and schedule, its groups, this rank's chunks, the executor, the gradient sums over a stage's
+copies and the loss brought to every pipeline rank.
+
+Takes: a ``Plan``. Gives: ``config_lines`` (``PP``, ``SCHEDULE``, ``CHUNKS``, the literal
+``PIPELINE_STAGES`` table), ``build_lines``, ``executor_lines``, ``loss_lines`` and
+``adds(plan)``, the pipeline entry's sections (``features.Feature.adds``): its groups and
+what follows backward. Before: ``passes/``. After: ``render.py``, ``render_model.py`` and
+``render_constants.py`` place the lines; render_step.py writes the step that calls the executor.
+"""
+
+from __future__ import annotations
+
+from parc.runtime.layout.placement import placement_for
+
+from . import render_compress, render_hetero, render_step, render_tensor
+from .plan import Plan
+from .plan_text import cite
+
+SCHEDULE_WORDS = {
+    "gpipe": "all forwards, then all backwards",
+    "1f1b": "one forward, one backward after a warmup (PipeDream-flush)",
+    "interleaved": "1F1B over several model chunks per rank (Megatron interleaved)",
+    "zero_bubble": "ZB-H1: backward split into B (input grad) and W (weight grad), Ws fill the bubble",
+    "zero_bubble_v": "ZB-V: two chunks per rank in a V, backward split into B and W, Ws fill the bubble",
+    "chimera": "Chimera: two 1F1B pipelines in opposite directions, even micro-batches down, odd up",
+    "terapipe": "TeraPipe: each sequence in SLICES token slices, 1F1B over the slices, backwards in reverse",
+}
+
+
+PLACEMENT_WORDS = {
+    "v": ("chunk 0 of pipeline", "rank r is stage r, chunk 1 stage 2·PP-1-r (a V)"),
+    "chimera": ("chunk 0 of pipeline", "rank r is stage r of the down pipeline, chunk 1 stage PP-1-r of the up one"),
+    "interleaved": ("chunk c of pipeline", "rank r is stage c·PP + r"),
+}
+
+
+def placement_kind(plan: Plan) -> str:
+    """Which stage each rank's chunk runs (``runtime/layout/placement.py``)."""
+    pipe = plan.pipeline
+    return placement_for(pipe.schedule, pipe.size, pipe.chunks).kind
+
+
+def placement_lines(plan: Plan) -> list[str]:
+    """``placement=PLACEMENT,`` where the placement is not Megatron's (the default)."""
+    return ["placement=PLACEMENT,"] if placement_kind(plan) != "interleaved" else []
+
+
+def tied_embeddings(plan: Plan) -> bool:
+    return any(s.name == "TIE_EMBEDDINGS" and s.value for s in plan.model.settings)
+
+
+def fused_embedding_sync(plan: Plan) -> bool:
+    """Is the tied embedding's sum over its first and last stage copies folded into the dp
+    all-reduce (Note [fused embedding synchronization] in runtime/parallel/pipeline/pipeline.py)? Wherever its
+    gradient goes through ``dp.GradientBuckets``: a pipeline of the default placement, dp·cp > 1,
+    no ZeRO (reduce-scattered into shards), no compression, one layout for every block."""
+    mesh = plan.mesh
+    return (tied_embeddings(plan) and render_step.has_pipeline(plan) and placement_kind(plan) == "interleaved"
+            and mesh.size("dp") * mesh.size("cp") > 1 and not plan.train.zero.value
+            and not render_compress.enabled(plan) and not render_hetero.enabled(plan))
+
+
+def config_lines(plan: Plan) -> list[str]:
+    """``PP``, ``SCHEDULE``, ``CHUNKS`` and ``PIPELINE_STAGES``; empty without a pipeline."""
+    pipe = plan.pipeline
+    if not render_step.has_pipeline(plan):
+        return []
+    split = f"{cite(pipe.stage_layers_span)}: stage_layers" if pipe.stage_layers_span else "an even split"
+    v = placement_kind(plan) != "interleaved"
+    where = PLACEMENT_WORDS[placement_kind(plan)]
+    lines = [
+        f"PP = {pipe.size!r}  # {cite(pipe.span)}: pipeline stages",
+        f"SCHEDULE = {pipe.schedule!r}  # {cite(pipe.schedule_span)}: {SCHEDULE_WORDS[pipe.schedule]}",
+        f"CHUNKS = {pipe.chunks!r}  # model chunks (virtual stages) per pipeline rank",
+        *([f"SLICES = {pipe.slices!r}  # {cite(pipe.schedule_span)}: token slices of each sequence "
+           "(terapipe.py)"] if render_step.sliced(plan) and not pipe.slice_lengths else []),
+        *([f"# {cite(pipe.schedule_span)}: tokens of each slice of a sequence, uneven (terapipe.py)",
+           f"SLICES = {list(pipe.slice_lengths)!r}"] if render_step.sliced(plan) and pipe.slice_lengths else []),
+        *([f"PLACEMENT = {placement_kind(plan)!r}  # which stage each chunk runs (runtime/layout/placement.py)"] if v else []),
+        f"# layers [start, stop) of each virtual stage ({split}); {where[0]}",
+        f"# {where[1]}. Under this schedule a rank idles {100 * pipe.bubble_fraction:.1f}% of the step",
+        "# (forward 1, backward 2 time units); `parc explain` draws the timeline.",
+        f"PIPELINE_STAGES = {pipe.stage_layers!r}",
+    ]
+    return lines
+
+
+def group_lines(plan: Plan) -> list[str]:
+    if not render_step.has_pipeline(plan):
+        return []
+    lines = ['pp_group = grid.group("pp")  # ranks that hold consecutive stages']
+    if placement_kind(plan) == "chimera":
+        lines.append("# this rank and the one holding the same two stages the other way round")
+        lines.append("replica_group = pipeline.replica_group(grid)")
+    if fused_embedding_sync(plan):
+        reduce_axes = '"dp"' if plan.mesh.size("cp") == 1 else '"dp", "cp"'
+        lines.append("# the first and last stage's ranks over dp: the tied embedding table's copies,")
+        lines.append("# summed over both and averaged over dp in one all-reduce (Note [fused embedding")
+        lines.append("# synchronization] in pipeline.py)")
+        lines.append(f"tied_group = pipeline.embedding_group(grid, {reduce_axes})")
+    elif tied_embeddings(plan):
+        lines.append("# first and last stage, which both hold the tied embedding table")
+        lines.append("tied_group = pipeline.tied_embedding_group(grid)")
+    return lines
+
+
+def build_lines(plan: Plan) -> list[str]:
+    """The plain model: whole, or this pipeline rank's chunks."""
+    if not render_step.has_pipeline(plan):
+        return ["net = model.build_model(config)"]
+    return [
+        "# this pipeline rank's chunks (one per virtual stage it holds), as nn.ModuleList",
+        "net = model.build_stages(",
+        "    config,",
+        "    stages=PIPELINE_STAGES,",
+        '    pp_rank=grid.index("pp"),',
+        "    pp_size=PP,",
+        *("    " + line for line in placement_lines(plan)),
+        ")",
+    ]
+
+
+def executor_lines(plan: Plan) -> list[str]:
+    if not render_step.has_pipeline(plan):
+        return []
+    # this rank's tokens of a sequence: T, over cp, and over tp under SP
+    tokens = "SEQ_LEN" + (" // CP" if plan.mesh.size("cp") > 1 else "") + render_tensor.sequence_split(plan)
+    autocast = render_step.autocast_dtype(plan) or "None"
+    rows = "MICRO_BATCH"
+    # Note [2D tensor parallelism]: between blocks each rank holds hidden/R features
+    hidden = render_tensor.hidden_split(plan)
+    boundary = {plan.blocks[start].tp for start, _ in plan.pipeline.stage_layers[1:]}
+    if len(boundary) == 1 and len({b.tp for b in plan.blocks}) > 1:  # heterogeneous (constraints: PAR0255)
+        (tp,) = boundary
+        rows = f"MICRO_BATCH * {tp} // TP"  # the coarse micro-batch's piece at the boundary's tp {tp}
+        if plan.sequence_parallel.enabled:
+            tokens = "SEQ_LEN" + (f" // {tp}" if tp > 1 else "")
+    return [
+        "",
+        "# ---- pipeline -----------------------------------------------------------",
+        "# This rank's ordered actions (forward/backward of micro-batch m, chunk c; send/recv)."
+        + (" Under terapipe" if render_step.sliced(plan) else ""),
+        *([f"# an action's micro-batch is a slice: m·{render_step.slice_count(plan)} + j is slice j of micro-batch m."]
+          if render_step.sliced(plan) else []),
+        "actions = schedule.build_schedule(",
+        "    SCHEDULE, stages=PP, micro_batches=GRAD_ACCUM, chunks=CHUNKS" + (f", slices={render_step.slice_count(plan)}" if render_step.sliced(plan) else ""),
+        ')[grid.index("pp")]',
+        "runner = pipeline.PipelineExecutor(",
+        "    net,",
+        "    actions=actions,",
+        "    pp_group=pp_group,",
+        '    pp_ranks=grid.ranks("pp"),',
+        '    pp_rank=grid.index("pp"),',
+        "    micro_batches=GRAD_ACCUM,",
+        "    # what travels between stages: (micro-batch, tokens, hidden), fp32",
+        f"    activation_shape=({rows}, {tokens}, {hidden}),",
+        "    device=dist.device,",
+        "    loss_fn=loss_fn,  # called on the last stage: each micro-batch's loss, your terms added",
+        *([f"    # {cite(plan.train.precision.span)}: {plan.train.precision.value} autocast in each stage's "
+           "forward; weights, grads and Adam stay fp32"] if autocast != "None" else []),
+        f"    autocast_dtype={autocast},",
+        *("    " + line for line in render_compress.executor_args(plan, f"(MICRO_BATCH, {tokens}, HIDDEN)")),
+        *("    " + line for line in placement_lines(plan)),
+        *([("    slices=tuple(SLICES)," if plan.pipeline.slice_lengths else
+            "    slices=(SEQ_LEN // SLICES,) * SLICES,") + "  # tokens of each slice"] if render_step.sliced(plan) else []),
+        ")",
+    ]
+
+
+def stage_replicas(plan: Plan) -> bool:
+    """Does the schedule hold each stage twice (chimera's two pipelines: Note [stage replicas])?"""
+    return render_step.has_pipeline(plan) and placement_kind(plan) == "chimera"
+
+
+def after_backward_lines(plan: Plan) -> list[str]:
+    if not render_step.has_pipeline(plan):
+        return []
+    lines = []
+    if stage_replicas(plan) and plan.train.zero.value != 3:  # ZeRO-3 sums the replicas' shards instead
+        lines += ["# each stage's two replicas (down and up pipeline) get the sum of their grads",
+                  "pipeline.allreduce_replica_grads(net, replica_group)"]
+    if tied_embeddings(plan) and not fused_embedding_sync(plan):  # fused: grad_sync.finish() sums them
+        lines += ["# the embedding's two copies (first and last stage) get the sum of their grads",
+                  "pipeline.allreduce_tied_grads(net, tied_group)"]
+    return lines
+
+
+def loss_lines(plan: Plan) -> list[str]:
+    if not render_step.has_pipeline(plan):
+        return []
+    return [
+        "# the loss lives on the last stage; bring it to every pipeline rank",
+        "loss_sum = pipeline.loss_over_pipeline(loss_sum, pp_group)",
+    ]
+
+
+def adds(plan: Plan) -> dict:
+    """The pipeline entry's sections (``features.Feature.adds``)."""
+    return {"groups": group_lines(plan), "pipeline": executor_lines(plan), "after_backward": after_backward_lines(plan),
+            "loss": loss_lines(plan)}

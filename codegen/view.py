@@ -1,0 +1,128 @@
+"""train.py's view model: sections of calls and lines, which the features fill.
+
+Takes: what ``render.py`` and the features' entries (``features.Feature.adds``) put in
+each section. Gives: ``Call`` (one statement that calls something: its comment lines, the
+name it binds, the callee, its positional and keyword arguments in order, a trailing
+comment), ``Lines`` (statements as they are: a loop, a ``with`` block, a dict's entries),
+``lines(items)`` (their text, one line each), ``NAMES`` (the sections) and
+``gathered(features, plan, section, own)`` (a section: the renderer's own items and those
+the features in use add, in the section's ``ORDER``).
+Before: the features' render hooks. After: ``templates/train.py.j2``'s one macro, black.
+
+Note [a section is a list of calls]: a feature changes a call by giving it an argument
+(``Call.given``: ``reduce_dtype=torch.bfloat16`` for ``train.grad_reduce = bf16``, the
+``grad_sync`` of a compressed reduction, the per-layer ``layouts``), never by editing
+text already rendered; and it adds its own statements to a named section through its
+entry's ``adds`` hook, so the renderer loops over the entries instead of naming them.
+A section's items keep the order ``ORDER`` gives the features that add to it (the order
+train.py has always had: groups are made in the same order on every rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Union
+
+NAMES = ("flag_docs", "std_imports", "runtime_imports", "config", "tp_plan", "flags", "groups", "model_config", "model",
+         "optimizer", "optimizer_extra", "pipeline", "checkpoint", "eval_only", "lr", "step_body", "after_backward",
+         "step", "loss", "eval", "record", "memory_record", "end_of_step", "after_loop")
+"""train.py's sections, in the order the template places them."""
+
+ORDER = {
+    "groups": ("2D tensor parallel", "context parallel", "data parallel", "pipeline", "experts",
+               "per-layer tp × dp"),
+    "after_backward": ("train.py", "data parallel", "pipeline", "sequence parallel", "experts"),
+    "pipeline": ("pipeline", "evaluation"),
+    "loss": ("pipeline", "train.py", "experts"),
+    "optimizer_extra": ("data parallel", "fp16 loss scaling", "experts", "train.py"),
+    "record": ("evaluation", "experts", "train.py", "fp16 loss scaling"),
+}
+"""The order within a section of the features that add to it, ``train.py`` standing for the
+renderer's own items (first where not named); features not named come last, in ``FEATURES``'s order."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Call:
+    """``target = callee(args..., key=value...)  # note``, under its comment lines."""
+
+    callee: str
+    args: tuple[str, ...] = ()
+    kwargs: tuple[tuple[str, str], ...] = ()
+    """Keyword arguments in order: (keyword, the expression it takes)."""
+    target: str = ""
+    comments: tuple[str, ...] = ()
+    """The comment lines above the call, without their ``# ``."""
+    note: str = ""
+    """The comment at the end of the call's line."""
+
+    def given(self, *kwargs: tuple[str, str], comment: str = "") -> Call:
+        """The call with more keyword arguments (at its end), and ``comment`` as the last
+        comment line above it: a feature's variant of the call (Note [a section is a list of calls])."""
+        comments = self.comments + ((comment,) if comment else ())
+        return replace(self, kwargs=self.kwargs + kwargs, comments=comments)
+
+    def lines(self) -> list[str]:
+        arguments = ", ".join([*self.args, *(f"{key}={value}" for key, value in self.kwargs)])
+        bound = f"{self.target} = " if self.target else ""
+        text = f"{bound}{self.callee}({arguments})" + (f"  # {self.note}" if self.note else "")
+        return [f"# {line}" if line else "#" for line in self.comments] + [text]
+
+
+@dataclass(frozen=True, slots=True)
+class Lines:
+    """Statements written out as they are (each string may hold several lines)."""
+
+    text: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        return [line for block in self.text for line in block.split("\n")]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Step:
+    """The optimizer step's items: the gradients' reduction and clip, the update, the reset
+    (``render_checkpoint.guarded_step`` puts the update under the guard)."""
+
+    clip: tuple
+    update: str
+    clear: str = "optimizer.zero_grad()"
+
+
+Item = Union[Call, Lines, str]
+"""A section's item: a call, lines, or one line as a string."""
+
+
+def constant(name: str, value, comment: str) -> str:
+    """A constant of train.py's config block, its value through ``repr``, citing where it came from."""
+    return f"{name} = {value!r}  # {comment}"
+
+
+def lines(items) -> list[str]:
+    """The items' text, one line per string (a string item may hold several lines)."""
+    out = []
+    for item in items:
+        out += item.split("\n") if isinstance(item, str) else item.lines()
+    return out
+
+
+def last_call(items: list[Item]) -> Call:
+    """The section's last item, the call a feature gives an argument to."""
+    call = items[-1]
+    if not isinstance(call, Call):
+        raise TypeError(f"internal error in parc: render expected a call last, not {call!r}")
+    return call
+
+
+def with_last(items: list[Item], call: Call) -> list[Item]:
+    """``items`` with its last call replaced by ``call``."""
+    return [*items[:-1], call]
+
+
+def gathered(features, plan, section: str, own=()) -> list[Item]:
+    """The section: the renderer's ``own`` items and what the features in ``features`` (those in
+    use) add to it, in its ``ORDER``."""
+    order = ORDER.get(section, ())
+    rank = {name: at for at, name in enumerate(order)}
+    parts = [(rank.get("train.py", -1), list(own))]
+    parts += [(rank.get(feature.name, len(order)), feature.adds(plan).get(section, [])) for feature in features]
+    return [item for _, items in sorted(parts, key=lambda part: part[0]) for item in items]

@@ -1,0 +1,56 @@
+"""train.py's view model (codegen/view.py): a call prints as one statement under its comments,
+a feature's variant is an argument it gives the call, and a section's items keep ``ORDER``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+
+from parc.codegen import view
+from parc.codegen.view import Call, Lines
+
+
+def test_a_call_prints_its_comments_then_one_statement():
+    call = Call(target="grad_sync", callee="dp.GradientBuckets", args=("net", "dp_group"),
+                kwargs=(("overlap", "True"),), comments=("all-reduced over dp", ""), note="while backward runs")
+    assert call.lines() == [
+        "# all-reduced over dp",
+        "#",
+        "grad_sync = dp.GradientBuckets(net, dp_group, overlap=True)  # while backward runs",
+    ]
+    assert Call(callee="optimizer.step").lines() == ["optimizer.step()"]
+
+
+def test_a_variant_is_an_argument_given_to_the_call_not_an_edit_of_its_text():
+    call = Call(target="optimizer", callee="zero.ShardedAdamW", args=("net",), kwargs=(("stage", "ZERO"),))
+    given = call.given(("reduce_dtype", "torch.bfloat16"), comment="summed in bf16")
+    assert given.lines() == ["# summed in bf16", "optimizer = zero.ShardedAdamW(net, stage=ZERO, reduce_dtype=torch.bfloat16)"]
+    assert call.kwargs == (("stage", "ZERO"),)  # frozen: the original is unchanged
+    items = ["# the optimizer", call]
+    assert view.with_last(items, view.last_call(items).given(("grad_sync", "grad_sync")))[-1].kwargs[-1] == (
+        "grad_sync", "grad_sync")
+    with pytest.raises(TypeError, match="internal error in parc"):
+        view.last_call(["optimizer.step()"])
+
+
+def test_lines_split_every_item_into_lines():
+    assert view.lines(["a\nb", Lines(("c", "d\ne")), Call(callee="f")]) == ["a", "b", "c", "d", "e", "f()"]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str
+    adds: Callable
+
+
+def test_a_section_keeps_its_order_whatever_the_entries_order():
+    def entry(name):
+        return _Entry(name, lambda plan: {"loss": [f"{name} line"]})
+    entries = [entry("experts"), entry("somebody new"), entry("pipeline")]
+    assert view.gathered(entries, None, "loss", own=["step_loss = loss_sum"]) == [
+        "pipeline line", "step_loss = loss_sum", "experts line", "somebody new line"]
+    # a section without an ORDER: the renderer's own items first, then the entries' in their order
+    assert view.gathered(entries, None, "eval", own=["own"]) == ["own"]
+    assert set(view.ORDER) <= set(view.NAMES)

@@ -1,0 +1,38 @@
+"""The planner's layout options are entries (cost/options.py, Note [an option is an entry]):
+the generic planner files loop over them and name none, and their words print where the
+if-chains printed them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from parc.codegen.layout_words import Words, words
+from parc.codegen.planner.cost import Layout
+from parc.codegen.planner.cost.options import options, qualified
+
+ROOT = Path(__file__).resolve().parents[2]
+GENERIC = ("codegen/planner/cost/time.py", "codegen/planner/cost/memory.py", "codegen/planner/why.py",
+           "codegen/planner/search.py", "codegen/cli/plan.py", "codegen/cli/explain.py", "codegen/layout_words.py",
+           "codegen/gantt.py")
+"""The planner's files that loop over the entries and call the owners' hooks."""
+FEATURE_WORDS = ("terapipe", "chimera", "compress_pp", "zero_shard")
+"""Words of issue 32 whose facts live in the cost modules (bubble.py, compress.py) and ``cost/layout.py``."""
+
+
+def test_no_generic_planner_file_names_an_option():
+    names = {entry.name for entry in options()} | set(FEATURE_WORDS)
+    named = {
+        path: sorted(name for name in names if re.search(rf"\b{name}\b", (ROOT / path).read_text(encoding="utf-8")))
+        for path in GENERIC
+    }
+    assert not {path: found for path, found in named.items() if found}, "use the option's entry or its owner's hook"
+
+
+def test_each_option_prints_after_its_axis_or_after_ep():
+    layout = Layout(dp=1, tp=4, pp=1, sp=False, zero=0, schedule="1f1b", chunks=1, micro_batch=1, cp=2,
+                    cp_kind="ulysses", tp_shape=(2, 2), ep=2, etp=2)
+    assert qualified(layout, "cp") == " (ulysses)" and qualified(layout, "tp") == " (2×2)"
+    assert layout.describe() == "dp 1 cp 2 (ulysses) tp 4 (2×2) pp 1 ep 2 etp 2"
+    text = words(Words(degrees={"cp": 2, "tp": 4}, options={"tp_shape": (2, 2)}, ep=2))
+    assert text == "cp 2 (ring) × tp 4 (2×2) + ep 2", "an option left out of Words takes its entry's default"
