@@ -95,7 +95,7 @@ def memory_parts(row: dict) -> dict:
     """Where a row's predicted peak memory comes from (parc's trainer): the peak pipeline
     rank's states, and its activations as micro-batch-chunks in flight × blocks a chunk ×
     tokens × bytes a block and token (under sp every saved tensor a shard, the column
-    linears' inputs too: Note [sp inputs saved as shards] in runtime/parallel/tensor/layers.py)."""
+    linears' inputs too: Note [sp inputs saved as shards] in runtime/parallel/tensor/sp_columns.py)."""
     spec, layout = published_spec(row)
     estimate_ = memory(spec, layout)
     rank, peak = estimate_.peak_rank, estimate_.peak

@@ -107,9 +107,11 @@ FEATURES: tuple[Feature, ...] = (
             step="context", step_lines=lambda plan: [
                 f"# {cite(plan.mesh.axis('cp').span)}: attention over the ranks that split each sequence",
                 "net = parallelize.context(net, cp_group, CP_KIND)"]),
-    Feature(name="sequence parallel", keys=("parallel.sp",),
+    Feature(name="sequence parallel", keys=("parallel.sp",),  # per-layer layouts may turn sp on for some layers
             used=lambda plan: plan.sequence_parallel.enabled or render_hetero.enabled(plan),
-            ships=lambda plan: frozenset({"sp_columns"}), transform="layers.project (sp_columns.GatheredColumns)"),
+            adds=lambda plan: render_tensor.sequence_adds(plan) if plan.sequence_parallel.enabled else {},
+            ships=lambda plan: frozenset({"sp_columns"}),
+            transform="parallelize.tensor(sequence_parallel=), layers.project (sp_columns.GatheredColumns)"),
     Feature(name="2D tensor parallel", keys=("parallel.tp_shape",), used=lambda plan: plan.mesh.tp_shape is not None,
             adds=render_tensor.grid_adds,
             ships=lambda plan: frozenset({"layers2d"}), transform="parallelize.tensor(grid=)", cost="cost/tp2d.py"),
@@ -136,8 +138,6 @@ FEATURES: tuple[Feature, ...] = (
             transform="master.MasterAdamW", cost="cost/memory.py"),
     Feature(name="compress", keys=("parallel.compress",), used=render_compress.enabled, imports=("compress",),
             transform="compress.PowerSGD / compress.TopK", cost="cost/compress.py"),
-    Feature(name="sequence parallel", keys=("parallel.sp",), used=lambda plan: plan.sequence_parallel.enabled,
-            adds=render_tensor.sequence_adds, transform="parallelize.tensor(sequence_parallel=)"),
     Feature(name="compress_pp", keys=("parallel.compress_pp",), used=render_compress.pipeline_enabled,
             imports=("compress_pp",), transform="compress_pp", cost="cost/compress.py"),
 )

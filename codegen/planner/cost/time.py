@@ -459,7 +459,7 @@ def block_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting
     ) if grid is None else Exposure(forward_s=grid[0], backward_s=grid[1])  # 2D: no overlap (PAR0277)
     exposed_backward = block.backward_s + (block.forward_s if recompute == "full" else 0.0)
     if layout.sp and grid is None and k == 1:
-        # Note [sp inputs saved as shards] (runtime/parallel/tensor/layers.py): each region's input gathered
+        # Note [sp inputs saved as shards] (runtime/parallel/tensor/sp_columns.py): each region's input gathered
         # again in backward, behind its input gradient's GEMMs; the Oases path (k > 1) keeps it whole
         regather = 2 * collective_time(hw, "all_gather", activations, size=t, stride=1)
         tp_backward += regather

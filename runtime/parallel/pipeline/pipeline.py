@@ -314,7 +314,7 @@ def embedding_group(grid, *reduce_axes):
     gives the same mean (exact, up to the order of the additions: the parity rows hold it
     to 1e-5): ``dp.GradientBuckets(tied_group=...)`` reduces the copies there instead of
     in its dp buckets, and the separate sum is not emitted. Default wherever the tied
-    gradient goes through those buckets (render_step.fused_embedding_sync); ZeRO's
+    gradient goes through those buckets (render_pipeline.fused_embedding_sync); ZeRO's
     reduce-scatter into shards, the compressed reductions, heterogeneous layouts and the
     chimera / ZB-V placements (a rank holding both copies) keep the separate sum.
     Every rank creates every group in the same order (``new_group`` is collective).
