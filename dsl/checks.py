@@ -33,11 +33,6 @@ _DEFAULTS = {  # the parallel block's come from its table: parallel_fields.defau
     ("model", "qk_norm"): False,
     ("model", "attention_bias"): False,
 }
-_UNSET = ("zero", "recompute")
-"""Parallel keys that stay unknown when not written, though ``build_spec`` reads their
-default (0, none): PAR0801 (``layouts.no_layout``) names them among the choices it tried."""
-
-
 class _Values:
     def __init__(self, norm: Normalized, bad: set):
         self.norm, self.bad = norm, bad
@@ -51,7 +46,7 @@ class _Values:
         if not isinstance(values, dict):
             return None
         if block == "parallel":
-            default = None if key in _UNSET else parallel_fields.default_value(key)
+            default = parallel_fields.default_value(key)  # what build_spec reads, unwritten
         else:
             default = _DEFAULTS.get(path)
         value = values.get(key, default)

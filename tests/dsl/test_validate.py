@@ -127,9 +127,17 @@ def test_auto_degrees_that_no_layout_completes_are_refused() -> None:
     (error,) = caught.value.errors
     assert error.code == "PAR0801" and error.span.file == "--set 1"
     assert error.message == (
-        "the planner found no valid layout for this mesh and batch: no choice of tp, zero, recompute passes the "
+        "the planner found no valid layout for this mesh and batch: no choice of tp passes the "
         "rules on 4 devices with dp = 3, pp = 1, micro_batch = 2"
     )
+
+
+def test_an_unwritten_zero_is_the_check_s_zero_as_the_build_s() -> None:
+    """parc check reads an unwritten zero (and recompute) as parc build does, 0 (none): a rule
+    that reads it refuses the spec in both, not in the build alone."""
+    with pytest.raises(Diagnostics) as caught:
+        load_text(tiny(), "t.par", ["parallel.zero_shard=node"])
+    assert [error.code for error in caught.value.errors] == ["PAR0241"]
 
 
 def test_set_overrides_and_adds() -> None:
