@@ -27,10 +27,12 @@ from ...distributed.traffic import comm_bytes
 from ...layout.roles import role
 
 
-def finished_after_backward(param) -> bool:
-    """Is this gradient still partial when backward ends (Note [late gradients])?"""
+def finished_after_backward(param, *, replicas: bool = True) -> bool:
+    """Is this gradient still partial when backward ends (Note [late gradients])? ``replicas``:
+    whether a stage replica's sum counts (ZeRO-3 makes it on the reduced shards instead:
+    Note [ZeRO-3 over stage replicas] in fsdp.py)."""
     return bool(role(param).sequence_parallel or role(param).tied_across_stages
-                or role(param).pipeline_replica)
+                or (replicas and role(param).pipeline_replica))
 
 
 def gradient_of(param):

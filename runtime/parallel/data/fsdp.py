@@ -119,6 +119,8 @@ already weighs against ZeRO-3. The AdamW arithmetic and the global norm are
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -179,7 +181,7 @@ class FullyShardedAdamW:
             if layouts is not None or group_size(replicate_group) > 1:
                 raise ValueError("ZeRO-3 over stage replicas is built without per-layer layouts and zero_shard = node")
             chunks = sorted(chunks, key=lambda chunk: chunk.stage_index)  # both replicas' shards line up
-            partial = _partial_but_for_replicas
+            partial = functools.partial(finished_after_backward, replicas=False)
         # Note [counter-based init]: a model built on the meta device gets its values here,
         # each rank generating only its slices
         init = materialize_meta(chunks, getattr(chunks[0], "init_device", None))
@@ -463,12 +465,6 @@ class FullyShardedAdamW:
     def gathered_param_bytes(self) -> int:
         """Bytes of units gathered right now."""
         return sum(unit.nbytes() for unit in self.units if unit.gathered)
-
-
-def _partial_but_for_replicas(param) -> bool:
-    """``dp.finished_after_backward`` less the stage replicas' sum, which ZeRO-3 makes on the
-    reduced shards (Note [ZeRO-3 over stage replicas])."""
-    return bool(role(param).sequence_parallel or role(param).tied_across_stages)
 
 
 def _roots(params: list, layouts) -> list[tuple[str, list]]:
