@@ -28,11 +28,9 @@ from ...layout.roles import role
 
 
 def finished_after_backward(param, *, replicas: bool = True) -> bool:
-    """Is this gradient still partial when backward ends (Note [late gradients])? ``replicas``:
-    whether a stage replica's sum counts (ZeRO-3 makes it on the reduced shards instead:
-    Note [ZeRO-3 over stage replicas] in fsdp.py)."""
-    return bool(role(param).sequence_parallel or role(param).tied_across_stages
-                or (replicas and role(param).pipeline_replica))
+    """Is this gradient partial after backward (Note [late gradients]), ``replicas`` counting?"""
+    late = role(param)
+    return bool(late.sequence_parallel or late.tied_across_stages or (replicas and late.pipeline_replica))
 
 
 def gradient_of(param):
