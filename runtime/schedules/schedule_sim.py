@@ -67,9 +67,10 @@ def simulate(schedule, *, forward_time: float = 1.0, backward_time: float = 2.0,
     takes no time on its rank and never waits, a receive completes at max(its rank's
     clock, the matching send's time + ``comm_time``). Raises ``Deadlock`` when the ranks
     cannot all finish (naming where each one waits). ``placement``: the schedule's
-    (``placement.placement_for``); Megatron's by default. ``slice_scale`` (terapipe with
-    uneven slices): each slice's tokens over the mean slice's, scaling its unit's F, B
-    and W (unit u is slice u % S, schedule_terapipe Note [slices as units]). ``rank_times``:
+    (``placement.placement_for``); Megatron's by default. ``slice_scale`` (a sliced kind,
+    ``schedule.SLICED``, with uneven slices): each slice's tokens over the mean slice's,
+    scaling its unit's F, B and W (unit u is slice u % S, schedule_terapipe Note [slices
+    as units]). ``rank_times``:
     each pipeline rank's own (forward, backward) in place of the two (a heterogeneous
     layout's stages differ: planner ``cost/per_stage.py``)."""
     stages = len(schedule)
@@ -149,7 +150,7 @@ def check_schedule(schedule, *, micro_batches: int, chunks: int = 1,
     virtual stage), with the right peer; every send has exactly one matching receive on
     its peer and the reverse; a neighbour on the same rank (``placement``, Note
     [placements]) has no message, and its compute runs first on the rank; and the lists
-    run to the end without deadlock. A sliced schedule (terapipe: ``micro_batches``
+    run to the end without deadlock. A sliced schedule (``schedule.SLICED``: ``micro_batches``
     micro-batches of ``schedule.slices`` units each) also runs each micro-batch's
     forwards in slice order and its backwards in reverse (schedule_terapipe, Note
     [slices as units])."""
@@ -214,7 +215,7 @@ def check_schedule(schedule, *, micro_batches: int, chunks: int = 1,
                 problems.append(f"{where}: send before the compute that produces it")
         for micro in range(micro_batches):
             for chunk in range(chunks):
-                if not placement.carries(chunk, micro):  # chimera: the other pipeline's
+                if not placement.carries(chunk, micro):  # a pipeline that does not carry it (Note [placements])
                     continue
                 for op in computes:
                     if (op, micro, chunk) not in done:

@@ -164,7 +164,7 @@ class MoEMLP(nn.Module):
         if config.shared_experts:
             self.shared_experts = dense_mlp(config, ffn=config.shared_experts * F_e)
         self.loss_scale = 1.0  # 1 / micro-batches of a step (set_loss_scale)
-        self.slices = None  # a sliced pipeline's SliceState (terapipe.py, Note [experts in a slice])
+        self.slices = None  # a sliced pipeline's SliceState (Note [experts in a slice] beside it)
         self.splits = 1  # overlap of k sub-batches under ep > 1: Note [expert all-to-all overlap]
         self.reset_metrics()
 
@@ -388,7 +388,7 @@ class MoEMLP(nn.Module):
             return None
         N, E = probs.shape
         groups = [g for g in (self.seq_group, self.context_group) if group_size(g) > 1]
-        if self.slices is not None and self.slices.current is not None:  # a token slice (terapipe.py)
+        if self.slices is not None and self.slices.current is not None:  # a token slice: SliceState.moe_losses
             return self.slices.moe_losses(self, logits, probs, experts, sequences, groups)
         if sequences > 1:
             return self.sequence_losses(logits, probs, experts, sequences, groups)

@@ -1,3 +1,3 @@
-"""Pipeline parallelism: the executor (``pipeline``), point-to-point (``p2p``), split backward
-(``split_backward``), TeraPipe slices (``terapipe``), compressed stage boundaries (``compress_pp``).
+"""Pipeline parallelism: the executor (``pipeline``), point-to-point (``p2p``), and a module each
+for what a schedule kind or option adds (split backward, token slices, compressed boundaries).
 """

@@ -47,7 +47,7 @@ class PipelineExecutor:
         """``pp_ranks``: the global ranks of this rank's pipeline group, by pipeline index.
         ``slices``: the token counts of each micro-batch's slices under terapipe (the
         actions' ``micro`` is then a unit, schedule_terapipe Note [slices as units]), else None.
-        ``grad_codec``: a ``compress_pp.LowRankBackprop`` (``compress_pp = lowrank``) or None.
+        ``grad_codec``: the stage boundaries' gradient codec (a ``LowRankBackprop``) or None.
         ``placement``: which stage each chunk runs (``placement.py``; the schedule's
         ``placement_for``). ``loss_fn(loss, chunk)``: train.py's, called on the last stage
         with each micro-batch's mean token loss (and the chunk that computed it); its
@@ -203,7 +203,7 @@ class PipelineExecutor:
                     comm_bytes.add("pp_forward", tensor)
                 elif op is Op.SEND_GRAD:
                     tensor = input_grads.pop((m, c))
-                    if self._compressed(v):  # compress_pp.py, Note [compressed backpropagation]
+                    if self._compressed(v):  # the codec's Note [compressed backpropagation]
                         tensor = self.grad_codec.encode(v, tensor, scale=self.loss_scale)
                     tensor = tensor.to(torch.float32).contiguous()
                     messages.append((True, tensor, peer, self._tag(_GRAD, m, v - 1)))
@@ -252,7 +252,7 @@ class PipelineExecutor:
         handed = {}  # (micro, chunk) -> activation from a chunk on this rank
         for m, (tokens, targets, *_) in enumerate(batches):
             for c in range(len(self.chunks)):
-                if not self.placement.carries(c, m):  # chimera: the other pipeline's micro-batch
+                if not self.placement.carries(c, m):  # not m's pipeline (placement.py Note [placements])
                     continue
                 self._use_documents(c, batches[m])
                 v, line = self._vstage(c), self.placement.pipeline(c)
@@ -316,7 +316,8 @@ def embedding_group(grid, *reduce_axes):
     in its dp buckets, and the separate sum is not emitted. Default wherever the tied
     gradient goes through those buckets (render_pipeline.fused_embedding_sync); ZeRO's
     reduce-scatter into shards, the compressed reductions, heterogeneous layouts and the
-    chimera / ZB-V placements (a rank holding both copies) keep the separate sum.
+    placements that put the first and the last stage on one rank (a rank holding both
+    copies: placement.py) keep the separate sum.
     Every rank creates every group in the same order (``new_group`` is collective).
     """
     stages = grid.size("pp")
@@ -384,7 +385,7 @@ def allreduce_tied_grads(chunks, group) -> None:
     See model.py, Note [tied embeddings across stages]. Ranks on middle stages hold
     no copy and do nothing. A rank holding both copies (ZB-V's V puts the first and the
     last stage on rank 0: placement.py) sums them in memory and sends nothing; its
-    partner in ``group`` then holds neither, or (chimera, after
+    partner in ``group`` then holds neither, or (stage replicas, after
     ``allreduce_replica_grads`` summed each copy with its replica's) both as well.
     """
     if group is None:
