@@ -30,19 +30,19 @@ backward (``recompute = full``'s rerun) finds its unit gathered and leaves it so
 Every use checks the unit is gathered, so a prefetch that a pipeline schedule does not
 consume is only wasted, never wrong.
 
-Note [experts as units]: under expert parallelism (ep·etp > 1) a MoE block's experts
+Note [experts as units]: under expert parallelism (``mesh.expert_groups``) a MoE block's experts
 differ between the dp ranks, so they are a unit of their own (``layers.i.experts``),
 sharded over the ranks that hold the same experts (edp, mesh.py's Note [parallel
 folding]) and gathered and freed with the block's dense unit. Their gradients, already
 summed over the ep group's tokens by the combine's backward, are reduce-scattered over
 edp and divided by the dp ranks whose mean loss the step takes (as
-``moe.reduce_expert_grads``); the global norm adds their squares summed over edp, ep and
-etp. Under ``zero_shard = node`` (HSDP) they shard over the edp ranks of their node and
-are replicated over the edp ranks at the same place on the other nodes
-(``fsdp_units.expert_node_groups``), as the dense units over dp, and as torchtitan's
-HSDP with ep: each reduce-scatter stays on the node, the replicas' expert shards are summed
+``moe.reduce_expert_grads``); the global norm adds their squares summed over edp and the
+other expert groups (``mesh.expert_groups``). Under ``zero_shard = node`` (HSDP) they shard
+over the edp ranks of their node and are replicated over the edp ranks at the same place
+on the other nodes (``fsdp_units.expert_node_groups``), as the dense units over dp, and as
+torchtitan's HSDP with ep: each reduce-scatter stays on the node, the replicas' expert shards are summed
 across nodes once a step beside the dense ones, and the norm sums their squares over the
-node's edp ranks (a replica holds the same shard), ep and etp.
+node's edp ranks (a replica holds the same shard) and the other expert groups.
 
 Note [ZeRO-3 over per-layer layouts]: in a heterogeneous stage (hetero.py, Note
 [heterogeneous layouts]) a block at tp t is a unit sharded over its own layer's dp group
@@ -102,8 +102,8 @@ that got no gradient in some pass). HSDP (``zero_shard = node``): the shards are
 step, one all-reduce of ``self.grad`` across nodes after the last drain (as FSDP2's
 ``set_requires_all_reduce(False)`` on all but the last micro-batch): the sum is linear,
 so once is exact, and it is the slow link's traffic that it divides by the micro-batches.
-Note [ZeRO-3 over stage replicas]: under a schedule whose stages are held twice (chimera:
-rank r and its partner p−1−r hold the same two stages, one in each pipeline; Note [stage
+Note [ZeRO-3 over stage replicas]: under a placement whose stages are held twice (rank r
+and its partner p−1−r hold the same two stages, one in each pipeline; Note [stage
 replicas] in models/model.py) each replica's units are sharded over its own dp group, and
 the two replicas' gradients must be summed. Each rank orders its units by stage, so its
 flat shards and its partner's line up element for element; the units reduce-scatter as any
@@ -168,7 +168,7 @@ class FullyShardedAdamW:
         self.eps, self.weight_decay = float(eps), float(weight_decay)
         self.param_groups = [{"lr": float(lr)}]
         self.data_parallel = group_size(dp_group) * group_size(replicate_group)  # the mean's divisor
-        # the experts' shards' squares: over the (node's) edp ranks, ep and etp
+        # the experts' shards' squares: over the (node's) edp ranks and the other expert groups
         self.expert_groups = tuple(g for g in (edp_group, ep_group, etp_group) if group_size(g) > 1)
         self.layouts, self.stage_group = layouts, stage_group
         if layouts is not None:
@@ -402,7 +402,7 @@ class FullyShardedAdamW:
                 tp_share=self.tp_share,
             )
         # Note [experts as units]: the dense shards' squares over tp and dp, the experts'
-        # over edp (their shards), ep and etp (each rank's experts, its slices of them)
+        # over edp (their shards) and the other expert groups (each rank's experts, its slices of them)
         if grad_scale != 1.0:
             self.grad.mul_(1.0 / grad_scale)
         total_sq = global_squares(self.grad, counted=self.counted & ~self.expert_mask, tp_mask=self.tp_mask,
