@@ -70,9 +70,8 @@ def simulate(schedule, *, forward_time: float = 1.0, backward_time: float = 2.0,
     (``placement.placement_for``); Megatron's by default. ``slice_scale`` (a sliced kind,
     ``schedule.SLICED``, with uneven slices): each slice's tokens over the mean slice's,
     scaling its unit's F, B and W (unit u is slice u % S, schedule_terapipe Note [slices
-    as units]). ``rank_times``:
-    each pipeline rank's own (forward, backward) in place of the two (a heterogeneous
-    layout's stages differ: planner ``cost/per_stage.py``)."""
+    as units]). ``rank_times``: each pipeline rank's own (forward, backward) in place of
+    the two (a heterogeneous layout's stages differ: planner ``cost/per_stage.py``)."""
     stages = len(schedule)
     placement = placement or default_placement(schedule)
     sent: dict[tuple, float] = {}

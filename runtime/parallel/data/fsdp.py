@@ -30,17 +30,17 @@ backward (``recompute = full``'s rerun) finds its unit gathered and leaves it so
 Every use checks the unit is gathered, so a prefetch that a pipeline schedule does not
 consume is only wasted, never wrong.
 
-Note [experts as units]: under expert parallelism (``mesh.expert_groups``) a MoE block's experts
-differ between the dp ranks, so they are a unit of their own (``layers.i.experts``),
+Note [experts as units]: under expert parallelism (``mesh.expert_groups``) a MoE block's
+experts differ between the dp ranks, so they are a unit of their own (``layers.i.experts``),
 sharded over the ranks that hold the same experts (edp, mesh.py's Note [parallel
 folding]) and gathered and freed with the block's dense unit. Their gradients, already
 summed over the ep group's tokens by the combine's backward, are reduce-scattered over
 edp and divided by the dp ranks whose mean loss the step takes (as
 ``moe.reduce_expert_grads``); the global norm adds their squares summed over edp and the
-other expert groups (``mesh.expert_groups``). Under ``zero_shard = node`` (HSDP) they shard
-over the edp ranks of their node and are replicated over the edp ranks at the same place
-on the other nodes (``fsdp_units.expert_node_groups``), as the dense units over dp, and as
-torchtitan's HSDP with ep: each reduce-scatter stays on the node, the replicas' expert shards are summed
+other expert groups. Under ``zero_shard = node`` (HSDP) they shard over the edp ranks of
+their node and are replicated over the edp ranks at the same place on the other nodes
+(``fsdp_units.expert_node_groups``), as the dense units over dp, and as torchtitan's
+HSDP with ep: each reduce-scatter stays on the node, the replicas' expert shards are summed
 across nodes once a step beside the dense ones, and the norm sums their squares over the
 node's edp ranks (a replica holds the same shard) and the other expert groups.
 
