@@ -105,3 +105,18 @@ def test_the_spec_reads_back(tmp_path):
     assert (loaded.train.eval_every, loaded.train.eval_batches, loaded.train.tensorboard_dir) == (5, 3, "tb")
     (tmp_path / "s.json").write_text(json.dumps(document))
     assert load(str(tmp_path / "s.json")).train == loaded.train
+
+
+def test_under_cp_each_rank_evaluates_its_chunks_of_the_sequences():
+    """The trainer passes the evaluator this rank's cp place and kind (``render_context.CHUNK_ARGS``):
+    its micro-batches are the tokens ``data.context_chunk`` gives the rank, as training's are."""
+    from parc.runtime.train import evaluate
+
+    val = data.ValidationStream(data.SyntheticTokens(256, 16, seed=3))
+    common = dict(every=1, batches=1, micro_batch=2, grad_accum=1, dp_rank=0, dp_size=1, device=torch.device("cpu"))
+    whole = evaluate.Evaluator(val, **common).micro_batches(0)[0]
+    for kind in ("ring", "allgather"):
+        place = dict(cp_rank=1, cp_size=2, cp_kind=kind)
+        inputs, targets = evaluate.Evaluator(val, **common, **place).micro_batches(0)[0][:2]
+        want = data.context_chunk(whole[0], whole[1], **place)
+        assert inputs.shape == (2, 8) and torch.equal(inputs, want[0]) and torch.equal(targets, want[1])
