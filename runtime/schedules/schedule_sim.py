@@ -214,7 +214,7 @@ def check_schedule(schedule, *, micro_batches: int, chunks: int = 1,
                 problems.append(f"{where}: send before the compute that produces it")
         for micro in range(micro_batches):
             for chunk in range(chunks):
-                if not placement.carries(chunk, micro):  # a pipeline that does not carry it (Note [placements])
+                if not placement.carries(chunk, micro):  # chunk is not on micro's pipeline (Note [placements])
                     continue
                 for op in computes:
                     if (op, micro, chunk) not in done:

@@ -252,7 +252,7 @@ class PipelineExecutor:
         handed = {}  # (micro, chunk) -> activation from a chunk on this rank
         for m, (tokens, targets, *_) in enumerate(batches):
             for c in range(len(self.chunks)):
-                if not self.placement.carries(c, m):  # not m's pipeline (placement.py Note [placements])
+                if not self.placement.carries(c, m):  # c is not on m's pipeline (placement.py Note [placements])
                     continue
                 self._use_documents(c, batches[m])
                 v, line = self._vstage(c), self.placement.pipeline(c)
