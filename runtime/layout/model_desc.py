@@ -13,13 +13,13 @@ model it built against it, ``metrics.py`` counts FLOPs with it). ``runtime/model
 re-exports ``ModelConfig``.
 
 Each block has a ``BlockDesc`` of its own (``ModelDesc.blocks``), so blocks may
-differ: a mixture-of-experts block would list its experts' modules (and carry its
-expert count) there, and every count follows. Build descriptions with ``describe``.
-The planner's counts (parc's TP table, the 2D grid, the whole model's parameters, sp's
-partial gradients) live in model_counts.py, memoized per (config, tp): the planner asks
-thousands of times; the methods here that give them import it when called, so a build,
-whose trainer only checks the model it built (``stage_params(sharded=...)``), does not
-ship it.
+differ: a mixture-of-experts block lists its experts' modules (expert_desc.py, shipped
+with experts) and carries its expert count there, and every count follows. Build
+descriptions with ``describe``. The planner's counts (parc's TP table, the 2D grid,
+the whole model's parameters, sp's partial gradients) live in model_counts.py, memoized
+per (config, tp): the planner asks thousands of times; the methods here that give them
+import it when called, so a build, whose trainer only checks the model it built
+(``stage_params(sharded=...)``), does not ship it.
 """
 
 from __future__ import annotations
@@ -363,7 +363,7 @@ def _norm(name, kind, config):
 
 
 def _block(config: ModelConfig, index: int) -> BlockDesc:
-    """Block ``index``: the one place its modules are listed (an MoE block's experts go here)."""
+    """Block ``index``: the one place its modules are listed (an MoE block's MLP: expert_desc.py)."""
     C, D, F, bias = config.hidden, config.head_dim, config.ffn, config.arch == "gpt"
     q, kv = config.heads * D, config.kv_heads * D
     prefix = f"layers.{index}."
@@ -384,8 +384,10 @@ def _block(config: ModelConfig, index: int) -> BlockDesc:
         modules += [ModuleDesc(name=f"{prefix}attn.{n}", kind=f"attn.{n}", layer=NORM, style=None,
                                params=(ParamDesc(name="weight", shape=(D,)),)) for n in ("q_norm", "k_norm")]
     modules.append(_norm(prefix + "mlp_norm", "mlp_norm", config))
-    if config.is_moe(index):
-        modules += _moe_modules(config, prefix)
+    if config.is_moe(index):  # only a build with experts ships expert_desc.py
+        from .expert_desc import moe_modules
+
+        modules += moe_modules(config, prefix)
         return BlockDesc(index=index, modules=tuple(modules), heads=config.heads, kv_heads=config.kv_heads,
                          head_dim=D, ffn=config.expert_hidden, experts=config.experts, top_k=config.top_k)
     if config.arch == "llama":  # SwiGLU: silu(gate) · up
@@ -393,38 +395,6 @@ def _block(config: ModelConfig, index: int) -> BlockDesc:
     modules += [linear("mlp.up_proj", "colwise", F, C), linear("mlp.down_proj", "rowwise", C, F)]
     return BlockDesc(index=index, modules=tuple(modules), heads=config.heads, kv_heads=config.kv_heads,
                      head_dim=D, ffn=F)
-
-
-def _replicated(name, kind, out_features, in_features, bias, *, sp=False):
-    """``sp``: under sequence parallelism it sees a sequence shard (moe.py: the router and
-    the shared experts), so its gradients are partial until summed over tp."""
-    params = [ParamDesc(name="weight", shape=(out_features, in_features), sequence_parallel=sp)]
-    if bias:
-        params.append(ParamDesc(name="bias", shape=(out_features,), sequence_parallel=sp))
-    return ModuleDesc(name=name, kind=kind, layer=LINEAR, style=None, params=tuple(params))
-
-
-def _moe_modules(config: ModelConfig, prefix: str) -> list[ModuleDesc]:
-    """A mixture-of-experts MLP (runtime/parallel/expert/moe.py): the router (C → E), the experts as
-    grouped weights (E, out, in) without biases, and the shared experts as one MLP of
-    shared_experts · expert_ffn (biases for gpt, as its dense MLP). Replicated over tp."""
-    C, E, F = config.hidden, config.experts, config.expert_hidden
-    llama = config.arch == "llama"
-    names = (("gate_proj", (E, F, C)),) if llama else ()
-    names += (("up_proj", (E, F, C)), ("down_proj", (E, C, F)))
-    modules = [_replicated(prefix + "mlp.router", "mlp.router", E, C, False, sp=True)]
-    modules += [
-        ModuleDesc(name=f"{prefix}mlp.experts.{n}", kind=f"mlp.experts.{n}", layer=GROUPED, style=None,
-                   params=(ParamDesc(name="weight", shape=shape),))
-        for n, shape in names
-    ]
-    if config.shared_experts:
-        S = config.shared_experts * F
-        shared = (("gate_proj", S, C),) if llama else ()
-        shared += (("up_proj", S, C), ("down_proj", C, S))
-        modules += [_replicated(f"{prefix}mlp.shared_experts.{n}", f"mlp.shared_experts.{n}", o, i, not llama, sp=True)
-                    for n, o, i in shared]
-    return modules
 
 
 @functools.lru_cache(maxsize=256)
