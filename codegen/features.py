@@ -63,8 +63,8 @@ def _zero_checkpoints(plan: Plan) -> frozenset:
 
 
 def _pipeline_modules(plan: Plan) -> frozenset:
-    kind = plan.pipeline.schedule
-    return frozenset(pipeline_modules(kind))
+    """The schedule's modules and the stages' builder (``model.build_stages``: models/pipeline_stages.py)."""
+    return frozenset(pipeline_modules(plan.pipeline.schedule) | {"pipeline_stages"})
 
 
 def _expert_modules(plan: Plan) -> frozenset:
