@@ -5,12 +5,18 @@ Takes: a ``ModelConfig`` with experts and a block's name prefix (``layers.3.``).
 router, the experts' grouped weights, the shared experts), in the order
 runtime/parallel/expert/moe.py builds them. Pure Python, no torch; ``model_desc``
 imports it for an MoE block only, so a dense build does not ship it (codegen/features.py,
-the experts' entry).
+the experts' entry); it imports the description's parts (model_parts.py), never
+model_desc.py back.
 """
 
 from __future__ import annotations
 
-from .model_desc import GROUPED, LINEAR, ModelConfig, ModuleDesc, ParamDesc
+from typing import TYPE_CHECKING
+
+from .model_parts import GROUPED, LINEAR, ModuleDesc, ParamDesc
+
+if TYPE_CHECKING:  # named in annotations only: model_desc.py imports this module, not the other way
+    from .model_desc import ModelConfig
 
 
 def replicated(name, kind, out_features, in_features, bias, *, sp=False):

@@ -10,16 +10,20 @@ box under 2D tensor parallelism), ``sequence_parallel_params`` and ``typical_blo
 Pure Python, no torch. The compiler and the planner read these through ``ModelDesc``'s
 methods of the same names (each imports this module when called); a trainer checks
 its model with ``ModelDesc.stage_params(sharded=...)``, which counts the modules it
-built itself, so a build does not ship this module.
+built itself, so a build does not ship this module. It reads the description it is
+given and imports only its parts (model_parts.py), never model_desc.py back.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .model_desc import GROUPED, NONE, BlockDesc, ModelConfig, ModelDesc, ModuleDesc, ParamCount, ParamDesc, describe
+from .model_parts import GROUPED, NONE, ModuleDesc, ParamCount, ParamDesc
+
+if TYPE_CHECKING:  # named in annotations only: model_desc.py imports this module, not the other way
+    from .model_desc import BlockDesc, ModelDesc
 
 
 def grid_shape(module: ModuleDesc, param: ParamDesc, grid) -> tuple[int, ...]:
@@ -66,17 +70,17 @@ def active_parameters(desc: ModelDesc) -> int:
 
 
 def block_params(desc: ModelDesc, index: int, tp: int = 1) -> ParamCount:
-    return _counts(desc.config, tp).blocks[index]
+    return _counts(desc, tp).blocks[index]
 
 
 def embed_params(desc: ModelDesc, tp: int = 1) -> ParamCount:
-    return _counts(desc.config, tp).embed
+    return _counts(desc, tp).embed
 
 
 def head_params(desc: ModelDesc, tp: int = 1, *, weight: bool = True) -> ParamCount:
     """The final norm and, with ``weight``, a head matrix of its own (untied, or the
     tied copy a later pipeline stage holds)."""
-    counts = _counts(desc.config, tp)
+    counts = _counts(desc, tp)
     return counts.norm + counts.head_weight if weight else counts.norm
 
 
@@ -87,7 +91,7 @@ def counted_stage(desc: ModelDesc, tp: int, start: int, stop: int, first: bool, 
         modules = desc._stage_modules(start, stop, first, last)
         return ParamCount(elements=sum(grid_numel(m, grid) for m in modules),
                           tensors=sum(len(m.params) for m in modules))
-    counts = _counts(desc.config, tp)
+    counts = _counts(desc, tp)
     total = counts.prefix[stop] - counts.prefix[start]
     if first:
         total += counts.embed
@@ -107,7 +111,7 @@ def sequence_parallel_params(
         modules = (desc.embed if first else ()) + tuple(m for b in desc.blocks[start:stop] for m in b.modules)
         modules += desc.head if last else ()
         return sum(math.prod(grid_shape(m, p, grid)) for m in modules for p in m.params if p.sequence_parallel)
-    counts = _counts(desc.config, 1)
+    counts = _counts(desc, 1)
     total = counts.sp_prefix[stop] - counts.sp_prefix[start]
     return total + (counts.sp_embed if first else 0) + (counts.sp_head if last else 0)
 
@@ -135,9 +139,23 @@ def _sp_elements(modules) -> int:
     return sum(p.numel() for m in modules for p in m.params if p.sequence_parallel)
 
 
-@functools.lru_cache(maxsize=1024)
-def _counts(config: ModelConfig, tp: int) -> _Counts:
-    desc = describe(config)
+_MEMO: dict[tuple, _Counts] = {}
+"""``_counts`` by (config, tp); emptied past ``MEMO_SIZE`` entries."""
+MEMO_SIZE = 1024
+
+
+def _counts(desc: ModelDesc, tp: int) -> _Counts:
+    """The prefix sums of ``desc``'s counts on one rank of tp, memoized per (config, tp):
+    ``describe`` gives one description per config (the planner asks thousands of times)."""
+    key = (desc.config, tp)
+    if key not in _MEMO:
+        if len(_MEMO) >= MEMO_SIZE:
+            _MEMO.clear()
+        _MEMO[key] = _summed(desc, tp)
+    return _MEMO[key]
+
+
+def _summed(desc: ModelDesc, tp: int) -> _Counts:
     blocks = tuple(_count(b.modules, tp) for b in desc.blocks)
     prefix, sp_prefix = [NONE], [0]
     for block, count in zip(desc.blocks, blocks):

@@ -19,16 +19,19 @@ descriptions with ``describe``. The planner's counts (parc's TP table, the 2D gr
 the whole model's parameters, sp's partial gradients) live in model_counts.py, memoized
 per (config, tp): the planner asks thousands of times; the methods here that give them
 import it when called, so a build, whose trainer only checks the model it built
-(``stage_params(sharded=...)``), does not ship it.
+(``stage_params(sharded=...)``), does not ship it. The parts (``ParamDesc``,
+``ModuleDesc``, ``ParamCount``) are model_parts.py's, given here too: those two modules
+import them from there, never this one back.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 from . import model_rules  # noqa: F401 - registers the model-shape rules that violations() runs here
+# the parts (model_parts.py) are this module's API too: the planner reads LINEAR, NONE, ParamCount here
+from .model_parts import EMBEDDING, GROUPED, LINEAR, NONE, NORM, ModuleDesc, ParamCount, ParamDesc  # noqa: F401
 from .rule_engine import violations
 
 ARCHS = ("gpt", "llama")
@@ -123,58 +126,6 @@ def _settle_head_dim(config: ModelConfig) -> None:
 
 # ---- the description ---------------------------------------------------------------
 
-LINEAR, EMBEDDING, NORM, GROUPED = "linear", "embedding", "norm", "grouped_linear"
-"""Module layers; ``grouped_linear``: E experts' weights as one (E, out, in) tensor."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ParamDesc:
-    name: str
-    """``weight`` or ``bias``."""
-    shape: tuple[int, ...]
-    """The whole tensor's shape."""
-    split_dim: int | None = None
-    """The dim tp splits when the module is sharded; None: whole on every tp rank."""
-    sequence_parallel: bool = False
-    """Replicated, but sees only a sequence shard under sp: its gradient is partial
-    (runtime/models/model.py, Note [sequence-parallel gradients])."""
-
-    def local_shape(self, tp: int = 1) -> tuple[int, ...]:
-        """The shard one rank holds when the module is split over ``tp`` ranks."""
-        return tuple(n // tp if d == self.split_dim else n for d, n in enumerate(self.shape))
-
-    def numel(self, tp: int = 1) -> int:
-        return math.prod(self.local_shape(tp))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ModuleDesc:
-    name: str
-    """As the runtime names it: ``embed``, ``layers.3.attn.q_proj``, ``head``."""
-    kind: str
-    """The name without its layer prefix (``attn.q_proj``); the TP table's word for it."""
-    layer: str
-    """``linear``, ``embedding``, ``norm`` or ``grouped_linear`` (experts)."""
-    style: str | None
-    """How tp splits it when it is sharded (``colwise``, ``rowwise``, ``vocab``,
-    ``vocab_head``: runtime/parallel/tensor/tp_plan.py); None: always replicated."""
-    params: tuple[ParamDesc, ...]
-    tied_to: str | None = None
-    """The module whose weight this one is (the tied head: ``embed``), or None."""
-
-    @property
-    def pattern(self) -> str:
-        """The name with ``*`` for the layer index, as train.py's ``TP_PLAN`` writes it."""
-        return "layers.*." + self.kind if self.name.startswith("layers.") else self.name
-
-    @property
-    def weight(self) -> ParamDesc:
-        return self.params[0]
-
-    def numel(self, tp: int = 1) -> int:
-        """Elements on one rank when the module is split over ``tp`` ranks (1: whole)."""
-        return sum(p.numel(tp) for p in self.params)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BlockDesc:
@@ -213,21 +164,6 @@ class BlockDesc:
         """PaLM's training FLOPs: 6 per matmul weight, three times the attention core
         (12·H·Q·T): forward, and backward twice it."""
         return 6.0 * self.matmul_weights() + 3.0 * self.core_flops_per_token(seq_len)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ParamCount:
-    elements: int
-    tensors: int
-
-    def __add__(self, other: ParamCount) -> ParamCount:
-        return ParamCount(elements=self.elements + other.elements, tensors=self.tensors + other.tensors)
-
-    def __sub__(self, other: ParamCount) -> ParamCount:
-        return ParamCount(elements=self.elements - other.elements, tensors=self.tensors - other.tensors)
-
-
-NONE = ParamCount(elements=0, tensors=0)
 
 
 def _count(modules, tp: int, sharded) -> ParamCount:
