@@ -129,7 +129,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature(name="router bias balancing", keys=("model.router_bias_update",), used=render_moe.balances_by_bias,
             imports=("router_bias",), transform="router_bias.update_router_bias", cost="cost/experts.py"),
     Feature(name="evaluation", keys=("train.eval",), used=render_eval.enabled, imports=("evaluate",),
-            adds=render_eval.adds,
+            adds=render_eval.adds, ships=lambda plan: frozenset({"validation"}),
             transform="evaluate.Evaluator"),
     Feature(name="fp16 loss scaling", keys=("train.precision",), used=lambda plan: plan.train.precision.value == "fp16",
             adds=render_optimizer.loss_scale_adds,

@@ -13,7 +13,7 @@ Note [data by feature]: the token files' reader (``TokenFile``, ``blend``, the h
 parts: ``train/tokens.py``) ships only with ``data = tokens(...)``, and the chunks of a
 sequence a context-parallel rank holds (``context_spans`` / ``context_chunk``) live with
 cp's transform (``parallel/context/context.py``), synthetic data's ``ValidationStream`` with
-evaluation (``train/evaluate.py``); ``data.<name>`` still gives them, imported when first
+evaluation (``train/validation.py``); ``data.<name>`` still gives them, imported when first
 asked for (``__getattr__``), so train.py names every dataset the same way.
 """
 
@@ -30,7 +30,7 @@ TOKEN_NAMES = ("TokenFile", "BlendedTokens", "blend", "blend_counts", "check_tok
 
 def __getattr__(name: str):
     """Note [data by feature]: the token files' names from ``tokens.py``, cp's chunks from
-    ``parallel/context/context.py``, ``ValidationStream`` from ``evaluate.py``, each
+    ``parallel/context/context.py``, ``ValidationStream`` from ``validation.py``, each
     imported when first asked for."""
     if name in TOKEN_NAMES:
         from . import tokens
@@ -41,7 +41,7 @@ def __getattr__(name: str):
 
         return getattr(context, name)
     if name == "ValidationStream":
-        from .evaluate import ValidationStream
+        from .validation import ValidationStream
 
         return ValidationStream
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,8 +2,7 @@
 
 Takes: a validation dataset (``data.TokenFile`` of the val file or the held-out tail,
 ``data.ValidationStream`` for synthetic data), the batch geometry and this rank's
-place (dp, cp, pp). Gives: ``ValidationStream`` (train.py's ``data.ValidationStream``:
-Note [data by feature] in data.py), ``eval_only`` (the trainer's ``--eval-only``: a checkpoint's
+place (dp, cp, pp). Gives: ``eval_only`` (the trainer's ``--eval-only``: a checkpoint's
 ``val_loss``, printed) and ``Evaluator``, whose ``due(step, last)`` says when to
 evaluate and ``run(net)`` returns ``val_loss``: the mean loss of the validation
 samples ``0 .. batches·global_batch - 1``, read as training reads a step's samples
@@ -26,26 +25,6 @@ import torch
 
 from . import data
 from ..parallel.data.dp import all_reduce_mean
-
-
-class ValidationStream:
-    """Synthetic data's validation samples: the training chain's, at indices training never
-    reads (from ``FIRST``), so the two streams are disjoint and alike.
-
-    A CPU generator keeps only the low 32 bits of its seed, and the seed of
-    ``draws.sample_generator`` (data.py's ``_generator``) is an odd multiple of the
-    index plus a constant, a bijection on the index modulo 2**32:
-    training samples below 2**31 and validation samples from 2**31 (up to 2**31 of each)
-    never share a seed. An offset of 2**48 would alias every sample.
-    """
-
-    FIRST = 1 << 31
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def batch(self, indices):
-        return self.dataset.batch([self.FIRST + i for i in indices])
 
 
 class Evaluator:
