@@ -63,13 +63,14 @@ def _zero_checkpoints(plan: Plan) -> frozenset:
 
 
 def _pipeline_modules(plan: Plan) -> frozenset:
-    kind = plan.pipeline.schedule
-    return frozenset(pipeline_modules(kind))
+    """The schedule's modules and the stages' builder (``model.build_stages``: models/pipeline_stages.py)."""
+    return frozenset(pipeline_modules(plan.pipeline.schedule) | {"pipeline_stages"})
 
 
 def _expert_modules(plan: Plan) -> frozenset:
-    """The experts' fused ops (kernels/ops_moe.py) and, with sub-batches, their overlap."""
-    return frozenset({"ops_moe"} | ({"moe_overlap"} if render_moe.overlaps_experts(plan) else set()))
+    """The experts' fused ops (kernels/ops_moe.py), their modules' description (expert_desc.py)
+    and, with sub-batches, their overlap."""
+    return frozenset({"ops_moe", "expert_desc"} | ({"moe_overlap"} if render_moe.overlaps_experts(plan) else set()))
 
 
 def pipeline_modules(kind: str) -> set[str]:
@@ -128,7 +129,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature(name="router bias balancing", keys=("model.router_bias_update",), used=render_moe.balances_by_bias,
             imports=("router_bias",), transform="router_bias.update_router_bias", cost="cost/experts.py"),
     Feature(name="evaluation", keys=("train.eval",), used=render_eval.enabled, imports=("evaluate",),
-            adds=render_eval.adds,
+            adds=render_eval.adds, ships=lambda plan: frozenset({"validation"}),
             transform="evaluate.Evaluator"),
     Feature(name="fp16 loss scaling", keys=("train.precision",), used=lambda plan: plan.train.precision.value == "fp16",
             adds=render_optimizer.loss_scale_adds,

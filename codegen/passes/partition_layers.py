@@ -8,7 +8,7 @@ block needs one all-reduce in forward; the embedding is split by vocab rows and 
 head produces vocab-parallel logits for the vocab-parallel cross-entropy. Norms and
 the position embedding are replicated. With tp = 1 every module is replicated. tp divides every split size
 (``runtime/layout/constraints/``, checked by ``check_buildable``); on a 2D grid of R × C ranks
-(``MeshPlan.tp_grid``) the local shape is one rank's box of it (``ModuleDesc.grid_shape``: C and R divide instead).
+(``MeshPlan.tp_grid``) the local shape is one rank's box of it (``model_counts.grid_shape``: C and R divide instead).
 
 Module names, shapes and split dims are the model description's
 (``runtime/layout/model_desc.py``, which ``model.py`` is checked against), ``*`` the layer index.
@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from parc.dsl.spec import Spec
+from parc.runtime.layout.model_counts import grid_shape
 from parc.runtime.layout.model_desc import ModuleDesc
 
 from ..errors import InternalError
@@ -52,7 +53,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
         weight = module.weight
         style = REPLICATE if tp == 1 or module.style is None else ShardStyle(module.style)
         dim = None if style is REPLICATE else weight.split_dim
-        local = weight.shape if dim is None else weight.local_shape(tp) if grid is None else module.grid_shape(weight, grid)
+        local = weight.shape if dim is None else weight.local_shape(tp) if grid is None else grid_shape(module, weight, grid)
         rules.append(
             ShardRule(
                 pattern=module.pattern, style=style, dim=dim, full_shape=weight.shape, local_shape=local,

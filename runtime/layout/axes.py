@@ -132,20 +132,6 @@ TP_SIDES: tuple[Axis, ...] = (
 axis is read as two sub-axes, ``tpr`` (R, outer) then ``tpc`` (C, inner, the fastest
 digit): tp rank t = r·C + c. ``tpr`` groups (the R ranks of one column, strided C apart)
 carry the colwise linears' sums; ``tpc`` groups (C consecutive ranks) the rowwise ones.
-They refine tp, they add no factor to the world. Their ``divides`` stand in for tp's on a
+They refine tp (``layers2d.split_tp``), they add no factor to the world. Their ``divides`` stand in for tp's on a
 grid: C splits the heads, the ffn and the vocab (the colwise outputs), R the hidden
 features (``constraints.tp_grid_fits``, PAR0203)."""
-
-
-def split_tp(axes: tuple[tuple[str, int], ...], tp_shape) -> tuple[tuple[str, int], ...]:
-    """``axes`` with ``("tp", R·C)`` read as ``("tpr", R), ("tpc", C)`` (Note [2D tensor parallelism])."""
-    rows, cols = (int(n) for n in tp_shape)
-    out = []
-    for name, size in axes:
-        if name != "tp":
-            out.append((name, size))
-            continue
-        if rows * cols != size:
-            raise ValueError(f"tp_shape = ({rows}, {cols}) does not arrange tp = {size} ranks")
-        out += [(TP_SIDES[0].name, rows), (TP_SIDES[1].name, cols)]
-    return tuple(out)

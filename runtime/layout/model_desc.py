@@ -13,19 +13,25 @@ model it built against it, ``metrics.py`` counts FLOPs with it). ``runtime/model
 re-exports ``ModelConfig``.
 
 Each block has a ``BlockDesc`` of its own (``ModelDesc.blocks``), so blocks may
-differ: a mixture-of-experts block would list its experts' modules (and carry its
-expert count) there, and every count here follows. Build descriptions with
-``describe``: the counts are memoized per (config, tp), the planner asks thousands
-of times.
+differ: a mixture-of-experts block lists its experts' modules (expert_desc.py, shipped
+with experts) and carries its expert count there, and every count follows. Build
+descriptions with ``describe``. The planner's counts (parc's TP table, the 2D grid,
+the whole model's parameters, sp's partial gradients) live in model_counts.py, memoized
+per (config, tp): the planner asks thousands of times; the methods here that give them
+import it when called, so a build, whose trainer only checks the model it built
+(``stage_params(sharded=...)``), does not ship it. The parts (``ParamDesc``,
+``ModuleDesc``, ``ParamCount``) are model_parts.py's, given here too: those two modules
+import them from there, never this one back.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 from . import model_rules  # noqa: F401 - registers the model-shape rules that violations() runs here
+# the parts (model_parts.py) are this module's API too: the planner reads LINEAR, NONE, ParamCount here
+from .model_parts import EMBEDDING, GROUPED, LINEAR, NONE, NORM, ModuleDesc, ParamCount, ParamDesc  # noqa: F401
 from .rule_engine import violations
 
 ARCHS = ("gpt", "llama")
@@ -120,76 +126,6 @@ def _settle_head_dim(config: ModelConfig) -> None:
 
 # ---- the description ---------------------------------------------------------------
 
-LINEAR, EMBEDDING, NORM, GROUPED = "linear", "embedding", "norm", "grouped_linear"
-"""Module layers; ``grouped_linear``: E experts' weights as one (E, out, in) tensor."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ParamDesc:
-    name: str
-    """``weight`` or ``bias``."""
-    shape: tuple[int, ...]
-    """The whole tensor's shape."""
-    split_dim: int | None = None
-    """The dim tp splits when the module is sharded; None: whole on every tp rank."""
-    sequence_parallel: bool = False
-    """Replicated, but sees only a sequence shard under sp: its gradient is partial
-    (runtime/models/model.py, Note [sequence-parallel gradients])."""
-
-    def local_shape(self, tp: int = 1) -> tuple[int, ...]:
-        """The shard one rank holds when the module is split over ``tp`` ranks."""
-        return tuple(n // tp if d == self.split_dim else n for d, n in enumerate(self.shape))
-
-    def numel(self, tp: int = 1) -> int:
-        return math.prod(self.local_shape(tp))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ModuleDesc:
-    name: str
-    """As the runtime names it: ``embed``, ``layers.3.attn.q_proj``, ``head``."""
-    kind: str
-    """The name without its layer prefix (``attn.q_proj``); the TP table's word for it."""
-    layer: str
-    """``linear``, ``embedding``, ``norm`` or ``grouped_linear`` (experts)."""
-    style: str | None
-    """How tp splits it when it is sharded (``colwise``, ``rowwise``, ``vocab``,
-    ``vocab_head``: runtime/parallel/tensor/tp_plan.py); None: always replicated."""
-    params: tuple[ParamDesc, ...]
-    tied_to: str | None = None
-    """The module whose weight this one is (the tied head: ``embed``), or None."""
-
-    @property
-    def pattern(self) -> str:
-        """The name with ``*`` for the layer index, as train.py's ``TP_PLAN`` writes it."""
-        return "layers.*." + self.kind if self.name.startswith("layers.") else self.name
-
-    @property
-    def weight(self) -> ParamDesc:
-        return self.params[0]
-
-    def numel(self, tp: int = 1) -> int:
-        """Elements on one rank when the module is split over ``tp`` ranks (1: whole)."""
-        return sum(p.numel(tp) for p in self.params)
-
-    def grid_shape(self, param: ParamDesc, grid) -> tuple[int, ...]:
-        """``param``'s shard on one rank of an R × C tp grid (Note [2D tensor parallelism] in
-        layers2d.py): colwise linears, the embedding and the head (out/C, in/R), their
-        biases out/C; rowwise ones (out/R, in/C), biases out/R; norms and positions split
-        their features over R."""
-        rows, cols = grid
-        if self.style in ("colwise", "vocab", "vocab_head"):
-            split = (cols, rows)
-        elif self.style == "rowwise":
-            split = (rows, cols)
-        else:
-            return param.shape[:-1] + (param.shape[-1] // rows,)
-        return tuple(n // parts for n, parts in zip(param.shape, split))
-
-    def grid_numel(self, grid) -> int:
-        """Elements on one rank of an R × C tp grid (``grid_shape``)."""
-        return sum(math.prod(self.grid_shape(p, grid)) for p in self.params)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BlockDesc:
@@ -219,11 +155,6 @@ class BlockDesc:
                 total += m.weight.numel() // self.experts * self.top_k
         return total
 
-    def inactive_params(self) -> int:
-        """Expert elements a token does not meet: (experts − top_k) / experts of them."""
-        grouped = sum(m.numel() for m in self.modules if m.layer == GROUPED)
-        return grouped - grouped // self.experts * self.top_k if self.experts else 0
-
     def core_flops_per_token(self, seq_len: int) -> float:
         """Forward FLOPs of the attention core per token: q·kᵀ and (·)v over ``seq_len``
         positions, 2·2·H·Q·T (causal masking not discounted)."""
@@ -235,31 +166,10 @@ class BlockDesc:
         return 6.0 * self.matmul_weights() + 3.0 * self.core_flops_per_token(seq_len)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ParamCount:
-    elements: int
-    tensors: int
-
-    def __add__(self, other: ParamCount) -> ParamCount:
-        return ParamCount(elements=self.elements + other.elements, tensors=self.tensors + other.tensors)
-
-    def __sub__(self, other: ParamCount) -> ParamCount:
-        return ParamCount(elements=self.elements - other.elements, tensors=self.tensors - other.tensors)
-
-
-NONE = ParamCount(elements=0, tensors=0)
-
-
-def _count(modules, tp: int, sharded=None, grid=None) -> ParamCount:
-    """Parameters of ``modules`` on one rank; ``sharded``: the names tp splits (None: every
-    module with a style, as parc's TP table does when tp > 1); ``grid``: (R, C) under 2D
-    tensor parallelism, which splits every module (``ModuleDesc.grid_shape``)."""
-    elements = tensors = 0
-    for module in modules:
-        split = module.style is not None if sharded is None else module.name in sharded
-        elements += module.grid_numel(grid) if grid is not None else module.numel(tp if split else 1)
-        tensors += len(module.params)
-    return ParamCount(elements=elements, tensors=tensors)
+def _count(modules, tp: int, sharded) -> ParamCount:
+    """Parameters of ``modules`` on one rank, the modules named in ``sharded`` split over ``tp``."""
+    elements = sum(module.numel(tp if module.name in sharded else 1) for module in modules)
+    return ParamCount(elements=elements, tensors=sum(len(module.params) for module in modules))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -279,10 +189,10 @@ class ModelDesc:
 
     @property
     def typical_block(self) -> BlockDesc:
-        """The block the planner's per-block costs stand for: the first MoE block when there
-        are experts (the dense blocks' MLPs, ``first_dense_layers`` and ``moe_every``, are
-        priced apart: cost/experts.py), else block 0."""
-        return next((b for b in self.blocks if b.experts), self.blocks[0])
+        """The block the planner's per-block costs stand for (model_counts.py)."""
+        from . import model_counts  # the planner's: a build does not ship it
+
+        return model_counts.typical_block(self)
 
     def module(self, name: str) -> ModuleDesc:
         """The module called ``name``; KeyError for a name the model does not have."""
@@ -290,29 +200,17 @@ class ModelDesc:
 
     @property
     def parameters(self) -> int:
-        """Parameters of the whole model, a tied embedding counted once."""
-        return self.params().elements
+        """Parameters of the whole model, a tied embedding counted once (model_counts.py)."""
+        from . import model_counts  # the planner's: a build does not ship it
+
+        return model_counts.parameters(self)
 
     @property
     def active_parameters(self) -> int:
         """Parameters one token meets: of each MoE block's experts only its top_k."""
-        return self.parameters - sum(b.inactive_params() for b in self.blocks)
+        from . import model_counts  # the planner's: a build does not ship it
 
-    def params(self, tp: int = 1) -> ParamCount:
-        """The whole model on one tp rank of one pipeline stage (a tied head counted once)."""
-        return self.stage_params(tp)
-
-    def block_params(self, index: int, tp: int = 1) -> ParamCount:
-        return _counts(self.config, tp).blocks[index]
-
-    def embed_params(self, tp: int = 1) -> ParamCount:
-        return _counts(self.config, tp).embed
-
-    def head_params(self, tp: int = 1, *, weight: bool = True) -> ParamCount:
-        """The final norm and, with ``weight``, a head matrix of its own (untied, or the
-        tied copy a later pipeline stage holds)."""
-        counts = _counts(self.config, tp)
-        return counts.norm + counts.head_weight if weight else counts.norm
+        return model_counts.active_parameters(self)
 
     def has_head_weight(self, *, first: bool) -> bool:
         """Whether a last stage holds a head matrix: untied, or not also the first stage
@@ -330,21 +228,15 @@ class ModelDesc:
         holds experts / ep of them, an expert-tensor-parallel rank 1 / etp of each);
         ``grid``: (R, C) under 2D tensor parallelism with R > 1 (dense models only)."""
         start, stop = (0, len(self.blocks)) if layers is None else layers
-        if grid is not None:
-            return _count(self._stage_modules(start, stop, first, last), 1, grid=grid)
-        if ep > 1:  # each rank holds 1 / (ep·etp) of every MoE block's expert weights
+        if ep > 1 and grid is None:  # each rank holds 1 / (ep·etp) of every MoE block's expert weights
             whole = self.stage_params(tp, layers=(start, stop), first=first, last=last, sharded=sharded)
             grouped = sum(m.numel() for b in self.blocks[start:stop] for m in b.modules if m.layer == GROUPED)
             return ParamCount(elements=whole.elements - grouped + grouped // ep, tensors=whole.tensors)
-        if sharded is not None:
+        if sharded is not None and grid is None:  # the trainer's check of the model it built
             return _count(self._stage_modules(start, stop, first, last), tp, frozenset(sharded))
-        counts = _counts(self.config, tp)
-        total = counts.prefix[stop] - counts.prefix[start]
-        if first:
-            total += counts.embed
-        if last:
-            total += self.head_params(tp, weight=self.has_head_weight(first=first))
-        return total
+        from . import model_counts  # the planner's: parc's TP table, the 2D grid; a build does not ship it
+
+        return model_counts.counted_stage(self, tp, start, stop, first, last, grid)
 
     def _stage_modules(self, start: int, stop: int, first: bool, last: bool) -> tuple[ModuleDesc, ...]:
         """The modules of a stage of blocks [start, stop), the embedding when ``first``, the
@@ -357,17 +249,10 @@ class ModelDesc:
     def sequence_parallel_params(
         self, *, layers: tuple[int, int] | None = None, first: bool = True, last: bool = True, grid=None,
     ) -> int:
-        """Elements of a stage whose gradients are partial under sp (norms, row-parallel
-        biases, gpt's positions); the caller decides whether sp is on. ``grid``: (R, C)
-        under 2D tensor parallelism, where a rank holds their h/R features."""
-        start, stop = (0, len(self.blocks)) if layers is None else layers
-        if grid is not None:
-            modules = (self.embed if first else ()) + tuple(m for b in self.blocks[start:stop] for m in b.modules)
-            modules += self.head if last else ()
-            return sum(math.prod(m.grid_shape(p, grid)) for m in modules for p in m.params if p.sequence_parallel)
-        counts = _counts(self.config, 1)
-        total = counts.sp_prefix[stop] - counts.sp_prefix[start]
-        return total + (counts.sp_embed if first else 0) + (counts.sp_head if last else 0)
+        """Elements of a stage whose gradients are partial under sp (model_counts.py)."""
+        from . import model_counts  # the planner's: a build does not ship it
+
+        return model_counts.sequence_parallel_params(self, layers=layers, first=first, last=last, grid=grid)
 
     def flops_per_token(self) -> float:
         """Model FLOPs per token of training (PaLM's 6·N + 12·L·H·Q·T): N the matmul weights
@@ -414,7 +299,7 @@ def _norm(name, kind, config):
 
 
 def _block(config: ModelConfig, index: int) -> BlockDesc:
-    """Block ``index``: the one place its modules are listed (an MoE block's experts go here)."""
+    """Block ``index``: the one place its modules are listed (an MoE block's MLP: expert_desc.py)."""
     C, D, F, bias = config.hidden, config.head_dim, config.ffn, config.arch == "gpt"
     q, kv = config.heads * D, config.kv_heads * D
     prefix = f"layers.{index}."
@@ -435,8 +320,10 @@ def _block(config: ModelConfig, index: int) -> BlockDesc:
         modules += [ModuleDesc(name=f"{prefix}attn.{n}", kind=f"attn.{n}", layer=NORM, style=None,
                                params=(ParamDesc(name="weight", shape=(D,)),)) for n in ("q_norm", "k_norm")]
     modules.append(_norm(prefix + "mlp_norm", "mlp_norm", config))
-    if config.is_moe(index):
-        modules += _moe_modules(config, prefix)
+    if config.is_moe(index):  # only a build with experts ships expert_desc.py
+        from .expert_desc import moe_modules
+
+        modules += moe_modules(config, prefix)
         return BlockDesc(index=index, modules=tuple(modules), heads=config.heads, kv_heads=config.kv_heads,
                          head_dim=D, ffn=config.expert_hidden, experts=config.experts, top_k=config.top_k)
     if config.arch == "llama":  # SwiGLU: silu(gate) · up
@@ -444,38 +331,6 @@ def _block(config: ModelConfig, index: int) -> BlockDesc:
     modules += [linear("mlp.up_proj", "colwise", F, C), linear("mlp.down_proj", "rowwise", C, F)]
     return BlockDesc(index=index, modules=tuple(modules), heads=config.heads, kv_heads=config.kv_heads,
                      head_dim=D, ffn=F)
-
-
-def _replicated(name, kind, out_features, in_features, bias, *, sp=False):
-    """``sp``: under sequence parallelism it sees a sequence shard (moe.py: the router and
-    the shared experts), so its gradients are partial until summed over tp."""
-    params = [ParamDesc(name="weight", shape=(out_features, in_features), sequence_parallel=sp)]
-    if bias:
-        params.append(ParamDesc(name="bias", shape=(out_features,), sequence_parallel=sp))
-    return ModuleDesc(name=name, kind=kind, layer=LINEAR, style=None, params=tuple(params))
-
-
-def _moe_modules(config: ModelConfig, prefix: str) -> list[ModuleDesc]:
-    """A mixture-of-experts MLP (runtime/parallel/expert/moe.py): the router (C → E), the experts as
-    grouped weights (E, out, in) without biases, and the shared experts as one MLP of
-    shared_experts · expert_ffn (biases for gpt, as its dense MLP). Replicated over tp."""
-    C, E, F = config.hidden, config.experts, config.expert_hidden
-    llama = config.arch == "llama"
-    names = (("gate_proj", (E, F, C)),) if llama else ()
-    names += (("up_proj", (E, F, C)), ("down_proj", (E, C, F)))
-    modules = [_replicated(prefix + "mlp.router", "mlp.router", E, C, False, sp=True)]
-    modules += [
-        ModuleDesc(name=f"{prefix}mlp.experts.{n}", kind=f"mlp.experts.{n}", layer=GROUPED, style=None,
-                   params=(ParamDesc(name="weight", shape=shape),))
-        for n, shape in names
-    ]
-    if config.shared_experts:
-        S = config.shared_experts * F
-        shared = (("gate_proj", S, C),) if llama else ()
-        shared += (("up_proj", S, C), ("down_proj", C, S))
-        modules += [_replicated(f"{prefix}mlp.shared_experts.{n}", f"mlp.shared_experts.{n}", o, i, not llama, sp=True)
-                    for n, o, i in shared]
-    return modules
 
 
 @functools.lru_cache(maxsize=256)
@@ -507,35 +362,3 @@ def _by_name(config: ModelConfig) -> dict[str, ModuleDesc]:
 def _flops_per_token(config: ModelConfig) -> float:
     head = 6.0 * config.vocab * config.hidden
     return sum(b.flops_per_token(config.seq_len) for b in describe(config).blocks) + head
-
-
-@dataclass(frozen=True, slots=True)
-class _Counts:
-    prefix: tuple[ParamCount, ...]
-    """prefix[i]: blocks 0 .. i−1 together."""
-    blocks: tuple[ParamCount, ...]
-    embed: ParamCount
-    norm: ParamCount
-    head_weight: ParamCount
-    sp_prefix: tuple[int, ...]
-    sp_embed: int
-    sp_head: int
-
-
-def _sp_elements(modules) -> int:
-    return sum(p.numel() for m in modules for p in m.params if p.sequence_parallel)
-
-
-@functools.lru_cache(maxsize=1024)
-def _counts(config: ModelConfig, tp: int) -> _Counts:
-    desc = describe(config)
-    blocks = tuple(_count(b.modules, tp) for b in desc.blocks)
-    prefix, sp_prefix = [NONE], [0]
-    for block, count in zip(desc.blocks, blocks):
-        prefix.append(prefix[-1] + count)
-        sp_prefix.append(sp_prefix[-1] + _sp_elements(block.modules))
-    return _Counts(
-        prefix=tuple(prefix), blocks=blocks, embed=_count(desc.embed, tp), norm=_count(desc.head[:-1], tp),
-        head_weight=_count(desc.head[-1:], tp), sp_prefix=tuple(sp_prefix), sp_embed=_sp_elements(desc.embed),
-        sp_head=_sp_elements(desc.head),
-    )

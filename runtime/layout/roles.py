@@ -28,9 +28,10 @@ class ParamRole:
     """An expert's weight split over the expert-parallel ranks: reduced over edp, not dp (moe.py)."""
     pipeline_duplicate: bool = False
     """A second copy of a parameter another stage holds (a tied head, the second copy of a
-    replicated stage: Note [stage replicas] in model.py): counted once in the gradient norm, loaded but never saved."""
+    replicated stage: Note [stage replicas] in pipeline_stages.py): counted once in the
+    gradient norm, loaded but never saved."""
     pipeline_replica: bool = False
-    """A replicated stage's parameter (Note [stage replicas] in model.py): gradients summed
+    """A replicated stage's parameter (Note [stage replicas] in pipeline_stages.py): gradients summed
     with the other copy's after backward."""
     tied_across_stages: bool = False
     """One of a tied embedding's two stage copies: its gradient waits for their sum."""

@@ -1,7 +1,8 @@
 """The model of a build: the plain decoder, its values, its kernels.
 
 Takes: a ``ModelConfig`` (re-exported for train.py). Gives: ``build_model`` (the plain
-model, or with ``build_stages`` a pipeline rank's chunks, on the meta device),
+model, or with ``build_stages`` a pipeline rank's chunks, on the meta device:
+pipeline_stages.py, shipped with pipelines),
 ``init_weights`` (each rank generates its shard, Note [counter-based init] in
 param_init.py, after ``parallelize``'s transforms made the layout), ``use_kernels`` and
 ``allreduce_sequence_parallel_grads``. train.py calls them in this order::
@@ -41,42 +42,15 @@ def build_model(config) -> Transformer:
         return Transformer(config)
 
 
-def build_stages(config, *, stages, pp_rank, pp_size, placement="interleaved") -> nn.ModuleList:
-    """This pipeline rank's model chunks, one plain ``Transformer`` stage per chunk, on
-    the meta device.
+def __getattr__(name: str):
+    """``model.build_stages``, a pipeline rank's chunks: pipeline_stages.py's, which only a
+    pipeline build ships, imported when first asked for (as Note [data by feature] in
+    train/data.py), so train.py names it here as it names ``build_model``."""
+    if name == "build_stages":
+        from .pipeline_stages import build_stages
 
-    ``stages`` is the literal ``PIPELINE_STAGES`` table of train.py: the layers
-    ``(start, stop)`` of every virtual stage, in model order. With p pipeline ranks,
-    chunk c of rank r is the virtual stage ``placement`` says (``placement.py``:
-    Megatron's c·p + r, or ZB-V's V, or a placement of two pipelines holding each stage
-    twice). Returns an ``nn.ModuleList`` of chunks, each with its ``stage_index``.
-
-    Note [stage replicas]: under a placement that holds each stage twice (on ranks r and
-    p-1-r: ``Placement.replica``), every stage is built twice, from the same (seed, name) draws, so the replicas start equal; their
-    gradients are summed (``pipeline.allreduce_replica_grads``) after backward, which
-    makes them ``pipeline_replica`` late gradients (dp.py, Note [late gradients]), and
-    the up pipeline's copy is a ``pipeline_duplicate``: counted once in the gradient
-    norm, loaded but never saved by checkpoints. ``init_weights`` tags them, once the
-    transforms have made the parameters.
-    """
-    stages = tuple(tuple(s) for s in stages)
-    if not stages or stages[0][0] != 0 or stages[-1][1] != config.layers or any(
-        a[1] != b[0] for a, b in zip(stages, stages[1:])
-    ):
-        raise ValueError(f"pipeline stages {stages} must cover layers 0..{config.layers} in order")
-    if len(stages) % pp_size or not 0 <= pp_rank < pp_size:
-        raise ValueError(f"{len(stages)} pipeline stages do not split over {pp_size} pipeline ranks")
-    from ..layout.placement import chunk_stages  # a pipeline's: pipeline.py ships placement.py
-
-    place = chunk_stages(placement, pp_size, len(stages))
-    chunks = nn.ModuleList()
-    for chunk, v in enumerate(place.stages_of(pp_rank)):
-        with torch.device("meta"):
-            stage = Transformer(config, layers=stages[v], first=v == 0, last=v == len(stages) - 1)
-        stage.stage_index = v
-        stage.replica = place.replica(chunk)  # Note [stage replicas]: None, or which copy of its stage
-        chunks.append(stage)
-    return chunks
+        return build_stages
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def init_weights(net, *, seed: int, device, materialize: bool = True, init_on_device=None):
@@ -92,7 +66,7 @@ def init_weights(net, *, seed: int, device, materialize: bool = True, init_on_de
         if made:  # generated where they live below, or they would keep whatever memory held
             raise RuntimeError(f"internal error in parc (runtime model): {made[0]} has values before "
                                "init_weights; a transform must make parameters on the meta device")
-        if getattr(stage, "replica", None) is not None:  # Note [stage replicas]
+        if getattr(stage, "replica", None) is not None:  # Note [stage replicas] (pipeline_stages.py)
             for param in stage.parameters():
                 assign(param, pipeline_replica=True)
                 if stage.replica == 1:  # the up pipeline's copy (a tied head copy stays one either way)

@@ -47,7 +47,6 @@ from ..distributed.comm import (
     gather_from_group,
     group_rank,
     group_size,
-    reduce_from_group,
     scatter_to_group,
 )
 from ..layout.model_desc import describe
@@ -55,7 +54,7 @@ from ..parallel.tensor.layers import vocab_parallel_cross_entropy
 from .block import Block
 from .norm import Norm
 from .residual import settle
-from ..layout.roles import role, assign
+from ..layout.roles import assign
 
 
 class Transformer(nn.Module):
@@ -214,14 +213,9 @@ class Transformer(nn.Module):
         """Mean loss of the stream ``x`` plus the last block's pending ``delta`` (Note [pending residual])."""
         x = self.final_norm(x) if delta is None else self.final_norm.add_norm(delta, x)[0]
         if self.tp_grid is not None:  # Note [2D tensor parallelism]: a colwise head, the loss over a row
-            from ..parallel.tensor.layers2d import enter_row
+            from ..parallel.tensor.layers2d import grid_loss  # only a 2D build ships layers2d.py
 
-            grid = self.tp_grid
-            x = enter_row(x, grid, self.sp)  # (B, T, C/R); under sp gathered over the row (Note [2D sequence parallelism])
-            logits = reduce_from_group(F.linear(x, self.head_weight()), grid.column_group)  # (B, T, V/C)
-            loss = vocab_parallel_cross_entropy(
-                logits, targets, tp_group=grid.row_group, vocab_size=self.config.vocab, kernels=self.fused
-            )
+            loss = grid_loss(self, x, targets)
         elif self.vocab_parallel:
             x = all_gather_from_group(x, self.head_group, 1) if self.sp else copy_to_group(x, self.head_group)
             logits = F.linear(x, self.head_weight())  # (B, T, V/tp)
@@ -267,16 +261,10 @@ def check_parameter_count(model: Transformer) -> None:
     tp = group_size(model.tp_group)
     desc, ep = describe(model.config), model.expert_split
     if model.tp_grid is not None:  # Note [2D tensor parallelism]: each value counted once over the grid
-        expected = desc.stage_params(1, layers=layers, first=model.first, last=model.last, sharded={}, ep=ep)
-        params = list(model.parameters())
-        built = sum(p.numel() * tp // (role(p).tp_copies or tp) for p in params)
-        if (built, len(params)) != (expected.elements, expected.tensors):
-            raise RuntimeError(
-                f"internal error in parc (runtime model): the tp grid {model.tp_grid.rows}×{model.tp_grid.cols} "
-                f"holds {built:,} parameters in {len(params)} tensors per rank, but model_desc.py describes "
-                f"{expected.elements:,} in {expected.tensors} for layers {layers[0]}..{layers[1]}"
-            )
-        return
+        from ..parallel.tensor.layers2d import check_grid_count
+
+        return check_grid_count(model, desc.stage_params(1, layers=layers, first=model.first, last=model.last,
+                                                         sharded={}, ep=ep))
     if model.layouts is None:
         expected = desc.stage_params(tp, layers=layers, first=model.first, last=model.last, sharded=sharded, ep=ep)
     else:  # Note [heterogeneous layouts]: each block, the embedding and the head at their own degree

@@ -44,7 +44,7 @@ ZeRO-3 needs neither: each pass reduce-scatters into fp32 shards (fsdp.py, Note
 ``MasterAdamW``, ``zero.ShardedAdamW`` and ``fsdp.FullyShardedAdamW`` set it up before
 registering their own hooks (hooks run in the order registered); a parameter gets it
 once; it counts the step's backwards as dp.py does, so replicated stages' parameters
-(each copy sees half the micro-batches: Note [stage replicas] in model.py) keep
+(each copy sees half the micro-batches: Note [stage replicas] in pipeline_stages.py) keep
 autograd's accumulation. Memory: 4 bytes per compute element from the first backward of
 a step to the last (the planner's ``buffers``, cost/memory.py), and then, handed over, the gradient itself (4 bytes, not 2: its
 ``grads``) until the optimizer takes it.

@@ -12,8 +12,9 @@ depends only on (seed, index), every layout sees the same data in each step.
 Note [data by feature]: the token files' reader (``TokenFile``, ``blend``, the held-out
 parts: ``train/tokens.py``) ships only with ``data = tokens(...)``, and the chunks of a
 sequence a context-parallel rank holds (``context_spans`` / ``context_chunk``) live with
-cp's transform (``parallel/context/context.py``); ``data.<name>`` still gives them, imported
-when first asked for (``__getattr__``), so train.py names every dataset the same way.
+cp's transform (``parallel/context/context.py``), synthetic data's ``ValidationStream`` with
+evaluation (``train/validation.py``); ``data.<name>`` still gives them, imported when first
+asked for (``__getattr__``), so train.py names every dataset the same way.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ TOKEN_NAMES = ("TokenFile", "BlendedTokens", "blend", "blend_counts", "check_tok
 
 def __getattr__(name: str):
     """Note [data by feature]: the token files' names from ``tokens.py``, cp's chunks from
-    ``parallel/context/context.py``, each imported when first asked for."""
+    ``parallel/context/context.py``, ``ValidationStream`` from ``validation.py``, each
+    imported when first asked for."""
     if name in TOKEN_NAMES:
         from . import tokens
 
@@ -38,6 +40,10 @@ def __getattr__(name: str):
         from ..parallel.context import context
 
         return getattr(context, name)
+    if name == "ValidationStream":
+        from .validation import ValidationStream
+
+        return ValidationStream
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -112,22 +118,3 @@ class SyntheticTokens:
         starts = torch.rand(self.seq_len, generator=gen) < 4.0 / self.seq_len
         starts[0] = True
         return documents_of(starts)
-
-
-class ValidationStream:
-    """Synthetic data's validation samples: the training chain's, at indices training never
-    reads (from ``FIRST``), so the two streams are disjoint and alike.
-
-    A CPU generator keeps only the low 32 bits of its seed, and ``_generator``'s seed is
-    an odd multiple of the index plus a constant, a bijection on the index modulo 2**32:
-    training samples below 2**31 and validation samples from 2**31 (up to 2**31 of each)
-    never share a seed. An offset of 2**48 would alias every sample.
-    """
-
-    FIRST = 1 << 31
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def batch(self, indices):
-        return self.dataset.batch([self.FIRST + i for i in indices])

@@ -20,6 +20,7 @@ import sys
 
 from parc.runtime.parallel.tensor import layers, sharding, tp_plan
 from parc.runtime.models import model, parallelize, transformer
+from parc.runtime.layout import model_counts
 from parc.runtime.layout.model_desc import ModelConfig, describe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
@@ -162,10 +163,11 @@ def test_blocks_are_entries_of_their_own():
                                 padded_vocab=64, seq_len=8))
     assert [b.index for b in desc.blocks] == [0, 1, 2]
     assert desc.blocks[2].modules[1].name == "layers.2.attn.q_proj"
-    per_block = desc.block_params(0).elements
+    per_block = model_counts.block_params(desc, 0).elements
     assert desc.stage_params(layers=(1, 3), first=False, last=False).elements == 2 * per_block
-    whole = desc.params().elements
-    assert whole == 3 * per_block + desc.embed_params().elements + desc.head_params(weight=False).elements
+    whole = desc.stage_params().elements
+    head = model_counts.head_params(desc, weight=False).elements
+    assert whole == 3 * per_block + model_counts.embed_params(desc).elements + head
     # the tied head's copy on a later stage (Note [tied embeddings across stages])
-    assert desc.stage_params(layers=(3, 3), first=False, last=True) == desc.head_params(weight=True)
+    assert desc.stage_params(layers=(3, 3), first=False, last=True) == model_counts.head_params(desc, weight=True)
     assert desc.flops_per_token() == sum(b.flops_per_token(8) for b in desc.blocks) + 6.0 * 64 * 32

@@ -53,9 +53,11 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...distributed.comm import all_gather_from_group, copy_to_group, reduce_from_group, reduce_scatter_to_group
-from ...layout.axes import TP_SIDES, coordinates, partition, split_tp
-from ...layout.roles import assign
+from ...distributed.comm import (all_gather_from_group, copy_to_group, group_size, reduce_from_group,
+                                 reduce_scatter_to_group)
+from ...layout.axes import TP_SIDES, coordinates, partition
+from ...layout.roles import assign, role
+from .layers import vocab_parallel_cross_entropy
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,20 @@ class TensorGrid:
     """The R ranks of column c (``mesh`` axis ``tpr``); None when R = 1."""
     row_group: object = None
     """The C ranks of row r (``mesh`` axis ``tpc``); None when C = 1."""
+
+
+def split_tp(axes: tuple[tuple[str, int], ...], tp_shape) -> tuple[tuple[str, int], ...]:
+    """``axes`` with ``("tp", R·C)`` read as ``("tpr", R), ("tpc", C)`` (Note [2D tensor parallelism])."""
+    rows, cols = (int(n) for n in tp_shape)
+    out = []
+    for name, size in axes:
+        if name != "tp":
+            out.append((name, size))
+            continue
+        if rows * cols != size:
+            raise ValueError(f"tp_shape = ({rows}, {cols}) does not arrange tp = {size} ranks")
+        out += [(TP_SIDES[0].name, rows), (TP_SIDES[1].name, cols)]
+    return tuple(out)
 
 
 def tensor_grid(mesh, tp_shape) -> TensorGrid:
@@ -125,6 +141,31 @@ def leave_row(y, grid: TensorGrid, sequence_parallel: bool):
     if sequence_parallel:
         return reduce_scatter_to_group(y, grid.row_group, dim=1)
     return reduce_from_group(y, grid.row_group)
+
+
+def grid_loss(model, x, targets):
+    """``Transformer.loss``'s per-token loss on the grid: the head is colwise, its logits
+    (B, T, V/C) summed over the column, the cross-entropy taken over the row."""
+    grid = model.tp_grid
+    x = enter_row(x, grid, model.sp)  # (B, T, C/R); under sp gathered over the row (Note [2D sequence parallelism])
+    logits = reduce_from_group(F.linear(x, model.head_weight()), grid.column_group)  # (B, T, V/C)
+    return vocab_parallel_cross_entropy(
+        logits, targets, tp_group=grid.row_group, vocab_size=model.config.vocab, kernels=model.fused
+    )
+
+
+def check_grid_count(model, expected) -> None:
+    """``transformer.check_parameter_count`` on the grid: the stage's parameters, each value
+    counted once over the grid (``tp_copies``), are ``expected`` (model_desc.py's whole count)."""
+    tp, layers = group_size(model.tp_group), model.span
+    params = list(model.parameters())
+    built = sum(p.numel() * tp // (role(p).tp_copies or tp) for p in params)
+    if (built, len(params)) != (expected.elements, expected.tensors):
+        raise RuntimeError(
+            f"internal error in parc (runtime model): the tp grid {model.tp_grid.rows}×{model.tp_grid.cols} "
+            f"holds {built:,} parameters in {len(params)} tensors per rank, but model_desc.py describes "
+            f"{expected.elements:,} in {expected.tensors} for layers {layers[0]}..{layers[1]}"
+        )
 
 
 class Linear2D(nn.Module):

@@ -1,0 +1,51 @@
+"""A pipeline rank's model chunks: the plain stages it holds, on the meta device.
+
+Takes: a ``ModelConfig``, train.py's ``PIPELINE_STAGES`` table, the rank and the
+placement. Gives: ``build_stages`` (``model.build_stages`` in train.py: model.py gives
+it from here, so only a pipeline build ships this module, codegen/features.py's
+pipeline entry).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..layout.placement import chunk_stages
+from .transformer import Transformer
+
+
+def build_stages(config, *, stages, pp_rank, pp_size, placement="interleaved") -> nn.ModuleList:
+    """This pipeline rank's model chunks, one plain ``Transformer`` stage per chunk, on
+    the meta device.
+
+    ``stages`` is the literal ``PIPELINE_STAGES`` table of train.py: the layers
+    ``(start, stop)`` of every virtual stage, in model order. With p pipeline ranks,
+    chunk c of rank r is the virtual stage ``placement`` says (``placement.py``:
+    Megatron's c·p + r, or ZB-V's V, or a placement of two pipelines holding each stage
+    twice). Returns an ``nn.ModuleList`` of chunks, each with its ``stage_index``.
+
+    Note [stage replicas]: under a placement that holds each stage twice (on ranks r and
+    p-1-r: ``Placement.replica``), every stage is built twice, from the same (seed, name) draws, so the replicas start equal; their
+    gradients are summed (``pipeline.allreduce_replica_grads``) after backward, which
+    makes them ``pipeline_replica`` late gradients (dp.py, Note [late gradients]), and
+    the up pipeline's copy is a ``pipeline_duplicate``: counted once in the gradient
+    norm, loaded but never saved by checkpoints. ``init_weights`` tags them, once the
+    transforms have made the parameters.
+    """
+    stages = tuple(tuple(s) for s in stages)
+    if not stages or stages[0][0] != 0 or stages[-1][1] != config.layers or any(
+        a[1] != b[0] for a, b in zip(stages, stages[1:])
+    ):
+        raise ValueError(f"pipeline stages {stages} must cover layers 0..{config.layers} in order")
+    if len(stages) % pp_size or not 0 <= pp_rank < pp_size:
+        raise ValueError(f"{len(stages)} pipeline stages do not split over {pp_size} pipeline ranks")
+    place = chunk_stages(placement, pp_size, len(stages))
+    chunks = nn.ModuleList()
+    for chunk, v in enumerate(place.stages_of(pp_rank)):
+        with torch.device("meta"):
+            stage = Transformer(config, layers=stages[v], first=v == 0, last=v == len(stages) - 1)
+        stage.stage_index = v
+        stage.replica = place.replica(chunk)  # Note [stage replicas]: None, or which copy of its stage
+        chunks.append(stage)
+    return chunks
