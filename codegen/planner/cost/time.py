@@ -221,6 +221,22 @@ def _zero3_gather_element(spec: Spec, accounting: Accounting) -> float:
     return 2.0 if uses_master_weights(spec) else 4.0
 
 
+_FUSED = {"attn.q_proj": "attn.qkv", "attn.k_proj": "attn.qkv", "attn.v_proj": "attn.qkv",
+          "mlp.gate_proj": "mlp.fc1", "mlp.up_proj": "mlp.fc1"}
+"""Module kinds Megatron-LM fuses into one linear (its qkv; SwiGLU's gate and up)."""
+
+
+def _zero3_gathers_per_unit(spec: Spec, accounting: Accounting) -> int:
+    """All-gathers one unit's gather issues (Note [ZeRO-3 gathers]): parc's one flat buffer
+    (fsdp.py); DeepSpeed's stage 3, as SC21's ZeRO-3 rows ran it, fetches a block module by
+    module (one all-gather per submodule holding parameters; Megatron fuses q, k, v and
+    the gate and up projections): six a GPT block, each paying the ring's latency."""
+    if accounting is Accounting.PARC:
+        return 1
+    modules = spec.model.desc.typical_block.modules
+    return len({_FUSED.get(module.kind, module.kind) for module in modules if module.params})
+
+
 def _grad_reduce_element(spec: Spec, accounting: Accounting) -> float:
     """Bytes of a gradient element on the data-parallel wire, every zero stage: Megatron's
     fp16; parc's fp32 sums (of fp32 gradients, and of bf16/fp16 ones: master.py), or bf16
@@ -253,6 +269,7 @@ def step_time(
         hw, layout, params, layers_per_chunk * v, zforward, zbackward, accounting, micro_batches=zpasses,
         gather_element=_zero3_gather_element(spec, accounting), grad_element=_grad_reduce_element(spec, accounting),
         by_node=by_node, experts=(expert_params, expert_shard) if by_node else None,
+        pieces=_zero3_gathers_per_unit(spec, accounting),
     )
     if zero3 is not None:  # Note [ZeRO-3 gathers]: the reduce-scatters are among its collectives
         reduce = 0.0
@@ -507,12 +524,15 @@ class Zero3Gathers:
 
 def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, forward: float, backward: float,
                   accounting: Accounting, *, micro_batches: int, gather_element: float, grad_element: float,
-                  by_node: bool = False, experts: tuple[float, int] | None = None) -> Zero3Gathers | None:
+                  by_node: bool = False, experts: tuple[float, int] | None = None,
+                  pieces: int = 1) -> Zero3Gathers | None:
     """Note [ZeRO-3 gathers]: every micro-batch (under a sliced schedule, every slice: ``micro_batches``
     counts the passes, cost/slices.py's Note [ZeRO-3 per slice]) gathers each of the rank's B units (a block's
     parameters; the embeddings and head are spread over them) once for forward and once
     for backward (a full recompute's rerun finds its unit gathered): all-gathers of
-    g = Ψ_rank/B elements of ``gather_element`` bytes over the shard group; backward also
+    g = Ψ_rank/B elements of ``gather_element`` bytes over the shard group, in ``pieces``
+    all-gathers each paying the ring's (n − 1)·α (``_zero3_gathers_per_unit``: parc's one
+    flat buffer, DeepSpeed's six a GPT block, module by module); backward also
     reduce-scatters each unit's gradient (``grad_element`` bytes), every micro-batch, as
     Megatron/DeepSpeed's program and parc's (runtime/parallel/data/fsdp.py, Note [gradients of a unit]).
     Prefetch launches unit i+1's gather when unit i starts, so the link carries one unit's
@@ -538,7 +558,7 @@ def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, fo
         return None
     units = max(1.0, blocks)
     shard = zero3_shard_group(hw, layout, by_node)
-    g = zero3_collective(hw, layout, "all_gather", params * gather_element / units, size=shard)
+    g = zero3_collective(hw, layout, "all_gather", params * gather_element / units, size=shard, pieces=pieces)
     r = zero3_collective(hw, layout, "reduce_scatter", params * grad_element / units, size=shard)
     replicas = layout.shard_ranks // shard
     mine, expert_shard = experts or (0.0, 1)
@@ -568,9 +588,11 @@ def zero3_shard_group(hw: Hardware, layout: Layout, by_node: bool) -> int:
     return zero3_shard_ranks(layout, by_node=by_node, devices_per_node=hw.devices_per_node)
 
 
-def zero3_collective(hw: Hardware, layout: Layout, kind: str, nbytes: float, *, size: int | None = None) -> float:
+def zero3_collective(hw: Hardware, layout: Layout, kind: str, nbytes: float, *, size: int | None = None,
+                     pieces: int = 1) -> float:
     """Seconds of one ZeRO-3 all-gather or reduce-scatter of a unit (``nbytes`` whole)
-    over the shard group (``size`` ranks, default dp·cp; Note [ZeRO-3 gathers]). Within a
+    over the shard group (``size`` ranks, default dp·cp; Note [ZeRO-3 gathers]), issued as
+    ``pieces`` collectives of ``nbytes / pieces``, each paying its latency. Within a
     node: ``collective_time``. Across
     nodes each rank's share travels at ``hw.zero3_network`` × its own port's bandwidth:
     the published ZeRO-3 throughput (tests/planner/data/zero3_sc21_table2.json) shows
@@ -579,9 +601,9 @@ def zero3_collective(hw: Hardware, layout: Layout, kind: str, nbytes: float, *, 
     (``comm.link_for``)."""
     size, stride = layout.shard_ranks if size is None else size, layout.tp
     if size * stride <= hw.devices_per_node or hw.comm_on_cores:
-        return collective_time(hw, kind, nbytes, size=size, stride=stride)
+        return pieces * collective_time(hw, kind, nbytes / pieces, size=size, stride=stride)
     link = Link(bandwidth=hw.zero3_network * hw.inter.bandwidth, latency=hw.inter.latency)
-    return ring_time(kind, nbytes, ranks=size, link=link)
+    return pieces * ring_time(kind, nbytes / pieces, ranks=size, link=link)
 
 
 def _optimizer_time(hw: Hardware, accounting: Accounting, params: int, tensors: int, layout: Layout,
