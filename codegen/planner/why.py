@@ -19,7 +19,7 @@ from .cost import Accounting, Estimate, Hardware, estimate
 from .cost.bubble import REASONS as SCHEDULE_REASONS
 from .cost.options import options, qualified
 from .cost.per_layer import hetero_supported
-from .cost.layout import by_node, rank_params
+from .cost.layout import by_node, rank_params, zero3_spread
 from .cost.time import compression_cost
 from .search import EXACT_TOP, TIE_TOLERANCE, Incomplete, SearchResult, tie_memory_unit, tie_rule
 
@@ -260,7 +260,7 @@ def _cp_over_tp(best: Estimate, index: int, result: SearchResult, unit: float | 
 def _ep_over_replicated(best: Estimate, index: int, result: SearchResult, hsdp: bool = False) -> list[str]:
     """What the winner's ep buys over experts replicated on every rank: the best layout
     with ep = 1 (fitting or not), its step time, its memory and exposed communication.
-    ``hsdp`` (``zero_shard = node``): ZeRO-3 shards over the ranks of a node, not every rank."""
+    ``hsdp``: ZeRO-3 shards over the ranks of a node, not every rank (``zero3_spread``)."""
     if best.layout.ep == 1:
         return []
     items = result.estimates
@@ -271,8 +271,7 @@ def _ep_over_replicated(best: Estimate, index: int, result: SearchResult, hsdp: 
     fits = "" if alone.fits else ", and does not fit in memory"
     states = lambda item: item.memory.params + item.memory.grads + item.memory.optimizer  # noqa: E731
     if best.layout.zero == 3 and alone.layout.zero == 3:  # Note [experts as units] (fsdp.py)
-        over, group = ("the ranks of a node (zero_shard = node)", "its node's edp ranks") if hsdp else (
-            "every rank", "edp")
+        over, group = zero3_spread(hsdp)
         return [
             f"ep {best.layout.ep} over replicated experts under ZeRO-3: ZeRO-3 already shards replicated experts "
             f"over {over} (states {_gib(states(best))} vs {_gib(states(alone))}), so ep buys communication "
