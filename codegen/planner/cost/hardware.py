@@ -36,7 +36,7 @@ ZERO3_NETWORK = {"zero3_network": 1.11, "zero3_overlap": 0.34}
 per-unit collectives reach across nodes, and the share of a block's compute that runs at
 full speed under them; fitted on the published ZeRO-3 rows of 175B
 (``bench/planner_calibration.py --zero3``; the 530B rows held out), DeepSpeed's six
-all-gathers a block each paying the ring's latency (``time._zero3_gathers_per_unit``)."""
+all-gathers a block each paying the ring's latency (``zero3.zero3_gathers_per_unit``)."""
 ATTENTION_EFFICIENCY = {
     "a100-40gb": (0.65, 0.55),
     "a100-80gb": (0.65, 0.55),
