@@ -123,9 +123,8 @@ def zero3_collective(hw: Hardware, layout: Layout, kind: str, nbytes: float, *, 
     nodes each rank's share travels at ``hw.zero3_network`` × its own port's bandwidth:
     the published ZeRO-3 throughput (tests/planner/data/zero3_sc21_table2.json) shows
     the per-unit collectives of a dp group spread over nodes reach about one port per
-    GPU (1.11 fitted, with DeepSpeed's per-module latencies; 0.77 when each unit's gather
-    was priced as one collective), far from the ring's ideal of every port of the node
-    at once (``comm.link_for``)."""
+    GPU (``hardware.ZERO3_NETWORK``, fitted with DeepSpeed's per-module latencies), far
+    from the ring's ideal of every port of the node at once (``comm.link_for``)."""
     size, stride = layout.shard_ranks if size is None else size, layout.tp
     if size * stride <= hw.devices_per_node or hw.comm_on_cores:
         return pieces * collective_time(hw, kind, nbytes / pieces, size=size, stride=stride)
