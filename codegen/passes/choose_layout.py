@@ -23,6 +23,7 @@ from parc.runtime.layout.layouts import no_layout
 from ..planner.cost import Accounting, estimate, hardware_for
 from ..planner.cost.estimate import USABLE_MEMORY
 from ..planner.cost.hardware import ProfileError
+from ..planner.cost.options import options
 from ..errors import AUTO, MEMORY, check, error, profile_error
 from ..plan import PredictionPlan
 from ..planner.search import fixed_layout, search, with_layout
@@ -81,20 +82,25 @@ def run(spec: Spec, draft: Draft) -> Draft:
     return replace(draft, spec=replace(chosen, spans=_planned_spans(spec)), predicted=predicted)
 
 
+LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "ep")
+"""The degrees a spec may leave ``auto`` (then the planner's options, sp, zero, the schedule and compression)."""
+
+
+def _unset(name: str):
+    return lambda spec: getattr(spec.parallel, name) is None
+
+
 PLANNED_KEYS = {
-    "parallel.dp": lambda spec: spec.parallel.dp,
-    "parallel.tp": lambda spec: spec.parallel.tp,
-    "parallel.pp": lambda spec: spec.parallel.pp,
-    "parallel.cp": lambda spec: spec.parallel.cp,
-    "parallel.ep": lambda spec: spec.parallel.ep,
-    "parallel.etp": lambda spec: spec.parallel.etp,
-    "parallel.sp": lambda spec: spec.parallel.sp,
-    "parallel.zero": lambda spec: spec.parallel.zero,
-    "parallel.schedule": lambda spec: spec.parallel.schedule,
-    **{entry.key: (lambda name: lambda spec: getattr(spec.parallel, name))(entry.name) for entry in SETTINGS},
-    "train.micro_batch": lambda spec: spec.train.micro_batch,
+    **{f"parallel.{name}": _unset(name) for name in LAYOUT_KEYS},
+    **{f"parallel.{entry.name}": (lambda auto: lambda spec: auto(spec.parallel))(entry.auto)
+       for entry in options() if entry.auto is not None},  # cost/options.py: tp_shape, etp
+    **{f"parallel.{name}": _unset(name) for name in ("sp", "zero", "schedule", "compress")},
+    **{entry.key: _unset(entry.name) for entry in SETTINGS},
+    "train.micro_batch": lambda spec: spec.train.micro_batch is None,
 }
-"""The keys the planner may fill, and how to read whether ``spec`` left each ``auto``."""
+"""The keys the planner may fill, each with whether ``spec`` left it ``auto``: the degrees,
+the planner's options that can be (``Option.auto``), sp, zero, the schedule, compression,
+the per-layer settings and the micro-batch."""
 
 
 def memory_warnings(spec: Spec) -> list[ParcError]:
@@ -125,7 +131,7 @@ def memory_warnings(spec: Spec) -> list[ParcError]:
 
 def _first_auto(spec: Spec) -> str:
     """The first key the planner would fill (its ``auto`` is what the error points at)."""
-    unset = [key for key, value in PLANNED_KEYS.items() if value(spec) is None]
+    unset = [key for key, left in PLANNED_KEYS.items() if left(spec)]
     written = [key for key in unset if spec.span(key) is not None]
     return (written or unset or ["parallel"])[0]
 
@@ -134,8 +140,8 @@ def _planned_spans(spec: Spec) -> tuple:
     """``spec.spans`` with every key the planner filled pointing at its ``auto`` (the
     key's own, else ``parallel = auto``), marked ``planned`` so the trainer cites it."""
     spans = dict(spec.spans)
-    for key, value in PLANNED_KEYS.items():
-        if value(spec) is not None:
+    for key, left in PLANNED_KEYS.items():
+        if not left(spec):
             continue
         where = spans.get(key) or spans.get(key.split(".")[0])
         if where is not None:

@@ -19,7 +19,7 @@ from .cost import Accounting, Estimate, Hardware, estimate
 from .cost.bubble import REASONS as SCHEDULE_REASONS
 from .cost.options import options, qualified
 from .cost.per_layer import hetero_supported
-from .cost.layout import rank_params
+from .cost.layout import by_node, rank_params, zero3_spread
 from .cost.time import compression_cost
 from .search import EXACT_TOP, TIE_TOLERANCE, Incomplete, SearchResult, tie_memory_unit, tie_rule
 
@@ -148,7 +148,7 @@ def why(spec, result: SearchResult, hw: Hardware) -> list[str]:
         if other is not None and other is not runner:
             lines.append(_compare(best, index, other, items.index(other) + 1, unit, title="against other degrees"))
         lines += _cp_over_tp(best, index, result, unit)
-        lines += _ep_over_replicated(best, index, result)
+        lines += _ep_over_replicated(best, index, result, by_node(spec))
     elif result.considered > 1:
         lines.append(f"#{index} is the only layout that fits.")
     fast = _faster_unfit(result, best)
@@ -257,9 +257,10 @@ def _cp_over_tp(best: Estimate, index: int, result: SearchResult, unit: float | 
     ]
 
 
-def _ep_over_replicated(best: Estimate, index: int, result: SearchResult) -> list[str]:
+def _ep_over_replicated(best: Estimate, index: int, result: SearchResult, hsdp: bool = False) -> list[str]:
     """What the winner's ep buys over experts replicated on every rank: the best layout
-    with ep = 1 (fitting or not), its step time, its memory and exposed communication."""
+    with ep = 1 (fitting or not), its step time, its memory and exposed communication.
+    ``hsdp``: ZeRO-3 shards over the ranks of a node, not every rank (``zero3_spread``)."""
     if best.layout.ep == 1:
         return []
     items = result.estimates
@@ -270,10 +271,11 @@ def _ep_over_replicated(best: Estimate, index: int, result: SearchResult) -> lis
     fits = "" if alone.fits else ", and does not fit in memory"
     states = lambda item: item.memory.params + item.memory.grads + item.memory.optimizer  # noqa: E731
     if best.layout.zero == 3 and alone.layout.zero == 3:  # Note [experts as units] (fsdp.py)
+        over, group = zero3_spread(hsdp)
         return [
             f"ep {best.layout.ep} over replicated experts under ZeRO-3: ZeRO-3 already shards replicated experts "
-            f"over every rank (states {_gib(states(best))} vs {_gib(states(alone))}), so ep buys communication "
-            f"and compute, not memory: each rank gathers experts/{best.layout.ep} of every MoE layer over edp "
+            f"over {over} (states {_gib(states(best))} vs {_gib(states(alone))}), so ep buys communication "
+            f"and compute, not memory: each rank gathers experts/{best.layout.ep} of every MoE layer over {group} "
             f"instead of all of them (data-parallel traffic {_seconds(best.time.dp_comm)[1:]} vs "
             f"{_seconds(alone.time.dp_comm)[1:]} per step) and runs them on the rows sent to it "
             f"(compute {_seconds(best.time.compute)[1:]} vs {_seconds(alone.time.compute)[1:]}), for "

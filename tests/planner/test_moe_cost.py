@@ -154,3 +154,20 @@ def test_a_moe_blocks_mlp_elementwise_is_its_experts_only():
 
     assert block(1024) == block(14336)
     assert block(1024, every=2) != block(14336, every=2)  # dense blocks between do stream it
+
+
+def test_under_hsdp_the_why_line_says_zero3_shards_over_a_node():
+    """``zero_shard = node``: ZeRO-3 shards every unit, the experts too, over one node's
+    ranks (fsdp.py, Note [experts as units]), not every rank: why's ep line says so, and its
+    'not memory' still holds (ep 1 and the winner's ep hold the same states)."""
+    spec = load(MIXTRAL, ["parallel.zero=3", "parallel.zero_shard=node", "parallel.recompute=full"])
+    hw = hardware_for(spec)
+    result = search(spec, hw)
+    winner = result.winner
+    assert winner is not None and winner.layout.ep > 1 and winner.layout.zero == 3
+    line = next(line for line in why(spec, result, hw) if " over replicated experts" in line)
+    assert "over the ranks of a node (zero_shard = node)" in line and "over every rank" not in line
+    assert "its node's edp ranks" in line
+    replicated = estimate(spec, replace(winner.layout, ep=1), hw)
+    states = lambda item: item.memory.params + item.memory.grads + item.memory.optimizer  # noqa: E731
+    assert states(replicated) == pytest.approx(states(winner), rel=1e-3)

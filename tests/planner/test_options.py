@@ -36,3 +36,20 @@ def test_each_option_prints_after_its_axis_or_after_ep():
     assert layout.describe() == "dp 1 cp 2 (ulysses) tp 4 (2×2) pp 1 ep 2 etp 2"
     text = words(Words(degrees={"cp": 2, "tp": 4}, options={"tp_shape": (2, 2)}, ep=2))
     assert text == "cp 2 (ring) × tp 4 (2×2) + ep 2", "an option left out of Words takes its entry's default"
+
+
+def test_the_planner_cites_the_auto_of_every_key_it_fills():
+    """passes/choose_layout.py's ``PLANNED_KEYS`` takes the options a spec may leave auto
+    from their entries (``Option.auto``: tp_shape, etp), and lists compression beside the
+    degrees: a build cites the spec's ``compress = auto`` and ``tp_shape = auto`` as planned
+    (before, neither was among the keys, so their spans were not marked)."""
+    from parc.codegen.passes.choose_layout import PLANNED_KEYS, _planned_spans
+    from parc.dsl import load
+
+    planned = {f"parallel.{entry.name}" for entry in options() if entry.auto is not None}
+    assert planned == {"parallel.tp_shape", "parallel.etp"} and planned <= set(PLANNED_KEYS)
+    spec = load(str(ROOT / "tests/planner/specs/commodity.par"), buildable=False)  # compress = auto
+    assert spec.parallel.compress is None and dict(_planned_spans(spec))["parallel.compress"].planned
+    spec = load(str(ROOT / "examples/tiny.par"), ["parallel.tp=auto", "parallel.tp_shape=auto"], buildable=False)
+    spans = dict(_planned_spans(spec))
+    assert spans["parallel.tp_shape"].planned and spans["parallel.tp"].planned

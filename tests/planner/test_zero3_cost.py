@@ -21,7 +21,7 @@ from parc.dsl import load
 TABLE = Path(__file__).parent / "data" / "zero3_sc21_table2.json"
 CALIBRATED = 0.05
 """Worst relative error of TFLOP/s per GPU on the rows the constants were fitted on."""
-HELD_OUT = 0.15
+HELD_OUT = 0.10
 """... on the rows held out (530B), and of the collapse (first row over last) of each model."""
 
 
@@ -97,7 +97,7 @@ def test_hybrid_sharding_gathers_within_a_node_and_syncs_replicas_once_a_step():
     network."""
     from parc.codegen.planner.cost.comm import collective_time
     from parc.codegen.planner.cost.layout import rank_params
-    from parc.codegen.planner.cost.time import zero3_gathers, zero3_shard_group
+    from parc.codegen.planner.cost.zero3 import zero3_gathers, zero3_shard_group
 
     spec, layout = row_spec(_rows("175B")[0])  # dp 384 over 48 nodes of 8
     hw = from_mesh(spec.mesh)
@@ -143,7 +143,7 @@ def test_a_split_backward_gathers_each_unit_again_for_its_w():
     backward]): W regathers its units, one more all-gather per unit and micro-batch on
     the link, and B's and W's gathers each hide under their share of the backward only."""
     from parc.codegen.planner.cost.layout import rank_params
-    from parc.codegen.planner.cost.time import zero3_collective, zero3_gathers
+    from parc.codegen.planner.cost.zero3 import zero3_collective, zero3_gathers
 
     spec, layout = row_spec(_rows("175B")[-1])
     hw = from_mesh(spec.mesh)
@@ -158,3 +158,25 @@ def test_a_split_backward_gathers_each_unit_again_for_its_w():
     for schedule in ("zero_bubble", "zero_bubble_v"):
         assert gathers(schedule).total == pytest.approx(gathers("1f1b").total + micro_batches * units * g)
         assert gathers(schedule).exposed > gathers("1f1b").exposed
+
+
+def test_deepspeed_gathers_a_block_module_by_module_and_parc_in_one_buffer():
+    """SC21's ZeRO-3 rows ran DeepSpeed's stage 3, which fetches a block submodule by
+    submodule (norm, fused qkv, attention out, norm, h→4h, 4h→h): six all-gathers, each
+    paying the ring's (n − 1)·α across the dp group; parc's fsdp.py gathers a unit's one
+    flat buffer. The latency is what keeps 1120 and 2240 GPUs at micro-batch 2 and 1
+    apart (the 530B rows, held out)."""
+    from parc.codegen.planner.cost.zero3 import zero3_collective, zero3_gathers_per_unit
+
+    spec, layout = row_spec(_rows("530B")[-1])
+    hw = from_mesh(spec.mesh)
+    assert zero3_gathers_per_unit(spec, Accounting.MEGATRON) == 6
+    assert zero3_gathers_per_unit(spec, Accounting.PARC) == 1
+    nbytes = 2.0 * 12 * spec.model.hidden ** 2
+    one = zero3_collective(hw, layout, "all_gather", nbytes)
+    six = zero3_collective(hw, layout, "all_gather", nbytes, pieces=6)
+    assert six - one == pytest.approx(5 * (layout.dp - 1) * hw.inter.latency)
+    megatron = step_time(spec, layout, hw, Accounting.MEGATRON)
+    flat = step_time(spec, layout, replace(hw, inter=replace(hw.inter, latency=0.0)), Accounting.MEGATRON)
+    assert megatron.dp_comm - flat.dp_comm == pytest.approx(
+        spec.model.layers * (2 * 6 + 1) * (layout.dp - 1) * hw.inter.latency, rel=0.01)

@@ -7,7 +7,8 @@ from __future__ import annotations
 from parc.codegen.planner.cost import Accounting, estimate, hardware_for
 from parc.codegen.planner.cost.layout import expert_shard_ranks, rank_expert_params, rank_params, zero3_shard_elements
 from parc.codegen.planner.cost.memory import memory
-from parc.codegen.planner.cost.time import step_time, zero3_gathers
+from parc.codegen.planner.cost.time import step_time
+from parc.codegen.planner.cost.zero3 import zero3_gathers
 from parc.codegen.planner.search import fixed_layout, search
 from parc.dsl import load
 

@@ -53,7 +53,7 @@ OPTIONS = (
     Option(name="etp", default=1, words=lambda etp: f"etp {etp}" if etp > 1 else None,
            of_plan=lambda plan: 1 if (etp := plan.model.expert_tensor_parallel) is None else etp.value,
            of_spec=lambda par: par.etp,
-           to_spec=lambda etp, par: {"etp": etp}),
+           to_spec=lambda etp, par: {"etp": etp}, auto=lambda par: par.etp is None),
 )
 """How expert tensor parallelism prints and reads (Note [an option is an entry], cost/options.py)."""
 

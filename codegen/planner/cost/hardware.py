@@ -31,11 +31,12 @@ from ...json_input import InputError, load_checked
 # Note [size-dependent efficiency]: the fit of bench/planner_calibration.py on the
 # three SC21 rows (DGX A100, Megatron-LM 2021: fused kernels, no flash attention).
 GPU_EFFICIENCY = {"eff_max": 0.70, "n_half": 10.0}
-ZERO3_NETWORK = {"zero3_network": 0.77, "zero3_overlap": 0.60}
+ZERO3_NETWORK = {"zero3_network": 1.11, "zero3_overlap": 0.34}
 """Note [ZeRO-3 gathers] (cost/time.py): the share of one port per GPU that ZeRO-3's
 per-unit collectives reach across nodes, and the share of a block's compute that runs at
 full speed under them; fitted on the published ZeRO-3 rows of 175B
-(``bench/planner_calibration.py --zero3``; the 530B rows held out)."""
+(``bench/planner_calibration.py --zero3``; the 530B rows held out), DeepSpeed's six
+all-gathers a block each paying the ring's latency (``zero3.zero3_gathers_per_unit``)."""
 ATTENTION_EFFICIENCY = {
     "a100-40gb": (0.65, 0.55),
     "a100-80gb": (0.65, 0.55),

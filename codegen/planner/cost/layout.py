@@ -189,6 +189,12 @@ def by_node(spec) -> bool:
     return spec.parallel.zero_shard == "node"
 
 
+def zero3_spread(hsdp: bool) -> tuple[str, str]:
+    """(the ranks ZeRO-3 shards a unit over, those it gathers an MoE layer's experts over), in
+    words (``why``): every rank and edp, or under HSDP one node's."""
+    return ("the ranks of a node (zero_shard = node)", "its node's edp ranks") if hsdp else ("every rank", "edp")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageContents:
     """What one pipeline rank holds (all of its chunks together)."""

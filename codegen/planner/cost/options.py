@@ -49,6 +49,9 @@ class Option:
     """Its value in the planner's ``Layout`` of a spec's complete layout (``ParallelSpec`` → value)."""
     to_spec: Callable = lambda value, par: {}
     """The spec's ``parallel`` fields a chosen value writes over ``par`` (``search.with_layout``)."""
+    auto: Callable | None = None
+    """``ParallelSpec`` → whether the spec leaves it to the planner (``parc build`` fills it and
+    cites its ``auto``: passes/choose_layout.py's ``PLANNED_KEYS``); None: never planned."""
     column: Callable = lambda layout: None
     """Its cell in ``parc plan``'s settings column for a ``Layout``, or None."""
     compared: bool = False

@@ -56,8 +56,8 @@ from .memory import (
 )
 from .time import (
     TimeBreakdown, _activation_size, _grad_reduce_element, _optimizer_time, _zero3_gather_element, block_costs, step_time,
-    zero3_gathers,
 )
+from .zero3 import zero3_gathers
 
 
 def _memo(fn):

@@ -37,7 +37,7 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   of 2021 reduces after the pipeline flush (nothing hidden), zero 2 as a
   reduce-scatter; zero 3 also gathers the parameters for every micro-batch's forward
   and backward, unit by unit, the next unit's gather hidden behind this one's compute
-  (Note [ZeRO-3 gathers] at ``zero3_gathers``), and reduce-scatters each unit's
+  (Note [ZeRO-3 gathers] at ``zero3.zero3_gathers``), and reduce-scatters each unit's
   gradient on the same link during backward (every micro-batch, in both programs; parc
   gathers nothing after the step), at what ZeRO-3 reaches across nodes; under
   HSDP (``layout.by_node``) within a node, the replicas' shards all-reduced across
@@ -67,25 +67,24 @@ from dataclasses import dataclass
 from parc.dsl.spec import Arch, ModelSpec, Precision, Spec
 from parc.runtime.layout.model_desc import LINEAR
 from parc.runtime.layout.placement import placement_for
-from parc.runtime.schedules.schedule import SPLIT_BACKWARD
-from parc.runtime.schedules.schedule_sim import weight_share
 
 
 from .bubble import makespan, slice_scales
 from .context import cp_comm, eager_core
 from .slices import per_slices, zero3_passes
 from .tp2d import grid_block_comm, grid_head_comm
-from .comm import collective_latency, collective_time, ring_time
+from .comm import collective_latency, collective_time
 from .compress import RANK, pipeline_messages, powersgd_cost, topk_cost
 from .experts import expert_reduce, moe_block, moe_share
-from .hardware import Hardware, Link, gemm_time
+from .hardware import Hardware, gemm_time
 from .memo import shared
 from .layout import (
     SETTING_NAMES, Accounting, Layout, by_node as hsdp, expert_data_ranks, expert_shard_ranks, fields_but,
-    rank_expert_params, rank_params, zero3_shard_ranks,
+    rank_expert_params, rank_params,
 )
 from .memory import streamed_element, uses_master_weights
 from .overlap import Exposure, exposed_tp
+from .zero3 import zero3_gathers, zero3_gathers_per_unit, zero3_shard_group
 
 REDUCTION_READS = fields_but("sp", "micro_batch", "compress", *SETTING_NAMES)
 """What ``_reduction`` reads (Note [planner caches]): the placement, the degrees, ZeRO."""
@@ -253,6 +252,7 @@ def step_time(
         hw, layout, params, layers_per_chunk * v, zforward, zbackward, accounting, micro_batches=zpasses,
         gather_element=_zero3_gather_element(spec, accounting), grad_element=_grad_reduce_element(spec, accounting),
         by_node=by_node, experts=(expert_params, expert_shard) if by_node else None,
+        pieces=zero3_gathers_per_unit(spec, accounting),
     )
     if zero3 is not None:  # Note [ZeRO-3 gathers]: the reduce-scatters are among its collectives
         reduce = 0.0
@@ -492,96 +492,6 @@ def powersgd_compression(spec: Spec, layout: Layout, params: int, hw: Hardware):
     matrices.append((m.padded_vocab // layout.tp, m.hidden, 1))
     rank = spec.parallel.compress_rank if spec.parallel.compress == "powersgd" else RANK
     return powersgd_cost(hw, matrices, params=params, rank=rank, size=layout.dp * layout.cp, stride=layout.tp)
-
-
-@dataclass(frozen=True, slots=True)
-class Zero3Gathers:
-    """One step's parameter all-gathers and gradient reduce-scatters under ZeRO-3 (Note
-    [ZeRO-3 gathers])."""
-
-    total: float
-    """Seconds on the link, hidden or not."""
-    exposed: float
-    """Seconds nothing hides."""
-
-
-def zero3_gathers(hw: Hardware, layout: Layout, params: float, blocks: float, forward: float, backward: float,
-                  accounting: Accounting, *, micro_batches: int, gather_element: float, grad_element: float,
-                  by_node: bool = False, experts: tuple[float, int] | None = None) -> Zero3Gathers | None:
-    """Note [ZeRO-3 gathers]: every micro-batch (under a sliced schedule, every slice: ``micro_batches``
-    counts the passes, cost/slices.py's Note [ZeRO-3 per slice]) gathers each of the rank's B units (a block's
-    parameters; the embeddings and head are spread over them) once for forward and once
-    for backward (a full recompute's rerun finds its unit gathered): all-gathers of
-    g = Ψ_rank/B elements of ``gather_element`` bytes over the shard group; backward also
-    reduce-scatters each unit's gradient (``grad_element`` bytes), every micro-batch, as
-    Megatron/DeepSpeed's program and parc's (runtime/parallel/data/fsdp.py, Note [gradients of a unit]).
-    Prefetch launches unit i+1's gather when unit i starts, so the link carries one unit's
-    traffic L (forward: its gather; backward: its gather and the previous unit's
-    reduce-scatter) while one unit computes (c: a block's forward, or its backward with the
-    recompute): per pass the first gather and the last reduce-scatter are exposed, and each
-    of the other B − 1 units exposes max(0, L − φ·c), φ = ``hw.zero3_overlap`` the share of
-    a block's compute that runs under a collective at full speed (``zero3_link``: the link
-    ZeRO-3's collectives cross). ``by_node`` (HSDP, ``layout.by_node``): the shard group
-    is the dp·cp ranks of one node (``layout.zero3_shard_ranks``), so g and r cross the node's own
-    links, and once a step the replicas (one per node) all-reduce the rank's fp32 gradient
-    shard, ⌈Ψ_rank/S⌉ elements, across nodes after backward, exposed whole; with ``experts``
-    (their elements of Ψ_rank, and the node's edp ranks E they shard over: fsdp.py's Note
-    [experts as units]) the dense shard's replicas sum ⌈(Ψ_rank − Ψ_experts)/S⌉ and the
-    experts' edp/E replicas ⌈Ψ_experts/E⌉ more. With gloo on the CPU cores
-    (``comm_on_cores``) nothing hides. A split backward (zero_bubble, zero_bubble_v) gathers
-    each unit a third time, for its W (fsdp.py, Note [ZeRO-3 under a split backward]:
-    regathered, not kept whole from B to W; a first stage's W is its whole backward, but
-    the step is paced by the other stages): B passes gather under the input-gradient
-    share of the backward, W passes gather and reduce-scatter under the weight share
-    (``schedule_sim.weight_share``); the gathered memory stays 1 + prefetch units."""
-    if layout.zero < 3 or layout.shard_ranks <= 1:
-        return None
-    units = max(1.0, blocks)
-    shard = zero3_shard_group(hw, layout, by_node)
-    g = zero3_collective(hw, layout, "all_gather", params * gather_element / units, size=shard)
-    r = zero3_collective(hw, layout, "reduce_scatter", params * grad_element / units, size=shard)
-    replicas = layout.shard_ranks // shard
-    mine, expert_shard = experts or (0.0, 1)
-    sync = collective_time(hw, "all_reduce", math.ceil((params - mine) / shard) * grad_element, size=replicas,
-                           stride=shard * layout.tp) if replicas > 1 else 0.0
-    expert_replicas = expert_data_ranks(layout) // expert_shard if mine else 1
-    if expert_replicas > 1:  # the experts' shards, over the edp ranks of the other nodes
-        sync += collective_time(hw, "all_reduce", math.ceil(mine / expert_shard) * grad_element,
-                                size=expert_replicas, stride=expert_shard * layout.expert_folds)
-    split = layout.schedule in SPLIT_BACKWARD
-    total = micro_batches * units * ((3 if split else 2) * g + r) + sync
-    if hw.comm_on_cores:
-        return Zero3Gathers(total=total, exposed=total)
-    phi = hw.zero3_overlap
-    ahead = g + (units - 1) * max(0.0, g - phi * forward)
-    if split:  # B: a gather under the input gradients; W: a gather and a reduce-scatter under the weights'
-        weights = weight_share(backward)
-        back = g + (units - 1) * max(0.0, g - phi * (backward - weights))
-        back += g + (units - 1) * max(0.0, g + r - phi * weights) + r
-    else:
-        back = g + (units - 1) * max(0.0, g + r - phi * backward) + r
-    return Zero3Gathers(total=total, exposed=micro_batches * (ahead + back) + sync)
-
-
-def zero3_shard_group(hw: Hardware, layout: Layout, by_node: bool) -> int:
-    """``layout.zero3_shard_ranks`` on ``hw``'s nodes."""
-    return zero3_shard_ranks(layout, by_node=by_node, devices_per_node=hw.devices_per_node)
-
-
-def zero3_collective(hw: Hardware, layout: Layout, kind: str, nbytes: float, *, size: int | None = None) -> float:
-    """Seconds of one ZeRO-3 all-gather or reduce-scatter of a unit (``nbytes`` whole)
-    over the shard group (``size`` ranks, default dp·cp; Note [ZeRO-3 gathers]). Within a
-    node: ``collective_time``. Across
-    nodes each rank's share travels at ``hw.zero3_network`` × its own port's bandwidth:
-    the published ZeRO-3 throughput (tests/planner/data/zero3_sc21_table2.json) shows
-    the per-unit collectives of a dp group spread over nodes reach a fraction of one
-    port per GPU, far from the ring's ideal of every port of the node at once
-    (``comm.link_for``)."""
-    size, stride = layout.shard_ranks if size is None else size, layout.tp
-    if size * stride <= hw.devices_per_node or hw.comm_on_cores:
-        return collective_time(hw, kind, nbytes, size=size, stride=stride)
-    link = Link(bandwidth=hw.zero3_network * hw.inter.bandwidth, latency=hw.inter.latency)
-    return ring_time(kind, nbytes, ranks=size, link=link)
 
 
 def _optimizer_time(hw: Hardware, accounting: Accounting, params: int, tensors: int, layout: Layout,

@@ -53,6 +53,7 @@ OPTIONS = (
            of_spec=lambda par: par.tp_shape if par.tp_shape is not None and par.tp_shape[0] > 1 else None,
            to_spec=lambda shape, par: {"tp_shape": par.tp_shape if shape is None else shape,
                                        "tp_shape_auto": False},
+           auto=lambda par: par.tp_shape_auto,
            column=lambda layout: None if layout.tp_shape is None else "tp{}×{}".format(*layout.tp_shape),
            compared=True, shown=lambda shape: "1D" if shape is None else f"({shape[0]}, {shape[1]})",
            reasons={"exposed_comm": (
