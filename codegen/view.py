@@ -42,30 +42,89 @@ renderer's own items (first where not named); features not named come last, in `
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Arg:
+    """An argument on its own line of an exploded call: ``key=value,  # note`` under its
+    comment lines (no ``key``: a positional argument); the value may be a call itself."""
+
+    value: Union[str, Call]
+    key: str = ""
+    comments: tuple[str, ...] = ()
+    note: str = ""
+    """The comment at the end of the argument's line (of its last line, a call's ``)``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Call:
-    """``target = callee(args..., key=value...)  # note``, under its comment lines."""
+    """``target = callee(args..., key=value...)[index]  # note``, under its comment lines.
+
+    Note [exploded calls]: black keeps a call whose last argument ends in a comma (its
+    "magic trailing comma") one argument a line, and any other call it lays out itself from
+    the joined text. So a call is written on one line, for black to split where it is too
+    long, or ``exploded``: one argument a line, each with its comma, where an argument
+    carries a comment (``Arg``) or the call reads best so (the executor, the evaluator, the
+    checkpoints); either way the output is black's, and a feature adds an argument the
+    same way (``given``)."""
 
     callee: str
-    args: tuple[str, ...] = ()
-    kwargs: tuple[tuple[str, str], ...] = ()
-    """Keyword arguments in order: (keyword, the expression it takes)."""
+    args: tuple[Union[str, Arg], ...] = ()
+    kwargs: tuple[Union[tuple[str, str], Arg], ...] = ()
+    """Keyword arguments in order: (keyword, the expression it takes), or an ``Arg`` with comments."""
     target: str = ""
     comments: tuple[str, ...] = ()
     """The comment lines above the call, without their ``# ``."""
     note: str = ""
-    """The comment at the end of the call's line."""
+    """The comment at the end of the call's line (exploded: of its closing parenthesis)."""
+    exploded: bool = False
+    index: str = ""
+    """What the call's result is indexed by: ``[index]`` after it."""
 
-    def given(self, *kwargs: tuple[str, str], comment: str = "") -> Call:
+    def given(self, *kwargs: Union[tuple[str, str], Arg], comment: str = "") -> Call:
         """The call with more keyword arguments (at its end), and ``comment`` as the last
         comment line above it: a feature's variant of the call (Note [a section is a list of calls])."""
         comments = self.comments + ((comment,) if comment else ())
         return replace(self, kwargs=self.kwargs + kwargs, comments=comments)
 
+    def arguments(self) -> list[Arg]:
+        """Every argument in order, positional first, as ``Arg``s."""
+        return [arg if isinstance(arg, Arg) else Arg(value=arg) for arg in self.args] + [
+            arg if isinstance(arg, Arg) else Arg(key=arg[0], value=arg[1]) for arg in self.kwargs]
+
+    def expression(self) -> str:
+        """The call on one line, without its target and comments."""
+        return f"{self.callee}({', '.join(_inline(arg) for arg in self.arguments())})" + self._index()
+
     def lines(self) -> list[str]:
-        arguments = ", ".join([*self.args, *(f"{key}={value}" for key, value in self.kwargs)])
         bound = f"{self.target} = " if self.target else ""
-        text = f"{bound}{self.callee}({arguments})" + (f"  # {self.note}" if self.note else "")
-        return [f"# {line}" if line else "#" for line in self.comments] + [text]
+        note = f"  # {self.note}" if self.note else ""
+        text = self._statement()
+        text = [bound + text[0], *text[1:]]
+        return _comments(self.comments) + text[:-1] + [text[-1] + note]
+
+    def _statement(self) -> list[str]:
+        if not self.exploded:
+            return [self.expression()]
+        out = [f"{self.callee}("]
+        for arg in self.arguments():
+            value = arg.value._statement() if isinstance(arg.value, Call) else [arg.value]
+            value = [(f"{arg.key}=" if arg.key else "") + value[0], *value[1:]]
+            value[-1] += "," + (f"  # {arg.note}" if arg.note else "")
+            out += ["    " + line for line in _comments(arg.comments) + value]
+        return out + [")" + self._index()]
+
+    def _index(self) -> str:
+        return f"[{self.index}]" if self.index else ""
+
+
+def _comments(lines: tuple[str, ...]) -> list[str]:
+    return [f"# {line}" if line else "#" for line in lines]
+
+
+def _inline(arg: Arg) -> str:
+    """An argument of a call on one line (its comments need the exploded form)."""
+    if arg.comments or arg.note:
+        raise TypeError(f"internal error in parc: an argument with comments in a call on one line: {arg!r}")
+    value = arg.value.expression() if isinstance(arg.value, Call) else arg.value
+    return f"{arg.key}={value}" if arg.key else value
 
 
 @dataclass(frozen=True, slots=True)
