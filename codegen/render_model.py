@@ -27,7 +27,7 @@ def model_lines(plan: Plan, *, tp_arg: str, sp_arg: str, tp_extra: str) -> list[
         "# The plain model on the meta device (shapes, no values), then this layout's",
         "# transforms, in their one order (Note [the order of the transforms] in",
         "# parc_runtime/layout/transforms.py)",
-        *render_pipeline.build_lines(plan),
+        *render_pipeline.build_items(plan),
     ]
     used = features.in_use(plan)
     for step in ORDER:  # Note [the order of the transforms]; a feature's entry says its step's lines
