@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Union
 
 NAMES = ("flag_docs", "std_imports", "runtime_imports", "config", "tp_plan", "flags", "groups", "model_config", "model",
-         "optimizer", "optimizer_extra", "pipeline", "checkpoint", "eval_only", "lr", "step_body", "after_backward",
-         "step", "loss", "eval", "record", "memory_record", "end_of_step", "after_loop")
+         "data", "optimizer", "optimizer_extra", "pipeline", "checkpoint", "eval_only", "lr", "step_body",
+         "after_backward", "step", "loss", "eval", "record", "memory_record", "end_of_step", "after_loop")
 """train.py's sections, in the order the template places them."""
 
 ORDER = {
