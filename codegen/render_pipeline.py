@@ -87,7 +87,7 @@ def config_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def group_lines(plan: Plan) -> list[str]:
+def group_lines(plan: Plan) -> list:
     if not render_step.has_pipeline(plan):
         return []
     lines = ['pp_group = grid.group("pp")  # ranks that hold consecutive stages']
@@ -95,11 +95,12 @@ def group_lines(plan: Plan) -> list[str]:
         lines.append("# this rank and the one holding the same two stages the other way round")
         lines.append("replica_group = pipeline.replica_group(grid)")
     if fused_embedding_sync(plan):
-        reduce_axes = '"dp"' if plan.mesh.size("cp") == 1 else '"dp", "cp"'
-        lines.append("# the first and last stage's ranks over dp: the tied embedding table's copies,")
-        lines.append("# summed over both and averaged over dp in one all-reduce (Note [fused embedding")
-        lines.append("# synchronization] in pipeline.py)")
-        lines.append(f"tied_group = pipeline.embedding_group(grid, {reduce_axes})")
+        reduce_axes = ('"dp"',) if plan.mesh.size("cp") == 1 else ('"dp"', '"cp"')
+        words = ("the first and last stage's ranks over dp: the tied embedding table's copies,",
+                 "summed over both and averaged over dp in one all-reduce (Note [fused embedding",
+                 "synchronization] in pipeline.py)")
+        lines.append(Call(target="tied_group", callee="pipeline.embedding_group", args=("grid", *reduce_axes),
+                          comments=words))
     elif tied_embeddings(plan):
         lines.append("# first and last stage, which both hold the tied embedding table")
         lines.append("tied_group = pipeline.tied_embedding_group(grid)")
