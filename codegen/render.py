@@ -78,10 +78,10 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
                             kwargs=(("seed", "args.seed"), *render_eval.documents_kwargs(plan)))
     std_imports, forward_lines = std_import_lines(plan), forward_lines_of(plan)
     imports = features.train_imports(plan)
-    model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
+    model_args = tuple((s.name.lower(), s.name) for s in plan.model.settings)
     layout = layout_words(plan)
     own = dict(  # the renderer's own items of each section; the features in use add theirs (view.gathered)
-        lr=[f"{arg}," for arg in lr_args(plan)],
+        lr=[view.Call(target="lr", callee="optim.lr_at", exploded=True, args=("step",), kwargs=lr_args(plan))],
         flag_docs=extra_flag_docs,
         std_imports=std_imports,
         runtime_imports=runtime_tree.import_lines(imports),
@@ -89,7 +89,7 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         tp_plan=tp_plan_lines(plan),
         flags=render_flags.flag_lines(plan),
         groups=['tp_group = grid.group("tp")  # ranks that share one copy of the model'] if tp_size > 1 else [],
-        model_config=model_args,
+        model_config=[view.Call(target="config", callee="model.ModelConfig", exploded=True, kwargs=model_args)],
         data=[dataset],
         model=render_model.model_lines(
             plan, tp_arg=tp_arg, sp_arg="SEQUENCE_PARALLEL" if sp.enabled else "False",
