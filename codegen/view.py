@@ -3,10 +3,11 @@
 Takes: what ``render.py`` and the features' entries (``features.Feature.adds``) put in
 each section. Gives: ``Call`` (one statement that calls something: its comment lines, the
 name it binds, the callee, its positional and keyword arguments in order, a trailing
-comment), ``Lines`` (statements as they are: a loop, a ``with`` block, a dict's entries),
-``lines(items)`` (their text, one line each), ``NAMES`` (the sections) and
-``gathered(features, plan, section, own)`` (a section: the renderer's own items and those
-the features in use add, in the section's ``ORDER``).
+comment; on one line or exploded, Note [exploded calls]), ``Arg`` (an argument with its
+comments), ``lines(items)`` (their text, one line each; a string item is statements as
+they are: a comment, a loop, an ``if`` or ``with`` block, a dict's entry), ``NAMES`` (the
+sections) and ``gathered(features, plan, section, own)`` (a section: the renderer's own
+items and those the features in use add, in the section's ``ORDER``).
 Before: the features' render hooks. After: ``templates/train.py.j2``'s one macro, black.
 
 Note [a section is a list of calls]: a feature changes a call by giving it an argument
@@ -127,16 +128,6 @@ def _inline(arg: Arg) -> str:
     return f"{arg.key}={value}" if arg.key else value
 
 
-@dataclass(frozen=True, slots=True)
-class Lines:
-    """Statements written out as they are (each string may hold several lines)."""
-
-    text: tuple[str, ...]
-
-    def lines(self) -> list[str]:
-        return [line for block in self.text for line in block.split("\n")]
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Step:
     """The optimizer step's items: the gradients' reduction and clip, the update, the reset
@@ -147,8 +138,8 @@ class Step:
     clear: str = "optimizer.zero_grad()"
 
 
-Item = Union[Call, Lines, str]
-"""A section's item: a call, lines, or one line as a string."""
+Item = Union[Call, str]
+"""A section's item: a call, or statements as they are (a string, lines split at its newlines)."""
 
 
 def constant(name: str, value, comment: str) -> str:

@@ -11,7 +11,7 @@ import pytest
 from parc.codegen import view
 import black
 
-from parc.codegen.view import Arg, Call, Lines
+from parc.codegen.view import Arg, Call
 
 
 def test_a_call_prints_its_comments_then_one_statement():
@@ -72,7 +72,7 @@ def test_a_call_on_one_line_is_split_by_black_and_refuses_argument_comments():
 
 
 def test_lines_split_every_item_into_lines():
-    assert view.lines(["a\nb", Lines(("c", "d\ne")), Call(callee="f")]) == ["a", "b", "c", "d", "e", "f()"]
+    assert view.lines(["a\nb", Call(callee="f", exploded=True, args=("x",))]) == ["a", "b", "f(", "    x,", ")"]
 
 
 @dataclass(frozen=True)
