@@ -45,7 +45,8 @@ renderer's own items (first where not named); features not named come last, in `
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Arg:
     """An argument on its own line of an exploded call: ``key=value,  # note`` under its
-    comment lines (no ``key``: a positional argument); the value may be a call itself."""
+    comment lines (no ``key``: a positional argument); the value may be a call itself (its
+    comments and note are the ``Arg``'s: the call's own would be lost, and are refused)."""
 
     value: Union[str, Call]
     key: str = ""
@@ -106,6 +107,8 @@ class Call:
             return [self.expression()]
         out = [f"{self.callee}("]
         for arg in self.arguments():
+            if isinstance(arg.value, Call) and (arg.value.target or arg.value.comments or arg.value.note):
+                raise TypeError(f"internal error in parc: a call as an argument has its own comments: {arg!r}")
             value = arg.value._statement() if isinstance(arg.value, Call) else [arg.value]
             value = [(f"{arg.key}=" if arg.key else "") + value[0], *value[1:]]
             value[-1] += "," + (f"  # {arg.note}" if arg.note else "")

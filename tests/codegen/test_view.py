@@ -3,7 +3,7 @@ a feature's variant is an argument it gives the call, and a section's items keep
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import pytest
@@ -57,6 +57,8 @@ def test_an_exploded_call_prints_one_argument_a_line_as_black_keeps_it():
         "    ),",
         ")  # this rank's",
     ]
+    with pytest.raises(TypeError, match="internal error in parc"):  # the Arg holds an argument's comments
+        call.given(Arg(key="grad_codec", value=replace(codec, note="lost"))).lines()
     text = "\n".join(lines) + "\n"
     assert black.format_str(text, mode=black.Mode()) == text  # black's own form: its magic trailing commas
 
