@@ -67,20 +67,21 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     extra_flag_docs = [docstring_text(line) for line in flag_docs]
     if data.kind == "tokens":
         blended = isinstance(data.path, tuple)
-        dataset_line = "dataset = " + render_eval.token_data(blended, "args.data", render_eval.dataset_part(plan), plan)
+        dataset = render_eval.token_data(blended, "args.data", render_eval.dataset_part(plan), plan, target="dataset")
         extra_flag_docs.append(docstring_text(
             "--data PATH ...        token files of the blend, from the cwd (default DATA_PATH, by DATA_WEIGHTS)"
             if blended else
             "--data PATH            token file, from the cwd (default DATA_PATH, from this file's folder)"
         ))
     else:
-        dataset_line = f"dataset = data.SyntheticTokens(VOCAB, SEQ_LEN, seed=args.seed{render_eval.documents_arg(plan)})"
+        dataset = view.Call(target="dataset", callee="data.SyntheticTokens", args=("VOCAB", "SEQ_LEN"),
+                            kwargs=(("seed", "args.seed"), *render_eval.documents_kwargs(plan)))
     std_imports, forward_lines = std_import_lines(plan), forward_lines_of(plan)
     imports = features.train_imports(plan)
-    model_args = [f"{s.name.lower()}={s.name}," for s in plan.model.settings]
+    model_args = tuple((s.name.lower(), s.name) for s in plan.model.settings)
     layout = layout_words(plan)
     own = dict(  # the renderer's own items of each section; the features in use add theirs (view.gathered)
-        lr=[f"{arg}," for arg in lr_args(plan)],
+        lr=[view.Call(target="lr", callee="optim.lr_at", exploded=True, args=("step",), kwargs=lr_args(plan))],
         flag_docs=extra_flag_docs,
         std_imports=std_imports,
         runtime_imports=runtime_tree.import_lines(imports),
@@ -88,7 +89,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         tp_plan=tp_plan_lines(plan),
         flags=render_flags.flag_lines(plan),
         groups=['tp_group = grid.group("tp")  # ranks that share one copy of the model'] if tp_size > 1 else [],
-        model_config=model_args,
+        model_config=[view.Call(target="config", callee="model.ModelConfig", exploded=True, kwargs=model_args)],
+        data=[dataset],
         model=render_model.model_lines(
             plan, tp_arg=tp_arg, sp_arg="SEQUENCE_PARALLEL" if sp.enabled else "False",
             tp_extra=render_tensor.tensor_extra(plan),
@@ -140,7 +142,6 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
         header=header(plan),
         description=repr(f"Train {plan.model.name} ({layout})."),
         log_condition=render_eval.log_condition(plan),
-        dataset_line=dataset_line,
         mfu_expr=(
             f"tokens_per_s * flops_per_token / (DEVICE_FLOPS * {world})"
             if mesh.device_flops

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from .plan import Plan
 from .plan_text import cite
+from .view import Arg, Call
 
-RANK_ARGS = "rank=dist.rank, world_size=dist.world_size"
+RANK_ARGS = (("rank", "dist.rank"), ("world_size", "dist.world_size"))
 
 
 def config_lines(plan: Plan) -> list[str]:
@@ -47,33 +48,26 @@ def flag_docs(plan: Plan) -> list[str]:
     ]
 
 
-def setup_lines(plan: Plan, layout: str) -> list[str]:
+def setup_lines(plan: Plan, layout: str) -> list:
     dp, tp = plan.mesh.size("dp"), plan.mesh.size("tp")
     policy = plan.train.on_nonfinite
     where = f" at {cite(policy.span)}" if policy.span else ""
+    scale = (Arg(key="loss_scale", value="scaler", note="fp16: the scale and its counters resume too"),) \
+        if plan.train.precision.value == "fp16" else ()
+    checkpoints = Call(target="checkpoints", callee="checkpoint.Checkpoints", exploded=True,
+                       args=("args.checkpoint_dir",), kwargs=(
+        ("every", "args.checkpoint_every"), ("keep", "args.checkpoint_keep"), ("model", "net"),
+        ("optimizer", "optimizer"), ("tp_group", "tp_group" if tp > 1 else "None"), ("config", "config"),
+        ("layout", repr(layout)), ("samples_per_step", f"MICRO_BATCH * GRAD_ACCUM * {'DP' if dp > 1 else '1'}"),
+        *RANK_ARGS, ("device", "dist.device"), *scale))
     return [
         "",
         "# ---- checkpoints, SIGTERM and bad numbers ------------------------------------",
         "# Checkpoints hold every tensor under its logical name and full shape (DCP), so",
         "# any layout of this model resumes from them (runtime/checkpoints/checkpoint.py).",
-        f"guard = faults.StepGuard(ON_NONFINITE, {RANK_ARGS}, device=dist.device"
-        + (f", where={where!r})" if where else ")"),
-        "checkpoints = checkpoint.Checkpoints(",
-        "    args.checkpoint_dir,",
-        "    every=args.checkpoint_every,",
-        "    keep=args.checkpoint_keep,",
-        "    model=net,",
-        "    optimizer=optimizer,",
-        f"    tp_group={'tp_group' if tp > 1 else 'None'},",
-        "    config=config,",
-        f"    layout={layout!r},",
-        f"    samples_per_step=MICRO_BATCH * GRAD_ACCUM * {'DP' if dp > 1 else '1'},",
-        f"    {RANK_ARGS},",
-        "    device=dist.device,",
-    ] + ([
-        "    loss_scale=scaler,  # fp16: the scale and its counters resume too",
-    ] if plan.train.precision.value == "fp16" else []) + [
-        ")",
+        Call(target="guard", callee="faults.StepGuard", args=("ON_NONFINITE",), kwargs=(
+            *RANK_ARGS, ("device", "dist.device"), *((("where", repr(where)),) if where else ()))),
+        checkpoints,
         "# the last step already trained: 0, or the checkpoint's (after a restart by",
         "# torchrun, the latest one in --checkpoint-dir)",
         "done = checkpoints.restore(args.resume, restarted=faults.restart_count() > 0)",

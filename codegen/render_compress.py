@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .plan import Plan, Setting
 from .plan_text import cite
-from .view import Call
+from .view import Arg, Call
 
 CLASSES = {"powersgd": "PowerSGDGradients", "topk": "TopKGradients"}
 """``parallel.compress``'s call → the runtime class that reduces the gradients."""
@@ -72,19 +72,14 @@ def bf16_words(plan: Plan) -> str | None:
     return "the top-k values gathered in bf16, summed in fp32"
 
 
-def executor_args(plan: Plan, activation_shape: str) -> list[str]:
+def executor_args(plan: Plan, activation_shape: str) -> tuple[Arg, ...]:
     """``grad_codec=...`` of ``pipeline.PipelineExecutor`` under ``compress_pp``."""
     if not pipeline_enabled(plan):
-        return []
+        return ()
     rank = _setting(plan, "COMPRESS_PP_RANK")
-    return [
-        f"# {cite(rank.span)}: stages in COMPRESS_STAGES send their input gradient back as a",
-        "# low-rank P·Qᵀ; with LAZY_ERROR, the error goes with the next micro-batch's",
-        "# (Note [compressed backpropagation] in compress_pp.py)",
-        "grad_codec=compress_pp.LowRankBackprop(",
-        f"    {activation_shape},",
-        "    rank=COMPRESS_PP_RANK,",
-        "    stages=COMPRESS_STAGES,",
-        "    lazy_error=LAZY_ERROR,",
-        "),",
-    ]
+    codec = Call(callee="compress_pp.LowRankBackprop", exploded=True, args=(activation_shape,), kwargs=(
+        ("rank", "COMPRESS_PP_RANK"), ("stages", "COMPRESS_STAGES"), ("lazy_error", "LAZY_ERROR")))
+    return (Arg(key="grad_codec", value=codec, comments=(
+        f"{cite(rank.span)}: stages in COMPRESS_STAGES send their input gradient back as a",
+        "low-rank P·Qᵀ; with LAZY_ERROR, the error goes with the next micro-batch's",
+        "(Note [compressed backpropagation] in compress_pp.py)")),)

@@ -111,10 +111,10 @@ LR_ARGS = {"LR_SCHEDULE": "kind", "WARMUP": "warmup", "MIN_LR_RATIO": "min_lr_ra
 """``optim.lr_at``'s keyword for each constant of the plan's ``lr_schedule``."""
 
 
-def lr_args(plan: Plan) -> list[str]:
+def lr_args(plan: Plan) -> tuple[tuple[str, str], ...]:
     """``optim.lr_at(step, ...)``'s keyword arguments, each the constant that holds it."""
-    named = [f"{LR_ARGS[s.name]}={s.name}" for s in plan.train.lr_schedule]
-    return [named[0], "peak_lr=LR", *named[1:2], "total_steps=STEPS", *named[2:]]
+    named = [(LR_ARGS[s.name], s.name) for s in plan.train.lr_schedule]
+    return (named[0], ("peak_lr", "LR"), *named[1:2], ("total_steps", "STEPS"), *named[2:])
 
 
 def mesh_axes_text(plan: Plan) -> str:

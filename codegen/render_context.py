@@ -19,8 +19,8 @@ CP_KIND_WORDS = {
 }
 """``parallel.cp_kind``'s words, the comment of its constant."""
 
-CHUNK_ARGS = 'cp_rank=grid.index("cp"), cp_size=CP, cp_kind=CP_KIND'
-"""``data.context_chunk``'s arguments after the batch: which of a sequence's tokens this rank keeps."""
+CHUNK_ARGS = (("cp_rank", 'grid.index("cp")'), ("cp_size", "CP"), ("cp_kind", "CP_KIND"))
+"""``data.context_chunk``'s keyword arguments (and the evaluator's): which of a sequence's tokens this rank keeps."""
 
 
 def constants(plan: Plan) -> list[str]:

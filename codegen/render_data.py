@@ -43,7 +43,8 @@ def adds(plan: Plan) -> dict:
         sync = with_last(sync, last_call(sync).given(("tied_group", "tied_group"), comment=(
             "the tied embedding's copies: summed over tied_group (both stages × dp), in one all-reduce")))
     # first of after_backward (view.ORDER): the lines after it change grads, and finish() writes the means back
-    scale_arg = "scaled_by" if plan.train.precision.value == "fp16" else ""  # Note [compression under fp16]
-    finish = (f"grad_sync.finish({scale_arg})  # compressed mean gradient over the {over} ranks" if compressed else
-              f"grad_sync.finish()  # wait the buckets: mean gradient over the {over} ranks")
+    fp16 = plan.train.precision.value == "fp16"
+    scale = ("scaled_by",) if compressed and fp16 else ()  # Note [compression under fp16]
+    finish = Call(callee="grad_sync.finish", args=scale, note=f"compressed mean gradient over the {over} ranks"
+                  if compressed else f"wait the buckets: mean gradient over the {over} ranks")
     return {"groups": groups, "optimizer_extra": sync, "after_backward": [finish]}

@@ -15,19 +15,19 @@ from __future__ import annotations
 from . import render_context, render_step
 from .plan import Plan
 from .plan_text import cite
+from .view import Call
 
-TOKEN_FILE = "data.TokenFile({path}, SEQ_LEN, DATA_DTYPE, seed=args.seed, vocab=VOCAB, rank=dist.rank{part})"
-BLEND = "data.blend({path}, DATA_WEIGHTS, SEQ_LEN, DATA_DTYPE, seed=args.seed, vocab=VOCAB, rank=dist.rank{part})"
-
-
-def documents_arg(plan: Plan) -> str:
+def documents_kwargs(plan: Plan) -> tuple[tuple[str, str], ...]:
     """A dataset's extra argument under documents = separate (Note [documents of a sample])."""
-    return ", documents=DOCUMENTS" if render_step.separate(plan) else ""
+    return (("documents", "DOCUMENTS"),) if render_step.separate(plan) else ()
 
 
-def token_data(blended: bool, path: str, part: str, plan: Plan | None = None) -> str:
-    """The dataset of one token file, or of a blend's (``runtime/train/data.py``'s ``blend``)."""
-    return (BLEND if blended else TOKEN_FILE).format(path=path, part=part + ("" if plan is None else documents_arg(plan)))
+def token_data(blended: bool, path: str, part: tuple[tuple[str, str], ...], plan: Plan, **call) -> Call:
+    """The dataset of one token file, or of a blend's (``runtime/train/data.py``'s ``blend``);
+    ``call``: the Call's target and note."""
+    callee, args = ("data.blend", (path, "DATA_WEIGHTS")) if blended else ("data.TokenFile", (path,))
+    return Call(callee=callee, args=(*args, "SEQ_LEN", "DATA_DTYPE"), kwargs=(
+        ("seed", "args.seed"), ("vocab", "VOCAB"), ("rank", "dist.rank"), *part, *documents_kwargs(plan)), **call)
 
 
 def enabled(plan: Plan) -> bool:
@@ -64,9 +64,9 @@ def flag_docs(plan: Plan) -> list[str]:
     return lines + ["--val-data PATH        validation token file (default VAL_DATA_PATH, from this file's folder)"]
 
 
-def dataset_part(plan: Plan) -> str:
+def dataset_part(plan: Plan) -> tuple[tuple[str, str], ...]:
     """The training TokenFile's extra argument: the file less its held-out tail."""
-    return ", part=data.TRAIN_PART" if held_out(plan) else ""
+    return (("part", "data.TRAIN_PART"),) if held_out(plan) else ()
 
 
 def adds(plan: Plan) -> dict:
@@ -75,38 +75,34 @@ def adds(plan: Plan) -> dict:
             "record": record_lines(plan)}
 
 
-def setup_lines(plan: Plan) -> list[str]:
+def setup_lines(plan: Plan) -> list:
     if not enabled(plan):
         return []
     reduce_group = render_step.reduce_group(plan)[0] if render_step.reducing(plan) else None
     pipelined = render_step.has_pipeline(plan)
     data = plan.train.data
     if data.kind != "tokens":
-        val = "data.ValidationStream(dataset)  # the same chain, at samples training never reads"
+        val = Call(target="val_dataset", callee="data.ValidationStream", args=("dataset",),
+                   note="the same chain, at samples training never reads")
     elif data.val_path:
-        val = token_data(isinstance(data.val_path, tuple), "args.val_data", "", plan)
+        val = token_data(isinstance(data.val_path, tuple), "args.val_data", (), plan, target="val_dataset")
     else:
-        val = token_data(isinstance(data.path, tuple), "args.data", ", part=data.VAL_PART", plan) + "  # the held-out tail"
+        val = token_data(isinstance(data.path, tuple), "args.data", (("part", "data.VAL_PART"),), plan,
+                         target="val_dataset", note="the held-out tail")
     cp = plan.mesh.size("cp") > 1
     low = render_step.autocast_dtype(plan)  # else fp32, or bf16/fp16 parameters used as they are
     return [
         "",
         f"# ---- evaluation ({cite(plan.train.eval_every.span)}): val_loss, the same mean in every layout --",
-        f"val_dataset = {val}",
-        "evaluator = evaluate.Evaluator(",
-        "    val_dataset,",
-        "    every=EVAL_EVERY,",
-        "    batches=EVAL_BATCHES,",
-        "    micro_batch=MICRO_BATCH,",
-        "    grad_accum=GRAD_ACCUM,",
-        "    dp_rank=" + ('grid.index("dp"),' if plan.mesh.size("dp") > 1 else "0,"),
-        "    dp_size=DP,",
-        "    device=dist.device,",
-        f"    reduce_group={reduce_group or 'None'},",
-        *(f"    {arg}," for arg in (render_context.CHUNK_ARGS.split(", ") if cp else ())),
-        *(["    runner=runner,", "    pp_group=pp_group,"] if pipelined else []),
-        *([f"    autocast_dtype={low},"] if low is not None and not pipelined else []),
-        ")",
+        val,
+        Call(target="evaluator", callee="evaluate.Evaluator", exploded=True, args=("val_dataset",), kwargs=(
+            ("every", "EVAL_EVERY"), ("batches", "EVAL_BATCHES"), ("micro_batch", "MICRO_BATCH"),
+            ("grad_accum", "GRAD_ACCUM"), ("dp_rank", 'grid.index("dp")' if plan.mesh.size("dp") > 1 else "0"),
+            ("dp_size", "DP"), ("device", "dist.device"), ("reduce_group", reduce_group or "None"),
+            *(render_context.CHUNK_ARGS if cp else ()),
+            *((("runner", "runner"), ("pp_group", "pp_group")) if pipelined else ()),
+            *((("autocast_dtype", low),) if low is not None and not pipelined else ()),
+        )),
     ]
 
 

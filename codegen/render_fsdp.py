@@ -52,10 +52,10 @@ def optimizer_and_step(plan: Plan, groups, hyper, compute) -> tuple[list, Step]:
         comments.append("the split backward's W gathers its blocks once more (Note [ZeRO-3 under a split backward])")
     items, dp_arg, replicate = [], groups.reduce, ()
     if hybrid:
+        where = f"{cite(train.zero_shard.span)}: shard over the {over} ranks of one node, replicate across nodes"
         items = [
-            *(f"# {line}" for line in comments),
-            f"# {cite(train.zero_shard.span)}: shard over the {over} ranks of one node, replicate across nodes",
-            f"shard_group, replicate_group = fsdp.node_groups(grid, {axes_arg}, DEVICES_PER_NODE)",
+            Call(target="shard_group, replicate_group", callee="fsdp.node_groups",
+                 args=("grid", axes_arg, "DEVICES_PER_NODE"), comments=(*comments, where)),
             *render_moe.node_group_lines(plan),
         ]
         comments, dp_arg, replicate = [], "shard_group", (("replicate_group", "replicate_group"),)

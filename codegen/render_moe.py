@@ -14,6 +14,7 @@ from parc.runtime.layout.model_desc import ModelConfig, describe
 from . import render_step
 from .plan import Plan
 from .plan_text import cite
+from .view import Call
 
 
 def has_experts(plan: Plan) -> bool:
@@ -88,12 +89,13 @@ def group_kwargs(plan: Plan) -> tuple[tuple[str, str], ...]:
     return (("ep_group", "ep_group"),) + ((("etp_group", "etp_group"),) if expert_tensor_parallel(plan) > 1 else ())
 
 
-def transform_lines(plan: Plan) -> list[str]:
+def transform_lines(plan: Plan) -> list:
     """``parallelize.experts``: this rank's experts and its slice of each (ep·etp > 1)."""
     if not folds_experts(plan):
         return []
-    groups = "ep_group" + (", etp_group" if expert_tensor_parallel(plan) > 1 else "")
-    return [f"net = parallelize.experts(net, {groups})  # {cite(plan.model.expert_parallel.span)}"]
+    groups = ("ep_group", *(("etp_group",) if expert_tensor_parallel(plan) > 1 else ()))
+    return [Call(target="net", callee="parallelize.experts", args=("net", *groups),
+                 note=cite(plan.model.expert_parallel.span))]
 
 
 def zero_kwargs(plan: Plan, *, by_node: bool = False) -> tuple[tuple[str, str], ...]:
@@ -107,29 +109,27 @@ def zero_kwargs(plan: Plan, *, by_node: bool = False) -> tuple[tuple[str, str], 
     return (*group_kwargs(plan), *edp, ("data_ranks", data_ranks(plan)))
 
 
-def node_group_lines(plan: Plan) -> list[str]:
+def node_group_lines(plan: Plan) -> list:
     """HSDP with ep·etp > 1: the experts' shard and replicate groups (fsdp.py, Note [experts as units])."""
     if not folds_experts(plan):
         return []
-    return [
-        "# the experts' units: over the edp ranks of one node, replicated over the other nodes' edp ranks",
-        f"edp_shard_group, edp_replicate_group = fsdp.expert_node_groups(grid, ({expert_parallel(plan)!r}, "
-        f"{expert_tensor_parallel(plan)!r}), DEVICES_PER_NODE)",
-    ]
+    axes = f"({expert_parallel(plan)!r}, {expert_tensor_parallel(plan)!r})"
+    return [Call(target="edp_shard_group, edp_replicate_group", callee="fsdp.expert_node_groups",
+                 args=("grid", axes, "DEVICES_PER_NODE"),
+                 comments=("the experts' units: over the edp ranks of one node, replicated over the other "
+                           "nodes' edp ranks",))]
 
 
-def after_backward_lines(plan: Plan) -> list[str]:
+def after_backward_lines(plan: Plan) -> list:
     if not folds_experts(plan):
         return []
     over = "dp × cp" if plan.mesh.size("cp") > 1 else "dp"
     dtype = render_step.grad_reduce_dtype(plan)  # as the dense buckets (render.py)
     words = {"torch.bfloat16": f" in bf16 ({cite(plan.train.grad_reduce.span)})" if plan.train.grad_reduce else "",
              "torch.float32": " in fp32", None: ""}[dtype]
-    return [
-        f"# each expert's grad holds its ep group's tokens: sum over edp{words}, mean over {over}\n"
-        f"moe.reduce_expert_grads(net, edp_group, data_ranks={data_ranks(plan)}"
-        + (f", reduce_dtype={dtype})" if dtype else ")")
-    ]
+    return [Call(callee="moe.reduce_expert_grads", args=("net", "edp_group"), kwargs=(
+        ("data_ranks", data_ranks(plan)), *((("reduce_dtype", dtype),) if dtype else ())),
+        comments=(f"each expert's grad holds its ep group's tokens: sum over edp{words}, mean over {over}",))]
 
 
 def setup_lines(plan: Plan) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from .plan import Plan
 from .plan_text import cite
+from .view import Arg, Call
 
 
 MEMORY_EVERY = 10
@@ -50,31 +51,22 @@ def data_words(plan: Plan) -> str:
     return 'f"synthetic tokens (seed {args.seed})"'
 
 
-def setup_lines(plan: Plan, layout: str) -> list[str]:
+def setup_lines(plan: Plan, layout: str) -> list:
     predicted = plan.predicted is not None
     return [
         "",
         "# ---- what runs: a banner on rank 0, and the profiler of --profile -----------",
-        "observe.banner(",
-        "    net,",
-        "    rank=dist.rank,",
-        "    device=dist.device,",
-        "    title=__doc__.splitlines()[0],  # this file's first line: model, size, layout",
-        f"    layout={layout!r},",
-        f"    parameters={plan.model.parameters},  # the whole model, tied weights once",
-        f"    data={data_words(plan)},",
-        "    checkpoint_dir=args.checkpoint_dir,",
-        "    tensorboard=args.tensorboard,",
-        *(
-            [
-                "    predicted_step_time_s=PREDICTED_STEP_TIME_S,",
-                "    predicted_mem_bytes=PREDICTED_PEAK_MEM_BYTES,",
-            ]
-            if predicted
-            else []
-        ),
-        ")",
-        "profiler = observe.StepProfiler(args.profile, args.profile_dir, rank=dist.rank, device=dist.device)",
+        Call(callee="observe.banner", exploded=True, args=("net",), kwargs=(
+            ("rank", "dist.rank"), ("device", "dist.device"),
+            Arg(key="title", value="__doc__.splitlines()[0]", note="this file's first line: model, size, layout"),
+            ("layout", repr(layout)),
+            Arg(key="parameters", value=str(plan.model.parameters), note="the whole model, tied weights once"),
+            ("data", data_words(plan)), ("checkpoint_dir", "args.checkpoint_dir"), ("tensorboard", "args.tensorboard"),
+            *((("predicted_step_time_s", "PREDICTED_STEP_TIME_S"), ("predicted_mem_bytes", "PREDICTED_PEAK_MEM_BYTES"))
+              if predicted else ()),
+        )),
+        Call(target="profiler", callee="observe.StepProfiler", args=("args.profile", "args.profile_dir"),
+             kwargs=(("rank", "dist.rank"), ("device", "dist.device"))),
     ]
 
 

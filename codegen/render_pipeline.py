@@ -3,7 +3,7 @@ and schedule, its groups, this rank's chunks, the executor, the gradient sums ov
 copies and the loss brought to every pipeline rank.
 
 Takes: a ``Plan``. Gives: ``config_lines`` (``PP``, ``SCHEDULE``, ``CHUNKS``, the literal
-``PIPELINE_STAGES`` table), ``build_lines``, ``executor_lines``, ``loss_lines`` and
+``PIPELINE_STAGES`` table), ``build_items``, ``executor_items``, ``loss_lines`` and
 ``adds(plan)``, the pipeline entry's sections (``features.Feature.adds``): its groups and
 what follows backward. Before: ``passes/``. After: ``render.py``, ``render_model.py`` and
 ``render_constants.py`` place the lines; render_step.py writes the step that calls the executor.
@@ -16,6 +16,7 @@ from parc.runtime.layout.placement import placement_for
 from . import render_compress, render_hetero, render_step, render_tensor
 from .plan import Plan
 from .plan_text import cite
+from .view import Arg, Call
 
 SCHEDULE_WORDS = {
     "gpipe": "all forwards, then all backwards",
@@ -41,9 +42,9 @@ def placement_kind(plan: Plan) -> str:
     return placement_for(pipe.schedule, pipe.size, pipe.chunks).kind
 
 
-def placement_lines(plan: Plan) -> list[str]:
-    """``placement=PLACEMENT,`` where the placement is not Megatron's (the default)."""
-    return ["placement=PLACEMENT,"] if placement_kind(plan) != "interleaved" else []
+def placement_kwargs(plan: Plan) -> tuple[tuple[str, str], ...]:
+    """``placement=PLACEMENT`` where the placement is not Megatron's (the default)."""
+    return (("placement", "PLACEMENT"),) if placement_kind(plan) != "interleaved" else ()
 
 
 def tied_embeddings(plan: Plan) -> bool:
@@ -86,7 +87,7 @@ def config_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def group_lines(plan: Plan) -> list[str]:
+def group_lines(plan: Plan) -> list:
     if not render_step.has_pipeline(plan):
         return []
     lines = ['pp_group = grid.group("pp")  # ranks that hold consecutive stages']
@@ -94,34 +95,29 @@ def group_lines(plan: Plan) -> list[str]:
         lines.append("# this rank and the one holding the same two stages the other way round")
         lines.append("replica_group = pipeline.replica_group(grid)")
     if fused_embedding_sync(plan):
-        reduce_axes = '"dp"' if plan.mesh.size("cp") == 1 else '"dp", "cp"'
-        lines.append("# the first and last stage's ranks over dp: the tied embedding table's copies,")
-        lines.append("# summed over both and averaged over dp in one all-reduce (Note [fused embedding")
-        lines.append("# synchronization] in pipeline.py)")
-        lines.append(f"tied_group = pipeline.embedding_group(grid, {reduce_axes})")
+        reduce_axes = ('"dp"',) if plan.mesh.size("cp") == 1 else ('"dp"', '"cp"')
+        words = ("the first and last stage's ranks over dp: the tied embedding table's copies,",
+                 "summed over both and averaged over dp in one all-reduce (Note [fused embedding",
+                 "synchronization] in pipeline.py)")
+        lines.append(Call(target="tied_group", callee="pipeline.embedding_group", args=("grid", *reduce_axes),
+                          comments=words))
     elif tied_embeddings(plan):
         lines.append("# first and last stage, which both hold the tied embedding table")
         lines.append("tied_group = pipeline.tied_embedding_group(grid)")
     return lines
 
 
-def build_lines(plan: Plan) -> list[str]:
+def build_items(plan: Plan) -> list[Call]:
     """The plain model: whole, or this pipeline rank's chunks."""
     if not render_step.has_pipeline(plan):
-        return ["net = model.build_model(config)"]
-    return [
-        "# this pipeline rank's chunks (one per virtual stage it holds), as nn.ModuleList",
-        "net = model.build_stages(",
-        "    config,",
-        "    stages=PIPELINE_STAGES,",
-        '    pp_rank=grid.index("pp"),',
-        "    pp_size=PP,",
-        *("    " + line for line in placement_lines(plan)),
-        ")",
-    ]
+        return [Call(target="net", callee="model.build_model", args=("config",))]
+    return [Call(target="net", callee="model.build_stages", exploded=True, args=("config",), kwargs=(
+        ("stages", "PIPELINE_STAGES"), ("pp_rank", 'grid.index("pp")'), ("pp_size", "PP"), *placement_kwargs(plan)),
+        comments=("this pipeline rank's chunks (one per virtual stage it holds), as nn.ModuleList",))]
 
 
-def executor_lines(plan: Plan) -> list[str]:
+def executor_items(plan: Plan) -> list:
+    """The schedule's actions of this rank and the executor that runs them."""
     if not render_step.has_pipeline(plan):
         return []
     # this rank's tokens of a sequence: T, over cp, and over tp under SP
@@ -136,36 +132,31 @@ def executor_lines(plan: Plan) -> list[str]:
         rows = f"MICRO_BATCH * {tp} // TP"  # the coarse micro-batch's piece at the boundary's tp {tp}
         if plan.sequence_parallel.enabled:
             tokens = "SEQ_LEN" + (f" // {tp}" if tp > 1 else "")
-    return [
-        "",
-        "# ---- pipeline -----------------------------------------------------------",
-        "# This rank's ordered actions (forward/backward of micro-batch m, chunk c; send/recv)."
-        + (" Under terapipe" if render_step.sliced(plan) else ""),
-        *([f"# an action's micro-batch is a slice: m·{render_step.slice_count(plan)} + j is slice j of micro-batch m."]
-          if render_step.sliced(plan) else []),
-        "actions = schedule.build_schedule(",
-        "    SCHEDULE, stages=PP, micro_batches=GRAD_ACCUM, chunks=CHUNKS" + (f", slices={render_step.slice_count(plan)}" if render_step.sliced(plan) else ""),
-        ')[grid.index("pp")]',
-        "runner = pipeline.PipelineExecutor(",
-        "    net,",
-        "    actions=actions,",
-        "    pp_group=pp_group,",
-        '    pp_ranks=grid.ranks("pp"),',
-        '    pp_rank=grid.index("pp"),',
-        "    micro_batches=GRAD_ACCUM,",
-        "    # what travels between stages: (micro-batch, tokens, hidden), fp32",
-        f"    activation_shape=({rows}, {tokens}, {hidden}),",
-        "    device=dist.device,",
-        "    loss_fn=loss_fn,  # called on the last stage: each micro-batch's loss, your terms added",
-        *([f"    # {cite(plan.train.precision.span)}: {plan.train.precision.value} autocast in each stage's "
-           "forward; weights, grads and Adam stay fp32"] if autocast != "None" else []),
-        f"    autocast_dtype={autocast},",
-        *("    " + line for line in render_compress.executor_args(plan, f"(MICRO_BATCH, {tokens}, HIDDEN)")),
-        *("    " + line for line in placement_lines(plan)),
-        *([("    slices=tuple(SLICES)," if plan.pipeline.slice_lengths else
-            "    slices=(SEQ_LEN // SLICES,) * SLICES,") + "  # tokens of each slice"] if render_step.sliced(plan) else []),
-        ")",
-    ]
+    sliced = render_step.sliced(plan)
+    slices = ((("slices", render_step.slice_count(plan)),) if sliced else ())
+    actions = Call(target="actions", callee="schedule.build_schedule", args=("SCHEDULE",), kwargs=(
+        ("stages", "PP"), ("micro_batches", "GRAD_ACCUM"), ("chunks", "CHUNKS"), *slices), index='grid.index("pp")',
+        comments=("This rank's ordered actions (forward/backward of micro-batch m, chunk c; send/recv)."
+                  + (" Under terapipe" if sliced else ""),
+                  *([f"an action's micro-batch is a slice: m·{render_step.slice_count(plan)} + j is slice j of "
+                     "micro-batch m."] if sliced else [])))
+    runner = Call(target="runner", callee="pipeline.PipelineExecutor", exploded=True, args=("net",), kwargs=(
+        ("actions", "actions"), ("pp_group", "pp_group"), ("pp_ranks", 'grid.ranks("pp")'),
+        ("pp_rank", 'grid.index("pp")'), ("micro_batches", "GRAD_ACCUM"),
+        Arg(key="activation_shape", value=f"({rows}, {tokens}, {hidden})",
+            comments=("what travels between stages: (micro-batch, tokens, hidden), fp32",)),
+        ("device", "dist.device"),
+        Arg(key="loss_fn", value="loss_fn", note="called on the last stage: each micro-batch's loss, your terms added"),
+        Arg(key="autocast_dtype", value=autocast, comments=(
+            f"{cite(plan.train.precision.span)}: {plan.train.precision.value} autocast in each stage's "
+            "forward; weights, grads and Adam stay fp32",) if autocast != "None" else ()),
+    ))
+    runner = runner.given(*render_compress.executor_args(plan, f"(MICRO_BATCH, {tokens}, HIDDEN)"))
+    runner = runner.given(*placement_kwargs(plan))
+    if sliced:
+        runner = runner.given(Arg(key="slices", value="tuple(SLICES)" if plan.pipeline.slice_lengths else
+                                  "(SEQ_LEN // SLICES,) * SLICES", note="tokens of each slice"))
+    return ["", "# ---- pipeline -----------------------------------------------------------", actions, runner]
 
 
 def stage_replicas(plan: Plan) -> bool:
@@ -197,5 +188,5 @@ def loss_lines(plan: Plan) -> list[str]:
 
 def adds(plan: Plan) -> dict:
     """The pipeline entry's sections (``features.Feature.adds``)."""
-    return {"groups": group_lines(plan), "pipeline": executor_lines(plan), "after_backward": after_backward_lines(plan),
+    return {"groups": group_lines(plan), "pipeline": executor_items(plan), "after_backward": after_backward_lines(plan),
             "loss": loss_lines(plan)}

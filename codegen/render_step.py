@@ -15,6 +15,7 @@ from parc.runtime.layout.constraints import master_weights
 
 from . import render_compress, render_context, render_hetero
 from .plan import Plan
+from .view import Call
 
 
 ZERO_WORDS = {
@@ -104,16 +105,18 @@ def autocast_dtype(plan: Plan) -> str | None:
 
 
 def _sample_lines(dp_rank_arg: str) -> list[str]:
-    return [
-        "indices = data.sample_indices(",
-        "    step,",
-        "    micro,",
-        "    micro_batch=MICRO_BATCH,",
-        "    grad_accum=GRAD_ACCUM,",
-        f"    dp_rank={dp_rank_arg},",
-        "    dp_size=DP,",
-        ")",
-    ]
+    """The indices of micro-batch ``micro`` of ``step``: this dp rank's samples of it."""
+    return Call(target="indices", callee="data.sample_indices", exploded=True, args=("step", "micro"), kwargs=(
+        ("micro_batch", "MICRO_BATCH"), ("grad_accum", "GRAD_ACCUM"), ("dp_rank", dp_rank_arg), ("dp_size", "DP"),
+    )).lines()
+
+
+CHUNK_NOTE = "(B, T/cp): this rank's tokens of each sequence"
+
+
+def _context_chunk(**more) -> Call:
+    """``data.context_chunk``'s call: this rank's tokens of each sequence of the batch."""
+    return Call(callee="data.context_chunk", args=("inputs", "targets"), kwargs=render_context.CHUNK_ARGS, **more)
 
 
 def separate(plan: Plan) -> bool:
@@ -137,11 +140,7 @@ def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> l
         body = _sample_lines(dp_rank_arg)
         body.append(f"inputs, targets{_documents(plan)} = dataset.batch(indices)  # (B, T) token ids each")
         if plan.mesh.size("cp") > 1:
-            body += [
-                "inputs, targets = data.context_chunk(",
-                f"    inputs, targets, {render_context.CHUNK_ARGS}",
-                ")  # (B, T/cp): this rank's tokens of each sequence",
-            ]
+            body += _context_chunk(target="inputs, targets", note=CHUNK_NOTE).lines()
         body += forward_lines
         body += [
             "(loss * scaled_by).backward()  # fp16: the scaled loss (loss_scale.py)"
@@ -158,13 +157,11 @@ def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> l
         lines += ["    " + line for line in _sample_lines(dp_rank_arg)]
         if plan.mesh.size("cp") > 1:
             documents = _documents(plan)
+            chunk = _context_chunk().expression()
+            batch = f"(*{chunk}, documents)" if documents else chunk
             lines += [
                 f"    inputs, targets{documents} = dataset.batch(indices)  # (B, T) token ids each",
-                "    batches.append(",
-                f"        {'(*' if documents else ''}data.context_chunk(",
-                f"            inputs, targets, {render_context.CHUNK_ARGS}",
-                f"        ){documents})" if documents else "        )",
-                "    )  # (B, T/cp): this rank's tokens of each sequence",
+                *("    " + line for line in Call(callee="batches.append", args=(batch,), note=CHUNK_NOTE).lines()),
             ]
         else:
             lines.append("    batches.append(dataset.batch(indices))  # (B, T) token ids each")

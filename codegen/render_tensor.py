@@ -36,9 +36,9 @@ def grid_adds(plan: Plan) -> dict:
     ]}
 
 
-def tensor_extra(plan: Plan) -> str:
-    """The tensor step's further arguments: the 2D grid."""
-    return ", grid=tp_grid" if plan.mesh.tp_shape is not None else ""
+def tensor_extra(plan: Plan) -> tuple[tuple[str, str], ...]:
+    """The tensor step's further keyword arguments: the 2D grid."""
+    return (("grid", "tp_grid"),) if plan.mesh.tp_shape is not None else ()
 
 
 def grid_constants(plan: Plan) -> list[str]:
