@@ -93,7 +93,7 @@ def _unset(name: str):
 PLANNED_KEYS = {
     **{f"parallel.{name}": _unset(name) for name in LAYOUT_KEYS},
     **{f"parallel.{entry.name}": (lambda auto: lambda spec: auto(spec.parallel))(entry.auto)
-       for entry in options() if entry.auto is not None},  # cost/options.py: tp_shape, etp
+       for entry in options() if entry.auto is not None},  # the options that may be left auto
     **{f"parallel.{name}": _unset(name) for name in ("sp", "zero", "schedule", "compress")},
     **{entry.key: _unset(entry.name) for entry in SETTINGS},
     "train.micro_batch": lambda spec: spec.train.micro_batch is None,
