@@ -113,6 +113,48 @@ def test_eager_experts_under_bf16_autocast_match_fp32():
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
 
 
+def test_bf16_expert_rows_padded_to_buckets_on_cpu():
+    """Note [expert rows in buckets]: each expert's rows rounded up to ROW_BUCKET with zero
+    rows, the real ones in order at ``real``; fp32 keeps its exact counts."""
+    counts = torch.tensor([3, 0, 17, 16])
+    x = torch.randn(36, 5, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    rows, padded, real = moe.bucketed_rows(x, counts)
+    assert padded.tolist() == [16, 0, 32, 16]
+    assert real.tolist() == [*range(3), *range(16, 33), *range(48, 64)]
+    assert torch.equal(rows[real], x)
+    keep = torch.ones(rows.shape[0], dtype=torch.bool)
+    keep[real] = False
+    assert rows[keep].abs().sum() == 0
+    assert moe.bucketed_rows(x.float(), counts) is None
+
+
+def test_bf16_experts_on_cpu_give_each_row_its_unpadded_value():
+    """Padding to buckets (Note [expert rows in buckets]) changes no real row: the experts'
+    output and the gradients equal, bit for bit, a loop over the experts at the exact counts."""
+    model = built.build(config(), seed=3, kernels="eager")
+    layer = model.layers["0"].mlp
+    counts = torch.tensor([5, 0, 9, 2])
+    x = torch.randn(16, 16, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).requires_grad_()
+    weights = [p.detach().to(torch.bfloat16).requires_grad_() for p in
+               (layer.experts.gate_proj.weight, layer.experts.up_proj.weight, layer.experts.down_proj.weight)]
+    for p, w in zip((layer.experts.gate_proj, layer.experts.up_proj, layer.experts.down_proj), weights):
+        p.weight = torch.nn.Parameter(w.detach().clone())
+    got = layer.run_experts(x, counts)
+    got.float().square().sum().backward()
+    want, start = [], 0
+    for e, n in enumerate(counts.tolist()):
+        rows = x[start : start + n]
+        want.append(F.linear(F.silu(F.linear(rows, weights[0][e])) * F.linear(rows, weights[1][e]), weights[2][e]))
+        start += n
+    want = torch.cat(want)
+    x_grad, x.grad = x.grad, None
+    want.float().square().sum().backward()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(x_grad, x.grad, rtol=0, atol=0)
+    for p, w in zip((layer.experts.gate_proj, layer.experts.up_proj, layer.experts.down_proj), weights):
+        torch.testing.assert_close(p.weight.grad, w.grad, rtol=0, atol=0)
+
+
 def test_aux_and_z_loss_reach_the_router_gradient_with_the_loss_scale():
     cfg = config(aux_loss=0.5, z_loss=0.25)
     model = build(cfg)

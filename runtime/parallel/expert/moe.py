@@ -92,6 +92,38 @@ class GroupedLinear(nn.Module):
         return grouped_linear(x, self.weight, counts)
 
 
+ROW_BUCKET = 16
+"""Note [expert rows in buckets]: on the CPU, torch runs a bf16 (or fp16) matmul through
+oneDNN, which builds a primitive for each new shape and caches it: its first call at a
+shape costs several times a cached one, and each cached primitive holds memory (600
+bf16 expert-sized GEMMs at random row counts: 1.4x fp32's time cold, 0.8x warm, +210 MiB
+resident; bench/peer_notes.md). An expert's row count is the routing's, a new number
+nearly every micro-batch, so each expert GEMM paid the cold price and the cache grew.
+``bucketed_rows`` rounds each expert's rows up to a multiple of ``ROW_BUCKET`` with zero
+rows (zero in, zero out through the SwiGLU/GELU MLP, and zero rows add nothing to a
+weight's gradient), so the shapes repeat; the real rows are picked back after. fp32
+(MKL, no per-shape primitive) and CUDA keep the exact counts."""
+
+
+def bucketed_rows(x, counts):
+    """(rows padded per expert, their counts, each real row's position among them) under a
+    low-precision GEMM on the CPU, else None (Note [expert rows in buckets])."""
+    low = (torch.bfloat16, torch.float16)
+    if x.device.type != "cpu" or not (x.dtype in low or (
+            torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in low)):
+        return None
+    padded = (counts + ROW_BUCKET - 1) // ROW_BUCKET * ROW_BUCKET
+    if torch.equal(padded, counts):
+        return None
+    n = x.shape[0]
+    expert = torch.repeat_interleave(torch.arange(len(counts)), counts.to("cpu", torch.long), output_size=n)
+    shift = (torch.cumsum(padded, 0) - padded) - (torch.cumsum(counts, 0) - counts)  # padded start − start
+    real = torch.arange(n) + shift.to("cpu", torch.long)[expert]
+    source = torch.full((int(padded.sum()),), n, dtype=torch.long)  # row n: the zero row
+    source[real] = torch.arange(n)
+    return torch.cat([x, x.new_zeros(1, x.shape[1])]).index_select(0, source), padded, real
+
+
 def grouped_linear(x, weight, counts):
     """Rows of ``x`` (N, in) sorted by expert, ``counts[e]`` of them for expert e → (N, out):
     each run of rows times its expert's weight (the eager grouped GEMM)."""
@@ -198,6 +230,10 @@ class MoEMLP(nn.Module):
 
     def run_experts(self, x, counts):
         """Tokens sorted by expert (N, C) → each through its expert (N, C), one grouped op a projection."""
+        padded = bucketed_rows(x, counts)
+        if padded is not None:  # Note [expert rows in buckets]
+            rows, counts, real = padded
+            return self.run_experts(rows, counts).index_select(0, real)
         gate = self.experts.gate_proj(x, counts) if self.llama else None
         return self.experts.down_proj(self.activation(self.experts.up_proj(x, counts), gate), counts)
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.graph import GradientEdge
+from torch.autograd.graph import GradientEdge, _engine_run_backward as _run_backward
 from torch.distributed.pipelining._backward import stage_backward_input
 
 
@@ -86,7 +86,8 @@ def backward_weight(owed: OwedWeights, hooks=None) -> None:
                    if len(group["intermediates"]) > 1]
         try:
             if edges:
-                torch.autograd.backward(edges, grad_tensors=grads, inputs=_params(group))
+                _run_backward(tuple(edges), tuple(grads), False, False, tuple(_params(group)),
+                              allow_unreachable=True, accumulate_grad=True)
         finally:
             for handle in handles:
                 handle.remove()
