@@ -43,7 +43,7 @@ def in_plan(part: str) -> tuple[tuple[str, str, object, str], ...]:
 class LayoutOptions:
     """The degrees the options qualify and the options, as a spec's layout and the planner's
     ``Layout`` both hold them (None, a spec's only: ``auto``). ``tp`` is each subclass's own
-    (required in both)."""
+    (required in both); the properties read a complete layout."""
 
     cp: int | None = 1
     """Context-parallel ranks: each holds seq_len / cp tokens of every sequence (None: auto)."""
