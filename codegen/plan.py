@@ -19,7 +19,7 @@ import enum
 from dataclasses import dataclass, field
 
 from parc.dsl.diagnostics import Span
-from parc.dsl.layout_options import in_plan
+from parc.dsl.keys.layout_options import in_plan
 from parc.runtime.layout.axes import coordinates, partition
 from parc.runtime.layout.layer_settings import SETTINGS, LayerSetting
 
@@ -48,7 +48,7 @@ def from_spec(record: type, spec) -> dict:
 
 def with_options(part: str):
     """A class decorator for the Plan's ``part`` (``mesh``, ``model``, ``train``): adds the
-    ``cited`` fields of the layout options placed there (``dsl/layout_options.py``'s
+    ``cited`` fields of the layout options placed there (``dsl/keys/layout_options.py``'s
     ``cited_in``, Note [one record of the options]; each documented there), after the class's
     own: a ``Setting``, required when every layout has it, else None where it lacks it."""
     def add(record: type) -> type:

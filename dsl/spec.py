@@ -21,7 +21,7 @@ from parc.runtime.layout.model_desc import ModelConfig, ModelDesc, describe
 from parc.runtime.schedules.schedule import KINDS
 
 from .diagnostics import Span
-from .layout_options import SpecOptions
+from .keys.layout_options import SpecOptions
 
 
 class Arch(enum.Enum):
@@ -156,7 +156,7 @@ class MeshSpec:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelSpec(SpecOptions):
     """The layout. ``None`` means ``auto`` (left to the planner). The options beyond the
-    degrees and the per-layer settings are ``SpecOptions``' fields (``dsl/layout_options.py``,
+    degrees and the per-layer settings are ``SpecOptions``' fields (``dsl/keys/layout_options.py``,
     Note [one record of the options])."""
 
     dp: int | None
@@ -183,8 +183,6 @@ class ParallelSpec(SpecOptions):
     compress_ratio: float = 0.01
     """``topk(ratio = x)``."""
     error_feedback: bool = True
-    compress_stages: tuple[int, ...] | None = None
-    """Stages whose input gradient goes back compressed; None: every stage but the first."""
     layer_tp: tuple[int, ...] | None = None
     """Each block's tensor-parallel degree when they differ (``tp`` written as a list);
     ``tp`` is then the largest, the coarse split of a stage (Note [heterogeneous layouts])."""

@@ -1,4 +1,4 @@
-"""The layout's options are declared once (dsl/layout_options.py, Note [one record of the options])."""
+"""The layout's options are declared once (dsl/keys/layout_options.py, Note [one record of the options])."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 
 from parc.codegen import plan
 from parc.codegen.planner.cost.layout import Layout
-from parc.dsl.layout_options import LayoutOptions, SpecOptions, in_plan
+from parc.dsl.keys.layout_options import LayoutOptions, SpecOptions, in_plan
 from parc.dsl.spec import ParallelSpec, TrainSpec
 
 

@@ -24,7 +24,7 @@ import math
 import operator
 from dataclasses import dataclass, fields
 
-from parc.dsl.layout_options import LayoutOptions
+from parc.dsl.keys.layout_options import LayoutOptions
 from parc.dsl.spec import ModelSpec
 from parc.runtime.layout import layer_settings
 from parc.runtime.layout.constraints import per_layer
