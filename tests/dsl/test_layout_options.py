@@ -6,6 +6,7 @@ import dataclasses
 
 from parc.codegen import plan
 from parc.codegen.planner.cost.layout import Layout
+from parc.dsl.keys import PARALLEL
 from parc.dsl.keys.layout_options import LayoutOptions, SpecOptions, in_plan
 from parc.dsl.spec import ParallelSpec, TrainSpec
 
@@ -42,3 +43,13 @@ def test_a_plan_part_is_filled_from_the_spec_by_the_record():
     filled = plan.from_spec(plan.TrainPlan, Spec())
     assert filled["zero_shard"] == plan.Setting(name="ZERO_SHARD", value="node", span=None)
     assert Spec.parallel.by_node
+
+
+def test_each_option_key_is_in_the_table_after_its_anchor():
+    names = [key.name for key in PARALLEL.keys]
+    options = [f for f in dataclasses.fields(SpecOptions) if "key" in f.metadata]
+    assert options
+    for f in options:
+        key, after = f.metadata["key"]
+        assert key.name == f.name and PARALLEL.key(f.name) is key  # Note [a key is its field]
+        assert names.index(f.name) == names.index(after) + 1
