@@ -19,13 +19,14 @@ import enum
 from dataclasses import dataclass, field
 
 from parc.dsl.diagnostics import Span
+from parc.dsl.keys.layout_options import in_plan
 from parc.runtime.layout.axes import coordinates, partition
 from parc.runtime.layout.layer_settings import SETTINGS, LayerSetting
 
 
 def cited(key: str, when=None, note: str = "") -> dict:
     """The metadata of a ``Setting`` field that holds one spec key's value, named after the
-    key (``parallel.zero_shard``: ZERO_SHARD); ``when(spec)``: the layouts that have it
+    key (``parallel.zero_prefetch``: ZERO_PREFETCH); ``when(spec)``: the layouts that have it
     (else the field keeps its default). ``from_spec`` fills these fields."""
     return {"cited": (key, when, note)}
 
@@ -43,6 +44,20 @@ def from_spec(record: type, spec) -> dict:
         fields[f.name] = Setting(name=name.upper(), value=tuple(value) if isinstance(value, list) else value,
                                  span=spec.span(key), note=note)
     return fields
+
+
+def with_options(part: str):
+    """A class decorator for the Plan's ``part`` (``mesh``, ``model``, ``train``): adds the
+    ``cited`` fields of the layout options placed there (``dsl/keys/layout_options.py``'s
+    ``cited_in``, Note [one record of the options]; each documented there), after the class's
+    own: a ``Setting``, required when every layout has it, else None where it lacks it."""
+    def add(record: type) -> type:
+        for name, option, when, note in in_plan(part):
+            record.__annotations__[name] = "Setting" if when is None else "Setting | None"
+            cite = cited(f"parallel.{option}", when=when, note=note)
+            setattr(record, name, field(metadata=cite) if when is None else field(default=None, metadata=cite))
+        return record
+    return add
 
 
 class ShardStyle(enum.Enum):
@@ -94,6 +109,7 @@ class ProcessGroup:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+@with_options("mesh")
 class MeshPlan:
     axes: tuple[MeshAxis, ...]
     """Every axis of the registry (``runtime/layout/axes.py``) in mesh order, size-1 axes included."""
@@ -110,13 +126,6 @@ class MeshPlan:
     nodes_span: Span | None
     devices_span: Span | None
     device_span: Span | None
-    cp_kind: Setting = field(metadata=cited("parallel.cp_kind"))
-    """CP_KIND: how attention sees the whole sequence under cp > 1 (``ulysses``,
-    ``allgather``; runtime/parallel/context/context.py). train.py names it only when cp > 1."""
-    tp_shape: Setting | None = field(default=None, metadata=cited(
-        "parallel.tp_shape", when=lambda spec: spec.parallel.tp_shape is not None and spec.parallel.tp_shape[0] > 1))
-    """TP_SHAPE ``(R, C)``: the tp ranks as an R × C grid (Note [2D tensor parallelism],
-    runtime/parallel/tensor/layers2d.py); None for 1D, ``(1, tp)``."""
 
     @property
     def world_size(self) -> int:
@@ -218,7 +227,7 @@ class PipelinePlan:
     chunks: int
     """Model chunks (virtual stages) per pipeline rank; > 1 only when interleaved."""
     slices: int = 1
-    """Token slices per sequence (terapipe, runtime/schedules/schedule_terapipe.py); 1 otherwise."""
+    """Token slices per sequence under a sliced schedule (``schedule.SLICED``); 1 otherwise."""
     slice_lengths: tuple[int, ...] | None = None
     """Tokens of each slice where the spec lists them (uneven slices); None: equal."""
     micro_batches: int
@@ -322,6 +331,7 @@ class Setting:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+@with_options("model")
 class ModelPlan:
     name: str
     """The model block's name; validated as a Python identifier."""
@@ -335,11 +345,6 @@ class ModelPlan:
         "parallel.ep", when=lambda spec: spec.model.experts, note="expert-parallel ranks"))
     """EP: the ranks that split each MoE block's experts (runtime/parallel/expert/moe.py); None for a
     dense model (plan.json leaves it out)."""
-    expert_tensor_parallel: Setting | None = field(default=None, metadata=cited(
-        "parallel.etp", when=lambda spec: spec.model.experts and spec.parallel.etp > 1,
-        note="expert-tensor-parallel ranks"))
-    """ETP: the ranks that split each expert's ffn (Note [expert tensor parallelism]); None
-    unless the model has experts and etp > 1 (plan.json leaves it out)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -359,6 +364,7 @@ class DataPlan:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+@with_options("train")
 class TrainPlan:
     steps: Setting
     seed: Setting
@@ -396,13 +402,10 @@ class TrainPlan:
     zero_prefetch: Setting | None = field(default=None, metadata=cited(
         "parallel.zero_prefetch", when=lambda spec: spec.parallel.zero == 3))
     """ZERO_PREFETCH under zero = 3 (runtime/parallel/data/fsdp.py, Note [prefetch]); None otherwise."""
-    zero_shard: Setting | None = field(default=None, metadata=cited(
-        "parallel.zero_shard", when=lambda spec: spec.parallel.zero == 3))
-    """ZERO_SHARD under zero = 3: ``dp`` or ``node`` (HSDP); None otherwise."""
     compress: tuple[Setting, ...] = ()
     """COMPRESS, COMPRESS_RANK or COMPRESS_RATIO (``parallel.compress``, runtime/parallel/data/compress.py),
-    ERROR_FEEDBACK; COMPRESS_PP_RANK, COMPRESS_STAGES, LAZY_ERROR (``compress_pp``,
-    runtime/parallel/pipeline/compress_pp.py): those of what is compressed; empty when nothing is."""
+    ERROR_FEEDBACK; COMPRESS_PP_RANK, COMPRESS_STAGES, LAZY_ERROR (the pipeline's
+    backward compression, codegen/render_compress.py): those of what is compressed; empty when nothing is."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

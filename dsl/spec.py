@@ -18,8 +18,10 @@ from dataclasses import MISSING, dataclass, field, replace
 from parc.runtime.layout.constraints import per_layer
 from parc.runtime.layout.model_record import unchecked_config
 from parc.runtime.layout.model_desc import ModelConfig, ModelDesc, describe
+from parc.runtime.schedules.schedule import KINDS
 
 from .diagnostics import Span
+from .keys.layout_options import SpecOptions
 
 
 class Arch(enum.Enum):
@@ -27,14 +29,10 @@ class Arch(enum.Enum):
     LLAMA = "llama"
 
 
-class PipelineSchedule(enum.Enum):
-    GPIPE = "gpipe"
-    ONE_F_ONE_B = "1f1b"
-    INTERLEAVED = "interleaved"
-    ZERO_BUBBLE = "zero_bubble"
-    ZERO_BUBBLE_V = "zero_bubble_v"
-    CHIMERA = "chimera"
-    TERAPIPE = "terapipe"
+PipelineSchedule = enum.Enum("PipelineSchedule", [("ONE_F_ONE_B" if kind == "1f1b" else kind.upper(), kind)
+                                                 for kind in KINDS], module=__name__)
+"""The pipeline schedules: the schedule table's kinds (``runtime/schedules/schedule.KINDS``);
+``1f1b``, not a name, is ``ONE_F_ONE_B``."""
 
 
 class Recompute(enum.Enum):
@@ -156,44 +154,27 @@ class MeshSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ParallelSpec:
-    """The layout. ``None`` means ``auto`` (left to the planner)."""
+class ParallelSpec(SpecOptions):
+    """The layout. ``None`` means ``auto`` (left to the planner). The options beyond the
+    degrees and the per-layer settings are ``SpecOptions``' fields (``dsl/keys/layout_options.py``,
+    Note [one record of the options])."""
 
     dp: int | None
     tp: int | None
     pp: int | None
-    cp: int | None = 1
-    """Context-parallel ranks: each holds seq_len / cp tokens of every sequence (None: auto)."""
-    cp_kind: str = "ring"
-    """How attention sees the whole sequence: ``ring``, ``ulysses`` or ``allgather``."""
-    ep: int | None = 1
-    """Expert-parallel ranks (MoE layers fold dp·cp·tp as edp·ep·etp; None: auto)."""
-    etp: int | None = 1
-    """Expert tensor-parallel ranks."""
     sp: bool | None = False
     zero: int | None = 0
     zero_prefetch: int = 1
     """ZeRO-3: units whose all-gather runs ahead of the one computing."""
-    zero_shard: str = "dp"
-    """ZeRO-3: ``dp`` (shard over every dp rank) or ``node`` (within a node; HSDP)."""
     schedule: PipelineSchedule | None = PipelineSchedule.ONE_F_ONE_B
     chunks: int = 1
     """Virtual stages per rank (``interleaved(chunks = v)``); 1 otherwise."""
-    slices: int = 1
-    """Token slices per sequence (``terapipe(slices = S)``); 1 otherwise."""
-    slice_lengths: tuple[int, ...] | None = None
-    """Tokens of each slice when written as a list (``terapipe(slices = [16, 8, 8])``,
-    uneven slices; ``slices`` is then their count); None: ``slices`` equal parts."""
     recompute: Recompute | tuple[Recompute, ...] | None = Recompute.NONE
     """One mode for every block, or a tuple with one per block (Note [per-layer values])."""
     overlap: int | tuple[int, ...] | None = 1
     """Oases sub-batches per micro-batch (1: no overlap); or one per block."""
     stage_layers: tuple[int, ...] | None = None
     """Explicit layers per pipeline stage, or None for an even split."""
-    tp_shape: tuple[int, int] | None = None
-    """``parallel.tp_shape`` as written; None: ``(1, tp)`` (1D), or the planner's when ``tp_shape_auto``."""
-    tp_shape_auto: bool = False
-    """``tp_shape = auto``: the planner picks the grid (Note [2D tensor parallelism])."""
     compress: str | None = "none"
     """Data-parallel gradient compression: ``none``, ``powersgd`` or ``topk`` (runtime/parallel/data/compress.py);
     None: ``auto``, the planner's choice of ``powersgd`` or ``none``."""
@@ -202,14 +183,6 @@ class ParallelSpec:
     compress_ratio: float = 0.01
     """``topk(ratio = x)``."""
     error_feedback: bool = True
-    compress_pp: str = "none"
-    """Pipeline backward-gradient compression: ``none`` or ``lowrank`` (runtime/parallel/pipeline/compress_pp.py)."""
-    compress_pp_rank: int = 4
-    """``lowrank(rank = r)``."""
-    compress_pp_lazy_error: bool = False
-    """``lowrank(lazy_error = true)``: Optimus-CC's lazy error propagation."""
-    compress_stages: tuple[int, ...] | None = None
-    """Stages whose input gradient goes back compressed; None: every stage but the first."""
     layer_tp: tuple[int, ...] | None = None
     """Each block's tensor-parallel degree when they differ (``tp`` written as a list);
     ``tp`` is then the largest, the coarse split of a stage (Note [heterogeneous layouts])."""
@@ -247,18 +220,16 @@ class ParallelSpec:
     @property
     def is_complete(self) -> bool:
         """True when no value is left to the planner."""
-        return None not in (
+        return self.options_set and None not in (
             self.dp,
             self.tp,
             self.pp,
             self.cp,
             self.ep,
-            self.etp,
             self.sp,
             self.zero,
             self.schedule,
             self.compress,
-            None if self.tp_shape_auto else 1,
             self.recompute,
             self.overlap,
         )

@@ -1,41 +1,23 @@
-"""The ``parallel`` block's keys: the layout (any may be ``auto``)."""
+"""The ``parallel`` block's keys: the layout (any may be ``auto``). The keys of the layout's
+options (cp, ep and how they split, the tp grid, ZeRO-3's sharding, the pipeline's
+compression) sit beside their fields in ``dsl/keys/layout_options.py`` (Note [one record of the
+options]); ``with_keys`` places each in this table's order."""
 
 from __future__ import annotations
 
+from .layout_options import with_keys
 from .types import BlockDef, CallDef, Param, _int
 
 PARALLEL = BlockDef(
     name="parallel",
     may_be_auto=True,
     doc="the layout; any key may be auto, and `parallel = auto` leaves all to the planner",
-    keys=(
+    keys=with_keys((  # and each option's key, from its field (dsl/keys/layout_options.py)
         _int("dp", "data-parallel degree; or one per layer (with tp's, dp[i]·tp[i] equal)", required=True, auto=True,
              per_layer=True),
         _int("tp", "tensor-parallel degree; or one per layer, the rest of the stage's ranks data parallel",
              required=True, auto=True, per_layer=True),
         _int("pp", "pipeline-parallel degree (stages)", required=True, auto=True),
-        _int(
-            "cp",
-            "context-parallel degree: ranks that split each sequence (seq_len / cp tokens each); "
-            "auto lets the planner choose it (parallel = auto leaves it 1)",
-            default="1",
-            auto=True,
-            whole_auto=False,
-        ),
-        _int("ep", "expert-parallel degree: ranks that split each MoE layer's experts; auto lets the "
-             "planner choose it (parallel = auto leaves it 1)", default="1", auto=True, whole_auto=False),
-        _int("etp", "expert tensor-parallel degree: ranks that split each expert's ffn; auto lets the "
-             "planner choose it among the divisors of tp (parallel = auto leaves it 1)", default="1", auto=True,
-             whole_auto=False),
-        Param(
-            name="cp_kind",
-            type="enum",
-            choices=("ring", "ulysses", "allgather"),
-            default="ring",
-            doc="how attention sees the whole sequence under cp > 1: ring (K/V blocks passed "
-            "around the cp group, load-balanced chunks), ulysses (all-to-all to head shards) or "
-            "allgather (gather K/V)",
-        ),
         Param(
             name="sp",
             type="bool",
@@ -56,14 +38,6 @@ PARALLEL = BlockDef(
             "zero = 3: blocks whose all-gather is launched ahead of the one computing",
             minimum=0,
             default="1",
-        ),
-        Param(
-            name="zero_shard",
-            type="enum",
-            choices=("dp", "node"),
-            default="dp",
-            doc="zero = 3: shard parameters over every dp rank (dp), or over the dp ranks of "
-            "one node and replicate across nodes (node: hybrid sharding, HSDP)",
         ),
         Param(
             name="schedule",
@@ -132,17 +106,6 @@ PARALLEL = BlockDef(
             doc="layers of each pipeline stage, e.g. [5, 7]",
         ),
         Param(
-            name="tp_shape",
-            type="int_pair",
-            default="(1, tp)",
-            auto=True,
-            whole_auto=False,
-            auto_field="tp_shape_auto",
-            one_rank="(1, 1)",
-            doc="2D tensor parallelism: the tp ranks as an R × C grid (R·C = tp), weights split over "
-            "both sides; (1, tp) is 1D; auto lets the planner choose (parallel = auto leaves it 1D)",
-        ),
-        Param(
             name="compress",
             type="call",
             default="none",
@@ -182,37 +145,5 @@ PARALLEL = BlockDef(
             doc="with compress: what a step's compression of the dp gradients leaves out is added to "
             "the next step's gradient",
         ),
-        Param(
-            name="compress_pp",
-            type="call",
-            default="none",
-            lossy=True,
-            doc="compress the gradients pipeline stages send back (changes numerics)",
-            calls=(
-                CallDef(name="none", doc="send them whole"),
-                CallDef(
-                    name="lowrank",
-                    doc="Optimus-CC's compressed backpropagation: each as a rank-`rank` P·Qᵀ",
-                    params=(
-                        _int("rank", "rank of the approximation", default="4", field="compress_pp_rank"),
-                        Param(
-                            name="lazy_error",
-                            field="compress_pp_lazy_error",
-                            type="bool",
-                            default="false",
-                            doc="lazy error propagation: what P·Qᵀ leaves out is added to the next "
-                            "micro-batch's gradient",
-                        ),
-                    ),
-                ),
-            ),
-        ),
-        Param(
-            name="compress_stages",
-            type="int_list",
-            default="every stage but the first",
-            qualifies="compress_pp",
-            doc="with compress_pp: the stages whose input gradient is sent back compressed, e.g. [2, 3]",
-        ),
-    ),
+    )),
 )

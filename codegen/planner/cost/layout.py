@@ -24,6 +24,7 @@ import math
 import operator
 from dataclasses import dataclass, fields
 
+from parc.dsl.keys.layout_options import LayoutOptions
 from parc.dsl.spec import ModelSpec
 from parc.runtime.layout import layer_settings
 from parc.runtime.layout.constraints import per_layer
@@ -51,7 +52,11 @@ class Accounting(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Layout:
+class Layout(LayoutOptions):
+    """A complete layout: its degrees and per-layer settings, and the options it shares with
+    the spec's (``LayoutOptions``: cp and ep, their options, the tp grid, token slices;
+    Note [one record of the options])."""
+
     dp: int
     tp: int
     pp: int
@@ -66,14 +71,8 @@ class Layout:
     """``none``, ``selective`` or ``full``; or one per block (Note [per-layer costs])."""
     overlap: int | tuple[int, ...] = 1
     """Oases sub-batches per micro-batch (1: none); or one per block."""
-    cp: int = 1
-    """Context-parallel ranks: each holds seq_len / cp tokens of every sequence."""
-    cp_kind: str = "ring"
-    """``ring``, ``ulysses`` or ``allgather`` (``cost/context.py``)."""
     compress: str = "none"
     """``parallel.compress``: ``none``, ``powersgd`` or ``topk`` (``cost/compress.py``)."""
-    ep: int = 1
-    """Expert-parallel ranks: each holds experts / ep of every MoE block (``cost/experts.py``)."""
     layer_tp: tuple[int, ...] | None = None
     """One tensor-parallel degree per block (a heterogeneous layout: ``tp`` is then the
     largest, ``dp`` the fewest; layer i runs dp·tp / layer_tp[i] × layer_tp[i]); None: all ``tp``."""
@@ -83,30 +82,11 @@ class Layout:
         """Each block's data-parallel ranks, dp·tp / layer_tp[i] (None: uniform)."""
         return None if self.layer_tp is None else tuple(self.dp * self.tp // t for t in self.layer_tp)
 
-    tp_shape: tuple[int, int] | None = None
-    """The tp ranks as an R × C grid (``cost/tp2d.py``); None: 1D, ``(1, tp)``."""
-
-    @property
-    def tp_grid(self) -> tuple[int, int]:
-        """(R, C): the grid's rows and columns; ``(1, tp)`` for 1D."""
-        return tuple(self.tp_shape) if self.tp_shape is not None else (1, self.tp)
-
-    @property
-    def grid(self) -> tuple[int, int] | None:
-        """(R, C) when the tp ranks form a 2D grid (R > 1), else None: what the model
-        description's shard and activation counts take (``model_desc``, saved_elements.py)."""
-        return tuple(self.tp_shape) if self.tp_shape is not None and self.tp_shape[0] > 1 else None
-
-    slices: int = 1
-    """Token slices per sequence under a sliced schedule (``schedule.SLICED``); else 1."""
 
     @property
     def schedule_words(self) -> str:
         """The schedule in the DSL's words (``layout_words.schedule_words``): ``interleaved(2)``, ``1f1b``."""
         return schedule_words(self.schedule, self.chunks, self.slices)
-
-    etp: int = 1
-    """Expert-tensor-parallel ranks: each holds 1 / etp of each of its experts' ffn."""
 
     @property
     def shard_ranks(self) -> int:
@@ -114,16 +94,6 @@ class Layout:
         ZeRO, shard their states (runtime/parallel/data/zero.py, fsdp.py: the generated trainer's
         ``grad_group`` when cp > 1)."""
         return self.dp * self.cp
-
-    @property
-    def expert_folds(self) -> int:
-        """ep·etp: the ranks among which a MoE block's expert weights are split."""
-        return self.ep * self.etp
-
-    @property
-    def expert_split(self) -> dict:
-        """The experts' split as the model description's counts take it (``ep``, ``etp``)."""
-        return {"ep": self.ep, "etp": self.etp}
 
     def tokens(self, seq_len: int) -> int:
         """Tokens of one micro-batch on one rank: micro_batch · seq_len / cp."""
@@ -185,8 +155,8 @@ def fields_but(*names: str) -> operator.attrgetter:
 
 
 def by_node(spec) -> bool:
-    """ZeRO-3 shards within a node and replicates across nodes (HSDP: ``zero_shard = node``)."""
-    return spec.parallel.zero_shard == "node"
+    """ZeRO-3 shards within a node and replicates across nodes (HSDP: ``SpecOptions.by_node``)."""
+    return spec.parallel.by_node
 
 
 def zero3_spread(hsdp: bool) -> tuple[str, str]:
@@ -258,13 +228,13 @@ def rank_expert_params(model: ModelSpec, layout: Layout, rank: int, stage_layers
     kind = placement_kind(layout)
     whole = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers), kind, ep=folds)
     dense = _rank_params(model, layout.tp, layout.pp, layout.chunks, rank, _stages(stage_layers), kind, ep=1)
-    grouped = dense.elements - whole.elements  # the (ep·etp − 1)/(ep·etp) of the experts a rank lacks
+    grouped = dense.elements - whole.elements  # the (folds − 1)/folds of the experts a rank lacks
     return grouped // (folds - 1)
 
 
 def expert_data_ranks(layout: Layout) -> int:
-    """edp: the ranks holding the same experts (expert layers fold dp·cp·tp as edp·ep·etp;
-    mesh.py's Note [parallel folding])."""
+    """edp: the ranks holding the same experts, dp·cp·tp / ``expert_folds`` (mesh.py's Note
+    [parallel folding])."""
     return layout.dp * layout.cp * layout.tp // layout.expert_folds
 
 
@@ -281,19 +251,19 @@ def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_
 
 
 def zero3_shard_ranks(layout: Layout, *, by_node: bool, devices_per_node: int) -> int:
-    """Ranks a ZeRO-3 unit is sharded over: dp·cp, or under ``zero_shard = node`` (HSDP,
-    ``by_node``) those of them on one node (runtime/parallel/data/fsdp_units.py's ``node_groups``; tp
-    innermost, so devices_per_node / tp of them)."""
+    """Ranks a ZeRO-3 unit is sharded over: dp·cp, or under HSDP (``by_node``) those of them
+    on one node (runtime/parallel/data/fsdp_units.py's ``node_groups``; tp innermost, so
+    devices_per_node / tp of them)."""
     if not by_node:
         return layout.shard_ranks
     return max(1, min(layout.shard_ranks, devices_per_node // layout.tp))
 
 
 def expert_shard_ranks(layout: Layout, *, by_node: bool, devices_per_node: int) -> int:
-    """Ranks a ZeRO-3 unit of experts is sharded over: edp, or under ``zero_shard = node``
-    (HSDP, ``by_node``) the edp ranks on one node (runtime/parallel/data/fsdp_units.py's
-    ``expert_node_groups``): an edp group is every F-th rank of a stage (F = ep·etp, mesh.py's
-    Note [parallel folding]), so a node of n ranks holds n / F of it, at least one."""
+    """Ranks a ZeRO-3 unit of experts is sharded over: edp, or under HSDP (``by_node``) the
+    edp ranks on one node (runtime/parallel/data/fsdp_units.py's ``expert_node_groups``): an
+    edp group is every F-th rank of a stage (F = ``expert_folds``, mesh.py's Note [parallel
+    folding]), so a node of n ranks holds n / F of it, at least one."""
     edp = expert_data_ranks(layout)
     if not by_node:
         return edp
@@ -326,7 +296,7 @@ def zero3_shard_elements(model: ModelSpec, layout: Layout, rank: int, stage_laye
 @functools.lru_cache(maxsize=1024)
 def _block_units(model: ModelSpec, tp: int, folds: int) -> tuple[tuple[int, int], ...]:
     """Each block's (dense elements, this rank's experts' elements) on a tp rank with the
-    experts folded over ``folds`` = ep·etp ranks (0 experts for a dense block). Cached: the
+    experts folded over ``folds`` = ``expert_folds`` ranks (0 experts for a dense block). Cached: the
     search asks for them with every layout, and they depend on none of dp, pp or the settings."""
     desc = model.desc
     units = []
@@ -336,7 +306,7 @@ def _block_units(model: ModelSpec, tp: int, folds: int) -> tuple[tuple[int, int]
             units.append((whole, 0))
             continue
         folded = desc.stage_params(tp, layers=(index, index + 1), first=False, last=False, ep=folds).elements
-        mine = (whole - folded) // (folds - 1)  # this rank's 1/(ep·etp) of the block's experts
+        mine = (whole - folded) // (folds - 1)  # this rank's 1/folds of the block's experts
         units.append((folded - mine, mine))
     return tuple(units)
 
