@@ -68,9 +68,10 @@ def _pipeline_modules(plan: Plan) -> frozenset:
 
 
 def _expert_modules(plan: Plan) -> frozenset:
-    """The experts' fused ops (kernels/ops_moe.py), their modules' description (expert_desc.py)
-    and, with sub-batches, their overlap."""
-    return frozenset({"ops_moe", "expert_desc"} | ({"moe_overlap"} if render_moe.overlaps_experts(plan) else set()))
+    """The experts' fused ops (kernels/ops_moe.py), their modules' description (expert_desc.py),
+    their process groups (``Mesh.expert_groups``: expert_folding.py) and, with sub-batches,
+    their overlap."""
+    return frozenset({"ops_moe", "expert_desc", "expert_folding"} | ({"moe_overlap"} if render_moe.overlaps_experts(plan) else set()))
 
 
 def pipeline_modules(kind: str) -> set[str]:
