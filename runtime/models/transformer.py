@@ -268,18 +268,9 @@ def check_parameter_count(model: Transformer) -> None:
     if model.layouts is None:
         expected = desc.stage_params(tp, layers=layers, first=model.first, last=model.last, sharded=sharded, ep=ep)
     else:  # Note [heterogeneous layouts]: each block, the embedding and the head at their own degree
-        start = layers[0]
-        styles = model._styles
-        parts = [desc.stage_params(t, layers=(i, i + 1), first=False, last=False, sharded=styles[t], ep=ep)
-                 for i, t in model.block_tp.items()]
-        e, h = model.embed_tp, model.head_tp
-        if e == h:
-            parts.append(desc.stage_params(e, layers=(start, start), first=model.first, last=model.last,
-                                           sharded=styles[e]))
-        else:
-            parts.append(desc.stage_params(e, layers=(start, start), first=model.first, last=False, sharded=styles[e]))
-            parts.append(desc.stage_params(h, layers=(start, start), first=False, last=model.last, sharded=styles[h]))
-        expected = type(parts[0])(elements=sum(p.elements for p in parts), tensors=sum(p.tensors for p in parts))
+        from ..parallel.tensor.sharding_layouts import expected_params  # only a per-layer build ships it
+
+        expected = expected_params(model, desc, ep)
         tp = model.block_tp
     params = list(model.parameters())
     built = sum(p.numel() for p in params)

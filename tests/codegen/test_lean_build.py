@@ -48,7 +48,8 @@ def test_the_demo_build_ships_at_most_its_lines_of_runtime_python():
                 "checkpoints/checkpoint_flat.py", "kernels/ops_moe.py", "kernels/ops_ring.py", "kernels/ops_llama.py",
                 "kernels/reference.py", "train/tokens.py", "parallel/tensor/sp_columns.py",
                 "distributed/comm_async.py", "layout/model_counts.py", "layout/expert_desc.py",
-                "models/pipeline_stages.py", "train/validation.py", "distributed/expert_folding.py"} & set(files)
+                "models/pipeline_stages.py", "train/validation.py", "distributed/expert_folding.py",
+                "parallel/tensor/sharding_layouts.py", "parallel/tensor/sharding_moe.py"} & set(files)
 
 
 @pytest.mark.parametrize("sets", [
@@ -65,7 +66,8 @@ BUILDS = {  # name -> (--set values, the modules its features import inside a fu
     # (the demo's own build is imported whole by test_build.py's test_a_build_ships_only_the_runtime_it_uses)
     "moe-1f1b": (("parallel.dp=1", "parallel.pp=2", "model.experts=4", "model.top_k=2"),
                  ("kernels.ops_gpt", "kernels.ops_moe", "distributed.exchange", "layout.placement",
-                  "layout.expert_desc", "models.pipeline_stages", "distributed.expert_folding")),
+                  "layout.expert_desc", "models.pipeline_stages", "distributed.expert_folding",
+                  "parallel.tensor.sharding_moe")),
     "llama-cp-ring-zero1-documents-eval": (("model.arch=llama", "parallel.dp=1", "parallel.cp=2",
                                             "parallel.cp_kind=ring", "parallel.zero=1", "model.documents=separate",
                                             "parallel.tp=1", "mesh.devices_per_node=2",

@@ -1,0 +1,56 @@
+"""The tensor transform and the parameter check under per-layer layouts (Note
+[heterogeneous layouts] in hetero.py): each block, the embedding and the head at their own
+tp degree.
+
+Takes: a stage being sharded by ``sharding.shard`` (its builders and plans by degree) and
+its ``hetero.StageLayouts``; a sharded stage. Gives: ``end_groups`` (the embedding's and the
+head's tp groups, and the builders of their degrees), ``tag_layouts`` (each parameter's
+``layer_tp``) and ``expected_params`` (the parameters ``transformer.check_parameter_count``
+expects of the stage). Only a build with per-layer layouts ships this module.
+"""
+
+from __future__ import annotations
+
+from ...layout.roles import assign
+from .sharding import _Builder
+from .tp_plan import TensorParallelPlan
+
+
+def end_groups(model, layouts, builders, plans, tp_plan, sp, embed_tp, head_tp, block_tp):
+    """(the stage's tp group, the head's): the embedding follows block 0, the head the
+    last block; a degree no block of this stage has gets its builder and plan here."""
+    tp_group = layouts.tp_group(embed_tp if model.first else block_tp[model.span[0]])
+    for t in (embed_tp, head_tp):
+        if t not in builders:
+            group = layouts.tp_group(t)
+            plans[t] = TensorParallelPlan(tp_plan, model.config, tp_group=group, sequence_parallel=sp)
+            builders[t] = _Builder(plans[t], group, sp)
+    return tp_group, layouts.tp_group(head_tp)
+
+
+def tag_layouts(model):
+    """Each parameter's ``layer_tp``: the degree of the layer it belongs to (hetero.py)."""
+    for name, p in model.named_parameters():
+        if name.startswith("layers."):
+            assign(p, layer_tp=model.block_tp[int(name.split(".")[1])])
+        elif name.startswith(("embed.", "pos_embed.")):
+            assign(p, layer_tp=model.embed_tp)
+        else:  # final_norm, head
+            assign(p, layer_tp=model.head_tp)
+
+
+def expected_params(model, desc, ep):
+    """What model_desc.py describes for this stage: each block, the embedding and the
+    head at their own degree."""
+    start = model.span[0]
+    styles = model._styles
+    parts = [desc.stage_params(t, layers=(i, i + 1), first=False, last=False, sharded=styles[t], ep=ep)
+             for i, t in model.block_tp.items()]
+    e, h = model.embed_tp, model.head_tp
+    if e == h:
+        parts.append(desc.stage_params(e, layers=(start, start), first=model.first, last=model.last,
+                                       sharded=styles[e]))
+    else:
+        parts.append(desc.stage_params(e, layers=(start, start), first=model.first, last=False, sharded=styles[e]))
+        parts.append(desc.stage_params(h, layers=(start, start), first=False, last=model.last, sharded=styles[h]))
+    return type(parts[0])(elements=sum(p.elements for p in parts), tensors=sum(p.tensors for p in parts))
