@@ -113,7 +113,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature(name="sequence parallel", keys=("parallel.sp",),  # per-layer layouts may turn sp on for some layers
             used=lambda plan: plan.sequence_parallel.enabled or render_hetero.enabled(plan),
             adds=lambda plan: render_tensor.sequence_adds(plan) if plan.sequence_parallel.enabled else {},
-            ships=lambda plan: frozenset({"sp_columns"}),
+            ships=lambda plan: frozenset({"sp_columns", "comm_scatter"}),
             transform="parallelize.tensor(sequence_parallel=), layers.project (sp_columns.GatheredColumns)"),
     Feature(name="2D tensor parallel", keys=("parallel.tp_shape",), used=lambda plan: plan.mesh.tp_shape is not None,
             adds=render_tensor.grid_adds,

@@ -44,10 +44,8 @@ from torch.utils.checkpoint import checkpoint
 from ..distributed.comm import (
     all_gather_from_group,
     copy_to_group,
-    gather_from_group,
     group_rank,
     group_size,
-    scatter_to_group,
 )
 from ..layout.model_desc import describe
 from ..parallel.tensor.layers import vocab_parallel_cross_entropy
@@ -192,7 +190,9 @@ class Transformer(nn.Module):
         if tokens.shape[1] > self.config.seq_len:
             raise ValueError(f"sequence of {tokens.shape[1]} tokens is longer than seq_len = {self.config.seq_len}")
         x = self.embed(tokens)  # (B, T, C), or (B, T/tp, C) under SP
-        if self.sp and not self.vocab_parallel_embed:
+        if self.sp and not self.vocab_parallel_embed:  # only a build under sp ships comm_scatter.py
+            from ..distributed.comm_scatter import scatter_to_group
+
             x = scatter_to_group(x, self.tp_group, 1)  # replicated table: keep our shard of T
         if self.config.arch == "gpt":
             T = x.shape[1]
@@ -224,6 +224,8 @@ class Transformer(nn.Module):
             )
         else:
             if self.sp:
+                from ..distributed.comm_scatter import gather_from_group
+
                 x = gather_from_group(x, self.head_group, 1)
             logits = F.linear(x, self.head_weight())  # (B, T, V)
             loss = vocab_parallel_cross_entropy(
