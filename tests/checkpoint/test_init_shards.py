@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 
-from parc.runtime.checkpoints import checkpoint, checkpoint_read
+from parc.runtime.checkpoints import checkpoint_read
 from parc.runtime.models.param_init import full_init
 from parity.batch import Case
 

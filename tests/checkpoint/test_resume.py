@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parc.runtime.checkpoints import checkpoint, checkpoint_read
+from parc.runtime.checkpoints import checkpoint_read
 from parity.batch import Case
 
 from .trainer import LAYOUTS, RESHARD_WORKER, STEPS, losses, overrides
