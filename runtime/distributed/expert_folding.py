@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from .mesh import axis_ranks
+from ..layout.axes import group_ranks
 
 
 def expert_groups(mesh, ep: int, etp: int = 1):
@@ -30,7 +30,7 @@ def expert_partitions(mesh, ep: int, etp: int = 1) -> dict[str, list[list[int]]]
     """The ep, edp and etp groups of every stage, as lists of global ranks (fsdp_units.py
     splits edp by node)."""
     folds = tuple(name for name, _ in mesh.axes if name in ("dp", "cp", "tp"))
-    stages = sorted({tuple(axis_ranks(r, mesh.axes, *folds)) for r in range(dist.get_world_size())})
+    stages = sorted({tuple(group_ranks(r, mesh.axes, folds)) for r in range(dist.get_world_size())})
     folded = len(stages[0])
     if folded % (ep * etp):
         raise ValueError(f"ep·etp = {ep}·{etp} does not divide the {folded} dp·cp·tp ranks of a stage")

@@ -95,10 +95,14 @@ def _shard_stage(model, tp_group, tp_plan, sp, grid, layouts):
     embed_tp = block_tp[0]
     head_tp = embed_tp if config.tie_embeddings and model.first else block_tp[-1]
     head_group = tp_group
-    if layouts is not None:  # only a build with per-layer layouts ships sharding_layouts.py
-        from .sharding_layouts import end_groups
-
-        tp_group, head_group = end_groups(model, layouts, builders, plans, tp_plan, sp, embed_tp, head_tp, block_tp)
+    if layouts is not None:
+        tp_group = layouts.tp_group(embed_tp if model.first else block_tp[start])
+        head_group = layouts.tp_group(head_tp)
+        for t in (embed_tp, head_tp):
+            if t not in builders:
+                group = layouts.tp_group(t)
+                plans[t] = TensorParallelPlan(tp_plan, config, tp_group=group, sequence_parallel=sp)
+                builders[t] = _Builder(plans[t], group, sp)
     build, plan = builders[embed_tp], plans[embed_tp]
     if grid is not None:  # the hidden state is split over R: no layer may stay whole
         whole = [m.name for m in describe(config).modules if m.style and plan.style(m.name) is None]
@@ -123,14 +127,14 @@ def _shard_stage(model, tp_group, tp_plan, sp, grid, layouts):
         if block.moe:  # only a build with experts ships sharding_moe.py
             from .sharding_moe import shard_moe
 
-            shard_moe(block.mlp, builder, f"layers.{i}.mlp", sp)
+            shard_moe(block.mlp, builder, f"layers.{i}.mlp", sp, dense=MLP)
         else:
             builder.linears(block.mlp, f"layers.{i}.mlp", MLP)
     if model.last:
         model.final_norm = build.norm(model.final_norm)
         _shard_head(model, grid, sp)
     model.tag_tied()
-    if layouts is not None:
+    if layouts is not None:  # only a build with per-layer layouts ships sharding_layouts.py
         from .sharding_layouts import tag_layouts
 
         tag_layouts(model)

@@ -2,30 +2,15 @@
 [heterogeneous layouts] in hetero.py): each block, the embedding and the head at their own
 tp degree.
 
-Takes: a stage being sharded by ``sharding.shard`` (its builders and plans by degree) and
-its ``hetero.StageLayouts``; a sharded stage. Gives: ``end_groups`` (the embedding's and the
-head's tp groups, and the builders of their degrees), ``tag_layouts`` (each parameter's
-``layer_tp``) and ``expected_params`` (the parameters ``transformer.check_parameter_count``
-expects of the stage). Only a build with per-layer layouts ships this module.
+Takes: a stage sharded by ``sharding.shard`` under ``hetero.StageLayouts``. Gives:
+``tag_layouts`` (each parameter's ``layer_tp``) and ``expected_params`` (the parameters
+``transformer.check_parameter_count`` expects of the stage). Only a build with per-layer
+layouts ships this module.
 """
 
 from __future__ import annotations
 
 from ...layout.roles import assign
-from .sharding import _Builder
-from .tp_plan import TensorParallelPlan
-
-
-def end_groups(model, layouts, builders, plans, tp_plan, sp, embed_tp, head_tp, block_tp):
-    """(the stage's tp group, the head's): the embedding follows block 0, the head the
-    last block; a degree no block of this stage has gets its builder and plan here."""
-    tp_group = layouts.tp_group(embed_tp if model.first else block_tp[model.span[0]])
-    for t in (embed_tp, head_tp):
-        if t not in builders:
-            group = layouts.tp_group(t)
-            plans[t] = TensorParallelPlan(tp_plan, model.config, tp_group=group, sequence_parallel=sp)
-            builders[t] = _Builder(plans[t], group, sp)
-    return tp_group, layouts.tp_group(head_tp)
 
 
 def tag_layouts(model):
