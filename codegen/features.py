@@ -68,9 +68,10 @@ def _pipeline_modules(plan: Plan) -> frozenset:
 
 
 def _expert_modules(plan: Plan) -> frozenset:
-    """The experts' fused ops (kernels/ops_moe.py), their modules' description (expert_desc.py)
-    and, with sub-batches, their overlap."""
-    return frozenset({"ops_moe", "expert_desc"} | ({"moe_overlap"} if render_moe.overlaps_experts(plan) else set()))
+    """The experts' fused ops (kernels/ops_moe.py), their modules' description (expert_desc.py),
+    their process groups (``Mesh.expert_groups``: expert_folding.py), a MoE block's tensor
+    transform (sharding_moe.py) and, with sub-batches, their overlap."""
+    return frozenset({"ops_moe", "expert_desc", "expert_folding", "sharding_moe"} | ({"moe_overlap"} if render_moe.overlaps_experts(plan) else set()))
 
 
 def pipeline_modules(kind: str) -> set[str]:
@@ -100,7 +101,8 @@ FEATURES: tuple[Feature, ...] = (
             cost="cost/memory.py"),
     Feature(name="per-layer tp × dp", keys=("parallel.tp", "parallel.dp"), used=render_hetero.enabled,
             adds=render_hetero.adds,
-            imports=("hetero",), ships=_zero_checkpoints, transform="parallelize.tensor(layouts=) + hetero.StageLayouts",
+            imports=("hetero",), ships=lambda plan: _zero_checkpoints(plan) | {"sharding_layouts"},
+            transform="parallelize.tensor(layouts=) + hetero.StageLayouts",
             cost="cost/per_layer.py"),
     Feature(name="context parallel", keys=("parallel.cp", "parallel.cp_kind"), used=lambda plan: plan.mesh.size("cp") > 1,
             adds=render_context.adds,
@@ -111,7 +113,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature(name="sequence parallel", keys=("parallel.sp",),  # per-layer layouts may turn sp on for some layers
             used=lambda plan: plan.sequence_parallel.enabled or render_hetero.enabled(plan),
             adds=lambda plan: render_tensor.sequence_adds(plan) if plan.sequence_parallel.enabled else {},
-            ships=lambda plan: frozenset({"sp_columns"}),
+            ships=lambda plan: frozenset({"sp_columns", "comm_scatter"}),
             transform="parallelize.tensor(sequence_parallel=), layers.project (sp_columns.GatheredColumns)"),
     Feature(name="2D tensor parallel", keys=("parallel.tp_shape",), used=lambda plan: plan.mesh.tp_shape is not None,
             adds=render_tensor.grid_adds,

@@ -157,7 +157,7 @@ def export(ckpt: str, out: str, *, force: bool = False, as_dropless: bool = Fals
     copied beside the export as ``tokenizer.json`` (``eos``: its end-of-text id, for
     config.json).
     """
-    from parc.runtime.checkpoints import checkpoint  # torch, only when exporting
+    from parc.runtime.checkpoints import checkpoint, checkpoint_read  # torch, only when exporting
 
     from safetensors.torch import save_file
 
@@ -169,7 +169,7 @@ def export(ckpt: str, out: str, *, force: bool = False, as_dropless: bool = Fals
         if not as_dropless:
             raise ExportError(f"{path}: {drops}; pass --as-dropless to export it as a dropless Mixtral anyway")
         print(f"parc export: warning: {drops} (--as-dropless)", file=sys.stderr)
-    weights = {name[len("model."):]: t for name, t in checkpoint.read_full(path, "model.").items()}
+    weights = {name[len("model."):]: t for name, t in checkpoint_read.read_full(path, "model.").items()}
     try:
         tensors = hf_state_dict(weights, info["model"])
     except KeyError as exc:

@@ -228,17 +228,6 @@ class Checkpoints:
                 )
 
 
-def read_full(path: str, prefix: str = "") -> dict[str, torch.Tensor]:
-    """Every tensor of checkpoint ``path`` whose name starts with ``prefix``, whole (one process).
-
-    Raises ``CheckpointError`` for a folder that is not a readable checkpoint.
-    """
-    path = resolve(path)
-    from . import checkpoint_dcp  # Note [DCP on demand]
-
-    return checkpoint_dcp.read_full(path, prefix)
-
-
 def _flagged(flag: str, call, path: str):
     """``call(path)``, its ``CheckpointError`` naming the flag the path came from."""
     try:

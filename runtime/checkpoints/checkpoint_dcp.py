@@ -1,9 +1,9 @@
 """torch.distributed.checkpoint's side of a checkpoint: planners over boxes, the checked reader.
 
 Takes: boxes of logical tensors (``checkpoint_shards.Piece``) and a checkpoint folder.
-Gives: ``save(state, folder, pieces)``, ``load(path, state, pieces)``,
-``tensor_shapes(path)`` and ``read_full(path, prefix)``, each through DCP, and
-``CheckedReader``, the ``dcp.FileSystemReader`` every read goes through (its index
+Gives: ``save(state, folder, pieces)``, ``load(path, state, pieces)`` and
+``tensor_shapes(path)``, each through DCP (a whole checkpoint in one process:
+checkpoint_read.py), and ``CheckedReader``, the ``dcp.FileSystemReader`` every read goes through (its index
 is read by ``checkpoint_files.read_index``, Note [a checkpoint is untrusted input]).
 Before: ``checkpoint.py``, which imports this module only when it saves or reads a
 checkpoint (Note [DCP on demand]). After: DCP's own planners and storage layer.
@@ -132,18 +132,6 @@ def tensor_shapes(path: str) -> dict[str, tuple[int, ...]]:
     """The full shape of every tensor checkpoint ``path`` holds, by its logical name."""
     saved = CheckedReader(path).read_metadata().state_dict_metadata
     return {name: tuple(md.size) for name, md in saved.items() if isinstance(md, TensorStorageMetadata)}
-
-
-def read_full(path: str, prefix: str = "") -> dict[str, torch.Tensor]:
-    """Every tensor of checkpoint ``path`` whose name starts with ``prefix``, whole (one process)."""
-    saved = CheckedReader(path).read_metadata().state_dict_metadata
-    state = {
-        name: torch.empty(tuple(md.size), dtype=md.properties.dtype)
-        for name, md in sorted(saved.items())
-        if name.startswith(prefix) and isinstance(md, TensorStorageMetadata)
-    }
-    _load(path, state, DefaultLoadPlanner(flatten_state_dict=False))
-    return state
 
 
 def load(path: str, state: dict, pieces) -> None:

@@ -4,7 +4,8 @@ Three layers: private primitives that do nothing for a group of one; autograd
 Functions pairing a forward collective with its backward; public wrappers whose
 docstrings name both directions. Every call takes an explicit ``group``; ``None``
 means a group of one. Used by ``layers.py`` and ``model.py``; the all-to-all exchanges
-of context and expert parallelism are ``exchange.py`` (shipped with those features).
+of context and expert parallelism are ``exchange.py``, the scatter/gather pair of
+sequence parallelism and per-layer layouts ``comm_scatter.py`` (shipped with those features).
 
 Also here: ``exposed_clock`` / ``exposed()``, the time this process spends blocked
 on communication (every blocking collective counts whole, an asynchronous one only
@@ -189,28 +190,6 @@ class _ReduceFromGroup(torch.autograd.Function):
         return grad, None
 
 
-class _ScatterToGroup(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim = group, dim
-        return _split(x, group, dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather(grad, ctx.group, ctx.dim), None, None
-
-
-class _GatherFromGroup(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim = group, dim
-        return _all_gather(x, group, dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _split(grad, ctx.group, ctx.dim), None, None
-
-
 class _ReduceScatterToGroup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, dim):
@@ -244,16 +223,6 @@ def copy_to_group(x, group):
 def reduce_from_group(x, group):
     """Forward: all-reduce over ``group``. Backward: identity."""
     return x if group_size(group) == 1 else _ReduceFromGroup.apply(x, group)
-
-
-def scatter_to_group(x, group, dim):
-    """Forward: keep this rank's chunk of ``dim``. Backward: all-gather along ``dim``."""
-    return x if group_size(group) == 1 else _ScatterToGroup.apply(x, group, dim)
-
-
-def gather_from_group(x, group, dim):
-    """Forward: all-gather along ``dim``. Backward: keep this rank's chunk."""
-    return x if group_size(group) == 1 else _GatherFromGroup.apply(x, group, dim)
 
 
 def reduce_scatter_to_group(x, group, dim):

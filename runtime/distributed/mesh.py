@@ -139,33 +139,16 @@ class Mesh:
         etp ≤ tp it lies inside a tp group, on one node). Returns (ep_group, edp_group,
         etp_group), None for a group of one. Every rank calls it, in the same order
         (new_group is collective)."""
-        mine = {}
-        for kind, partition in self.expert_partitions(ep, etp).items():
-            for ranks in partition:
-                group = dist.new_group(ranks) if len(ranks) > 1 else None
-                if self.rank in ranks:
-                    mine[kind] = group
-        return mine["ep"], mine["edp"], mine["etp"]
+        from .expert_folding import expert_groups  # only a build with experts ships expert_folding.py
+
+        return expert_groups(self, ep, etp)
 
     def expert_partitions(self, ep: int, etp: int = 1) -> dict[str, list[list[int]]]:
         """The ep, edp and etp groups of every stage, as lists of global ranks (Note
         [parallel folding]; ``expert_groups`` makes them; fsdp_units.py splits edp by node)."""
-        folds = tuple(name for name, _ in self.axes if name in ("dp", "cp", "tp"))
-        stages = sorted({tuple(axis_ranks(r, self.axes, *folds)) for r in range(dist.get_world_size())})
-        folded = len(stages[0])
-        if folded % (ep * etp):
-            raise ValueError(f"ep·etp = {ep}·{etp} does not divide the {folded} dp·cp·tp ranks of a stage")
-        keys = (("ep", lambda j: (j // (ep * etp), j % etp)), ("edp", lambda j: ((j // etp) % ep, j % etp)),
-                ("etp", lambda j: j // etp))
-        partitions = {}
-        for kind, key in keys:
-            partitions[kind] = []
-            for stage in stages:
-                by_key = {}
-                for j, rank in enumerate(stage):
-                    by_key.setdefault(key(j), []).append(rank)
-                partitions[kind] += list(by_key.values())
-        return partitions
+        from .expert_folding import expert_partitions
+
+        return expert_partitions(self, ep, etp)
 
     def tp_grid(self, shape):
         """This rank's place on the grid ``shape`` = (R, C) of its tp ranks and the groups

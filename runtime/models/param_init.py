@@ -16,8 +16,8 @@ full tensor, and every layout starts from the numbers one rank would, bit for bi
 parameter's value does not depend on which others exist, in what order they are
 built, nor on how it is split. Temporaries are bounded by ``CHUNK`` elements. ``fill_``
 also takes a flat range of a box (``start``): under ZeRO-3 the model is built on the
-meta device and each rank generates only its slice of each flat buffer (``fill_flat_``,
-called by ``fsdp_units.Unit``). Without ZeRO-3, a model for a CUDA device is built on
+meta device and each rank generates only its slice of each flat buffer
+(``fsdp_units.fill_flat_``, called by its ``Unit``). Without ZeRO-3, a model for a CUDA device is built on
 the meta device too and ``materialize_on`` allocates each parameter on the device and
 generates its shard there (no CPU copy, no torch default init first); on the CPU it is
 built and filled in place (``initialize``). Both give the same numbers, bit for bit
@@ -137,21 +137,6 @@ def init_values(name: str, full_shape, *, layers: int, seed: int, offsets=None, 
 def full_init(name: str, shape, *, layers: int, seed: int) -> torch.Tensor:
     """The full (unsharded) initial value of parameter ``name``; layout-independent."""
     return init_values(name, shape, layers=layers, seed=seed)
-
-
-def fill_flat_(out: torch.Tensor, pieces, start: int, *, layers: int, seed: int) -> None:
-    """A ZeRO-3 rank's slice: ``out`` gets elements [start, start + out.numel()) of the
-    concatenation of ``pieces`` — (name, full_shape, offsets, shape) boxes, each
-    flattened row-major, back to back — and zeros past their end (the padding)."""
-    stop, at = start + out.numel(), 0
-    out.zero_()
-    for name, full_shape, offsets, shape in pieces:
-        n = math.prod(shape)
-        lo, hi = max(start, at), min(stop, at + n)
-        if lo < hi:
-            fill_(out[lo - start : hi - start], name, full_shape, layers=layers, seed=seed,
-                  offsets=offsets, shape=shape, start=lo - at)
-        at += n
 
 
 def boxes(model: nn.Module, tp_group=None):

@@ -44,10 +44,8 @@ from torch.utils.checkpoint import checkpoint
 from ..distributed.comm import (
     all_gather_from_group,
     copy_to_group,
-    gather_from_group,
     group_rank,
     group_size,
-    scatter_to_group,
 )
 from ..layout.model_desc import describe
 from ..parallel.tensor.layers import vocab_parallel_cross_entropy
@@ -192,7 +190,9 @@ class Transformer(nn.Module):
         if tokens.shape[1] > self.config.seq_len:
             raise ValueError(f"sequence of {tokens.shape[1]} tokens is longer than seq_len = {self.config.seq_len}")
         x = self.embed(tokens)  # (B, T, C), or (B, T/tp, C) under SP
-        if self.sp and not self.vocab_parallel_embed:
+        if self.sp and not self.vocab_parallel_embed:  # only a build under sp ships comm_scatter.py
+            from ..distributed.comm_scatter import scatter_to_group
+
             x = scatter_to_group(x, self.tp_group, 1)  # replicated table: keep our shard of T
         if self.config.arch == "gpt":
             T = x.shape[1]
@@ -224,6 +224,8 @@ class Transformer(nn.Module):
             )
         else:
             if self.sp:
+                from ..distributed.comm_scatter import gather_from_group
+
                 x = gather_from_group(x, self.head_group, 1)
             logits = F.linear(x, self.head_weight())  # (B, T, V)
             loss = vocab_parallel_cross_entropy(
@@ -268,18 +270,9 @@ def check_parameter_count(model: Transformer) -> None:
     if model.layouts is None:
         expected = desc.stage_params(tp, layers=layers, first=model.first, last=model.last, sharded=sharded, ep=ep)
     else:  # Note [heterogeneous layouts]: each block, the embedding and the head at their own degree
-        start = layers[0]
-        styles = model._styles
-        parts = [desc.stage_params(t, layers=(i, i + 1), first=False, last=False, sharded=styles[t], ep=ep)
-                 for i, t in model.block_tp.items()]
-        e, h = model.embed_tp, model.head_tp
-        if e == h:
-            parts.append(desc.stage_params(e, layers=(start, start), first=model.first, last=model.last,
-                                           sharded=styles[e]))
-        else:
-            parts.append(desc.stage_params(e, layers=(start, start), first=model.first, last=False, sharded=styles[e]))
-            parts.append(desc.stage_params(h, layers=(start, start), first=False, last=model.last, sharded=styles[h]))
-        expected = type(parts[0])(elements=sum(p.elements for p in parts), tensors=sum(p.tensors for p in parts))
+        from ..parallel.tensor.sharding_layouts import expected_params  # only a per-layer build ships it
+
+        expected = expected_params(model, desc, ep)
         tp = model.block_tp
     params = list(model.parameters())
     built = sum(p.numel() for p in params)

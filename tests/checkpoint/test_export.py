@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from parc.codegen.cli import export as export_cmd
-from parc.runtime.checkpoints import checkpoint
+from parc.runtime.checkpoints import checkpoint, checkpoint_read
 from parc.runtime.train import data
 from parc.runtime.models import model
 
@@ -45,7 +45,7 @@ def parc_loss(ckpt, tokens, targets) -> float:
     info = checkpoint.read_info(checkpoint.resolve(str(ckpt)))
     net = built.build(model.ModelConfig(**info["model"]), tp_group=None, sequence_parallel=False,
                             tp_plan={}, seed=0, device=torch.device("cpu"))
-    full = checkpoint.read_full(str(ckpt), "model.")
+    full = checkpoint_read.read_full(str(ckpt), "model.")
     net.load_state_dict({name[len("model."):]: t for name, t in full.items()})  # strict: every name
     net.eval()
     with torch.no_grad():
@@ -138,7 +138,7 @@ def test_export_gpt2_from_a_tensor_parallel_checkpoint(straight, tmp_path, capsy
     out = tmp_path / "gpt2"
     assert parc(["export", str(ckpt), "--to", "safetensors", str(out)]) == 0
     weights, config = load_file(out / "model.safetensors"), json.loads((out / "config.json").read_text())
-    full = checkpoint.read_full(str(ckpt), "model.")
+    full = checkpoint_read.read_full(str(ckpt), "model.")
     assert config["model_type"] == "gpt2" and config["vocab_size"] == VOCAB
     # no token ids of transformers' own (gpt2's 50256 is outside this vocab); both files readable alike
     assert config["bos_token_id"] is None and config["eos_token_id"] is None
@@ -161,7 +161,7 @@ def test_export_llama_untied_head_to_a_file(tmp_path):
     target = tmp_path / "out" / "llama.safetensors"
     assert parc(["export", str(ck), "--to", "safetensors", str(target)]) == 0
     weights = load_file(target)
-    full = checkpoint.read_full(str(ck), "model.")
+    full = checkpoint_read.read_full(str(ck), "model.")
     info = checkpoint.read_info(checkpoint.resolve(str(ck)))["model"]
     assert info["kv_heads"] < info["heads"] and not info["tie_embeddings"]
     assert torch.equal(weights["lm_head.weight"], full["model.head.weight"][:VOCAB])
@@ -183,7 +183,7 @@ def test_export_mixtral_from_an_expert_parallel_checkpoint(tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "mixtral" and config["num_local_experts"] == 4
     assert config["num_experts_per_tok"] == 2
-    full = checkpoint.read_full(str(ck), "model.")
+    full = checkpoint_read.read_full(str(ck), "model.")
     grouped = full["model.layers.1.mlp.experts.down_proj.weight"]
     assert torch.equal(weights["model.layers.1.block_sparse_moe.experts.3.w2.weight"], grouped[3])
     assert not any(".mlp." in name for name in weights)

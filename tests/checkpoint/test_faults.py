@@ -26,7 +26,7 @@ import time
 import pytest
 import torch
 
-from parc.runtime.checkpoints import checkpoint
+from parc.runtime.checkpoints import checkpoint, checkpoint_read
 
 from .trainer import TORCHRUN, build, command, env, losses, records, run
 
@@ -88,7 +88,7 @@ def test_nonfinite_skip_keeps_every_rank_in_step(tmp_path):
     assert "step 3: non-finite loss or gradient norm" in done.stdout and "optimizer step skipped" in done.stdout
     loss = losses(records(metrics))
     assert math.isnan(loss[3]) and all(math.isfinite(loss[s]) for s in (1, 2, 4))
-    two, three, four = (checkpoint.read_full(str(ck / f"step_00000{s}")) for s in (2, 3, 4))
+    two, three, four = (checkpoint_read.read_full(str(ck / f"step_00000{s}")) for s in (2, 3, 4))
     model = [k for k in two if k.startswith(("model.", "optim."))]
     assert all(torch.equal(two[k], three[k]) for k in model)  # no rank updated anything
     assert not torch.equal(three["model.embed.weight"], four["model.embed.weight"])

@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 
-from parc.runtime.checkpoints import checkpoint
+from parc.runtime.checkpoints import checkpoint_read
 from parc.runtime.models.param_init import full_init
 from parity.batch import Case
 
@@ -52,7 +52,7 @@ def initial(trainers):
     def get(spec: str, layout: str) -> tuple[int, dict[str, torch.Tensor]]:
         build_dir = trainers.run(initial_case(spec, layout)).build
         seed = int(re.search(r"^SEED = (\d+)", (build_dir / "train.py").read_text(), re.M).group(1))
-        return seed, checkpoint.read_full(str(build_dir / "ck" / "step_000000"), "model.")
+        return seed, checkpoint_read.read_full(str(build_dir / "ck" / "step_000000"), "model.")
 
     return get
 

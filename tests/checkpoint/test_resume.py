@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parc.runtime.checkpoints import checkpoint
+from parc.runtime.checkpoints import checkpoint_read
 from parity.batch import Case
 
 from .trainer import LAYOUTS, RESHARD_WORKER, STEPS, losses, overrides
@@ -90,8 +90,8 @@ def test_resume_equivalence(layout, trainers):
     assert [r["step"] for r in done.records] == [5, 6, 7, 8]  # steps 1-4 are not run again
     expected = {r["step"]: (r["loss"], r["grad_norm"], r["lr"]) for r in first.records}
     assert {r["step"]: (r["loss"], r["grad_norm"], r["lr"]) for r in done.records} == {s: expected[s] for s in (5, 6, 7, 8)}
-    a = checkpoint.read_full(str(first.build / "ck" / "step_000008"))
-    b = checkpoint.read_full(str(done.build / "ck" / "step_000008"))
+    a = checkpoint_read.read_full(str(first.build / "ck" / "step_000008"))
+    b = checkpoint_read.read_full(str(done.build / "ck" / "step_000008"))
     assert sorted(a) == sorted(b)
     assert any(k.endswith(".exp_avg_sq") for k in a) and "model.embed.weight" in a
     unequal = [k for k in a if not torch.equal(a[k], b[k])]
@@ -102,8 +102,8 @@ def test_resume_equivalence(layout, trainers):
 def test_reshard(source, target, trainers):
     saved, done = trainers.run(straight(source)), trainers.run(resharded(source, target))
     assert "at step 4" in done.log.read_text()
-    before = checkpoint.read_full(str(saved.build / "ck" / "step_000004"))
-    after = checkpoint.read_full(str(done.build / "ck" / "step_000004"))  # saved by `target` on loading
+    before = checkpoint_read.read_full(str(saved.build / "ck" / "step_000004"))
+    after = checkpoint_read.read_full(str(done.build / "ck" / "step_000004"))  # saved by `target` on loading
     names = sorted(k for k in before if k.startswith(("model.", "optim.")))
     assert names == sorted(k for k in after if k.startswith(("model.", "optim.")))
     unequal = [k for k in names if not torch.equal(before[k], after[k])]

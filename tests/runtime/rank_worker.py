@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from embedding_sync_check import check_embedding_sync  # noqa: E402
 from runtime_loop import LAYOUTS, train  # noqa: E402
 
-from parc.runtime.distributed import comm, exchange, mesh  # noqa: E402
+from parc.runtime.distributed import comm, comm_scatter, exchange, mesh  # noqa: E402
 from parc.runtime.parallel.tensor import layers  # noqa: E402
 from parc.runtime.models import model  # noqa: E402
 
@@ -65,9 +65,9 @@ def check_comm(group):
     cases = [  # wrapper, input, upstream grad, expected output, expected input grad
         ("copy_to_group", comm.copy_to_group, mine, grads[r], mine, sum(grads)),
         ("reduce_from_group", comm.reduce_from_group, mine, grads[r], sum(per_rank), grads[r]),
-        ("scatter_to_group", lambda x, g: comm.scatter_to_group(x, g, 1), per_rank[0], chunk(grads[r]),
+        ("scatter_to_group", lambda x, g: comm_scatter.scatter_to_group(x, g, 1), per_rank[0], chunk(grads[r]),
          chunk(per_rank[0]), diagonal(grads)),
-        ("gather_from_group", lambda x, g: comm.gather_from_group(x, g, 1), chunk(per_rank[0]), grads[0],
+        ("gather_from_group", lambda x, g: comm_scatter.gather_from_group(x, g, 1), chunk(per_rank[0]), grads[0],
          per_rank[0], chunk(grads[0])),
         ("reduce_scatter_to_group", lambda x, g: comm.reduce_scatter_to_group(x, g, 1), mine,
          chunk(grads[r]), chunk(sum(per_rank)), diagonal(grads)),

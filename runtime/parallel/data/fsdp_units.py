@@ -2,7 +2,8 @@
 
 Takes: a unit's parameters and the group they are sharded over; the mesh. Gives:
 ``Unit`` (one flat buffer, sharded, gathered and freed as a whole: fsdp.py, Note
-[units]) and ``node_groups``, ``expert_node_groups`` (the shard and replicate groups of
+[units]; ``fill_flat_`` generates its initial slice, Note [counter-based init] in
+param_init.py) and ``node_groups``, ``expert_node_groups`` (the shard and replicate groups of
 ``zero_shard = node``, the dense units' and the experts'); ``SplitBackwardHooks`` (a
 chunk's hooks of a split backward: fsdp.py, Note [ZeRO-3 under a split backward]).
 """
@@ -10,6 +11,7 @@ chunk's hooks of a split backward: fsdp.py, Note [ZeRO-3 under a split backward]
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.distributed as dist
@@ -17,8 +19,23 @@ import torch.distributed as dist
 from ...distributed.comm import exposed, group_rank, group_size
 from .dp import finished_after_backward
 from ...train.memory import GATHERED_PARAMETERS
-from ...models.param_init import fill_flat_, pieces as parameter_pieces
+from ...models.param_init import fill_, pieces as parameter_pieces
 from ...distributed.traffic import comm_bytes
+
+
+def fill_flat_(out: torch.Tensor, pieces, start: int, *, layers: int, seed: int) -> None:
+    """A ZeRO-3 rank's slice: ``out`` gets elements [start, start + out.numel()) of the
+    concatenation of ``pieces`` — (name, full_shape, offsets, shape) boxes, each
+    flattened row-major, back to back — and zeros past their end (the padding)."""
+    stop, at = start + out.numel(), 0
+    out.zero_()
+    for name, full_shape, offsets, shape in pieces:
+        n = math.prod(shape)
+        lo, hi = max(start, at), min(stop, at + n)
+        if lo < hi:
+            fill_(out[lo - start : hi - start], name, full_shape, layers=layers, seed=seed,
+                  offsets=offsets, shape=shape, start=lo - at)
+        at += n
 
 
 def materialize_meta(chunks: list, device) -> tuple | None:

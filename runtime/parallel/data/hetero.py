@@ -21,7 +21,7 @@ ranks of one larger-tp group with the same s % (smaller tp).
 Gradients keep one invariant: every rank's gradient is that of its coarse replica's
 loss L_c (the mean over the coarse micro-batch). A batch split's backward is then the
 all-gather of the pieces' gradients, a gather's backward takes this rank's piece (both
-``comm.scatter_to_group``/``gather_from_group`` over the piece group, dim 0); the
+``comm_scatter.scatter_to_group``/``gather_from_group`` over the piece group, dim 0); the
 loss on a piece of 1/k of the batch enters L_c as (1/k)·Σ pieces, which the forward
 sums over the piece group (``comm.reduce_from_group``, backward: identity). A
 parameter of layer i is then summed over layer i's dp group and divided by the coarse
@@ -44,7 +44,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from ...distributed.comm import exposed, gather_from_group, group_size, reduce_from_group, scatter_to_group
+from ...distributed.comm import exposed, group_size, reduce_from_group
+from ...distributed.comm_scatter import gather_from_group, scatter_to_group
 from . import zero
 from .dp import GradientBuckets
 from ...optimizers.optim import clip_to_norm_

@@ -7,8 +7,9 @@ layers2d.py), or under per-layer degrees the ``hetero.StageLayouts`` (Note
 [heterogeneous layouts]). Gives: ``shard``, which swaps each layer the checked plan
 splits for its parallel kind (``layers.py``: column, row, vocab; ``layers2d.py``) and
 sets the model's layout attributes (``tp_group``, ``sp``, ``block_tp``, ``head_group``
-…). It is ``parallelize.tensor``, the first transform: the layers it swaps have no
-values yet, so nothing is copied; the parameters' roles it sets (``sequence_parallel``,
+…; per-layer layouts: sharding_layouts.py; a MoE block's MLP: sharding_moe.py). It is
+``parallelize.tensor``, the first transform: the layers it swaps have no values yet, so
+nothing is copied; the parameters' roles it sets (``sequence_parallel``,
 ``tensor_parallel``, ``layer_tp``) are tags the gradient code reads.
 """
 
@@ -123,16 +124,20 @@ def _shard_stage(model, tp_group, tp_plan, sp, grid, layouts):
         block.attn_norm, block.mlp_norm = builder.norm(block.attn_norm), builder.norm(block.mlp_norm)
         builder.linears(block.attn, f"layers.{i}.attn", ATTENTION, head_rows)
         _head_norms(block.attn, builder, f"layers.{i}.attn")
-        if block.moe:
-            _shard_moe(block.mlp, builder, f"layers.{i}.mlp", sp)
+        if block.moe:  # only a build with experts ships sharding_moe.py
+            from .sharding_moe import shard_moe
+
+            shard_moe(block.mlp, builder, f"layers.{i}.mlp", sp, dense=MLP)
         else:
             builder.linears(block.mlp, f"layers.{i}.mlp", MLP)
     if model.last:
         model.final_norm = build.norm(model.final_norm)
         _shard_head(model, grid, sp)
     model.tag_tied()
-    if layouts is not None:
-        _tag_layouts(model)
+    if layouts is not None:  # only a build with per-layer layouts ships sharding_layouts.py
+        from .sharding_layouts import tag_layouts
+
+        tag_layouts(model)
 
 
 def _head_norms(attn, builder, prefix):
@@ -183,26 +188,3 @@ def _shard_head(model, grid, sp):
         assign(model.head.weight, tensor_parallel=True)
         model.head.tp_group = model.head_group  # where its shard starts (checkpoint_shards.py)
 
-
-def _shard_moe(mlp, builder, prefix, sp):
-    """Note [MoE under sequence parallelism]: the router and the experts stay whole over
-    tp (the experts are split by ``parallelize.experts``); the shared experts are a dense
-    MLP the plan may split. Under SP each tp rank routes its own tokens."""
-    builder.linears(mlp, prefix, ("router",))
-    if mlp.shared_experts is not None:
-        builder.linears(mlp.shared_experts, f"{prefix}.shared_experts", MLP)
-    if sp:
-        mlp.seq_group = builder.group
-        for p in mlp.parameters():  # the router, shared experts, experts: grads summed over tp
-            assign(p, sequence_parallel=True)
-
-
-def _tag_layouts(model):
-    """Each parameter's ``layer_tp``: the degree of the layer it belongs to (hetero.py)."""
-    for name, p in model.named_parameters():
-        if name.startswith("layers."):
-            assign(p, layer_tp=model.block_tp[int(name.split(".")[1])])
-        elif name.startswith(("embed.", "pos_embed.")):
-            assign(p, layer_tp=model.embed_tp)
-        else:  # final_norm, head
-            assign(p, layer_tp=model.head_tp)
