@@ -16,7 +16,9 @@ A call with ``*args``/``**kwargs`` is bound only when it has neither. A pair who
 ``parc check`` refuses has nothing to build (tests/test_check_build_contract.py keeps the
 build's verdict the same). Black is replaced by the identity while rendering (the
 calls are the same; black costs ~0.15 s a file). A few of the pairs also train for two
-steps on gloo (``test_pairs_that_broke_train``).
+steps on gloo (``test_pairs_that_broke_train``), all of them in one torchrun launch
+(tests/conftest.py's ``trainers``, tests/parity/batch.py): each pair is its own case, with
+its own build, process groups and pass or fail.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from parc.codegen.lower import lower
 from parc.codegen.features import runtime_modules
 from parc.codegen.render import render
 from parc.dsl import Diagnostics, load
+from parity.batch import Case  # tests/ is on sys.path (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = str(ROOT / "examples" / "tiny.par")  # dp 2 × tp 2, 4 layers, 4 heads
@@ -332,18 +335,23 @@ RUNS = {
 }
 
 
-@pytest.mark.parametrize("pair", list(RUNS.values()), ids=list(RUNS))
-def test_pairs_that_broke_train(pair, tmp_path):
-    """Pairs whose trainer once died at step 1 on a call that did not fit: two steps on gloo."""
-    from parc.codegen.build import build_to
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    try:
-        from parity.harness import run_trainer
-    finally:
-        sys.path.remove(str(ROOT / "tests"))
+def train_case(pair) -> Case:
+    """Two steps of the pair's build of the tiny example, on as many ranks as its mesh fills."""
     sets = overrides(pair)
     world = int(dict(s.split("=", 1) for s in sets)["mesh.devices_per_node"])
-    records = run_trainer(build_to(BASE, tmp_path / "build", sets), world, steps=2)
+    return Case(f"signatures-{'-'.join(pair)}", BASE, sets, world, ("--steps", "2"))
+
+
+def cases_of(item) -> list[Case]:
+    """The runs a selected test of this module reads (tests/conftest.py's ``trainers``)."""
+    if item.originalname == "test_pairs_that_broke_train":
+        return [train_case(item.callspec.params["pair"])]
+    return []
+
+
+@pytest.mark.parametrize("pair", list(RUNS.values()), ids=list(RUNS))
+def test_pairs_that_broke_train(pair, trainers):
+    """Pairs whose trainer once died at step 1 on a call that did not fit: two steps on gloo."""
+    records = trainers.records(train_case(pair))
     assert [r["step"] for r in records] == [1, 2]
     assert all(builtins.abs(r["loss"]) < 100 and r["grad_norm"] >= 0 for r in records), records
