@@ -62,6 +62,8 @@ def cases_of(item) -> list[Case]:
         "test_nonfinite_skip_keeps_every_rank_in_step": [SKIP],
         "test_nonfinite_stop_names_the_step_and_keeps_the_checkpoint": [STOP, STOP_AGAIN],
         "test_shape_mismatch_is_a_clear_error": [straight_case("dp2"), SHAPE],  # test_resume's run, shared
+        "test_fault_restart_resumes_from_latest_checkpoint": [straight_case("dp2")],
+        "test_sigterm_saves_and_the_next_launch_resumes": [straight_case("dp2")],
     }.get(item.originalname, [])
 
 
@@ -69,13 +71,16 @@ def last_line(log: Path) -> str:
     return log.read_text().strip().splitlines()[-1]
 
 
-def test_fault_restart_resumes_from_latest_checkpoint(straight, tmp_path):
-    clean = straight("dp2")
+def test_fault_restart_resumes_from_latest_checkpoint(trainers, tmp_path):
+    clean = trainers.run(straight_case("dp2"))  # test_resume's 8 steps, checkpoints at 4 and 8
     metrics = tmp_path / "metrics.jsonl"
+    # the batch's runs take the kernels at every size (tests/conftest.py, Note [eager at small
+    # shapes]), from the run's kernel cache: so does this one, to end bit for bit where the clean run ended
+    kernels = {key: os.environ[key] for key in ("PARC_KERNELS_EAGER_BELOW", "PARC_KERNEL_CACHE") if key in os.environ}
     done = subprocess.run(  # the generated launch.sh: torchrun --standalone --max-restarts 1
         ["./launch.sh", "--max-restarts", "1", "--steps", "8", "--checkpoint-dir", str(tmp_path / "ck"),
          "--checkpoint-every", "4", "--checkpoint-keep", "1", "--metrics-jsonl", str(metrics)],
-        cwd=clean.build, env=env(TORCHRUN=str(TORCHRUN), PARC_FAULT_AT_STEP="6"),
+        cwd=clean.build, env=env(TORCHRUN=str(TORCHRUN), PARC_FAULT_AT_STEP="6", **kernels),
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
@@ -86,12 +91,12 @@ def test_fault_restart_resumes_from_latest_checkpoint(straight, tmp_path):
     repeated = [s for s in set(steps) if steps.count(s) > 1]
     assert set(repeated) <= {5}, steps  # only the steps after the last checkpoint
     assert steps[-4:] == [5, 6, 7, 8]
-    assert losses(records(metrics)) == losses(clean.rows)  # bit for bit, the final loss included
+    assert losses(records(metrics)) == losses(clean.records)  # bit for bit, the final loss included
     assert os.listdir(tmp_path / "ck") == ["step_000008"]  # --checkpoint-keep 1
 
 
-def test_sigterm_saves_and_the_next_launch_resumes(straight, tmp_path):
-    build_dir = straight("dp2").build
+def test_sigterm_saves_and_the_next_launch_resumes(trainers, tmp_path):
+    build_dir = trainers.run(straight_case("dp2")).build  # its build folder (the run's files stay apart)
     metrics, ck = tmp_path / "metrics.jsonl", tmp_path / "ck"
     args = ["--steps", "100000", "--checkpoint-dir", str(ck), "--checkpoint-every", "0",
             "--metrics-jsonl", str(metrics)]
