@@ -13,7 +13,8 @@ in one process, so a module's fixtures are made once. The modules that read
 too: the dense parity layouts of gpt, those of llama, every other module that
 reads them (MoE layouts, memory, precision, compression, eval, the planner's
 measurements), and the checkpoints' runs (initial states, resume, reshard, precision, faults, from an import). A case two units read (a one-rank reference) runs once per process
-that needs it. Every other test file is a unit of its own.
+that needs it. Every other test file is a unit of its own (the bad files' refusals and
+test_call_signatures' trained pairs read ``trainers`` in units of their own).
 
 Note [one compile per run]: the compiled CPU kernels are built once for the whole
 run, into the one cache every process of the run reads (Note [kernel cache]:

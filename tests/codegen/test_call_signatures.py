@@ -127,10 +127,18 @@ def runtime(tmp_path_factory):
         sys.modules.update(saved)
 
 
+def nodes(tree: ast.Module) -> list[ast.AST]:
+    """``ast.walk(tree)``, walked once for the three readers of a train.py below."""
+    walked = getattr(tree, "_walked", None)
+    if walked is None:
+        walked = tree._walked = list(ast.walk(tree))
+    return walked
+
+
 def imported_names(tree: ast.Module) -> dict[str, object]:
     """train.py's names bound by ``from parc_runtime... import ...`` / ``import parc_runtime...``."""
     names = {}
-    for node in ast.walk(tree):
+    for node in nodes(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "parc_runtime":
             for alias in node.names:
                 try:
@@ -173,7 +181,7 @@ class Calls:
     def __init__(self, tree: ast.Module, names: dict[str, object]):
         self.names = names
         self.instances: dict[str, set[type]] = {}  # variable → the runtime classes assigned to it
-        for node in ast.walk(tree):
+        for node in nodes(tree):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 made = self.made_by(node.value)
                 for target in node.targets:
@@ -221,7 +229,7 @@ class Calls:
 
     def mismatches(self, tree: ast.Module) -> list[str]:
         out = []
-        for node in ast.walk(tree):
+        for node in nodes(tree):
             if not isinstance(node, ast.Call):
                 continue
             try:
@@ -249,7 +257,7 @@ class Calls:
         return out
 
 
-def copied(names: dict[str, object], files: dict[str, bytes], folder: Path) -> list[str]:
+def copied(names: dict[str, object], files: frozenset[str], folder: Path) -> list[str]:
     """The runtime modules train.py imports whose file the build does not copy."""
     missing = []
     for value in names.values():
@@ -258,6 +266,12 @@ def copied(names: dict[str, object], files: dict[str, bytes], folder: Path) -> l
         if path not in files:
             missing.append(path)
     return missing
+
+
+@lru_cache(maxsize=None)
+def shipped(modules: frozenset[str]) -> frozenset[str]:
+    """The runtime files a build of these modules copies (many pairs ship the same set)."""
+    return frozenset(runtime_files(set(modules)))
 
 
 def _identity(text: str, mode=None) -> str:
@@ -278,7 +292,7 @@ def mismatches_of(sets, folder: Path) -> list[str] | None:
         black.format_str = saved
     tree = ast.parse(text)
     names = imported_names(tree)
-    files = runtime_files(runtime_modules(plan))
+    files = shipped(frozenset(runtime_modules(plan)))
     out = [f"not copied into the build: {path}" for path in copied(names, files, folder)]
     return out + Calls(tree, names).mismatches(tree)
 
