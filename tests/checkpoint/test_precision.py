@@ -97,8 +97,10 @@ def test_fp16_overflow_step_is_skipped_and_the_scale_backs_off(layout, trainers)
 
 
 def tiny(precision: str) -> Case:
-    """20 steps of the tiny example at one rank in ``precision``."""
-    return Case(f"tiny-{precision}", str(TINY), (*ONE_RANK, f"train.precision={precision}"), 1, ("--steps", "20"))
+    """20 steps of the tiny example at one rank in ``precision``, with a user's kernel choice
+    (eager below the measured sizes: the tests' PARC_KERNELS_EAGER_BELOW unset), as ``python train.py``."""
+    return Case(f"tiny-{precision}", str(TINY), (*ONE_RANK, f"train.precision={precision}"), 1, ("--steps", "20"),
+                env=(("PARC_KERNELS_EAGER_BELOW", None),))
 
 
 def _tiny_losses(trainers, precision: str) -> list[dict]:
