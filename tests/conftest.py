@@ -12,8 +12,9 @@ in one process, so a module's fixtures are made once. The modules that read
 ``trainers`` (SHARED) form four units, so the two processes share the trainers' runs
 too: the dense parity layouts of gpt, those of llama, every other module that
 reads them (MoE layouts, memory, precision, compression, eval, the planner's
-measurements), and the checkpoints' runs (initial states, resume, reshard, precision, from an import). A case two units read (a one-rank reference) runs once per process
-that needs it. Every other test file is a unit of its own.
+measurements), and the checkpoints' runs (initial states, resume, reshard, precision, faults, from an import). A case two units read (a one-rank reference) runs once per process
+that needs it. Every other test file is a unit of its own (the bad files' refusals and
+test_call_signatures' trained pairs read ``trainers`` in units of their own).
 
 Note [one compile per run]: the compiled CPU kernels are built once for the whole
 run, into the one cache every process of the run reads (Note [kernel cache]:
@@ -45,19 +46,23 @@ from parity.batch import Batches  # tests/ is on sys.path for this file (no __in
 
 
 SHARED = (
-    "tests/checkpoint/test_bad_files.py", "tests/checkpoint/test_hf_import.py", "tests/checkpoint/test_init_shards.py",
+    "tests/checkpoint/test_bad_files.py", "tests/checkpoint/test_faults.py", "tests/checkpoint/test_hf_import.py", "tests/checkpoint/test_init_shards.py",
     "tests/checkpoint/test_precision.py", "tests/checkpoint/test_resume.py", "tests/parity/test_compress.py", "tests/parity/test_memory.py",
     "tests/parity/test_parity.py", "tests/parity/test_parity_precision.py", "tests/parity/test_planned.py",
     "tests/planner/test_context_memory.py", "tests/planner/test_measured.py",
+    "tests/codegen/test_call_signatures.py",
 )
 """The modules that read ``trainers`` (those defining ``cases_of``)."""
 PARITY_LAYOUTS = "tests/parity/test_parity.py::test_layout_matches_single_rank["
 OWN_UNITS = {"tests/checkpoint/test_resume.py": "trainers-checkpoints",
+             "tests/checkpoint/test_faults.py": "trainers-checkpoints",
              "tests/checkpoint/test_hf_import.py": "trainers-checkpoints",
              "tests/checkpoint/test_init_shards.py": "trainers-checkpoints",
              "tests/checkpoint/test_precision.py": "trainers-checkpoints",
-             "tests/checkpoint/test_bad_files.py": "trainers-bad-files"}
-"""SHARED modules whose runs share nothing with the others': a unit of their own."""
+             "tests/checkpoint/test_bad_files.py": "trainers-bad-files",
+             "tests/codegen/test_call_signatures.py": "tests/codegen/test_call_signatures.py"}
+"""SHARED modules whose runs share nothing with the others': a unit of their own (the
+module's own file for one that would be a unit of its own but for its launch)."""
 SHARED_UNITS = ("trainers-gpt", "trainers-llama", "trainers", "trainers-checkpoints", "trainers-bad-files")
 """The SHARED units, longest first (xdist hands them out in this order)."""
 KERNEL_FREE = ("tests/dsl/", "tests/test_")

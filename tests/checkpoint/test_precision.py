@@ -9,6 +9,7 @@
 - fp16 trains the tiny example (2 micro-batches a step) 20 steps with a falling loss (fp16 parameters: the
   first steps may back the scale off, as GradScaler over fp16 weights does).
 - bf16 over 20 steps of the tiny example (likewise): losses within 2e-2 relative of fp32.
+Every run is a case of the checkpoint tests' batch launches (tests/conftest.py's ``trainers``).
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from parc.codegen.build import build_to
 from parity.batch import Case
 
-from .trainer import LAYOUTS, overrides, records, run
+from .trainer import LAYOUTS, overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny.par"
@@ -70,6 +70,10 @@ def cases_of(item) -> list[Case]:
         return [overflowed(item.callspec.params["layout"]), *halves(item.callspec.params["layout"])]
     if name == "test_fp32_checkpoint_resumes_under_bf16_master_weights":
         return list(bf16_from_fp32())
+    if name == "test_fp16_trains_the_tiny_model_20_steps_with_falling_loss":
+        return [tiny("fp16")]
+    if name == "test_bf16_losses_within_2e_2_of_fp32_over_20_steps":
+        return [tiny("fp32"), tiny("bf16")]
     return []
 
 
@@ -92,18 +96,21 @@ def test_fp16_overflow_step_is_skipped_and_the_scale_backs_off(layout, trainers)
     assert f"scale backs off to {rows[2]['loss_scale']:g}" in log
 
 
-def _tiny_losses(tmp_path: Path, precision: str) -> list[float]:
-    out = tmp_path / precision
-    build_dir = Path(build_to(TINY, out / "build", [*ONE_RANK, f"train.precision={precision}"]))
-    metrics = out / "metrics.jsonl"
-    run(build_dir, 1, ["--steps", "20", "--metrics-jsonl", str(metrics)], timeout=900)
-    rows = records(metrics)
+def tiny(precision: str) -> Case:
+    """20 steps of the tiny example at one rank in ``precision``, with a user's kernel choice
+    (eager below the measured sizes: the tests' PARC_KERNELS_EAGER_BELOW unset), as ``python train.py``."""
+    return Case(f"tiny-{precision}", str(TINY), (*ONE_RANK, f"train.precision={precision}"), 1, ("--steps", "20"),
+                env=(("PARC_KERNELS_EAGER_BELOW", None),))
+
+
+def _tiny_losses(trainers, precision: str) -> list[dict]:
+    rows = trainers.records(tiny(precision))
     assert [row["step"] for row in rows] == list(range(1, 21))
     return rows
 
 
-def test_fp16_trains_the_tiny_model_20_steps_with_falling_loss(tmp_path):
-    rows = _tiny_losses(tmp_path, "fp16")
+def test_fp16_trains_the_tiny_model_20_steps_with_falling_loss(trainers):
+    rows = _tiny_losses(trainers, "fp16")
     losses = [row["loss"] for row in rows]
     assert all(math.isfinite(loss) for loss in losses)
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.3, losses
@@ -114,9 +121,9 @@ def test_fp16_trains_the_tiny_model_20_steps_with_falling_loss(tmp_path):
     assert all(row["skipped_overflow_steps"] == skipped for row in rows[5:]), rows
 
 
-def test_bf16_losses_within_2e_2_of_fp32_over_20_steps(tmp_path):
-    fp32 = [row["loss"] for row in _tiny_losses(tmp_path, "fp32")]
-    bf16 = [row["loss"] for row in _tiny_losses(tmp_path, "bf16")]
+def test_bf16_losses_within_2e_2_of_fp32_over_20_steps(trainers):
+    fp32 = [row["loss"] for row in _tiny_losses(trainers, "fp32")]
+    bf16 = [row["loss"] for row in _tiny_losses(trainers, "bf16")]
     for step, (a, b) in enumerate(zip(fp32, bf16), start=1):
         assert abs(b - a) <= 2e-2 * abs(a), (step, a, b)
 

@@ -16,7 +16,9 @@ A call with ``*args``/``**kwargs`` is bound only when it has neither. A pair who
 ``parc check`` refuses has nothing to build (tests/test_check_build_contract.py keeps the
 build's verdict the same). Black is replaced by the identity while rendering (the
 calls are the same; black costs ~0.15 s a file). A few of the pairs also train for two
-steps on gloo (``test_pairs_that_broke_train``).
+steps on gloo (``test_pairs_that_broke_train``), all of them in one torchrun launch
+(tests/conftest.py's ``trainers``, tests/parity/batch.py): each pair is its own case, with
+its own build, process groups and pass or fail.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from parc.codegen.lower import lower
 from parc.codegen.features import runtime_modules
 from parc.codegen.render import render
 from parc.dsl import Diagnostics, load
+from parity.batch import Case  # tests/ is on sys.path (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = str(ROOT / "examples" / "tiny.par")  # dp 2 × tp 2, 4 layers, 4 heads
@@ -124,10 +127,18 @@ def runtime(tmp_path_factory):
         sys.modules.update(saved)
 
 
+def nodes(tree: ast.Module) -> list[ast.AST]:
+    """``ast.walk(tree)``, walked once for the three readers of a train.py below."""
+    walked = getattr(tree, "_walked", None)
+    if walked is None:
+        walked = tree._walked = list(ast.walk(tree))
+    return walked
+
+
 def imported_names(tree: ast.Module) -> dict[str, object]:
     """train.py's names bound by ``from parc_runtime... import ...`` / ``import parc_runtime...``."""
     names = {}
-    for node in ast.walk(tree):
+    for node in nodes(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "parc_runtime":
             for alias in node.names:
                 try:
@@ -170,7 +181,7 @@ class Calls:
     def __init__(self, tree: ast.Module, names: dict[str, object]):
         self.names = names
         self.instances: dict[str, set[type]] = {}  # variable → the runtime classes assigned to it
-        for node in ast.walk(tree):
+        for node in nodes(tree):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 made = self.made_by(node.value)
                 for target in node.targets:
@@ -218,7 +229,7 @@ class Calls:
 
     def mismatches(self, tree: ast.Module) -> list[str]:
         out = []
-        for node in ast.walk(tree):
+        for node in nodes(tree):
             if not isinstance(node, ast.Call):
                 continue
             try:
@@ -246,7 +257,7 @@ class Calls:
         return out
 
 
-def copied(names: dict[str, object], files: dict[str, bytes], folder: Path) -> list[str]:
+def copied(names: dict[str, object], files: frozenset[str], folder: Path) -> list[str]:
     """The runtime modules train.py imports whose file the build does not copy."""
     missing = []
     for value in names.values():
@@ -255,6 +266,12 @@ def copied(names: dict[str, object], files: dict[str, bytes], folder: Path) -> l
         if path not in files:
             missing.append(path)
     return missing
+
+
+@lru_cache(maxsize=None)
+def shipped(modules: frozenset[str]) -> frozenset[str]:
+    """The runtime files a build of these modules copies (many pairs ship the same set)."""
+    return frozenset(runtime_files(set(modules)))
 
 
 def _identity(text: str, mode=None) -> str:
@@ -275,7 +292,7 @@ def mismatches_of(sets, folder: Path) -> list[str] | None:
         black.format_str = saved
     tree = ast.parse(text)
     names = imported_names(tree)
-    files = runtime_files(runtime_modules(plan))
+    files = shipped(frozenset(runtime_modules(plan)))
     out = [f"not copied into the build: {path}" for path in copied(names, files, folder)]
     return out + Calls(tree, names).mismatches(tree)
 
@@ -332,18 +349,23 @@ RUNS = {
 }
 
 
-@pytest.mark.parametrize("pair", list(RUNS.values()), ids=list(RUNS))
-def test_pairs_that_broke_train(pair, tmp_path):
-    """Pairs whose trainer once died at step 1 on a call that did not fit: two steps on gloo."""
-    from parc.codegen.build import build_to
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    try:
-        from parity.harness import run_trainer
-    finally:
-        sys.path.remove(str(ROOT / "tests"))
+def train_case(pair) -> Case:
+    """Two steps of the pair's build of the tiny example, on as many ranks as its mesh fills."""
     sets = overrides(pair)
     world = int(dict(s.split("=", 1) for s in sets)["mesh.devices_per_node"])
-    records = run_trainer(build_to(BASE, tmp_path / "build", sets), world, steps=2)
+    return Case(f"signatures-{'-'.join(pair)}", BASE, sets, world, ("--steps", "2"))
+
+
+def cases_of(item) -> list[Case]:
+    """The runs a selected test of this module reads (tests/conftest.py's ``trainers``)."""
+    if item.originalname == "test_pairs_that_broke_train":
+        return [train_case(item.callspec.params["pair"])]
+    return []
+
+
+@pytest.mark.parametrize("pair", list(RUNS.values()), ids=list(RUNS))
+def test_pairs_that_broke_train(pair, trainers):
+    """Pairs whose trainer once died at step 1 on a call that did not fit: two steps on gloo."""
+    records = trainers.records(train_case(pair))
     assert [r["step"] for r in records] == [1, 2]
     assert all(builtins.abs(r["loss"]) < 100 and r["grad_norm"] >= 0 for r in records), records

@@ -47,8 +47,9 @@ class Case:
     phase: int = 0
     """Cases run in phases: every wanted case of a phase before any of the next (a resume
     reads what an earlier phase's run saved, whatever its world size)."""
-    env: tuple[tuple[str, str], ...] = ()
-    """Environment variables set for this run alone (a test's fault injection, say)."""
+    env: tuple[tuple[str, str | None], ...] = ()
+    """Environment variables set for this run alone (a test's fault injection, say); None
+    unsets one (the tests' ``PARC_KERNELS_EAGER_BELOW``, for a run that takes a user's defaults)."""
     script: str | None = None
     """Run this script with the build folder as its first argument instead of the build's
     ``train.py`` (tests/checkpoint/reshard_worker.py wraps a trainer)."""

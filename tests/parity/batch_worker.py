@@ -139,7 +139,11 @@ def run_one(run: dict, rank: int, rng_state) -> None:
     folder = os.path.dirname(os.path.abspath(run["train"]))
     path = list(sys.path)  # a wrapping script may add the build folder (tests/checkpoint/reshard_worker.py)
     cwd, environ = os.getcwd(), dict(os.environ)
-    os.environ.update(run["env"])
+    for key, value in run["env"].items():  # None: unset (batch.py's Case.env)
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     os.chdir(run["cwd"])  # where a user runs it: the build folder (checkpoints/ by default land there)
     sys.path[0] = folder
     sys.argv = [run["train"], *run["args"]]
