@@ -13,13 +13,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CEILING = {
-    "cp_kind": 11, "etp": 17, "tp_shape": 14, "terapipe": 16, "chimera": 13, "compress_pp": 13, "zero_shard": 11,
+    "cp_kind": 7, "etp": 13, "tp_shape": 12, "terapipe": 11, "chimera": 9, "compress_pp": 9, "zero_shard": 9,
     "ep_group": 8,
 }
-"""Measured on 2026-12-05 once the language (dsl/parallel_fields.py), the planner (cost/options.py),
-the runtime's rules (rule_engine.declare) and the renderer (codegen/view.py) loop over their
-entries. What is left is mostly each word's owners: its three records (ParallelSpec, Plan, the
-planner's Layout), key, entry, rules and unbuilt-pair rows, runtime, render and cost modules."""
+"""Measured on 2026-12-06 once the layout's options are one record (dsl/keys/layout_options.py:
+the key, the spec's and the planner's field and the Plan's cited field written once) and the
+runtime's generic files say what they do rather than which feature asks it. What is left is each
+word's owners: its record entry, registry entry, rules and unbuilt-pair rows, runtime, render and
+cost modules, and for etp/tp_shape/zero_shard/compress_pp the pair rules in rules_unbuilt.py /
+rules_hetero.py / rules_overlap.py / rules_pipeline.py, whose order in the rule list is the order
+errors print in."""
 
 
 def files_naming(word: str) -> list[str]:
