@@ -60,6 +60,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ...distributed.comm import _all_gather
 from ...distributed.comm_async import launch_all_gather, launch_all_reduce, launch_reduce_scatter
+from .column_grads import input_grad, weight_grads
 from .layers import ColumnParallelLinear, RowParallelLinear
 from ...models.residual import settle
 
@@ -88,21 +89,13 @@ class _ColumnLinears(torch.autograd.Function):
         # Backward runs outside autocast: compute in the gradients' dtype (bf16 under
         # autocast, as autocast's own linear would) and return each input's dtype.
         source, *weights = ctx.saved_tensors
-        grad_source = None
-        for g, w in zip(grads, weights):
-            part = g.matmul(w.to(g.dtype))
-            grad_source = part if grad_source is None else grad_source + part
+        grad_source = input_grad(grads, weights)
         # the input gradient's collective runs while the weight gradients compute
         if ctx.sp:
             pending = launch_reduce_scatter(grad_source, ctx.group, dim=1)  # (b, T/tp, in)
         else:
             pending = launch_all_reduce(grad_source, ctx.group)  # (b, T, in)
-        flat_source = source.reshape(-1, source.shape[-1])
-        grad_weights, grad_biases = [], []
-        for g, w, bias_dtype in zip(grads, weights, ctx.bias_dtypes):
-            flat = g.reshape(-1, g.shape[-1])
-            grad_weights.append(flat.t().matmul(flat_source.to(flat.dtype)).to(w.dtype))
-            grad_biases.append(None if bias_dtype is None else flat.sum(0).to(bias_dtype))
+        grad_weights, grad_biases = weight_grads(grads, weights, ctx.bias_dtypes, source)
         grad_x = pending.wait().to(ctx.input_dtype)
         return (grad_x, None, None, None, None, *grad_weights, *grad_biases)
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from ...distributed.comm import _all_gather
 from ...distributed.comm_async import launch_all_gather, launch_reduce_scatter
+from .column_grads import input_grad, weight_grads
 
 
 class GatheredColumns(torch.autograd.Function):
@@ -39,16 +40,8 @@ class GatheredColumns(torch.autograd.Function):
         # outside autocast: compute in the gradients' dtype, as autocast's linear would
         x, *weights = ctx.saved_tensors
         gathering = launch_all_gather(x, ctx.group, dim=1)
-        grad_full = None
-        for g, w in zip(grads, weights):
-            part = g.matmul(w.to(g.dtype))
-            grad_full = part if grad_full is None else grad_full + part
+        grad_full = input_grad(grads, weights)
         full = gathering.wait()
         scattering = launch_reduce_scatter(grad_full, ctx.group, dim=1)  # (B, T/tp, in)
-        flat_full = full.reshape(-1, full.shape[-1])
-        grad_weights, grad_biases = [], []
-        for g, w, bias_dtype in zip(grads, weights, ctx.bias_dtypes):
-            flat = g.reshape(-1, g.shape[-1])
-            grad_weights.append(flat.t().matmul(flat_full.to(flat.dtype)).to(w.dtype))
-            grad_biases.append(None if bias_dtype is None else flat.sum(0).to(bias_dtype))
+        grad_weights, grad_biases = weight_grads(grads, weights, ctx.bias_dtypes, full)
         return (scattering.wait().to(ctx.input_dtype), None, None, *grad_weights, *grad_biases)
