@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CEILING = {
-    "cp_kind": 7, "etp": 13, "tp_shape": 12, "terapipe": 11, "chimera": 9, "compress_pp": 9, "zero_shard": 9,
+    "cp_kind": 8, "etp": 13, "tp_shape": 12, "terapipe": 11, "chimera": 9, "compress_pp": 9, "zero_shard": 9,
     "ep_group": 8,
 }
 """Measured on 2026-12-06 once the layout's options are one record (dsl/keys/layout_options.py:

@@ -30,13 +30,13 @@ from ..parallel.data.dp import all_reduce_mean
 class Evaluator:
     def __init__(
         self, dataset, *, every, batches, micro_batch, grad_accum, dp_rank, dp_size,
-        device, reduce_group=None, runner=None, pp_group=None, autocast_dtype=None, **context,
+        device, reduce_group=None, cp_rank=0, cp_size=1, cp_kind=None, runner=None, pp_group=None,
+        autocast_dtype=None,
     ):
-        """``context``: under cp, ``data.context_chunk``'s arguments (this rank's place and
-        the strategy's kind: which tokens a cp rank holds); none without cp."""
         self.dataset, self.every, self.batches = dataset, every, batches
         self.micro_batch, self.grad_accum = micro_batch, grad_accum
-        self.dp_rank, self.dp_size, self.context = dp_rank, dp_size, context
+        self.dp_rank, self.dp_size, self.cp_rank, self.cp_size = dp_rank, dp_size, cp_rank, cp_size
+        self.cp_kind = cp_kind  # which tokens a cp rank holds (ring: two load-balanced chunks)
         self.device, self.reduce_group = device, reduce_group
         self.runner, self.pp_group, self.autocast_dtype = runner, pp_group, autocast_dtype
 
@@ -54,8 +54,10 @@ class Evaluator:
             )
             # (B, T) token ids each; and the documents' ids under documents = separate (whole under cp)
             inputs, targets, *documents = self.dataset.batch(indices)
-            if self.context:
-                inputs, targets = data.context_chunk(inputs, targets, **self.context)
+            if self.cp_size > 1:
+                inputs, targets = data.context_chunk(
+                    inputs, targets, cp_rank=self.cp_rank, cp_size=self.cp_size, cp_kind=self.cp_kind
+                )
             out.append((inputs, targets, *documents))
         return out
 
