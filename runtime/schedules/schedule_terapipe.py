@@ -27,7 +27,15 @@ from __future__ import annotations
 
 import functools
 
+from .schedule import Arg, Words
+
 FORWARD, BACKWARD = "F", "B"
+WORDS = Words(
+    "each sequence pipelined in S token slices (causal models), 1f1b over the slices",
+    (Arg("slices", "token slices per sequence; or a list of each slice's tokens, summing to seq_len (uneven "
+         "slices, as the paper's)", each=("slice", "the tokens of one slice"), lengths_field="slice_lengths"),),
+    fills="fills it with token slices",
+)
 
 
 def slice_scale(lengths) -> tuple[float, ...]:

@@ -22,7 +22,11 @@ from __future__ import annotations
 
 import functools
 
+from .schedule import Words
+
 FORWARD, BACKWARD, WEIGHT = "F", "B", "W"
+WORDS = Words("ZB-H1: 1f1b with backward split into input and weight gradients, the weight gradients filling "
+              "the bubble", fills="fills it with weight gradients")
 
 
 def zero_bubble_bound(stages: int, micro_batches: int) -> int:

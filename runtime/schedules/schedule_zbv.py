@@ -29,8 +29,11 @@ import functools
 import heapq
 
 from ..layout.placement import Placement
+from .schedule import Words
 
 FORWARD, BACKWARD, WEIGHT = "F", "B", "W"
+WORDS = Words("ZB-V: zero-bubble over two chunks per rank in a V", placement=(
+    ", in a V: chunk 0 of rank r is stage r, chunk 1 stage 2p-1-r (rank 0 holds the first and the last)"))
 
 
 def zero_bubble_v_bound(stages: int, micro_batches: int) -> int:
