@@ -4,7 +4,8 @@ Takes: a schedule kind (``"gpipe"``, ``"1f1b"``, ``"interleaved"``, ``"zero_bubb
 pipeline stages (ranks of the pp group), micro-batches per step and model chunks per
 rank. Gives: ``build_schedule`` (one tuple of ``Action`` per rank), ``virtual_stage``,
 ``in_flight_bound`` (the memory model's number), ``message_key`` (how a send finds its
-receive) and ``describe`` (compact text of an action). Pure Python, no torch: the
+receive), ``describe`` (compact text of an action) and ``words`` (a kind's ``Words``:
+its call in the spec, read by ``dsl/keys/parallel.py``). Pure Python, no torch: the
 executor (before: nothing; after: it runs the lists), ``schedule_sim`` (timeline,
 bubble, checks), the planner and ``parc explain`` all read the same lists.
 
@@ -94,7 +95,8 @@ class Words:
 _WORDS = {
     "gpipe": Words("all forwards, then all backwards"),
     "1f1b": Words("one forward, one backward"),
-    "interleaved": Words("1f1b over `chunks` virtual stages per rank", (Arg("chunks", "virtual stages per rank"),)),
+    "interleaved": Words("1f1b over `chunks` virtual stages per rank",
+                         (Arg("chunks", "virtual stages per rank"),)),
 }
 """The words of the kinds this module runs; the others' are their module's ``WORDS``."""
 

@@ -3,7 +3,8 @@ directions, the micro-batches split between them.
 
 Takes: pipeline ranks p (even) and micro-batches M. Gives: ``chimera_orders(p, M)``,
 the compute order ``(op, micro, chunk)`` of every rank, and ``chimera_bound(p, r,
-M)``, rank r's in-flight bound. Pure Python. Before: ``placement`` (chunk 0 of rank r
+M)``, rank r's in-flight bound, ``closed_makespan`` (the planner's fast bubble) and
+``WORDS`` (``schedule.Words``). Pure Python. Before: ``placement`` (chunk 0 of rank r
 is stage r of the down pipeline, chunk 1 stage p-1-r of the up one; even
 micro-batches go down, odd ones up). After: ``schedule.build_schedule`` adds the
 sends and receives.
@@ -59,7 +60,8 @@ def chimera_idle(stages: int, forward: float, backward: float) -> float:
     return (stages - 2) * max(backward, (forward + backward) / 2)
 
 
-def closed_makespan(stages: int, micro_batches: int, forward: float, backward: float, comm: float) -> float:
+def closed_makespan(stages: int, micro_batches: int, forward: float, backward: float,
+                    comm: float) -> float:
     """The planner's fast makespan (codegen/planner/cost/bubble.py): a micro-batch runs
     through one of a rank's two chunks (placement ``carries``), so the busy time is M·(F + B),
     not 2M·(F + B), plus ``chimera_idle``; messages as 1F1B's, 2·comm per crossing."""

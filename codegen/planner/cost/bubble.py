@@ -53,8 +53,8 @@ REASONS = {"bubble": {
                 + ", ".join(f"{kind} {words(kind).fills}" for kind in KINDS if words(kind).fills) + ")",
     **SLICE_REASONS,
 }}
-"""``planner/why.py``'s reasons for a difference in the schedule (how each kind that fills
-the bubble its own way does: the schedule table's ``Words.fills``) or its slices (cost/slices.py)."""
+"""``planner/why.py``'s reasons for a difference in the schedule (each kind that fills the
+bubble its own way says how: ``Words.fills``) or in its slices (``cost/slices.py``)."""
 
 SHAPES = {kind: words(kind).shape for kind in KINDS if words(kind).shape}
 """``parc explain``'s words for a kind whose pipeline is not one line of stages (``Words.shape``)."""
