@@ -76,10 +76,9 @@ def _expert_modules(plan: Plan) -> frozenset:
 
 def pipeline_modules(kind: str) -> set[str]:
     """What a pipeline of schedule ``kind`` imports only when it runs: the kind's orders
-    (``schedule.MODULES``), split backward (zero-bubble kinds), TeraPipe's slices."""
-    modules = {schedule.MODULES[kind]} if kind in schedule.MODULES else set()
-    modules |= {"split_backward"} if kind in schedule.SPLIT_BACKWARD else set()
-    return modules | ({"terapipe"} if kind in schedule.SLICED else set())
+    (``schedule.MODULES``) and the executor's module it runs with (``schedule.RUNS_WITH``)."""
+    orders = {schedule.MODULES[kind]} if kind in schedule.MODULES else set()
+    return orders | ({schedule.RUNS_WITH[kind]} if kind in schedule.RUNS_WITH else set())
 
 
 FEATURES: tuple[Feature, ...] = (

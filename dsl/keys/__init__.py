@@ -1,6 +1,7 @@
 """Every block, key and call of the language, as one table (a package: a module per block).
 
-Takes: nothing (leaf module). Gives: ``BLOCKS`` (block name → ``BlockDef``), each
+Takes: the schedule table (``runtime/schedules/schedule.py``: the ``schedule`` key's calls
+are its kinds' words). Gives: ``BLOCKS`` (block name → ``BlockDef``), each
 key's ``Param`` (type, range, default, whether it may be ``auto``, its calls) and
 ``expected_words`` for messages. ``dsl/schema.py`` generates the JSON Schema from
 this table, ``dsl/normalize.py`` uses it to resolve units and calls, and

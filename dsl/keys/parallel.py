@@ -5,8 +5,21 @@ options]); ``with_keys`` places each in this table's order."""
 
 from __future__ import annotations
 
+from parc.runtime.schedules.schedule import KINDS, words
+
 from .layout_options import with_keys
 from .types import BlockDef, CallDef, Param, _int
+
+
+def _schedule_call(kind: str) -> CallDef:
+    """The ``schedule`` key's call of ``kind``: its doc and arguments are the schedule table's
+    (``runtime/schedules/schedule.words``: each kind's module holds its own)."""
+    said = words(kind)
+    return CallDef(name=kind, doc=said.doc, params=tuple(
+        _int(arg.name, arg.doc, minimum=arg.minimum, required=True, lengths_field=arg.lengths_field,
+             or_list=_int(*arg.each) if arg.each else None)
+        for arg in said.args))
+
 
 PARALLEL = BlockDef(
     name="parallel",
@@ -45,31 +58,7 @@ PARALLEL = BlockDef(
             auto=True,
             default="1f1b",
             doc="pipeline schedule",
-            calls=(
-                CallDef(name="gpipe", doc="all forwards, then all backwards"),
-                CallDef(name="1f1b", doc="one forward, one backward"),
-                CallDef(
-                    name="interleaved",
-                    doc="1f1b over `chunks` virtual stages per rank",
-                    params=(_int("chunks", "virtual stages per rank", minimum=2, required=True),),
-                ),
-                CallDef(
-                    name="zero_bubble",
-                    doc="ZB-H1: 1f1b with backward split into input and weight gradients, "
-                    "the weight gradients filling the bubble",
-                ),
-                CallDef(name="zero_bubble_v", doc="ZB-V: zero-bubble over two chunks per rank in a V"),
-                CallDef(name="chimera", doc="two pipelines in opposite directions over the stages, pp even"),
-                CallDef(
-                    name="terapipe",
-                    doc="each sequence pipelined in S token slices (causal models), 1f1b over the slices",
-                    params=(
-                        _int("slices", "token slices per sequence; or a list of each slice's tokens, "
-                             "summing to seq_len (uneven slices, as the paper's)", minimum=2, required=True,
-                             or_list=_int("slice", "the tokens of one slice"), lengths_field="slice_lengths"),
-                    ),
-                ),
-            ),
+            calls=tuple(_schedule_call(kind) for kind in KINDS),
         ),
         Param(
             name="recompute",

@@ -4,7 +4,8 @@ Takes: a schedule kind (``"gpipe"``, ``"1f1b"``, ``"interleaved"``, ``"zero_bubb
 pipeline stages (ranks of the pp group), micro-batches per step and model chunks per
 rank. Gives: ``build_schedule`` (one tuple of ``Action`` per rank), ``virtual_stage``,
 ``in_flight_bound`` (the memory model's number), ``message_key`` (how a send finds its
-receive) and ``describe`` (compact text of an action). Pure Python, no torch: the
+receive), ``describe`` (compact text of an action) and ``words`` (a kind's ``Words``:
+its call in the spec, read by ``dsl/keys/parallel.py``). Pure Python, no torch: the
 executor (before: nothing; after: it runs the lists), ``schedule_sim`` (timeline,
 bubble, checks), the planner and ``parc explain`` all read the same lists.
 
@@ -54,11 +55,60 @@ own kind's (``codegen/render.py`` ``runtime_modules`` reads this table)."""
 SLICED = ("terapipe",)
 """Kinds that pipeline token slices of each micro-batch: their actions' ``micro`` is a
 unit, slice j of micro-batch m being m·S + j (``schedule_terapipe``, Note [slices as units])."""
+RUNS_WITH = {**dict.fromkeys(SPLIT_BACKWARD, "split_backward"), **dict.fromkeys(SLICED, "terapipe")}
+"""The executor's module (runtime/parallel/pipeline/) that a kind's pipeline imports when it
+runs: the backward split in two (Note [B and W]), the token slices' state
+(``SliceState``); ``codegen/features.py`` ships it."""
+OWN_CLOSED_FORM = ("chimera",)
+"""Kinds whose module gives the planner's closed-form makespan (``closed_makespan``); the
+others' is 1F1B's over their units (codegen/planner/cost/bubble.py, Note [closed forms])."""
+
+
+@dataclass(frozen=True, slots=True)
+class Arg:
+    """A required integer argument of a kind's call in the spec, at least ``minimum``
+    (``interleaved(chunks = 2)``). ``each``: (name, doc) of one entry, where a list of
+    them may stand instead, written as it is into the spec's field ``lengths_field``."""
+
+    name: str
+    doc: str
+    minimum: int = 2
+    each: tuple[str, str] | None = None
+    lengths_field: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Words:
+    """A kind's words for people: its call in the spec (``doc``, ``args``: the ``schedule``
+    key of ``dsl/keys/parallel.py``, so docs/language.md, the schema and messages);
+    ``fills``, how its order fills the bubble (``parc plan``'s why); ``shape``, its
+    pipeline's where not one line of stages, and ``placement``, where a rank's chunks sit
+    where not Megatron's c·p + r (``parc explain``)."""
+
+    doc: str
+    args: tuple[Arg, ...] = ()
+    fills: str = ""
+    shape: str = ""
+    placement: str = ""
+
+
+_WORDS = {
+    "gpipe": Words("all forwards, then all backwards"),
+    "1f1b": Words("one forward, one backward"),
+    "interleaved": Words("1f1b over `chunks` virtual stages per rank",
+                         (Arg("chunks", "virtual stages per rank"),)),
+}
+"""The words of the kinds this module runs; the others' are their module's ``WORDS``."""
 
 
 def kind_module(kind: str):
     """The module holding ``kind``'s orders and in-flight bound (``MODULES``)."""
     return importlib.import_module(f"{__package__}.{MODULES[kind]}")
+
+
+def words(kind: str) -> Words:
+    """``kind``'s words for people (``Words``), from its module (``MODULES``) or this one's."""
+    return kind_module(kind).WORDS if kind in MODULES else _WORDS[kind]
 
 
 def chunks_for(kind: str, chunks: int = 1) -> int:

@@ -3,7 +3,8 @@ directions, the micro-batches split between them.
 
 Takes: pipeline ranks p (even) and micro-batches M. Gives: ``chimera_orders(p, M)``,
 the compute order ``(op, micro, chunk)`` of every rank, and ``chimera_bound(p, r,
-M)``, rank r's in-flight bound. Pure Python. Before: ``placement`` (chunk 0 of rank r
+M)``, rank r's in-flight bound, ``closed_makespan`` (the planner's fast bubble) and
+``WORDS`` (``schedule.Words``). Pure Python. Before: ``placement`` (chunk 0 of rank r
 is stage r of the down pipeline, chunk 1 stage p-1-r of the up one; even
 micro-batches go down, odd ones up). After: ``schedule.build_schedule`` adds the
 sends and receives.
@@ -36,8 +37,15 @@ from __future__ import annotations
 import functools
 
 from ..layout.placement import Placement
+from .schedule import Words
 
 FORWARD, BACKWARD = "F", "B"
+WORDS = Words(
+    "two pipelines in opposite directions over the stages, pp even", fills="fills it from both ends",
+    shape=" in two directions (each stage on two ranks)",
+    placement=", one per pipeline: chunk 0 of rank r is stage r of the down pipeline (even micro-batches, "
+              "F3.0 runs down), chunk 1 stage p-1-r of the up one (odd micro-batches, F3.1 runs up)",
+)
 
 
 def _per_pipeline(micro_batches: int) -> tuple[int, int]:
@@ -50,6 +58,15 @@ def chimera_idle(stages: int, forward: float, backward: float) -> float:
     per-micro-batch times ``forward`` <= ``backward``: (p-2)·B (Note [Chimera's bubble]);
     the paper's (p-2)(F+B)/2 when F = B."""
     return (stages - 2) * max(backward, (forward + backward) / 2)
+
+
+def closed_makespan(stages: int, micro_batches: int, forward: float, backward: float,
+                    comm: float) -> float:
+    """The planner's fast makespan (codegen/planner/cost/bubble.py): a micro-batch runs
+    through one of a rank's two chunks (placement ``carries``), so the busy time is M·(F + B),
+    not 2M·(F + B), plus ``chimera_idle``; messages as 1F1B's, 2·comm per crossing."""
+    return (micro_batches * (forward + backward) + chimera_idle(stages, forward, backward)
+            + 2.0 * comm * (micro_batches + stages - 1))
 
 
 def chimera_bound(stages: int, rank: int, micro_batches: int) -> int:

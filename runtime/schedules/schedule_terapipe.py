@@ -3,9 +3,10 @@ that flow through the pipeline one after another.
 
 Takes: pipeline stages p, micro-batches M and slices S. Gives: ``terapipe_orders(p, M,
 S)``, every rank's compute order as ``(op, unit)``, ``terapipe_bound(p, r, M, S)``, rank
-r's in-flight bound in slices, and ``unit``/``split_unit``, the numbering of the (micro,
-slice) pairs. Pure Python. Before: nothing. After: ``schedule.build_schedule`` adds the
-sends and receives; ``pipeline.PipelineExecutor`` and ``terapipe.SliceState`` run them.
+r's in-flight bound in slices, ``unit``/``split_unit``, the numbering of the (micro,
+slice) pairs, and ``WORDS`` (``schedule.Words``). Pure Python. Before: nothing. After:
+``schedule.build_schedule`` adds the sends and receives; ``pipeline.PipelineExecutor`` and
+``terapipe.SliceState`` run them.
 
 Note [slices as units]: the lists are 1F1B's over M·S *units*, unit u = m·S + j being
 slice j of micro-batch m, so messages, tags and the simulator treat a unit as a
@@ -27,7 +28,16 @@ from __future__ import annotations
 
 import functools
 
+from .schedule import Arg, Words
+
 FORWARD, BACKWARD = "F", "B"
+WORDS = Words(
+    "each sequence pipelined in S token slices (causal models), 1f1b over the slices",
+    (Arg("slices", "token slices per sequence; or a list of each slice's tokens, summing to seq_len "
+         "(uneven slices, as the paper's)", each=("slice", "the tokens of one slice"),
+         lengths_field="slice_lengths"),),
+    fills="fills it with token slices",
+)
 
 
 def slice_scale(lengths) -> tuple[float, ...]:

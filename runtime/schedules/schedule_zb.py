@@ -3,8 +3,8 @@ split into B (input gradient) and W (weight gradient), the W passes placed in th
 
 Takes: pipeline stages p and micro-batches M. Gives: ``zero_bubble_orders(p, M)``, the
 compute order ``(op, micro, chunk)`` of every rank, and ``zero_bubble_bound(p, M)``,
-its in-flight bound. Pure Python. Before: nothing. After: ``schedule.build_schedule``
-adds the sends and receives.
+its in-flight bound, and ``WORDS`` (``schedule.Words``). Pure Python. Before: nothing.
+After: ``schedule.build_schedule`` adds the sends and receives.
 
 Note [placing the W passes]: each rank keeps 1F1B's order of F and B (warm-up of
 p - r - 1 forwards, then one F, one B). The W of a micro-batch may run any time after
@@ -22,7 +22,11 @@ from __future__ import annotations
 
 import functools
 
+from .schedule import Words
+
 FORWARD, BACKWARD, WEIGHT = "F", "B", "W"
+WORDS = Words("ZB-H1: 1f1b with backward split into input and weight gradients, the weight "
+              "gradients filling the bubble", fills="fills it with weight gradients")
 
 
 def zero_bubble_bound(stages: int, micro_batches: int) -> int:

@@ -3,9 +3,9 @@ backward split into B (input gradient) and W (weight gradient).
 
 Takes: pipeline ranks p and micro-batches M. Gives: ``zero_bubble_v_orders(p, M)``,
 the compute order ``(op, micro, chunk)`` of every rank, and ``zero_bubble_v_bound(p,
-M)``, its in-flight bound in micro-batch-chunks. Pure Python. Before: ``placement``
-(chunk 0 of rank r is stage r, chunk 1 stage 2p-1-r). After: ``schedule.build_schedule``
-adds the sends and receives.
+M)``, its in-flight bound in micro-batch-chunks, and ``WORDS`` (``schedule.Words``). Pure
+Python. Before: ``placement`` (chunk 0 of rank r is stage r, chunk 1 stage 2p-1-r). After:
+``schedule.build_schedule`` adds the sends and receives.
 
 Note [ZB-V on paper]: the order is found by running the stages once on paper with
 F = B = W = 1 per chunk (the paper's assumption), each rank greedily picking, when
@@ -29,8 +29,11 @@ import functools
 import heapq
 
 from ..layout.placement import Placement
+from .schedule import Words
 
 FORWARD, BACKWARD, WEIGHT = "F", "B", "W"
+WORDS = Words("ZB-V: zero-bubble over two chunks per rank in a V", placement=(
+    ", in a V: chunk 0 of rank r is stage r, chunk 1 stage 2p-1-r (rank 0 holds the first and the last)"))
 
 
 def zero_bubble_v_bound(stages: int, micro_batches: int) -> int:

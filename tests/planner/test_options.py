@@ -14,10 +14,12 @@ from parc.codegen.planner.cost.options import options, qualified
 ROOT = Path(__file__).resolve().parents[2]
 GENERIC = ("codegen/planner/cost/time.py", "codegen/planner/cost/memory.py", "codegen/planner/why.py",
            "codegen/planner/search.py", "codegen/cli/plan.py", "codegen/cli/explain.py", "codegen/layout_words.py",
-           "codegen/gantt.py")
-"""The planner's files that loop over the entries and call the owners' hooks."""
+           "codegen/gantt.py", "codegen/planner/cost/bubble.py")
+"""The planner's files that loop over the entries and call the owners' hooks (bubble.py: the
+schedule table's, ``runtime/schedules/schedule.words`` and ``OWN_CLOSED_FORM``)."""
 FEATURE_WORDS = ("terapipe", "chimera", "compress_pp", "zero_shard")
-"""Words of issue 32 whose facts live in the cost modules (bubble.py, compress.py) and ``cost/layout.py``."""
+"""Words of issue 32 whose facts live in the cost modules (slices.py, compress.py), the schedules'
+modules and ``cost/layout.py``."""
 
 
 def test_no_generic_planner_file_names_an_option():

@@ -236,3 +236,26 @@ def test_checker_finds_a_wrong_peer_and_a_duplicate():
     twice = schedule[0] + (Action(F, 0, 0),)
     problems = check_schedule((twice, schedule[1], schedule[2]), micro_batches=3)
     assert any("runs twice" in p for p in problems), problems
+
+
+def test_each_kind_gives_what_the_schedule_table_says():
+    """A kind's words (``schedule.words``: its own module's ``WORDS``) give its call in the
+    spec, and ``parc explain``'s placement words exactly where the kind does not run on
+    Megatron's placement; a kind of ``OWN_CLOSED_FORM`` gives ``closed_makespan``, and
+    ``RUNS_WITH`` names a module of the executor's package (what the build ships)."""
+    from pathlib import Path
+
+    from parc.runtime.layout.placement import placement_for
+    from parc.runtime.schedules.schedule import (
+        KINDS, OWN_CLOSED_FORM, RUNS_WITH, chunks_for, kind_module, words,
+    )
+
+    for kind in KINDS:
+        said = words(kind)
+        assert said.doc and all(arg.minimum >= 1 for arg in said.args), kind
+        megatron = placement_for(kind, 2, chunks_for(kind, 2)).kind == "interleaved"
+        assert bool(said.placement) != megatron, kind
+    for kind in OWN_CLOSED_FORM:
+        assert kind_module(kind).closed_makespan(4, 8, 1.0, 2.0, 0.0) > 8 * 3.0, kind
+    executor = Path(__file__).resolve().parents[2] / "runtime" / "parallel" / "pipeline"
+    assert all((executor / f"{module}.py").is_file() for module in RUNS_WITH.values())

@@ -20,11 +20,10 @@ weight-gradient half of a backward: the closed form is 1F1B's less (p − 1)·2W
 ``schedule_sim.weight_share`` of the backward. The simulated lists meet it for M ≥ p and
 B = W ≤ F (tests/runtime, tests/planner); otherwise the exact simulation decides.
 
-Note [the chimera and terapipe closed forms]: a chimera micro-batch runs through one of
-a rank's two chunks (placement ``carries``), so the busy time is M·(F + B), not
-2M·(F + B), and each rank idles ``schedule_chimera.chimera_idle`` (Note [Chimera's
-bubble]); messages as 1F1B's. terapipe's F, B and comm are a slice's: its lists are
-1F1B's over M·S slices (``schedule_terapipe``, Note [slices as units]), so the 1F1B
+Note [closed forms]: a kind whose own module gives its closed form
+(``schedule.OWN_CLOSED_FORM``: ``closed_makespan``, from the bubble its note proves) is
+scored by it. A sliced kind's (``schedule.SLICED``) F, B and comm are a slice's: its lists
+are 1F1B's over M·S slices (``schedule_terapipe``, Note [slices as units]), so the 1F1B
 form over M·S units holds (tests/planner).
 
 Note [steady state]: after warm-up, every schedule here repeats a period of p
@@ -40,28 +39,29 @@ from __future__ import annotations
 
 import functools
 
-from parc.runtime.schedules.schedule import SLICED, SPLIT_BACKWARD, build_schedule
-from parc.runtime.schedules.schedule_chimera import chimera_idle
+from parc.runtime.layout.placement import PLACEMENT_OF
+from parc.runtime.schedules.schedule import (
+    KINDS, OWN_CLOSED_FORM, SLICED, SPLIT_BACKWARD, build_schedule, kind_module, words,
+)
 from parc.runtime.schedules.schedule_sim import simulate, weight_share
 from parc.runtime.schedules.schedule_terapipe import slice_scale
 
+from .slices import REASONS as SLICE_REASONS
+
 REASONS = {"bubble": {
-    "schedule": "the schedule's order changes the idle time (zero_bubble fills it with weight "
-                "gradients, chimera fills it from both ends, terapipe fills it with token slices)",
-    "slices": "more token slices fill the pipeline sooner: terapipe idles (p-1)(F+B)/S",
+    "schedule": "the schedule's order changes the idle time ("
+                + ", ".join(f"{kind} {words(kind).fills}" for kind in KINDS if words(kind).fills) + ")",
+    **SLICE_REASONS,
 }}
-"""``planner/why.py``'s reasons for a difference in the schedule or its slices."""
+"""``planner/why.py``'s reasons for a difference in the schedule (each kind that fills the
+bubble its own way says how: ``Words.fills``) or in its slices (``cost/slices.py``)."""
 
-SHAPES = {"chimera": " in two directions (each stage on two ranks)"}
-"""``parc explain``'s words for a kind whose pipeline is not one line of stages."""
+SHAPES = {kind: words(kind).shape for kind in KINDS if words(kind).shape}
+"""``parc explain``'s words for a kind whose pipeline is not one line of stages (``Words.shape``)."""
 
-PLACEMENTS = {
-    "chimera": ", one per pipeline: chunk 0 of rank r is stage r of the down pipeline (even micro-batches, "
-               "F3.0 runs down), chunk 1 stage p-1-r of the up one (odd micro-batches, F3.1 runs up)",
-    "v": ", in a V: chunk 0 of rank r is stage r, chunk 1 stage 2p-1-r (rank 0 holds the first and the last)",
-}
+PLACEMENTS = {PLACEMENT_OF[kind]: words(kind).placement for kind in KINDS if words(kind).placement}
 """``parc explain``'s words for where a rank's chunks sit when not Megatron's c·p + r
-(by ``runtime/layout/placement.py``'s kind)."""
+(by ``runtime/layout/placement.py``'s kind; the schedule table's ``Words.placement``)."""
 
 
 def slice_scales(spec, slices: int) -> tuple[float, ...]:
@@ -77,16 +77,15 @@ def makespan(
     slice_scale: tuple[float, ...] = (),
 ) -> float:
     """Seconds from the first forward to the last backward of a step on the pipeline.
-    ``slices`` > 1 (terapipe): ``forward``, ``backward`` and ``comm`` are the mean slice's;
+    ``slices`` > 1 (a sliced kind): ``forward``, ``backward`` and ``comm`` are the mean slice's;
     ``slice_scale`` (uneven slices): each slice's tokens over the mean's, which the exact
     simulation scales its compute by (the closed form takes the mean slice)."""
     units = micro_batches * chunks * slices
     if stages == 1:
         return units * (forward + backward)
     if not exact or forward <= 0:
-        if kind == "chimera":  # Note [the chimera and terapipe closed forms]
-            return (micro_batches * (forward + backward) + chimera_idle(stages, forward, backward)
-                    + 2.0 * comm * (micro_batches + stages - 1))
+        if kind in OWN_CLOSED_FORM:  # Note [closed forms]
+            return kind_module(kind).closed_makespan(stages, micro_batches, forward, backward, comm)
         closed = (units + stages - 1) * (forward + backward)
         if kind in SPLIT_BACKWARD:  # the W passes fill the drain: Note [the zero-bubble closed form]
             closed -= (stages - 1) * 2 * weight_share(backward)

@@ -5,8 +5,8 @@ per-micro-batch figures ``cost/time.py`` and ``cost/memory.py`` compute. Gives:
 ``zero3_passes`` (ZeRO-3's passes a step and a pass's compute), ``per_slices`` (a MoE
 block's cost run slice by slice) and ``kept_kv_elements`` (the keys and values every
 slice keeps for the later ones, beyond what a full recompute keeps). Before: the
-schedule's makespan (``bubble.py``, Note [the chimera and terapipe closed forms]).
-After: nothing.
+schedule's makespan (``bubble.py``, Note [closed forms]). After: nothing; ``REASONS``
+goes to ``planner/why.py`` through ``bubble.REASONS``.
 
 Note [ZeRO-3 per slice]: under terapipe a ZeRO-3 pass is a slice's, not a micro-batch's
 (runtime/parallel/data/fsdp.py, Note [gradients of a unit]): a stage runs every slice of a
@@ -35,6 +35,9 @@ tokens, all of them under sp), come on top.
 from __future__ import annotations
 
 import dataclasses
+
+REASONS = {"slices": "more token slices fill the pipeline sooner: terapipe idles (p-1)(F+B)/S"}
+"""``planner/why.py``'s reason for a difference in the slices (a bubble term)."""
 
 
 def zero3_passes(micro_batches: int, slices: int, forward: float, backward: float) -> tuple[int, float, float]:
