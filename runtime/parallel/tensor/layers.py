@@ -1,9 +1,10 @@
 """Tensor-parallel layers: column/row-parallel linear, vocab-parallel embedding and loss.
 
 Takes: a tp group (None for one rank) and whether activations are sequence-sharded.
-Gives: modules holding this rank's shard of each weight, and ``load_full_`` to copy
-that shard out of the full tensor (so a sharded model equals the unsharded one; see
-``model.py``). Shapes: B batch, T sequence, C features; ``/tp`` marks a shard.
+Gives: modules holding this rank's shard of each weight, each with ``full_shape`` (the
+unsharded weight's; the tests copy a shard out of the full tensor by it, rank_worker.py's
+``load_full``, so a sharded layer equals the unsharded one; see ``model.py``). Shapes: B
+batch, T sequence, C features; ``/tp`` marks a shard.
 """
 
 from __future__ import annotations
@@ -23,16 +24,6 @@ from ...distributed.comm import (
     _all_reduce,  # the loss's statistics need no autograd pair: its backward is local
 )
 from ...layout.roles import assign
-
-
-def _shard(full: torch.Tensor, group, dim: int, full_shape) -> torch.Tensor:
-    """This rank's chunk of ``full`` along ``dim`` (``full`` must have ``full_shape``)."""
-    if tuple(full.shape) != tuple(full_shape):
-        raise ValueError(f"load_full_: expected the full shape {tuple(full_shape)}, got {tuple(full.shape)}")
-    size = group_size(group)
-    if full.shape[dim] % size:
-        raise ValueError(f"cannot shard size {full.shape[dim]} over {size} ranks")
-    return full.chunk(size, dim=dim)[group_rank(group)]
 
 
 def _mark_sharded(*params, group) -> None:
@@ -99,12 +90,6 @@ class ColumnParallelLinear(nn.Module):
         if _keeps_shard([self]):
             return _gathered(x, self.tp_group, [self])[0]
         return self.local(self.enter(x))
-
-    @torch.no_grad()
-    def load_full_(self, weight, bias=None):
-        self.weight.copy_(_shard(weight, self.tp_group, 0, self.full_shape))
-        if self.bias is not None:
-            self.bias.copy_(_shard(bias, self.tp_group, 0, self.full_shape[:1]))
 
 
 def project(x, linears):
@@ -174,12 +159,6 @@ class RowParallelLinear(nn.Module):
             y = reduce_from_group(y, self.tp_group)  # (B, T, out)
         return y if self.bias is None else y + self.bias
 
-    @torch.no_grad()
-    def load_full_(self, weight, bias=None):
-        self.weight.copy_(_shard(weight, self.tp_group, 1, self.full_shape))
-        if self.bias is not None:
-            self.bias.copy_(_shard(bias, None, 0, self.full_shape[:1]))  # replicated
-
 
 class VocabParallelEmbedding(nn.Module):
     """Token ids (B, T) → (B, T, C), rows of the table split over tp.
@@ -212,10 +191,6 @@ class VocabParallelEmbedding(nn.Module):
         if self.sequence_parallel:
             return reduce_scatter_to_group(out, self.tp_group, dim=1)
         return reduce_from_group(out, self.tp_group)
-
-    @torch.no_grad()
-    def load_full_(self, weight, bias=None):
-        self.weight.copy_(_shard(weight, self.tp_group, 0, self.full_shape))
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
