@@ -86,6 +86,8 @@ FEATURES: tuple[Feature, ...] = (
     Feature(name="compiled kernels", keys=("train.kernels", "model.arch"),
             used=lambda plan: plan.train.kernels.value == "compiled",
             ships=lambda plan: frozenset({f"ops_{plan.model.arch}"}), transform="model.use_kernels"),
+    Feature(name="llama", keys=("model.arch",), used=lambda plan: plan.model.arch == "llama",
+            ships=lambda plan: frozenset({"llama_attention"}), transform="attention.Attention.rotate, llama_attention"),
     Feature(name="data parallel", keys=("parallel.dp", "parallel.cp"),
             adds=render_data.adds,
             used=lambda plan: plan.mesh.size("dp") * plan.mesh.size("cp") > 1 or render_hetero.enabled(plan),

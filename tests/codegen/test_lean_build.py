@@ -53,7 +53,7 @@ def test_the_demo_build_ships_at_most_its_lines_of_runtime_python():
                 "distributed/comm_async.py", "layout/model_counts.py", "layout/expert_desc.py",
                 "models/pipeline_stages.py", "train/validation.py", "distributed/expert_folding.py",
                 "parallel/tensor/sharding_layouts.py", "parallel/tensor/sharding_moe.py",
-                "distributed/comm_scatter.py"} & set(files)
+                "distributed/comm_scatter.py", "models/llama_attention.py"} & set(files)
 
 
 @pytest.mark.parametrize("sets", [
@@ -77,11 +77,18 @@ BUILDS = {  # name -> (--set values, the modules its features import inside a fu
                                             "parallel.tp=1", "mesh.devices_per_node=2",
                                             "train.eval=every(2, batches = 1)"),
                                            ("kernels.ops_llama", "kernels.ops_ring", "kernels.reference",
+                                            "models.llama_attention",
                                             "checkpoints.checkpoint_flat", "models.documents", "distributed.exchange",
                                             "train.validation")),
     "sp-tokens": (("parallel.sp=true", 'train.data=tokens("corpus.bin")'),  # no file: a warning, the build is made
                   ("kernels.ops_gpt", "parallel.tensor.sp_columns", "distributed.comm_async", "train.tokens",
                    "distributed.comm_scatter")),
+}
+
+
+GIVEN = {  # a feature's module -> (module, name) that another module gives by name from it
+    "parallel.tensor.sp_columns": (("models.model", "allreduce_sequence_parallel_grads"),),
+    "models.llama_attention": (("models.attention", "rotary"), ("models.attention", "rotary_at")),
 }
 
 
@@ -100,8 +107,11 @@ def test_every_shipped_module_imports_from_the_build_alone(tmp_path):
                  "ops_moe": ("grouped_mm", "permute_rows", "combine_rows"),
                  "ops_ring": ("block_attention", "block_attention_backward")}
         asked = [op for module in lazy for op in names.get(module.rpartition(".")[2], ())]
+        # and what a module gives by name from a feature's module (model.py's, attention.py's __getattr__)
+        given = [pair for module in lazy for pair in GIVEN.get(module, ())]
         code = (f"import importlib, sys; sys.path.insert(0, '.'); [importlib.import_module(m) for m in {modules!r}]; "
-                f"from parc_runtime.kernels import ops; [getattr(ops, op) for op in {asked!r}]")
+                f"from parc_runtime.kernels import ops; [getattr(ops, op) for op in {asked!r}]; "
+                f"[getattr(importlib.import_module('parc_runtime.' + m), n) for m, n in {given!r}]")
         runs.append((name, subprocess.Popen([sys.executable, "-c", code], cwd=out, stderr=subprocess.PIPE)))
     for name, run in runs:
         _, err = run.communicate(timeout=300)

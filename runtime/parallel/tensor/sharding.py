@@ -143,7 +143,7 @@ def _shard_stage(model, tp_group, tp_plan, sp, grid, layouts):
 def _head_norms(attn, builder, prefix):
     """``model.qk_norm``: the head norms stay whole, but where q_proj is split each tp rank
     normalizes its own heads, so their weights' gradients are summed over tp in backward
-    (``norm.HeadNorm``). A 2D grid repeats a row's heads on its R ranks: not built."""
+    (``llama_attention.HeadNorm``). A 2D grid repeats a row's heads on its R ranks: not built."""
     if attn.q_norm is None or builder.style(f"{prefix}.q_proj") is None:
         return
     if builder.grid is not None:  # constraints refuse the spec (PAR0228): this is the trainer's guard
