@@ -119,7 +119,7 @@ FEATURES: tuple[Feature, ...] = (
             transform="parallelize.tensor(sequence_parallel=), layers.project (sp_columns.GatheredColumns)"),
     Feature(name="2D tensor parallel", keys=("parallel.tp_shape",), used=lambda plan: plan.mesh.tp_shape is not None,
             adds=render_tensor.grid_adds,
-            ships=lambda plan: frozenset({"layers2d"}), transform="parallelize.tensor(grid=)", cost="cost/tp2d.py"),
+            ships=lambda plan: frozenset({"layers2d", "sharding_grid"}), transform="parallelize.tensor(grid=)", cost="cost/tp2d.py"),
     Feature(name="experts", keys=("model.experts", "parallel.ep", "parallel.etp"), used=render_moe.has_experts,
             adds=render_moe.adds,
             imports=("moe",), ships=_expert_modules,
