@@ -7,7 +7,7 @@
 Joins a fake process group (torch's "fake" backend: no peers, no traffic) as rank
 RANK of a tensor-parallel group of TP, builds pipeline stage LAYER of the example's
 32 layers (one block per stage) through ``model.build_stage`` — the trainer's path:
-``Transformer`` then ``param_init.initialize`` — and prints JSON: the bytes of the
+``Transformer`` then ``model.init_weights`` — and prints JSON: the bytes of the
 parameters it holds, the peak bytes of live CPU tensors while building (every tensor
 any aten op created, tracked by a TorchDispatchMode until its storage dies), the
 elements initialized and the seconds it took. ``zero3 DP``: the example's layout with
@@ -39,8 +39,8 @@ from parc.runtime.parallel.data import fsdp
 from parc.runtime.models import model
 from parc.runtime.models.transformer import Transformer
 from parc.runtime.layout.model_desc import ModelConfig
-from parc.runtime.models.param_init import init_values
 import built  # noqa: E402  (tests/runtime/built.py)
+from init_reference import init_values  # noqa: E402  (tests/runtime/init_reference.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -53,7 +53,7 @@ def load_full(layer, weight, bias=None):
     """Copy this rank's shard of the full (unsharded) ``weight`` and ``bias`` into a layer of
     layers.py: a column-parallel linear's rows (and bias), a row-parallel one's columns (its
     bias whole), a vocab-parallel embedding's rows. (Initialization generates the shard
-    directly, ``param_init.initialize``; this is the tests' way to a given full tensor.)"""
+    directly, ``param_init.materialize_on``; this is the tests' way to a given full tensor.)"""
     row = isinstance(layer, layers.RowParallelLinear)
     layer.weight.copy_(_shard(weight, layer.tp_group, 1 if row else 0, layer.full_shape))
     if getattr(layer, "bias", None) is not None:
