@@ -52,7 +52,6 @@ from ..parallel.tensor.layers import vocab_parallel_cross_entropy
 from .block import Block
 from .norm import Norm
 from .residual import settle
-from ..layout.roles import assign
 
 
 class Transformer(nn.Module):
@@ -61,16 +60,9 @@ class Transformer(nn.Module):
     The first stage (``first``) embeds tokens; the last (``last``) applies the final
     norm and the head and returns the mean loss; a stage in between maps hidden
     states to hidden states. Names stay global (``layers.5.attn.q_proj.weight``) in
-    every stage, so initialization and checkpoints see one model.
-
-    Note [tied embeddings across stages]: when the embedding is tied to the head and
-    they sit on different stages, the last stage holds a copy of the embedding table
-    as its head, initialized from ``embed.weight``; its parameter is tagged
-    ``pipeline_duplicate`` (counted once in the gradient norm) and the two copies'
-    gradients are summed over the embedding group after backward
-    (``pipeline.allreduce_tied_grads``), so they stay equal, as Megatron does. Both
-    copies are tagged ``tied_across_stages``: whoever reduces gradients during
-    backward (ZeRO-2) must leave them until that sum is done.
+    every stage, so initialization and checkpoints see one model. A pipeline's stages are
+    ``pipeline_stages.Stage``s, which tie an embedding table across stages (Note [tied
+    embeddings across stages] there).
     """
 
     fused = None  # see Norm: the loss's cross-entropy kernels
@@ -110,16 +102,8 @@ class Transformer(nn.Module):
             attach_documents(self)
 
     def tag_tied(self):
-        """Note [tied embeddings across stages]: the head's copy of a tied embedding table
-        (generated as ``embed``, counted once) and both copies' ``tied_across_stages``;
-        again by the tensor transform after it replaces the head."""
-        if not self.config.tie_embeddings or self.first == self.last:
-            return
-        if self.first:
-            assign(self.embed.weight, tied_across_stages=True)  # its grad is summed with the head copy's
-        else:
-            self.head.init_name = "embed"
-            assign(self.head.weight, pipeline_duplicate=True, tied_across_stages=True)
+        """The tags of an embedding table tied across pipeline stages, again after the tensor
+        transform replaces the head: none on one stage (``pipeline_stages.Stage``'s)."""
 
     def run_blocks(self, x):
         """The transformer blocks of this model (or pipeline stage), in order, each with its
@@ -179,12 +163,6 @@ class Transformer(nn.Module):
 
     def head_weight(self):
         return self.embed.weight if self.config.tie_embeddings and self.first else self.head.weight
-
-    def tied_weight(self):
-        """This stage's copy of the tied embedding table, or None (Note [tied embeddings across stages])."""
-        if not self.config.tie_embeddings or self.first == self.last:
-            return None
-        return self.embed.weight if self.first else self.head.weight
 
     def embed_tokens(self, tokens):
         if tokens.shape[1] > self.config.seq_len:

@@ -19,7 +19,7 @@ from parc.dsl import load
 import sys
 
 from parc.runtime.parallel.tensor import layers, sharding, tp_plan
-from parc.runtime.models import model, parallelize, transformer
+from parc.runtime.models import model, parallelize, pipeline_stages, transformer
 from parc.runtime.layout import model_counts
 from parc.runtime.layout.model_desc import ModelConfig, describe
 
@@ -104,7 +104,7 @@ def _meta_stage(config, table, *, tp, stage, first, last, monkeypatch, sp):
         monkeypatch.setattr(module, "group_size", lambda group: 1 if group is None else tp)
     monkeypatch.setattr(layers, "group_rank", lambda group: 0)
     with torch.device("meta"):
-        net = transformer.Transformer(config, layers=stage, first=first, last=last)
+        net = pipeline_stages.Stage(config, layers=stage, first=first, last=last)
     return parallelize.tensor(net, None if tp == 1 else object(), table, sequence_parallel=sp)
 
 
