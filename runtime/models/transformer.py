@@ -118,8 +118,7 @@ class Transformer(nn.Module):
         delta = None
         # each block's tp degree: a block at tp 1 has no tp collective to hide and runs unsplit
         # (Note [heterogeneous layouts]: its own degree under per-layer layouts)
-        degrees = [group_size(self.tp_group) if self.layouts is None else self.block_tp[int(block.index)]
-                   for block in blocks]
+        degrees = [self.block_tp[int(block.index)] for block in blocks]
         # a MoE block splits its own sub-batches, for the expert all-to-alls (moe_overlap.py)
         walked = [(block.splits if t > 1 and not block.moe else 1, t) for block, t in zip(blocks, degrees)]
         start = 0
@@ -132,29 +131,22 @@ class Transformer(nn.Module):
                 from ..parallel.tensor import overlap  # only a build that overlaps ships overlap.py
 
                 group = self.tp_group if self.layouts is None else self.layouts.tp_group(t)
-                if self.layouts is not None:  # into the run's layout (hetero.py): the stream whole
-                    x, delta = self.reshard(settle(x, delta), blocks[start]), None
+                x, delta = self.enter(x, delta, blocks[start])  # into the run's layout
                 x, delta = overlap.run_blocks(self, x, k, blocks[start:stop], delta, group=group)
             else:
                 for layer in blocks[start:stop]:
                     if layer.recompute == "full" and torch.is_grad_enabled():
                         # Keep only the block's input; rerun the block (its collectives too) in backward.
-                        x, delta = checkpoint(layer, self.reshard(settle(x, delta), layer), use_reentrant=False), None
-                    elif self.layouts is not None:  # the stream is resharded whole
-                        x, delta = layer(self.reshard(settle(x, delta), layer), pending=True)
+                        x, delta = checkpoint(layer, settle(*self.enter(x, delta, layer)), use_reentrant=False), None
                     else:
-                        x, delta = layer(x, delta, pending=True)
+                        x, delta = layer(*self.enter(x, delta, layer), pending=True)
             start = stop
         return x, delta
 
-    def reshard(self, x, layer=None):
-        """Activations into ``layer``'s layout (the head's when None), from the previous one's."""
-        if self.layouts is None:
-            return x
-        t = self.head_tp if layer is None else self.block_tp[int(layer.index)]
-        x = self.layouts.reshard(x, self._current_tp, t, sequence_parallel=self.sp)
-        self._current_tp = t
-        return x
+    def enter(self, x, delta, layer):
+        """The stream and its pending delta as block ``layer`` takes them: as they are in one
+        layout (per-layer layouts reshard the stream whole: sharding_layouts.Layered)."""
+        return x, delta
 
     def sequence_rank(self) -> int:
         """Which T/tp shard of the sequence this rank holds under sp: its tp rank, or on a
@@ -216,10 +208,6 @@ class Transformer(nn.Module):
         stage); ``documents``: the (B, T) document ids under documents = separate."""
         if documents is not None:  # for every block (Note [documents under recompute] in documents.py)
             self.documents.use(documents, x.device)
-        if self.layouts is not None:  # Note [heterogeneous layouts]: tokens come in the coarse layout
-            self._current_tp = self.embed_tp if self.first else self.block_tp[min(self.block_tp)]
-            if self.first:
-                x = self.layouts.split_inputs(x, self.embed_tp)
         if self.first:
             x = self.embed_tokens(x)
         elif self.compute_dtype is not None:
@@ -227,11 +215,7 @@ class Transformer(nn.Module):
         x, delta = self.walk_blocks(x)
         if not self.last:
             return settle(x, delta)
-        if self.layouts is None:
-            return self.loss(x, targets, delta)
-        x = self.reshard(settle(x, delta))
-        loss = self.loss(x, self.layouts.split_inputs(targets, self.head_tp))
-        return self.layouts.coarse_loss(loss, self.head_tp)
+        return self.loss(x, targets, delta)
 
 
 def check_parameter_count(model: Transformer) -> None:

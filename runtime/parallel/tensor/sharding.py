@@ -27,8 +27,8 @@ from ...layout.roles import assign
 
 class _Builder:
     """Hands out the layer for each module name, as the checked plan says; under 2D
-    tensor parallelism (``grid``) sharding_grid.py's ``GridBuilder``, the layers of
-    ``layers2d.py``."""
+    tensor parallelism (``grid``) with sharding_grid.py's ``Grid`` over it, the layers
+    of ``layers2d.py``."""
 
     grid = None
 
@@ -104,9 +104,9 @@ def _shard_stage(model, tp_group, tp_plan, sp, grid, layouts):
     builders, plans = {}, {}
     make = _Builder
     if grid is not None:  # only a 2D build ships sharding_grid.py (and layers2d.py)
-        from .sharding_grid import GridBuilder
+        from .sharding_grid import Grid
 
-        make = functools.partial(GridBuilder, grid=grid, config=config)
+        make = functools.partial(type("GridBuilder", (Grid, _Builder), {}), grid=grid, config=config)
     for t in sorted({block_tp[i] for i in range(start, stop)} | {block_tp[start if start < stop else 0]}):
         group = tp_group if layouts is None else layouts.tp_group(t)
         plans[t] = TensorParallelPlan(tp_plan, config, tp_group=group, sequence_parallel=sp, grid=grid)

@@ -3,19 +3,20 @@ layers2d.py): ``sharding.shard`` builds each layer through a ``GridBuilder`` whe
 a grid. Only a 2D build ships this module (features.py's "2D tensor parallel").
 
 Takes: the checked plan, the tp group, whether sequence parallelism is on, the grid
-(``Mesh.tp_grid``) and the model's config. Gives: ``GridBuilder``, whose norms, linears,
-embedding and head are layers2d.py's; it refuses a plan that leaves a layer whole.
+(``Mesh.tp_grid``) and the model's config. Gives: ``Grid``, the part of the builder
+(``sharding._Builder``, which ``sharding`` puts under it: this module imports nothing of
+sharding.py's) whose norms, linears, embedding and head are layers2d.py's; it refuses a
+plan that leaves a layer whole.
 """
 
 from __future__ import annotations
 
 from ...layout.model_desc import describe
 from .layers2d import Embedding2D, Linear2D, Norm2D, Positions2D
-from .sharding import _Builder
 
 
-class GridBuilder(_Builder):
-    """``sharding._Builder`` on a 2D grid: every layer the plan splits is layers2d.py's."""
+class Grid:
+    """``sharding._Builder``'s choices on a 2D grid: every layer the plan splits is layers2d.py's."""
 
     def __init__(self, plan, tp_group, sequence_parallel, *, grid, config):
         super().__init__(plan, tp_group, sequence_parallel)
@@ -33,7 +34,7 @@ class GridBuilder(_Builder):
     def linear(self, name, plain, head_rows=None):
         style = self.plan.style(name)
         if style not in ("colwise", "rowwise"):
-            return super().linear(name, plain, head_rows)
+            return plain  # a module tp never splits (a MoE router)
         return Linear2D(plain.in_features, plain.out_features, bias=plain.bias is not None, grid=self.grid,
                         style=style, sequence_parallel=self.sp)
 
