@@ -13,14 +13,6 @@ GPT-2, biases everywhere, learned positions); Llama has RMSNorm, SwiGLU and rota
 positions with no biases. Attention is ``scaled_dot_product_attention(is_causal=True)``
 over separate q/k/v projections, so column sharding splits whole heads.
 
-Note [sequence-parallel gradients]: under sequence parallelism each rank runs the
-norms, the row-parallel bias adds and (gpt) its rows of ``pos_embed`` on its own
-sequence shard only, so those replicated parameters get partial gradients; they are
-tagged ``sequence_parallel`` and ``allreduce_sequence_parallel_grads`` sums them.
-Every other gradient is whole: column-parallel layers and the head all-gather their
-input over T (backward: reduce-scatter), and a replicated embedding's output is
-split over T (backward: all-gather).
-
 Note [pending residual]: a region's output (after the row-parallel reduction, or its
 reduce-scatter under SP) is not added to the residual stream at once: it travels as
 ``delta`` beside the stream ``h`` to the next norm, which adds it and normalizes in

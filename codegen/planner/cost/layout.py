@@ -241,7 +241,7 @@ def expert_data_ranks(layout: Layout) -> int:
 def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> int:
     """Elements of pipeline rank ``rank`` whose gradients are partial under sp (each tp
     rank saw a sequence shard): the norms, the row-parallel biases, gpt's positions
-    (runtime/models/model.py, Note [sequence-parallel gradients]); 0 without sp."""
+    (runtime/parallel/tensor/sp_columns.py, Note [sequence-parallel gradients]); 0 without sp."""
     if not layout.sp or layout.tp < 2:
         return 0
     desc = model.desc

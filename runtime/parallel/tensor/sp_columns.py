@@ -5,8 +5,16 @@ sp; a build without sp does not ship this module (features.py's "sequence parall
 Takes: a (B, T/tp, in) input, the tp group, the linears' weights and biases. Gives: their
 (B, T, out/tp) outputs, and in backward the input's gradient reduce-scattered along T.
 Also ``allreduce_sequence_parallel_grads``, the sum over tp of the gradients sp leaves
-partial (Note [sequence-parallel gradients] in models/transformer.py), which train.py
-calls as ``model.allreduce_sequence_parallel_grads`` (model.py gives it by name).
+partial, which train.py calls as ``model.allreduce_sequence_parallel_grads`` (model.py
+gives it by name).
+
+Note [sequence-parallel gradients]: under sequence parallelism each rank runs the
+norms, the row-parallel bias adds and (gpt) its rows of ``pos_embed`` on its own
+sequence shard only, so those replicated parameters get partial gradients; they are
+tagged ``sequence_parallel`` and ``allreduce_sequence_parallel_grads`` sums them.
+Every other gradient is whole: column-parallel layers and the head all-gather their
+input over T (backward: reduce-scatter), and a replicated embedding's output is
+split over T (backward: all-gather).
 """
 
 from __future__ import annotations
