@@ -74,6 +74,13 @@ def _expert_modules(plan: Plan) -> frozenset:
     return frozenset({"ops_moe", "expert_desc", "expert_folding", "sharding_moe"} | ({"moe_overlap"} if render_moe.overlaps_experts(plan) else set()))
 
 
+def _replicates_kv(plan: Plan) -> bool:
+    """Some block splits k_proj over more tp ranks than there are kv heads (Note [KV
+    replication] in runtime/parallel/tensor/kv_replication.py)."""
+    kv_heads = next(s.value for s in plan.model.settings if s.name == "KV_HEADS")
+    return max(plan.per_block("tp")) > kv_heads
+
+
 def pipeline_modules(kind: str) -> set[str]:
     """What a pipeline of schedule ``kind`` imports only when it runs: the kind's orders
     (``schedule.MODULES``), split backward (zero-bubble kinds), TeraPipe's slices."""
@@ -117,6 +124,8 @@ FEATURES: tuple[Feature, ...] = (
             adds=lambda plan: render_tensor.sequence_adds(plan) if plan.sequence_parallel.enabled else {},
             ships=lambda plan: frozenset({"sp_columns", "comm_scatter"}),
             transform="parallelize.tensor(sequence_parallel=), layers.project (sp_columns.GatheredColumns)"),
+    Feature(name="kv replication", keys=("parallel.tp", "model.kv_heads"), used=_replicates_kv,
+            ships=lambda plan: frozenset({"kv_replication"}), transform="parallelize.tensor (kv_replication.ReplicatedHeads)"),
     Feature(name="2D tensor parallel", keys=("parallel.tp_shape",), used=lambda plan: plan.mesh.tp_shape is not None,
             adds=render_tensor.grid_adds,
             ships=lambda plan: frozenset({"layers2d", "sharding_grid"}), transform="parallelize.tensor(grid=)", cost="cost/tp2d.py"),

@@ -50,9 +50,13 @@ class _Builder:
         (Note [KV replication])."""
         style, bias = self.plan.style(name), plain.bias is not None
         sizes = (plain.in_features, plain.out_features)
+        if style == "colwise" and head_rows is not None and sizes[1] // group_size(self.group) < head_rows:
+            from .kv_replication import ReplicatedHeads  # only a build with tp > kv_heads ships it
+
+            return ReplicatedHeads(*sizes, bias=bias, tp_group=self.group, sequence_parallel=self.sp,
+                                   head_rows=head_rows)
         if style == "colwise":
-            return ColumnParallelLinear(*sizes, bias=bias, tp_group=self.group, sequence_parallel=self.sp,
-                                        head_rows=head_rows)
+            return ColumnParallelLinear(*sizes, bias=bias, tp_group=self.group, sequence_parallel=self.sp)
         if style == "rowwise":
             return RowParallelLinear(*sizes, bias=bias, tp_group=self.group, sequence_parallel=self.sp)
         return plain
