@@ -224,10 +224,7 @@ def check_parameter_count(model: Transformer) -> None:
     if model.layouts is None:
         expected = desc.stage_params(tp, layers=layers, first=model.first, last=model.last, sharded=sharded, ep=ep)
     else:  # Note [heterogeneous layouts]: each block, the embedding and the head at their own degree
-        from ..parallel.tensor.sharding_layouts import expected_params  # only a per-layer build ships it
-
-        expected = expected_params(model, desc, ep)
-        tp = model.block_tp
+        expected, tp = model.expected_params(desc, ep), model.block_tp  # sharding_layouts.Layered's
     params = list(model.parameters())
     built = sum(p.numel() for p in params)
     if (built, len(params)) != (expected.elements, expected.tensors):

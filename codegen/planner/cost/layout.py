@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 
 from parc.dsl.keys.layout_options import LayoutOptions
 from parc.dsl.spec import ModelSpec
-from parc.runtime.layout import layer_settings
+from parc.runtime.layout import layer_settings, model_counts
 from parc.runtime.layout.constraints import per_layer
 from parc.runtime.layout.layer_settings import SETTINGS
 from parc.runtime.layout.model_desc import NONE, ParamCount
@@ -246,7 +246,7 @@ def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_
         return 0
     desc = model.desc
     mine = _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers), placement_kind(layout))
-    return sum(desc.sequence_parallel_params(layers=layers, first=first, last=last, grid=layout.grid)
+    return sum(model_counts.sequence_parallel_params(desc, layers=layers, first=first, last=last, grid=layout.grid)
                for layers, first, last in mine)
 
 
@@ -313,7 +313,7 @@ def _block_units(model: ModelSpec, tp: int, folds: int) -> tuple[tuple[int, int]
 
 def total_params(model: ModelSpec) -> int:
     """Parameters of the whole model (one copy of a tied embedding)."""
-    return model.desc.parameters
+    return model_counts.parameters(model.desc)
 
 
 def _stages(stage_layers) -> tuple[int, ...] | None:

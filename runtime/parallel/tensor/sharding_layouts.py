@@ -3,8 +3,8 @@
 tp degree.
 
 Takes: a stage sharded by ``sharding.shard`` under ``hetero.StageLayouts``. Gives:
-``tag_layouts`` (each parameter's ``layer_tp``, and the stage made a ``Layered`` one),
-``Layered`` (the forward that reshards between layouts) and ``expected_params`` (the
+``tag_layouts`` (each parameter's ``layer_tp``, and the stage made a ``Layered`` one) and
+``Layered`` (the forward that reshards between layouts, and ``expected_params``: the
 parameters ``transformer.check_parameter_count`` expects of the stage). Only a build
 with per-layer layouts ships this module.
 """
@@ -48,6 +48,22 @@ class Layered:
         loss = super().loss(x, self.layouts.split_inputs(targets, self.head_tp))
         return self.layouts.coarse_loss(loss, self.head_tp)
 
+    def expected_params(self, desc, ep):
+        """What model_desc.py describes for this stage: each block, the embedding and the
+        head at their own degree."""
+        start = self.span[0]
+        styles = self._styles
+        parts = [desc.stage_params(t, layers=(i, i + 1), first=False, last=False, sharded=styles[t], ep=ep)
+                 for i, t in self.block_tp.items()]
+        e, h = self.embed_tp, self.head_tp
+        if e == h:
+            parts.append(desc.stage_params(e, layers=(start, start), first=self.first, last=self.last,
+                                           sharded=styles[e]))
+        else:
+            parts.append(desc.stage_params(e, layers=(start, start), first=self.first, last=False, sharded=styles[e]))
+            parts.append(desc.stage_params(h, layers=(start, start), first=False, last=self.last, sharded=styles[h]))
+        return type(parts[0])(elements=sum(p.elements for p in parts), tensors=sum(p.tensors for p in parts))
+
 
 @functools.cache
 def layered(cls):
@@ -66,20 +82,3 @@ def tag_layouts(model):
             assign(p, layer_tp=model.embed_tp)
         else:  # final_norm, head
             assign(p, layer_tp=model.head_tp)
-
-
-def expected_params(model, desc, ep):
-    """What model_desc.py describes for this stage: each block, the embedding and the
-    head at their own degree."""
-    start = model.span[0]
-    styles = model._styles
-    parts = [desc.stage_params(t, layers=(i, i + 1), first=False, last=False, sharded=styles[t], ep=ep)
-             for i, t in model.block_tp.items()]
-    e, h = model.embed_tp, model.head_tp
-    if e == h:
-        parts.append(desc.stage_params(e, layers=(start, start), first=model.first, last=model.last,
-                                       sharded=styles[e]))
-    else:
-        parts.append(desc.stage_params(e, layers=(start, start), first=model.first, last=False, sharded=styles[e]))
-        parts.append(desc.stage_params(h, layers=(start, start), first=False, last=model.last, sharded=styles[h]))
-    return type(parts[0])(elements=sum(p.elements for p in parts), tensors=sum(p.tensors for p in parts))
