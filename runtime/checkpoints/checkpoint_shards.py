@@ -15,7 +15,7 @@ shape. The embedding and an untied head are stored with their *padded* vocab row
 values and never reach the loss), so any tp degree dividing the padded vocab reads
 them; ``parc export`` drops the padding. A tensor-parallel shard is the box at
 ``tp_rank · local`` along its split dim. A pipeline stage's copy of a tied embedding
-(``pipeline_duplicate``, Note [tied embeddings across stages] in model.py) is not
+(``pipeline_duplicate``, Note [tied embeddings across stages] in pipeline_stages.py) is not
 saved: it loads from ``embed.weight``, moments included (its gradient always equals
 the table's). Under ZeRO each dp rank owns a slice of one flat buffer that crosses
 parameter boundaries (Note [one flat buffer] in zero.py); the part of the slice inside

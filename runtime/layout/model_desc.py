@@ -200,7 +200,7 @@ class ModelDesc:
 
     def has_head_weight(self, *, first: bool) -> bool:
         """Whether a last stage holds a head matrix: untied, or not also the first stage
-        (runtime/models/model.py, Note [tied embeddings across stages])."""
+        (runtime/models/pipeline_stages.py, Note [tied embeddings across stages])."""
         return not self.config.tie_embeddings or not first
 
     def stage_params(

@@ -145,7 +145,7 @@ def boxes(model: nn.Module, tp_group=None):
             full = tuple(module.weight.shape)  # a replicated layer
         if full is None:
             continue  # norms are built at 1 (weight) and 0 (bias)
-        # A stage's copy of a tied table is drawn as the table it copies (model.py,
+        # A stage's copy of a tied table is drawn as the table it copies (pipeline_stages.py,
         # Note [tied embeddings across stages]).
         name = getattr(module, "init_name", module_name)
         prefix = f"{name}." if name else ""
