@@ -74,6 +74,13 @@ def _expert_modules(plan: Plan) -> frozenset:
     return frozenset({"ops_moe", "expert_desc", "expert_folding", "sharding_moe"} | ({"moe_overlap"} if render_moe.overlaps_experts(plan) else set()))
 
 
+def _replicates_kv(plan: Plan) -> bool:
+    """Some block splits k_proj over more tp ranks than there are kv heads (Note [KV
+    replication] in runtime/parallel/tensor/kv_replication.py)."""
+    kv_heads = next(s.value for s in plan.model.settings if s.name == "KV_HEADS")
+    return max(plan.per_block("tp")) > kv_heads
+
+
 def pipeline_modules(kind: str) -> set[str]:
     """What a pipeline of schedule ``kind`` imports only when it runs: the kind's orders
     (``schedule.MODULES``) and the executor's module it runs with (``schedule.RUNS_WITH``)."""
@@ -85,6 +92,8 @@ FEATURES: tuple[Feature, ...] = (
     Feature(name="compiled kernels", keys=("train.kernels", "model.arch"),
             used=lambda plan: plan.train.kernels.value == "compiled",
             ships=lambda plan: frozenset({f"ops_{plan.model.arch}"}), transform="model.use_kernels"),
+    Feature(name="llama", keys=("model.arch",), used=lambda plan: plan.model.arch == "llama",
+            ships=lambda plan: frozenset({"llama_attention"}), transform="attention.Attention.rotate, llama_attention"),
     Feature(name="data parallel", keys=("parallel.dp", "parallel.cp"),
             adds=render_data.adds,
             used=lambda plan: plan.mesh.size("dp") * plan.mesh.size("cp") > 1 or render_hetero.enabled(plan),
@@ -114,9 +123,11 @@ FEATURES: tuple[Feature, ...] = (
             adds=lambda plan: render_tensor.sequence_adds(plan) if plan.sequence_parallel.enabled else {},
             ships=lambda plan: frozenset({"sp_columns", "comm_scatter"}),
             transform="parallelize.tensor(sequence_parallel=), layers.project (sp_columns.GatheredColumns)"),
+    Feature(name="kv replication", keys=("parallel.tp", "model.kv_heads"), used=_replicates_kv,
+            ships=lambda plan: frozenset({"kv_replication"}), transform="parallelize.tensor (kv_replication.ReplicatedHeads)"),
     Feature(name="2D tensor parallel", keys=("parallel.tp_shape",), used=lambda plan: plan.mesh.tp_shape is not None,
             adds=render_tensor.grid_adds,
-            ships=lambda plan: frozenset({"layers2d"}), transform="parallelize.tensor(grid=)", cost="cost/tp2d.py"),
+            ships=lambda plan: frozenset({"layers2d", "sharding_grid"}), transform="parallelize.tensor(grid=)", cost="cost/tp2d.py"),
     Feature(name="experts", keys=("model.experts", "parallel.ep", "parallel.etp"), used=render_moe.has_experts,
             adds=render_moe.adds,
             imports=("moe",), ships=_expert_modules,

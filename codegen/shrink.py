@@ -18,7 +18,7 @@ Note [what verify shrinks]:
   A written model.head_dim becomes that head_dim too (hidden = heads · head_dim either way).
   kv_heads stays on the spec's side of tp: a spec whose tp divides kv_heads keeps
   kv_heads ≥ tp, one with tp > kv_heads keeps replicating (Note [KV replication] in
-  ``runtime/parallel/tensor/layers.py``), so the shrunk model runs the same attention code.
+  ``runtime/parallel/tensor/kv_replication.py``), so the shrunk model runs the same attention code.
 - ffn: about twice the shrunk hidden; vocab: about 200, padded or not as the spec's is
   (a padded vocab exercises the masked rows of the vocab-parallel loss); seq_len 16.
 - layers: per (virtual) stage, one block for each run of equal per-layer settings in

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from parc.dsl.spec import LrScheduleKind, Spec
+from parc.runtime.layout import model_counts
 
 from ..plan import DataPlan, ModelPlan, Setting, TrainPlan, from_spec
 from .draft import Draft
@@ -87,7 +88,7 @@ def run(spec: Spec, draft: Draft) -> Draft:
                        "attention and positions within each document")] if c.documents != "joined" else []),
             *_attention_settings(spec, c),
         ),
-        parameters=m.desc.parameters,  # runtime/layout/model_desc.py
+        parameters=model_counts.parameters(m.desc),  # runtime/layout/model_counts.py
         **from_spec(ModelPlan, spec),  # the layout's settings of the experts (plan.py's ``cited`` fields)
     )
     o, s = t.optimizer, t.lr_schedule

@@ -88,11 +88,8 @@ class Checkpoints:
         self.loss_scale = loss_scale
 
     def _model_pieces(self, *, saving: bool):
-        if shards.is_fully_sharded(self.optimizer):  # ZeRO-3: the parameters live in the shards
-            return self.boxes.sharded_model_pieces(self.params, self.optimizer, saving=saving)
-        if shards.has_master_slices(self.optimizer):  # ZeRO 1/2 under bf16/fp16: the fp32 masters
-            return self.boxes.master_slice_pieces(self.params, self.optimizer, saving=saving)
-        return shards.model_pieces(self.params, saving=saving, optimizer=self.optimizer)
+        # under ZeRO checkpoint_flat's: ZeRO-3's shards, or the fp32 master slices under bf16/fp16
+        return self.boxes.model_pieces(self.params, saving=saving, optimizer=self.optimizer)
 
     def _barrier(self) -> None:
         if self.world_size > 1:
@@ -194,7 +191,7 @@ class Checkpoints:
         from . import checkpoint_dcp  # Note [DCP on demand]
 
         checkpoint_dcp.load(path, state, pieces)
-        shards.loaded(self.optimizer)  # bf16/fp16 parameters: the fp32 masters read, rounded into them
+        self.boxes.loaded(self.optimizer)  # bf16/fp16 parameters: the fp32 masters read, rounded into them
         for key, value in state.items():
             if key.startswith("rng.cpu."):
                 torch.set_rng_state(value)

@@ -4,10 +4,11 @@ with ZeRO (``features``: zero, zero3 and per-layer layouts under ZeRO).
 
 Takes: a ZeRO optimizer (``zero.ShardedAdamW``, ``hetero.ShardedAdamW``'s parts or
 ``fsdp.FullyShardedAdamW``) and this rank's ``LocalParameter`` list. Gives: the same
-functions ``checkpoint_shards`` has for a plain optimizer (``optimizer_pieces``,
-``optimizer_step``, ``prepare_state``), the parameters' boxes under ZeRO-3
-(``sharded_model_pieces``) and the fp32 master slices' (``master_slice_pieces``);
-``checkpoint.py`` picks the module by ``checkpoint_shards.is_zero``.
+functions ``checkpoint_shards`` has for a plain optimizer (``model_pieces``,
+``optimizer_pieces``, ``optimizer_step``, ``prepare_state``, ``loaded``): the
+parameters' boxes under ZeRO-3 (``sharded_model_pieces``) and the fp32 master slices'
+(``master_slice_pieces``); ``checkpoint.py`` picks the module by
+``checkpoint_shards.is_zero``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,36 @@ from __future__ import annotations
 import math
 
 from ..distributed.comm import group_rank
-from .checkpoint_shards import MOMENTS, LocalParameter, Piece, is_fully_sharded
+from . import checkpoint_shards
+from .checkpoint_shards import MOMENTS, LocalParameter, Piece
+
+
+def is_fully_sharded(optimizer) -> bool:
+    """ZeRO-3 (fsdp.py): the parameters too live only in the flat shards between uses."""
+    return hasattr(optimizer, "units")
+
+
+def has_master_slices(optimizer) -> bool:
+    """ZeRO 1/2 with bf16/fp16 parameters: each slice's fp32 master (zero.py, Note [ZeRO
+    with master weights]) is what a checkpoint holds of the parameters."""
+    return getattr(optimizer, "master", None) is not None
+
+
+def model_pieces(params: list[LocalParameter], *, saving: bool, optimizer) -> list[Piece]:
+    """The parameters' boxes under ZeRO: views of ZeRO-3's shards (the parameters live
+    there), the fp32 master slices under bf16/fp16, else the parameters' own."""
+    if is_fully_sharded(optimizer):
+        return sharded_model_pieces(params, optimizer, saving=saving)
+    if has_master_slices(optimizer):
+        return master_slice_pieces(params, optimizer, saving=saving)
+    return checkpoint_shards.model_pieces(params, saving=saving, optimizer=optimizer)
+
+
+def loaded(optimizer) -> None:
+    """``checkpoint_shards.loaded`` under ZeRO: the master slices' rounded values into the
+    compute weights, all-gathered over dp too (every rank loads)."""
+    if getattr(optimizer, "master_of", None) is not None or has_master_slices(optimizer):
+        optimizer.copy_to_model()
 
 
 def _boxes(shape: tuple[int, ...], start: int, stop: int):

@@ -45,9 +45,7 @@ def init_from(checkpoints, path: str | None, *, done: int) -> None:
         checkpoint_dcp.load(path, {}, pieces)
     except CheckpointError as exc:
         raise SystemExit(f"train.py: --init-from {exc}" if rank0 else 1) from None
-    from . import checkpoint_shards
-
-    checkpoint_shards.loaded(checkpoints.optimizer)  # bf16/fp16: the fp32 masters rounded into the weights
+    checkpoints.boxes.loaded(checkpoints.optimizer)  # bf16/fp16: the fp32 masters rounded into the weights
     if rank0:
         print(f"initialized from {os.path.normpath(path)} ({info['layout']}, step {info['step']}): "
               "its weights, a fresh optimizer, step 1", flush=True)

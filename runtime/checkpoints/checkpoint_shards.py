@@ -15,7 +15,7 @@ shape. The embedding and an untied head are stored with their *padded* vocab row
 values and never reach the loss), so any tp degree dividing the padded vocab reads
 them; ``parc export`` drops the padding. A tensor-parallel shard is the box at
 ``tp_rank · local`` along its split dim. A pipeline stage's copy of a tied embedding
-(``pipeline_duplicate``, Note [tied embeddings across stages] in model.py) is not
+(``pipeline_duplicate``, Note [tied embeddings across stages] in pipeline_stages.py) is not
 saved: it loads from ``embed.weight``, moments included (its gradient always equals
 the table's). Under ZeRO each dp rank owns a slice of one flat buffer that crosses
 parameter boundaries (Note [one flat buffer] in zero.py); the part of the slice inside
@@ -118,6 +118,8 @@ def stored(optimizer, param):
 
 
 def model_pieces(params: list[LocalParameter], *, saving: bool, optimizer=None) -> list[Piece]:
+    """The parameters' boxes (their fp32 masters under bf16/fp16: ``stored``); under ZeRO
+    ``checkpoint_flat.model_pieces``."""
     return [
         Piece(f"model.{p.name}", p.full_shape, p.offsets, stored(optimizer, p.param).detach())
         for p in params
@@ -141,26 +143,15 @@ def buffer_pieces(model) -> list[Piece]:
 
 def loaded(optimizer) -> None:
     """After a load into the fp32 masters (``stored``, ``master_shards``): the compute
-    weights get their rounded values."""
-    if getattr(optimizer, "master_of", None) is not None or has_master_slices(optimizer):
-        optimizer.copy_to_model()  # ZeRO 1/2: all-gathered over dp too (every rank loads)
+    weights get their rounded values (under ZeRO ``checkpoint_flat.loaded``)."""
+    if getattr(optimizer, "master_of", None) is not None:
+        optimizer.copy_to_model()
 
 
 def is_zero(optimizer) -> bool:
     """ZeRO (any stage): the optimizer holds this rank's slices in one flat buffer ``flat``,
     or in several (``parts``: hetero.ShardedAdamW, one per layer layout)."""
     return hasattr(optimizer, "flat") or hasattr(optimizer, "parts")
-
-
-def is_fully_sharded(optimizer) -> bool:
-    """ZeRO-3 (fsdp.py): the parameters too live only in the flat shards between uses."""
-    return hasattr(optimizer, "units")
-
-
-def has_master_slices(optimizer) -> bool:
-    """ZeRO 1/2 with bf16/fp16 parameters: each slice's fp32 master (zero.py, Note [ZeRO
-    with master weights]) is what a checkpoint holds of the parameters."""
-    return is_zero(optimizer) and getattr(optimizer, "master", None) is not None
 
 
 def optimizer_pieces(params: list[LocalParameter], optimizer, *, saving: bool) -> list[Piece]:

@@ -2,8 +2,8 @@
 
 Takes: a tensor. Gives: ``_backend(t)`` (the Triton functions on CUDA, or under
 ``PARC_TRITON_ON_CPU=1``; else the compiled C++ module, loaded once), ``_row_stats``
-(an empty per-row statistics tensor), ``_DEVICES`` (the devices the custom ops
-register for) and ``rotary_tables`` (the fused rotary's and the reference's). Its own
+(an empty per-row statistics tensor) and ``_DEVICES`` (the devices the custom ops
+register for). Its own
 module so that the ops, the fused add + norm, the feature ops (``ops_ring``, ``ops_moe``)
 and the reference all import it and none imports another's module back.
 """
@@ -44,11 +44,3 @@ def _row_stats(x: Tensor) -> Tensor:
 
 
 _DEVICES = ("cpu", "cuda")
-
-
-def rotary_tables(T, D, theta, device, start=0):
-    """cos and sin of position · frequency, (T, D/2) fp32, as model.py's rotary() builds them,
-    for positions start .. start + T - 1 (a context-parallel rank's tokens)."""
-    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
-    angles = torch.outer(torch.arange(start, start + T, dtype=torch.float32, device=device), inv)
-    return angles.cos(), angles.sin()

@@ -1,7 +1,8 @@
 """llama's fused ops: RMSNorm, the residual add + RMSNorm, SwiGLU and rotary
 (``parc::rms_norm_*``, ``parc::add_rms_norm_*``, ``parc::swiglu*``, ``parc::rotary``), with
-their autograd. ``ops`` hands them out (Note [ops by feature] in
-ops.py): a build ships this module only for arch = llama.
+their autograd, and ``rotary_tables`` (the fused rotary's and the reference's). ``ops``
+hands them out (Note [ops by feature] in ops.py): a build ships this module only for
+arch = llama.
 """
 
 from __future__ import annotations
@@ -10,8 +11,16 @@ import torch
 from torch import Tensor
 
 from .add_norm import _grad_h, _like, _promoted
-from .backend import _DEVICES, _backend, _row_stats, rotary_tables
+from .backend import _DEVICES, _backend, _row_stats
 from .dispatch import call
+
+
+def rotary_tables(T, D, theta, device, start=0):
+    """cos and sin of position · frequency, (T, D/2) fp32, as llama_attention.py's rotary()
+    builds them, for positions start .. start + T - 1 (a context-parallel rank's tokens)."""
+    inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
+    angles = torch.outer(torch.arange(start, start + T, dtype=torch.float32, device=device), inv)
+    return angles.cos(), angles.sin()
 
 
 # ---- RMSNorm ----------------------------------------------------------------------

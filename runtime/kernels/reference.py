@@ -3,17 +3,15 @@
 Takes and gives the same tensors as the public functions of ``ops.py``; the tests
 compare the compiled kernels against these, and the bench times them (eager and
 under ``torch.compile``). Low-precision inputs are computed in fp32 and rounded
-once, as the kernels do. ``rotary`` is ``model.py``'s ``rotary()`` (a test keeps
-the two equal); ``rotary_tables`` is shared with the kernels so both rotate by the
-very same fp32 cos/sin values.
+once, as the kernels do. ``rotary`` is ``llama_attention.py``'s ``rotary()`` (a test
+keeps the two equal); ``rotary_tables`` is ops_llama.py's, shared with the kernels so both
+rotate by the very same fp32 cos/sin values.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from .backend import rotary_tables  # noqa: F401  (the tables the fused rotary uses too)
 
 _LOW = (torch.float16, torch.bfloat16)
 
@@ -61,6 +59,8 @@ def rotary_one(x, theta, start=0):
     rotary() does (bf16/fp16 compute weights: q and k stay in the compute dtype); its
     gradient is formed in fp32 and rounded once (model.py's rounds each of the two terms).
     """
+    from .ops_llama import rotary_tables  # the tables the fused rotary uses too (llama's ops)
+
     dtype, x = x.dtype, _up(x)
     cos, sin = rotary_tables(x.shape[-2], x.shape[-1], theta, x.device, start)
     cos, sin = cos.repeat(1, 2), sin.repeat(1, 2)  # (T, D)

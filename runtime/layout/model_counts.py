@@ -7,7 +7,8 @@ a pipeline stage as parc's TP table splits it, from prefix sums memoized per (co
 tp): the planner asks thousands of times), ``grid_shape``/``grid_numel`` (one rank's
 box under 2D tensor parallelism), ``sequence_parallel_params`` and ``typical_block``.
 
-Pure Python, no torch. The compiler and the planner read these through ``ModelDesc``'s
+Pure Python, no torch. The compiler and the planner call ``parameters``,
+``typical_block`` and ``sequence_parallel_params`` here, the rest through ``ModelDesc``'s
 methods of the same names (each imports this module when called); a trainer checks
 its model with ``ModelDesc.stage_params(sharded=...)``, which counts the modules it
 built itself, so a build does not ship this module. It reads the description it is

@@ -16,10 +16,10 @@ Each block has a ``BlockDesc`` of its own (``ModelDesc.blocks``), so blocks may
 differ: a mixture-of-experts block lists its experts' modules (expert_desc.py, shipped
 with experts) and carries its expert count there, and every count follows. Build
 descriptions with ``describe``. The planner's counts (parc's TP table, the 2D grid,
-the whole model's parameters, sp's partial gradients) live in model_counts.py, memoized
-per (config, tp): the planner asks thousands of times; the methods here that give them
-import it when called, so a build, whose trainer only checks the model it built
-(``stage_params(sharded=...)``), does not ship it. The parts (``ParamDesc``,
+the whole model's parameters, sp's partial gradients, the typical block) live in
+model_counts.py, memoized per (config, tp): the planner asks thousands of times and
+calls it (or the methods here that import it when called), so a build, whose trainer
+only checks the model it built (``stage_params(sharded=...)``), does not ship it. The parts (``ParamDesc``,
 ``ModuleDesc``, ``ParamCount``) are model_parts.py's, given here too: those two modules
 import them from there, never this one back.
 """
@@ -187,23 +187,9 @@ class ModelDesc:
     def modules(self) -> tuple[ModuleDesc, ...]:
         return self.embed + tuple(m for b in self.blocks for m in b.modules) + self.head
 
-    @property
-    def typical_block(self) -> BlockDesc:
-        """The block the planner's per-block costs stand for (model_counts.py)."""
-        from . import model_counts  # the planner's: a build does not ship it
-
-        return model_counts.typical_block(self)
-
     def module(self, name: str) -> ModuleDesc:
         """The module called ``name``; KeyError for a name the model does not have."""
         return _by_name(self.config)[name]
-
-    @property
-    def parameters(self) -> int:
-        """Parameters of the whole model, a tied embedding counted once (model_counts.py)."""
-        from . import model_counts  # the planner's: a build does not ship it
-
-        return model_counts.parameters(self)
 
     @property
     def active_parameters(self) -> int:
@@ -214,7 +200,7 @@ class ModelDesc:
 
     def has_head_weight(self, *, first: bool) -> bool:
         """Whether a last stage holds a head matrix: untied, or not also the first stage
-        (runtime/models/model.py, Note [tied embeddings across stages])."""
+        (runtime/models/pipeline_stages.py, Note [tied embeddings across stages])."""
         return not self.config.tie_embeddings or not first
 
     def stage_params(
@@ -245,14 +231,6 @@ class ModelDesc:
         if last:
             modules += self.head if self.has_head_weight(first=first) else self.head[:-1]
         return modules
-
-    def sequence_parallel_params(
-        self, *, layers: tuple[int, int] | None = None, first: bool = True, last: bool = True, grid=None,
-    ) -> int:
-        """Elements of a stage whose gradients are partial under sp (model_counts.py)."""
-        from . import model_counts  # the planner's: a build does not ship it
-
-        return model_counts.sequence_parallel_params(self, layers=layers, first=first, last=last, grid=grid)
 
     def flops_per_token(self) -> float:
         """Model FLOPs per token of training (PaLM's 6·N + 12·L·H·Q·T): N the matmul weights

@@ -27,7 +27,7 @@ class ParamDesc:
     """The dim tp splits when the module is sharded; None: whole on every tp rank."""
     sequence_parallel: bool = False
     """Replicated, but sees only a sequence shard under sp: its gradient is partial
-    (runtime/models/model.py, Note [sequence-parallel gradients])."""
+    (runtime/parallel/tensor/sp_columns.py, Note [sequence-parallel gradients])."""
 
     def local_shape(self, tp: int = 1) -> tuple[int, ...]:
         """The shard one rank holds when the module is split over ``tp`` ranks."""

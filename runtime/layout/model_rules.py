@@ -66,7 +66,7 @@ def kv_heads_divide_heads(heads, kv_heads):
 
 
 def kv_replicas(kv_heads: int, tp: int) -> int:
-    """How many tp ranks hold each kv head (Note [KV replication] in ``layers.py``): 1 when
+    """How many tp ranks hold each kv head (Note [KV replication] in ``kv_replication.py``): 1 when
     tp divides kv_heads (each rank its kv_heads / tp heads), tp / kv_heads when tp is a
     multiple of kv_heads (each rank one head, shared with its replicas); 0: neither."""
     if kv_heads % tp == 0:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 class ParamRole:
     sequence_parallel: bool = False
     """Used on a sequence shard only, so its gradient is partial over tp (or a 2D row):
-    summed there (Note [sequence-parallel gradients] in transformer.py)."""
+    summed there (Note [sequence-parallel gradients] in parallel/tensor/sp_columns.py)."""
     tensor_parallel: bool = False
     """Its tp ranks hold different elements: norms sum it over tp."""
     tp_copies: int | None = None

@@ -4,12 +4,13 @@ as ``scaled_dot_product_attention`` or, under context parallelism, the strategy 
 in context.py).
 
 Takes: a ``ModelConfig``. Gives: ``Attention`` with plain ``nn.Linear`` projections (the
-tensor transform swaps them for column/row-parallel ones), ``rotary`` and ``rotary_at``.
+tensor transform swaps them for column/row-parallel ones); llama's rotary positions
+(``rotary``, ``rotary_at``, given here by name) and q/k norms are llama_attention.py's.
 Under ``model.documents = separate`` the core masks keys outside the query's document
 and rotates each token at its position within its document (documents.py); the plain
 ``is_causal`` path is the one every other model takes. A head is ``config.head_dim``
 wide (hidden / heads unless ``model.head_dim`` says); ``model.qk_norm`` normalizes each
-head of q and k (``norm.HeadNorm``) before rotary; ``model.attention_bias`` gives q, k
+head of q and k (``llama_attention.HeadNorm``) before rotary; ``model.attention_bias`` gives q, k
 and v biases (o none).
 """
 
@@ -21,33 +22,16 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..parallel.tensor.layers import project
-from .norm import HeadNorm
 
 
-def _frequencies(x, theta):
-    """(D/2,) fp32: the rotary frequency of each pair of x's head dimension D."""
-    D = x.shape[-1]
-    return 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=x.device) / D))
+def __getattr__(name: str):
+    """``attention.rotary`` and ``rotary_at``, llama's rotary positions: llama_attention.py's,
+    which only a llama build ships, given here by name (as ``model.build_stages``)."""
+    if name in ("rotary", "rotary_at"):
+        from . import llama_attention
 
-
-def rotary(x, theta, start=0):
-    """Rotate (B, heads, T, D) by position start .. start + T - 1 (pairs of halves, as in Llama)."""
-    T = x.shape[-2]
-    angles = torch.outer(torch.arange(start, start + T, dtype=torch.float32, device=x.device), _frequencies(x, theta))
-    cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)  # (T, D)
-    first, second = x.chunk(2, dim=-1)
-    rotated = x * cos + torch.cat((-second, first), dim=-1) * sin  # fp32 (cos, sin are)
-    return rotated.to(x.dtype)  # bf16/fp16 parameters: back to the compute dtype
-
-
-def rotary_at(x, theta, positions):
-    """``rotary`` at per-sequence positions: (B, heads, T, D) rotated by ``positions`` (B, T)
-    (each token's position within its document, documents.py)."""
-    angles = positions.to(torch.float32).unsqueeze(-1) * _frequencies(x, theta)  # (B, T, D/2)
-    cos, sin = angles.cos().repeat(1, 1, 2).unsqueeze(1), angles.sin().repeat(1, 1, 2).unsqueeze(1)  # (B, 1, T, D)
-    first, second = x.chunk(2, dim=-1)
-    rotated = x * cos + torch.cat((-second, first), dim=-1) * sin
-    return rotated.to(x.dtype)
+        return getattr(llama_attention, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Attention(nn.Module):
@@ -64,6 +48,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(C, config.kv_heads * D, bias=columns_bias)
         self.o_proj = nn.Linear(config.heads * D, C, bias=bias)
         if config.qk_norm:  # Qwen3, OLMo-2: RMSNorm over each head's features, one weight for all heads
+            from .llama_attention import HeadNorm  # llama's only (PAR0227): shipped with arch = llama
+
             self.q_norm = HeadNorm(D, eps=config.norm_eps)
             self.k_norm = HeadNorm(D, eps=config.norm_eps)
         else:
@@ -101,18 +87,10 @@ class Attention(nn.Module):
 
     def rotate(self, q, k, spans):
         """Rotary positions for (B, heads, T, D) q and k whose tokens are the runs ``spans``
-        of global positions, each run rotated at its own start."""
-        def one_run(q, k, start):
-            if self.fused is not None:
-                return self.fused.rotary(q, k, self.theta, start)
-            return rotary(q, self.theta, start), rotary(k, self.theta, start)
+        of global positions, each run rotated at its own start (llama_attention.py)."""
+        from .llama_attention import rotate  # only a llama build ships llama_attention.py
 
-        if len(spans) == 1:
-            return one_run(q, k, spans[0][0])
-        sizes = [stop - start for start, stop in spans]
-        runs = [one_run(qs, ks, start) for qs, ks, (start, _) in
-                zip(q.split(sizes, dim=2), k.split(sizes, dim=2), spans)]
-        return torch.cat([r[0] for r in runs], dim=2), torch.cat([r[1] for r in runs], dim=2)
+        return rotate(self, q, k, spans)
 
     def mix(self, q, k, v):
         """Projections (B, T, heads/tp · D) → attention output (B, T, heads/tp · D), before o_proj.

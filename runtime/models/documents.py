@@ -30,8 +30,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .attention import rotary_at
-
 KINDS = ("joined", "separate")
 """``model.documents``: ``joined`` (attention crosses documents: the default) or ``separate``."""
 
@@ -83,7 +81,9 @@ class Documents:
         (the global positions ``spans``) against the keys it sees, causal and within each
         query's document, rotated at their positions within their documents."""
         queries = span_positions(spans, q.device)
-        if attn.llama:
+        if attn.llama:  # llama's rotary (only a llama build ships llama_attention.py)
+            from .llama_attention import rotary_at
+
             within = self.positions(queries)
             q, k = rotary_at(q, attn.theta, within), rotary_at(k, attn.theta, within)
         dropout = attn.dropout if attn.training else 0.0

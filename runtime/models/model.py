@@ -4,8 +4,9 @@ Takes: a ``ModelConfig`` (re-exported for train.py). Gives: ``build_model`` (the
 model, or with ``build_stages`` a pipeline rank's chunks, on the meta device:
 pipeline_stages.py, shipped with pipelines),
 ``init_weights`` (each rank generates its shard, Note [counter-based init] in
-param_init.py, after ``parallelize``'s transforms made the layout), ``use_kernels`` and
-``allreduce_sequence_parallel_grads``. train.py calls them in this order::
+param_init.py, after ``parallelize``'s transforms made the layout), ``use_kernels`` and,
+under sp, ``allreduce_sequence_parallel_grads`` (sp_columns.py's, shipped with sp).
+train.py calls them in this order::
 
     net = model.build_model(config)                      # plain, one device, meta
     net = parallelize.tensor(net, tp_group, TP_PLAN, ...) # … the layout's transforms
@@ -19,10 +20,8 @@ shapes, per-rank counts; ``check_parameter_count``) before it gets values.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
-from ..distributed.comm import exposed, group_size
 from ..kernels import select as select_kernels
 from ..kernels.dispatch import compiled_pays
 from ..layout.kernel_sizes import kinds_that_pay
@@ -33,7 +32,7 @@ from .norm import Norm
 from .param_init import materialize_on
 from .parallelize import stages as stages_of
 from .transformer import Transformer, check_parameter_count
-from ..layout.roles import role, assign
+from ..layout.roles import assign
 
 
 def build_model(config) -> Transformer:
@@ -45,11 +44,17 @@ def build_model(config) -> Transformer:
 def __getattr__(name: str):
     """``model.build_stages``, a pipeline rank's chunks: pipeline_stages.py's, which only a
     pipeline build ships, imported when first asked for (as Note [data by feature] in
-    train/data.py), so train.py names it here as it names ``build_model``."""
+    train/data.py), so train.py names it here as it names ``build_model``; so too
+    ``model.allreduce_sequence_parallel_grads``, sp_columns.py's (only a build under sp
+    ships it)."""
     if name == "build_stages":
         from .pipeline_stages import build_stages
 
         return build_stages
+    if name == "allreduce_sequence_parallel_grads":
+        from ..parallel.tensor.sp_columns import allreduce_sequence_parallel_grads
+
+        return allreduce_sequence_parallel_grads
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -134,19 +139,3 @@ def use_kernels(model: nn.Module, kernels: str, device, fuse_residual: bool = Tr
         elif isinstance(module, (Attention, Transformer)) or getattr(module, "uses_kernels", False):
             module.fused = fused
     return model
-
-
-def allreduce_sequence_parallel_grads(model: nn.Module, tp_group) -> None:
-    """Sum over tp the grads of replicated parameters that saw only a sequence shard."""
-    if group_size(tp_group) == 1:
-        return
-    grads = [p.grad for p in model.parameters() if role(p).sequence_parallel and p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    with exposed():
-        dist.all_reduce(flat, group=tp_group)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()

@@ -12,27 +12,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..distributed.comm import copy_to_group
-
-
-class HeadNorm(nn.Module):
-    """``model.qk_norm``: RMSNorm over the last dim (a head's ``head_dim`` features) of q or k,
-    one weight shared by every head (Qwen3's q_norm and k_norm). Replicated over tp, but each
-    tp rank normalizes only its heads: the tensor transform sets ``tp_group`` and the weight
-    enters the region through ``copy_to_group``, whose backward sums its gradient over tp,
-    so no step after backward has to (always plain PyTorch: the compiled norms take rows
-    of the hidden size)."""
-
-    def __init__(self, head_dim, *, eps):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(head_dim))
-        self.tp_group = None  # parallelize.tensor (sharding.py)
-
-    def forward(self, x):
-        weight = self.weight if self.tp_group is None else copy_to_group(self.weight, self.tp_group)
-        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
-
 
 class Norm(nn.Module):
     """LayerNorm (gpt, with bias) or RMSNorm (llama); replicated over tp (under SP its

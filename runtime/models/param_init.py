@@ -1,8 +1,10 @@
 """Initial values of parameters: each rank generates only its shard, keyed by element.
 
 Takes: a freshly built model (``model.py``) whose sharded layers know their full
-shape, and the seed. Gives: ``initialize(model, seed)`` in place; ``init_values``, any
-box or flat range of one parameter's initial value; ``full_init``, the whole value.
+shape, and the seed. Gives: ``materialize_on(model, seed, device)``; ``fill_``, any box
+or flat range of one parameter's initial value; ``boxes`` and ``pieces``, where each
+shard sits. (The tests' CPU reference, ``initialize``/``init_values``/``full_init``, is
+tests/runtime/init_reference.py.)
 
 Note [counter-based init]: the initial value of element i (row-major index in the
 full, unsharded tensor) of parameter ``name`` is a pure function of (seed, name, i):
@@ -20,7 +22,7 @@ meta device and each rank generates only its slice of each flat buffer
 (``fsdp_units.fill_flat_``, called by its ``Unit``). Without ZeRO-3, a model for a CUDA device is built on
 the meta device too and ``materialize_on`` allocates each parameter on the device and
 generates its shard there (no CPU copy, no torch default init first); on the CPU it is
-built and filled in place (``initialize``). Both give the same numbers, bit for bit
+built and filled in place (the tests' ``initialize``). Both give the same numbers, bit for bit
 (tests/runtime/test_param_init.py runs the device path on the CPU; not yet run on a GPU). (float64 ``log``/``cos`` may differ by one float64 ulp between ATen's vector and
 scalar paths; that changes the float32 result with probability ~2⁻²⁹ per element,
 never seen on the tiny models, which the tests compare bit for bit.)
@@ -126,21 +128,8 @@ def fill_(out: torch.Tensor, name: str, full_shape, *, layers: int, seed: int, o
     return out
 
 
-def init_values(name: str, full_shape, *, layers: int, seed: int, offsets=None, shape=None,
-                dtype=torch.float32, device=None) -> torch.Tensor:
-    """The box ``offsets``/``shape`` (default: all) of parameter ``name``'s initial value."""
-    shape = tuple(full_shape) if shape is None else tuple(shape)
-    out = torch.empty(shape, dtype=dtype, device=device)
-    return fill_(out, name, full_shape, layers=layers, seed=seed, offsets=offsets, shape=shape)
-
-
-def full_init(name: str, shape, *, layers: int, seed: int) -> torch.Tensor:
-    """The full (unsharded) initial value of parameter ``name``; layout-independent."""
-    return init_values(name, shape, layers=layers, seed=seed)
-
-
 def boxes(model: nn.Module, tp_group=None):
-    """(module, attr, name, full_shape, offsets) of every parameter ``initialize`` sets:
+    """(module, attr, name, full_shape, offsets) of every parameter ``fill_`` sets:
     where each layout's shard sits in the full tensor, as the sharded modules decide it
     (tensor parallel: ``_shard_offsets`` over tp; experts: ``shard_offsets``)."""
     tp_group = getattr(model, "tp_group", tp_group)
@@ -156,7 +145,7 @@ def boxes(model: nn.Module, tp_group=None):
             full = tuple(module.weight.shape)  # a replicated layer
         if full is None:
             continue  # norms are built at 1 (weight) and 0 (bias)
-        # A stage's copy of a tied table is drawn as the table it copies (model.py,
+        # A stage's copy of a tied table is drawn as the table it copies (pipeline_stages.py,
         # Note [tied embeddings across stages]).
         name = getattr(module, "init_name", module_name)
         prefix = f"{name}." if name else ""
@@ -182,16 +171,6 @@ def pieces(model: nn.Module) -> dict[int, tuple]:
     for name, param in model.named_parameters():
         out.setdefault(id(param), (name, tuple(param.shape), (0,) * param.dim(), tuple(param.shape)))
     return out
-
-
-@torch.no_grad()
-def initialize(model: nn.Module, seed: int) -> None:
-    """Set every parameter of ``model`` per Note [counter-based init]: each rank fills
-    only the elements of its own shard."""
-    layers = model.config.layers
-    for module, attr, name, full, offsets in list(boxes(model)):
-        param = getattr(module, attr)
-        fill_(param, name, full, layers=layers, seed=seed, offsets=offsets, shape=tuple(param.shape))
 
 
 @torch.no_grad()

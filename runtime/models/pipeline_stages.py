@@ -3,7 +3,8 @@
 Takes: a ``ModelConfig``, train.py's ``PIPELINE_STAGES`` table, the rank and the
 placement. Gives: ``build_stages`` (``model.build_stages`` in train.py: model.py gives
 it from here, so only a pipeline build ships this module, codegen/features.py's
-pipeline entry).
+pipeline entry) and ``Stage``, the ``Transformer`` of a stage, which ties an embedding
+table across stages.
 """
 
 from __future__ import annotations
@@ -12,12 +13,46 @@ import torch
 import torch.nn as nn
 
 from ..layout.placement import chunk_stages
+from ..layout.roles import assign
 from .transformer import Transformer
 
 
+class Stage(Transformer):
+    """One pipeline stage: blocks ``layers = (start, stop)``, the embedding when ``first``,
+    the final norm and head when ``last``.
+
+    Note [tied embeddings across stages]: when the embedding is tied to the head and
+    they sit on different stages, the last stage holds a copy of the embedding table
+    as its head, initialized from ``embed.weight``; its parameter is tagged
+    ``pipeline_duplicate`` (counted once in the gradient norm) and the two copies'
+    gradients are summed over the embedding group after backward
+    (``pipeline.allreduce_tied_grads``), so they stay equal, as Megatron does. Both
+    copies are tagged ``tied_across_stages``: whoever reduces gradients during
+    backward (ZeRO-2) must leave them until that sum is done.
+    """
+
+    def tag_tied(self):
+        """Note [tied embeddings across stages]: the head's copy of a tied embedding table
+        (generated as ``embed``, counted once) and both copies' ``tied_across_stages``;
+        again by the tensor transform after it replaces the head."""
+        if not self.config.tie_embeddings or self.first == self.last:
+            return
+        if self.first:
+            assign(self.embed.weight, tied_across_stages=True)  # its grad is summed with the head copy's
+        else:
+            self.head.init_name = "embed"
+            assign(self.head.weight, pipeline_duplicate=True, tied_across_stages=True)
+
+    def tied_weight(self):
+        """This stage's copy of the tied embedding table, or None (Note [tied embeddings across stages])."""
+        if not self.config.tie_embeddings or self.first == self.last:
+            return None
+        return self.embed.weight if self.first else self.head.weight
+
+
 def build_stages(config, *, stages, pp_rank, pp_size, placement="interleaved") -> nn.ModuleList:
-    """This pipeline rank's model chunks, one plain ``Transformer`` stage per chunk, on
-    the meta device.
+    """This pipeline rank's model chunks, one plain ``Stage`` per chunk, on the meta
+    device.
 
     ``stages`` is the literal ``PIPELINE_STAGES`` table of train.py: the layers
     ``(start, stop)`` of every virtual stage, in model order. With p pipeline ranks,
@@ -44,7 +79,7 @@ def build_stages(config, *, stages, pp_rank, pp_size, placement="interleaved") -
     chunks = nn.ModuleList()
     for chunk, v in enumerate(place.stages_of(pp_rank)):
         with torch.device("meta"):
-            stage = Transformer(config, layers=stages[v], first=v == 0, last=v == len(stages) - 1)
+            stage = Stage(config, layers=stages[v], first=v == 0, last=v == len(stages) - 1)
         stage.stage_index = v
         stage.replica = place.replica(chunk)  # Note [stage replicas]: None, or which copy of its stage
         chunks.append(stage)

@@ -13,14 +13,6 @@ GPT-2, biases everywhere, learned positions); Llama has RMSNorm, SwiGLU and rota
 positions with no biases. Attention is ``scaled_dot_product_attention(is_causal=True)``
 over separate q/k/v projections, so column sharding splits whole heads.
 
-Note [sequence-parallel gradients]: under sequence parallelism each rank runs the
-norms, the row-parallel bias adds and (gpt) its rows of ``pos_embed`` on its own
-sequence shard only, so those replicated parameters get partial gradients; they are
-tagged ``sequence_parallel`` and ``allreduce_sequence_parallel_grads`` sums them.
-Every other gradient is whole: column-parallel layers and the head all-gather their
-input over T (backward: reduce-scatter), and a replicated embedding's output is
-split over T (backward: all-gather).
-
 Note [pending residual]: a region's output (after the row-parallel reduction, or its
 reduce-scatter under SP) is not added to the residual stream at once: it travels as
 ``delta`` beside the stream ``h`` to the next norm, which adds it and normalizes in
@@ -52,7 +44,6 @@ from ..parallel.tensor.layers import vocab_parallel_cross_entropy
 from .block import Block
 from .norm import Norm
 from .residual import settle
-from ..layout.roles import assign
 
 
 class Transformer(nn.Module):
@@ -61,16 +52,9 @@ class Transformer(nn.Module):
     The first stage (``first``) embeds tokens; the last (``last``) applies the final
     norm and the head and returns the mean loss; a stage in between maps hidden
     states to hidden states. Names stay global (``layers.5.attn.q_proj.weight``) in
-    every stage, so initialization and checkpoints see one model.
-
-    Note [tied embeddings across stages]: when the embedding is tied to the head and
-    they sit on different stages, the last stage holds a copy of the embedding table
-    as its head, initialized from ``embed.weight``; its parameter is tagged
-    ``pipeline_duplicate`` (counted once in the gradient norm) and the two copies'
-    gradients are summed over the embedding group after backward
-    (``pipeline.allreduce_tied_grads``), so they stay equal, as Megatron does. Both
-    copies are tagged ``tied_across_stages``: whoever reduces gradients during
-    backward (ZeRO-2) must leave them until that sum is done.
+    every stage, so initialization and checkpoints see one model. A pipeline's stages are
+    ``pipeline_stages.Stage``s, which tie an embedding table across stages (Note [tied
+    embeddings across stages] there).
     """
 
     fused = None  # see Norm: the loss's cross-entropy kernels
@@ -110,16 +94,8 @@ class Transformer(nn.Module):
             attach_documents(self)
 
     def tag_tied(self):
-        """Note [tied embeddings across stages]: the head's copy of a tied embedding table
-        (generated as ``embed``, counted once) and both copies' ``tied_across_stages``;
-        again by the tensor transform after it replaces the head."""
-        if not self.config.tie_embeddings or self.first == self.last:
-            return
-        if self.first:
-            assign(self.embed.weight, tied_across_stages=True)  # its grad is summed with the head copy's
-        else:
-            self.head.init_name = "embed"
-            assign(self.head.weight, pipeline_duplicate=True, tied_across_stages=True)
+        """The tags of an embedding table tied across pipeline stages, again after the tensor
+        transform replaces the head: none on one stage (``pipeline_stages.Stage``'s)."""
 
     def run_blocks(self, x):
         """The transformer blocks of this model (or pipeline stage), in order, each with its
@@ -134,8 +110,7 @@ class Transformer(nn.Module):
         delta = None
         # each block's tp degree: a block at tp 1 has no tp collective to hide and runs unsplit
         # (Note [heterogeneous layouts]: its own degree under per-layer layouts)
-        degrees = [group_size(self.tp_group) if self.layouts is None else self.block_tp[int(block.index)]
-                   for block in blocks]
+        degrees = [self.block_tp[int(block.index)] for block in blocks]
         # a MoE block splits its own sub-batches, for the expert all-to-alls (moe_overlap.py)
         walked = [(block.splits if t > 1 and not block.moe else 1, t) for block, t in zip(blocks, degrees)]
         start = 0
@@ -148,29 +123,22 @@ class Transformer(nn.Module):
                 from ..parallel.tensor import overlap  # only a build that overlaps ships overlap.py
 
                 group = self.tp_group if self.layouts is None else self.layouts.tp_group(t)
-                if self.layouts is not None:  # into the run's layout (hetero.py): the stream whole
-                    x, delta = self.reshard(settle(x, delta), blocks[start]), None
+                x, delta = self.enter(x, delta, blocks[start])  # into the run's layout
                 x, delta = overlap.run_blocks(self, x, k, blocks[start:stop], delta, group=group)
             else:
                 for layer in blocks[start:stop]:
                     if layer.recompute == "full" and torch.is_grad_enabled():
                         # Keep only the block's input; rerun the block (its collectives too) in backward.
-                        x, delta = checkpoint(layer, self.reshard(settle(x, delta), layer), use_reentrant=False), None
-                    elif self.layouts is not None:  # the stream is resharded whole
-                        x, delta = layer(self.reshard(settle(x, delta), layer), pending=True)
+                        x, delta = checkpoint(layer, settle(*self.enter(x, delta, layer)), use_reentrant=False), None
                     else:
-                        x, delta = layer(x, delta, pending=True)
+                        x, delta = layer(*self.enter(x, delta, layer), pending=True)
             start = stop
         return x, delta
 
-    def reshard(self, x, layer=None):
-        """Activations into ``layer``'s layout (the head's when None), from the previous one's."""
-        if self.layouts is None:
-            return x
-        t = self.head_tp if layer is None else self.block_tp[int(layer.index)]
-        x = self.layouts.reshard(x, self._current_tp, t, sequence_parallel=self.sp)
-        self._current_tp = t
-        return x
+    def enter(self, x, delta, layer):
+        """The stream and its pending delta as block ``layer`` takes them: as they are in one
+        layout (per-layer layouts reshard the stream whole: sharding_layouts.Layered)."""
+        return x, delta
 
     def sequence_rank(self) -> int:
         """Which T/tp shard of the sequence this rank holds under sp: its tp rank, or on a
@@ -179,12 +147,6 @@ class Transformer(nn.Module):
 
     def head_weight(self):
         return self.embed.weight if self.config.tie_embeddings and self.first else self.head.weight
-
-    def tied_weight(self):
-        """This stage's copy of the tied embedding table, or None (Note [tied embeddings across stages])."""
-        if not self.config.tie_embeddings or self.first == self.last:
-            return None
-        return self.embed.weight if self.first else self.head.weight
 
     def embed_tokens(self, tokens):
         if tokens.shape[1] > self.config.seq_len:
@@ -238,10 +200,6 @@ class Transformer(nn.Module):
         stage); ``documents``: the (B, T) document ids under documents = separate."""
         if documents is not None:  # for every block (Note [documents under recompute] in documents.py)
             self.documents.use(documents, x.device)
-        if self.layouts is not None:  # Note [heterogeneous layouts]: tokens come in the coarse layout
-            self._current_tp = self.embed_tp if self.first else self.block_tp[min(self.block_tp)]
-            if self.first:
-                x = self.layouts.split_inputs(x, self.embed_tp)
         if self.first:
             x = self.embed_tokens(x)
         elif self.compute_dtype is not None:
@@ -249,11 +207,7 @@ class Transformer(nn.Module):
         x, delta = self.walk_blocks(x)
         if not self.last:
             return settle(x, delta)
-        if self.layouts is None:
-            return self.loss(x, targets, delta)
-        x = self.reshard(settle(x, delta))
-        loss = self.loss(x, self.layouts.split_inputs(targets, self.head_tp))
-        return self.layouts.coarse_loss(loss, self.head_tp)
+        return self.loss(x, targets, delta)
 
 
 def check_parameter_count(model: Transformer) -> None:
@@ -270,10 +224,7 @@ def check_parameter_count(model: Transformer) -> None:
     if model.layouts is None:
         expected = desc.stage_params(tp, layers=layers, first=model.first, last=model.last, sharded=sharded, ep=ep)
     else:  # Note [heterogeneous layouts]: each block, the embedding and the head at their own degree
-        from ..parallel.tensor.sharding_layouts import expected_params  # only a per-layer build ships it
-
-        expected = expected_params(model, desc, ep)
-        tp = model.block_tp
+        expected, tp = model.expected_params(desc, ep), model.block_tp  # sharding_layouts.Layered's
     params = list(model.parameters())
     built = sum(p.numel() for p in params)
     if (built, len(params)) != (expected.elements, expected.tensors):

@@ -5,7 +5,7 @@ elements of its own shard. Each layout's generated trainer saves its initial sta
 (``reshard_worker.py``: the save right after ``restore``, which is step 0 on a fresh
 start); the checkpoint holds every parameter whole, so the layouts' initial models
 are compared tensor by tensor with the one-rank build's, and that one with
-``param_init.full_init``.
+``param_init.fill_`` over the whole tensor (tests/runtime/init_reference.py's ``full_init``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from parc.runtime.checkpoints import checkpoint_read
-from parc.runtime.models.param_init import full_init
+from parc.runtime.models.param_init import fill_
 from parity.batch import Case
 
 from .trainer import LAYOUTS, RESHARD_WORKER, overrides
@@ -70,5 +70,5 @@ def test_one_rank_init_is_full_init(spec, initial):
     seed, tensors = initial(spec, "one")
     layers = 1 + max(int(k.split(".")[2]) for k in tensors if k.startswith("model.layers."))
     for key, value in tensors.items():
-        expected = full_init(key[len("model."):], value.shape, layers=layers, seed=seed)
+        expected = fill_(torch.empty(value.shape), key[len("model."):], value.shape, layers=layers, seed=seed)
         assert torch.equal(value, expected), key

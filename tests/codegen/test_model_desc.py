@@ -19,7 +19,7 @@ from parc.dsl import load
 import sys
 
 from parc.runtime.parallel.tensor import layers, sharding, tp_plan
-from parc.runtime.models import model, parallelize, transformer
+from parc.runtime.models import model, parallelize, pipeline_stages, transformer
 from parc.runtime.layout import model_counts
 from parc.runtime.layout.model_desc import ModelConfig, describe
 
@@ -72,7 +72,7 @@ def _config(plan) -> ModelConfig:
 
 
 def _one_rank_count(config: ModelConfig) -> int:
-    if describe(config).parameters <= SMALL:
+    if model_counts.parameters(describe(config)) <= SMALL:
         net = built.build(config, seed=1, kernels="eager")
     else:
         net = model.build_model(config)  # the plain model, on the meta device
@@ -86,7 +86,7 @@ def test_docstring_count_is_the_runtime_models(path, overrides):
     assert spec.model.config == config
     counted = _one_rank_count(config)
     assert _docstring_count(plan) == counted == plan.model.parameters
-    assert total_params(spec.model) == spec.model.desc.parameters == counted
+    assert total_params(spec.model) == model_counts.parameters(spec.model.desc) == counted
 
 
 def test_gqa_count_by_hand():
@@ -104,7 +104,7 @@ def _meta_stage(config, table, *, tp, stage, first, last, monkeypatch, sp):
         monkeypatch.setattr(module, "group_size", lambda group: 1 if group is None else tp)
     monkeypatch.setattr(layers, "group_rank", lambda group: 0)
     with torch.device("meta"):
-        net = transformer.Transformer(config, layers=stage, first=first, last=last)
+        net = pipeline_stages.Stage(config, layers=stage, first=first, last=last)
     return parallelize.tensor(net, None if tp == 1 else object(), table, sequence_parallel=sp)
 
 
@@ -141,7 +141,7 @@ def test_a_drift_fails_loudly():
     net = model.build_model(config)
     net.extra = torch.nn.Linear(2, 2, bias=False)  # a parameter the description does not know
     # 2 blocks of 2·32 (norms) + 2·32·32 + 2·16·32 (q, o, k, v) + 3·64·32 (MLP), embed, head, norm
-    assert describe(config).parameters == 2 * 9280 + 2 * 64 * 32 + 32 == 22_688
+    assert model_counts.parameters(describe(config)) == 2 * 9280 + 2 * 64 * 32 + 32 == 22_688
     with pytest.raises(RuntimeError, match=re.escape(
         "internal error in parc (runtime model): this rank built 22,692 parameters in 22 tensors, but "
         "model_desc.py describes 22,688 in 21 for layers 0..2 (first=True, last=True, tp=1)"

@@ -7,7 +7,7 @@
 Joins a fake process group (torch's "fake" backend: no peers, no traffic) as rank
 RANK of a tensor-parallel group of TP, builds pipeline stage LAYER of the example's
 32 layers (one block per stage) through ``model.build_stage`` — the trainer's path:
-``Transformer`` then ``param_init.initialize`` — and prints JSON: the bytes of the
+``Stage`` then ``model.init_weights`` — and prints JSON: the bytes of the
 parameters it holds, the peak bytes of live CPU tensors while building (every tensor
 any aten op created, tracked by a TorchDispatchMode until its storage dies), the
 elements initialized and the seconds it took. ``zero3 DP``: the example's layout with
@@ -37,10 +37,10 @@ from parc.codegen.render import render
 from parc.dsl import load
 from parc.runtime.parallel.data import fsdp
 from parc.runtime.models import model
-from parc.runtime.models.transformer import Transformer
+from parc.runtime.models.pipeline_stages import Stage
 from parc.runtime.layout.model_desc import ModelConfig
-from parc.runtime.models.param_init import init_values
 import built  # noqa: E402  (tests/runtime/built.py)
+from init_reference import init_values  # noqa: E402  (tests/runtime/init_reference.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,7 +128,7 @@ def main(tp: int, rank: int, layer: int) -> None:
         start = time.perf_counter()
         with tracker:
             with torch.device("meta"):  # one virtual stage of the plain model, as build_stages makes each
-                stage = Transformer(config, layers=stages[layer], first=layer == 0, last=layer == len(stages) - 1)
+                stage = Stage(config, layers=stages[layer], first=layer == 0, last=layer == len(stages) - 1)
             stage = built.transform(stage, tp_group=dist.group.WORLD, sequence_parallel=True, tp_plan=tp_plan,
                                     recompute="none")
             stage = model.init_weights(stage, seed=1, device="cpu")

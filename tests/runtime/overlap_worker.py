@@ -143,7 +143,7 @@ def check_hetero(dist_info, arch, sp):
         net = built.build(config, tp_group=layouts.tp_group(2), sequence_parallel=sp, tp_plan=tp_plan(arch),
                                 seed=11, device=torch.device("cpu"), sub_batches=sub_batches,
                                 layouts=layouts).double()
-        assert model.group_size(net.tp_group) == 1, "the embedding's layout is tp 1"
+        assert comm.group_size(net.tp_group) == 1, "the embedding's layout is tp 1"
         setattr(overlap, name, recording)
         try:
             loss = net(*batch(config, 0))

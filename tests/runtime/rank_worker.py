@@ -38,6 +38,28 @@ def full(*shape, seed):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
+def _shard(full: torch.Tensor, group, dim: int, full_shape) -> torch.Tensor:
+    """This rank's chunk of ``full`` along ``dim`` (``full`` must have ``full_shape``)."""
+    if tuple(full.shape) != tuple(full_shape):
+        raise ValueError(f"load_full: expected the full shape {tuple(full_shape)}, got {tuple(full.shape)}")
+    size = dist.get_world_size(group)
+    if full.shape[dim] % size:
+        raise ValueError(f"cannot shard size {full.shape[dim]} over {size} ranks")
+    return full.chunk(size, dim=dim)[dist.get_rank(group)]
+
+
+@torch.no_grad()
+def load_full(layer, weight, bias=None):
+    """Copy this rank's shard of the full (unsharded) ``weight`` and ``bias`` into a layer of
+    layers.py: a column-parallel linear's rows (and bias), a row-parallel one's columns (its
+    bias whole), a vocab-parallel embedding's rows. (Initialization generates the shard
+    directly, ``param_init.materialize_on``; this is the tests' way to a given full tensor.)"""
+    row = isinstance(layer, layers.RowParallelLinear)
+    layer.weight.copy_(_shard(weight, layer.tp_group, 1 if row else 0, layer.full_shape))
+    if getattr(layer, "bias", None) is not None:
+        layer.bias.copy_(bias if row else _shard(bias, layer.tp_group, 0, layer.full_shape[:1]))
+
+
 def check_mesh(dist_info):
     world = dist_info.world_size
     if world == 4:
@@ -100,7 +122,7 @@ def check_linear(group, kind, sp):
     y_ref.backward(dy)
     cls = layers.ColumnParallelLinear if kind == "column" else layers.RowParallelLinear
     layer = cls(IN, OUT, bias=True, tp_group=group, sequence_parallel=sp).double()
-    layer.load_full_(ref.weight.detach(), ref.bias.detach())
+    load_full(layer, ref.weight.detach(), ref.bias.detach())
     seq = lambda t: t.chunk(n, dim=1)[r] if sp else t  # noqa: E731
     feat = lambda t: t.chunk(n, dim=-1)[r]  # noqa: E731
     what = f"{cls.__name__}(sequence_parallel={sp})"
@@ -137,7 +159,7 @@ def check_embedding(group, sp):
     y_ref = ref(tokens)
     y_ref.backward(dy)
     layer = layers.VocabParallelEmbedding(PADDED, IN, tp_group=group, sequence_parallel=sp).double()
-    layer.load_full_(table)
+    load_full(layer, table)
     seq = lambda t: t.chunk(n, dim=1)[r] if sp else t  # noqa: E731
     y = layer(tokens)
     y.backward(seq(dy))

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from parc.runtime.parallel.expert import moe
 from parc.runtime.models.transformer import Transformer
+from parc.runtime.layout import model_counts
 from parc.runtime.layout.model_desc import ModelConfig, describe
 
 import built  # noqa: E402  (tests/runtime/built.py)
@@ -198,13 +199,13 @@ def test_description_counts_total_and_active_parameters():
     cfg = config(moe_every=2, shared_experts=1)
     model = build(cfg)  # Transformer checks its parameters against the description
     desc = describe(cfg)
-    assert desc.parameters == sum(p.numel() for p in model.parameters())
+    assert model_counts.parameters(desc) == sum(p.numel() for p in model.parameters())
     assert [cfg.is_moe(i) for i in range(2)] == [True, False]
     experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
     assert experts == 3 * 4 * 24 * 16
-    assert desc.active_parameters == desc.parameters - experts // 2  # top 2 of 4
+    assert desc.active_parameters == model_counts.parameters(desc) - experts // 2  # top 2 of 4
     dense = describe(config(experts=0))
-    assert dense.active_parameters == dense.parameters
+    assert dense.active_parameters == model_counts.parameters(dense)
     # a token meets the router, the shared expert and 2 of the 4 experts
     assert desc.blocks[0].matmul_weights("mlp") == 4 * 16 + 3 * 24 * 16 + 2 * 3 * 24 * 16
     assert desc.blocks[1].matmul_weights("mlp") == 3 * 24 * 16  # dense: gate, up, down

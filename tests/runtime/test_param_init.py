@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from parc.runtime.models import param_init
-from parc.runtime.models.param_init import fill_, full_init, init_values
+from parc.runtime.models.param_init import fill_
 import built  # noqa: E402  (tests/runtime/built.py)
+import init_reference  # noqa: E402  (tests/runtime/init_reference.py)
+from init_reference import full_init, init_values  # noqa: E402
 
 Q = "layers.0.attn.q_proj.weight"
 
@@ -59,15 +61,15 @@ def test_out_of_range_boxes_are_refused():
 def test_generated_on_the_device_equals_the_cpu_init(arch):
     """init_weights on the meta device's plain model: each parameter allocated and generated
     where it lives (param_init.materialize_on; on CUDA on the device, here on the CPU) — the
-    same numbers as param_init.initialize filling a model in place, bit for bit, ties kept."""
-    from parc.runtime.models import model, param_init, transformer
+    same numbers as init_reference.initialize filling a model in place, bit for bit, ties kept."""
+    from parc.runtime.models import model, transformer
 
     config = model.ModelConfig(
         arch=arch, layers=2, hidden=32, heads=4, kv_heads=4 if arch == "gpt" else 2, ffn=64, vocab=128,
         padded_vocab=128, seq_len=16, dropout=0.0, norm_eps=1e-5, rope_theta=1e4, tie_embeddings=arch == "gpt",
     )
     in_place = transformer.Transformer(config)  # one rank's layout, built on the CPU: norms 1 and 0
-    param_init.initialize(in_place, seed=5)
+    init_reference.initialize(in_place, seed=5)
     nets = [in_place, built.build(config, seed=5, device="cpu", kernels="eager", init_on_device=True)]
     cpu, device = (dict(m.named_parameters()) for m in nets)
     assert cpu.keys() == device.keys()

@@ -15,8 +15,8 @@ from parc.runtime.models import model
 from parc.runtime.optimizers import optim
 from parc.runtime.parallel.tensor import tp_plan
 from parc.runtime.parallel.tensor.layers import vocab_parallel_cross_entropy
-from parc.runtime.models.param_init import full_init
 import built  # noqa: E402  (tests/runtime/built.py)
+from init_reference import full_init  # noqa: E402  (tests/runtime/init_reference.py)
 
 GPT = model.ModelConfig(arch="gpt", layers=2, hidden=32, heads=4, kv_heads=4, ffn=64, vocab=60,
                         padded_vocab=64, seq_len=8)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 
 from parc.dsl.keys.layout_options import LayoutOptions
 from parc.dsl.spec import ModelSpec
-from parc.runtime.layout import layer_settings
+from parc.runtime.layout import layer_settings, model_counts
 from parc.runtime.layout.constraints import per_layer
 from parc.runtime.layout.layer_settings import SETTINGS
 from parc.runtime.layout.model_desc import NONE, ParamCount
@@ -241,12 +241,12 @@ def expert_data_ranks(layout: Layout) -> int:
 def sequence_parallel_params(model: ModelSpec, layout: Layout, rank: int, stage_layers=None) -> int:
     """Elements of pipeline rank ``rank`` whose gradients are partial under sp (each tp
     rank saw a sequence shard): the norms, the row-parallel biases, gpt's positions
-    (runtime/models/model.py, Note [sequence-parallel gradients]); 0 without sp."""
+    (runtime/parallel/tensor/sp_columns.py, Note [sequence-parallel gradients]); 0 without sp."""
     if not layout.sp or layout.tp < 2:
         return 0
     desc = model.desc
     mine = _chunks(model.layers, layout.pp, layout.chunks, rank, _stages(stage_layers), placement_kind(layout))
-    return sum(desc.sequence_parallel_params(layers=layers, first=first, last=last, grid=layout.grid)
+    return sum(model_counts.sequence_parallel_params(desc, layers=layers, first=first, last=last, grid=layout.grid)
                for layers, first, last in mine)
 
 
@@ -313,7 +313,7 @@ def _block_units(model: ModelSpec, tp: int, folds: int) -> tuple[tuple[int, int]
 
 def total_params(model: ModelSpec) -> int:
     """Parameters of the whole model (one copy of a tied embedding)."""
-    return model.desc.parameters
+    return model_counts.parameters(model.desc)
 
 
 def _stages(stage_layers) -> tuple[int, ...] | None:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from parc.dsl.spec import ModelSpec, Precision, Spec
 from parc.runtime.layout.constraints import master_weights, per_layer
+from parc.runtime.layout import model_counts
 from parc.runtime.layout.model_desc import LINEAR
 from parc.runtime.schedules.schedule import in_flight_bound
 from parc.runtime.layout.kernel_sizes import kinds_that_pay
@@ -275,7 +276,7 @@ def autocast_block_weights(model: ModelSpec, tp: int) -> int:
     weight to a bf16 copy, which autograd saves for backward: one copy per weight and per
     micro-batch in flight (each forward is its own autocast region), none inside a
     fully recomputed block. Elements of one block's matmul weights on a tp rank."""
-    return sum(m.weight.numel(tp) for m in model.desc.typical_block.modules if m.layer == LINEAR)
+    return sum(m.weight.numel(tp) for m in model_counts.typical_block(model.desc).modules if m.layer == LINEAR)
 
 
 def _rank_block_kinds(model: ModelSpec, layout: Layout, rank: int, stage_layers=None):

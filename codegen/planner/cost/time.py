@@ -65,6 +65,7 @@ import math
 from dataclasses import dataclass
 
 from parc.dsl.spec import Arch, ModelSpec, Precision, Spec
+from parc.runtime.layout import model_counts
 from parc.runtime.layout.model_desc import LINEAR
 from parc.runtime.layout.placement import placement_for
 
@@ -135,7 +136,7 @@ def model_flops_per_token(spec: Spec) -> float:
 def _block_gemms(model: ModelSpec, tp: int) -> tuple[tuple[int, int], ...]:
     """(out, in) of each linear weight of a block on one tp rank (model_desc.py): q, k, v,
     o, then the MLP's."""
-    block = model.desc.typical_block
+    block = model_counts.typical_block(model.desc)
     return tuple(m.weight.local_shape(tp) for m in block.modules if m.layer == LINEAR)
 
 

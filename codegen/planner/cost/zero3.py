@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from parc.dsl.spec import Spec
+from parc.runtime.layout import model_counts
 from parc.runtime.schedules.schedule import SPLIT_BACKWARD
 from parc.runtime.schedules.schedule_sim import weight_share
 
@@ -32,7 +33,7 @@ def zero3_gathers_per_unit(spec: Spec, accounting: Accounting) -> int:
     the gate and up projections): six a GPT block, each paying the ring's latency."""
     if accounting is Accounting.PARC:
         return 1
-    modules = spec.model.desc.typical_block.modules
+    modules = model_counts.typical_block(spec.model.desc).modules
     return len({_FUSED.get(module.kind, module.kind) for module in modules if module.params})
 
 

@@ -176,7 +176,7 @@ def build_tp_2d_kv_heads(tp_shape, kv_heads):
 @rule("PAR0228", BUILD)
 def build_tp_2d_qk_norm(tp_shape, qk_norm):
     """A 2D grid repeats a row's heads on its R ranks; the head norms' gradient sum over tp
-    (``norm.HeadNorm``) is 1D's, so ``qk_norm`` is built with 1D tensor parallelism only."""
+    (``llama_attention.HeadNorm``) is 1D's, so ``qk_norm`` is built with 1D tensor parallelism only."""
     if not tp_2d(tp_shape) or not qk_norm:
         return None
     rows, cols = tp_shape

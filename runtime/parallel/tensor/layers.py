@@ -1,9 +1,10 @@
 """Tensor-parallel layers: column/row-parallel linear, vocab-parallel embedding and loss.
 
 Takes: a tp group (None for one rank) and whether activations are sequence-sharded.
-Gives: modules holding this rank's shard of each weight, and ``load_full_`` to copy
-that shard out of the full tensor (so a sharded model equals the unsharded one; see
-``model.py``). Shapes: B batch, T sequence, C features; ``/tp`` marks a shard.
+Gives: modules holding this rank's shard of each weight, each with ``full_shape`` (the
+unsharded weight's; the tests copy a shard out of the full tensor by it, rank_worker.py's
+``load_full``, so a sharded layer equals the unsharded one; see ``model.py``). Shapes: B
+batch, T sequence, C features; ``/tp`` marks a shard.
 """
 
 from __future__ import annotations
@@ -25,16 +26,6 @@ from ...distributed.comm import (
 from ...layout.roles import assign
 
 
-def _shard(full: torch.Tensor, group, dim: int, full_shape) -> torch.Tensor:
-    """This rank's chunk of ``full`` along ``dim`` (``full`` must have ``full_shape``)."""
-    if tuple(full.shape) != tuple(full_shape):
-        raise ValueError(f"load_full_: expected the full shape {tuple(full_shape)}, got {tuple(full.shape)}")
-    size = group_size(group)
-    if full.shape[dim] % size:
-        raise ValueError(f"cannot shard size {full.shape[dim]} over {size} ranks")
-    return full.chunk(size, dim=dim)[group_rank(group)]
-
-
 def _mark_sharded(*params, group) -> None:
     """Tag parameters whose ranks hold different shards (gradient norms sum them over tp)."""
     for param in params:
@@ -47,19 +38,11 @@ class ColumnParallelLinear(nn.Module):
 
     With sequence parallelism the input arrives as (B, T/tp, in) and is all-gathered
     along T (backward: reduce-scatter); otherwise it is replicated and its gradient
-    is all-reduced in backward.
-
-    Note [KV replication]: grouped-query attention with tp > kv_heads (as Megatron and
-    vLLM) gives each tp rank one kv head, each head shared by tp / kv_heads consecutive
-    ranks (those whose query heads read it). ``head_rows`` (head_dim, for k_proj and
-    v_proj) asks for this when a rank's out/tp rows are fewer than one head. The weight
-    is still stored split over all tp ranks (out/tp rows each: checkpoints, ZeRO and the
-    gradient norm see an ordinary shard); the forward all-gathers it over tp and keeps
-    this rank's head's rows, and the backward's reduce-scatter sums the gradient of each
-    head over its replicas and hands each rank its shard of that sum.
+    is all-reduced in backward. Under tp > kv_heads k_proj and v_proj are
+    kv_replication.py's subclass (Note [KV replication] there).
     """
 
-    def __init__(self, in_features, out_features, *, bias, tp_group, sequence_parallel=False, head_rows=None):
+    def __init__(self, in_features, out_features, *, bias, tp_group, sequence_parallel=False):
         super().__init__()
         self.tp_group, self.sequence_parallel = tp_group, sequence_parallel
         self.full_shape = (out_features, in_features)
@@ -70,13 +53,6 @@ class ColumnParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(local, in_features))
         self.bias = nn.Parameter(torch.empty(local)) if bias else None
         _mark_sharded(self.weight, self.bias, group=tp_group)
-        self.rows = None  # Note [KV replication]: the rows of the whole weight this rank uses
-        if head_rows is not None and local < head_rows:
-            heads = out_features // head_rows
-            if heads * head_rows != out_features or tp % heads:
-                raise ValueError(f"tp = {tp} is not a multiple of the {heads} heads of {out_features} rows")
-            head = group_rank(tp_group) // (tp // heads)
-            self.rows = slice(head * head_rows, (head + 1) * head_rows)
 
     def enter(self, x):
         """The input as the matmul takes it: under SP all-gathered along T (backward:
@@ -88,23 +64,12 @@ class ColumnParallelLinear(nn.Module):
 
     def local(self, x):
         """The matmul on an input that already entered (``enter``)."""
-        if self.rows is None:
-            return F.linear(x, self.weight, self.bias)  # (B, T, out/tp)
-        # Note [KV replication]: this rank's head, from the weight gathered over tp
-        weight = all_gather_from_group(self.weight, self.tp_group, dim=0)[self.rows]
-        bias = None if self.bias is None else all_gather_from_group(self.bias, self.tp_group, dim=0)[self.rows]
-        return F.linear(x, weight, bias)  # (B, T, head_rows)
+        return F.linear(x, self.weight, self.bias)  # (B, T, out/tp)
 
     def forward(self, x):
         if _keeps_shard([self]):
             return _gathered(x, self.tp_group, [self])[0]
         return self.local(self.enter(x))
-
-    @torch.no_grad()
-    def load_full_(self, weight, bias=None):
-        self.weight.copy_(_shard(weight, self.tp_group, 0, self.full_shape))
-        if self.bias is not None:
-            self.bias.copy_(_shard(bias, self.tp_group, 0, self.full_shape[:1]))
 
 
 def project(x, linears):
@@ -125,7 +90,7 @@ def _entry(linear):
     """(kind, group, sequence parallel) of how a column linear's input enters its region
     (``enter``), or None for a module that enters it in its own forward. 2D linears say
     theirs (``layers2d.Linear2D.entry``: over the row group of the grid)."""
-    if type(linear) is ColumnParallelLinear:
+    if isinstance(linear, ColumnParallelLinear):  # Note [KV replication]'s too
         return ("1d", linear.tp_group, linear.sequence_parallel)
     return getattr(linear, "entry", None)
 
@@ -142,7 +107,7 @@ def _gathered(x, group, linears):
 def _keeps_shard(linears) -> bool:
     """Do these column linears take a sequence-parallel input they can save as a shard
     (plain ones; Note [KV replication]'s gather their weight instead, 2D ones their own way)?"""
-    return all(type(m) is ColumnParallelLinear and m.sequence_parallel and m.rows is None for m in linears) and (
+    return all(type(m) is ColumnParallelLinear and m.sequence_parallel for m in linears) and (
         group_size(linears[0].tp_group) > 1)
 
 
@@ -173,12 +138,6 @@ class RowParallelLinear(nn.Module):
         else:
             y = reduce_from_group(y, self.tp_group)  # (B, T, out)
         return y if self.bias is None else y + self.bias
-
-    @torch.no_grad()
-    def load_full_(self, weight, bias=None):
-        self.weight.copy_(_shard(weight, self.tp_group, 1, self.full_shape))
-        if self.bias is not None:
-            self.bias.copy_(_shard(bias, None, 0, self.full_shape[:1]))  # replicated
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -212,10 +171,6 @@ class VocabParallelEmbedding(nn.Module):
         if self.sequence_parallel:
             return reduce_scatter_to_group(out, self.tp_group, dim=1)
         return reduce_from_group(out, self.tp_group)
-
-    @torch.no_grad()
-    def load_full_(self, weight, bias=None):
-        self.weight.copy_(_shard(weight, self.tp_group, 0, self.full_shape))
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

@@ -5,8 +5,8 @@ the tp group, the literal ``TP_PLAN`` table, whether sequence parallelism is on,
 under 2D tensor parallelism, the grid (``Mesh.tp_grid``, Note [2D tensor parallelism] in
 layers2d.py), or under per-layer degrees the ``hetero.StageLayouts`` (Note
 [heterogeneous layouts]). Gives: ``shard``, which swaps each layer the checked plan
-splits for its parallel kind (``layers.py``: column, row, vocab; ``layers2d.py``) and
-sets the model's layout attributes (``tp_group``, ``sp``, ``block_tp``, ``head_group``
+splits for its parallel kind (``layers.py``: column, row, vocab; on a grid sharding_grid.py)
+and sets the model's layout attributes (``tp_group``, ``sp``, ``block_tp``, ``head_group``
 …; per-layer layouts: sharding_layouts.py; a MoE block's MLP: sharding_moe.py). It is
 ``parallelize.tensor``, the first transform: the layers it swaps have no values yet, so
 nothing is copied; the parameters' roles it sets (``sequence_parallel``,
@@ -15,10 +15,11 @@ nothing is copied; the parameters' roles it sets (``sequence_parallel``,
 
 from __future__ import annotations
 
+import functools
+
 import torch.nn as nn
 
 from ...distributed.comm import group_size
-from ...layout.model_desc import describe
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from .tp_plan import TensorParallelPlan
 from ...layout.roles import assign
@@ -26,18 +27,16 @@ from ...layout.roles import assign
 
 class _Builder:
     """Hands out the layer for each module name, as the checked plan says; under 2D
-    tensor parallelism (``grid``) the layers of ``layers2d.py``."""
+    tensor parallelism (``grid``) with sharding_grid.py's ``Grid`` over it, the layers
+    of ``layers2d.py``."""
 
-    def __init__(self, plan: TensorParallelPlan, tp_group, sequence_parallel, grid=None):
-        self.plan, self.group, self.sp, self.grid = plan, tp_group, sequence_parallel, grid
+    grid = None
+
+    def __init__(self, plan: TensorParallelPlan, tp_group, sequence_parallel):
+        self.plan, self.group, self.sp = plan, tp_group, sequence_parallel
 
     def norm(self, norm):
-        """The norm itself, its parameters tagged under SP (they see a sequence shard), or
-        on a 2D grid a ``Norm2D``."""
-        if self.grid is not None:
-            from .layers2d import Norm2D  # only a 2D build ships layers2d.py
-
-            return Norm2D(norm.weight.shape[0], rms=norm.rms, eps=norm.eps, grid=self.grid, sequence_parallel=self.sp)
+        """The norm itself, its parameters tagged under SP (they see a sequence shard)."""
         for p in norm.parameters():
             assign(p, sequence_parallel=self.sp)  # sees only a sequence shard under SP
         return norm
@@ -51,13 +50,13 @@ class _Builder:
         (Note [KV replication])."""
         style, bias = self.plan.style(name), plain.bias is not None
         sizes = (plain.in_features, plain.out_features)
-        if self.grid is not None and style in ("colwise", "rowwise"):
-            from .layers2d import Linear2D
+        if style == "colwise" and head_rows is not None and sizes[1] // group_size(self.group) < head_rows:
+            from .kv_replication import ReplicatedHeads  # only a build with tp > kv_heads ships it
 
-            return Linear2D(*sizes, bias=bias, grid=self.grid, style=style, sequence_parallel=self.sp)
+            return ReplicatedHeads(*sizes, bias=bias, tp_group=self.group, sequence_parallel=self.sp,
+                                   head_rows=head_rows)
         if style == "colwise":
-            return ColumnParallelLinear(*sizes, bias=bias, tp_group=self.group, sequence_parallel=self.sp,
-                                        head_rows=head_rows)
+            return ColumnParallelLinear(*sizes, bias=bias, tp_group=self.group, sequence_parallel=self.sp)
         if style == "rowwise":
             return RowParallelLinear(*sizes, bias=bias, tp_group=self.group, sequence_parallel=self.sp)
         return plain
@@ -68,6 +67,26 @@ class _Builder:
             if hasattr(module, name):
                 rows = head_rows if name in ("k_proj", "v_proj") else None
                 setattr(module, name, self.linear(f"{prefix}.{name}", getattr(module, name), rows))
+
+    def embedding(self, model):
+        """The first stage's embedding: vocab-parallel where the plan says, its positions
+        (gpt) replicated, tagged under SP."""
+        config = model.config
+        if model.vocab_parallel_embed:
+            model.embed = VocabParallelEmbedding(config.padded_vocab, config.hidden, tp_group=model.tp_group,
+                                                 sequence_parallel=self.sp)
+        if config.arch == "gpt":
+            assign(model.pos_embed.weight, sequence_parallel=self.sp)
+
+    def head(self, model):
+        """An untied head (or a later stage's copy): vocab-parallel, its rows of the
+        vocabulary; else whole."""
+        V, C = model.config.padded_vocab, model.config.hidden
+        if model.vocab_parallel and group_size(model.head_group) > 1:
+            model.head = nn.Linear(C, V // group_size(model.head_group), bias=False)
+            model.head.full_shape = (V, C)
+            assign(model.head.weight, tensor_parallel=True)
+            model.head.tp_group = model.head_group  # where its shard starts (checkpoint_shards.py)
 
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -87,10 +106,15 @@ def _shard_stage(model, tp_group, tp_plan, sp, grid, layouts):
     # Note [heterogeneous layouts] (hetero.py): each block its own tp degree, or all the same
     block_tp = (group_size(tp_group),) * config.layers if layouts is None else layouts.layer_tp
     builders, plans = {}, {}
+    make = _Builder
+    if grid is not None:  # only a 2D build ships sharding_grid.py (and layers2d.py)
+        from .sharding_grid import Grid
+
+        make = functools.partial(type("GridBuilder", (Grid, _Builder), {}), grid=grid, config=config)
     for t in sorted({block_tp[i] for i in range(start, stop)} | {block_tp[start if start < stop else 0]}):
         group = tp_group if layouts is None else layouts.tp_group(t)
         plans[t] = TensorParallelPlan(tp_plan, config, tp_group=group, sequence_parallel=sp, grid=grid)
-        builders[t] = _Builder(plans[t], group, sp, grid)
+        builders[t] = make(plans[t], group, sp)
     # the embedding follows block 0, the head the last block (the embedding, when tied to it)
     embed_tp = block_tp[0]
     head_tp = embed_tp if config.tie_embeddings and model.first else block_tp[-1]
@@ -104,11 +128,6 @@ def _shard_stage(model, tp_group, tp_plan, sp, grid, layouts):
                 plans[t] = TensorParallelPlan(tp_plan, config, tp_group=group, sequence_parallel=sp)
                 builders[t] = _Builder(plans[t], group, sp)
     build, plan = builders[embed_tp], plans[embed_tp]
-    if grid is not None:  # the hidden state is split over R: no layer may stay whole
-        whole = [m.name for m in describe(config).modules if m.style and plan.style(m.name) is None]
-        if whole:
-            raise ValueError(f"tp plan: 2D tensor parallelism (TP_SHAPE) splits every layer, but "
-                             f"{', '.join(whole[:3])} {'is' if len(whole) == 1 else 'are'} replicated")
     model.tp_group, model.sp, model.tp_grid, model.layouts, model.head_group = tp_group, sp, grid, layouts, head_group
     model.block_tp = {i: block_tp[i] for i in range(start, stop)}
     model.embed_tp, model.head_tp = embed_tp, head_tp
@@ -116,7 +135,8 @@ def _shard_stage(model, tp_group, tp_plan, sp, grid, layouts):
     model.vocab_parallel_embed = build.style("embed") == "vocab"
     # the head's own degree's plan (per-layer layouts: an untied head at tp 2 after an embedding at tp 1)
     model.vocab_parallel = builders[head_tp].style("head") == "vocab_head"
-    _shard_embedding(model, build, grid, sp)
+    if model.first:
+        build.embedding(model)
     head_rows = config.head_dim
     for i, block in model.layers.items():
         builder = builders[model.block_tp[int(i)]]
@@ -132,7 +152,8 @@ def _shard_stage(model, tp_group, tp_plan, sp, grid, layouts):
             builder.linears(block.mlp, f"layers.{i}.mlp", MLP)
     if model.last:
         model.final_norm = build.norm(model.final_norm)
-        _shard_head(model, grid, sp)
+        if not (config.tie_embeddings and model.first):  # a head tied to the embedding on this stage is it
+            build.head(model)
     model.tag_tied()
     if layouts is not None:  # only a build with per-layer layouts ships sharding_layouts.py
         from .sharding_layouts import tag_layouts
@@ -143,48 +164,9 @@ def _shard_stage(model, tp_group, tp_plan, sp, grid, layouts):
 def _head_norms(attn, builder, prefix):
     """``model.qk_norm``: the head norms stay whole, but where q_proj is split each tp rank
     normalizes its own heads, so their weights' gradients are summed over tp in backward
-    (``norm.HeadNorm``). A 2D grid repeats a row's heads on its R ranks: not built."""
+    (``llama_attention.HeadNorm``). A 2D grid repeats a row's heads on its R ranks: not built."""
     if attn.q_norm is None or builder.style(f"{prefix}.q_proj") is None:
         return
     if builder.grid is not None:  # constraints refuse the spec (PAR0228): this is the trainer's guard
         raise ValueError("tp plan: model.qk_norm is not built with 2D tensor parallelism (TP_SHAPE)")
     attn.q_norm.tp_group = attn.k_norm.tp_group = builder.group
-
-
-def _shard_embedding(model, build, grid, sp):
-    if not model.first:
-        return
-    config = model.config
-    V, C = config.padded_vocab, config.hidden
-    if grid is not None:
-        from .layers2d import Embedding2D, Positions2D
-
-        model.embed = Embedding2D(V, C, grid=grid, sequence_parallel=sp)
-        if config.arch == "gpt":
-            model.pos_embed = Positions2D(config.seq_len, C, grid=grid, sequence_parallel=sp)
-        return
-    if model.vocab_parallel_embed:
-        model.embed = VocabParallelEmbedding(V, C, tp_group=model.tp_group, sequence_parallel=sp)
-    if config.arch == "gpt":
-        assign(model.pos_embed.weight, sequence_parallel=sp)
-
-
-def _shard_head(model, grid, sp):
-    """The head: on a 2D grid column-parallel (logits (B, T, V/C)); vocab-parallel, its
-    rows of the vocabulary; else whole. A head tied to the embedding on this stage has
-    no module of its own."""
-    config = model.config
-    if config.tie_embeddings and model.first:
-        return
-    V, C = config.padded_vocab, config.hidden
-    if grid is not None:
-        from .layers2d import Linear2D
-
-        model.head = Linear2D(C, V, bias=False, grid=grid, style="colwise", sequence_parallel=sp)
-        return
-    if model.vocab_parallel and group_size(model.head_group) > 1:
-        model.head = nn.Linear(C, V // group_size(model.head_group), bias=False)
-        model.head.full_shape = (V, C)
-        assign(model.head.weight, tensor_parallel=True)
-        model.head.tp_group = model.head_group  # where its shard starts (checkpoint_shards.py)
-
