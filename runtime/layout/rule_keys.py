@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from .rule_engine import LAYOUT, Rule, _results, _run, _selected
+from .rule_engine import DERIVED, LAYOUT, Rule, _results, _run, _selected
 
 
 KEYS = {
@@ -93,10 +93,10 @@ def declare(**names: str) -> None:
 
 
 def check_declared(rules: Iterable[Rule]) -> None:
-    """Every name ``rules`` read is in ``KEYS`` (Note [a feature declares its values]: run by
-    ``constraints/`` once every rules module has declared its own)."""
+    """Every name ``rules`` read is in ``KEYS`` or derived (Note [a feature declares its values]:
+    run by ``constraints/`` once every rules module has declared its own; Note [a derived value])."""
     for entry in rules:
-        unknown = [n for n in entry.needs + entry.optional if n not in KEYS]
+        unknown = [n for n in entry.needs + entry.optional if n not in KEYS and n not in DERIVED]
         if unknown:
             raise ValueError(f"constraints: rule {entry.name} reads {unknown}, not in KEYS")
 

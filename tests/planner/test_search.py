@@ -319,12 +319,13 @@ def test_no_layout_rule_reads_two_leaf_settings():
 
 def test_every_rule_reads_declared_values_and_a_declaration_keeps_its_key():
     """Note [a feature declares its values]: with constraints/ imported every name a rule
-    reads is in KEYS (checked once constraints/ has imported them all), and no feature re-points a name."""
-    from parc.runtime.layout.constraints import BUILD, KEYS, LAYOUT, RULES, rules_of
+    reads is in KEYS or derived (checked once constraints/ has imported them all; Note [a derived
+    value]), and no feature re-points a name."""
+    from parc.runtime.layout.constraints import BUILD, DERIVED, KEYS, LAYOUT, RULES, rules_of
     from parc.runtime.layout.rule_keys import declare
 
     assert rules_of((LAYOUT, BUILD)) == tuple(RULES)
-    assert all(name in KEYS for rule in RULES for name in (*rule.needs, *rule.optional))
+    assert all(name in KEYS or name in DERIVED for rule in RULES for name in (*rule.needs, *rule.optional))
     declare(tp="parallel.tp")  # the same key again changes nothing
     with pytest.raises(ValueError, match="already name other spec keys"):
         declare(tp="parallel.cp")
