@@ -45,15 +45,14 @@ class Rule:
 RULES: list[Rule] = []
 """Every rule, in the order their violations are reported."""
 
-_SELECTED: dict[tuple, tuple[Rule, ...]] = {}
-"""``_selected``'s answers: the rules of some kinds (that read some names)."""
-
 
 def rule(code: str, kind: str = LAYOUT, name: str | None = None):
     """Register ``check(**values) -> Violation | tuple[Violation, ...] | None`` (Note [a rule is an entry])."""
 
     def register(check: Callable) -> Callable:
-        needs, optional = _parameters(check)
+        params = inspect.signature(check).parameters.values()
+        needs = tuple(p.name for p in params if p.default is inspect.Parameter.empty)
+        optional = tuple(p.name for p in params if p.default is not inspect.Parameter.empty)
         if not needs:
             raise ValueError(f"constraints: rule {check.__name__} reads nothing")
         RULES.append(Rule(name=name or check.__name__, code=code, kind=kind, check=check,
@@ -62,58 +61,6 @@ def rule(code: str, kind: str = LAYOUT, name: str | None = None):
         return check
 
     return register
-
-
-def _parameters(check: Callable) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The names ``check`` requires (no default) and those it may read (``= None``)."""
-    params = inspect.signature(check).parameters.values()
-    return (tuple(p.name for p in params if p.default is inspect.Parameter.empty),
-            tuple(p.name for p in params if p.default is not inspect.Parameter.empty))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Derived:
-    name: str
-    compute: Callable
-    needs: tuple[str, ...]
-    optional: tuple[str, ...]
-    written: str
-    """How a message names it (its formula as the spec writes it); ``name`` when not given."""
-
-
-DERIVED: dict[str, Derived] = {}
-"""The values computed from others (Note [a derived value]), by name."""
-
-
-def derive(written: str = "") -> Callable:
-    """Register ``compute(**values)`` as the value of its name (Note [a derived value]).
-
-    Note [a derived value]: a rule that needs another feature's fact (the vocab's padded
-    size, whether tp is a 2D grid, how many ways the experts fold the ranks) reads it by
-    a name that feature's rules module derives once, next to its other rules, rather than
-    reading the feature's options and repeating the formula. ``compute``'s parameters are
-    the values it reads, as a rule's are: without a default required (unknown: the derived
-    value is unknown too), with ``= None`` optional. Its name is in ``DERIVED``, not in
-    ``KEYS`` (no spec key holds it: a rule blames the keys it comes from); ``written`` is
-    how a message names it. A value given by its name wins (``padded_vocab``, also a model
-    value of ``KEYS``). The engine computes it for each rule that reads it (``_run``) and
-    counts its inputs among what that rule reads (``reads``: the search's ``touching``, the
-    planner's verdict cache)."""
-
-    def register(compute: Callable) -> Callable:
-        needs, optional = _parameters(compute)
-        DERIVED[compute.__name__] = Derived(name=compute.__name__, compute=compute, needs=needs, optional=optional,
-                                            written=written or compute.__name__)
-        _SELECTED.clear()
-        return compute
-
-    return register
-
-
-def reads(entry: Rule) -> frozenset[str]:
-    """The names ``entry`` reads: its parameters and the inputs of the derived ones."""
-    names = {*entry.needs, *entry.optional}
-    return frozenset(names.union(*((*DERIVED[n].needs, *DERIVED[n].optional) for n in names if n in DERIVED)))
 
 
 def violations(
@@ -142,39 +89,33 @@ def _run(entry: Rule, values: Mapping[str, object]):
     get = values.get
     args = {}
     for name in entry.needs:
-        value = get(name) if name not in DERIVED else _derive(DERIVED[name], values)
+        value = get(name) if name not in DERIVED else _run(DERIVED[name], values)
         if value is None:
             return None
         args[name] = value
     for name in entry.optional:
-        args[name] = get(name) if name not in DERIVED else _derive(DERIVED[name], values)
+        args[name] = get(name) if name not in DERIVED else _run(DERIVED[name], values)
     return entry.check(**args)
 
 
-def _derive(entry: Derived, values: Mapping[str, object]):
-    """``entry``'s value for ``values`` (the one given by its name first); None while unknown."""
-    given = values.get(entry.name)
-    if given is not None:
-        return given
-    args = {name: values.get(name) for name in entry.needs + entry.optional}
-    if any(args[name] is None for name in entry.needs):
-        return None
-    return entry.compute(**args)
+DERIVED: dict = {}
+"""The values rules read that are computed from others (``rule_keys.derive``: ``_run`` computes them too)."""
 
 
-@derive()
-def padded_vocab(vocab, pad_vocab_to):
-    """The vocab rounded up to a multiple of pad_vocab_to (the embedding's rows)."""
-    return -(-vocab // pad_vocab_to) * pad_vocab_to
+def reads(entry: Rule) -> set[str]:
+    """``entry``'s parameters, and the inputs of the derived values among them."""
+    names = {*entry.needs, *entry.optional}
+    return names.union(*(DERIVED[n].needs + DERIVED[n].optional for n in names if n in DERIVED))
+
+
+_SELECTED: dict[tuple, tuple[Rule, ...]] = {}
 
 
 def _selected(kinds: tuple, touching: tuple | None) -> tuple[Rule, ...]:
     """The rules of ``kinds`` (that read a name of ``touching``), cached."""
     found = _SELECTED.get((kinds, touching))
     if found is None:
-        found = tuple(
-            r for r in RULES if r.kind in kinds and (touching is None or not reads(r).isdisjoint(touching))
-        )
+        found = tuple(r for r in RULES if r.kind in kinds and (touching is None or not reads(r).isdisjoint(touching)))
         _SELECTED[(kinds, touching)] = found
     return found
 

@@ -32,9 +32,9 @@ says); the planner searches cp (``cp = auto``) and costs it like any axis.
 from __future__ import annotations
 
 from ..rule_engine import (  # noqa: F401
-    BUILD, DERIVED, LAYOUT, RULES, Derived, Rule, Violation, _SELECTED, derive, padded_vocab, reads, _results, _run, _selected, _violation, divisors, entries, per_layer, rule, some, violations,
+    BUILD, DERIVED, LAYOUT, RULES, Rule, Violation, _SELECTED, reads, _results, _run, _selected, _violation, divisors, entries, per_layer, rule, some, violations,
 )
-from ..rule_keys import KEYS, check_declared, declare, holds, legal, rules_of, smallest  # noqa: F401
+from ..rule_keys import KEYS, Derived, check_declared, declare, derive, holds, legal, padded_vocab, rules_of, smallest  # noqa: F401
 from ..model_rules import heads_divide_hidden, kv_heads_divide_heads, kv_replicas, model_name, top_k_within_experts  # noqa: F401
 from .rules_mesh import AXES, _SPLIT_WORDS, _WORDS, _and, _axis_divides, _failing, _grid_divides, _kv_heads_1d, _sizes, build_tp_2d_kv_heads, build_tp_2d_qk_norm, sequence_parallel_2d, tp_2d, tp_grid_fits, tp_grids, tp_kv_heads, tp_shape_product, tp_within_node, world  # noqa: F401
 from .rules_context import _cp_parts, cp_divides_seq_len, ulysses_heads  # noqa: F401

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Iterator, Mapping
 
-from ..rule_engine import _violation, derive, divisors, rule, some
-from ..rule_keys import declare
+from ..rule_engine import _violation, divisors, rule, some
+from ..rule_keys import declare, derive
 
 declare(etp="parallel.etp")  # Note [a feature declares its values]
 

@@ -9,8 +9,8 @@ import math
 from typing import Callable, Mapping
 from ..axes import TP_SIDES, WORLD_ORDER, Axis, axis
 
-from ..rule_engine import BUILD, Violation, _violation, derive, divisors, rule, some
-from ..rule_keys import declare, legal
+from ..rule_engine import BUILD, Violation, _violation, divisors, rule, some
+from ..rule_keys import declare, derive, legal
 from ..model_rules import kv_replicas
 
 declare(tp_shape="parallel.tp_shape", tp_shape_auto="parallel.tp_shape")  # Note [a feature declares its values]

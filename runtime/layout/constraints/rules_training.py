@@ -3,13 +3,33 @@
 from __future__ import annotations
 
 from ..rule_engine import DERIVED, _violation, rule
-from ..rule_keys import declare
+from ..rule_keys import declare, derive
 
 declare(  # Note [a feature declares its values]: ZeRO-3's options, the pipeline codec's
     zero_prefetch="parallel.zero_prefetch", zero_shard="parallel.zero_shard",
     compress_pp="parallel.compress_pp", compress_stages="parallel.compress_stages",
 )
 
+
+@derive()  # Note [a derived value]: per-layer tp/dp's PAR0254 (rules_hetero.py) reads it
+def per_layer_zero(zero=None, zero_shard=None) -> tuple[str, str, str] | None:
+    """Why a per-layer layout is not built with this ZeRO, as (blamed key, what the spec asks,
+    what to write instead); None when it is (ZeRO-1/2: hetero.ShardedAdamW; 3: fsdp over each
+    layer's dp group; not HSDP's node groups yet)."""
+    if zero == 3 and zero_shard == "node":
+        return ("parallel.zero_shard", "zero = 3 and zero_shard = node",
+                "use zero_shard = dp (each layer's units shard over its own dp group)")
+    return None
+
+
+@derive()  # Note [a derived value]: per-layer tp/dp's PAR0254 (rules_hetero.py) reads it
+def per_layer_codec(compress=None, compress_pp=None) -> tuple[str, str, str] | None:
+    """As ``per_layer_zero``, for gradient compression (dp's, then the pipeline's; None: auto,
+    which may pick one): per-layer layouts keep fp32 gradients, uncompressed."""
+    if compress == "none" and compress_pp == "none":
+        return None
+    key, value = ("compress", compress) if compress != "none" else ("compress_pp", compress_pp)
+    return (f"parallel.{key}", f"{key} = {value or 'auto'}", f"set {key} = none")
 
 
 @rule("PAR0213")
