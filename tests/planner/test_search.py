@@ -332,6 +332,24 @@ def test_every_rule_reads_declared_values_and_a_declaration_keeps_its_key():
     assert KEYS["tp"] == "parallel.tp"
 
 
+def test_a_derived_value_is_computed_where_read_and_counts_its_inputs():
+    """Note [a derived value]: a rule reading ``tp_2d`` (rules_mesh.py's, from tp_shape) runs on
+    its value and is re-checked when tp_shape is bound; the planner's verdict cache keys a
+    BUILD rule reading ZeRO's ``per_layer_zero`` on the ``Layout`` fields behind it."""
+    from parc.codegen.planner.cost.estimate import _build_rules
+    from parc.runtime.layout.constraints import DERIVED, LAYOUT, RULES, _run, _selected, reads
+
+    sp = next(r for r in RULES if r.name == "sequence_parallel")
+    assert {"tp_2d", "tp_shape"} <= reads(sp) and sp in _selected((LAYOUT,), ("tp_shape",))
+    values = {"sp": True, "tp": 4, "seq_len": 66}
+    assert _run(sp, {**values, "tp_shape": (2, 2)}) is None  # a 2D grid splits over C = 2: sequence_parallel_2d's
+    assert _run(sp, {**values, "tp_shape": (1, 4)}).code == "PAR0210"
+    assert _run(DERIVED["padded_vocab"], {"vocab": 50257, "pad_vocab_to": 128}) == 50304
+    assert _run(DERIVED["padded_vocab"], {"vocab": 50257}) is None  # an unknown input: unknown
+    names = dict((entry.name, names) for entry, names in _build_rules())["hetero_unbuilt"]
+    assert "zero" in names and "compress" in names
+
+
 def test_candidates_with_stage_layers_match_its_length():
     """stage_layers = [1, 3] fixes pp = 2 (the search once proposed other pp, which the build refused)."""
     spec = load("examples/tiny.par", ["parallel=auto", "parallel.stage_layers=[1, 3]", "mesh.devices_per_node=8"])

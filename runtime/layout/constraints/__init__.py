@@ -23,7 +23,8 @@ else is one function decorated with ``@rule(code)`` whose parameters are names o
 ``KEYS`` (without a default: required, the rule is skipped while it is unknown; with
 ``= None``: optional); a value only a feature's rules read (its kind, its options) is
 declared by that feature's rules module (Note [a feature declares its values] in
-``rule_engine.py``). Context parallel is ``Axis("cp", ...)`` in ``axes.AXES``, its degree in
+``rule_keys.py``), and a fact other features' rules read is a value it derives (Note [a derived
+value] there). Context parallel is ``Axis("cp", ...)`` in ``axes.AXES``, its degree in
 ``world``, and ``rules_context.py``: its kind's value and two rules (``cp_divides_seq_len``,
 ``ulysses_heads``: they read sp, tp, the kind and the model, more than an axis's ``divides``
 says); the planner searches cp (``cp = auto``) and costs it like any axis.
