@@ -69,7 +69,8 @@ def _pipeline_modules(plan: Plan) -> frozenset:
 
 def _expert_modules(plan: Plan) -> frozenset:
     """The experts' fused ops (kernels/ops_moe.py), their modules' description (expert_desc.py),
-    their process groups (``Mesh.expert_groups``: expert_folding.py), a MoE block's tensor
+    their process groups (expert_folding.py: imported by train.py as ``expert folding``'s, read by
+    HSDP's fsdp_units.py), a MoE block's tensor
     transform (sharding_moe.py) and, with sub-batches, their overlap."""
     return frozenset({"ops_moe", "expert_desc", "expert_folding", "sharding_moe"} | ({"moe_overlap"} if render_moe.overlaps_experts(plan) else set()))
 
@@ -133,6 +134,8 @@ FEATURES: tuple[Feature, ...] = (
             imports=("moe",), ships=_expert_modules,
             transform="parallelize.experts", cost="cost/experts.py", step="experts",
             step_lines=render_moe.transform_lines),
+    Feature(name="expert folding", keys=("parallel.ep", "parallel.etp"), used=render_moe.folds_experts,
+            imports=("expert_folding",), transform="expert_folding.expert_groups", cost="cost/experts.py"),
     Feature(name="token data", keys=("train.data",),
             used=lambda plan: plan.train.data.kind == "tokens" or bool(plan.train.data.val_path),
             ships=lambda plan: frozenset({"tokens"}), transform="data.TokenFile / data.blend"),

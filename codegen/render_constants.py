@@ -54,7 +54,7 @@ def config_lines(plan: Plan) -> list[str]:
         if axis.axis == "cp" and axis.size > 1:
             lines += render_context.constants(plan)
     for expert in (plan.model.expert_parallel, plan.model.expert_tensor_parallel):
-        if expert is not None and render_moe.folds_experts(plan):  # the constants of grid.expert_groups
+        if expert is not None and render_moe.folds_experts(plan):  # the constants of expert_folding.expert_groups
             lines.append(constant(expert.name, expert.value, _comment(expert) + f": {expert.note}"
                                   if expert.span is not None else _comment(expert)))
     if sp.enabled:

@@ -68,17 +68,17 @@ def group_lines(plan: Plan) -> list[str]:
     etp = plan.model.expert_tensor_parallel
     folded = "dp·cp·tp" if plan.mesh.size("cp") > 1 else "dp·tp"
     lines = [
-        f"# Note [parallel folding] (mesh.py): expert layers re-read the {folded} ranks as",
+        f"# Note [parallel folding] (expert_folding.py): expert layers re-read the {folded} ranks as",
         "# edp·ep·etp; tokens go to their experts' ranks over ep_group (all-to-all), and",
         "# the experts' gradients reduce over edp_group",
     ]
     if etp is None:
         return lines + [
-            "ep_group, edp_group, _ = grid.expert_groups(EP)"
+            "ep_group, edp_group, _ = expert_folding.expert_groups(grid, EP)"
         ]
     return lines + [
         "# (Note [expert tensor parallelism], moe.py: etp_group splits each expert's ffn)",
-        "ep_group, edp_group, etp_group = grid.expert_groups(EP, ETP)",
+        "ep_group, edp_group, etp_group = expert_folding.expert_groups(grid, EP, ETP)",
     ]
 
 

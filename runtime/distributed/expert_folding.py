@@ -2,9 +2,15 @@
 
 Takes: a ``Mesh`` and the expert layers' degrees (ep, etp). Gives: ``expert_partitions``
 (every stage's ep, edp and etp groups, as lists of global ranks) and ``expert_groups``
-(this rank's three process groups), which ``Mesh.expert_groups`` and
-``Mesh.expert_partitions`` hand on to; the rule is Note [parallel folding] in mesh.py.
-Only a build with experts ships this module.
+(this rank's three process groups: train.py calls it when the experts fold the ranks, the
+``expert folding`` entry of codegen/features.py; fsdp_units.py splits the edp partition by
+node). Only a build with experts ships this module.
+
+Note [parallel folding]: expert layers re-read the dp·cp·tp ranks of a pipeline stage (in
+rank order, j) as edp·ep·etp, etp innermost: the ep group holds the ranks with the same
+j // (ep·etp) and j % etp, the edp group those with the same (j // etp) % ep and j % etp,
+the etp group those with the same j // etp (so with etp ≤ tp it lies inside a tp group,
+on one node).
 """
 
 from __future__ import annotations
@@ -15,8 +21,8 @@ from ..layout.axes import group_ranks
 
 
 def expert_groups(mesh, ep: int, etp: int = 1):
-    """This rank's ep, edp and etp process groups, in that order, None for a group of one. Every rank
-    calls it, in the same order (new_group is collective)."""
+    """This rank's ep, edp and etp process groups, in that order, None for a group of one (Note
+    [parallel folding]). Every rank calls it, in the same order (new_group is collective)."""
     mine = {}
     for kind, partition in expert_partitions(mesh, ep, etp).items():
         for ranks in partition:

@@ -131,25 +131,6 @@ class Mesh:
         """The global ranks of this rank's group along ``axes``, ascending."""
         return axis_ranks(self.rank, self.axes, *axes)
 
-    def expert_groups(self, ep: int, etp: int = 1):
-        """Note [parallel folding]: expert layers re-read the dp·cp·tp ranks of a pipeline
-        stage (in rank order, j) as edp·ep·etp, etp innermost: the ep group holds the ranks
-        with the same j // (ep·etp) and j % etp, the edp group those with the same
-        (j // etp) % ep and j % etp, the etp group those with the same j // etp (so with
-        etp ≤ tp it lies inside a tp group, on one node). Returns (ep_group, edp_group,
-        etp_group), None for a group of one. Every rank calls it, in the same order
-        (new_group is collective)."""
-        from .expert_folding import expert_groups  # only a build with experts ships expert_folding.py
-
-        return expert_groups(self, ep, etp)
-
-    def expert_partitions(self, ep: int, etp: int = 1) -> dict[str, list[list[int]]]:
-        """The ep, edp and etp groups of every stage, as lists of global ranks (Note
-        [parallel folding]; ``expert_groups`` makes them; fsdp_units.py splits edp by node)."""
-        from .expert_folding import expert_partitions
-
-        return expert_partitions(self, ep, etp)
-
     def tp_grid(self, shape):
         """This rank's place on the grid ``shape`` = (R, C) of its tp ranks and the groups
         along both sides (``layers2d.tensor_grid``); None for ``(1, tp)`` (1D). Every rank

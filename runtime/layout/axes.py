@@ -123,12 +123,12 @@ def partition(axes: tuple[tuple[str, int], ...], names) -> tuple[tuple[int, ...]
 
 
 TP_SIDES: tuple[Axis, ...] = (
-    Axis("tpr", "the tp ranks' rows of the 2D grid (tp_shape's R, strided: the slow links)",
+    Axis("tpr", "the tp ranks' rows of the R × C grid (R of them, strided: the slow links)",
          "rows of the tensor-parallel grid", divides=("hidden",)),
-    Axis("tpc", "the tp ranks' columns of the 2D grid (tp_shape's C, consecutive ranks)",
+    Axis("tpc", "the tp ranks' columns of the R × C grid (C of them, consecutive ranks)",
          "columns of the tensor-parallel grid", divides=("heads", "ffn", "padded_vocab")),  # kv_heads: PAR0278
 )
-"""Note [2D tensor parallelism] (runtime/parallel/tensor/layers2d.py): under ``tp_shape = (R, C)`` the tp
+"""Note [2D tensor parallelism] (runtime/parallel/tensor/layers2d.py): on an R × C grid of the tp ranks the tp
 axis is read as two sub-axes, ``tpr`` (R, outer) then ``tpc`` (C, inner, the fastest
 digit): tp rank t = r·C + c. ``tpr`` groups (the R ranks of one column, strided C apart)
 carry the colwise linears' sums; ``tpc`` groups (C consecutive ranks) the rowwise ones.

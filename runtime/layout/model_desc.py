@@ -210,11 +210,11 @@ class ModelDesc:
         """Parameters of one tp rank of a pipeline stage holding blocks ``layers = (start,
         stop)`` (all by default), the embedding when ``first``, the final norm and head
         when ``last``. ``sharded``: the module names tp splits, when not parc's table;
-        ``ep``: the ranks that split each MoE block's experts (ep·etp: an expert-parallel rank
-        holds experts / ep of them, an expert-tensor-parallel rank 1 / etp of each);
+        ``ep``: how many ways each MoE block's grouped expert weights are split (the product of the
+        expert layers' degrees, expert_folding.py's Note [parallel folding]: a rank holds 1 / ep);
         ``grid``: (R, C) under 2D tensor parallelism with R > 1 (dense models only)."""
         start, stop = (0, len(self.blocks)) if layers is None else layers
-        if ep > 1 and grid is None:  # each rank holds 1 / (ep·etp) of every MoE block's expert weights
+        if ep > 1 and grid is None:  # each rank holds 1 / ep of every MoE block's grouped expert weights
             whole = self.stage_params(tp, layers=(start, stop), first=first, last=last, sharded=sharded)
             grouped = sum(m.numel() for b in self.blocks[start:stop] for m in b.modules if m.layer == GROUPED)
             return ParamCount(elements=whole.elements - grouped + grouped // ep, tensors=whole.tensors)
@@ -240,16 +240,15 @@ class ModelDesc:
 
     def block_saved_elements(
         self, index: int, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True,
-        ep: int = 1, imbalance: float = 1.0, etp: int = 1, grid=None,
+        grid=None, **moe,
     ) -> float:
         """Elements saved per token by block ``index`` (saved_elements.py, Note [what parc's
-        trainer saves]); ``ep``, ``imbalance``: a MoE block's expert parallelism and routing;
-        ``grid``: (R, C) under 2D tensor parallelism, else None."""
+        trainer saves]); ``moe``: a MoE block's expert split and routing, as saved_elements.py's
+        ``moe_saved_elements`` takes them; ``grid``: (R, C) under 2D tensor parallelism, else None."""
         from .saved_elements import block_saved_elements  # the planner's: a build does not ship it
 
         return block_saved_elements(self.config, self.blocks[index], tp=tp, sp=sp, recompute=recompute,
-                                    micro_batch=micro_batch, compiled=compiled, ep=ep, imbalance=imbalance,
-                                    etp=etp, grid=grid)
+                                    micro_batch=micro_batch, compiled=compiled, grid=grid, **moe)
 
     def head_saved_elements(self, *, tp: int, sp: bool, compiled: bool = True, grid=None) -> float:
         """Elements saved per token by the final norm, the head and the loss (last stage)."""

@@ -89,21 +89,23 @@ def _run(entry: Rule, values: Mapping[str, object]):
     get = values.get
     args = {}
     for name in entry.needs:
-        value = get(name) if name != "padded_vocab" else _padded_vocab(values)
+        value = get(name) if name not in DERIVED else _run(DERIVED[name], values)
         if value is None:
             return None
         args[name] = value
     for name in entry.optional:
-        args[name] = get(name) if name != "padded_vocab" else _padded_vocab(values)
+        args[name] = get(name) if name not in DERIVED else _run(DERIVED[name], values)
     return entry.check(**args)
 
 
-def _padded_vocab(values: Mapping[str, object]):
-    """The vocab rounded up to a multiple of pad_vocab_to (the embedding's rows), or None."""
-    given, vocab, pad = values.get("padded_vocab"), values.get("vocab"), values.get("pad_vocab_to")
-    if given is not None or vocab is None or pad is None:
-        return given
-    return -(-vocab // pad) * pad
+DERIVED: dict = {}
+"""The values rules read that are computed from others (``rule_keys.derive``: ``_run`` computes them too)."""
+
+
+def reads(entry: Rule) -> set[str]:
+    """``entry``'s parameters, and the inputs of the derived values among them."""
+    names = {*entry.needs, *entry.optional}
+    return names.union(*(DERIVED[n].needs + DERIVED[n].optional for n in names if n in DERIVED))
 
 
 _SELECTED: dict[tuple, tuple[Rule, ...]] = {}
@@ -113,12 +115,7 @@ def _selected(kinds: tuple, touching: tuple | None) -> tuple[Rule, ...]:
     """The rules of ``kinds`` (that read a name of ``touching``), cached."""
     found = _SELECTED.get((kinds, touching))
     if found is None:
-        wanted = None
-        if touching is not None:
-            wanted = set(touching) | ({"padded_vocab"} if {"vocab", "pad_vocab_to"} & set(touching) else set())
-        found = tuple(
-            r for r in RULES if r.kind in kinds and (wanted is None or wanted & {*r.needs, *r.optional})
-        )
+        found = tuple(r for r in RULES if r.kind in kinds and (touching is None or not reads(r).isdisjoint(touching)))
         _SELECTED[(kinds, touching)] = found
     return found
 

@@ -6,9 +6,11 @@ every rules module has declared its own: ``check_declared``); a build does not s
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+import inspect
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
 
-from .rule_engine import LAYOUT, Rule, _results, _run, _selected
+from .rule_engine import _SELECTED, DERIVED, LAYOUT, Rule, _results, _run, _selected
 
 
 KEYS = {
@@ -92,11 +94,56 @@ def declare(**names: str) -> None:
     KEYS.update(names)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Derived:
+    name: str
+    check: Callable
+    """The formula: ``(**values) -> value`` (named as a rule's check: ``rule_engine._run`` runs both)."""
+    needs: tuple[str, ...]
+    optional: tuple[str, ...]
+    written: str
+    """How a message names it (its formula as the spec writes it); ``name`` when not given."""
+
+
+def derive(written: str = "") -> Callable:
+    """Register ``compute(**values)`` as the value of its name (Note [a derived value]).
+
+    Note [a derived value]: a rule that needs another feature's fact (the vocab's padded
+    size, whether tp is a 2D grid, how many ways the experts fold the ranks, why a per-layer
+    layout is not built with ZeRO's node sharding) reads it by a name that feature's rules
+    module derives once, next to its other rules, rather than reading the feature's options
+    and repeating the formula or the refusal. ``compute``'s parameters are the values it
+    reads, as a rule's are: without a default required (unknown: the derived value is unknown
+    too), with ``= None`` optional. Its name is in ``rule_engine.DERIVED``, not in ``KEYS``
+    (no spec key holds it: a rule blames the keys it comes from); ``written`` is how a
+    message names it. The engine computes it for each rule that reads it (``_run``) and counts
+    its inputs among what that rule reads (``reads``: the search's ``touching``, the
+    planner's verdict cache)."""
+
+    def register(compute: Callable) -> Callable:
+        params = inspect.signature(compute).parameters.values()
+        DERIVED[compute.__name__] = Derived(
+            name=compute.__name__, check=compute, written=written or compute.__name__,
+            needs=tuple(p.name for p in params if p.default is inspect.Parameter.empty),
+            optional=tuple(p.name for p in params if p.default is not inspect.Parameter.empty))
+        _SELECTED.clear()  # a selection made before would miss the rules reading its inputs
+        return compute
+
+    return register
+
+
+@derive()
+def padded_vocab(vocab, pad_vocab_to):
+    """The vocab rounded up to a multiple of pad_vocab_to (the embedding's rows; also a name of
+    ``KEYS``, the key its message blames)."""
+    return -(-vocab // pad_vocab_to) * pad_vocab_to
+
+
 def check_declared(rules: Iterable[Rule]) -> None:
-    """Every name ``rules`` read is in ``KEYS`` (Note [a feature declares its values]: run by
-    ``constraints/`` once every rules module has declared its own)."""
+    """Every name ``rules`` read is in ``KEYS`` or derived (Note [a feature declares its values]:
+    run by ``constraints/`` once every rules module has declared its own; Note [a derived value])."""
     for entry in rules:
-        unknown = [n for n in entry.needs + entry.optional if n not in KEYS]
+        unknown = [n for n in entry.needs + entry.optional if n not in KEYS and n not in DERIVED]
         if unknown:
             raise ValueError(f"constraints: rule {entry.name} reads {unknown}, not in KEYS")
 

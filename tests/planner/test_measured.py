@@ -112,7 +112,7 @@ def test_predicted_bytes_equal_measured(case, trainers):
         pipeline_rank = rank // (layout.dp * layout.tp)  # mesh order pp, dp, tp (runtime/layout/axes.py)
         want = predicted[pipeline_rank]
         if layout.ep > 1:  # this rank's experts' share of the routed tokens: the planner's imbalance
-            ep_rank = rank % (layout.dp * layout.tp) // layout.etp % layout.ep  # mesh.py's Note [parallel folding]
+            ep_rank = rank % (layout.dp * layout.tp) // layout.etp % layout.ep  # expert_folding.py's Note [parallel folding]
             imbalance = routed_share(records[-1]["expert_tokens"], ep_rank, layout.ep)
             skewed = replace(spec, model=replace(spec.model, routing_imbalance=imbalance))
             want = memory(skewed, layout).per_rank[pipeline_rank]

@@ -319,16 +319,35 @@ def test_no_layout_rule_reads_two_leaf_settings():
 
 def test_every_rule_reads_declared_values_and_a_declaration_keeps_its_key():
     """Note [a feature declares its values]: with constraints/ imported every name a rule
-    reads is in KEYS (checked once constraints/ has imported them all), and no feature re-points a name."""
-    from parc.runtime.layout.constraints import BUILD, KEYS, LAYOUT, RULES, rules_of
+    reads is in KEYS or derived (checked once constraints/ has imported them all; Note [a derived
+    value]), and no feature re-points a name."""
+    from parc.runtime.layout.constraints import BUILD, DERIVED, KEYS, LAYOUT, RULES, rules_of
     from parc.runtime.layout.rule_keys import declare
 
     assert rules_of((LAYOUT, BUILD)) == tuple(RULES)
-    assert all(name in KEYS for rule in RULES for name in (*rule.needs, *rule.optional))
+    assert all(name in KEYS or name in DERIVED for rule in RULES for name in (*rule.needs, *rule.optional))
     declare(tp="parallel.tp")  # the same key again changes nothing
     with pytest.raises(ValueError, match="already name other spec keys"):
         declare(tp="parallel.cp")
     assert KEYS["tp"] == "parallel.tp"
+
+
+def test_a_derived_value_is_computed_where_read_and_counts_its_inputs():
+    """Note [a derived value]: a rule reading ``tp_2d`` (rules_mesh.py's, from tp_shape) runs on
+    its value and is re-checked when tp_shape is bound; the planner's verdict cache keys a
+    BUILD rule reading ZeRO's ``per_layer_zero`` on the ``Layout`` fields behind it."""
+    from parc.codegen.planner.cost.estimate import _build_rules
+    from parc.runtime.layout.constraints import DERIVED, LAYOUT, RULES, _run, _selected, reads
+
+    sp = next(r for r in RULES if r.name == "sequence_parallel")
+    assert {"tp_2d", "tp_shape"} <= reads(sp) and sp in _selected((LAYOUT,), ("tp_shape",))
+    values = {"sp": True, "tp": 4, "seq_len": 66}
+    assert _run(sp, {**values, "tp_shape": (2, 2)}) is None  # a 2D grid splits over C = 2: sequence_parallel_2d's
+    assert _run(sp, {**values, "tp_shape": (1, 4)}).code == "PAR0210"
+    assert _run(DERIVED["padded_vocab"], {"vocab": 50257, "pad_vocab_to": 128}) == 50304
+    assert _run(DERIVED["padded_vocab"], {"vocab": 50257}) is None  # an unknown input: unknown
+    names = dict((entry.name, names) for entry, names in _build_rules())["hetero_unbuilt"]
+    assert "zero" in names and "compress" in names
 
 
 def test_candidates_with_stage_layers_match_its_length():

@@ -81,7 +81,6 @@ def test_hsdp_expert_groups_split_edp_by_node(monkeypatch):
     monkeypatch.setattr(fsdp_units.dist, "new_group", lambda ranks: made.append(tuple(ranks)) or tuple(ranks))
     monkeypatch.setattr(mesh.dist, "get_world_size", lambda: 8)
     grid = SimpleNamespace(axes=(("pp", 1), ("dp", 8), ("cp", 1), ("tp", 1)), rank=5)
-    grid.expert_partitions = lambda ep, etp: mesh.Mesh.expert_partitions(grid, ep, etp)
     assert fsdp_units.expert_node_groups(grid, (2, 1), 4) == ((5, 7), (1, 5))
     assert made == [(0, 2), (4, 6), (0, 4), (2, 6), (1, 3), (5, 7), (1, 5), (3, 7)]
     made.clear()  # ep 4 over nodes of 2: one edp rank a node, replicated over both

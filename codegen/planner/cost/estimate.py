@@ -13,7 +13,7 @@ import functools
 from dataclasses import dataclass, replace
 
 from parc.dsl.spec import Spec
-from parc.runtime.layout.constraints import BUILD, holds, rules_of
+from parc.runtime.layout.constraints import BUILD, holds, reads, rules_of
 
 from .hardware import Hardware
 from .layout import Accounting, Layout
@@ -67,10 +67,11 @@ def buildable(spec: Spec, layout: Layout) -> bool:
 
 @functools.cache
 def _build_rules() -> tuple:
-    """Each BUILD rule with the ``Layout`` fields it reads (``layer_dp``: dp, tp and layer_tp, its makings)."""
+    """Each BUILD rule with the ``Layout`` fields it reads (a derived value's inputs: ``reads``;
+    ``layer_dp``: dp, tp and layer_tp, its makings)."""
     out = []
     for entry in rules_of((BUILD,)):
-        names = {*entry.needs, *entry.optional}
+        names = set(reads(entry))
         if "layer_dp" in names:
             names |= {"dp", "tp", "layer_tp"}
         out.append((entry, tuple(name for name in Layout.__slots__ if name in names)))

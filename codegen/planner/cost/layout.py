@@ -233,8 +233,8 @@ def rank_expert_params(model: ModelSpec, layout: Layout, rank: int, stage_layers
 
 
 def expert_data_ranks(layout: Layout) -> int:
-    """edp: the ranks holding the same experts, dp·cp·tp / ``expert_folds`` (mesh.py's Note
-    [parallel folding])."""
+    """edp: the ranks holding the same experts, dp·cp·tp / ``expert_folds`` (expert_folding.py's
+    Note [parallel folding])."""
     return layout.dp * layout.cp * layout.tp // layout.expert_folds
 
 

@@ -7,9 +7,16 @@ from __future__ import annotations
 from typing import Iterator, Mapping
 
 from ..rule_engine import _violation, divisors, rule, some
-from ..rule_keys import declare
+from ..rule_keys import declare, derive
 
 declare(etp="parallel.etp")  # Note [a feature declares its values]
+
+
+@derive(written="ep·etp")  # Note [a derived value]: ZeRO's rules read it
+def expert_fold(ep=None, etp=None) -> int:
+    """ep·etp: the ways parallel folding splits a stage's ranks for the experts (Note [parallel
+    folding] in expert_folding.py), the rest being edp = dp·cp·tp / (ep·etp); 1 without them."""
+    return (ep or 1) * (etp or 1)
 
 EXPERT_DEGREES = ("ep", "etp")
 """The expert layers' degrees: the values ``expert_folds`` proposes to the layout search."""

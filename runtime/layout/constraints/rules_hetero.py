@@ -82,7 +82,7 @@ def hetero_micro_batch(layer_tp, tp, micro_batch):
                       f"make micro_batch a multiple of {k}")
 
 
-def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, auto, schedule, zero_shard=None):
+def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, experts, auto, schedule, per_layer_zero=None):
     reason = None
     if auto:
         reason = (f"parallel.{auto[0]}" if auto[0] != "micro_batch" else "train.micro_batch", f"{auto[0]} = auto",
@@ -92,34 +92,33 @@ def _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, auto, schedule, z
         reason = ("parallel.schedule", f"pp = {pp} and schedule = {schedule}", "use schedule = 1f1b or gpipe")
     elif cp is not None and cp > 1:
         reason = ("parallel.cp", f"cp = {cp}", "set cp = 1")
-    elif zero == 3 and zero_shard == "node":  # ZeRO-1/2: hetero.ShardedAdamW; 3: fsdp over each layer's dp
-        reason = ("parallel.zero_shard", "zero = 3 and zero_shard = node",
-                  "use zero_shard = dp (each layer's units shard over its own dp group)")
+    elif per_layer_zero is not None:
+        reason = per_layer_zero
     elif experts:
         reason = ("model.experts", "experts (MoE)", "use a dense model (experts = 0)")
     if reason is None:
         return None
-    key, what, hint = reason
-    return _violation("PAR0254", (key, "parallel.tp"),
-                      f"per-layer tp/dp with {what} is not supported yet by parc build",
+    return _refused(*reason)
+
+
+def _refused(key: str, what: str, hint: str):
+    return _violation("PAR0254", (key, "parallel.tp"), f"per-layer tp/dp with {what} is not supported yet by parc build",
                       f"{hint}, or give tp and dp one value for all layers")
 
 
 @rule("PAR0254", BUILD)
-def hetero_unbuilt(layer_tp, layer_dp=None, pp=None, cp=None, zero=None, experts=None, overlap=None, sp=None,
-                   micro_batch=None, schedule=None, compress="none", compress_pp="none", zero_shard=None):
+def hetero_unbuilt(layer_tp, layer_dp=None, pp=None, cp=None, experts=None, overlap=None, sp=None,
+                   micro_batch=None, schedule=None, per_layer_zero=None, per_layer_codec=None):
     """What a heterogeneous layout cannot be combined with yet (Note [heterogeneous layouts]),
-    ``auto`` values included: the planner would fill them for the coarse split alone."""
+    ``auto`` values included: the planner would fill them for the coarse split alone. ZeRO's
+    and the gradient codecs' refusals are theirs (``per_layer_zero``, ``per_layer_codec`` in
+    rules_training.py, Note [a derived value])."""
     # None: auto (these have a default or are required; an unwritten zero or recompute is None too)
     values = dict(pp=pp, sp=sp, micro_batch=micro_batch, overlap=overlap)
     auto = [name for name, value in values.items() if value is None or None in entries(value)]
-    reason = _hetero_unbuilt(layer_tp, layer_dp, pp, cp, zero, experts, auto, schedule, zero_shard)
-    if reason is None and (compress != "none" or compress_pp != "none"):  # None: compress = auto
-        key = "compress" if compress != "none" else "compress_pp"
-        value = {"compress": compress, "compress_pp": compress_pp}[key] or "auto"
-        reason = _violation("PAR0254", (f"parallel.{key}", "parallel.tp"),
-                            f"per-layer tp/dp with {key} = {value} is not supported yet by parc build",
-                            f"set {key} = none, or give tp and dp one value for all layers")
+    reason = _hetero_unbuilt(layer_tp, layer_dp, pp, cp, experts, auto, schedule, per_layer_zero)
+    if reason is None and per_layer_codec is not None:
+        reason = _refused(*per_layer_codec)
     return reason
 
 

@@ -1,4 +1,6 @@
-"""The mesh axes: the world, tensor parallelism (1D, within a node, the 2D grid sizes)."""
+"""The mesh axes: the world, tensor parallelism (1D, within a node; the 2D grid: its shape,
+sizes, kv heads, sequence split and what it is built with, and ``tp_2d``, the derived value other
+features' rules read)."""
 
 from __future__ import annotations
 
@@ -7,12 +9,18 @@ import math
 from typing import Callable, Mapping
 from ..axes import TP_SIDES, WORLD_ORDER, Axis, axis
 
-from ..rule_engine import Violation, _violation, divisors, rule, some
-from ..rule_keys import declare, legal
+from ..rule_engine import BUILD, Violation, _violation, divisors, rule, some
+from ..rule_keys import declare, derive, legal
 from ..model_rules import kv_replicas
-from .unbuilt_pairs import tp_2d
 
 declare(tp_shape="parallel.tp_shape", tp_shape_auto="parallel.tp_shape")  # Note [a feature declares its values]
+
+
+@derive()  # Note [a derived value]: sequence parallelism's and the schedules' rules read it
+def tp_2d(tp_shape=None) -> bool:
+    """``tp_shape = (R, C)`` with R > 1: the tp ranks as a 2D grid (Note [2D tensor
+    parallelism] in layers2d.py); ``(1, tp)`` and no tp_shape are today's 1D."""
+    return tp_shape is not None and tuple(tp_shape)[0] > 1
 
 
 
@@ -225,3 +233,55 @@ def tp_within_node(nodes, devices_per_node, tp, tp_shape=None, tp_shape_auto=Non
         f"(nodes = {nodes})",
         f"keep each tp group on one node: tp must be one of {some(divisors(devices_per_node), tp)}",
     )
+
+
+@rule("PAR0274")
+def tp_shape_product(tp_shape, tp):
+    """2D tensor parallelism arranges the tp ranks as an R × C mesh: R·C = tp."""
+    rows, cols = tp_shape
+    if rows * cols == tp:
+        return None
+    return _violation("PAR0274", ("parallel.tp_shape", "parallel.tp"),
+                      f"tp_shape = ({rows}, {cols}) arranges {rows}·{cols} = {rows * cols} ranks, but tp = {tp}",
+                      f"write tp_shape = (1, {tp}), or a pair whose product is {tp}")
+
+
+@rule("PAR0210")
+def sequence_parallel_2d(sp, tp, seq_len, tp_shape):
+    """sp on a 2D grid splits the sequence over a row's C ranks (Note [2D sequence
+    parallelism] in layers2d.py): C must divide seq_len (1D's split: ``sequence_parallel``)."""
+    if sp is not True or tp < 2 or not tp_2d(tp_shape) or seq_len % tp_shape[1] == 0:
+        return None  # sp = true with tp < 2: PAR0209
+    rows, cols = tp_shape
+    return _violation("PAR0210", ("model.seq_len", "parallel.tp_shape"),
+                      f"seq_len = {seq_len} is not divisible by C = {cols} (sp = true with tp_shape = "
+                      f"({rows}, {cols}) splits the sequence over a row's C ranks)",
+                      f"make seq_len a multiple of {cols}, or set sp = false")
+
+
+@rule("PAR0278", BUILD)
+def build_tp_2d_kv_heads(tp_shape, kv_heads):
+    """2D tensor parallelism splits the kv heads over a row's C ranks; it does not replicate
+    them (Note [KV replication] is 1D's), so C must divide kv_heads."""
+    if not tp_2d(tp_shape):
+        return None
+    rows, cols = tp_shape
+    if kv_heads % cols == 0:
+        return None
+    fits = [c for c in divisors(kv_heads) if (rows * cols) % c == 0]
+    return _violation("PAR0278", ("parallel.tp_shape", "model.kv_heads"),
+                      f"tp_shape = ({rows}, {cols}) splits the kv heads over C = {cols} ranks, "
+                      f"but C does not divide kv_heads = {kv_heads} (2D does not replicate kv heads)",
+                      "C must be one of " + ", ".join(map(str, fits)) + f" (and R = {rows * cols} / C)")
+
+
+@rule("PAR0228", BUILD)
+def build_tp_2d_qk_norm(tp_shape, qk_norm):
+    """A 2D grid repeats a row's heads on its R ranks; the head norms' gradient sum over tp
+    (``llama_attention.HeadNorm``) is 1D's, so ``qk_norm`` is built with 1D tensor parallelism only."""
+    if not tp_2d(tp_shape) or not qk_norm:
+        return None
+    rows, cols = tp_shape
+    return _violation("PAR0228", ("model.qk_norm", "parallel.tp_shape"),
+                      f"model.qk_norm = true is not built with 2D tensor parallelism (tp_shape = ({rows}, {cols}))",
+                      f"write tp_shape = (1, {rows * cols}), or remove model.qk_norm")

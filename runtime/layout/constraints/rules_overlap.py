@@ -9,26 +9,19 @@ from ..layer_settings import SETTINGS
 
 from ..rule_engine import BUILD, Violation, _violation, divisors, entries, per_layer, rule, some
 from ..rule_keys import KEYS
-from .unbuilt_pairs import tp_2d
 
 
 
 @rule("PAR0209")
-def sequence_parallel(sp, tp, seq_len=None, tp_shape=None):
-    """sp splits the sequence over tp; on a 2D grid over a row's C ranks (Note [2D sequence
-    parallelism] in layers2d.py), so there C must divide seq_len."""
+def sequence_parallel(sp, tp, seq_len=None, tp_2d=None):
+    """sp splits the sequence over tp, so tp must divide seq_len; on a 2D grid (``tp_2d``,
+    Note [a derived value]) over a row's C ranks instead (``rules_mesh.sequence_parallel_2d``)."""
     if sp is not True:
         return None
     if tp < 2:
         return _violation("PAR0209", "parallel.sp", f"sp = true needs tp > 1, but tp = {tp}",
                           "sequence parallelism splits along the tp axis: set tp ≥ 2, or sp = false")
-    if seq_len is not None and tp_2d(tp_shape) and seq_len % tp_shape[1]:
-        rows, cols = tp_shape
-        return _violation("PAR0210", ("model.seq_len", "parallel.tp_shape"),
-                          f"seq_len = {seq_len} is not divisible by C = {cols} (sp = true with tp_shape = "
-                          f"({rows}, {cols}) splits the sequence over a row's C ranks)",
-                          f"make seq_len a multiple of {cols}, or set sp = false")
-    if seq_len is not None and not tp_2d(tp_shape) and seq_len % tp:
+    if seq_len is not None and not tp_2d and seq_len % tp:
         return _violation("PAR0210", "model.seq_len",
                           f"seq_len = {seq_len} is not divisible by tp = {tp} (sp = true splits the sequence over tp)",
                           f"make seq_len a multiple of {tp}, or set sp = false")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from ..rule_engine import BUILD, _violation, divisors, entries, rule, some
 from ..rule_keys import KEYS
-from .unbuilt_pairs import tp_2d
 
 
 
@@ -43,11 +42,11 @@ def terapipe_slice_lengths(schedule, slice_lengths, seq_len):
 
 
 @rule("PAR0267")
-def terapipe_slices_under_sp(schedule, slices, seq_len, sp, tp, slice_lengths=None, tp_shape=None):
+def terapipe_slices_under_sp(schedule, slices, seq_len, sp, tp, slice_lengths=None, tp_2d=None):
     """Under sp each tp rank holds n/tp tokens of a slice of n (terapipe.py, Note [slices
     under sequence parallelism]): every slice's length is a multiple of tp (a 2D grid's
     row of C ranks splits the tokens: not with terapipe, PAR0264)."""
-    if schedule != "terapipe" or sp is not True or tp < 2 or tp_2d(tp_shape):
+    if schedule != "terapipe" or sp is not True or tp < 2 or tp_2d:
         return None
     lengths = list(slice_lengths) if slice_lengths is not None else (
         [seq_len // slices] * slices if seq_len % slices == 0 else [])  # else PAR0263

@@ -25,6 +25,7 @@ from typing import Callable
 from ..layer_settings import SETTINGS, spec_text
 from ..rule_engine import BUILD, Violation, entries, rule
 from ..rule_keys import KEYS
+from .rules_mesh import tp_2d
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,12 +49,6 @@ class Switch:
 def _drops(capacity_factor) -> bool:
     """Whether a capacity drops tokens (``none``, dropless, is the word at check time)."""
     return capacity_factor not in (None, "none")
-
-
-def tp_2d(tp_shape) -> bool:
-    """``tp_shape = (R, C)`` with R > 1: the tp ranks as a 2D grid (Note [2D tensor
-    parallelism] in layers2d.py); ``(1, tp)`` and no tp_shape are today's 1D."""
-    return tp_shape is not None and tuple(tp_shape)[0] > 1
 
 
 def _setting(name: str) -> Callable:

@@ -76,11 +76,13 @@ def node_groups(grid, axes: tuple[str, ...], devices_per_node: int):
 
 def expert_node_groups(grid, folds: tuple[int, ...], devices_per_node: int):
     """(shard group, replicate group) of this rank's experts under ``zero_shard = node``
-    (fsdp.py, Note [experts as units]): its edp ranks (mesh.py, Note [parallel folding];
-    ``folds``: the expert layers' degrees, as ``grid.expert_groups`` takes them) on its own
+    (fsdp.py, Note [experts as units]): its edp ranks (expert_folding.py, Note [parallel folding];
+    ``folds``: the expert layers' degrees, as ``expert_groups`` there takes them) on its own
     node, and those holding the same expert shard on the other nodes. Collective, as
     ``node_groups``."""
-    return _by_node(grid, grid.expert_partitions(*folds)["edp"], devices_per_node, "edp")
+    from ...distributed.expert_folding import expert_partitions  # shipped with experts
+
+    return _by_node(grid, expert_partitions(grid, *folds)["edp"], devices_per_node, "edp")
 
 
 def _by_node(grid, groups: list[list[int]], devices_per_node: int, what: str):

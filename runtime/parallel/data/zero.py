@@ -45,7 +45,7 @@ does: it still shards the Adam moments and keeps only the gradient slice between
 Note [experts under ZeRO]: with expert parallelism (ep > 1) the experts of a rank are not
 those of every dp rank, so they cannot share the dense parameters' flat buffer. They get
 a second ``ShardedAdamW`` (``self.experts``) over their own ``edp_group`` (the ranks
-holding the same experts, mesh.py's Note [parallel folding]): their own flat buffer,
+holding the same experts, expert_folding.py's Note [parallel folding]): their own flat buffer,
 slices, moments and all-gather. Their gradients are summed over edp and divided by
 ``data_ranks`` (dp·cp: the mean loss is over those ranks' tokens; moe.py's
 ``reduce_expert_grads``) — at stage 1 after backward, at stage 2 bucket by bucket during

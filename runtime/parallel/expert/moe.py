@@ -24,7 +24,7 @@ and ``z_loss`` are logged beside it (``step_metrics``).
 Note [MoE under context parallelism]: each cp rank holds T/cp tokens of every sequence
 of the micro-batch (``data.context_chunk``); routing, dispatch and the experts are per
 token, so a cp rank routes its own chunk as a dp rank routes its own sequences, and the
-expert folding re-reads the stage's dp·cp·tp ranks (mesh.py, Note [parallel folding]):
+expert folding re-reads the stage's dp·cp·tp ranks (expert_folding.py, Note [parallel folding]):
 an ep group may span cp ranks, and the edp group holds the cp ranks whose experts are
 the same. Two things differ from dp. The aux losses are the whole micro-batch's, as
 one rank takes them: the routed counts, token count and the probabilities' sums are
