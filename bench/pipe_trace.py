@@ -97,12 +97,16 @@ def patch_parc(build: Path, out: Path) -> None:
                                   micro=lambda a: (a[1].op.name, a[1].micro, a[1].chunk))
         p2p.Posted.wait = timed("wait", p2p.Posted.wait)
         pipeline.post_batch = timed("post", pipeline.post_batch)
+        if os.environ.get("PIPE_LOOKAHEAD"):  # an experiment: receives posted that many computes ahead
+            pipeline.p2p_steps = functools.partial(p2p.p2p_steps, lookahead=int(os.environ["PIPE_LOOKAHEAD"]))
         pipeline.loss_over_pipeline = timed("loss_allreduce", pipeline.loss_over_pipeline)
-    else:  # one stage: the model's forward and the loss's backward, as the pipeline's F and B
-        from parc_runtime.models.transformer import Transformer
+    from parc_runtime.models.transformer import Transformer
 
-        Transformer.forward = timed("model_forward", Transformer.forward)
-        torch.Tensor.backward = timed("model_backward", torch.Tensor.backward)
+    # the model's own forward and backward: one stage's F and B; inside the executor's
+    # computes, what the executor adds around them
+    Transformer.forward = timed("model_forward", Transformer.forward)
+    torch.Tensor.backward = timed("model_backward", torch.Tensor.backward)
+    torch.autograd.backward = timed("model_backward", torch.autograd.backward)
     optim.clip_grad_norm_ = timed("clip", optim.clip_grad_norm_)
     optim.set_lr = step_start(optim.set_lr, out)
     faults.StepGuard.check = timed("guard", faults.StepGuard.check)
@@ -227,13 +231,13 @@ def critical_path(traces, skip: int, kind: str, chunks: int, micro_batches: int)
 
     schedule = build_schedule(kind, stages=len(traces), micro_batches=micro_batches, chunks=chunks)
     spans, replays, idles = [], [], []
-    for s in range(skip, len(traces[0]["steps"]) - 2):
-        t0, t1 = traces[0]["steps"][s][0], traces[0]["steps"][s + 1][0]
+    for s in range(skip, min(len(trace["steps"]) for trace in traces) - 2):
         durations, first, last, busy = [], [], [], []
-        for trace in traces:
+        for trace in traces:  # each rank's step s, between its own step starts
+            (t0, _), (t1, _) = trace["steps"][s], trace["steps"][s + 1]
             took, previous = {}, None
             for name, a, b, _, micro, _ in trace["events"]:
-                if not (name in ("compute", "loss") and t0 - 0.05 <= a < t1):
+                if not (name in ("compute", "loss") and t0 <= a < t1):
                     continue
                 if name == "loss":  # torchtitan's, outside its forward: parc's forward holds it
                     if previous is not None:
@@ -280,6 +284,8 @@ def report(argv) -> None:
     args = parser.parse_args(argv)
     paths = sorted(args.out.glob("trace-rank*.json"), key=lambda p: int(p.stem[len("trace-rank"):]))
     traces = [json.loads(p.read_text()) for p in paths]
+    for trace in traces:  # traces written before page faults were counted: none
+        trace["events"] = [e if len(e) == 6 else [*e, 0] for e in trace["events"]]
     summary(traces, args.skip)
     if args.schedule:
         critical_path(traces, args.skip, args.schedule, args.chunks, args.micro_batches)

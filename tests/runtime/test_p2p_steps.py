@@ -39,3 +39,29 @@ def test_steps_keep_waits_and_post_early(kind, stages, micro_batches, chunks):
             for send in (a for a in step.post if a.op in SENDS):
                 producer = next(a for a in reversed(actions[:actions.index(send)]) if a.op in COMPUTE)
                 assert steps[index - 1].compute == producer
+
+
+@pytest.mark.parametrize("lookahead", [1, 2, 3, 5])
+@pytest.mark.parametrize("kind,stages,micro_batches,chunks", CASES)
+def test_receives_posted_lookahead_computes_ahead(kind, stages, micro_batches, chunks, lookahead):
+    """Each receive is posted exactly ``lookahead`` computes before the one that waits
+    on it (all of the first computes' at the first step), and the buffers outstanding
+    at any step are those of at most ``lookahead + 1`` computes (the Note's bound)."""
+    for actions in build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks):
+        steps = p2p_steps(actions, lookahead)
+        posted_at = {a: i for i, s in enumerate(steps) for a in s.post if a.op in RECVS}
+        waited_at = {a: i for i, s in enumerate(steps) for a in s.wait}
+        assert posted_at.keys() == waited_at.keys()
+        for receive, index in waited_at.items():
+            assert posted_at[receive] == max(0, index - lookahead)
+        for index in range(len(steps)):
+            open_computes = {waited_at[r] for r, at in posted_at.items() if at <= index <= waited_at[r]}
+            assert len(open_computes) <= lookahead + 1
+
+
+def test_the_executor_posts_three_computes_ahead():
+    """Note [pre-posted receives]: 3, not 1 (the handshake of a gloo message needs more
+    than one short compute on shared cores); the executor's steps use the default."""
+    assert LOOKAHEAD == 3
+    actions = build_schedule("interleaved", stages=2, micro_batches=4, chunks=2)[0]
+    assert p2p_steps(actions) == p2p_steps(actions, 3) != p2p_steps(actions, 1)

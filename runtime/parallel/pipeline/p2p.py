@@ -14,8 +14,21 @@ computes earlier, in one batch with the sends of the compute just finished (as
 Megatron's ``batch_isend_irecv`` per step): the transfer lands while this rank still
 computes, and only the part of it not yet done when the compute that needs it comes
 is waited on, which is all ``exposed_comm_s`` counts. Buffers are allocated when
-posted: at most ``LOOKAHEAD + 1`` computes' receives are outstanding. Messages are
-matched by tag, not by order, so posting early cannot mismatch them.
+posted: at most ``LOOKAHEAD + 1`` computes' receives are outstanding (one boundary
+tensor each: a few activations' worth beside the micro-batches in flight). Messages
+are matched by tag, not by order, so posting early cannot mismatch them.
+
+Why 3 computes and not 1: gloo moves a message only once both ends have posted it
+(a rendezvous between the two processes' I/O threads), so a receive posted during
+the compute before it leaves that one compute for the handshake and the copy. On
+shared cores each thread's wake-up can take a scheduler slice, and a compute of a
+few milliseconds is often too short: bench/pipe_trace.py's replay of the lists with
+the measured computes counts what the waits add (bench/peer_notes.md, 2026-12-06
+pipe). Interleaved 1F1B, whose three stage boundaries all cross ranks, lost a median
+63 ms a step to its messages with receives posted 1 compute ahead and 23 ms with 3
+(6 alternating runs, load 4-5); ZB-V 63 and 53 ms; 1F1B, whose messages are each
+needed as soon as they are made, no difference. On an idle machine the handshake
+takes microseconds and the depth does not matter.
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ import torch.distributed as dist
 
 from ...schedules.schedule import RECVS, SENDS, Action
 
-LOOKAHEAD = 1
+LOOKAHEAD = 3
 """How many computes ahead a receive is posted (1: during the compute before it)."""
 
 
