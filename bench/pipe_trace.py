@@ -194,7 +194,7 @@ def replay(schedule, durations) -> float:
     """The makespan of ``schedule``'s lists (schedule.py, Note [the execution model]) when
     each compute takes its measured ``durations[rank][(op, micro, chunk)]`` and messages
     take no time: runtime/schedules/schedule_sim's rule, with each action's own time."""
-    from runtime.schedules.schedule import RECVS, SENDS, message_key
+    from parc.runtime.schedules.schedule import RECVS, SENDS, message_key
 
     sent, clock, position = {}, [0.0] * len(schedule), [0] * len(schedule)
     progress = True
@@ -226,8 +226,7 @@ def critical_path(traces, skip: int, kind: str, chunks: int, micro_batches: int)
     took and messages are free: what the span holds beyond the replay is time lost to
     the messages (their latency, the waiting rank's wake-up), the rest is the schedule's
     own bubble given these computes."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from runtime.schedules.schedule import build_schedule
+    from parc.runtime.schedules.schedule import build_schedule
 
     schedule = build_schedule(kind, stages=len(traces), micro_batches=micro_batches, chunks=chunks)
     spans, replays, idles = [], [], []
