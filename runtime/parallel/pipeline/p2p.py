@@ -25,9 +25,9 @@ shared cores each thread's wake-up can take a scheduler slice, and a compute of 
 few milliseconds is often too short: bench/pipe_trace.py's replay of the lists with
 the measured computes counts what the waits add (bench/peer_notes.md, 2026-12-06
 pipe). Interleaved 1F1B, whose three stage boundaries all cross ranks, lost a median
-63 ms a step to its messages with receives posted 1 compute ahead and 23 ms with 3
-(6 alternating runs, load 4-5); ZB-V 63 and 53 ms; 1F1B, whose messages are each
-needed as soon as they are made, no difference. On an idle machine the handshake
+63 ms a step to its messages with receives posted 1 compute ahead and 14 ms with 3
+(9 alternating pairs, load 4-6; 8 ahead was no better than 3); ZB-V 63 and 53 ms;
+1F1B, whose messages are each needed as soon as they are made, no difference. On an idle machine the handshake
 takes microseconds and the depth does not matter.
 """
 
