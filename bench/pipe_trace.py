@@ -98,7 +98,7 @@ def patch_parc(build: Path, out: Path) -> None:
         p2p.Posted.wait = timed("wait", p2p.Posted.wait)
         pipeline.post_batch = timed("post", pipeline.post_batch)
         if os.environ.get("PIPE_LOOKAHEAD"):  # an experiment: receives posted that many computes ahead
-            pipeline.p2p_steps = functools.partial(p2p.p2p_steps, lookahead=int(os.environ["PIPE_LOOKAHEAD"]))
+            pipeline.lookahead = lambda device: int(os.environ["PIPE_LOOKAHEAD"])
         pipeline.loss_over_pipeline = timed("loss_allreduce", pipeline.loss_over_pipeline)
     from parc_runtime.models.transformer import Transformer
 
