@@ -11,9 +11,14 @@ timelines line up) and this thread's CPU clock, then runs the script unchanged:
 
 Each rank writes OUT/trace-rank<r>.json: its events (name, start, end, CPU seconds,
 micro-batch) and each step's bounds with the process's CPU time (``time.process_time``:
-gloo's threads included). ``python bench/pipe_trace.py --report OUT [--skip 2]`` prints
-per rank and step the wall time, the CPU time and the time in each kind of event, and
-the last step's timeline of the computes and the waits.
+gloo's threads included). ``python bench/pipe_trace.py --report OUT [--skip 2]
+[--schedule KIND --chunks C --micro-batches M]`` prints per rank and step the wall
+time, the CPU time and the time in each kind of event; with a schedule, the pipeline
+span against a replay of parc's lists with the measured computes and free messages
+(what the messages cost); and the last step's timeline of the computes and the waits.
+Environment: ``PIPE_PROFILE=N`` profiles N steps after the warm-up (each rank's ops by
+self CPU into OUT/ops-rank<r>.txt); ``PIPE_LOOKAHEAD=K`` (parc) posts receives K
+computes ahead instead of p2p.lookahead's depth (Note [pre-posted receives]).
 """
 
 from __future__ import annotations
