@@ -1,10 +1,13 @@
 """Pre-posted receives (runtime/parallel/pipeline/p2p.py): the executor's steps keep every wait where the
-schedule put its receive, post each receive at most LOOKAHEAD computes earlier, and
+schedule put its receive, post each receive at most ``lookahead`` computes earlier, and
 carry every message exactly once."""
 
 import pytest
 
-from parc.runtime.parallel.pipeline.p2p import LOOKAHEAD, p2p_steps
+import torch
+
+from parc.runtime.parallel.pipeline.p2p import lookahead, p2p_steps
+from parc.runtime.parallel.pipeline.pipeline import PipelineExecutor
 from parc.runtime.schedules.schedule import COMPUTE, RECVS, SENDS, build_schedule, describe
 
 CASES = [("gpipe", 3, 5, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zero_bubble", 4, 8, 1),
@@ -12,10 +15,13 @@ CASES = [("gpipe", 3, 5, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zero
          ("1f1b", 2, 1, 1)]
 
 
+LOOKAHEAD = 1  # the default depth; test_receives_posted_lookahead_computes_ahead tries others
+
+
 @pytest.mark.parametrize("kind,stages,micro_batches,chunks", CASES)
 def test_steps_keep_waits_and_post_early(kind, stages, micro_batches, chunks):
     for actions in build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks):
-        steps = p2p_steps(actions)
+        steps = p2p_steps(actions, LOOKAHEAD)
         computes = [a for a in actions if a.op in COMPUTE]
         assert [s.compute for s in steps] == computes + [None]
         posted = [a for s in steps for a in s.post]
@@ -39,3 +45,35 @@ def test_steps_keep_waits_and_post_early(kind, stages, micro_batches, chunks):
             for send in (a for a in step.post if a.op in SENDS):
                 producer = next(a for a in reversed(actions[:actions.index(send)]) if a.op in COMPUTE)
                 assert steps[index - 1].compute == producer
+
+
+@pytest.mark.parametrize("lookahead", [1, 2, 3, 5])
+@pytest.mark.parametrize("kind,stages,micro_batches,chunks", CASES)
+def test_receives_posted_lookahead_computes_ahead(kind, stages, micro_batches, chunks, lookahead):
+    """Each receive is posted exactly ``lookahead`` computes before the one that waits
+    on it (all of the first computes' at the first step), and the buffers outstanding
+    at any step are those of at most ``lookahead + 1`` computes (the Note's bound)."""
+    for actions in build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks):
+        steps = p2p_steps(actions, lookahead)
+        posted_at = {a: i for i, s in enumerate(steps) for a in s.post if a.op in RECVS}
+        waited_at = {a: i for i, s in enumerate(steps) for a in s.wait}
+        assert posted_at.keys() == waited_at.keys()
+        for receive, index in waited_at.items():
+            assert posted_at[receive] == max(0, index - lookahead)
+        for index in range(len(steps)):
+            open_computes = {waited_at[r] for r, at in posted_at.items() if at <= index <= waited_at[r]}
+            assert len(open_computes) <= lookahead + 1
+
+
+@pytest.mark.parametrize("device,depth", [("cpu", 3), ("cuda", 1)])
+def test_the_executor_posts_three_computes_ahead_on_cpu(device, depth):
+    """Note [pre-posted receives]: 3 on CPU (gloo's handshake needs more than one short
+    compute on shared cores), 1 on CUDA (an nccl batch holds the stream until its
+    receives arrive); the executor builds its steps at that depth."""
+    assert lookahead(device) == depth
+    actions = build_schedule("interleaved", stages=2, micro_batches=4, chunks=2)[0]
+    runner = PipelineExecutor([torch.nn.Identity(), torch.nn.Identity()], actions=actions, pp_group=None,
+                              pp_ranks=[0, 1], pp_rank=0, micro_batches=4, activation_shape=(1, 4, 8),
+                              device=torch.device(device))
+    assert runner.steps == p2p_steps(actions, depth)
+    assert p2p_steps(actions, 3) != p2p_steps(actions, 1)

@@ -9,25 +9,49 @@ and ``post_batch``/``Posted``, which post a step's messages with one
 Note [pre-posted receives]: the lists place each receive right before the compute
 that needs it and each send right after the compute that produced it (schedule.py,
 Note [the execution model]). The executor keeps the *waits* exactly there, so the
-lists stay deadlock-free under the same model, but *posts* each receive ``LOOKAHEAD``
-computes earlier, in one batch with the sends of the compute just finished (as
+lists stay deadlock-free under the same model, but *posts* each receive a few
+computes earlier (``lookahead``: 3 on CPU, 1 on CUDA), in one batch with the sends of the compute just finished (as
 Megatron's ``batch_isend_irecv`` per step): the transfer lands while this rank still
 computes, and only the part of it not yet done when the compute that needs it comes
 is waited on, which is all ``exposed_comm_s`` counts. Buffers are allocated when
-posted: at most ``LOOKAHEAD + 1`` computes' receives are outstanding. Messages are
-matched by tag, not by order, so posting early cannot mismatch them.
+posted: at most depth + 1 computes' receives are outstanding (one boundary
+tensor each: a few activations' worth beside the micro-batches in flight). Messages
+are matched by tag, not by order, so posting early cannot mismatch them.
+
+Why 3 computes and not 1: gloo moves a message only once both ends have posted it
+(a rendezvous between the two processes' I/O threads), so a receive posted during
+the compute before it leaves that one compute for the handshake and the copy. On
+shared cores each thread's wake-up can take a scheduler slice, and a compute of a
+few milliseconds is often too short: bench/pipe_trace.py's replay of the lists with
+the measured computes counts what the waits add (bench/peer_notes.md, 2026-12-06
+pipe). Interleaved 1F1B, whose three stage boundaries all cross ranks, lost a median
+63 ms a step to its messages with receives posted 1 compute ahead and 14 ms with 3
+(9 alternating pairs, load 4-6; 8 ahead was no better than 3); ZB-V 63 and 53 ms;
+1F1B, whose messages are each needed as soon as they are made, no difference. On an idle machine the handshake
+takes microseconds and the depth does not matter. On CUDA the depth stays 1: nccl
+runs a batch as one kernel on the stream the two ranks' point-to-point messages
+share, which completes only when its receives have arrived, so a receive posted
+three computes early would hold the sends of the batches behind it (Megatron posts
+one compute ahead).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
 from ...schedules.schedule import RECVS, SENDS, Action
 
-LOOKAHEAD = 1
-"""How many computes ahead a receive is posted (1: during the compute before it)."""
+LOOKAHEAD = {"cpu": 3}
+"""How many computes ahead a receive is posted, by device type (1: during the compute
+before it, the depth of any device not named)."""
+
+
+def lookahead(device) -> int:
+    """The depth of Note [pre-posted receives] for the executor's ``device``."""
+    return LOOKAHEAD.get(torch.device(device).type, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +64,9 @@ class Step:
     """F, B or W; None for the closing step that only sends."""
 
 
-def p2p_steps(actions, lookahead: int = LOOKAHEAD) -> tuple[Step, ...]:
-    """The actions as steps (Note [pre-posted receives]); every message appears once."""
+def p2p_steps(actions, lookahead: int = 1) -> tuple[Step, ...]:
+    """The actions as steps, each receive posted ``lookahead`` computes before its wait
+    (Note [pre-posted receives]); every message appears once."""
     computes: list[Action] = []
     needs: list[list[Action]] = []  # per compute, the receives listed before it
     produces: list[list[Action]] = [[]]  # per compute + 1, the sends listed after it

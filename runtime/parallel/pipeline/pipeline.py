@@ -30,7 +30,7 @@ import torch.distributed as dist
 from ...distributed.comm import exposed, scalar_device
 from ...layout.axes import coordinates, partition
 from ...distributed.mesh import axis_ranks
-from .p2p import p2p_steps, post_batch
+from .p2p import lookahead, p2p_steps, post_batch
 from ...layout.placement import Placement
 from ...schedules.schedule import Op
 from ...distributed.traffic import comm_bytes
@@ -74,7 +74,7 @@ class PipelineExecutor:
             from .split_backward import backward_input, backward_weight
 
             self._backward_input, self._backward_weight = backward_input, backward_weight
-        self.steps = p2p_steps(self.actions)
+        self.steps = p2p_steps(self.actions, lookahead(device))  # Note [pre-posted receives]
         self.grad_codec = grad_codec
         self.loss_scale = 1.0  # fp16: the last stage's backward starts from it (loss_scale.py)
 
