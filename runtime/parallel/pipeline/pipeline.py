@@ -382,7 +382,7 @@ def allreduce_replica_grads(chunks, group) -> None:
 def allreduce_tied_grads(chunks, group) -> None:
     """Sum the gradients of the embedding table's two copies (first and last stage).
 
-    See model.py, Note [tied embeddings across stages]. Ranks on middle stages hold
+    See pipeline_stages.py, Note [tied embeddings across stages]. Ranks on middle stages hold
     no copy and do nothing. A rank holding both copies (ZB-V's V puts the first and the
     last stage on rank 0: placement.py) sums them in memory and sends nothing; its
     partner in ``group`` then holds neither, or (stage replicas, after
