@@ -25,8 +25,7 @@ q = heads·head_dim (h unless ``model.head_dim`` is written), k = kv_heads·head
                as shards] in runtime/parallel/tensor/layers.py).
   selective:   the attention core's lse and tables go; full: the block input only
                (h, or h/t under sp).
-  MoE block:   no dense MLP: its F terms are the experts' part, which the planner adds
-               (codegen/planner/cost/experts.py, Note [what a MoE block saves]).
+  MoE block:   no dense MLP; the experts' part: cost/experts.py's Note [what a MoE block saves].
 
   2D grid:     the tp ranks as R × C (Note [2D tensor parallelism] in layers2d.py): the
                stream and the norms hold h/R features, the column linears' outputs
@@ -50,7 +49,8 @@ from __future__ import annotations
 
 def takes(compiled, kind: str) -> bool:
     """Whether the fused ``kind`` of op runs: ``compiled`` is True (every kind), False
-    (eager) or the kinds that pay at the model's size (``kernel_sizes.kinds_that_pay``)."""
+    (eager) or the kinds that pay at the model's size (``kernel_sizes.kinds_that_pay``);
+    the experts' count reads it too (codegen/planner/cost/experts.py)."""
     return compiled if isinstance(compiled, bool) else kind in compiled
 
 

@@ -27,8 +27,9 @@ buffer of their own (runtime/parallel/data/zero.py, Note [experts under ZeRO]):
 ceil(dense/dp) + ceil(experts/edp) elements. Its activations are the tensors autograd
 saves in ``runtime/models/model.py``, counted per token from the model's shapes in ``runtime/layout/saved_elements.py`` (Note
 [what parc's trainer saves]; a MoE block's router, experts and combine: ``cost/experts.py``'s
-``moe_saved_elements``; checked against the trainer's measurement in tests/planner). The working set of a recomputed layer and the gradient flat buffers
-are real memory but not saved activations: they are ``buffers``.
+``moe_saved_elements``; checked against the trainer's measurement in tests/planner). The
+working set of a recomputed layer and the gradient flat buffers are real memory but not
+saved activations: they are ``buffers``.
 """
 
 from __future__ import annotations
