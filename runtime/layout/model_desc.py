@@ -240,15 +240,15 @@ class ModelDesc:
 
     def block_saved_elements(
         self, index: int, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True,
-        grid=None, **moe,
+        grid=None,
     ) -> float:
         """Elements saved per token by block ``index`` (saved_elements.py, Note [what parc's
-        trainer saves]); ``moe``: a MoE block's expert split and routing, as saved_elements.py's
-        ``moe_saved_elements`` takes them; ``grid``: (R, C) under 2D tensor parallelism, else None."""
+        trainer saves]); of a MoE block all but its experts' part, which the planner's
+        cost/experts.py adds; ``grid``: (R, C) under 2D tensor parallelism, else None."""
         from .saved_elements import block_saved_elements  # the planner's: a build does not ship it
 
         return block_saved_elements(self.config, self.blocks[index], tp=tp, sp=sp, recompute=recompute,
-                                    micro_batch=micro_batch, compiled=compiled, grid=grid, **moe)
+                                    micro_batch=micro_batch, compiled=compiled, grid=grid)
 
     def head_saved_elements(self, *, tp: int, sp: bool, compiled: bool = True, grid=None) -> float:
         """Elements saved per token by the final norm, the head and the loss (last stage)."""

@@ -25,19 +25,7 @@ q = heads·head_dim (h unless ``model.head_dim`` is written), k = kv_heads·head
                as shards] in runtime/parallel/tensor/layers.py).
   selective:   the attention core's lse and tables go; full: the block input only
                (h, or h/t under sp).
-  MoE block:   the dense MLP's F terms are replaced by the routed rows' (runtime/parallel/expert/moe.py):
-               r rows per token on this rank (top_k; /t under ep > 1, where each tp rank
-               dispatches a share, and under sp; times the routing imbalance on the
-               busiest rank), each saving its gathered input h and 4F_e (llama: gate,
-               up, silu, product) or 2F_e (gpt: up, gelu) and its int64 indices (2
-               each: the permutation's; ep's regroup and return, etp's too), plus every
-               token's top_k combined rows h (eager: 2h), their weights and two int64
-               indices, the router's probabilities E, sort indices 2E (the top-k slice
-               keeps the whole int64 storage), chosen scores K and their sum, the
-               z-loss's logits E and log-sum-exp (the router's terms and the combine's
-               /t under sp, where a tp rank routes its own shard and no column linear
-               gathers the MLP's input); shared experts as a dense MLP of S·F_e (eager:
-               4 or 2 per F).
+  MoE block:   no dense MLP; the experts' part: cost/experts.py's Note [what a MoE block saves].
 
   2D grid:     the tp ranks as R × C (Note [2D tensor parallelism] in layers2d.py): the
                stream and the norms hold h/R features, the column linears' outputs
@@ -59,27 +47,27 @@ gradient flat buffers are real memory but not saved activations (cost/memory.py'
 from __future__ import annotations
 
 
-def _takes(compiled, kind: str) -> bool:
+def takes(compiled, kind: str) -> bool:
     """Whether the fused ``kind`` of op runs: ``compiled`` is True (every kind), False
-    (eager) or the kinds that pay at the model's size (``kernel_sizes.kinds_that_pay``)."""
+    (eager) or the kinds that pay at the model's size (``kernel_sizes.kinds_that_pay``);
+    the experts' count reads it too (codegen/planner/cost/experts.py)."""
     return compiled if isinstance(compiled, bool) else kind in compiled
 
 
 def block_saved_elements(
-    config, block, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True,
-    ep: int = 1, imbalance: float = 1.0, etp: int = 1, grid=None,
+    config, block, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True, grid=None,
 ) -> float:
-    """Elements saved per token by one block (Note [what parc's trainer saves]); ``ep``,
-    ``etp`` and ``imbalance`` matter to a MoE block only; ``grid``: (R, C) under 2D tensor
-    parallelism with R > 1 (dense blocks only: experts are refused there), else None."""
+    """Elements saved per token by one block (Note [what parc's trainer saves]), but for a
+    MoE block's experts, router and combine, which the planner adds (cost/experts.py);
+    ``grid``: (R, C) under 2D tensor parallelism with R > 1 (dense blocks only: experts
+    are refused there), else None."""
     if grid is not None:
         return _grid_block(config, block, grid=grid, sp=sp, recompute=recompute, micro_batch=micro_batch,
                            compiled=compiled)
     dense = _dense_block(config, block, tp=tp, sp=sp, recompute=recompute, micro_batch=micro_batch,
                          compiled=compiled)
     if block.experts and recompute != "full":
-        return dense - _dense_mlp(config, block, tp, compiled) + moe_saved_elements(
-            config, block, tp=tp, ep=ep, imbalance=imbalance, etp=etp, sp=sp, compiled=compiled)
+        return dense - _dense_mlp(config, block, tp, compiled)
     return dense
 
 
@@ -94,9 +82,9 @@ def _dense_block(config, block, *, tp: int, sp: bool, recompute: str, micro_batc
         whole, stats = 4 * h, 4.0
         sharded = 2 * q + 2 * k + 2 * F
     else:  # the fused RMSNorm saves x and rstd, SwiGLU gate and up, rotary its (T, D/2) tables
-        whole, stats = (4 * h if _takes(compiled, "rms_norm") else 6 * h), 2.0
-        sharded = 2 * q + 2 * k + (3 if _takes(compiled, "swiglu") else 4) * F + _qk_norm(config, block)
-        core_extra += (1 if _takes(compiled, "rotary") else 4) * block.head_dim / micro_batch  # eager: (T, D) for q and k
+        whole, stats = (4 * h if takes(compiled, "rms_norm") else 6 * h), 2.0
+        sharded = 2 * q + 2 * k + (3 if takes(compiled, "swiglu") else 4) * F + _qk_norm(config, block)
+        core_extra += (1 if takes(compiled, "rotary") else 4) * block.head_dim / micro_batch  # eager: (T, D) for q and k
     if recompute == "selective":
         core_extra = 0.0
     if sp:  # the norms' tensors, the column linears' inputs too (Note [sp inputs saved as shards])
@@ -113,7 +101,7 @@ def _sharded_and_core(config, block, *, recompute: str, micro_batch: int, compil
     if config.arch == "gpt":
         sharded = 2 * q + 2 * k + 2 * F
     else:
-        sharded = 2 * q + 2 * k + (3 if _takes(compiled, "swiglu") else 4) * F + _qk_norm(config, block)
+        sharded = 2 * q + 2 * k + (3 if takes(compiled, "swiglu") else 4) * F + _qk_norm(config, block)
     return sharded, 0.0 if recompute == "selective" else core
 
 
@@ -126,7 +114,7 @@ def _grid_block(config, block, *, grid, sp: bool, recompute: str, micro_batch: i
     sharded, core = _sharded_and_core(config, block, recompute=recompute, micro_batch=micro_batch, compiled=compiled)
     tables = 0.0
     if config.arch == "llama" and recompute != "selective":  # rotary's cos and sin, per micro-batch
-        tables = (1 if _takes(compiled, "rotary") else 4) * block.head_dim / micro_batch
+        tables = (1 if takes(compiled, "rotary") else 4) * block.head_dim / micro_batch
     heads_part = sharded / cols + core / cols + tables
     if sp:
         return 4 * h / (rows * cols) + 2 / cols + 2 * h / rows + heads_part
@@ -151,37 +139,14 @@ def _dense_mlp(config, block, tp: int, compiled: bool) -> float:
     """The F terms of a dense block's MLP per token on a tp rank (see above)."""
     if config.arch == "gpt":
         return 2 * block.ffn / tp
-    return (3 if _takes(compiled, "swiglu") else 4) * block.ffn / tp
-
-
-def moe_saved_elements(config, block, *, tp: int, ep: int, imbalance: float = 1.0, etp: int = 1, sp: bool = False,
-                       compiled: bool = True) -> float:
-    """Elements per token a MoE block's router, experts and combine save (Note [what parc's
-    trainer saves], MoE block); the experts' activation is eager either way."""
-    h, F, K, E = config.hidden, block.ffn, block.top_k, block.experts
-    per_row = 4 * F if config.arch == "llama" else 2 * F
-    own = 1 / tp if sp else 1  # Note [MoE under sequence parallelism]: a tp rank routes its shard
-    rows = K / tp if ep * etp > 1 or sp else K  # Note [expert dispatch under tp] (moe.py)
-    # Note [expert tensor parallelism]: the etp group's rows gathered, each with 1/etp of the ffn
-    routed = rows * etp * imbalance * (h + per_row / etp)
-    # int64 indices (2 elements a row): the permutation's, and where the ep exchange and the
-    # etp gather regroup the rows arrived and send them back (moe.exchange_plan, run_local)
-    indices = 2 * rows + (4 * rows * imbalance if ep > 1 else 0) + (4 * rows * etp * imbalance if etp > 1 else 0)
-    # each token's top_k rows before weighting (the eager combine also keeps them weighted),
-    # their weights, and two int64 indices of them (the weights' gather, the scatter-add's)
-    combine = own * K * ((h if _takes(compiled, "moe") else 2 * h) + 1 + 2 + 2)
-    # the softmax's probabilities, the sort's int64 indices (the top-k slice keeps all E),
-    # the chosen scores and their sum, the logits and log-sum-exp of the z-loss
-    router = own * (E + 2 * E + K + 1 + E + 1)
-    shared = config.shared_experts * per_row  # a dense MLP of S·F_e, replicated over tp
-    return routed + indices + combine + router + shared
+    return (3 if takes(compiled, "swiglu") else 4) * block.ffn / tp
 
 
 def head_saved_elements(config, *, tp: int, sp: bool, compiled: bool = True, grid=None) -> float:
     """Elements saved per token by the final norm, the head and the loss (last stage);
     ``grid``: (R, C) under 2D tensor parallelism (the eager 2D norm, the logits' V/C)."""
     h, t = config.hidden, tp
-    loss = 1.0 if _takes(compiled, "cross_entropy") else 2.25  # int64 targets and the loss's statistics
+    loss = 1.0 if takes(compiled, "cross_entropy") else 2.25  # int64 targets and the loss's statistics
     if grid is not None:
         rows, cols = grid
         norm = 2 * h / (rows * cols) + 1 / cols + h / rows if sp else 3 * h / rows + 1
@@ -189,7 +154,7 @@ def head_saved_elements(config, *, tp: int, sp: bool, compiled: bool = True, gri
     if config.arch == "gpt":
         norm = 2 * h + 2  # x and the output; mean and rstd
     else:
-        norm = (2 * h if _takes(compiled, "rms_norm") else 3 * h) + 1  # x, (x·rstd), the output; rstd
+        norm = (2 * h if takes(compiled, "rms_norm") else 3 * h) + 1  # x, (x·rstd), the output; rstd
     if sp:
         norm = h + (norm - h) / t  # the norm runs on a shard; the head keeps the gathered input
     return norm + config.padded_vocab / t + loss

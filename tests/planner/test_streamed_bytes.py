@@ -1,6 +1,6 @@
 """The bytes the time model moves are the trainer's dtypes: elementwise work (norms,
 activations, residual adds, the experts' permutations) streams 2 bytes an element under
-bf16 parameters and 4 under fp32 (``memory.streamed_element``; it streamed 4 whatever the
+bf16 parameters and 4 under fp32 (``layout.streamed_element``; it streamed 4 whatever the
 precision while the memory model counted the same activations at 2), and a pipeline
 stage sends fp32 whatever the compute dtype (``time.pipeline_element``,
 runtime/parallel/pipeline/pipeline.py; it was priced at the activations' 2 bytes)."""

@@ -2,11 +2,13 @@
 
 Takes: a ``Spec`` with experts > 0, a ``Layout`` (its ``ep``) and ``Hardware``. Gives:
 ``moe_block`` (the mean block's expert compute and all-to-all per micro-batch, and what
-compute does not hide), ``expert_reduce`` (the experts' gradient reduction over edp).
+compute does not hide), ``expert_reduce`` (the experts' gradient reduction over edp) and
+``moe_saved_elements`` (what a MoE block's router, experts and combine save for backward,
+which ``cost/memory.py`` adds to the model description's count of the rest of the block).
 The rest of a MoE block (attention, router, shared experts: linear modules) is
 ``cost/time.py``'s dense block, and memory is ``cost/memory.py``'s (experts sharded over
-ep by ``rank_params``; the routed rows' activations by ``runtime/layout/saved_elements.py``).
-Before: ``cost/layout.py``, ``cost/comm.py``. After: ``cost/time.py``.
+ep by ``rank_params``). Before: ``cost/layout.py``, ``cost/comm.py``. After: ``cost/time.py``,
+``cost/memory.py``.
 
 Note [MoE costs] (runtime/parallel/expert/moe.py), per MoE block and micro-batch on one rank of n local
 tokens, K = top_k, C hidden, F = expert_ffn, ι = ``model.routing_imbalance`` (the busiest
@@ -21,7 +23,7 @@ ep rank's routed rows over the mean, 1.0 when dropless and balanced):
 - compute: the grouped GEMM of each projection (3 for llama, 2 for gpt), 2·rows·C·F FLOPs
   each, at the matmul rate of the per-expert row count (Note [size-dependent efficiency])
   times ``GROUPED_GEMM_EFFICIENCY``; the activation and the permutations (gather,
-  scatter, weighting) stream their bytes (``memory.streamed_element``); each local
+  scatter, weighting) stream their bytes (``layout.streamed_element``); each local
   expert's projection is one dispatch.
   Backward twice the forward.
 - all-to-all over ep (α–β over the links the ep group spans: ep ranks etp apart among the
@@ -34,19 +36,32 @@ ep rank's routed rows over the mean, 1.0 when dropless and balanced):
   overlap, or with gloo on the CPU cores (``comm_on_cores``), every all-to-all is exposed.
 - a model with moe_every > 1 has dense blocks between: the mean block takes the MoE share
   of the experts and the dense share of an MLP of ``ffn``.
+
+Note [what a MoE block saves] (the MoE part of runtime/layout/saved_elements.py's Note [what
+parc's trainer saves], per token, in elements; under full recompute nothing beyond the block
+input): the dense MLP's F terms are replaced by the routed rows' (runtime/parallel/expert/moe.py):
+r rows per token on this rank (top_k; /t under ep > 1, where each tp rank dispatches a share,
+and under sp; times the routing imbalance on the busiest rank), each saving its gathered
+input h and 4F_e (llama: gate, up, silu, product) or 2F_e (gpt: up, gelu) and its int64
+indices (2 each: the permutation's; ep's regroup and return, etp's too), plus every token's
+top_k combined rows h (eager: 2h), their weights and two int64 indices, the router's
+probabilities E, sort indices 2E (the top-k slice keeps the whole int64 storage), chosen
+scores K and their sum, the z-loss's logits E and log-sum-exp (the router's terms and the
+combine's /t under sp, where a tp rank routes its own shard and no column linear gathers the
+MLP's input); shared experts as a dense MLP of S·F_e (eager: 4 or 2 per F).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parc.dsl.spec import Arch, Spec
+from parc.dsl.spec import Arch, ModelSpec, Spec
 from parc.runtime.layout.model_desc import LINEAR
+from parc.runtime.layout.saved_elements import takes
 
 from .comm import collective_time
 from .hardware import Hardware, gemm_time
-from .layout import Layout, expert_data_ranks
-from .memory import streamed_element
+from .layout import Layout, expert_data_ranks, streamed_element
 from .options import Option
 
 OPTIONS = (
@@ -166,3 +181,33 @@ def expert_reduce(hw: Hardware, layout: Layout, expert_elements: float, grad_siz
     if layout.expert_folds == 1 or edp == 1:
         return 0.0
     return collective_time(hw, "all_reduce", expert_elements * grad_size, size=edp, stride=layout.expert_folds)
+
+
+def moe_saved_elements(
+    model: ModelSpec, index: int, *, tp: int, sp: bool, recompute: str, compiled: bool = True, ep: int = 1,
+    etp: int = 1,
+) -> float:
+    """Elements per token block ``index``'s router, experts and combine save (Note [what a MoE
+    block saves]), which the model description's ``block_saved_elements`` leaves out: 0 for a
+    dense block and under full recompute; the experts' activation is eager either way."""
+    block = model.desc.blocks[index]
+    if not block.experts or recompute == "full":
+        return 0  # an int: a dense block's count (``h`` under full recompute) keeps its type
+    config, imbalance = model.desc.config, model.routing_imbalance
+    h, F, K, E = config.hidden, block.ffn, block.top_k, block.experts
+    per_row = 4 * F if config.arch == "llama" else 2 * F
+    own = 1 / tp if sp else 1  # Note [MoE under sequence parallelism]: a tp rank routes its shard
+    rows = K / tp if ep * etp > 1 or sp else K  # Note [expert dispatch under tp] (moe.py)
+    # Note [expert tensor parallelism]: the etp group's rows gathered, each with 1/etp of the ffn
+    routed = rows * etp * imbalance * (h + per_row / etp)
+    # int64 indices (2 elements a row): the permutation's, and where the ep exchange and the
+    # etp gather regroup the rows arrived and send them back (moe.exchange_plan, run_local)
+    indices = 2 * rows + (4 * rows * imbalance if ep > 1 else 0) + (4 * rows * etp * imbalance if etp > 1 else 0)
+    # each token's top_k rows before weighting (the eager combine also keeps them weighted),
+    # their weights, and two int64 indices of them (the weights' gather, the scatter-add's)
+    combine = own * K * ((h if takes(compiled, "moe") else 2 * h) + 1 + 2 + 2)
+    # the softmax's probabilities, the sort's int64 indices (the top-k slice keeps all E),
+    # the chosen scores and their sum, the logits and log-sum-exp of the z-loss
+    router = own * (E + 2 * E + K + 1 + E + 1)
+    shared = config.shared_experts * per_row  # a dense MLP of S·F_e, replicated over tp
+    return routed + indices + combine + router + shared

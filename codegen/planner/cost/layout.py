@@ -5,7 +5,9 @@ filled in). Gives: ``Layout``, ``Accounting`` and ``stage_contents`` — per pip
 rank, its layers and whether it holds the embedding, the head (or a tied copy) — and
 ``rank_params`` (elements and tensors of one rank's parameters, exactly as the
 runtime's model builds them): counted by the model description
-(``runtime/layout/model_desc.py``), memoized per (model, tp, pp, chunks, rank).
+(``runtime/layout/model_desc.py``), memoized per (model, tp, pp, chunks, rank); and
+``uses_master_weights`` (fp32 masters beside bf16/fp16 parameters) with what it makes of
+an activation element's bytes (``streamed_element``), which memory and time both read.
 
 Note [per-layer costs]: a layout may give each block its own value of each per-layer
 setting (``recompute = [full, none, ...]``; ``layer_settings.SETTINGS``). Memory sums each pipeline rank's own blocks; time
@@ -25,13 +27,14 @@ import operator
 from dataclasses import dataclass, fields
 
 from parc.dsl.keys.layout_options import LayoutOptions
-from parc.dsl.spec import ModelSpec
+from parc.dsl.spec import ModelSpec, Spec
 from parc.runtime.layout import layer_settings, model_counts
-from parc.runtime.layout.constraints import per_layer
+from parc.runtime.layout.constraints import master_weights, per_layer
 from parc.runtime.layout.layer_settings import SETTINGS
 from parc.runtime.layout.model_desc import NONE, ParamCount
 from parc.runtime.layout.placement import Placement, chunk_stages, placement_for
 from ...layout_words import schedule_words
+from .compress import compresses
 from .options import options, qualified
 
 
@@ -341,3 +344,18 @@ def _rank_params(model: ModelSpec, tp: int, pp: int, chunks: int, rank: int, sta
     for layers, first, last in _chunks(model.layers, pp, chunks, rank, stage_layers, kind):
         total += desc.stage_params(tp, layers=layers, first=first, last=last, ep=ep, grid=grid)
     return total
+
+
+def uses_master_weights(spec: Spec) -> bool:
+    """bf16/fp16 parameters with fp32 masters (else fp32, or autocast over fp32 weights)."""
+    return master_weights(spec.train.precision.value, per_layer_tp=False, compressed=compresses(spec))
+
+
+def streamed_element(spec: Spec) -> float:
+    """Bytes of an activation element that parc's elementwise work (norms, activations,
+    residual adds, the experts' permutations) reads and writes: 2 with bf16/fp16
+    parameters (fp32 masters: the forward runs in the compute dtype but for the
+    statistics the kernels keep in fp32, runtime/optimizers/master.py), as the saved
+    activations (``memory.activation_bytes``); else 4 (fp32, and autocast over fp32 weights,
+    whose residual stream and norms stay fp32)."""
+    return 2.0 if uses_master_weights(spec) else 4.0

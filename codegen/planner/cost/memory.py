@@ -26,9 +26,10 @@ ZeRO shards them over edp = dp·cp·tp / the expert folds (``Layout.expert_folds
 buffer of their own (runtime/parallel/data/zero.py, Note [experts under ZeRO]):
 ceil(dense/dp) + ceil(experts/edp) elements. Its activations are the tensors autograd
 saves in ``runtime/models/model.py``, counted per token from the model's shapes in ``runtime/layout/saved_elements.py`` (Note
-[what parc's trainer saves]; checked against the trainer's measurement in
-tests/planner). The working set of a recomputed layer and the gradient flat buffers
-are real memory but not saved activations: they are ``buffers``.
+[what parc's trainer saves]; a MoE block's router, experts and combine: ``cost/experts.py``'s
+``moe_saved_elements``; checked against the trainer's measurement in tests/planner). The
+working set of a recomputed layer and the gradient flat buffers are real memory but not
+saved activations: they are ``buffers``.
 """
 
 from __future__ import annotations
@@ -38,20 +39,21 @@ import math
 from dataclasses import dataclass
 
 from parc.dsl.spec import ModelSpec, Precision, Spec
-from parc.runtime.layout.constraints import master_weights, per_layer
+from parc.runtime.layout.constraints import per_layer
 from parc.runtime.layout import model_counts
 from parc.runtime.layout.model_desc import LINEAR
 from parc.runtime.schedules.schedule import in_flight_bound
 from parc.runtime.layout.kernel_sizes import kinds_that_pay
 
-from .compress import compresses
 from .context import cp_saved_elements
+from .experts import moe_saved_elements
 from .memo import shared
 from .slices import kept_kv_elements
 from .layout import (
     SETTING_NAMES, Accounting, Layout, blocks_of, by_node as hsdp, expert_data_ranks, fields_but, placement_kind,
     rank_blocks, rank_expert_params, rank_params,
-    sequence_parallel_params, stage_contents, zero3_shard_elements, zero3_shard_ranks, expert_shard_ranks,
+    sequence_parallel_params, stage_contents, uses_master_weights, zero3_shard_elements, zero3_shard_ranks,
+    expert_shard_ranks,
 )
 
 STATES_READS = fields_but(*SETTING_NAMES)
@@ -146,13 +148,13 @@ def parc_layer_elements(
     grid=None,
 ) -> float:
     """Elements saved per token by one block (the first: a MoE one in a MoE model) of parc's
-    trainer: the model description's (runtime/layout/saved_elements.py, Note [what parc's trainer saves]);
-    ``grid``: (R, C) under 2D tensor parallelism (``Layout.grid``), whose attention is repeated
-    on the R ranks of a column."""
-    return model.desc.block_saved_elements(
-        0, tp=tp, sp=sp, recompute=recompute, micro_batch=micro_batch, compiled=compiled, ep=ep,
-        imbalance=model.routing_imbalance, grid=grid,
+    trainer: the model description's (runtime/layout/saved_elements.py, Note [what parc's trainer saves])
+    and a MoE block's experts' (cost/experts.py, Note [what a MoE block saves]); ``grid``: (R, C)
+    under 2D tensor parallelism (``Layout.grid``), whose attention is repeated on the R ranks of a column."""
+    block = model.desc.block_saved_elements(
+        0, tp=tp, sp=sp, recompute=recompute, micro_batch=micro_batch, compiled=compiled, grid=grid,
     )
+    return block + moe_saved_elements(model, 0, tp=tp, sp=sp, recompute=recompute, compiled=compiled, ep=ep)
 
 
 def parc_head_elements(model: ModelSpec, *, tp: int, sp: bool, compiled: bool = True, grid=None) -> float:
@@ -204,8 +206,9 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
     if model.experts:  # blocks differ (moe_every): each kind of the rank's blocks once
         layers = sum(
             count * (model.desc.block_saved_elements(
-                index, tp=layout.tp, sp=layout.sp, recompute=mode, micro_batch=layout.micro_batch,
-                compiled=compiled, imbalance=model.routing_imbalance, **layout.expert_split,
+                index, tp=layout.tp, sp=layout.sp, recompute=mode, micro_batch=layout.micro_batch, compiled=compiled,
+            ) + moe_saved_elements(  # Note [what a MoE block saves]: the router's, experts' and combine's
+                model, index, tp=layout.tp, sp=layout.sp, recompute=mode, compiled=compiled, **layout.expert_split,
             ) + (extra if mode != "full" else 0.0))
             for (index, mode), count in _rank_block_kinds(model, layout, rank, stage_layers)
         )
@@ -232,21 +235,6 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
         if contents.head:
             total += 2.0 * head_in_flight * model.desc.head[-1].weight.numel(layout.tp)
     return total
-
-
-def uses_master_weights(spec: Spec) -> bool:
-    """bf16/fp16 parameters with fp32 masters (else fp32, or autocast over fp32 weights)."""
-    return master_weights(spec.train.precision.value, per_layer_tp=False, compressed=compresses(spec))
-
-
-def streamed_element(spec: Spec) -> float:
-    """Bytes of an activation element that parc's elementwise work (norms, activations,
-    residual adds, the experts' permutations) reads and writes: 2 with bf16/fp16
-    parameters (fp32 masters: the forward runs in the compute dtype but for the
-    statistics the kernels keep in fp32, runtime/optimizers/master.py), as the saved
-    activations (``activation_bytes``); else 4 (fp32, and autocast over fp32 weights,
-    whose residual stream and norms stay fp32)."""
-    return 2.0 if uses_master_weights(spec) else 4.0
 
 
 def fp32_accumulation(spec: Spec, layout: Layout) -> bool:

@@ -11,7 +11,7 @@ Note [the time model]: per micro-batch and transformer block on one rank,
   attention's rate], cost/hardware.py), elsewhere two batched GEMMs; backward twice the
   forward; recompute adds the forward again (full) or the
   attention core (selective); elementwise work moves bytes at the memory bandwidth
-  (``memory.streamed_element``: 2 an element under bf16/fp16 parameters, else 4);
+  (``layout.streamed_element``: 2 an element under bf16/fp16 parameters, else 4);
   every op costs the dispatch overhead. The head's GEMM runs on the last stage.
 - tensor/sequence parallel: two all-reduces (or all-gather + reduce-scatter pairs
   under sp: the same ring volume, but a profile's measured figures for each) of the
@@ -81,9 +81,8 @@ from .hardware import Hardware, gemm_time
 from .memo import shared
 from .layout import (
     SETTING_NAMES, Accounting, Layout, by_node as hsdp, expert_data_ranks, expert_shard_ranks, fields_but,
-    rank_expert_params, rank_params,
+    rank_expert_params, rank_params, streamed_element, uses_master_weights,
 )
-from .memory import streamed_element, uses_master_weights
 from .overlap import Exposure, exposed_tp
 from .zero3 import zero3_gathers, zero3_gathers_per_unit, zero3_shard_group
 
