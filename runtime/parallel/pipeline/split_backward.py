@@ -27,14 +27,37 @@ runs B in, and ``weights(params, later)``, which ``backward_weight`` calls befor
 group with the group's parameters and the later groups' (their parameters must be at
 hand for the W; ``later`` is for prefetch). A first stage's W runs the whole backward,
 whose own hooks see to its parameters.
+
+Note [deferred linear weights]: restarting autograd at the joins runs every linear's
+matmul node twice, once in B for the input gradient and again in W for the weight's
+(bench/zb_linear.py's profile: 7 MmBackward0 nodes in each pass of a llama layer), each
+time dispatching it and unpacking its saved tensors. ``defer_linear_weights``, which the
+executor applies to a zero-bubble build's chunks (only such a build ships this module),
+makes a chunk's bias-free ``nn.Linear`` layers ``DeferredLinear``: its backward in B
+computes the input gradient only and leaves (weight, input, output gradient) with the
+B that runs it (``_collecting``); W computes the weight gradient
+directly, ``grad.t() @ input`` over the flattened tokens (the GEMM autograd's
+``MmBackward0`` runs for ``F.linear``'s weight, so the gradients are bit-identical), and
+accumulates it through the parameter's own accumulate-grad node, so tensor hooks and
+post-accumulate-grad hooks fire once per parameter per W as before. Their weights are no
+edge of the graph (the function takes a detached copy), so B's join analysis never
+reaches them and W's restarts skip them. Left on the join path: every other parameter
+(norms, embeddings, the head's ``F.linear``), linears with a bias (``F.linear`` gives
+their 3D output as a view, which a function's output may not be), tensor-parallel
+linears (other classes, layers.py), linears under autocast (the cast nodes are autograd's), linears whose input
+needs no gradient, and chunks under ZeRO-3 (``split_backward_hooks``: its gathers for B
+and W are the hooks'). A backward that runs outside a B or a whole-backward W (none in
+the trainer) accumulates the weight gradients at once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from dataclasses import dataclass, field
 
 import torch
-from torch.autograd.graph import GradientEdge, _engine_run_backward as _run_backward
+import torch.nn.functional as F
+from torch.autograd.graph import GradientEdge, _engine_run_backward as _run_backward, get_gradient_edge
 from torch.distributed.pipelining._backward import stage_backward_input
 
 
@@ -47,6 +70,7 @@ class OwedWeights:
     groups: list | None = None
     output: torch.Tensor | None = None
     output_grad: torch.Tensor | None = None
+    linears: list = field(default_factory=list)  # (weight, input, grad): Note [deferred linear weights]
 
 
 def backward_input(output, output_grad, stage_input, params) -> tuple[torch.Tensor | None, OwedWeights]:
@@ -56,16 +80,21 @@ def backward_input(output, output_grad, stage_input, params) -> tuple[torch.Tens
     if not (isinstance(stage_input, torch.Tensor) and stage_input.requires_grad):
         return None, OwedWeights(params=params, output=output, output_grad=output_grad)
     grads = None if output_grad is None else [output_grad]
-    (input_grad,), groups = stage_backward_input([output], grads, [stage_input], iter(params))
-    return input_grad, OwedWeights(params=params, groups=groups)
+    with _collecting() as linears:
+        (input_grad,), groups = stage_backward_input([output], grads, [stage_input], iter(params))
+    return input_grad, OwedWeights(params=params, groups=groups, linears=linears)
 
 
 def backward_weight(owed: OwedWeights, hooks=None) -> None:
     """W: accumulate every parameter's gradient from what B saved (Note [splitting backward]);
     ``hooks``: the chunk's ``split_backward_hooks`` or None (Note [hooks of a split backward])."""
     if owed.groups is None:
-        torch.autograd.backward(owed.output, grad_tensors=owed.output_grad, inputs=owed.params)
+        with _collecting() as linears:
+            torch.autograd.backward(owed.output, grad_tensors=owed.output_grad, inputs=owed.params)
+        _weight_gemms(linears)
         return
+    _weight_gemms(owed.linears)
+    owed.linears = []
     for at, group in enumerate(owed.groups):
         if hooks is not None and group.get("grads") is not None:
             hooks.weights(_params(group), (_params(g) for g in owed.groups[at + 1 :] if g.get("grads") is not None))
@@ -97,3 +126,93 @@ def backward_weight(owed: OwedWeights, hooks=None) -> None:
 def _params(group: dict) -> list:
     """The parameters of a group (its accumulate-grad nodes' variables)."""
     return [accumulate.variable for accumulate in group["params"]]
+
+
+def defer_linear_weights(chunks):
+    """Each chunk's bias-free ``nn.Linear`` layers as ``DeferredLinear`` (Note [deferred linear
+    weights]), but none of a chunk under ZeRO-3; gives ``chunks``."""
+    for chunk in chunks:
+        if getattr(chunk, "split_backward_hooks", None) is not None:
+            continue
+        for module in chunk.modules():
+            if type(module) is torch.nn.Linear and module.bias is None:
+                module.__class__ = DeferredLinear  # same parameters, names and state dict
+    return chunks
+
+
+class DeferredLinear(torch.nn.Linear):
+    """A bias-free ``nn.Linear`` whose backward leaves its weight's gradient to W."""
+
+    def forward(self, x):
+        if not (torch.is_grad_enabled() and x.requires_grad) or torch.is_autocast_enabled(x.device.type):
+            return F.linear(x, self.weight)  # the join path
+        return _Deferred.apply(x, self.weight.detach(), self)
+
+
+_pending: list | None = None  # the deferred linears of the B (or whole W) running now
+
+
+@contextlib.contextmanager
+def _collecting():
+    """Collect the deferred linears of the backward run inside (Note [deferred linear weights])."""
+    global _pending
+    outer, _pending = _pending, []
+    try:
+        yield _pending
+    finally:
+        _pending = outer
+
+
+class _Deferred(torch.autograd.Function):
+    """``F.linear(x, weight)``; backward: the input gradient as autograd's
+    ``MmBackward0`` computes it (``grad @ weight``), the weight's left to W."""
+
+    @staticmethod
+    def forward(ctx, x, weight, module):
+        ctx.save_for_backward(x, weight)
+        ctx.module = module
+        return F.linear(x, weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad = grad.reshape(-1, grad.shape[-1])
+        entry = (ctx.module.weight, x.reshape(-1, x.shape[-1]), grad)
+        x_grad = grad.mm(weight).view(x.shape)
+        if _pending is None:  # not inside a B: accumulate now
+            _weight_gemms([entry])
+        else:
+            _pending.append(entry)
+        return x_grad, None, None
+
+
+def _weight_gemms(linears) -> None:
+    """W of the deferred linears: one engine call through ``_WeightGrads``, whose node
+    computes the GEMMs, so each parameter's accumulate-grad node takes its gradient as it
+    would from autograd's own node (without a copy) and runs the parameter's hooks."""
+    if not linears:
+        return
+    params = list(dict.fromkeys(weight for weight, _, _ in linears if weight.requires_grad))
+    with torch.enable_grad():
+        root = _WeightGrads.apply(linears, *params)
+    _run_backward((root,), (torch.ones_like(root),), False, False, tuple(params),
+                  allow_unreachable=True, accumulate_grad=True)
+
+
+class _WeightGrads(torch.autograd.Function):
+    """A root whose backward is the deferred linears' weight gradients:
+    ``grad.t() @ input`` over the tokens, as ``MmBackward0`` computes ``F.linear``'s."""
+
+    @staticmethod
+    def forward(ctx, linears, *params):
+        ctx.linears, ctx.params = linears, params
+        return torch.zeros((), device=params[0].device)
+
+    @staticmethod
+    def backward(ctx, _):
+        grads: dict = {}
+        for weight, x, grad in ctx.linears:  # a weight used twice (sub-batches) sums its uses
+            if weight.requires_grad:
+                grads[weight] = grad.t().mm(x) if weight not in grads else grads[weight] + grad.t().mm(x)
+        ctx.linears = None
+        return (None, *(grads.pop(p) for p in ctx.params))

@@ -1,0 +1,110 @@
+"""A zero-bubble build's deferred linears (split_backward.py, Note [deferred linear weights]):
+B computes their input gradients only, W each weight's GEMM once, and B then W gives
+bit for bit the gradients of one plain backward on a chunk of a llama."""
+
+import pytest
+import torch
+
+from parc.runtime.models import model
+from parc.runtime.parallel.pipeline.split_backward import (DeferredLinear, backward_input, backward_weight,
+                                                           defer_linear_weights)
+
+SHAPES = dict(arch="llama", layers=4, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=96, padded_vocab=128,
+              seq_len=16, dropout=0.0, norm_eps=1e-5, rope_theta=10000.0, tie_embeddings=False)
+
+
+def chunk(pp_rank, index, kernels="compiled"):
+    """Chunk ``index`` of ``pp_rank`` under ZB-V's placement (one layer each), with values."""
+    config = model.ModelConfig(**SHAPES)
+    net = model.build_stages(config, stages=((0, 1), (1, 2), (2, 3), (3, 4)), pp_rank=pp_rank, pp_size=2,
+                             placement="v")
+    net = model.init_weights(net, seed=3, device="cpu", init_on_device=True)
+    return model.use_kernels(net, kernels, "cpu")[index]
+
+
+def gemms(run) -> int:
+    """How many aten::mm ``run`` calls."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    return sum(event.name == "aten::mm" for event in prof.events())
+
+
+@pytest.mark.parametrize("kernels", ["compiled", "eager"])
+def test_b_then_w_is_one_plain_backward_bit_for_bit(kernels):
+    plain, deferred = chunk(1, 0, kernels), defer_linear_weights([chunk(1, 0, kernels)])[0]
+    linears = [m for m in deferred.modules() if isinstance(m, DeferredLinear)]
+    assert len(linears) == 7  # q, k, v, o, gate, up, down
+    torch.manual_seed(0)
+    xs = [torch.randn(2, SHAPES["seq_len"], SHAPES["hidden"]) for _ in range(2)]
+    grads = [torch.randn_like(x) for x in xs]
+    want_inputs = []
+    for x, g in zip(xs, grads):  # two micro-batches, accumulated
+        x = x.clone().requires_grad_(True)
+        torch.autograd.backward(plain(x), g)
+        want_inputs.append(x.grad)
+    fired = []
+    for p in deferred.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: fired.append(p))
+    owed = []
+    for x, g, want in zip(xs, grads, want_inputs):  # every B first, then every W
+        x = x.clone().requires_grad_(True)
+        y = deferred(x)
+        assert gemms(lambda: owed.append(backward_input(y, g, x, deferred.parameters()))) == 7  # input grads
+        torch.testing.assert_close(owed[-1][0], want, rtol=0, atol=0)
+    assert fired == [] and all(p.grad is None for p in deferred.parameters())
+    for _, debt in owed:
+        assert gemms(lambda: backward_weight(debt)) == 7  # each weight's GEMM once: none skipped, none twice
+    assert len(fired) == 2 * len(list(deferred.parameters()))  # each parameter's hooks once a W
+    for (name, p), q in zip(plain.named_parameters(), deferred.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0, msg=name)
+
+
+def test_first_and_last_stage():
+    """The first stage's W runs its whole backward (token input); the last's B starts from its loss."""
+    for pp_rank, index, first in ((0, 0, True), (0, 1, False)):
+        plain, deferred = chunk(pp_rank, index), defer_linear_weights([chunk(pp_rank, index)])[0]
+        torch.manual_seed(1)
+        if first:
+            x, grad = torch.randint(0, SHAPES["vocab"], (2, SHAPES["seq_len"])), torch.randn(2, SHAPES["seq_len"],
+                                                                                             SHAPES["hidden"])
+            torch.autograd.backward(plain(x), grad)
+            x_grad, debt = backward_input(deferred(x), grad, x, deferred.parameters())
+            assert x_grad is None
+        else:
+            x = torch.randn(2, SHAPES["seq_len"], SHAPES["hidden"])
+            targets = torch.randint(0, SHAPES["vocab"], (2, SHAPES["seq_len"]))
+            plain(x.clone().requires_grad_(True), targets).backward()
+            xs = x.clone().requires_grad_(True)
+            x_grad, debt = backward_input(deferred(xs, targets), None, xs, deferred.parameters())
+        backward_weight(debt)
+        for (name, p), q in zip(plain.named_parameters(), deferred.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0, msg=name)
+
+
+def test_a_backward_outside_b_and_biased_linears():
+    """Outside a B a backward accumulates the deferred weights at once; a biased linear
+    stays autograd's (the join path)."""
+    torch.manual_seed(2)
+
+    def net():
+        return torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.GELU(), torch.nn.Linear(16, 8),
+                                   torch.nn.GELU())
+
+    plain, deferred = net(), net()
+    deferred.load_state_dict(plain.state_dict())
+    defer_linear_weights([deferred])
+    assert type(deferred[0]) is DeferredLinear and type(deferred[2]) is torch.nn.Linear
+    x, grad = torch.randn(3, 5, 8), torch.randn(3, 5, 8)
+    for _ in range(2):  # the second accumulates onto the first
+        torch.autograd.backward(plain(x.clone().requires_grad_(True)), grad)
+        torch.autograd.backward(deferred(x.clone().requires_grad_(True)), grad)
+    for p, q in zip(plain.parameters(), deferred.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0)
+
+
+def test_zero3_chunks_keep_their_linears():
+    """A chunk with ZeRO-3's split-backward hooks keeps autograd's linears (its gathers are the hooks')."""
+    zero3, plain = (torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False)) for _ in range(2))
+    zero3.split_backward_hooks = object()
+    defer_linear_weights([zero3, plain])
+    assert type(zero3[0]) is torch.nn.Linear and type(plain[0]) is DeferredLinear
