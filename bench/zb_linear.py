@@ -9,7 +9,9 @@ the kernels train.py picks), forward then:
   ``nn.Linear``);
 - deferred: B then W with the chunk's linears swapped for split_backward.py's deferred
   linears (``defer_linear_weights``): B computes their input gradients only and W their
-  weight GEMMs directly (Note [deferred linear weights]).
+  weight GEMMs directly (Note [deferred linear weights]);
+- input-only (a reference, no W): ``torch.autograd.grad`` of the chunk's input alone,
+  keeping the graph: what B would cost without torch's join analysis and its hooks.
 
 Side by side, alternating runs, medians of CPU time per pass (ms), the load printed
 (the machine is shared). ``--profile`` prints, per pass, how many of torch's GEMM ops
@@ -52,6 +54,8 @@ def passes(net, x, grad, variant):
     y = net(x)
     if variant == "plain":
         return [("backward", lambda: torch.autograd.backward(y, grad))]
+    if variant == "input-only":
+        return [("B", lambda: torch.autograd.grad(y, x, grad, retain_graph=True))]
     owed = []
     return [("B", lambda: owed.append(sb.backward_input(y, grad, x, net.parameters())[1])),
             ("W", lambda: sb.backward_weight(owed.pop()))]
@@ -100,6 +104,7 @@ def main() -> int:
     variants = {"plain": plain, "join": plain}
     if hasattr(sb, "defer_linear_weights"):
         variants["deferred"] = sb.defer_linear_weights([chunk()])[0]  # the same values: same seed
+    variants["input-only"] = plain
     x = torch.randn(MICRO_BATCH, SHAPES["seq_len"], SHAPES["hidden"])
     grad = torch.randn_like(x)
     print(f"load (1-min average): {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; torch threads {args.threads}")
@@ -116,12 +121,12 @@ def main() -> int:
     med = {key: statistics.median(ms) for key, ms in runs.items()}
     base = med[("plain", "backward")]
     print(f"\none chunk, CPU ms per pass, median of {args.repeat} alternating runs × {args.iters}")
-    print(f"{'variant':<10}{'B':>8}{'W':>8}{'B+W':>8}{'/ plain':>9}")
-    print(f"{'plain':<10}{'':>8}{'':>8}{base:>8.2f}{1.0:>8.2f}x")
+    print(f"{'variant':<11}{'B':>8}{'W':>8}{'B+W':>8}{'/ plain':>9}")
+    print(f"{'plain':<11}{'':>8}{'':>8}{base:>8.2f}{1.0:>8.2f}x")
     for variant in variants:
         if variant != "plain":
-            b, w = med[(variant, "B")], med[(variant, "W")]
-            print(f"{variant:<10}{b:>8.2f}{w:>8.2f}{b + w:>8.2f}{(b + w) / base:>8.2f}x")
+            b, w = med[(variant, "B")], med.get((variant, "W"), 0.0)
+            print(f"{variant:<11}{b:>8.2f}{w:>8.2f}{b + w:>8.2f}{(b + w) / base:>8.2f}x")
     print(f"load after: {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -108,3 +108,18 @@ def test_zero3_chunks_keep_their_linears():
     zero3.split_backward_hooks = object()
     defer_linear_weights([zero3, plain])
     assert type(zero3[0]) is torch.nn.Linear and type(plain[0]) is DeferredLinear
+
+
+def test_autocast_keeps_the_join_path():
+    """Under autocast the cast nodes are autograd's: the linear runs as nn.Linear would, bit for bit."""
+    torch.manual_seed(4)
+    plain, deferred = torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 8, bias=False)
+    deferred.load_state_dict(plain.state_dict())
+    defer_linear_weights([deferred])
+    x, grad = torch.randn(2, 3, 8), torch.randn(2, 3, 8, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y_plain, y = plain(x.clone().requires_grad_(True)), deferred(x.clone().requires_grad_(True))
+    assert y.grad_fn.name() == y_plain.grad_fn.name()  # no _DeferredBackward
+    torch.autograd.backward(y_plain, grad)
+    torch.autograd.backward(y, grad)
+    torch.testing.assert_close(deferred.weight.grad, plain.weight.grad, rtol=0, atol=0)
