@@ -4,7 +4,9 @@ Takes: a stage's output (or loss), the gradient received for it, its input and i
 parameters. Gives: ``backward_input`` (B: the input's gradient, and what W needs) and
 ``backward_weight`` (W: the parameters' gradients, accumulated into ``.grad`` as
 ``loss.backward()`` would, so post-accumulate-grad hooks, and with them the dp buckets
-of ``dp.py``, fire when a parameter's last W of the step finishes). Before: the
+of ``dp.py``, fire when a parameter's last W of the step finishes), and
+``defer_linear_weights`` (the executor's, on a zero-bubble build's chunks: Note [deferred
+linear weights]). Before: the
 pipeline executor's B and W actions (schedule.py, Note [B and W]). After: nothing.
 
 Note [splitting backward]: B walks the autograd graph from the output to the input
@@ -29,25 +31,27 @@ hand for the W; ``later`` is for prefetch). A first stage's W runs the whole bac
 whose own hooks see to its parameters.
 
 Note [deferred linear weights]: restarting autograd at the joins runs every linear's
-matmul node twice, once in B for the input gradient and again in W for the weight's
-(bench/zb_linear.py's profile: 7 MmBackward0 nodes in each pass of a llama layer), each
-time dispatching it and unpacking its saved tensors. ``defer_linear_weights``, which the
-executor applies to a zero-bubble build's chunks (only such a build ships this module),
-makes a chunk's bias-free ``nn.Linear`` layers ``DeferredLinear``: its backward in B
-computes the input gradient only and leaves (weight, input, output gradient) with the
-B that runs it (``_collecting``); W computes the weight gradient
+matmul node twice, in B for the input gradient and again in W for the weight's
+(bench/zb_linear.py's profile: 7 MmBackward0 in each pass of a llama layer). Measured,
+that second run is a small part of what B + W adds to a plain backward (bench/
+peer_notes.md, 2026-12-06: ~0.1 of ~0.7 ms a layer; the rest is torch's join analysis and
+hooks in B, the norms' backward again in W, W's restarts). ``defer_linear_weights``,
+which the executor applies to a zero-bubble build's chunks (only such a build ships this
+module), removes it: each bias-free ``nn.Linear`` becomes a ``DeferredLinear``, whose
+backward in B computes the input gradient only and leaves (weight, input, output
+gradient) with the B that runs it (``_collecting``); W computes each weight's gradient
 directly, ``grad.t() @ input`` over the flattened tokens (the GEMM autograd's
-``MmBackward0`` runs for ``F.linear``'s weight, so the gradients are bit-identical), and
-accumulates it through the parameter's own accumulate-grad node, so tensor hooks and
-post-accumulate-grad hooks fire once per parameter per W as before. Their weights are no
+``MmBackward0`` runs for ``F.linear``'s weight: bit-identical gradients), and accumulates
+it through the parameter's own accumulate-grad node, so tensor hooks and
+post-accumulate-grad hooks fire once per parameter per W as before. The weights are no
 edge of the graph (the function takes a detached copy), so B's join analysis never
 reaches them and W's restarts skip them. Left on the join path: every other parameter
 (norms, embeddings, the head's ``F.linear``), linears with a bias (``F.linear`` gives
 their 3D output as a view, which a function's output may not be), tensor-parallel
-linears (other classes, layers.py), linears under autocast (the cast nodes are autograd's), linears whose input
-needs no gradient, and chunks under ZeRO-3 (``split_backward_hooks``: its gathers for B
-and W are the hooks'). A backward that runs outside a B or a whole-backward W (none in
-the trainer) accumulates the weight gradients at once.
+linears (other classes, layers.py), linears under autocast (the casts are autograd's
+nodes), linears whose input needs no gradient, and chunks under ZeRO-3
+(``split_backward_hooks``: its gathers for B and W are the hooks'). A backward outside a
+B or a whole-backward W (none in the trainer) accumulates the weight gradients at once.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.graph import GradientEdge, _engine_run_backward as _run_backward, get_gradient_edge
+from torch.autograd.graph import GradientEdge, _engine_run_backward as _run_backward
 from torch.distributed.pipelining._backward import stage_backward_input
 
 
@@ -144,7 +148,8 @@ class DeferredLinear(torch.nn.Linear):
     """A bias-free ``nn.Linear`` whose backward leaves its weight's gradient to W."""
 
     def forward(self, x):
-        if not (torch.is_grad_enabled() and x.requires_grad) or torch.is_autocast_enabled(x.device.type):
+        joined = torch.is_autocast_enabled(x.device.type) or not x.requires_grad
+        if joined or not torch.is_grad_enabled():
             return F.linear(x, self.weight)  # the join path
         return _Deferred.apply(x, self.weight.detach(), self)
 
@@ -190,9 +195,9 @@ def _weight_gemms(linears) -> None:
     """W of the deferred linears: one engine call through ``_WeightGrads``, whose node
     computes the GEMMs, so each parameter's accumulate-grad node takes its gradient as it
     would from autograd's own node (without a copy) and runs the parameter's hooks."""
-    if not linears:
-        return
     params = list(dict.fromkeys(weight for weight, _, _ in linears if weight.requires_grad))
+    if not params:  # frozen weights: nothing to accumulate
+        return
     with torch.enable_grad():
         root = _WeightGrads.apply(linears, *params)
     _run_backward((root,), (torch.ones_like(root),), False, False, tuple(params),
@@ -213,6 +218,7 @@ class _WeightGrads(torch.autograd.Function):
         grads: dict = {}
         for weight, x, grad in ctx.linears:  # a weight used twice (sub-batches) sums its uses
             if weight.requires_grad:
-                grads[weight] = grad.t().mm(x) if weight not in grads else grads[weight] + grad.t().mm(x)
+                gemm = grad.t().mm(x)
+                grads[weight] = gemm if weight not in grads else grads[weight] + gemm
         ctx.linears = None
         return (None, *(grads.pop(p) for p in ctx.params))
