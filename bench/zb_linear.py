@@ -9,7 +9,11 @@ the kernels train.py picks), forward then:
   ``nn.Linear``);
 - deferred: B then W with the chunk's linears swapped for split_backward.py's deferred
   linears (``defer_linear_weights``): B computes their input gradients only and W their
-  weight GEMMs directly (Note [deferred linear weights]);
+  weight GEMMs directly (Note [deferred linear weights]); the norms' weights kept on the
+  join path;
+- bare: the same chunk as train.py's zero-bubble executor has it, B a bare
+  ``autograd.grad`` of the input and the norms' weights, W the GEMMs and those norm
+  gradients in one engine call (Note [bare B]);
 - input-only (a reference, no W): ``torch.autograd.grad`` of the chunk's input alone,
   keeping the graph: what B would cost without torch's join analysis and its hooks.
 
@@ -104,6 +108,11 @@ def main() -> int:
     variants = {"plain": plain, "join": plain}
     if hasattr(sb, "defer_linear_weights"):
         variants["deferred"] = sb.defer_linear_weights([chunk()])[0]  # the same values: same seed
+        for name, p in variants["deferred"].named_parameters():
+            if "norm" in name:
+                p.split_gradient = "joined"  # Note [bare B] off: the norms on the join path
+        if hasattr(sb, "_bare"):
+            variants["bare"] = sb.defer_linear_weights([chunk()])[0]
     variants["input-only"] = plain
     x = torch.randn(MICRO_BATCH, SHAPES["seq_len"], SHAPES["hidden"])
     grad = torch.randn_like(x)
