@@ -196,3 +196,17 @@ def test_bare_b_hands_each_norm_gradient_to_w_once():
     want = dict(plain.named_parameters())
     for name, p in split.named_parameters():
         torch.testing.assert_close(p.grad, want[name].grad, rtol=0, atol=0, msg=name)
+
+
+def test_bare_b_under_recompute():
+    """A checkpointed chunk (recompute = full) recomputes its forward inside the bare B, bit for bit."""
+    class Recomputed(torch.nn.Module):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return torch.utils.checkpoint.checkpoint(self.net, x, use_reentrant=False)
+
+    plain, split = chunk(1, 0), defer_linear_weights([chunk(1, 0)])[0]
+    assert b_then_w(Recomputed(plain), Recomputed(split)) == [("bare", 2)] * 2
