@@ -34,22 +34,22 @@ Note [deferred linear weights]: restarting autograd at the joins runs every line
 matmul node twice, in B for the input gradient and again in W for the weight's
 (bench/zb_linear.py's profile: 7 MmBackward0 in each pass of a llama layer). Measured,
 that second run is a small part of what B + W adds to a plain backward (bench/
-peer_notes.md, 2026-12-06: ~0.1 of ~0.7 ms a layer; the rest is torch's join analysis and
-hooks in B, the norms' backward again in W, W's restarts). ``defer_linear_weights``,
+peer_notes.md, 2026-12-06: ~0.1 of ~0.7 ms a layer; the rest is torch's join analysis
+and hooks in B, the norms' backward again in W, W's restarts). ``defer_linear_weights``,
 which the executor applies to a zero-bubble build's chunks (only such a build ships this
 module), removes it: each bias-free ``nn.Linear`` becomes a ``DeferredLinear``, whose
 backward in B computes the input gradient only and leaves (weight, input, output
 gradient) with the B that runs it (``_collecting``); W computes each weight's gradient
 directly, ``grad.t() @ input`` over the flattened tokens (the GEMM autograd's
-``MmBackward0`` runs for ``F.linear``'s weight: bit-identical gradients), and accumulates
-it through the parameter's own accumulate-grad node, so tensor hooks and
+``MmBackward0`` runs for ``F.linear``'s weight: bit-identical gradients), and
+accumulates it through the parameter's own accumulate-grad node, so tensor hooks and
 post-accumulate-grad hooks fire once per parameter per W as before. The weights are no
 edge of the graph (the function takes a detached copy), so B's join analysis never
 reaches them and W's restarts skip them. Left on the join path: every other parameter
-(norms, embeddings, the head's ``F.linear``), linears with a bias (``F.linear`` gives
-their 3D output as a view, which a function's output may not be), tensor-parallel
-linears (other classes, layers.py), linears under autocast (the casts are autograd's
-nodes), linears whose input needs no gradient, and chunks under ZeRO-3
+(norms, but for Note [bare B]; embeddings, the head's ``F.linear``), linears with a bias
+(``F.linear`` gives their 3D output as a view, which a function's output may not be),
+tensor-parallel linears (other classes, layers.py), linears under autocast (the casts
+are autograd's nodes), linears whose input needs no gradient, and chunks under ZeRO-3
 (``split_backward_hooks``: its gathers for B and W are the hooks'). A backward outside a
 B or a whole-backward W (none in the trainer) accumulates the weight gradients at once.
 
