@@ -71,9 +71,10 @@ class PipelineExecutor:
         # schedule.py, Note [B and W]: B computes the input gradient only, W the weights'
         self.split_backward = any(action.op is Op.WEIGHT for action in self.actions)
         if self.split_backward:  # only a zero-bubble build ships split_backward.py
-            from .split_backward import backward_input, backward_weight
+            from .split_backward import backward_input, backward_weight, defer_linear_weights
 
             self._backward_input, self._backward_weight = backward_input, backward_weight
+            defer_linear_weights(self.chunks)  # split_backward.py, Note [deferred linear weights]
         self.steps = p2p_steps(self.actions, lookahead(device))  # Note [pre-posted receives]
         self.grad_codec = grad_codec
         self.loss_scale = 1.0  # fp16: the last stage's backward starts from it (loss_scale.py)
