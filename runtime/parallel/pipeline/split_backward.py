@@ -60,7 +60,7 @@ gradients in B anyway. Such a chunk's B is one ``torch.autograd.grad`` of the in
 of those norm parameters (``_bare``): no join analysis, no pre-hooks, no graph kept for
 W; W then hands the norms' gradients, with the deferred GEMMs, to the parameters'
 accumulate-grad nodes in one engine call (``_weight_gemms``), so their hooks fire in W
-as before. ``defer_linear_weights`` marks the parameters (``split_gradient``: "deferred"
+as before. ``defer_linear_weights`` marks the parameters (``_MARKS``: "deferred"
 on a ``DeferredLinear``'s weight, "from_b" on a ``Norm``'s, a parameter no other module
 holds; a ``DeferredLinear`` marks its weight on its first forward, so a weight used only
 elsewhere, as the head's by the loss, is never marked); a B takes this path when every
@@ -83,8 +83,13 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.graph import GradientEdge, _engine_run_backward as _run_backward
 from torch.distributed.pipelining._backward import stage_backward_input
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ...models.norm import Norm
+
+_MARKS = WeakIdKeyDictionary()
+"""Parameter -> how its gradient is split (Note [bare B]): "deferred", "from_b" or "joined";
+the executor's own state, kept here rather than on the parameter (its role is roles.py's)."""
 
 
 @dataclass(slots=True)
@@ -108,7 +113,7 @@ def backward_input(output, output_grad, stage_input, params) -> tuple[torch.Tens
         return None, OwedWeights(params=params, output=output, output_grad=output_grad)
     grads = None if output_grad is None else [output_grad]
     if _bare(params):  # Note [bare B]
-        norms = [p for p in params if p.split_gradient == "from_b"]
+        norms = [p for p in params if _MARKS.get(p) == "from_b"]
         with _collecting() as linears:
             input_grad, *norm_grads = torch.autograd.grad([output], [stage_input, *norms], grads, allow_unused=True)
         kept = [(p, grad) for p, grad in zip(norms, norm_grads, strict=True) if grad is not None]
@@ -159,7 +164,7 @@ def backward_weight(owed: OwedWeights, hooks=None) -> None:
 def _bare(params) -> bool:
     """Whether a B owing ``params`` is a bare ``autograd.grad`` (Note [bare B])."""
     for p in params:
-        kind = getattr(p, "split_gradient", None)
+        kind = _MARKS.get(p)
         if kind != "deferred" and (kind != "from_b" or p._backward_hooks):
             return False
     return True
@@ -185,9 +190,9 @@ def defer_linear_weights(chunks):
                 holders.setdefault(p, []).append(module)
         for p, modules in holders.items():  # a linear's weight: marked by its forward
             if len(modules) > 1:
-                p.split_gradient = "joined"
+                _MARKS[p] = "joined"
             elif isinstance(modules[0], Norm):
-                p.split_gradient = "from_b"
+                _MARKS[p] = "from_b"
     return chunks
 
 
@@ -197,12 +202,10 @@ class DeferredLinear(torch.nn.Linear):
     def forward(self, x):
         if not torch.is_grad_enabled():
             return F.linear(x, self.weight)
-        marks = self.weight.__dict__  # Note [bare B]: "joined" for good once a use is on the join path
         if torch.is_autocast_enabled(x.device.type) or not x.requires_grad:
-            marks["split_gradient"] = "joined"
+            _MARKS[self.weight] = "joined"  # Note [bare B]: for good once a use is on the join path
             return F.linear(x, self.weight)  # the join path
-        if "split_gradient" not in marks:
-            marks["split_gradient"] = "deferred"
+        _MARKS.setdefault(self.weight, "deferred")
         return _Deferred.apply(x, self.weight.detach(), self)
 
 
