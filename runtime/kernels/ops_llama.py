@@ -1,5 +1,5 @@
 """llama's fused ops: RMSNorm, the residual add + RMSNorm, SwiGLU and rotary
-(``parc::rms_norm_*``, ``parc::add_rms_norm_*``, ``parc::swiglu*``, ``parc::rotary``), with
+(``parc::rms_norm_*``, ``parc::add_rms_norm_*``, ``parc::swiglu*``, ``parc::rotary_qk``), with
 their autograd, and ``rotary_tables`` (the fused rotary's and the reference's). ``ops``
 hands them out (Note [ops by feature] in ops.py): a build ships this module only for
 arch = llama.
