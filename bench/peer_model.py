@@ -6,7 +6,10 @@ shapes (bench/peer.py's ``Shapes``), so what differs between the trainers' figur
 this one is the trainers' (their pipeline, hooks, optimizer, ...). Needs torchtitan
 installed for the bench (``python bench/peer.py --setup``).
 
-    python bench/peer_model.py [--iterations 60] [--profile]
+    python bench/peer_model.py [--iterations 60] [--profile] [--phases]
+
+``--phases`` splits parc's self CPU into forward and backward, by op and input shapes
+(the profiler's own cost inflates small ops several-fold: compare rows, not sums).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=60, help="alternating pairs (the first 10 are warm-up)")
     parser.add_argument("--profile", action="store_true", help="then each side's ops by self CPU, 20 iterations")
+    parser.add_argument("--phases", action="store_true", help="then parc's forward and backward apart, 20 iterations")
     args = parser.parse_args()
     import torch
 
@@ -78,6 +82,34 @@ def main() -> None:
                 for _ in range(20):
                     run()
             print(f"== {name}\n" + profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+    if args.phases:
+        phases(parc, tokens, targets)
+
+
+def phases(parc, tokens, targets, iterations=20, rows=25) -> None:
+    """parc's ops by self CPU a micro-batch, forward and backward apart, with input shapes."""
+    import collections
+
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as profile:
+        for _ in range(iterations):
+            with torch.profiler.record_function("FORWARD"):
+                loss = parc(tokens, targets)
+            with torch.profiler.record_function("BACKWARD"):
+                loss.backward()
+    events = profile.events()
+    spans = {name: [e.time_range for e in events if e.name == name] for name in ("FORWARD", "BACKWARD")}
+    for phase, ranges in spans.items():
+        totals = collections.defaultdict(lambda: [0.0, 0])
+        for e in events:
+            if e.name not in spans and any(r.start <= e.time_range.start and e.time_range.end <= r.end for r in ranges):
+                row = totals[(e.name[:44], str(e.input_shapes)[:60])]
+                row[0], row[1] = row[0] + e.self_cpu_time_total, row[1] + 1
+        print(f"== parc {phase.lower()}: self CPU {sum(t for t, _ in totals.values()) / iterations / 1e3:.2f} ms"
+              " a micro-batch (ms, calls a micro-batch, op, input shapes)")
+        for (name, shapes), (total, calls) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:rows]:
+            print(f"{total / iterations / 1e3:7.3f} {calls // iterations:4d}  {name:44s} {shapes}")
 
 
 if __name__ == "__main__":

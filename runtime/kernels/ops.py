@@ -111,7 +111,7 @@ def cross_entropy(logits: Tensor, targets: Tensor, *, vocab_size: int, tp_group=
 _BY_MODULE = {
     "ops_gpt": ("layer_norm", "layer_norm_fwd", "layer_norm_bwd", "bias_gelu", "_bias_gelu", "bias_gelu_bwd",
                 "add_layer_norm", "add_layer_norm_fwd", "add_layer_norm_bwd"),
-    "ops_llama": ("rms_norm", "rms_norm_fwd", "rms_norm_bwd", "swiglu", "_swiglu", "swiglu_bwd", "rotary", "_rotary",
+    "ops_llama": ("rms_norm", "rms_norm_fwd", "rms_norm_bwd", "swiglu", "_swiglu", "swiglu_bwd", "rotary", "_rotary_qk",
                   "add_rms_norm", "add_rms_norm_fwd", "add_rms_norm_bwd"),
     "ops_ring": ("block_attention", "block_attention_backward", "block_attention_fwd", "block_attention_bwd"),
     "ops_moe": ("permute_rows", "combine_rows", "grouped_mm", "permute_rows_fwd", "permute_rows_bwd",

@@ -1,5 +1,5 @@
 """llama's fused ops: RMSNorm, the residual add + RMSNorm, SwiGLU and rotary
-(``parc::rms_norm_*``, ``parc::add_rms_norm_*``, ``parc::swiglu*``, ``parc::rotary``), with
+(``parc::rms_norm_*``, ``parc::add_rms_norm_*``, ``parc::swiglu*``, ``parc::rotary_qk``), with
 their autograd, and ``rotary_tables`` (the fused rotary's and the reference's). ``ops``
 hands them out (Note [ops by feature] in ops.py): a build ships this module only for
 arch = llama.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .add_norm import _grad_h, _like, _promoted
 from .backend import _DEVICES, _backend, _row_stats
@@ -118,39 +119,59 @@ def _rotary_out(x: Tensor) -> Tensor:
     return torch.empty_like(x, dtype=torch.promote_types(x.dtype, torch.float32))
 
 
-@torch.library.custom_op("parc::rotary", mutates_args=(), device_types=_DEVICES)
-def _rotary(x: Tensor, cos: Tensor, sin: Tensor, sign: float) -> Tensor:
-    """x rotated by the (T, D/2) tables (sign 1), or by their inverse (sign -1)."""
-    out = _rotary_out(x)
-    _backend(x).rotary_apply(x, cos, sin, out, sign)
-    return out
+@torch.library.custom_op("parc::rotary_qk", mutates_args=(), device_types=_DEVICES)
+def _rotary_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, sign: float) -> tuple[Tensor, Tensor]:
+    """q and k rotated by the (T, D/2) tables (sign 1), or by their inverse (sign -1): one
+    op (one autograd node) for both, as attention always rotates the two together."""
+    out_q, out_k = _rotary_out(q), _rotary_out(k)
+    _backend(q).rotary_apply(q, cos, sin, out_q, sign)
+    _backend(k).rotary_apply(k, cos, sin, out_k, sign)
+    return out_q, out_k
 
 
-@_rotary.register_fake
-def _(x, cos, sin, sign):
-    return _rotary_out(x)
+@_rotary_qk.register_fake
+def _(q, k, cos, sin, sign):
+    return _rotary_out(q), _rotary_out(k)
 
 
 def _rotary_setup(ctx, inputs, output):
-    x, cos, sin, sign = inputs
+    q, k, cos, sin, sign = inputs
     ctx.save_for_backward(cos, sin)
-    ctx.sign, ctx.input_dtype = sign, x.dtype
+    ctx.sign, ctx.dtypes = sign, (q.dtype, k.dtype)
 
 
-def _rotary_backward(ctx, grad):
+def _rotary_backward(ctx, grad_q, grad_k):
     cos, sin = ctx.saved_tensors
-    dx = call(_rotary, grad, cos, sin, -ctx.sign)  # a rotation's inverse is its transpose
-    return dx.to(ctx.input_dtype), None, None, None
+    dq, dk = call(_rotary_qk, grad_q, grad_k, cos, sin, -ctx.sign)  # a rotation's inverse is its transpose
+    return dq.to(ctx.dtypes[0]), dk.to(ctx.dtypes[1]), None, None, None
 
 
-_rotary.register_autograd(_rotary_backward, setup_context=_rotary_setup)
+_rotary_qk.register_autograd(_rotary_backward, setup_context=_rotary_setup)
+
+_TABLES: dict = {}
+"""(T, D, theta, device, start) → ``rotary_tables``: every layer rotates at the same positions."""
+
+
+def _tables(T, D, theta, device, start):
+    # Kept only for plain tensors: not while tracing (fake tensors), compiling or under
+    # inference mode (whose tensors backward cannot save), nor on the meta device.
+    if (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+            or torch.is_inference_mode_enabled() or device.type == "meta"):
+        return rotary_tables(T, D, theta, device, start)
+    key = (T, D, theta, device, start)
+    if key not in _TABLES:
+        if len(_TABLES) >= 64:  # positions of many slices or cp ranks: keep it bounded
+            _TABLES.clear()
+        _TABLES[key] = rotary_tables(T, D, theta, device, start)
+    return _TABLES[key]
 
 
 def rotary(q: Tensor, k: Tensor, theta: float, start: int = 0) -> tuple[Tensor, Tensor]:
     """Rotary positions start..start+T-1 on q and k, each (B, heads, T, D) (model.py's rotary())."""
-    cos, sin = rotary_tables(q.shape[-2], q.shape[-1], theta, q.device, start)
+    cos, sin = _tables(q.shape[-2], q.shape[-1], theta, q.device, start)
+    rq, rk = call(_rotary_qk, q, k, cos, sin, 1.0)
     # computed in fp32, rounded to the inputs' dtype (bf16/fp16 compute weights, as model.py's)
-    return call(_rotary, q, cos, sin, 1.0).to(q.dtype), call(_rotary, k, cos, sin, 1.0).to(k.dtype)
+    return rq.to(q.dtype), rk.to(k.dtype)
 
 
 # ---- residual add + RMSNorm (Note [fused residual norm] in add_norm.py) ------------

@@ -98,6 +98,41 @@ def test_rotary_keeps_layout_and_dtype_like_the_model(ops):
     assert rq.stride() == q.stride() and rk.stride() == k.stride()
 
 
+def test_rotary_one_output_used(ops):
+    """q and k share one op: a loss of q alone gives q its gradient (k's arrives as zeros)."""
+    q, k = leaves(*qk(2, 5, 4, 2, 6, torch.float32))
+    rq, _ = ops.rotary(q, k, 10000.0)
+    ref_q = leaves(q)[0]
+    expected, _ = reference.rotary(ref_q, k.detach(), 10000.0)
+    grad = randn(*rq.shape, seed=2)
+    rq.backward(grad)
+    expected.backward(grad)
+    assert_close(q.grad, ref_q.grad)
+    assert k.grad is None or torch.all(k.grad == 0)
+
+
+def test_rotary_tables_kept_only_for_plain_training_tensors(ops):
+    """Every layer reuses one step's tables; none made under inference mode (backward cannot
+    save those) or fake tensors (the planner's tracing) is kept for a later training step."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from parc.runtime.kernels import ops_llama
+
+    ops_llama._TABLES.clear()
+    with torch.inference_mode():
+        ops.rotary(*qk(1, 7, 2, 2, 4, torch.float32), 10000.0)
+    with FakeTensorMode():
+        ops.rotary(*qk(1, 7, 2, 2, 4, torch.float32), 10000.0)
+    assert not ops_llama._TABLES
+    q, k = leaves(*qk(1, 7, 2, 2, 4, torch.float32))
+    rq, rk = ops.rotary(q, k, 10000.0)
+    (rq.sum() + rk.sum()).backward()  # raises if an inference-mode table was saved
+    assert len(ops_llama._TABLES) == 1
+    tables = next(iter(ops_llama._TABLES.values()))
+    assert not torch.is_inference(tables[0]) and type(tables[0]) is torch.Tensor
+    assert all(torch.equal(a, b) for a, b in zip(tables, ops_llama.rotary_tables(7, 4, 10000.0, q.device)))
+
+
 def test_reference_rotary_is_the_models():
     from parc.runtime.models.attention import rotary as model_rotary
 
@@ -164,11 +199,13 @@ def test_fake_tensors_trace(ops):
     """The ops have fake implementations: torch.library's own checks pass (fake, schema, autograd)."""
     x, w, b = randn(4, 16), randn(16, seed=1), randn(16, seed=2)
     from parc.runtime.kernels import ops as module
+    from parc.runtime.kernels.ops_llama import rotary_tables
 
     for op, args in [
         (module.layer_norm_fwd, (x, w, b, 1e-5)),
         (module.rms_norm_fwd, (x, w, 1e-5)),
         (module._bias_gelu, (x, b)),
         (module._swiglu, (x, w.expand(4, 16).contiguous())),
+        (module._rotary_qk, (*qk(2, 3, 2, 1, 4, torch.float32), *rotary_tables(3, 4, 10000.0, x.device), 1.0)),
     ]:
         torch.library.opcheck(op, [a.clone().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a for a in args])
