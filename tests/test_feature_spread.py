@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CEILING = {
-    "cp_kind": 8, "etp": 9, "tp_shape": 8, "terapipe": 8, "chimera": 6, "compress_pp": 8, "zero_shard": 8,
+    "cp_kind": 8, "etp": 8, "tp_shape": 8, "terapipe": 8, "chimera": 6, "compress_pp": 8, "zero_shard": 8,
     "ep_group": 7,
 }
 """Measured on 2026-12-06 once each pair rule sits with the feature whose fact it is (a rule
@@ -21,9 +21,8 @@ reads another feature's value through that feature's derived value: Note [a deri
 rule_keys.py), the schedule key's calls and the planner's closed forms come from the schedule
 table, and the MoE MLP's saved elements are the experts' cost module's. What is left is each
 word's owners: its record entry, registry entry, rules and unbuilt-pair rows, runtime, render and
-cost modules. etp is at 9, one over the issue's 8: expert parallelism's runtime is two modules
-(moe.py and moe_overlap.py, the overlapped dispatch, which cites moe.py's Note [etp counts in
-flight])."""
+cost modules. The overlapped expert dispatch (moe_overlap.py) asks moe.py for the
+sub-batches' gathered counts (``MoEMLP.sizes_in_flight``) instead of reading the etp layout itself."""
 
 
 def files_naming(word: str) -> list[str]:

@@ -344,6 +344,22 @@ class MoEMLP(nn.Module):
             return None
         return launch_all_gather(counts.reshape(-1, counts.shape[-1]), self.etp_group, 0)
 
+    def sizes_in_flight(self, counts: list):
+        """Every sub-batch's per-local-expert ``counts`` gathered over the etp group in one
+        all-gather (Note [etp counts in flight]): gives ``sizes(i)``, sub-batch i's for
+        ``run_local`` (the gather waited at the first call, behind the first dispatch), None
+        without etp."""
+        pending, gathered = self.launch_sizes(torch.stack(counts)), []
+
+        def sizes(i: int) -> torch.Tensor | None:
+            if pending is None:
+                return None
+            if not gathered:  # (etp rank, sub-batch, expert)
+                gathered.append(pending.wait().view(-1, len(counts), counts[0].shape[0]))
+            return gathered[0][:, i]
+
+        return sizes
+
     def run_local(self, x, counts, sizes: Pending | torch.Tensor | None = None):
         """Rows sorted by local expert (``counts[e]`` for local expert e) → their outputs.
 
@@ -361,7 +377,7 @@ class MoEMLP(nn.Module):
         exchange). ``launch_sizes`` starts their all-gather asynchronously as soon as they
         are known: before the dispatch all-to-all (ep > 1; it runs behind that exchange),
         before the rows' permutation (ep = 1), and once for all k sub-batches before the
-        first dispatch (``moe_overlap.run_overlapped``). ``sizes``: that ``Pending`` (or
+        first dispatch (``sizes_in_flight``, for ``moe_overlap.run_overlapped``). ``sizes``: that ``Pending`` (or
         its result, the (etp rank, local expert) table); None gathers them here, blocking."""
         if group_size(self.etp_group) == 1:
             return self.run_experts(x, counts)

@@ -15,8 +15,8 @@ its gradient and ``_Launch``'s backward waits for it; autograd runs nodes in rev
 creation order, so the reverse combine of sub-batch i runs while sub-batch i+1's experts
 do their backward, and the reverse dispatch of i+1 while i's do. What stays exposed is
 what ``comm.exposed_clock`` counts: the waits, and the small blocking count exchange
-(under etp the etp group's counts of every sub-batch are gathered once, behind the first
-dispatch: Note [etp counts in flight] in moe.py).
+(the counts every sub-batch's experts need from other ranks are gathered once, behind the
+first dispatch: ``MoEMLP.sizes_in_flight`` in moe.py).
 """
 
 from __future__ import annotations
@@ -102,19 +102,14 @@ def run_overlapped(layer, rows: list, counts: list) -> list:
     """Note [expert all-to-all overlap]: each sub-batch's rows (sorted by expert, ``counts``
     per expert) → its experts' outputs, in the same order."""
     plans = [layer.exchange_plan(c) for c in counts]  # the blocking count exchanges, first
-    # Note [etp counts in flight] (moe.py): every sub-batch's etp counts in one gather, behind the first dispatch
-    gathering = layer.launch_sizes(torch.stack([p.local_counts for p in plans]))
+    sizes = layer.sizes_in_flight([p.local_counts for p in plans])  # one gather, waited behind the first dispatch
     dispatch = [_Exchange(layer.ep_group, p.send, p.receive) for p in plans]
     combine = [_Exchange(layer.ep_group, p.receive, p.send) for p in plans]
     dispatch[0].start(rows[0])
-    sizes = None
     for i, plan in enumerate(plans):
         if i + 1 < len(plans):
             dispatch[i + 1].start(rows[i + 1])  # runs while sub-batch i's experts compute
         arrived = dispatch[i].finish()
-        if gathering is not None and sizes is None:
-            sizes = gathering.wait().view(-1, len(plans), plan.local_counts.shape[0])  # (etp rank, sub-batch, expert)
-        mine = None if sizes is None else sizes[:, i]
-        y = layer.run_local(permuted(arrived, plan.regroup, plan.back), plan.local_counts, mine)  # etp: its gather
+        y = layer.run_local(permuted(arrived, plan.regroup, plan.back), plan.local_counts, sizes(i))
         combine[i].start(permuted(y, plan.back, plan.regroup))  # runs while sub-batch i+1's experts compute
     return [exchange.finish() for exchange in combine]
