@@ -188,12 +188,21 @@ def defer_linear_weights(chunks):
                 module.__class__ = DeferredLinear  # same parameters, names and state dict
             for p in module.parameters(recurse=False):
                 holders.setdefault(p, []).append(module)
+        head = _head(chunk)
         for p, modules in holders.items():  # a linear's weight: marked by its forward
             if len(modules) > 1:
                 _MARKS[p] = "joined"
-            elif isinstance(modules[0], Norm):
+            elif isinstance(modules[0], Norm) or modules[0] is head:
                 _MARKS[p] = "from_b"
     return chunks
+
+
+def _head(chunk):
+    """A last chunk's head whose weight only the loss's ``F.linear`` uses, untied: its gradient
+    comes from B (Note [bare B]); else None (a tied copy keeps the join path)."""
+    head = getattr(chunk, "head", None) if getattr(chunk, "last", False) else None
+    untied = type(head) is DeferredLinear and not chunk.config.tie_embeddings and chunk.tp_group is None
+    return head if untied and chunk.head_weight() is head.weight else None
 
 
 class DeferredLinear(torch.nn.Linear):
