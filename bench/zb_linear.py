@@ -22,7 +22,12 @@ Side by side, alternating runs, medians of CPU time per pass (ms), the load prin
 (aten::mm/addmm/bmm) and autograd nodes of each kind run: whether a linear's matmul
 node runs in both B and W.
 
-    python bench/zb_linear.py [--repeat 9] [--iters 20] [--threads 1] [--profile]
+``--last``: the last chunk instead (rank 0's chunk 1: layer 3, the final norm, the head
+and the loss; B starts from the loss), whose bare B also takes the head's weight gradient
+(Note [bare B]); the variants plain, join, deferred (the last chunk's B before it took
+the bare path) and bare.
+
+    python bench/zb_linear.py [--repeat 9] [--iters 20] [--threads 1] [--profile] [--last]
 """
 
 from __future__ import annotations
@@ -41,21 +46,25 @@ from parc.runtime.parallel.pipeline import split_backward as sb
 SHAPES = dict(arch="llama", layers=4, hidden=128, heads=4, kv_heads=4, ffn=512, vocab=512, padded_vocab=512,
               seq_len=64, dropout=0.0, norm_eps=1e-5, rope_theta=10000.0, tie_embeddings=False)
 MICRO_BATCH = 2
+TARGETS = torch.randint(0, SHAPES["vocab"], (MICRO_BATCH, SHAPES["seq_len"]), generator=torch.Generator().manual_seed(0))
 
 
-def chunk():
-    """Chunk 0 of pipeline rank 1 under ZB-V's placement: virtual stage 1, one layer."""
+def chunk(last=False):
+    """Chunk 0 of pipeline rank 1 under ZB-V's placement: virtual stage 1, one layer; ``last``:
+    chunk 1 of rank 0, virtual stage 3 (the last)."""
     config = model.ModelConfig(**SHAPES)
-    net = model.build_stages(config, stages=((0, 1), (1, 2), (2, 3), (3, 4)), pp_rank=1, pp_size=2, placement="v")
+    net = model.build_stages(config, stages=((0, 1), (1, 2), (2, 3), (3, 4)), pp_rank=0 if last else 1, pp_size=2,
+                             placement="v")
     net = model.init_weights(net, seed=1, device="cpu", init_on_device=True)
     net = model.use_kernels(net, "compiled", "cpu")
-    return net[0]
+    return net[1 if last else 0]
 
 
 def passes(net, x, grad, variant):
-    """The chunk's backward under ``variant``, as (name, thunk) in the order they run."""
+    """The chunk's backward under ``variant``, as (name, thunk) in the order they run;
+    ``grad`` None: the last chunk, whose output is the loss of ``TARGETS``."""
     x = x.detach().requires_grad_(True)
-    y = net(x)
+    y = net(x) if grad is not None else net(x, TARGETS)
     if variant == "plain":
         return [("backward", lambda: torch.autograd.backward(y, grad))]
     if variant == "input-only":
@@ -101,21 +110,23 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--last", action="store_true", help="the last chunk (head and loss)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    plain = chunk()
+    plain = chunk(args.last)
     variants = {"plain": plain, "join": plain}
     if hasattr(sb, "defer_linear_weights"):
-        variants["deferred"] = sb.defer_linear_weights([chunk()])[0]  # the same values: same seed
+        variants["deferred"] = sb.defer_linear_weights([chunk(args.last)])[0]  # the same values: same seed
         for name, p in variants["deferred"].named_parameters():
-            if "norm" in name:
-                p.split_gradient = "joined"  # Note [bare B] off: the norms on the join path
+            if "norm" in name or name == "head.weight":
+                sb._MARKS[p] = "joined"  # Note [bare B] off: the norms (and head) on the join path
         if hasattr(sb, "_bare"):
-            variants["bare"] = sb.defer_linear_weights([chunk()])[0]
-    variants["input-only"] = plain
+            variants["bare"] = sb.defer_linear_weights([chunk(args.last)])[0]
+    if not args.last:
+        variants["input-only"] = plain
     x = torch.randn(MICRO_BATCH, SHAPES["seq_len"], SHAPES["hidden"])
-    grad = torch.randn_like(x)
+    grad = None if args.last else torch.randn_like(x)
     print(f"load (1-min average): {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; torch threads {args.threads}")
     if args.profile:
         for variant, net in variants.items():

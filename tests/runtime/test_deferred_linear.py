@@ -1,8 +1,8 @@
 """A zero-bubble build's deferred linears (split_backward.py, Note [deferred linear weights]):
 B computes their input gradients only, W each weight's GEMM once, and B then W gives
 bit for bit the gradients of one plain backward on a chunk of a llama; a middle chunk's B
-is a bare autograd.grad (Note [bare B]), the first, the last and a chunk with another
-parameter keep their paths."""
+is a bare autograd.grad (Note [bare B]), and so is the last's with an untied head; the
+first, a tied head and a chunk with another parameter keep their paths."""
 
 import pytest
 import torch
@@ -62,27 +62,52 @@ def test_b_then_w_is_one_plain_backward_bit_for_bit(kernels):
         torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0, msg=name)
 
 
-def test_first_and_last_stage():
-    """The first stage's W runs its whole backward (token input); the last's B starts from its loss."""
-    for pp_rank, index, first in ((0, 0, True), (0, 1, False)):
-        plain, deferred = chunk(pp_rank, index), defer_linear_weights([chunk(pp_rank, index)])[0]
-        torch.manual_seed(1)
-        if first:
-            x, grad = torch.randint(0, SHAPES["vocab"], (2, SHAPES["seq_len"])), torch.randn(2, SHAPES["seq_len"],
-                                                                                             SHAPES["hidden"])
-            torch.autograd.backward(plain(x), grad)
-            x_grad, debt = backward_input(deferred(x), grad, x, deferred.parameters())
-            assert x_grad is None and debt.groups is None  # W: the whole backward
+def test_first_stage():
+    """The first stage's W runs its whole backward (token input)."""
+    plain, deferred = chunk(0, 0), defer_linear_weights([chunk(0, 0)])[0]
+    torch.manual_seed(1)
+    x, grad = torch.randint(0, SHAPES["vocab"], (2, SHAPES["seq_len"])), torch.randn(2, SHAPES["seq_len"],
+                                                                                     SHAPES["hidden"])
+    torch.autograd.backward(plain(x), grad)
+    x_grad, debt = backward_input(deferred(x), grad, x, deferred.parameters())
+    assert x_grad is None and debt.groups is None  # W: the whole backward
+    backward_weight(debt)
+    for (name, p), q in zip(plain.named_parameters(), deferred.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("kernels,tied", [("compiled", False), ("eager", False), ("compiled", True)])
+def test_last_stage(kernels, tied):
+    """The last chunk's B starts from its loss. Untied, it is bare (Note [bare B]): the head's
+    weight gradient comes from B beside the norms', reaches ``.grad`` in W, once a micro-batch
+    (a W that dropped or doubled it would differ from a plain backward's); a tied copy of the
+    embedding (Note [tied embeddings across stages]) keeps the join path."""
+    plain, split = chunk(0, 1, kernels, tie_embeddings=tied), chunk(0, 1, kernels, tie_embeddings=tied)
+    split = defer_linear_weights([split])[0]
+    fired = []
+    split.head.weight.register_post_accumulate_grad_hook(lambda p: fired.append(p))
+    torch.manual_seed(1)
+    owed = []
+    for _ in range(2):  # two micro-batches, every B first
+        x = torch.randn(2, SHAPES["seq_len"], SHAPES["hidden"])
+        targets = torch.randint(0, SHAPES["vocab"], (2, SHAPES["seq_len"]))
+        xp = x.clone().requires_grad_(True)
+        plain(xp, targets).backward()
+        xs = x.clone().requires_grad_(True)
+        x_grad, debt = backward_input(split(xs, targets), None, xs, split.parameters())
+        torch.testing.assert_close(x_grad, xp.grad, rtol=0, atol=0)
+        kept = [p for p, _ in debt.kept]
+        if tied:
+            assert debt.groups and not kept  # the join path
         else:
-            x = torch.randn(2, SHAPES["seq_len"], SHAPES["hidden"])
-            targets = torch.randint(0, SHAPES["vocab"], (2, SHAPES["seq_len"]))
-            plain(x.clone().requires_grad_(True), targets).backward()
-            xs = x.clone().requires_grad_(True)
-            x_grad, debt = backward_input(deferred(xs, targets), None, xs, deferred.parameters())
-            assert debt.groups and not debt.kept  # the head's weight (the loss's F.linear): the join path
+            assert debt.groups == [] and kept[-1] is split.head.weight and len(kept) == 4  # 3 norms and the head
+        owed.append(debt)
+    assert fired == [] and split.head.weight.grad is None
+    for debt in owed:
         backward_weight(debt)
-        for (name, p), q in zip(plain.named_parameters(), deferred.parameters()):
-            torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0, msg=name)
+    assert len(fired) == 2
+    for (name, p), q in zip(plain.named_parameters(), split.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0, msg=name)
 
 
 def test_a_backward_outside_b_and_biased_linears():

@@ -46,7 +46,7 @@ accumulates it through the parameter's own accumulate-grad node, so tensor hooks
 post-accumulate-grad hooks fire once per parameter per W as before. The weights are no
 edge of the graph (the function takes a detached copy), so B's join analysis never
 reaches them and W's restarts skip them. Left on the join path: every other parameter
-(norms, but for Note [bare B]; embeddings, the head's ``F.linear``), linears with a bias
+(norms and an untied head, but for Note [bare B]; embeddings), linears with a bias
 (``F.linear`` gives their 3D output as a view, which a function's output may not be),
 tensor-parallel linears (other classes, layers.py), linears under autocast (the casts
 are autograd's nodes), linears whose input needs no gradient, and chunks under ZeRO-3
@@ -61,17 +61,22 @@ of those norm parameters (``_bare``): no join analysis, no pre-hooks, no graph k
 W; W then hands the norms' gradients, with the deferred GEMMs, to the parameters'
 accumulate-grad nodes in one engine call (``_weight_gemms``), so their hooks fire in W
 as before. ``defer_linear_weights`` marks the parameters (``_MARKS``: "deferred"
-on a ``DeferredLinear``'s weight, "from_b" on a ``Norm``'s, a parameter no other module
-holds; a ``DeferredLinear`` marks its weight on its first forward, so a weight used only
-elsewhere, as the head's by the loss, is never marked); a B takes this path when every
+on a ``DeferredLinear``'s weight, "from_b" on a ``Norm``'s and an untied head's, a
+parameter no other module holds; a ``DeferredLinear`` marks its weight on its first
+forward, so a weight used only elsewhere is never marked); a B takes this path when every
 parameter it owes is marked so and no norm parameter has a tensor hook (autograd.grad
-would run it in B and W again). A linear that takes the join path (autocast) marks its
-weight "joined" for good, so its chunk keeps the join path, as do the first stage (token
-input), the last (the head) and every other chunk (biased, tensor-parallel or expert
-layers, ZeRO-3): the path of Note [splitting backward]. A module's parameters must be
-used by that module alone (true of runtime/models). Gradients are the same floats: the
-same nodes run once, and each parameter's accumulate-grad node gets the same sum
-(tests/runtime/test_deferred_linear.py).
+would run it in B and W again). The last chunk takes it too: its head's weight, used
+only by the loss's ``F.linear``, is marked "from_b" when untied and not tensor-parallel
+(``_head``), so B computes the head's weight GEMM (bench/zb_linear.py --last: B+W 1.16x
+a plain backward against 1.27x on the join path; deferring that GEMM to W instead costs
+the same but would keep the logits' gradient, tokens × vocab, until W); a tied copy
+(Note [tied embeddings across stages] in models/pipeline_stages.py) keeps the join path.
+A linear that takes the join path (autocast) marks its weight "joined" for good, so its
+chunk keeps the join path, as do the first stage (token input) and every other chunk
+(biased, tensor-parallel or expert layers, ZeRO-3): the path of Note [splitting
+backward]. A module's parameters must be used by that module alone (true of
+runtime/models). Gradients are the same floats: the same nodes run once, and each
+parameter's accumulate-grad node gets the same sum (tests/runtime/test_deferred_linear.py).
 """
 
 from __future__ import annotations
@@ -188,12 +193,21 @@ def defer_linear_weights(chunks):
                 module.__class__ = DeferredLinear  # same parameters, names and state dict
             for p in module.parameters(recurse=False):
                 holders.setdefault(p, []).append(module)
+        head = _head(chunk)
         for p, modules in holders.items():  # a linear's weight: marked by its forward
             if len(modules) > 1:
                 _MARKS[p] = "joined"
-            elif isinstance(modules[0], Norm):
+            elif isinstance(modules[0], Norm) or modules[0] is head:
                 _MARKS[p] = "from_b"
     return chunks
+
+
+def _head(chunk):
+    """A last chunk's head whose weight only the loss's ``F.linear`` uses, untied: its gradient
+    comes from B (Note [bare B]); else None (a tied copy keeps the join path)."""
+    head = getattr(chunk, "head", None) if getattr(chunk, "last", False) else None
+    untied = type(head) is DeferredLinear and not chunk.config.tie_embeddings and chunk.tp_group is None
+    return head if untied and chunk.head_weight() is head.weight else None
 
 
 class DeferredLinear(torch.nn.Linear):
