@@ -198,31 +198,13 @@ def summary(traces, skip: int) -> None:
 def replay(schedule, durations) -> float:
     """The makespan of ``schedule``'s lists (schedule.py, Note [the execution model]) when
     each compute takes its measured ``durations[rank][(op, micro, chunk)]`` and messages
-    take no time: runtime/schedules/schedule_sim's rule, with each action's own time."""
-    from parc.runtime.schedules.schedule import RECVS, SENDS, message_key
+    take no time: runtime/schedules/schedule_sim's ``simulate`` with each action's own time."""
+    from parc.runtime.schedules.schedule_sim import simulate
 
-    sent, clock, position = {}, [0.0] * len(schedule), [0] * len(schedule)
-    progress = True
-    while progress:
-        progress = False
-        for rank, actions in enumerate(schedule):
-            while position[rank] < len(actions):
-                action = actions[position[rank]]
-                if action.op in RECVS or action.op in SENDS:
-                    key = message_key(action, rank, schedule.placement)
-                    if action.op in SENDS:
-                        sent[key] = clock[rank]
-                    elif key not in sent:
-                        break  # blocked until the sender gets there
-                    else:
-                        clock[rank] = max(clock[rank], sent.pop(key))
-                else:
-                    clock[rank] += durations[rank][(action.op.name, action.micro, action.chunk)]
-                position[rank] += 1
-                progress = True
-    if any(position[r] < len(actions) for r, actions in enumerate(schedule)):
-        raise RuntimeError("the traced computes do not replay the schedule's lists")
-    return max(clock)
+    def measured(rank, action):
+        return durations[rank][(action.op.name, action.micro, action.chunk)]
+
+    return simulate(schedule, placement=schedule.placement, action_time=measured).makespan
 
 
 def critical_path(traces, skip: int, kind: str, chunks: int, micro_batches: int) -> None:

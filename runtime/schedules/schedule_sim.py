@@ -60,7 +60,7 @@ def default_placement(schedule, chunks: int | None = None) -> Placement:
 def simulate(schedule, *, forward_time: float = 1.0, backward_time: float = 2.0,
              weight_time: float | None = None, comm_time: float = 0.0,
              placement: Placement | None = None, slice_scale: tuple[float, ...] = (),
-             rank_times: tuple[tuple[float, float], ...] = ()) -> Timeline:
+             rank_times: tuple[tuple[float, float], ...] = (), action_time=None) -> Timeline:
     """Run every rank's list in order: F takes ``forward_time`` per chunk and a whole
     backward ``backward_time``; when the schedule splits it (Note [B and W]), W takes
     ``weight_time`` of it (default half, as F = B = W of Qi et al.) and B the rest. A send
@@ -71,7 +71,9 @@ def simulate(schedule, *, forward_time: float = 1.0, backward_time: float = 2.0,
     ``schedule.SLICED``, with uneven slices): each slice's tokens over the mean slice's,
     scaling its unit's F, B and W (unit u is slice u % S, schedule_terapipe Note [slices
     as units]). ``rank_times``: each pipeline rank's own (forward, backward) in place of
-    the two (a heterogeneous layout's stages differ: planner ``cost/per_stage.py``)."""
+    the two (a heterogeneous layout's stages differ: planner ``cost/per_stage.py``).
+    ``action_time(rank, action)``: each compute's own time in place of all of these (a
+    replay of measured computes: bench/pipe_trace.py)."""
     stages = len(schedule)
     placement = placement or default_placement(schedule)
     sent: dict[tuple, float] = {}
@@ -104,8 +106,11 @@ def simulate(schedule, *, forward_time: float = 1.0, backward_time: float = 2.0,
                     sent[key] = clock[rank]
                 else:
                     start = clock[rank]
-                    clock[rank] += by_rank[rank][action.op] * (slice_scale[action.micro % len(slice_scale)]
-                                                          if slice_scale else 1.0)
+                    if action_time is not None:
+                        clock[rank] += action_time(rank, action)
+                    else:
+                        clock[rank] += by_rank[rank][action.op] * (slice_scale[action.micro % len(slice_scale)]
+                                                              if slice_scale else 1.0)
                     events[rank].append(Event(action.op, action.micro, action.chunk, start, clock[rank]))
                 position[rank] += 1
                 progress = True
