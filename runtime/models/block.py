@@ -36,9 +36,6 @@ class Region:
     row: nn.Module
     """The projection that closes the region (o_proj, down_proj)."""
 
-    def forward(self, x, dropout: float, training: bool):
-        return x + F.dropout(self.body(self.norm(x)), dropout, training)
-
     def run(self, h, delta, dropout: float, training: bool):
         """Note [pending residual]: the region on residual stream ``h`` whose previous
         region's output ``delta`` is not added yet (None: it is); gives the new stream and

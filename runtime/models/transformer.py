@@ -97,15 +97,12 @@ class Transformer(nn.Module):
         """The tags of an embedding table tied across pipeline stages, again after the tensor
         transform replaces the head: none on one stage (``pipeline_stages.Stage``'s)."""
 
-    def run_blocks(self, x):
+    def walk_blocks(self, x):
         """The transformer blocks of this model (or pipeline stage), in order, each with its
         own layout: runs of neighbouring blocks with the same sub-batches k > 1 go through
-        ``overlap.run_blocks`` together (Note [the sub-batch schedule]); the others one by one."""
-        return settle(*self.walk_blocks(x))
-
-    def walk_blocks(self, x):
-        """``run_blocks`` but giving (stream, pending delta), Note [pending residual]: the
-        last block's MLP output is left for the final norm to add."""
+        ``overlap.run_blocks`` together (Note [the sub-batch schedule]); the others one by one.
+        Gives (stream, pending delta), Note [pending residual]: the last block's MLP output is
+        left for the final norm to add."""
         blocks = list(self.layers.values())
         delta = None
         # each block's tp degree: a block at tp 1 has no tp collective to hide and runs unsplit

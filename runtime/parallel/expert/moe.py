@@ -77,12 +77,6 @@ class GroupedLinear(nn.Module):
         assign(self.weight, expert_parallel=ep_size * etp_size > 1)
         self.shard_offsets = tuple(offsets)  # where this rank's box sits in the whole (checkpoints)
 
-    @torch.no_grad()
-    def load_full_(self, weight, bias=None):
-        """Keep this rank's box of the whole (E, out, in) ``weight`` (tests; initialization fills only this rank's experts: Note [counter-based init])."""
-        box = tuple(slice(o, o + n) for o, n in zip(self.shard_offsets, self.weight.shape))
-        self.weight.copy_(weight[box])
-
     fused = None  # the compiled ops (kernels.select, set by model.use_kernels); None: eager
     uses_kernels = True
 

@@ -3,9 +3,9 @@
 Takes: a ``Transformer`` (or pipeline stage) whose blocks use column-/row-parallel
 linears, a micro-batch's hidden states (B, T, C) (or (B, T/tp, C) under sequence
 parallelism) and ``sub_batches`` k dividing B. Gives: ``run_blocks(model, x, k)``,
-the same numbers as ``Transformer.run_blocks`` but with every tensor-parallel
+the same numbers as ``Transformer.walk_blocks`` but with every tensor-parallel
 collective of the blocks issued asynchronously and waited only when its result is
-needed. Called by ``Transformer.run_blocks`` when ``sub_batches > 1``; uses the
+needed. Called by ``Transformer.walk_blocks`` when ``sub_batches > 1``; uses the
 asynchronous launches of ``comm.py``.
 
 Note [the sub-batch schedule]: the micro-batch is split along B into k sub-batches.
