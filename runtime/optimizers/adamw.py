@@ -54,32 +54,39 @@ def fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, betas, eps,
     """One AdamW update of each contiguous tensor of ``params`` in place (its moments too),
     at its ``steps`` count (already advanced; an fp32 scalar tensor on its device), every
     element through the kernel's vector path (Note [fused AdamW on shards])."""
-    by_kind: dict[tuple, list] = {}
-    for p, g, m, v, s in zip(params, grads, exp_avgs, exp_avg_sqs, steps):
-        by_kind.setdefault((p.device, p.dtype), []).append((p.view(-1), g.reshape(-1), m.view(-1), v.view(-1), s))
-    for (device, dtype), rows in by_kind.items():
-        bodies, tails = [], []
-        for p, g, m, v, s in rows:
-            body = p.numel() - p.numel() % ALIGN
-            if body:
-                bodies.append((p[:body], g[:body], m[:body], v[:body], s))
-            if body < p.numel():
-                tails.append((p[body:], g[body:], m[body:], v[body:], s))
-        scratch = torch.zeros(4, len(tails) * ALIGN, dtype=dtype, device=device)
-        padded = [tuple(scratch[j, i * ALIGN : (i + 1) * ALIGN] for j in range(4)) + (tail[4],)
-                  for i, tail in enumerate(tails)]
-        if tails:
-            torch._foreach_copy_([row[j][: t[0].numel()] for row, t in zip(padded, tails) for j in range(4)],
-                                 [t[j] for t in tails for j in range(4)])
-        update = bodies + padded
-        torch._fused_adamw_(
-            [u[0] for u in update], [u[1] for u in update], [u[2] for u in update], [u[3] for u in update], [],
-            [u[4] for u in update], lr=lr, beta1=betas[0], beta2=betas[1], weight_decay=weight_decay, eps=eps,
-            amsgrad=False, maximize=False,
-        )
-        if tails:  # the parameter and its moments back (the gradient is only read)
-            torch._foreach_copy_([t[j] for t in tails for j in (0, 2, 3)],
-                                 [row[j][: t[0].numel()] for row, t in zip(padded, tails) for j in (0, 2, 3)])
+    kinds = {(p.device, p.dtype) for p in params}
+    if not kinds:
+        return
+    if len(kinds) > 1:  # the kernel takes one device and dtype a call
+        for kind in sorted(kinds, key=str):
+            pick = [i for i, p in enumerate(params) if (p.device, p.dtype) == kind]
+            fused_adamw_(*([row[i] for i in pick] for row in (params, grads, exp_avgs, exp_avg_sqs, steps)),
+                         lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        return
+    update = [list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), list(steps)]
+    tails = [i for i, p in enumerate(params) if p.numel() % ALIGN]
+    if tails:  # each remainder through a zero-padded ALIGN-element row of a scratch
+        scratch = torch.zeros(4, len(tails) * ALIGN, dtype=params[0].dtype, device=params[0].device)
+        into, out = [], []  # (row part, remainder) pairs: copied in before, out after (not the gradient)
+        for k, i in enumerate(tails):
+            body = params[i].numel() - params[i].numel() % ALIGN
+            for j in range(4):
+                whole = update[j][i].reshape(-1)  # a view: contiguous (the gradient may be copied: only read)
+                row = scratch[j, k * ALIGN : (k + 1) * ALIGN]
+                into.append((row[: whole.numel() - body], whole[body:]))
+                if j != 1:
+                    out.append((whole[body:], row[: whole.numel() - body]))
+                update[j][i] = whole[:body]
+                update[j].append(row)
+            update[4].append(update[4][i])
+        torch._foreach_copy_([a for a, _ in into], [b for _, b in into])
+    keep = [i for i, p in enumerate(update[0]) if p.numel()]
+    torch._fused_adamw_(
+        *([row[i] for i in keep] for row in update[:4]), [], [update[4][i] for i in keep], lr=lr, beta1=betas[0],
+        beta2=betas[1], weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False,
+    )
+    if tails:
+        torch._foreach_copy_([a for a, _ in out], [b for _, b in out])
 
 
 def decay_runs(decay: torch.Tensor) -> tuple[tuple[int, int, bool], ...]:
@@ -124,9 +131,8 @@ class AdamW(torch.optim.AdamW):
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             states = [self._state_of(p) for p in params]
-            for state in states:
-                state["step"] += 1
             if params:
+                torch._foreach_add_([s["step"] for s in states], 1)
                 fused_adamw_(
                     params, [p.grad for p in params], [s["exp_avg"] for s in states],
                     [s["exp_avg_sq"] for s in states], [s["step"] for s in states], lr=group["lr"],
