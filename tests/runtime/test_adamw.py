@@ -1,5 +1,5 @@
 """AdamW's fused update (runtime/optimizers/adamw.py, Note [fused AdamW on shards]): slices of a
-flat buffer cut anywhere update bit for bit as the whole parameters do.
+flat buffer cut anywhere (zero.flat_adamw_) update bit for bit as the whole parameters do.
 
 The parameters below (lengths not multiples of 64, a 64-multiple, a matrix and a vector) are
 stepped whole by ``AdamW`` (``optim.build_optimizer``'s), and as ZeRO steps them: laid end to
@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from parc.runtime.checkpoints import checkpoint_shards
-from parc.runtime.optimizers import adamw, optim
+from parc.runtime.optimizers import optim
+from parc.runtime.parallel.data import zero
 
 SHAPES = [(1003,), (7, 33), (15,), (17, 9), (128,), (64, 3), (1,)]
 HYPER = dict(betas=(0.9, 0.95), eps=1e-8)
@@ -48,7 +49,7 @@ def test_slices_of_a_flat_buffer_update_as_the_whole_parameters(weight_decay):
     flat = torch.cat([v.reshape(-1) for v in _values(0, 1.0)])
     decay = torch.cat([torch.full((p.numel(),), p.dim() >= 2) for p in whole])
     cuts = _cuts(flat.numel())
-    ranks = [dict(lo=a, hi=b, runs=adamw.decay_runs(decay[a:b]),
+    ranks = [dict(lo=a, hi=b, runs=zero.decay_runs(decay[a:b]),
                   state={"step": 0, "exp_avg": torch.zeros(b - a), "exp_avg_sq": torch.zeros(b - a)})
              for a, b in zip(cuts, cuts[1:])]
     for step in range(1, STEPS + 1):
@@ -59,7 +60,7 @@ def test_slices_of_a_flat_buffer_update_as_the_whole_parameters(weight_decay):
         opt.step()
         flat_grad = torch.cat([g.reshape(-1) for g in grads])
         for r in ranks:
-            adamw.flat_adamw_(flat[r["lo"] : r["hi"]], flat_grad[r["lo"] : r["hi"]], r["state"], runs=r["runs"],
+            zero.flat_adamw_(flat[r["lo"] : r["hi"]], flat_grad[r["lo"] : r["hi"]], r["state"], runs=r["runs"],
                               lr=_lr(step), weight_decay=weight_decay, **HYPER)
         for name in ("param", "exp_avg", "exp_avg_sq"):
             want = torch.cat([(p.detach() if name == "param" else opt.state[p][name]).reshape(-1) for p in whole])
@@ -69,8 +70,8 @@ def test_slices_of_a_flat_buffer_update_as_the_whole_parameters(weight_decay):
 
 def test_decay_runs_are_the_masks_runs():
     mask = torch.tensor([True, True, False, True, False, False])
-    assert adamw.decay_runs(mask) == ((0, 2, True), (2, 3, False), (3, 4, True), (4, 6, False))
-    assert adamw.decay_runs(torch.tensor([False])) == ((0, 1, False),)
+    assert zero.decay_runs(mask) == ((0, 2, True), (2, 3, False), (3, 4, True), (4, 6, False))
+    assert zero.decay_runs(torch.tensor([False])) == ((0, 1, False),)
 
 
 def test_state_keys_and_a_checkpoints_state_resume():

@@ -114,7 +114,7 @@ instead sum the whole gradients before their reduction (``pipeline.allreduce_rep
 No switch keeps the old once-a-step reduce-scatter: that trade (Ψ of gradients held
 across micro-batches for M× fewer reduce-scatters) is ``zero = 2``'s, which the planner
 already weighs against ZeRO-3. The AdamW update and the global norm are
-``adamw.flat_adamw_`` and ``zero.clip_global_norm_``.
+``zero.flat_adamw_`` and ``zero.clip_global_norm_``.
 """
 
 from __future__ import annotations
@@ -132,8 +132,7 @@ from .fsdp_units import node_groups, expert_node_groups  # noqa: F401  (train.py
 from ...optimizers.master import Fp32Accumulation, mark_compute_dtype
 from ...optimizers.optim import clip_to_norm_
 from ...distributed.traffic import comm_bytes
-from ...optimizers.adamw import decay_runs, flat_adamw_
-from .zero import clip_global_norm_, global_squares
+from .zero import clip_global_norm_, decay_runs, flat_adamw_, global_squares
 from ...layout.roles import role
 
 

@@ -32,7 +32,7 @@ costs the same.) ``reduce_gradients_and_clip`` launches what is left and waits.
 Gradients that are still partial when backward ends (sequence-parallel replicated
 parameters, a stage's copy of a tied embedding: dp.py, Note [late gradients]) sit
 in buckets of their own, reduced then, after their sums over tp or stages. The AdamW update is
-``adamw.flat_adamw_``: element for element ``optim.build_optimizer``'s, weight decay on
+``flat_adamw_``: element for element ``optim.build_optimizer``'s, weight decay on
 matrices only (adamw.py, Note [fused AdamW on shards]).
 
 Note [compression under ZeRO]: with ``parallel.compress`` (``grad_sync``, compress.py) the
@@ -82,7 +82,7 @@ import torch.distributed as dist
 from ...distributed.comm import exposed, group_rank, group_size, on_gradient
 from .dp import GradientBuckets, drop_gradient, gradient_buckets, gradient_of
 from ...optimizers.master import Fp32Accumulation, mark_compute_dtype
-from ...optimizers.adamw import decay_runs, flat_adamw_
+from ...optimizers.adamw import fused_adamw_
 from ...optimizers.optim import clip_to_norm_
 from ...distributed.traffic import comm_bytes
 from ...layout.roles import role
@@ -476,3 +476,29 @@ def mean_of_group(params, group, divisor: int, reduce_dtype=None) -> None:
     if divisor != 1:
         for g in grads:
             g.div_(divisor)
+
+
+def decay_runs(decay: torch.Tensor) -> tuple[tuple[int, int, bool], ...]:
+    """The runs ``(start, end, decays)`` of equal flags of a flat slice's weight-decay mask
+    (true on the matrices' elements): what ``flat_adamw_`` updates, one list per flag."""
+    flags = decay.to("cpu", torch.int8)
+    cuts = (torch.nonzero(flags[1:] != flags[:-1]).flatten() + 1).tolist()
+    bounds = [0, *cuts, flags.numel()]
+    return tuple((a, b, bool(flags[a])) for a, b in zip(bounds, bounds[1:]) if b > a)
+
+
+@torch.no_grad()
+def flat_adamw_(param, grad, state, *, runs, lr, betas, eps, weight_decay) -> None:
+    """One AdamW step on a flat slice in place, weight decay on the ``runs`` that decay
+    (``decay_runs``): element for element the update ``optim.build_optimizer`` gives the whole
+    parameters (adamw.py, Note [fused AdamW on shards]). ``state``: ``step`` (an int), the moments."""
+    state["step"] += 1
+    step = torch.full((), float(state["step"]), dtype=torch.float32, device=param.device)
+    for decays in (True, False):
+        spans = [(a, b) for a, b, flag in runs if flag == decays]
+        if spans:
+            fused_adamw_(
+                [param[a:b] for a, b in spans], [grad[a:b] for a, b in spans],
+                [state["exp_avg"][a:b] for a, b in spans], [state["exp_avg_sq"][a:b] for a, b in spans],
+                [step] * len(spans), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay if decays else 0.0,
+            )
