@@ -25,7 +25,8 @@ STEPS = 5
 def _values(seed, scale):
     gen = torch.Generator().manual_seed(seed)
     # magnitudes over many decades, so every rounding path is taken
-    return [torch.randn(s, generator=gen) * torch.logspace(-7, 1, torch.Size(s).numel()).view(s) * scale for s in SHAPES]
+    return [torch.randn(s, generator=gen) * torch.logspace(-7, 1, torch.Size(s).numel()).view(s) * scale
+            for s in SHAPES]
 
 
 def _lr(step):
