@@ -14,17 +14,19 @@ import torch.distributed as dist
 
 from ..distributed.comm import exposed, group_size
 from ..layout.roles import role
+from .adamw import AdamW
 
 
 def build_optimizer(model, *, lr, betas, weight_decay, eps):
-    """AdamW with weight decay on matrices only (not on norms and biases)."""
+    """AdamW with weight decay on matrices only (not on norms and biases); its update is
+    torch's fused kernel (adamw.py, Note [fused AdamW on shards])."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, foreach=False)
+    return AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
 
 LR_SCHEDULES = ("constant", "cosine", "linear", "wsd")

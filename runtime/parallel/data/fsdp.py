@@ -113,8 +113,8 @@ cross-node sum (the sum is linear, so summing the shards is summing the gradient
 instead sum the whole gradients before their reduction (``pipeline.allreduce_replica_grads``).
 No switch keeps the old once-a-step reduce-scatter: that trade (Ψ of gradients held
 across micro-batches for M× fewer reduce-scatters) is ``zero = 2``'s, which the planner
-already weighs against ZeRO-3. The AdamW arithmetic and the global norm are
-``zero.adamw_`` and ``zero.clip_global_norm_``.
+already weighs against ZeRO-3. The AdamW update and the global norm are
+``zero.flat_adamw_`` and ``zero.clip_global_norm_``.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ from .fsdp_units import node_groups, expert_node_groups  # noqa: F401  (train.py
 from ...optimizers.master import Fp32Accumulation, mark_compute_dtype
 from ...optimizers.optim import clip_to_norm_
 from ...distributed.traffic import comm_bytes
-from .zero import adamw_, clip_global_norm_, global_squares
+from .zero import clip_global_norm_, decay_runs, flat_adamw_, global_squares
 from ...layout.roles import role
 
 
@@ -216,6 +216,7 @@ class FullyShardedAdamW:
             lambda p: bool(role(p).tensor_parallel),
             lambda p: not role(p).pipeline_duplicate,
         ))
+        self.decay_runs = decay_runs(self.decay)  # what flat_adamw_ updates with and without decay
         # Note [experts as units]: which shard elements are experts' (None: a dense model,
         # no bool per element kept for nothing)
         experts = any(unit.name.endswith(".experts") for unit in self.units)
@@ -439,8 +440,8 @@ class FullyShardedAdamW:
         """AdamW on this rank's shards; the next forward gathers the new parameters."""
         if self.grad is None:
             raise RuntimeError("call reduce_gradients_and_clip() before step()")
-        adamw_(
-            self.flat, self.grad, self.state, decay=self.decay, lr=self.param_groups[0]["lr"],
+        flat_adamw_(
+            self.flat, self.grad, self.state, runs=self.decay_runs, lr=self.param_groups[0]["lr"],
             betas=(self.beta1, self.beta2), eps=self.eps, weight_decay=self.weight_decay,
         )
 

@@ -31,9 +31,9 @@ reduce-scatter: a bucket's range does not line up with the ranks' slices; on glo
 costs the same.) ``reduce_gradients_and_clip`` launches what is left and waits.
 Gradients that are still partial when backward ends (sequence-parallel replicated
 parameters, a stage's copy of a tied embedding: dp.py, Note [late gradients]) sit
-in buckets of their own, reduced then, after their sums over tp or stages. The AdamW arithmetic is
-``torch.optim.AdamW``'s (foreach=False), weight decay on matrices only, as in
-``optim.build_optimizer``.
+in buckets of their own, reduced then, after their sums over tp or stages. The AdamW update is
+``flat_adamw_``: element for element ``optim.build_optimizer``'s, weight decay on
+matrices only (adamw.py, Note [fused AdamW on shards]).
 
 Note [compression under ZeRO]: with ``parallel.compress`` (``grad_sync``, compress.py) the
 dp mean is the compressor's: after backward (and the late sums) it compresses each whole
@@ -82,6 +82,7 @@ import torch.distributed as dist
 from ...distributed.comm import exposed, group_rank, group_size, on_gradient
 from .dp import GradientBuckets, drop_gradient, gradient_buckets, gradient_of
 from ...optimizers.master import Fp32Accumulation, mark_compute_dtype
+from ...optimizers.adamw import fused_adamw_
 from ...optimizers.optim import clip_to_norm_
 from ...distributed.traffic import comm_bytes
 from ...layout.roles import role
@@ -164,6 +165,7 @@ class ShardedAdamW:
                 mark_compute_dtype(model, compute_dtype)
         self.flat = flat
         self.decay = decay[self.lo : self.hi].clone()
+        self.decay_runs = decay_runs(self.decay)  # what flat_adamw_ updates with and without decay
         self.tp_mask = tp_mask[self.lo : self.hi].clone()
         self.counted = counted[self.lo : self.hi].clone()
         # a value held by k ranks of a 2D tp grid counts 1/k on each (layers2d.py); None: 1D
@@ -353,8 +355,8 @@ class ShardedAdamW:
         """AdamW on this rank's slice, then all-gather the parameters over dp."""
         if self.grad is None:
             raise RuntimeError("call reduce_gradients_and_clip() before step()")
-        adamw_(
-            self.master_slice, self.grad, self.state, decay=self.decay, lr=self.param_groups[0]["lr"],
+        flat_adamw_(
+            self.master_slice, self.grad, self.state, runs=self.decay_runs, lr=self.param_groups[0]["lr"],
             betas=(self.beta1, self.beta2), eps=self.eps, weight_decay=self.weight_decay,
         )
         self.copy_to_model(experts=False)
@@ -476,20 +478,27 @@ def mean_of_group(params, group, divisor: int, reduce_dtype=None) -> None:
             g.div_(divisor)
 
 
+def decay_runs(decay: torch.Tensor) -> tuple[tuple[int, int, bool], ...]:
+    """The runs ``(start, end, decays)`` of equal flags of a flat slice's weight-decay mask
+    (true on the matrices' elements): what ``flat_adamw_`` updates, one list per flag."""
+    flags = decay.to("cpu", torch.int8)
+    cuts = (torch.nonzero(flags[1:] != flags[:-1]).flatten() + 1).tolist()
+    bounds = [0, *cuts, flags.numel()]
+    return tuple((a, b, bool(flags[a])) for a, b in zip(bounds, bounds[1:]) if b > a)
+
+
 @torch.no_grad()
-def adamw_(param, grad, state, *, decay, lr, betas, eps, weight_decay) -> None:
-    """One AdamW step on a flat slice, in place: ``torch.optim.AdamW``'s arithmetic
-    (foreach=False), weight decay where ``decay`` is true (the matrices)."""
-    beta1, beta2 = betas
+def flat_adamw_(param, grad, state, *, runs, lr, betas, eps, weight_decay) -> None:
+    """One AdamW step on a flat slice in place, weight decay on the ``runs`` that decay
+    (``decay_runs``): element for element the update ``optim.build_optimizer`` gives the whole
+    parameters (adamw.py, Note [fused AdamW on shards]). ``state``: ``step`` (an int), the moments."""
     state["step"] += 1
-    step = state["step"]
-    if weight_decay != 0:  # torch: param.mul_(1 - lr * weight_decay), decay group only
-        factor = torch.tensor(1 - lr * weight_decay, dtype=param.dtype, device=param.device)
-        param.mul_(torch.where(decay, factor, torch.ones_like(factor)))
-    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-    exp_avg.lerp_(grad, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    bias_correction1 = 1 - beta1**step
-    bias_correction2_sqrt = (1 - beta2**step) ** 0.5
-    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-    param.addcdiv_(exp_avg, denom, value=-(lr / bias_correction1))
+    step = torch.full((), float(state["step"]), dtype=torch.float32, device=param.device)
+    for decays in (True, False):
+        spans = [(a, b) for a, b, flag in runs if flag == decays]
+        if spans:
+            fused_adamw_(
+                [param[a:b] for a, b in spans], [grad[a:b] for a, b in spans],
+                [state["exp_avg"][a:b] for a, b in spans], [state["exp_avg_sq"][a:b] for a, b in spans],
+                [step] * len(spans), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay if decays else 0.0,
+            )
