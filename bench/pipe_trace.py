@@ -224,7 +224,7 @@ def critical_path(traces, skip: int, kind: str, chunks: int, micro_batches: int)
     from parc.runtime.schedules.schedule import build_schedule
 
     schedule = build_schedule(kind, stages=len(traces), micro_batches=micro_batches, chunks=chunks)
-    spans, replays, idles, every = [], [], [], [{} for _ in traces]
+    spans, replays, idles, steps = [], [], [], []
     for s in range(skip, min(len(trace["steps"]) for trace in traces) - 2):
         durations, first, last, busy = [], [], [], []
         for trace in traces:  # each rank's step s, between its own step starts
@@ -243,27 +243,39 @@ def critical_path(traces, skip: int, kind: str, chunks: int, micro_batches: int)
                 last.append(b)
             durations.append(took)
             busy.append(sum(took.values()))
-            for (op, _, chunk), seconds in took.items():
-                every[len(durations) - 1].setdefault((op, chunk), []).append(seconds)
         span = max(last) - min(first)
         spans.append(span)
         replays.append(replay(schedule, durations))
+        steps.append(durations)
         idles.append([span - b for b in busy])
     print(f"pipeline span, median over {len(spans)} steps: measured {1e3 * statistics.median(spans):.1f} ms, "
           f"replayed with the measured computes and free messages {1e3 * statistics.median(replays):.1f} ms "
           f"(lost to messages: {1e3 * statistics.median(a - b for a, b in zip(spans, replays)):+.1f} ms); "
           "idle inside the span per rank: "
           + ", ".join(f"{1e3 * statistics.median(i[r] for i in idles):.1f}" for r in range(len(traces))))
-    typical = [{kind: statistics.median(times) for kind, times in kinds.items()} for kinds in every]
-    counts = [Counter((op, chunk) for op, _, chunk in durations[r]) for r in range(len(traces))]
-    steady = [{(op, micro, chunk): typical[r][(op, chunk)] for op, micro, chunk in durations[r]}
-              for r in range(len(traces))]
-    sums = [sum(typical[r][kind] * n for kind, n in counts[r].items()) for r in range(len(traces))]
-    print(f"replayed with each kind of compute at its median: {1e3 * replay(schedule, steady):.1f} ms; "
+    makespan, sums = steady_replay(schedule, steps)
+    print(f"replayed with each kind of compute at its median: {1e3 * makespan:.1f} ms; "
           "per rank, its computes at their medians (ms, op:chunk) "
-          + "; ".join(f"rank {r} {1e3 * sums[r]:.1f} = " + " ".join(
-              f"{op[0]}{chunk} {1e3 * typical[r][(op, chunk)] * n:.1f}" for (op, chunk), n in sorted(counts[r].items()))
-              for r in range(len(traces))))
+          + "; ".join(f"rank {r} {1e3 * sum(parts.values()):.1f} = "
+                      + " ".join(f"{op[0]}{chunk} {1e3 * t:.1f}" for (op, chunk), t in sorted(parts.items()))
+                      for r, parts in enumerate(sums)))
+
+
+def steady_replay(schedule, steps) -> tuple[float, list[dict]]:
+    """``steps``: per step, ``durations`` as ``replay`` takes them. The makespan of the lists
+    with every compute of a kind (rank, op, chunk) at that kind's median over the steps and
+    all its micro-batches, and per rank each kind's total at that median."""
+    every = [{} for _ in schedule]
+    for durations in steps:
+        for r, took in enumerate(durations):
+            for (op, _, chunk), seconds in took.items():
+                every[r].setdefault((op, chunk), []).append(seconds)
+    typical = [{key: statistics.median(times) for key, times in kinds.items()} for kinds in every]
+    last = steps[-1]
+    steady = [{(op, micro, chunk): typical[r][(op, chunk)] for op, micro, chunk in last[r]} for r in range(len(last))]
+    counts = [Counter((op, chunk) for op, _, chunk in last[r]) for r in range(len(last))]
+    sums = [{key: typical[r][key] * n for key, n in counts[r].items()} for r in range(len(last))]
+    return replay(schedule, steady), sums
 
 
 def timeline(traces) -> None:
