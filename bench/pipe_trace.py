@@ -33,10 +33,11 @@ import runpy
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 EVENTS: list[tuple] = []  # (name, start, end, thread CPU seconds, micro-batch or None, page faults)
-STEPS: list[tuple] = []  # (start, process CPU at start)
+STEPS: list[tuple] = []  # (start, process CPU at start, main thread CPU at start)
 
 
 def timed(name, fn, micro=None):
@@ -80,7 +81,7 @@ def _profile(out: Path) -> None:
 def step_start(fn, out: Path):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        STEPS.append((time.perf_counter(), time.process_time()))
+        STEPS.append((time.perf_counter(), time.process_time(), time.thread_time()))
         _profile(out)
         return fn(*args, **kwargs)
 
@@ -165,20 +166,24 @@ def patch_titan(out: Path) -> None:
 
 def dump(out: Path) -> None:
     rank = int(os.environ.get("RANK", "0"))
-    STEPS.append((time.perf_counter(), time.process_time()))  # the last step's end (roughly)
+    STEPS.append((time.perf_counter(), time.process_time(), time.thread_time()))  # the last step's end (roughly)
     (out / f"trace-rank{rank}.json").write_text(json.dumps({"events": EVENTS, "steps": STEPS}))
 
 
 def step_rows(trace, skip: int):
-    """Per step after ``skip``: (start, end, process CPU, {kind: [wall, thread CPU, calls, faults]})."""
+    """Per step after ``skip``: (start, end, process CPU, {kind: [wall, thread CPU, calls, faults]});
+    the kind ``other threads`` is the process's CPU beside the main thread's (gloo's I/O
+    threads, mostly), in traces that recorded the main thread's."""
     steps, events, rows = trace["steps"], trace["events"], []
     for s in range(skip, len(steps) - 2):  # the last bound is the process's exit: not a step
-        (t0, p0), (t1, p1) = steps[s], steps[s + 1]
+        (t0, p0, *m0), (t1, p1, *m1) = steps[s], steps[s + 1]
         sums: dict[str, list[float]] = {}
         for name, a, b, cpu, micro, faults in (e for e in events if t0 <= e[1] < t1):
             entry = sums.setdefault(name if micro is None else f"{name}:{micro[0][0]}", [0.0, 0.0, 0, 0])
             for i, value in enumerate((b - a, cpu, 1, faults)):
                 entry[i] += value
+        if m0 and m1:
+            sums["other threads"] = [0.0, (p1 - p0) - (m1[0] - m0[0]), 0, 0]
         rows.append((t0, t1, p1 - p0, sums))
     return rows
 
@@ -212,15 +217,18 @@ def critical_path(traces, skip: int, kind: str, chunks: int, micro_batches: int)
     ranks) against a replay of ``kind``'s lists in which every compute takes the time it
     took and messages are free: what the span holds beyond the replay is time lost to
     the messages (their latency, the waiting rank's wake-up), the rest is the schedule's
-    own bubble given these computes."""
+    own bubble given these computes. Then the lists replayed with every compute of a kind
+    (rank, op, chunk) at that kind's median over the steps, the per-step noise (a compute
+    slowed by a preemption) taken out: the schedule's own bubble under steady compute
+    times, against the busiest rank's sum of them."""
     from parc.runtime.schedules.schedule import build_schedule
 
     schedule = build_schedule(kind, stages=len(traces), micro_batches=micro_batches, chunks=chunks)
-    spans, replays, idles = [], [], []
+    spans, replays, idles, steps = [], [], [], []
     for s in range(skip, min(len(trace["steps"]) for trace in traces) - 2):
         durations, first, last, busy = [], [], [], []
         for trace in traces:  # each rank's step s, between its own step starts
-            (t0, _), (t1, _) = trace["steps"][s], trace["steps"][s + 1]
+            t0, t1 = trace["steps"][s][0], trace["steps"][s + 1][0]
             took, previous = {}, None
             for name, a, b, _, micro, _ in trace["events"]:
                 if not (name in ("compute", "loss") and t0 <= a < t1):
@@ -238,12 +246,36 @@ def critical_path(traces, skip: int, kind: str, chunks: int, micro_batches: int)
         span = max(last) - min(first)
         spans.append(span)
         replays.append(replay(schedule, durations))
+        steps.append(durations)
         idles.append([span - b for b in busy])
     print(f"pipeline span, median over {len(spans)} steps: measured {1e3 * statistics.median(spans):.1f} ms, "
           f"replayed with the measured computes and free messages {1e3 * statistics.median(replays):.1f} ms "
           f"(lost to messages: {1e3 * statistics.median(a - b for a, b in zip(spans, replays)):+.1f} ms); "
           "idle inside the span per rank: "
           + ", ".join(f"{1e3 * statistics.median(i[r] for i in idles):.1f}" for r in range(len(traces))))
+    makespan, sums = steady_replay(schedule, steps)
+    print(f"replayed with each kind of compute at its median: {1e3 * makespan:.1f} ms; "
+          "per rank, its computes at their medians (ms, op:chunk) "
+          + "; ".join(f"rank {r} {1e3 * sum(parts.values()):.1f} = "
+                      + " ".join(f"{op[0]}{chunk} {1e3 * t:.1f}" for (op, chunk), t in sorted(parts.items()))
+                      for r, parts in enumerate(sums)))
+
+
+def steady_replay(schedule, steps) -> tuple[float, list[dict]]:
+    """``steps``: per step, ``durations`` as ``replay`` takes them. The makespan of the lists
+    with every compute of a kind (rank, op, chunk) at that kind's median over the steps and
+    all its micro-batches, and per rank each kind's total at that median."""
+    every = [{} for _ in schedule]
+    for durations in steps:
+        for r, took in enumerate(durations):
+            for (op, _, chunk), seconds in took.items():
+                every[r].setdefault((op, chunk), []).append(seconds)
+    typical = [{key: statistics.median(times) for key, times in kinds.items()} for kinds in every]
+    last = steps[-1]
+    steady = [{(op, micro, chunk): typical[r][(op, chunk)] for op, micro, chunk in last[r]} for r in range(len(last))]
+    counts = [Counter((op, chunk) for op, _, chunk in last[r]) for r in range(len(last))]
+    sums = [{key: typical[r][key] * n for key, n in counts[r].items()} for r in range(len(last))]
+    return replay(schedule, steady), sums
 
 
 def timeline(traces) -> None:

@@ -37,3 +37,19 @@ def test_a_slow_compute_on_the_critical_path_lengthens_the_replay():
     base = pipe_trace.replay(schedule, durations)
     durations[0][("FORWARD", 0, 0)] = 4.0  # stage 1 waits for it
     assert pipe_trace.replay(schedule, durations) == pytest.approx(base + 3.0)
+
+
+def test_the_steady_replay_takes_each_kind_of_compute_at_its_median():
+    """One step's slow compute leaves the replay at the medians (the schedule's own bubble
+    under steady times) where it is; per rank, each kind's total at its median."""
+    schedule = build_schedule("zero_bubble_v", stages=2, micro_batches=4, chunks=2)
+    steps = [_durations(schedule, 1.0, 2.0, 1.0) for _ in range(3)]
+    expected = simulate(schedule, forward_time=1.0, backward_time=2.0, weight_time=1.0).makespan
+    steps[1][0][("FORWARD", 0, 0)] = 9.0
+    makespan, sums = pipe_trace.steady_replay(schedule, steps)
+    assert makespan == pytest.approx(expected)
+    assert sums[0][("FORWARD", 0)] == pytest.approx(4.0) and len(sums[0]) == 6
+    for step in steps[:2]:  # rank 0's first chunk slower at every micro-batch of two steps of three
+        step[0].update({key: 3.0 for key in step[0] if key[0] == "FORWARD" and key[2] == 0})
+    makespan, sums = pipe_trace.steady_replay(schedule, steps)
+    assert sums[0][("FORWARD", 0)] == pytest.approx(12.0) and makespan > expected

@@ -2,7 +2,7 @@
 B computes their input gradients only, W each weight's GEMM once, and B then W gives
 bit for bit the gradients of one plain backward on a chunk of a llama; a middle chunk's B
 is a bare autograd.grad (Note [bare B]), and so is the last's with an untied head; the
-first, a tied head and a chunk with another parameter keep their paths."""
+first (its linears plain), a tied head and a chunk with another parameter keep their paths."""
 
 import pytest
 import torch
@@ -63,15 +63,17 @@ def test_b_then_w_is_one_plain_backward_bit_for_bit(kernels):
 
 
 def test_first_stage():
-    """The first stage's W runs its whole backward (token input)."""
+    """The first stage's W runs its whole backward (token input), its linears plain: each
+    weight's GEMM in that one backward, none deferred (Note [deferred linear weights])."""
     plain, deferred = chunk(0, 0), defer_linear_weights([chunk(0, 0)])[0]
+    assert not any(isinstance(m, DeferredLinear) for m in deferred.modules())
     torch.manual_seed(1)
     x, grad = torch.randint(0, SHAPES["vocab"], (2, SHAPES["seq_len"])), torch.randn(2, SHAPES["seq_len"],
                                                                                      SHAPES["hidden"])
     torch.autograd.backward(plain(x), grad)
     x_grad, debt = backward_input(deferred(x), grad, x, deferred.parameters())
     assert x_grad is None and debt.groups is None  # W: the whole backward
-    backward_weight(debt)
+    assert gemms(lambda: backward_weight(debt)) == 14  # each linear's two GEMMs once, as a plain backward
     for (name, p), q in zip(plain.named_parameters(), deferred.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0, msg=name)
 

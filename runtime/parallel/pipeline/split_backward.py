@@ -49,9 +49,13 @@ reaches them and W's restarts skip them. Left on the join path: every other para
 (norms and an untied head, but for Note [bare B]; embeddings), linears with a bias
 (``F.linear`` gives their 3D output as a view, which a function's output may not be),
 tensor-parallel linears (other classes, layers.py), linears under autocast (the casts
-are autograd's nodes), linears whose input needs no gradient, and chunks under ZeRO-3
-(``split_backward_hooks``: its gathers for B and W are the hooks'). A backward outside a
-B or a whole-backward W (none in the trainer) accumulates the weight gradients at once.
+are autograd's nodes), linears whose input needs no gradient, chunks under ZeRO-3
+(``split_backward_hooks``: its gathers for B and W are the hooks'), and the first stage's
+chunk: its B is empty (token input) and its W one whole backward, in which a deferred
+linear only adds its Python function to F and B and a second engine call for the GEMMs
+to W (0.4 ms, 9%, of its F+B+W at bench/peer.py's shapes, on ZB-V's busier rank 0:
+bench/peer_notes.md, "ZB-V against 1F1B"). A backward outside a B or a whole-backward W
+(none in the trainer) accumulates the weight gradients at once.
 
 Note [bare B]: with the linears deferred, a middle chunk of a llama (or of a model whose
 linears have no bias) has no parameter left on the join path but its norms' weights (and
@@ -183,9 +187,10 @@ def _params(group: dict) -> list:
 def defer_linear_weights(chunks):
     """Each chunk's bias-free ``nn.Linear`` layers as ``DeferredLinear`` (Note [deferred linear
     weights]), their weights and the ``Norm``s' parameters marked for a bare B (Note [bare
-    B]), but none of a chunk under ZeRO-3; gives ``chunks``."""
+    B]), but none of a chunk under ZeRO-3 or of the first stage's (token input: its W is
+    one whole backward); gives ``chunks``."""
     for chunk in chunks:
-        if getattr(chunk, "split_backward_hooks", None) is not None:
+        if getattr(chunk, "split_backward_hooks", None) is not None or getattr(chunk, "first", False):
             continue
         holders: dict = {}  # parameter -> the modules holding it
         for module in chunk.modules():
