@@ -77,9 +77,26 @@ def setup_lines(plan: Plan, layout: str) -> list:
     ]
 
 
-def guarded_step(step, fp16: bool = False) -> list:
+SUMMED = (
+    "# this rank's loss (the last stage's, 0 elsewhere) and SIGTERM flag, summed over pp",
+    "# (every rank) in the clip's all-reduce (Note [one all-reduce after backward], faults.py)",
+    "summed = guard.summands(loss_sum)",
+)
+
+
+def guarded_step(step, fp16: bool = False, summed: bool = False) -> list:
     """The step's items (``view.Step``) with the update taken only when every rank's numbers are
-    finite. fp16: an overflow of the scaled gradients is the loss scaler's to skip, not the guard's."""
+    finite. fp16: an overflow of the scaled gradients is the loss scaler's to skip, not the guard's.
+    ``summed``: the loss and the guard's flags travel in the clip's all-reduce
+    (``render_pipeline.summed_with_clip``), and the guard then needs no collective."""
+    if summed:
+        *before, clip = step.clip
+        if not (isinstance(clip, Call) and clip.callee == "optim.clip_grad_norm_"):
+            raise TypeError(f"internal error in parc: the loss rides on optim.clip_grad_norm_, not {clip!r}")
+        return [*before, *SUMMED, clip.given(("summed", "summed")), "loss_sum, signalled = summed.tolist()",
+                "# any rank's non-finite loss or grad norm: every rank skips the step (or stops)",
+                "if guard.check(step, loss_sum, grad_norm, signalled=signalled):",
+                "    " + step.update, step.clear]
     return [*step.clip, *([
         "# fp16 overflow (the norm is global, so every rank agrees): skipped, the scale backs off",
         "stepping = scaler.update(step, grad_norm)",
