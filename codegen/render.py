@@ -64,7 +64,8 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
                                      pp=(("pp_group", "pp_group"),) if pipelined else ())
     optimizer_lines, step_lines = render_optimizer.optimizer_and_step(plan, groups)
     step_lines = render_checkpoint.guarded_step(step_lines, fp16=plan.train.precision.value == "fp16",
-                                                summed=render_pipeline.summed_with_clip(plan))
+                                                summed=render_pipeline.loss_with_clip(plan),
+                                                flags=render_pipeline.flags_with_clip(plan))
     flag_docs = render_checkpoint.flag_docs(plan) + render_observe.flag_docs(plan) + render_eval.flag_docs(plan)
     extra_flag_docs = [docstring_text(line) for line in flag_docs]
     if data.kind == "tokens":

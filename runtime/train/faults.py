@@ -12,10 +12,10 @@ all-reduces (MAX over the world) two flags — "a number is not finite here" and
 "SIGTERM arrived here" — so every rank skips, stops or saves at the same step.
 The gradient norm is already global; the loss is this rank's part of it.
 
-Note [one all-reduce after backward]: where pp is every rank, this rank's loss (the
-last stage's, 0 elsewhere) and SIGTERM flag (``summands``) are summed in the clip's
-all-reduce of the squared norms (``clip_grad_norm_(summed=)``); ``check(signalled=)``
-then decides with no collective: a non-finite loss anywhere makes the sum non-finite.
+Note [one all-reduce after backward]: in a pipeline, this rank's loss (the last stage's,
+0 elsewhere) and SIGTERM flag (``summands``) ride in the clip's all-reduce over pp
+(``clip_grad_norm_(summed=)``); where pp is every rank, ``check(signalled=)`` then needs
+no collective of its own (a non-finite loss anywhere makes the sum non-finite).
 
 Note [injected faults]: the tests make a rank die or a loss turn NaN by environment
 variables, and train.py holds no line for them: ``observe.StepProfiler.begin`` (the
