@@ -87,7 +87,7 @@ class _Chunk(torch.nn.Module):
         self.w, self.documents = torch.nn.Parameter(torch.ones(())), documents
 
     def forward(self, x, targets):
-        return (x.float().mean() + targets.float().mean()) * self.w
+        return (x.float().mean() + (0.0 if targets is None else targets.float().mean())) * self.w
 
 
 def _executor(chunks, actions, stages, rank, micro_batches, **kwargs):
@@ -128,3 +128,24 @@ def test_each_micro_batch_is_made_once_when_first_read():
     loss = runner.step(batch)
     assert made == [0, 1, 2, 3]
     assert loss == pytest.approx(sum(3 * m for m in range(micro_batches)) / micro_batches)
+
+
+def test_a_middle_stage_makes_no_data():
+    """Note [data when needed]: a middle stage's forward runs on the received activation
+    and never asks for its micro-batch (a first or last stage's does)."""
+    from parc.runtime.parallel.pipeline.pipeline import _ACT, _Made
+
+    class Middle(torch.nn.Module):
+        def forward(self, x, targets):
+            assert targets is None
+            return x * 2
+
+    made = []
+    for rank, chunk, expected in ((1, Middle(), []), (0, _Chunk(), [0])):
+        actions = build_schedule("1f1b", stages=3, micro_batches=2)[rank]
+        forward = next(a for a in actions if a.op is Op.FORWARD)
+        runner = _executor([chunk], actions, 3, rank, 2)
+        batches = _Made(lambda m: made.append(m) or (torch.zeros(1, 4, dtype=torch.long),) * 2)
+        received = {(_ACT, forward.micro, 0): (None, torch.ones(1, 4, 8))}
+        runner._compute(forward, batches, {}, {}, received, {}, {})
+        assert made == expected

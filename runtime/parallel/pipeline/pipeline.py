@@ -145,11 +145,12 @@ class PipelineExecutor:
         self._use_documents(c, batches, self._slice(m)[0])
         if op is Op.FORWARD:
             micro, j = self._slice(m)
-            tokens, targets = batches[micro][:2]
+            tokens, targets = batches[micro][:2] if v == 0 or last else (None, None)  # Note [data when needed]
             scale = self.micro_batches
             if j is not None:  # terapipe: this slice's tokens; its loss weighs by its share of them
                 start, length = self.sliced.starts[j], self.sliced.lengths[j]
-                tokens, targets = tokens[:, start : start + length], targets[:, start : start + length]
+                if tokens is not None:
+                    tokens, targets = tokens[:, start : start + length], targets[:, start : start + length]
                 scale = self.micro_batches * sum(self.sliced.lengths) / length
             x = tokens.to(self.device) if v == 0 else received.pop((_ACT, m, c))[1].requires_grad_(True)
 
