@@ -248,7 +248,7 @@ class PipelineExecutor:
                     received[key] = (posted, tensor)
             for action in step.wait:
                 posted, _ = received[(_ACT if action.op is Op.RECV_ACT else _GRAD, action.micro, action.chunk)]
-                for m in ahead:
+                for m in ahead:  # this rank would block here: the data it reads later, made now
                     batches[m]
                 ahead = ()
                 with exposed():  # waiting on the previous/next stage: what compute did not hide
