@@ -26,6 +26,7 @@ from . import (
     render_moe,
     render_observe,
     render_optimizer,
+    render_pipeline,
     render_step,
     render_tensor,
     runtime_tree,
@@ -62,7 +63,9 @@ def render_train(plan: Plan, env: jinja2.Environment) -> str:
     groups = render_optimizer.Groups(reduce=reduce_group if reducing else "None", over=over, tp=tp_arg,
                                      pp=(("pp_group", "pp_group"),) if pipelined else ())
     optimizer_lines, step_lines = render_optimizer.optimizer_and_step(plan, groups)
-    step_lines = render_checkpoint.guarded_step(step_lines, fp16=plan.train.precision.value == "fp16")
+    step_lines = render_checkpoint.guarded_step(step_lines, fp16=plan.train.precision.value == "fp16",
+                                                summed=render_pipeline.loss_with_clip(plan),
+                                                flags=render_pipeline.flags_with_clip(plan))
     flag_docs = render_checkpoint.flag_docs(plan) + render_observe.flag_docs(plan) + render_eval.flag_docs(plan)
     extra_flag_docs = [docstring_text(line) for line in flag_docs]
     if data.kind == "tokens":

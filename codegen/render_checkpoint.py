@@ -77,9 +77,31 @@ def setup_lines(plan: Plan, layout: str) -> list:
     ]
 
 
-def guarded_step(step, fp16: bool = False) -> list:
+def guarded_step(step, fp16: bool = False, summed: bool = False, flags: bool = False) -> list:
     """The step's items (``view.Step``) with the update taken only when every rank's numbers are
-    finite. fp16: an overflow of the scaled gradients is the loss scaler's to skip, not the guard's."""
+    finite. fp16: an overflow of the scaled gradients is the loss scaler's to skip, not the guard's.
+    ``summed``: the loss travels in the clip's all-reduce over pp, and with ``flags`` the guard's
+    SIGTERM flags too, which then need no collective of their own (``render_pipeline.loss_with_clip``,
+    ``flags_with_clip``; Note [one all-reduce after backward] in runtime/train/faults.py)."""
+    if summed:
+        *before, clip = step.clip
+        if not (isinstance(clip, Call) and clip.callee == "optim.clip_grad_norm_"):
+            raise TypeError(f"internal error in parc: the loss rides on optim.clip_grad_norm_, not {clip!r}")
+        return [*before, *(
+            "# this rank's loss (the last stage's, 0 elsewhere) and SIGTERM flag, summed over pp",
+            f"# {'(every rank) ' if flags else ''}in the clip's all-reduce (Note [one all-reduce after backward], "
+            "faults.py)",
+            "summed = guard.summands(loss_sum)",
+        ), clip.given(("summed", "summed")), *((
+            "loss_sum, signalled = summed.tolist()",
+            "# any rank's non-finite loss or grad norm: every rank skips the step (or stops)",
+            "if guard.check(step, loss_sum, grad_norm, signalled=signalled):",
+        ) if flags else (
+            "loss_sum = float(summed[0])  # the last stage's loss, on every pipeline rank",
+            "# any rank's non-finite loss or grad norm or SIGTERM (its flags over every rank):",
+            "# every rank skips the step (or stops)",
+            "if guard.check(step, loss_sum, grad_norm):",
+        )), "    " + step.update, step.clear]
     return [*step.clip, *([
         "# fp16 overflow (the norm is global, so every rank agrees): skipped, the scale backs off",
         "stepping = scaler.update(step, grad_norm)",

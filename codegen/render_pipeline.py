@@ -177,8 +177,22 @@ def after_backward_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def loss_with_clip(plan: Plan) -> bool:
+    """Does the last stage's loss travel in the clip's all-reduce over pp (Note [one
+    all-reduce after backward] in runtime/train/faults.py)? Where the clip is
+    ``optim.clip_grad_norm_``'s: fp32 or autocast parameters, no ZeRO, one layout for every
+    block, no fp16 loss scale (whose overflow skips first)."""
+    return (render_step.has_pipeline(plan) and not plan.train.zero.value and not render_hetero.enabled(plan)
+            and render_step.compute_dtype(plan) is None and plan.train.precision.value != "fp16")
+
+
+def flags_with_clip(plan: Plan) -> bool:
+    """And the guard's SIGTERM flags too, with no all-reduce of its own: where pp is every rank."""
+    return loss_with_clip(plan) and plan.mesh.world_size == plan.pipeline.size
+
+
 def loss_lines(plan: Plan) -> list[str]:
-    if not render_step.has_pipeline(plan):
+    if not render_step.has_pipeline(plan) or loss_with_clip(plan):  # summed: on every pipeline rank already
         return []
     return [
         "# the loss lives on the last stage; bring it to every pipeline rank",

@@ -151,22 +151,24 @@ def step_body_lines(plan: Plan, forward_lines: list[str], dp_rank_arg: str) -> l
         lines += ["    " + line for line in body]
         lines.append("loss_sum = loss_sum.item()")
     else:
-        lines = [*scale, "batches = []  # every micro-batch of this step: the first stage reads the"]
-        lines.append("# inputs, the last the targets")
-        lines.append("for micro in range(GRAD_ACCUM):")
+        lines = [*scale, "# micro-batch `micro` of this step, made when the executor first reads it",
+                 "# (the first stage its inputs, the last its targets): Note [data when needed]",
+                 "# in parc_runtime/parallel/pipeline/pipeline.py",
+                 "def batch(micro):"]
         lines += ["    " + line for line in _sample_lines(dp_rank_arg)]
         if plan.mesh.size("cp") > 1:
             documents = _documents(plan)
             chunk = _context_chunk().expression()
-            batch = f"(*{chunk}, documents)" if documents else chunk
             lines += [
-                f"    inputs, targets{documents} = dataset.batch(indices)  # (B, T) token ids each",
-                *("    " + line for line in Call(callee="batches.append", args=(batch,), note=CHUNK_NOTE).lines()),
+                f"    inputs, targets{documents} = dataset.batch(indices)  # (B, T) each",
+                f"    # {CHUNK_NOTE}",
+                f"    return {f'(*{chunk}, documents)' if documents else chunk}",
             ]
         else:
-            lines.append("    batches.append(dataset.batch(indices))  # (B, T) token ids each")
+            lines.append("    return dataset.batch(indices)  # (B, T) token ids each")
+        lines.append("")
         lines.append("# forward and backward of every micro-batch, in the schedule's order")
-        lines.append("loss_sum = runner.step(batches)  # the last stage's mean loss, 0 elsewhere")
+        lines.append("loss_sum = runner.step(batch)  # the last stage's mean loss, 0 elsewhere")
     # Note [counting saved activations] (memory.py): the hooks see what autograd keeps
     return ["with activations:  # measures the tensors saved for backward"] + [
         "    " + line for line in lines

@@ -71,7 +71,7 @@ def set_lr(optimizer, lr: float) -> None:
 
 
 def clip_grad_norm_(
-    model, max_norm, *, tp_group, pp_group=None, ep_group=None, etp_group=None, grad_scale: float = 1.0
+    model, max_norm, *, tp_group, pp_group=None, ep_group=None, etp_group=None, grad_scale: float = 1.0, summed=None
 ) -> float:
     """Scale gradients so their global norm is at most ``max_norm``; return the norm.
 
@@ -82,7 +82,8 @@ def clip_grad_norm_(
     over expert-parallel ranks (``role(param).expert_parallel``) sum their squares over ``ep_group``
     and ``etp_group`` (each rank's slices of its experts, Note [expert tensor parallelism]).
     ``max_norm == 0`` only measures. ``grad_scale``: the gradients are of the loss times
-    it (fp16, loss_scale.py); they are divided by it first.
+    it (fp16, loss_scale.py); they are divided by it first. ``summed``: float64 values summed
+    in place in the same all-reduce (Note [one all-reduce after backward] in faults.py).
     """
     sharded, replicated, duplicates, experts, copies = [], [], [], [], []
     for p in model.parameters():
@@ -117,9 +118,13 @@ def clip_grad_norm_(
             with exposed():
                 dist.all_reduce(expert_sq, group=etp_group)
         total_sq = total_sq + expert_sq
-    if group_size(pp_group) > 1:
+    if group_size(pp_group) > 1:  # in fp64 with ``summed``: two stages' fp32 squares sum as in fp32
+        both = total_sq if summed is None else torch.cat([total_sq.double().reshape(1), summed.to(device)])
         with exposed():
-            dist.all_reduce(total_sq, group=pp_group)
+            dist.all_reduce(both, group=pp_group)
+        if summed is not None:
+            summed.copy_(both[1:])
+            total_sq = both[0].float()
     return clip_to_norm_(sharded + replicated + duplicates + experts, float(total_sq.sqrt()), max_norm)
 
 

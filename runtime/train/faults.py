@@ -12,6 +12,11 @@ all-reduces (MAX over the world) two flags — "a number is not finite here" and
 "SIGTERM arrived here" — so every rank skips, stops or saves at the same step.
 The gradient norm is already global; the loss is this rank's part of it.
 
+Note [one all-reduce after backward]: in a pipeline, this rank's loss (the last stage's,
+0 elsewhere) and SIGTERM flag (``summands``) ride in the clip's all-reduce over pp
+(``clip_grad_norm_(summed=)``); where pp is every rank, ``check(signalled=)`` then needs
+no collective of its own (a non-finite loss anywhere makes the sum non-finite).
+
 Note [injected faults]: the tests make a rank die or a loss turn NaN by environment
 variables, and train.py holds no line for them: ``observe.StepProfiler.begin`` (the
 first call of every step) hands the step to ``at_step_start`` and ``observe.banner``
@@ -105,13 +110,19 @@ class StepGuard:
     def _on_sigterm(self, signum, frame) -> None:
         self.signalled = True
 
-    def check(self, step: int, loss: float, grad_norm: float) -> bool:
-        """Whether the optimizer takes this step; ``stop`` exits here (Note [every rank agrees])."""
-        bad = not (math.isfinite(loss) and math.isfinite(grad_norm))
-        flags = torch.tensor([float(bad), float(self.signalled)], device=self.device)
-        if self.world_size > 1:
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        bad, stopping = bool(flags[0] > 0), bool(flags[1] > 0)
+    def summands(self, loss: float) -> torch.Tensor:
+        """This rank's loss and SIGTERM flag (Note [one all-reduce after backward])."""
+        return torch.tensor([float(loss), float(self.signalled)], dtype=torch.float64, device=self.device)
+
+    def check(self, step: int, loss: float, grad_norm: float, *, signalled: float | None = None) -> bool:
+        """Whether the optimizer takes this step; ``stop`` exits here (Note [every rank agrees]).
+        ``signalled``: the flags summed with ``loss`` (Note [one all-reduce after backward])."""
+        bad, stopping = not (math.isfinite(loss) and math.isfinite(grad_norm)), (signalled or 0) > 0
+        if signalled is None:
+            flags = torch.tensor([float(bad), float(self.signalled)], device=self.device)
+            if self.world_size > 1:
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            bad, stopping = bool(flags[0] > 0), bool(flags[1] > 0)
         if stopping and not self.stopping and self.rank == 0:
             print(f"SIGTERM: step {step} finishes, then the run saves (with --checkpoint-dir) and exits", flush=True)
         self.stopping = stopping

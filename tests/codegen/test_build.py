@@ -367,7 +367,7 @@ def test_the_loss_is_awaited_once_a_step_not_once_a_micro_batch(sets):
 
     train = generate(load("examples/tiny.par", list(sets)))["train.py"].decode()
     assert _waits_in_loops(ast.parse(train), lambda it: it == "range(GRAD_ACCUM)") == []
-    assert "loss_sum = loss_sum.item()" in train or "runner.step(batches)" in train
+    assert "loss_sum = loss_sum.item()" in train or "runner.step(batch)" in train
     source = inspect.getsource(pipeline.PipelineExecutor.step)
     step = ast.parse(__import__("textwrap").dedent(source))
     assert _waits_in_loops(step, lambda it: it == "self.actions") == []

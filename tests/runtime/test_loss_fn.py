@@ -44,7 +44,7 @@ def test_the_executor_backpropagates_loss_fn_of_the_last_stage():
                               pp_group=None, pp_ranks=[0], pp_rank=0, micro_batches=MICRO,
                               activation_shape=(B, config.seq_len, config.hidden), device=torch.device("cpu"),
                               loss_fn=loss_fn)
-    loss = runner.step(batches)
+    loss = runner.step(batches.__getitem__)
     assert loss == pytest.approx(expected.item(), rel=1e-12) and loss > without + 1e-3  # the term is in
     for (name, p), q in zip(net.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12, msg=name)

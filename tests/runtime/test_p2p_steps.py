@@ -8,7 +8,7 @@ import torch
 
 from parc.runtime.parallel.pipeline.p2p import lookahead, p2p_steps
 from parc.runtime.parallel.pipeline.pipeline import PipelineExecutor
-from parc.runtime.schedules.schedule import COMPUTE, RECVS, SENDS, build_schedule, describe
+from parc.runtime.schedules.schedule import COMPUTE, RECVS, SENDS, Op, build_schedule, describe
 
 CASES = [("gpipe", 3, 5, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("zero_bubble", 4, 8, 1),
          ("zero_bubble_v", 4, 8, 2),
@@ -77,3 +77,75 @@ def test_the_executor_posts_three_computes_ahead_on_cpu(device, depth):
                               device=torch.device(device))
     assert runner.steps == p2p_steps(actions, depth)
     assert p2p_steps(actions, 3) != p2p_steps(actions, 1)
+
+
+class _Chunk(torch.nn.Module):
+    """A stage whose forward reads its tokens and (last stage) targets: a scalar loss."""
+
+    def __init__(self, documents=None):
+        super().__init__()
+        self.w, self.documents = torch.nn.Parameter(torch.ones(())), documents
+
+    def forward(self, x, targets):
+        return (x.float().mean() + (0.0 if targets is None else targets.float().mean())) * self.w
+
+
+def _executor(chunks, actions, stages, rank, micro_batches, **kwargs):
+    return PipelineExecutor(chunks, actions=actions, pp_group=None, pp_ranks=list(range(stages)), pp_rank=rank,
+                            micro_batches=micro_batches, activation_shape=(1, 4, 8), device=torch.device("cpu"),
+                            **kwargs)
+
+
+@pytest.mark.parametrize("kind,stages,micro_batches,chunks", CASES)
+def test_a_rank_reads_the_data_of_its_first_and_last_stages(kind, stages, micro_batches, chunks):
+    """Note [data when needed]: a rank holding the first or the last virtual stage reads
+    every micro-batch, in the order of its first forward of each; a middle stage reads
+    none, unless its blocks see the documents."""
+    placement = {"zero_bubble_v": "v"}.get(kind, "interleaved")
+    for rank, actions in enumerate(build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks)):
+        plain = _executor([torch.nn.Identity()] * chunks, actions, stages, rank, micro_batches, placement=placement)
+        firsts = [a.micro for a in actions if a.op is Op.FORWARD]
+        ends = {0, stages * chunks - 1}
+        holds_an_end = any(plain._vstage(c) in ends for c in range(chunks))
+        order = [a.micro for a in actions if a.op is Op.FORWARD and plain._vstage(a.chunk) in ends]
+        assert plain.reads == (tuple(dict.fromkeys(order)) if holds_an_end else ())
+        assert sorted(plain.reads) == (list(range(micro_batches)) if holds_an_end else [])
+        documents = _executor([_Chunk(documents=object())] * chunks, actions, stages, rank, micro_batches,
+                              placement=placement)
+        assert documents.reads == tuple(dict.fromkeys(firsts))
+
+
+def test_each_micro_batch_is_made_once_when_first_read():
+    """The step calls ``batch(m)`` once per micro-batch, when its first forward reads it."""
+    micro_batches, made = 4, []
+    runner = _executor([_Chunk()], build_schedule("1f1b", stages=1, micro_batches=micro_batches)[0], 1, 0,
+                       micro_batches)
+
+    def batch(m):
+        made.append(m)
+        return torch.full((1, 4), m), torch.full((1, 4), 2 * m)
+
+    loss = runner.step(batch)
+    assert made == [0, 1, 2, 3]
+    assert loss == pytest.approx(sum(3 * m for m in range(micro_batches)) / micro_batches)
+
+
+def test_a_middle_stage_makes_no_data():
+    """Note [data when needed]: a middle stage's forward runs on the received activation
+    and never asks for its micro-batch (a first or last stage's does)."""
+    from parc.runtime.parallel.pipeline.pipeline import _ACT, _Made
+
+    class Middle(torch.nn.Module):
+        def forward(self, x, targets):
+            assert targets is None
+            return x * 2
+
+    made = []
+    for rank, chunk, expected in ((1, Middle(), []), (0, _Chunk(), [0])):
+        actions = build_schedule("1f1b", stages=3, micro_batches=2)[rank]
+        forward = next(a for a in actions if a.op is Op.FORWARD)
+        runner = _executor([chunk], actions, 3, rank, 2)
+        batches = _Made(lambda m: made.append(m) or (torch.zeros(1, 4, dtype=torch.long),) * 2)
+        received = {(_ACT, forward.micro, 0): (None, torch.ones(1, 4, 8))}
+        runner._compute(forward, batches, {}, {}, received, {}, {})
+        assert made == expected

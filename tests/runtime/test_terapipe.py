@@ -51,7 +51,7 @@ def test_sliced_step_equals_whole_sequences(arch, slices, recompute):
     runner = PipelineExecutor([net], actions=actions, pp_group=None, pp_ranks=[0], pp_rank=0,
                               micro_batches=MICRO, activation_shape=(B, T, config.hidden),
                               device=torch.device("cpu"), slices=lengths)
-    loss = runner.step(batches)
+    loss = runner.step(batches.__getitem__)
     assert loss == pytest.approx(expected.item(), rel=1e-12)
     for (name, p), q in zip(net.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12, msg=name)
@@ -82,7 +82,7 @@ def test_sliced_experts_equal_whole_sequences(arch, scope, recompute):
     runner = PipelineExecutor([net], actions=actions, pp_group=None, pp_ranks=[0], pp_rank=0,
                               micro_batches=MICRO, activation_shape=(B, T, config.hidden),
                               device=torch.device("cpu"), slices=lengths)
-    assert runner.step(batches) == pytest.approx(expected.item(), rel=1e-12)
+    assert runner.step(batches.__getitem__) == pytest.approx(expected.item(), rel=1e-12)
     for (name, p), q in zip(net.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-12, msg=name)
     assert any(p.grad.abs().sum() > 0 for name, p in net.named_parameters() if "router" in name)

@@ -18,6 +18,19 @@ under exactly this model (``schedule.py``, checked by tests/runtime/test_schedul
 
 Activations travel in fp32 with the shape ``(micro_batch, T or T/tp under SP,
 hidden)``, known in advance, so no shapes are exchanged.
+
+Note [data when needed]: ``step`` takes a function that makes micro-batch m's data
+(train.py's ``batch``: the same samples, ``data.sample_indices``, whenever made), not
+the step's micro-batches made beforehand: the first stage's first forward then waits
+for its one micro-batch instead of all of them, and every later stage waits for it.
+The rest are made while the rank would block anyway: at the step's first wait on a
+receive (a stage's first activation, or the first stage's first gradient, both the
+schedule's bubble), every micro-batch this rank still reads is made, in the order its
+computes read them. Only at that first wait: gloo reports a receive complete only once
+waited on, so a later wait cannot tell whether its message is already here. A rank reads
+a micro-batch where it holds the first virtual stage (tokens), the last (targets), or a
+chunk whose blocks see the documents (Note [documents of a sample]); a middle stage
+without documents makes none.
 """
 
 from __future__ import annotations
@@ -76,11 +89,19 @@ class PipelineExecutor:
             self._backward_input, self._backward_weight = backward_input, backward_weight
             defer_linear_weights(self.chunks)  # split_backward.py, Note [deferred linear weights]
         self.steps = p2p_steps(self.actions, lookahead(device))  # Note [pre-posted receives]
+        # Note [data when needed]: the micro-batches this rank reads, in the order it reads them
+        self.reads = tuple(dict.fromkeys(
+            self._slice(a.micro)[0] for a in self.actions if a.op is Op.FORWARD and self._reads_data(a.chunk)))
         self.grad_codec = grad_codec
         self.loss_scale = 1.0  # fp16: the last stage's backward starts from it (loss_scale.py)
 
     def _vstage(self, chunk: int) -> int:
         return self.placement.stage(self.pp_rank, chunk)
+
+    def _reads_data(self, chunk: int) -> bool:
+        """Does ``chunk`` read its micro-batches' data (Note [data when needed])?"""
+        v = self._vstage(chunk)
+        return v in (0, self.virtual_stages - 1) or getattr(self.chunks[chunk], "documents", None) is not None
 
     def _local(self, neighbour) -> int | None:
         """The chunk of a neighbouring (rank, chunk) when it is on this rank (a hand-over
@@ -121,14 +142,15 @@ class PipelineExecutor:
         m, c, op = action.micro, action.chunk, action.op
         v = self._vstage(c)
         last = v == self.virtual_stages - 1
-        self._use_documents(c, batches[self._slice(m)[0]])
+        self._use_documents(c, batches, self._slice(m)[0])
         if op is Op.FORWARD:
             micro, j = self._slice(m)
-            tokens, targets = batches[micro][:2]
+            tokens, targets = batches[micro][:2] if v == 0 or last else (None, None)  # Note [data when needed]
             scale = self.micro_batches
             if j is not None:  # terapipe: this slice's tokens; its loss weighs by its share of them
                 start, length = self.sliced.starts[j], self.sliced.lengths[j]
-                tokens, targets = tokens[:, start : start + length], targets[:, start : start + length]
+                if tokens is not None:
+                    tokens, targets = tokens[:, start : start + length], targets[:, start : start + length]
                 scale = self.micro_batches * sum(self.sliced.lengths) / length
             x = tokens.to(self.device) if v == 0 else received.pop((_ACT, m, c))[1].requires_grad_(True)
 
@@ -172,21 +194,24 @@ class PipelineExecutor:
             return 0.0
         raise ValueError(f"unknown pipeline action {action!r}")
 
-    def _use_documents(self, c: int, batch) -> None:
+    def _use_documents(self, c: int, batches, m: int) -> None:
         """Under documents = separate (a batch's third tensor: its document ids) chunk ``c``'s
-        blocks see micro-batch ``batch``'s documents, in its forward and in a backward that
+        blocks see micro-batch ``m``'s documents, in its forward and in a backward that
         recomputes it (Note [documents under recompute] in documents.py)."""
-        if len(batch) > 2:
-            self.chunks[c].documents.use(batch[2], self.device)
+        if getattr(self.chunks[c], "documents", None) is not None:
+            self.chunks[c].documents.use(batches[m][2], self.device)
 
-    def step(self, batches) -> float:
-        """Forward and backward of every micro-batch; ``batches[m] = (inputs, targets)``,
-        or ``(inputs, targets, documents)`` under documents = separate.
+    def step(self, batch) -> float:
+        """Forward and backward of every micro-batch; ``batch(m)`` makes micro-batch m's
+        ``(inputs, targets)``, or ``(inputs, targets, documents)`` under documents =
+        separate, called once per micro-batch this rank reads (Note [data when needed]).
 
         Each micro-batch's loss is divided by the number of micro-batches (the mean
         over the step, as without a pipeline). Returns the sum of those scaled losses
         on the rank holding the last virtual stage, 0.0 elsewhere.
         """
+        batches = _Made(batch)
+        ahead = self.reads  # made at the first wait (Note [data when needed])
         inputs, outputs = {}, {}  # (micro, chunk) -> stage input / output (or loss)
         received, input_grads = {}, {}  # (kind, micro, chunk) -> posted receive; (micro, chunk) -> grad to send
         owed = {}  # (micro, chunk) -> what its W needs (split backward only)
@@ -223,6 +248,9 @@ class PipelineExecutor:
                     received[key] = (posted, tensor)
             for action in step.wait:
                 posted, _ = received[(_ACT if action.op is Op.RECV_ACT else _GRAD, action.micro, action.chunk)]
+                for m in ahead:  # this rank would block here: the data it reads later, made now
+                    batches[m]
+                ahead = ()
                 with exposed():  # waiting on the previous/next stage: what compute did not hide
                     posted.wait()
             if step.compute is not None:
@@ -255,7 +283,7 @@ class PipelineExecutor:
             for c in range(len(self.chunks)):
                 if not self.placement.carries(c, m):  # c is not on m's pipeline (placement.py Note [placements])
                     continue
-                self._use_documents(c, batches[m])
+                self._use_documents(c, batches, m)
                 v, line = self._vstage(c), self.placement.pipeline(c)
                 if v == 0:
                     x = tokens.to(self.device)
@@ -284,6 +312,18 @@ class PipelineExecutor:
             for work, _ in pending_sends:
                 work.wait()
         return float(loss_sum)
+
+
+class _Made(dict):
+    """Micro-batch m's data, made by ``make(m)`` the first time it is asked for."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, m: int):
+        self[m] = self.make(m)
+        return self[m]
 
 
 def tied_embedding_group(grid):

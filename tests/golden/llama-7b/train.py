@@ -345,9 +345,10 @@ def main() -> None:
         comm.exposed_clock.reset()  # time blocked on collectives, this step
         traffic.comm_bytes.reset()  # bytes handed to communication, this step, by axis
         with activations:  # measures the tensors saved for backward
-            batches = []  # every micro-batch of this step: the first stage reads the
-            # inputs, the last the targets
-            for micro in range(GRAD_ACCUM):
+            # micro-batch `micro` of this step, made when the executor first reads it
+            # (the first stage its inputs, the last its targets): Note [data when needed]
+            # in parc_runtime/parallel/pipeline/pipeline.py
+            def batch(micro):
                 indices = data.sample_indices(
                     step,
                     micro,
@@ -356,9 +357,10 @@ def main() -> None:
                     dp_rank=grid.index("dp"),
                     dp_size=DP,
                 )
-                batches.append(dataset.batch(indices))  # (B, T) token ids each
+                return dataset.batch(indices)  # (B, T) token ids each
+
             # forward and backward of every micro-batch, in the schedule's order
-            loss_sum = runner.step(batches)  # the last stage's mean loss, 0 elsewhere
+            loss_sum = runner.step(batch)  # the last stage's mean loss, 0 elsewhere
         held_grads = memory.grad_bytes(net, optimizer)  # when backward ends
         # norms saw only their sequence shard: sum their grads over tp
         model.allreduce_sequence_parallel_grads(net, tp_group)
