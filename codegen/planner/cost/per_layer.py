@@ -55,8 +55,9 @@ from .memory import (
     parc_layer_elements,
 )
 from .time import (
-    TimeBreakdown, _activation_size, _grad_reduce_element, _optimizer_time, _zero3_gather_element, block_costs, step_time,
+    TimeBreakdown, _activation_size, _grad_reduce_element, _zero3_gather_element, block_costs, step_time,
 )
+from .optimizer import optimizer_time
 from .zero3 import zero3_gathers
 
 
@@ -176,7 +177,7 @@ def layer_cost(spec: Spec, stage: Stage, hw: Hardware, t: int, settings: tuple, 
     # a pass, never hidden, is what the uniform layout's ends keep: Note [per-layer ZeRO])
     unit = 0.0 if gathers is None else (gathers.total if hw.comm_on_cores else sum(
         max(0.0, gathers.total / 2 - c) for c in (forward, backward)))
-    optimizer = _optimizer_time(hw, Accounting.PARC, n, block.tensors, layout) * hw.contention
+    optimizer = optimizer_time(spec, hw, Accounting.PARC, n, block.tensors, layout, whole_step=False) * hw.contention
     mode = dict(zip(SETTING_NAMES, settings))["recompute"]
     return Cost(
         compute=steps * (forward + backward) + optimizer,
@@ -274,7 +275,7 @@ def embedding_cost(spec: Spec, stage: Stage, hw: Hardware, t: int) -> Cost:
     n, zero = table.elements, layout.zero
     reduce = collective_time(hw, "reduce_scatter" if zero >= 3 else "all_reduce", 4.0 * n, size=layout.dp, stride=t)
     gather = collective_time(hw, "all_gather", 4.0 * n, size=layout.dp, stride=t) if 1 <= zero <= 2 else 0.0
-    optimizer = _optimizer_time(hw, Accounting.PARC, n, table.tensors, layout) * hw.contention
+    optimizer = optimizer_time(spec, hw, Accounting.PARC, n, table.tensors, layout, whole_step=False) * hw.contention
     mem = block_bytes(spec, replace(layout, micro_batch=0), n, table.tensors, "full")
     return Cost(compute=optimizer, exposed=(reduce if hw.comm_on_cores else 0.0) + gather, dp_comm=reduce + gather,
                 memory=replace(mem, activations=0.0))

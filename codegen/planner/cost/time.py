@@ -55,13 +55,13 @@ Note [the time model]: per micro-batch and transformer block on one rank,
 - mixture of experts: the experts' compute and the ep all-to-alls (``cost/experts.py``,
   Note [MoE costs]) join the block's forward, backward and exposed time; expert
   gradients reduce over edp, the rest over dp.
-- the optimizer streams its elements (AdamW) and the gradient-norm pass.
+- the optimizer: the fused AdamW update and the gradient-norm pass (``cost/optimizer.py``,
+  Note [the fused AdamW's cost]).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 from parc.dsl.spec import Arch, ModelSpec, Precision, Spec
@@ -79,6 +79,7 @@ from .compress import RANK, pipeline_messages, powersgd_cost, topk_cost
 from .experts import expert_reduce, moe_block, moe_share
 from .hardware import Hardware, gemm_time
 from .memo import shared
+from .optimizer import optimizer_time
 from .layout import (
     SETTING_NAMES, Accounting, Layout, by_node as hsdp, expert_data_ranks, expert_shard_ranks, fields_but,
     rank_expert_params, rank_params, streamed_element, uses_master_weights,
@@ -269,8 +270,8 @@ def step_time(
         dp_exposed = reduce + compression + gather  # after backward, not behind it
     dp_exposed += 0.0 if zero3 is None else zero3.exposed
     shard = zero3_shard_group(hw, layout, by_node) if layout.zero >= 3 else None
-    optimizer = _optimizer_time(hw, accounting, params, tensors, layout, expert_params, shard=shard,
-                                expert_shard=expert_shard if layout.zero >= 3 else None) * slow
+    optimizer = optimizer_time(spec, hw, accounting, params, tensors, layout, expert_params, shard=shard,
+                               expert_shard=expert_shard if layout.zero >= 3 else None) * slow
     world = d * layout.cp * t * p
     # the step's two scalar all-reduces: the loss over dp, the finite check over every rank
     scalars = 2 * collective_latency(hw, "all_reduce", size=min(world, hw.devices_per_node), stride=1)
@@ -492,18 +493,3 @@ def powersgd_compression(spec: Spec, layout: Layout, params: int, hw: Hardware):
     matrices.append((m.padded_vocab // layout.tp, m.hidden, 1))
     rank = spec.parallel.compress_rank if spec.parallel.compress == "powersgd" else RANK
     return powersgd_cost(hw, matrices, params=params, rank=rank, size=layout.dp * layout.cp, stride=layout.tp)
-
-
-def _optimizer_time(hw: Hardware, accounting: Accounting, params: int, tensors: int, layout: Layout,
-                    expert_params: int = 0, *, shard: int | None = None, expert_shard: int | None = None) -> float:
-    """``shard``: the ranks ZeRO shards the dense elements over (default dp·cp; HSDP's node);
-    ``expert_shard``: the experts' (default edp; HSDP's node's edp ranks)."""
-    elements = params
-    if layout.zero >= 1:  # experts split over ep are sharded over edp (runtime/parallel/data/zero.py)
-        elements = math.ceil((params - expert_params) / (shard or layout.shard_ranks))
-        if expert_params:
-            elements += math.ceil(expert_params / (expert_shard or expert_data_ranks(layout)))
-    if accounting is Accounting.MEGATRON:
-        return elements * 28.0 / hw.memory_bandwidth + 4 * hw.op_overhead
-    ops = 14 * tensors if layout.zero == 0 else 30
-    return elements * 64.0 / hw.memory_bandwidth + (ops + 3 * tensors) * hw.op_overhead
