@@ -435,14 +435,16 @@ def global_squares(grad, *, counted, tp_mask, tp_group, dp_group, tp_share=None)
     shards (``tp_mask``) summed over tp, replicated parameters counted once (``counted``
     false on a tied copy and on padding), then the slices summed over ``dp_group``.
     ``tp_share``: each element's 1/k where k tp ranks hold it (2D tensor parallelism), or None."""
-    squares = grad.pow(2).masked_fill(~counted, 0.0)  # a tied copy counts once
+    squares = grad.pow(2).masked_fill_(~counted, 0.0)  # a tied copy counts once
     if tp_share is not None:
-        squares = squares * tp_share
-    sharded_sq = squares[tp_mask].sum()
+        squares.mul_(tp_share)
     with exposed():  # small blocking collectives: nothing to hide them behind
-        if group_size(tp_group) > 1:
+        if group_size(tp_group) > 1:  # masks, not boolean indexing: that compacts (2x slower)
+            sharded_sq = squares.where(tp_mask, 0.0).sum()
             dist.all_reduce(sharded_sq, group=tp_group)
-        total_sq = sharded_sq + squares[~tp_mask].sum()
+            total_sq = sharded_sq + squares.where(~tp_mask, 0.0).sum()
+        else:  # one tp rank: its shards are whole
+            total_sq = squares.sum()
         if group_size(dp_group) > 1:
             dist.all_reduce(total_sq, group=dp_group)
     return total_sq
