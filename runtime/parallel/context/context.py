@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import torch
 
-from ...distributed.comm import all_gather_from_group, group_rank, group_size
+from ...distributed.comm import group_rank, group_size
+from ...distributed.comm_scatter import all_gather_from_group
 from ...distributed.exchange import all_to_all
 from ...kernels import reference
 from .ring import draw_seed, ring_attention
