@@ -88,7 +88,7 @@ def test_an_edit_survives_a_spec_change_on_other_lines(out, capsys):
     # The same rebuild again changes nothing and says the edit is kept.
     status, stdout, _ = run(capsys, *build("--set", "train.steps=7", out=out))
     assert status == 0 and stdout.startswith(f"{out}: kept your edits to train.py (the new generation does not change it)\n")
-    assert "(71 files, 0 changed)" in stdout
+    assert "(72 files, 0 changed)" in stdout
 
 
 def test_a_conflict_shows_the_hunk_and_writes_nothing(out, capsys):
@@ -118,7 +118,7 @@ def test_write_conflicts_leaves_markers_that_check_and_build_refuse(out, capsys)
     train = out / "train.py"
     edit(train, "STEPS = 20  # tiny.par:29\n", "STEPS = 100  # mine\n")
     status, stdout, err = run(capsys, *build("--set", "train.steps=7", "--write-conflicts", out=out))
-    assert status == 3 and f"wrote {out}/ (71 files, 2 changed)" in stdout
+    assert status == 3 and f"wrote {out}/ (72 files, 2 changed)" in stdout
     assert err == (f"{out}/train.py: wrote conflict markers\nhint: resolve the <<<<<<< ... >>>>>>> markers, "
                    f"then `parc build {TINY} -o {out} --set train.steps=7 --check` exits 0\n")
     assert (
