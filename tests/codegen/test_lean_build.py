@@ -103,8 +103,8 @@ BUILDS = {  # name -> (--set values, the modules its features import inside a fu
                                        "parallel.dp=[2, 2, 4, 4]"),
                                       ("parallel.tensor.kv_replication", "parallel.tensor.sharding_layouts",
                                        "models.llama_attention")),
-    "sp-tokens-recompute": (("parallel.sp=true", 'train.data=tokens("corpus.bin")',  # no file: a warning, the build is made
-                             "parallel.recompute=selective"),
+    # no token file: a warning, the build is made; recompute: parallelize_steps.py through a per-layer setting
+    "sp-tokens-recompute": (("parallel.sp=true", 'train.data=tokens("corpus.bin")', "parallel.recompute=selective"),
                             ("kernels.ops_gpt", "parallel.tensor.sp_columns", "distributed.comm_async", "train.tokens",
                              "distributed.comm_scatter", "models.parallelize_steps")),
 }

@@ -208,7 +208,8 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
     if model.experts:  # blocks differ (moe_every): each kind of the rank's blocks once
         layers = sum(
             count * (block_saved_elements(
-                model.config, model.desc.blocks[index], tp=layout.tp, sp=layout.sp, recompute=mode, micro_batch=layout.micro_batch, compiled=compiled,
+                model.config, model.desc.blocks[index], tp=layout.tp, sp=layout.sp, recompute=mode,
+                micro_batch=layout.micro_batch, compiled=compiled,
             ) + moe_saved_elements(  # Note [what a MoE block saves]: the router's, experts' and combine's
                 model, index, tp=layout.tp, sp=layout.sp, recompute=mode, compiled=compiled, **layout.expert_split,
             ) + (extra if mode != "full" else 0.0))
