@@ -199,9 +199,13 @@ def runtime_modules(plan: Plan) -> set[str]:
     """The runtime modules the build's program needs before their own imports are
     followed (``build.runtime_files``): train.py's, each feature's ``ships``, a per-layer
     setting's ``LayerSetting.module`` when some block uses it, ``checkpoint_dcp``
-    always (``checkpoint`` imports it to save or resume, Note [DCP on demand]) and
-    ``sharding``, the tensor transform every train.py runs (``parallelize.tensor``)."""
+    always (``checkpoint`` imports it to save or resume, Note [DCP on demand]),
+    ``sharding``, the tensor transform every train.py runs (``parallelize.tensor``), and
+    ``parallelize_steps`` when train.py runs a later step (a feature's, a per-layer setting's)."""
     modules = set(train_imports(plan)) | {"checkpoint_dcp", "sharding"}
     for feature in in_use(plan):
         modules |= feature.ships(plan)
-    return modules | {entry.module for entry in plan.used_settings() if entry.module}
+    settings = plan.used_settings()
+    if settings or any(feature.step_lines(plan) for feature in in_use(plan)):
+        modules.add("parallelize_steps")  # parallelize.<step>'s work, after tensor
+    return modules | {entry.module for entry in settings if entry.module}

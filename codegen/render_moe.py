@@ -9,6 +9,7 @@ metrics. Before: ``settle_training``. After: ``render.py`` places the lines.
 
 from __future__ import annotations
 
+from parc.runtime.layout import model_counts
 from parc.runtime.layout.model_desc import ModelConfig, describe
 
 from . import render_step
@@ -31,7 +32,7 @@ def parameter_words(plan: Plan) -> str:
     words = f"{plan.model.parameters:,} parameters"
     if has_experts(plan):  # the settings are ModelConfig's fields (settle_training)
         config = ModelConfig(**{s.name.lower(): s.value for s in plan.model.settings})
-        words += f" ({describe(config).active_parameters:,} active per token)"
+        words += f" ({model_counts.active_parameters(describe(config)):,} active per token)"
     return words
 
 

@@ -194,7 +194,8 @@ def _rank_main(rank: int, world: int, port: int, budget: float, out_path: str) -
     import torch
     import torch.distributed as dist
 
-    from parc.runtime.distributed.comm import _all_gather, _all_reduce, _reduce_scatter
+    from parc.runtime.distributed.comm import _all_reduce
+    from parc.runtime.distributed.comm_scatter import _all_gather, _reduce_scatter
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

@@ -3,9 +3,10 @@
 Three layers: private primitives that do nothing for a group of one; autograd
 Functions pairing a forward collective with its backward; public wrappers whose
 docstrings name both directions. Every call takes an explicit ``group``; ``None``
-means a group of one. Used by ``layers.py`` and ``model.py``; the all-to-all exchanges
-of context and expert parallelism are ``exchange.py``, the scatter/gather pair of
-sequence parallelism and per-layer layouts ``comm_scatter.py`` (shipped with those features).
+means a group of one. Here the all-reduce and its pairs, all that 1D tensor parallelism
+calls (``layers.py``, ``transformer.py``); the collectives along a dim (all-gather,
+reduce-scatter, split) and their pairs are ``comm_scatter.py``, the all-to-all exchanges of
+context and expert parallelism ``exchange.py`` (each shipped with the features that use it).
 
 Also here: ``exposed_clock`` / ``exposed()``, the time this process spends blocked
 on communication (every blocking collective counts whole, an asynchronous one only
@@ -123,49 +124,6 @@ def _all_reduce(x: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
     return x
 
 
-def _split(x: torch.Tensor, group, dim: int) -> torch.Tensor:
-    size = group_size(group)
-    if size == 1:
-        return x
-    if x.shape[dim] % size:
-        raise ValueError(f"dim {dim} of size {x.shape[dim]} does not split over {size} ranks")
-    return x.chunk(size, dim=dim)[group_rank(group)].contiguous()
-
-
-def _all_gather(x: torch.Tensor, group, dim: int) -> torch.Tensor:
-    size = group_size(group)
-    if size == 1:
-        return x
-    x = x.contiguous()
-    parts = [torch.empty_like(x) for _ in range(size)]
-    _issued()
-    with exposed():
-        dist.all_gather(parts, x, group=group)
-    return torch.cat(parts, dim=dim)
-
-
-def _reduce_scatter(x: torch.Tensor, group, dim: int) -> torch.Tensor:
-    size = group_size(group)
-    if size == 1:
-        return x
-    if x.shape[dim] % size:
-        raise ValueError(f"dim {dim} of size {x.shape[dim]} does not split over {size} ranks")
-    parts = [p.contiguous() for p in x.chunk(size, dim=dim)]
-    out = torch.empty_like(parts[0])
-    try:
-        with exposed():
-            dist.reduce_scatter(out, parts, group=group)
-        _issued()
-        return out
-    except RuntimeError:
-        if dist.get_backend(group) != "gloo":
-            raise
-    # Note [reduce-scatter on gloo]: older torch's gloo has no reduce-scatter (every
-    # rank raises before sending anything); all-reduce and keep our chunk instead:
-    # the same sums, the same numbers.
-    return _split(_all_reduce(x, group), group, dim)
-
-
 # ---- autograd pairs ---------------------------------------------------------------
 
 
@@ -190,28 +148,6 @@ class _ReduceFromGroup(torch.autograd.Function):
         return grad, None
 
 
-class _ReduceScatterToGroup(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim = group, dim
-        return _reduce_scatter(x, group, dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather(grad, ctx.group, ctx.dim), None, None
-
-
-class _AllGatherFromGroup(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, dim):
-        ctx.group, ctx.dim = group, dim
-        return _all_gather(x, group, dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter(grad, ctx.group, ctx.dim), None, None
-
-
 # ---- public wrappers --------------------------------------------------------------
 
 
@@ -223,16 +159,6 @@ def copy_to_group(x, group):
 def reduce_from_group(x, group):
     """Forward: all-reduce over ``group``. Backward: identity."""
     return x if group_size(group) == 1 else _ReduceFromGroup.apply(x, group)
-
-
-def reduce_scatter_to_group(x, group, dim):
-    """Forward: reduce-scatter along ``dim``. Backward: all-gather along ``dim``."""
-    return x if group_size(group) == 1 else _ReduceScatterToGroup.apply(x, group, dim)
-
-
-def all_gather_from_group(x, group, dim):
-    """Forward: all-gather along ``dim``. Backward: reduce-scatter along ``dim``."""
-    return x if group_size(group) == 1 else _AllGatherFromGroup.apply(x, group, dim)
 
 
 # ---- asynchronous collectives ------------------------------------------------------

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .comm import Pending, _issued, _reduce_scatter, group_size
+from .comm import Pending, _issued, group_size
+from .comm_scatter import _reduce_scatter
 
 
 def launch_all_reduce(x: torch.Tensor, group) -> Pending:

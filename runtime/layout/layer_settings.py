@@ -15,7 +15,7 @@ loop over ``SETTINGS``, so none of them names a setting. What is left to the set
 itself: its key in ``dsl/keys/`` (``per_layer=True``), its rules in
 ``constraints/``, the fields named after it, the runtime piece that does the work
 (its step of ``runtime/models/parallelize.py``, named as the setting and placed in
-``transforms.ORDER``) and its term in the cost model.
+``transforms.ORDER``, its work in ``parallelize_steps.py``) and its term in the cost model.
 """
 
 from __future__ import annotations

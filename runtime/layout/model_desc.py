@@ -1,10 +1,11 @@
-"""One description of the model: its modules, shapes, parameter counts, FLOPs, saved activations.
+"""One description of the model: its modules, shapes, parameter counts, FLOPs.
 
 Takes: a ``ModelConfig``. Gives: ``describe(config)`` → ``ModelDesc``: every module in
 model order as ``model.py`` names it (``layers.3.attn.q_proj``), with its parameters'
 full shapes and the dim tp splits; the parameters of the model, of a block, of a
 pipeline stage on one tp rank, and those whose gradients are partial under sequence
-parallelism; model FLOPs per token; the elements a block saves for backward.
+parallelism; model FLOPs per token. What a block saves for backward is the planner's,
+from a block's description (saved_elements.py, which a build does not ship).
 
 Pure Python, no torch: the code generator reads it as ``parc.runtime.layout.model_desc``
 (settle_training's count in train.py's docstring, partition_layers' TP table, the
@@ -16,9 +17,9 @@ Each block has a ``BlockDesc`` of its own (``ModelDesc.blocks``), so blocks may
 differ: a mixture-of-experts block lists its experts' modules (expert_desc.py, shipped
 with experts) and carries its expert count there, and every count follows. Build
 descriptions with ``describe``. The planner's counts (parc's TP table, the 2D grid,
-the whole model's parameters, sp's partial gradients, the typical block) live in
-model_counts.py, memoized per (config, tp): the planner asks thousands of times and
-calls it (or the methods here that import it when called), so a build, whose trainer
+the whole model's parameters and the active ones, sp's partial gradients, the typical
+block) live in model_counts.py, memoized per (config, tp): the planner asks thousands of
+times and calls it (or the methods here that import it when called), so a build, whose trainer
 only checks the model it built (``stage_params(sharded=...)``), does not ship it. The parts (``ParamDesc``,
 ``ModuleDesc``, ``ParamCount``) are model_parts.py's, given here too: those two modules
 import them from there, never this one back.
@@ -191,13 +192,6 @@ class ModelDesc:
         """The module called ``name``; KeyError for a name the model does not have."""
         return _by_name(self.config)[name]
 
-    @property
-    def active_parameters(self) -> int:
-        """Parameters one token meets: of each MoE block's experts only its top_k."""
-        from . import model_counts  # the planner's: a build does not ship it
-
-        return model_counts.active_parameters(self)
-
     def has_head_weight(self, *, first: bool) -> bool:
         """Whether a last stage holds a head matrix: untied, or not also the first stage
         (runtime/models/pipeline_stages.py, Note [tied embeddings across stages])."""
@@ -237,24 +231,6 @@ class ModelDesc:
         of the blocks and the head (vocab·hidden, tied or not, unpadded, as nanoGPT counts
         it), not the embedding lookups, norms or biases."""
         return _flops_per_token(self.config)
-
-    def block_saved_elements(
-        self, index: int, *, tp: int, sp: bool, recompute: str, micro_batch: int, compiled: bool = True,
-        grid=None,
-    ) -> float:
-        """Elements saved per token by block ``index`` (saved_elements.py, Note [what parc's
-        trainer saves]); of a MoE block all but its experts' part, which the planner's
-        cost/experts.py adds; ``grid``: (R, C) under 2D tensor parallelism, else None."""
-        from .saved_elements import block_saved_elements  # the planner's: a build does not ship it
-
-        return block_saved_elements(self.config, self.blocks[index], tp=tp, sp=sp, recompute=recompute,
-                                    micro_batch=micro_batch, compiled=compiled, grid=grid)
-
-    def head_saved_elements(self, *, tp: int, sp: bool, compiled: bool = True, grid=None) -> float:
-        """Elements saved per token by the final norm, the head and the loss (last stage)."""
-        from .saved_elements import head_saved_elements  # the planner's: a build does not ship it
-
-        return head_saved_elements(self.config, tp=tp, sp=sp, compiled=compiled, grid=grid)
 
 
 # ---- building it -------------------------------------------------------------------

@@ -3,9 +3,9 @@
 Takes: a ``ModelConfig`` and a block's description (``model_desc.BlockDesc``: heads,
 kv heads, head dim, ffn) and the layout's tp, sp, recompute, micro-batch and kernels
 (``compiled``: True, False, or the kinds of fused op that run, runtime/layout/kernel_sizes.py).
-Gives: ``block_saved_elements`` and ``head_saved_elements``, which ``model_desc``
-hands out (``ModelDesc.block_saved_elements``) and the planner's memory model
-(``codegen/planner/cost/memory.py``) multiplies by tokens and bytes. Pure Python, no torch.
+Gives: ``block_saved_elements`` and ``head_saved_elements``, which the planner's memory
+model (``codegen/planner/cost/memory.py``) multiplies by tokens and bytes. Pure Python, no
+torch; the planner's alone, so a build does not ship it.
 
 Note [what parc's trainer saves]: the activations are the tensors autograd saves in
 ``runtime/models/model.py``, counted per token, in elements (h hidden, F ffn, a heads,

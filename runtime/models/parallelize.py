@@ -7,7 +7,8 @@ and giving it back; they run in ``ORDER`` (Note [the order of the transforms] in
 runtime/layout/transforms.py) and each refuses to run out of it. Each axis's work lives
 beside the axis (``parallel/tensor/sharding.py``, ``parallel/context/context.py``,
 ``parallel/expert/moe.py``) and is imported only when its step runs, so a build ships
-only the axes it uses.
+only the axes it uses; so too the steps after ``tensor``, which only some layouts run:
+their work on each stage is parallelize_steps.py's, given here by name (``__getattr__``).
 """
 
 from __future__ import annotations
@@ -17,11 +18,7 @@ import contextlib
 import torch
 import torch.nn as nn
 
-from ..distributed.comm import group_size
-from ..layout.rule_engine import per_layer
 from ..layout.transforms import ORDER
-
-RECOMPUTE = ("none", "selective", "full")
 
 
 def stages(net) -> tuple:
@@ -57,55 +54,20 @@ def tensor(net, tp_group, tp_plan, *, sequence_parallel, grid=None, layouts=None
         return shard(net, tp_group, tp_plan, sequence_parallel=sequence_parallel, grid=grid, layouts=layouts)
 
 
-def context(net, cp_group, kind: str):
-    """Attention over the ``cp_group`` ranks that split each sequence, as ``kind`` (ring,
-    ulysses, allgather: Note [context-parallel attention] in context.py)."""
-    with _step(net, "context"):
-        if group_size(cp_group) == 1:
+def __getattr__(name: str):
+    """``parallelize.context``, ``experts``, ``recompute`` and ``overlap``: each runs its work
+    (parallelize_steps.py's, shipped only with a build whose train.py runs one of them:
+    ``features.runtime_modules``) on every stage inside its step, as ``tensor`` does."""
+    if name not in ORDER or name == "tensor":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import parallelize_steps
+
+    work = getattr(parallelize_steps, name)
+
+    def step(net, *args, **kwargs):
+        with _step(net, name):
+            work(stages(net), *args, **kwargs)
             return net
-        from ..parallel.context.context import split  # only a build with cp > 1 ships context.py
 
-        return split(net, cp_group, kind)
-
-
-def experts(net, expert_group, expert_tp_group=None):
-    """Each MoE block keeps this rank's experts of ``expert_group`` (ep) and its slice of
-    each over ``expert_tp_group`` (Note [expert tensor parallelism] in moe.py)."""
-    with _step(net, "experts"):
-        for stage in stages(net):
-            stage.expert_split = group_size(expert_group) * group_size(expert_tp_group)
-            for block in stage.layers.values():
-                if block.moe:
-                    block.mlp.split_experts(expert_group, expert_tp_group, block.tp_group, stage.sp)
-        return net
-
-
-def recompute(net, modes):
-    """What each block redoes in backward: "none"; "selective" (the attention core);
-    "full" (the block from its input) — one mode, or one per layer."""
-    with _step(net, "recompute"):
-        for stage in stages(net):
-            modes_of = per_layer(modes, stage.config.layers, "recompute")
-            if any(mode not in RECOMPUTE for mode in modes_of):
-                raise ValueError(f"recompute must be one of {RECOMPUTE} (or one per layer), not {modes!r}")
-            for i, block in stage.layers.items():
-                block.recompute = modes_of[int(i)]
-                block.attn.selective = block.recompute == "selective"
-        return net
-
-
-def overlap(net, splits):
-    """Each block's micro-batch as ``splits`` sub-batches whose tensor-parallel
-    collectives overlap compute (Oases; ``parallel/tensor/overlap.py``), and a MoE
-    block's expert all-to-alls (Note [expert all-to-all overlap]): one number, or one
-    per layer; 1 leaves a block whole."""
-    with _step(net, "overlap"):
-        for stage in stages(net):
-            splits_of = per_layer(splits, stage.config.layers, "overlap")
-            if any(int(k) < 1 for k in splits_of):
-                raise ValueError(f"overlap must be at least 1 sub-batch (or one per layer), not {splits!r}")
-            for i, block in stage.layers.items():
-                block.splits = int(splits_of[int(i)])
-                if block.moe:
-                    block.mlp.splits = block.splits
-        return net
+    step.__name__, step.__doc__ = name, work.__doc__
+    return step

@@ -33,12 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..distributed.comm import (
-    all_gather_from_group,
-    copy_to_group,
-    group_rank,
-    group_size,
-)
+from ..distributed.comm import copy_to_group, group_rank, group_size
 from ..layout.model_desc import describe
 from ..parallel.tensor.layers import vocab_parallel_cross_entropy
 from .block import Block
@@ -176,7 +171,12 @@ class Transformer(nn.Module):
 
             loss = grid_loss(self, x, targets)
         elif self.vocab_parallel:
-            x = all_gather_from_group(x, self.head_group, 1) if self.sp else copy_to_group(x, self.head_group)
+            if self.sp:  # only a build under sp ships comm_scatter.py
+                from ..distributed.comm_scatter import all_gather_from_group
+
+                x = all_gather_from_group(x, self.head_group, 1)
+            else:
+                x = copy_to_group(x, self.head_group)
             logits = F.linear(x, self.head_weight())  # (B, T, V/tp)
             loss = vocab_parallel_cross_entropy(
                 logits, targets, tp_group=self.head_group, vocab_size=self.config.vocab, kernels=self.fused

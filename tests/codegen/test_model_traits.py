@@ -19,6 +19,7 @@ from parc.dsl import Diagnostics, load_text
 from parc.dsl.diagnostics import SourceMap, render
 from parc.runtime.layout import model_counts
 from parc.runtime.layout.model_desc import describe
+from parc.runtime.layout.saved_elements import block_saved_elements
 from parc.runtime.models import model
 
 TRAITS = dict(arch="llama", layers=2, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=250, padded_vocab=256,
@@ -170,11 +171,13 @@ def test_saved_activations_follow_the_heads_width():
     kv_heads·head_dim wide; a gpt block at tp 2 saves (2·Δq + 2·Δk) / 2 more per token."""
     base = dict(TRAITS, arch="gpt", kv_heads=4, head_dim=None)
     plain, wide = describe(model.ModelConfig(**base)), describe(model.ModelConfig(**{**base, "head_dim": 16}))
-    saved = [d.block_saved_elements(0, tp=2, sp=False, recompute="none", micro_batch=1) for d in (plain, wide)]
+    saved = [block_saved_elements(d.config, d.blocks[0], tp=2, sp=False, recompute="none", micro_batch=1)
+             for d in (plain, wide)]
     assert saved[1] - saved[0] == (2 * (64 - 32) + 2 * (64 - 32)) / 2
     normed = describe(model.ModelConfig(**{**TRAITS, "qk_norm": True}))
     bare = describe(model.ModelConfig(**TRAITS))
-    extra = [d.block_saved_elements(0, tp=1, sp=False, recompute="none", micro_batch=1) for d in (bare, normed)]
+    extra = [block_saved_elements(d.config, d.blocks[0], tp=1, sp=False, recompute="none", micro_batch=1)
+             for d in (bare, normed)]
     assert extra[1] - extra[0] == 2 * (4 + 2) * 12 + 4 + 2  # input and x·rstd of each head, one rstd a head
 
 

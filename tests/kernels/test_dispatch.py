@@ -105,6 +105,7 @@ def test_the_planner_reads_the_kinds_the_model_takes(monkeypatch):
     from parc.runtime.layout import kernel_sizes
     from parc.runtime.models import model
     from parc.runtime.layout.model_desc import describe
+    from parc.runtime.layout.saved_elements import block_saved_elements
 
     config = model.ModelConfig(arch="llama", layers=1, hidden=32, heads=4, kv_heads=4, ffn=64, vocab=64,
                                padded_vocab=64, seq_len=8)
@@ -118,6 +119,7 @@ def test_the_planner_reads_the_kinds_the_model_takes(monkeypatch):
         assert ("swiglu" in kinds) == (mlp.fused is ops) == (swiglu_below == 0)
         assert "rms_norm" in kinds and all(m.fused is ops for m in norms) and attention.fused is ops
         desc = describe(config)
-        every = desc.block_saved_elements(0, tp=1, sp=False, recompute="none", micro_batch=1)
-        chosen = desc.block_saved_elements(0, tp=1, sp=False, recompute="none", micro_batch=1, compiled=kinds)
+        every = block_saved_elements(config, desc.blocks[0], tp=1, sp=False, recompute="none", micro_batch=1)
+        chosen = block_saved_elements(config, desc.blocks[0], tp=1, sp=False, recompute="none", micro_batch=1,
+                                      compiled=kinds)
         assert chosen - every == (0 if swiglu_below == 0 else config.ffn)

@@ -91,9 +91,9 @@ def check_comm(group):
          chunk(per_rank[0]), diagonal(grads)),
         ("gather_from_group", lambda x, g: comm_scatter.gather_from_group(x, g, 1), chunk(per_rank[0]), grads[0],
          per_rank[0], chunk(grads[0])),
-        ("reduce_scatter_to_group", lambda x, g: comm.reduce_scatter_to_group(x, g, 1), mine,
+        ("reduce_scatter_to_group", lambda x, g: comm_scatter.reduce_scatter_to_group(x, g, 1), mine,
          chunk(grads[r]), chunk(sum(per_rank)), diagonal(grads)),
-        ("all_gather_from_group", lambda x, g: comm.all_gather_from_group(x, g, 1), chunk(mine), grads[r],
+        ("all_gather_from_group", lambda x, g: comm_scatter.all_gather_from_group(x, g, 1), chunk(mine), grads[r],
          diagonal(per_rank), chunk(sum(grads))),
     ]
     # all-to-all, Ulysses' exchange: dim 2 split over the ranks, the pieces gathered along T

@@ -42,6 +42,7 @@ from parc.dsl.spec import ModelSpec, Precision, Spec
 from parc.runtime.layout.constraints import per_layer
 from parc.runtime.layout import model_counts
 from parc.runtime.layout.model_desc import LINEAR
+from parc.runtime.layout.saved_elements import block_saved_elements, head_saved_elements
 from parc.runtime.schedules.schedule import in_flight_bound
 from parc.runtime.layout.kernel_sizes import kinds_that_pay
 
@@ -151,15 +152,16 @@ def parc_layer_elements(
     trainer: the model description's (runtime/layout/saved_elements.py, Note [what parc's trainer saves])
     and a MoE block's experts' (cost/experts.py, Note [what a MoE block saves]); ``grid``: (R, C)
     under 2D tensor parallelism (``Layout.grid``), whose attention is repeated on the R ranks of a column."""
-    block = model.desc.block_saved_elements(
-        0, tp=tp, sp=sp, recompute=recompute, micro_batch=micro_batch, compiled=compiled, grid=grid,
+    block = block_saved_elements(
+        model.config, model.desc.blocks[0], tp=tp, sp=sp, recompute=recompute, micro_batch=micro_batch,
+        compiled=compiled, grid=grid,
     )
     return block + moe_saved_elements(model, 0, tp=tp, sp=sp, recompute=recompute, compiled=compiled, ep=ep)
 
 
 def parc_head_elements(model: ModelSpec, *, tp: int, sp: bool, compiled: bool = True, grid=None) -> float:
     """Elements saved per token by the final norm, the head and the loss (last stage)."""
-    return model.desc.head_saved_elements(tp=tp, sp=sp, compiled=compiled, grid=grid)
+    return head_saved_elements(model.config, tp=tp, sp=sp, compiled=compiled, grid=grid)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -205,8 +207,9 @@ def activation_bytes(spec: Spec, layout: Layout, rank: int, accounting: Accounti
     extra = cp_saved_elements(spec, layout)  # Note [cp costs]: allgather's K/V of other ranks
     if model.experts:  # blocks differ (moe_every): each kind of the rank's blocks once
         layers = sum(
-            count * (model.desc.block_saved_elements(
-                index, tp=layout.tp, sp=layout.sp, recompute=mode, micro_batch=layout.micro_batch, compiled=compiled,
+            count * (block_saved_elements(
+                model.config, model.desc.blocks[index], tp=layout.tp, sp=layout.sp, recompute=mode,
+                micro_batch=layout.micro_batch, compiled=compiled,
             ) + moe_saved_elements(  # Note [what a MoE block saves]: the router's, experts' and combine's
                 model, index, tp=layout.tp, sp=layout.sp, recompute=mode, compiled=compiled, **layout.expert_split,
             ) + (extra if mode != "full" else 0.0))

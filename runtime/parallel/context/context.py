@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import torch
 
-from ...distributed.comm import all_gather_from_group, group_rank, group_size
+from ...distributed.comm import group_rank, group_size
+from ...distributed.comm_scatter import all_gather_from_group
 from ...distributed.exchange import all_to_all
 from ...kernels import reference
 from .ring import draw_seed, ring_attention
@@ -66,18 +67,17 @@ def context_chunk(inputs, targets, *, cp_rank, cp_size, cp_kind):
     return tuple(torch.cat([t[:, start:stop] for start, stop in spans], dim=1).contiguous() for t in (inputs, targets))
 
 
-def split(net, group, kind: str):
-    """Every stage of ``net`` attends as one rank of ``group`` (cp > 1): each block's
-    attention core becomes the ``kind`` strategy; a MoE block's aux losses sum over the cp
-    ranks (Note [MoE under context parallelism] in moe.py). Gives ``net``."""
+def split(stages, group, kind: str) -> None:
+    """Every one of ``stages`` (the model, or a pipeline rank's chunks) attends as one rank of
+    ``group`` (cp > 1): each block's attention core becomes the ``kind`` strategy; a MoE
+    block's aux losses sum over the cp ranks (Note [MoE under context parallelism] in moe.py)."""
     strategy = ContextParallel(group, kind)
-    for stage in net if isinstance(net, torch.nn.ModuleList) else (net,):
+    for stage in stages:
         stage.context = strategy
         for block in stage.layers.values():
             block.attn.context = strategy
             if block.moe:
                 block.mlp.context_group, block.mlp.context = group, strategy
-    return net
 
 
 class ContextParallel:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from ...distributed.comm import all_gather_from_group, group_rank, group_size
+from ...distributed.comm import group_rank, group_size
+from ...distributed.comm_scatter import all_gather_from_group
 from .layers import ColumnParallelLinear
 
 

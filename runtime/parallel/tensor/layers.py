@@ -15,12 +15,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...distributed.comm import (
-    all_gather_from_group,
     copy_to_group,
     group_rank,
     group_size,
     reduce_from_group,
-    reduce_scatter_to_group,
     _all_reduce,  # the loss's statistics need no autograd pair: its backward is local
 )
 from ...layout.roles import assign
@@ -58,7 +56,9 @@ class ColumnParallelLinear(nn.Module):
         """The input as the matmul takes it: under SP all-gathered along T (backward:
         reduce-scatter), else as is (backward: all-reduce of its gradient). Column
         linears that read one input enter it once (``project``)."""
-        if self.sequence_parallel:
+        if self.sequence_parallel:  # only a build under sp ships comm_scatter.py
+            from ...distributed.comm_scatter import all_gather_from_group
+
             return all_gather_from_group(x, self.tp_group, dim=1)  # (B, T, in)
         return copy_to_group(x, self.tp_group)
 
@@ -133,7 +133,9 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x):
         y = F.linear(x, self.weight)
-        if self.sequence_parallel:
+        if self.sequence_parallel:  # only a build under sp ships comm_scatter.py
+            from ...distributed.comm_scatter import reduce_scatter_to_group
+
             y = reduce_scatter_to_group(y, self.tp_group, dim=1)  # (B, T/tp, out)
         else:
             y = reduce_from_group(y, self.tp_group)  # (B, T, out)
@@ -168,7 +170,9 @@ class VocabParallelEmbedding(nn.Module):
             outside = (local < 0) | (local >= self.rows)
             out = F.embedding(local.masked_fill(outside, 0), self.weight)
             out = out.masked_fill(outside.unsqueeze(-1), 0.0)
-        if self.sequence_parallel:
+        if self.sequence_parallel:  # only a build under sp ships comm_scatter.py
+            from ...distributed.comm_scatter import reduce_scatter_to_group
+
             return reduce_scatter_to_group(out, self.tp_group, dim=1)
         return reduce_from_group(out, self.tp_group)
 

@@ -53,8 +53,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...distributed.comm import (all_gather_from_group, copy_to_group, group_size, reduce_from_group,
-                                 reduce_scatter_to_group)
+from ...distributed.comm import copy_to_group, group_size, reduce_from_group
+from ...distributed.comm_scatter import all_gather_from_group, reduce_scatter_to_group
 from ...layout.axes import TP_SIDES, coordinates, partition
 from ...layout.roles import assign, role
 from .layers import vocab_parallel_cross_entropy

@@ -58,7 +58,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ...distributed.comm import _all_gather
+from ...distributed.comm_scatter import _all_gather
 from ...distributed.comm_async import launch_all_gather, launch_all_reduce, launch_reduce_scatter
 from .column_grads import input_grad, weight_grads
 from .layers import ColumnParallelLinear, RowParallelLinear

@@ -23,8 +23,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ...distributed.comm import _all_gather, exposed, group_size
+from ...distributed.comm import exposed, group_size
 from ...distributed.comm_async import launch_all_gather, launch_reduce_scatter
+from ...distributed.comm_scatter import _all_gather
 from ...layout.roles import role
 from .column_grads import input_grad, weight_grads
 
