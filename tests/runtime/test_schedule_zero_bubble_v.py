@@ -1,6 +1,9 @@
 """zero_bubble_v (ZB-V, Qi et al. 2024) and stage placement as data: valid lists over
 stages 2-8 and micro-batches 1-16 with the V's local hand-overs, the in-flight bound
-reached and never exceeded, and a bubble below ZB-H1's at the same memory."""
+reached and never exceeded, and a bubble below ZB-H1's at the same memory; with each
+virtual stage's own costs, valid lists for any integer costs and a shorter step under them."""
+
+import random
 
 import pytest
 
@@ -92,10 +95,10 @@ def test_sizes_are_refused():
         build_schedule("zero_bubble_v", stages=2, micro_batches=4, chunks=1)
 
 
-def plain_greedy(p: int, micro_batches: int) -> tuple:
+def plain_greedy(p: int, micro_batches: int, costs=None) -> tuple:
     """Note [ZB-V on paper] as written: each decision scans the rank's remaining lists for
     the first entry whose input has arrived. The reference ``zero_bubble_v_orders`` (Note
-    [ZB-V ready queues]) must give exactly."""
+    [ZB-V ready queues]) must give exactly. ``costs``: (F, B, W) per virtual stage."""
     cap, last, place = zero_bubble_v_bound(p, micro_batches), 2 * p - 1, Placement("v", p, 2)
     finished, clock, in_flight = {}, [0] * p, [0] * p
     owed = [[] for _ in range(p)]
@@ -136,7 +139,7 @@ def plain_greedy(p: int, micro_batches: int) -> tuple:
             in_flight[rank] += op == "F"
             if op == "B":
                 owed[rank].append((m, c))
-        clock[rank] += 1
+        clock[rank] += costs[place.stage(rank, c)]["FBW".index(op)] if costs else 1
         finished[(op, m, place.stage(rank, c))] = clock[rank]
         orders[rank].append(step)
     return tuple(tuple(order) for order in orders)
@@ -147,3 +150,66 @@ def test_ready_queues_are_the_plain_greedy(stages):
     """Note [ZB-V ready queues]: the same lists as the greedy that scans, p ≤ 8, M ≤ 32."""
     for micro_batches in range(1, 33):
         assert zero_bubble_v_orders(stages, micro_batches) == plain_greedy(stages, micro_batches), micro_batches
+
+
+def random_costs(rng: random.Random, stages: int) -> tuple:
+    return tuple(tuple(rng.randint(1, 30) for _ in "FBW") for _ in range(2 * stages))
+
+
+@pytest.mark.parametrize("stages", range(2, 7))
+def test_any_integer_costs_give_valid_lists(stages):
+    """Note [ZB-V on paper]: a compute is ready only when its input finished by the rank's
+    clock, whatever the costs: valid, deadlock-free, the bound kept, every compute once."""
+    rng = random.Random(stages)
+    for micro_batches in range(1, 17):
+        costs = random_costs(rng, stages)
+        schedule = build_schedule("zero_bubble_v", stages=stages, micro_batches=micro_batches, chunks=2, costs=costs)
+        assert check_schedule(schedule, micro_batches=micro_batches, chunks=2) == [], (micro_batches, costs)
+        for actions in schedule:
+            assert max_in_flight(actions) <= zero_bubble_v_bound(stages, micro_batches)
+            ops = [a.op for a in actions]
+            assert ops.count(Op.WEIGHT) == ops.count(Op.BACKWARD) == ops.count(Op.FORWARD) == 2 * micro_batches
+
+
+@pytest.mark.parametrize("stages", range(2, 6))
+def test_ready_queues_are_the_plain_greedy_under_costs(stages):
+    rng = random.Random(100 + stages)
+    for micro_batches in range(1, 13):
+        costs = random_costs(rng, stages)
+        assert zero_bubble_v_orders(stages, micro_batches, costs) == plain_greedy(stages, micro_batches, costs)
+
+
+def test_unit_costs_are_the_default():
+    """None is F = B = W = 1: every list built without costs is today's."""
+    for stages in range(2, 7):
+        for micro_batches in range(1, 17):
+            ones = ((1, 1, 1),) * (2 * stages)
+            assert zero_bubble_v_orders(stages, micro_batches, ones) == zero_bubble_v_orders(stages, micro_batches)
+
+
+def test_costs_shorten_the_step_they_describe():
+    """The bench's llama on two ranks (bench/peer_notes.md, "ZB-V against 1F1B"): the first stage
+    has no B and a long W, the last holds the head. Ordered by these costs, the lists run
+    shorter under them than the F = B = W order does; under F = B = W, the other way round."""
+    costs = ((17, 1, 28), (17, 18, 12), (17, 18, 12), (20, 22, 11))
+
+    def span(schedule, times):
+        place = schedule.placement
+        return simulate(schedule, action_time=lambda r, a: times[place.stage(r, a.chunk)]["FBW".index(a.op.value)],
+                        placement=place).makespan
+
+    plain = build_schedule("zero_bubble_v", stages=2, micro_batches=8, chunks=2)
+    costed = build_schedule("zero_bubble_v", stages=2, micro_batches=8, chunks=2, costs=costs)
+    assert span(costed, costs) < span(plain, costs)
+    assert span(plain, ((1, 1, 1),) * 4) <= span(costed, ((1, 1, 1),) * 4)
+
+
+def test_costs_are_checked():
+    with pytest.raises(ValueError, match="each of its 4 virtual stages, got 3"):
+        build_schedule("zero_bubble_v", stages=2, micro_batches=4, chunks=2, costs=((1, 1, 1),) * 3)
+    with pytest.raises(ValueError, match="three integers >= 1"):
+        build_schedule("zero_bubble_v", stages=2, micro_batches=4, chunks=2, costs=((1, 0, 1),) + ((1, 1, 1),) * 3)
+    with pytest.raises(ValueError, match="three integers >= 1"):
+        build_schedule("zero_bubble_v", stages=2, micro_batches=4, chunks=2, costs=((1, 1.5, 1),) + ((1, 1, 1),) * 3)
+    with pytest.raises(ValueError, match="1f1b's order does not depend on the stages' costs"):
+        build_schedule("1f1b", stages=2, micro_batches=4, costs=((1, 1, 1),) * 2)
