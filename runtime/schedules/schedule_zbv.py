@@ -14,7 +14,13 @@ compute taking its virtual stage's cost (``costs``: (F, B, W) per virtual stage,
 greedily picking, when it is free: the ready B of the oldest micro-batch (later chunk first: it is nearer the
 loss); else the ready F of the oldest micro-batch (later chunk first) while fewer than
 2·min(p, M) micro-batch-chunks are in flight on the rank (forward done, W not yet);
-else the oldest W it owes; else it idles until the next input arrives. A compute is
+else the oldest W it owes; else it idles until the next input arrives. With costs, a
+rank starts a new micro-batch (a forward of chunk 0) only while that leaves room under the
+cap for the chunk 1 forward of every micro-batch it has started, its own included: unequal
+costs can otherwise fill the cap with chunk 0 forwards whose chunk 1 no rank may then run
+(a deadlock of the paper run; under F = B = W the plain cap never does, and None keeps
+today's lists). Then the oldest unfinished micro-batch can always move: everything in flight
+on the rank it needs entered that rank before it, so has finished. A compute is
 ready when the compute it needs has *finished* by the rank's clock (every cost ≥ 1, so a
 compute finishes after it starts), so the lists are a valid execution and deadlock-free
 under any real timing (schedule.py, Note [the execution model]); the costs change which
@@ -89,6 +95,7 @@ def zero_bubble_v_orders(stages: int, micro_batches: int, costs: tuple[tuple[int
     last = place.virtual_stages - 1
     cost = [dict(zip((FORWARD, BACKWARD, WEIGHT), costs[v] if costs else (1, 1, 1))) for v in range(last + 1)]
     clock, in_flight, done = [0] * p, [0] * p, 0
+    entered = [0] * p  # micro-batches whose chunk 0 ran forward here, chunk 1 not yet
     owed: list[collections.deque] = [collections.deque() for _ in range(p)]  # (micro, chunk): B ran, W not
     pending: list[list[tuple[int, int, int, str]]] = [[] for _ in range(p)]  # (arrival, micro, -chunk, op)
     ready: list[dict[str, list[tuple[int, int]]]] = [{BACKWARD: [], FORWARD: []} for _ in range(p)]
@@ -110,10 +117,15 @@ def zero_bubble_v_orders(stages: int, micro_batches: int, costs: tuple[tuple[int
         while waiting and waiting[0][0] <= now:
             _, micro, minus_chunk, op = heapq.heappop(waiting)
             heapq.heappush(queues[op], (micro, minus_chunk))
-        for op in (BACKWARD, FORWARD):
-            if queues[op] and (op == BACKWARD or in_flight[rank] < cap):
-                micro, minus_chunk = heapq.heappop(queues[op])
-                return op, micro, -minus_chunk
+        if queues[BACKWARD]:
+            micro, minus_chunk = heapq.heappop(queues[BACKWARD])
+            return BACKWARD, micro, -minus_chunk
+        if queues[FORWARD]:  # a new micro-batch keeps room for its chunk 1 (Note [ZB-V on paper])
+            micro, minus_chunk = queues[FORWARD][0]
+            room = cap - (entered[rank] + 1 if costs and minus_chunk == 0 else 0)
+            if in_flight[rank] < room:
+                heapq.heappop(queues[FORWARD])
+                return FORWARD, micro, -minus_chunk
         if owed[rank]:
             return (WEIGHT, *owed[rank].popleft())
         return None
@@ -132,6 +144,7 @@ def zero_bubble_v_orders(stages: int, micro_batches: int, costs: tuple[tuple[int
             continue
         op, micro, chunk = step
         in_flight[rank] += 1 if op == FORWARD else -1 if op == WEIGHT else 0
+        entered[rank] += (1 if chunk == 0 else -1) if op == FORWARD else 0
         if op == BACKWARD:
             owed[rank].append((micro, chunk))
         stage = place.stage(rank, chunk)
