@@ -14,13 +14,13 @@ compute taking its virtual stage's cost (``costs``: (F, B, W) per virtual stage,
 greedily picking, when it is free: the ready B of the oldest micro-batch (later chunk first: it is nearer the
 loss); else the ready F of the oldest micro-batch (later chunk first) while fewer than
 2·min(p, M) micro-batch-chunks are in flight on the rank (forward done, W not yet);
-else the oldest W it owes; else it idles until the next input arrives. With costs, a
-rank starts a new micro-batch (a forward of chunk 0) only while that leaves room under the
-cap for the chunk 1 forward of every micro-batch it has started, its own included: unequal
-costs can otherwise fill the cap with chunk 0 forwards whose chunk 1 no rank may then run
-(a deadlock of the paper run; under F = B = W the plain cap never does, and None keeps
-today's lists). Then the oldest unfinished micro-batch can always move: everything in flight
-on the rank it needs entered that rank before it, so has finished. A compute is
+else the oldest W it owes; else it idles until the next input arrives. Unequal costs can
+fill a rank's cap with chunk 0 forwards whose chunk 1 it may then not run: the paper run
+cannot finish (every rank waits on another; F = B = W never does, tests/runtime). Then the
+run is redone with one slot kept: while a micro-batch's chunk 0 ran here and its chunk 1
+not yet, a new micro-batch starts only below cap − 1. That run always finishes: the
+oldest unfinished micro-batch can always move, since what is in flight on the rank it
+needs entered that rank before it, so has finished, or leaves its chunk 1 the slot. A compute is
 ready when the compute it needs has *finished* by the rank's clock (every cost ≥ 1, so a
 compute finishes after it starts), so the lists are a valid execution and deadlock-free
 under any real timing (schedule.py, Note [the execution model]); the costs change which
@@ -90,12 +90,19 @@ def zero_bubble_v_orders(stages: int, micro_batches: int, costs: tuple[tuple[int
     problem = cost_problem(stages, costs)
     if problem:
         raise ValueError(problem)
+    return _greedy(stages, micro_batches, costs, False) or _greedy(stages, micro_batches, costs, True)
+
+
+def _greedy(stages: int, micro_batches: int, costs, reserve: bool):
+    """Note [ZB-V ready queues]'s run; None when it cannot finish (only with costs, without
+    ``reserve``: Note [ZB-V on paper])."""
     p, cap, runs = stages, zero_bubble_v_bound(stages, micro_batches), 6 * micro_batches
     place = Placement("v", p, 2)
     last = place.virtual_stages - 1
     cost = [dict(zip((FORWARD, BACKWARD, WEIGHT), costs[v] if costs else (1, 1, 1))) for v in range(last + 1)]
     clock, in_flight, done = [0] * p, [0] * p, 0
     entered = [0] * p  # micro-batches whose chunk 0 ran forward here, chunk 1 not yet
+    waiting: set[int] = set()  # ranks with nothing to run and no input to come, since the last compute
     owed: list[collections.deque] = [collections.deque() for _ in range(p)]  # (micro, chunk): B ran, W not
     pending: list[list[tuple[int, int, int, str]]] = [[] for _ in range(p)]  # (arrival, micro, -chunk, op)
     ready: list[dict[str, list[tuple[int, int]]]] = [{BACKWARD: [], FORWARD: []} for _ in range(p)]
@@ -122,7 +129,7 @@ def zero_bubble_v_orders(stages: int, micro_batches: int, costs: tuple[tuple[int
             return BACKWARD, micro, -minus_chunk
         if queues[FORWARD]:  # a new micro-batch keeps room for its chunk 1 (Note [ZB-V on paper])
             micro, minus_chunk = queues[FORWARD][0]
-            room = cap - (entered[rank] + 1 if costs and minus_chunk == 0 else 0)
+            room = cap - (1 if reserve and minus_chunk == 0 and entered[rank] else 0)
             if in_flight[rank] < room:
                 heapq.heappop(queues[FORWARD])
                 return FORWARD, micro, -minus_chunk
@@ -139,10 +146,14 @@ def zero_bubble_v_orders(stages: int, micro_batches: int, costs: tuple[tuple[int
             if pending[rank]:
                 clock[rank] = pending[rank][0][0]
             else:  # waits on a rank behind it: let that one move first
+                waiting.add(rank)
+                if len(waiting) == sum(len(order) < runs for order in orders):  # every rank waits on another
+                    return None
                 others = [clock[r] for r in range(p) if r != rank and len(orders[r]) < runs]
                 clock[rank] = min(others) + 1 if others else clock[rank] + 1
             continue
         op, micro, chunk = step
+        waiting.clear()
         in_flight[rank] += 1 if op == FORWARD else -1 if op == WEIGHT else 0
         entered[rank] += (1 if chunk == 0 else -1) if op == FORWARD else 0
         if op == BACKWARD:

@@ -95,12 +95,12 @@ def test_sizes_are_refused():
         build_schedule("zero_bubble_v", stages=2, micro_batches=4, chunks=1)
 
 
-def plain_greedy(p: int, micro_batches: int, costs=None) -> tuple:
+def plain_greedy(p: int, micro_batches: int, costs=None, reserve=False) -> tuple | None:
     """Note [ZB-V on paper] as written: each decision scans the rank's remaining lists for
     the first entry whose input has arrived. The reference ``zero_bubble_v_orders`` (Note
     [ZB-V ready queues]) must give exactly. ``costs``: (F, B, W) per virtual stage."""
     cap, last, place = zero_bubble_v_bound(p, micro_batches), 2 * p - 1, Placement("v", p, 2)
-    finished, clock, in_flight, entered = {}, [0] * p, [0] * p, [0] * p
+    finished, clock, in_flight, entered, waiting = {}, [0] * p, [0] * p, [0] * p, set()
     owed = [[] for _ in range(p)]
     todo = {op: [[(m, c) for m in range(micro_batches) for c in (1, 0)] for _ in range(p)] for op in "FB"}
     orders = [[] for _ in range(p)]
@@ -115,7 +115,7 @@ def plain_greedy(p: int, micro_batches: int, costs=None) -> tuple:
         for op in "BF":
             for m, c in todo[op][rank]:
                 if (t := arrival(op, m, rank, c)) is not None and t <= now:
-                    if op == "F" and in_flight[rank] >= cap - (entered[rank] + 1 if costs and c == 0 else 0):
+                    if op == "F" and in_flight[rank] >= cap - (1 if reserve and c == 0 and entered[rank] else 0):
                         break  # the oldest ready forward waits for room
                     return op, m, c
         return ("W", *owed[rank][0]) if owed[rank] else None
@@ -128,9 +128,14 @@ def plain_greedy(p: int, micro_batches: int, costs=None) -> tuple:
             times = [t for op in "BF" for m, c in todo[op][rank]
                      if (t := arrival(op, m, rank, c)) is not None and t > clock[rank]]
             others = [clock[r] for r in unfinished() if r != rank]
+            if not times:
+                waiting.add(rank)
+                if len(waiting) == len(unfinished()):
+                    return None
             clock[rank] = min(times) if times else min(others) + 1 if others else clock[rank] + 1
             continue
         op, m, c = step
+        waiting.clear()
         if op == "W":
             owed[rank].pop(0)
             in_flight[rank] -= 1
@@ -177,7 +182,8 @@ def test_ready_queues_are_the_plain_greedy_under_costs(stages):
     rng = random.Random(100 + stages)
     for micro_batches in range(1, 13):
         costs = random_costs(rng, stages)
-        assert zero_bubble_v_orders(stages, micro_batches, costs) == plain_greedy(stages, micro_batches, costs)
+        plain = plain_greedy(stages, micro_batches, costs) or plain_greedy(stages, micro_batches, costs, True)
+        assert zero_bubble_v_orders(stages, micro_batches, costs) == plain
 
 
 def test_costs_shorten_the_step_they_describe():
