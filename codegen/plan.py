@@ -240,6 +240,10 @@ class PipelinePlan:
     span: Span | None
     schedule_span: Span | None
     stage_layers_span: Span | None
+    stage_costs: tuple[tuple[int, int, int], ...] | None = None
+    """Each virtual stage's (F, B, W) of a micro-batch, in integer units of the planner's cost
+    model, for a schedule ordered by them (``schedule.STAGE_COSTS``); else None
+    (codegen/planner/cost/bubble.py, Note [stage costs])."""
 
 
 # ---------------------------------------------------------------------------

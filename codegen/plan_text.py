@@ -67,6 +67,8 @@ def plan_to_json(plan) -> str:
     data = _plain(plan)
     if data.get("predicted", 0) is None:
         del data["predicted"]  # only a planner-chosen layout carries a prediction
+    if data["pipeline"].get("stage_costs", 0) is None:
+        del data["pipeline"]["stage_costs"]  # only a schedule ordered by its stages' costs has them
     for part in ("model", "train"):  # a setting only some layouts have (None, or no settings): left out
         record = getattr(plan, part)
         for f in dataclasses.fields(record):

@@ -134,8 +134,13 @@ def executor_items(plan: Plan) -> list:
             tokens = "SEQ_LEN" + (f" // {tp}" if tp > 1 else "")
     sliced = render_step.sliced(plan)
     slices = ((("slices", render_step.slice_count(plan)),) if sliced else ())
+    costs = plan.pipeline.stage_costs  # Note [stage costs] (codegen/planner/cost/bubble.py)
+    cost_lines = ["# each virtual stage's (F, B, W) of a micro-batch, from the planner's cost model: the",
+                  "# schedule orders its computes by them (None: F = B = W, the paper's)",
+                  f"STAGE_COSTS = {costs!r}"] if costs else []
     actions = Call(target="actions", callee="schedule.build_schedule", args=("SCHEDULE",), kwargs=(
-        ("stages", "PP"), ("micro_batches", "GRAD_ACCUM"), ("chunks", "CHUNKS"), *slices), index='grid.index("pp")',
+        ("stages", "PP"), ("micro_batches", "GRAD_ACCUM"), ("chunks", "CHUNKS"), *slices,
+        *((("costs", "STAGE_COSTS"),) if costs else ())), index='grid.index("pp")',
         comments=("This rank's ordered actions (forward/backward of micro-batch m, chunk c; send/recv)."
                   + (" Under terapipe" if sliced else ""),
                   *([f"an action's micro-batch is a slice: m·{render_step.slice_count(plan)} + j is slice j of "
@@ -156,7 +161,8 @@ def executor_items(plan: Plan) -> list:
     if sliced:
         runner = runner.given(Arg(key="slices", value="tuple(SLICES)" if plan.pipeline.slice_lengths else
                                   "(SEQ_LEN // SLICES,) * SLICES", note="tokens of each slice"))
-    return ["", "# ---- pipeline -----------------------------------------------------------", actions, runner]
+    return ["", "# ---- pipeline -----------------------------------------------------------", *cost_lines, actions,
+            runner]
 
 
 def stage_replicas(plan: Plan) -> bool:

@@ -28,6 +28,7 @@ from parc.runtime.schedules.schedule_sim import Event, Timeline, bubble_fraction
 from parc.runtime.schedules.schedule_terapipe import slice_scale, split_unit
 
 from .. import gantt, layout_words
+from ..passes.split_pipeline import stage_costs
 from ..planner.cost.bubble import PLACEMENTS, SHAPES
 from ..errors import BAD_VALUE, error, fail
 
@@ -123,7 +124,9 @@ def explain(spec: Spec) -> Explanation:
     micro_batches = train.global_batch // (train.micro_batch * par.dp)
     slices = par.slices if kind in SLICED else 1
     try:
-        schedule = build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks, slices=slices)
+        costs = stage_costs(spec, kind) if stages > 1 else None  # the order train.py runs (STAGE_COSTS)
+        schedule = build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks, slices=slices,
+                                  costs=costs)
         bounds = tuple(in_flight_bound(kind, stages=stages, rank=rank, micro_batches=micro_batches,
                                        chunks=chunks, slices=slices) for rank in range(stages))
     except ValueError as exc:  # the front end rejects these sizes; a Spec built by hand may not

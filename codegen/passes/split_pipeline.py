@@ -17,11 +17,14 @@ from dataclasses import replace
 
 from parc.dsl.spec import PipelineSchedule, Spec
 from parc.runtime.layout.placement import placement_for
-from parc.runtime.schedules.schedule import SLICED, build_schedule, chunks_for
+from parc.runtime.schedules.schedule import SLICED, STAGE_COSTS, build_schedule, chunks_for
 from parc.runtime.schedules.schedule_sim import bubble_fraction, simulate
 from parc.runtime.schedules.schedule_terapipe import slice_scale
 
 from ..plan import PipelinePlan
+from ..planner.cost.fit import hardware_for
+from ..planner.cost.time import pipeline_stage_costs
+from ..planner.search import fixed_layout
 from .draft import Draft
 
 
@@ -34,6 +37,17 @@ def layer_counts(spec: Spec, pp: int, chunks: int, kind: str = "1f1b") -> list[i
         return list(spec.parallel.stage_layers)
     stages = placement_for(kind, pp, chunks).virtual_stages
     return [spec.model.layers // stages] * stages
+
+
+def stage_costs(spec: Spec, kind: str) -> tuple[tuple[int, int, int], ...] | None:
+    """Each virtual stage's (F, B, W) from the planner's cost model, for a kind ordered by them
+    (``schedule.STAGE_COSTS``; codegen/planner/cost/bubble.py, Note [stage costs]): train.py
+    builds its lists with them, as the planner's exact makespan does. None for other kinds."""
+    layout = fixed_layout(spec) if kind in STAGE_COSTS else None  # choose_layout wrote the whole layout
+    if layout is None:
+        return None
+    costs = pipeline_stage_costs(spec, layout, hardware_for(spec))
+    return costs[1] if costs else None
 
 
 def run(spec: Spec, draft: Draft) -> Draft:
@@ -50,7 +64,9 @@ def run(spec: Spec, draft: Draft) -> Draft:
         bounds.append((start, start + n))
         start += n
     lengths = spec.parallel.slice_lengths if sliced else None  # uneven: each as long as its tokens
-    timeline = simulate(build_schedule(kind, stages=pp, micro_batches=micro_batches, chunks=chunks, slices=slices),
+    costs = stage_costs(spec, kind)
+    timeline = simulate(build_schedule(kind, stages=pp, micro_batches=micro_batches, chunks=chunks, slices=slices,
+                                       costs=costs),
                         slice_scale=slice_scale(lengths) if lengths else ())
     plan = PipelinePlan(
         size=pp,
@@ -64,5 +80,6 @@ def run(spec: Spec, draft: Draft) -> Draft:
         span=draft.mesh.axis("pp").span,
         schedule_span=spec.span("parallel.schedule"),
         stage_layers_span=spec.span("parallel.stage_layers"),
+        stage_costs=costs,
     )
     return replace(draft, pipeline=plan)

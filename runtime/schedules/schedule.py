@@ -33,6 +33,7 @@ sends to rank 0 chunk c+1.
 from __future__ import annotations
 
 import enum
+import functools
 import importlib
 from dataclasses import dataclass
 
@@ -59,6 +60,10 @@ RUNS_WITH = {**dict.fromkeys(SPLIT_BACKWARD, "split_backward"), **dict.fromkeys(
 """The executor's module (runtime/parallel/pipeline/) that a kind's pipeline imports when it
 runs: the backward split in two (Note [B and W]), the token slices' state
 (``SliceState``); ``codegen/features.py`` ships it."""
+STAGE_COSTS = ("zero_bubble_v",)
+"""Kinds whose order is found from each virtual stage's own (F, B, W) costs, integers ≥ 1
+(``build_schedule``'s ``costs``: the planner's, rendered into train.py; schedule_zbv, Note
+[ZB-V on paper]); the others' orders do not depend on times and refuse costs."""
 OWN_CLOSED_FORM = ("chimera",)
 """Kinds whose module gives the planner's closed-form makespan (``closed_makespan``); the
 others' is 1F1B's over their units (codegen/planner/cost/bubble.py, Note [closed forms])."""
@@ -167,9 +172,11 @@ def message_key(action: Action, rank: int, placement: Placement | int) -> tuple[
     raise ValueError(f"{action.op.name} is not a send or a receive")
 
 
-def _validate(kind: str, stages: int, micro_batches: int, chunks: int, slices: int = 1) -> None:
+def _validate(kind: str, stages: int, micro_batches: int, chunks: int, slices: int = 1, costs=None) -> None:
     if kind not in KINDS:
         raise ValueError(f"unknown pipeline schedule {kind!r}; expected one of {', '.join(KINDS)}")
+    if costs is not None and kind not in STAGE_COSTS:
+        raise ValueError(f"{kind}'s order does not depend on the stages' costs; pass costs = None")
     if kind in SLICED and slices < 1:
         raise ValueError(f"{kind} needs slices >= 1, got slices = {slices}")
     if kind not in SLICED and slices != 1:
@@ -217,7 +224,8 @@ class Schedule(tuple):
         return self
 
 
-def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 1, slices: int = 1) -> Schedule:
+def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 1, slices: int = 1,
+                   costs: tuple[tuple[int, int, int], ...] | None = None) -> Schedule:
     """For every pipeline rank 0..stages-1, its ordered actions. kind: "gpipe" | "1f1b" | "interleaved".
 
     gpipe: all forwards in micro order, then all backwards in micro order 0..M-1 (as
@@ -229,9 +237,11 @@ def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 
     chimera: two 1F1B pipelines in opposite directions (``schedule_chimera``), chunks = 2.
     terapipe: 1F1B over the ``slices`` token slices of every micro-batch (``schedule_terapipe``);
     an action's ``micro`` is then a unit m·S + j.
-    Raises ValueError on sizes the kind cannot run (see ``_validate``).
+    costs: (F, B, W) of each virtual stage, integers ≥ 1, for a kind that orders by them
+    (``STAGE_COSTS``); None: the kind's own assumption (ZB-V: F = B = W).
+    Raises ValueError on sizes the kind cannot run and on costs it does not take (``_validate``).
     """
-    _validate(kind, stages, micro_batches, chunks, slices)
+    _validate(kind, stages, micro_batches, chunks, slices, costs)
     if kind in SLICED:
         placement = placement_for(kind, stages, chunks)
         orders = kind_module(kind).terapipe_orders(stages, micro_batches, slices)
@@ -243,6 +253,8 @@ def build_schedule(kind: str, *, stages: int, micro_batches: int, chunks: int = 
     order = {"gpipe": _gpipe_order, "1f1b": _one_f_one_b_order, "interleaved": _interleaved_order,
              "zero_bubble": _zero_bubble_order, "zero_bubble_v": _zero_bubble_v_order,
              "chimera": _chimera_order}[kind]
+    if kind in STAGE_COSTS:
+        order = functools.partial(order, costs=tuple(map(tuple, costs)) if costs is not None else None)
     placement = placement_for(kind, stages, chunks)
     return Schedule(
         (tuple(_with_communication(order(rank, stages, micro_batches, chunks), rank, placement))
@@ -308,8 +320,9 @@ def _zero_bubble_order(rank, stages, micro_batches, chunks):
     return [(_ZB_OPS[op], m, 0) for op, m in kind_module("zero_bubble").zero_bubble_orders(stages, micro_batches)[rank]]
 
 
-def _zero_bubble_v_order(rank, stages, micro_batches, chunks):
-    return [(_ZB_OPS[op], m, c) for op, m, c in kind_module("zero_bubble_v").zero_bubble_v_orders(stages, micro_batches)[rank]]
+def _zero_bubble_v_order(rank, stages, micro_batches, chunks, costs=None):
+    orders = kind_module("zero_bubble_v").zero_bubble_v_orders(stages, micro_batches, costs)
+    return [(_ZB_OPS[op], m, c) for op, m, c in orders[rank]]
 
 
 def _chimera_order(rank, stages, micro_batches, chunks):

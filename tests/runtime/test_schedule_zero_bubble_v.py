@@ -1,6 +1,9 @@
 """zero_bubble_v (ZB-V, Qi et al. 2024) and stage placement as data: valid lists over
 stages 2-8 and micro-batches 1-16 with the V's local hand-overs, the in-flight bound
-reached and never exceeded, and a bubble below ZB-H1's at the same memory."""
+reached and never exceeded, and a bubble below ZB-H1's at the same memory; with each
+virtual stage's own costs, valid lists for any integer costs and a shorter step under them."""
+
+import random
 
 import pytest
 
@@ -92,12 +95,12 @@ def test_sizes_are_refused():
         build_schedule("zero_bubble_v", stages=2, micro_batches=4, chunks=1)
 
 
-def plain_greedy(p: int, micro_batches: int) -> tuple:
+def plain_greedy(p: int, micro_batches: int, costs=None, reserve=False) -> tuple | None:
     """Note [ZB-V on paper] as written: each decision scans the rank's remaining lists for
     the first entry whose input has arrived. The reference ``zero_bubble_v_orders`` (Note
-    [ZB-V ready queues]) must give exactly."""
+    [ZB-V ready queues]) must give exactly. ``costs``: (F, B, W) per virtual stage."""
     cap, last, place = zero_bubble_v_bound(p, micro_batches), 2 * p - 1, Placement("v", p, 2)
-    finished, clock, in_flight = {}, [0] * p, [0] * p
+    finished, clock, in_flight, entered, waiting = {}, [0] * p, [0] * p, [0] * p, set()
     owed = [[] for _ in range(p)]
     todo = {op: [[(m, c) for m in range(micro_batches) for c in (1, 0)] for _ in range(p)] for op in "FB"}
     orders = [[] for _ in range(p)]
@@ -110,10 +113,10 @@ def plain_greedy(p: int, micro_batches: int) -> tuple:
 
     def choice(rank, now):
         for op in "BF":
-            if op == "F" and in_flight[rank] >= cap:
-                continue
             for m, c in todo[op][rank]:
                 if (t := arrival(op, m, rank, c)) is not None and t <= now:
+                    if op == "F" and in_flight[rank] >= cap - (1 if reserve and c == 0 and entered[rank] else 0):
+                        break  # the oldest ready forward waits for room
                     return op, m, c
         return ("W", *owed[rank][0]) if owed[rank] else None
 
@@ -125,18 +128,24 @@ def plain_greedy(p: int, micro_batches: int) -> tuple:
             times = [t for op in "BF" for m, c in todo[op][rank]
                      if (t := arrival(op, m, rank, c)) is not None and t > clock[rank]]
             others = [clock[r] for r in unfinished() if r != rank]
+            if not times:
+                waiting.add(rank)
+                if len(waiting) == len(unfinished()):
+                    return None
             clock[rank] = min(times) if times else min(others) + 1 if others else clock[rank] + 1
             continue
         op, m, c = step
+        waiting.clear()
         if op == "W":
             owed[rank].pop(0)
             in_flight[rank] -= 1
         else:
             todo[op][rank].remove((m, c))
             in_flight[rank] += op == "F"
+            entered[rank] += (1 if c == 0 else -1) if op == "F" else 0
             if op == "B":
                 owed[rank].append((m, c))
-        clock[rank] += 1
+        clock[rank] += costs[place.stage(rank, c)]["FBW".index(op)] if costs else 1
         finished[(op, m, place.stage(rank, c))] = clock[rank]
         orders[rank].append(step)
     return tuple(tuple(order) for order in orders)
@@ -147,3 +156,59 @@ def test_ready_queues_are_the_plain_greedy(stages):
     """Note [ZB-V ready queues]: the same lists as the greedy that scans, p ≤ 8, M ≤ 32."""
     for micro_batches in range(1, 33):
         assert zero_bubble_v_orders(stages, micro_batches) == plain_greedy(stages, micro_batches), micro_batches
+
+
+def random_costs(rng: random.Random, stages: int) -> tuple:
+    return tuple(tuple(rng.randint(1, 30) for _ in "FBW") for _ in range(2 * stages))
+
+
+@pytest.mark.parametrize("stages", range(2, 7))
+def test_any_integer_costs_give_valid_lists(stages):
+    """Note [ZB-V on paper]: a compute is ready only when its input finished by the rank's
+    clock, whatever the costs: valid, deadlock-free, the bound kept, every compute once."""
+    rng = random.Random(stages)
+    for micro_batches in range(1, 17):
+        costs = random_costs(rng, stages)
+        schedule = build_schedule("zero_bubble_v", stages=stages, micro_batches=micro_batches, chunks=2, costs=costs)
+        assert check_schedule(schedule, micro_batches=micro_batches, chunks=2) == [], (micro_batches, costs)
+        for actions in schedule:
+            assert max_in_flight(actions) <= zero_bubble_v_bound(stages, micro_batches)
+            ops = [a.op for a in actions]
+            assert ops.count(Op.WEIGHT) == ops.count(Op.BACKWARD) == ops.count(Op.FORWARD) == 2 * micro_batches
+
+
+@pytest.mark.parametrize("stages", range(2, 6))
+def test_ready_queues_are_the_plain_greedy_under_costs(stages):
+    rng = random.Random(100 + stages)
+    for micro_batches in range(1, 13):
+        costs = random_costs(rng, stages)
+        plain = plain_greedy(stages, micro_batches, costs) or plain_greedy(stages, micro_batches, costs, True)
+        assert zero_bubble_v_orders(stages, micro_batches, costs) == plain
+
+
+def test_costs_shorten_the_step_they_describe():
+    """The bench's llama on two ranks (bench/peer_notes.md, "ZB-V against 1F1B"): the first stage
+    has no B and a long W, the last holds the head. Ordered by these costs, the lists run
+    shorter under them than the F = B = W order does; under F = B = W, the other way round."""
+    costs = ((17, 1, 28), (17, 18, 12), (17, 18, 12), (20, 22, 11))
+
+    def span(schedule, times):
+        place = schedule.placement
+        return simulate(schedule, action_time=lambda r, a: times[place.stage(r, a.chunk)]["FBW".index(a.op.value)],
+                        placement=place).makespan
+
+    plain = build_schedule("zero_bubble_v", stages=2, micro_batches=8, chunks=2)
+    costed = build_schedule("zero_bubble_v", stages=2, micro_batches=8, chunks=2, costs=costs)
+    assert span(costed, costs) < span(plain, costs)
+    assert span(plain, ((1, 1, 1),) * 4) <= span(costed, ((1, 1, 1),) * 4)
+
+
+def test_costs_are_checked():
+    with pytest.raises(ValueError, match="each of its 4 virtual stages, got 3"):
+        build_schedule("zero_bubble_v", stages=2, micro_batches=4, chunks=2, costs=((1, 1, 1),) * 3)
+    with pytest.raises(ValueError, match="three integers >= 1"):
+        build_schedule("zero_bubble_v", stages=2, micro_batches=4, chunks=2, costs=((1, 0, 1),) + ((1, 1, 1),) * 3)
+    with pytest.raises(ValueError, match="three integers >= 1"):
+        build_schedule("zero_bubble_v", stages=2, micro_batches=4, chunks=2, costs=((1, 1.5, 1),) + ((1, 1, 1),) * 3)
+    with pytest.raises(ValueError, match="1f1b's order does not depend on the stages' costs"):
+        build_schedule("1f1b", stages=2, micro_batches=4, costs=((1, 1, 1),) * 2)

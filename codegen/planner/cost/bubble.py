@@ -33,15 +33,28 @@ along it (tests/planner compares that with the full simulation); otherwise the f
 schedule is simulated. The lists of one (kind, p, M, chunks) are built once and simulated
 with each layout's times (``_schedule``), and ZB-V's greedy keeps its inputs in ready
 queues (runtime/schedules/schedule_zbv.py, Note [ZB-V ready queues]).
+
+Note [stage costs]: a kind that orders its computes by each virtual stage's own costs
+(``schedule.STAGE_COSTS``) gets them here, from the layout's chunk times (``cost/time.py``):
+every virtual stage's F is a chunk's forward and its backward a chunk's, split into B and W
+by ``weight_share`` as the closed form splits it; the first stage has no input gradient (its
+input is tokens), so its B is nothing and its W the whole backward; the last stage adds the
+head's forward (final norm, head, loss) to its F and twice that to its backward. They are
+integers in tenths of the mean compute, each at least 1 (the greedy needs every compute to
+take time), from the same floats by the same rounding: the build renders them into train.py
+(``codegen/passes/split_pipeline.py``) and the exact makespan builds its lists with them, so
+the trainer, ``parc check`` and the planner run the same order. The exact makespan simulates
+those lists with each compute at its stage's cost (in the unit) and returns the span less the
+head's computes, which ``cost/time.py`` adds for every micro-batch as for every kind.
 """
 
 from __future__ import annotations
 
 import functools
 
-from parc.runtime.layout.placement import PLACEMENT_OF
+from parc.runtime.layout.placement import PLACEMENT_OF, placement_for
 from parc.runtime.schedules.schedule import (
-    KINDS, OWN_CLOSED_FORM, SLICED, SPLIT_BACKWARD, build_schedule, kind_module, words,
+    COMPUTE, KINDS, OWN_CLOSED_FORM, SLICED, SPLIT_BACKWARD, STAGE_COSTS, build_schedule, kind_module, words,
 )
 from parc.runtime.schedules.schedule_sim import simulate, weight_share
 from parc.runtime.schedules.schedule_terapipe import slice_scale
@@ -71,16 +84,41 @@ def slice_scales(spec, slices: int) -> tuple[float, ...]:
     return slice_scale(lengths) if slices > 1 and lengths and len(lengths) == slices else ()
 
 
+COST_STEPS = 10
+"""Note [stage costs]: the integer costs' unit is the mean compute over this."""
+
+
+def stage_costs(kind: str, *, stages: int, chunks: int, forward: float, backward: float,
+                head_forward: float) -> tuple[float, tuple[tuple[int, int, int], ...]] | None:
+    """(unit in seconds, each virtual stage's (F, B, W) in units) for a kind that orders by
+    them (Note [stage costs]), else None. ``forward``, ``backward``: a chunk's, one micro-batch."""
+    if kind not in STAGE_COSTS or stages < 2 or forward <= 0:
+        return None
+    n = placement_for(kind, stages, chunks).virtual_stages
+    rows = []
+    for v in range(n):
+        f, b = (forward + head_forward, backward + 2 * head_forward) if v == n - 1 else (forward, backward)
+        rows.append((f, b - weight_share(b), weight_share(b)) if v else (f, 0.0, b))
+    unit = sum(map(sum, rows)) / (3 * n * COST_STEPS)
+    return unit, tuple(tuple(max(1, round(x / unit)) for x in row) for row in rows)
+
+
 def makespan(
     kind: str, *, stages: int, micro_batches: int, chunks: int,
     forward: float, backward: float, comm: float, exact: bool, slices: int = 1,
-    slice_scale: tuple[float, ...] = (),
+    slice_scale: tuple[float, ...] = (), costs: tuple | None = None, head: float = 0.0,
 ) -> float:
     """Seconds from the first forward to the last backward of a step on the pipeline.
     ``slices`` > 1 (a sliced kind): ``forward``, ``backward`` and ``comm`` are the mean slice's;
     ``slice_scale`` (uneven slices): each slice's tokens over the mean's, which the exact
-    simulation scales its compute by (the closed form takes the mean slice)."""
+    simulation scales its compute by (the closed form takes the mean slice). ``costs``:
+    ``stage_costs``'s, for the exact makespan of a kind ordered by them, less ``head`` (the
+    head's computes of one micro-batch) per micro-batch (Note [stage costs])."""
     units = micro_batches * chunks * slices
+    if exact and costs is not None and stages > 1:
+        unit, table = costs
+        return unit * _unit_makespan(kind, stages, micro_batches, chunks, 0.0, round(comm / unit, 4),
+                                     costs=table) - micro_batches * head
     if stages == 1:
         return units * (forward + backward)
     if not exact or forward <= 0:
@@ -98,21 +136,25 @@ def makespan(
 
 @functools.lru_cache(maxsize=512)
 def _unit_makespan(kind: str, stages: int, micro_batches: int, chunks: int, backward: float, comm: float,
-                   slices: int = 1, scale: tuple[float, ...] = ()) -> float:
+                   slices: int = 1, scale: tuple[float, ...] = (), costs: tuple | None = None) -> float:
     """Note [steady state]: long schedules are simulated at 2p, 3p and 4p micro-batches and
     extended along the line, when the three points are on one line; else in full."""
     p = stages
     if micro_batches > 4 * p:
-        a, b, c = (_simulate(kind, p, n * p, chunks, backward, comm, slices, scale) for n in (2, 3, 4))
+        a, b, c = (_simulate(kind, p, n * p, chunks, backward, comm, slices, scale, costs) for n in (2, 3, 4))
         if abs((c - b) - (b - a)) <= 1e-9 * c:
             return a + (micro_batches - 2 * p) * (b - a) / p
-    return _simulate(kind, p, micro_batches, chunks, backward, comm, slices, scale)
+    return _simulate(kind, p, micro_batches, chunks, backward, comm, slices, scale, costs)
 
 
 @functools.lru_cache(maxsize=512)
 def _simulate(kind: str, stages: int, micro_batches: int, chunks: int, backward: float, comm: float,
-              slices: int = 1, scale: tuple[float, ...] = ()) -> float:
-    schedule = _schedule(kind, stages, micro_batches, chunks, slices if kind in SLICED else 1)
+              slices: int = 1, scale: tuple[float, ...] = (), costs: tuple | None = None) -> float:
+    schedule = _schedule(kind, stages, micro_batches, chunks, slices if kind in SLICED else 1, costs)
+    if costs is not None:  # Note [stage costs]: each compute at its virtual stage's cost
+        place, ops = schedule.placement, {op: i for i, op in enumerate(COMPUTE)}
+        return simulate(schedule, comm_time=comm,
+                        action_time=lambda rank, a: costs[place.stage(rank, a.chunk)][ops[a.op]]).makespan
     return simulate(schedule, forward_time=1.0, backward_time=backward, comm_time=comm,
                     slice_scale=scale if kind in SLICED else ()).makespan
 
@@ -150,8 +192,9 @@ def _simulate_stages(kind: str, micro_batches: int, times: tuple, comm: float) -
 
 
 @functools.lru_cache(maxsize=64)
-def _schedule(kind: str, stages: int, micro_batches: int, chunks: int, slices: int):
+def _schedule(kind: str, stages: int, micro_batches: int, chunks: int, slices: int, costs: tuple | None = None):
     """The lists of ``build_schedule``, built once for every layout that shares them: layouts
     of one (kind, p, M, chunks) differ only in the times ``simulate`` gives their actions
-    (Note [steady state])."""
-    return build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks, slices=slices)
+    (Note [steady state]), except a kind ordered by its stages' costs (Note [stage costs])."""
+    return build_schedule(kind, stages=stages, micro_batches=micro_batches, chunks=chunks, slices=slices,
+                          costs=costs)

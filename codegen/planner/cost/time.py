@@ -70,7 +70,7 @@ from parc.runtime.layout.model_desc import LINEAR
 from parc.runtime.layout.placement import placement_for
 
 
-from .bubble import makespan, slice_scales
+from .bubble import makespan, slice_scales, stage_costs
 from .context import cp_comm, eager_core
 from .slices import per_slices, zero3_passes
 from .tp2d import grid_block_comm, grid_head_comm
@@ -236,7 +236,7 @@ def step_time(
     m = spec.model
     t, d, p, v = layout.tp, layout.dp, layout.pp, layout.chunks
     (micro_batches, layers_per_chunk, passes, forward, backward, tp_forward, tp_backward, exposed_forward,
-     exposed_backward, ep_moved, head_forward, head_comm, span, busy_layers, p2p, pipeline) = _shared_pipeline(
+     exposed_backward, ep_moved, head_forward, head_comm, span, busy_layers, p2p, _, pipeline) = _shared_pipeline(
         spec, layout, hw, accounting, exact)
     slow = hw.contention  # ranks sharing a CPU core
 
@@ -307,6 +307,13 @@ def pipeline_bound(spec: Spec, layout: Layout, hw: Hardware, accounting: Account
     return _shared_pipeline(spec, layout, hw, accounting, False)[-1]
 
 
+def pipeline_stage_costs(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting = Accounting.PARC):
+    """``bubble.stage_costs`` of ``layout`` (unit, each virtual stage's (F, B, W)), or None for
+    a kind whose order does not take them: what its exact makespan's lists are built with and
+    what a build renders into train.py (Note [stage costs] in cost/bubble.py)."""
+    return _shared_pipeline(spec, layout, hw, accounting, False)[-2]
+
+
 def _shared_pipeline(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, exact: bool) -> tuple:
     """``_pipeline``, shared by the layouts that agree on every field but ZeRO and
     compression (Note [planner caches])."""
@@ -368,15 +375,17 @@ def _pipeline(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting, 
         p2p, compressing = pipeline_messages(spec, hw, p2p, rows=round(message / sent / m.hidden), stages=p,
                                              stride=t * layout.cp * d)
         chunk_backward += compressing * s
+    costs = stage_costs(layout.schedule, stages=p, chunks=v, forward=chunk_forward, backward=chunk_backward,
+                        head_forward=head_forward)  # a kind ordered by them (bubble.py, Note [stage costs])
     span = makespan(
         layout.schedule, stages=p, micro_batches=micro_batches, chunks=v,
         forward=chunk_forward / s, backward=chunk_backward / s, comm=p2p, exact=exact, slices=s,
-        slice_scale=slice_scales(spec, s),
+        slice_scale=slice_scales(spec, s), costs=costs, head=3.0 * head_forward,
     )
     busy_layers = micro_batches * passes * (chunk_forward + chunk_backward)
     pipeline = span + micro_batches * head
     return (micro_batches, layers_per_chunk, passes, forward, backward, tp_forward, tp_backward, exposed_forward,
-            exposed_backward, ep_moved, head_forward, head_comm, span, busy_layers, p2p, pipeline)
+            exposed_backward, ep_moved, head_forward, head_comm, span, busy_layers, p2p, costs, pipeline)
 
 
 def _reduction(spec: Spec, layout: Layout, hw: Hardware, accounting: Accounting) -> tuple:
