@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from parc.runtime.distributed import mesh
 from parc.runtime.optimizers import optim
 from parc.runtime.parallel.pipeline.pipeline import loss_over_pipeline
 from parc.runtime.train.faults import StepGuard
@@ -69,8 +70,8 @@ def main() -> None:
                for name, case in CASES.items()}
     (out / f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    mesh.shutdown()  # after main's objects are gone (Note [groups die before Python does])

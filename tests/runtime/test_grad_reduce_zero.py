@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from parc.runtime.distributed import mesh
 from parc.runtime.models import model
 from parc.runtime.parallel.data import fsdp, zero
 from parc.runtime.train import data
@@ -75,7 +76,7 @@ def _worker(rank, world, store_path, out_path):
     result = {kind: {str(dtype): _step(kind, rank, dtype) for dtype in (None, torch.bfloat16)} for kind in KINDS}
     with open(f"{out_path}.{rank}", "w") as f:
         json.dump(result, f)
-    dist.destroy_process_group()
+    mesh.shutdown()  # the step's objects are gone (Note [groups die before Python does])
 
 
 def test_zero_reductions_carry_bf16_and_keep_fp32_shards(tmp_path):
