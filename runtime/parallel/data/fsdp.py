@@ -132,7 +132,7 @@ from .fsdp_units import node_groups, expert_node_groups  # noqa: F401  (train.py
 from ...optimizers.master import Fp32Accumulation, mark_compute_dtype
 from ...optimizers.optim import clip_to_norm_
 from ...distributed.traffic import comm_bytes
-from .zero import clip_global_norm_, decay_runs, flat_adamw_, global_squares
+from .zero import clip_global_norm_, decay_runs, flat_adamw_, global_squares, sums_apart
 from ...layout.roles import role
 
 
@@ -211,12 +211,12 @@ class FullyShardedAdamW:
                                    init=init, dtype=compute_dtype or torch.float32, partial=partial))
             self.units[-1].divisor = int(data_ranks) if name.endswith(".experts") else self.data_parallel
             offset += self.units[-1].shard_numel
-        self.decay, self.tp_mask, self.counted = (self._mask(rule) for rule in (
+        decay, self.tp_mask, self.counted = (self._mask(rule) for rule in (
             lambda p: p.dim() >= 2,
             lambda p: bool(role(p).tensor_parallel),
             lambda p: not role(p).pipeline_duplicate,
         ))
-        self.decay_runs = decay_runs(self.decay)  # what flat_adamw_ updates with and without decay
+        self.decay_runs = decay_runs(decay)  # what flat_adamw_ updates with and without decay
         # Note [experts as units]: which shard elements are experts' (None: a dense model,
         # no bool per element kept for nothing)
         experts = any(unit.name.endswith(".experts") for unit in self.units)
@@ -427,8 +427,8 @@ class FullyShardedAdamW:
         total = torch.zeros((), dtype=torch.float32, device=self.grad.device)
         for unit in self.units:
             part = slice(unit.offset, unit.offset + unit.shard_numel)
-            mine, sharded = squares[part], self.tp_mask[part]
-            total += mine[sharded].sum() + mine[~sharded].sum() / int(role(unit.params[0]).layer_tp)
+            sharded_sq, replicated_sq = sums_apart(squares[part], self.tp_mask[part])
+            total += sharded_sq + replicated_sq / int(role(unit.params[0]).layer_tp)
         with exposed():
             for group in (self.stage_group, self.pp_group):
                 if group_size(group) > 1:

@@ -273,7 +273,8 @@ class ShardedAdamW:
             if grad_scale != 1.0:
                 grad.mul_(1.0 / grad_scale)
             squares = grad.pow(2).masked_fill(~part.counted, 0.0)
-            sq = squares[part.tp_mask].sum() + squares[~part.tp_mask].sum() / t
+            sharded_sq, replicated_sq = zero.sums_apart(squares, part.tp_mask)
+            sq = sharded_sq + replicated_sq / t
             total = sq if total is None else total + sq
             part.grad = grad
             slices.append(grad)
