@@ -211,12 +211,12 @@ class FullyShardedAdamW:
                                    init=init, dtype=compute_dtype or torch.float32, partial=partial))
             self.units[-1].divisor = int(data_ranks) if name.endswith(".experts") else self.data_parallel
             offset += self.units[-1].shard_numel
-        decay, self.tp_mask, self.counted = (self._mask(rule) for rule in (
+        self.decay, self.tp_mask, self.counted = (self._mask(rule) for rule in (
             lambda p: p.dim() >= 2,
             lambda p: bool(role(p).tensor_parallel),
             lambda p: not role(p).pipeline_duplicate,
         ))
-        self.decay_runs = decay_runs(decay)  # what flat_adamw_ updates with and without decay
+        self.decay_runs = decay_runs(self.decay)  # what flat_adamw_ updates with and without decay
         # Note [experts as units]: which shard elements are experts' (None: a dense model,
         # no bool per element kept for nothing)
         experts = any(unit.name.endswith(".experts") for unit in self.units)
