@@ -9,7 +9,9 @@ each expert as wide as the dense MLP) with the experts split over 2 ranks. parc'
 ``parc build`` writes from a spec this bench writes; torchtitan's is its own Trainer
 driven on CPU by bench/peer_titan.py. Runs alternate (parc, torchtitan, parc, ...),
 each run reports the median step after warm-up, and the table gives the median of
-those per side, the ratio, and the machine's load before and after.
+those per side, their ratio, the median of each alternating pair's own ratio (the
+figure bench/peer_notes.md quotes: a pair shares the machine's state, two sides'
+medians need not) and the machine's load before and after.
 
 torchtitan is an optional bench dependency that must not touch the project's pinned
 torch: ``--setup`` installs it (``pip install --no-deps --target``) with the few light
@@ -17,7 +19,7 @@ packages its Trainer imports into bench/.peer/site (git-ignored), and the torcht
 runs see it through PYTHONPATH only.
 
     python bench/peer.py --setup          # once
-    python bench/peer.py [--repeat 3] [--steps 6] [--layouts 1,dp2,...,moe-ep2] [--global-batch 16]
+    python bench/peer.py [--repeat 3] [--steps 12] [--layouts 1,dp2,...,moe-ep2] [--global-batch 16]
 
 What differs between the two models is printed with the table (``DIFFERENCES``); where
 each side spends its time, and the last tables, are in bench/peer_notes.md.
@@ -295,30 +297,8 @@ def per_rank(runs: list[list[int]]) -> str:
     return "/".join(f"{statistics.median(run[r] for run in runs) / 2**20:.0f}" for r in range(len(runs[0])))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--setup", action="store_true", help=f"install torchtitan into {SITE.relative_to(ROOT)}")
-    parser.add_argument("--repeat", type=int, default=3, help="alternating runs of each side per layout")
-    parser.add_argument("--steps", type=int, default=6, help=f"timed steps per run (after {WARMUP} warm-up)")
-    parser.add_argument("--global-batch", type=int, default=Shapes.global_batch,
-                        help="sequences a step (micro-batches of 2; under dp a rank accumulates its share)")
-    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated: " + ", ".join(LAYOUTS))
-    parser.add_argument("--titan-dp", choices=("replicate", "shard"), default="replicate",
-                        help="torchtitan's dp: replicated parameters with all-reduced gradients (DDP, like parc's "
-                        "dp; the default) or FSDP2 sharding, whose reduce-scatter needs PREMUL_SUM, which gloo lacks")
-    args = parser.parse_args()
-    if args.setup:
-        return setup()
-    if not (SITE / "torchtitan").is_dir():
-        print(f"bench/peer.py: torchtitan is not installed for the bench; run: python bench/peer.py --setup",
-              file=sys.stderr)
-        return 1
-    shapes = Shapes(global_batch=args.global_batch)
-    layouts = [name.strip() for name in args.layouts.split(",")]
-    unknown = [name for name in layouts if name not in LAYOUTS]
-    if unknown:
-        parser.error(f"unknown layouts {unknown}; choose from {', '.join(LAYOUTS)}")
-    start_load = load()
+def measure(shapes: Shapes, layouts: list[str], args) -> tuple[list, list]:
+    """Each layout's alternating runs: (rows against torchtitan, rows torchtitan cannot run)."""
     rows, cannot = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for name in layouts:
@@ -342,20 +322,63 @@ def main() -> int:
                       f"{layout.titan_cannot}", file=sys.stderr, flush=True)
                 cannot.append((name, statistics.median(parc), per_rank(parc_rss), layout.titan_cannot))
                 continue
-            rows.append((name, statistics.median(parc), statistics.median(titan), params,
+            pairs = statistics.median(p / t for p, t in zip(parc, titan))
+            rows.append((name, statistics.median(parc), statistics.median(titan), pairs, params,
                          per_rank(parc_rss), per_rank(titan_rss)))
+    return rows, cannot
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--setup", action="store_true", help=f"install torchtitan into {SITE.relative_to(ROOT)}")
+    parser.add_argument("--repeat", type=int, default=3, help="alternating runs of each side per layout")
+    # 12, not 6: at 6 a run's median step swung by up to 1.6x from one run to the next on a
+    # quiet machine (bench/peer_notes.md, 2026-12-06 session 8); at 12 by 5%
+    parser.add_argument("--steps", type=int, default=12, help=f"timed steps per run (after {WARMUP} warm-up)")
+    parser.add_argument("--global-batch", type=int, default=Shapes.global_batch,
+                        help="sequences a step (micro-batches of 2; under dp a rank accumulates its share)")
+    parser.add_argument("--beside", type=int, default=0, metavar="N",
+                        help="run N CPU-bound processes beside the bench for its whole length (a machine that is "
+                        "not idle: both sides share the cores with them)")
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated: " + ", ".join(LAYOUTS))
+    parser.add_argument("--titan-dp", choices=("replicate", "shard"), default="replicate",
+                        help="torchtitan's dp: replicated parameters with all-reduced gradients (DDP, like parc's "
+                        "dp; the default) or FSDP2 sharding, whose reduce-scatter needs PREMUL_SUM, which gloo lacks")
+    args = parser.parse_args()
+    if args.setup:
+        return setup()
+    if not (SITE / "torchtitan").is_dir():
+        print(f"bench/peer.py: torchtitan is not installed for the bench; run: python bench/peer.py --setup",
+              file=sys.stderr)
+        return 1
+    shapes = Shapes(global_batch=args.global_batch)
+    layouts = [name.strip() for name in args.layouts.split(",")]
+    unknown = [name for name in layouts if name not in LAYOUTS]
+    if unknown:
+        parser.error(f"unknown layouts {unknown}; choose from {', '.join(LAYOUTS)}")
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.beside)]
+    try:
+        start_load = load()
+        rows, cannot = measure(shapes, layouts, args)
+        end_load = load()
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
     print(f"## parc vs torchtitan 0.3.0: llama {shapes.layers}x{shapes.hidden}, {shapes.heads} heads "
           f"({shapes.kv_heads} kv), ffn {shapes.ffn}, vocab {shapes.vocab}, {shapes.global_batch} sequences "
           f"of {shapes.seq_len} a step (micro-batch {shapes.micro_batch}), fp32, CPU gloo; medians of "
           f"{args.repeat} alternating runs x {args.steps} steps after {WARMUP} warm-up")
-    print(f"## before: {start_load}; after: {load()}")
-    print(f"{'layout':<16} {'parc tok/s':>11} {'titan tok/s':>12} {'parc/titan':>11} {'titan params':>13} "
-          f"{'parc MiB/rank':>14} {'titan MiB/rank':>15}")
-    for name, parc, titan, params, parc_mib, titan_mib in rows:
-        print(f"{name:<16} {parc:>11.0f} {titan:>12.0f} {parc / titan:>10.2f}x {params:>13,} "
+    beside = f"; {args.beside} CPU-bound process(es) beside the bench throughout" if args.beside else ""
+    print(f"## before: {start_load}; after: {end_load}{beside}")
+    print(f"{'layout':<16} {'parc tok/s':>11} {'titan tok/s':>12} {'parc/titan':>11} {'pair median':>12} "
+          f"{'titan params':>13} {'parc MiB/rank':>14} {'titan MiB/rank':>15}")
+    for name, parc, titan, pairs, params, parc_mib, titan_mib in rows:
+        print(f"{name:<16} {parc:>11.0f} {titan:>12.0f} {parc / titan:>10.2f}x {pairs:>11.2f}x {params:>13,} "
               f"{parc_mib:>14} {titan_mib:>15}")
     for name, parc, parc_mib, why in cannot:
-        print(f"{name:<16} {parc:>11.0f} {'—':>12} {'—':>11} {'—':>13} {parc_mib:>14} {'—':>15}  ({why})")
+        print(f"{name:<16} {parc:>11.0f} {'—':>12} {'—':>11} {'—':>12} {'—':>13} {parc_mib:>14} {'—':>15}  ({why})")
+    print("pair median: the median over the alternating pairs of parc's tok/s / torchtitan's in that pair")
     print("MiB/rank: each rank's peak resident memory (bench/peer_rss.py), the median over runs, rank 0 first")
     if any(LAYOUTS[name].moe for name in layouts):
         print(f"moe-ep2: {shapes.experts} experts top-{shapes.top_k}, each {shapes.ffn} wide, "
