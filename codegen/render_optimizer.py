@@ -93,8 +93,8 @@ def optimizer_and_step(plan: Plan, groups: Groups) -> tuple[list[Item], Step]:
         ), update="optimizer.step()  # AdamW on the fp32 masters, rounded into the parameters")
     optimizer = [Call(target="optimizer", callee="optim.build_optimizer", args=("net",), kwargs=HYPER)]
     return optimizer, Step(clip=(
-        render_hetero.clip_call(groups.pp, scale) if hetero else
-        Call(target="grad_norm", callee="optim.clip_grad_norm_", args=("net", "GRAD_CLIP"), kwargs=clip),
+        Call(target="grad_norm", callee="optim.clip_grad_norm_", args=("net", "GRAD_CLIP"), kwargs=clip)
+        if render_step.plain_clip(plan) else render_hetero.clip_call(groups.pp, scale),
     ), update="optimizer.step()", clear="optimizer.zero_grad(set_to_none=True)")
 
 

@@ -186,10 +186,10 @@ def after_backward_lines(plan: Plan) -> list[str]:
 def loss_with_clip(plan: Plan) -> bool:
     """Does the last stage's loss travel in the clip's all-reduce over pp (Note [one
     all-reduce after backward] in runtime/train/faults.py)? Where the clip is
-    ``optim.clip_grad_norm_``'s: fp32 or autocast parameters, no ZeRO, one layout for every
-    block, no fp16 loss scale (whose overflow skips first)."""
-    return (render_step.has_pipeline(plan) and not plan.train.zero.value and not render_hetero.enabled(plan)
-            and render_step.compute_dtype(plan) is None and plan.train.precision.value != "fp16")
+    ``optim.clip_grad_norm_``'s (``render_step.plain_clip``) and no fp16 loss scale
+    (whose overflow skips first) divides it."""
+    return (render_step.has_pipeline(plan) and render_step.plain_clip(plan)
+            and plan.train.precision.value != "fp16")
 
 
 def flags_with_clip(plan: Plan) -> bool:

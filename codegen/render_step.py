@@ -93,6 +93,14 @@ def compute_dtype(plan: Plan) -> str | None:
     return LOW_PRECISION.get(plan.train.precision.value)
 
 
+def plain_clip(plan: Plan) -> bool:
+    """Whether the step clips with ``optim.clip_grad_norm_`` (render_optimizer's
+    ``optimizer_and_step``, its last branch): fp32 or autocast parameters, no ZeRO, one
+    layout for every block. The one place that says so; a pipeline's loss rides in that
+    clip's all-reduce only there (``render_pipeline.loss_with_clip``)."""
+    return not plan.train.zero.value and not render_hetero.enabled(plan) and compute_dtype(plan) is None
+
+
 def autocast_dtype(plan: Plan) -> str | None:
     """The torch dtype the forward autocasts to over fp32 weights: only for the layouts
     whose gradient code has no low-precision compute weights yet (per-layer tp/dp,
