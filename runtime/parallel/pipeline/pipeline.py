@@ -43,9 +43,10 @@ import torch.distributed as dist
 from ...distributed.comm import exposed, scalar_device
 from ...layout.axes import coordinates, partition
 from ...distributed.mesh import axis_ranks
+from .mailbox import mailbox_for
 from .p2p import lookahead, p2p_steps, post_batch
 from ...layout.placement import Placement
-from ...schedules.schedule import Op
+from ...schedules.schedule import RECVS, SENDS, Op
 from ...distributed.traffic import comm_bytes
 
 _ACT, _GRAD = 0, 1
@@ -94,6 +95,11 @@ class PipelineExecutor:
             self._slice(a.micro)[0] for a in self.actions if a.op is Op.FORWARD and self._reads_data(a.chunk)))
         self.grad_codec = grad_codec
         self.loss_scale = 1.0  # fp16: the last stage's backward starts from it (loss_scale.py)
+        # on one CPU host, through shared memory (mailbox.py, Note [pipeline messages through shared memory])
+        peers = {a.peer for a in self.actions if a.op in SENDS or a.op in RECVS}
+        numel = max(torch.Size(self.shape).numel(), grad_codec.wire_numel() if grad_codec is not None else 0)
+        self.mailbox = mailbox_for(pp_group, self.pp_ranks, pp_rank, peers, numel=numel,
+                                   tags=2 * self.units * self.virtual_stages, device=device)
 
     def _vstage(self, chunk: int) -> int:
         return self.placement.stage(self.pp_rank, chunk)
@@ -211,6 +217,8 @@ class PipelineExecutor:
         on the rank holding the last virtual stage, 0.0 elsewhere.
         """
         batches = _Made(batch)
+        if self.mailbox is not None:
+            self.mailbox.next_step()
         ahead = self.reads  # made at the first wait (Note [data when needed])
         inputs, outputs = {}, {}  # (micro, chunk) -> stage input / output (or loss)
         received, input_grads = {}, {}  # (kind, micro, chunk) -> posted receive; (micro, chunk) -> grad to send
@@ -241,7 +249,8 @@ class PipelineExecutor:
                     tensor = torch.empty(shape, dtype=torch.float32, device=self.device)
                     messages.append((False, tensor, peer, self._tag(kind, m, v)))
                     keys.append((kind, m, c))
-            for key, posted, (_, tensor, _, _) in zip(keys, post_batch(messages, self.group), messages):
+            posts = post_batch(messages, self.group) if self.mailbox is None else self.mailbox.post(messages)
+            for key, posted, (_, tensor, _, _) in zip(keys, posts, messages):
                 if key is None:
                     sent.append((posted, tensor))
                 else:
