@@ -36,6 +36,7 @@ def mailbox_alone(rank: int) -> dict:
     before = {name for name in os.listdir("/dev/shm") if name.startswith("parc-pp-")}
     box = mailboxes.mailbox_for(dist.group.WORLD, [0, 1], rank, {1 - rank},
                                 numel=NUMEL, tags=TAGS, device="cpu")
+    dist.barrier()  # both ranks past the set-up, each having unlinked the files it made
     left = sorted({name for name in os.listdir("/dev/shm") if name.startswith("parc-pp-")} - before)
     seen = []
     for step in range(3):

@@ -27,8 +27,9 @@ its peer has finished step s: every message it sends in step s + 1 is answered, 
 step, by one from the peer (an activation by its gradient, and a gradient answers the
 activation it follows), so the peer is in step s + 1 by then. Files and FIFOs are
 unlinked once both ends hold them: nothing is left in /dev/shm, whatever ends the run.
-Used where every pipeline rank reports the same host (hostname and boot id) and one
-pair's file fits ``PAIR_BYTES``; else, or with ``PARC_PIPELINE_SHM=0``, gloo as before
+Used where every pipeline rank reports the same host (hostname and boot id), one
+pair's file fits ``PAIR_BYTES`` and all of them half of what /dev/shm has free (a
+container's is often 64 MiB: a write past it would kill the process); else, or with ``PARC_PIPELINE_SHM=0``, gloo as before
 (every rank decides alike: the facts are gathered). A receive waits at most
 ``TIMEOUT_S``, gloo's default, then raises.
 """
@@ -60,22 +61,27 @@ def mailbox_for(group, ranks, me: int, peers, *, numel: int, tags: int, device) 
     shared memory]). Collective over ``group`` on the CPU: every pipeline rank calls it."""
     if torch.device(device).type != "cpu" or group is None:
         return None
-    wanted = os.environ.get("PARC_PIPELINE_SHM", "1") != "0" and 2 * tags * numel * 4 <= PAIR_BYTES
+    pair = 2 * tags * numel * 4
+    wanted = os.environ.get("PARC_PIPELINE_SHM", "1") != "0" and pair <= PAIR_BYTES
     facts = [None] * len(ranks)
-    dist.all_gather_object(facts, (wanted, _host()), group=group)
-    if not all(f[0] and f[1] is not None and f[1] == facts[0][1] for f in facts):
+    dist.all_gather_object(facts, (wanted, _host(), len(set(peers)) * pair), group=group)
+    if not all(f[0] and f[1] is not None and f[1][:2] == facts[0][1][:2] for f in facts):
+        return None
+    if 2 * sum(f[2] for f in facts) > min(f[1][2] for f in facts):  # a small /dev/shm (a container's): gloo
         return None
     return Mailbox(group, ranks, me, peers, numel=numel, tags=tags)
 
 
 def _host():
-    """This host's identity (hostname, boot id), or None without /dev/shm."""
+    """This host's identity (hostname, boot id) and the bytes free in /dev/shm, or None
+    without /dev/shm."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
+        free = os.statvfs("/dev/shm")
     except OSError:
         return None
-    return (socket.gethostname(), boot) if os.path.isdir("/dev/shm") else None
+    return (socket.gethostname(), boot, free.f_bavail * free.f_frsize)
 
 
 class Mailbox:
