@@ -206,6 +206,27 @@ def cpu_allocator_lines(plan: Plan) -> list[str]:
         f"# {cite(plan.mesh.device_span)}: torch's CPU tensors of 2 MiB and more on transparent huge pages",
         "# (fewer page faults); torch reads this at its first allocation, so before it is imported",
         'os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")',
+        *openmp_wait_lines(plan),
+    ]
+
+
+def openmp_wait_lines(plan: Plan) -> list[str]:
+    """Note [OpenMP waits on shared cores]: a rank with several OpenMP threads (one rank on
+    a CPU host: torch's threads are its cores) waits at the end of every parallel op for
+    the slowest of them, spinning first: 300,000 turns by default (libgomp's
+    ``GOMP_SPINCOUNT``), then sleeping. When another process holds one of the cores, the
+    thread that shares it runs only in the scheduler's slices, and every op waits for a
+    slice: bench/peer.py's one-rank trainer (2 threads, 2 cores, one CPU-bound process
+    beside it) fell from ~8,000 to 73-166 tokens/s. With 10,000 turns it ran 832-879
+    (3,000: 1,905; 1 thread: ~4,800), and on the idle machine 8,419 and 8,534 against
+    7,007-8,043 with the default (within the runs' noise; 3,000 turns cost 13%, and a
+    passive wait, no spinning, 58%: 3,276-3,441). libgomp reads it when torch loads it,
+    so before the import, ``setdefault``: a user's own value wins (bench/peer_notes.md,
+    session 8)."""
+    return [
+        "# OpenMP threads spin 10,000 turns, not 300,000, before they sleep at the end of a",
+        "# parallel op: a core another process holds then slows a step ~10x, not ~100x",
+        'os.environ.setdefault("GOMP_SPINCOUNT", "10000")',
     ]
 
 

@@ -15,6 +15,9 @@ one ``batch_isend_irecv`` (p2p.py, Note [pre-posted receives]). Messages carry a
 naming (kind, micro-batch, the virtual stage that consumes it), so a receive matches
 its send whatever the order in which they are posted; the schedules are deadlock-free
 under exactly this model (``schedule.py``, checked by tests/runtime/test_schedules.py).
+Where every pipeline rank is on one CPU host the same posts and waits go through shared
+memory instead (``mailbox.py``, Note [pipeline messages through shared memory]), under
+the same model: a send never blocks, a receive waits for its tag.
 
 Activations travel in fp32 with the shape ``(micro_batch, T or T/tp under SP,
 hidden)``, known in advance, so no shapes are exchanged.

@@ -42,6 +42,9 @@ import time
 # tiny.par:17: torch's CPU tensors of 2 MiB and more on transparent huge pages
 # (fewer page faults); torch reads this at its first allocation, so before it is imported
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+# OpenMP threads spin 10,000 turns, not 300,000, before they sleep at the end of a
+# parallel op: a core another process holds then slows a step ~10x, not ~100x
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 from parc_runtime.checkpoints import checkpoint, checkpoint_init
 from parc_runtime.distributed import comm, mesh, traffic
