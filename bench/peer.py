@@ -212,6 +212,9 @@ What differs (same shapes, parameter counts printed above):
   batches through bench/peer_titan.py's shim (its 0.3.0 calls a step API the pinned
   torch lacks). parc's zero_bubble (ZB-H1, one stage a rank) has no torchtitan
   counterpart: its zero-bubble schedules are the looped ones (ZB-V, interleaved ZB).
+- OpenMP: parc's CPU trainer sets GOMP_SPINCOUNT=10000 unless it is set (Note [OpenMP
+  waits on shared cores]); torchtitan keeps libgomp's 300,000. With --beside that decides
+  the one-rank row (2 threads a rank); export GOMP_SPINCOUNT to give both sides the same.
 - MLP width: torchtitan rounds 2/3·4·hidden up to multiple_of; the bench computes
   that width once and gives it to both exactly (no rounding differs)."""
 
