@@ -160,7 +160,7 @@ def std_import_lines(plan: Plan) -> list[str]:
     cpu = plan.mesh.device == "cpu"
     uses_os = plan.train.data.kind == "tokens" or cpu or plan.train.init_from.value
     lines = ["import argparse", *(["import os"] if uses_os else []), "import time"]
-    lines += cpu_allocator_lines(plan) if cpu else []
+    lines += cpu_environment_lines(plan) if cpu else []
     if render_step.autocast_dtype(plan) is not None or render_step.compute_dtype(plan) is not None \
             or plan.train.grad_reduce is not None:
         lines += ["", "import torch"]
@@ -187,8 +187,11 @@ def forward_lines_of(plan: Plan) -> list[str]:
     ]
 
 
-def cpu_allocator_lines(plan: Plan) -> list[str]:
-    """Note [huge pages on CPU]: torch's CPU allocator backs every allocation of 2 MiB
+def cpu_environment_lines(plan: Plan) -> list[str]:
+    """What a CPU trainer sets before torch is imported: huge pages, and OpenMP's spin
+    (``openmp_wait_lines``).
+
+    Note [huge pages on CPU]: torch's CPU allocator backs every allocation of 2 MiB
     and more with transparent huge pages (2 MiB aligned, ``madvise(MADV_HUGEPAGE)``) when
     ``THP_MEM_ALLOC_ENABLE=1``. A training step allocates its activations and gradients
     afresh each time, and without huge pages the first touch of each 4 KiB page faults
@@ -206,11 +209,11 @@ def cpu_allocator_lines(plan: Plan) -> list[str]:
         f"# {cite(plan.mesh.device_span)}: torch's CPU tensors of 2 MiB and more on transparent huge pages",
         "# (fewer page faults); torch reads this at its first allocation, so before it is imported",
         'os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")',
-        *openmp_wait_lines(plan),
+        *openmp_wait_lines(),
     ]
 
 
-def openmp_wait_lines(plan: Plan) -> list[str]:
+def openmp_wait_lines() -> list[str]:
     """Note [OpenMP waits on shared cores]: a rank with several OpenMP threads (one rank on
     a CPU host: torch's threads are its cores) waits at the end of every parallel op for
     the slowest of them, spinning first: 300,000 turns by default (libgomp's

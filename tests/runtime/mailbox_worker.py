@@ -59,7 +59,7 @@ def mailbox_alone(rank: int) -> dict:
     off = mailboxes.mailbox_for(dist.group.WORLD, [0, 1], rank, {1 - rank}, numel=NUMEL, tags=TAGS, device="cpu")
     del os.environ["PARC_PIPELINE_SHM"]
     return {"seen": seen, "left": left, "off": off is None,
-            "expected": [([v for v in message(s, 1, 4).tolist()] if rank == 0 else
+            "expected": [(message(s, 1, 4).tolist() if rank == 0 else
                           {tag: message(s, tag, NUMEL if tag == 3 else 4).tolist() for tag in (0, 2, 3)})
                          for s in range(3)]}
 

@@ -26,12 +26,13 @@ within a step (pipeline.py's ``_tag``), and a rank cannot start writing step s +
 its peer has finished step s: every message it sends in step s + 1 is answered, in that
 step, by one from the peer (an activation by its gradient, and a gradient answers the
 activation it follows), so the peer is in step s + 1 by then. Files and FIFOs are
-unlinked once both ends hold them: nothing is left in /dev/shm, whatever ends the run.
-Used where every pipeline rank reports the same host (hostname and boot id), one
-pair's file fits ``PAIR_BYTES`` and all of them half of what /dev/shm has free (a
-container's is often 64 MiB: a write past it would kill the process); else, or with ``PARC_PIPELINE_SHM=0``, gloo as before
-(every rank decides alike: the facts are gathered). A receive waits at most
-``TIMEOUT_S``, gloo's default, then raises.
+unlinked once both ends hold them, so a run that ends after its set-up leaves nothing in
+/dev/shm (one killed inside the set-up can leave its files, named ``parc-pp-*``). Used
+where every pipeline rank reports the same host (hostname and boot id), one pair's file
+fits ``PAIR_BYTES`` and all of them half of what /dev/shm has free (a container's is
+often 64 MiB: a write past it would kill the process); else, or with
+``PARC_PIPELINE_SHM=0``, gloo as before (every rank decides alike: the facts are
+gathered). A receive waits at most ``TIMEOUT_S``, gloo's default, then raises.
 """
 
 from __future__ import annotations
@@ -64,31 +65,38 @@ def mailbox_for(group, ranks, me: int, peers, *, numel: int, tags: int, device) 
     pair = 2 * tags * numel * 4
     wanted = os.environ.get("PARC_PIPELINE_SHM", "1") != "0" and pair <= PAIR_BYTES
     facts = [None] * len(ranks)
-    dist.all_gather_object(facts, (wanted, _host(), len(set(peers)) * pair), group=group)
-    if not all(f[0] and f[1] is not None and f[1][:2] == facts[0][1][:2] for f in facts):
+    dist.all_gather_object(facts, (wanted, _host(), _shm_free(), len(set(peers)) * pair), group=group)
+    wanted, hosts, free, needs = zip(*facts)
+    if not all(wanted) or None in hosts or len(set(hosts)) > 1:
         return None
-    if 2 * sum(f[2] for f in facts) > min(f[1][2] for f in facts):  # a small /dev/shm (a container's): gloo
+    if 2 * sum(needs) > min(free):  # a small /dev/shm (a container's): gloo
         return None
     return Mailbox(group, ranks, me, peers, numel=numel, tags=tags)
 
 
 def _host():
-    """This host's identity (hostname, boot id) and the bytes free in /dev/shm, or None
-    without /dev/shm."""
+    """This host's identity (hostname, boot id), or None where Linux does not say it."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        free = os.statvfs("/dev/shm")
+            return socket.gethostname(), f.read().strip()
     except OSError:
         return None
-    return (socket.gethostname(), boot, free.f_bavail * free.f_frsize)
+
+
+def _shm_free() -> int:
+    """The bytes free in /dev/shm (0 without it)."""
+    try:
+        free = os.statvfs("/dev/shm")
+    except OSError:
+        return 0
+    return free.f_bavail * free.f_frsize
 
 
 class Mailbox:
     """Shared slots and a FIFO per directed pair of neighbouring pipeline ranks."""
 
     def __init__(self, group, ranks, me: int, peers, *, numel: int, tags: int):
-        self.tags, self.numel, self.parity = tags, numel, 0
+        self.tags, self.parity = tags, 0
         self.index = {rank: i for i, rank in enumerate(ranks)}  # global rank -> pipeline index
         token = [uuid.uuid4().hex if me == 0 else None]
         dist.broadcast_object_list(token, src=ranks[0], group=group)
